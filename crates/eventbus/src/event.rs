@@ -1,0 +1,608 @@
+//! The event envelope and the event catalogue of DESIGN §2.
+//!
+//! Every event carries an id, the correlation id of the reconciliation it belongs to
+//! (if any), the id of the event that caused it, and a monotonic timestamp. The names
+//! of the payload types are the contract for logs, `/debug/events` and metric labels.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Serialize, Serializer};
+
+use crate::health::Health;
+use crate::model::{
+    ContentHash, DeployReason, DeployStrategy, Diagnostic, InstanceRef, RenderedConfig,
+    ResourceChange, ResourceSnapshot,
+};
+
+/// Position of an event in its bus: unique per bus, increasing in publish order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct EventId(pub u64);
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Identifies one reconciliation from trigger to deployment; carried by every event
+/// that reconciliation causes (render → validate → schedule → deploy) and by the
+/// tracing spans of the components handling them.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CorrelationId(u64);
+
+/// Next correlation id; starts from the process start time so ids rarely repeat
+/// across controller restarts.
+static NEXT_CORRELATION: LazyLock<AtomicU64> = LazyLock::new(|| {
+    let micros = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    AtomicU64::new(micros << 8)
+});
+
+impl CorrelationId {
+    /// A new id, unique within this process.
+    pub fn new() -> Self {
+        Self(NEXT_CORRELATION.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Rebuilds an id from its numeric value (for lookups such as
+    /// `/debug/events?correlation_id=`).
+    pub fn from_raw(raw: u64) -> Self {
+        Self(raw)
+    }
+
+    /// The numeric value.
+    pub fn as_u64(self) -> u64 {
+        self.0
+    }
+
+    /// Parses the hex form produced by `Display`.
+    pub fn parse(text: &str) -> Option<Self> {
+        u64::from_str_radix(text, 16).ok().map(Self)
+    }
+}
+
+impl Default for CorrelationId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for CorrelationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+impl fmt::Debug for CorrelationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CorrelationId({self})")
+    }
+}
+
+impl Serialize for CorrelationId {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// One published event: the envelope fields plus the payload.
+#[derive(Clone, Debug, Serialize)]
+pub struct Event {
+    /// Unique, increasing id within the bus.
+    pub id: EventId,
+    /// The reconciliation this event belongs to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<CorrelationId>,
+    /// The event whose handling produced this one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caused_by: Option<EventId>,
+    /// Monotonic publish time (follows `tokio::time::pause()` in tests).
+    #[serde(skip)]
+    pub at: tokio::time::Instant,
+    /// Wall-clock publish time in microseconds since the Unix epoch, for display.
+    pub unix_micros: u64,
+    /// The event itself.
+    #[serde(flatten)]
+    pub payload: EventPayload,
+}
+
+impl Event {
+    /// The kind of the payload.
+    pub fn kind(&self) -> EventKind {
+        self.payload.kind()
+    }
+}
+
+/// Envelope fields a publisher may set; the bus fills in id and timestamps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventMeta {
+    /// The reconciliation the event belongs to.
+    pub correlation_id: Option<CorrelationId>,
+    /// The event that caused this one.
+    pub caused_by: Option<EventId>,
+}
+
+impl EventMeta {
+    /// Meta for an event caused by `cause`: same correlation id, `caused_by` set.
+    pub fn caused_by(cause: &Event) -> Self {
+        Self {
+            correlation_id: cause.correlation_id,
+            caused_by: Some(cause.id),
+        }
+    }
+
+    /// Meta starting a new correlation.
+    pub fn correlated(correlation_id: CorrelationId) -> Self {
+        Self {
+            correlation_id: Some(correlation_id),
+            caused_by: None,
+        }
+    }
+}
+
+/// The controller configuration carried by [`ConfigLoaded`], type-erased because the
+/// config types live in the app crate, above this one. `Debug` and `Serialize` show
+/// only the type name, so secrets inside never reach logs.
+#[derive(Clone)]
+pub struct ConfigHandle(Arc<dyn Any + Send + Sync>);
+
+impl ConfigHandle {
+    /// Wraps a config value.
+    pub fn new<T: Any + Send + Sync>(config: T) -> Self {
+        Self(Arc::new(config))
+    }
+
+    /// The config, if it is a `T`.
+    pub fn downcast<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.0.clone().downcast::<T>().ok()
+    }
+}
+
+impl fmt::Debug for ConfigHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ConfigHandle(..)")
+    }
+}
+
+impl Serialize for ConfigHandle {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str("<config>")
+    }
+}
+
+/// Stages of a reconciliation, for per-stage timings and failures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// Template rendering.
+    Render,
+    /// Phase 1 and phase 2 validation.
+    Validate,
+    /// Waiting for the scheduler's rate limits.
+    Schedule,
+    /// Deployment to instances.
+    Deploy,
+}
+
+/// The validation phase that rejected a config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ValidationPhase {
+    /// hapwright's own parser.
+    Parse,
+    /// `haproxy -c`.
+    Haproxy,
+}
+
+/// Where a controller reload request came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReloadSource {
+    /// SIGHUP.
+    Sighup,
+    /// `POST /-/reload`.
+    Http,
+    /// The config file or a password file changed.
+    File,
+}
+
+/// Outcome of one deployment round across instances.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeploymentSummary {
+    /// Hash that was deployed.
+    pub hash: ContentHash,
+    /// Instances that took the config.
+    pub succeeded: Vec<String>,
+    /// Instances that failed.
+    pub failed: Vec<String>,
+    /// Wall time of the whole round.
+    #[serde(serialize_with = "seconds")]
+    pub duration: Duration,
+}
+
+fn seconds<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_f64(duration.as_secs_f64())
+}
+
+fn stage_seconds<S: Serializer>(
+    stages: &[(Stage, Duration)],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = serializer.serialize_map(Some(stages.len()))?;
+    for (stage, duration) in stages {
+        map.serialize_entry(stage, &duration.as_secs_f64())?;
+    }
+    map.end()
+}
+
+fn snapshot_summary<S: Serializer>(
+    snapshot: &Arc<ResourceSnapshot>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = serializer.serialize_map(Some(2))?;
+    map.serialize_entry("objects", &snapshot.len())?;
+    map.serialize_entry("indexBy", snapshot.index_by())?;
+    map.end()
+}
+
+fn config_summary<S: Serializer>(
+    config: &Arc<RenderedConfig>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = serializer.serialize_map(Some(2))?;
+    map.serialize_entry("hash", &config.hash())?;
+    let files: Vec<String> = config
+        .iter()
+        .map(|(file, _)| file.relative_path())
+        .collect();
+    map.serialize_entry("files", &files)?;
+    map.end()
+}
+
+/// Declares the payload structs, the [`EventPayload`] enum over them and the
+/// field-less [`EventKind`] enum, keeping the three in step.
+macro_rules! catalogue {
+    ($(
+        $(#[$meta:meta])*
+        $name:ident { $( $(#[$fmeta:meta])* $field:ident : $ty:ty ),* $(,)? }
+    )*) => {
+        $(
+            $(#[$meta])*
+            #[derive(Clone, Debug, Serialize)]
+            pub struct $name { $( $(#[$fmeta])* pub $field: $ty ),* }
+
+            impl From<$name> for EventPayload {
+                fn from(payload: $name) -> Self {
+                    EventPayload::$name(payload)
+                }
+            }
+        )*
+
+        /// Every event payload of the catalogue.
+        #[derive(Clone, Debug, Serialize)]
+        #[serde(tag = "type", content = "data")]
+        pub enum EventPayload {
+            $(
+                #[allow(missing_docs)]
+                $name($name),
+            )*
+        }
+
+        /// The kind of an event, for typed subscriptions and metric labels.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+        pub enum EventKind {
+            $(
+                #[allow(missing_docs)]
+                $name,
+            )*
+        }
+
+        impl EventKind {
+            /// Every kind, in catalogue order.
+            pub const ALL: &'static [EventKind] = &[$(EventKind::$name),*];
+
+            /// The kind's name as used in logs, `/debug/events` and metric labels.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(EventKind::$name => stringify!($name),)*
+                }
+            }
+
+            /// Looks a kind up by name.
+            pub fn from_name(name: &str) -> Option<Self> {
+                match name {
+                    $(stringify!($name) => Some(EventKind::$name),)*
+                    _ => None,
+                }
+            }
+        }
+
+        impl EventPayload {
+            /// The kind of this payload.
+            pub fn kind(&self) -> EventKind {
+                match self {
+                    $(EventPayload::$name(_) => EventKind::$name,)*
+                }
+            }
+        }
+    };
+}
+
+catalogue! {
+    /// A new, valid controller configuration was loaded.
+    ConfigLoaded {
+        /// Path of the config file.
+        path: String,
+        /// Hash of the file's content.
+        hash: ContentHash,
+        /// The parsed configuration.
+        config: ConfigHandle,
+    }
+    /// A controller configuration change was rejected; the running one stays.
+    ConfigInvalid {
+        /// Path of the config file.
+        path: String,
+        /// Every located error.
+        errors: Vec<Diagnostic>,
+    }
+    /// A watched resource changed.
+    ResourceIndexUpdated {
+        /// Watched resource name (`resources.<name>` in templates).
+        source: Arc<str>,
+        /// The complete new state.
+        #[serde(serialize_with = "snapshot_summary")]
+        snapshot: Arc<ResourceSnapshot>,
+        /// What changed since the previous snapshot.
+        change: Arc<ResourceChange>,
+    }
+    /// A source finished its initial full listing.
+    ResourceSyncComplete {
+        /// Watched resource name.
+        source: Arc<str>,
+    }
+    /// The set of discovered deploy targets changed.
+    InstancesDiscovered {
+        /// Discovery source name.
+        source: Arc<str>,
+        /// Every instance currently discovered.
+        instances: Arc<[InstanceRef]>,
+    }
+    /// A reconciliation should run.
+    ReconciliationTriggered {
+        /// Human-readable cause ("resources changed: services, endpoints").
+        reason: String,
+        /// Sources that changed since the last trigger.
+        sources: Vec<Arc<str>>,
+    }
+    /// The executor started a reconciliation.
+    ReconciliationStarted {
+        /// Why it started.
+        reason: String,
+    }
+    /// A reconciliation finished.
+    ReconciliationCompleted {
+        /// Total time.
+        #[serde(serialize_with = "seconds")]
+        duration: Duration,
+        /// Time per stage.
+        #[serde(serialize_with = "stage_seconds")]
+        stages: Vec<(Stage, Duration)>,
+    }
+    /// A reconciliation failed; the last good config stays deployed.
+    ReconciliationFailed {
+        /// Stage that failed.
+        stage: Stage,
+        /// What went wrong.
+        errors: Vec<Diagnostic>,
+    }
+    /// Templates rendered successfully.
+    TemplateRendered {
+        /// The rendered files, hash and source map.
+        #[serde(serialize_with = "config_summary")]
+        config: Arc<RenderedConfig>,
+        /// Render time.
+        #[serde(serialize_with = "seconds")]
+        duration: Duration,
+    }
+    /// Rendering failed.
+    TemplateRenderFailed {
+        /// Errors with template name and line.
+        errors: Vec<Diagnostic>,
+    }
+    /// Both validation phases accepted a rendered config.
+    ValidationCompleted {
+        /// The validated config.
+        #[serde(serialize_with = "config_summary")]
+        config: Arc<RenderedConfig>,
+        /// Validation time.
+        #[serde(serialize_with = "seconds")]
+        duration: Duration,
+        /// Warnings HAProxy printed.
+        warnings: Vec<Diagnostic>,
+    }
+    /// A validation phase rejected a rendered config.
+    ValidationFailed {
+        /// Hash of the rejected config.
+        hash: ContentHash,
+        /// Phase that rejected it.
+        phase: ValidationPhase,
+        /// Errors, mapped back to template lines where possible.
+        errors: Vec<Diagnostic>,
+    }
+    /// The scheduler released a deployment.
+    DeploymentScheduled {
+        /// Config to deploy.
+        #[serde(serialize_with = "config_summary")]
+        config: Arc<RenderedConfig>,
+        /// Target instance names.
+        instances: Vec<String>,
+        /// True for drift re-checks, which deploy even when the hash is unchanged.
+        drift_check: bool,
+    }
+    /// The deployer started a deployment round.
+    DeploymentStarted {
+        /// Hash being deployed.
+        hash: ContentHash,
+        /// Target instance names.
+        instances: Vec<String>,
+    }
+    /// One instance took the config.
+    InstanceDeployed {
+        /// Instance name.
+        instance: String,
+        /// Hash deployed.
+        hash: ContentHash,
+        /// How it was applied.
+        strategy: DeployStrategy,
+        /// Why that strategy.
+        reason: Option<DeployReason>,
+        /// Time for this instance.
+        #[serde(serialize_with = "seconds")]
+        duration: Duration,
+    }
+    /// One instance failed to take the config.
+    InstanceDeploymentFailed {
+        /// Instance name.
+        instance: String,
+        /// Hash that failed.
+        hash: ContentHash,
+        /// What went wrong.
+        error: Diagnostic,
+    }
+    /// A deployment round finished.
+    DeploymentCompleted {
+        /// Per-round outcome.
+        summary: DeploymentSummary,
+    }
+    /// An instance's running config differs from the desired one.
+    DriftDetected {
+        /// Instance name.
+        instance: String,
+        /// What differed.
+        detail: String,
+    }
+    /// A component's health changed.
+    ComponentHealthChanged {
+        /// Component name.
+        component: Arc<str>,
+        /// The new health.
+        health: Health,
+    }
+    /// Someone asked the controller to reload its configuration.
+    ReloadRequested {
+        /// Where the request came from.
+        source: ReloadSource,
+    }
+}
+
+/// A set of [`EventKind`]s, used to filter subscriptions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct KindSet(u64);
+
+const _: () = assert!(EventKind::ALL.len() <= 64, "KindSet is a u64 bitmask");
+
+impl KindSet {
+    /// Every kind.
+    pub fn all() -> Self {
+        Self(u64::MAX)
+    }
+
+    /// The given kinds.
+    pub fn of(kinds: &[EventKind]) -> Self {
+        Self(
+            kinds
+                .iter()
+                .fold(0, |bits, kind| bits | 1 << (*kind as u32)),
+        )
+    }
+
+    /// Whether `kind` is in the set.
+    pub fn contains(self, kind: EventKind) -> bool {
+        self.0 & (1 << (kind as u32)) != 0
+    }
+}
+
+impl From<&[EventKind]> for KindSet {
+    fn from(kinds: &[EventKind]) -> Self {
+        Self::of(kinds)
+    }
+}
+
+impl<const N: usize> From<[EventKind; N]> for KindSet {
+    fn from(kinds: [EventKind; N]) -> Self {
+        Self::of(&kinds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kind_names_round_trip() {
+        for kind in EventKind::ALL {
+            assert_eq!(EventKind::from_name(kind.as_str()), Some(*kind));
+        }
+        assert_eq!(EventKind::ALL.len(), 23);
+        assert_eq!(EventKind::from_name("Nope"), None);
+    }
+
+    #[test]
+    fn kind_sets_filter() {
+        let set = KindSet::of(&[EventKind::ConfigLoaded, EventKind::DriftDetected]);
+        assert!(set.contains(EventKind::ConfigLoaded));
+        assert!(set.contains(EventKind::DriftDetected));
+        assert!(!set.contains(EventKind::ConfigInvalid));
+        assert!(KindSet::all().contains(EventKind::ReloadRequested));
+        assert!(!KindSet::default().contains(EventKind::ReloadRequested));
+    }
+
+    #[test]
+    fn correlation_ids_are_unique_and_parse_back() {
+        let a = CorrelationId::new();
+        let b = CorrelationId::new();
+        assert_ne!(a, b);
+        assert_eq!(CorrelationId::parse(&a.to_string()), Some(a));
+        assert_eq!(a.to_string().len(), 16);
+    }
+
+    #[test]
+    fn events_serialize_with_type_and_envelope() {
+        let event = Event {
+            id: EventId(7),
+            correlation_id: Some(CorrelationId::from_raw(255)),
+            caused_by: Some(EventId(3)),
+            at: tokio::time::Instant::now(),
+            unix_micros: 1,
+            payload: ResourceSyncComplete {
+                source: "services".into(),
+            }
+            .into(),
+        };
+        let json = serde_json::to_value(&event).unwrap();
+        assert_eq!(json["type"], "ResourceSyncComplete");
+        assert_eq!(json["data"]["source"], "services");
+        assert_eq!(json["id"], 7);
+        assert_eq!(json["correlation_id"], "00000000000000ff");
+        assert_eq!(json["caused_by"], 3);
+    }
+
+    #[test]
+    fn config_handle_hides_contents() {
+        #[derive(Debug)]
+        #[allow(dead_code)]
+        struct Secret(&'static str);
+        let handle = ConfigHandle::new(Secret("hunter2"));
+        assert!(!format!("{handle:?}").contains("hunter2"));
+        assert_eq!(handle.downcast::<Secret>().unwrap().0, "hunter2");
+        assert!(handle.downcast::<String>().is_none());
+    }
+}

@@ -1,0 +1,698 @@
+//! The component kernel (DESIGN §3): registration, start order from
+//! requires/provides, health tracking, failure isolation and shutdown with a deadline.
+
+use std::any::Any;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use prometheus::{IntGaugeVec, Opts, Registry};
+use tokio::task::JoinHandle;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+use tracing::Instrument;
+
+use crate::bus::{Bus, BusError, Publisher};
+use crate::event::ComponentHealthChanged;
+use crate::health::{HealthState, HealthTable};
+
+/// The error a component's `run` may return. Anything that converts into a boxed
+/// error works, including `anyhow::Error`.
+pub type ComponentError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A capability a component needs before it can start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Requirement {
+    /// Capability name, as another component's `provides` lists it.
+    pub capability: String,
+    /// When nobody provides it: `true` disables the component (a soft error),
+    /// `false` refuses to start the kernel.
+    pub optional: bool,
+}
+
+impl Requirement {
+    /// A requirement the kernel cannot start without.
+    pub fn mandatory(capability: impl Into<String>) -> Self {
+        Self {
+            capability: capability.into(),
+            optional: false,
+        }
+    }
+
+    /// A requirement whose absence disables only the requiring component.
+    pub fn optional(capability: impl Into<String>) -> Self {
+        Self {
+            capability: capability.into(),
+            optional: true,
+        }
+    }
+}
+
+/// A unit of the controller: built from config, talks to others only through the bus.
+///
+/// Lifecycle: the kernel calls [`subscribe`](Self::subscribe) on every enabled
+/// component in start order, starts the bus, then spawns [`run`](Self::run) for each,
+/// again in start order. `run` drains the component's subscriptions until
+/// [`Context::cancelled`] fires.
+#[async_trait::async_trait]
+pub trait Component: Send + 'static {
+    /// Unique name; used in logs, metrics, health and subscriber names.
+    fn name(&self) -> &str;
+
+    /// Capabilities this component needs from others.
+    fn requires(&self) -> Vec<Requirement> {
+        Vec::new()
+    }
+
+    /// Capabilities this component offers.
+    fn provides(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Registers the component's subscriptions. Runs before the bus starts, so the
+    /// subscriptions see every event published since the bus was created.
+    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
+        let _ = bus;
+        Ok(())
+    }
+
+    /// Does the component's work until cancelled. Returning early, returning an error
+    /// or panicking makes the component `Exited` with the reason; the others keep
+    /// running.
+    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError>;
+}
+
+/// Why the kernel refused to start.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KernelError {
+    /// Two components with one name.
+    #[error("two components are named `{0}`")]
+    DuplicateName(String),
+    /// A mandatory requirement nobody provides.
+    #[error("component `{component}` requires `{capability}`, which {}", provider_note(.disabled_providers))]
+    UnmetRequirement {
+        /// The requiring component.
+        component: String,
+        /// The missing capability.
+        capability: String,
+        /// Providers that exist but were disabled.
+        disabled_providers: Vec<String>,
+    },
+    /// Requirements form a cycle.
+    #[error("components depend on each other in a cycle: {}", .0.join(" → "))]
+    Cycle(Vec<String>),
+    /// A component's subscription failed.
+    #[error("component `{component}` could not subscribe: {source}")]
+    Subscribe {
+        /// The component.
+        component: String,
+        /// The bus error.
+        source: BusError,
+    },
+    /// The bus could not start.
+    #[error("the bus could not start: {0}")]
+    Bus(BusError),
+}
+
+fn provider_note(disabled: &[String]) -> String {
+    if disabled.is_empty() {
+        "no component provides".to_owned()
+    } else {
+        format!("only disabled components provide ({})", disabled.join(", "))
+    }
+}
+
+// === impl KernelMetrics ===
+
+/// `hapwright_component_health{component,state}`: 1 for a component's current state,
+/// 0 for the others. Register once per process and share across kernels.
+#[derive(Clone, Debug)]
+pub struct KernelMetrics {
+    health: IntGaugeVec,
+}
+
+impl KernelMetrics {
+    /// Creates and registers the metrics.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let health = IntGaugeVec::new(
+            Opts::new(
+                "hapwright_component_health",
+                "Current health of each component (1 for the current state).",
+            ),
+            &["component", "state"],
+        )?;
+        registry.register(Box::new(health.clone()))?;
+        Ok(Self { health })
+    }
+
+    fn set(&self, component: &str, state: HealthState) {
+        for candidate in HealthState::ALL {
+            self.health
+                .with_label_values(&[component, candidate.as_str()])
+                .set(i64::from(candidate == state));
+        }
+    }
+}
+
+// === impl HealthReporter ===
+
+/// Lets a component (and tasks it spawns) report its health. Changes are stored in
+/// the kernel's [`HealthTable`], exported as metrics and published as
+/// `ComponentHealthChanged`; repeating the current health does nothing.
+#[derive(Clone)]
+pub struct HealthReporter {
+    component: Arc<str>,
+    table: HealthTable,
+    publisher: Publisher,
+    metrics: Option<KernelMetrics>,
+}
+
+impl fmt::Debug for HealthReporter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HealthReporter")
+            .field("component", &self.component)
+            .finish()
+    }
+}
+
+impl HealthReporter {
+    /// Reports `Healthy`.
+    pub fn healthy(&self) {
+        self.set(HealthState::Healthy, None);
+    }
+
+    /// Reports `Healthy` with a note (e.g. "watching 3 files").
+    pub fn healthy_because(&self, note: impl Into<String>) {
+        self.set(HealthState::Healthy, Some(note.into()));
+    }
+
+    /// Reports `Unhealthy` with the reason.
+    pub fn unhealthy(&self, reason: impl Into<String>) {
+        self.set(HealthState::Unhealthy, Some(reason.into()));
+    }
+
+    /// Sets any state.
+    pub fn set(&self, state: HealthState, reason: Option<String>) {
+        let Some(health) = self.table.set(&self.component, state, reason) else {
+            return;
+        };
+        if let Some(metrics) = &self.metrics {
+            metrics.set(&self.component, state);
+        }
+        match state {
+            HealthState::Unhealthy | HealthState::Exited => tracing::warn!(
+                component = %self.component,
+                health = %health,
+                "Component health changed"
+            ),
+            HealthState::Healthy | HealthState::Unknown => tracing::info!(
+                component = %self.component,
+                health = %health,
+                "Component health changed"
+            ),
+        }
+        self.publisher.publish(ComponentHealthChanged {
+            component: self.component.clone(),
+            health,
+        });
+    }
+}
+
+/// Makes [`HealthReporter`]s for the components of one kernel.
+#[derive(Clone)]
+struct Reporters {
+    table: HealthTable,
+    publisher: Publisher,
+    metrics: Option<KernelMetrics>,
+}
+
+impl Reporters {
+    fn for_component(&self, name: &Arc<str>) -> HealthReporter {
+        HealthReporter {
+            component: name.clone(),
+            table: self.table.clone(),
+            publisher: self.publisher.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+// === impl Context ===
+
+/// What a running component gets from the kernel.
+#[derive(Clone, Debug)]
+pub struct Context {
+    name: Arc<str>,
+    publisher: Publisher,
+    cancel: CancellationToken,
+    health: HealthReporter,
+}
+
+impl Context {
+    /// The component's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Publishes events on the kernel's bus.
+    pub fn publisher(&self) -> &Publisher {
+        &self.publisher
+    }
+
+    /// Reports health.
+    pub fn health(&self) -> &HealthReporter {
+        &self.health
+    }
+
+    /// Completes when the component should stop.
+    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.cancel.cancelled()
+    }
+
+    /// Whether the component should stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// The component's cancellation token, for tasks it spawns.
+    pub fn cancellation_token(&self) -> &CancellationToken {
+        &self.cancel
+    }
+}
+
+// === impl Kernel ===
+
+/// Collects components, then starts them in dependency order.
+pub struct Kernel {
+    bus: Bus,
+    components: Vec<Box<dyn Component>>,
+    health: HealthTable,
+    metrics: Option<KernelMetrics>,
+    generation: u64,
+}
+
+impl fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Kernel")
+            .field(
+                "components",
+                &self
+                    .components
+                    .iter()
+                    .map(|c| c.name().to_owned())
+                    .collect::<Vec<_>>(),
+            )
+            .field("generation", &self.generation)
+            .finish()
+    }
+}
+
+impl Kernel {
+    /// A kernel over `bus` (not yet started).
+    pub fn new(bus: Bus) -> Self {
+        Self {
+            bus,
+            components: Vec::new(),
+            health: HealthTable::default(),
+            metrics: None,
+            generation: 0,
+        }
+    }
+
+    /// Exports component health through `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: KernelMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Sets the reinit generation recorded on every component span.
+    #[must_use]
+    pub fn with_generation(mut self, generation: u64) -> Self {
+        self.generation = generation;
+        self
+    }
+
+    /// Adds a component.
+    pub fn register(&mut self, component: impl Component) -> &mut Self {
+        self.components.push(Box::new(component));
+        self
+    }
+
+    /// Adds a boxed component.
+    pub fn register_boxed(&mut self, component: Box<dyn Component>) -> &mut Self {
+        self.components.push(component);
+        self
+    }
+
+    /// The health table, readable while the kernel runs.
+    pub fn health(&self) -> HealthTable {
+        self.health.clone()
+    }
+
+    /// Orders the components, subscribes them, starts the bus and spawns them.
+    /// Must run inside a Tokio runtime.
+    pub fn start(self) -> Result<RunningKernel, KernelError> {
+        let Kernel {
+            bus,
+            components,
+            health,
+            metrics,
+            generation,
+        } = self;
+        let plan = plan(&components)?;
+        let publisher = bus.publisher();
+        let reporters = Reporters {
+            table: health.clone(),
+            publisher: publisher.clone(),
+            metrics,
+        };
+        let reporter = |name: &Arc<str>| reporters.for_component(name);
+
+        let mut slots: Vec<Option<Box<dyn Component>>> = components.into_iter().map(Some).collect();
+        for (index, reason) in &plan.disabled {
+            let component = slots[*index]
+                .take()
+                .expect("each component is planned once");
+            let name: Arc<str> = component.name().into();
+            tracing::warn!(component = %name, %reason, "Component disabled");
+            reporter(&name).set(HealthState::Exited, Some(format!("disabled: {reason}")));
+        }
+        let mut ordered = Vec::with_capacity(plan.order.len());
+        for index in &plan.order {
+            let mut component = slots[*index]
+                .take()
+                .expect("each component is planned once");
+            let name: Arc<str> = component.name().into();
+            reporter(&name).set(HealthState::Unknown, None);
+            component
+                .subscribe(&bus)
+                .map_err(|source| KernelError::Subscribe {
+                    component: name.to_string(),
+                    source,
+                })?;
+            ordered.push((name, component));
+        }
+        bus.start().map_err(KernelError::Bus)?;
+
+        let cancel = CancellationToken::new();
+        let mut tasks = Vec::with_capacity(ordered.len());
+        for (name, component) in ordered {
+            let health = reporter(&name);
+            let ctx = Context {
+                name: name.clone(),
+                publisher: publisher.clone(),
+                cancel: cancel.child_token(),
+                health: health.clone(),
+            };
+            let span = tracing::info_span!("component", component = %name, generation);
+            health.healthy();
+            let handle = tokio::spawn(supervise(component, ctx).instrument(span));
+            tasks.push((name, handle));
+        }
+        Ok(RunningKernel {
+            bus,
+            tasks,
+            cancel,
+            health,
+            reporters,
+        })
+    }
+}
+
+/// Runs one component and turns its end into an `Exited` health with the reason.
+async fn supervise(component: Box<dyn Component>, ctx: Context) {
+    let health = ctx.health.clone();
+    let cancel = ctx.cancel.clone();
+    let outcome = AssertUnwindSafe(component.run(ctx)).catch_unwind().await;
+    let reason = match outcome {
+        Ok(Ok(())) if cancel.is_cancelled() => "stopped".to_owned(),
+        Ok(Ok(())) => "returned before shutdown".to_owned(),
+        Ok(Err(error)) => format!("failed: {}", error_chain(error.as_ref())),
+        Err(panic) => format!("panicked: {}", panic_message(panic.as_ref())),
+    };
+    health.set(HealthState::Exited, Some(reason));
+}
+
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "unknown panic payload".to_owned()
+    }
+}
+
+struct Plan {
+    order: Vec<usize>,
+    disabled: Vec<(usize, String)>,
+}
+
+/// Resolves requirements: disables components with unmet optional requirements (to a
+/// fixed point, since a disabled component no longer provides anything), rejects unmet
+/// mandatory ones, and orders the rest topologically (registration order breaks ties).
+fn plan(components: &[Box<dyn Component>]) -> Result<Plan, KernelError> {
+    let names: Vec<String> = components.iter().map(|c| c.name().to_owned()).collect();
+    let mut seen = BTreeSet::new();
+    for name in &names {
+        if !seen.insert(name.as_str()) {
+            return Err(KernelError::DuplicateName(name.clone()));
+        }
+    }
+    let requires: Vec<Vec<Requirement>> = components.iter().map(|c| c.requires()).collect();
+    let mut providers: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (index, component) in components.iter().enumerate() {
+        for capability in component.provides() {
+            providers.entry(capability).or_default().push(index);
+        }
+    }
+
+    let count = components.len();
+    let mut disabled: Vec<Option<String>> = vec![None; count];
+    let provided_by =
+        |capability: &str, disabled: &[Option<String>], except: usize| -> Vec<usize> {
+            providers
+                .get(capability)
+                .map(|list| {
+                    list.iter()
+                        .copied()
+                        .filter(|p| *p != except && disabled[*p].is_none())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+    loop {
+        let mut changed = false;
+        for index in 0..count {
+            if disabled[index].is_some() {
+                continue;
+            }
+            for requirement in requires[index].iter().filter(|r| r.optional) {
+                if provided_by(&requirement.capability, &disabled, index).is_empty() {
+                    disabled[index] = Some(format!(
+                        "optional requirement `{}` is not provided by any running component",
+                        requirement.capability
+                    ));
+                    changed = true;
+                    break;
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    for index in (0..count).filter(|i| disabled[*i].is_none()) {
+        for requirement in requires[index].iter().filter(|r| !r.optional) {
+            if provided_by(&requirement.capability, &disabled, index).is_empty() {
+                let disabled_providers = providers
+                    .get(&requirement.capability)
+                    .into_iter()
+                    .flatten()
+                    .filter(|p| **p != index && disabled[**p].is_some())
+                    .map(|p| names[*p].clone())
+                    .collect();
+                return Err(KernelError::UnmetRequirement {
+                    component: names[index].clone(),
+                    capability: requirement.capability.clone(),
+                    disabled_providers,
+                });
+            }
+        }
+    }
+
+    // Edges provider → requirer among enabled components.
+    let enabled: Vec<usize> = (0..count).filter(|i| disabled[*i].is_none()).collect();
+    let mut before: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); count];
+    for &index in &enabled {
+        for requirement in &requires[index] {
+            before[index].extend(provided_by(&requirement.capability, &disabled, index));
+        }
+    }
+    let mut order = Vec::with_capacity(enabled.len());
+    let mut placed = vec![false; count];
+    while order.len() < enabled.len() {
+        let next = enabled
+            .iter()
+            .copied()
+            .find(|i| !placed[*i] && before[*i].iter().all(|p| placed[*p]));
+        match next {
+            Some(index) => {
+                placed[index] = true;
+                order.push(index);
+            }
+            None => {
+                let remaining: Vec<usize> =
+                    enabled.iter().copied().filter(|i| !placed[*i]).collect();
+                return Err(KernelError::Cycle(find_cycle(
+                    &remaining, &before, &placed, &names,
+                )));
+            }
+        }
+    }
+    Ok(Plan {
+        order,
+        disabled: disabled
+            .into_iter()
+            .enumerate()
+            .filter_map(|(index, reason)| reason.map(|r| (index, r)))
+            .collect(),
+    })
+}
+
+/// Walks unplaced predecessors from the first remaining component until a component
+/// repeats; the repeated stretch is a cycle (every remaining component has an
+/// unplaced predecessor, or it would have been placed).
+fn find_cycle(
+    remaining: &[usize],
+    before: &[BTreeSet<usize>],
+    placed: &[bool],
+    names: &[String],
+) -> Vec<String> {
+    let mut path = vec![remaining[0]];
+    loop {
+        let current = *path.last().expect("path starts non-empty");
+        let predecessor = before[current]
+            .iter()
+            .copied()
+            .find(|p| !placed[*p])
+            .expect("an unplaced component has an unplaced predecessor");
+        if let Some(start) = path.iter().position(|p| *p == predecessor) {
+            // `path` follows "requires" edges; print in start order (provider first).
+            let mut cycle: Vec<String> = path[start..]
+                .iter()
+                .rev()
+                .map(|i| names[*i].clone())
+                .collect();
+            cycle.push(cycle[0].clone());
+            return cycle;
+        }
+        path.push(predecessor);
+    }
+}
+
+// === impl RunningKernel ===
+
+/// Components of one kernel, running.
+pub struct RunningKernel {
+    bus: Bus,
+    tasks: Vec<(Arc<str>, JoinHandle<()>)>,
+    cancel: CancellationToken,
+    health: HealthTable,
+    reporters: Reporters,
+}
+
+impl fmt::Debug for RunningKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunningKernel")
+            .field("components", &self.order())
+            .finish()
+    }
+}
+
+/// What happened at shutdown.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Components that stopped within the deadline.
+    pub stopped: Vec<String>,
+    /// Components that were aborted at the deadline.
+    pub aborted: Vec<String>,
+}
+
+impl RunningKernel {
+    /// Names of the running components, in start order.
+    pub fn order(&self) -> Vec<String> {
+        self.tasks
+            .iter()
+            .map(|(name, _)| name.to_string())
+            .collect()
+    }
+
+    /// The health table.
+    pub fn health(&self) -> HealthTable {
+        self.health.clone()
+    }
+
+    /// The bus.
+    pub fn bus(&self) -> &Bus {
+        &self.bus
+    }
+
+    /// Completes when every component has exited (on its own or after cancellation).
+    pub async fn exited(&mut self) {
+        for (_, handle) in &mut self.tasks {
+            if !handle.is_finished() {
+                let _ = handle.await;
+            }
+        }
+    }
+
+    /// Cancels every component and waits up to `grace` for them to return; the ones
+    /// still running are aborted and marked `Exited` with that reason. Closes the bus.
+    pub async fn shutdown(self, grace: Duration) -> ShutdownReport {
+        let RunningKernel {
+            bus,
+            tasks,
+            cancel,
+            reporters,
+            ..
+        } = self;
+        cancel.cancel();
+        let deadline = tokio::time::Instant::now() + grace;
+        let mut report = ShutdownReport::default();
+        for (name, mut handle) in tasks {
+            match tokio::time::timeout_at(deadline, &mut handle).await {
+                Ok(_) => report.stopped.push(name.to_string()),
+                Err(_) => {
+                    handle.abort();
+                    let _ = handle.await;
+                    tracing::warn!(component = %name, ?grace, "Component did not stop in time; aborted");
+                    reporters.for_component(&name).set(
+                        HealthState::Exited,
+                        Some(format!("did not stop within {grace:?}; aborted")),
+                    );
+                    report.aborted.push(name.to_string());
+                }
+            }
+        }
+        bus.close();
+        report
+    }
+}

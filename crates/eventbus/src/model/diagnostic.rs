@@ -1,0 +1,154 @@
+//! Structured errors and warnings with optional source locations.
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// A place in a file: the controller config, a manifest, a template or a rendered
+/// file. Lines and columns are 1-based.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SourceLocation {
+    /// File or template name.
+    pub file: String,
+    /// Line, when known.
+    pub line: Option<u32>,
+    /// Column, when known.
+    pub column: Option<u32>,
+}
+
+impl SourceLocation {
+    /// A location with a line and, optionally, a column.
+    pub fn new(file: impl Into<String>, line: Option<u32>, column: Option<u32>) -> Self {
+        Self {
+            file: file.into(),
+            line,
+            column,
+        }
+    }
+}
+
+impl fmt::Display for SourceLocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.file)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+            if let Some(column) = self.column {
+                write!(f, ":{column}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How serious a diagnostic is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Worth knowing; nothing was rejected.
+    Warning,
+    /// The checked thing was rejected.
+    #[default]
+    Error,
+}
+
+/// One error or warning, as users see it in logs, `/debug` and the status page.
+///
+/// `location` is where the problem was detected (a rendered `haproxy.cfg` line, a
+/// manifest file); `origin` is the user's source that produced it (the template or
+/// snippet line), when the two differ.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Diagnostic {
+    /// Error or warning.
+    pub severity: Severity,
+    /// What went wrong, in one sentence.
+    pub message: String,
+    /// Where it was detected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub location: Option<SourceLocation>,
+    /// The template line that produced the faulty output.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<SourceLocation>,
+    /// The offending source line, as written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_line: Option<String>,
+}
+
+impl Diagnostic {
+    /// An error without a location.
+    pub fn error(message: impl Into<String>) -> Self {
+        Self {
+            severity: Severity::Error,
+            message: message.into(),
+            location: None,
+            origin: None,
+            source_line: None,
+        }
+    }
+
+    /// A warning without a location.
+    pub fn warning(message: impl Into<String>) -> Self {
+        Self {
+            severity: Severity::Warning,
+            ..Self::error(message)
+        }
+    }
+
+    /// Sets where the problem was detected.
+    #[must_use]
+    pub fn at(mut self, location: SourceLocation) -> Self {
+        self.location = Some(location);
+        self
+    }
+
+    /// Sets the template line that produced the faulty output.
+    #[must_use]
+    pub fn from_origin(mut self, origin: SourceLocation) -> Self {
+        self.origin = Some(origin);
+        self
+    }
+
+    /// Attaches the offending source line.
+    #[must_use]
+    pub fn with_source_line(mut self, line: impl Into<String>) -> Self {
+        self.source_line = Some(line.into());
+        self
+    }
+}
+
+impl fmt::Display for Diagnostic {
+    /// `file:line:col: message (from template:line)`, the form compilers use.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(location) = &self.location {
+            write!(f, "{location}: ")?;
+        }
+        if self.severity == Severity::Warning {
+            f.write_str("warning: ")?;
+        }
+        f.write_str(&self.message)?;
+        if let Some(origin) = &self.origin {
+            write!(f, " (from {origin})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Diagnostic {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_reads_like_a_compiler_message() {
+        let d = Diagnostic::error("unknown keyword 'bnd'")
+            .at(SourceLocation::new("haproxy.cfg", Some(12), None))
+            .from_origin(SourceLocation::new("frontend-http", Some(3), Some(5)));
+        assert_eq!(
+            d.to_string(),
+            "haproxy.cfg:12: unknown keyword 'bnd' (from frontend-http:3:5)"
+        );
+        let w = Diagnostic::warning("slow").at(SourceLocation::new("f", None, Some(3)));
+        assert_eq!(w.to_string(), "f: warning: slow");
+        assert_eq!(Diagnostic::error("plain").to_string(), "plain");
+    }
+}

@@ -1,0 +1,348 @@
+//! Rendered configurations: `haproxy.cfg` plus named maps, files and certificates,
+//! a content hash and a source map back to the templates.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+/// The kind of a rendered file, which fixes where it lands under an instance's config
+/// directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileKind {
+    /// `haproxy.cfg`.
+    Main,
+    /// `maps/<name>`.
+    Map,
+    /// `files/<name>`.
+    File,
+    /// `certs/<name>`.
+    Certificate,
+}
+
+impl FileKind {
+    /// The directory under the config directory, if any.
+    pub fn directory(self) -> Option<&'static str> {
+        match self {
+            FileKind::Main => None,
+            FileKind::Map => Some("maps"),
+            FileKind::File => Some("files"),
+            FileKind::Certificate => Some("certs"),
+        }
+    }
+
+    /// Where a file of this kind named `name` lands, relative to the config directory
+    /// (`maps/hosts.map`); the main config is always `haproxy.cfg`. The same string
+    /// names the file in error messages.
+    pub fn relative_path(self, name: &str) -> String {
+        match self.directory() {
+            None => "haproxy.cfg".to_owned(),
+            Some(dir) => format!("{dir}/{name}"),
+        }
+    }
+}
+
+/// Identifies one rendered file: its kind and name (the main config's name is
+/// `haproxy.cfg`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct RenderedFileRef {
+    /// Kind of file.
+    pub kind: FileKind,
+    /// Name as configured (`hosts.map`).
+    pub name: String,
+}
+
+impl RenderedFileRef {
+    /// Path relative to the config directory.
+    pub fn relative_path(&self) -> String {
+        self.kind.relative_path(&self.name)
+    }
+}
+
+/// A SHA-256 over a rendered configuration, printed as lowercase hex (the same digits
+/// `sha256sum` would print over the same bytes when it covers one file).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct ContentHash([u8; 32]);
+
+impl ContentHash {
+    /// The hash of one byte string.
+    pub fn of(bytes: &[u8]) -> Self {
+        let digest = Sha256::digest(bytes);
+        let mut out = [0u8; 32];
+        out.copy_from_slice(&digest);
+        Self(out)
+    }
+
+    /// The raw digest.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The first 12 hex digits, for logs and labels.
+    pub fn short(&self) -> String {
+        let mut hex = self.to_string();
+        hex.truncate(12);
+        hex
+    }
+}
+
+impl fmt::Display for ContentHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for byte in self.0 {
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ContentHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ContentHash({})", self.short())
+    }
+}
+
+impl Serialize for ContentHash {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// The template line that produced one rendered line.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LineOrigin {
+    /// Template or snippet name (`haproxy.cfg`, `backend-servers`, `maps/hosts.map`).
+    pub template: Arc<str>,
+    /// 1-based line in that template.
+    pub line: u32,
+}
+
+/// For every rendered file, the origin of each of its lines (index 0 = line 1).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SourceMap {
+    files: BTreeMap<RenderedFileRef, Vec<Option<LineOrigin>>>,
+}
+
+impl SourceMap {
+    /// Records the origins of a rendered file's lines.
+    pub fn insert(&mut self, file: RenderedFileRef, lines: Vec<Option<LineOrigin>>) {
+        self.files.insert(file, lines);
+    }
+
+    /// Where line `line` (1-based) of `file` came from, when known.
+    pub fn origin(&self, file: &RenderedFileRef, line: u32) -> Option<&LineOrigin> {
+        let index = usize::try_from(line).ok()?.checked_sub(1)?;
+        self.files.get(file)?.get(index)?.as_ref()
+    }
+
+    /// Looks a file up by its path relative to the config directory.
+    pub fn origin_by_path(&self, relative_path: &str, line: u32) -> Option<&LineOrigin> {
+        let file = self
+            .files
+            .keys()
+            .find(|file| file.relative_path() == relative_path)?;
+        self.origin(file, line)
+    }
+}
+
+/// One complete render: `haproxy.cfg` plus the named auxiliary files, with a content
+/// hash over all of them and a source map.
+///
+/// Contents are `Arc<str>`, so events and caches share one copy.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RenderedConfig {
+    main: Arc<str>,
+    maps: BTreeMap<String, Arc<str>>,
+    files: BTreeMap<String, Arc<str>>,
+    certificates: BTreeMap<String, Arc<str>>,
+    hash: ContentHash,
+    source_map: Arc<SourceMap>,
+}
+
+impl fmt::Debug for RenderedConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Certificates may hold private keys: never print contents.
+        f.debug_struct("RenderedConfig")
+            .field("hash", &self.hash)
+            .field("main_bytes", &self.main.len())
+            .field("maps", &self.maps.keys().collect::<Vec<_>>())
+            .field("files", &self.files.keys().collect::<Vec<_>>())
+            .field(
+                "certificates",
+                &self.certificates.keys().collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl RenderedConfig {
+    /// Assembles a render and computes its hash. The hash covers every file's kind,
+    /// name and bytes in a fixed order, so the same inputs always hash the same.
+    pub fn new(
+        main: impl Into<Arc<str>>,
+        maps: BTreeMap<String, Arc<str>>,
+        files: BTreeMap<String, Arc<str>>,
+        certificates: BTreeMap<String, Arc<str>>,
+        source_map: SourceMap,
+    ) -> Self {
+        let mut config = Self {
+            main: main.into(),
+            maps,
+            files,
+            certificates,
+            hash: ContentHash::default(),
+            source_map: Arc::new(source_map),
+        };
+        let mut hasher = Sha256::new();
+        for (file, content) in config.iter() {
+            // Length-prefixed fields: no two different layouts hash alike.
+            for part in [file.relative_path().as_bytes(), content.as_bytes()] {
+                hasher.update((part.len() as u64).to_le_bytes());
+                hasher.update(part);
+            }
+        }
+        config.hash.0.copy_from_slice(&hasher.finalize());
+        config
+    }
+
+    /// The content of `haproxy.cfg`.
+    pub fn main(&self) -> &Arc<str> {
+        &self.main
+    }
+
+    /// The rendered maps by name.
+    pub fn maps(&self) -> &BTreeMap<String, Arc<str>> {
+        &self.maps
+    }
+
+    /// The rendered general files by name.
+    pub fn files(&self) -> &BTreeMap<String, Arc<str>> {
+        &self.files
+    }
+
+    /// The rendered certificates by name.
+    pub fn certificates(&self) -> &BTreeMap<String, Arc<str>> {
+        &self.certificates
+    }
+
+    /// The content hash.
+    pub fn hash(&self) -> ContentHash {
+        self.hash
+    }
+
+    /// The source map from rendered lines to template lines.
+    pub fn source_map(&self) -> &SourceMap {
+        &self.source_map
+    }
+
+    /// Every file, main config first, then maps, files and certificates by name.
+    pub fn iter(&self) -> impl Iterator<Item = (RenderedFileRef, &Arc<str>)> + '_ {
+        let main = std::iter::once((
+            RenderedFileRef {
+                kind: FileKind::Main,
+                name: "haproxy.cfg".to_owned(),
+            },
+            &self.main,
+        ));
+        fn named(
+            kind: FileKind,
+            map: &BTreeMap<String, Arc<str>>,
+        ) -> impl Iterator<Item = (RenderedFileRef, &Arc<str>)> + '_ {
+            map.iter().map(move |(name, content)| {
+                (
+                    RenderedFileRef {
+                        kind,
+                        name: name.clone(),
+                    },
+                    content,
+                )
+            })
+        }
+        main.chain(named(FileKind::Map, &self.maps))
+            .chain(named(FileKind::File, &self.files))
+            .chain(named(FileKind::Certificate, &self.certificates))
+    }
+
+    /// The content of one file.
+    pub fn get(&self, file: &RenderedFileRef) -> Option<&Arc<str>> {
+        match file.kind {
+            FileKind::Main => Some(&self.main),
+            FileKind::Map => self.maps.get(&file.name),
+            FileKind::File => self.files.get(&file.name),
+            FileKind::Certificate => self.certificates.get(&file.name),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(main: &str, map: &str) -> RenderedConfig {
+        let mut maps = BTreeMap::new();
+        maps.insert("hosts.map".to_owned(), Arc::from(map));
+        RenderedConfig::new(
+            main,
+            maps,
+            BTreeMap::new(),
+            BTreeMap::new(),
+            SourceMap::default(),
+        )
+    }
+
+    #[test]
+    fn hash_is_deterministic_and_covers_every_file() {
+        let a = config("global\n", "a b\n");
+        assert_eq!(a.hash(), config("global\n", "a b\n").hash());
+        assert_ne!(a.hash(), config("global\n", "a c\n").hash());
+        // Moving bytes between files changes the hash.
+        assert_ne!(config("ab", "c").hash(), config("a", "bc").hash());
+        assert_eq!(a.hash().to_string().len(), 64);
+        assert_eq!(a.hash().short().len(), 12);
+    }
+
+    #[test]
+    fn single_file_hash_matches_sha256sum() {
+        // printf 'hello\n' | sha256sum
+        assert_eq!(
+            ContentHash::of(b"hello\n").to_string(),
+            "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"
+        );
+    }
+
+    #[test]
+    fn paths_and_source_map_lookup() {
+        let file = RenderedFileRef {
+            kind: FileKind::Map,
+            name: "hosts.map".into(),
+        };
+        assert_eq!(file.relative_path(), "maps/hosts.map");
+        assert_eq!(FileKind::Main.relative_path("x"), "haproxy.cfg");
+        let mut map = SourceMap::default();
+        let origin = LineOrigin {
+            template: "maps/hosts.map".into(),
+            line: 3,
+        };
+        map.insert(file.clone(), vec![None, Some(origin.clone())]);
+        assert_eq!(map.origin(&file, 2), Some(&origin));
+        assert_eq!(map.origin(&file, 1), None);
+        assert_eq!(map.origin(&file, 0), None);
+        assert_eq!(map.origin_by_path("maps/hosts.map", 2), Some(&origin));
+    }
+
+    #[test]
+    fn debug_never_prints_contents() {
+        let mut certs = BTreeMap::new();
+        certs.insert("a.pem".to_owned(), Arc::from("-----BEGIN PRIVATE KEY-----"));
+        let config = RenderedConfig::new(
+            "x",
+            BTreeMap::new(),
+            BTreeMap::new(),
+            certs,
+            SourceMap::default(),
+        );
+        assert!(!format!("{config:?}").contains("PRIVATE"));
+    }
+}

@@ -1,0 +1,411 @@
+//! Persistent, indexed resource snapshots.
+
+use std::fmt;
+use std::sync::Arc;
+
+use imbl::{OrdMap, OrdSet};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::FieldPath;
+
+/// Identity of a stored object: its namespace and name. Objects without a namespace
+/// (cluster-scoped Kubernetes kinds) use the empty string as namespace.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct ObjectKey {
+    /// Namespace of the object.
+    pub namespace: String,
+    /// Name of the object.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// Builds a key from a namespace and a name.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            f.write_str(&self.name)
+        } else {
+            write!(f, "{}/{}", self.namespace, self.name)
+        }
+    }
+}
+
+/// What one update did to a snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ResourceChange {
+    /// Objects that did not exist before.
+    pub added: Vec<ObjectKey>,
+    /// Objects whose content changed.
+    pub modified: Vec<ObjectKey>,
+    /// Objects that are gone.
+    pub removed: Vec<ObjectKey>,
+}
+
+impl ResourceChange {
+    /// True when the update changed nothing.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.modified.is_empty() && self.removed.is_empty()
+    }
+
+    /// Number of objects touched.
+    pub fn len(&self) -> usize {
+        self.added.len() + self.modified.len() + self.removed.len()
+    }
+}
+
+/// An index lookup that could not be answered.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LookupError {
+    /// More keys were given than the snapshot has `indexBy` paths.
+    #[error("{given} index keys given, but only {available} indexBy paths are configured")]
+    TooManyKeys {
+        /// Keys passed to the lookup.
+        given: usize,
+        /// Configured `indexBy` paths.
+        available: usize,
+    },
+    /// An exactly-one lookup matched several objects.
+    #[error("expected at most one object for keys {keys:?}, found {count}")]
+    Ambiguous {
+        /// Keys passed to the lookup.
+        keys: Vec<String>,
+        /// How many objects matched.
+        count: usize,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Stored {
+    object: Arc<Value>,
+    index_key: Arc<[String]>,
+}
+
+/// The objects of one watched resource at one moment, with their `indexBy` index.
+///
+/// The snapshot is a persistent structure (`imbl` B-trees): cloning is O(1) and shares
+/// all nodes, and [`upsert`](Self::upsert) / [`remove`](Self::remove) on a clone cost
+/// O(log n) and copy only the touched path. A source keeps its latest snapshot, clones
+/// it, applies a change and publishes the result; earlier snapshots stay valid and
+/// unchanged for whoever still holds them.
+#[derive(Clone)]
+pub struct ResourceSnapshot {
+    index_by: Arc<[FieldPath]>,
+    objects: OrdMap<ObjectKey, Stored>,
+    index: OrdMap<Arc<[String]>, OrdSet<ObjectKey>>,
+}
+
+impl fmt::Debug for ResourceSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResourceSnapshot")
+            .field("index_by", &self.index_by)
+            .field("objects", &self.objects.len())
+            .finish()
+    }
+}
+
+impl PartialEq for ResourceSnapshot {
+    fn eq(&self, other: &Self) -> bool {
+        self.index_by == other.index_by
+            && self.objects.len() == other.objects.len()
+            && self
+                .objects
+                .iter()
+                .zip(other.objects.iter())
+                .all(|((ka, a), (kb, b))| ka == kb && a.object == b.object)
+    }
+}
+
+impl ResourceSnapshot {
+    /// An empty snapshot indexed by the given paths (in order).
+    pub fn new(index_by: Vec<FieldPath>) -> Self {
+        Self {
+            index_by: index_by.into(),
+            objects: OrdMap::new(),
+            index: OrdMap::new(),
+        }
+    }
+
+    /// The `indexBy` paths, in order.
+    pub fn index_by(&self) -> &[FieldPath] {
+        &self.index_by
+    }
+
+    /// Number of objects.
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// True when the snapshot holds no objects.
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// Inserts or replaces an object. Returns `None` when an identical object was
+    /// already stored (nothing changed), otherwise whether it was added or modified.
+    pub fn upsert(&mut self, key: ObjectKey, object: Arc<Value>) -> Option<UpsertOutcome> {
+        let index_key: Arc<[String]> = self
+            .index_by
+            .iter()
+            .map(|path| path.index_value(&object))
+            .collect();
+        let outcome = match self.objects.get(&key) {
+            Some(old) if old.object == object => return None,
+            Some(old) => {
+                if old.index_key != index_key {
+                    let old_key = old.index_key.clone();
+                    self.unindex(&old_key, &key);
+                    self.index
+                        .entry(index_key.clone())
+                        .or_default()
+                        .insert(key.clone());
+                }
+                UpsertOutcome::Modified
+            }
+            None => {
+                self.index
+                    .entry(index_key.clone())
+                    .or_default()
+                    .insert(key.clone());
+                UpsertOutcome::Added
+            }
+        };
+        self.objects.insert(key, Stored { object, index_key });
+        Some(outcome)
+    }
+
+    /// Removes an object; returns it when it was present.
+    pub fn remove(&mut self, key: &ObjectKey) -> Option<Arc<Value>> {
+        let stored = self.objects.remove(key)?;
+        self.unindex(&stored.index_key, key);
+        Some(stored.object)
+    }
+
+    fn unindex(&mut self, index_key: &Arc<[String]>, key: &ObjectKey) {
+        if let Some(bucket) = self.index.get_mut(index_key) {
+            bucket.remove(key);
+            if bucket.is_empty() {
+                self.index.remove(index_key);
+            }
+        }
+    }
+
+    /// The object stored under `key`.
+    pub fn get_by_key(&self, key: &ObjectKey) -> Option<&Arc<Value>> {
+        self.objects.get(key).map(|stored| &stored.object)
+    }
+
+    /// Every object with its key, in key order (namespace, then name).
+    pub fn iter(&self) -> impl Iterator<Item = (&ObjectKey, &Arc<Value>)> + '_ {
+        self.objects
+            .iter()
+            .map(|(key, stored)| (key, &stored.object))
+    }
+
+    /// Every object, in key order.
+    pub fn list(&self) -> impl Iterator<Item = &Arc<Value>> + '_ {
+        self.objects.values().map(|stored| &stored.object)
+    }
+
+    /// Objects whose leading index values equal `keys`, ordered by index values and
+    /// then by object key. With no keys, every object in index order. Costs
+    /// O(log n + matches).
+    pub fn fetch<S: AsRef<str>>(&self, keys: &[S]) -> Result<Vec<&Arc<Value>>, LookupError> {
+        if keys.len() > self.index_by.len() {
+            return Err(LookupError::TooManyKeys {
+                given: keys.len(),
+                available: self.index_by.len(),
+            });
+        }
+        let prefix: Arc<[String]> = keys.iter().map(|k| k.as_ref().to_owned()).collect();
+        let mut out = Vec::new();
+        for (index_key, bucket) in self.index.range(prefix.clone()..) {
+            if !index_key.starts_with(&prefix) {
+                break;
+            }
+            out.extend(bucket.iter().filter_map(|key| self.get_by_key(key)));
+        }
+        Ok(out)
+    }
+
+    /// The single object whose leading index values equal `keys`, `None` when there is
+    /// none, and an error when there are several.
+    pub fn get<S: AsRef<str>>(&self, keys: &[S]) -> Result<Option<&Arc<Value>>, LookupError> {
+        let mut found = self.fetch(keys)?;
+        match found.len() {
+            0 => Ok(None),
+            1 => Ok(found.pop()),
+            count => Err(LookupError::Ambiguous {
+                keys: keys.iter().map(|k| k.as_ref().to_owned()).collect(),
+                count,
+            }),
+        }
+    }
+}
+
+/// Whether [`ResourceSnapshot::upsert`] added or replaced an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpsertOutcome {
+    /// The key was new.
+    Added,
+    /// The key existed with different content.
+    Modified,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn slice(ns: &str, name: &str, service: Option<&str>) -> Arc<Value> {
+        let mut labels = serde_json::Map::new();
+        if let Some(service) = service {
+            labels.insert("kubernetes.io/service-name".into(), json!(service));
+        }
+        Arc::new(json!({"metadata": {"namespace": ns, "name": name, "labels": labels}}))
+    }
+
+    fn by_service() -> ResourceSnapshot {
+        ResourceSnapshot::new(vec![
+            FieldPath::parse("metadata.namespace").unwrap(),
+            FieldPath::parse(r"metadata.labels.kubernetes\.io/service-name").unwrap(),
+        ])
+    }
+
+    fn names(values: Vec<&Arc<Value>>) -> Vec<String> {
+        values
+            .into_iter()
+            .map(|v| v["metadata"]["name"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn fetch_by_leading_keys_and_exactly_one() {
+        let mut snap = by_service();
+        snap.upsert(
+            ObjectKey::new("a", "web-1"),
+            slice("a", "web-1", Some("web")),
+        );
+        snap.upsert(
+            ObjectKey::new("a", "web-2"),
+            slice("a", "web-2", Some("web")),
+        );
+        snap.upsert(
+            ObjectKey::new("a", "api-1"),
+            slice("a", "api-1", Some("api")),
+        );
+        snap.upsert(
+            ObjectKey::new("b", "web-1"),
+            slice("b", "web-1", Some("web")),
+        );
+
+        assert_eq!(
+            names(snap.fetch(&["a", "web"]).unwrap()),
+            ["web-1", "web-2"]
+        );
+        assert_eq!(
+            names(snap.fetch(&["a"]).unwrap()),
+            ["api-1", "web-1", "web-2"]
+        );
+        assert_eq!(snap.fetch::<&str>(&[]).unwrap().len(), 4);
+        assert!(snap.fetch(&["c"]).unwrap().is_empty());
+        assert_eq!(
+            names(vec![snap.get(&["a", "api"]).unwrap().unwrap()]),
+            ["api-1"]
+        );
+        assert_eq!(snap.get(&["a", "nope"]).unwrap(), None);
+        assert!(matches!(
+            snap.get(&["a", "web"]),
+            Err(LookupError::Ambiguous { count: 2, .. })
+        ));
+        assert!(matches!(
+            snap.fetch(&["a", "web", "x"]),
+            Err(LookupError::TooManyKeys {
+                given: 3,
+                available: 2
+            })
+        ));
+    }
+
+    #[test]
+    fn a_prefix_key_does_not_match_longer_values() {
+        let mut snap = by_service();
+        snap.upsert(ObjectKey::new("a", "1"), slice("a", "1", Some("web")));
+        snap.upsert(ObjectKey::new("ab", "2"), slice("ab", "2", Some("web")));
+        assert_eq!(names(snap.fetch(&["a"]).unwrap()), ["1"]);
+    }
+
+    #[test]
+    fn objects_missing_an_index_path_are_indexed_under_empty_value() {
+        let mut snap = by_service();
+        snap.upsert(ObjectKey::new("a", "orphan"), slice("a", "orphan", None));
+        assert_eq!(names(snap.fetch(&["a", ""]).unwrap()), ["orphan"]);
+        assert_eq!(snap.len(), 1);
+    }
+
+    #[test]
+    fn reindexes_on_modify_and_unindexes_on_remove() {
+        let mut snap = by_service();
+        let key = ObjectKey::new("a", "s");
+        assert_eq!(
+            snap.upsert(key.clone(), slice("a", "s", Some("web"))),
+            Some(UpsertOutcome::Added)
+        );
+        assert_eq!(snap.upsert(key.clone(), slice("a", "s", Some("web"))), None);
+        assert_eq!(
+            snap.upsert(key.clone(), slice("a", "s", Some("api"))),
+            Some(UpsertOutcome::Modified)
+        );
+        assert!(snap.fetch(&["a", "web"]).unwrap().is_empty());
+        assert_eq!(snap.fetch(&["a", "api"]).unwrap().len(), 1);
+        assert!(snap.remove(&key).is_some());
+        assert!(snap.fetch(&["a"]).unwrap().is_empty());
+        assert!(snap.is_empty());
+        assert!(snap.remove(&key).is_none());
+    }
+
+    #[test]
+    fn earlier_snapshots_are_unchanged_by_later_updates() {
+        let mut first = by_service();
+        first.upsert(ObjectKey::new("a", "1"), slice("a", "1", Some("web")));
+        let mut second = first.clone();
+        second.upsert(ObjectKey::new("a", "2"), slice("a", "2", Some("web")));
+        second.remove(&ObjectKey::new("a", "1"));
+        assert_eq!(names(first.list().collect()), ["1"]);
+        assert_eq!(names(second.list().collect()), ["2"]);
+        assert_ne!(first, second);
+    }
+
+    proptest::proptest! {
+        /// The index always agrees with a brute-force scan, whatever the sequence of
+        /// upserts and removals.
+        #[test]
+        fn index_matches_a_linear_scan(ops in proptest::collection::vec((0u8..6, 0u8..3, proptest::bool::ANY), 1..60)) {
+            let mut snap = by_service();
+            for (name, service, remove) in ops {
+                let key = ObjectKey::new("ns", format!("o{name}"));
+                if remove {
+                    snap.remove(&key);
+                } else {
+                    snap.upsert(key, slice("ns", &format!("o{name}"), Some(&format!("s{service}"))));
+                }
+            }
+            for service in 0..3 {
+                let wanted = format!("s{service}");
+                let scanned: Vec<&Arc<Value>> = snap
+                    .list()
+                    .filter(|v| v["metadata"]["labels"]["kubernetes.io/service-name"] == wanted.as_str())
+                    .collect();
+                proptest::prop_assert_eq!(snap.fetch(&["ns", wanted.as_str()]).unwrap(), scanned);
+            }
+        }
+    }
+}
