@@ -1,3 +1,17 @@
 //! Everything in hapwright that talks to HAProxy: the configuration tokenizer and
 //! model, the two-phase validator, the deployment scheduler and the drivers that apply
 //! a rendered configuration to HAProxy instances.
+
+pub mod config;
+
+pub mod files;
+pub mod master;
+pub mod metrics;
+pub mod runtime;
+pub mod socket;
+pub mod managed;
+pub mod scheduler;
+pub mod haproxy_config;
+pub mod validator;
+pub mod plan;
+pub mod driver;

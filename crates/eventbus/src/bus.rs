@@ -228,12 +228,18 @@ struct State {
     pipeline: Sender<Arc<Event>>,
     observer: Sender<Arc<Event>>,
     /// Never-read receivers that every pre-start subscription clones; dropped at start.
-    templates: Option<(Receiver<Arc<Event>>, Receiver<Arc<Event>>)>,
+    templates: Option<Templates>,
     /// Pipeline events waiting for room, in publish order.
     spill: VecDeque<Arc<Event>>,
     /// Spill length at which the next warning is logged.
     spill_warn_at: usize,
     started: bool,
+}
+
+/// The never-read receivers of both channels, cloned by every pre-start subscription.
+struct Templates {
+    pipeline: Receiver<Arc<Event>>,
+    observer: Receiver<Arc<Event>>,
 }
 
 struct SubscriberStats {
@@ -261,12 +267,23 @@ struct Shared {
 }
 
 impl Shared {
+    /// Events waiting for `sub`. An observer never has more waiting than its
+    /// channel holds: older ones were evicted and count as dropped when it next
+    /// receives.
     fn depth(&self, sub: &SubscriberStats) -> u64 {
-        let seq = match sub.delivery {
-            Delivery::Pipeline => self.pipeline_seq.load(Ordering::Relaxed),
-            Delivery::Observer => self.observer_seq.load(Ordering::Relaxed),
-        };
-        seq.saturating_sub(sub.consumed.load(Ordering::Relaxed))
+        match sub.delivery {
+            Delivery::Pipeline => self
+                .pipeline_seq
+                .load(Ordering::Relaxed)
+                .saturating_sub(sub.consumed.load(Ordering::Relaxed)),
+            Delivery::Observer => {
+                let capacity = lock(&self.state).observer.capacity() as u64;
+                self.observer_seq
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(sub.consumed.load(Ordering::Relaxed))
+                    .min(capacity)
+            }
+        }
     }
 }
 
@@ -304,7 +321,10 @@ impl Bus {
             state: Mutex::new(State {
                 pipeline,
                 observer,
-                templates: Some((pipeline_rx, observer_rx)),
+                templates: Some(Templates {
+                    pipeline: pipeline_rx,
+                    observer: observer_rx,
+                }),
                 spill: VecDeque::new(),
                 spill_warn_at: 10_000,
                 started: false,
@@ -357,12 +377,12 @@ impl Bus {
         delivery: Delivery,
     ) -> Result<Subscription, BusError> {
         let state = lock(&self.shared.state);
-        let Some((pipeline, observer)) = state.templates.as_ref() else {
+        let Some(templates) = state.templates.as_ref() else {
             return Err(BusError::AlreadyStarted(name.to_string()));
         };
         let rx = match delivery {
-            Delivery::Pipeline => pipeline.clone(),
-            Delivery::Observer => observer.clone(),
+            Delivery::Pipeline => templates.pipeline.clone(),
+            Delivery::Observer => templates.observer.clone(),
         };
         drop(state);
         let stats = Arc::new(SubscriberStats {
@@ -391,12 +411,9 @@ impl Bus {
         }
         state.started = true;
         state.templates = None;
-        let observer_capacity = self
-            .shared
-            .config
-            .observer_capacity
-            .max(state.observer.len());
-        state.observer.set_capacity(observer_capacity.max(1));
+        // Keep the whole replay and leave the configured room on top of it.
+        let observer_capacity = state.observer.len() + self.shared.config.observer_capacity.max(1);
+        state.observer.set_capacity(observer_capacity);
         state.observer.set_overflow(true);
         let pump_sender = state.pipeline.clone();
         drop(state);

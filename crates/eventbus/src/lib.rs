@@ -6,6 +6,7 @@
 //! [`Health`], isolates their failures and stops them within a deadline.
 
 pub mod bus;
+pub mod config;
 pub mod event;
 pub mod health;
 pub mod kernel;

@@ -3,3 +3,22 @@
 //! A source watches one kind of input (manifest files on disk, Kubernetes objects) and
 //! publishes `ResourceIndexUpdated` and `ResourceSyncComplete` events on the bus. The
 //! sources share the snapshot and `indexBy` machinery of [`hapwright_eventbus::model`].
+//!
+//! # Layout
+//!
+//! - [`config`]: the `watchedResources` config section ([`Config`]).
+//! - [`yaml`]: YAML/JSON parsing under input budgets, with located errors; also used
+//!   by the app to load the controller's config file.
+//! - [`manifest`]: one manifest file → keyed, filtered objects.
+//! - [`filewatch`]: watching files and directories with notify, surviving ConfigMap
+//!   symlink swaps and editor save patterns, plus a periodic rescan.
+//! - [`files`]: the `files` source component ([`FilesSource`]).
+
+pub mod config;
+pub mod filewatch;
+pub mod files;
+pub mod manifest;
+pub mod yaml;
+
+pub use config::Config;
+pub use files::FilesSource;

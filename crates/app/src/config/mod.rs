@@ -1,0 +1,331 @@
+//! The controller's config file (DESIGN §4): the whole-file [`Config`], the
+//! [`Controller`] section, [`load`] with located errors, and the [`ConfigWatcher`]
+//! component that reloads it when the file or a password file changes.
+//!
+//! Each crate owns the types of its section: `watchedResources` is
+//! [`hapwright_watchers::Config`], the template keys are
+//! [`hapwright_reconciler::config::Config`], `haproxy` is
+//! [`hapwright_deployer::config::Config`]. This module assembles them, resolves
+//! relative paths against the config file's directory, runs every section's semantic
+//! checks plus the cross-section ones, reads password files, and turns every problem
+//! into a [`Diagnostic`] at `file:line:column`.
+
+mod locate;
+mod watch;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use hapwright_deployer::config as deployer;
+use hapwright_eventbus::config::{ConfigIssue, Duration};
+use hapwright_eventbus::model::{ContentHash, Diagnostic, SourceLocation};
+use hapwright_reconciler::config as reconciler;
+use hapwright_watchers::yaml::{self, Limits};
+use serde::{Deserialize, Serialize};
+
+pub use locate::Locator;
+pub use watch::ConfigWatcher;
+
+/// Config files larger than this are rejected before parsing.
+pub const MAX_CONFIG_SIZE: u64 = 10 * 1024 * 1024;
+
+/// The whole config file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(from = "RawConfig", rename_all = "camelCase")]
+pub struct Config {
+    /// `watchedResources`.
+    pub watched_resources: hapwright_watchers::Config,
+    /// `haproxyConfig`, `templateSnippets`, `maps`, `files`, `sslCertificates`,
+    /// `extraContext`, `templating`, `validationTests`.
+    #[serde(flatten)]
+    pub templates: reconciler::Config,
+    /// `haproxy`.
+    pub haproxy: deployer::Config,
+    /// `controller`.
+    pub controller: Controller,
+}
+
+/// The file's top level as written; [`Config`] groups the template keys.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawConfig {
+    #[serde(default)]
+    watched_resources: hapwright_watchers::Config,
+    haproxy_config: reconciler::Template,
+    #[serde(default)]
+    template_snippets: std::collections::BTreeMap<String, reconciler::Template>,
+    #[serde(default)]
+    maps: std::collections::BTreeMap<String, reconciler::Template>,
+    #[serde(default)]
+    files: std::collections::BTreeMap<String, reconciler::Template>,
+    #[serde(default)]
+    ssl_certificates: std::collections::BTreeMap<String, reconciler::Template>,
+    #[serde(default = "empty_object")]
+    extra_context: serde_json::Value,
+    #[serde(default)]
+    templating: reconciler::Templating,
+    #[serde(default)]
+    validation_tests: std::collections::BTreeMap<String, reconciler::ValidationTest>,
+    #[serde(default)]
+    haproxy: deployer::Config,
+    #[serde(default)]
+    controller: Controller,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::Value::Object(serde_json::Map::new())
+}
+
+impl From<RawConfig> for Config {
+    fn from(raw: RawConfig) -> Self {
+        Self {
+            watched_resources: raw.watched_resources,
+            templates: reconciler::Config {
+                haproxy_config: raw.haproxy_config,
+                template_snippets: raw.template_snippets,
+                maps: raw.maps,
+                files: raw.files,
+                ssl_certificates: raw.ssl_certificates,
+                extra_context: raw.extra_context,
+                templating: raw.templating,
+                validation_tests: raw.validation_tests,
+            },
+            haproxy: raw.haproxy,
+            controller: raw.controller,
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// The `controller` section: timings, listeners and logging.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Controller {
+    /// Quiet period after the last resource change before rendering.
+    pub debounce: Duration,
+    /// Longest a constant stream of changes may delay rendering.
+    pub max_wait: Duration,
+    /// Minimum time between deployments.
+    pub min_deployment_interval: Duration,
+    /// Minimum time between reloads of one instance.
+    pub min_reload_interval: Duration,
+    /// Interval of the drift check.
+    pub drift_prevention_interval: Duration,
+    /// Deadline for deploying to one instance.
+    pub deployment_timeout: Duration,
+    /// Metrics, health, debug, reload and status page.
+    pub listen: SocketAddr,
+    /// Optional second listener serving only `/metrics`, `/healthz`, `/readyz`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Log filter: a level (`info`) or a `RUST_LOG`-style directive list.
+    pub log_level: String,
+    /// Log format.
+    pub log_format: LogFormat,
+}
+
+impl Default for Controller {
+    fn default() -> Self {
+        let debounce = reconciler::Debounce::default();
+        let timings = deployer::Timings::default();
+        Self {
+            debounce: debounce.debounce,
+            max_wait: debounce.max_wait,
+            min_deployment_interval: timings.min_deployment_interval,
+            min_reload_interval: timings.min_reload_interval,
+            drift_prevention_interval: timings.drift_prevention_interval,
+            deployment_timeout: timings.deployment_timeout,
+            listen: SocketAddr::from(([127, 0, 0, 1], 9400)),
+            metrics_listen: None,
+            log_level: "info".to_owned(),
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+impl Controller {
+    /// The debouncer's timings.
+    pub fn debounce(&self) -> reconciler::Debounce {
+        reconciler::Debounce {
+            debounce: self.debounce,
+            max_wait: self.max_wait,
+        }
+    }
+
+    /// The scheduler's and deployer's timings.
+    pub fn deploy_timings(&self) -> deployer::Timings {
+        deployer::Timings {
+            min_deployment_interval: self.min_deployment_interval,
+            min_reload_interval: self.min_reload_interval,
+            drift_prevention_interval: self.drift_prevention_interval,
+            deployment_timeout: self.deployment_timeout,
+        }
+    }
+
+    fn validate(&self) -> Vec<ConfigIssue> {
+        let mut issues = Vec::new();
+        if self.debounce > self.max_wait {
+            issues.push(ConfigIssue::new(
+                "maxWait",
+                format!(
+                    "maxWait ({}) is shorter than debounce ({}); it must be at least as long",
+                    self.max_wait, self.debounce
+                ),
+            ));
+        }
+        if self.min_reload_interval < self.min_deployment_interval {
+            issues.push(ConfigIssue::new(
+                "minReloadInterval",
+                format!(
+                    "minReloadInterval ({}) is shorter than minDeploymentInterval ({})",
+                    self.min_reload_interval, self.min_deployment_interval
+                ),
+            ));
+        }
+        for (field, value) in [
+            ("driftPreventionInterval", self.drift_prevention_interval),
+            ("deploymentTimeout", self.deployment_timeout),
+        ] {
+            if value.get().is_zero() {
+                issues.push(ConfigIssue::new(field, format!("{field} must be longer than 0s")));
+            }
+        }
+        if self.metrics_listen == Some(self.listen) {
+            issues.push(ConfigIssue::new(
+                "metricsListen",
+                "metricsListen is the same address as listen",
+            ));
+        }
+        if let Err(error) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
+            issues.push(ConfigIssue::new(
+                "logLevel",
+                format!("not a log level or RUST_LOG filter: {error}"),
+            ));
+        }
+        issues
+    }
+}
+
+impl Config {
+    /// Every section's semantic checks plus the cross-section ones, with paths from
+    /// the top of the file. Does not touch the filesystem.
+    pub fn validate(&self) -> Vec<ConfigIssue> {
+        let mut issues: Vec<ConfigIssue> = self
+            .watched_resources
+            .validate()
+            .into_iter()
+            .map(|i| i.under("watchedResources"))
+            .collect();
+        issues.extend(self.templates.validate());
+        issues.extend(self.haproxy.validate().into_iter().map(|i| i.under("haproxy")));
+        issues.extend(self.controller.validate().into_iter().map(|i| i.under("controller")));
+        let watched: Vec<&str> = self
+            .watched_resources
+            .resources
+            .keys()
+            .map(String::as_str)
+            .collect();
+        for (test, spec) in &self.templates.validation_tests {
+            for resource in spec.fixtures.keys() {
+                if !watched.contains(&resource.as_str()) {
+                    issues.push(ConfigIssue::new(
+                        format!("validationTests.{test}.fixtures.{resource}"),
+                        format!(
+                            "`{resource}` is not a watched resource (watchedResources has: {})",
+                            if watched.is_empty() { "none".to_owned() } else { watched.join(", ") }
+                        ),
+                    ));
+                }
+            }
+        }
+        issues
+    }
+
+    /// Makes relative paths absolute against `base` (the config file's directory).
+    pub fn resolve_paths(&mut self, base: &Path) {
+        self.watched_resources.resolve_paths(base);
+        self.haproxy.resolve_paths(base);
+    }
+}
+
+/// A loaded, valid configuration.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    /// The configuration, paths resolved, passwords read.
+    pub config: Config,
+    /// The config file as given.
+    pub path: PathBuf,
+    /// Hash over the config file and every password: equal hashes mean an identical
+    /// effective configuration.
+    pub hash: ContentHash,
+    /// Files whose change means the configuration may have changed: the config file
+    /// and every `passwordFile`.
+    pub watched_files: Vec<PathBuf>,
+}
+
+/// Loads and validates the config file at `path`: read (at most
+/// [`MAX_CONFIG_SIZE`]), parse (unknown keys, types, durations), resolve relative
+/// paths against the file's directory, run every semantic check and read password
+/// files. Every problem comes back as a diagnostic at `file:line:column`; parsing
+/// stops at the first syntax or type error, semantic checks report all problems.
+pub fn load(path: &Path) -> Result<Loaded, Vec<Diagnostic>> {
+    let display = path.display().to_string();
+    let at_file = |message: String| vec![Diagnostic::error(message).at(SourceLocation::new(display.clone(), None, None))];
+    let meta = std::fs::metadata(path).map_err(|error| at_file(format!("cannot read config file: {error}")))?;
+    if meta.len() > MAX_CONFIG_SIZE {
+        return Err(at_file(format!(
+            "config file is too large: {} bytes, over the {} byte limit",
+            meta.len(),
+            MAX_CONFIG_SIZE
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(|error| at_file(format!("cannot read config file: {error}")))?;
+    let text = yaml::decode_utf8(&bytes, &display).map_err(|d| vec![d])?;
+    parse(text, path, &display).map(|(config, hash)| Loaded {
+        watched_files: std::iter::once(path.to_path_buf())
+            .chain(config.haproxy.secret_files())
+            .collect(),
+        config,
+        path: path.to_path_buf(),
+        hash,
+    })
+}
+
+/// Parses config text as if it were the file at `path` (which sets the base for
+/// relative paths and the file name in errors).
+pub fn parse(text: &str, path: &Path, display: &str) -> Result<(Config, ContentHash), Vec<Diagnostic>> {
+    let mut config: Config = yaml::parse_typed(text, display, &Limits::default()).map_err(|d| vec![d])?;
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let base = absolute.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    config.resolve_paths(&base);
+    let mut issues = config.validate();
+    issues.extend(config.haproxy.load_secrets().into_iter().map(|i| i.under("haproxy")));
+    if !issues.is_empty() {
+        let locator = Locator::new(text);
+        return Err(issues
+            .into_iter()
+            .map(|issue| {
+                let (line, column) = locator.locate(&issue.path).unzip();
+                Diagnostic::error(issue.to_string()).at(SourceLocation::new(display, line, column))
+            })
+            .collect());
+    }
+    let mut hashed = text.as_bytes().to_vec();
+    for instance in &config.haproxy.instances {
+        if let Some(password) = instance.dataplane.as_ref().and_then(|d| d.password.as_ref()) {
+            hashed.push(0);
+            hashed.extend_from_slice(password.expose().as_bytes());
+        }
+    }
+    Ok((config, ContentHash::of(&hashed)))
+}

@@ -1,0 +1,9 @@
+//! The hapwright application: configuration assembly, the reinit loop that runs one
+//! kernel iteration per valid configuration, the HTTP surface (metrics, health, debug
+//! JSON, status page) and the command line.
+
+pub mod config;
+pub mod http;
+pub mod status;
+pub mod status_page;
+pub mod telemetry;

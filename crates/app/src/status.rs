@@ -1,0 +1,511 @@
+//! What the controller knows about itself, for `/debug/*`, `/readyz`, the status page
+//! and the reconciliation metrics.
+//!
+//! A [`StatusStore`] lives for the whole process (it outlives reinit iterations). Two
+//! components feed it from the bus of each iteration:
+//!
+//! - [`StatusRecorder`], a pipeline subscriber (it never loses an event, so the
+//!   metrics it derives are exact): reconciliations with per-stage timings, instance
+//!   deployment state, the last render and validation errors, the latest resource
+//!   snapshots, and the `hapwright_reconciliations_total`,
+//!   `hapwright_reconciliation_duration_seconds` and `hapwright_render_duration_seconds`
+//!   metrics;
+//! - [`EventLog`], an observer: the ring of recent events behind `/debug/events`. It
+//!   may lose events under overload; the bus counts every loss.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::SystemTime;
+
+use hapwright_eventbus::model::{
+    ContentHash, DeployReason, DeployStrategy, Diagnostic, RenderedConfig, ResourceSnapshot,
+};
+use hapwright_eventbus::{
+    Bus, BusError, Component, ComponentError, Context, CorrelationId, Event, EventPayload,
+    HealthTable, KindSet, Stage, Subscription, ValidationPhase,
+};
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
+use serde::Serialize;
+
+/// How many recent events `/debug/events` can show.
+pub const EVENT_RING: usize = 1000;
+/// How many recent reconciliations the status page shows.
+pub const RECONCILIATION_RING: usize = 50;
+
+/// One reconciliation as the status page shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReconciliationRecord {
+    /// Its correlation id.
+    pub correlation_id: CorrelationId,
+    /// Why it ran.
+    pub reason: String,
+    /// When it started (seconds since the Unix epoch).
+    pub started: f64,
+    /// `running`, `success` or `failure`.
+    pub result: &'static str,
+    /// Total seconds, once finished.
+    pub duration: Option<f64>,
+    /// Seconds per stage.
+    pub stages: BTreeMap<&'static str, f64>,
+    /// The stage that failed.
+    pub failed_stage: Option<Stage>,
+    /// Errors of a failed reconciliation.
+    pub errors: Vec<Diagnostic>,
+}
+
+/// Deployment state of one instance.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct InstanceStatus {
+    /// Instance name.
+    pub name: String,
+    /// Hash of the config it runs, as far as hapwright knows.
+    pub last_hash: Option<ContentHash>,
+    /// Strategy of the last deployment.
+    pub last_strategy: Option<DeployStrategy>,
+    /// Reason for that strategy.
+    pub last_reason: Option<DeployReason>,
+    /// Reloads hapwright performed on it.
+    pub reloads: u64,
+    /// Deployments that succeeded.
+    pub deployments: u64,
+    /// The last error, cleared by the next success.
+    pub last_error: Option<Diagnostic>,
+    /// When it last took a config (seconds since the Unix epoch).
+    pub last_success: Option<f64>,
+}
+
+/// The last configuration problem found in the controller's own config file.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ConfigStatus {
+    /// Path of the config file.
+    pub path: String,
+    /// Whether the last (re)load attempt succeeded.
+    pub last_reload_successful: bool,
+    /// Errors of the last failed attempt.
+    pub errors: Vec<Diagnostic>,
+    /// The effective config with secrets redacted.
+    pub effective: serde_json::Value,
+}
+
+/// The last failed render or validation, with its errors mapped to template lines.
+#[derive(Clone, Debug, Serialize)]
+pub struct PipelineError {
+    /// `render`, or the validation phase (`parse`, `haproxy`).
+    pub stage: String,
+    /// The errors.
+    pub errors: Vec<Diagnostic>,
+    /// When (seconds since the Unix epoch).
+    pub at: f64,
+}
+
+#[derive(Default)]
+struct Inner {
+    events: VecDeque<Arc<Event>>,
+    reconciliations: VecDeque<ReconciliationRecord>,
+    instances: BTreeMap<String, InstanceStatus>,
+    last_error: Option<PipelineError>,
+    rendered: Option<Arc<RenderedConfig>>,
+    resources: BTreeMap<Arc<str>, Arc<ResourceSnapshot>>,
+    config: ConfigStatus,
+    health: HealthTable,
+    ready: bool,
+}
+
+/// Process-wide status, shared by the HTTP server and the recorders.
+#[derive(Clone, Default)]
+pub struct StatusStore {
+    inner: Arc<RwLock<Inner>>,
+}
+
+impl std::fmt::Debug for StatusStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StatusStore")
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+impl StatusStore {
+    fn read(&self) -> RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Points the store at the health table of the running kernel iteration.
+    pub fn set_health(&self, health: HealthTable) {
+        self.write().health = health;
+    }
+
+    /// The health table of the running iteration.
+    pub fn health(&self) -> HealthTable {
+        self.read().health.clone()
+    }
+
+    /// Records the outcome of a config (re)load.
+    pub fn set_config(&self, config: ConfigStatus) {
+        self.write().config = config;
+    }
+
+    /// Records a rejected config, keeping the effective (running) one.
+    pub fn config_rejected(&self, errors: Vec<Diagnostic>) {
+        let mut inner = self.write();
+        inner.config.last_reload_successful = false;
+        inner.config.errors = errors;
+    }
+
+    /// The config status.
+    pub fn config(&self) -> ConfigStatus {
+        self.read().config.clone()
+    }
+
+    /// Whether a deployment has succeeded on at least one instance.
+    pub fn ready(&self) -> bool {
+        self.read().ready
+    }
+
+    /// Recent events, newest last, optionally only one correlation.
+    pub fn events(&self, limit: usize, correlation: Option<CorrelationId>) -> Vec<Arc<Event>> {
+        let inner = self.read();
+        let mut picked: Vec<Arc<Event>> = inner
+            .events
+            .iter()
+            .rev()
+            .filter(|e| correlation.is_none() || e.correlation_id == correlation)
+            .take(limit)
+            .cloned()
+            .collect();
+        picked.reverse();
+        picked
+    }
+
+    /// Recent reconciliations, newest first.
+    pub fn reconciliations(&self) -> Vec<ReconciliationRecord> {
+        self.read().reconciliations.iter().rev().cloned().collect()
+    }
+
+    /// Per-instance deployment state.
+    pub fn instances(&self) -> Vec<InstanceStatus> {
+        self.read().instances.values().cloned().collect()
+    }
+
+    /// The last render or validation failure, until a later render validates.
+    pub fn last_error(&self) -> Option<PipelineError> {
+        self.read().last_error.clone()
+    }
+
+    /// The last rendered config.
+    pub fn rendered(&self) -> Option<Arc<RenderedConfig>> {
+        self.read().rendered.clone()
+    }
+
+    /// The latest snapshot of a watched resource.
+    pub fn resources(&self, name: &str) -> Option<Arc<ResourceSnapshot>> {
+        self.read().resources.get(name).cloned()
+    }
+
+    /// Names of the watched resources seen so far.
+    pub fn resource_names(&self) -> Vec<String> {
+        self.read().resources.keys().map(|k| k.to_string()).collect()
+    }
+
+    pub(crate) fn remember_event(&self, event: Arc<Event>) {
+        let mut inner = self.write();
+        if inner.events.len() == EVENT_RING {
+            inner.events.pop_front();
+        }
+        inner.events.push_back(event);
+    }
+
+    /// Applies one pipeline event to the status (and the metrics, when given).
+    pub(crate) fn apply(&self, event: &Event, metrics: Option<&StatusMetrics>) {
+        let mut inner = self.write();
+        match &event.payload {
+            EventPayload::ResourceIndexUpdated(update) => {
+                inner
+                    .resources
+                    .insert(update.source.clone(), update.snapshot.clone());
+            }
+            EventPayload::ReconciliationStarted(started) => {
+                if inner.reconciliations.len() == RECONCILIATION_RING {
+                    inner.reconciliations.pop_front();
+                }
+                inner.reconciliations.push_back(ReconciliationRecord {
+                    correlation_id: event.correlation_id.unwrap_or_default(),
+                    reason: started.reason.clone(),
+                    started: event.unix_micros as f64 / 1e6,
+                    result: "running",
+                    duration: None,
+                    stages: BTreeMap::new(),
+                    failed_stage: None,
+                    errors: Vec::new(),
+                });
+            }
+            EventPayload::ReconciliationCompleted(done) => {
+                if let Some(metrics) = metrics {
+                    metrics.reconciliations.with_label_values(&["success"]).inc();
+                    metrics.reconciliation_duration.observe(done.duration.as_secs_f64());
+                }
+                if let Some(record) = find_record(&mut inner, event.correlation_id) {
+                    record.result = "success";
+                    record.duration = Some(done.duration.as_secs_f64());
+                    record.stages = done
+                        .stages
+                        .iter()
+                        .map(|(stage, d)| (stage_name(*stage), d.as_secs_f64()))
+                        .collect();
+                }
+            }
+            EventPayload::ReconciliationFailed(failed) => {
+                if let Some(metrics) = metrics {
+                    metrics.reconciliations.with_label_values(&["failure"]).inc();
+                }
+                if let Some(record) = find_record(&mut inner, event.correlation_id) {
+                    record.result = "failure";
+                    record.failed_stage = Some(failed.stage);
+                    record.errors = failed.errors.clone();
+                    record.duration = Some(
+                        (event.unix_micros as f64 / 1e6 - record.started).max(0.0),
+                    );
+                }
+            }
+            EventPayload::TemplateRendered(rendered) => {
+                if let Some(metrics) = metrics {
+                    metrics.render_duration.observe(rendered.duration.as_secs_f64());
+                }
+                inner.rendered = Some(rendered.config.clone());
+            }
+            EventPayload::TemplateRenderFailed(failed) => {
+                inner.last_error = Some(PipelineError {
+                    stage: "render".to_owned(),
+                    errors: failed.errors.clone(),
+                    at: unix_now(),
+                });
+            }
+            EventPayload::ValidationFailed(failed) => {
+                inner.last_error = Some(PipelineError {
+                    stage: match failed.phase {
+                        ValidationPhase::Parse => "validation (phase 1: parser)",
+                        ValidationPhase::Haproxy => "validation (phase 2: haproxy -c)",
+                    }
+                    .to_owned(),
+                    errors: failed.errors.clone(),
+                    at: unix_now(),
+                });
+            }
+            EventPayload::ValidationCompleted(_) => inner.last_error = None,
+            EventPayload::InstanceDeployed(deployed) => {
+                inner.ready = true;
+                let status = instance(&mut inner, &deployed.instance);
+                status.last_hash = Some(deployed.hash);
+                status.last_strategy = Some(deployed.strategy);
+                status.last_reason = deployed.reason.clone();
+                status.deployments += 1;
+                if deployed.strategy == DeployStrategy::Reload {
+                    status.reloads += 1;
+                }
+                status.last_error = None;
+                status.last_success = Some(event.unix_micros as f64 / 1e6);
+            }
+            EventPayload::InstanceDeploymentFailed(failed) => {
+                instance(&mut inner, &failed.instance).last_error = Some(failed.error.clone());
+            }
+            _ => {}
+        }
+    }
+}
+
+fn stage_name(stage: Stage) -> &'static str {
+    match stage {
+        Stage::Render => "render",
+        Stage::Validate => "validate",
+        Stage::Schedule => "schedule",
+        Stage::Deploy => "deploy",
+    }
+}
+
+fn find_record(
+    inner: &mut Inner,
+    correlation: Option<CorrelationId>,
+) -> Option<&mut ReconciliationRecord> {
+    let correlation = correlation?;
+    inner
+        .reconciliations
+        .iter_mut()
+        .rev()
+        .find(|r| r.correlation_id == correlation)
+}
+
+fn instance<'a>(inner: &'a mut Inner, name: &str) -> &'a mut InstanceStatus {
+    inner
+        .instances
+        .entry(name.to_owned())
+        .or_insert_with(|| InstanceStatus {
+            name: name.to_owned(),
+            ..InstanceStatus::default()
+        })
+}
+
+// === impl StatusMetrics ===
+
+/// Reconciliation metrics derived from events. Register once per process.
+#[derive(Clone, Debug)]
+pub struct StatusMetrics {
+    reconciliations: IntCounterVec,
+    reconciliation_duration: Histogram,
+    render_duration: Histogram,
+}
+
+impl StatusMetrics {
+    /// Creates and registers `hapwright_reconciliations_total{result}`,
+    /// `hapwright_reconciliation_duration_seconds` and
+    /// `hapwright_render_duration_seconds`.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let buckets = vec![
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        ];
+        let reconciliations = IntCounterVec::new(
+            Opts::new(
+                "hapwright_reconciliations_total",
+                "Reconciliations by result (success or failure).",
+            ),
+            &["result"],
+        )?;
+        let reconciliation_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "hapwright_reconciliation_duration_seconds",
+                "Time from trigger to the end of a successful reconciliation.",
+            )
+            .buckets(buckets.clone()),
+        )?;
+        let render_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "hapwright_render_duration_seconds",
+                "Time to render all templates.",
+            )
+            .buckets(buckets),
+        )?;
+        registry.register(Box::new(reconciliations.clone()))?;
+        registry.register(Box::new(reconciliation_duration.clone()))?;
+        registry.register(Box::new(render_duration.clone()))?;
+        for result in ["success", "failure"] {
+            reconciliations.with_label_values(&[result]);
+        }
+        Ok(Self {
+            reconciliations,
+            reconciliation_duration,
+            render_duration,
+        })
+    }
+}
+
+// === components ===
+
+/// Pipeline subscriber keeping the [`StatusStore`] and the reconciliation metrics.
+pub struct StatusRecorder {
+    store: StatusStore,
+    metrics: Option<StatusMetrics>,
+    subscription: Option<Subscription>,
+}
+
+impl StatusRecorder {
+    /// A recorder writing into `store`.
+    pub fn new(store: StatusStore, metrics: Option<StatusMetrics>) -> Self {
+        Self {
+            store,
+            metrics,
+            subscription: None,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Component for StatusRecorder {
+    fn name(&self) -> &str {
+        "status"
+    }
+
+    fn provides(&self) -> Vec<String> {
+        vec!["status".to_owned()]
+    }
+
+    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
+        self.subscription = Some(bus.subscribe("status", KindSet::all())?);
+        Ok(())
+    }
+
+    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
+        let Some(mut subscription) = self.subscription else {
+            return Err("status recorder started without subscribing".into());
+        };
+        loop {
+            tokio::select! {
+                () = ctx.cancelled() => return Ok(()),
+                event = subscription.recv() => match event {
+                    Some(event) => self.store.apply(&event, self.metrics.as_ref()),
+                    None => return Ok(()),
+                },
+            }
+        }
+    }
+}
+
+/// Observer keeping the ring of recent events behind `/debug/events`.
+pub struct EventLog {
+    store: StatusStore,
+    subscription: Option<Subscription>,
+}
+
+impl EventLog {
+    /// An event log writing into `store`.
+    pub fn new(store: StatusStore) -> Self {
+        Self {
+            store,
+            subscription: None,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Component for EventLog {
+    fn name(&self) -> &str {
+        "event-log"
+    }
+
+    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
+        self.subscription = Some(bus.observe("event-log", KindSet::all())?);
+        Ok(())
+    }
+
+    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
+        let Some(mut subscription) = self.subscription else {
+            return Err("event log started without subscribing".into());
+        };
+        loop {
+            tokio::select! {
+                () = ctx.cancelled() => return Ok(()),
+                event = subscription.recv() => match event {
+                    Some(event) => {
+                        tracing::debug!(
+                            event = event.kind().as_str(),
+                            id = %event.id,
+                            correlation_id = ?event.correlation_id,
+                            "Event"
+                        );
+                        self.store.remember_event(event);
+                    }
+                    None => return Ok(()),
+                },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,160 @@
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use hapwright_eventbus::model::{ReloadReason, SourceMap};
+use hapwright_eventbus::{
+    EventId, InstanceDeployed, InstanceDeploymentFailed, ReconciliationCompleted,
+    ReconciliationFailed, ReconciliationStarted, TemplateRenderFailed, TemplateRendered,
+    ValidationCompleted,
+};
+
+use super::*;
+
+pub(crate) fn event(id: u64, correlation: Option<CorrelationId>, payload: impl Into<EventPayload>) -> Event {
+    Event {
+        id: EventId(id),
+        correlation_id: correlation,
+        caused_by: None,
+        at: tokio::time::Instant::now(),
+        unix_micros: 1_700_000_000_000_000 + id * 1000,
+        payload: payload.into(),
+    }
+}
+
+pub(crate) fn rendered() -> Arc<RenderedConfig> {
+    let mut certs = BTreeMap::new();
+    certs.insert(
+        "site.pem".to_owned(),
+        Arc::from("-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"),
+    );
+    let mut files = BTreeMap::new();
+    files.insert(
+        "inline.pem".to_owned(),
+        Arc::from("before\n-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\nafter\n"),
+    );
+    Arc::new(RenderedConfig::new(
+        "global\n",
+        BTreeMap::new(),
+        files,
+        certs,
+        SourceMap::default(),
+    ))
+}
+
+#[test]
+fn reconciliations_are_tracked_with_stage_timings_and_metrics() {
+    let registry = Registry::new();
+    let metrics = StatusMetrics::register(&registry).unwrap();
+    let store = StatusStore::default();
+    let ok = CorrelationId::new();
+    let bad = CorrelationId::new();
+    store.apply(&event(1, Some(ok), ReconciliationStarted { reason: "resources changed: services".into() }), Some(&metrics));
+    store.apply(
+        &event(
+            2,
+            Some(ok),
+            ReconciliationCompleted {
+                duration: Duration::from_millis(40),
+                stages: vec![(Stage::Render, Duration::from_millis(3)), (Stage::Validate, Duration::from_millis(30))],
+            },
+        ),
+        Some(&metrics),
+    );
+    store.apply(&event(3, Some(bad), ReconciliationStarted { reason: "drift".into() }), Some(&metrics));
+    store.apply(
+        &event(4, Some(bad), ReconciliationFailed { stage: Stage::Render, errors: vec![Diagnostic::error("boom")] }),
+        Some(&metrics),
+    );
+    let records = store.reconciliations();
+    assert_eq!(records.len(), 2);
+    assert_eq!(records[0].correlation_id, bad, "newest first");
+    assert_eq!(records[0].result, "failure");
+    assert_eq!(records[0].failed_stage, Some(Stage::Render));
+    assert_eq!(records[1].result, "success");
+    assert_eq!(records[1].stages["render"], 0.003);
+    assert_eq!(records[1].duration, Some(0.04));
+    let count = |result: &str| metrics.reconciliations.with_label_values(&[result]).get();
+    assert_eq!(count("success"), 1);
+    assert_eq!(count("failure"), 1);
+    assert_eq!(metrics.reconciliation_duration.get_sample_count(), 1);
+}
+
+#[test]
+fn the_reconciliation_ring_is_bounded() {
+    let store = StatusStore::default();
+    for i in 0..(RECONCILIATION_RING as u64 + 10) {
+        store.apply(&event(i, Some(CorrelationId::new()), ReconciliationStarted { reason: i.to_string() }), None);
+    }
+    let records = store.reconciliations();
+    assert_eq!(records.len(), RECONCILIATION_RING);
+    assert_eq!(records[0].reason, (RECONCILIATION_RING as u64 + 9).to_string());
+}
+
+#[test]
+fn instances_readiness_and_errors() {
+    let store = StatusStore::default();
+    assert!(!store.ready());
+    let hash = rendered().hash();
+    store.apply(
+        &event(1, None, InstanceDeploymentFailed { instance: "edge-2".into(), hash, error: Diagnostic::error("connection refused") }),
+        None,
+    );
+    assert!(!store.ready(), "a failure does not make the controller ready");
+    store.apply(
+        &event(
+            2,
+            None,
+            InstanceDeployed {
+                instance: "local".into(),
+                hash,
+                strategy: DeployStrategy::Reload,
+                reason: Some(DeployReason { reload: Some(ReloadReason::FirstDeploy), detail: "first deployment".into() }),
+                duration: Duration::from_millis(80),
+            },
+        ),
+        None,
+    );
+    assert!(store.ready());
+    let instances = store.instances();
+    assert_eq!(instances.len(), 2);
+    assert_eq!(instances[0].name, "edge-2");
+    assert_eq!(instances[0].last_error.as_ref().unwrap().message, "connection refused");
+    assert_eq!(instances[1].reloads, 1);
+    assert_eq!(instances[1].last_strategy, Some(DeployStrategy::Reload));
+    assert_eq!(instances[1].last_hash, Some(hash));
+}
+
+#[test]
+fn the_last_pipeline_error_is_kept_until_a_render_validates() {
+    let store = StatusStore::default();
+    let error = Diagnostic::error("unknown keyword 'bnd'");
+    store.apply(&event(1, None, TemplateRenderFailed { errors: vec![error.clone()] }), None);
+    assert_eq!(store.last_error().unwrap().stage, "render");
+    let config = rendered();
+    store.apply(&event(2, None, TemplateRendered { config: config.clone(), duration: Duration::from_millis(1) }), None);
+    assert!(store.last_error().is_some(), "rendering alone does not clear it");
+    assert_eq!(store.rendered().unwrap().hash(), config.hash());
+    store.apply(
+        &event(3, None, ValidationCompleted { config, duration: Duration::from_millis(50), warnings: vec![] }),
+        None,
+    );
+    assert!(store.last_error().is_none());
+}
+
+#[test]
+fn the_event_ring_keeps_the_newest_and_filters_by_correlation() {
+    let store = StatusStore::default();
+    let wanted = CorrelationId::new();
+    for i in 0..(EVENT_RING as u64 + 5) {
+        let correlation = (i % 2 == 0).then_some(wanted);
+        store.remember_event(Arc::new(event(i, correlation, ReconciliationStarted { reason: String::new() })));
+    }
+    let all = store.events(usize::MAX, None);
+    assert_eq!(all.len(), EVENT_RING);
+    assert_eq!(all.last().unwrap().id, EventId(EVENT_RING as u64 + 4));
+    let last_three = store.events(3, Some(wanted));
+    assert_eq!(
+        last_three.iter().map(|e| e.id.0).collect::<Vec<_>>(),
+        [EVENT_RING as u64, EVENT_RING as u64 + 2, EVENT_RING as u64 + 4]
+    );
+}

@@ -1,0 +1,78 @@
+//! The self-contained HTML status page at `/`: components and their health, instances
+//! with their last deployment, recent reconciliations with per-stage timings, recent
+//! events, and the last render/validation error with its template line. No external
+//! assets; it refreshes itself every five seconds.
+
+use std::sync::LazyLock;
+use std::time::SystemTime;
+
+use minijinja::value::Serde;
+use minijinja::{Environment, Value, context};
+
+use crate::status::StatusStore;
+
+const TEMPLATE: &str = include_str!("assets/status.html.j2");
+
+static ENV: LazyLock<Environment<'static>> = LazyLock::new(|| {
+    let mut env = Environment::new();
+    env.set_auto_escape_callback(|_| minijinja::AutoEscape::Html);
+    env.add_function("ms", |seconds: Option<f64>| -> String {
+        seconds.map_or_else(String::new, |s| format!("{:.1} ms", s * 1000.0))
+    });
+    env.add_template("status.html", TEMPLATE)
+        .expect("the built-in status page template compiles");
+    env
+});
+
+fn ago(time: SystemTime) -> String {
+    let secs = SystemTime::now()
+        .duration_since(time)
+        .map_or(0, |d| d.as_secs());
+    match secs {
+        0..60 => format!("{secs}s ago"),
+        60..3600 => format!("{}m ago", secs / 60),
+        _ => format!("{}h ago", secs / 3600),
+    }
+}
+
+/// Renders the page from the current status.
+pub fn render(store: &StatusStore) -> Result<String, minijinja::Error> {
+    let components: Vec<Value> = store
+        .health()
+        .snapshot()
+        .into_iter()
+        .map(|(name, health)| {
+            context! {
+                name => name.as_ref(),
+                health => health.state.as_str(),
+                reason => health.reason,
+                since_text => ago(health.since),
+            }
+        })
+        .collect();
+    let config = store.config();
+    let config_errors: Vec<String> = config.errors.iter().map(ToString::to_string).collect();
+    let last_error = store.last_error();
+    let last_error_text: Vec<String> = last_error
+        .iter()
+        .flat_map(|e| e.errors.iter())
+        .map(|d| match &d.source_line {
+            Some(line) => format!("{d}\n    | {line}"),
+            None => d.to_string(),
+        })
+        .collect();
+    let mut events = store.events(30, None);
+    events.reverse();
+    ENV.get_template("status.html")?.render(context! {
+        version => env!("CARGO_PKG_VERSION"),
+        config => Value::from(Serde(&config)),
+        config_errors,
+        ready => store.ready(),
+        last_error => Value::from(Serde(&last_error)),
+        last_error_text,
+        components,
+        instances => Value::from(Serde(store.instances())),
+        reconciliations => Value::from(Serde(store.reconciliations())),
+        events => Value::from(Serde(&events)),
+    })
+}

@@ -1,0 +1,74 @@
+//! Logging and the process-wide metrics registry.
+
+use prometheus::Registry;
+use prometheus::process_collector::ProcessCollector;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::format::FmtSpan;
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// Installs the global tracing subscriber. `filter` is a level (`info`) or a
+/// `RUST_LOG`-style directive list (`info,hapwright_deployer=debug`); the `RUST_LOG`
+/// environment variable, when set, wins. Logs go to stderr. Calling it twice keeps
+/// the first subscriber.
+pub fn init_logging(filter: &str, format: LogFormat) -> Result<(), String> {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(env) if !env.trim().is_empty() => EnvFilter::try_new(env),
+        _ => EnvFilter::try_new(filter),
+    }
+    .map_err(|error| format!("invalid log filter `{filter}`: {error}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_span_events(FmtSpan::NONE);
+    let result = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+    // A second initialisation (tests, reinit) keeps the first subscriber.
+    let _ = result;
+    Ok(())
+}
+
+/// The one registry of the process, with the process collector (`process_*`)
+/// registered. Every component's metrics are registered here once and survive reinit
+/// iterations.
+pub fn registry() -> Registry {
+    let registry = Registry::new();
+    if let Err(error) = registry.register(Box::new(ProcessCollector::for_self())) {
+        tracing::warn!(%error, "Process metrics are unavailable");
+    }
+    registry
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_exports_process_metrics() {
+        let names: Vec<String> = registry()
+            .gather()
+            .iter()
+            .map(|f| f.name().to_owned())
+            .collect();
+        assert!(names.iter().any(|n| n == "process_resident_memory_bytes"), "{names:?}");
+        assert!(names.iter().any(|n| n == "process_start_time_seconds"), "{names:?}");
+    }
+
+    #[test]
+    fn invalid_filters_are_reported() {
+        if std::env::var_os("RUST_LOG").is_none() {
+            assert!(init_logging("info,=[bad", LogFormat::Text).is_err());
+        }
+        assert!(init_logging("info", LogFormat::Json).is_ok());
+    }
+}

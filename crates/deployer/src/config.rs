@@ -1,0 +1,516 @@
+//! The `haproxy` section of the config file (the HAProxy binary, static deploy
+//! targets, dynamic discovery) and the deploy [`Timings`] of the `controller` section.
+//!
+//! Passwords are never in the config file itself: `dataplane.passwordFile` names a
+//! file that [`Config::load_secrets`] reads into a [`Secret`], which prints as
+//! `<redacted>` in `Debug`, logs and `/debug/config`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use hapwright_eventbus::config::{ConfigIssue, Duration, Secret};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The `haproxy` section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Config {
+    /// The HAProxy binary used for phase-2 validation (`haproxy -c`) and for managed
+    /// instances. A bare name is looked up on `PATH`.
+    #[serde(default = "default_binary")]
+    pub binary: PathBuf,
+    /// Static deploy targets.
+    #[serde(default)]
+    pub instances: Vec<Instance>,
+    /// Dynamic deploy targets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<Discovery>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            binary: default_binary(),
+            instances: Vec::new(),
+            discovery: None,
+        }
+    }
+}
+
+fn default_binary() -> PathBuf {
+    PathBuf::from("haproxy")
+}
+
+/// One static deploy target, reached either through its local sockets or through the
+/// Data Plane API.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Instance {
+    /// Unique name, used in logs, metrics and `/debug/instances`.
+    pub name: String,
+    /// Local master CLI / runtime API sockets and config directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<SocketTarget>,
+    /// A remote HAProxy behind the Data Plane API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataplane: Option<DataplaneTarget>,
+    /// hapwright starts and supervises this HAProxy itself (socket instances only).
+    #[serde(default)]
+    pub managed: bool,
+    /// Environment of the HAProxy process (`${VAR}` in the config); also used for
+    /// phase-2 validation of this instance.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+}
+
+/// How an instance is reached, once validated.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Driver<'a> {
+    /// Local sockets.
+    Socket(&'a SocketTarget),
+    /// Data Plane API.
+    Dataplane(&'a DataplaneTarget),
+}
+
+impl Instance {
+    /// The instance's driver; `None` when neither or both are configured (see
+    /// [`Config::validate`]).
+    pub fn driver(&self) -> Option<Driver<'_>> {
+        match (&self.socket, &self.dataplane) {
+            (Some(socket), None) => Some(Driver::Socket(socket)),
+            (None, Some(dataplane)) => Some(Driver::Dataplane(dataplane)),
+            _ => None,
+        }
+    }
+}
+
+/// A local HAProxy reached through its sockets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SocketTarget {
+    /// Master CLI: a unix socket path or `host:port`.
+    pub master: Address,
+    /// Runtime API socket; by default commands go through the master (`@1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<Address>,
+    /// Where `haproxy.cfg`, `maps/`, `files/` and `certs/` are written.
+    pub config_dir: PathBuf,
+}
+
+/// A socket address: a unix socket path, or `host:port` for TCP. A value containing
+/// `/`, or without `:`, is a path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Address {
+    /// Unix socket path.
+    Unix(PathBuf),
+    /// `host:port`.
+    Tcp(String),
+}
+
+impl Address {
+    /// Parses the config spelling.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if text.is_empty() {
+            return Err("empty socket address".to_owned());
+        }
+        if text.contains('/') || !text.contains(':') {
+            return Ok(Address::Unix(PathBuf::from(text)));
+        }
+        let (host, port) = text.rsplit_once(':').expect("contains ':'");
+        if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(format!(
+                "`{text}` is neither a socket path nor host:port with a port from 1 to 65535"
+            ));
+        }
+        Ok(Address::Tcp(text.to_owned()))
+    }
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Address::Unix(path) => write!(f, "{}", path.display()),
+            Address::Tcp(addr) => f.write_str(addr),
+        }
+    }
+}
+
+impl Serialize for Address {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Address {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Address::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A remote HAProxy behind the Data Plane API.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DataplaneTarget {
+    /// Base URL (`http://10.0.0.2:5555`).
+    pub url: String,
+    /// Basic-auth user.
+    pub username: String,
+    /// File holding the password (trailing newline ignored). Watched: a change
+    /// reloads the controller config.
+    pub password_file: PathBuf,
+    /// CA bundle to verify an `https` URL against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// The password, read from `password_file` by [`Config::load_secrets`].
+    #[serde(skip_deserializing, default)]
+    pub password: Option<Secret>,
+}
+
+/// `discovery`: dynamic deploy targets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Discovery {
+    /// HAProxy pods found through the Kubernetes API, reached through their Data
+    /// Plane API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesDiscovery>,
+}
+
+/// Pods to deploy to, found by label.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KubernetesDiscovery {
+    /// Namespace of the pods.
+    pub namespace: String,
+    /// Label selector (`app=haproxy`).
+    pub label_selector: String,
+    /// Data Plane API port on each pod.
+    pub port: u16,
+}
+
+impl Config {
+    /// Semantic checks. Paths are relative to the `haproxy` section.
+    pub fn validate(&self) -> Vec<ConfigIssue> {
+        let mut issues = Vec::new();
+        if self.binary.as_os_str().is_empty() {
+            issues.push(ConfigIssue::new("binary", "binary is empty"));
+        }
+        let mut names = BTreeSet::new();
+        for (index, instance) in self.instances.iter().enumerate() {
+            let at = |field: &str| format!("instances[{index}].{field}");
+            if instance.name.trim().is_empty() {
+                issues.push(ConfigIssue::new(at("name"), "instance names must not be empty"));
+            } else if !names.insert(instance.name.as_str()) {
+                issues.push(ConfigIssue::new(
+                    at("name"),
+                    format!("two instances are named `{}`", instance.name),
+                ));
+            }
+            match (&instance.socket, &instance.dataplane) {
+                (None, None) => issues.push(ConfigIssue::new(
+                    format!("instances[{index}]"),
+                    "no driver: set `socket` or `dataplane`",
+                )),
+                (Some(_), Some(_)) => issues.push(ConfigIssue::new(
+                    at("dataplane"),
+                    "an instance has one driver, but both `socket` and `dataplane` are set",
+                )),
+                _ => {}
+            }
+            if instance.managed && instance.socket.is_none() {
+                issues.push(ConfigIssue::new(
+                    at("managed"),
+                    "only `socket` instances can be managed (hapwright starts HAProxy locally)",
+                ));
+            }
+            if instance.managed
+                && let Some(SocketTarget {
+                    master: Address::Tcp(_),
+                    ..
+                }) = &instance.socket
+            {
+                issues.push(ConfigIssue::new(
+                    at("socket.master"),
+                    "a managed instance needs a unix master socket path",
+                ));
+            }
+            if let Some(dataplane) = &instance.dataplane {
+                if !(dataplane.url.starts_with("http://") || dataplane.url.starts_with("https://")) {
+                    issues.push(ConfigIssue::new(
+                        at("dataplane.url"),
+                        "url must start with http:// or https://",
+                    ));
+                }
+                if dataplane.ca_file.is_some() && !dataplane.url.starts_with("https://") {
+                    issues.push(ConfigIssue::new(
+                        at("dataplane.caFile"),
+                        "caFile is only used with an https:// url",
+                    ));
+                }
+            }
+            for key in instance.env.keys() {
+                let valid = key.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                    && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if !valid {
+                    issues.push(ConfigIssue::new(
+                        at(&format!("env.{key}")),
+                        "environment variable names are letters, digits and `_`, not starting with a digit",
+                    ));
+                }
+            }
+        }
+        if let Some(Discovery {
+            kubernetes: Some(kubernetes),
+        }) = &self.discovery
+        {
+            if kubernetes.port == 0 {
+                issues.push(ConfigIssue::new(
+                    "discovery.kubernetes.port",
+                    "port must be between 1 and 65535",
+                ));
+            }
+            if kubernetes.namespace.trim().is_empty() {
+                issues.push(ConfigIssue::new(
+                    "discovery.kubernetes.namespace",
+                    "namespace is empty",
+                ));
+            }
+        }
+        issues
+    }
+
+    /// Makes relative paths (config directories, unix sockets, password and CA
+    /// files) absolute against `base`, the config file's directory. A bare binary
+    /// name stays as it is (looked up on `PATH`).
+    pub fn resolve_paths(&mut self, base: &Path) {
+        let resolve = |path: &mut PathBuf| {
+            if path.is_relative() {
+                *path = base.join(&*path);
+            }
+        };
+        if self.binary.components().count() > 1 && self.binary.is_relative() {
+            self.binary = base.join(&self.binary);
+        }
+        for instance in &mut self.instances {
+            if let Some(socket) = &mut instance.socket {
+                resolve(&mut socket.config_dir);
+                for address in std::iter::once(&mut socket.master).chain(socket.runtime.as_mut()) {
+                    if let Address::Unix(path) = address {
+                        resolve(path);
+                    }
+                }
+            }
+            if let Some(dataplane) = &mut instance.dataplane {
+                resolve(&mut dataplane.password_file);
+                if let Some(ca) = &mut dataplane.ca_file {
+                    resolve(ca);
+                }
+            }
+        }
+    }
+
+    /// Every file whose content is part of the configuration (password files), for
+    /// the config watcher.
+    pub fn secret_files(&self) -> Vec<PathBuf> {
+        self.instances
+            .iter()
+            .filter_map(|i| i.dataplane.as_ref())
+            .map(|d| d.password_file.clone())
+            .collect()
+    }
+
+    /// Reads every `passwordFile` into its `password` and checks that every `caFile`
+    /// is readable. Problems are returned as issues at the key's path; the password
+    /// never appears in them.
+    pub fn load_secrets(&mut self) -> Vec<ConfigIssue> {
+        let mut issues = Vec::new();
+        for (index, instance) in self.instances.iter_mut().enumerate() {
+            let Some(dataplane) = &mut instance.dataplane else {
+                continue;
+            };
+            let at = |field: &str| format!("instances[{index}].dataplane.{field}");
+            match std::fs::read(&dataplane.password_file) {
+                Ok(bytes) => match String::from_utf8(bytes) {
+                    Ok(text) => {
+                        let password = text.strip_suffix('\n').unwrap_or(&text);
+                        let password = password.strip_suffix('\r').unwrap_or(password);
+                        if password.is_empty() {
+                            issues.push(ConfigIssue::new(
+                                at("passwordFile"),
+                                format!("{} is empty", dataplane.password_file.display()),
+                            ));
+                        }
+                        dataplane.password = Some(Secret::new(password));
+                    }
+                    Err(_) => issues.push(ConfigIssue::new(
+                        at("passwordFile"),
+                        format!("{} is not UTF-8 text", dataplane.password_file.display()),
+                    )),
+                },
+                Err(error) => issues.push(ConfigIssue::new(
+                    at("passwordFile"),
+                    format!("cannot read {}: {error}", dataplane.password_file.display()),
+                )),
+            }
+            if let Some(ca) = &dataplane.ca_file
+                && let Err(error) = std::fs::File::open(ca)
+            {
+                issues.push(ConfigIssue::new(
+                    at("caFile"),
+                    format!("cannot read {}: {error}", ca.display()),
+                ));
+            }
+        }
+        issues
+    }
+}
+
+/// Deploy timings from the `controller` section.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Timings {
+    /// Minimum time between two deployments.
+    pub min_deployment_interval: Duration,
+    /// Minimum time between two reloads of one instance (runtime-API updates keep
+    /// flowing meanwhile).
+    pub min_reload_interval: Duration,
+    /// Interval of the drift check that re-deploys instances that differ.
+    pub drift_prevention_interval: Duration,
+    /// Deadline of one deployment to one instance.
+    pub deployment_timeout: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self {
+            min_deployment_interval: Duration::from_secs(2),
+            min_reload_interval: Duration::from_secs(5),
+            drift_prevention_interval: Duration::from_secs(60),
+            deployment_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Config {
+        serde_saphyr::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn the_design_example_parses() {
+        let config = parse(
+            r#"
+binary: haproxy
+instances:
+  - name: local
+    socket:
+      master: /run/haproxy/master.sock
+      runtime: /run/haproxy/admin.sock
+      configDir: /etc/haproxy
+    managed: true
+    env: { HTTP_PORT: "8080" }
+  - name: edge-2
+    dataplane: { url: http://10.0.0.2:5555, username: admin, passwordFile: /run/secrets/dp }
+  - name: tcp
+    socket: { master: "127.0.0.1:9999", configDir: /etc/x }
+discovery:
+  kubernetes: { namespace: ingress, labelSelector: app=haproxy, port: 5555 }
+"#,
+        );
+        assert_eq!(config.instances.len(), 3);
+        assert!(matches!(config.instances[0].driver(), Some(Driver::Socket(s)) if s.master == Address::Unix("/run/haproxy/master.sock".into())));
+        assert!(matches!(config.instances[2].driver(), Some(Driver::Socket(s)) if s.master == Address::Tcp("127.0.0.1:9999".into())));
+        assert!(config.validate().is_empty(), "{:?}", config.validate());
+        assert_eq!(config.secret_files(), [PathBuf::from("/run/secrets/dp")]);
+    }
+
+    #[test]
+    fn semantic_checks() {
+        let config = parse(
+            r#"
+instances:
+  - name: a
+  - name: a
+    socket: { master: m.sock, configDir: d }
+    dataplane: { url: ftp://x, username: u, passwordFile: p, caFile: ca }
+  - name: b
+    dataplane: { url: http://x, username: u, passwordFile: p }
+    managed: true
+    env: { "1BAD": x }
+discovery: { kubernetes: { namespace: "", labelSelector: a, port: 0 } }
+"#,
+        );
+        let issues: Vec<String> = config.validate().iter().map(ToString::to_string).collect();
+        for wanted in [
+            "instances[0]: no driver",
+            "instances[1].name: two instances are named `a`",
+            "instances[1].dataplane: an instance has one driver",
+            "instances[1].dataplane.url: url must start",
+            "instances[1].dataplane.caFile: caFile is only used",
+            "instances[2].managed: only `socket` instances",
+            "instances[2].env.1BAD: environment variable names",
+            "discovery.kubernetes.port: port must be",
+            "discovery.kubernetes.namespace: namespace is empty",
+        ] {
+            assert!(issues.iter().any(|i| i.starts_with(wanted)), "missing {wanted:?} in {issues:#?}");
+        }
+    }
+
+    #[test]
+    fn addresses() {
+        assert_eq!(Address::parse("/a/b.sock").unwrap(), Address::Unix("/a/b.sock".into()));
+        assert_eq!(Address::parse("admin.sock").unwrap(), Address::Unix("admin.sock".into()));
+        assert_eq!(Address::parse("host:1").unwrap(), Address::Tcp("host:1".into()));
+        assert!(Address::parse("host:x").is_err());
+        assert!(Address::parse(":80").is_err());
+        assert!(Address::parse("").is_err());
+    }
+
+    #[test]
+    fn relative_paths_resolve_and_secrets_load_redacted() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("dp"), "s3cret\n").unwrap();
+        let mut config = parse(
+            r#"
+binary: ./bin/haproxy
+instances:
+  - name: local
+    socket: { master: run/master.sock, runtime: "127.0.0.1:9000", configDir: etc }
+  - name: edge
+    dataplane: { url: https://x, username: admin, passwordFile: dp, caFile: missing.pem }
+"#,
+        );
+        config.resolve_paths(dir.path());
+        let socket = config.instances[0].socket.as_ref().unwrap();
+        assert_eq!(socket.master, Address::Unix(dir.path().join("run/master.sock")));
+        assert_eq!(socket.runtime, Some(Address::Tcp("127.0.0.1:9000".into())));
+        assert_eq!(socket.config_dir, dir.path().join("etc"));
+        assert_eq!(config.binary, dir.path().join("./bin/haproxy"));
+
+        let issues = config.load_secrets();
+        assert_eq!(issues.len(), 1, "{issues:?}");
+        assert!(issues[0].to_string().starts_with("instances[1].dataplane.caFile: cannot read"));
+        let password = config.instances[1].dataplane.as_ref().unwrap().password.clone().unwrap();
+        assert_eq!(password.expose(), "s3cret");
+        let debug = format!("{config:?}");
+        assert!(!debug.contains("s3cret"), "{debug}");
+        let json = serde_json::to_string(&config).unwrap();
+        assert!(!json.contains("s3cret"), "{json}");
+
+        std::fs::remove_file(dir.path().join("dp")).unwrap();
+        let issues = config.load_secrets();
+        assert!(issues[0].to_string().starts_with("instances[1].dataplane.passwordFile: cannot read"), "{issues:?}");
+    }
+
+    #[test]
+    fn a_bare_binary_name_stays_on_path() {
+        let mut config = parse("binary: haproxy\n");
+        config.resolve_paths(Path::new("/etc/hapwright"));
+        assert_eq!(config.binary, PathBuf::from("haproxy"));
+    }
+}

@@ -1,0 +1,698 @@
+//! The local-socket driver: deploys a rendered config to one HAProxy instance through
+//! its master CLI and runtime API.
+//!
+//! Per deployment (serialized per instance):
+//! 1. work out what the instance runs: the last deployment, or after a controller
+//!    restart the files in its config directory when their version marker matches the
+//!    worker's `HAPWRIGHT_CONFIG_VERSION`;
+//! 2. compute the [`ChangePlan`](crate::plan::ChangePlan);
+//! 3. runtime-only: apply the changes through the runtime API, then rewrite the files
+//!    (keeping the running version marker) so a later reload keeps the state; a
+//!    refused runtime change falls back to a reload;
+//! 4. reload: snapshot the last good files, write the new ones atomically, dump the
+//!    server state file (without the lines of changed servers), then a confirmed
+//!    reload — counter moved, `[failed: 0]`, version marker read back; a failed reload
+//!    restores the files and reports HAProxy's ALERT lines.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use hapwright_eventbus::model::{
+    DeployReason, DeployStrategy, Diagnostic, RenderedConfig, ReloadReason,
+};
+use tokio::time::Instant;
+
+use crate::files::{ConfigDir, VERSION_VARIABLE, write_atomic};
+use crate::haproxy_config::{self, Config};
+use crate::managed::{LogBuffer, ManagedError, ManagedHaproxy};
+use crate::master::{MasterClient, MasterError, ProcInfo};
+use crate::metrics::Metrics;
+use crate::plan::{self, ChangePlan, RuntimeOp};
+use crate::runtime::{PatternKind, RuntimeClient, RuntimeError};
+use crate::socket::{InstanceConfig, SocketError};
+
+/// What an instance runs after a successful deployment.
+#[derive(Clone, Debug)]
+pub struct Deployed {
+    /// The rendered config the instance runs (without the version marker).
+    pub config: Arc<RenderedConfig>,
+    /// Its parsed model (kept so the next plan does not parse it again).
+    pub model: Arc<Config>,
+    /// The version marker the current worker was started with.
+    pub marker: String,
+    /// How the last deployment was applied.
+    pub strategy: DeployStrategy,
+    /// Why.
+    pub reason: DeployReason,
+    /// Runtime changes applied by the last deployment.
+    pub runtime_commands: usize,
+    /// When it finished.
+    pub at: SystemTime,
+}
+
+impl Deployed {
+    /// A record for `config`, parsing it.
+    pub fn new(
+        config: Arc<RenderedConfig>,
+        marker: String,
+        strategy: DeployStrategy,
+        reason: DeployReason,
+    ) -> Self {
+        let model = Arc::new(haproxy_config::parse(config.main()).unwrap_or_default());
+        Self {
+            config,
+            model,
+            marker,
+            strategy,
+            reason,
+            runtime_commands: 0,
+            at: SystemTime::now(),
+        }
+    }
+}
+
+/// Why a deployment to one instance failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DeployError {
+    /// The master CLI could not be reached or answered nonsense.
+    #[error(transparent)]
+    Master(#[from] MasterError),
+    /// The master CLI socket failed.
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    /// Writing or restoring the config files failed.
+    #[error("writing the config files into {dir} failed")]
+    Files {
+        /// The config directory.
+        dir: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// HAProxy refused the new config; the old worker keeps serving and the last good
+    /// files were restored.
+    #[error("reload failed ({failed} consecutive failures); last good files restored{}", alerts_suffix(.alerts))]
+    ReloadFailed {
+        /// `[failed: N]` after the attempt.
+        failed: u64,
+        /// HAProxy's ALERT lines, when the master's output is visible (managed mode).
+        alerts: Vec<String>,
+    },
+    /// The reload counter did not move in time.
+    #[error("reload not confirmed within {0:?}")]
+    ReloadTimeout(Duration),
+    /// The worker runs another config version than the one written.
+    #[error("after the reload the worker reports version {actual:?}, expected {expected}")]
+    MarkerMismatch {
+        /// Written marker.
+        expected: String,
+        /// Marker the worker reports.
+        actual: Option<String>,
+    },
+    /// The managed HAProxy did not start.
+    #[error(transparent)]
+    Managed(#[from] ManagedError),
+}
+
+fn alerts_suffix(alerts: &[String]) -> String {
+    if alerts.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", alerts.join(" | "))
+    }
+}
+
+impl DeployError {
+    /// The error as a diagnostic for `InstanceDeploymentFailed`.
+    pub fn to_diagnostic(&self) -> Diagnostic {
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        Diagnostic::error(text)
+    }
+}
+
+/// Timeouts of the reload confirmation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DriverConfig {
+    /// Bound on one confirmed reload (counter moved and worker answering).
+    pub reload_timeout: Duration,
+    /// Interval of `show proc` polls while waiting.
+    pub poll_interval: Duration,
+    /// A reload counter that stays put this long while the master answers means the
+    /// `reload` was lost; it is sent again.
+    pub lost_reload_after: Duration,
+}
+
+impl Default for DriverConfig {
+    fn default() -> Self {
+        Self {
+            reload_timeout: Duration::from_secs(30),
+            poll_interval: Duration::from_millis(25),
+            lost_reload_after: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Deploys to one HAProxy instance through its local sockets.
+#[derive(Debug)]
+pub struct SocketDriver {
+    instance: InstanceConfig,
+    master: MasterClient,
+    runtime: RuntimeClient,
+    dir: ConfigDir,
+    managed: Option<ManagedHaproxy>,
+    metrics: Metrics,
+    config: DriverConfig,
+    serial: tokio::sync::Mutex<()>,
+}
+
+impl SocketDriver {
+    /// A driver for `instance`; `managed` must be given for a `managed: true` instance.
+    pub fn new(instance: InstanceConfig, managed: Option<ManagedHaproxy>, metrics: Metrics) -> Self {
+        let master = MasterClient::new(instance.master.clone());
+        let runtime = match &instance.runtime {
+            Some(address) => RuntimeClient::direct(address.clone()),
+            None => RuntimeClient::via_master(instance.master.clone()),
+        };
+        Self {
+            dir: ConfigDir::new(&instance.config_dir),
+            managed: managed.filter(|_| instance.managed),
+            instance,
+            master,
+            runtime,
+            metrics,
+            config: DriverConfig::default(),
+            serial: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Replaces the reload timeouts.
+    #[must_use]
+    pub fn with_config(mut self, config: DriverConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The instance.
+    pub fn instance(&self) -> &InstanceConfig {
+        &self.instance
+    }
+
+    /// The master CLI client.
+    pub fn master(&self) -> &MasterClient {
+        &self.master
+    }
+
+    /// The runtime API client.
+    pub fn runtime(&self) -> &RuntimeClient {
+        &self.runtime
+    }
+
+    /// Deploys `desired`. `running` is what the last deployment left (from the
+    /// [`LastDeployedStore`](crate::deployer::LastDeployedStore)); `drift_check` forces
+    /// a comparison of the worker's version marker with the expected one.
+    pub async fn deploy(
+        &self,
+        desired: Arc<RenderedConfig>,
+        desired_model: Option<Arc<Config>>,
+        running: Option<Arc<Deployed>>,
+        drift_check: bool,
+    ) -> Result<Deployed, DeployError> {
+        let _serial = self.serial.lock().await;
+        let desired_model = match desired_model {
+            Some(model) => model,
+            None => Arc::new(haproxy_config::parse(desired.main()).unwrap_or_default()),
+        };
+        if let Some(managed) = &self.managed {
+            let up = managed
+                .state(&self.instance.name)
+                .await
+                .is_some_and(|state| state.is_running());
+            if !up {
+                return self.start_managed(managed, desired, desired_model, running).await;
+            }
+        }
+        let running = match running {
+            Some(running) => Some(running),
+            None => self.running_from_disk().await,
+        };
+        let Some(running) = running else {
+            let plan = ChangePlan::reload(
+                ReloadReason::FirstDeploy,
+                "first deployment to this instance",
+            );
+            return self.reload(desired, desired_model, None, plan).await;
+        };
+        if drift_check {
+            let actual = self.master.worker_env(VERSION_VARIABLE).await?;
+            if actual.as_deref() != Some(running.marker.as_str()) {
+                let plan = ChangePlan::reload(
+                    ReloadReason::Drift,
+                    format!(
+                        "worker runs version {}, expected {}",
+                        actual.as_deref().unwrap_or("(none)"),
+                        running.marker
+                    ),
+                );
+                return self.reload(desired, desired_model, Some(&running), plan).await;
+            }
+        }
+        let plan = plan::plan(&running.config, &running.model, &desired, &desired_model);
+        match plan.strategy() {
+            DeployStrategy::Noop => {
+                if running.config.hash() != desired.hash() {
+                    self.write_files(&desired, &running.marker, Some(&running.config))?;
+                }
+                Ok(Deployed {
+                    config: desired,
+                    model: desired_model,
+                    marker: running.marker.clone(),
+                    strategy: DeployStrategy::Noop,
+                    reason: plan.reason(),
+                    runtime_commands: 0,
+                    at: SystemTime::now(),
+                })
+            }
+            DeployStrategy::Runtime => match self.apply_runtime(&plan).await {
+                Ok(count) => {
+                    self.write_files(&desired, &running.marker, Some(&running.config))?;
+                    Ok(Deployed {
+                        config: desired,
+                        model: desired_model,
+                        marker: running.marker.clone(),
+                        strategy: DeployStrategy::Runtime,
+                        reason: plan.reason(),
+                        runtime_commands: count,
+                        at: SystemTime::now(),
+                    })
+                }
+                Err(detail) => {
+                    tracing::warn!(instance = %self.instance.name, %detail, "Runtime change refused; reloading instead");
+                    let mut fallback = ChangePlan::reload(
+                        ReloadReason::Structure,
+                        format!("runtime change refused ({detail})"),
+                    );
+                    fallback.changed_servers = plan.changed_servers.clone();
+                    self.reload(desired, desired_model, Some(&running), fallback)
+                        .await
+                }
+            },
+            DeployStrategy::Reload => {
+                self.reload(desired, desired_model, Some(&running), plan)
+                    .await
+            }
+        }
+    }
+
+    /// The config in the directory, when its marker is what the worker runs.
+    async fn running_from_disk(&self) -> Option<Arc<Deployed>> {
+        let (config, marker) = self.dir.read_rendered().ok()??;
+        let marker = marker?;
+        let actual = self.master.worker_env(VERSION_VARIABLE).await.ok()??;
+        (actual == marker).then(|| {
+            Arc::new(Deployed::new(
+                Arc::new(config),
+                marker,
+                DeployStrategy::Noop,
+                DeployReason {
+                    reload: None,
+                    detail: "found running".to_owned(),
+                },
+            ))
+        })
+    }
+
+    async fn start_managed(
+        &self,
+        managed: &ManagedHaproxy,
+        desired: Arc<RenderedConfig>,
+        desired_model: Arc<Config>,
+        running: Option<Arc<Deployed>>,
+    ) -> Result<Deployed, DeployError> {
+        let marker = desired.hash().short();
+        let backup = self.dir.snapshot().map_err(|e| self.files_error(e))?;
+        self.write_files(&desired, &marker, running.as_ref().map(|r| &*r.config))?;
+        let (reason, detail) = if running.is_some() {
+            (ReloadReason::Restart, "managed HAProxy (re)started")
+        } else {
+            (ReloadReason::FirstDeploy, "managed HAProxy started")
+        };
+        match managed.ensure_started(&self.instance).await {
+            Ok(()) => {
+                self.metrics.reload(&self.instance.name, true, reason.as_str());
+                Ok(Deployed {
+                    config: desired,
+                    model: desired_model,
+                    marker,
+                    strategy: DeployStrategy::Reload,
+                    reason: DeployReason {
+                        reload: Some(reason),
+                        detail: detail.to_owned(),
+                    },
+                    runtime_commands: 0,
+                    at: SystemTime::now(),
+                })
+            }
+            Err(error) => {
+                self.metrics.reload(&self.instance.name, false, reason.as_str());
+                if !backup.files.is_empty() {
+                    let _ = self.dir.restore(&backup);
+                }
+                Err(error.into())
+            }
+        }
+    }
+
+    fn files_error(&self, source: std::io::Error) -> DeployError {
+        DeployError::Files {
+            dir: self.instance.config_dir.clone(),
+            source,
+        }
+    }
+
+    fn write_files(
+        &self,
+        config: &RenderedConfig,
+        marker: &str,
+        previous: Option<&RenderedConfig>,
+    ) -> Result<(), DeployError> {
+        self.dir
+            .write(config, marker, previous)
+            .map_err(|e| self.files_error(e))
+    }
+
+    /// Applies runtime changes in order; returns how many, or what was refused.
+    async fn apply_runtime(&self, plan: &ChangePlan) -> Result<usize, String> {
+        let resolved = self.resolve_files(&plan.ops).await?;
+        let mut count = 0;
+        for (op, target) in plan.ops.iter().zip(resolved) {
+            let outcome = self.apply_op(op, target).await;
+            self.metrics
+                .runtime_command(&self.instance.name, op.object(), outcome.is_ok());
+            match outcome {
+                Ok(()) => count += 1,
+                Err(error) => return Err(format!("{}: {error}", op.describe())),
+            }
+        }
+        Ok(count)
+    }
+
+    /// For each file op, the path and kind HAProxy knows the file by.
+    async fn resolve_files(
+        &self,
+        ops: &[RuntimeOp],
+    ) -> Result<Vec<Option<(PatternKind, String)>>, String> {
+        let needs_patterns = ops.iter().any(|op| matches!(op, RuntimeOp::ReplacePatterns { .. }));
+        let needs_certs = ops.iter().any(|op| matches!(op, RuntimeOp::ReplaceCertificate { .. }));
+        let listing = |e: RuntimeError| format!("listing loaded files failed: {e}");
+        let (maps, acls) = if needs_patterns {
+            (
+                self.runtime.pattern_files(PatternKind::Map).await.map_err(listing)?,
+                self.runtime.pattern_files(PatternKind::Acl).await.map_err(listing)?,
+            )
+        } else {
+            Default::default()
+        };
+        let certs = if needs_certs {
+            self.runtime.ssl_certs().await.map_err(listing)?
+        } else {
+            Vec::new()
+        };
+        let dir = self.instance.config_dir.display().to_string();
+        let find = |list: &[String], relative: &str| {
+            let absolute = format!("{}/{relative}", dir.trim_end_matches('/'));
+            list.iter()
+                .find(|p| *p == relative || **p == absolute || p.ends_with(&format!("/{relative}")))
+                .cloned()
+        };
+        ops.iter()
+            .map(|op| match op {
+                RuntimeOp::ReplacePatterns { file, .. } => {
+                    if let Some(path) = find(&maps, file) {
+                        Ok(Some((PatternKind::Map, path)))
+                    } else if let Some(path) = find(&acls, file) {
+                        Ok(Some((PatternKind::Acl, path)))
+                    } else {
+                        Err(format!("{file} is not loaded as a map or ACL file"))
+                    }
+                }
+                RuntimeOp::ReplaceCertificate { file, .. } => find(&certs, file)
+                    .map(|path| Some((PatternKind::Map, path)))
+                    .ok_or_else(|| format!("{file} is not a certificate HAProxy loaded")),
+                _ => Ok(None),
+            })
+            .collect()
+    }
+
+    async fn apply_op(
+        &self,
+        op: &RuntimeOp,
+        target: Option<(PatternKind, String)>,
+    ) -> Result<(), RuntimeError> {
+        let rt = &self.runtime;
+        match op {
+            RuntimeOp::SetAddr { backend, server, addr, port } => {
+                rt.set_server_addr(backend, server, addr, *port).await
+            }
+            RuntimeOp::SetWeight { backend, server, weight } => {
+                rt.set_server_weight(backend, server, *weight).await
+            }
+            RuntimeOp::SetState { backend, server, state } => {
+                rt.set_server_state(backend, server, state).await
+            }
+            RuntimeOp::ShutdownSessions { backend, server } => {
+                rt.shutdown_sessions(backend, server).await
+            }
+            RuntimeOp::AddServer { backend, server, address, params, enable, health } => {
+                rt.add_server(backend, server, address, params).await?;
+                if *health {
+                    rt.enable_health(backend, server).await?;
+                }
+                if *enable {
+                    rt.enable_server(backend, server).await?;
+                }
+                Ok(())
+            }
+            RuntimeOp::DelServer { backend, server } => {
+                // Connections may take a moment to go after `shutdown sessions`.
+                let mut attempt = 0;
+                loop {
+                    match rt.del_server(backend, server).await {
+                        Err(RuntimeError::Rejected { answer, .. })
+                            if answer.contains("still has connections") && attempt < 20 =>
+                        {
+                            attempt += 1;
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        other => return other,
+                    }
+                }
+            }
+            RuntimeOp::ReplacePatterns { content, .. } => {
+                let (kind, path) = target.expect("resolved before applying");
+                rt.replace_patterns(kind, &path, content).await.map(drop)
+            }
+            RuntimeOp::ReplaceCertificate { pem, .. } => {
+                let (_, path) = target.expect("resolved before applying");
+                rt.replace_certificate(&path, pem).await
+            }
+        }
+    }
+
+    /// Writes the files and performs a confirmed reload; restores the files on failure.
+    async fn reload(
+        &self,
+        desired: Arc<RenderedConfig>,
+        desired_model: Arc<Config>,
+        running: Option<&Deployed>,
+        plan: ChangePlan,
+    ) -> Result<Deployed, DeployError> {
+        let reason = plan.reason();
+        let label = reason.reload.unwrap_or(ReloadReason::Structure).as_str();
+        let marker = desired.hash().short();
+        let backup = self.dir.snapshot().map_err(|e| self.files_error(e))?;
+        self.write_files(&desired, &marker, running.map(|r| &*r.config))?;
+        self.dump_server_state(&desired_model, &plan).await;
+        let logs = match &self.managed {
+            Some(managed) => managed.logs(&self.instance.name).await,
+            None => None,
+        };
+        let outcome = self.confirmed_reload(&marker, logs.as_ref()).await;
+        self.metrics.reload(&self.instance.name, outcome.is_ok(), label);
+        match outcome {
+            Ok(()) => {
+                tracing::info!(instance = %self.instance.name, reason = %reason.detail, "Reloaded");
+                Ok(Deployed {
+                    config: desired,
+                    model: desired_model,
+                    marker,
+                    strategy: DeployStrategy::Reload,
+                    reason,
+                    runtime_commands: 0,
+                    at: SystemTime::now(),
+                })
+            }
+            Err(error) => {
+                if let Err(restore) = self.dir.restore(&backup) {
+                    tracing::error!(instance = %self.instance.name, error = %restore, "Restoring the last good files failed");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Sends `reload` and waits until the master confirms it; re-sends a lost one and
+    /// reloads again if the files changed while it ran.
+    async fn confirmed_reload(&self, marker: &str, logs: Option<&LogBuffer>) -> Result<(), DeployError> {
+        for _round in 0..3 {
+            let before = self.master.show_proc().await?;
+            let log_position = logs.map(LogBuffer::position);
+            let after = self.reload_and_wait(&before).await?;
+            if after.failed > 0 {
+                let alerts = match (logs, log_position) {
+                    (Some(logs), Some(position)) => {
+                        self.wait_for_alerts(logs, position).await
+                    }
+                    _ => Vec::new(),
+                };
+                return Err(DeployError::ReloadFailed {
+                    failed: after.failed,
+                    alerts,
+                });
+            }
+            let actual = self.master.worker_env(VERSION_VARIABLE).await?;
+            let on_disk = self
+                .dir
+                .read_rendered()
+                .ok()
+                .flatten()
+                .and_then(|(_, version)| version);
+            if actual.as_deref() == Some(marker) && on_disk.as_deref() == Some(marker) {
+                return Ok(());
+            }
+            if on_disk.as_deref() == Some(marker) && actual.as_deref() != Some(marker) {
+                // The new worker did not pick up our files: try once more.
+                tracing::warn!(instance = %self.instance.name, ?actual, expected = marker, "Version marker not live after reload; reloading again");
+                continue;
+            }
+            tracing::warn!(instance = %self.instance.name, "Config files changed during the reload; reloading again");
+            let (config, _) = self
+                .dir
+                .read_rendered()
+                .map_err(|e| self.files_error(e))?
+                .ok_or_else(|| self.files_error(std::io::ErrorKind::NotFound.into()))?;
+            self.dir
+                .write(&config, marker, None)
+                .map_err(|e| self.files_error(e))?;
+        }
+        let actual = self.master.worker_env(VERSION_VARIABLE).await?;
+        Err(DeployError::MarkerMismatch {
+            expected: marker.to_owned(),
+            actual,
+        })
+    }
+
+    /// The ALERT lines of a failed reload; the master prints them just before
+    /// `[failed: N]` shows, so give the output pipe a moment.
+    async fn wait_for_alerts(&self, logs: &LogBuffer, position: u64) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_millis(500);
+        loop {
+            let lines = logs.since(position);
+            if lines.iter().any(|l| l.contains("Loading failure")) || Instant::now() >= deadline {
+                return logs.alerts_since(position);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn reload_and_wait(&self, before: &ProcInfo) -> Result<ProcInfo, DeployError> {
+        let deadline = Instant::now() + self.config.reload_timeout;
+        self.master
+            .send_reload(40, Duration::from_millis(50))
+            .await?;
+        let mut unchanged_since: Option<Instant> = None;
+        let mut resent = 0;
+        loop {
+            if Instant::now() >= deadline {
+                return Err(DeployError::ReloadTimeout(self.config.reload_timeout));
+            }
+            tokio::time::sleep(self.config.poll_interval).await;
+            match self.master.try_show_proc().await {
+                Ok(info) if info.reloads > before.reloads => {
+                    // The new worker must be up (or the failure recorded) before the
+                    // version check.
+                    if info.failed > 0 || !info.workers.is_empty() {
+                        return Ok(info);
+                    }
+                }
+                Ok(_) => {
+                    let since = *unchanged_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= self.config.lost_reload_after && resent < 3 {
+                        tracing::warn!(instance = %self.instance.name, "Reload was lost; sending it again");
+                        self.master.send_reload(40, Duration::from_millis(50)).await?;
+                        unchanged_since = None;
+                        resent += 1;
+                    }
+                }
+                Err(_) => unchanged_since = None,
+            }
+        }
+    }
+
+    /// Writes `show servers state` into the config's `server-state-file`, without the
+    /// lines of servers the plan changes (their state-file port would override the
+    /// new config). Does nothing when the config has no `server-state-file`.
+    async fn dump_server_state(&self, model: &Config, plan: &ChangePlan) {
+        let Some(global) = model.global() else {
+            return;
+        };
+        let Some(file) = global.last("server-state-file").and_then(|d| d.args.first()) else {
+            return;
+        };
+        let base = global
+            .last("server-state-base")
+            .and_then(|d| d.args.first())
+            .map(PathBuf::from);
+        let mut path = PathBuf::from(file);
+        if path.is_relative() {
+            if let Some(base) = base {
+                path = base.join(path);
+            }
+            if path.is_relative() {
+                path = self.instance.config_dir.join(path);
+            }
+        }
+        let state = match self.runtime.show_servers_state(None).await {
+            Ok(state) => state,
+            Err(error) => {
+                tracing::warn!(instance = %self.instance.name, %error, "Cannot dump the server state before reloading");
+                return;
+            }
+        };
+        let filtered: String = state
+            .lines()
+            .filter(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                if line.starts_with('#') || fields.len() < 4 {
+                    return true;
+                }
+                !plan
+                    .changed_servers
+                    .contains(&(fields[1].to_owned(), fields[3].to_owned()))
+            })
+            .fold(String::new(), |mut out, line| {
+                out.push_str(line);
+                out.push('\n');
+                out
+            });
+        if let Err(error) = write_atomic(&path, filtered.as_bytes()) {
+            tracing::warn!(instance = %self.instance.name, %error, path = %path.display(), "Cannot write the server state file");
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! Phase-1 checks on a parsed configuration: the mistakes a template can make that
+//! HAProxy reports late, without a location, or not at all.
+
+use std::collections::{BTreeSet, HashMap};
+
+use hapwright_eventbus::model::{Diagnostic, SourceLocation};
+
+use super::model::{Config, Directive, SectionKind};
+
+/// The rendered file the checks report on.
+pub const MAIN_FILE: &str = "haproxy.cfg";
+
+/// Directories of the rendered layout whose files a config may reference.
+const LAYOUT_DIRS: &[&str] = &["maps/", "files/", "certs/"];
+
+fn located(diagnostic: Diagnostic, line: u32, text: &str) -> Diagnostic {
+    diagnostic
+        .at(SourceLocation::new(MAIN_FILE, Some(line), None))
+        .with_source_line(text)
+}
+
+/// Where a line sits in the `.if` structure: for each enclosing block, the block's
+/// number and the branch (0 for `.if`, then 1, 2, … for each `.elif`/`.else`).
+type Branches = Vec<(usize, usize)>;
+
+/// Whether two places can never both be active: they sit in different branches of
+/// one block.
+fn exclusive(a: &Branches, b: &Branches) -> bool {
+    for ((block_a, branch_a), (block_b, branch_b)) in a.iter().zip(b) {
+        if block_a != block_b {
+            return false;
+        }
+        if branch_a != branch_b {
+            return true;
+        }
+    }
+    false
+}
+
+struct Walker {
+    stack: Branches,
+    blocks: usize,
+}
+
+impl Walker {
+    fn step(&mut self, directive: &Directive) {
+        match directive.keyword.as_str() {
+            ".if" => {
+                self.blocks += 1;
+                self.stack.push((self.blocks, 0));
+            }
+            ".elif" | ".else" => {
+                if let Some((_, branch)) = self.stack.last_mut() {
+                    *branch += 1;
+                }
+            }
+            ".endif" => {
+                self.stack.pop();
+            }
+            _ => {}
+        }
+    }
+}
+
+struct Proxy<'a> {
+    kind: &'a SectionKind,
+    line: u32,
+    branches: Branches,
+}
+
+/// Whether two proxy sections with one name clash: frontends with frontends, backends
+/// with backends, and a listen with any of the three (a frontend and a backend may
+/// share a name).
+fn clash(a: &SectionKind, b: &SectionKind) -> bool {
+    a == b || *a == SectionKind::Listen || *b == SectionKind::Listen
+}
+
+/// Relative layout paths (`maps/hosts.map`, `certs/`) referenced in one word, found
+/// at the start of the word or after a delimiter such as `(`, `,` or `=`.
+fn layout_references(word: &str) -> Vec<&str> {
+    let mut found = Vec::new();
+    for (start, _) in word.char_indices() {
+        let boundary = start == 0
+            || word[..start]
+                .chars()
+                .next_back()
+                .is_some_and(|c| matches!(c, '(' | ',' | '=' | '<' | '@' | ' ' | ':' | '"' | '\''));
+        if !boundary {
+            continue;
+        }
+        let rest = &word[start..];
+        let rest = rest.strip_prefix("./").unwrap_or(rest);
+        if !LAYOUT_DIRS.iter().any(|dir| rest.starts_with(dir)) {
+            continue;
+        }
+        let end = rest
+            .find(|c: char| {
+                matches!(c, ',' | ')' | ']' | '}' | '>' | '"' | '\'') || c.is_whitespace()
+            })
+            .unwrap_or(rest.len());
+        found.push(&rest[..end]);
+    }
+    found
+}
+
+/// Runs the phase-1 checks and returns one located diagnostic per problem (file
+/// [`MAIN_FILE`], the line, the line's text):
+///
+/// - **duplicate proxy names**: two frontends, two backends, or a listen and any
+///   proxy with one name (not when they sit in different branches of one `.if`);
+/// - **missing `use_backend`/`default_backend` targets**: a static target (no `%[`
+///   log-format, no `$` reference) that names no backend or listen section in any
+///   branch;
+/// - **unrendered files**: a `maps/…`, `files/…` or `certs/…` path (optionally with
+///   `./`) that is not in `rendered_paths` (paths relative to the config directory,
+///   as `RenderedFileRef::relative_path` gives them); a path ending in `/` must be
+///   the prefix of a rendered file. Inside an `.if` block this is a warning, since
+///   the branch may be inactive.
+pub fn check(config: &Config, rendered_paths: &BTreeSet<String>) -> Vec<Diagnostic> {
+    let mut diagnostics = Vec::new();
+    let mut walker = Walker {
+        stack: Vec::new(),
+        blocks: 0,
+    };
+    let mut proxies: HashMap<&str, Vec<Proxy<'_>>> = HashMap::new();
+    let backends: BTreeSet<&str> = config
+        .server_proxies()
+        .filter_map(|s| s.name.as_deref())
+        .collect();
+    for section in &config.sections {
+        if section.kind.is_proxy()
+            && let Some(name) = section.name.as_deref()
+        {
+            let previous = proxies.entry(name).or_default();
+            let header = format!("{} {name}", section.kind.keyword());
+            if let Some(other) = previous
+                .iter()
+                .find(|p| clash(p.kind, &section.kind) && !exclusive(&p.branches, &walker.stack))
+            {
+                diagnostics.push(located(
+                    Diagnostic::error(format!(
+                        "{} '{name}' has the same name as {} '{name}' declared at {MAIN_FILE}:{}.",
+                        section.kind, other.kind, other.line
+                    )),
+                    section.line,
+                    &header,
+                ));
+            }
+            previous.push(Proxy {
+                kind: &section.kind,
+                line: section.line,
+                branches: walker.stack.clone(),
+            });
+        }
+        for directive in &section.directives {
+            walker.step(directive);
+            if matches!(
+                directive.keyword.as_str(),
+                "use_backend" | "default_backend"
+            ) && let Some(target) = directive.args.first()
+                && !target.is_empty()
+                && !target.contains('%')
+                && !target.contains('$')
+                && !backends.contains(target.as_str())
+            {
+                let what = if config.section(SectionKind::Frontend, target).is_some() {
+                    format!("'{target}' is a frontend, not a backend")
+                } else {
+                    format!("no backend or listen section is named '{target}'")
+                };
+                diagnostics.push(located(
+                    Diagnostic::error(format!(
+                        "{} target does not exist: {what}.",
+                        directive.keyword
+                    )),
+                    directive.line,
+                    &directive.text,
+                ));
+            }
+            let words = if directive.is_conditional() {
+                &[][..]
+            } else {
+                &directive.args[..]
+            };
+            for word in words {
+                for path in layout_references(word) {
+                    if path.contains('$') || path.contains('%') || rendered(path, rendered_paths) {
+                        continue;
+                    }
+                    let message = format!(
+                        "'{}' references '{path}', which is not a rendered file{}.",
+                        directive.keyword,
+                        rendered_hint(path, rendered_paths)
+                    );
+                    let diagnostic = if walker.stack.is_empty() {
+                        Diagnostic::error(message)
+                    } else {
+                        Diagnostic::warning(message)
+                    };
+                    diagnostics.push(located(diagnostic, directive.line, &directive.text));
+                }
+            }
+        }
+    }
+    diagnostics
+}
+
+fn rendered(path: &str, rendered_paths: &BTreeSet<String>) -> bool {
+    if path.ends_with('/') {
+        rendered_paths.iter().any(|p| p.starts_with(path))
+    } else {
+        rendered_paths.contains(path)
+    }
+}
+
+/// ` (rendered maps: a.map, b.map)` or ` (no maps are rendered)`.
+fn rendered_hint(path: &str, rendered_paths: &BTreeSet<String>) -> String {
+    let Some(dir) = LAYOUT_DIRS.iter().find(|dir| path.starts_with(*dir)) else {
+        return String::new();
+    };
+    let kind = dir.trim_end_matches('/');
+    let names: Vec<&str> = rendered_paths
+        .iter()
+        .filter_map(|p| p.strip_prefix(dir))
+        .take(10)
+        .collect();
+    if names.is_empty() {
+        format!(" (no {kind} are rendered)")
+    } else {
+        format!(" (rendered {kind}: {})", names.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_references_are_found_inside_expressions() {
+        assert_eq!(
+            layout_references("%[req.hdr(host),lower,map(maps/hosts.map,be_default)]"),
+            ["maps/hosts.map"]
+        );
+        assert_eq!(layout_references("maps/a.map"), ["maps/a.map"]);
+        assert_eq!(layout_references("./certs/"), ["certs/"]);
+        assert_eq!(
+            layout_references("/etc/haproxy/maps/a.map"),
+            Vec::<&str>::new()
+        );
+        assert_eq!(layout_references("mymaps/a"), Vec::<&str>::new());
+        assert_eq!(layout_references("é(files/x"), ["files/x"]);
+    }
+
+    #[test]
+    fn exclusive_branches() {
+        assert!(exclusive(&vec![(1, 0)], &vec![(1, 1)]));
+        assert!(!exclusive(&vec![(1, 0)], &vec![(1, 0), (2, 1)]));
+        assert!(!exclusive(&vec![], &vec![(1, 1)]));
+        assert!(!exclusive(&vec![(1, 0)], &vec![(2, 0)]));
+    }
+}

@@ -1,0 +1,89 @@
+//! HAProxy configuration tokenizer, model and phase-1 checks.
+//!
+//! [`parse`] turns `haproxy.cfg` text into a [`Config`]: the sections in file order,
+//! each with its directives (keyword, unquoted arguments, line number, text as
+//! written). It follows HAProxy 2.6's own line parser for quoting, escapes, comments
+//! and `${ENV}` references (kept as written, so one model serves every instance
+//! environment), and keeps `.if`/`.elif`/`.else`/`.endif` lines as directives in
+//! place, checking only that they nest. Lines before the first section header are
+//! an error like in HAProxy, except conditional and diagnostic (`.notice`) lines,
+//! which go into a synthetic [`SectionKind::Preamble`] section.
+//!
+//! [`check`] runs the phase-1 checks of the validator (duplicate proxy names, missing
+//! `use_backend` targets, references to files that were not rendered), and [`print`]
+//! writes a model back canonically.
+//!
+//! Nothing here panics on any input; the property tests and the fuzz target in
+//! `fuzz/` hold it to that.
+//!
+//! ```
+//! use hapwright_deployer::haproxy_config::{self, SectionKind};
+//!
+//! let config = haproxy_config::parse(
+//!     "backend be_web\n    balance roundrobin\n    server s1 10.0.0.1:8080 check\n",
+//! )
+//! .unwrap();
+//! let backend = config.section(SectionKind::Backend, "be_web").unwrap();
+//! let servers = backend.servers();
+//! assert_eq!(servers[0].address, "10.0.0.1");
+//! assert_eq!(servers[0].port, Some(8080));
+//! assert!(config.effective_balance(backend).is_dynamic());
+//! ```
+
+mod checks;
+mod model;
+mod tokenizer;
+
+use std::collections::BTreeSet;
+
+use hapwright_eventbus::model::{Diagnostic, SourceLocation};
+
+pub use checks::{MAIN_FILE, check};
+pub use model::{
+    Balance, Config, Directive, ParseError, Section, SectionKind, Server, parse, parse_lenient,
+    print, split_address,
+};
+pub use tokenizer::MAX_WORDS;
+
+impl ParseError {
+    /// The error as a diagnostic located in the rendered [`MAIN_FILE`], with the
+    /// offending line's text taken from `text` (the parsed text).
+    pub fn to_diagnostic(&self, text: &str) -> Diagnostic {
+        let mut diagnostic = Diagnostic::error(self.message.clone()).at(SourceLocation::new(
+            MAIN_FILE,
+            Some(self.line),
+            self.column,
+        ));
+        let index = usize::try_from(self.line)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(1);
+        if let Some(line) = text.split('\n').nth(index) {
+            diagnostic = diagnostic.with_source_line(line.trim());
+        }
+        diagnostic
+    }
+}
+
+/// The whole of phase 1 on one `haproxy.cfg` text: every parse error, the missing
+/// final newline HAProxy 2.6 rejects, and the [`check`] results (errors and
+/// warnings), all located in [`MAIN_FILE`], in line order.
+pub fn phase1(text: &str, rendered_paths: &BTreeSet<String>) -> Vec<Diagnostic> {
+    let (config, errors) = parse_lenient(text);
+    let mut diagnostics: Vec<Diagnostic> = errors.iter().map(|e| e.to_diagnostic(text)).collect();
+    if let Some(last) = text.rsplit('\n').next()
+        && !last.is_empty()
+    {
+        let line = u32::try_from(text.split('\n').count()).unwrap_or(u32::MAX);
+        diagnostics.push(
+            Diagnostic::error("Missing LF on last line, file might have been truncated.")
+                .at(SourceLocation::new(MAIN_FILE, Some(line), None))
+                .with_source_line(last.trim()),
+        );
+    }
+    diagnostics.extend(check(&config, rendered_paths));
+    diagnostics.sort_by_key(|d| d.location.as_ref().and_then(|l| l.line));
+    diagnostics
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,488 @@
+//! Managed mode: hapwright starts `haproxy -W -S <master> -f <configDir>/haproxy.cfg`
+//! itself, with the config directory as working directory and the instance's `env`,
+//! restarts it with backoff when the master exits (HAProxy 2.6's master exits when a
+//! worker dies) and stops it on shutdown.
+//!
+//! [`ManagedHaproxy`] is created once per controller process, outside the kernel
+//! iterations, so managed HAProxy processes outlive controller reinits; the deployer
+//! only calls [`ManagedHaproxy::ensure_started`] after writing the first valid render.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::master::MasterClient;
+use crate::socket::{ClientConfig, CliClient, InstanceConfig, SocketAddress};
+
+/// Lines of HAProxy output kept per instance.
+const LOG_LINES: usize = 400;
+
+/// The state of one managed HAProxy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProcessState {
+    /// Spawned, master CLI not answering yet.
+    Starting,
+    /// The master answers `show proc` with a worker.
+    Running {
+        /// The master's PID.
+        pid: u32,
+    },
+    /// The master exited; a restart is scheduled.
+    Restarting {
+        /// Consecutive failed starts.
+        attempt: u32,
+        /// How the last process ended.
+        reason: String,
+    },
+    /// Stopped on request.
+    Stopped,
+}
+
+impl ProcessState {
+    /// Whether HAProxy is up.
+    pub fn is_running(&self) -> bool {
+        matches!(self, ProcessState::Running { .. })
+    }
+}
+
+/// Why a managed HAProxy could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagedError {
+    /// The instance's master socket cannot be used to start HAProxy.
+    #[error("instance `{0}` is not managed")]
+    NotManaged(String),
+    /// HAProxy did not come up in time; `alerts` holds its ALERT lines.
+    #[error("managed HAProxy `{instance}` did not start: {reason}{}", format_alerts(.alerts))]
+    StartFailed {
+        /// Instance name.
+        instance: String,
+        /// What happened.
+        reason: String,
+        /// HAProxy's ALERT lines.
+        alerts: Vec<String>,
+    },
+    /// The supervisor is shutting down.
+    #[error("the managed HAProxy supervisor is stopped")]
+    Stopped,
+}
+
+fn format_alerts(alerts: &[String]) -> String {
+    if alerts.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", alerts.join(" | "))
+    }
+}
+
+/// The last lines HAProxy printed (stdout and stderr), numbered so a caller can ask
+/// for what came after a point (e.g. the ALERT lines of a failed reload).
+#[derive(Clone, Debug, Default)]
+pub struct LogBuffer {
+    inner: Arc<Mutex<(u64, VecDeque<(u64, String)>)>>,
+}
+
+impl LogBuffer {
+    /// Appends a line.
+    pub fn push(&self, line: String) {
+        let mut inner = self.inner.lock().expect("log buffer lock");
+        inner.0 += 1;
+        let seq = inner.0;
+        if inner.1.len() == LOG_LINES {
+            inner.1.pop_front();
+        }
+        inner.1.push_back((seq, line));
+    }
+
+    /// Number of the last line pushed (0 before any).
+    pub fn position(&self) -> u64 {
+        self.inner.lock().expect("log buffer lock").0
+    }
+
+    /// Lines pushed after `position`.
+    pub fn since(&self, position: u64) -> Vec<String> {
+        let inner = self.inner.lock().expect("log buffer lock");
+        inner
+            .1
+            .iter()
+            .filter(|(seq, _)| *seq > position)
+            .map(|(_, line)| line.clone())
+            .collect()
+    }
+
+    /// `[ALERT]` lines pushed after `position`, without the timestamp/pid prefix noise.
+    pub fn alerts_since(&self, position: u64) -> Vec<String> {
+        self.since(position)
+            .into_iter()
+            .filter(|line| line.contains("[ALERT]"))
+            .map(|line| line.trim().to_owned())
+            .collect()
+    }
+}
+
+/// Restart backoff of a managed HAProxy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SupervisorConfig {
+    /// First restart delay.
+    pub min_backoff: Duration,
+    /// Longest restart delay.
+    pub max_backoff: Duration,
+    /// A process that ran this long resets the backoff.
+    pub stable_after: Duration,
+    /// Bound on waiting for the master CLI after a start.
+    pub ready_timeout: Duration,
+    /// Grace between SIGTERM and SIGKILL on stop.
+    pub stop_grace: Duration,
+}
+
+impl Default for SupervisorConfig {
+    fn default() -> Self {
+        Self {
+            min_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(30),
+            stable_after: Duration::from_secs(60),
+            ready_timeout: Duration::from_secs(30),
+            stop_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+struct Supervised {
+    config: InstanceConfig,
+    state: watch::Receiver<ProcessState>,
+    logs: LogBuffer,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+struct Inner {
+    binary: PathBuf,
+    config: SupervisorConfig,
+    processes: tokio::sync::Mutex<HashMap<String, Supervised>>,
+    stopped: CancellationToken,
+}
+
+/// Supervises the managed HAProxy processes of one controller process. Cheap to clone.
+///
+/// Dropping the last clone without [`stop`](Self::stop) still kills the processes
+/// (their `Child` handles kill on drop), but only `stop` waits for them to exit.
+#[derive(Clone)]
+pub struct ManagedHaproxy {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ManagedHaproxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManagedHaproxy")
+            .field("binary", &self.inner.binary)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ManagedHaproxy {
+    /// A supervisor running `binary` (a bare name is looked up on `PATH`).
+    pub fn new(binary: impl Into<PathBuf>) -> Self {
+        Self::with_config(binary, SupervisorConfig::default())
+    }
+
+    /// A supervisor with custom backoff and timeouts.
+    pub fn with_config(binary: impl Into<PathBuf>, config: SupervisorConfig) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                binary: binary.into(),
+                config,
+                processes: tokio::sync::Mutex::new(HashMap::new()),
+                stopped: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// Starts HAProxy for `instance` unless it is already supervised with the same
+    /// settings (a changed `env`, socket or directory restarts it), then waits until
+    /// its master CLI answers. `haproxy.cfg` must already be in the config directory.
+    pub async fn ensure_started(&self, instance: &InstanceConfig) -> Result<(), ManagedError> {
+        if !instance.managed {
+            return Err(ManagedError::NotManaged(instance.name.clone()));
+        }
+        if self.inner.stopped.is_cancelled() {
+            return Err(ManagedError::Stopped);
+        }
+        let (mut state, logs) = {
+            let mut processes = self.inner.processes.lock().await;
+            let stale = processes
+                .get(&instance.name)
+                .is_some_and(|p| p.config != *instance || p.task.is_finished());
+            if stale && let Some(old) = processes.remove(&instance.name) {
+                old.cancel.cancel();
+                let _ = old.task.await;
+            }
+            let supervised = processes
+                .entry(instance.name.clone())
+                .or_insert_with(|| self.spawn_supervisor(instance.clone()));
+            (supervised.state.clone(), supervised.logs.clone())
+        };
+        let wait = async {
+            loop {
+                match &*state.borrow_and_update() {
+                    ProcessState::Running { .. } => return Ok(()),
+                    ProcessState::Restarting { reason, .. } => {
+                        return Err(reason.clone());
+                    }
+                    ProcessState::Stopped => return Err("stopped".to_owned()),
+                    ProcessState::Starting => {}
+                }
+                if state.changed().await.is_err() {
+                    return Err("supervisor ended".to_owned());
+                }
+            }
+        };
+        let outcome = tokio::time::timeout(self.inner.config.ready_timeout, wait)
+            .await
+            .unwrap_or_else(|_| Err("master CLI did not answer in time".to_owned()));
+        outcome.map_err(|reason| ManagedError::StartFailed {
+            instance: instance.name.clone(),
+            reason,
+            alerts: logs.alerts_since(0),
+        })
+    }
+
+    /// The current state of an instance's process, if supervised.
+    pub async fn state(&self, instance: &str) -> Option<ProcessState> {
+        let processes = self.inner.processes.lock().await;
+        processes.get(instance).map(|p| p.state.borrow().clone())
+    }
+
+    /// A receiver of an instance's process state, if supervised.
+    pub async fn watch(&self, instance: &str) -> Option<watch::Receiver<ProcessState>> {
+        let processes = self.inner.processes.lock().await;
+        processes.get(instance).map(|p| p.state.clone())
+    }
+
+    /// The output buffer of an instance's process, if supervised.
+    pub async fn logs(&self, instance: &str) -> Option<LogBuffer> {
+        let processes = self.inner.processes.lock().await;
+        processes.get(instance).map(|p| p.logs.clone())
+    }
+
+    /// Stops one instance's HAProxy and forgets it.
+    pub async fn stop_instance(&self, instance: &str) {
+        let supervised = self.inner.processes.lock().await.remove(instance);
+        if let Some(supervised) = supervised {
+            supervised.cancel.cancel();
+            let _ = supervised.task.await;
+        }
+    }
+
+    /// Stops every managed HAProxy (SIGTERM, then SIGKILL after the grace period) and
+    /// waits for them to exit. Later [`ensure_started`](Self::ensure_started) calls fail.
+    pub async fn stop(&self) {
+        self.inner.stopped.cancel();
+        let all: Vec<Supervised> = self
+            .inner
+            .processes
+            .lock()
+            .await
+            .drain()
+            .map(|(_, p)| p)
+            .collect();
+        for supervised in &all {
+            supervised.cancel.cancel();
+        }
+        for supervised in all {
+            let _ = supervised.task.await;
+        }
+    }
+
+    fn spawn_supervisor(&self, instance: InstanceConfig) -> Supervised {
+        let (tx, rx) = watch::channel(ProcessState::Starting);
+        let logs = LogBuffer::default();
+        let cancel = self.inner.stopped.child_token();
+        let span = tracing::info_span!("managed_haproxy", instance = %instance.name);
+        let task = tokio::spawn(
+            supervise(
+                self.inner.binary.clone(),
+                self.inner.config,
+                instance.clone(),
+                tx,
+                logs.clone(),
+                cancel.clone(),
+            )
+            .instrument(span),
+        );
+        Supervised {
+            config: instance,
+            state: rx,
+            logs,
+            cancel,
+            task,
+        }
+    }
+}
+
+async fn supervise(
+    binary: PathBuf,
+    config: SupervisorConfig,
+    instance: InstanceConfig,
+    state: watch::Sender<ProcessState>,
+    logs: LogBuffer,
+    cancel: CancellationToken,
+) {
+    let mut attempt: u32 = 0;
+    loop {
+        state.send_replace(ProcessState::Starting);
+        let started = tokio::time::Instant::now();
+        let outcome = match spawn(&binary, &instance, &logs) {
+            Ok(child) => run_once(child, &instance, &config, &state, &cancel).await,
+            Err(error) => Exit::Failed(format!("cannot run {}: {error}", binary.display())),
+        };
+        let reason = match outcome {
+            Exit::Cancelled => {
+                state.send_replace(ProcessState::Stopped);
+                tracing::info!("Managed HAProxy stopped");
+                return;
+            }
+            Exit::Failed(reason) => reason,
+        };
+        if started.elapsed() >= config.stable_after {
+            attempt = 0;
+        }
+        attempt += 1;
+        let delay = config
+            .min_backoff
+            .saturating_mul(1 << (attempt - 1).min(16))
+            .min(config.max_backoff);
+        tracing::warn!(%reason, attempt, ?delay, "Managed HAProxy exited; restarting");
+        state.send_replace(ProcessState::Restarting { attempt, reason });
+        tokio::select! {
+            () = cancel.cancelled() => {
+                state.send_replace(ProcessState::Stopped);
+                return;
+            }
+            () = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+enum Exit {
+    Cancelled,
+    Failed(String),
+}
+
+fn spawn(binary: &PathBuf, instance: &InstanceConfig, logs: &LogBuffer) -> std::io::Result<Child> {
+    let config_file = instance.config_dir.join("haproxy.cfg");
+    let mut command = Command::new(binary);
+    command
+        .arg("-W")
+        .arg("-S")
+        .arg(instance.master.haproxy_bind())
+        .arg("-f")
+        .arg(&config_file)
+        .current_dir(&instance.config_dir)
+        .envs(&instance.env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    if let SocketAddress::Unix(path) = &instance.master {
+        // A socket file left by a killed master would make the readiness probe
+        // talk to nobody; HAProxy recreates it.
+        let _ = std::fs::remove_file(path);
+    }
+    let mut child = command.spawn()?;
+    tracing::info!(pid = child.id(), config = %config_file.display(), "Started managed HAProxy");
+    if let Some(stdout) = child.stdout.take() {
+        tokio::spawn(pump_lines(stdout, logs.clone()));
+    }
+    if let Some(stderr) = child.stderr.take() {
+        tokio::spawn(pump_lines(stderr, logs.clone()));
+    }
+    Ok(child)
+}
+
+async fn pump_lines(stream: impl AsyncRead + Unpin, logs: LogBuffer) {
+    let mut lines = BufReader::new(stream).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if line.contains("[ALERT]") {
+            tracing::warn!(target: "haproxy", "{line}");
+        } else {
+            tracing::debug!(target: "haproxy", "{line}");
+        }
+        logs.push(line);
+    }
+}
+
+async fn run_once(
+    mut child: Child,
+    instance: &InstanceConfig,
+    config: &SupervisorConfig,
+    state: &watch::Sender<ProcessState>,
+    cancel: &CancellationToken,
+) -> Exit {
+    let pid = child.id().unwrap_or_default();
+    let master = MasterClient::from_cli(CliClient::new(instance.master.clone()).with_config(
+        ClientConfig {
+            attempts: 1,
+            io_timeout: Duration::from_secs(2),
+            ..ClientConfig::default()
+        },
+    ));
+    let ready = async {
+        let deadline = tokio::time::Instant::now() + config.ready_timeout;
+        loop {
+            if let Ok(info) = master.try_show_proc().await
+                && !info.workers.is_empty()
+            {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::select! {
+        () = cancel.cancelled() => return terminate(child, config.stop_grace).await,
+        status = child.wait() => return Exit::Failed(describe(status)),
+        ready = ready => {
+            if !ready {
+                let _ = terminate(child, config.stop_grace).await;
+                return Exit::Failed("master CLI did not answer in time".to_owned());
+            }
+        }
+    }
+    state.send_replace(ProcessState::Running { pid });
+    tracing::info!(pid, "Managed HAProxy is ready");
+    tokio::select! {
+        () = cancel.cancelled() => terminate(child, config.stop_grace).await,
+        status = child.wait() => Exit::Failed(describe(status)),
+    }
+}
+
+fn describe(status: std::io::Result<std::process::ExitStatus>) -> String {
+    match status {
+        Ok(status) => format!("HAProxy master exited ({status})"),
+        Err(error) => format!("waiting for HAProxy failed: {error}"),
+    }
+}
+
+async fn terminate(mut child: Child, grace: Duration) -> Exit {
+    if let Some(pid) = child
+        .id()
+        .and_then(|pid| rustix::process::Pid::from_raw(pid as i32))
+    {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        if tokio::time::timeout(grace, child.wait()).await.is_ok() {
+            return Exit::Cancelled;
+        }
+    }
+    let _ = child.kill().await;
+    Exit::Cancelled
+}

@@ -1,0 +1,625 @@
+//! The change plan (DESIGN §3): what it takes to move an instance from the config it
+//! runs to the desired one, computed from the parsed models without any I/O.
+//!
+//! Runtime API, no reload: server address/port (followed by `shutdown sessions`),
+//! weight and admin state; servers added or removed in backends whose balance
+//! algorithm is dynamic (with explicit parameters: `default-server` is not inherited by
+//! `add server`); changed map, ACL and certificate contents. Everything else — a
+//! section or keyword added, removed or changed, other server options, a file added
+//! or removed — needs a reload, and the plan says which one forced it.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+
+use hapwright_eventbus::model::{DeployReason, DeployStrategy, RenderedConfig, ReloadReason};
+
+use crate::haproxy_config::{self, Config, Directive, Section, Server};
+use crate::runtime::MAX_PAYLOAD_BYTES;
+
+/// Server parameters `add server` refuses in HAProxy 2.6.
+const DYNAMIC_REJECTED: &[&str] = &["cookie", "init-addr", "resolvers", "redir"];
+/// `default-server` parameters that only matter for name resolution at start-up and
+/// that `add server` refuses; left out of the explicit parameters.
+const RESOLUTION_ONLY: &[&str] = &["init-addr", "resolvers", "resolve-prefer", "resolve-net", "resolve-opts"];
+
+/// One runtime API change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RuntimeOp {
+    /// `set server <be>/<srv> addr <ip> port <port>`.
+    SetAddr {
+        /// Backend.
+        backend: String,
+        /// Server.
+        server: String,
+        /// New IP.
+        addr: String,
+        /// New port.
+        port: Option<u16>,
+    },
+    /// `set server <be>/<srv> weight <n>`.
+    SetWeight {
+        /// Backend.
+        backend: String,
+        /// Server.
+        server: String,
+        /// New weight.
+        weight: u32,
+    },
+    /// `set server <be>/<srv> state <ready|maint>`.
+    SetState {
+        /// Backend.
+        backend: String,
+        /// Server.
+        server: String,
+        /// `ready` or `maint`.
+        state: &'static str,
+    },
+    /// `shutdown sessions server <be>/<srv>`.
+    ShutdownSessions {
+        /// Backend.
+        backend: String,
+        /// Server.
+        server: String,
+    },
+    /// `add server`, then `enable server` / `enable health` as the params ask.
+    AddServer {
+        /// Backend.
+        backend: String,
+        /// Server.
+        server: String,
+        /// `ip:port`.
+        address: String,
+        /// Explicit parameters (`default-server` ones first, then the server's).
+        params: Vec<String>,
+        /// Whether to `enable server` (not `disabled`).
+        enable: bool,
+        /// Whether to `enable health` (`check` present).
+        health: bool,
+    },
+    /// `del server` (after maintenance and `shutdown sessions`).
+    DelServer {
+        /// Backend.
+        backend: String,
+        /// Server.
+        server: String,
+    },
+    /// Replace the contents of a map or ACL file (which one HAProxy uses it as is
+    /// resolved at apply time with `show map` / `show acl`).
+    ReplacePatterns {
+        /// Path relative to the config directory (`maps/hosts.map`).
+        file: String,
+        /// The new content.
+        content: std::sync::Arc<str>,
+    },
+    /// Replace a certificate (`set ssl cert` + `commit ssl cert`).
+    ReplaceCertificate {
+        /// Path relative to the config directory (`certs/site.pem`).
+        file: String,
+        /// The new PEM.
+        pem: std::sync::Arc<str>,
+    },
+}
+
+impl RuntimeOp {
+    /// The `object` label of `hapwright_runtime_commands_total`.
+    pub fn object(&self) -> &'static str {
+        match self {
+            RuntimeOp::ReplacePatterns { file, .. } if file.starts_with("maps/") => "map",
+            RuntimeOp::ReplacePatterns { .. } => "pattern_file",
+            RuntimeOp::ReplaceCertificate { .. } => "certificate",
+            _ => "server",
+        }
+    }
+
+    /// A short description for logs and deploy reasons.
+    pub fn describe(&self) -> String {
+        match self {
+            RuntimeOp::SetAddr { backend, server, addr, port } => match port {
+                Some(port) => format!("server {backend}/{server} address {addr}:{port}"),
+                None => format!("server {backend}/{server} address {addr}"),
+            },
+            RuntimeOp::SetWeight { backend, server, weight } => {
+                format!("server {backend}/{server} weight {weight}")
+            }
+            RuntimeOp::SetState { backend, server, state } => {
+                format!("server {backend}/{server} state {state}")
+            }
+            RuntimeOp::ShutdownSessions { backend, server } => {
+                format!("server {backend}/{server} sessions shut down")
+            }
+            RuntimeOp::AddServer { backend, server, .. } => format!("server {backend}/{server} added"),
+            RuntimeOp::DelServer { backend, server } => format!("server {backend}/{server} removed"),
+            RuntimeOp::ReplacePatterns { file, .. } => format!("{file} contents"),
+            RuntimeOp::ReplaceCertificate { file, .. } => format!("{file} replaced"),
+        }
+    }
+}
+
+/// The plan for one instance.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChangePlan {
+    /// Runtime changes, in the order to apply them.
+    pub ops: Vec<RuntimeOp>,
+    /// Set when a reload is needed: the first cause found.
+    pub reload: Option<DeployReason>,
+    /// Servers (`backend`, `server`) whose address, port, weight or state changes;
+    /// their lines are left out of the server-state file before a reload, so stale
+    /// runtime values do not override the new config.
+    pub changed_servers: HashSet<(String, String)>,
+}
+
+impl ChangePlan {
+    /// A plan that reloads for `reason`.
+    pub fn reload(reason: ReloadReason, detail: impl Into<String>) -> Self {
+        Self {
+            reload: Some(DeployReason {
+                reload: Some(reason),
+                detail: detail.into(),
+            }),
+            ..Self::default()
+        }
+    }
+
+    /// `noop`, `runtime` or `reload`.
+    pub fn strategy(&self) -> DeployStrategy {
+        if self.reload.is_some() {
+            DeployStrategy::Reload
+        } else if self.ops.is_empty() {
+            DeployStrategy::Noop
+        } else {
+            DeployStrategy::Runtime
+        }
+    }
+
+    /// Why this strategy, for events, logs and `/debug/instances`.
+    pub fn reason(&self) -> DeployReason {
+        if let Some(reason) = &self.reload {
+            return reason.clone();
+        }
+        let detail = if self.ops.is_empty() {
+            "no change HAProxy would see".to_owned()
+        } else {
+            let changes: Vec<String> = self
+                .ops
+                .iter()
+                .filter(|op| !matches!(op, RuntimeOp::ShutdownSessions { .. }))
+                .take(5)
+                .map(RuntimeOp::describe)
+                .collect();
+            let more = self.ops.len().saturating_sub(changes.len());
+            if more > 0 && changes.len() == 5 {
+                format!("runtime: {} and more", changes.join(", "))
+            } else {
+                format!("runtime: {}", changes.join(", "))
+            }
+        };
+        DeployReason {
+            reload: None,
+            detail,
+        }
+    }
+
+    fn force(&mut self, reason: ReloadReason, detail: String) {
+        if self.reload.is_none() {
+            self.reload = Some(DeployReason {
+                reload: Some(reason),
+                detail,
+            });
+        }
+    }
+}
+
+/// Plans from raw renders, parsing both (a parse failure plans a reload).
+pub fn compute(running: &RenderedConfig, desired: &RenderedConfig) -> ChangePlan {
+    match (
+        haproxy_config::parse(running.main()),
+        haproxy_config::parse(desired.main()),
+    ) {
+        (Ok(old), Ok(new)) => plan(running, &old, desired, &new),
+        (_, Err(error)) | (Err(error), _) => ChangePlan::reload(
+            ReloadReason::Structure,
+            format!("haproxy.cfg does not parse (line {}): {}", error.line, error.message),
+        ),
+    }
+}
+
+/// Plans from renders and their parsed models.
+pub fn plan(
+    running: &RenderedConfig,
+    running_model: &Config,
+    desired: &RenderedConfig,
+    desired_model: &Config,
+) -> ChangePlan {
+    let mut plan = ChangePlan::default();
+    if running.hash() == desired.hash() {
+        return plan;
+    }
+    plan_sections(&mut plan, running_model, desired_model);
+    plan_files(&mut plan, running, desired);
+    plan
+}
+
+fn key(section: &Section) -> (&str, Option<&str>) {
+    (section.kind.keyword(), section.name.as_deref())
+}
+
+fn section_label(section: &Section) -> String {
+    match &section.name {
+        Some(name) => format!("{} {name}", section.kind.keyword()),
+        None => section.kind.keyword().to_owned(),
+    }
+}
+
+fn plan_sections(plan: &mut ChangePlan, old: &Config, new: &Config) {
+    let old_keys: Vec<_> = old.sections.iter().map(key).collect();
+    let new_keys: Vec<_> = new.sections.iter().map(key).collect();
+    if old_keys != new_keys {
+        let old_set: HashSet<_> = old_keys.iter().collect();
+        let new_set: HashSet<_> = new_keys.iter().collect();
+        let detail = if let Some(added) = new.sections.iter().find(|s| !old_set.contains(&key(s))) {
+            format!("{} added", section_label(added))
+        } else if let Some(removed) = old.sections.iter().find(|s| !new_set.contains(&key(s))) {
+            format!("{} removed", section_label(removed))
+        } else {
+            "sections reordered".to_owned()
+        };
+        plan.force(ReloadReason::Structure, detail);
+        return;
+    }
+    for (old_section, new_section) in old.sections.iter().zip(&new.sections) {
+        if old_section.args != new_section.args {
+            plan.force(
+                ReloadReason::Structure,
+                format!("{}: header changed", section_label(new_section)),
+            );
+            continue;
+        }
+        if new_section.kind.has_servers() {
+            if let Some(detail) = directive_change(
+                old_section.directives_except_servers(),
+                new_section.directives_except_servers(),
+            ) {
+                plan.force(
+                    ReloadReason::Structure,
+                    format!("{}: {detail}", section_label(new_section)),
+                );
+            }
+            plan_servers(plan, old, old_section, new, new_section);
+        } else if let Some(detail) =
+            directive_change(old_section.directives.iter(), new_section.directives.iter())
+        {
+            plan.force(
+                ReloadReason::Structure,
+                format!("{}: {detail}", section_label(new_section)),
+            );
+        }
+    }
+}
+
+/// Describes the first difference between two directive lists, if any.
+fn directive_change<'a>(
+    old: impl Iterator<Item = &'a Directive>,
+    new: impl Iterator<Item = &'a Directive>,
+) -> Option<String> {
+    let old: Vec<&Directive> = old.collect();
+    let new: Vec<&Directive> = new.collect();
+    if old.len() == new.len() && old.iter().zip(&new).all(|(a, b)| a.same_words(b)) {
+        return None;
+    }
+    let words = |d: &Directive| (d.keyword.clone(), d.args.clone());
+    let old_set: HashSet<_> = old.iter().map(|d| words(d)).collect();
+    let new_set: HashSet<_> = new.iter().map(|d| words(d)).collect();
+    let added = new.iter().find(|d| !old_set.contains(&words(d)));
+    let removed = old.iter().find(|d| !new_set.contains(&words(d)));
+    Some(match (added, removed) {
+        (Some(added), Some(removed)) if added.keyword == removed.keyword => {
+            format!("`{}` changed to `{}`", removed.text, added.text)
+        }
+        (Some(added), _) if !old.iter().any(|d| d.keyword == added.keyword) => {
+            format!("new keyword `{}`", added.text)
+        }
+        (Some(added), _) => format!("new line `{}`", added.text),
+        (None, Some(removed)) => format!("removed `{}`", removed.text),
+        (None, None) => "lines reordered".to_owned(),
+    })
+}
+
+/// The words of a server's params that the runtime API changes (weight, state)
+/// separated from the rest.
+struct ServerParams {
+    weight: Option<u32>,
+    disabled: bool,
+    other: Vec<String>,
+}
+
+fn split_params(params: &[String]) -> ServerParams {
+    let mut out = ServerParams {
+        weight: None,
+        disabled: false,
+        other: Vec::new(),
+    };
+    let mut words = params.iter();
+    while let Some(word) = words.next() {
+        match word.as_str() {
+            "weight" => match words.next() {
+                Some(value) => match value.parse() {
+                    Ok(weight) => out.weight = Some(weight),
+                    Err(_) => out.other.extend([word.clone(), value.clone()]),
+                },
+                None => out.other.push(word.clone()),
+            },
+            "disabled" => out.disabled = true,
+            "enabled" => out.disabled = false,
+            _ => out.other.push(word.clone()),
+        }
+    }
+    out
+}
+
+/// `default-server` words that apply to `section`: its defaults section's, then its own.
+fn default_server_params(config: &Config, section: &Section) -> Vec<String> {
+    let mut params = Vec::new();
+    let own = section.directives_named("default-server");
+    let inherited = config
+        .defaults_for(section)
+        .into_iter()
+        .flat_map(|d| d.directives_named("default-server"));
+    for directive in inherited.chain(own) {
+        params.extend(directive.args.iter().cloned());
+    }
+    params
+}
+
+fn is_ip(address: &str) -> bool {
+    address.parse::<IpAddr>().is_ok()
+}
+
+fn plan_servers(
+    plan: &mut ChangePlan,
+    old_config: &Config,
+    old: &Section,
+    new_config: &Config,
+    new: &Section,
+) {
+    let backend = new.name.clone().unwrap_or_default();
+    let label = section_label(new);
+    let old_servers = old.servers();
+    let new_servers = new.servers();
+    if old_servers.len() == new_servers.len()
+        && old_servers.iter().zip(&new_servers).all(|(a, b)| {
+            a.name == b.name && a.address == b.address && a.port == b.port && a.params == b.params
+        })
+    {
+        return;
+    }
+    let old_defaults = split_params(&default_server_params(old_config, old));
+    let new_defaults_words = default_server_params(new_config, new);
+    let new_defaults = split_params(&new_defaults_words);
+    let by_name: HashMap<&str, &Server> = old_servers.iter().map(|s| (s.name.as_str(), s)).collect();
+    let new_names: HashSet<&str> = new_servers.iter().map(|s| s.name.as_str()).collect();
+    if new_names.len() != new_servers.len() {
+        plan.force(ReloadReason::Structure, format!("{label}: duplicate server names"));
+        return;
+    }
+    let dynamic = new_config.effective_balance(new).is_dynamic();
+    for server in &new_servers {
+        let name = server.name.clone();
+        let Some(previous) = by_name.get(server.name.as_str()) else {
+            plan_added_server(plan, &backend, &label, server, &new_defaults_words, dynamic);
+            continue;
+        };
+        if previous.address == server.address
+            && previous.port == server.port
+            && previous.params == server.params
+        {
+            continue;
+        }
+        let before = split_params(&previous.params);
+        let after = split_params(&server.params);
+        if before.other != after.other {
+            plan.force(
+                ReloadReason::ServerOptions,
+                format!(
+                    "{label}: server {name} options changed from `{}` to `{}`",
+                    before.other.join(" "),
+                    after.other.join(" ")
+                ),
+            );
+            continue;
+        }
+        plan.changed_servers.insert((backend.clone(), name.clone()));
+        if previous.address != server.address || previous.port != server.port {
+            if !is_ip(&server.address) || !is_ip(&previous.address) {
+                plan.force(
+                    ReloadReason::ServerOptions,
+                    format!("{label}: server {name} address `{}` is not an IP address", server.address),
+                );
+                continue;
+            }
+            if server.port.is_none() && previous.port.is_some() {
+                plan.force(
+                    ReloadReason::ServerOptions,
+                    format!("{label}: server {name} port removed"),
+                );
+                continue;
+            }
+            plan.ops.push(RuntimeOp::SetAddr {
+                backend: backend.clone(),
+                server: name.clone(),
+                addr: server.address.clone(),
+                port: server.port,
+            });
+            plan.ops.push(RuntimeOp::ShutdownSessions {
+                backend: backend.clone(),
+                server: name.clone(),
+            });
+        }
+        let weight_before = before.weight.or(old_defaults.weight).unwrap_or(1);
+        let weight_after = after.weight.or(new_defaults.weight).unwrap_or(1);
+        if weight_before != weight_after {
+            if weight_after > 256 {
+                plan.force(
+                    ReloadReason::ServerOptions,
+                    format!("{label}: server {name} weight {weight_after} is above 256"),
+                );
+                continue;
+            }
+            plan.ops.push(RuntimeOp::SetWeight {
+                backend: backend.clone(),
+                server: name.clone(),
+                weight: weight_after,
+            });
+        }
+        let disabled_before = before.disabled || old_defaults.disabled;
+        let disabled_after = after.disabled || new_defaults.disabled;
+        if disabled_before != disabled_after {
+            plan.ops.push(RuntimeOp::SetState {
+                backend: backend.clone(),
+                server: name.clone(),
+                state: if disabled_after { "maint" } else { "ready" },
+            });
+        }
+    }
+    for server in &old_servers {
+        if new_names.contains(server.name.as_str()) {
+            continue;
+        }
+        if !dynamic {
+            plan.force(
+                ReloadReason::Structure,
+                format!(
+                    "{label}: server {} removed; balance `{}` cannot remove servers at runtime",
+                    server.name,
+                    new_config.effective_balance(new).algorithm
+                ),
+            );
+            continue;
+        }
+        plan.changed_servers.insert((backend.clone(), server.name.clone()));
+        for op in [
+            RuntimeOp::SetState {
+                backend: backend.clone(),
+                server: server.name.clone(),
+                state: "maint",
+            },
+            RuntimeOp::ShutdownSessions {
+                backend: backend.clone(),
+                server: server.name.clone(),
+            },
+            RuntimeOp::DelServer {
+                backend: backend.clone(),
+                server: server.name.clone(),
+            },
+        ] {
+            plan.ops.push(op);
+        }
+    }
+}
+
+fn plan_added_server(
+    plan: &mut ChangePlan,
+    backend: &str,
+    label: &str,
+    server: &Server,
+    defaults: &[String],
+    dynamic: bool,
+) {
+    let name = &server.name;
+    if !dynamic {
+        plan.force(
+            ReloadReason::Structure,
+            format!("{label}: server {name} added; the balance algorithm cannot add servers at runtime"),
+        );
+        return;
+    }
+    let Some(port) = server.port.filter(|_| is_ip(&server.address)) else {
+        plan.force(
+            ReloadReason::ServerOptions,
+            format!("{label}: server {name} added with address `{}`, which is not IP:port", server.address),
+        );
+        return;
+    };
+    if let Some(rejected) = server
+        .params
+        .iter()
+        .find(|w| DYNAMIC_REJECTED.contains(&w.as_str()))
+    {
+        plan.force(
+            ReloadReason::ServerOptions,
+            format!("{label}: server {name} added with `{rejected}`, which `add server` refuses"),
+        );
+        return;
+    }
+    let mut params = Vec::new();
+    let mut words = defaults.iter();
+    while let Some(word) = words.next() {
+        if RESOLUTION_ONLY.contains(&word.as_str()) {
+            words.next();
+        } else if DYNAMIC_REJECTED.contains(&word.as_str()) {
+            // `cookie` in default-server has no meaning without a per-server value.
+            words.next();
+        } else {
+            params.push(word.clone());
+        }
+    }
+    params.extend(server.params.iter().cloned());
+    let split = split_params(&params);
+    let address = if server.address.contains(':') {
+        format!("[{}]:{port}", server.address)
+    } else {
+        format!("{}:{port}", server.address)
+    };
+    // `disabled`/`enabled` are handled with `enable server`, not passed to add server.
+    let params: Vec<String> = params
+        .into_iter()
+        .filter(|w| w != "disabled" && w != "enabled")
+        .collect();
+    let health = split.other.iter().any(|w| w == "check");
+    plan.changed_servers
+        .insert((backend.to_owned(), name.clone()));
+    plan.ops.push(RuntimeOp::AddServer {
+        backend: backend.to_owned(),
+        server: name.clone(),
+        address,
+        params,
+        enable: !split.disabled,
+        health,
+    });
+}
+
+fn plan_files(plan: &mut ChangePlan, running: &RenderedConfig, desired: &RenderedConfig) {
+    let groups = [
+        ("maps", running.maps(), desired.maps()),
+        ("files", running.files(), desired.files()),
+        ("certs", running.certificates(), desired.certificates()),
+    ];
+    for (dir, old, new) in groups {
+        for (name, content) in new {
+            let file = format!("{dir}/{name}");
+            match old.get(name) {
+                None => plan.force(ReloadReason::NewFile, format!("{file} added")),
+                Some(previous) if previous == content => {}
+                Some(_) if dir == "certs" => {
+                    if content.len() > MAX_PAYLOAD_BYTES {
+                        plan.force(
+                            ReloadReason::NewFile,
+                            format!("{file} changed and is too large for the runtime API"),
+                        );
+                    } else {
+                        plan.ops.push(RuntimeOp::ReplaceCertificate {
+                            file,
+                            pem: content.clone(),
+                        });
+                    }
+                }
+                Some(_) => plan.ops.push(RuntimeOp::ReplacePatterns {
+                    file,
+                    content: content.clone(),
+                }),
+            }
+        }
+        if let Some(name) = old.keys().find(|name| !new.contains_key(*name)) {
+            plan.force(ReloadReason::NewFile, format!("{dir}/{name} removed"));
+        }
+    }
+}

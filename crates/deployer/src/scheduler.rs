@@ -1,0 +1,302 @@
+//! The deployment scheduler (DESIGN §3): turns `ValidationCompleted` into
+//! `DeploymentScheduled`, rate-limited and latest-wins.
+//!
+//! - At most one deployment per `minDeploymentInterval`.
+//! - A deployment that will reload at least one instance also waits for
+//!   `minReloadInterval` since the last reload it released; runtime-only deployments
+//!   are not held back by it (a [`ReloadClassifier`] tells the two apart).
+//! - One pending slot: a newer config replaces a waiting one.
+//! - A config whose hash and instance set equal the last released ones is skipped,
+//!   except for drift checks (`DriftDetected`), which always deploy.
+//! - A changed instance set (`InstancesDiscovered`) re-deploys the last config.
+//! - A round with failed instances (`DeploymentCompleted`) forgets the last released
+//!   hash, so the same config is not skipped when it comes again.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hapwright_eventbus::model::{ContentHash, RenderedConfig};
+use hapwright_eventbus::{
+    Bus, BusError, Component, ComponentError, Context, DeploymentScheduled, Event, EventKind,
+    EventPayload, Subscription,
+};
+use tokio::time::Instant;
+
+/// Rate limits of the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Minimum time between two released deployments.
+    pub min_deployment_interval: Duration,
+    /// Minimum time between two released deployments that reload.
+    pub min_reload_interval: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            min_deployment_interval: Duration::from_secs(2),
+            min_reload_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+impl From<&crate::config::Timings> for Config {
+    fn from(timings: &crate::config::Timings) -> Self {
+        Self {
+            min_deployment_interval: timings.min_deployment_interval.get(),
+            min_reload_interval: timings.min_reload_interval.get(),
+        }
+    }
+}
+
+/// Predicts whether deploying a config will reload at least one of the instances.
+pub trait ReloadClassifier: Send + Sync + 'static {
+    /// `true` when some instance needs a reload to take `config`.
+    fn needs_reload(&self, config: &RenderedConfig, instances: &[String]) -> bool;
+}
+
+impl<F> ReloadClassifier for F
+where
+    F: Fn(&RenderedConfig, &[String]) -> bool + Send + Sync + 'static,
+{
+    fn needs_reload(&self, config: &RenderedConfig, instances: &[String]) -> bool {
+        self(config, instances)
+    }
+}
+
+/// The scheduler component.
+pub struct Scheduler {
+    config: Config,
+    static_instances: Vec<String>,
+    classifier: Arc<dyn ReloadClassifier>,
+    subscription: Option<Subscription>,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("config", &self.config)
+            .field("static_instances", &self.static_instances)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Scheduler {
+    /// The component's name.
+    pub const NAME: &'static str = "scheduler";
+
+    /// A scheduler deploying to `static_instances` plus every discovered instance.
+    /// `classifier` is usually a [`crate::deployer::StoreClassifier`].
+    pub fn new(
+        config: Config,
+        static_instances: Vec<String>,
+        classifier: Arc<dyn ReloadClassifier>,
+    ) -> Self {
+        Self {
+            config,
+            static_instances,
+            classifier,
+            subscription: None,
+        }
+    }
+}
+
+struct Pending {
+    config: Arc<RenderedConfig>,
+    cause: Arc<Event>,
+    drift: bool,
+    needs_reload: Option<bool>,
+}
+
+struct State {
+    config: Config,
+    static_instances: Vec<String>,
+    classifier: Arc<dyn ReloadClassifier>,
+    discovered: BTreeMap<Arc<str>, Vec<String>>,
+    latest: Option<(Arc<RenderedConfig>, Arc<Event>)>,
+    pending: Option<Pending>,
+    last_release: Option<Instant>,
+    last_reload_release: Option<Instant>,
+    last_released: Option<(ContentHash, Vec<String>)>,
+}
+
+impl State {
+    fn instances(&self) -> Vec<String> {
+        let set: BTreeSet<&String> = self
+            .static_instances
+            .iter()
+            .chain(self.discovered.values().flatten())
+            .collect();
+        set.into_iter().cloned().collect()
+    }
+
+    fn handle(&mut self, event: Arc<Event>) {
+        match &event.payload {
+            EventPayload::ValidationCompleted(validated) => {
+                let drift = self.pending.as_ref().is_some_and(|p| p.drift);
+                self.latest = Some((validated.config.clone(), event.clone()));
+                self.pending = Some(Pending {
+                    config: validated.config.clone(),
+                    cause: event.clone(),
+                    drift,
+                    needs_reload: None,
+                });
+            }
+            EventPayload::InstancesDiscovered(discovered) => {
+                let before = self.instances();
+                let names = discovered.instances.iter().map(|i| i.name.clone()).collect();
+                self.discovered.insert(discovered.source.clone(), names);
+                if self.instances() != before
+                    && self.pending.is_none()
+                    && let Some((config, _)) = &self.latest
+                {
+                    self.pending = Some(Pending {
+                        config: config.clone(),
+                        cause: event.clone(),
+                        drift: false,
+                        needs_reload: None,
+                    });
+                }
+            }
+            EventPayload::DriftDetected(_) => {
+                if let Some(pending) = &mut self.pending {
+                    pending.drift = true;
+                } else if let Some((config, _)) = &self.latest {
+                    self.pending = Some(Pending {
+                        config: config.clone(),
+                        cause: event.clone(),
+                        drift: true,
+                        needs_reload: None,
+                    });
+                }
+            }
+            EventPayload::DeploymentCompleted(completed) => {
+                if !completed.summary.failed.is_empty() {
+                    self.last_released = None;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// When the pending deployment may go out; `None` when nothing is pending (a
+    /// skipped duplicate is dropped here).
+    fn ready_at(&mut self) -> Option<Instant> {
+        let instances = self.instances();
+        let pending = self.pending.as_mut()?;
+        if !pending.drift
+            && self.last_released.as_ref()
+                == Some(&(pending.config.hash(), instances.clone()))
+        {
+            tracing::debug!(hash = %pending.config.hash().short(), "Skipping deployment: hash and instances unchanged");
+            self.pending = None;
+            return None;
+        }
+        let needs_reload = *pending
+            .needs_reload
+            .get_or_insert_with(|| self.classifier.needs_reload(&pending.config, &instances));
+        let mut at = self
+            .last_release
+            .map(|t| t + self.config.min_deployment_interval);
+        if needs_reload && let Some(last) = self.last_reload_release {
+            let reload_at = last + self.config.min_reload_interval;
+            at = Some(at.map_or(reload_at, |t| t.max(reload_at)));
+        }
+        Some(at.unwrap_or_else(Instant::now))
+    }
+
+    fn release(&mut self, ctx: &Context) {
+        let Some(pending) = self.pending.take() else {
+            return;
+        };
+        let instances = self.instances();
+        let now = Instant::now();
+        self.last_release = Some(now);
+        if pending.needs_reload == Some(true) {
+            self.last_reload_release = Some(now);
+        }
+        self.last_released = Some((pending.config.hash(), instances.clone()));
+        let span = tracing::info_span!(
+            "schedule",
+            correlation_id = ?pending.cause.correlation_id,
+            hash = %pending.config.hash().short(),
+        );
+        let _entered = span.enter();
+        tracing::info!(
+            instances = instances.len(),
+            reload = pending.needs_reload,
+            drift_check = pending.drift,
+            "Deployment scheduled"
+        );
+        ctx.publisher().reply(
+            &pending.cause,
+            DeploymentScheduled {
+                config: pending.config,
+                instances,
+                drift_check: pending.drift,
+            },
+        );
+    }
+}
+
+#[async_trait::async_trait]
+impl Component for Scheduler {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn provides(&self) -> Vec<String> {
+        vec![Self::NAME.to_owned()]
+    }
+
+    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
+        self.subscription = Some(bus.subscribe(
+            Self::NAME,
+            [
+                EventKind::ValidationCompleted,
+                EventKind::InstancesDiscovered,
+                EventKind::DriftDetected,
+                EventKind::DeploymentCompleted,
+            ],
+        )?);
+        Ok(())
+    }
+
+    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
+        let mut subscription = self
+            .subscription
+            .ok_or("scheduler started without subscribing")?;
+        let mut state = State {
+            config: self.config,
+            static_instances: self.static_instances,
+            classifier: self.classifier,
+            discovered: BTreeMap::new(),
+            latest: None,
+            pending: None,
+            last_release: None,
+            last_reload_release: None,
+            last_released: None,
+        };
+        ctx.health().healthy();
+        loop {
+            let ready_at = state.ready_at();
+            tokio::select! {
+                biased;
+                () = ctx.cancelled() => return Ok(()),
+                event = subscription.recv() => match event {
+                    Some(event) => state.handle(event),
+                    None => return Ok(()),
+                },
+                () = sleep_until(ready_at) => state.release(&ctx),
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

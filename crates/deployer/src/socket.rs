@@ -1,0 +1,355 @@
+//! The transport under the runtime API and the master CLI: one short connection per
+//! command over a Unix socket or TCP, with the half-close HAProxy 2.6's master CLI
+//! needs, a timeout on every step and retries with backoff while the socket refuses
+//! connections (the master CLI is down for up to ~1.5 s during a reload).
+//!
+//! Also defines [`InstanceConfig`], the plain description of one socket instance the
+//! drivers and the managed-process supervisor are built from.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+use tokio::time::timeout;
+
+/// Where a socket listens: a Unix socket path or a TCP `host:port`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum SocketAddress {
+    /// A Unix domain socket.
+    Unix(PathBuf),
+    /// A TCP `host:port`.
+    Tcp(String),
+}
+
+impl SocketAddress {
+    /// The form HAProxy's `-S` and `stats socket` accept: the path, or `ipv4@host:port`.
+    pub fn haproxy_bind(&self) -> String {
+        match self {
+            SocketAddress::Unix(path) => path.display().to_string(),
+            SocketAddress::Tcp(addr) => format!("ipv4@{addr}"),
+        }
+    }
+}
+
+impl fmt::Display for SocketAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SocketAddress::Unix(path) => write!(f, "{}", path.display()),
+            SocketAddress::Tcp(addr) => f.write_str(addr),
+        }
+    }
+}
+
+impl FromStr for SocketAddress {
+    type Err = std::convert::Infallible;
+
+    /// `unix@/path`, `/path`, `./path` → Unix; `tcp@host:port`, `ipv4@host:port`,
+    /// `host:port` → TCP. Anything else is taken as a (relative) Unix path.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if let Some(path) = text.strip_prefix("unix@") {
+            return Ok(SocketAddress::Unix(path.into()));
+        }
+        for prefix in ["tcp@", "ipv4@", "ipv6@"] {
+            if let Some(addr) = text.strip_prefix(prefix) {
+                return Ok(SocketAddress::Tcp(addr.to_owned()));
+            }
+        }
+        let looks_tcp = !text.contains('/')
+            && text
+                .rsplit_once(':')
+                .is_some_and(|(_, port)| port.parse::<u16>().is_ok());
+        Ok(if looks_tcp {
+            SocketAddress::Tcp(text.to_owned())
+        } else {
+            SocketAddress::Unix(text.into())
+        })
+    }
+}
+
+/// One HAProxy instance reached through local sockets.
+///
+/// The lead maps the `haproxy.instances[]` entries of the controller config onto this.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceConfig {
+    /// Unique instance name (metrics label, events, logs).
+    pub name: String,
+    /// The master CLI (`-S`): reloads, `show proc`, and `@1` for runtime commands.
+    pub master: SocketAddress,
+    /// A worker stats socket with `level admin`; `None` sends runtime commands through
+    /// the master as `@1 <command>`.
+    pub runtime: Option<SocketAddress>,
+    /// Where `haproxy.cfg`, `maps/`, `files/` and `certs/` land. HAProxy must run with
+    /// this as its working directory so relative paths in the config resolve.
+    pub config_dir: PathBuf,
+    /// Whether hapwright starts and supervises this HAProxy itself.
+    pub managed: bool,
+    /// Environment of the managed process (`${VAR}` in the config).
+    pub env: BTreeMap<String, String>,
+}
+
+impl InstanceConfig {
+    /// An unmanaged instance talking to `master`, writing into `config_dir`.
+    pub fn new(
+        name: impl Into<String>,
+        master: SocketAddress,
+        config_dir: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            master,
+            runtime: None,
+            config_dir: config_dir.into(),
+            managed: false,
+            env: BTreeMap::new(),
+        }
+    }
+}
+
+impl From<&crate::config::Address> for SocketAddress {
+    fn from(address: &crate::config::Address) -> Self {
+        match address {
+            crate::config::Address::Unix(path) => SocketAddress::Unix(path.clone()),
+            crate::config::Address::Tcp(addr) => SocketAddress::Tcp(addr.clone()),
+        }
+    }
+}
+
+impl InstanceConfig {
+    /// The socket instance described by a `haproxy.instances[]` entry; `None` for a
+    /// Data Plane API instance.
+    pub fn from_config(instance: &crate::config::Instance) -> Option<Self> {
+        let socket = instance.socket.as_ref()?;
+        Some(Self {
+            name: instance.name.clone(),
+            master: (&socket.master).into(),
+            runtime: socket.runtime.as_ref().map(SocketAddress::from),
+            config_dir: socket.config_dir.clone(),
+            managed: instance.managed,
+            env: instance.env.clone(),
+        })
+    }
+}
+
+/// Timeouts and retries of one socket client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// Bound on connecting.
+    pub connect_timeout: Duration,
+    /// Bound on one whole exchange (write, half-close, read to EOF).
+    pub io_timeout: Duration,
+    /// Connection attempts while the socket refuses connections.
+    pub attempts: usize,
+    /// First retry delay; doubles up to [`max_delay`](Self::max_delay).
+    pub min_delay: Duration,
+    /// Longest retry delay.
+    pub max_delay: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(2),
+            io_timeout: Duration::from_secs(10),
+            attempts: 6,
+            min_delay: Duration::from_millis(20),
+            max_delay: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Why a socket exchange failed. Connection errors are retried before they surface;
+/// a timeout is not retried (the command may have been executed).
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    /// Could not connect (after the retries).
+    #[error("cannot connect to {address}")]
+    Connect {
+        /// The socket.
+        address: SocketAddress,
+        /// The last error.
+        #[source]
+        source: io::Error,
+    },
+    /// The exchange did not finish in time.
+    #[error("{address} did not answer `{command}` within {timeout:?}")]
+    Timeout {
+        /// The socket.
+        address: SocketAddress,
+        /// The command (first line).
+        command: String,
+        /// The bound.
+        timeout: Duration,
+    },
+    /// Reading or writing failed after connecting.
+    #[error("talking to {address} failed")]
+    Io {
+        /// The socket.
+        address: SocketAddress,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl SocketError {
+    /// Whether the error says the peer is not (yet) accepting connections.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, SocketError::Connect { .. })
+            || matches!(self, SocketError::Io { source, .. } if is_transient(source))
+    }
+}
+
+fn is_transient(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::NotFound
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::UnexpectedEof
+    )
+}
+
+/// A line-protocol client: one connection per command, `command\n`, half-close, read
+/// to EOF. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct CliClient {
+    address: SocketAddress,
+    config: ClientConfig,
+}
+
+impl CliClient {
+    /// A client for `address` with default timeouts.
+    pub fn new(address: SocketAddress) -> Self {
+        Self {
+            address,
+            config: ClientConfig::default(),
+        }
+    }
+
+    /// Replaces the timeouts and retries.
+    #[must_use]
+    pub fn with_config(mut self, config: ClientConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The socket this client talks to.
+    pub fn address(&self) -> &SocketAddress {
+        &self.address
+    }
+
+    /// The timeouts and retries.
+    pub fn config(&self) -> ClientConfig {
+        self.config
+    }
+
+    /// Sends one command line (with an optional `<<` payload, which must already be
+    /// part of `request`) and returns everything HAProxy answered.
+    ///
+    /// Connection failures (refused, reset before any byte was written, missing socket
+    /// file) are retried with exponential backoff; everything else is returned at once.
+    pub async fn exchange(&self, request: &str) -> Result<String, SocketError> {
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(self.config.min_delay)
+            .with_max_delay(self.config.max_delay)
+            .with_max_times(self.config.attempts.saturating_sub(1));
+        (|| self.exchange_once(request))
+            .retry(backoff)
+            .sleep(tokio::time::sleep)
+            .when(SocketError::is_unavailable)
+            .await
+    }
+
+    /// One attempt, without retries.
+    pub async fn exchange_once(&self, request: &str) -> Result<String, SocketError> {
+        let connect_timeout = self.config.connect_timeout;
+        let connect_error = |source: io::Error| SocketError::Connect {
+            address: self.address.clone(),
+            source,
+        };
+        let timed_out = || SocketError::Timeout {
+            address: self.address.clone(),
+            command: request.lines().next().unwrap_or_default().to_owned(),
+            timeout: self.config.io_timeout,
+        };
+        match &self.address {
+            SocketAddress::Unix(path) => {
+                let stream = timeout(connect_timeout, UnixStream::connect(path))
+                    .await
+                    .map_err(|_| connect_error(io::ErrorKind::TimedOut.into()))?
+                    .map_err(connect_error)?;
+                timeout(self.config.io_timeout, talk(stream, request))
+                    .await
+                    .map_err(|_| timed_out())?
+            }
+            SocketAddress::Tcp(addr) => {
+                let stream = timeout(connect_timeout, TcpStream::connect(addr.as_str()))
+                    .await
+                    .map_err(|_| connect_error(io::ErrorKind::TimedOut.into()))?
+                    .map_err(connect_error)?;
+                stream.set_nodelay(true).ok();
+                timeout(self.config.io_timeout, talk(stream, request))
+                    .await
+                    .map_err(|_| timed_out())?
+            }
+        }
+        .map_err(|source| SocketError::Io {
+            address: self.address.clone(),
+            source,
+        })
+    }
+}
+
+async fn talk<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    request: &str,
+) -> io::Result<String> {
+    let mut bytes = Vec::with_capacity(request.len() + 1);
+    bytes.extend_from_slice(request.as_bytes());
+    if !request.ends_with('\n') {
+        bytes.push(b'\n');
+    }
+    stream.write_all(&bytes).await?;
+    // HAProxy 2.6's master CLI only answers and closes after the client half-closes.
+    stream.shutdown().await?;
+    let mut out = Vec::new();
+    stream.read_to_end(&mut out).await?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse() {
+        assert_eq!(
+            "/run/haproxy/master.sock".parse::<SocketAddress>().unwrap(),
+            SocketAddress::Unix("/run/haproxy/master.sock".into())
+        );
+        assert_eq!(
+            "127.0.0.1:9999".parse::<SocketAddress>().unwrap(),
+            SocketAddress::Tcp("127.0.0.1:9999".into())
+        );
+        assert_eq!(
+            "unix@master.sock".parse::<SocketAddress>().unwrap(),
+            SocketAddress::Unix("master.sock".into())
+        );
+        assert_eq!(
+            "master.sock".parse::<SocketAddress>().unwrap(),
+            SocketAddress::Unix("master.sock".into())
+        );
+        assert_eq!(
+            SocketAddress::Tcp("127.0.0.1:1".into()).haproxy_bind(),
+            "ipv4@127.0.0.1:1"
+        );
+    }
+}

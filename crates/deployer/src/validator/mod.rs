@@ -1,0 +1,736 @@
+//! The two-phase validator (DESIGN §3): every rendered configuration is checked by
+//! hapwright's own parser (phase 1, [`ValidationPhase::Parse`]) and then by
+//! `haproxy -c` (phase 2, [`ValidationPhase::Haproxy`]) before anything is deployed.
+//!
+//! - Phase 1 parses `haproxy.cfg` with [`crate::haproxy_config`] and runs its checks
+//!   (duplicate proxy names, missing `use_backend`/`default_backend` targets,
+//!   references to files that were not rendered). It is fast and its errors are
+//!   precise; when it rejects, phase 2 does not run.
+//! - Phase 2 writes every rendered file into a scratch directory at the path
+//!   `path()` gives it (`haproxy.cfg`, `maps/…`, `files/…`, `certs/…`) and runs
+//!   `haproxy -c -f haproxy.cfg` there, with the scratch directory as working
+//!   directory so relative paths resolve as on an instance. It runs once per
+//!   distinct instance environment (so `"${HTTP_PORT}"` validates as it will run),
+//!   one run at a time in the whole process (each run may need hundreds of MB for
+//!   large configs), each bounded by a timeout. `[ALERT]`/`[WARNING]` lines become
+//!   diagnostics.
+//!
+//! Every diagnostic is located in a rendered file (`haproxy.cfg:12`,
+//! `files/ips.acl:2`), carries that rendered line, and names the template or
+//! snippet line that produced it, through the renderer's source map.
+//!
+//! The [`Validator`] component does this for each `TemplateRendered` event and
+//! replies `ValidationCompleted` or `ValidationFailed`; [`validate`] is the same
+//! check as a plain function for the CLI.
+
+mod alerts;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hapwright_eventbus::model::{Diagnostic, RenderedConfig, Severity, SourceLocation};
+use hapwright_eventbus::{
+    Bus, BusError, Component, ComponentError, Context, Event, EventKind, EventPayload,
+    Subscription, ValidationCompleted, ValidationFailed, ValidationPhase,
+};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use tokio::io::AsyncReadExt;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::haproxy_config::{self, MAIN_FILE, SectionKind};
+
+/// Only one `haproxy -c` runs at a time in the process: a run over a large config
+/// needs hundreds of MB (haproxy-2.6.md §0), and several at once would only compete
+/// for the same cores. The lock holds no state, so it cannot go stale across
+/// controller reloads.
+static PHASE2_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// How much of `haproxy -c`'s output is kept; more is discarded.
+const MAX_OUTPUT: u64 = 4 << 20;
+
+/// Validator settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// The HAProxy binary for phase 2 (a bare name is looked up on `PATH`).
+    pub binary: PathBuf,
+    /// One environment per distinct instance environment: phase 2 runs once per
+    /// distinct entry, with these variables added to the controller's own
+    /// environment. An empty list means one run with nothing added.
+    pub envs: Vec<BTreeMap<String, String>>,
+    /// Upper bound for one `haproxy -c` run; the process is killed after it.
+    pub timeout: Duration,
+    /// Where scratch directories are created (the system temp dir when `None`).
+    pub scratch_root: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            binary: PathBuf::from("haproxy"),
+            envs: Vec::new(),
+            timeout: Duration::from_secs(30),
+            scratch_root: None,
+        }
+    }
+}
+
+/// Why a rendered configuration was rejected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// The phase that rejected it.
+    pub phase: ValidationPhase,
+    /// Every error, located and mapped to template lines where possible.
+    pub errors: Vec<Diagnostic>,
+    /// True when HAProxy could not judge the config at all (the binary is missing,
+    /// the scratch directory cannot be written, the run timed out or crashed):
+    /// the validator is then unhealthy, and the config may well be fine.
+    pub tool_failure: bool,
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let phase = match self.phase {
+            ValidationPhase::Parse => "phase 1 (parse)",
+            ValidationPhase::Haproxy => "phase 2 (haproxy -c)",
+        };
+        write!(f, "{phase} rejected the configuration")?;
+        for error in &self.errors {
+            write!(f, "\n  {error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Rejection {}
+
+// === impl Metrics ===
+
+/// `hapwright_validations_total{phase,result}` and
+/// `hapwright_validation_duration_seconds{phase}`. Register once per process and
+/// hand clones to each generation's validator.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    validations: IntCounterVec,
+    duration: HistogramVec,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let validations = IntCounterVec::new(
+            Opts::new(
+                "hapwright_validations_total",
+                "Validation runs per phase and result.",
+            ),
+            &["phase", "result"],
+        )?;
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "hapwright_validation_duration_seconds",
+                "Time spent in each validation phase.",
+            )
+            .buckets(prometheus::exponential_buckets(0.001, 2.0, 16)?),
+            &["phase"],
+        )?;
+        registry.register(Box::new(validations.clone()))?;
+        registry.register(Box::new(duration.clone()))?;
+        Ok(Self {
+            validations,
+            duration,
+        })
+    }
+
+    fn observe(&self, phase: ValidationPhase, success: bool, elapsed: Duration) {
+        let phase = phase_label(phase);
+        let result = if success { "success" } else { "failure" };
+        self.validations.with_label_values(&[phase, result]).inc();
+        self.duration
+            .with_label_values(&[phase])
+            .observe(elapsed.as_secs_f64());
+    }
+}
+
+fn phase_label(phase: ValidationPhase) -> &'static str {
+    match phase {
+        ValidationPhase::Parse => "parse",
+        ValidationPhase::Haproxy => "haproxy",
+    }
+}
+
+// === validation ===
+
+/// Validates a rendered configuration with both phases. Returns the warnings on
+/// success.
+///
+/// # Errors
+///
+/// A [`Rejection`] naming the phase and every error. Phase 2 is skipped when
+/// phase 1 rejects.
+pub async fn validate(
+    rendered: &RenderedConfig,
+    config: &Config,
+) -> Result<Vec<Diagnostic>, Rejection> {
+    validate_with_metrics(rendered, config, None).await
+}
+
+/// [`validate`], recording each phase's outcome and time in `metrics`.
+///
+/// # Errors
+///
+/// As [`validate`].
+pub async fn validate_with_metrics(
+    rendered: &RenderedConfig,
+    config: &Config,
+    metrics: Option<&Metrics>,
+) -> Result<Vec<Diagnostic>, Rejection> {
+    let started = Instant::now();
+    let phase1 = validate_phase1(rendered);
+    if let Some(metrics) = metrics {
+        metrics.observe(ValidationPhase::Parse, phase1.is_ok(), started.elapsed());
+    }
+    let mut warnings = phase1?;
+    let started = Instant::now();
+    let phase2 = validate_phase2(rendered, config).await;
+    if let Some(metrics) = metrics {
+        metrics.observe(ValidationPhase::Haproxy, phase2.is_ok(), started.elapsed());
+    }
+    warnings.extend(phase2?);
+    Ok(warnings)
+}
+
+/// Phase 1 alone: hapwright's parser and checks, plus a check that every rendered
+/// file name is a plain relative path. Returns the warnings on success.
+///
+/// # Errors
+///
+/// A [`Rejection`] in [`ValidationPhase::Parse`] with every error found.
+pub fn validate_phase1(rendered: &RenderedConfig) -> Result<Vec<Diagnostic>, Rejection> {
+    let mut paths = BTreeSet::new();
+    let mut diagnostics = Vec::new();
+    for (file, _) in rendered.iter() {
+        let path = file.relative_path();
+        if !is_plain_relative(&path) {
+            diagnostics.push(Diagnostic::error(format!(
+                "rendered file name '{}' is not a plain file name (it must not be empty or contain '..' or a leading '/')",
+                file.name
+            )));
+        }
+        paths.insert(path);
+    }
+    diagnostics.extend(haproxy_config::phase1(rendered.main(), &paths));
+    let diagnostics: Vec<Diagnostic> = diagnostics
+        .into_iter()
+        .map(|d| attribute(d, rendered))
+        .collect();
+    let (errors, warnings): (Vec<_>, Vec<_>) = diagnostics
+        .into_iter()
+        .partition(|d| d.severity == Severity::Error);
+    if errors.is_empty() {
+        Ok(warnings)
+    } else {
+        Err(Rejection {
+            phase: ValidationPhase::Parse,
+            errors,
+            tool_failure: false,
+        })
+    }
+}
+
+fn is_plain_relative(path: &str) -> bool {
+    !path.is_empty()
+        && path
+            .split('/')
+            .all(|segment| !matches!(segment, "" | "." | ".."))
+}
+
+/// Phase 2 alone: `haproxy -c` in a scratch directory, once per distinct
+/// environment, serialized process-wide. Returns HAProxy's warnings on success.
+///
+/// # Errors
+///
+/// A [`Rejection`] in [`ValidationPhase::Haproxy`]: HAProxy's errors for the first
+/// environment it rejects, or a tool failure.
+pub async fn validate_phase2(
+    rendered: &RenderedConfig,
+    config: &Config,
+) -> Result<Vec<Diagnostic>, Rejection> {
+    let tool_failure = |message: String| Rejection {
+        phase: ValidationPhase::Haproxy,
+        errors: vec![Diagnostic::error(message)],
+        tool_failure: true,
+    };
+    let scratch = {
+        let rendered = rendered.clone();
+        let root = config.scratch_root.clone();
+        tokio::task::spawn_blocking(move || write_scratch(&rendered, root.as_deref()))
+            .await
+            .map_err(|e| tool_failure(format!("writing the scratch directory failed: {e}")))?
+            .map_err(|e| tool_failure(format!("cannot write the scratch directory: {e}")))?
+    };
+    let model = haproxy_config::parse_lenient(rendered.main()).0;
+    let empty = BTreeMap::new();
+    let envs: BTreeSet<&BTreeMap<String, String>> = config.envs.iter().collect();
+    let envs: Vec<&BTreeMap<String, String>> = if envs.is_empty() {
+        vec![&empty]
+    } else {
+        envs.into_iter().collect()
+    };
+    let annotate = envs.len() > 1;
+    let mut warnings: Vec<Diagnostic> = Vec::new();
+    for env in envs {
+        let run = run_haproxy(config, scratch.path(), env).await;
+        let scratch_text = scratch.path().to_string_lossy();
+        let (run, alerts) = match run {
+            Ok(run) => {
+                let alerts = alerts::parse_stderr(&run.stderr, &scratch_text);
+                (run, alerts)
+            }
+            Err(message) => return Err(tool_failure(message)),
+        };
+        let suffix = if annotate {
+            env_note(env)
+        } else {
+            String::new()
+        };
+        let mut errors = Vec::new();
+        for alert in alerts {
+            let mut diagnostic = match alert.severity {
+                Severity::Error => Diagnostic::error(format!("{}{suffix}", alert.message)),
+                Severity::Warning => Diagnostic::warning(format!("{}{suffix}", alert.message)),
+            };
+            diagnostic.location = match alert.location {
+                Some((file, line)) => Some(SourceLocation::new(file, Some(line), None)),
+                None => locate_proxy_message(&alert.message, &model),
+            };
+            let diagnostic = attribute(diagnostic, rendered);
+            match alert.severity {
+                Severity::Error => errors.push(diagnostic),
+                Severity::Warning => {
+                    if !warnings.contains(&diagnostic) {
+                        warnings.push(diagnostic);
+                    }
+                }
+            }
+        }
+        match run.status {
+            RunStatus::Exited(0) => {}
+            status => {
+                if errors.is_empty() {
+                    let detail = last_lines(&run.stdout, &run.stderr);
+                    errors.push(Diagnostic::error(format!(
+                        "haproxy -c {status}{suffix}{detail}"
+                    )));
+                }
+                return Err(Rejection {
+                    phase: ValidationPhase::Haproxy,
+                    errors,
+                    tool_failure: matches!(status, RunStatus::Signalled),
+                });
+            }
+        }
+    }
+    scratch
+        .close()
+        .map_err(|e| tool_failure(format!("cannot remove the scratch directory: {e}")))?;
+    Ok(warnings)
+}
+
+/// ` (with HTTP_PORT=8080)`.
+fn env_note(env: &BTreeMap<String, String>) -> String {
+    if env.is_empty() {
+        return " (with no instance environment)".to_owned();
+    }
+    let pairs: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!(" (with {})", pairs.join(", "))
+}
+
+/// `: <the last lines of output>` for a failure without `[ALERT]` lines.
+fn last_lines(stdout: &str, stderr: &str) -> String {
+    let lines: Vec<&str> = stdout
+        .lines()
+        .chain(stderr.lines())
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("[NOTICE]"))
+        .collect();
+    let tail = &lines[lines.len().saturating_sub(3)..];
+    if tail.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", tail.join(" / "))
+    }
+}
+
+/// Writes every rendered file under a new scratch directory, at its relative path;
+/// files are private to the controller's user (certificates hold keys).
+fn write_scratch(
+    rendered: &RenderedConfig,
+    root: Option<&Path>,
+) -> std::io::Result<tempfile::TempDir> {
+    let mut builder = tempfile::Builder::new();
+    builder.prefix("hapwright-validate-");
+    let scratch = match root {
+        Some(root) => {
+            std::fs::create_dir_all(root)?;
+            builder.tempdir_in(root)?
+        }
+        None => builder.tempdir()?,
+    };
+    for (file, content) in rendered.iter() {
+        let relative = file.relative_path();
+        if !is_plain_relative(&relative) {
+            // Phase 1 rejects these; never write outside the scratch directory.
+            continue;
+        }
+        let path = scratch.path().join(&relative);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut out = options.open(&path)?;
+        out.write_all(content.as_bytes())?;
+    }
+    Ok(scratch)
+}
+
+/// How a `haproxy -c` run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RunStatus {
+    Exited(i32),
+    Signalled,
+}
+
+impl fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunStatus::Exited(code) => write!(f, "exited with code {code}"),
+            RunStatus::Signalled => f.write_str("was killed by a signal"),
+        }
+    }
+}
+
+struct Run {
+    status: RunStatus,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `binary -c -f haproxy.cfg` in `dir` with `env` added, under the process-wide
+/// lock and the timeout. `Err` is a tool failure message.
+async fn run_haproxy(
+    config: &Config,
+    dir: &Path,
+    env: &BTreeMap<String, String>,
+) -> Result<Run, String> {
+    let _serialized = PHASE2_LOCK.lock().await;
+    let binary = config.binary.display().to_string();
+    let mut child = tokio::process::Command::new(&config.binary)
+        .args(["-c", "-f", MAIN_FILE])
+        .current_dir(dir)
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot run {binary}: {e}"))?;
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let outcome = tokio::time::timeout(config.timeout, async {
+        tokio::try_join!(read_all(stdout), read_all(stderr), child.wait())
+    })
+    .await;
+    match outcome {
+        Ok(Ok((stdout, stderr, status))) => Ok(Run {
+            status: status
+                .code()
+                .map_or(RunStatus::Signalled, RunStatus::Exited),
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        }),
+        Ok(Err(e)) => {
+            let _ = child.kill().await;
+            Err(format!("reading the output of {binary} -c failed: {e}"))
+        }
+        Err(_) => {
+            // Kill and reap before the scratch directory goes away.
+            let _ = child.kill().await;
+            Err(format!(
+                "{binary} -c did not finish within {:?} and was killed",
+                config.timeout
+            ))
+        }
+    }
+}
+
+/// Reads a pipe to its end, keeping at most [`MAX_OUTPUT`] bytes.
+async fn read_all<R: tokio::io::AsyncRead + Unpin>(pipe: Option<R>) -> std::io::Result<Vec<u8>> {
+    let mut buffer = Vec::new();
+    if let Some(pipe) = pipe {
+        let mut limited = pipe.take(MAX_OUTPUT);
+        limited.read_to_end(&mut buffer).await?;
+        // Drain the rest so the child never blocks on a full pipe.
+        tokio::io::copy(&mut limited.into_inner(), &mut tokio::io::sink()).await?;
+    }
+    Ok(buffer)
+}
+
+/// Places a location-less message that names a proxy (`Proxy 'fe': unable to find
+/// required use_backend: 'x'.`) on the `use_backend`/`default_backend` line it is
+/// about, or else on the proxy's header line.
+fn locate_proxy_message(message: &str, model: &haproxy_config::Config) -> Option<SourceLocation> {
+    static PROXY: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"(?i)\b(?:proxy|frontend|backend|listen) '([^']+)'")
+            .expect("constant regex is valid")
+    });
+    static TARGET: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"required (use_backend|default_backend): '([^']*)'")
+            .expect("constant regex is valid")
+    });
+    let name = PROXY.captures(message)?.get(1)?.as_str();
+    let section = [
+        SectionKind::Frontend,
+        SectionKind::Listen,
+        SectionKind::Backend,
+    ]
+    .into_iter()
+    .find_map(|kind| model.section(kind, name))?;
+    let mut line = section.line;
+    if let Some(captures) = TARGET.captures(message)
+        && let (Some(keyword), Some(target)) = (captures.get(1), captures.get(2))
+    {
+        let candidates: Vec<&haproxy_config::Directive> =
+            section.directives_named(keyword.as_str()).collect();
+        let exact = candidates
+            .iter()
+            .find(|d| d.args.first().map(String::as_str) == Some(target.as_str()));
+        if let Some(directive) = exact {
+            line = directive.line;
+        } else if let [only] = candidates.as_slice() {
+            line = only.line;
+        }
+    }
+    Some(SourceLocation::new(MAIN_FILE, Some(line), None))
+}
+
+/// Adds the rendered line and the template origin to a diagnostic located in a
+/// rendered file.
+fn attribute(mut diagnostic: Diagnostic, rendered: &RenderedConfig) -> Diagnostic {
+    let Some(location) = &diagnostic.location else {
+        return diagnostic;
+    };
+    let Some(line) = location.line else {
+        return diagnostic;
+    };
+    if diagnostic.source_line.is_none()
+        && let Some((_, content)) = rendered
+            .iter()
+            .find(|(file, _)| file.relative_path() == location.file)
+        && let Some(text) = usize::try_from(line)
+            .ok()
+            .and_then(|l| l.checked_sub(1))
+            .and_then(|index| content.split('\n').nth(index))
+    {
+        diagnostic.source_line = Some(text.trim().to_owned());
+    }
+    if let Some(origin) = rendered.source_map().origin_by_path(&location.file, line) {
+        diagnostic.origin = Some(SourceLocation::new(
+            origin.template.to_string(),
+            Some(origin.line),
+            None,
+        ));
+    }
+    diagnostic
+}
+
+// === impl Validator ===
+
+/// The validator component: validates every `TemplateRendered` and replies with
+/// `ValidationCompleted` or `ValidationFailed` (same correlation id).
+pub struct Validator {
+    config: Config,
+    metrics: Metrics,
+    subscription: Option<Subscription>,
+}
+
+impl fmt::Debug for Validator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Validator")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl Validator {
+    /// The component's name and capability.
+    pub const NAME: &'static str = "validator";
+
+    /// A validator with its settings and the process's metrics.
+    pub fn new(config: Config, metrics: Metrics) -> Self {
+        Self {
+            config,
+            metrics,
+            subscription: None,
+        }
+    }
+
+    async fn handle(&self, ctx: &Context, event: &Event) {
+        let EventPayload::TemplateRendered(rendered) = &event.payload else {
+            return;
+        };
+        let config = Arc::clone(&rendered.config);
+        let started = Instant::now();
+        let outcome = validate_with_metrics(&config, &self.config, Some(&self.metrics)).await;
+        let duration = started.elapsed();
+        match outcome {
+            Ok(warnings) => {
+                ctx.health().healthy();
+                tracing::info!(
+                    duration_ms = duration.as_millis() as u64,
+                    warnings = warnings.len(),
+                    "Configuration is valid"
+                );
+                for warning in &warnings {
+                    tracing::warn!(warning = %warning, "HAProxy warning");
+                }
+                ctx.publisher().reply(
+                    event,
+                    ValidationCompleted {
+                        config,
+                        duration,
+                        warnings,
+                    },
+                );
+            }
+            Err(rejection) => {
+                if rejection.tool_failure {
+                    let reason = rejection
+                        .errors
+                        .first()
+                        .map_or_else(|| "haproxy -c failed".to_owned(), ToString::to_string);
+                    ctx.health().unhealthy(reason);
+                } else {
+                    ctx.health().healthy();
+                }
+                tracing::warn!(
+                    phase = phase_label(rejection.phase),
+                    errors = rejection.errors.len(),
+                    first = %rejection.errors.first().map(ToString::to_string).unwrap_or_default(),
+                    "Configuration rejected"
+                );
+                ctx.publisher().reply(
+                    event,
+                    ValidationFailed {
+                        hash: config.hash(),
+                        phase: rejection.phase,
+                        errors: rejection.errors,
+                    },
+                );
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Component for Validator {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn provides(&self) -> Vec<String> {
+        vec![Self::NAME.to_owned()]
+    }
+
+    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
+        self.subscription = Some(bus.subscribe(Self::NAME, [EventKind::TemplateRendered])?);
+        Ok(())
+    }
+
+    async fn run(mut self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
+        let mut subscription = self
+            .subscription
+            .take()
+            .ok_or("validator started without subscribing")?;
+        ctx.health().healthy();
+        loop {
+            let event = tokio::select! {
+                biased;
+                () = ctx.cancelled() => return Ok(()),
+                event = subscription.recv() => match event {
+                    Some(event) => event,
+                    None => return Ok(()),
+                },
+            };
+            let span = tracing::info_span!(
+                "validation",
+                correlation_id = %event.correlation_id.map(|c| c.to_string()).unwrap_or_default(),
+                event_id = %event.id,
+            );
+            // Cancellation drops the validation: the haproxy child is killed on drop
+            // and the scratch directory removed.
+            tokio::select! {
+                biased;
+                () = ctx.cancelled() => return Ok(()),
+                () = self.handle(&ctx, &event).instrument(span) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_relative_paths() {
+        assert!(is_plain_relative("maps/hosts.map"));
+        assert!(is_plain_relative("haproxy.cfg"));
+        assert!(!is_plain_relative("maps/../../etc/passwd"));
+        assert!(!is_plain_relative("/etc/passwd"));
+        assert!(!is_plain_relative("maps/./x"));
+        assert!(!is_plain_relative(""));
+    }
+
+    #[test]
+    fn env_notes_and_tails() {
+        let env: BTreeMap<String, String> = [("A".to_owned(), "1".to_owned())].into();
+        assert_eq!(env_note(&env), " (with A=1)");
+        assert_eq!(
+            env_note(&BTreeMap::new()),
+            " (with no instance environment)"
+        );
+        assert_eq!(last_lines("a\n\nb\n", "[NOTICE] x\nc\nd"), ": b / c / d");
+        assert_eq!(last_lines("", ""), "");
+    }
+
+    #[test]
+    fn proxy_messages_find_their_line() {
+        let model = haproxy_config::parse(
+            "frontend fe\n    bind :80\n    use_backend be_x if { path /x }\n    default_backend \"${BE}\"\nbackend other\n",
+        )
+        .unwrap();
+        let line = |message: &str| locate_proxy_message(message, &model).and_then(|l| l.line);
+        assert_eq!(
+            line("Proxy 'fe': unable to find required use_backend: 'be_x'."),
+            Some(3)
+        );
+        assert_eq!(
+            line("Proxy 'fe': unable to find required default_backend: 'nope'."),
+            Some(4)
+        );
+        assert_eq!(
+            line("'http-request' rules ignored for proxy 'fe' as they require HTTP mode."),
+            Some(1)
+        );
+        assert_eq!(line("backend 'other' has no server available!"), Some(5));
+        assert_eq!(line("proxy 'ghost' is missing"), None);
+        assert_eq!(line("no proxy named"), None);
+    }
+}

@@ -1,0 +1,241 @@
+//! Scheduler rate limits, latest-wins and skip rules (DESIGN §3), under paused time.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hapwright_deployer::scheduler::{Config, Scheduler};
+use hapwright_eventbus::model::{
+    ContentHash, InstanceDriver, InstanceRef, RenderedConfig, SourceMap,
+};
+use hapwright_eventbus::{
+    Bus, BusConfig, BusMetrics, CorrelationId, DeploymentCompleted, DeploymentSummary,
+    DriftDetected, Event, EventKind, EventMeta, EventPayload, InstancesDiscovered, Kernel,
+    RunningKernel, Subscription, ValidationCompleted,
+};
+use prometheus::Registry;
+use tokio::time::{Instant, timeout};
+
+fn config(text: &str) -> Arc<RenderedConfig> {
+    Arc::new(RenderedConfig::new(
+        text,
+        BTreeMap::new(),
+        BTreeMap::new(),
+        BTreeMap::new(),
+        SourceMap::default(),
+    ))
+}
+
+struct Harness {
+    kernel: RunningKernel,
+    scheduled: Subscription,
+    publisher: hapwright_eventbus::Publisher,
+    /// Hashes the fake classifier says need a reload.
+    reloads: Arc<Mutex<HashSet<ContentHash>>>,
+}
+
+fn start() -> Harness {
+    let registry = Registry::new();
+    let bus = Bus::new(BusConfig::default(), &BusMetrics::register(&registry).unwrap());
+    let reloads: Arc<Mutex<HashSet<ContentHash>>> = Arc::default();
+    let classifier = {
+        let reloads = reloads.clone();
+        move |config: &RenderedConfig, _: &[String]| reloads.lock().unwrap().contains(&config.hash())
+    };
+    let scheduler = Scheduler::new(
+        Config {
+            min_deployment_interval: Duration::from_secs(2),
+            min_reload_interval: Duration::from_secs(10),
+        },
+        vec!["local".to_owned()],
+        Arc::new(classifier),
+    );
+    let scheduled = bus
+        .subscribe("test", [EventKind::DeploymentScheduled])
+        .unwrap();
+    let publisher = bus.publisher();
+    let mut kernel = Kernel::new(bus);
+    kernel.register(scheduler);
+    Harness {
+        kernel: kernel.start().unwrap(),
+        scheduled,
+        publisher,
+        reloads,
+    }
+}
+
+impl Harness {
+    fn validated(&self, config: &Arc<RenderedConfig>) -> CorrelationId {
+        let correlation = CorrelationId::new();
+        self.publisher.publish_with(
+            ValidationCompleted {
+                config: config.clone(),
+                duration: Duration::ZERO,
+                warnings: Vec::new(),
+            },
+            EventMeta::correlated(correlation),
+        );
+        correlation
+    }
+
+    fn mark_reload(&self, config: &Arc<RenderedConfig>) {
+        self.reloads.lock().unwrap().insert(config.hash());
+    }
+
+    async fn next(&mut self) -> (Arc<Event>, Arc<RenderedConfig>, Vec<String>, bool) {
+        let event = timeout(Duration::from_secs(120), self.scheduled.recv())
+            .await
+            .expect("a deployment is scheduled")
+            .expect("bus open");
+        let EventPayload::DeploymentScheduled(scheduled) = &event.payload else {
+            panic!("unexpected event {event:?}");
+        };
+        let (config, instances, drift) = (
+            scheduled.config.clone(),
+            scheduled.instances.clone(),
+            scheduled.drift_check,
+        );
+        (event, config, instances, drift)
+    }
+
+    async fn nothing_within(&mut self, window: Duration) {
+        assert!(
+            timeout(window, self.scheduled.recv()).await.is_err(),
+            "nothing should be scheduled"
+        );
+    }
+
+    async fn stop(self) {
+        self.kernel.shutdown(Duration::from_secs(5)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_config_goes_out_at_once_and_later_ones_wait_for_the_interval() {
+    let mut h = start();
+    let t0 = Instant::now();
+    let a = config("a\n");
+    let correlation = h.validated(&a);
+    let (event, got, instances, drift) = h.next().await;
+    assert_eq!(got.hash(), a.hash());
+    assert_eq!(instances, vec!["local"]);
+    assert!(!drift);
+    assert_eq!(event.correlation_id, Some(correlation));
+    assert!(t0.elapsed() < Duration::from_millis(10));
+
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let b = config("b\n");
+    h.validated(&b);
+    let (_, got, _, _) = h.next().await;
+    assert_eq!(got.hash(), b.hash());
+    let elapsed = t0.elapsed();
+    assert!(
+        elapsed >= Duration::from_secs(2) && elapsed < Duration::from_millis(2100),
+        "{elapsed:?}"
+    );
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn newest_pending_config_wins() {
+    let mut h = start();
+    h.validated(&config("a\n"));
+    h.next().await;
+    for text in ["b\n", "c\n", "d\n"] {
+        h.validated(&config(text));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, got, _, _) = h.next().await;
+    assert_eq!(got.hash(), config("d\n").hash());
+    h.nothing_within(Duration::from_secs(30)).await;
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn reloads_wait_for_the_reload_interval_while_runtime_deploys_keep_flowing() {
+    let mut h = start();
+    let t0 = Instant::now();
+    let first = config("reload-1\n");
+    h.mark_reload(&first);
+    h.validated(&first);
+    h.next().await;
+
+    // A runtime-only change only waits for minDeploymentInterval.
+    let runtime = config("runtime\n");
+    h.validated(&runtime);
+    let (_, got, _, _) = h.next().await;
+    assert_eq!(got.hash(), runtime.hash());
+    let at = t0.elapsed();
+    assert!(at >= Duration::from_secs(2) && at < Duration::from_secs(3), "{at:?}");
+
+    // A reload waits for minReloadInterval since the last reload.
+    let second = config("reload-2\n");
+    h.mark_reload(&second);
+    h.validated(&second);
+    let (_, got, _, _) = h.next().await;
+    assert_eq!(got.hash(), second.hash());
+    let at = t0.elapsed();
+    assert!(at >= Duration::from_secs(10) && at < Duration::from_secs(11), "{at:?}");
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn unchanged_hash_and_instances_are_skipped_but_drift_checks_deploy() {
+    let mut h = start();
+    let a = config("a\n");
+    h.validated(&a);
+    h.next().await;
+    h.validated(&a);
+    h.nothing_within(Duration::from_secs(30)).await;
+
+    h.publisher.publish(DriftDetected {
+        instance: "local".into(),
+        detail: "marker differs".into(),
+    });
+    let (_, got, _, drift) = h.next().await;
+    assert_eq!(got.hash(), a.hash());
+    assert!(drift);
+
+    // A failed round makes the same hash deployable again.
+    h.publisher.publish(DeploymentCompleted {
+        summary: DeploymentSummary {
+            hash: a.hash(),
+            succeeded: Vec::new(),
+            failed: vec!["local".into()],
+            duration: Duration::ZERO,
+        },
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    h.validated(&a);
+    let (_, got, _, drift) = h.next().await;
+    assert_eq!(got.hash(), a.hash());
+    assert!(!drift);
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_changed_instance_set_redeploys_the_last_config() {
+    let mut h = start();
+    let a = config("a\n");
+    h.validated(&a);
+    h.next().await;
+    let discovered = |names: &[&str]| InstancesDiscovered {
+        source: "kubernetes".into(),
+        instances: names
+            .iter()
+            .map(|name| InstanceRef {
+                name: (*name).to_owned(),
+                driver: InstanceDriver::Dataplane,
+                address: format!("http://{name}:5555"),
+            })
+            .collect(),
+    };
+    h.publisher.publish(discovered(&["pod-a"]));
+    let (_, got, instances, _) = h.next().await;
+    assert_eq!(got.hash(), a.hash());
+    assert_eq!(instances, vec!["local", "pod-a"]);
+    // The same set again changes nothing.
+    h.publisher.publish(discovered(&["pod-a"]));
+    h.nothing_within(Duration::from_secs(30)).await;
+    h.stop().await;
+}

@@ -1,0 +1,556 @@
+//! Kernel behaviour (DESIGN §3) and bus requirement R3 (no deadlock in a publish storm
+//! with cycles), with real components on a real bus.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hapwright_eventbus::{
+    Bus, BusConfig, BusMetrics, Component, ComponentError, Context, DriftDetected, EventKind,
+    EventPayload, HealthState, Kernel, KernelError, KernelMetrics, KindSet, Requirement,
+    ResourceSyncComplete, Subscription,
+};
+use prometheus::Registry;
+use tokio::time::timeout;
+
+fn new_bus(capacity: usize) -> (Bus, Registry) {
+    let registry = Registry::new();
+    let metrics = BusMetrics::register(&registry).unwrap();
+    let bus = Bus::new(
+        BusConfig {
+            pipeline_capacity: capacity,
+            observer_capacity: 1024,
+        },
+        &metrics,
+    );
+    (bus, registry)
+}
+
+/// What a [`Probe`] does once started.
+#[derive(Clone, Copy)]
+enum Behaviour {
+    /// Waits for cancellation.
+    Idle,
+    /// Returns an error at once.
+    Fail,
+    /// Panics at once.
+    Panic,
+    /// Ignores cancellation forever.
+    Stubborn,
+    /// Walks through health states, then idles.
+    Flapping,
+}
+
+/// A configurable test component that records when it subscribes.
+struct Probe {
+    name: String,
+    requires: Vec<Requirement>,
+    provides: Vec<String>,
+    behaviour: Behaviour,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Probe {
+    fn new(name: &str, log: &Arc<Mutex<Vec<String>>>) -> Self {
+        Self {
+            name: name.into(),
+            requires: Vec::new(),
+            provides: Vec::new(),
+            behaviour: Behaviour::Idle,
+            log: log.clone(),
+        }
+    }
+
+    fn requires(mut self, requirement: Requirement) -> Self {
+        self.requires.push(requirement);
+        self
+    }
+
+    fn provides(mut self, capability: &str) -> Self {
+        self.provides.push(capability.into());
+        self
+    }
+
+    fn behaving(mut self, behaviour: Behaviour) -> Self {
+        self.behaviour = behaviour;
+        self
+    }
+}
+
+#[async_trait::async_trait]
+impl Component for Probe {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn requires(&self) -> Vec<Requirement> {
+        self.requires.clone()
+    }
+
+    fn provides(&self) -> Vec<String> {
+        self.provides.clone()
+    }
+
+    fn subscribe(&mut self, _bus: &Bus) -> Result<(), hapwright_eventbus::BusError> {
+        self.log.lock().unwrap().push(self.name.clone());
+        Ok(())
+    }
+
+    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
+        match self.behaviour {
+            Behaviour::Idle => {
+                ctx.cancelled().await;
+                Ok(())
+            }
+            Behaviour::Fail => Err("backend unreachable".into()),
+            Behaviour::Panic => panic!("boom in {}", self.name),
+            Behaviour::Stubborn => loop {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            },
+            Behaviour::Flapping => {
+                ctx.health().unhealthy("directory ./resources is missing");
+                ctx.health().unhealthy("directory ./resources is missing");
+                ctx.health().healthy();
+                ctx.cancelled().await;
+                Ok(())
+            }
+        }
+    }
+}
+
+fn log() -> Arc<Mutex<Vec<String>>> {
+    Arc::new(Mutex::new(Vec::new()))
+}
+
+#[tokio::test]
+async fn start_order_follows_requires_and_provides() {
+    let (bus, _registry) = new_bus(64);
+    let calls = log();
+    let mut kernel = Kernel::new(bus);
+    kernel
+        .register(
+            Probe::new("deployer", &calls)
+                .requires(Requirement::mandatory("validated-configs"))
+                .provides("deployments"),
+        )
+        .register(
+            Probe::new("validator", &calls)
+                .requires(Requirement::mandatory("rendered-configs"))
+                .provides("validated-configs"),
+        )
+        .register(Probe::new("status", &calls).requires(Requirement::optional("deployments")))
+        .register(Probe::new("renderer", &calls).provides("rendered-configs"));
+    let running = kernel.start().unwrap();
+    let expected = ["renderer", "validator", "deployer", "status"];
+    assert_eq!(running.order(), expected);
+    assert_eq!(
+        *calls.lock().unwrap(),
+        expected,
+        "subscribe runs in start order"
+    );
+    let report = running.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(report.stopped.len(), 4);
+    assert!(report.aborted.is_empty());
+}
+
+#[tokio::test]
+async fn a_cycle_is_an_error_naming_the_cycle() {
+    let (bus, _registry) = new_bus(64);
+    let calls = log();
+    let mut kernel = Kernel::new(bus);
+    kernel
+        .register(
+            Probe::new("a", &calls)
+                .requires(Requirement::mandatory("from-b"))
+                .provides("from-a"),
+        )
+        .register(
+            Probe::new("b", &calls)
+                .requires(Requirement::mandatory("from-c"))
+                .provides("from-b"),
+        )
+        .register(
+            Probe::new("c", &calls)
+                .requires(Requirement::mandatory("from-a"))
+                .provides("from-c"),
+        )
+        .register(Probe::new("outside", &calls));
+    let error = kernel.start().unwrap_err();
+    let KernelError::Cycle(cycle) = &error else {
+        panic!("expected a cycle, got {error}");
+    };
+    assert_eq!(
+        cycle.len(),
+        4,
+        "three components and the first repeated: {cycle:?}"
+    );
+    assert_eq!(cycle.first(), cycle.last());
+    for name in ["a", "b", "c"] {
+        assert!(cycle.iter().any(|n| n == name), "{name} in {cycle:?}");
+    }
+    assert!(!cycle.iter().any(|n| n == "outside"));
+    assert!(error.to_string().contains(" → "));
+    assert!(calls.lock().unwrap().is_empty(), "nothing subscribed");
+}
+
+#[tokio::test]
+async fn an_unmet_mandatory_requirement_is_an_error() {
+    let (bus, _registry) = new_bus(64);
+    let calls = log();
+    let mut kernel = Kernel::new(bus);
+    kernel.register(
+        Probe::new("deployer", &calls).requires(Requirement::mandatory("validated-configs")),
+    );
+    assert_eq!(
+        kernel.start().unwrap_err(),
+        KernelError::UnmetRequirement {
+            component: "deployer".into(),
+            capability: "validated-configs".into(),
+            disabled_providers: vec![],
+        }
+    );
+}
+
+#[tokio::test]
+async fn duplicate_names_are_an_error() {
+    let (bus, _registry) = new_bus(64);
+    let calls = log();
+    let mut kernel = Kernel::new(bus);
+    kernel
+        .register(Probe::new("x", &calls))
+        .register(Probe::new("x", &calls));
+    assert_eq!(
+        kernel.start().unwrap_err(),
+        KernelError::DuplicateName("x".into())
+    );
+}
+
+#[tokio::test]
+async fn an_unmet_optional_requirement_disables_only_that_component() {
+    let (bus, _registry) = new_bus(64);
+    let calls = log();
+    let mut kernel = Kernel::new(bus);
+    kernel
+        .register(
+            Probe::new("leader-election", &calls)
+                .requires(Requirement::optional("kubernetes"))
+                .provides("leadership"),
+        )
+        .register(Probe::new("status-extra", &calls).requires(Requirement::optional("leadership")))
+        .register(Probe::new("renderer", &calls));
+    let health = kernel.health();
+    let running = kernel.start().unwrap();
+    assert_eq!(running.order(), ["renderer"]);
+    let disabled = health.get("leader-election").unwrap();
+    assert_eq!(disabled.state, HealthState::Exited);
+    assert!(
+        disabled
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("disabled: optional requirement `kubernetes`")
+    );
+    // Disabling cascades through optional requirements.
+    let cascaded = health.get("status-extra").unwrap();
+    assert_eq!(cascaded.state, HealthState::Exited);
+    assert!(cascaded.reason.as_deref().unwrap().contains("`leadership`"));
+    assert_eq!(health.get("renderer").unwrap().state, HealthState::Healthy);
+    running.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_mandatory_requirement_on_a_disabled_provider_names_it() {
+    let (bus, _registry) = new_bus(64);
+    let calls = log();
+    let mut kernel = Kernel::new(bus);
+    kernel
+        .register(
+            Probe::new("discovery", &calls)
+                .requires(Requirement::optional("kubernetes"))
+                .provides("instances"),
+        )
+        .register(Probe::new("deployer", &calls).requires(Requirement::mandatory("instances")));
+    let error = kernel.start().unwrap_err();
+    assert_eq!(
+        error,
+        KernelError::UnmetRequirement {
+            component: "deployer".into(),
+            capability: "instances".into(),
+            disabled_providers: vec!["discovery".into()],
+        }
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("only disabled components provide (discovery)")
+    );
+}
+
+#[tokio::test]
+async fn a_panicking_or_failing_component_exits_while_the_others_keep_running() {
+    let (bus, _registry) = new_bus(64);
+    let calls = log();
+    let mut watcher = bus
+        .observe("test-health", [EventKind::ComponentHealthChanged])
+        .unwrap();
+    let mut survivor_feed = bus
+        .subscribe("test-survivor", [EventKind::DriftDetected])
+        .unwrap();
+    let publisher = bus.publisher();
+    let mut kernel = Kernel::new(bus);
+    kernel
+        .register(Probe::new("panicker", &calls).behaving(Behaviour::Panic))
+        .register(Probe::new("failer", &calls).behaving(Behaviour::Fail))
+        .register(Probe::new("survivor", &calls));
+    let health = kernel.health();
+    let running = kernel.start().unwrap();
+
+    let mut exited = Vec::new();
+    while exited.len() < 2 {
+        let event = timeout(Duration::from_secs(5), watcher.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        if let EventPayload::ComponentHealthChanged(change) = &event.payload
+            && change.health.state == HealthState::Exited
+        {
+            exited.push((
+                change.component.to_string(),
+                change.health.reason.clone().unwrap(),
+            ));
+        }
+    }
+    exited.sort();
+    assert_eq!(exited[0].0, "failer");
+    assert_eq!(exited[0].1, "failed: backend unreachable");
+    assert_eq!(exited[1].0, "panicker");
+    assert_eq!(exited[1].1, "panicked: boom in panicker");
+
+    // The bus still delivers and the survivor is still healthy.
+    publisher.publish(DriftDetected {
+        instance: "i".into(),
+        detail: "d".into(),
+    });
+    assert!(
+        timeout(Duration::from_secs(5), survivor_feed.recv())
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(health.get("survivor").unwrap().state, HealthState::Healthy);
+    let report = running.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(report.stopped.len(), 3);
+    assert_eq!(
+        health.get("survivor").unwrap().reason.as_deref(),
+        Some("stopped")
+    );
+}
+
+#[tokio::test]
+async fn health_transitions_are_published_once_per_change_and_exported() {
+    let registry = Registry::new();
+    let bus_metrics = BusMetrics::register(&registry).unwrap();
+    let kernel_metrics = KernelMetrics::register(&registry).unwrap();
+    let bus = Bus::new(BusConfig::default(), &bus_metrics);
+    let mut watcher = bus
+        .observe("test-health", [EventKind::ComponentHealthChanged])
+        .unwrap();
+    let calls = log();
+    let mut kernel = Kernel::new(bus).with_metrics(kernel_metrics);
+    kernel.register(Probe::new("source", &calls).behaving(Behaviour::Flapping));
+    let health = kernel.health();
+    let running = kernel.start().unwrap();
+
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let event = timeout(Duration::from_secs(5), watcher.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        if let EventPayload::ComponentHealthChanged(change) = &event.payload {
+            seen.push(change.health.to_string());
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            "unknown",
+            "healthy",
+            "unhealthy: directory ./resources is missing",
+            "healthy",
+        ],
+        "the repeated unhealthy report is not published twice"
+    );
+    let gauge = |state: &str| {
+        registry
+            .gather()
+            .into_iter()
+            .find(|f| f.name() == "hapwright_component_health")
+            .unwrap()
+            .get_metric()
+            .iter()
+            .find(|m| {
+                m.get_label()
+                    .iter()
+                    .any(|l| l.name() == "state" && l.value() == state)
+            })
+            .map(|m| m.get_gauge().get_value())
+    };
+    assert_eq!(gauge("healthy"), Some(1.0));
+    assert_eq!(gauge("unhealthy"), Some(0.0));
+    running.shutdown(Duration::from_secs(5)).await;
+    let final_health = health.get("source").unwrap();
+    assert_eq!(final_health.state, HealthState::Exited);
+    assert_eq!(gauge("exited"), Some(1.0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_aborts_components_that_miss_the_deadline() {
+    let (bus, _registry) = new_bus(64);
+    let calls = log();
+    let mut kernel = Kernel::new(bus);
+    kernel
+        .register(Probe::new("polite", &calls))
+        .register(Probe::new("stubborn", &calls).behaving(Behaviour::Stubborn));
+    let health = kernel.health();
+    let running = kernel.start().unwrap();
+    let started = tokio::time::Instant::now();
+    let report = running.shutdown(Duration::from_secs(10)).await;
+    assert_eq!(report.stopped, ["polite"]);
+    assert_eq!(report.aborted, ["stubborn"]);
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(10),
+        "waited exactly the grace period"
+    );
+    let stubborn = health.get("stubborn").unwrap();
+    assert_eq!(stubborn.state, HealthState::Exited);
+    assert_eq!(
+        stubborn.reason.as_deref(),
+        Some("did not stop within 10s; aborted")
+    );
+    assert_eq!(
+        health.get("polite").unwrap().reason.as_deref(),
+        Some("stopped")
+    );
+}
+
+/// One stage of the R3 storm: receives events of one kind and republishes each as the
+/// next kind, while handling, with a tiny channel so publishers spill constantly.
+struct Relay {
+    name: &'static str,
+    input: EventKind,
+    subscription: Option<Subscription>,
+    limit: u32,
+    done: Arc<Mutex<u32>>,
+}
+
+fn hop_of(payload: &EventPayload) -> u32 {
+    match payload {
+        EventPayload::DriftDetected(e) => e.detail.parse().unwrap(),
+        EventPayload::ResourceSyncComplete(e) => e.source.parse().unwrap(),
+        EventPayload::ReconciliationTriggered(e) => e.reason.parse().unwrap(),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[async_trait::async_trait]
+impl Component for Relay {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn subscribe(&mut self, bus: &Bus) -> Result<(), hapwright_eventbus::BusError> {
+        self.subscription = Some(bus.subscribe(self.name, KindSet::of(&[self.input]))?);
+        Ok(())
+    }
+
+    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
+        let mut subscription = self.subscription.expect("subscribed");
+        loop {
+            let event = tokio::select! {
+                () = ctx.cancelled() => return Ok(()),
+                event = subscription.recv() => match event { Some(e) => e, None => return Ok(()) },
+            };
+            let hop = hop_of(&event.payload);
+            let publisher = ctx.publisher();
+            match self.input {
+                EventKind::DriftDetected => {
+                    // Fan out: two events per input keeps every queue overfull.
+                    for _ in 0..2 {
+                        publisher.reply(
+                            &event,
+                            ResourceSyncComplete {
+                                source: hop.to_string().into(),
+                            },
+                        );
+                    }
+                }
+                EventKind::ResourceSyncComplete => {
+                    publisher.reply(
+                        &event,
+                        hapwright_eventbus::ReconciliationTriggered {
+                            reason: hop.to_string(),
+                            sources: vec![],
+                        },
+                    );
+                }
+                _ => {
+                    if hop + 1 < self.limit {
+                        publisher.reply(
+                            &event,
+                            DriftDetected {
+                                instance: "x".into(),
+                                detail: (hop + 1).to_string(),
+                            },
+                        );
+                    } else {
+                        *self.done.lock().unwrap() += 1;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// R3: three components republishing to each other in a cycle, in a storm far larger
+/// than the channel, finish under a timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r3_publish_storm_with_cycles_does_not_deadlock() {
+    const SEEDS: u32 = 200;
+    const HOPS: u32 = 6;
+    let (bus, _registry) = new_bus(4);
+    let publisher = bus.publisher();
+    let done = Arc::new(Mutex::new(0));
+    let mut kernel = Kernel::new(bus);
+    for (name, input) in [
+        ("debouncer", EventKind::DriftDetected),
+        ("executor", EventKind::ResourceSyncComplete),
+        ("scheduler", EventKind::ReconciliationTriggered),
+    ] {
+        kernel.register(Relay {
+            name,
+            input,
+            subscription: None,
+            limit: HOPS,
+            done: done.clone(),
+        });
+    }
+    let running = kernel.start().unwrap();
+    for _ in 0..SEEDS {
+        publisher.publish(DriftDetected {
+            instance: "x".into(),
+            detail: "0".into(),
+        });
+    }
+    // Each seed doubles at every hop: SEEDS * 2^HOPS chains reach the end.
+    let expected = SEEDS * 2u32.pow(HOPS);
+    timeout(Duration::from_secs(60), async {
+        while *done.lock().unwrap() < expected {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the storm completes: no deadlock");
+    assert_eq!(*done.lock().unwrap(), expected);
+    running.shutdown(Duration::from_secs(5)).await;
+}

@@ -1,0 +1,431 @@
+//! The template sections of the config file: `haproxyConfig`, `templateSnippets`,
+//! `maps`, `files`, `sslCertificates`, `extraContext`, `templating` and
+//! `validationTests`, plus the debounce timings of the `controller` section.
+//!
+//! In the config file these keys sit at the top level next to `watchedResources`,
+//! `haproxy` and `controller`; the app assembles them into one [`Config`].
+
+use std::collections::BTreeMap;
+
+use hapwright_eventbus::config::{ConfigIssue, Duration};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Everything the renderer and the validation tests need from the config file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Config {
+    /// The main template, rendered to `haproxy.cfg`. Required.
+    pub haproxy_config: Template,
+    /// Named snippets for `{% include "name" %}` and `render_glob("prefix-*")`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub template_snippets: BTreeMap<String, Template>,
+    /// Map files, rendered to `maps/<name>`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub maps: BTreeMap<String, Template>,
+    /// Other files (error pages, ACL lists), rendered to `files/<name>`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, Template>,
+    /// Certificates (PEM bundles), rendered to `certs/<name>`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ssl_certificates: BTreeMap<String, Template>,
+    /// Any YAML value; templates see it as `extraContext`. Default: an empty mapping.
+    #[serde(default = "empty_object")]
+    pub extra_context: Value,
+    /// Jinja environment settings.
+    #[serde(default)]
+    pub templating: Templating,
+    /// Named render tests run by `hapwright test`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub validation_tests: BTreeMap<String, ValidationTest>,
+}
+
+fn empty_object() -> Value {
+    Value::Object(serde_json::Map::new())
+}
+
+/// One template's source text.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Template {
+    /// Jinja source.
+    pub template: String,
+}
+
+/// Jinja environment settings, with Jinja2's defaults (all off).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Templating {
+    /// Remove the first newline after a block tag.
+    #[serde(default)]
+    pub trim_blocks: bool,
+    /// Strip whitespace from the start of a line up to a block tag.
+    #[serde(default)]
+    pub lstrip_blocks: bool,
+    /// Fail on undefined variables instead of rendering them empty.
+    #[serde(default)]
+    pub strict_undefined: bool,
+}
+
+/// One render test: fixtures stand in for the watched resources, then every
+/// assertion is checked against the rendered files.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ValidationTest {
+    /// What the test is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Objects per watched resource name (`services: [ {apiVersion: v1, ...} ]`).
+    #[serde(default)]
+    pub fixtures: BTreeMap<String, Vec<Value>>,
+    /// Replaces the top-level `extraContext` for this test when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_context: Option<Value>,
+    /// Checks on the render result, in order.
+    pub assertions: Vec<Assertion>,
+}
+
+/// The kind of check an [`Assertion`] makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AssertionType {
+    /// The rendered config passes both validation phases.
+    HaproxyValid,
+    /// `target` matches the regex `pattern`.
+    Contains,
+    /// `target` does not match the regex `pattern`.
+    NotContains,
+    /// `target` matches `pattern` exactly `count` times.
+    MatchCount,
+    /// The regexes in `patterns` match `target` in this order.
+    MatchOrder,
+    /// `target` is exactly `expected` (a string).
+    Equals,
+    /// The JSONPath `path`, evaluated on the render context, yields `expected`.
+    Jsonpath,
+}
+
+impl AssertionType {
+    /// The name used in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AssertionType::HaproxyValid => "haproxy_valid",
+            AssertionType::Contains => "contains",
+            AssertionType::NotContains => "not_contains",
+            AssertionType::MatchCount => "match_count",
+            AssertionType::MatchOrder => "match_order",
+            AssertionType::Equals => "equals",
+            AssertionType::Jsonpath => "jsonpath",
+        }
+    }
+
+    /// Fields this type requires, then fields it accepts besides `type` and
+    /// `description`.
+    fn fields(self) -> (&'static [&'static str], &'static [&'static str]) {
+        match self {
+            AssertionType::HaproxyValid => (&[], &[]),
+            AssertionType::Contains | AssertionType::NotContains => {
+                (&["target", "pattern"], &["target", "pattern"])
+            }
+            AssertionType::MatchCount => {
+                (&["target", "pattern", "count"], &["target", "pattern", "count"])
+            }
+            AssertionType::MatchOrder => (&["target", "patterns"], &["target", "patterns"]),
+            AssertionType::Equals => (&["target", "expected"], &["target", "expected"]),
+            AssertionType::Jsonpath => (&["path", "expected"], &["path", "expected"]),
+        }
+    }
+}
+
+/// One check of a validation test. Which fields apply depends on `type`; the config
+/// loader rejects missing and inapplicable ones (see [`Assertion::validate`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Assertion {
+    /// What to check.
+    #[serde(rename = "type")]
+    pub kind: AssertionType,
+    /// Shown in test output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The rendered file: `haproxy.cfg`, `maps/<name>`, `files/<name>`,
+    /// `certs/<name>`, or `rendering_error` (the render error text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// A regex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    /// Regexes expected in this order (`match_order`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patterns: Option<Vec<String>>,
+    /// Expected number of matches (`match_count`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    /// Expected value: the whole file for `equals` (a string), any value for
+    /// `jsonpath`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected: Option<Value>,
+    /// JSONPath into the render context (`jsonpath`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+}
+
+/// Name of the assertion target that holds the render error text.
+pub const RENDERING_ERROR_TARGET: &str = "rendering_error";
+
+impl Assertion {
+    fn present(&self) -> [(&'static str, bool); 6] {
+        [
+            ("target", self.target.is_some()),
+            ("pattern", self.pattern.is_some()),
+            ("patterns", self.patterns.is_some()),
+            ("count", self.count.is_some()),
+            ("expected", self.expected.is_some()),
+            ("path", self.path.is_some()),
+        ]
+    }
+
+    /// Checks that the fields fit the type and that regexes compile. Paths are
+    /// relative to the assertion.
+    pub fn validate(&self) -> Vec<ConfigIssue> {
+        let mut issues = Vec::new();
+        let (required, accepted) = self.kind.fields();
+        for (field, present) in self.present() {
+            if present && !accepted.contains(&field) {
+                issues.push(ConfigIssue::new(
+                    field,
+                    format!("`{field}` is not used by `{}` assertions", self.kind.as_str()),
+                ));
+            } else if !present && required.contains(&field) {
+                issues.push(ConfigIssue::new(
+                    "type",
+                    format!("`{}` assertions need `{field}`", self.kind.as_str()),
+                ));
+            }
+        }
+        if let Some(pattern) = &self.pattern
+            && let Err(error) = regex::Regex::new(pattern)
+        {
+            issues.push(ConfigIssue::new("pattern", format!("invalid regex: {error}")));
+        }
+        if let Some(patterns) = &self.patterns {
+            if patterns.len() < 2 {
+                issues.push(ConfigIssue::new(
+                    "patterns",
+                    "`match_order` needs at least two patterns",
+                ));
+            }
+            for (index, pattern) in patterns.iter().enumerate() {
+                if let Err(error) = regex::Regex::new(pattern) {
+                    issues.push(ConfigIssue::new(
+                        format!("patterns[{index}]"),
+                        format!("invalid regex: {error}"),
+                    ));
+                }
+            }
+        }
+        if self.kind == AssertionType::Equals
+            && let Some(expected) = &self.expected
+            && !expected.is_string()
+        {
+            issues.push(ConfigIssue::new(
+                "expected",
+                "`equals` compares file content: `expected` must be a string",
+            ));
+        }
+        issues
+    }
+}
+
+impl Config {
+    /// Every rendered file's path relative to the config directory:
+    /// `haproxy.cfg`, `maps/<name>`, `files/<name>`, `certs/<name>`.
+    pub fn rendered_paths(&self) -> Vec<String> {
+        std::iter::once("haproxy.cfg".to_owned())
+            .chain(self.maps.keys().map(|n| format!("maps/{n}")))
+            .chain(self.files.keys().map(|n| format!("files/{n}")))
+            .chain(self.ssl_certificates.keys().map(|n| format!("certs/{n}")))
+            .collect()
+    }
+
+    /// Semantic checks: file names usable as paths, assertion fields and regexes,
+    /// assertion targets that name a rendered file. Paths are relative to the top of
+    /// the config file.
+    pub fn validate(&self) -> Vec<ConfigIssue> {
+        let mut issues = Vec::new();
+        for (section, names) in [
+            ("maps", &self.maps),
+            ("files", &self.files),
+            ("sslCertificates", &self.ssl_certificates),
+        ] {
+            for name in names.keys() {
+                if let Some(problem) = file_name_problem(name) {
+                    issues.push(ConfigIssue::new(format!("{section}.{name}"), problem));
+                }
+            }
+        }
+        for name in self.template_snippets.keys() {
+            if name.trim().is_empty() {
+                issues.push(ConfigIssue::new(
+                    format!("templateSnippets.{name}"),
+                    "snippet names must not be empty",
+                ));
+            }
+        }
+        let targets = self.rendered_paths();
+        for (test_name, test) in &self.validation_tests {
+            let at = format!("validationTests.{test_name}");
+            if test.assertions.is_empty() {
+                issues.push(ConfigIssue::new(
+                    format!("{at}.assertions"),
+                    "a test needs at least one assertion",
+                ));
+            }
+            for (index, assertion) in test.assertions.iter().enumerate() {
+                let at = format!("{at}.assertions[{index}]");
+                issues.extend(assertion.validate().into_iter().map(|i| i.under(&at)));
+                if let Some(target) = &assertion.target
+                    && target != RENDERING_ERROR_TARGET
+                    && !targets.contains(target)
+                {
+                    issues.push(ConfigIssue::new(
+                        format!("{at}.target"),
+                        format!(
+                            "`{target}` is not a rendered file (one of: {}, {RENDERING_ERROR_TARGET})",
+                            targets.join(", ")
+                        ),
+                    ));
+                }
+            }
+        }
+        issues
+    }
+}
+
+fn file_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("file names must not be empty")
+    } else if name.contains('/') || name.contains('\\') {
+        Some("file names must not contain `/` (files land directly in their directory)")
+    } else if name == "." || name == ".." {
+        Some("`.` and `..` are not file names")
+    } else if name.chars().any(char::is_control) {
+        Some("file names must not contain control characters")
+    } else {
+        None
+    }
+}
+
+/// The debounce timings of the `controller` section, used by the debouncer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Debounce {
+    /// Quiet period after the last resource change before a reconciliation.
+    pub debounce: Duration,
+    /// Longest time a constant stream of changes may delay a reconciliation.
+    pub max_wait: Duration,
+}
+
+impl Default for Debounce {
+    fn default() -> Self {
+        Self {
+            debounce: Duration::from_millis(200),
+            max_wait: Duration::from_secs(2),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Config {
+        serde_saphyr::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn full_section_parses_with_jinja_defaults() {
+        let config = parse(
+            r#"
+haproxyConfig: { template: "global\n" }
+templateSnippets: { backend-servers: { template: "x" } }
+maps: { hosts.map: { template: "a b" } }
+files: { 503.http: { template: "HTTP/1.0 503" } }
+sslCertificates: { default.pem: { template: "" } }
+extraContext: { httpPort: 8080, nested: [1, {a: b}] }
+validationTests:
+  basic-route:
+    description: routes
+    fixtures:
+      services: [ {apiVersion: v1, kind: Service, metadata: {name: web}} ]
+    assertions:
+      - { type: haproxy_valid }
+      - { type: contains, target: haproxy.cfg, pattern: 'backend default_web' }
+      - { type: not_contains, target: maps/hosts.map, pattern: 'x' }
+      - { type: match_count, target: haproxy.cfg, pattern: 'server ', count: 2 }
+      - { type: match_order, target: haproxy.cfg, patterns: [a, b] }
+      - { type: equals, target: files/503.http, expected: "HTTP/1.0 503\n" }
+      - { type: jsonpath, path: '$.resources.services[0].metadata.name', expected: web }
+"#,
+        );
+        assert_eq!(config.templating, Templating::default());
+        assert!(!config.templating.trim_blocks && !config.templating.strict_undefined);
+        assert_eq!(config.extra_context["httpPort"], 8080);
+        assert_eq!(config.validation_tests["basic-route"].assertions.len(), 7);
+        assert!(config.validate().is_empty(), "{:?}", config.validate());
+        assert_eq!(
+            config.rendered_paths(),
+            ["haproxy.cfg", "maps/hosts.map", "files/503.http", "certs/default.pem"]
+        );
+    }
+
+    #[test]
+    fn extra_context_defaults_to_an_empty_mapping() {
+        let config = parse("haproxyConfig: { template: x }\n");
+        assert_eq!(config.extra_context, serde_json::json!({}));
+    }
+
+    #[test]
+    fn assertion_fields_must_fit_the_type() {
+        let config = parse(
+            r#"
+haproxyConfig: { template: x }
+maps: { "a/b": { template: x } }
+validationTests:
+  t:
+    assertions:
+      - { type: contains, target: haproxy.cfg }
+      - { type: haproxy_valid, count: 3 }
+      - { type: match_count, target: nope.cfg, pattern: '(', count: 1 }
+      - { type: match_order, target: haproxy.cfg, patterns: [a] }
+      - { type: equals, target: haproxy.cfg, expected: 3 }
+  empty:
+    assertions: []
+"#,
+        );
+        let issues: Vec<String> = config.validate().iter().map(ToString::to_string).collect();
+        let expect = [
+            "maps.a/b: file names must not contain `/`",
+            "validationTests.t.assertions[0].type: `contains` assertions need `pattern`",
+            "validationTests.t.assertions[1].count: `count` is not used by `haproxy_valid` assertions",
+            "validationTests.t.assertions[2].pattern: invalid regex",
+            "validationTests.t.assertions[2].target: `nope.cfg` is not a rendered file",
+            "validationTests.t.assertions[3].patterns: `match_order` needs at least two patterns",
+            "validationTests.t.assertions[4].expected: `equals` compares file content",
+            "validationTests.empty.assertions: a test needs at least one assertion",
+        ];
+        for wanted in expect {
+            assert!(issues.iter().any(|i| i.starts_with(wanted)), "missing {wanted:?} in {issues:#?}");
+        }
+        assert_eq!(issues.len(), expect.len(), "{issues:#?}");
+    }
+
+    #[test]
+    fn unknown_assertion_types_are_rejected() {
+        let err = serde_saphyr::from_str::<Config>(
+            "haproxyConfig: {template: x}\nvalidationTests: {t: {assertions: [{type: containz}]}}\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("containz"), "{err}");
+    }
+}

@@ -1,0 +1,259 @@
+//! The debouncer (DESIGN §3): turns bursts of `ResourceIndexUpdated` into one
+//! `ReconciliationTriggered`.
+//!
+//! - **Quiet period**: a trigger fires `debounce` after the last change...
+//! - **Max wait**: ...but never later than `max_wait` after the first change of a
+//!   batch, so a constant stream of changes cannot starve deployment.
+//! - **Initial sync gate**: the first trigger waits until every watched source has
+//!   sent `ResourceSyncComplete` (and fires as soon as the last one has). After
+//!   `sync_timeout` it proceeds anyway, names the late sources in the trigger's reason
+//!   and in a warning, and reports itself unhealthy until they catch up.
+//!
+//! The trigger's `sources` are the sources that changed since the previous trigger,
+//! in name order; its reason lists them.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hapwright_eventbus::{
+    Bus, BusError, Component, ComponentError, Context, EventId, EventKind, EventMeta,
+    EventPayload, ReconciliationTriggered, Subscription,
+};
+use tokio::time::Instant;
+
+/// Debouncer timings (`controller.debounce`, `controller.maxWait`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Quiet time after the last change before a trigger fires.
+    pub debounce: Duration,
+    /// Longest time from the first change of a batch to its trigger.
+    pub max_wait: Duration,
+    /// How long the first trigger waits for every source's initial sync.
+    pub sync_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            debounce: Duration::from_millis(200),
+            max_wait: Duration::from_secs(2),
+            sync_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The debouncer component. See the [module docs](self).
+pub struct Debouncer {
+    settings: Settings,
+    sources: BTreeSet<Arc<str>>,
+    subscription: Option<Subscription>,
+}
+
+impl std::fmt::Debug for Debouncer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Debouncer")
+            .field("settings", &self.settings)
+            .field("sources", &self.sources)
+            .finish()
+    }
+}
+
+impl Debouncer {
+    /// The component name.
+    pub const NAME: &'static str = "debouncer";
+
+    /// A debouncer whose first trigger waits for the initial sync of `sources` (the
+    /// watched resource names). With no sources, the first trigger fires at start.
+    pub fn new<S: Into<Arc<str>>>(settings: Settings, sources: impl IntoIterator<Item = S>) -> Self {
+        Self {
+            settings,
+            sources: sources.into_iter().map(Into::into).collect(),
+            subscription: None,
+        }
+    }
+}
+
+/// A batch of changes waiting for its trigger.
+#[derive(Debug, Default)]
+struct Batch {
+    sources: BTreeSet<Arc<str>>,
+    first: Option<Instant>,
+    last: Option<Instant>,
+    cause: Option<EventId>,
+}
+
+impl Batch {
+    fn record(&mut self, source: &Arc<str>, cause: EventId, now: Instant) {
+        self.sources.insert(source.clone());
+        self.first.get_or_insert(now);
+        self.last = Some(now);
+        self.cause = Some(cause);
+    }
+
+    fn names(&self) -> String {
+        join(&self.sources)
+    }
+}
+
+fn join(names: &BTreeSet<Arc<str>>) -> String {
+    let mut out = String::new();
+    for (index, name) in names.iter().enumerate() {
+        if index > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(name);
+    }
+    out
+}
+
+#[async_trait::async_trait]
+impl Component for Debouncer {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn provides(&self) -> Vec<String> {
+        vec!["debouncer".to_owned()]
+    }
+
+    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
+        self.subscription = Some(bus.subscribe(
+            Self::NAME,
+            [EventKind::ResourceIndexUpdated, EventKind::ResourceSyncComplete],
+        )?);
+        Ok(())
+    }
+
+    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
+        let Debouncer {
+            settings,
+            sources,
+            subscription,
+        } = *self;
+        let mut subscription = subscription.ok_or("debouncer: run() before subscribe()")?;
+        let started = Instant::now();
+        let mut synced: BTreeSet<Arc<str>> = BTreeSet::new();
+        let mut initial_done = false;
+        let mut late: BTreeSet<Arc<str>> = BTreeSet::new();
+        let mut batch = Batch::default();
+
+        let fire = |batch: &mut Batch, reason: String| {
+            let batch = std::mem::take(batch);
+            tracing::info!(%reason, "Reconciliation triggered");
+            ctx.publisher().publish_with(
+                ReconciliationTriggered {
+                    reason,
+                    sources: batch.sources.into_iter().collect(),
+                },
+                EventMeta {
+                    correlation_id: None,
+                    caused_by: batch.cause,
+                },
+            );
+        };
+
+        if sources.is_empty() {
+            initial_done = true;
+            fire(&mut batch, "initial render (no watched resources)".to_owned());
+        }
+
+        loop {
+            let deadline = if !initial_done {
+                Some(started + settings.sync_timeout)
+            } else {
+                match (batch.first, batch.last) {
+                    (Some(first), Some(last)) => {
+                        Some((last + settings.debounce).min(first + settings.max_wait))
+                    }
+                    _ => None,
+                }
+            };
+            let event = tokio::select! {
+                biased;
+                () = ctx.cancelled() => return Ok(()),
+                () = sleep_until(deadline) => None,
+                event = subscription.recv() => match event {
+                    Some(event) => Some(event),
+                    None => return Ok(()),
+                },
+            };
+            let now = Instant::now();
+            let Some(event) = event else {
+                // A deadline passed.
+                if !initial_done {
+                    initial_done = true;
+                    late = sources.difference(&synced).cloned().collect();
+                    let names = join(&late);
+                    tracing::warn!(
+                        late = %names,
+                        timeout = ?settings.sync_timeout,
+                        "Sources did not finish their initial sync in time; rendering without them"
+                    );
+                    ctx.health().unhealthy(format!(
+                        "initial sync not complete after {:?}: {names}",
+                        settings.sync_timeout
+                    ));
+                    let mut reason = format!(
+                        "initial sync timed out after {:?}; still waiting for: {names}",
+                        settings.sync_timeout
+                    );
+                    if !batch.sources.is_empty() {
+                        let _ = write!(reason, "; changed: {}", batch.names());
+                    }
+                    fire(&mut batch, reason);
+                } else {
+                    let mut reason = format!("resources changed: {}", batch.names());
+                    if let Some(first) = batch.first {
+                        if now >= first + settings.max_wait {
+                            let _ = write!(reason, " (max wait {:?} reached)", settings.max_wait);
+                        }
+                    }
+                    fire(&mut batch, reason);
+                }
+                continue;
+            };
+            match &event.payload {
+                EventPayload::ResourceIndexUpdated(update) => {
+                    batch.record(&update.source, event.id, now);
+                }
+                EventPayload::ResourceSyncComplete(sync) => {
+                    if !sources.contains(&sync.source) {
+                        tracing::debug!(source = %sync.source, "Sync complete from an unwatched source");
+                        continue;
+                    }
+                    synced.insert(sync.source.clone());
+                    if late.remove(&sync.source) {
+                        tracing::info!(source = %sync.source, "Late source finished its initial sync");
+                        if late.is_empty() {
+                            ctx.health().healthy();
+                        } else {
+                            ctx.health().unhealthy(format!(
+                                "initial sync not complete after {:?}: {}",
+                                settings.sync_timeout,
+                                join(&late)
+                            ));
+                        }
+                    }
+                    if !initial_done && synced.is_superset(&sources) {
+                        initial_done = true;
+                        batch.cause = Some(event.id);
+                        fire(
+                            &mut batch,
+                            format!("initial sync complete: {}", join(&sources)),
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,373 @@
+//! The executor (DESIGN §3): runs one reconciliation at a time.
+//!
+//! A reconciliation is: trigger → render → validation outcome.
+//!
+//! 1. On `ReconciliationTriggered` the executor assigns a new [`CorrelationId`] and
+//!    publishes `ReconciliationStarted` in it. The renderer renders on that event.
+//! 2. `TemplateRendered` / `TemplateRenderFailed` in the current correlation ends the
+//!    render stage. A render whose hash equals the last *settled* outcome (validated
+//!    or rejected) short-circuits: the reconciliation completes (or fails) at once
+//!    with that outcome, without waiting for validation.
+//! 3. `ValidationCompleted` / `ValidationFailed` in the current correlation ends the
+//!    reconciliation: `ReconciliationCompleted { duration, stages }` or
+//!    `ReconciliationFailed { stage, errors }`.
+//!
+//! **Latest wins.** A trigger that arrives while a reconciliation is rendering or
+//! validating supersedes it: the executor drops the in-flight correlation and starts
+//! a new one with the newest data. Results that still arrive for a superseded
+//! correlation are ignored (validators and other consumers can watch
+//! `ReconciliationStarted` to abandon superseded work early). Triggers that are
+//! already queued together start one reconciliation, for the newest.
+//!
+//! A stage that takes longer than `stage_timeout` (a validator that never answers)
+//! fails the reconciliation with that stage, so the executor never wedges.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hapwright_eventbus::model::{ContentHash, Diagnostic};
+use hapwright_eventbus::{
+    Bus, BusError, Component, ComponentError, Context, CorrelationId, Event, EventKind,
+    EventMeta, EventPayload, ReconciliationCompleted, ReconciliationFailed,
+    ReconciliationStarted, Stage, Subscription,
+};
+use tokio::time::Instant;
+
+/// Executor settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Longest time one stage (render, validation) may take before the
+    /// reconciliation fails with that stage.
+    pub stage_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            stage_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// The executor component. See the [module docs](self).
+pub struct Executor {
+    settings: Settings,
+    subscription: Option<Subscription>,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+impl Executor {
+    /// The component name.
+    pub const NAME: &'static str = "executor";
+
+    /// A new executor.
+    pub fn new(settings: Settings) -> Self {
+        Self {
+            settings,
+            subscription: None,
+        }
+    }
+}
+
+/// The reconciliation in flight.
+#[derive(Debug)]
+struct InFlight {
+    id: CorrelationId,
+    started: Instant,
+    stage: Stage,
+    stage_started: Instant,
+    stages: Vec<(Stage, Duration)>,
+    span: tracing::Span,
+}
+
+impl InFlight {
+    /// Closes the current stage and opens `next`.
+    fn advance(&mut self, now: Instant, next: Stage) {
+        self.stages
+            .push((self.stage, now.saturating_duration_since(self.stage_started)));
+        self.stage = next;
+        self.stage_started = now;
+    }
+}
+
+/// The last outcome that settled a config, for the identical-output short-circuit.
+#[derive(Clone, Debug)]
+enum Settled {
+    Valid(ContentHash),
+    Invalid(ContentHash, Vec<Diagnostic>),
+}
+
+struct State<'a> {
+    ctx: &'a Context,
+    settings: Settings,
+    in_flight: Option<InFlight>,
+    settled: Option<Settled>,
+}
+
+impl State<'_> {
+    fn meta(id: CorrelationId, cause: &Event) -> EventMeta {
+        EventMeta {
+            correlation_id: Some(id),
+            caused_by: Some(cause.id),
+        }
+    }
+
+    /// Drops the in-flight reconciliation: a newer trigger replaces it.
+    fn supersede(&mut self) {
+        if let Some(old) = self.in_flight.take() {
+            old.span.in_scope(|| {
+                tracing::info!(stage = ?old.stage, "Reconciliation superseded by a newer trigger");
+            });
+        }
+    }
+
+    fn start(&mut self, trigger: &Arc<Event>, reason: String, coalesced: usize) {
+        self.supersede();
+        let id = CorrelationId::new();
+        let span = tracing::info_span!("reconciliation", correlation_id = %id);
+        span.in_scope(|| tracing::info!(%reason, coalesced, "Reconciliation started"));
+        let now = Instant::now();
+        self.in_flight = Some(InFlight {
+            id,
+            started: now,
+            stage: Stage::Render,
+            stage_started: now,
+            stages: Vec::new(),
+            span,
+        });
+        self.ctx
+            .publisher()
+            .publish_with(ReconciliationStarted { reason }, Self::meta(id, trigger));
+    }
+
+    /// The in-flight reconciliation if `event` belongs to it and it is in `stage`.
+    fn current(&mut self, event: &Event, stage: Stage) -> Option<&mut InFlight> {
+        match &mut self.in_flight {
+            Some(flight) if event.correlation_id == Some(flight.id) && flight.stage == stage => {
+                Some(flight)
+            }
+            _ => {
+                tracing::debug!(
+                    event = event.kind().as_str(),
+                    correlation_id = ?event.correlation_id,
+                    "Ignoring a result of a superseded or finished reconciliation"
+                );
+                None
+            }
+        }
+    }
+
+    fn complete(&mut self, cause: &Event, note: &str) {
+        let Some(mut flight) = self.in_flight.take() else {
+            return;
+        };
+        let now = Instant::now();
+        flight.advance(now, flight.stage);
+        let duration = now.saturating_duration_since(flight.started);
+        flight.span.in_scope(|| {
+            tracing::info!(?duration, stages = ?flight.stages, note, "Reconciliation completed");
+        });
+        self.ctx.publisher().publish_with(
+            ReconciliationCompleted {
+                duration,
+                stages: flight.stages,
+            },
+            Self::meta(flight.id, cause),
+        );
+    }
+
+    fn fail(&mut self, cause: &Event, stage: Stage, errors: Vec<Diagnostic>) {
+        let Some(flight) = self.in_flight.take() else {
+            return;
+        };
+        flight.span.in_scope(|| {
+            let first = errors.first().map(ToString::to_string).unwrap_or_default();
+            tracing::warn!(?stage, errors = errors.len(), first = %first, "Reconciliation failed");
+        });
+        self.ctx
+            .publisher()
+            .publish_with(ReconciliationFailed { stage, errors }, Self::meta(flight.id, cause));
+    }
+
+    fn handle(&mut self, event: &Arc<Event>) {
+        match &event.payload {
+            EventPayload::TemplateRendered(rendered) => {
+                let hash = rendered.config.hash();
+                let settled = self.settled.clone();
+                let Some(flight) = self.current(event, Stage::Render) else {
+                    return;
+                };
+                flight.advance(Instant::now(), Stage::Validate);
+                match settled {
+                    Some(Settled::Valid(last)) if last == hash => self.complete_unchanged(event),
+                    Some(Settled::Invalid(last, errors)) if last == hash => {
+                        self.fail(event, Stage::Validate, errors);
+                    }
+                    _ => {}
+                }
+            }
+            EventPayload::TemplateRenderFailed(failed) => {
+                if self.current(event, Stage::Render).is_some() {
+                    self.fail(event, Stage::Render, failed.errors.clone());
+                }
+            }
+            EventPayload::ValidationCompleted(done) => {
+                if self.current(event, Stage::Validate).is_some() {
+                    self.settled = Some(Settled::Valid(done.config.hash()));
+                    self.complete(event, "validated");
+                }
+            }
+            EventPayload::ValidationFailed(failed) => {
+                if self.current(event, Stage::Validate).is_some() {
+                    self.settled = Some(Settled::Invalid(failed.hash, failed.errors.clone()));
+                    self.fail(event, Stage::Validate, failed.errors.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Completes a reconciliation whose output equals the last validated config: the
+    /// stages are the render only.
+    fn complete_unchanged(&mut self, cause: &Event) {
+        let Some(flight) = self.in_flight.take() else {
+            return;
+        };
+        let now = Instant::now();
+        let duration = now.saturating_duration_since(flight.started);
+        flight.span.in_scope(|| {
+            tracing::info!(
+                ?duration,
+                "Reconciliation completed: output unchanged, validation and deployment skipped"
+            );
+        });
+        self.ctx.publisher().publish_with(
+            ReconciliationCompleted {
+                duration,
+                stages: flight.stages,
+            },
+            Self::meta(flight.id, cause),
+        );
+    }
+
+    fn time_out(&mut self) {
+        let Some(flight) = &self.in_flight else {
+            return;
+        };
+        let stage = flight.stage;
+        let id = flight.id;
+        let message = format!(
+            "{} did not finish within {:?}",
+            match stage {
+                Stage::Render => "rendering",
+                Stage::Validate => "validation",
+                Stage::Schedule => "scheduling",
+                Stage::Deploy => "deployment",
+            },
+            self.settings.stage_timeout
+        );
+        if let Some(flight) = self.in_flight.take() {
+            flight
+                .span
+                .in_scope(|| tracing::warn!(?stage, %message, "Reconciliation stage timed out"));
+        }
+        self.ctx.publisher().publish_with(
+            ReconciliationFailed {
+                stage,
+                errors: vec![Diagnostic::error(message)],
+            },
+            EventMeta::correlated(id),
+        );
+    }
+}
+
+#[async_trait::async_trait]
+impl Component for Executor {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn provides(&self) -> Vec<String> {
+        vec!["executor".to_owned()]
+    }
+
+    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
+        self.subscription = Some(bus.subscribe(
+            Self::NAME,
+            [
+                EventKind::ReconciliationTriggered,
+                EventKind::TemplateRendered,
+                EventKind::TemplateRenderFailed,
+                EventKind::ValidationCompleted,
+                EventKind::ValidationFailed,
+            ],
+        )?);
+        Ok(())
+    }
+
+    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
+        let Executor {
+            settings,
+            subscription,
+        } = *self;
+        let mut subscription = subscription.ok_or("executor: run() before subscribe()")?;
+        let mut state = State {
+            ctx: &ctx,
+            settings,
+            in_flight: None,
+            settled: None,
+        };
+        loop {
+            let deadline = state
+                .in_flight
+                .as_ref()
+                .map(|flight| flight.stage_started + settings.stage_timeout);
+            let event = tokio::select! {
+                biased;
+                () = ctx.cancelled() => return Ok(()),
+                () = sleep_until(deadline) => {
+                    state.time_out();
+                    continue;
+                }
+                event = subscription.recv() => match event {
+                    Some(event) => event,
+                    None => return Ok(()),
+                },
+            };
+            // Take everything already queued: results are handled in order, and the
+            // newest of the queued triggers starts one reconciliation at the end.
+            let mut trigger: Option<(Arc<Event>, String)> = None;
+            let mut coalesced = 0;
+            let mut next = Some(event);
+            while let Some(event) = next {
+                if let EventPayload::ReconciliationTriggered(t) = &event.payload {
+                    // A newer trigger supersedes the in-flight reconciliation now, so
+                    // its results queued behind this trigger are ignored.
+                    state.supersede();
+                    coalesced += 1;
+                    trigger = Some((event.clone(), t.reason.clone()));
+                } else {
+                    state.handle(&event);
+                }
+                next = subscription.try_recv();
+            }
+            if let Some((event, reason)) = trigger {
+                state.start(&event, reason, coalesced);
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,373 @@
+//! hapwright's template functions and filters, and the Jinja2-compatible value
+//! formatter.
+//!
+//! Functions: `fail(msg)`, `path(name)`, `render_glob(pattern)` (rewritten at load,
+//! see [`super::scan`]). Filters: `b64decode`, `glob_match` (also a test),
+//! `regex_escape`, `sort_by`, `tojson` (Jinja2's: keys sorted, HTML-safe).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use base64::Engine;
+use minijinja::value::{Kwargs, Rest, Value, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, Output, State};
+
+use super::scan::GLOB_HELPER;
+
+/// Registers every hapwright function and filter, and the formatter.
+pub(crate) fn register(
+    env: &mut Environment<'static>,
+    snippets: Arc<Vec<String>>,
+    paths: Arc<BTreeMap<String, Vec<String>>>,
+) {
+    env.set_formatter(format_value);
+    env.add_function("fail", fail);
+    env.add_function("path", move |name: &str| path(&paths, name));
+    let globs = GlobCache::new(snippets);
+    env.add_function(GLOB_HELPER, move |pattern: &str| globs.matching(pattern));
+    env.add_function("render_glob", |_: Rest<Value>| -> Result<Value, Error> {
+        Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "render_glob(...) must be used on its own, as {{ render_glob(\"pattern\") }}",
+        ))
+    });
+    env.add_filter("b64decode", b64decode);
+    env.add_filter("glob_match", glob_match_filter);
+    env.add_test("glob_match", glob_match_test);
+    env.add_filter("regex_escape", |text: &str| regex::escape(text));
+    env.add_filter("sort_by", sort_by);
+    env.add_filter("tojson", tojson);
+}
+
+/// Prints values the way Jinja2 does where minijinja differs: `None`, `True`,
+/// `False`. Everything else prints as minijinja prints it (no escaping: the outputs
+/// are HAProxy files, not HTML).
+fn format_value(out: &mut Output, state: &mut State, value: &Value) -> Result<(), Error> {
+    match value.kind() {
+        ValueKind::None => out.write_str("None").map_err(Error::from),
+        ValueKind::Bool => out
+            .write_str(if value.is_true() { "True" } else { "False" })
+            .map_err(Error::from),
+        _ => minijinja::escape_formatter(out, state, value),
+    }
+}
+
+/// `fail("message")`: stops the render with this message, at this line.
+fn fail(message: Value) -> Result<Value, Error> {
+    Err(Error::new(
+        ErrorKind::InvalidOperation,
+        format!("fail(): {}", message.as_str().map_or_else(|| message.to_string(), str::to_owned)),
+    ))
+}
+
+/// `path("hosts.map")` → `maps/hosts.map`: where a rendered map, file or certificate
+/// lands, relative to the instance's config directory.
+fn path(paths: &BTreeMap<String, Vec<String>>, name: &str) -> Result<Value, Error> {
+    match paths.get(name).map(Vec::as_slice) {
+        Some([only]) => Ok(Value::from(only.as_str())),
+        Some(several) => Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!(
+                "path({name:?}) is ambiguous: {}; rename one of them",
+                several.join(", ")
+            ),
+        )),
+        None => {
+            let known: Vec<&str> = paths.keys().map(String::as_str).collect();
+            Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!(
+                    "path({name:?}): no map, file or certificate has this name (known: {})",
+                    if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            ))
+        }
+    }
+}
+
+/// The sorted snippet names matching each `render_glob` pattern, computed once.
+struct GlobCache {
+    snippets: Arc<Vec<String>>,
+    cache: Mutex<HashMap<String, Value>>,
+}
+
+impl GlobCache {
+    fn new(snippets: Arc<Vec<String>>) -> Self {
+        Self {
+            snippets,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn matching(&self, pattern: &str) -> Result<Value, Error> {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(names) = cache.get(pattern) {
+            return Ok(names.clone());
+        }
+        let matcher = compile_glob(pattern, "render_glob")?;
+        let names: Vec<Value> = self
+            .snippets
+            .iter()
+            .filter(|name| matcher.is_match(name.as_str()))
+            .map(|name| Value::from(name.as_str()))
+            .collect();
+        let names = Value::from(names);
+        cache.insert(pattern.to_owned(), names.clone());
+        Ok(names)
+    }
+}
+
+/// Compiles a glob: `*` and `?` match any characters including `/`, `[..]` classes,
+/// `{a,b}` alternatives.
+pub(crate) fn compile_glob(pattern: &str, what: &str) -> Result<globset::GlobMatcher, Error> {
+    globset::GlobBuilder::new(pattern)
+        .literal_separator(false)
+        .build()
+        .map(|glob| glob.compile_matcher())
+        .map_err(|error| {
+            Error::new(
+                ErrorKind::InvalidOperation,
+                format!("{what}: invalid glob pattern {pattern:?}: {error}"),
+            )
+        })
+}
+
+/// `value | b64decode`: standard base64 (padding optional, whitespace ignored) to text.
+fn b64decode(value: &str) -> Result<String, Error> {
+    let compact: String = value.chars().filter(|c| !c.is_whitespace()).collect();
+    let engine = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new()
+            .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+    );
+    let bytes = engine.decode(compact.as_bytes()).map_err(|error| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("b64decode: input is not valid base64: {error}"),
+        )
+    })?;
+    String::from_utf8(bytes).map_err(|_| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            "b64decode: the decoded bytes are not UTF-8 text",
+        )
+    })
+}
+
+/// `name | glob_match("web-*")` → bool; `names | glob_match("web-*")` → the matching
+/// names.
+fn glob_match_filter(value: &Value, pattern: &str) -> Result<Value, Error> {
+    let matcher = compile_glob(pattern, "glob_match")?;
+    if let Some(text) = value.as_str() {
+        return Ok(Value::from(matcher.is_match(text)));
+    }
+    match value.kind() {
+        ValueKind::Seq | ValueKind::Iterable => Ok(Value::from(
+            value
+                .try_iter()?
+                .filter(|item| item.as_str().is_some_and(|s| matcher.is_match(s)))
+                .collect::<Vec<_>>(),
+        )),
+        kind => Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("glob_match: expected a string or a list of strings, got {kind}"),
+        )),
+    }
+}
+
+/// `name is glob_match("web-*")`.
+fn glob_match_test(value: &str, pattern: &str) -> Result<bool, Error> {
+    Ok(compile_glob(pattern, "glob_match")?.is_match(value))
+}
+
+/// One sort key of `sort_by`: a dotted attribute path, descending when written with a
+/// leading `-`.
+struct SortKey {
+    segments: Vec<String>,
+    descending: bool,
+}
+
+impl SortKey {
+    fn parse(text: &str) -> Result<Self, Error> {
+        let (descending, path) = match text.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, text),
+        };
+        if path.is_empty() || path.split('.').any(str::is_empty) {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("sort_by: invalid attribute path {text:?}"),
+            ));
+        }
+        Ok(Self {
+            segments: path.split('.').map(str::to_owned).collect(),
+            descending,
+        })
+    }
+
+    fn extract(&self, item: &Value) -> Value {
+        let mut current = item.clone();
+        for segment in &self.segments {
+            let next = match segment.parse::<i64>() {
+                Ok(index) if matches!(current.kind(), ValueKind::Seq) => {
+                    current.get_item(&Value::from(index))
+                }
+                _ => current.get_attr(segment),
+            };
+            current = match next {
+                Ok(value) if !value.is_undefined() => value,
+                _ => return Value::from(()),
+            };
+        }
+        current
+    }
+}
+
+/// `items | sort_by("metadata.namespace", "-spec.priority", reverse=false)`: a stable
+/// sort by one or more attribute paths (dotted; numeric segments index lists). A
+/// leading `-` sorts that key descending; `reverse=true` reverses the whole order.
+/// Missing attributes sort as `none`, before everything else.
+fn sort_by(value: &Value, paths: Rest<String>, kwargs: Kwargs) -> Result<Value, Error> {
+    let reverse: Option<bool> = kwargs.get("reverse")?;
+    kwargs.assert_all_used()?;
+    if paths.is_empty() {
+        return Err(Error::new(
+            ErrorKind::MissingArgument,
+            "sort_by: give at least one attribute path, e.g. sort_by(\"metadata.name\")",
+        ));
+    }
+    let keys = paths
+        .iter()
+        .map(|p| SortKey::parse(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut rows: Vec<(Vec<Value>, Value)> = value
+        .try_iter()?
+        .map(|item| (keys.iter().map(|k| k.extract(&item)).collect(), item))
+        .collect();
+    rows.sort_by(|(a, _), (b, _)| {
+        for ((x, y), key) in a.iter().zip(b).zip(&keys) {
+            let ordering = if key.descending { y.cmp(x) } else { x.cmp(y) };
+            if ordering.is_ne() {
+                return ordering;
+            }
+        }
+        std::cmp::Ordering::Equal
+    });
+    if reverse == Some(true) {
+        rows.reverse();
+    }
+    Ok(Value::from(rows.into_iter().map(|(_, item)| item).collect::<Vec<_>>()))
+}
+
+/// `value | tojson` / `tojson(indent=2)`: JSON as Jinja2 writes it — keys sorted,
+/// `", "` and `": "` separators, and `<`, `>`, `&`, `'` escaped so the result is safe
+/// inside HTML and single-quoted strings.
+fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent = match indent {
+        Some(indent) => Some(indent),
+        None => kwargs.get::<Option<Value>>("indent")?,
+    };
+    kwargs.assert_all_used()?;
+    let indent = match indent {
+        None => None,
+        Some(value) if value.is_none() => None,
+        Some(value) => match value.as_usize() {
+            Some(width) => Some(width),
+            None => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("tojson: indent must be a number, got {}", value.kind()),
+                ));
+            }
+        },
+    };
+    let mut json = serde_json::to_value(value).map_err(|error| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: cannot serialize this value: {error}"),
+        )
+    })?;
+    sort_keys(&mut json);
+    let mut bytes = Vec::new();
+    let written = match indent {
+        Some(width) => {
+            let spaces = " ".repeat(width);
+            let formatter = serde_json::ser::PrettyFormatter::with_indent(spaces.as_bytes());
+            let mut serializer = serde_json::Serializer::with_formatter(&mut bytes, formatter);
+            serde::Serialize::serialize(&json, &mut serializer)
+        }
+        None => {
+            let mut serializer = serde_json::Serializer::with_formatter(&mut bytes, Spaced);
+            serde::Serialize::serialize(&json, &mut serializer)
+        }
+    };
+    written.map_err(|error| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: cannot serialize this value: {error}"),
+        )
+    })?;
+    let text = String::from_utf8_lossy(&bytes);
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '<' => escaped.push_str("\\u003c"),
+            '>' => escaped.push_str("\\u003e"),
+            '&' => escaped.push_str("\\u0026"),
+            '\'' => escaped.push_str("\\u0027"),
+            other => escaped.push(other),
+        }
+    }
+    Ok(Value::from_safe_string(escaped))
+}
+
+fn sort_keys(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            map.sort_keys();
+            map.values_mut().for_each(sort_keys);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(sort_keys),
+        _ => {}
+    }
+}
+
+/// Python's `json.dumps` default separators: `", "` and `": "`.
+struct Spaced;
+
+impl serde_json::ser::Formatter for Spaced {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
+}

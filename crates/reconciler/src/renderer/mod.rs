@@ -1,0 +1,531 @@
+//! The template renderer: compiles the user's Jinja templates once per config and
+//! renders `haproxy.cfg`, then every map, file and certificate, from the latest
+//! resource snapshots.
+//!
+//! - [`Templates`] is the renderer's input: template sources, `extraContext`, the
+//!   Jinja environment settings and the limits.
+//! - [`Renderer::new`] instruments and compiles every template and runs the static
+//!   checks ([`check`]); every problem comes back as a [`Diagnostic`] naming the
+//!   template (`haproxy.cfg`, a snippet's name, `maps/<name>`, `files/<name>`,
+//!   `certs/<name>`), the line and column, and the offending source line.
+//! - [`Renderer::render`] renders everything into a [`RenderedConfig`] with its
+//!   content hash and [source map](source_map); the same inputs always give the same
+//!   bytes.
+//! - [`RendererComponent`] runs it on the bus: it keeps the latest [`Resources`]
+//!   (converted to template values once per change) and renders for every
+//!   `ReconciliationStarted`.
+//!
+//! Jinja2 semantics: minijinja with minijinja-contrib's Python-compatible methods
+//! (`replace`, `format`, `split`, `startswith`, `get`, `items`, ...), `None`/`True`/
+//! `False` printed as Python prints them, `trimBlocks`/`lstripBlocks` off and a
+//! template's final newline dropped (also inside includes) unless configured — as in
+//! Jinja2. Every rendered file is then ended with a newline if it lacks one.
+
+mod check;
+mod component;
+mod context;
+mod functions;
+mod scan;
+pub mod source_map;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use hapwright_eventbus::model::{
+    Diagnostic, FileKind, RenderedConfig, RenderedFileRef, SourceLocation, SourceMap,
+};
+use minijinja::value::Value;
+use minijinja::{Environment, ErrorKind, UndefinedBehavior};
+
+pub use component::RendererComponent;
+pub use context::{ResourceStore, Resources};
+
+use scan::{Instrumented, LineIndex};
+use source_map::MarkerTable;
+
+/// Jinja environment settings (`templating` in the config file); the defaults are
+/// Jinja2's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TemplatingSettings {
+    /// Remove the first newline after a block tag (`{% ... %}`).
+    pub trim_blocks: bool,
+    /// Strip spaces and tabs from the start of a line up to a block tag.
+    pub lstrip_blocks: bool,
+    /// Make any use of an undefined value an error, not just printing it.
+    pub strict_undefined: bool,
+}
+
+/// Limits that make a runaway template fail with a clear error instead of hanging
+/// the controller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenderLimits {
+    /// Instructions one template render may execute (`None`: unlimited). Each file
+    /// (`haproxy.cfg`, each map, file and certificate) has its own budget.
+    pub fuel: Option<u64>,
+    /// Nesting depth of includes, macro calls and `render_glob`s (an include costs
+    /// 10, a macro call 4; capped at 500 by the engine).
+    pub recursion_limit: usize,
+}
+
+impl Default for RenderLimits {
+    fn default() -> Self {
+        Self {
+            fuel: Some(50_000_000),
+            recursion_limit: 200,
+        }
+    }
+}
+
+/// Everything the renderer is built from: the template sources by role, plus
+/// `extraContext`, settings and limits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Templates {
+    /// The `haproxy.cfg` template.
+    pub main: String,
+    /// Snippets by name, for `include` and `render_glob`.
+    pub snippets: BTreeMap<String, String>,
+    /// Map templates by file name (rendered to `maps/<name>`).
+    pub maps: BTreeMap<String, String>,
+    /// General file templates by file name (rendered to `files/<name>`).
+    pub files: BTreeMap<String, String>,
+    /// Certificate templates by file name (rendered to `certs/<name>`).
+    pub certificates: BTreeMap<String, String>,
+    /// Any data; templates see it as `extraContext`.
+    pub extra_context: serde_json::Value,
+    /// Jinja environment settings.
+    pub settings: TemplatingSettings,
+    /// Fuel and recursion limits.
+    pub limits: RenderLimits,
+}
+
+impl Default for Templates {
+    fn default() -> Self {
+        Self {
+            main: String::new(),
+            snippets: BTreeMap::new(),
+            maps: BTreeMap::new(),
+            files: BTreeMap::new(),
+            certificates: BTreeMap::new(),
+            extra_context: serde_json::Value::Object(serde_json::Map::new()),
+            settings: TemplatingSettings::default(),
+            limits: RenderLimits::default(),
+        }
+    }
+}
+
+impl Templates {
+    /// Templates with just a main template.
+    pub fn new(main: impl Into<String>) -> Self {
+        Self {
+            main: main.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// Checks templates the way loading the config does — every template compiles, every
+/// `resources.X` is a watched resource, every literal `include`/`render_glob`
+/// reference exists and no references form a cycle — without keeping the result.
+///
+/// # Errors
+///
+/// Every problem found, each naming the template, line and offending source line.
+pub fn check<S: AsRef<str>>(templates: &Templates, watched: &[S]) -> Result<(), Vec<Diagnostic>> {
+    Renderer::new(templates.clone(), watched).map(|_| ())
+}
+
+// === impl Entry ===
+
+/// One template as compiled: its name, role, original source and instrumentation.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) name: Arc<str>,
+    pub(crate) is_snippet: bool,
+    /// The rendered file this template produces (none for snippets).
+    pub(crate) output: Option<RenderedFileRef>,
+    pub(crate) source: String,
+    pub(crate) lines: LineIndex,
+    pub(crate) instrumented: Instrumented,
+}
+
+impl Entry {
+    /// A diagnostic at a byte offset of the original source.
+    pub(crate) fn diagnostic_at(&self, message: String, offset: usize) -> Diagnostic {
+        let line = self.lines.line(offset);
+        let column = self.lines.column(&self.source, offset);
+        self.diagnostic(message, Some(line), Some(column))
+    }
+
+    fn diagnostic(&self, message: String, line: Option<u32>, column: Option<u32>) -> Diagnostic {
+        let mut diagnostic =
+            Diagnostic::error(message).at(SourceLocation::new(self.name.as_ref(), line, column));
+        if let Some(text) = line.and_then(|line| self.lines.text(&self.source, line)) {
+            diagnostic = diagnostic.with_source_line(text);
+        }
+        diagnostic
+    }
+}
+
+// === impl Renderer ===
+
+/// Compiled templates, ready to render. Cheap to clone; rendering takes `&self` and
+/// may run on any thread.
+#[derive(Clone)]
+pub struct Renderer {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    env: Environment<'static>,
+    entries: Vec<Entry>,
+    by_name: BTreeMap<Arc<str>, usize>,
+    markers: MarkerTable,
+    watched: Vec<Arc<str>>,
+    extra_context: Value,
+    limits: RenderLimits,
+}
+
+impl std::fmt::Debug for Renderer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Renderer")
+            .field(
+                "templates",
+                &self.inner.entries.iter().map(|e| &e.name).collect::<Vec<_>>(),
+            )
+            .field("watched", &self.inner.watched)
+            .finish()
+    }
+}
+
+impl Renderer {
+    /// Instruments and compiles every template once and runs the static checks.
+    /// `watched` are the watched resource names (`resources.<name>`).
+    ///
+    /// # Errors
+    ///
+    /// Every compile error and static-check failure, each naming the template, line
+    /// and column, with the offending source line.
+    pub fn new<S: AsRef<str>>(templates: Templates, watched: &[S]) -> Result<Self, Vec<Diagnostic>> {
+        let Templates {
+            main,
+            snippets,
+            maps,
+            files,
+            certificates,
+            extra_context,
+            settings,
+            limits,
+        } = templates;
+        let mut diagnostics = Vec::new();
+
+        // Name every template; outputs first, in render order.
+        let mut sources: Vec<(Arc<str>, Option<RenderedFileRef>, String)> = Vec::new();
+        sources.push((
+            Arc::from("haproxy.cfg"),
+            Some(RenderedFileRef {
+                kind: FileKind::Main,
+                name: "haproxy.cfg".to_owned(),
+            }),
+            main,
+        ));
+        let mut paths: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (kind, group) in [
+            (FileKind::Map, maps),
+            (FileKind::File, files),
+            (FileKind::Certificate, certificates),
+        ] {
+            for (name, source) in group {
+                let path = kind.relative_path(&name);
+                paths.entry(name.clone()).or_default().push(path.clone());
+                sources.push((Arc::from(path), Some(RenderedFileRef { kind, name }), source));
+            }
+        }
+        let reserved: BTreeSet<Arc<str>> = sources.iter().map(|(n, _, _)| n.clone()).collect();
+        let mut snippet_names = Vec::new();
+        for (name, source) in snippets {
+            if reserved.contains(name.as_str()) {
+                diagnostics.push(
+                    Diagnostic::error(format!(
+                        "snippet name `{name}` is reserved for a rendered file; rename the snippet"
+                    ))
+                    .at(SourceLocation::new(name.clone(), None, None)),
+                );
+                continue;
+            }
+            snippet_names.push(name.clone());
+            sources.push((Arc::from(name), None, source));
+        }
+
+        // Instrument.
+        let mut markers = MarkerTable::default();
+        let entries: Vec<Entry> = sources
+            .into_iter()
+            .map(|(name, output, source)| {
+                let instrumented = scan::instrument(&source, |line| Some(markers.marker(&name, line)));
+                Entry {
+                    is_snippet: output.is_none(),
+                    lines: LineIndex::new(&source),
+                    name,
+                    output,
+                    source,
+                    instrumented,
+                }
+            })
+            .collect();
+        let by_name = entries
+            .iter()
+            .enumerate()
+            .map(|(index, entry)| (entry.name.clone(), index))
+            .collect();
+
+        // Static checks.
+        let watched: Vec<Arc<str>> = watched.iter().map(|w| Arc::from(w.as_ref())).collect();
+        let watched_set: BTreeSet<&str> = watched.iter().map(AsRef::as_ref).collect();
+        diagnostics.extend(check::check(&entries, &watched_set));
+
+        // Compile.
+        let env = match build_environment(settings, limits, snippet_names, paths) {
+            Ok(env) => env,
+            Err(error) => {
+                diagnostics.push(Diagnostic::error(format!("invalid templating settings: {error}")));
+                return Err(diagnostics);
+            }
+        };
+        let mut env = env;
+        for entry in &entries {
+            if let Err(error) =
+                env.add_template_owned(entry.name.to_string(), entry.instrumented.source.clone())
+            {
+                diagnostics.push(compile_diagnostic(&env, entry, &error));
+            }
+        }
+
+        let extra_context = Value::from(minijinja::value::Serde(&extra_context));
+        if diagnostics.is_empty() {
+            Ok(Self {
+                inner: Arc::new(Inner {
+                    env,
+                    entries,
+                    by_name,
+                    markers,
+                    watched,
+                    extra_context,
+                    limits,
+                }),
+            })
+        } else {
+            Err(diagnostics)
+        }
+    }
+
+    /// The watched resource names this renderer was built for.
+    pub fn watched(&self) -> &[Arc<str>] {
+        &self.inner.watched
+    }
+
+    /// Renders `haproxy.cfg`, then every map, file and certificate, from `resources`.
+    /// One `shared` memo spans the whole render.
+    ///
+    /// # Errors
+    ///
+    /// The render errors, each naming the template (or snippet) and line where it
+    /// happened and, for errors inside includes, the include chain. When
+    /// `haproxy.cfg` fails the other files are not rendered; otherwise every failing
+    /// file is reported.
+    pub fn render(&self, resources: &Resources) -> Result<RenderedConfig, Vec<Diagnostic>> {
+        let inner = &*self.inner;
+        let context = Value::from(BTreeMap::from([
+            ("resources", resources.context_value(&inner.watched)),
+            ("extraContext", inner.extra_context.clone()),
+            ("shared", Value::from_object(context::Shared::default())),
+        ]));
+        let mut source_map = SourceMap::default();
+        let mut main = None;
+        let mut outputs: [BTreeMap<String, Arc<str>>; 3] = Default::default();
+        let mut diagnostics = Vec::new();
+        for entry in inner.entries.iter() {
+            let Some(file) = &entry.output else {
+                continue;
+            };
+            let rendered = inner
+                .env
+                .get_template(&entry.name)
+                .and_then(|template| template.render(&context));
+            match rendered {
+                Ok(text) => {
+                    let stripped = source_map::strip(&text, &inner.markers);
+                    source_map.insert(file.clone(), stripped.lines);
+                    let text: Arc<str> = Arc::from(stripped.text);
+                    match file.kind {
+                        FileKind::Main => main = Some(text),
+                        FileKind::Map => drop(outputs[0].insert(file.name.clone(), text)),
+                        FileKind::File => drop(outputs[1].insert(file.name.clone(), text)),
+                        FileKind::Certificate => drop(outputs[2].insert(file.name.clone(), text)),
+                    }
+                }
+                Err(error) => {
+                    diagnostics.push(self.runtime_diagnostic(&error));
+                    if file.kind == FileKind::Main {
+                        break;
+                    }
+                }
+            }
+        }
+        if !diagnostics.is_empty() {
+            return Err(diagnostics);
+        }
+        let [maps, files, certificates] = outputs;
+        Ok(RenderedConfig::new(
+            main.unwrap_or_else(|| Arc::from("")),
+            maps,
+            files,
+            certificates,
+            source_map,
+        ))
+    }
+
+    /// Turns a render error into a diagnostic at the innermost template line, with the
+    /// include chain.
+    fn runtime_diagnostic(&self, error: &minijinja::Error) -> Diagnostic {
+        let inner = &*self.inner;
+        let mut chain: Vec<&minijinja::Error> = vec![error];
+        let mut current: &(dyn std::error::Error + 'static) = error;
+        while let Some(source) = current.source() {
+            match source.downcast_ref::<minijinja::Error>() {
+                Some(next) => {
+                    chain.push(next);
+                    current = next;
+                }
+                None => break,
+            }
+        }
+        let innermost = chain
+            .iter()
+            .rev()
+            .find(|e| e.name().is_some() && e.line().is_some() && e.kind() != ErrorKind::BadInclude)
+            .or_else(|| chain.iter().rev().find(|e| e.name().is_some()))
+            .copied()
+            .unwrap_or(error);
+        let mut message = self.message(innermost);
+        let outer: Vec<String> = chain
+            .iter()
+            .rev()
+            .filter(|e| !std::ptr::eq(**e, innermost) && e.kind() == ErrorKind::BadInclude)
+            .filter_map(|e| Some(format!("{}:{}", e.name()?, e.line()?)))
+            .collect();
+        if !outer.is_empty() {
+            message.push_str(&format!(" (included from {})", outer.join(", included from ")));
+        }
+        let entry = innermost
+            .name()
+            .and_then(|name| inner.by_name.get(name))
+            .map(|index| &inner.entries[*index]);
+        let line = innermost.line().and_then(|l| u32::try_from(l).ok());
+        match entry {
+            Some(entry) => {
+                let column = innermost.range().map(|range| {
+                    let offset = entry.instrumented.original_offset(range.start);
+                    entry.lines.column(&entry.source, offset)
+                });
+                entry.diagnostic(message, line, column)
+            }
+            None => {
+                let mut diagnostic = Diagnostic::error(message);
+                if let Some(name) = innermost.name() {
+                    diagnostic = diagnostic.at(SourceLocation::new(name, line, None));
+                }
+                diagnostic
+            }
+        }
+    }
+
+    fn message(&self, error: &minijinja::Error) -> String {
+        let detail = error.detail().map(strip_markers);
+        match error.kind() {
+            ErrorKind::OutOfFuel => format!(
+                "template ran out of fuel after {} instructions: a loop or recursion does too much work \
+                 (raise limits.fuel if the config really is that large)",
+                self.inner.limits.fuel.unwrap_or_default()
+            ),
+            ErrorKind::UndefinedError => match detail {
+                Some(detail) => format!("undefined value: {detail}"),
+                None => "undefined value (strictUndefined is on: every value used must exist)".to_owned(),
+            },
+            ErrorKind::InvalidOperation if detail.as_deref().is_some_and(|d| d.starts_with("fail(): ")) => {
+                detail.unwrap_or_default()
+            }
+            kind => match detail {
+                Some(detail) if detail.contains("recursion limit") => format!(
+                    "{detail}: includes, macros or render_glob nest deeper than limits.recursionLimit ({})",
+                    self.inner.limits.recursion_limit
+                ),
+                Some(detail) => format!("{kind}: {detail}"),
+                None => kind.to_string(),
+            },
+        }
+    }
+}
+
+/// Removes source-map markers from text that ends up in a message.
+fn strip_markers(text: &str) -> String {
+    text.chars()
+        .filter(|c| !('\u{FDD0}'..='\u{FDEF}').contains(c))
+        .collect()
+}
+
+fn build_environment(
+    settings: TemplatingSettings,
+    limits: RenderLimits,
+    snippets: Vec<String>,
+    paths: BTreeMap<String, Vec<String>>,
+) -> Result<Environment<'static>, minijinja::Error> {
+    let mut env = Environment::new();
+    env.set_syntax(
+        minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(settings.trim_blocks)
+            .lstrip_blocks(settings.lstrip_blocks)
+            .build()?,
+    );
+    env.set_undefined_behavior(if settings.strict_undefined {
+        UndefinedBehavior::Strict
+    } else {
+        UndefinedBehavior::Lenient
+    });
+    env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_fuel(limits.fuel);
+    env.set_recursion_limit(limits.recursion_limit);
+    env.set_debug(true);
+    functions::register(&mut env, Arc::new(snippets), Arc::new(paths));
+    Ok(env)
+}
+
+/// A compile error, located in the original source. The original (uninstrumented)
+/// source is compiled again for the most precise message; if it compiles, the
+/// instrumented error is reported.
+fn compile_diagnostic(env: &Environment<'static>, entry: &Entry, error: &minijinja::Error) -> Diagnostic {
+    let mut scratch = Environment::new();
+    scratch.set_syntax(env.syntax().clone());
+    let original = scratch
+        .add_template_owned(entry.name.to_string(), entry.source.clone())
+        .err();
+    let (error, offsets_are_original) = match &original {
+        Some(original) => (original, true),
+        None => (error, false),
+    };
+    let detail = error.detail().map(strip_markers);
+    let message = match detail {
+        Some(detail) => format!("{}: {detail}", error.kind()),
+        None => error.kind().to_string(),
+    };
+    let line = error.line().and_then(|l| u32::try_from(l).ok());
+    let column = error.range().map(|range| {
+        let offset = if offsets_are_original {
+            range.start
+        } else {
+            entry.instrumented.original_offset(range.start)
+        };
+        entry.lines.column(&entry.source, offset)
+    });
+    entry.diagnostic(message, line, column)
+}

@@ -1,0 +1,241 @@
+//! The source map: for every rendered line, the template or snippet line that
+//! produced it.
+//!
+//! # Approach: line markers
+//!
+//! When the config loads, every template is *instrumented* ([`super::scan`]): at the
+//! first piece of content of each template line — the first non-blank character of
+//! template data, or a `{{ }}` tag — an invisible marker is inserted that names the
+//! template and the line. Markers are template data, so minijinja emits them exactly
+//! when it emits that line's content: once per loop iteration, inside `include`d
+//! snippets and `render_glob` snippets with *their* names and lines, never for a
+//! branch that was not taken. After rendering, [`strip`] removes the markers in one
+//! pass and records, for each output line, the first marker found on it.
+//!
+//! A marker is a run of Unicode *noncharacters* (U+FDD0–U+FDEF), which the Unicode
+//! standard reserves for exactly this kind of internal use and which never appear in
+//! real configuration data: `U+FDD0`, the marker's index in hexadecimal with the
+//! digits encoded as U+FDE0–U+FDEF, then `U+FDD1`. Anything that is not a complete,
+//! known marker is left in the output untouched.
+//!
+//! Why markers rather than minijinja's instruction line table: the engine does not
+//! expose the current line while writing output, and markers follow includes, loops,
+//! macros called from other lines and whitespace control for free.
+//!
+//! Rules that keep the rendered bytes identical to an uninstrumented render:
+//!
+//! - markers never go into whitespace that `trimBlocks`, `lstripBlocks` or `-`
+//!   whitespace control could strip, nor before a `{{-` tag (which strips backwards);
+//! - no markers inside `{% set %}...{% endset %}`, `{% macro %}` and `{% call %}`
+//!   bodies, whose output becomes a value the template may compare or measure.
+//!
+//! Lines without a marker of their own (the second line of a multi-line value, the
+//! output of a macro) take the origin of the nearest marker before them, which is
+//! the expression or call that produced them; blank lines have no origin.
+
+use std::sync::Arc;
+
+use hapwright_eventbus::model::LineOrigin;
+
+const START: char = '\u{FDD0}';
+const END: char = '\u{FDD1}';
+const DIGIT_BASE: u32 = 0xFDE0;
+/// UTF-8 lead byte of U+FDD0..U+FDEF.
+const LEAD: u8 = 0xEF;
+
+/// Every marker of one compiled config, by index.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct MarkerTable {
+    origins: Vec<LineOrigin>,
+}
+
+impl MarkerTable {
+    /// Registers a marker for `template:line` and returns its text.
+    pub(crate) fn marker(&mut self, template: &Arc<str>, line: u32) -> String {
+        let index = self.origins.len();
+        self.origins.push(LineOrigin {
+            template: template.clone(),
+            line,
+        });
+        encode(index)
+    }
+
+    pub(crate) fn get(&self, index: usize) -> Option<&LineOrigin> {
+        self.origins.get(index)
+    }
+}
+
+fn encode(index: usize) -> String {
+    let mut text = String::with_capacity(3 * 6);
+    text.push(START);
+    let digits = format!("{index:x}");
+    for digit in digits.chars() {
+        let value = digit.to_digit(16).unwrap_or(0);
+        text.push(char::from_u32(DIGIT_BASE + value).unwrap_or(START));
+    }
+    text.push(END);
+    text
+}
+
+/// Tries to read a marker at the start of `text`; returns its index and byte length.
+fn decode(text: &str) -> Option<(usize, usize)> {
+    let mut chars = text.char_indices();
+    if chars.next()?.1 != START {
+        return None;
+    }
+    let mut index = 0usize;
+    let mut digits = 0;
+    for (at, c) in chars {
+        if c == END {
+            return (digits > 0).then_some((index, at + c.len_utf8()));
+        }
+        let value = (c as u32).checked_sub(DIGIT_BASE).filter(|v| *v < 16)?;
+        digits += 1;
+        if digits > 12 {
+            return None;
+        }
+        index = index * 16 + value as usize;
+    }
+    None
+}
+
+/// A rendered file with its markers removed.
+#[derive(Debug)]
+pub(crate) struct Stripped {
+    /// The file's content, ending with a newline unless empty.
+    pub(crate) text: String,
+    /// The origin of each line (index 0 = line 1).
+    pub(crate) lines: Vec<Option<LineOrigin>>,
+}
+
+/// Removes markers from a rendered output, records each line's origin, and ends the
+/// text with a newline if it lacks one (HAProxy rejects a config whose last line has
+/// no LF). An empty output stays empty.
+pub(crate) fn strip(rendered: &str, table: &MarkerTable) -> Stripped {
+    let mut text = String::with_capacity(rendered.len());
+    let mut lines = Vec::new();
+    let mut line_origin: Option<usize> = None;
+    let mut last_origin: Option<usize> = None;
+    let mut has_content = false;
+    let bytes = rendered.as_bytes();
+    let mut copied = 0;
+    let mut pos = 0;
+
+    let finish_line = |line_origin: &mut Option<usize>,
+                       last_origin: Option<usize>,
+                       has_content: &mut bool,
+                       lines: &mut Vec<_>| {
+        let origin = line_origin
+            .take()
+            .or(if *has_content { last_origin } else { None })
+            .and_then(|index| table.get(index).cloned());
+        lines.push(origin);
+        *has_content = false;
+    };
+
+    while pos < bytes.len() {
+        match bytes[pos] {
+            b'\n' => {
+                finish_line(&mut line_origin, last_origin, &mut has_content, &mut lines);
+                pos += 1;
+            }
+            LEAD => match decode(&rendered[pos..]) {
+                Some((index, len)) if table.get(index).is_some() => {
+                    text.push_str(&rendered[copied..pos]);
+                    pos += len;
+                    copied = pos;
+                    if line_origin.is_none() {
+                        line_origin = Some(index);
+                    }
+                    last_origin = Some(index);
+                }
+                _ => {
+                    has_content = true;
+                    pos += 1;
+                }
+            },
+            b' ' | b'\t' | b'\r' => pos += 1,
+            _ => {
+                has_content = true;
+                pos += 1;
+            }
+        }
+    }
+    text.push_str(&rendered[copied..]);
+    // Markers after the last newline open no line of their own.
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+        finish_line(&mut line_origin, last_origin, &mut has_content, &mut lines);
+    }
+    Stripped { text, lines }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> (MarkerTable, Vec<String>) {
+        let mut table = MarkerTable::default();
+        let name: Arc<str> = Arc::from("t");
+        let markers = (1..=20).map(|line| table.marker(&name, line)).collect();
+        (table, markers)
+    }
+
+    fn lines(stripped: &Stripped) -> Vec<Option<u32>> {
+        stripped
+            .lines
+            .iter()
+            .map(|o| o.as_ref().map(|o| o.line))
+            .collect()
+    }
+
+    #[test]
+    fn markers_round_trip() {
+        for index in [0, 1, 15, 16, 255, 4096, 1 << 20] {
+            let text = encode(index);
+            assert_eq!(decode(&text), Some((index, text.len())));
+        }
+        assert_eq!(decode("\u{FDD0}\u{FDD1}"), None);
+        assert_eq!(decode("\u{FDD0}x\u{FDD1}"), None);
+        assert_eq!(decode("\u{FDD0}\u{FDE1}"), None);
+    }
+
+    #[test]
+    fn strips_markers_and_records_first_marker_per_line() {
+        let (table, m) = table();
+        let rendered = format!("{}a{}b\n  {}c\n\n{}d", m[0], m[4], m[1], m[2]);
+        let out = strip(&rendered, &table);
+        assert_eq!(out.text, "ab\n  c\n\nd\n");
+        assert_eq!(lines(&out), vec![Some(1), Some(2), None, Some(3)]);
+    }
+
+    #[test]
+    fn unmarked_content_inherits_and_blank_lines_do_not() {
+        let (table, m) = table();
+        let rendered = format!("{}x\ny\n \nz\n", m[6]);
+        let out = strip(&rendered, &table);
+        assert_eq!(out.text, "x\ny\n \nz\n");
+        assert_eq!(lines(&out), vec![Some(7), Some(7), None, Some(7)]);
+    }
+
+    #[test]
+    fn adds_the_final_newline_and_keeps_empty_output_empty() {
+        let (table, m) = table();
+        assert_eq!(strip("", &table).text, "");
+        assert!(strip("", &table).lines.is_empty());
+        let out = strip(&m[0], &table);
+        assert_eq!(out.text, "");
+        let out = strip(&format!("{}a\n{}", m[0], m[1]), &table);
+        assert_eq!(out.text, "a\n");
+        assert_eq!(lines(&out), vec![Some(1)]);
+    }
+
+    #[test]
+    fn unknown_or_broken_markers_stay_in_the_text() {
+        let (table, _) = table();
+        let foreign = format!("{}\n", encode(999));
+        assert_eq!(strip(&foreign, &table).text, foreign);
+        assert_eq!(strip("\u{FDD0}x\n", &table).text, "\u{FDD0}x\n");
+        assert_eq!(strip("é\n", &table).text, "é\n");
+    }
+}

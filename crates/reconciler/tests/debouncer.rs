@@ -1,0 +1,179 @@
+//! The debouncer under paused time: quiet period, max wait, bursts, and the initial
+//! sync gate with its timeout.
+
+mod support;
+
+use std::time::Duration;
+
+use hapwright_eventbus::{EventKind, EventPayload, HealthState, ReconciliationTriggered};
+use hapwright_reconciler::debouncer::{Debouncer, Settings};
+use support::{Harness, snapshot};
+use tokio::time::Instant;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn settings() -> Settings {
+    Settings {
+        debounce: Duration::from_millis(200),
+        max_wait: Duration::from_secs(2),
+        sync_timeout: Duration::from_secs(30),
+    }
+}
+
+fn start(settings: Settings, sources: &[&str]) -> Harness {
+    Harness::start(
+        vec![Box::new(Debouncer::new(settings, sources.iter().copied()))],
+        &[EventKind::ReconciliationTriggered],
+    )
+}
+
+fn trigger(event: &hapwright_eventbus::Event) -> &ReconciliationTriggered {
+    match &event.payload {
+        EventPayload::ReconciliationTriggered(t) => t,
+        other => panic!("expected a trigger, got {other:?}"),
+    }
+}
+
+/// Starts a debouncer over `sources` and completes their initial sync.
+async fn synced(settings: Settings, sources: &[&str]) -> Harness {
+    let mut harness = start(settings, sources);
+    for source in sources {
+        harness.synced(source);
+    }
+    let first = harness.next().await;
+    assert!(trigger(&first).reason.starts_with("initial sync complete"));
+    harness
+}
+
+#[tokio::test(start_paused = true)]
+async fn fires_after_the_quiet_period_following_the_last_change() {
+    let mut h = synced(settings(), &["services", "endpoints"]).await;
+    let t0 = Instant::now();
+    h.update("services", snapshot("a"));
+    tokio::time::sleep(150 * MS).await;
+    h.update("endpoints", snapshot("b"));
+    tokio::time::sleep(150 * MS).await;
+    h.update("services", snapshot("c"));
+
+    let event = h.next().await;
+    // Last change at 300 ms, quiet period 200 ms.
+    assert_eq!(event.at - t0, 500 * MS);
+    let t = trigger(&event);
+    assert_eq!(t.reason, "resources changed: endpoints, services");
+    let sources: Vec<&str> = t.sources.iter().map(AsRef::as_ref).collect();
+    assert_eq!(sources, ["endpoints", "services"]);
+    assert!(event.caused_by.is_some());
+    // Nothing else follows.
+    assert!(h.next_within(Duration::from_secs(10)).await.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_wait_bounds_a_constant_stream_of_changes() {
+    let mut h = synced(settings(), &["services"]).await;
+    let t0 = Instant::now();
+    let stream = {
+        let publisher = h.publisher.clone();
+        tokio::spawn(async move {
+            for i in 0..60 {
+                publisher.publish(hapwright_eventbus::ResourceIndexUpdated {
+                    source: "services".into(),
+                    snapshot: snapshot(&format!("s{i}")),
+                    change: Default::default(),
+                });
+                tokio::time::sleep(100 * MS).await;
+            }
+        })
+    };
+    let first = h.next().await;
+    assert_eq!(first.at - t0, Duration::from_secs(2));
+    assert_eq!(
+        trigger(&first).reason,
+        "resources changed: services (max wait 2s reached)"
+    );
+    let second = h.next().await;
+    assert_eq!(second.at - first.at, Duration::from_secs(2));
+    stream.await.unwrap();
+    // The third batch starts with the change at 4 s (handled right after the second
+    // trigger fired), so max wait closes it at 6 s, after the stream's last change
+    // (5.9 s); nothing follows.
+    let third = h.next().await;
+    assert_eq!(third.at - t0, Duration::from_secs(6));
+    assert!(h.next_within(Duration::from_secs(10)).await.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_ten_thousand_updates_gives_one_trigger() {
+    let mut h = synced(settings(), &["services", "endpoints"]).await;
+    let t0 = Instant::now();
+    for i in 0..10_000 {
+        let source = if i % 2 == 0 { "services" } else { "endpoints" };
+        h.update(source, snapshot("x"));
+    }
+    let event = h.next().await;
+    assert_eq!(event.at - t0, 200 * MS);
+    assert_eq!(trigger(&event).sources.len(), 2);
+    assert!(h.next_within(Duration::from_secs(60)).await.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_trigger_waits_for_every_source_to_sync() {
+    let mut h = start(settings(), &["services", "endpoints"]);
+    let t0 = Instant::now();
+    h.update("services", snapshot("a"));
+    h.synced("services");
+    // Changes before the initial sync never trigger on their own.
+    assert!(h.next_within(Duration::from_secs(10)).await.is_none());
+    h.update("endpoints", snapshot("b"));
+    h.synced("endpoints");
+    let event = h.next().await;
+    assert_eq!(event.at - t0, Duration::from_secs(10), "fires as soon as the last source syncs");
+    let t = trigger(&event);
+    assert_eq!(t.reason, "initial sync complete: endpoints, services");
+    assert_eq!(t.sources.len(), 2);
+    assert!(h.next_within(Duration::from_secs(10)).await.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn sync_timeout_proceeds_and_names_the_late_source() {
+    let mut h = start(settings(), &["services", "endpoints"]);
+    let t0 = Instant::now();
+    h.synced("services");
+    h.update("services", snapshot("a"));
+    let event = h.next().await;
+    assert_eq!(event.at - t0, Duration::from_secs(30));
+    assert_eq!(
+        trigger(&event).reason,
+        "initial sync timed out after 30s; still waiting for: endpoints; changed: services"
+    );
+    let health = h.kernel.health().get("debouncer").expect("health");
+    assert_eq!(health.state, HealthState::Unhealthy);
+    assert!(health.reason.unwrap().contains("endpoints"));
+
+    // The late source catches up: healthy again, and its data triggers normally.
+    h.synced("endpoints");
+    h.update("endpoints", snapshot("b"));
+    let event = h.next().await;
+    assert_eq!(trigger(&event).reason, "resources changed: endpoints");
+    assert_eq!(
+        h.kernel.health().get("debouncer").unwrap().state,
+        HealthState::Healthy
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_sources_means_an_immediate_first_render() {
+    let mut h = start(settings(), &[]);
+    let t0 = Instant::now();
+    let event = h.next().await;
+    assert_eq!(event.at, t0);
+    assert_eq!(trigger(&event).reason, "initial render (no watched resources)");
+}
+
+#[tokio::test(start_paused = true)]
+async fn sync_complete_from_unknown_sources_is_ignored() {
+    let mut h = start(settings(), &["services"]);
+    h.synced("other");
+    assert!(h.next_within(Duration::from_secs(5)).await.is_none());
+    h.synced("services");
+    assert!(h.next_within(Duration::from_secs(1)).await.is_some());
+}

@@ -1,0 +1,304 @@
+//! Every error path of the renderer names the template (or snippet) and the line, and
+//! carries the offending source line: compile errors, static checks at load time and
+//! render errors.
+
+#[path = "../testdata/fixtures.rs"]
+mod fixtures;
+
+use hapwright_eventbus::model::Diagnostic;
+use hapwright_reconciler::renderer::{self, RenderLimits, Renderer, Resources, Templates};
+
+fn load_errors(templates: Templates, watched: &[&str]) -> Vec<Diagnostic> {
+    match Renderer::new(templates, watched) {
+        Ok(_) => panic!("expected the templates to be rejected"),
+        Err(errors) => errors,
+    }
+}
+
+fn render_errors(templates: Templates) -> Vec<Diagnostic> {
+    let renderer = Renderer::new(templates, &["services"]).expect("templates load");
+    match renderer.render(&Resources::new()) {
+        Ok(config) => panic!("expected the render to fail, got:\n{}", config.main()),
+        Err(errors) => errors,
+    }
+}
+
+/// Asserts the single diagnostic's template, line and source line, returns its message.
+#[track_caller]
+fn located(errors: &[Diagnostic], template: &str, line: u32, source_line: &str) -> String {
+    assert_eq!(errors.len(), 1, "expected one error, got {errors:#?}");
+    let error = &errors[0];
+    let location = error.location.as_ref().expect("error has a location");
+    assert_eq!(location.file, template, "{error}");
+    assert_eq!(location.line, Some(line), "{error}");
+    assert_eq!(error.source_line.as_deref(), Some(source_line), "{error}");
+    error.message.clone()
+}
+
+// === load time ===
+
+#[test]
+fn syntax_error_in_main_template() {
+    let errors = load_errors(Templates::new("global\n{% if x %}\n  a\n{% endfi %}\n"), &[]);
+    let message = located(&errors, "haproxy.cfg", 4, "{% endfi %}");
+    assert!(message.contains("syntax error"), "{message}");
+    assert!(errors[0].location.as_ref().unwrap().column.is_some());
+}
+
+#[test]
+fn syntax_error_in_snippet_map_file_and_certificate_names_them() {
+    for (kind, name) in [
+        ("snippet", "backend-servers"),
+        ("map", "maps/hosts.map"),
+        ("file", "files/503.http"),
+        ("certificate", "certs/default.pem"),
+    ] {
+        let mut templates = Templates::new("global");
+        let source = "ok\n  {{ broken( }}\n".to_owned();
+        match kind {
+            "snippet" => drop(templates.snippets.insert(name.into(), source)),
+            "map" => drop(templates.maps.insert("hosts.map".into(), source)),
+            "file" => drop(templates.files.insert("503.http".into(), source)),
+            _ => drop(templates.certificates.insert("default.pem".into(), source)),
+        }
+        let errors = load_errors(templates, &[]);
+        let message = located(&errors, name, 2, "  {{ broken( }}");
+        assert!(message.contains("syntax error"), "{message}");
+    }
+}
+
+#[test]
+fn column_points_into_the_original_line_despite_markers() {
+    let errors = load_errors(Templates::new("abc\nxy {{ 1 + }}\n"), &[]);
+    located(&errors, "haproxy.cfg", 2, "xy {{ 1 + }}");
+    let column = errors[0].location.as_ref().unwrap().column.expect("column");
+    assert!((9..=12).contains(&column), "column {column}");
+}
+
+#[test]
+fn unknown_watched_resource_is_caught_at_load() {
+    let errors = load_errors(
+        Templates::new("global\n{% for s in resources.servics.list() %}{% endfor %}\n"),
+        &["services", "endpoints"],
+    );
+    let message = located(&errors, "haproxy.cfg", 2, "{% for s in resources.servics.list() %}{% endfor %}");
+    assert_eq!(
+        message,
+        "resources.servics is not a watched resource (watched: endpoints, services); did you mean resources.services?"
+    );
+    assert_eq!(errors[0].location.as_ref().unwrap().column, Some(13));
+}
+
+#[test]
+fn missing_snippet_is_caught_at_load() {
+    let mut templates = Templates::new("global\n\n{% include \"backend-server\" %}\n");
+    templates.snippets.insert("backend-servers".into(), "x".into());
+    let errors = load_errors(templates, &[]);
+    let message = located(&errors, "haproxy.cfg", 3, "{% include \"backend-server\" %}");
+    assert_eq!(
+        message,
+        "include of unknown snippet `backend-server`; did you mean `backend-servers`?"
+    );
+}
+
+#[test]
+fn optional_and_dynamic_includes_are_not_errors_at_load() {
+    let mut templates = Templates::new(
+        "{% include 'nope' ignore missing %}{% include ['nope', 'real'] %}{% include name %}",
+    );
+    templates.snippets.insert("real".into(), "r".into());
+    assert!(renderer::check(&templates, &[] as &[&str]).is_ok());
+}
+
+#[test]
+fn include_cycle_is_named() {
+    let mut templates = Templates::new("{% include 'a' %}");
+    templates.snippets.insert("a".into(), "a\n{% include 'b' %}".into());
+    templates.snippets.insert("b".into(), "{% if x %}\n{% include 'a' %}\n{% endif %}".into());
+    let errors = load_errors(templates, &[]);
+    let message = located(&errors, "b", 2, "{% include 'a' %}");
+    assert_eq!(message, "include cycle: a → b → a");
+}
+
+#[test]
+fn self_include_and_render_glob_cycles_are_named() {
+    let mut templates = Templates::new("{{ render_glob('ext-*') }}");
+    templates.snippets.insert("ext-1".into(), "{{ render_glob('ext-*') }}".into());
+    let errors = load_errors(templates, &[]);
+    let message = located(&errors, "ext-1", 1, "{{ render_glob('ext-*') }}");
+    assert_eq!(message, "`ext-1` includes itself");
+}
+
+#[test]
+fn render_glob_misuse_is_caught_at_load() {
+    let errors = load_errors(Templates::new("a\n{{ render_glob('x-*') | indent(4) }}"), &[]);
+    let message = located(&errors, "haproxy.cfg", 2, "{{ render_glob('x-*') | indent(4) }}");
+    assert!(message.starts_with("render_glob(...) must be used on its own"), "{message}");
+}
+
+#[test]
+fn snippet_names_cannot_shadow_rendered_files() {
+    let mut templates = Templates::new("x");
+    templates.maps.insert("hosts.map".into(), "m".into());
+    templates.snippets.insert("maps/hosts.map".into(), "s".into());
+    let errors = load_errors(templates, &[]);
+    assert_eq!(errors.len(), 1);
+    assert!(errors[0].message.contains("reserved"), "{}", errors[0]);
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let mut templates = Templates::new("{{ resources.nope }}\n{% include 'missing' %}\n");
+    templates.snippets.insert("bad".into(), "{% for %}".into());
+    let errors = load_errors(templates, &["services"]);
+    assert_eq!(errors.len(), 3, "{errors:#?}");
+}
+
+// === render time ===
+
+#[test]
+fn undefined_variable_in_strict_mode() {
+    let mut templates = Templates::new("global\n    maxconn {{ extraContext.maxconn }}\n");
+    templates.settings.strict_undefined = true;
+    let errors = render_errors(templates);
+    let message = located(&errors, "haproxy.cfg", 2, "    maxconn {{ extraContext.maxconn }}");
+    assert!(message.starts_with("undefined value"), "{message}");
+    assert!(message.contains("maxconn"), "{message}");
+}
+
+#[test]
+fn fail_stops_the_render_with_its_message() {
+    let errors = render_errors(Templates::new(
+        "global\n{% if resources.services.list() | length == 0 %}\n{{ fail('no services are defined') }}\n{% endif %}",
+    ));
+    let message = located(&errors, "haproxy.cfg", 3, "{{ fail('no services are defined') }}");
+    assert_eq!(message, "fail(): no services are defined");
+}
+
+#[test]
+fn out_of_fuel_fails_with_a_clear_error() {
+    let mut templates = Templates::new(
+        "global\n{% for i in range(100000) %}\n{% for j in range(100000) %}{{ i * j }}{% endfor %}\n{% endfor %}\n",
+    );
+    templates.limits = RenderLimits {
+        fuel: Some(100_000),
+        ..RenderLimits::default()
+    };
+    let errors = render_errors(templates);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    let location = errors[0].location.as_ref().expect("located");
+    assert_eq!(location.file, "haproxy.cfg");
+    assert!(matches!(location.line, Some(2..=3)), "{:?}", location.line);
+    assert!(errors[0].message.contains("ran out of fuel after 100000"), "{}", errors[0]);
+}
+
+#[test]
+fn runaway_recursion_hits_the_recursion_limit() {
+    // A dynamic self-include escapes the static cycle check; the limit stops it.
+    let mut templates = Templates::new("{% include 'loop' %}");
+    templates
+        .snippets
+        .insert("loop".into(), "x\n{% set name = 'lo' ~ 'op' %}{% include name %}".into());
+    templates.limits.recursion_limit = 50;
+    let errors = render_errors(templates);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    let location = errors[0].location.as_ref().expect("located");
+    assert_eq!(location.file, "loop");
+    assert_eq!(location.line, Some(2));
+    assert!(errors[0].message.contains("recursion limit"), "{}", errors[0]);
+}
+
+#[test]
+fn errors_inside_snippets_name_the_snippet_and_the_include_chain() {
+    let mut templates = Templates::new("global\n\n{% include 'outer' %}\n");
+    templates.snippets.insert("outer".into(), "o\n{% include 'inner' %}".into());
+    templates.snippets.insert("inner".into(), "line\n\n{{ fail('boom') }}".into());
+    let errors = render_errors(templates);
+    let message = located(&errors, "inner", 3, "{{ fail('boom') }}");
+    assert_eq!(
+        message,
+        "fail(): boom (included from outer:2, included from haproxy.cfg:3)"
+    );
+}
+
+#[test]
+fn errors_inside_render_glob_snippets_name_the_snippet() {
+    let mut templates = Templates::new("a\n{{ render_glob('x-*') }}");
+    templates.snippets.insert("x-1".into(), "fine".into());
+    templates.snippets.insert("x-2".into(), "{{ 1 / 0 }}".into());
+    let errors = render_errors(templates);
+    let message = located(&errors, "x-2", 1, "{{ 1 / 0 }}");
+    assert!(message.contains("included from haproxy.cfg:2"), "{message}");
+}
+
+#[test]
+fn errors_in_maps_files_and_certificates_are_all_reported() {
+    let mut templates = Templates::new("ok");
+    templates.maps.insert("a.map".into(), "x\n{{ fail('map') }}".into());
+    templates.files.insert("f".into(), "{{ path('nope') }}".into());
+    templates.certificates.insert("c.pem".into(), "{{ 'x' | b64decode }}".into());
+    let errors = render_errors(templates);
+    let where_: Vec<String> = errors
+        .iter()
+        .map(|e| e.location.as_ref().unwrap().to_string())
+        .collect();
+    assert_eq!(where_.len(), 3, "{errors:#?}");
+    assert!(where_[0].starts_with("maps/a.map:2"), "{where_:?}");
+    assert!(where_[1].starts_with("files/f:1"), "{where_:?}");
+    assert!(where_[2].starts_with("certs/c.pem:1"), "{where_:?}");
+    assert!(errors[1].message.contains("path(\"nope\"): no map, file or certificate"), "{}", errors[1]);
+    assert!(errors[2].message.contains("b64decode"), "{}", errors[2]);
+}
+
+#[test]
+fn a_failing_main_template_stops_before_the_other_files() {
+    let mut templates = Templates::new("{{ fail('main') }}");
+    templates.maps.insert("a.map".into(), "{{ fail('map') }}".into());
+    let errors = render_errors(templates);
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0].message, "fail(): main");
+}
+
+#[test]
+fn resource_lookup_errors_are_located() {
+    let renderer = Renderer::new(
+        Templates::new("a\n{{ resources.services.get('team-1') }}"),
+        &fixtures::WATCHED,
+    )
+    .expect("loads");
+    let errors = renderer.render(&fixtures::resources(30)).expect_err("ambiguous get");
+    let message = located(&errors, "haproxy.cfg", 2, "{{ resources.services.get('team-1') }}");
+    assert!(message.contains("expected at most one object, found 3; use fetch()"), "{message}");
+
+    let renderer = Renderer::new(
+        Templates::new("{{ resources.services.fetch('a', 'b', 'c') }}"),
+        &fixtures::WATCHED,
+    )
+    .expect("loads");
+    let errors = renderer.render(&fixtures::resources(1)).expect_err("too many keys");
+    assert!(errors[0].message.contains("3 index keys given, but only 2 indexBy paths"), "{}", errors[0]);
+}
+
+#[test]
+fn filter_argument_errors_are_located() {
+    for (template, needle) in [
+        ("{{ [1] | sort_by() }}", "sort_by: give at least one attribute path"),
+        ("{{ [1] | sort_by('a..b') }}", "invalid attribute path"),
+        ("{{ 'x' | glob_match('[') }}", "invalid glob pattern"),
+        ("{{ 1 | glob_match('*') }}", "expected a string or a list"),
+        ("{{ shared.set('k') }}", "shared.set() takes 2 arguments"),
+        ("{{ shared.nope() }}", "has no method named nope"),
+        ("{{ resources.services.nope() }}", "resources.services has no method nope()"),
+        ("{{ path('a') }}", "no map, file or certificate"),
+    ] {
+        let errors = render_errors(Templates::new(format!("\n{template}")));
+        let message = located(&errors, "haproxy.cfg", 2, template);
+        assert!(message.contains(needle), "{template}: {message}");
+    }
+}
+
+#[test]
+fn diagnostics_display_like_a_compiler() {
+    let errors = render_errors(Templates::new("global\n  {{ fail('stop') }}"));
+    assert_eq!(errors[0].to_string(), "haproxy.cfg:2:6: fail(): stop");
+}

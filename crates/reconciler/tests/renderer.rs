@@ -1,0 +1,397 @@
+//! The renderer: golden outputs for a realistic routing template, determinism, the
+//! source map, Jinja2 semantics, filters and functions, and that instrumentation for
+//! the source map never changes a single rendered byte.
+
+#[path = "../testdata/fixtures.rs"]
+mod fixtures;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use hapwright_eventbus::model::{FileKind, RenderedConfig, RenderedFileRef};
+use hapwright_reconciler::renderer::{Renderer, Resources, TemplatingSettings, Templates};
+use serde_json::json;
+
+fn renderer(templates: Templates, watched: &[&str]) -> Renderer {
+    match Renderer::new(templates, watched) {
+        Ok(renderer) => renderer,
+        Err(errors) => panic!("templates do not load: {errors:#?}"),
+    }
+}
+
+fn render_main(main: &str) -> String {
+    render_templates(Templates::new(main))
+}
+
+fn render_templates(templates: Templates) -> String {
+    let config = renderer(templates, &[])
+        .render(&Resources::new())
+        .unwrap_or_else(|errors| panic!("render failed: {errors:#?}"));
+    config.main().to_string()
+}
+
+fn main_file() -> RenderedFileRef {
+    RenderedFileRef {
+        kind: FileKind::Main,
+        name: "haproxy.cfg".into(),
+    }
+}
+
+/// Every line of a rendered file with its origin, for snapshots.
+fn annotated(config: &RenderedConfig, file: &RenderedFileRef) -> String {
+    let text = config.get(file).expect("file exists");
+    let mut out = String::new();
+    for (index, line) in text.lines().enumerate() {
+        let origin = config
+            .source_map()
+            .origin(file, index as u32 + 1)
+            .map(|o| format!("{}:{}", o.template, o.line))
+            .unwrap_or_else(|| "-".into());
+        writeln!(out, "{origin:>22} | {line}").unwrap();
+    }
+    out
+}
+
+// === golden ===
+
+#[test]
+fn routing_example_golden_outputs() {
+    let renderer = renderer(fixtures::routing_templates(), &fixtures::WATCHED);
+    let config = renderer.render(&fixtures::resources(3)).expect("renders");
+    insta::assert_snapshot!("routing_haproxy_cfg", config.main().as_ref());
+    insta::assert_snapshot!("routing_hosts_map", config.maps()["hosts.map"].as_ref());
+    insta::assert_snapshot!("routing_paths_map", config.maps()["paths.map"].as_ref());
+    insta::assert_snapshot!("routing_503_http", config.files()["503.http"].as_ref());
+    insta::assert_snapshot!("routing_default_pem", config.certificates()["default.pem"].as_ref());
+    insta::assert_snapshot!("routing_haproxy_cfg_source_map", annotated(&config, &main_file()));
+    let paths = RenderedFileRef {
+        kind: FileKind::Map,
+        name: "paths.map".into(),
+    };
+    insta::assert_snapshot!("routing_paths_map_source_map", annotated(&config, &paths));
+}
+
+#[test]
+fn rendering_is_deterministic() {
+    let resources = fixtures::resources(50);
+    let first = renderer(fixtures::routing_templates(), &fixtures::WATCHED)
+        .render(&resources)
+        .expect("renders");
+    let again = renderer(fixtures::routing_templates(), &fixtures::WATCHED);
+    for _ in 0..3 {
+        let second = again.render(&resources).expect("renders");
+        assert_eq!(first.hash(), second.hash());
+        assert!(first == second, "same inputs must give the same bytes and source map");
+    }
+    // A different input gives a different hash.
+    let other = again.render(&fixtures::resources(51)).expect("renders");
+    assert_ne!(first.hash(), other.hash());
+}
+
+#[test]
+fn resource_updates_are_reflected_in_the_next_render() {
+    let renderer = renderer(fixtures::routing_templates(), &fixtures::WATCHED);
+    let mut resources = fixtures::resources(2);
+    let before = renderer.render(&resources).expect("renders");
+    assert!(before.main().contains("backend team-1_svc-1"));
+
+    // Remove svc-1 through an incremental update.
+    let services = fixtures::cluster(2)["services"].clone();
+    let mut next = (*services).clone();
+    let key = hapwright_eventbus::model::ObjectKey::new("team-1", "svc-1");
+    next.remove(&key);
+    let change = hapwright_eventbus::model::ResourceChange {
+        removed: vec![key],
+        ..Default::default()
+    };
+    resources.update(&Arc::from("services"), services, None);
+    resources.update(&Arc::from("services"), Arc::new(next), Some(&change));
+    let after = renderer.render(&resources).expect("renders");
+    assert!(!after.main().contains("backend team-1_svc-1"));
+    assert!(after.main().contains("backend team-0_svc-0"));
+    assert!(!after.maps()["hosts.map"].contains("svc-1"));
+}
+
+// === source map ===
+
+#[test]
+fn source_map_follows_literals_loops_includes_and_globs() {
+    let mut templates = Templates::new(
+        "global\n\
+         {% for i in range(2) %}\n\
+         \x20 line {{ i }}\n\
+         {% endfor %}\n\
+         {% include 'inc' %}\n\
+         {{ render_glob('ext-*') }}\n\
+         {{ 'multi\\nline' }}\n\
+         \n\
+         end\n",
+    );
+    templates.settings.trim_blocks = true;
+    // trimBlocks eats the newline after `{% include %}` and Jinja drops the snippet's
+    // final newline, so the snippet ends with an empty line to end its last line.
+    templates.snippets.insert("inc".into(), "from inc\n\nsecond\n\n".into());
+    templates.snippets.insert("ext-a".into(), "ext a".into());
+    templates.snippets.insert("ext-b".into(), "{% if true %}\next b{% endif %}".into());
+    let config = renderer(templates, &[]).render(&Resources::new()).expect("renders");
+    insta::assert_snapshot!(annotated(&config, &main_file()), @r"
+           haproxy.cfg:1 | global
+           haproxy.cfg:3 |   line 0
+           haproxy.cfg:3 |   line 1
+                   inc:1 | from inc
+                       - | 
+                   inc:3 | second
+                 ext-a:1 | ext a
+                 ext-b:2 | ext b
+           haproxy.cfg:7 | multi
+           haproxy.cfg:7 | line
+                       - | 
+           haproxy.cfg:9 | end
+    ");
+}
+
+#[test]
+fn maps_files_and_certificates_have_source_maps_and_paths() {
+    let mut templates = Templates::new("use {{ path('a.map') }} {{ path('e.http') }} {{ path('c.pem') }}");
+    templates.maps.insert("a.map".into(), "k v\n{{ 'x y' }}".into());
+    templates.files.insert("e.http".into(), "body".into());
+    templates.certificates.insert("c.pem".into(), "pem".into());
+    let config = renderer(templates, &[]).render(&Resources::new()).expect("renders");
+    assert_eq!(config.main().as_ref(), "use maps/a.map files/e.http certs/c.pem\n");
+    assert_eq!(config.maps()["a.map"].as_ref(), "k v\nx y\n");
+    let origin = config.source_map().origin_by_path("maps/a.map", 2).expect("mapped");
+    assert_eq!((origin.template.as_ref(), origin.line), ("maps/a.map", 2));
+    let origin = config.source_map().origin_by_path("certs/c.pem", 1).expect("mapped");
+    assert_eq!(origin.template.as_ref(), "certs/c.pem");
+    assert_eq!(config.files()["e.http"].as_ref(), "body\n");
+}
+
+// === instrumentation never changes output ===
+
+/// Renders with plain minijinja (no instrumentation) for comparison.
+fn plain(main: &str, snippets: &BTreeMap<String, String>, settings: TemplatingSettings) -> String {
+    let mut env = minijinja::Environment::new();
+    env.set_syntax(
+        minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(settings.trim_blocks)
+            .lstrip_blocks(settings.lstrip_blocks)
+            .build()
+            .unwrap(),
+    );
+    env.add_template_owned("haproxy.cfg", main.to_owned()).unwrap();
+    for (name, source) in snippets {
+        env.add_template_owned(name.clone(), source.clone()).unwrap();
+    }
+    let mut out = env
+        .get_template("haproxy.cfg")
+        .unwrap()
+        .render(minijinja::context! {})
+        .unwrap();
+    if !out.is_empty() && !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out
+}
+
+#[test]
+fn instrumentation_does_not_change_output() {
+    let cases = [
+        "a\n  {% if x is undefined %}\n  b\n  {% endif %}\nc\n",
+        "{% for i in range(3) %}\n  {{ i }}\n{% endfor %}\n",
+        "{%- for i in range(3) -%}\n  {{- i -}}\n{%- endfor %}\nz",
+        "x {{ 'y' }}   {# c #}\n  {#- c2 -#}\n z\n",
+        "{% set v %}\n  hi {{ '' }}\n{% endset %}[{{ v | trim }}]{{ v | length }}{% if v | trim %}T{% endif %}\n",
+        "{% set e %}{{ '' }}{% endset %}{% if e %}nonempty{% else %}empty{% endif %}\n",
+        "{% macro m(a) %}\n  m{{ a }}\n{% endmacro %}{{ m(1) }}{{ m(2) | length }}\n",
+        "{% macro w() %}[{{ caller(1) }}]{% endmacro %}{% call(x) w() %}\n c{{ x }}\n{% endcall %}\n",
+        "{% filter upper %}\n  abc {{ 'd' }}\n{% endfilter %}\n",
+        "{% raw %}\n  {{ not a var }}\n{% endraw %}\n",
+        "{% include 'snip' %}\n{% include 'snip' %}",
+        "  {{ 'a' }}\n\t{% if true %}t{% endif %}\n",
+        "{{ '{{' }} and {{ \"%}\" }} {{ {'k': {'n': 1}}['k']['n'] }}\n",
+        "line1\r\nline2\r\n",
+        "{% if true %}   \n   {{- ' joined' }}\n{% endif %}\n",
+        "a   \n   {%- if true %}\nb{% endif %}\n",
+        "{% for x in [1, 2] %}{{ x }}{% if not loop.last %},{% endif %}{% endfor %}\n",
+        "{% with a = 1 %}\n  {{ a }}\n{% endwith %}\n",
+        "",
+        "\n",
+        "   \n",
+    ];
+    let mut snippets = BTreeMap::new();
+    snippets.insert("snip".to_owned(), "s1\n  {% if true %}\n  s2\n  {% endif %}\n".to_owned());
+    for trim_blocks in [false, true] {
+        for lstrip_blocks in [false, true] {
+            let settings = TemplatingSettings {
+                trim_blocks,
+                lstrip_blocks,
+                strict_undefined: false,
+            };
+            for case in cases {
+                let mut templates = Templates::new(case);
+                templates.snippets = snippets.clone();
+                templates.settings = settings;
+                assert_eq!(
+                    render_templates(templates),
+                    plain(case, &snippets, settings),
+                    "case {case:?} with {settings:?}"
+                );
+            }
+        }
+    }
+}
+
+// === Jinja2 semantics ===
+
+#[test]
+fn final_newline_is_dropped_like_jinja2_also_in_includes() {
+    let mut templates = Templates::new("a\n{% include 'snip' %}|\n");
+    templates.snippets.insert("snip".into(), "inside\n".into());
+    assert_eq!(render_templates(templates), "a\ninside|\n");
+    // The file still ends with a newline.
+    assert_eq!(render_main("no newline"), "no newline\n");
+    assert_eq!(render_main("two\n\n"), "two\n");
+}
+
+#[test]
+fn python_methods_and_values_print_like_jinja2() {
+    let out = render_main(
+        "{{ 'a-b-c'.replace('-', '_') }} {{ 'x={}'.format(1) }} {{ 'a,b'.split(',') | join('|') }} \
+         {{ 'web-1'.startswith('web') }} {{ {'k': 1}.get('k') }} {{ {'k': 1}.get('z', 'dflt') }} \
+         {% for k, v in {'b': 2, 'a': 1}.items() %}{{ k }}={{ v }};{% endfor %} \
+         {{ none }} {{ true }} {{ false }} {{ '  pad '.strip() }} {{ 'Up'.lower() }} {{ 'a b'.title() }}",
+    );
+    assert_eq!(
+        out,
+        "a_b_c x=1 a|b True 1 dflt b=2;a=1; None True False pad up A B\n"
+    );
+}
+
+#[test]
+fn trim_and_lstrip_blocks_follow_the_settings() {
+    let main = "x\n    {% if true %}\n    y\n    {% endif %}\nz";
+    assert_eq!(render_main(main), "x\n    \n    y\n    \nz\n");
+    let mut templates = Templates::new(main);
+    templates.settings.trim_blocks = true;
+    templates.settings.lstrip_blocks = true;
+    assert_eq!(render_templates(templates), "x\n    y\nz\n");
+}
+
+#[test]
+fn undefined_values_are_lenient_by_default() {
+    assert_eq!(
+        render_main("[{{ nope }}][{{ nope | default('d') }}][{% if nope %}x{% endif %}][{% for x in nope %}{% endfor %}]"),
+        "[][d][][]\n"
+    );
+}
+
+// === context and functions ===
+
+#[test]
+fn resources_list_fetch_get_and_iteration() {
+    let resources = fixtures::resources(12);
+    let templates = Templates::new(
+        "{{ resources.services.list() | length }} {{ resources.services | length }} \
+         {{ resources.services.fetch('team-3') | map(attribute='metadata.name') | join(',') }} \
+         {{ resources.services.get('team-3', 'svc-13') is none }} \
+         {{ resources.services.get('team-2', 'svc-2').metadata.name }} \
+         {{ resources.endpoints.fetch('team-1', 'svc-11')[0].metadata.name }} \
+         {% for s in resources.services %}{% if loop.first %}{{ s.metadata.name }}{% endif %}{% endfor %} \
+         {{ resources.secrets.fetch() | length }}",
+    );
+    let config = renderer(templates, &fixtures::WATCHED)
+        .render(&resources)
+        .expect("renders");
+    assert_eq!(
+        config.main().as_ref(),
+        "12 12 svc-3 True svc-2 svc-11-abcde svc-0 1\n"
+    );
+}
+
+#[test]
+fn sources_without_data_are_empty() {
+    let templates = Templates::new(
+        "{{ resources.services.list() | length }} {{ resources.services.fetch('a', 'b') | length }} {{ resources.services.get('a') }}",
+    );
+    let config = renderer(templates, &["services"]).render(&Resources::new()).expect("renders");
+    assert_eq!(config.main().as_ref(), "0 0 None\n");
+}
+
+#[test]
+fn extra_context_and_shared_memo_span_the_whole_render() {
+    let mut templates = Templates::new(
+        "{% set _ = shared.set('backends', ['a', 'b']) %}{{ shared.append('log', 1) }}{{ shared.append('log', 2) }}\
+         {{ extraContext.port }} {{ shared.setdefault('x', 5) }} {{ shared.setdefault('x', 6) }} {{ shared.has('nope') }}",
+    );
+    templates.extra_context = json!({"port": 8080});
+    templates.maps.insert(
+        "m.map".into(),
+        "{{ shared.backends | join(',') }} {{ shared.get('log') }} {{ shared['x'] }} {{ shared.get('nope', 'd') }} {{ shared.keys() | join(',') }}".into(),
+    );
+    let config = renderer(templates, &[]).render(&Resources::new()).expect("renders");
+    assert_eq!(config.main().as_ref(), "8080 5 5 False\n");
+    assert_eq!(config.maps()["m.map"].as_ref(), "a,b [1, 2] 5 d backends,log,x\n");
+}
+
+#[test]
+fn shared_does_not_leak_between_renders() {
+    let templates = Templates::new("{{ shared.get('n', 0) }}{% set _ = shared.set('n', 1) %}");
+    let renderer = renderer(templates, &[]);
+    let resources = Resources::new();
+    assert_eq!(renderer.render(&resources).unwrap().main().as_ref(), "0\n");
+    assert_eq!(renderer.render(&resources).unwrap().main().as_ref(), "0\n");
+}
+
+#[test]
+fn filters_b64decode_glob_match_regex_escape() {
+    let out = render_main(
+        "{{ 'aGVsbG8=' | b64decode }} {{ 'aGVsbG8' | b64decode }} {{ 'web-1' | glob_match('web-*') }} \
+         {{ ['web-1', 'db-1', 'web-2'] | glob_match('web-*') | join(',') }} \
+         {{ 'api' is glob_match('a?i') }} {{ 'a.b*c' | regex_escape }}",
+    );
+    assert_eq!(out, "hello hello True web-1,web-2 True a\\.b\\*c\n");
+}
+
+#[test]
+fn sort_by_several_paths_descending_and_reverse() {
+    let out = render_main(
+        "{% set items = [{'n': 'b', 'p': 1, 'm': {'x': 2}}, {'n': 'a', 'p': 2, 'm': {'x': 1}}, {'n': 'c', 'p': 1, 'm': {'x': 3}}, {'n': 'd'}] %}\
+         {{ items | sort_by('p', 'n') | map(attribute='n') | join }} \
+         {{ items | sort_by('-p', 'n') | map(attribute='n') | join }} \
+         {{ items | sort_by('m.x') | map(attribute='n') | join }} \
+         {{ items | sort_by('n', reverse=true) | map(attribute='n') | join }} \
+         {{ [[3], [1], [2]] | sort_by('0') | map('first') | join }}",
+    );
+    assert_eq!(out, "dbca abcd dabc dcba 123\n");
+}
+
+#[test]
+fn tojson_sorts_keys_and_is_html_safe_like_jinja2() {
+    let out = render_main(
+        "{{ {'b': 1, 'a': [1, 'x<y&\\'z'], 'c': none} | tojson }}\n{{ {'b': {'d': 1, 'c': 2}} | tojson(indent=2) }}",
+    );
+    assert_eq!(
+        out,
+        "{\"a\": [1, \"x\\u003cy\\u0026\\u0027z\"], \"b\": 1, \"c\": null}\n{\n  \"b\": {\n    \"c\": 2,\n    \"d\": 1\n  }\n}\n"
+    );
+}
+
+#[test]
+fn render_glob_renders_matching_snippets_in_name_order() {
+    let mut templates = Templates::new("[{{ render_glob('feature-*') }}]\n[{{ render_glob('none-*') }}]");
+    templates.snippets.insert("feature-b".into(), "B {{ loop.index }}".into());
+    templates.snippets.insert("feature-a".into(), "A\n".into());
+    templates.snippets.insert("feature-c".into(), "{% set x = 1 %}C{{ x }}".into());
+    templates.snippets.insert("other".into(), "O".into());
+    assert_eq!(render_templates(templates), "[A\nB 2\nC1]\n[]\n");
+}
+
+#[test]
+fn render_glob_keeps_variable_tag_whitespace_under_trim_and_lstrip() {
+    let mut templates = Templates::new("a\n    {{ render_glob('s-*') }}\nb\n  {{- render_glob('s-*') -}}  \nc");
+    templates.settings.trim_blocks = true;
+    templates.settings.lstrip_blocks = true;
+    templates.snippets.insert("s-1".into(), "x".into());
+    assert_eq!(render_templates(templates), "a\n    x\nbxc\n");
+}

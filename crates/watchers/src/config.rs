@@ -1,0 +1,327 @@
+//! The `watchedResources` section of the config file: one entry per resource name
+//! that templates see as `resources.<name>`, each with exactly one source (`files` or
+//! `kubernetes`), an `indexBy` and optional `ignoreFields`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use hapwright_eventbus::config::{ByteSize, ConfigIssue, Duration};
+use hapwright_eventbus::model::FieldPath;
+use serde::{Deserialize, Serialize};
+
+/// `watchedResources`: every watched resource, by name.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Config {
+    /// Resources by name, in name order.
+    pub resources: BTreeMap<String, WatchedResource>,
+}
+
+/// One watched resource.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct WatchedResource {
+    /// Manifest files on disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<FilesConfig>,
+    /// Kubernetes objects from the API server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesConfig>,
+    /// For `files`: keep only objects with this `apiVersion`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// For `files`: keep only objects of this `kind`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The fields templates look objects up by (`fetch(key...)`, `get(key...)`), in
+    /// order. Default: `[metadata.namespace, metadata.name]`.
+    #[serde(default = "default_index_by")]
+    pub index_by: Vec<FieldPath>,
+    /// Fields removed from every stored object (e.g. `metadata.managedFields`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignore_fields: Vec<FieldPath>,
+}
+
+/// The default `indexBy`: namespace, then name.
+pub fn default_index_by() -> Vec<FieldPath> {
+    ["metadata.namespace", "metadata.name"]
+        .into_iter()
+        .map(|p| FieldPath::parse(p).expect("static path parses"))
+        .collect()
+}
+
+/// The `files` source: a directory of manifests or a single manifest file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct FilesConfig {
+    /// A directory (non-recursive: `*.yaml`, `*.yml`, `*.json`, hidden files skipped)
+    /// or one file. Relative paths resolve against the config file's directory.
+    pub path: PathBuf,
+    /// Files larger than this are rejected (the file's last good objects stay).
+    #[serde(default = "FilesConfig::default_max_file_size")]
+    pub max_file_size: ByteSize,
+    /// Quiet time after the last change notification before the directory is read,
+    /// so a burst of writes (an editor's save, a ConfigMap swap) is read once.
+    #[serde(default = "FilesConfig::default_settle")]
+    pub settle: Duration,
+    /// Interval of the safety-net rescan that re-reads and hashes every file even
+    /// without notifications. It publishes nothing when nothing changed.
+    #[serde(default = "FilesConfig::default_rescan_interval")]
+    pub rescan_interval: Duration,
+}
+
+impl FilesConfig {
+    /// A config for `path` with every default.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            max_file_size: Self::default_max_file_size(),
+            settle: Self::default_settle(),
+            rescan_interval: Self::default_rescan_interval(),
+        }
+    }
+
+    /// 10 MiB.
+    pub fn default_max_file_size() -> ByteSize {
+        ByteSize::mib(10)
+    }
+
+    /// 25 ms.
+    pub fn default_settle() -> Duration {
+        Duration::from_millis(25)
+    }
+
+    /// 60 s.
+    pub fn default_rescan_interval() -> Duration {
+        Duration::from_secs(60)
+    }
+}
+
+/// The `kubernetes` source: objects of one kind from the API server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KubernetesConfig {
+    /// API group and version (`v1`, `discovery.k8s.io/v1`).
+    pub api_version: String,
+    /// Kind (`Service`, `EndpointSlice`).
+    pub kind: String,
+    /// Namespaces to watch; empty means every namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
+    /// Label selector (`app=web,tier!=db`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<String>,
+    /// Field selector (`metadata.name=web`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field_selector: Option<String>,
+}
+
+/// The source of a watched resource, once validated.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Source<'a> {
+    /// Manifest files.
+    Files(&'a FilesConfig),
+    /// Kubernetes objects.
+    Kubernetes(&'a KubernetesConfig),
+}
+
+impl WatchedResource {
+    /// The configured source; `None` when none or both are set (see
+    /// [`Config::validate`]).
+    pub fn source(&self) -> Option<Source<'_>> {
+        match (&self.files, &self.kubernetes) {
+            (Some(files), None) => Some(Source::Files(files)),
+            (None, Some(kubernetes)) => Some(Source::Kubernetes(kubernetes)),
+            _ => None,
+        }
+    }
+}
+
+impl Config {
+    /// Semantic checks the types cannot express. Paths are relative to
+    /// `watchedResources`.
+    pub fn validate(&self) -> Vec<ConfigIssue> {
+        let mut issues = Vec::new();
+        for (name, resource) in &self.resources {
+            let at = |field: &str| {
+                if field.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{name}.{field}")
+                }
+            };
+            if !valid_resource_name(name) {
+                issues.push(ConfigIssue::new(
+                    at(""),
+                    "resource names start with a letter or `_` and contain only letters, \
+                     digits, `_` and `-`",
+                ));
+            }
+            match (&resource.files, &resource.kubernetes) {
+                (None, None) => issues.push(ConfigIssue::new(
+                    at(""),
+                    "no source: set `files` or `kubernetes`",
+                )),
+                (Some(_), Some(_)) => issues.push(ConfigIssue::new(
+                    at("kubernetes"),
+                    "a resource has one source, but both `files` and `kubernetes` are set",
+                )),
+                _ => {}
+            }
+            if resource.kubernetes.is_some() {
+                for (field, set) in [
+                    ("apiVersion", resource.api_version.is_some()),
+                    ("kind", resource.kind.is_some()),
+                ] {
+                    if set {
+                        issues.push(ConfigIssue::new(
+                            at(field),
+                            format!(
+                                "`{field}` here filters `files` sources; for `kubernetes` set it inside `kubernetes:`"
+                            ),
+                        ));
+                    }
+                }
+            }
+            if resource.index_by.is_empty() {
+                issues.push(ConfigIssue::new(
+                    at("indexBy"),
+                    "indexBy is empty: list at least one field path, or omit it to index by \
+                     [metadata.namespace, metadata.name]",
+                ));
+            }
+            if let Some(files) = &resource.files {
+                if files.path.as_os_str().is_empty() {
+                    issues.push(ConfigIssue::new(at("files.path"), "path is empty"));
+                }
+                if files.max_file_size.bytes() == 0 {
+                    issues.push(ConfigIssue::new(
+                        at("files.maxFileSize"),
+                        "maxFileSize must be larger than 0",
+                    ));
+                }
+                if files.rescan_interval.get() < std::time::Duration::from_secs(1) {
+                    issues.push(ConfigIssue::new(
+                        at("files.rescanInterval"),
+                        "rescanInterval must be at least 1s",
+                    ));
+                }
+            }
+            if let Some(kubernetes) = &resource.kubernetes {
+                if kubernetes.api_version.trim().is_empty() {
+                    issues.push(ConfigIssue::new(
+                        at("kubernetes.apiVersion"),
+                        "apiVersion is empty",
+                    ));
+                }
+                if kubernetes.kind.trim().is_empty() {
+                    issues.push(ConfigIssue::new(at("kubernetes.kind"), "kind is empty"));
+                }
+            }
+        }
+        issues
+    }
+
+    /// Makes relative `files.path`s absolute against `base` (the config file's
+    /// directory).
+    pub fn resolve_paths(&mut self, base: &Path) {
+        for resource in self.resources.values_mut() {
+            if let Some(files) = &mut resource.files
+                && files.path.is_relative()
+            {
+                files.path = base.join(&files.path);
+            }
+        }
+    }
+}
+
+fn valid_resource_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::yaml::{Limits, parse_typed};
+
+    fn parse(text: &str) -> Config {
+        parse_typed(text, "t.yaml", &Limits::default()).unwrap()
+    }
+
+    #[test]
+    fn files_and_kubernetes_sources_parse_with_defaults() {
+        let config = parse(
+            r#"
+services:
+  files: { path: ./resources }
+  kind: Service
+endpoints:
+  kubernetes: { apiVersion: discovery.k8s.io/v1, kind: EndpointSlice, namespaces: [default], labelSelector: "app=web" }
+  indexBy: ['metadata.labels.kubernetes\.io/service-name']
+  ignoreFields: [metadata.managedFields]
+"#,
+        );
+        let services = &config.resources["services"];
+        let Some(Source::Files(files)) = services.source() else {
+            panic!("files source expected");
+        };
+        assert_eq!(files.max_file_size, ByteSize::mib(10));
+        assert_eq!(files.settle, Duration::from_millis(25));
+        assert_eq!(services.index_by, default_index_by());
+        let endpoints = &config.resources["endpoints"];
+        assert!(matches!(endpoints.source(), Some(Source::Kubernetes(k)) if k.kind == "EndpointSlice"));
+        assert_eq!(
+            endpoints.index_by[0].as_str(),
+            r"metadata.labels.kubernetes\.io/service-name"
+        );
+        assert!(config.validate().is_empty(), "{:?}", config.validate());
+    }
+
+    #[test]
+    fn semantic_checks() {
+        let config = parse(
+            r#"
+both:
+  files: { path: a }
+  kubernetes: { apiVersion: v1, kind: Service }
+none:
+  indexBy: []
+kube:
+  kubernetes: { apiVersion: v1, kind: Service }
+  kind: Service
+"bad name":
+  files: { path: a, maxFileSize: 0 }
+"#,
+        );
+        let issues: Vec<String> = config.validate().iter().map(ToString::to_string).collect();
+        assert!(issues.iter().any(|i| i.starts_with("both.kubernetes: a resource has one source")), "{issues:?}");
+        assert!(issues.iter().any(|i| i.starts_with("none: no source")), "{issues:?}");
+        assert!(issues.iter().any(|i| i.starts_with("none.indexBy: indexBy is empty")), "{issues:?}");
+        assert!(issues.iter().any(|i| i.starts_with("kube.kind: ")), "{issues:?}");
+        assert!(issues.iter().any(|i| i.starts_with("bad name: resource names")), "{issues:?}");
+        assert!(issues.iter().any(|i| i.starts_with("bad name.files.maxFileSize")), "{issues:?}");
+    }
+
+    #[test]
+    fn relative_paths_resolve_against_the_base() {
+        let mut config = parse("a: { files: { path: res } }\nb: { files: { path: /abs } }\n");
+        config.resolve_paths(Path::new("/etc/hapwright"));
+        assert_eq!(
+            config.resources["a"].files.as_ref().unwrap().path,
+            Path::new("/etc/hapwright/res")
+        );
+        assert_eq!(config.resources["b"].files.as_ref().unwrap().path, Path::new("/abs"));
+    }
+
+    #[test]
+    fn bad_index_paths_are_parse_errors() {
+        let err = parse_typed::<Config>("a:\n  files: {path: x}\n  indexBy: ['a..b']\n", "t.yaml", &Limits::default())
+            .unwrap_err();
+        assert!(err.message.starts_with("a.indexBy[0]: "), "{err}");
+        assert_eq!(err.location.unwrap().line, Some(3));
+    }
+}

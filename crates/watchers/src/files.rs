@@ -1,0 +1,581 @@
+//! The `files` source: a directory of manifests (or one manifest file) turned into
+//! `ResourceIndexUpdated` events carrying indexed snapshots.
+//!
+//! # Behaviour
+//!
+//! - The directory is read non-recursively: `*.yaml`, `*.yml` and `*.json`, hidden
+//!   files (`.name`) skipped, symlinks followed (ConfigMap volumes are symlinks into
+//!   `..data/`). A `path` naming a file reads just that file.
+//! - Each file is hashed; only files whose content changed are parsed. A file that
+//!   fails (syntax, budget, size limit, unreadable, invalid UTF-8, an object without
+//!   a name) keeps its last good objects and makes the source `Unhealthy` with
+//!   `file:line:column: cause`; the other files are unaffected; fixing the file makes
+//!   the source healthy again. A deleted file removes its objects.
+//! - The same object (namespace/name) in two files: the file first in name order
+//!   wins, and a warning names both files.
+//! - A missing directory makes the source `Unhealthy` (its objects, if any, are
+//!   kept); it recovers when the directory appears.
+//! - Every change publishes one `ResourceIndexUpdated` with the new snapshot (a
+//!   persistent map: O(log n) per changed object, no copy) and what changed. The
+//!   first successful listing also publishes `ResourceSyncComplete`.
+//!
+//! The [`Scanner`] is the synchronous core (listing, reading, parsing, snapshot
+//! maintenance); [`FilesSource`] is the component that runs it on every settled
+//! [`FileWatch`] wake-up.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use hapwright_eventbus::config::{ByteSize, ConfigIssue};
+use hapwright_eventbus::model::{
+    ContentHash, Diagnostic, FieldPath, ObjectKey, ResourceChange, ResourceSnapshot,
+    SourceLocation, UpsertOutcome,
+};
+use hapwright_eventbus::{Component, ComponentError, Context, ResourceIndexUpdated, ResourceSyncComplete};
+use serde_json::Value;
+use tracing::Instrument;
+
+use crate::config::{FilesConfig, WatchedResource};
+use crate::filewatch::{FileWatch, Wake, WatchOptions};
+use crate::manifest::{self, Filter};
+use crate::yaml::Limits;
+
+/// File name extensions the directory listing picks up.
+pub const EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
+
+/// How much of each file a scan re-reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScanMode {
+    /// Re-read only files whose size, modification time or inode changed (after a
+    /// change notification).
+    Quick,
+    /// Re-read and hash every file (the first scan and the periodic rescan).
+    Full,
+}
+
+/// The outcome of one [`Scanner::scan`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ScanReport {
+    /// What changed in the snapshot.
+    pub change: ResourceChange,
+    /// Whether the directory (or file) could be listed.
+    pub listed: bool,
+    /// Warnings found in this scan: objects defined in two files, duplicates
+    /// inside a file.
+    pub warnings: Vec<Diagnostic>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    modified: Option<SystemTime>,
+    inode: (u64, u64),
+    changed: (i64, i64),
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        #[cfg(unix)]
+        let (inode, changed) = {
+            use std::os::unix::fs::MetadataExt;
+            ((meta.dev(), meta.ino()), (meta.ctime(), meta.ctime_nsec()))
+        };
+        #[cfg(not(unix))]
+        let (inode, changed) = ((0, 0), (0, 0));
+        Self {
+            len: meta.len(),
+            modified: meta.modified().ok(),
+            inode,
+            changed,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct FileEntry {
+    path: PathBuf,
+    display: String,
+    stamp: Option<Stamp>,
+    /// Hash of the last content read (good or bad).
+    hash: Option<ContentHash>,
+    /// Last good objects.
+    objects: BTreeMap<ObjectKey, Arc<Value>>,
+    /// Why the content with `hash` was rejected.
+    parse_error: Option<Diagnostic>,
+    /// Why the file could not be read at the last attempt.
+    read_error: Option<Diagnostic>,
+}
+
+impl FileEntry {
+    fn error(&self) -> Option<&Diagnostic> {
+        self.read_error.as_ref().or(self.parse_error.as_ref())
+    }
+}
+
+enum Refresh {
+    Unchanged,
+    Replaced(BTreeMap<ObjectKey, Arc<Value>>, Vec<Diagnostic>),
+    Vanished,
+}
+
+/// Limits and filters applied while reading one file.
+struct ReadContext<'a> {
+    max_file_size: u64,
+    filter: &'a Filter,
+    limits: &'a Limits,
+}
+
+/// The synchronous core of the files source: keeps every file's last good objects,
+/// which file owns which object, and the published snapshot.
+#[derive(Debug)]
+pub struct Scanner {
+    source: Arc<str>,
+    path: PathBuf,
+    max_file_size: ByteSize,
+    filter: Filter,
+    limits: Limits,
+    files: BTreeMap<Arc<str>, FileEntry>,
+    /// Files defining each object, in name order; the first one wins.
+    owners: HashMap<ObjectKey, BTreeSet<Arc<str>>>,
+    snapshot: ResourceSnapshot,
+    listing_error: Option<String>,
+}
+
+impl Scanner {
+    /// A scanner for `files.path` that keeps objects passing `filter`, indexed by
+    /// `index_by`.
+    pub fn new(
+        source: impl Into<Arc<str>>,
+        files: &FilesConfig,
+        filter: Filter,
+        index_by: Vec<FieldPath>,
+        limits: Limits,
+    ) -> Self {
+        Self {
+            source: source.into(),
+            path: files.path.clone(),
+            max_file_size: files.max_file_size,
+            filter,
+            limits,
+            files: BTreeMap::new(),
+            owners: HashMap::new(),
+            snapshot: ResourceSnapshot::new(index_by),
+            listing_error: None,
+        }
+    }
+
+    /// The current snapshot (cheap to clone).
+    pub fn snapshot(&self) -> &ResourceSnapshot {
+        &self.snapshot
+    }
+
+    /// The watched path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Errors of files whose last read or parse failed, in file name order.
+    pub fn file_errors(&self) -> Vec<&Diagnostic> {
+        self.files.values().filter_map(FileEntry::error).collect()
+    }
+
+    /// `Ok(())` when the directory is listed and every file parsed, otherwise the
+    /// reason for `Unhealthy`: the listing problem, or the first file error
+    /// (`file:line:column: cause`) and how many more files fail.
+    pub fn health(&self) -> Result<(), String> {
+        if let Some(reason) = &self.listing_error {
+            return Err(reason.clone());
+        }
+        let errors = self.file_errors();
+        match errors.as_slice() {
+            [] => Ok(()),
+            [only] => Err(only.to_string()),
+            [first, rest @ ..] => Err(format!(
+                "{first} (and {} more file{} failing)",
+                rest.len(),
+                if rest.len() == 1 { "" } else { "s" }
+            )),
+        }
+    }
+
+    /// Lists the directory, re-reads what changed, and applies the differences to the
+    /// snapshot.
+    pub fn scan(&mut self, mode: ScanMode) -> ScanReport {
+        let mut report = ScanReport::default();
+        let listing = match self.list() {
+            Ok(listing) => listing,
+            Err(reason) => {
+                if self.listing_error.as_ref() != Some(&reason) {
+                    tracing::warn!(source = %self.source, %reason, "Cannot list manifests; keeping the last good objects");
+                }
+                self.listing_error = Some(reason);
+                return report;
+            }
+        };
+        self.listing_error = None;
+        report.listed = true;
+
+        let mut affected: BTreeSet<ObjectKey> = BTreeSet::new();
+        let present: BTreeSet<&str> = listing.iter().map(|(name, _)| name.as_ref()).collect();
+        let gone: Vec<Arc<str>> = self
+            .files
+            .keys()
+            .filter(|name| !present.contains(name.as_ref()))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.drop_file(&name, &mut affected);
+        }
+
+        let context = ReadContext {
+            max_file_size: self.max_file_size.bytes(),
+            filter: &self.filter,
+            limits: &self.limits,
+        };
+        let mut vanished = Vec::new();
+        for (name, path) in listing {
+            let entry = self.files.entry(name.clone()).or_insert_with(|| FileEntry {
+                display: path.display().to_string(),
+                path,
+                stamp: None,
+                hash: None,
+                objects: BTreeMap::new(),
+                parse_error: None,
+                read_error: None,
+            });
+            match refresh(entry, mode, &context) {
+                Refresh::Unchanged => {}
+                Refresh::Vanished => vanished.push(name),
+                Refresh::Replaced(objects, warnings) => {
+                    report.warnings.extend(warnings);
+                    let old = std::mem::replace(&mut entry.objects, objects);
+                    for key in old.keys() {
+                        if !entry.objects.contains_key(key) {
+                            if let Some(set) = self.owners.get_mut(key) {
+                                set.remove(&name);
+                                if set.is_empty() {
+                                    self.owners.remove(key);
+                                }
+                            }
+                            affected.insert(key.clone());
+                        }
+                    }
+                    for (key, object) in &entry.objects {
+                        if old.get(key) != Some(object) {
+                            affected.insert(key.clone());
+                        }
+                        self.owners.entry(key.clone()).or_default().insert(name.clone());
+                    }
+                }
+            }
+        }
+        for name in vanished {
+            self.drop_file(&name, &mut affected);
+        }
+
+        for key in affected {
+            let winner = self.owners.get(&key).and_then(|owners| {
+                let mut names = owners.iter();
+                let first = names.next()?;
+                for other in names {
+                    let message = format!(
+                        "object {key} is defined in {} and {}; using the one from {} (first in name order)",
+                        self.files[first].display, self.files[other].display, self.files[first].display
+                    );
+                    tracing::warn!(source = %self.source, object = %key, winner = %self.files[first].display, ignored = %self.files[other].display, "Object defined in two files; the first in name order wins");
+                    report.warnings.push(
+                        Diagnostic::warning(message)
+                            .at(SourceLocation::new(self.files[other].display.clone(), None, None)),
+                    );
+                }
+                self.files[first].objects.get(&key).cloned()
+            });
+            match winner {
+                Some(object) => match self.snapshot.upsert(key.clone(), object) {
+                    Some(UpsertOutcome::Added) => report.change.added.push(key),
+                    Some(UpsertOutcome::Modified) => report.change.modified.push(key),
+                    None => {}
+                },
+                None => {
+                    if self.snapshot.remove(&key).is_some() {
+                        report.change.removed.push(key);
+                    }
+                }
+            }
+        }
+        report
+    }
+
+    fn drop_file(&mut self, name: &Arc<str>, affected: &mut BTreeSet<ObjectKey>) {
+        let Some(entry) = self.files.remove(name) else {
+            return;
+        };
+        tracing::debug!(source = %self.source, file = %entry.display, "Manifest file removed");
+        for key in entry.objects.into_keys() {
+            if let Some(set) = self.owners.get_mut(&key) {
+                set.remove(name);
+                if set.is_empty() {
+                    self.owners.remove(&key);
+                }
+            }
+            affected.insert(key);
+        }
+    }
+
+    /// The files to read, in name order.
+    fn list(&self) -> Result<Vec<(Arc<str>, PathBuf)>, String> {
+        let meta = std::fs::metadata(&self.path).map_err(|error| match error.kind() {
+            std::io::ErrorKind::NotFound => format!("{} does not exist", self.path.display()),
+            _ => format!("cannot access {}: {error}", self.path.display()),
+        })?;
+        if !meta.is_dir() {
+            let name = self
+                .path
+                .file_name()
+                .map_or_else(|| self.path.display().to_string(), |n| n.to_string_lossy().into_owned());
+            return Ok(vec![(name.into(), self.path.clone())]);
+        }
+        let entries = std::fs::read_dir(&self.path)
+            .map_err(|error| format!("cannot list directory {}: {error}", self.path.display()))?;
+        let mut listing = Vec::new();
+        for entry in entries {
+            let entry = entry
+                .map_err(|error| format!("cannot list directory {}: {error}", self.path.display()))?;
+            let file_name = entry.file_name();
+            let Some(name) = file_name.to_str() else {
+                tracing::warn!(source = %self.source, file = ?file_name, "Skipping a file whose name is not UTF-8");
+                continue;
+            };
+            if name.starts_with('.') || !has_manifest_extension(name) {
+                continue;
+            }
+            let path = entry.path();
+            // Follows symlinks; a dangling link or a directory named `x.yaml` is skipped.
+            if std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+                listing.push((Arc::from(name), path));
+            }
+        }
+        listing.sort();
+        Ok(listing)
+    }
+}
+
+fn has_manifest_extension(name: &str) -> bool {
+    Path::new(name)
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| EXTENSIONS.iter().any(|x| x.eq_ignore_ascii_case(e)))
+}
+
+/// Re-reads one file if needed. Read problems keep the last good objects.
+fn refresh(entry: &mut FileEntry, mode: ScanMode, context: &ReadContext<'_>) -> Refresh {
+    let location = || SourceLocation::new(entry.display.clone(), None, None);
+    let meta = match std::fs::metadata(&entry.path) {
+        Ok(meta) => meta,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Refresh::Vanished,
+        Err(error) => {
+            entry.read_error = Some(Diagnostic::error(format!("cannot read file: {error}")).at(location()));
+            entry.stamp = None;
+            return Refresh::Unchanged;
+        }
+    };
+    let stamp = Stamp::of(&meta);
+    if mode == ScanMode::Quick && entry.stamp == Some(stamp) {
+        return Refresh::Unchanged;
+    }
+    let too_large = |size: u64| {
+        Diagnostic::error(format!(
+            "file is too large: {size} bytes, over the {} limit (files.maxFileSize)",
+            ByteSize(context.max_file_size)
+        ))
+        .at(SourceLocation::new(entry.display.clone(), None, None))
+    };
+    if meta.len() > context.max_file_size {
+        entry.read_error = Some(too_large(meta.len()));
+        entry.stamp = None;
+        return Refresh::Unchanged;
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    let read = std::fs::File::open(&entry.path)
+        .and_then(|file| file.take(context.max_file_size + 1).read_to_end(&mut bytes));
+    match read {
+        Ok(_) if bytes.len() as u64 > context.max_file_size => {
+            entry.read_error = Some(too_large(bytes.len() as u64));
+            entry.stamp = None;
+            return Refresh::Unchanged;
+        }
+        Ok(_) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Refresh::Vanished,
+        Err(error) => {
+            entry.read_error = Some(Diagnostic::error(format!("cannot read file: {error}")).at(location()));
+            entry.stamp = None;
+            return Refresh::Unchanged;
+        }
+    }
+    entry.stamp = Some(stamp);
+    entry.read_error = None;
+    let hash = ContentHash::of(&bytes);
+    if entry.hash == Some(hash) {
+        return Refresh::Unchanged;
+    }
+    entry.hash = Some(hash);
+    match manifest::parse(&bytes, &entry.display, context.filter, context.limits) {
+        Ok(parsed) => {
+            if entry.parse_error.take().is_some() {
+                tracing::info!(file = %entry.display, "Manifest file parses again");
+            }
+            for warning in &parsed.warnings {
+                tracing::warn!(file = %entry.display, warning = %warning, "Duplicate object in manifest file");
+            }
+            Refresh::Replaced(parsed.objects, parsed.warnings)
+        }
+        Err(error) => {
+            tracing::warn!(file = %entry.display, %error, "Manifest file rejected; keeping its last good objects");
+            entry.parse_error = Some(error);
+            Refresh::Unchanged
+        }
+    }
+}
+
+// === impl FilesSource ===
+
+/// The `files` source component. Its name is `source/<resource name>`.
+pub struct FilesSource {
+    component: String,
+    resource: Arc<str>,
+    scanner: Scanner,
+    watch: WatchOptions,
+}
+
+impl std::fmt::Debug for FilesSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FilesSource")
+            .field("resource", &self.resource)
+            .field("path", &self.scanner.path)
+            .finish()
+    }
+}
+
+impl FilesSource {
+    /// Builds the source for watched resource `name`. Fails when the resource has no
+    /// `files` source.
+    pub fn new(name: &str, resource: &WatchedResource) -> Result<Self, ConfigIssue> {
+        let Some(files) = &resource.files else {
+            return Err(ConfigIssue::new(name, "not a `files` source"));
+        };
+        let filter = Filter {
+            api_version: resource.api_version.clone(),
+            kind: resource.kind.clone(),
+            ignore_fields: resource.ignore_fields.clone(),
+        };
+        Ok(Self::from_parts(name, files, filter, resource.index_by.clone()))
+    }
+
+    /// Builds the source from its parts.
+    pub fn from_parts(name: &str, files: &FilesConfig, filter: Filter, index_by: Vec<FieldPath>) -> Self {
+        let watch = WatchOptions {
+            settle: files.settle.get(),
+            max_settle: (files.settle.get() * 20).max(std::time::Duration::from_millis(200)),
+            rescan_interval: files.rescan_interval.get(),
+        };
+        Self {
+            component: format!("source/{name}"),
+            resource: name.into(),
+            scanner: Scanner::new(name, files, filter, index_by, Limits::default()),
+            watch,
+        }
+    }
+
+    /// Replaces the YAML input budgets.
+    #[must_use]
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.scanner.limits = limits;
+        self
+    }
+
+    /// The capability this source provides: `resources/<name>`.
+    pub fn capability(name: &str) -> String {
+        format!("resources/{name}")
+    }
+}
+
+#[async_trait::async_trait]
+impl Component for FilesSource {
+    fn name(&self) -> &str {
+        &self.component
+    }
+
+    fn provides(&self) -> Vec<String> {
+        vec![Self::capability(&self.resource)]
+    }
+
+    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
+        let FilesSource {
+            resource,
+            scanner,
+            watch,
+            ..
+        } = *self;
+        let span = tracing::info_span!("files_source", source = %resource, path = %scanner.path.display());
+        run(resource, scanner, watch, ctx).instrument(span).await
+    }
+}
+
+async fn run(resource: Arc<str>, scanner: Scanner, options: WatchOptions, ctx: Context) -> Result<(), ComponentError> {
+    let mut watch = FileWatch::new(vec![scanner.path.clone()], options)?;
+    let mut scanner = Some(scanner);
+    let mut mode = ScanMode::Full;
+    let mut synced = false;
+    loop {
+        let mut current = scanner.take().expect("the scanner is back after every scan");
+        let started = std::time::Instant::now();
+        let (current, report) = tokio::task::spawn_blocking(move || {
+            let report = current.scan(mode);
+            (current, report)
+        })
+        .await?;
+        // Health first, so whoever sees the update also sees the matching health.
+        match current.health() {
+            Ok(()) => ctx.health().healthy(),
+            Err(reason) => ctx.health().unhealthy(reason),
+        }
+        let first = !synced && report.listed;
+        if !report.change.is_empty() || first {
+            tracing::debug!(
+                added = report.change.added.len(),
+                modified = report.change.modified.len(),
+                removed = report.change.removed.len(),
+                objects = current.snapshot.len(),
+                elapsed = ?started.elapsed(),
+                ?mode,
+                "Resources updated"
+            );
+            ctx.publisher().publish(ResourceIndexUpdated {
+                source: resource.clone(),
+                snapshot: Arc::new(current.snapshot.clone()),
+                change: Arc::new(report.change),
+            });
+        }
+        if first {
+            synced = true;
+            tracing::info!(objects = current.snapshot.len(), files = current.files.len(), "Initial sync complete");
+            ctx.publisher().publish(ResourceSyncComplete {
+                source: resource.clone(),
+            });
+        }
+        scanner = Some(current);
+        tokio::select! {
+            biased;
+            () = ctx.cancelled() => return Ok(()),
+            wake = watch.next() => {
+                mode = match wake {
+                    Wake::Changed => ScanMode::Quick,
+                    Wake::Rescan => ScanMode::Full,
+                };
+            }
+        }
+    }
+}
