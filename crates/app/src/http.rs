@@ -133,7 +133,11 @@ async fn metrics(State(state): State<HttpState>) -> Response {
     let mut body = Vec::new();
     let encoder = TextEncoder::new();
     match encoder.encode(&state.registry.gather(), &mut body) {
-        Ok(()) => ([(header::CONTENT_TYPE, encoder.format_type().to_owned())], body).into_response(),
+        Ok(()) => (
+            [(header::CONTENT_TYPE, encoder.format_type().to_owned())],
+            body,
+        )
+            .into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
     }
 }
@@ -205,7 +209,9 @@ async fn debug_events(
             None => {
                 return (
                     StatusCode::BAD_REQUEST,
-                    axum::Json(json!({"error": format!("correlation_id `{text}` is not a hex id")})),
+                    axum::Json(
+                        json!({"error": format!("correlation_id `{text}` is not a hex id")}),
+                    ),
                 )
                     .into_response();
             }
@@ -264,7 +270,7 @@ async fn debug_resources(State(state): State<HttpState>, Path(name): Path<String
         )
             .into_response();
     };
-    let objects: Vec<Value> = snapshot.list().map(|o| redact_secret(o)).collect();
+    let objects: Vec<Value> = snapshot.list().map(redact_secret).collect();
     axum::Json(json!({"name": name, "count": objects.len(), "objects": objects})).into_response()
 }
 

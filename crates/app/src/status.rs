@@ -212,7 +212,11 @@ impl StatusStore {
 
     /// Names of the watched resources seen so far.
     pub fn resource_names(&self) -> Vec<String> {
-        self.read().resources.keys().map(|k| k.to_string()).collect()
+        self.read()
+            .resources
+            .keys()
+            .map(|k| k.to_string())
+            .collect()
     }
 
     pub(crate) fn remember_event(&self, event: Arc<Event>) {
@@ -249,8 +253,13 @@ impl StatusStore {
             }
             EventPayload::ReconciliationCompleted(done) => {
                 if let Some(metrics) = metrics {
-                    metrics.reconciliations.with_label_values(&["success"]).inc();
-                    metrics.reconciliation_duration.observe(done.duration.as_secs_f64());
+                    metrics
+                        .reconciliations
+                        .with_label_values(&["success"])
+                        .inc();
+                    metrics
+                        .reconciliation_duration
+                        .observe(done.duration.as_secs_f64());
                 }
                 if let Some(record) = find_record(&mut inner, event.correlation_id) {
                     record.result = "success";
@@ -264,20 +273,24 @@ impl StatusStore {
             }
             EventPayload::ReconciliationFailed(failed) => {
                 if let Some(metrics) = metrics {
-                    metrics.reconciliations.with_label_values(&["failure"]).inc();
+                    metrics
+                        .reconciliations
+                        .with_label_values(&["failure"])
+                        .inc();
                 }
                 if let Some(record) = find_record(&mut inner, event.correlation_id) {
                     record.result = "failure";
                     record.failed_stage = Some(failed.stage);
                     record.errors = failed.errors.clone();
-                    record.duration = Some(
-                        (event.unix_micros as f64 / 1e6 - record.started).max(0.0),
-                    );
+                    record.duration =
+                        Some((event.unix_micros as f64 / 1e6 - record.started).max(0.0));
                 }
             }
             EventPayload::TemplateRendered(rendered) => {
                 if let Some(metrics) = metrics {
-                    metrics.render_duration.observe(rendered.duration.as_secs_f64());
+                    metrics
+                        .render_duration
+                        .observe(rendered.duration.as_secs_f64());
                 }
                 inner.rendered = Some(rendered.config.clone());
             }

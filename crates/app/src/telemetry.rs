@@ -60,8 +60,14 @@ mod tests {
             .iter()
             .map(|f| f.name().to_owned())
             .collect();
-        assert!(names.iter().any(|n| n == "process_resident_memory_bytes"), "{names:?}");
-        assert!(names.iter().any(|n| n == "process_start_time_seconds"), "{names:?}");
+        assert!(
+            names.iter().any(|n| n == "process_resident_memory_bytes"),
+            "{names:?}"
+        );
+        assert!(
+            names.iter().any(|n| n == "process_start_time_seconds"),
+            "{names:?}"
+        );
     }
 
     #[test]

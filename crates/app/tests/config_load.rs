@@ -75,7 +75,10 @@ fn errors(config: &str) -> Vec<String> {
     load(&path)
         .expect_err("the config is invalid")
         .iter()
-        .map(|d| d.to_string().replace(&path.display().to_string(), "hapwright.yaml"))
+        .map(|d| {
+            d.to_string()
+                .replace(&path.display().to_string(), "hapwright.yaml")
+        })
         .collect()
 }
 
@@ -90,7 +93,9 @@ fn the_design_example_loads_with_paths_resolved() {
     let config = &loaded.config;
     let base = std::path::absolute(dir.path()).unwrap();
     let services = &config.watched_resources.resources["services"];
-    assert!(matches!(services.source(), Some(Source::Files(f)) if f.path == base.join("./resources")));
+    assert!(
+        matches!(services.source(), Some(Source::Files(f)) if f.path == base.join("./resources"))
+    );
     assert!(matches!(
         config.watched_resources.resources["endpoints"].source(),
         Some(Source::Kubernetes(k)) if k.kind == "EndpointSlice"
@@ -106,9 +111,15 @@ fn the_design_example_loads_with_paths_resolved() {
     assert_eq!(dataplane.password.as_ref().unwrap().expose(), "hunter2");
     assert_eq!(config.controller.debounce, Duration::from_millis(200));
     assert_eq!(config.controller.log_format, LogFormat::Json);
-    assert_eq!(config.controller.deploy_timings().min_reload_interval, Duration::from_secs(5));
+    assert_eq!(
+        config.controller.deploy_timings().min_reload_interval,
+        Duration::from_secs(5)
+    );
     assert_eq!(config.templates.extra_context["httpPort"], 8080);
-    assert_eq!(loaded.watched_files, [path.clone(), base.join("secrets/dp")]);
+    assert_eq!(
+        loaded.watched_files,
+        [path.clone(), base.join("secrets/dp")]
+    );
 }
 
 #[test]
@@ -152,7 +163,9 @@ fn unknown_keys_are_located_with_a_suggestion() {
     ));
     assert_eq!(
         nested,
-        ["hapwright.yaml:4:23: watchedResources.svc.files.setle: unknown field, did you mean `settle`?"]
+        [
+            "hapwright.yaml:4:23: watchedResources.svc.files.setle: unknown field, did you mean `settle`?"
+        ]
     );
 }
 
@@ -161,15 +174,26 @@ fn bad_values_are_located() {
     let e = errors(&minimal("controller:\n  maxWait: 2x\n"));
     assert_eq!(e.len(), 1);
     assert!(
-        e[0].starts_with("hapwright.yaml:3:12: controller.maxWait: invalid duration `2x`: unknown unit `x`"),
+        e[0].starts_with(
+            "hapwright.yaml:3:12: controller.maxWait: invalid duration `2x`: unknown unit `x`"
+        ),
         "{e:?}"
     );
     let e = errors(&minimal("controller:\n  debounce: 200\n"));
-    assert!(e[0].contains("controller.debounce: invalid duration `200`: missing unit"), "{e:?}");
+    assert!(
+        e[0].contains("controller.debounce: invalid duration `200`: missing unit"),
+        "{e:?}"
+    );
     let e = errors(&minimal("controller:\n  listen: nowhere\n"));
-    assert!(e[0].starts_with("hapwright.yaml:3:11: controller.listen: "), "{e:?}");
+    assert!(
+        e[0].starts_with("hapwright.yaml:3:11: controller.listen: "),
+        "{e:?}"
+    );
     let e = errors(&minimal("controller:\n  logFormat: xml\n"));
-    assert!(e[0].starts_with("hapwright.yaml:3:14: controller.logFormat: "), "{e:?}");
+    assert!(
+        e[0].starts_with("hapwright.yaml:3:14: controller.logFormat: "),
+        "{e:?}"
+    );
     let e = errors("maps: {}\n");
     assert!(e[0].contains("haproxyConfig"), "{e:?}");
     let e = errors(&minimal("maps: [\n"));
@@ -209,7 +233,10 @@ controller:
         "hapwright.yaml:20:3: controller.logLevel: not a log level",
     ];
     for wanted in expected {
-        assert!(e.iter().any(|line| line.starts_with(wanted)), "missing {wanted:?} in {e:#?}");
+        assert!(
+            e.iter().any(|line| line.starts_with(wanted)),
+            "missing {wanted:?} in {e:#?}"
+        );
     }
     assert_eq!(e.len(), expected.len(), "{e:#?}");
     assert!(!e.iter().any(|line| line.contains("hunter2")));
@@ -220,11 +247,20 @@ fn unreadable_and_non_utf8_config_files() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope.yaml");
     let e = load(&missing).unwrap_err();
-    assert!(e[0].to_string().contains("cannot read config file"), "{}", e[0]);
+    assert!(
+        e[0].to_string().contains("cannot read config file"),
+        "{}",
+        e[0]
+    );
     let bad = dir.path().join("bad.yaml");
     std::fs::write(&bad, b"haproxyConfig: { template: \"\xff\" }\n").unwrap();
     let e = load(&bad).unwrap_err();
-    assert!(e[0].to_string().starts_with(&format!("{}:1:29: invalid UTF-8", bad.display())), "{}", e[0]);
+    assert!(
+        e[0].to_string()
+            .starts_with(&format!("{}:1:29: invalid UTF-8", bad.display())),
+        "{}",
+        e[0]
+    );
 }
 
 #[test]
@@ -233,7 +269,10 @@ fn a_kubernetes_source_is_accepted_by_the_loader() {
         "watchedResources:\n  pods:\n    kubernetes: { apiVersion: v1, kind: Pod }\n",
     ));
     let config: Config = load(&path).unwrap().config;
-    assert!(matches!(config.watched_resources.resources["pods"].source(), Some(Source::Kubernetes(_))));
+    assert!(matches!(
+        config.watched_resources.resources["pods"].source(),
+        Some(Source::Kubernetes(_))
+    ));
 }
 
 #[test]

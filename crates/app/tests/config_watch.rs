@@ -29,7 +29,8 @@ impl Harness {
             .unwrap();
         let mut kernel = Kernel::new(bus);
         kernel.register(
-            ConfigWatcher::new(&loaded).with_timing(Duration::from_millis(30), Duration::from_secs(60)),
+            ConfigWatcher::new(&loaded)
+                .with_timing(Duration::from_millis(30), Duration::from_secs(60)),
         );
         Self {
             kernel: kernel.start().unwrap(),
@@ -107,7 +108,10 @@ async fn valid_invalid_and_fixed_again() {
     let errors = h.invalid().await;
     assert_eq!(
         errors,
-        [format!("{}:7:3: controller.debunce: unknown field, did you mean `debounce`?", path.display())]
+        [format!(
+            "{}:7:3: controller.debunce: unknown field, did you mean `debounce`?",
+            path.display()
+        )]
     );
     let health = h.kernel.health().get(ConfigWatcher::NAME).unwrap();
     assert_eq!(health.state, HealthState::Unhealthy);
@@ -115,7 +119,10 @@ async fn valid_invalid_and_fixed_again() {
     std::fs::write(&path, config_text("500ms")).unwrap();
     let config = h.loaded().await;
     assert_eq!(config.controller.debounce.to_string(), "500ms");
-    assert_eq!(h.kernel.health().get(ConfigWatcher::NAME).unwrap().state, HealthState::Healthy);
+    assert_eq!(
+        h.kernel.health().get(ConfigWatcher::NAME).unwrap().state,
+        HealthState::Healthy
+    );
     h.stop().await;
 }
 
@@ -135,7 +142,10 @@ async fn a_password_file_change_reloads() {
 
     std::fs::remove_file(dir.path().join("dp")).unwrap();
     let errors = h.invalid().await;
-    assert!(errors[0].contains("haproxy.instances[0].dataplane.passwordFile: cannot read"), "{errors:?}");
+    assert!(
+        errors[0].contains("haproxy.instances[0].dataplane.passwordFile: cannot read"),
+        "{errors:?}"
+    );
     assert!(!errors[0].contains("two"));
     h.stop().await;
 }
@@ -163,7 +173,11 @@ async fn configmap_swaps_of_the_config_file_are_seen_twice() {
     let swap = |generation: u32, debounce: &str| {
         let data_dir = format!("..gen{generation}");
         std::fs::create_dir(mount.join(&data_dir)).unwrap();
-        std::fs::write(mount.join(&data_dir).join("hapwright.yaml"), config_text(debounce)).unwrap();
+        std::fs::write(
+            mount.join(&data_dir).join("hapwright.yaml"),
+            config_text(debounce),
+        )
+        .unwrap();
         symlink(&data_dir, mount.join("..data_tmp")).unwrap();
         std::fs::rename(mount.join("..data_tmp"), mount.join("..data")).unwrap();
         if generation > 0 {

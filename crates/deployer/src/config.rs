@@ -201,7 +201,10 @@ impl Config {
         for (index, instance) in self.instances.iter().enumerate() {
             let at = |field: &str| format!("instances[{index}].{field}");
             if instance.name.trim().is_empty() {
-                issues.push(ConfigIssue::new(at("name"), "instance names must not be empty"));
+                issues.push(ConfigIssue::new(
+                    at("name"),
+                    "instance names must not be empty",
+                ));
             } else if !names.insert(instance.name.as_str()) {
                 issues.push(ConfigIssue::new(
                     at("name"),
@@ -237,7 +240,8 @@ impl Config {
                 ));
             }
             if let Some(dataplane) = &instance.dataplane {
-                if !(dataplane.url.starts_with("http://") || dataplane.url.starts_with("https://")) {
+                if !(dataplane.url.starts_with("http://") || dataplane.url.starts_with("https://"))
+                {
                     issues.push(ConfigIssue::new(
                         at("dataplane.url"),
                         "url must start with http:// or https://",
@@ -251,7 +255,10 @@ impl Config {
                 }
             }
             for key in instance.env.keys() {
-                let valid = key.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                let valid = key
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
                     && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
                 if !valid {
                     issues.push(ConfigIssue::new(
@@ -423,8 +430,12 @@ discovery:
 "#,
         );
         assert_eq!(config.instances.len(), 3);
-        assert!(matches!(config.instances[0].driver(), Some(Driver::Socket(s)) if s.master == Address::Unix("/run/haproxy/master.sock".into())));
-        assert!(matches!(config.instances[2].driver(), Some(Driver::Socket(s)) if s.master == Address::Tcp("127.0.0.1:9999".into())));
+        assert!(
+            matches!(config.instances[0].driver(), Some(Driver::Socket(s)) if s.master == Address::Unix("/run/haproxy/master.sock".into()))
+        );
+        assert!(
+            matches!(config.instances[2].driver(), Some(Driver::Socket(s)) if s.master == Address::Tcp("127.0.0.1:9999".into()))
+        );
         assert!(config.validate().is_empty(), "{:?}", config.validate());
         assert_eq!(config.secret_files(), [PathBuf::from("/run/secrets/dp")]);
     }
@@ -457,15 +468,27 @@ discovery: { kubernetes: { namespace: "", labelSelector: a, port: 0 } }
             "discovery.kubernetes.port: port must be",
             "discovery.kubernetes.namespace: namespace is empty",
         ] {
-            assert!(issues.iter().any(|i| i.starts_with(wanted)), "missing {wanted:?} in {issues:#?}");
+            assert!(
+                issues.iter().any(|i| i.starts_with(wanted)),
+                "missing {wanted:?} in {issues:#?}"
+            );
         }
     }
 
     #[test]
     fn addresses() {
-        assert_eq!(Address::parse("/a/b.sock").unwrap(), Address::Unix("/a/b.sock".into()));
-        assert_eq!(Address::parse("admin.sock").unwrap(), Address::Unix("admin.sock".into()));
-        assert_eq!(Address::parse("host:1").unwrap(), Address::Tcp("host:1".into()));
+        assert_eq!(
+            Address::parse("/a/b.sock").unwrap(),
+            Address::Unix("/a/b.sock".into())
+        );
+        assert_eq!(
+            Address::parse("admin.sock").unwrap(),
+            Address::Unix("admin.sock".into())
+        );
+        assert_eq!(
+            Address::parse("host:1").unwrap(),
+            Address::Tcp("host:1".into())
+        );
         assert!(Address::parse("host:x").is_err());
         assert!(Address::parse(":80").is_err());
         assert!(Address::parse("").is_err());
@@ -487,15 +510,28 @@ instances:
         );
         config.resolve_paths(dir.path());
         let socket = config.instances[0].socket.as_ref().unwrap();
-        assert_eq!(socket.master, Address::Unix(dir.path().join("run/master.sock")));
+        assert_eq!(
+            socket.master,
+            Address::Unix(dir.path().join("run/master.sock"))
+        );
         assert_eq!(socket.runtime, Some(Address::Tcp("127.0.0.1:9000".into())));
         assert_eq!(socket.config_dir, dir.path().join("etc"));
         assert_eq!(config.binary, dir.path().join("./bin/haproxy"));
 
         let issues = config.load_secrets();
         assert_eq!(issues.len(), 1, "{issues:?}");
-        assert!(issues[0].to_string().starts_with("instances[1].dataplane.caFile: cannot read"));
-        let password = config.instances[1].dataplane.as_ref().unwrap().password.clone().unwrap();
+        assert!(
+            issues[0]
+                .to_string()
+                .starts_with("instances[1].dataplane.caFile: cannot read")
+        );
+        let password = config.instances[1]
+            .dataplane
+            .as_ref()
+            .unwrap()
+            .password
+            .clone()
+            .unwrap();
         assert_eq!(password.expose(), "s3cret");
         let debug = format!("{config:?}");
         assert!(!debug.contains("s3cret"), "{debug}");
@@ -504,7 +540,12 @@ instances:
 
         std::fs::remove_file(dir.path().join("dp")).unwrap();
         let issues = config.load_secrets();
-        assert!(issues[0].to_string().starts_with("instances[1].dataplane.passwordFile: cannot read"), "{issues:?}");
+        assert!(
+            issues[0]
+                .to_string()
+                .starts_with("instances[1].dataplane.passwordFile: cannot read"),
+            "{issues:?}"
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hapwright_eventbus::model::{
-    DeployReason, DeployStrategy, Diagnostic, RenderedConfig, ReloadReason,
+    DeployReason, DeployStrategy, Diagnostic, ReloadReason, RenderedConfig,
 };
 use tokio::time::Instant;
 
@@ -174,7 +174,11 @@ pub struct SocketDriver {
 
 impl SocketDriver {
     /// A driver for `instance`; `managed` must be given for a `managed: true` instance.
-    pub fn new(instance: InstanceConfig, managed: Option<ManagedHaproxy>, metrics: Metrics) -> Self {
+    pub fn new(
+        instance: InstanceConfig,
+        managed: Option<ManagedHaproxy>,
+        metrics: Metrics,
+    ) -> Self {
         let master = MasterClient::new(instance.master.clone());
         let runtime = match &instance.runtime {
             Some(address) => RuntimeClient::direct(address.clone()),
@@ -235,7 +239,9 @@ impl SocketDriver {
                 .await
                 .is_some_and(|state| state.is_running());
             if !up {
-                return self.start_managed(managed, desired, desired_model, running).await;
+                return self
+                    .start_managed(managed, desired, desired_model, running)
+                    .await;
             }
         }
         let running = match running {
@@ -260,7 +266,9 @@ impl SocketDriver {
                         running.marker
                     ),
                 );
-                return self.reload(desired, desired_model, Some(&running), plan).await;
+                return self
+                    .reload(desired, desired_model, Some(&running), plan)
+                    .await;
             }
         }
         let plan = plan::plan(&running.config, &running.model, &desired, &desired_model);
@@ -345,7 +353,8 @@ impl SocketDriver {
         };
         match managed.ensure_started(&self.instance).await {
             Ok(()) => {
-                self.metrics.reload(&self.instance.name, true, reason.as_str());
+                self.metrics
+                    .reload(&self.instance.name, true, reason.as_str());
                 Ok(Deployed {
                     config: desired,
                     model: desired_model,
@@ -360,7 +369,8 @@ impl SocketDriver {
                 })
             }
             Err(error) => {
-                self.metrics.reload(&self.instance.name, false, reason.as_str());
+                self.metrics
+                    .reload(&self.instance.name, false, reason.as_str());
                 if !backup.files.is_empty() {
                     let _ = self.dir.restore(&backup);
                 }
@@ -408,13 +418,23 @@ impl SocketDriver {
         &self,
         ops: &[RuntimeOp],
     ) -> Result<Vec<Option<(PatternKind, String)>>, String> {
-        let needs_patterns = ops.iter().any(|op| matches!(op, RuntimeOp::ReplacePatterns { .. }));
-        let needs_certs = ops.iter().any(|op| matches!(op, RuntimeOp::ReplaceCertificate { .. }));
+        let needs_patterns = ops
+            .iter()
+            .any(|op| matches!(op, RuntimeOp::ReplacePatterns { .. }));
+        let needs_certs = ops
+            .iter()
+            .any(|op| matches!(op, RuntimeOp::ReplaceCertificate { .. }));
         let listing = |e: RuntimeError| format!("listing loaded files failed: {e}");
         let (maps, acls) = if needs_patterns {
             (
-                self.runtime.pattern_files(PatternKind::Map).await.map_err(listing)?,
-                self.runtime.pattern_files(PatternKind::Acl).await.map_err(listing)?,
+                self.runtime
+                    .pattern_files(PatternKind::Map)
+                    .await
+                    .map_err(listing)?,
+                self.runtime
+                    .pattern_files(PatternKind::Acl)
+                    .await
+                    .map_err(listing)?,
             )
         } else {
             Default::default()
@@ -457,19 +477,33 @@ impl SocketDriver {
     ) -> Result<(), RuntimeError> {
         let rt = &self.runtime;
         match op {
-            RuntimeOp::SetAddr { backend, server, addr, port } => {
-                rt.set_server_addr(backend, server, addr, *port).await
-            }
-            RuntimeOp::SetWeight { backend, server, weight } => {
-                rt.set_server_weight(backend, server, *weight).await
-            }
-            RuntimeOp::SetState { backend, server, state } => {
-                rt.set_server_state(backend, server, state).await
-            }
+            RuntimeOp::SetAddr {
+                backend,
+                server,
+                addr,
+                port,
+            } => rt.set_server_addr(backend, server, addr, *port).await,
+            RuntimeOp::SetWeight {
+                backend,
+                server,
+                weight,
+            } => rt.set_server_weight(backend, server, *weight).await,
+            RuntimeOp::SetState {
+                backend,
+                server,
+                state,
+            } => rt.set_server_state(backend, server, state).await,
             RuntimeOp::ShutdownSessions { backend, server } => {
                 rt.shutdown_sessions(backend, server).await
             }
-            RuntimeOp::AddServer { backend, server, address, params, enable, health } => {
+            RuntimeOp::AddServer {
+                backend,
+                server,
+                address,
+                params,
+                enable,
+                health,
+            } => {
                 rt.add_server(backend, server, address, params).await?;
                 if *health {
                     rt.enable_health(backend, server).await?;
@@ -524,7 +558,8 @@ impl SocketDriver {
             None => None,
         };
         let outcome = self.confirmed_reload(&marker, logs.as_ref()).await;
-        self.metrics.reload(&self.instance.name, outcome.is_ok(), label);
+        self.metrics
+            .reload(&self.instance.name, outcome.is_ok(), label);
         match outcome {
             Ok(()) => {
                 tracing::info!(instance = %self.instance.name, reason = %reason.detail, "Reloaded");
@@ -549,16 +584,18 @@ impl SocketDriver {
 
     /// Sends `reload` and waits until the master confirms it; re-sends a lost one and
     /// reloads again if the files changed while it ran.
-    async fn confirmed_reload(&self, marker: &str, logs: Option<&LogBuffer>) -> Result<(), DeployError> {
+    async fn confirmed_reload(
+        &self,
+        marker: &str,
+        logs: Option<&LogBuffer>,
+    ) -> Result<(), DeployError> {
         for _round in 0..3 {
             let before = self.master.show_proc().await?;
             let log_position = logs.map(LogBuffer::position);
             let after = self.reload_and_wait(&before).await?;
             if after.failed > 0 {
                 let alerts = match (logs, log_position) {
-                    (Some(logs), Some(position)) => {
-                        self.wait_for_alerts(logs, position).await
-                    }
+                    (Some(logs), Some(position)) => self.wait_for_alerts(logs, position).await,
                     _ => Vec::new(),
                 };
                 return Err(DeployError::ReloadFailed {
@@ -635,7 +672,9 @@ impl SocketDriver {
                     let since = *unchanged_since.get_or_insert_with(Instant::now);
                     if since.elapsed() >= self.config.lost_reload_after && resent < 3 {
                         tracing::warn!(instance = %self.instance.name, "Reload was lost; sending it again");
-                        self.master.send_reload(40, Duration::from_millis(50)).await?;
+                        self.master
+                            .send_reload(40, Duration::from_millis(50))
+                            .await?;
                         unchanged_since = None;
                         resent += 1;
                     }
@@ -652,7 +691,10 @@ impl SocketDriver {
         let Some(global) = model.global() else {
             return;
         };
-        let Some(file) = global.last("server-state-file").and_then(|d| d.args.first()) else {
+        let Some(file) = global
+            .last("server-state-file")
+            .and_then(|d| d.args.first())
+        else {
             return;
         };
         let base = global

@@ -255,7 +255,10 @@ mod tests {
         let again = with_version_marker(&with, "def");
         assert!(again.contains("HAPWRIGHT_CONFIG_VERSION def"));
         assert!(!again.contains("abc"));
-        assert_eq!(strip_version_marker(&again), (main.to_owned(), Some("def".into())));
+        assert_eq!(
+            strip_version_marker(&again),
+            (main.to_owned(), Some("def".into()))
+        );
         let no_global = with_version_marker("defaults\n    mode http\n", "x");
         assert!(no_global.starts_with("global\n    setenv HAPWRIGHT_CONFIG_VERSION x\n"));
     }

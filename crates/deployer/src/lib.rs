@@ -4,14 +4,15 @@
 
 pub mod config;
 
+pub mod deployer;
+pub mod driver;
 pub mod files;
+pub mod haproxy_config;
+pub mod managed;
 pub mod master;
 pub mod metrics;
-pub mod runtime;
-pub mod socket;
-pub mod managed;
-pub mod scheduler;
-pub mod haproxy_config;
-pub mod validator;
 pub mod plan;
-pub mod driver;
+pub mod runtime;
+pub mod scheduler;
+pub mod socket;
+pub mod validator;

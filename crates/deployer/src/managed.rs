@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::master::MasterClient;
-use crate::socket::{ClientConfig, CliClient, InstanceConfig, SocketAddress};
+use crate::socket::{CliClient, ClientConfig, InstanceConfig, SocketAddress};
 
 /// Lines of HAProxy output kept per instance.
 const LOG_LINES: usize = 400;
@@ -87,8 +87,11 @@ fn format_alerts(alerts: &[String]) -> String {
 /// for what came after a point (e.g. the ALERT lines of a failed reload).
 #[derive(Clone, Debug, Default)]
 pub struct LogBuffer {
-    inner: Arc<Mutex<(u64, VecDeque<(u64, String)>)>>,
+    inner: Arc<Mutex<NumberedLines>>,
 }
+
+/// The number of the last line pushed, and the kept lines with their numbers.
+type NumberedLines = (u64, VecDeque<(u64, String)>);
 
 impl LogBuffer {
     /// Appends a line.

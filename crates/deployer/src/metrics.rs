@@ -1,7 +1,9 @@
 //! Deployment metrics (DESIGN §4). Registered once per process with
 //! [`Metrics::register`] and shared by every deployer iteration.
 
-use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 
 use hapwright_eventbus::model::DeployStrategy;
 
@@ -49,8 +51,8 @@ impl Metrics {
                     "Time to deploy a config to one instance.",
                 )
                 .buckets(vec![
-                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                    10.0, 30.0,
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0,
                 ]),
                 &["instance"],
             )?,
@@ -90,7 +92,9 @@ impl Metrics {
         self.deployments
             .with_label_values(&[instance, strategy.as_str(), result(ok)])
             .inc();
-        self.duration.with_label_values(&[instance]).observe(seconds);
+        self.duration
+            .with_label_values(&[instance])
+            .observe(seconds);
         if ok {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -11,7 +11,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
-use hapwright_eventbus::model::{DeployReason, DeployStrategy, RenderedConfig, ReloadReason};
+use hapwright_eventbus::model::{DeployReason, DeployStrategy, ReloadReason, RenderedConfig};
 
 use crate::haproxy_config::{self, Config, Directive, Section, Server};
 use crate::runtime::MAX_PAYLOAD_BYTES;
@@ -20,7 +20,13 @@ use crate::runtime::MAX_PAYLOAD_BYTES;
 const DYNAMIC_REJECTED: &[&str] = &["cookie", "init-addr", "resolvers", "redir"];
 /// `default-server` parameters that only matter for name resolution at start-up and
 /// that `add server` refuses; left out of the explicit parameters.
-const RESOLUTION_ONLY: &[&str] = &["init-addr", "resolvers", "resolve-prefer", "resolve-net", "resolve-opts"];
+const RESOLUTION_ONLY: &[&str] = &[
+    "init-addr",
+    "resolvers",
+    "resolve-prefer",
+    "resolve-net",
+    "resolve-opts",
+];
 
 /// One runtime API change.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,21 +120,38 @@ impl RuntimeOp {
     /// A short description for logs and deploy reasons.
     pub fn describe(&self) -> String {
         match self {
-            RuntimeOp::SetAddr { backend, server, addr, port } => match port {
+            RuntimeOp::SetAddr {
+                backend,
+                server,
+                addr,
+                port,
+            } => match port {
                 Some(port) => format!("server {backend}/{server} address {addr}:{port}"),
                 None => format!("server {backend}/{server} address {addr}"),
             },
-            RuntimeOp::SetWeight { backend, server, weight } => {
+            RuntimeOp::SetWeight {
+                backend,
+                server,
+                weight,
+            } => {
                 format!("server {backend}/{server} weight {weight}")
             }
-            RuntimeOp::SetState { backend, server, state } => {
+            RuntimeOp::SetState {
+                backend,
+                server,
+                state,
+            } => {
                 format!("server {backend}/{server} state {state}")
             }
             RuntimeOp::ShutdownSessions { backend, server } => {
                 format!("server {backend}/{server} sessions shut down")
             }
-            RuntimeOp::AddServer { backend, server, .. } => format!("server {backend}/{server} added"),
-            RuntimeOp::DelServer { backend, server } => format!("server {backend}/{server} removed"),
+            RuntimeOp::AddServer {
+                backend, server, ..
+            } => format!("server {backend}/{server} added"),
+            RuntimeOp::DelServer { backend, server } => {
+                format!("server {backend}/{server} removed")
+            }
             RuntimeOp::ReplacePatterns { file, .. } => format!("{file} contents"),
             RuntimeOp::ReplaceCertificate { file, .. } => format!("{file} replaced"),
         }
@@ -218,7 +241,10 @@ pub fn compute(running: &RenderedConfig, desired: &RenderedConfig) -> ChangePlan
         (Ok(old), Ok(new)) => plan(running, &old, desired, &new),
         (_, Err(error)) | (Err(error), _) => ChangePlan::reload(
             ReloadReason::Structure,
-            format!("haproxy.cfg does not parse (line {}): {}", error.line, error.message),
+            format!(
+                "haproxy.cfg does not parse (line {}): {}",
+                error.line, error.message
+            ),
         ),
     }
 }
@@ -395,10 +421,14 @@ fn plan_servers(
     let old_defaults = split_params(&default_server_params(old_config, old));
     let new_defaults_words = default_server_params(new_config, new);
     let new_defaults = split_params(&new_defaults_words);
-    let by_name: HashMap<&str, &Server> = old_servers.iter().map(|s| (s.name.as_str(), s)).collect();
+    let by_name: HashMap<&str, &Server> =
+        old_servers.iter().map(|s| (s.name.as_str(), s)).collect();
     let new_names: HashSet<&str> = new_servers.iter().map(|s| s.name.as_str()).collect();
     if new_names.len() != new_servers.len() {
-        plan.force(ReloadReason::Structure, format!("{label}: duplicate server names"));
+        plan.force(
+            ReloadReason::Structure,
+            format!("{label}: duplicate server names"),
+        );
         return;
     }
     let dynamic = new_config.effective_balance(new).is_dynamic();
@@ -432,7 +462,10 @@ fn plan_servers(
             if !is_ip(&server.address) || !is_ip(&previous.address) {
                 plan.force(
                     ReloadReason::ServerOptions,
-                    format!("{label}: server {name} address `{}` is not an IP address", server.address),
+                    format!(
+                        "{label}: server {name} address `{}` is not an IP address",
+                        server.address
+                    ),
                 );
                 continue;
             }
@@ -495,7 +528,8 @@ fn plan_servers(
             );
             continue;
         }
-        plan.changed_servers.insert((backend.clone(), server.name.clone()));
+        plan.changed_servers
+            .insert((backend.clone(), server.name.clone()));
         for op in [
             RuntimeOp::SetState {
                 backend: backend.clone(),
@@ -528,14 +562,19 @@ fn plan_added_server(
     if !dynamic {
         plan.force(
             ReloadReason::Structure,
-            format!("{label}: server {name} added; the balance algorithm cannot add servers at runtime"),
+            format!(
+                "{label}: server {name} added; the balance algorithm cannot add servers at runtime"
+            ),
         );
         return;
     }
     let Some(port) = server.port.filter(|_| is_ip(&server.address)) else {
         plan.force(
             ReloadReason::ServerOptions,
-            format!("{label}: server {name} added with address `{}`, which is not IP:port", server.address),
+            format!(
+                "{label}: server {name} added with address `{}`, which is not IP:port",
+                server.address
+            ),
         );
         return;
     };

@@ -291,25 +291,29 @@ impl RuntimeClient {
     /// Replaces a certificate referenced by the configuration: `set ssl cert <<` then
     /// `commit ssl cert` (aborted when the set is refused).
     pub async fn replace_certificate(&self, file: &str, pem: &str) -> Result<(), RuntimeError> {
-        let body: String = pem
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .fold(String::with_capacity(pem.len()), |mut out, line| {
+        let body: String = pem.lines().filter(|l| !l.trim().is_empty()).fold(
+            String::with_capacity(pem.len()),
+            |mut out, line| {
                 out.push_str(line);
                 out.push('\n');
                 out
-            });
-        let set = format!("set ssl cert {file} <<\n{body}");
+            },
+        );
+        let set = format!("set ssl cert {file} <<\n{body}\n");
         if let Err(error) = self
-            .expect(&set, |a| a.contains("Transaction created") || a.contains("Transaction updated"))
+            .expect(&set, |a| {
+                a.contains("Transaction created") || a.contains("Transaction updated")
+            })
             .await
         {
             let _ = self.command(&format!("abort ssl cert {file}")).await;
             return Err(error);
         }
-        self.expect(&format!("commit ssl cert {file}"), |a| a.contains("Success"))
-            .await
-            .map(drop)
+        self.expect(&format!("commit ssl cert {file}"), |a| {
+            a.contains("Success")
+        })
+        .await
+        .map(drop)
     }
 }
 
@@ -347,6 +351,7 @@ pub fn chunk_lines(lines: &[&str], limit: usize) -> Vec<String> {
 pub fn parse_pattern_listing(answer: &str) -> Vec<String> {
     answer
         .lines()
+        .filter(|line| !line.starts_with('#'))
         .filter_map(|line| {
             let start = line.find('(')?;
             let end = start + line[start..].find(')')?;
@@ -362,7 +367,9 @@ mod tests {
 
     #[test]
     fn chunks_stay_under_the_limit() {
-        let lines: Vec<String> = (0..2000).map(|i| format!("host{i}.example.com be_{i}")).collect();
+        let lines: Vec<String> = (0..2000)
+            .map(|i| format!("host{i}.example.com be_{i}"))
+            .collect();
         let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
         let chunks = chunk_lines(&refs, MAX_PAYLOAD_BYTES);
         assert!(chunks.len() > 1);

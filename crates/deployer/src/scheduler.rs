@@ -145,7 +145,11 @@ impl State {
             }
             EventPayload::InstancesDiscovered(discovered) => {
                 let before = self.instances();
-                let names = discovered.instances.iter().map(|i| i.name.clone()).collect();
+                let names = discovered
+                    .instances
+                    .iter()
+                    .map(|i| i.name.clone())
+                    .collect();
                 self.discovered.insert(discovered.source.clone(), names);
                 if self.instances() != before
                     && self.pending.is_none()
@@ -171,10 +175,10 @@ impl State {
                     });
                 }
             }
-            EventPayload::DeploymentCompleted(completed) => {
-                if !completed.summary.failed.is_empty() {
-                    self.last_released = None;
-                }
+            EventPayload::DeploymentCompleted(completed)
+                if !completed.summary.failed.is_empty() =>
+            {
+                self.last_released = None;
             }
             _ => {}
         }
@@ -186,8 +190,7 @@ impl State {
         let instances = self.instances();
         let pending = self.pending.as_mut()?;
         if !pending.drift
-            && self.last_released.as_ref()
-                == Some(&(pending.config.hash(), instances.clone()))
+            && self.last_released.as_ref() == Some(&(pending.config.hash(), instances.clone()))
         {
             tracing::debug!(hash = %pending.config.hash().short(), "Skipping deployment: hash and instances unchanged");
             self.pending = None;

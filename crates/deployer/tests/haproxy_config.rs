@@ -8,8 +8,11 @@ use hapwright_deployer::haproxy_config::{
 };
 use proptest::prelude::*;
 
+/// One section's words: kind, name, header arguments, and each directive's words.
+type SectionWords = (SectionKind, Option<String>, Vec<String>, Vec<Vec<String>>);
+
 /// The model without line numbers and original text, which printing cannot keep.
-fn words(config: &Config) -> Vec<(SectionKind, Option<String>, Vec<String>, Vec<Vec<String>>)> {
+fn words(config: &Config) -> Vec<SectionWords> {
     config
         .sections
         .iter()

@@ -36,11 +36,16 @@ struct Harness {
 
 fn start() -> Harness {
     let registry = Registry::new();
-    let bus = Bus::new(BusConfig::default(), &BusMetrics::register(&registry).unwrap());
+    let bus = Bus::new(
+        BusConfig::default(),
+        &BusMetrics::register(&registry).unwrap(),
+    );
     let reloads: Arc<Mutex<HashSet<ContentHash>>> = Arc::default();
     let classifier = {
         let reloads = reloads.clone();
-        move |config: &RenderedConfig, _: &[String]| reloads.lock().unwrap().contains(&config.hash())
+        move |config: &RenderedConfig, _: &[String]| {
+            reloads.lock().unwrap().contains(&config.hash())
+        }
     };
     let scheduler = Scheduler::new(
         Config {
@@ -166,7 +171,10 @@ async fn reloads_wait_for_the_reload_interval_while_runtime_deploys_keep_flowing
     let (_, got, _, _) = h.next().await;
     assert_eq!(got.hash(), runtime.hash());
     let at = t0.elapsed();
-    assert!(at >= Duration::from_secs(2) && at < Duration::from_secs(3), "{at:?}");
+    assert!(
+        at >= Duration::from_secs(2) && at < Duration::from_secs(3),
+        "{at:?}"
+    );
 
     // A reload waits for minReloadInterval since the last reload.
     let second = config("reload-2\n");
@@ -175,7 +183,10 @@ async fn reloads_wait_for_the_reload_interval_while_runtime_deploys_keep_flowing
     let (_, got, _, _) = h.next().await;
     assert_eq!(got.hash(), second.hash());
     let at = t0.elapsed();
-    assert!(at >= Duration::from_secs(10) && at < Duration::from_secs(11), "{at:?}");
+    assert!(
+        at >= Duration::from_secs(10) && at < Duration::from_secs(11),
+        "{at:?}"
+    );
     h.stop().await;
 }
 

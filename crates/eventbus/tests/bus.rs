@@ -167,7 +167,7 @@ async fn r2_slow_pipeline_subscriber_loses_nothing_and_observer_losses_are_count
             assert!(event.id.0 > last_id, "events arrive in publish order");
             last_id = event.id.0;
             received += 1;
-            if received % 64 == 0 {
+            if received.is_multiple_of(64) {
                 // Deliberately slow: give the publisher the processor often.
                 tokio::task::yield_now().await;
             }
@@ -179,7 +179,7 @@ async fn r2_slow_pipeline_subscriber_loses_nothing_and_observer_losses_are_count
         loop {
             let event = observer.recv().await.expect("bus stays open");
             received += 1;
-            if received % 16 == 0 {
+            if received.is_multiple_of(16) {
                 tokio::task::yield_now().await;
             }
             if event.id.0 == TOTAL {

@@ -127,9 +127,10 @@ impl AssertionType {
             AssertionType::Contains | AssertionType::NotContains => {
                 (&["target", "pattern"], &["target", "pattern"])
             }
-            AssertionType::MatchCount => {
-                (&["target", "pattern", "count"], &["target", "pattern", "count"])
-            }
+            AssertionType::MatchCount => (
+                &["target", "pattern", "count"],
+                &["target", "pattern", "count"],
+            ),
             AssertionType::MatchOrder => (&["target", "patterns"], &["target", "patterns"]),
             AssertionType::Equals => (&["target", "expected"], &["target", "expected"]),
             AssertionType::Jsonpath => (&["path", "expected"], &["path", "expected"]),
@@ -194,7 +195,10 @@ impl Assertion {
             if present && !accepted.contains(&field) {
                 issues.push(ConfigIssue::new(
                     field,
-                    format!("`{field}` is not used by `{}` assertions", self.kind.as_str()),
+                    format!(
+                        "`{field}` is not used by `{}` assertions",
+                        self.kind.as_str()
+                    ),
                 ));
             } else if !present && required.contains(&field) {
                 issues.push(ConfigIssue::new(
@@ -206,7 +210,10 @@ impl Assertion {
         if let Some(pattern) = &self.pattern
             && let Err(error) = regex::Regex::new(pattern)
         {
-            issues.push(ConfigIssue::new("pattern", format!("invalid regex: {error}")));
+            issues.push(ConfigIssue::new(
+                "pattern",
+                format!("invalid regex: {error}"),
+            ));
         }
         if let Some(patterns) = &self.patterns {
             if patterns.len() < 2 {
@@ -375,7 +382,12 @@ validationTests:
         assert!(config.validate().is_empty(), "{:?}", config.validate());
         assert_eq!(
             config.rendered_paths(),
-            ["haproxy.cfg", "maps/hosts.map", "files/503.http", "certs/default.pem"]
+            [
+                "haproxy.cfg",
+                "maps/hosts.map",
+                "files/503.http",
+                "certs/default.pem"
+            ]
         );
     }
 
@@ -415,7 +427,10 @@ validationTests:
             "validationTests.empty.assertions: a test needs at least one assertion",
         ];
         for wanted in expect {
-            assert!(issues.iter().any(|i| i.starts_with(wanted)), "missing {wanted:?} in {issues:#?}");
+            assert!(
+                issues.iter().any(|i| i.starts_with(wanted)),
+                "missing {wanted:?} in {issues:#?}"
+            );
         }
         assert_eq!(issues.len(), expect.len(), "{issues:#?}");
     }

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_eventbus::{
-    Bus, BusError, Component, ComponentError, Context, EventId, EventKind, EventMeta,
-    EventPayload, ReconciliationTriggered, Subscription,
+    Bus, BusError, Component, ComponentError, Context, EventId, EventKind, EventMeta, EventPayload,
+    ReconciliationTriggered, Subscription,
 };
 use tokio::time::Instant;
 
@@ -66,7 +66,10 @@ impl Debouncer {
 
     /// A debouncer whose first trigger waits for the initial sync of `sources` (the
     /// watched resource names). With no sources, the first trigger fires at start.
-    pub fn new<S: Into<Arc<str>>>(settings: Settings, sources: impl IntoIterator<Item = S>) -> Self {
+    pub fn new<S: Into<Arc<str>>>(
+        settings: Settings,
+        sources: impl IntoIterator<Item = S>,
+    ) -> Self {
         Self {
             settings,
             sources: sources.into_iter().map(Into::into).collect(),
@@ -121,7 +124,10 @@ impl Component for Debouncer {
     fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
         self.subscription = Some(bus.subscribe(
             Self::NAME,
-            [EventKind::ResourceIndexUpdated, EventKind::ResourceSyncComplete],
+            [
+                EventKind::ResourceIndexUpdated,
+                EventKind::ResourceSyncComplete,
+            ],
         )?);
         Ok(())
     }
@@ -156,7 +162,10 @@ impl Component for Debouncer {
 
         if sources.is_empty() {
             initial_done = true;
-            fire(&mut batch, "initial render (no watched resources)".to_owned());
+            fire(
+                &mut batch,
+                "initial render (no watched resources)".to_owned(),
+            );
         }
 
         loop {
@@ -205,10 +214,11 @@ impl Component for Debouncer {
                     fire(&mut batch, reason);
                 } else {
                     let mut reason = format!("resources changed: {}", batch.names());
-                    if let Some(first) = batch.first {
-                        if now >= first + settings.max_wait {
-                            let _ = write!(reason, " (max wait {:?} reached)", settings.max_wait);
-                        }
+                    if batch
+                        .first
+                        .is_some_and(|first| now >= first + settings.max_wait)
+                    {
+                        let _ = write!(reason, " (max wait {:?} reached)", settings.max_wait);
                     }
                     fire(&mut batch, reason);
                 }

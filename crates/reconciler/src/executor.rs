@@ -27,9 +27,9 @@ use std::time::Duration;
 
 use hapwright_eventbus::model::{ContentHash, Diagnostic};
 use hapwright_eventbus::{
-    Bus, BusError, Component, ComponentError, Context, CorrelationId, Event, EventKind,
-    EventMeta, EventPayload, ReconciliationCompleted, ReconciliationFailed,
-    ReconciliationStarted, Stage, Subscription,
+    Bus, BusError, Component, ComponentError, Context, CorrelationId, Event, EventKind, EventMeta,
+    EventPayload, ReconciliationCompleted, ReconciliationFailed, ReconciliationStarted, Stage,
+    Subscription,
 };
 use tokio::time::Instant;
 
@@ -90,8 +90,10 @@ struct InFlight {
 impl InFlight {
     /// Closes the current stage and opens `next`.
     fn advance(&mut self, now: Instant, next: Stage) {
-        self.stages
-            .push((self.stage, now.saturating_duration_since(self.stage_started)));
+        self.stages.push((
+            self.stage,
+            now.saturating_duration_since(self.stage_started),
+        ));
         self.stage = next;
         self.stage_started = now;
     }
@@ -191,9 +193,10 @@ impl State<'_> {
             let first = errors.first().map(ToString::to_string).unwrap_or_default();
             tracing::warn!(?stage, errors = errors.len(), first = %first, "Reconciliation failed");
         });
-        self.ctx
-            .publisher()
-            .publish_with(ReconciliationFailed { stage, errors }, Self::meta(flight.id, cause));
+        self.ctx.publisher().publish_with(
+            ReconciliationFailed { stage, errors },
+            Self::meta(flight.id, cause),
+        );
     }
 
     fn handle(&mut self, event: &Arc<Event>) {
@@ -213,22 +216,22 @@ impl State<'_> {
                     _ => {}
                 }
             }
-            EventPayload::TemplateRenderFailed(failed) => {
-                if self.current(event, Stage::Render).is_some() {
-                    self.fail(event, Stage::Render, failed.errors.clone());
-                }
+            EventPayload::TemplateRenderFailed(failed)
+                if self.current(event, Stage::Render).is_some() =>
+            {
+                self.fail(event, Stage::Render, failed.errors.clone());
             }
-            EventPayload::ValidationCompleted(done) => {
-                if self.current(event, Stage::Validate).is_some() {
-                    self.settled = Some(Settled::Valid(done.config.hash()));
-                    self.complete(event, "validated");
-                }
+            EventPayload::ValidationCompleted(done)
+                if self.current(event, Stage::Validate).is_some() =>
+            {
+                self.settled = Some(Settled::Valid(done.config.hash()));
+                self.complete(event, "validated");
             }
-            EventPayload::ValidationFailed(failed) => {
-                if self.current(event, Stage::Validate).is_some() {
-                    self.settled = Some(Settled::Invalid(failed.hash, failed.errors.clone()));
-                    self.fail(event, Stage::Validate, failed.errors.clone());
-                }
+            EventPayload::ValidationFailed(failed)
+                if self.current(event, Stage::Validate).is_some() =>
+            {
+                self.settled = Some(Settled::Invalid(failed.hash, failed.errors.clone()));
+                self.fail(event, Stage::Validate, failed.errors.clone());
             }
             _ => {}
         }

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hapwright_eventbus::model::{FieldPath, ObjectKey, ResourceSnapshot};
-use hapwright_reconciler::renderer::{Resources, TemplatingSettings, Templates};
+use hapwright_reconciler::renderer::{Resources, Templates, TemplatingSettings};
 use serde_json::{Value, json};
 
 /// The watched resources of the routing example.
@@ -140,16 +140,28 @@ pub fn cluster(n: usize) -> BTreeMap<&'static str, Arc<ResourceSnapshot>> {
         },
     }));
     let mut out = BTreeMap::new();
-    out.insert("services", snapshot(&["metadata.namespace", "metadata.name"], services));
+    out.insert(
+        "services",
+        snapshot(&["metadata.namespace", "metadata.name"], services),
+    );
     out.insert(
         "endpoints",
         snapshot(
-            &["metadata.namespace", r"metadata.labels.kubernetes\.io/service-name"],
+            &[
+                "metadata.namespace",
+                r"metadata.labels.kubernetes\.io/service-name",
+            ],
             endpoints,
         ),
     );
-    out.insert("ingresses", snapshot(&["metadata.namespace", "metadata.name"], ingresses));
-    out.insert("secrets", snapshot(&["metadata.namespace", "metadata.name"], secrets));
+    out.insert(
+        "ingresses",
+        snapshot(&["metadata.namespace", "metadata.name"], ingresses),
+    );
+    out.insert(
+        "secrets",
+        snapshot(&["metadata.namespace", "metadata.name"], secrets),
+    );
     out
 }
 

@@ -126,7 +126,11 @@ async fn first_trigger_waits_for_every_source_to_sync() {
     h.update("endpoints", snapshot("b"));
     h.synced("endpoints");
     let event = h.next().await;
-    assert_eq!(event.at - t0, Duration::from_secs(10), "fires as soon as the last source syncs");
+    assert_eq!(
+        event.at - t0,
+        Duration::from_secs(10),
+        "fires as soon as the last source syncs"
+    );
     let t = trigger(&event);
     assert_eq!(t.reason, "initial sync complete: endpoints, services");
     assert_eq!(t.sources.len(), 2);
@@ -166,7 +170,10 @@ async fn no_sources_means_an_immediate_first_render() {
     let t0 = Instant::now();
     let event = h.next().await;
     assert_eq!(event.at, t0);
-    assert_eq!(trigger(&event).reason, "initial render (no watched resources)");
+    assert_eq!(
+        trigger(&event).reason,
+        "initial render (no watched resources)"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -39,7 +39,10 @@ fn located(errors: &[Diagnostic], template: &str, line: u32, source_line: &str) 
 
 #[test]
 fn syntax_error_in_main_template() {
-    let errors = load_errors(Templates::new("global\n{% if x %}\n  a\n{% endfi %}\n"), &[]);
+    let errors = load_errors(
+        Templates::new("global\n{% if x %}\n  a\n{% endfi %}\n"),
+        &[],
+    );
     let message = located(&errors, "haproxy.cfg", 4, "{% endfi %}");
     assert!(message.contains("syntax error"), "{message}");
     assert!(errors[0].location.as_ref().unwrap().column.is_some());
@@ -81,7 +84,12 @@ fn unknown_watched_resource_is_caught_at_load() {
         Templates::new("global\n{% for s in resources.servics.list() %}{% endfor %}\n"),
         &["services", "endpoints"],
     );
-    let message = located(&errors, "haproxy.cfg", 2, "{% for s in resources.servics.list() %}{% endfor %}");
+    let message = located(
+        &errors,
+        "haproxy.cfg",
+        2,
+        "{% for s in resources.servics.list() %}{% endfor %}",
+    );
     assert_eq!(
         message,
         "resources.servics is not a watched resource (watched: endpoints, services); did you mean resources.services?"
@@ -92,9 +100,16 @@ fn unknown_watched_resource_is_caught_at_load() {
 #[test]
 fn missing_snippet_is_caught_at_load() {
     let mut templates = Templates::new("global\n\n{% include \"backend-server\" %}\n");
-    templates.snippets.insert("backend-servers".into(), "x".into());
+    templates
+        .snippets
+        .insert("backend-servers".into(), "x".into());
     let errors = load_errors(templates, &[]);
-    let message = located(&errors, "haproxy.cfg", 3, "{% include \"backend-server\" %}");
+    let message = located(
+        &errors,
+        "haproxy.cfg",
+        3,
+        "{% include \"backend-server\" %}",
+    );
     assert_eq!(
         message,
         "include of unknown snippet `backend-server`; did you mean `backend-servers`?"
@@ -113,8 +128,13 @@ fn optional_and_dynamic_includes_are_not_errors_at_load() {
 #[test]
 fn include_cycle_is_named() {
     let mut templates = Templates::new("{% include 'a' %}");
-    templates.snippets.insert("a".into(), "a\n{% include 'b' %}".into());
-    templates.snippets.insert("b".into(), "{% if x %}\n{% include 'a' %}\n{% endif %}".into());
+    templates
+        .snippets
+        .insert("a".into(), "a\n{% include 'b' %}".into());
+    templates.snippets.insert(
+        "b".into(),
+        "{% if x %}\n{% include 'a' %}\n{% endif %}".into(),
+    );
     let errors = load_errors(templates, &[]);
     let message = located(&errors, "b", 2, "{% include 'a' %}");
     assert_eq!(message, "include cycle: a → b → a");
@@ -123,7 +143,9 @@ fn include_cycle_is_named() {
 #[test]
 fn self_include_and_render_glob_cycles_are_named() {
     let mut templates = Templates::new("{{ render_glob('ext-*') }}");
-    templates.snippets.insert("ext-1".into(), "{{ render_glob('ext-*') }}".into());
+    templates
+        .snippets
+        .insert("ext-1".into(), "{{ render_glob('ext-*') }}".into());
     let errors = load_errors(templates, &[]);
     let message = located(&errors, "ext-1", 1, "{{ render_glob('ext-*') }}");
     assert_eq!(message, "`ext-1` includes itself");
@@ -131,16 +153,29 @@ fn self_include_and_render_glob_cycles_are_named() {
 
 #[test]
 fn render_glob_misuse_is_caught_at_load() {
-    let errors = load_errors(Templates::new("a\n{{ render_glob('x-*') | indent(4) }}"), &[]);
-    let message = located(&errors, "haproxy.cfg", 2, "{{ render_glob('x-*') | indent(4) }}");
-    assert!(message.starts_with("render_glob(...) must be used on its own"), "{message}");
+    let errors = load_errors(
+        Templates::new("a\n{{ render_glob('x-*') | indent(4) }}"),
+        &[],
+    );
+    let message = located(
+        &errors,
+        "haproxy.cfg",
+        2,
+        "{{ render_glob('x-*') | indent(4) }}",
+    );
+    assert!(
+        message.starts_with("render_glob(...) must be used on its own"),
+        "{message}"
+    );
 }
 
 #[test]
 fn snippet_names_cannot_shadow_rendered_files() {
     let mut templates = Templates::new("x");
     templates.maps.insert("hosts.map".into(), "m".into());
-    templates.snippets.insert("maps/hosts.map".into(), "s".into());
+    templates
+        .snippets
+        .insert("maps/hosts.map".into(), "s".into());
     let errors = load_errors(templates, &[]);
     assert_eq!(errors.len(), 1);
     assert!(errors[0].message.contains("reserved"), "{}", errors[0]);
@@ -161,7 +196,12 @@ fn undefined_variable_in_strict_mode() {
     let mut templates = Templates::new("global\n    maxconn {{ extraContext.maxconn }}\n");
     templates.settings.strict_undefined = true;
     let errors = render_errors(templates);
-    let message = located(&errors, "haproxy.cfg", 2, "    maxconn {{ extraContext.maxconn }}");
+    let message = located(
+        &errors,
+        "haproxy.cfg",
+        2,
+        "    maxconn {{ extraContext.maxconn }}",
+    );
     assert!(message.starts_with("undefined value"), "{message}");
     assert!(message.contains("maxconn"), "{message}");
 }
@@ -171,7 +211,12 @@ fn fail_stops_the_render_with_its_message() {
     let errors = render_errors(Templates::new(
         "global\n{% if resources.services.list() | length == 0 %}\n{{ fail('no services are defined') }}\n{% endif %}",
     ));
-    let message = located(&errors, "haproxy.cfg", 3, "{{ fail('no services are defined') }}");
+    let message = located(
+        &errors,
+        "haproxy.cfg",
+        3,
+        "{{ fail('no services are defined') }}",
+    );
     assert_eq!(message, "fail(): no services are defined");
 }
 
@@ -189,30 +234,43 @@ fn out_of_fuel_fails_with_a_clear_error() {
     let location = errors[0].location.as_ref().expect("located");
     assert_eq!(location.file, "haproxy.cfg");
     assert!(matches!(location.line, Some(2..=3)), "{:?}", location.line);
-    assert!(errors[0].message.contains("ran out of fuel after 100000"), "{}", errors[0]);
+    assert!(
+        errors[0].message.contains("ran out of fuel after 100000"),
+        "{}",
+        errors[0]
+    );
 }
 
 #[test]
 fn runaway_recursion_hits_the_recursion_limit() {
     // A dynamic self-include escapes the static cycle check; the limit stops it.
     let mut templates = Templates::new("{% include 'loop' %}");
-    templates
-        .snippets
-        .insert("loop".into(), "x\n{% set name = 'lo' ~ 'op' %}{% include name %}".into());
+    templates.snippets.insert(
+        "loop".into(),
+        "x\n{% set name = 'lo' ~ 'op' %}{% include name %}".into(),
+    );
     templates.limits.recursion_limit = 50;
     let errors = render_errors(templates);
     assert_eq!(errors.len(), 1, "{errors:#?}");
     let location = errors[0].location.as_ref().expect("located");
     assert_eq!(location.file, "loop");
     assert_eq!(location.line, Some(2));
-    assert!(errors[0].message.contains("recursion limit"), "{}", errors[0]);
+    assert!(
+        errors[0].message.contains("recursion limit"),
+        "{}",
+        errors[0]
+    );
 }
 
 #[test]
 fn errors_inside_snippets_name_the_snippet_and_the_include_chain() {
     let mut templates = Templates::new("global\n\n{% include 'outer' %}\n");
-    templates.snippets.insert("outer".into(), "o\n{% include 'inner' %}".into());
-    templates.snippets.insert("inner".into(), "line\n\n{{ fail('boom') }}".into());
+    templates
+        .snippets
+        .insert("outer".into(), "o\n{% include 'inner' %}".into());
+    templates
+        .snippets
+        .insert("inner".into(), "line\n\n{{ fail('boom') }}".into());
     let errors = render_errors(templates);
     let message = located(&errors, "inner", 3, "{{ fail('boom') }}");
     assert_eq!(
@@ -225,7 +283,9 @@ fn errors_inside_snippets_name_the_snippet_and_the_include_chain() {
 fn errors_inside_render_glob_snippets_name_the_snippet() {
     let mut templates = Templates::new("a\n{{ render_glob('x-*') }}");
     templates.snippets.insert("x-1".into(), "fine".into());
-    templates.snippets.insert("x-2".into(), "{{ 1 / 0 }}".into());
+    templates
+        .snippets
+        .insert("x-2".into(), "{{ 1 / 0 }}".into());
     let errors = render_errors(templates);
     let message = located(&errors, "x-2", 1, "{{ 1 / 0 }}");
     assert!(message.contains("included from haproxy.cfg:2"), "{message}");
@@ -234,9 +294,15 @@ fn errors_inside_render_glob_snippets_name_the_snippet() {
 #[test]
 fn errors_in_maps_files_and_certificates_are_all_reported() {
     let mut templates = Templates::new("ok");
-    templates.maps.insert("a.map".into(), "x\n{{ fail('map') }}".into());
-    templates.files.insert("f".into(), "{{ path('nope') }}".into());
-    templates.certificates.insert("c.pem".into(), "{{ 'x' | b64decode }}".into());
+    templates
+        .maps
+        .insert("a.map".into(), "x\n{{ fail('map') }}".into());
+    templates
+        .files
+        .insert("f".into(), "{{ path('nope') }}".into());
+    templates
+        .certificates
+        .insert("c.pem".into(), "{{ 'x' | b64decode }}".into());
     let errors = render_errors(templates);
     let where_: Vec<String> = errors
         .iter()
@@ -246,14 +312,22 @@ fn errors_in_maps_files_and_certificates_are_all_reported() {
     assert!(where_[0].starts_with("maps/a.map:2"), "{where_:?}");
     assert!(where_[1].starts_with("files/f:1"), "{where_:?}");
     assert!(where_[2].starts_with("certs/c.pem:1"), "{where_:?}");
-    assert!(errors[1].message.contains("path(\"nope\"): no map, file or certificate"), "{}", errors[1]);
+    assert!(
+        errors[1]
+            .message
+            .contains("path(\"nope\"): no map, file or certificate"),
+        "{}",
+        errors[1]
+    );
     assert!(errors[2].message.contains("b64decode"), "{}", errors[2]);
 }
 
 #[test]
 fn a_failing_main_template_stops_before_the_other_files() {
     let mut templates = Templates::new("{{ fail('main') }}");
-    templates.maps.insert("a.map".into(), "{{ fail('map') }}".into());
+    templates
+        .maps
+        .insert("a.map".into(), "{{ fail('map') }}".into());
     let errors = render_errors(templates);
     assert_eq!(errors.len(), 1);
     assert_eq!(errors[0].message, "fail(): main");
@@ -266,29 +340,53 @@ fn resource_lookup_errors_are_located() {
         &fixtures::WATCHED,
     )
     .expect("loads");
-    let errors = renderer.render(&fixtures::resources(30)).expect_err("ambiguous get");
-    let message = located(&errors, "haproxy.cfg", 2, "{{ resources.services.get('team-1') }}");
-    assert!(message.contains("expected at most one object, found 3; use fetch()"), "{message}");
+    let errors = renderer
+        .render(&fixtures::resources(30))
+        .expect_err("ambiguous get");
+    let message = located(
+        &errors,
+        "haproxy.cfg",
+        2,
+        "{{ resources.services.get('team-1') }}",
+    );
+    assert!(
+        message.contains("expected at most one object, found 3; use fetch()"),
+        "{message}"
+    );
 
     let renderer = Renderer::new(
         Templates::new("{{ resources.services.fetch('a', 'b', 'c') }}"),
         &fixtures::WATCHED,
     )
     .expect("loads");
-    let errors = renderer.render(&fixtures::resources(1)).expect_err("too many keys");
-    assert!(errors[0].message.contains("3 index keys given, but only 2 indexBy paths"), "{}", errors[0]);
+    let errors = renderer
+        .render(&fixtures::resources(1))
+        .expect_err("too many keys");
+    assert!(
+        errors[0]
+            .message
+            .contains("3 index keys given, but only 2 indexBy paths"),
+        "{}",
+        errors[0]
+    );
 }
 
 #[test]
 fn filter_argument_errors_are_located() {
     for (template, needle) in [
-        ("{{ [1] | sort_by() }}", "sort_by: give at least one attribute path"),
+        (
+            "{{ [1] | sort_by() }}",
+            "sort_by: give at least one attribute path",
+        ),
         ("{{ [1] | sort_by('a..b') }}", "invalid attribute path"),
         ("{{ 'x' | glob_match('[') }}", "invalid glob pattern"),
         ("{{ 1 | glob_match('*') }}", "expected a string or a list"),
         ("{{ shared.set('k') }}", "shared.set() takes 2 arguments"),
         ("{{ shared.nope() }}", "has no method named nope"),
-        ("{{ resources.services.nope() }}", "resources.services has no method nope()"),
+        (
+            "{{ resources.services.nope() }}",
+            "resources.services has no method nope()",
+        ),
         ("{{ path('a') }}", "no map, file or certificate"),
     ] {
         let errors = render_errors(Templates::new(format!("\n{template}")));

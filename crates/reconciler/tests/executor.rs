@@ -227,7 +227,9 @@ async fn a_reconciliation_is_trigger_render_validate_with_one_correlation_id() {
     p.trigger("resources changed: services");
 
     let started = p.h.next_of(EventKind::ReconciliationStarted).await;
-    let id = started.correlation_id.expect("the executor assigns a correlation id");
+    let id = started
+        .correlation_id
+        .expect("the executor assigns a correlation id");
     let EventPayload::ReconciliationStarted(s) = &started.payload else {
         unreachable!()
     };
@@ -339,7 +341,9 @@ async fn queued_triggers_start_one_reconciliation_for_the_newest() {
     };
     assert_eq!(s.reason, "three");
     assert!(
-        timeout(Duration::from_secs(10), p.renders.recv()).await.is_err(),
+        timeout(Duration::from_secs(10), p.renders.recv())
+            .await
+            .is_err(),
         "only one reconciliation starts"
     );
 }
@@ -378,7 +382,10 @@ async fn identical_output_short_circuits_validation() {
     p.render("same\n").await;
     let done = p.outcome().await;
     assert_eq!(done.kind(), EventKind::ReconciliationCompleted);
-    assert_eq!(stages(&done), vec![(Stage::Render, Duration::from_millis(50))]);
+    assert_eq!(
+        stages(&done),
+        vec![(Stage::Render, Duration::from_millis(50))]
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -481,7 +488,8 @@ async fn end_to_end_with_the_real_renderer() {
 
 #[tokio::test(start_paused = true)]
 async fn end_to_end_render_errors_fail_the_reconciliation_and_mark_the_renderer_unhealthy() {
-    let renderer = Renderer::new(Templates::new("x\n{{ fail('no') }}"), &[] as &[&str]).expect("loads");
+    let renderer =
+        Renderer::new(Templates::new("x\n{{ fail('no') }}"), &[] as &[&str]).expect("loads");
     let mut h = Harness::start(
         vec![
             Box::new(Executor::new(Settings::default())),
@@ -504,7 +512,9 @@ async fn end_to_end_render_errors_fail_the_reconciliation_and_mark_the_renderer_
 #[tokio::test(start_paused = true)]
 async fn the_renderer_renders_only_the_newest_of_queued_starts() {
     let renderer = Renderer::new(
-        Templates::new("{{ resources.services.list() | map(attribute='metadata.name') | join(',') }}"),
+        Templates::new(
+            "{{ resources.services.list() | map(attribute='metadata.name') | join(',') }}",
+        ),
         &["services"],
     )
     .expect("loads");
@@ -523,6 +533,10 @@ async fn the_renderer_renders_only_the_newest_of_queued_starts() {
     let EventPayload::TemplateRendered(r) = &rendered.payload else {
         unreachable!()
     };
-    assert_eq!(r.config.main().as_ref(), "new\n", "rendered with the newest data");
+    assert_eq!(
+        r.config.main().as_ref(),
+        "new\n",
+        "rendered with the newest data"
+    );
     assert!(h.next_within(Duration::from_secs(10)).await.is_none());
 }

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use hapwright_eventbus::model::{FileKind, RenderedConfig, RenderedFileRef};
-use hapwright_reconciler::renderer::{Renderer, Resources, TemplatingSettings, Templates};
+use hapwright_reconciler::renderer::{Renderer, Resources, Templates, TemplatingSettings};
 use serde_json::json;
 
 fn renderer(templates: Templates, watched: &[&str]) -> Renderer {
@@ -63,8 +63,14 @@ fn routing_example_golden_outputs() {
     insta::assert_snapshot!("routing_hosts_map", config.maps()["hosts.map"].as_ref());
     insta::assert_snapshot!("routing_paths_map", config.maps()["paths.map"].as_ref());
     insta::assert_snapshot!("routing_503_http", config.files()["503.http"].as_ref());
-    insta::assert_snapshot!("routing_default_pem", config.certificates()["default.pem"].as_ref());
-    insta::assert_snapshot!("routing_haproxy_cfg_source_map", annotated(&config, &main_file()));
+    insta::assert_snapshot!(
+        "routing_default_pem",
+        config.certificates()["default.pem"].as_ref()
+    );
+    insta::assert_snapshot!(
+        "routing_haproxy_cfg_source_map",
+        annotated(&config, &main_file())
+    );
     let paths = RenderedFileRef {
         kind: FileKind::Map,
         name: "paths.map".into(),
@@ -82,7 +88,10 @@ fn rendering_is_deterministic() {
     for _ in 0..3 {
         let second = again.render(&resources).expect("renders");
         assert_eq!(first.hash(), second.hash());
-        assert!(first == second, "same inputs must give the same bytes and source map");
+        assert!(
+            first == second,
+            "same inputs must give the same bytes and source map"
+        );
     }
     // A different input gives a different hash.
     let other = again.render(&fixtures::resources(51)).expect("renders");
@@ -131,10 +140,16 @@ fn source_map_follows_literals_loops_includes_and_globs() {
     templates.settings.trim_blocks = true;
     // trimBlocks eats the newline after `{% include %}` and Jinja drops the snippet's
     // final newline, so the snippet ends with an empty line to end its last line.
-    templates.snippets.insert("inc".into(), "from inc\n\nsecond\n\n".into());
+    templates
+        .snippets
+        .insert("inc".into(), "from inc\n\nsecond\n\n".into());
     templates.snippets.insert("ext-a".into(), "ext a".into());
-    templates.snippets.insert("ext-b".into(), "{% if true %}\next b{% endif %}".into());
-    let config = renderer(templates, &[]).render(&Resources::new()).expect("renders");
+    templates
+        .snippets
+        .insert("ext-b".into(), "{% if true %}\next b{% endif %}".into());
+    let config = renderer(templates, &[])
+        .render(&Resources::new())
+        .expect("renders");
     insta::assert_snapshot!(annotated(&config, &main_file()), @r"
            haproxy.cfg:1 | global
            haproxy.cfg:3 |   line 0
@@ -153,16 +168,30 @@ fn source_map_follows_literals_loops_includes_and_globs() {
 
 #[test]
 fn maps_files_and_certificates_have_source_maps_and_paths() {
-    let mut templates = Templates::new("use {{ path('a.map') }} {{ path('e.http') }} {{ path('c.pem') }}");
-    templates.maps.insert("a.map".into(), "k v\n{{ 'x y' }}".into());
+    let mut templates =
+        Templates::new("use {{ path('a.map') }} {{ path('e.http') }} {{ path('c.pem') }}");
+    templates
+        .maps
+        .insert("a.map".into(), "k v\n{{ 'x y' }}".into());
     templates.files.insert("e.http".into(), "body".into());
     templates.certificates.insert("c.pem".into(), "pem".into());
-    let config = renderer(templates, &[]).render(&Resources::new()).expect("renders");
-    assert_eq!(config.main().as_ref(), "use maps/a.map files/e.http certs/c.pem\n");
+    let config = renderer(templates, &[])
+        .render(&Resources::new())
+        .expect("renders");
+    assert_eq!(
+        config.main().as_ref(),
+        "use maps/a.map files/e.http certs/c.pem\n"
+    );
     assert_eq!(config.maps()["a.map"].as_ref(), "k v\nx y\n");
-    let origin = config.source_map().origin_by_path("maps/a.map", 2).expect("mapped");
+    let origin = config
+        .source_map()
+        .origin_by_path("maps/a.map", 2)
+        .expect("mapped");
     assert_eq!((origin.template.as_ref(), origin.line), ("maps/a.map", 2));
-    let origin = config.source_map().origin_by_path("certs/c.pem", 1).expect("mapped");
+    let origin = config
+        .source_map()
+        .origin_by_path("certs/c.pem", 1)
+        .expect("mapped");
     assert_eq!(origin.template.as_ref(), "certs/c.pem");
     assert_eq!(config.files()["e.http"].as_ref(), "body\n");
 }
@@ -179,9 +208,11 @@ fn plain(main: &str, snippets: &BTreeMap<String, String>, settings: TemplatingSe
             .build()
             .unwrap(),
     );
-    env.add_template_owned("haproxy.cfg", main.to_owned()).unwrap();
+    env.add_template_owned("haproxy.cfg", main.to_owned())
+        .unwrap();
     for (name, source) in snippets {
-        env.add_template_owned(name.clone(), source.clone()).unwrap();
+        env.add_template_owned(name.clone(), source.clone())
+            .unwrap();
     }
     let mut out = env
         .get_template("haproxy.cfg")
@@ -220,7 +251,10 @@ fn instrumentation_does_not_change_output() {
         "   \n",
     ];
     let mut snippets = BTreeMap::new();
-    snippets.insert("snip".to_owned(), "s1\n  {% if true %}\n  s2\n  {% endif %}\n".to_owned());
+    snippets.insert(
+        "snip".to_owned(),
+        "s1\n  {% if true %}\n  s2\n  {% endif %}\n".to_owned(),
+    );
     for trim_blocks in [false, true] {
         for lstrip_blocks in [false, true] {
             let settings = TemplatingSettings {
@@ -281,7 +315,9 @@ fn trim_and_lstrip_blocks_follow_the_settings() {
 #[test]
 fn undefined_values_are_lenient_by_default() {
     assert_eq!(
-        render_main("[{{ nope }}][{{ nope | default('d') }}][{% if nope %}x{% endif %}][{% for x in nope %}{% endfor %}]"),
+        render_main(
+            "[{{ nope }}][{{ nope | default('d') }}][{% if nope %}x{% endif %}][{% for x in nope %}{% endfor %}]"
+        ),
         "[][d][][]\n"
     );
 }
@@ -314,7 +350,9 @@ fn sources_without_data_are_empty() {
     let templates = Templates::new(
         "{{ resources.services.list() | length }} {{ resources.services.fetch('a', 'b') | length }} {{ resources.services.get('a') }}",
     );
-    let config = renderer(templates, &["services"]).render(&Resources::new()).expect("renders");
+    let config = renderer(templates, &["services"])
+        .render(&Resources::new())
+        .expect("renders");
     assert_eq!(config.main().as_ref(), "0 0 None\n");
 }
 
@@ -329,9 +367,14 @@ fn extra_context_and_shared_memo_span_the_whole_render() {
         "m.map".into(),
         "{{ shared.backends | join(',') }} {{ shared.get('log') }} {{ shared['x'] }} {{ shared.get('nope', 'd') }} {{ shared.keys() | join(',') }}".into(),
     );
-    let config = renderer(templates, &[]).render(&Resources::new()).expect("renders");
+    let config = renderer(templates, &[])
+        .render(&Resources::new())
+        .expect("renders");
     assert_eq!(config.main().as_ref(), "8080 5 5 False\n");
-    assert_eq!(config.maps()["m.map"].as_ref(), "a,b [1, 2] 5 d backends,log,x\n");
+    assert_eq!(
+        config.maps()["m.map"].as_ref(),
+        "a,b [1, 2] 5 d backends,log,x\n"
+    );
 }
 
 #[test]
@@ -379,17 +422,23 @@ fn tojson_sorts_keys_and_is_html_safe_like_jinja2() {
 
 #[test]
 fn render_glob_renders_matching_snippets_in_name_order() {
-    let mut templates = Templates::new("[{{ render_glob('feature-*') }}]\n[{{ render_glob('none-*') }}]");
-    templates.snippets.insert("feature-b".into(), "B {{ loop.index }}".into());
+    let mut templates =
+        Templates::new("[{{ render_glob('feature-*') }}]\n[{{ render_glob('none-*') }}]");
+    templates
+        .snippets
+        .insert("feature-b".into(), "B {{ loop.index }}".into());
     templates.snippets.insert("feature-a".into(), "A\n".into());
-    templates.snippets.insert("feature-c".into(), "{% set x = 1 %}C{{ x }}".into());
+    templates
+        .snippets
+        .insert("feature-c".into(), "{% set x = 1 %}C{{ x }}".into());
     templates.snippets.insert("other".into(), "O".into());
     assert_eq!(render_templates(templates), "[A\nB 2\nC1]\n[]\n");
 }
 
 #[test]
 fn render_glob_keeps_variable_tag_whitespace_under_trim_and_lstrip() {
-    let mut templates = Templates::new("a\n    {{ render_glob('s-*') }}\nb\n  {{- render_glob('s-*') -}}  \nc");
+    let mut templates =
+        Templates::new("a\n    {{ render_glob('s-*') }}\nb\n  {{- render_glob('s-*') -}}  \nc");
     templates.settings.trim_blocks = true;
     templates.settings.lstrip_blocks = true;
     templates.snippets.insert("s-1".into(), "x".into());

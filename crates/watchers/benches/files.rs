@@ -33,13 +33,22 @@ static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 const FILES: usize = 1_000;
 const PER_FILE: usize = 10;
 
+/// Content revision of the rewritten file; never repeats, so every write is a change.
+static REVISION: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
 /// One Service manifest of about 1 KB of JSON.
 fn object(file: usize, index: usize, revision: usize) -> String {
     let labels: String = (0..8)
         .map(|l| format!("    label-{l}.example.com/key: value-{file}-{index}-{l}\n"))
         .collect();
     let ports: String = (0..6)
-        .map(|p| format!("    - {{name: port-{p}, port: {}, targetPort: {}, protocol: TCP}}\n", 8000 + p, 9000 + p + revision))
+        .map(|p| {
+            format!(
+                "    - {{name: port-{p}, port: {}, targetPort: {}, protocol: TCP}}\n",
+                8000 + p,
+                9000 + p + revision
+            )
+        })
         .collect();
     format!(
         "apiVersion: v1\nkind: Service\nmetadata:\n  name: svc-{file}-{index}\n  namespace: ns-{}\n  labels:\n{labels}  annotations:\n    description: a service used to measure the files source, revision {revision}\nspec:\n  type: ClusterIP\n  clusterIP: 10.0.{}.{}\n  selector: {{app: app-{file}-{index}}}\n  ports:\n{ports}",
@@ -61,10 +70,50 @@ fn populate(dir: &Path) {
 }
 
 fn scanner(dir: &Path) -> Scanner {
-    Scanner::new("bench", &FilesConfig::new(dir), Filter::default(), default_index_by(), Limits::default())
+    Scanner::new(
+        "bench",
+        &FilesConfig::new(dir),
+        Filter::default(),
+        default_index_by(),
+        Limits::default(),
+    )
+}
+
+fn memory_breakdown(dir: &Path) {
+    let region = Region::new(GLOBAL);
+    let mut values = Vec::new();
+    for file in 0..FILES {
+        let bytes = std::fs::read(dir.join(format!("f{file:04}.yaml"))).unwrap();
+        let manifest = hapwright_watchers::manifest::parse(
+            &bytes,
+            "f",
+            &Filter::default(),
+            &Limits::default(),
+        )
+        .unwrap();
+        values.extend(manifest.objects);
+    }
+    let stats = region.change();
+    let held = stats.bytes_allocated as i64 - stats.bytes_deallocated as i64;
+    println!(
+        "breakdown: parsed values alone: {} B/object",
+        held / values.len() as i64
+    );
+    let region = Region::new(GLOBAL);
+    let mut snapshot = hapwright_eventbus::model::ResourceSnapshot::new(default_index_by());
+    for (key, value) in &values {
+        snapshot.upsert(key.clone(), value.clone());
+    }
+    let stats = region.change();
+    let held = stats.bytes_allocated as i64 - stats.bytes_deallocated as i64;
+    println!(
+        "breakdown: snapshot (map + index) on top: {} B/object",
+        held / values.len() as i64
+    );
 }
 
 fn memory_report(dir: &Path) {
+    memory_breakdown(dir);
     let region = Region::new(GLOBAL);
     let mut scanner = scanner(dir);
     let report = scanner.scan(ScanMode::Full);
@@ -90,6 +139,9 @@ fn benches(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     populate(dir.path());
     memory_report(dir.path());
+    if std::env::var_os("FILES_BENCH_MEMORY_ONLY").is_some() {
+        return;
+    }
 
     let mut group = c.benchmark_group("initial_sync");
     group.sample_size(10);
@@ -119,17 +171,25 @@ fn benches(c: &mut Criterion) {
                 let registry = prometheus::Registry::new();
                 let metrics = BusMetrics::register(&registry).unwrap();
                 let bus = Bus::new(BusConfig::default(), &metrics);
-                let mut events = bus.subscribe("bench", [EventKind::ResourceIndexUpdated]).unwrap();
+                let mut events = bus
+                    .subscribe("bench", [EventKind::ResourceIndexUpdated])
+                    .unwrap();
                 let mut config = FilesConfig::new(&dir);
                 config.settle = ConfigDuration::from_millis(0);
                 let mut kernel = Kernel::new(bus);
-                kernel.register(FilesSource::from_parts("bench", &config, Filter::default(), default_index_by()));
+                kernel.register(FilesSource::from_parts(
+                    "bench",
+                    &config,
+                    Filter::default(),
+                    default_index_by(),
+                ));
                 let running = kernel.start().unwrap();
                 events.recv().await.unwrap(); // initial sync
                 let mut total = Duration::ZERO;
-                for i in 0..iterations {
-                    let revision = i as usize + 1;
-                    let content: Vec<String> = (0..PER_FILE).map(|o| object(7, o, revision)).collect();
+                for _ in 0..iterations {
+                    let revision = REVISION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let content: Vec<String> =
+                        (0..PER_FILE).map(|o| object(7, o, revision)).collect();
                     let content = content.join("---\n");
                     let started = Instant::now();
                     std::fs::write(dir.join("f0007.yaml"), content).unwrap();

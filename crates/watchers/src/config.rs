@@ -273,7 +273,9 @@ endpoints:
         assert_eq!(files.settle, Duration::from_millis(25));
         assert_eq!(services.index_by, default_index_by());
         let endpoints = &config.resources["endpoints"];
-        assert!(matches!(endpoints.source(), Some(Source::Kubernetes(k)) if k.kind == "EndpointSlice"));
+        assert!(
+            matches!(endpoints.source(), Some(Source::Kubernetes(k)) if k.kind == "EndpointSlice")
+        );
         assert_eq!(
             endpoints.index_by[0].as_str(),
             r"metadata.labels.kubernetes\.io/service-name"
@@ -298,12 +300,38 @@ kube:
 "#,
         );
         let issues: Vec<String> = config.validate().iter().map(ToString::to_string).collect();
-        assert!(issues.iter().any(|i| i.starts_with("both.kubernetes: a resource has one source")), "{issues:?}");
-        assert!(issues.iter().any(|i| i.starts_with("none: no source")), "{issues:?}");
-        assert!(issues.iter().any(|i| i.starts_with("none.indexBy: indexBy is empty")), "{issues:?}");
-        assert!(issues.iter().any(|i| i.starts_with("kube.kind: ")), "{issues:?}");
-        assert!(issues.iter().any(|i| i.starts_with("bad name: resource names")), "{issues:?}");
-        assert!(issues.iter().any(|i| i.starts_with("bad name.files.maxFileSize")), "{issues:?}");
+        assert!(
+            issues
+                .iter()
+                .any(|i| i.starts_with("both.kubernetes: a resource has one source")),
+            "{issues:?}"
+        );
+        assert!(
+            issues.iter().any(|i| i.starts_with("none: no source")),
+            "{issues:?}"
+        );
+        assert!(
+            issues
+                .iter()
+                .any(|i| i.starts_with("none.indexBy: indexBy is empty")),
+            "{issues:?}"
+        );
+        assert!(
+            issues.iter().any(|i| i.starts_with("kube.kind: ")),
+            "{issues:?}"
+        );
+        assert!(
+            issues
+                .iter()
+                .any(|i| i.starts_with("bad name: resource names")),
+            "{issues:?}"
+        );
+        assert!(
+            issues
+                .iter()
+                .any(|i| i.starts_with("bad name.files.maxFileSize")),
+            "{issues:?}"
+        );
     }
 
     #[test]
@@ -314,13 +342,20 @@ kube:
             config.resources["a"].files.as_ref().unwrap().path,
             Path::new("/etc/hapwright/res")
         );
-        assert_eq!(config.resources["b"].files.as_ref().unwrap().path, Path::new("/abs"));
+        assert_eq!(
+            config.resources["b"].files.as_ref().unwrap().path,
+            Path::new("/abs")
+        );
     }
 
     #[test]
     fn bad_index_paths_are_parse_errors() {
-        let err = parse_typed::<Config>("a:\n  files: {path: x}\n  indexBy: ['a..b']\n", "t.yaml", &Limits::default())
-            .unwrap_err();
+        let err = parse_typed::<Config>(
+            "a:\n  files: {path: x}\n  indexBy: ['a..b']\n",
+            "t.yaml",
+            &Limits::default(),
+        )
+        .unwrap_err();
         assert!(err.message.starts_with("a.indexBy[0]: "), "{err}");
         assert_eq!(err.location.unwrap().line, Some(3));
     }

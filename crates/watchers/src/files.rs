@@ -34,7 +34,9 @@ use hapwright_eventbus::model::{
     ContentHash, Diagnostic, FieldPath, ObjectKey, ResourceChange, ResourceSnapshot,
     SourceLocation, UpsertOutcome,
 };
-use hapwright_eventbus::{Component, ComponentError, Context, ResourceIndexUpdated, ResourceSyncComplete};
+use hapwright_eventbus::{
+    Component, ComponentError, Context, ResourceIndexUpdated, ResourceSyncComplete,
+};
 use serde_json::Value;
 use tracing::Instrument;
 
@@ -219,11 +221,11 @@ impl Scanner {
         report.listed = true;
 
         let mut affected: BTreeSet<ObjectKey> = BTreeSet::new();
-        let present: BTreeSet<&str> = listing.iter().map(|(name, _)| name.as_ref()).collect();
+        let present: BTreeSet<Arc<str>> = listing.iter().map(|(name, _)| name.clone()).collect();
         let gone: Vec<Arc<str>> = self
             .files
             .keys()
-            .filter(|name| !present.contains(name.as_ref()))
+            .filter(|name| !present.contains(*name))
             .cloned()
             .collect();
         for name in gone {
@@ -235,9 +237,8 @@ impl Scanner {
             filter: &self.filter,
             limits: &self.limits,
         };
-        let mut vanished = Vec::new();
         for (name, path) in listing {
-            let entry = self.files.entry(name.clone()).or_insert_with(|| FileEntry {
+            self.files.entry(name).or_insert_with(|| FileEntry {
                 display: path.display().to_string(),
                 path,
                 stamp: None,
@@ -246,7 +247,21 @@ impl Scanner {
                 parse_error: None,
                 read_error: None,
             });
-            match refresh(entry, mode, &context) {
+        }
+        let mut work: Vec<(&Arc<str>, &mut FileEntry)> = self
+            .files
+            .iter_mut()
+            .filter(|(name, _)| present.contains(*name))
+            .collect();
+        let results = refresh_all(&mut work, mode, &context);
+        drop(work);
+
+        let mut vanished = Vec::new();
+        for (name, outcome) in results {
+            let Some(entry) = self.files.get_mut(&name) else {
+                continue;
+            };
+            match outcome {
                 Refresh::Unchanged => {}
                 Refresh::Vanished => vanished.push(name),
                 Refresh::Replaced(objects, warnings) => {
@@ -267,7 +282,10 @@ impl Scanner {
                         if old.get(key) != Some(object) {
                             affected.insert(key.clone());
                         }
-                        self.owners.entry(key.clone()).or_default().insert(name.clone());
+                        self.owners
+                            .entry(key.clone())
+                            .or_default()
+                            .insert(name.clone());
                     }
                 }
             }
@@ -332,18 +350,19 @@ impl Scanner {
             _ => format!("cannot access {}: {error}", self.path.display()),
         })?;
         if !meta.is_dir() {
-            let name = self
-                .path
-                .file_name()
-                .map_or_else(|| self.path.display().to_string(), |n| n.to_string_lossy().into_owned());
+            let name = self.path.file_name().map_or_else(
+                || self.path.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
             return Ok(vec![(name.into(), self.path.clone())]);
         }
         let entries = std::fs::read_dir(&self.path)
             .map_err(|error| format!("cannot list directory {}: {error}", self.path.display()))?;
         let mut listing = Vec::new();
         for entry in entries {
-            let entry = entry
-                .map_err(|error| format!("cannot list directory {}: {error}", self.path.display()))?;
+            let entry = entry.map_err(|error| {
+                format!("cannot list directory {}: {error}", self.path.display())
+            })?;
             let file_name = entry.file_name();
             let Some(name) = file_name.to_str() else {
                 tracing::warn!(source = %self.source, file = ?file_name, "Skipping a file whose name is not UTF-8");
@@ -370,6 +389,46 @@ fn has_manifest_extension(name: &str) -> bool {
         .is_some_and(|e| EXTENSIONS.iter().any(|x| x.eq_ignore_ascii_case(e)))
 }
 
+/// Refreshes every listed file; with many files, on several threads (reading and
+/// parsing dominate an initial sync). Results come back in file name order.
+fn refresh_all(
+    work: &mut [(&Arc<str>, &mut FileEntry)],
+    mode: ScanMode,
+    context: &ReadContext<'_>,
+) -> Vec<(Arc<str>, Refresh)> {
+    const PARALLEL_FROM: usize = 32;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZero::get)
+        .min(8);
+    if work.len() < PARALLEL_FROM || threads < 2 {
+        return work
+            .iter_mut()
+            .map(|(name, entry)| (Arc::clone(name), refresh(entry, mode, context)))
+            .collect();
+    }
+    let chunk = work.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = work
+            .chunks_mut(chunk)
+            .map(|part| {
+                scope.spawn(move || {
+                    part.iter_mut()
+                        .map(|(name, entry)| (Arc::clone(name), refresh(entry, mode, context)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|handle| {
+                handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
+}
+
 /// Re-reads one file if needed. Read problems keep the last good objects.
 fn refresh(entry: &mut FileEntry, mode: ScanMode, context: &ReadContext<'_>) -> Refresh {
     let location = || SourceLocation::new(entry.display.clone(), None, None);
@@ -377,7 +436,8 @@ fn refresh(entry: &mut FileEntry, mode: ScanMode, context: &ReadContext<'_>) -> 
         Ok(meta) => meta,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Refresh::Vanished,
         Err(error) => {
-            entry.read_error = Some(Diagnostic::error(format!("cannot read file: {error}")).at(location()));
+            entry.read_error =
+                Some(Diagnostic::error(format!("cannot read file: {error}")).at(location()));
             entry.stamp = None;
             return Refresh::Unchanged;
         }
@@ -410,7 +470,8 @@ fn refresh(entry: &mut FileEntry, mode: ScanMode, context: &ReadContext<'_>) -> 
         Ok(_) => {}
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Refresh::Vanished,
         Err(error) => {
-            entry.read_error = Some(Diagnostic::error(format!("cannot read file: {error}")).at(location()));
+            entry.read_error =
+                Some(Diagnostic::error(format!("cannot read file: {error}")).at(location()));
             entry.stamp = None;
             return Refresh::Unchanged;
         }
@@ -471,11 +532,21 @@ impl FilesSource {
             kind: resource.kind.clone(),
             ignore_fields: resource.ignore_fields.clone(),
         };
-        Ok(Self::from_parts(name, files, filter, resource.index_by.clone()))
+        Ok(Self::from_parts(
+            name,
+            files,
+            filter,
+            resource.index_by.clone(),
+        ))
     }
 
     /// Builds the source from its parts.
-    pub fn from_parts(name: &str, files: &FilesConfig, filter: Filter, index_by: Vec<FieldPath>) -> Self {
+    pub fn from_parts(
+        name: &str,
+        files: &FilesConfig,
+        filter: Filter,
+        index_by: Vec<FieldPath>,
+    ) -> Self {
         let watch = WatchOptions {
             settle: files.settle.get(),
             max_settle: (files.settle.get() * 20).max(std::time::Duration::from_millis(200)),
@@ -519,18 +590,26 @@ impl Component for FilesSource {
             watch,
             ..
         } = *self;
-        let span = tracing::info_span!("files_source", source = %resource, path = %scanner.path.display());
+        let span =
+            tracing::info_span!("files_source", source = %resource, path = %scanner.path.display());
         run(resource, scanner, watch, ctx).instrument(span).await
     }
 }
 
-async fn run(resource: Arc<str>, scanner: Scanner, options: WatchOptions, ctx: Context) -> Result<(), ComponentError> {
+async fn run(
+    resource: Arc<str>,
+    scanner: Scanner,
+    options: WatchOptions,
+    ctx: Context,
+) -> Result<(), ComponentError> {
     let mut watch = FileWatch::new(vec![scanner.path.clone()], options)?;
     let mut scanner = Some(scanner);
     let mut mode = ScanMode::Full;
     let mut synced = false;
     loop {
-        let mut current = scanner.take().expect("the scanner is back after every scan");
+        let mut current = scanner
+            .take()
+            .expect("the scanner is back after every scan");
         let started = std::time::Instant::now();
         let (current, report) = tokio::task::spawn_blocking(move || {
             let report = current.scan(mode);
@@ -561,7 +640,11 @@ async fn run(resource: Arc<str>, scanner: Scanner, options: WatchOptions, ctx: C
         }
         if first {
             synced = true;
-            tracing::info!(objects = current.snapshot.len(), files = current.files.len(), "Initial sync complete");
+            tracing::info!(
+                objects = current.snapshot.len(),
+                files = current.files.len(),
+                "Initial sync complete"
+            );
             ctx.publisher().publish(ResourceSyncComplete {
                 source: resource.clone(),
             });

@@ -149,7 +149,8 @@ impl FileWatch {
     /// appeared, or one that was deleted and recreated (a new inode), gets a fresh
     /// watch; watches nobody needs any more are removed.
     pub fn rearm(&mut self) {
-        let wanted: BTreeSet<PathBuf> = self.targets.iter().filter_map(|t| watch_point(t)).collect();
+        let wanted: BTreeSet<PathBuf> =
+            self.targets.iter().filter_map(|t| watch_point(t)).collect();
         let stale: Vec<PathBuf> = self
             .watched
             .iter()
@@ -232,15 +233,24 @@ mod tests {
         std::fs::write(&file, "a: 1").unwrap();
         assert_eq!(watch_point(dir.path()).unwrap(), dir.path());
         assert_eq!(watch_point(&file).unwrap(), dir.path());
-        assert_eq!(watch_point(&dir.path().join("missing/deeper")).unwrap(), dir.path());
+        assert_eq!(
+            watch_point(&dir.path().join("missing/deeper")).unwrap(),
+            dir.path()
+        );
     }
 
     #[test]
     fn reads_are_not_changes() {
         use notify::event::{CreateKind, ModifyKind};
-        assert!(!is_change(&EventKind::Access(AccessKind::Open(AccessMode::Any))));
-        assert!(!is_change(&EventKind::Access(AccessKind::Close(AccessMode::Read))));
-        assert!(is_change(&EventKind::Access(AccessKind::Close(AccessMode::Write))));
+        assert!(!is_change(&EventKind::Access(AccessKind::Open(
+            AccessMode::Any
+        ))));
+        assert!(!is_change(&EventKind::Access(AccessKind::Close(
+            AccessMode::Read
+        ))));
+        assert!(is_change(&EventKind::Access(AccessKind::Close(
+            AccessMode::Write
+        ))));
         assert!(is_change(&EventKind::Create(CreateKind::File)));
         assert!(is_change(&EventKind::Modify(ModifyKind::Any)));
     }
@@ -278,10 +288,14 @@ mod tests {
         let mut watch = FileWatch::new(vec![target.clone()], WatchOptions::default()).unwrap();
         assert_eq!(watch.watched().collect::<Vec<_>>(), [dir.path()]);
         std::fs::create_dir(&target).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), watch.next()).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), watch.next())
+            .await
+            .unwrap();
         assert_eq!(watch.watched().collect::<Vec<_>>(), [target.as_path()]);
         std::fs::write(target.join("x.yaml"), "a: 1").unwrap();
-        let wake = tokio::time::timeout(Duration::from_secs(5), watch.next()).await.unwrap();
+        let wake = tokio::time::timeout(Duration::from_secs(5), watch.next())
+            .await
+            .unwrap();
         assert_eq!(wake, Wake::Changed);
     }
 }

@@ -15,8 +15,8 @@
 //! - [`files`]: the `files` source component ([`FilesSource`]).
 
 pub mod config;
-pub mod filewatch;
 pub mod files;
+pub mod filewatch;
 pub mod manifest;
 pub mod yaml;
 

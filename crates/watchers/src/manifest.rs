@@ -2,6 +2,10 @@
 //! filtered by `apiVersion`/`kind`, keyed by namespace/name and stripped of
 //! `ignoreFields`.
 
+// `Diagnostic` is the project's shared error type; these errors are the cold path of
+// parsing a file, so its size does not matter.
+#![allow(clippy::result_large_err)]
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -49,7 +53,12 @@ pub struct Manifest {
 /// Parses a manifest file's bytes. Any problem (invalid UTF-8, YAML/JSON syntax, a
 /// budget breach, an object without `metadata.name`) rejects the whole file with one
 /// located diagnostic, so the caller can keep the file's last good objects.
-pub fn parse(bytes: &[u8], file: &str, filter: &Filter, limits: &Limits) -> Result<Manifest, Diagnostic> {
+pub fn parse(
+    bytes: &[u8],
+    file: &str,
+    filter: &Filter,
+    limits: &Limits,
+) -> Result<Manifest, Diagnostic> {
     let text = decode_utf8(bytes, file)?;
     let documents: Vec<Spanned<Value>> =
         serde_saphyr::from_multiple_with_options(text, limits.options())
@@ -64,7 +73,8 @@ pub fn parse(bytes: &[u8], file: &str, filter: &Filter, limits: &Limits) -> Resu
             if !filter.keeps(&object) {
                 continue;
             }
-            let key = object_key(&object).map_err(|message| Diagnostic::error(message).at(location.clone()))?;
+            let key = object_key(&object)
+                .map_err(|message| Diagnostic::error(message).at(location.clone()))?;
             let mut object = object;
             for field in &filter.ignore_fields {
                 field.remove(&mut object);
@@ -79,10 +89,34 @@ pub fn parse(bytes: &[u8], file: &str, filter: &Filter, limits: &Limits) -> Resu
                 continue;
             }
             first_seen.insert(key.clone(), location);
+            compact(&mut object);
             manifest.objects.insert(key, Arc::new(object));
         }
     }
     Ok(manifest)
+}
+
+/// Drops the spare capacity parsing left in strings, arrays and maps: stored objects
+/// live as long as their file is unchanged, so the slack would be held for good.
+fn compact(value: &mut Value) {
+    match value {
+        Value::String(text) => text.shrink_to_fit(),
+        Value::Array(items) => {
+            items.shrink_to_fit();
+            items.iter_mut().for_each(compact);
+        }
+        Value::Object(map) => {
+            let old = std::mem::take(map);
+            let mut new = serde_json::Map::with_capacity(old.len());
+            for (mut key, mut item) in old {
+                key.shrink_to_fit();
+                compact(&mut item);
+                new.insert(key, item);
+            }
+            *map = new;
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) => {}
+    }
 }
 
 fn location_of(document: &Spanned<Value>, file: &str) -> SourceLocation {
@@ -170,12 +204,18 @@ fn type_name(value: &Value) -> &'static str {
 /// `namespace/name` of an object; namespace defaults to `default`.
 pub fn object_key(object: &Value) -> Result<ObjectKey, String> {
     let metadata = object.get("metadata");
-    let kind = object.get("kind").and_then(Value::as_str).unwrap_or("object");
+    let kind = object
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("object");
     let name = match metadata.and_then(|m| m.get("name")) {
         Some(Value::String(name)) if !name.is_empty() => name.clone(),
         Some(Value::String(_)) => return Err(format!("{kind} has an empty metadata.name")),
         Some(other) => {
-            return Err(format!("{kind} has a metadata.name that is {}, not a string", type_name(other)));
+            return Err(format!(
+                "{kind} has a metadata.name that is {}, not a string",
+                type_name(other)
+            ));
         }
         None => return Err(format!("{kind} has no metadata.name")),
     };
@@ -224,7 +264,10 @@ items:
   - {apiVersion: v1, kind: Secret, metadata: {name: s}}
 ";
         let all = parse_ok(text, &Filter::default());
-        assert_eq!(keys(&all), ["default/a", "default/c", "default/s", "prod/b"]);
+        assert_eq!(
+            keys(&all),
+            ["default/a", "default/c", "default/s", "prod/b"]
+        );
         let services = parse_ok(
             text,
             &Filter {
@@ -245,7 +288,10 @@ items:
 
     #[test]
     fn json_files_and_top_level_arrays() {
-        let m = parse_ok(r#"[{"kind": "Service", "metadata": {"name": "x"}}]"#, &Filter::default());
+        let m = parse_ok(
+            r#"[{"kind": "Service", "metadata": {"name": "x"}}]"#,
+            &Filter::default(),
+        );
         assert_eq!(keys(&m), ["default/x"]);
     }
 
@@ -256,7 +302,10 @@ items:
             ..Filter::default()
         };
         let m = parse_ok("metadata: {name: a, managedFields: [1]}\n", &filter);
-        assert_eq!(*m.objects.values().next().unwrap().as_ref(), json!({"metadata": {"name": "a"}}));
+        assert_eq!(
+            *m.objects.values().next().unwrap().as_ref(),
+            json!({"metadata": {"name": "a"}})
+        );
     }
 
     #[test]
@@ -269,7 +318,13 @@ items:
         )
         .unwrap_err();
         assert_eq!(err.to_string(), "m.yaml:3:1: Service has no metadata.name");
-        let err = parse(b"just a string\n", "m.yaml", &Filter::default(), &Limits::default()).unwrap_err();
+        let err = parse(
+            b"just a string\n",
+            "m.yaml",
+            &Filter::default(),
+            &Limits::default(),
+        )
+        .unwrap_err();
         assert!(err.message.contains("found a string"), "{err}");
     }
 
@@ -282,13 +337,25 @@ items:
         assert_eq!(m.objects.len(), 1);
         assert_eq!(m.objects.values().next().unwrap()["spec"], 1);
         assert_eq!(m.warnings.len(), 1);
-        assert!(m.warnings[0].to_string().contains("m.yaml:4:1"), "{}", m.warnings[0]);
+        assert!(
+            m.warnings[0].to_string().contains("m.yaml:4:1"),
+            "{}",
+            m.warnings[0]
+        );
     }
 
     #[test]
     fn invalid_utf8_is_located() {
-        let err = parse(b"a: 1\nb: \xff\xfe\n", "bad.yaml", &Filter::default(), &Limits::default())
-            .unwrap_err();
-        assert!(err.to_string().starts_with("bad.yaml:2:4: invalid UTF-8"), "{err}");
+        let err = parse(
+            b"a: 1\nb: \xff\xfe\n",
+            "bad.yaml",
+            &Filter::default(),
+            &Limits::default(),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().starts_with("bad.yaml:2:4: invalid UTF-8"),
+            "{err}"
+        );
     }
 }

@@ -8,6 +8,10 @@
 //! did you mean `debounce`?`). JSON is parsed by the same YAML parser (JSON is YAML
 //! 1.2), so both get the same limits and error format.
 
+// `Diagnostic` is the project's shared error type; these errors are the cold path of
+// parsing a file, so its size does not matter.
+#![allow(clippy::result_large_err)]
+
 use hapwright_eventbus::config::did_you_mean;
 use hapwright_eventbus::model::{Diagnostic, SourceLocation};
 use serde::de::DeserializeOwned;
@@ -63,9 +67,8 @@ impl Limits {
 /// Parses every document of a YAML (or JSON) text into JSON values. Empty documents
 /// (a lone `---`, only comments) are skipped.
 pub fn parse_documents(text: &str, file: &str, limits: &Limits) -> Result<Vec<Value>, Diagnostic> {
-    let documents: Vec<Value> =
-        serde_saphyr::from_multiple_with_options(text, limits.options())
-            .map_err(|error| diagnostic(&error, file, None))?;
+    let documents: Vec<Value> = serde_saphyr::from_multiple_with_options(text, limits.options())
+        .map_err(|error| diagnostic(&error, file, None))?;
     Ok(documents
         .into_iter()
         .filter(|document| !document.is_null())
@@ -194,9 +197,9 @@ fn budget_message(breach: &BudgetBreach) -> String {
         BudgetBreach::ScalarBytes { total_scalar_bytes } => {
             format!("{total_scalar_bytes} bytes of scalars exceed the limit")
         }
-        BudgetBreach::AliasAnchorRatio { aliases, anchors } => format!(
-            "{aliases} alias uses for {anchors} anchors look like an alias bomb"
-        ),
+        BudgetBreach::AliasAnchorRatio { aliases, anchors } => {
+            format!("{aliases} alias uses for {anchors} anchors look like an alias bomb")
+        }
         other => format!("{other:?}"),
     };
     format!("input rejected by parse limits: {detail}")
@@ -266,8 +269,8 @@ mod tests {
 
     #[test]
     fn unknown_keys_without_a_close_match_list_the_choices() {
-        let err = parse_typed::<Top>("controller:\n  zzz: 1\n", "f", &Limits::default())
-            .unwrap_err();
+        let err =
+            parse_typed::<Top>("controller:\n  zzz: 1\n", "f", &Limits::default()).unwrap_err();
         assert_eq!(
             err.message,
             "controller.zzz: unknown field (expected one of: debounce, maxWait)"
@@ -295,14 +298,20 @@ mod tests {
     fn deep_nesting_is_rejected_by_the_budget() {
         let text = format!("{}{}", "[".repeat(500), "]".repeat(500));
         let err = parse_documents(&text, "deep.yaml", &Limits::default()).unwrap_err();
-        assert!(err.message.starts_with("input rejected by parse limits: "), "{err}");
+        assert!(
+            err.message.starts_with("input rejected by parse limits: "),
+            "{err}"
+        );
         let block = (0..200).fold(String::new(), |mut text, depth| {
             text.push_str(&" ".repeat(depth * 2));
             text.push_str("k:\n");
             text
         });
         let err = parse_documents(&block, "deep.yaml", &Limits::default()).unwrap_err();
-        assert!(err.message.starts_with("input rejected by parse limits: "), "{err}");
+        assert!(
+            err.message.starts_with("input rejected by parse limits: "),
+            "{err}"
+        );
         assert!(err.location.unwrap().line.is_some());
     }
 

@@ -13,11 +13,11 @@ use hapwright_eventbus::{
     Bus, BusConfig, BusMetrics, EventKind, EventPayload, HealthState, Kernel, RunningKernel,
     Subscription,
 };
+use hapwright_watchers::FilesSource;
 use hapwright_watchers::config::{FilesConfig, WatchedResource};
 use hapwright_watchers::files::{ScanMode, Scanner};
 use hapwright_watchers::manifest::Filter;
 use hapwright_watchers::yaml::Limits;
-use hapwright_watchers::FilesSource;
 use serde_json::Value;
 use tokio::time::timeout;
 
@@ -86,7 +86,13 @@ impl Harness {
             .unwrap()
             .health()
             .get("source/services")
-            .or_else(|| self.kernel.as_ref().unwrap().health().get("source/endpoints"))
+            .or_else(|| {
+                self.kernel
+                    .as_ref()
+                    .unwrap()
+                    .health()
+                    .get("source/endpoints")
+            })
             .expect("the source is registered")
             .state
     }
@@ -152,7 +158,11 @@ fn write(dir: &Path, name: &str, content: &str) -> PathBuf {
 #[tokio::test]
 async fn initial_sync_reads_every_format_and_ends_with_sync_complete() {
     let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), "a.yaml", &format!("{}---\n{}", service("a", 1), service("b", 2)));
+    write(
+        dir.path(),
+        "a.yaml",
+        &format!("{}---\n{}", service("a", 1), service("b", 2)),
+    );
     write(
         dir.path(),
         "b.json",
@@ -162,7 +172,11 @@ async fn initial_sync_reads_every_format_and_ends_with_sync_complete() {
     write(dir.path(), ".hidden.yaml", &service("hidden", 5));
     write(dir.path(), "notes.txt", &service("txt", 6));
     std::fs::create_dir(dir.path().join("sub")).unwrap();
-    write(&dir.path().join("sub"), "nested.yaml", &service("nested", 7));
+    write(
+        &dir.path().join("sub"),
+        "nested.yaml",
+        &service("nested", 7),
+    );
 
     let mut h = Harness::start(source(dir.path()));
     let (snapshot, change) = h.update().await;
@@ -368,7 +382,11 @@ async fn a_deleted_and_recreated_directory_keeps_objects_meanwhile() {
     write(&staging, "a.yaml", &service("a", 2));
     std::fs::rename(&staging, &dir).unwrap();
     let (snapshot, change) = h.update().await;
-    assert_eq!(change.modified, [key("a")], "objects were kept while the directory was gone");
+    assert_eq!(
+        change.modified,
+        [key("a")],
+        "objects were kept while the directory was gone"
+    );
     assert_eq!(port(&snapshot, "a"), Some(2));
     assert_eq!(h.current_health(), HealthState::Healthy);
 
@@ -429,7 +447,13 @@ async fn editor_save_patterns_publish_one_modification() {
     let tmp = write(dir.path(), ".a.yaml.tmp1234", &service("a", 2));
     std::fs::rename(&tmp, &a).unwrap();
     let (snapshot, change) = h.update().await;
-    assert_eq!(*change, ResourceChange { modified: vec![key("a")], ..ResourceChange::default() });
+    assert_eq!(
+        *change,
+        ResourceChange {
+            modified: vec![key("a")],
+            ..ResourceChange::default()
+        }
+    );
     assert_eq!(port(&snapshot, "a"), Some(2));
 
     // Vim with backupcopy=no: move the original away, write a new file, drop the backup.
@@ -437,7 +461,13 @@ async fn editor_save_patterns_publish_one_modification() {
     write(dir.path(), "a.yaml", &service("a", 3));
     std::fs::remove_file(dir.path().join("a.yaml~")).unwrap();
     let (snapshot, change) = h.update().await;
-    assert_eq!(*change, ResourceChange { modified: vec![key("a")], ..ResourceChange::default() });
+    assert_eq!(
+        *change,
+        ResourceChange {
+            modified: vec![key("a")],
+            ..ResourceChange::default()
+        }
+    );
     assert_eq!(port(&snapshot, "a"), Some(3));
 
     // Truncate, then write in place.
@@ -447,7 +477,13 @@ async fn editor_save_patterns_publish_one_modification() {
         file.write_all(service("a", 4).as_bytes()).unwrap();
     }
     let (snapshot, change) = h.update().await;
-    assert_eq!(*change, ResourceChange { modified: vec![key("a")], ..ResourceChange::default() });
+    assert_eq!(
+        *change,
+        ResourceChange {
+            modified: vec![key("a")],
+            ..ResourceChange::default()
+        }
+    );
     assert_eq!(port(&snapshot, "a"), Some(4));
     h.stop().await;
 }
@@ -463,10 +499,18 @@ async fn ten_rapid_edits_coalesce_into_one_update() {
     }
     let (snapshot, change) = h.update().await;
     assert_eq!(change.modified, [key("a")]);
-    assert_eq!(port(&snapshot, "a"), Some(10), "the first update already has the last edit");
+    assert_eq!(
+        port(&snapshot, "a"),
+        Some(10),
+        "the first update already has the last edit"
+    );
     write(dir.path(), "z.yaml", &service("z", 1));
     let (_, change) = h.update().await;
-    assert_eq!(change.added, [key("z")], "no intermediate updates were published");
+    assert_eq!(
+        change.added,
+        [key("z")],
+        "no intermediate updates were published"
+    );
     h.stop().await;
 }
 
@@ -481,12 +525,19 @@ async fn an_unreadable_file_keeps_its_objects_until_readable() {
     std::fs::remove_file(&a).unwrap();
     std::os::unix::fs::symlink("/proc/self/mem", &a).unwrap();
     let reason = h.health(HealthState::Unhealthy).await.unwrap();
-    assert!(reason.starts_with(&format!("{}: cannot read file", a.display())), "{reason}");
+    assert!(
+        reason.starts_with(&format!("{}: cannot read file", a.display())),
+        "{reason}"
+    );
 
     std::fs::remove_file(&a).unwrap();
     write(dir.path(), "a.yaml", &service("a", 2));
     let (snapshot, change) = h.update().await;
-    assert_eq!(change.modified, [key("a")], "the object was kept while unreadable");
+    assert_eq!(
+        change.modified,
+        [key("a")],
+        "the object was kept while unreadable"
+    );
     assert_eq!(port(&snapshot, "a"), Some(2));
     assert_eq!(h.current_health(), HealthState::Healthy);
     h.stop().await;
@@ -501,7 +552,10 @@ async fn invalid_utf8_is_located() {
     let path = dir.path().join("a.yaml");
     std::fs::write(&path, b"metadata:\n  name: \xc3\x28\n").unwrap();
     let reason = h.health(HealthState::Unhealthy).await.unwrap();
-    assert!(reason.starts_with(&format!("{}:2:9: invalid UTF-8", path.display())), "{reason}");
+    assert!(
+        reason.starts_with(&format!("{}:2:9: invalid UTF-8", path.display())),
+        "{reason}"
+    );
     h.stop().await;
 }
 
@@ -517,7 +571,9 @@ async fn a_50_mb_file_is_rejected_by_the_size_limit() {
     drop(big);
     let reason = h.health(HealthState::Unhealthy).await.unwrap();
     assert!(
-        reason.contains("file is too large: 52428800 bytes, over the 10MiB limit (files.maxFileSize)"),
+        reason.contains(
+            "file is too large: 52428800 bytes, over the 10MiB limit (files.maxFileSize)"
+        ),
         "{reason}"
     );
     h.stop().await;
@@ -526,7 +582,11 @@ async fn a_50_mb_file_is_rejected_by_the_size_limit() {
 #[test]
 fn the_size_limit_is_configurable() {
     let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), "a.yaml", &format!("{}# {}\n", service("a", 1), "x".repeat(2000)));
+    write(
+        dir.path(),
+        "a.yaml",
+        &format!("{}# {}\n", service("a", 1), "x".repeat(2000)),
+    );
     let mut config = files_config(dir.path());
     config.max_file_size = ByteSize(1024);
     let mut scanner = Scanner::new(
@@ -557,10 +617,17 @@ async fn deep_nesting_and_alias_bombs_are_rejected_by_budgets() {
     let mut h = Harness::start(source(dir.path()));
     h.synced().await;
 
-    let deep = format!("metadata: {{name: a}}\nspec: {}{}\n", "[".repeat(10_000), "]".repeat(10_000));
+    let deep = format!(
+        "metadata: {{name: a}}\nspec: {}{}\n",
+        "[".repeat(10_000),
+        "]".repeat(10_000)
+    );
     write(dir.path(), "a.yaml", &deep);
     let reason = h.health(HealthState::Unhealthy).await.unwrap();
-    assert!(reason.contains("input rejected by parse limits"), "{reason}");
+    assert!(
+        reason.contains("input rejected by parse limits"),
+        "{reason}"
+    );
 
     let mut bomb = String::from("metadata: {name: a}\nl0: &l0 [x, x, x, x, x, x, x, x, x, x]\n");
     for level in 1..10 {
@@ -575,7 +642,11 @@ async fn deep_nesting_and_alias_bombs_are_rejected_by_budgets() {
     write(dir.path(), "z.yaml", &service("z", 1));
     let (snapshot, change) = h.update().await;
     assert_eq!(change.added, [key("z")]);
-    assert_eq!(port(&snapshot, "a"), Some(1), "the last good object survived both");
+    assert_eq!(
+        port(&snapshot, "a"),
+        Some(1),
+        "the last good object survived both"
+    );
     h.stop().await;
 }
 
@@ -583,7 +654,9 @@ async fn deep_nesting_and_alias_bombs_are_rejected_by_budgets() {
 async fn index_by_escaped_label_paths_and_several_keys() {
     let dir = tempfile::tempdir().unwrap();
     let slice = |ns: &str, name: &str, svc: Option<&str>| {
-        let labels = svc.map_or(String::new(), |s| format!("    kubernetes.io/service-name: {s}\n"));
+        let labels = svc.map_or(String::new(), |s| {
+            format!("    kubernetes.io/service-name: {s}\n")
+        });
         format!(
             "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels:\n{labels}    x: y\n---\n"
         )
@@ -619,16 +692,31 @@ async fn index_by_escaped_label_paths_and_several_keys() {
             .collect()
     };
     assert_eq!(snapshot.len(), 5, "the Service was filtered out by kind");
-    assert_eq!(names(snapshot.fetch(&["a", "web"]).unwrap()), ["web-1", "web-2"]);
+    assert_eq!(
+        names(snapshot.fetch(&["a", "web"]).unwrap()),
+        ["web-1", "web-2"]
+    );
     assert_eq!(names(snapshot.fetch(&["a"]).unwrap()).len(), 4);
     assert_eq!(names(snapshot.fetch::<&str>(&[]).unwrap()).len(), 5);
     assert_eq!(names(snapshot.fetch(&["a", ""]).unwrap()), ["orphan"]);
-    assert_eq!(names(vec![snapshot.get(&["a", "api"]).unwrap().unwrap()]), ["api-1"]);
-    assert!(snapshot.get(&["a", "web"]).is_err(), "two objects: not exactly one");
+    assert_eq!(
+        names(vec![snapshot.get(&["a", "api"]).unwrap().unwrap()]),
+        ["api-1"]
+    );
+    assert!(
+        snapshot.get(&["a", "web"]).is_err(),
+        "two objects: not exactly one"
+    );
     assert!(snapshot.get(&["b", "api"]).unwrap().is_none());
     let web = snapshot.get(&["b", "web"]).unwrap().unwrap();
-    assert!(web["metadata"]["labels"].get("x").is_none(), "ignoreFields stripped");
-    assert_eq!(snapshot.index_by()[1], FieldPath::parse(r"metadata.labels.kubernetes\.io/service-name").unwrap());
+    assert!(
+        web["metadata"]["labels"].get("x").is_none(),
+        "ignoreFields stripped"
+    );
+    assert_eq!(
+        snapshot.index_by()[1],
+        FieldPath::parse(r"metadata.labels.kubernetes\.io/service-name").unwrap()
+    );
     h.stop().await;
 }
 
@@ -650,4 +738,30 @@ async fn a_single_file_path_is_watched_through_its_directory() {
     let reason = h.health(HealthState::Unhealthy).await.unwrap();
     assert!(reason.contains("does not exist"), "{reason}");
     h.stop().await;
+}
+
+#[test]
+fn many_files_are_read_in_parallel_with_the_same_result() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..100 {
+        write(
+            dir.path(),
+            &format!("f{i:03}.yaml"),
+            &service(&format!("s{i:03}"), i),
+        );
+    }
+    // Two files define the same object: the first in name order still wins.
+    write(dir.path(), "f999.yaml", &service("s000", 999));
+    let mut scanner = scanner(dir.path());
+    let report = scanner.scan(ScanMode::Full);
+    assert_eq!(report.change.added.len(), 100);
+    assert_eq!(port(scanner.snapshot(), "s000"), Some(0));
+    assert_eq!(report.warnings.len(), 1);
+    for i in 0..50 {
+        std::fs::remove_file(dir.path().join(format!("f{i:03}.yaml"))).unwrap();
+    }
+    let report = scanner.scan(ScanMode::Quick);
+    assert_eq!(report.change.removed.len(), 49);
+    assert_eq!(report.change.modified, [key("s000")]);
+    assert_eq!(port(scanner.snapshot(), "s000"), Some(999));
 }

@@ -58,7 +58,10 @@ impl Locator {
             match event {
                 Event::DocumentEnd => break,
                 Event::Scalar(value, ..) => match frames.last_mut() {
-                    Some(Frame { path, kind: Kind::Map(state) }) => match state {
+                    Some(Frame {
+                        path,
+                        kind: Kind::Map(state),
+                    }) => match state {
                         MapState::Key => {
                             record(child(path, &value), line, col);
                             *state = MapState::Value(value.into_owned());
@@ -68,21 +71,30 @@ impl Locator {
                             *state = MapState::Key;
                         }
                     },
-                    Some(Frame { path, kind: Kind::Seq(index) }) => {
+                    Some(Frame {
+                        path,
+                        kind: Kind::Seq(index),
+                    }) => {
                         record(format!("{path}[{index}]"), line, col);
                         *index += 1;
                     }
                     _ => {}
                 },
                 Event::Alias(_) => match frames.last_mut() {
-                    Some(Frame { kind: Kind::Map(state), path }) => match state {
+                    Some(Frame {
+                        kind: Kind::Map(state),
+                        path,
+                    }) => match state {
                         MapState::Key => *state = MapState::Value(COMPLEX_KEY.to_owned()),
                         MapState::Value(key) => {
                             record(child(path, key), line, col);
                             *state = MapState::Key;
                         }
                     },
-                    Some(Frame { path, kind: Kind::Seq(index) }) => {
+                    Some(Frame {
+                        path,
+                        kind: Kind::Seq(index),
+                    }) => {
                         record(format!("{path}[{index}]"), line, col);
                         *index += 1;
                     }
@@ -91,10 +103,21 @@ impl Locator {
                 Event::MappingStart(..) | Event::SequenceStart(..) => {
                     let (path, ignore) = match frames.last_mut() {
                         None => (String::new(), false),
-                        Some(Frame { kind: Kind::Ignore, .. }) => (String::new(), true),
-                        Some(Frame { kind: Kind::Map(MapState::Key), .. }) => (String::new(), true),
-                        Some(Frame { path, kind: Kind::Map(MapState::Value(key)) }) => (child(path, key), false),
-                        Some(Frame { path, kind: Kind::Seq(index) }) => {
+                        Some(Frame {
+                            kind: Kind::Ignore, ..
+                        }) => (String::new(), true),
+                        Some(Frame {
+                            kind: Kind::Map(MapState::Key),
+                            ..
+                        }) => (String::new(), true),
+                        Some(Frame {
+                            path,
+                            kind: Kind::Map(MapState::Value(key)),
+                        }) => (child(path, key), false),
+                        Some(Frame {
+                            path,
+                            kind: Kind::Seq(index),
+                        }) => {
                             let element = format!("{path}[{index}]");
                             *index += 1;
                             (element, false)
@@ -114,7 +137,11 @@ impl Locator {
                 }
                 Event::MappingEnd | Event::SequenceEnd => {
                     frames.pop();
-                    if let Some(Frame { kind: Kind::Map(state), .. }) = frames.last_mut() {
+                    if let Some(Frame {
+                        kind: Kind::Map(state),
+                        ..
+                    }) = frames.last_mut()
+                    {
                         *state = match state {
                             MapState::Value(_) => MapState::Key,
                             MapState::Key => MapState::Value(COMPLEX_KEY.to_owned()),
@@ -172,7 +199,10 @@ after: 2
             Some((9, 27))
         );
         // Missing keys fall back to their nearest ancestor.
-        assert_eq!(locator.locate("haproxy.instances[1].dataplane.caFile"), Some((9, 7)));
+        assert_eq!(
+            locator.locate("haproxy.instances[1].dataplane.caFile"),
+            Some((9, 7))
+        );
         assert_eq!(locator.locate("controller.maxWait"), Some((1, 1)));
         assert_eq!(locator.locate("after"), Some((12, 1)));
         assert_eq!(locator.locate("nothing"), None);

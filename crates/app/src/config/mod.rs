@@ -197,7 +197,10 @@ impl Controller {
             ("deploymentTimeout", self.deployment_timeout),
         ] {
             if value.get().is_zero() {
-                issues.push(ConfigIssue::new(field, format!("{field} must be longer than 0s")));
+                issues.push(ConfigIssue::new(
+                    field,
+                    format!("{field} must be longer than 0s"),
+                ));
             }
         }
         if self.metrics_listen == Some(self.listen) {
@@ -227,8 +230,18 @@ impl Config {
             .map(|i| i.under("watchedResources"))
             .collect();
         issues.extend(self.templates.validate());
-        issues.extend(self.haproxy.validate().into_iter().map(|i| i.under("haproxy")));
-        issues.extend(self.controller.validate().into_iter().map(|i| i.under("controller")));
+        issues.extend(
+            self.haproxy
+                .validate()
+                .into_iter()
+                .map(|i| i.under("haproxy")),
+        );
+        issues.extend(
+            self.controller
+                .validate()
+                .into_iter()
+                .map(|i| i.under("controller")),
+        );
         let watched: Vec<&str> = self
             .watched_resources
             .resources
@@ -242,7 +255,11 @@ impl Config {
                         format!("validationTests.{test}.fixtures.{resource}"),
                         format!(
                             "`{resource}` is not a watched resource (watchedResources has: {})",
-                            if watched.is_empty() { "none".to_owned() } else { watched.join(", ") }
+                            if watched.is_empty() {
+                                "none".to_owned()
+                            } else {
+                                watched.join(", ")
+                            }
                         ),
                     ));
                 }
@@ -280,8 +297,11 @@ pub struct Loaded {
 /// stops at the first syntax or type error, semantic checks report all problems.
 pub fn load(path: &Path) -> Result<Loaded, Vec<Diagnostic>> {
     let display = path.display().to_string();
-    let at_file = |message: String| vec![Diagnostic::error(message).at(SourceLocation::new(display.clone(), None, None))];
-    let meta = std::fs::metadata(path).map_err(|error| at_file(format!("cannot read config file: {error}")))?;
+    let at_file = |message: String| {
+        vec![Diagnostic::error(message).at(SourceLocation::new(display.clone(), None, None))]
+    };
+    let meta = std::fs::metadata(path)
+        .map_err(|error| at_file(format!("cannot read config file: {error}")))?;
     if meta.len() > MAX_CONFIG_SIZE {
         return Err(at_file(format!(
             "config file is too large: {} bytes, over the {} byte limit",
@@ -289,7 +309,8 @@ pub fn load(path: &Path) -> Result<Loaded, Vec<Diagnostic>> {
             MAX_CONFIG_SIZE
         )));
     }
-    let bytes = std::fs::read(path).map_err(|error| at_file(format!("cannot read config file: {error}")))?;
+    let bytes = std::fs::read(path)
+        .map_err(|error| at_file(format!("cannot read config file: {error}")))?;
     let text = yaml::decode_utf8(&bytes, &display).map_err(|d| vec![d])?;
     parse(text, path, &display).map(|(config, hash)| Loaded {
         watched_files: std::iter::once(path.to_path_buf())
@@ -303,13 +324,26 @@ pub fn load(path: &Path) -> Result<Loaded, Vec<Diagnostic>> {
 
 /// Parses config text as if it were the file at `path` (which sets the base for
 /// relative paths and the file name in errors).
-pub fn parse(text: &str, path: &Path, display: &str) -> Result<(Config, ContentHash), Vec<Diagnostic>> {
-    let mut config: Config = yaml::parse_typed(text, display, &Limits::default()).map_err(|d| vec![d])?;
+pub fn parse(
+    text: &str,
+    path: &Path,
+    display: &str,
+) -> Result<(Config, ContentHash), Vec<Diagnostic>> {
+    let mut config: Config =
+        yaml::parse_typed(text, display, &Limits::default()).map_err(|d| vec![d])?;
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-    let base = absolute.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let base = absolute
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
     config.resolve_paths(&base);
     let mut issues = config.validate();
-    issues.extend(config.haproxy.load_secrets().into_iter().map(|i| i.under("haproxy")));
+    issues.extend(
+        config
+            .haproxy
+            .load_secrets()
+            .into_iter()
+            .map(|i| i.under("haproxy")),
+    );
     if !issues.is_empty() {
         let locator = Locator::new(text);
         return Err(issues
@@ -322,7 +356,11 @@ pub fn parse(text: &str, path: &Path, display: &str) -> Result<(Config, ContentH
     }
     let mut hashed = text.as_bytes().to_vec();
     for instance in &config.haproxy.instances {
-        if let Some(password) = instance.dataplane.as_ref().and_then(|d| d.password.as_ref()) {
+        if let Some(password) = instance
+            .dataplane
+            .as_ref()
+            .and_then(|d| d.password.as_ref())
+        {
             hashed.push(0);
             hashed.extend_from_slice(password.expose().as_bytes());
         }

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use hapwright_eventbus::model::{DeployStrategy, Diagnostic, ObjectKey, ResourceChange, ResourceSnapshot};
+use hapwright_eventbus::model::{
+    DeployStrategy, Diagnostic, ObjectKey, ResourceChange, ResourceSnapshot,
+};
 use hapwright_eventbus::{
     CorrelationId, HealthState, InstanceDeployed, ReconciliationStarted, ResourceIndexUpdated,
     TemplateRenderFailed, TemplateRendered,
@@ -26,10 +28,24 @@ impl Harness {
         registry.register(Box::new(counter)).unwrap();
         let store = StatusStore::default();
         let (reload, reloads) = ReloadHandle::channel();
-        let state = HttpState { store: store.clone(), registry, reload };
-        let server = HttpServer::bind("127.0.0.1:0".parse().unwrap(), router(state)).await.unwrap();
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
-        Self { server, store, reloads, client }
+        let state = HttpState {
+            store: store.clone(),
+            registry,
+            reload,
+        };
+        let server = HttpServer::bind("127.0.0.1:0".parse().unwrap(), router(state))
+            .await
+            .unwrap();
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        Self {
+            server,
+            store,
+            reloads,
+            client,
+        }
     }
 
     fn url(&self, path: &str) -> String {
@@ -43,7 +59,10 @@ impl Harness {
 
     async fn json(&self, path: &str) -> (u16, serde_json::Value) {
         let (status, body) = self.get(path).await;
-        (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}")))
+        (
+            status,
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}")),
+        )
     }
 }
 
@@ -57,13 +76,17 @@ async fn health_readiness_metrics_and_reload() {
     assert!(body["reason"].as_str().unwrap().contains("no deployment"));
 
     h.store.apply(
-        &event(1, None, InstanceDeployed {
-            instance: "local".into(),
-            hash: rendered().hash(),
-            strategy: DeployStrategy::Runtime,
-            reason: None,
-            duration: Duration::from_millis(2),
-        }),
+        &event(
+            1,
+            None,
+            InstanceDeployed {
+                instance: "local".into(),
+                hash: rendered().hash(),
+                strategy: DeployStrategy::Runtime,
+                reason: None,
+                duration: Duration::from_millis(2),
+            },
+        ),
         None,
     );
     assert_eq!(h.json("/readyz").await.0, 200);
@@ -75,7 +98,16 @@ async fn health_readiness_metrics_and_reload() {
     let response = h.client.post(h.url("/-/reload")).send().await.unwrap();
     assert_eq!(response.status().as_u16(), 202);
     assert_eq!(h.reloads.recv().await, Some(ReloadSource::Http));
-    assert_eq!(h.client.get(h.url("/-/reload")).send().await.unwrap().status().as_u16(), 405);
+    assert_eq!(
+        h.client
+            .get(h.url("/-/reload"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        405
+    );
     h.server.shutdown().await;
 }
 
@@ -87,7 +119,17 @@ async fn rendered_files_hide_certificates_and_pem_blocks() {
     assert_eq!(body["error"], "nothing rendered yet");
 
     let config = rendered();
-    h.store.apply(&event(1, None, TemplateRendered { config: config.clone(), duration: Duration::ZERO }), None);
+    h.store.apply(
+        &event(
+            1,
+            None,
+            TemplateRendered {
+                config: config.clone(),
+                duration: Duration::ZERO,
+            },
+        ),
+        None,
+    );
     let (status, body) = h.json("/debug/rendered").await;
     assert_eq!(status, 200);
     assert_eq!(body["hash"], config.hash().to_string());
@@ -95,9 +137,15 @@ async fn rendered_files_hide_certificates_and_pem_blocks() {
     assert!(!text.contains("MIIE"), "key material leaked: {text}");
     assert!(!text.contains("AAAA"), "certificate leaked: {text}");
     let files = body["files"].as_array().unwrap();
-    let cert = files.iter().find(|f| f["path"] == "certs/site.pem").unwrap();
+    let cert = files
+        .iter()
+        .find(|f| f["path"] == "certs/site.pem")
+        .unwrap();
     assert!(cert["content"].as_str().unwrap().starts_with("<redacted: "));
-    let inline = files.iter().find(|f| f["path"] == "files/inline.pem").unwrap();
+    let inline = files
+        .iter()
+        .find(|f| f["path"] == "files/inline.pem")
+        .unwrap();
     assert_eq!(inline["content"], "before\n<redacted CERTIFICATE>\nafter\n");
     h.server.shutdown().await;
 }
@@ -112,14 +160,20 @@ async fn resources_are_listed_with_secret_data_hidden() {
     let mut snapshot = ResourceSnapshot::new(vec![]);
     snapshot.upsert(
         ObjectKey::new("default", "tls"),
-        Arc::new(json!({"kind": "Secret", "metadata": {"name": "tls"}, "data": {"tls.key": "c2VjcmV0"}})),
+        Arc::new(
+            json!({"kind": "Secret", "metadata": {"name": "tls"}, "data": {"tls.key": "c2VjcmV0"}}),
+        ),
     );
     h.store.apply(
-        &event(1, None, ResourceIndexUpdated {
-            source: "secrets".into(),
-            snapshot: Arc::new(snapshot),
-            change: Arc::new(ResourceChange::default()),
-        }),
+        &event(
+            1,
+            None,
+            ResourceIndexUpdated {
+                source: "secrets".into(),
+                snapshot: Arc::new(snapshot),
+                change: Arc::new(ResourceChange::default()),
+            },
+        ),
         None,
     );
     let (status, body) = h.json("/debug/resources/secrets").await;
@@ -136,12 +190,25 @@ async fn events_can_be_limited_and_filtered_by_correlation() {
     let wanted = CorrelationId::new();
     for i in 0..10u64 {
         let correlation = (i >= 5).then_some(wanted);
-        h.store.remember_event(Arc::new(event(i, correlation, ReconciliationStarted { reason: i.to_string() })));
+        h.store.remember_event(Arc::new(event(
+            i,
+            correlation,
+            ReconciliationStarted {
+                reason: i.to_string(),
+            },
+        )));
     }
     let (_, body) = h.json("/debug/events?limit=3").await;
-    let ids: Vec<u64> = body["events"].as_array().unwrap().iter().map(|e| e["id"].as_u64().unwrap()).collect();
+    let ids: Vec<u64> = body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_u64().unwrap())
+        .collect();
     assert_eq!(ids, [7, 8, 9]);
-    let (_, body) = h.json(&format!("/debug/events?correlation_id={wanted}")).await;
+    let (_, body) = h
+        .json(&format!("/debug/events?correlation_id={wanted}"))
+        .await;
     assert_eq!(body["events"].as_array().unwrap().len(), 5);
     assert_eq!(body["events"][0]["type"], "ReconciliationStarted");
     let (status, body) = h.json("/debug/events?correlation_id=not-hex").await;
@@ -171,10 +238,19 @@ async fn status_page_and_components_show_health_and_escape_html() {
     assert!(components[0]["since"].as_f64().unwrap() > 0.0);
 
     h.store.apply(
-        &event(1, None, TemplateRenderFailed {
-            errors: vec![Diagnostic::error("unexpected `<script>` in template")
-                .at(hapwright_eventbus::model::SourceLocation::new("backend-servers", Some(7), None))],
-        }),
+        &event(
+            1,
+            None,
+            TemplateRenderFailed {
+                errors: vec![Diagnostic::error("unexpected `<script>` in template").at(
+                    hapwright_eventbus::model::SourceLocation::new(
+                        "backend-servers",
+                        Some(7),
+                        None,
+                    ),
+                )],
+            },
+        ),
         None,
     );
     let (status, page) = h.get("/").await;
@@ -182,9 +258,15 @@ async fn status_page_and_components_show_health_and_escape_html() {
     assert!(page.contains(r#"<table id="components">"#));
     assert!(page.contains("event-log"));
     assert!(page.contains(r#"<table id="instances">"#));
-    assert!(page.contains("backend-servers:7: unexpected `&lt;script&gt;` in template"), "{page}");
+    assert!(
+        page.contains("backend-servers:7: unexpected `&lt;script&gt;` in template"),
+        "{page}"
+    );
     assert!(!page.contains("<script>"));
-    assert!(!page.contains("http://") && !page.contains("https://"), "no external assets");
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "no external assets"
+    );
     running.shutdown(Duration::from_secs(5)).await;
     h.server.shutdown().await;
 }
@@ -193,21 +275,66 @@ async fn status_page_and_components_show_health_and_escape_html() {
 async fn the_metrics_listener_serves_only_scrape_and_probes() {
     let store = StatusStore::default();
     let (reload, _rx) = ReloadHandle::channel();
-    let state = HttpState { store, registry: Registry::new(), reload };
-    let server = HttpServer::bind("127.0.0.1:0".parse().unwrap(), metrics_router(state)).await.unwrap();
+    let state = HttpState {
+        store,
+        registry: Registry::new(),
+        reload,
+    };
+    let server = HttpServer::bind("127.0.0.1:0".parse().unwrap(), metrics_router(state))
+        .await
+        .unwrap();
     let base = format!("http://{}", server.local_addr());
     let client = reqwest::Client::new();
-    assert_eq!(client.get(format!("{base}/metrics")).send().await.unwrap().status().as_u16(), 200);
-    assert_eq!(client.get(format!("{base}/healthz")).send().await.unwrap().status().as_u16(), 200);
-    assert_eq!(client.get(format!("{base}/debug/config")).send().await.unwrap().status().as_u16(), 404);
-    assert_eq!(client.post(format!("{base}/-/reload")).send().await.unwrap().status().as_u16(), 404);
+    assert_eq!(
+        client
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        200
+    );
+    assert_eq!(
+        client
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        200
+    );
+    assert_eq!(
+        client
+            .get(format!("{base}/debug/config"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        404
+    );
+    assert_eq!(
+        client
+            .post(format!("{base}/-/reload"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        404
+    );
     server.shutdown().await;
 }
 
 #[test]
 fn pem_redaction_handles_several_and_unterminated_blocks() {
     let text = "a\n-----BEGIN RSA PRIVATE KEY-----\nx\n-----END RSA PRIVATE KEY-----\nb\n-----BEGIN CERTIFICATE-----\ny\n";
-    assert_eq!(redact_pem(text), "a\n<redacted RSA PRIVATE KEY>\nb\n<redacted CERTIFICATE>");
+    assert_eq!(
+        redact_pem(text),
+        "a\n<redacted RSA PRIVATE KEY>\nb\n<redacted CERTIFICATE>"
+    );
     assert_eq!(redact_pem("plain"), "plain");
     assert_eq!(redact_pem("-----BEGIN broken"), "<redacted PEM block>");
 }

@@ -10,7 +10,11 @@ use hapwright_eventbus::{
 
 use super::*;
 
-pub(crate) fn event(id: u64, correlation: Option<CorrelationId>, payload: impl Into<EventPayload>) -> Event {
+pub(crate) fn event(
+    id: u64,
+    correlation: Option<CorrelationId>,
+    payload: impl Into<EventPayload>,
+) -> Event {
     Event {
         id: EventId(id),
         correlation_id: correlation,
@@ -48,21 +52,49 @@ fn reconciliations_are_tracked_with_stage_timings_and_metrics() {
     let store = StatusStore::default();
     let ok = CorrelationId::new();
     let bad = CorrelationId::new();
-    store.apply(&event(1, Some(ok), ReconciliationStarted { reason: "resources changed: services".into() }), Some(&metrics));
+    store.apply(
+        &event(
+            1,
+            Some(ok),
+            ReconciliationStarted {
+                reason: "resources changed: services".into(),
+            },
+        ),
+        Some(&metrics),
+    );
     store.apply(
         &event(
             2,
             Some(ok),
             ReconciliationCompleted {
                 duration: Duration::from_millis(40),
-                stages: vec![(Stage::Render, Duration::from_millis(3)), (Stage::Validate, Duration::from_millis(30))],
+                stages: vec![
+                    (Stage::Render, Duration::from_millis(3)),
+                    (Stage::Validate, Duration::from_millis(30)),
+                ],
             },
         ),
         Some(&metrics),
     );
-    store.apply(&event(3, Some(bad), ReconciliationStarted { reason: "drift".into() }), Some(&metrics));
     store.apply(
-        &event(4, Some(bad), ReconciliationFailed { stage: Stage::Render, errors: vec![Diagnostic::error("boom")] }),
+        &event(
+            3,
+            Some(bad),
+            ReconciliationStarted {
+                reason: "drift".into(),
+            },
+        ),
+        Some(&metrics),
+    );
+    store.apply(
+        &event(
+            4,
+            Some(bad),
+            ReconciliationFailed {
+                stage: Stage::Render,
+                errors: vec![Diagnostic::error("boom")],
+            },
+        ),
         Some(&metrics),
     );
     let records = store.reconciliations();
@@ -83,11 +115,23 @@ fn reconciliations_are_tracked_with_stage_timings_and_metrics() {
 fn the_reconciliation_ring_is_bounded() {
     let store = StatusStore::default();
     for i in 0..(RECONCILIATION_RING as u64 + 10) {
-        store.apply(&event(i, Some(CorrelationId::new()), ReconciliationStarted { reason: i.to_string() }), None);
+        store.apply(
+            &event(
+                i,
+                Some(CorrelationId::new()),
+                ReconciliationStarted {
+                    reason: i.to_string(),
+                },
+            ),
+            None,
+        );
     }
     let records = store.reconciliations();
     assert_eq!(records.len(), RECONCILIATION_RING);
-    assert_eq!(records[0].reason, (RECONCILIATION_RING as u64 + 9).to_string());
+    assert_eq!(
+        records[0].reason,
+        (RECONCILIATION_RING as u64 + 9).to_string()
+    );
 }
 
 #[test]
@@ -96,10 +140,21 @@ fn instances_readiness_and_errors() {
     assert!(!store.ready());
     let hash = rendered().hash();
     store.apply(
-        &event(1, None, InstanceDeploymentFailed { instance: "edge-2".into(), hash, error: Diagnostic::error("connection refused") }),
+        &event(
+            1,
+            None,
+            InstanceDeploymentFailed {
+                instance: "edge-2".into(),
+                hash,
+                error: Diagnostic::error("connection refused"),
+            },
+        ),
         None,
     );
-    assert!(!store.ready(), "a failure does not make the controller ready");
+    assert!(
+        !store.ready(),
+        "a failure does not make the controller ready"
+    );
     store.apply(
         &event(
             2,
@@ -108,7 +163,10 @@ fn instances_readiness_and_errors() {
                 instance: "local".into(),
                 hash,
                 strategy: DeployStrategy::Reload,
-                reason: Some(DeployReason { reload: Some(ReloadReason::FirstDeploy), detail: "first deployment".into() }),
+                reason: Some(DeployReason {
+                    reload: Some(ReloadReason::FirstDeploy),
+                    detail: "first deployment".into(),
+                }),
                 duration: Duration::from_millis(80),
             },
         ),
@@ -118,7 +176,10 @@ fn instances_readiness_and_errors() {
     let instances = store.instances();
     assert_eq!(instances.len(), 2);
     assert_eq!(instances[0].name, "edge-2");
-    assert_eq!(instances[0].last_error.as_ref().unwrap().message, "connection refused");
+    assert_eq!(
+        instances[0].last_error.as_ref().unwrap().message,
+        "connection refused"
+    );
     assert_eq!(instances[1].reloads, 1);
     assert_eq!(instances[1].last_strategy, Some(DeployStrategy::Reload));
     assert_eq!(instances[1].last_hash, Some(hash));
@@ -128,14 +189,44 @@ fn instances_readiness_and_errors() {
 fn the_last_pipeline_error_is_kept_until_a_render_validates() {
     let store = StatusStore::default();
     let error = Diagnostic::error("unknown keyword 'bnd'");
-    store.apply(&event(1, None, TemplateRenderFailed { errors: vec![error.clone()] }), None);
+    store.apply(
+        &event(
+            1,
+            None,
+            TemplateRenderFailed {
+                errors: vec![error.clone()],
+            },
+        ),
+        None,
+    );
     assert_eq!(store.last_error().unwrap().stage, "render");
     let config = rendered();
-    store.apply(&event(2, None, TemplateRendered { config: config.clone(), duration: Duration::from_millis(1) }), None);
-    assert!(store.last_error().is_some(), "rendering alone does not clear it");
+    store.apply(
+        &event(
+            2,
+            None,
+            TemplateRendered {
+                config: config.clone(),
+                duration: Duration::from_millis(1),
+            },
+        ),
+        None,
+    );
+    assert!(
+        store.last_error().is_some(),
+        "rendering alone does not clear it"
+    );
     assert_eq!(store.rendered().unwrap().hash(), config.hash());
     store.apply(
-        &event(3, None, ValidationCompleted { config, duration: Duration::from_millis(50), warnings: vec![] }),
+        &event(
+            3,
+            None,
+            ValidationCompleted {
+                config,
+                duration: Duration::from_millis(50),
+                warnings: vec![],
+            },
+        ),
         None,
     );
     assert!(store.last_error().is_none());
@@ -147,7 +238,13 @@ fn the_event_ring_keeps_the_newest_and_filters_by_correlation() {
     let wanted = CorrelationId::new();
     for i in 0..(EVENT_RING as u64 + 5) {
         let correlation = (i % 2 == 0).then_some(wanted);
-        store.remember_event(Arc::new(event(i, correlation, ReconciliationStarted { reason: String::new() })));
+        store.remember_event(Arc::new(event(
+            i,
+            correlation,
+            ReconciliationStarted {
+                reason: String::new(),
+            },
+        )));
     }
     let all = store.events(usize::MAX, None);
     assert_eq!(all.len(), EVENT_RING);
@@ -155,6 +252,10 @@ fn the_event_ring_keeps_the_newest_and_filters_by_correlation() {
     let last_three = store.events(3, Some(wanted));
     assert_eq!(
         last_three.iter().map(|e| e.id.0).collect::<Vec<_>>(),
-        [EVENT_RING as u64, EVENT_RING as u64 + 2, EVENT_RING as u64 + 4]
+        [
+            EVENT_RING as u64,
+            EVENT_RING as u64 + 2,
+            EVENT_RING as u64 + 4
+        ]
     );
 }

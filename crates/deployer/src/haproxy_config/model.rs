@@ -385,16 +385,15 @@ impl Config {
     }
 
     /// The defaults section a proxy inherits from: the one named by `from`, or else
-    /// the last `defaults` section before it.
+    /// the last `defaults` section before it (by line number).
     pub fn defaults_for(&self, section: &Section) -> Option<&Section> {
         if let Some(name) = section.from_defaults() {
             return self.section(SectionKind::Defaults, name);
         }
         self.sections
             .iter()
-            .take_while(|s| !std::ptr::eq(*s, section))
-            .filter(|s| s.kind == SectionKind::Defaults)
-            .last()
+            .rev()
+            .find(|s| s.kind == SectionKind::Defaults && s.line < section.line)
     }
 
     /// The balance algorithm a backend or listen section really uses: its own
@@ -434,10 +433,8 @@ impl Conditionals {
                 }
                 Some((_, seen_else)) => *seen_else = keyword == ".else",
             },
-            ".endif" => {
-                if self.open.pop().is_none() {
-                    return Err("lone '.endif' with no matching '.if'.".to_owned());
-                }
+            ".endif" if self.open.pop().is_none() => {
+                return Err("lone '.endif' with no matching '.if'.".to_owned());
             }
             _ => {}
         }
@@ -483,15 +480,15 @@ pub fn parse_lenient(text: &str) -> (Config, Vec<ParseError>) {
             });
             continue;
         }
-        if keyword.starts_with('.') {
-            if let Err(message) = conditionals.step(&keyword, line) {
-                errors.push(ParseError {
-                    line,
-                    column: None,
-                    message,
-                });
-                continue;
-            }
+        if keyword.starts_with('.')
+            && let Err(message) = conditionals.step(&keyword, line)
+        {
+            errors.push(ParseError {
+                line,
+                column: None,
+                message,
+            });
+            continue;
         }
         let directive = Directive {
             keyword,

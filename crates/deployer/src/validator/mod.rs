@@ -273,7 +273,8 @@ pub async fn validate_phase2(
             .map_err(|e| tool_failure(format!("writing the scratch directory failed: {e}")))?
             .map_err(|e| tool_failure(format!("cannot write the scratch directory: {e}")))?
     };
-    let model = haproxy_config::parse_lenient(rendered.main()).0;
+    // Parsed only when an alert without a location needs placing.
+    let mut model: Option<haproxy_config::Config> = None;
     let empty = BTreeMap::new();
     let envs: BTreeSet<&BTreeMap<String, String>> = config.envs.iter().collect();
     let envs: Vec<&BTreeMap<String, String>> = if envs.is_empty() {
@@ -306,7 +307,11 @@ pub async fn validate_phase2(
             };
             diagnostic.location = match alert.location {
                 Some((file, line)) => Some(SourceLocation::new(file, Some(line), None)),
-                None => locate_proxy_message(&alert.message, &model),
+                None => {
+                    let model = model
+                        .get_or_insert_with(|| haproxy_config::parse_lenient(rendered.main()).0);
+                    locate_proxy_message(&alert.message, model)
+                }
             };
             let diagnostic = attribute(diagnostic, rendered);
             match alert.severity {
@@ -350,13 +355,24 @@ fn env_note(env: &BTreeMap<String, String>) -> String {
     format!(" (with {})", pairs.join(", "))
 }
 
-/// `: <the last lines of output>` for a failure without `[ALERT]` lines.
+/// `: <what haproxy said>` for a failure without `[ALERT]` lines: its stdout
+/// verdict (`… will not start (no listener) => exit(2).`), else the last lines of
+/// stderr.
 fn last_lines(stdout: &str, stderr: &str) -> String {
-    let lines: Vec<&str> = stdout
+    let verdict: Vec<&str> = stdout
         .lines()
-        .chain(stderr.lines())
-        .filter(|l| !l.trim().is_empty() && !l.starts_with("[NOTICE]"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && *l != "Warnings were found.")
         .collect();
+    let lines = if verdict.is_empty() {
+        stderr
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with("[NOTICE]"))
+            .collect()
+    } else {
+        verdict
+    };
     let tail = &lines[lines.len().saturating_sub(3)..];
     if tail.is_empty() {
         String::new()
@@ -706,7 +722,11 @@ mod tests {
             env_note(&BTreeMap::new()),
             " (with no instance environment)"
         );
-        assert_eq!(last_lines("a\n\nb\n", "[NOTICE] x\nc\nd"), ": b / c / d");
+        assert_eq!(last_lines("", "[NOTICE] x\na\n\nb\nc\nd"), ": b / c / d");
+        assert_eq!(
+            last_lines("Warnings were found.\nwill not start\n", "[WARNING] x"),
+            ": will not start"
+        );
         assert_eq!(last_lines("", ""), "");
     }
 

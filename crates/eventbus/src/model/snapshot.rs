@@ -100,7 +100,9 @@ struct Stored {
 pub struct ResourceSnapshot {
     index_by: Arc<[FieldPath]>,
     objects: OrdMap<ObjectKey, Stored>,
-    index: OrdMap<Arc<[String]>, OrdSet<ObjectKey>>,
+    /// One ordered set over (index values, object key): prefix lookups are a range
+    /// scan, and an object costs one small entry instead of a bucket of its own.
+    index: OrdSet<(Arc<[String]>, ObjectKey)>,
 }
 
 impl fmt::Debug for ResourceSnapshot {
@@ -130,7 +132,7 @@ impl ResourceSnapshot {
         Self {
             index_by: index_by.into(),
             objects: OrdMap::new(),
-            index: OrdMap::new(),
+            index: OrdSet::new(),
         }
     }
 
@@ -161,20 +163,13 @@ impl ResourceSnapshot {
             Some(old) if old.object == object => return None,
             Some(old) => {
                 if old.index_key != index_key {
-                    let old_key = old.index_key.clone();
-                    self.unindex(&old_key, &key);
-                    self.index
-                        .entry(index_key.clone())
-                        .or_default()
-                        .insert(key.clone());
+                    self.index.remove(&(old.index_key.clone(), key.clone()));
+                    self.index.insert((index_key.clone(), key.clone()));
                 }
                 UpsertOutcome::Modified
             }
             None => {
-                self.index
-                    .entry(index_key.clone())
-                    .or_default()
-                    .insert(key.clone());
+                self.index.insert((index_key.clone(), key.clone()));
                 UpsertOutcome::Added
             }
         };
@@ -185,17 +180,8 @@ impl ResourceSnapshot {
     /// Removes an object; returns it when it was present.
     pub fn remove(&mut self, key: &ObjectKey) -> Option<Arc<Value>> {
         let stored = self.objects.remove(key)?;
-        self.unindex(&stored.index_key, key);
+        self.index.remove(&(stored.index_key, key.clone()));
         Some(stored.object)
-    }
-
-    fn unindex(&mut self, index_key: &Arc<[String]>, key: &ObjectKey) {
-        if let Some(bucket) = self.index.get_mut(index_key) {
-            bucket.remove(key);
-            if bucket.is_empty() {
-                self.index.remove(index_key);
-            }
-        }
     }
 
     /// The object stored under `key`.
@@ -226,13 +212,13 @@ impl ResourceSnapshot {
             });
         }
         let prefix: Arc<[String]> = keys.iter().map(|k| k.as_ref().to_owned()).collect();
-        let mut out = Vec::new();
-        for (index_key, bucket) in self.index.range(prefix.clone()..) {
-            if !index_key.starts_with(&prefix) {
-                break;
-            }
-            out.extend(bucket.iter().filter_map(|key| self.get_by_key(key)));
-        }
+        let start = (prefix.clone(), ObjectKey::new("", ""));
+        let out = self
+            .index
+            .range(start..)
+            .take_while(|(index_key, _)| index_key.starts_with(&prefix))
+            .filter_map(|(_, key)| self.get_by_key(key))
+            .collect();
         Ok(out)
     }
 

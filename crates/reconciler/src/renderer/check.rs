@@ -89,9 +89,10 @@ pub(crate) fn check(entries: &[Entry], watched: &BTreeSet<&str>) -> Vec<Diagnost
                             }
                         }
                     }
-                    Err(error) => diagnostics.push(
-                        entry.diagnostic_at(error.detail().unwrap_or("invalid glob").to_owned(), reference.offset),
-                    ),
+                    Err(error) => diagnostics.push(entry.diagnostic_at(
+                        error.detail().unwrap_or("invalid glob").to_owned(),
+                        reference.offset,
+                    )),
                 },
             }
         }
@@ -111,7 +112,10 @@ fn cycles(entries: &[Entry], edges: &BTreeMap<&str, Vec<(String, usize)>>) -> Ve
         Done,
     }
     let by_name: BTreeMap<&str, &Entry> = entries.iter().map(|e| (e.name.as_ref(), e)).collect();
-    let mut marks: BTreeMap<&str, Mark> = entries.iter().map(|e| (e.name.as_ref(), Mark::New)).collect();
+    let mut marks: BTreeMap<&str, Mark> = entries
+        .iter()
+        .map(|e| (e.name.as_ref(), Mark::New))
+        .collect();
     let mut reported: BTreeSet<BTreeSet<String>> = BTreeSet::new();
     let mut diagnostics = Vec::new();
 
@@ -142,7 +146,10 @@ fn cycles(entries: &[Entry], edges: &BTreeMap<&str, Vec<(String, usize)>>) -> Ve
                 }
                 Mark::Active => {
                     let start = stack.iter().position(|(n, _)| n == target).unwrap_or(0);
-                    let mut path: Vec<String> = stack[start..].iter().map(|(n, _)| (*n).to_owned()).collect();
+                    let mut path: Vec<String> = stack[start..]
+                        .iter()
+                        .map(|(n, _)| (*n).to_owned())
+                        .collect();
                     let members: BTreeSet<String> = path.iter().cloned().collect();
                     if reported.insert(members) {
                         path.push((*target).to_owned());
@@ -163,7 +170,10 @@ fn cycles(entries: &[Entry], edges: &BTreeMap<&str, Vec<(String, usize)>>) -> Ve
 
 /// The candidate closest to `word` by edit distance, if it is close enough to be a
 /// likely typo.
-pub(crate) fn closest<'a>(word: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+pub(crate) fn closest<'a>(
+    word: &str,
+    candidates: impl Iterator<Item = &'a str>,
+) -> Option<&'a str> {
     candidates
         .map(|c| (levenshtein(word, c), c))
         .filter(|(distance, c)| *distance <= (c.len().max(word.len()) / 3).max(1))
@@ -198,7 +208,10 @@ mod tests {
     fn suggests_close_names_only() {
         let names = ["services", "endpoints", "ingresses"];
         assert_eq!(closest("servics", names.iter().copied()), Some("services"));
-        assert_eq!(closest("endpoint", names.iter().copied()), Some("endpoints"));
+        assert_eq!(
+            closest("endpoint", names.iter().copied()),
+            Some("endpoints")
+        );
         assert_eq!(closest("pods", names.iter().copied()), None);
         assert_eq!(levenshtein("kitten", "sitting"), 3);
     }

@@ -62,7 +62,10 @@ impl Component for RendererComponent {
     fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
         self.subscription = Some(bus.subscribe(
             Self::NAME,
-            [EventKind::ResourceIndexUpdated, EventKind::ReconciliationStarted],
+            [
+                EventKind::ResourceIndexUpdated,
+                EventKind::ReconciliationStarted,
+            ],
         )?);
         Ok(())
     }
@@ -86,13 +89,13 @@ impl Component for RendererComponent {
             };
             let mut request = take(&event, &mut resources);
             while let Some(event) = subscription.try_recv() {
-                if let Some(newer) = take(&event, &mut resources) {
-                    if let Some(older) = request.replace(newer) {
-                        tracing::debug!(
-                            correlation_id = ?older.correlation_id,
-                            "Skipping render of a superseded reconciliation"
-                        );
-                    }
+                if let Some(older) =
+                    take(&event, &mut resources).and_then(|newer| request.replace(newer))
+                {
+                    tracing::debug!(
+                        correlation_id = ?older.correlation_id,
+                        "Skipping render of a superseded reconciliation"
+                    );
                 }
             }
             let Some(request) = request else {
@@ -143,7 +146,8 @@ impl Component for RendererComponent {
                             tracing::warn!(%error, "Template render failed");
                         }
                         let first = errors.first().map(ToString::to_string).unwrap_or_default();
-                        ctx.health().unhealthy(format!("last render failed: {first}"));
+                        ctx.health()
+                            .unhealthy(format!("last render failed: {first}"));
                         tracing::debug!(?duration, "Render failed");
                         ctx.publisher()
                             .reply(&request, TemplateRenderFailed { errors });
@@ -171,7 +175,11 @@ impl Component for RendererComponent {
 fn take(event: &Arc<Event>, resources: &mut Resources) -> Option<Arc<Event>> {
     match &event.payload {
         EventPayload::ResourceIndexUpdated(update) => {
-            resources.update(&update.source, update.snapshot.clone(), Some(&update.change));
+            resources.update(
+                &update.source,
+                update.snapshot.clone(),
+                Some(&update.change),
+            );
             None
         }
         EventPayload::ReconciliationStarted(_) => Some(event.clone()),

@@ -9,11 +9,11 @@
 //! exists. A lookup that misses (a change report that left something out) converts on
 //! the spot, so the values are always right, only slower.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use hapwright_eventbus::model::{ResourceChange, ResourceSnapshot};
+use hapwright_eventbus::model::{ObjectKey, ResourceChange, ResourceSnapshot};
 use minijinja::value::{Enumerator, Object, ObjectRepr, Value};
 use minijinja::{Error, ErrorKind, State};
 
@@ -46,6 +46,16 @@ pub struct ResourceStore {
     snapshot: Option<Arc<ResourceSnapshot>>,
     values: imbl::HashMap<usize, Converted>,
     list: OnceLock<Value>,
+    lookup: OnceLock<Lookup>,
+}
+
+/// A hash index over one snapshot for `fetch`/`get`: for every prefix of every
+/// object's `indexBy` values, the matching values in the snapshot's `fetch` order.
+/// Built on the first lookup after a change (O(objects × indexBy paths)), so each
+/// lookup in a render is one hash probe instead of a B-tree range walk.
+#[derive(Debug, Default)]
+struct Lookup {
+    by_prefix: HashMap<Vec<String>, Value>,
 }
 
 impl fmt::Debug for ResourceStore {
@@ -65,6 +75,7 @@ impl ResourceStore {
             snapshot: None,
             values: imbl::HashMap::new(),
             list: OnceLock::new(),
+            lookup: OnceLock::new(),
         }
     }
 
@@ -76,7 +87,11 @@ impl ResourceStore {
     /// The store after an update: objects named in `change` are (re)converted, the
     /// rest keep their values. Without a change report, or when the report does not
     /// add up, every object is checked against the cache.
-    pub fn updated(&self, snapshot: Arc<ResourceSnapshot>, change: Option<&ResourceChange>) -> Self {
+    pub fn updated(
+        &self,
+        snapshot: Arc<ResourceSnapshot>,
+        change: Option<&ResourceChange>,
+    ) -> Self {
         let mut values = self.values.clone();
         let incremental = match (change, &self.snapshot) {
             (Some(change), Some(old)) => {
@@ -120,6 +135,7 @@ impl ResourceStore {
             snapshot: Some(snapshot),
             values,
             list: OnceLock::new(),
+            lookup: OnceLock::new(),
         }
     }
 
@@ -143,9 +159,12 @@ impl ResourceStore {
     fn list_value(&self) -> Value {
         self.list
             .get_or_init(|| match &self.snapshot {
-                Some(snapshot) => {
-                    Value::from(snapshot.list().map(|o| self.value_of(o)).collect::<Vec<_>>())
-                }
+                Some(snapshot) => Value::from(
+                    snapshot
+                        .list()
+                        .map(|o| self.value_of(o))
+                        .collect::<Vec<_>>(),
+                ),
                 None => Value::from(Vec::<Value>::new()),
             })
             .clone()
@@ -172,18 +191,62 @@ impl ResourceStore {
             .collect()
     }
 
-    fn fetch(&self, method: &str, args: &[Value]) -> Result<Vec<Value>, Error> {
+    /// The matching objects as one list value (shared, not copied).
+    fn fetch(&self, method: &str, args: &[Value]) -> Result<Value, Error> {
         let keys = self.keys(method, args)?;
         let Some(snapshot) = &self.snapshot else {
-            return Ok(Vec::new());
+            return Ok(Value::from(Vec::<Value>::new()));
         };
-        let found = snapshot.fetch(&keys).map_err(|error| {
-            Error::new(
-                ErrorKind::InvalidOperation,
-                format!("resources.{}.{method}(): {error}", self.name),
-            )
-        })?;
-        Ok(found.into_iter().map(|o| self.value_of(o)).collect())
+        if keys.is_empty() || keys.len() > snapshot.index_by().len() {
+            // No keys (everything, in index order) or an error: rare, ask the snapshot.
+            let found = snapshot.fetch(&keys).map_err(|error| {
+                Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("resources.{}.{method}(): {error}", self.name),
+                )
+            })?;
+            return Ok(Value::from(
+                found
+                    .into_iter()
+                    .map(|o| self.value_of(o))
+                    .collect::<Vec<_>>(),
+            ));
+        }
+        let lookup = self.lookup.get_or_init(|| self.build_lookup(snapshot));
+        Ok(lookup
+            .by_prefix
+            .get(&keys)
+            .cloned()
+            .unwrap_or_else(|| Value::from(Vec::<Value>::new())))
+    }
+
+    fn build_lookup(&self, snapshot: &ResourceSnapshot) -> Lookup {
+        let paths = snapshot.index_by();
+        let mut rows: Vec<(Vec<String>, &ObjectKey, &Arc<JsonValue>)> = snapshot
+            .iter()
+            .map(|(key, object)| {
+                let index: Vec<String> = paths.iter().map(|p| p.index_value(object)).collect();
+                (index, key, object)
+            })
+            .collect();
+        // The snapshot's fetch order: index values, then object key.
+        rows.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+        let mut lists: HashMap<Vec<String>, Vec<Value>> = HashMap::new();
+        for (index, _, object) in rows {
+            let value = self.value_of(object);
+            for len in 1..=index.len() {
+                lists
+                    .entry(index[..len].to_vec())
+                    .or_default()
+                    .push(value.clone());
+            }
+        }
+        Lookup {
+            by_prefix: lists
+                .into_iter()
+                .map(|(k, v)| (k, Value::from(v)))
+                .collect(),
+        }
     }
 }
 
@@ -223,12 +286,12 @@ impl Object for ResourceStore {
                 }
                 Ok(self.list_value())
             }
-            "fetch" => Ok(Value::from(self.fetch("fetch", args)?)),
+            "fetch" => self.fetch("fetch", args),
             "get" => {
-                let mut found = self.fetch("get", args)?;
-                match found.len() {
+                let found = self.fetch("get", args)?;
+                match found.len().unwrap_or(0) {
                     0 => Ok(Value::from(())),
-                    1 => Ok(found.pop().unwrap_or_default()),
+                    1 => found.get_item_by_index(0),
                     count => Err(Error::new(
                         ErrorKind::InvalidOperation,
                         format!(
@@ -326,7 +389,11 @@ impl Shared {
     }
 }
 
-fn key_arg(method: &str, args: &[Value], count: std::ops::RangeInclusive<usize>) -> Result<String, Error> {
+fn key_arg(
+    method: &str,
+    args: &[Value],
+    count: std::ops::RangeInclusive<usize>,
+) -> Result<String, Error> {
     if !count.contains(&args.len()) {
         return Err(Error::new(
             ErrorKind::InvalidOperation,
@@ -344,7 +411,10 @@ fn key_arg(method: &str, args: &[Value], count: std::ops::RangeInclusive<usize>)
     args[0].as_str().map(str::to_owned).ok_or_else(|| {
         Error::new(
             ErrorKind::InvalidOperation,
-            format!("shared.{method}(): the key must be a string, got {}", args[0].kind()),
+            format!(
+                "shared.{method}(): the key must be a string, got {}",
+                args[0].kind()
+            ),
         )
     })
 }
@@ -355,7 +425,12 @@ impl Object for Shared {
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Values(self.lock().keys().map(|k| Value::from(k.as_str())).collect())
+        Enumerator::Values(
+            self.lock()
+                .keys()
+                .map(|k| Value::from(k.as_str()))
+                .collect(),
+        )
     }
 
     fn call_method(
@@ -380,7 +455,11 @@ impl Object for Shared {
             }
             "setdefault" => {
                 let key = key_arg(method, args, 2..=2)?;
-                Ok(self.lock().entry(key).or_insert_with(|| args[1].clone()).clone())
+                Ok(self
+                    .lock()
+                    .entry(key)
+                    .or_insert_with(|| args[1].clone())
+                    .clone())
             }
             "append" => {
                 let key = key_arg(method, args, 2..=2)?;
@@ -394,7 +473,10 @@ impl Object for Shared {
                         _ => {
                             return Err(Error::new(
                                 ErrorKind::InvalidOperation,
-                                format!("shared.append(): `{key}` holds a {}, not a list", existing.kind()),
+                                format!(
+                                    "shared.append(): `{key}` holds a {}, not a list",
+                                    existing.kind()
+                                ),
                             ));
                         }
                     },
@@ -408,11 +490,16 @@ impl Object for Shared {
                 Ok(Value::from(self.lock().contains_key(&key)))
             }
             "keys" => Ok(Value::from(
-                self.lock().keys().map(|k| Value::from(k.as_str())).collect::<Vec<_>>(),
+                self.lock()
+                    .keys()
+                    .map(|k| Value::from(k.as_str()))
+                    .collect::<Vec<_>>(),
             )),
             _ => Err(Error::new(
                 ErrorKind::UnknownMethod,
-                format!("shared has no method {method}(); use get, set, setdefault, append, has or keys"),
+                format!(
+                    "shared has no method {method}(); use get, set, setdefault, append, has or keys"
+                ),
             )),
         }
     }

@@ -56,7 +56,12 @@ fn format_value(out: &mut Output, state: &mut State, value: &Value) -> Result<()
 fn fail(message: Value) -> Result<Value, Error> {
     Err(Error::new(
         ErrorKind::InvalidOperation,
-        format!("fail(): {}", message.as_str().map_or_else(|| message.to_string(), str::to_owned)),
+        format!(
+            "fail(): {}",
+            message
+                .as_str()
+                .map_or_else(|| message.to_string(), str::to_owned)
+        ),
     ))
 }
 
@@ -260,7 +265,9 @@ fn sort_by(value: &Value, paths: Rest<String>, kwargs: Kwargs) -> Result<Value, 
     if reverse == Some(true) {
         rows.reverse();
     }
-    Ok(Value::from(rows.into_iter().map(|(_, item)| item).collect::<Vec<_>>()))
+    Ok(Value::from(
+        rows.into_iter().map(|(_, item)| item).collect::<Vec<_>>(),
+    ))
 }
 
 /// `value | tojson` / `tojson(indent=2)`: JSON as Jinja2 writes it — keys sorted,

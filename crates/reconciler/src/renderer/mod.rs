@@ -190,7 +190,12 @@ impl std::fmt::Debug for Renderer {
         f.debug_struct("Renderer")
             .field(
                 "templates",
-                &self.inner.entries.iter().map(|e| &e.name).collect::<Vec<_>>(),
+                &self
+                    .inner
+                    .entries
+                    .iter()
+                    .map(|e| &e.name)
+                    .collect::<Vec<_>>(),
             )
             .field("watched", &self.inner.watched)
             .finish()
@@ -205,7 +210,10 @@ impl Renderer {
     ///
     /// Every compile error and static-check failure, each naming the template, line
     /// and column, with the offending source line.
-    pub fn new<S: AsRef<str>>(templates: Templates, watched: &[S]) -> Result<Self, Vec<Diagnostic>> {
+    pub fn new<S: AsRef<str>>(
+        templates: Templates,
+        watched: &[S],
+    ) -> Result<Self, Vec<Diagnostic>> {
         let Templates {
             main,
             snippets,
@@ -237,7 +245,11 @@ impl Renderer {
             for (name, source) in group {
                 let path = kind.relative_path(&name);
                 paths.entry(name.clone()).or_default().push(path.clone());
-                sources.push((Arc::from(path), Some(RenderedFileRef { kind, name }), source));
+                sources.push((
+                    Arc::from(path),
+                    Some(RenderedFileRef { kind, name }),
+                    source,
+                ));
             }
         }
         let reserved: BTreeSet<Arc<str>> = sources.iter().map(|(n, _, _)| n.clone()).collect();
@@ -261,7 +273,8 @@ impl Renderer {
         let entries: Vec<Entry> = sources
             .into_iter()
             .map(|(name, output, source)| {
-                let instrumented = scan::instrument(&source, |line| Some(markers.marker(&name, line)));
+                let instrumented =
+                    scan::instrument(&source, |line| Some(markers.marker(&name, line)));
                 Entry {
                     is_snippet: output.is_none(),
                     lines: LineIndex::new(&source),
@@ -287,7 +300,9 @@ impl Renderer {
         let env = match build_environment(settings, limits, snippet_names, paths) {
             Ok(env) => env,
             Err(error) => {
-                diagnostics.push(Diagnostic::error(format!("invalid templating settings: {error}")));
+                diagnostics.push(Diagnostic::error(format!(
+                    "invalid templating settings: {error}"
+                )));
                 return Err(diagnostics);
             }
         };
@@ -414,7 +429,10 @@ impl Renderer {
             .filter_map(|e| Some(format!("{}:{}", e.name()?, e.line()?)))
             .collect();
         if !outer.is_empty() {
-            message.push_str(&format!(" (included from {})", outer.join(", included from ")));
+            message.push_str(&format!(
+                " (included from {})",
+                outer.join(", included from ")
+            ));
         }
         let entry = innermost
             .name()
@@ -449,9 +467,12 @@ impl Renderer {
             ),
             ErrorKind::UndefinedError => match detail {
                 Some(detail) => format!("undefined value: {detail}"),
-                None => "undefined value (strictUndefined is on: every value used must exist)".to_owned(),
+                None => "undefined value (strictUndefined is on: every value used must exist)"
+                    .to_owned(),
             },
-            ErrorKind::InvalidOperation if detail.as_deref().is_some_and(|d| d.starts_with("fail(): ")) => {
+            ErrorKind::InvalidOperation
+                if detail.as_deref().is_some_and(|d| d.starts_with("fail(): ")) =>
+            {
                 detail.unwrap_or_default()
             }
             kind => match detail {
@@ -503,7 +524,11 @@ fn build_environment(
 /// A compile error, located in the original source. The original (uninstrumented)
 /// source is compiled again for the most precise message; if it compiles, the
 /// instrumented error is reported.
-fn compile_diagnostic(env: &Environment<'static>, entry: &Entry, error: &minijinja::Error) -> Diagnostic {
+fn compile_diagnostic(
+    env: &Environment<'static>,
+    entry: &Entry,
+    error: &minijinja::Error,
+) -> Diagnostic {
     let mut scratch = Environment::new();
     scratch.set_syntax(env.syntax().clone());
     let original = scratch

@@ -194,7 +194,11 @@ fn find(bytes: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
 /// string literals and tracking brackets the way minijinja's lexer does.
 fn scan_tag(source: &str, start: usize, kind: TagKind) -> Option<Tag> {
     let bytes = source.as_bytes();
-    let close = if kind == TagKind::Variable { b'}' } else { b'%' };
+    let close = if kind == TagKind::Variable {
+        b'}'
+    } else {
+        b'%'
+    };
     let mut pos = start + 2;
     let trim_left = bytes.get(pos) == Some(&b'-');
     if matches!(bytes.get(pos), Some(b'-' | b'+')) {
@@ -315,8 +319,7 @@ pub(crate) fn tokens(source: &str, range: Range<usize>) -> Vec<Token<'_>> {
             }
             TokenKind::Ident(&source[start..pos])
         } else if c.is_ascii_digit() {
-            while pos < range.end && (bytes[pos].is_ascii_alphanumeric() || bytes[pos] == b'_')
-            {
+            while pos < range.end && (bytes[pos].is_ascii_alphanumeric() || bytes[pos] == b'_') {
                 pos += 1;
             }
             TokenKind::Other
@@ -442,12 +445,10 @@ pub(crate) fn instrument(
 
     let mut mark = |offset: usize, marked: &mut [bool], insertions: &mut Vec<_>| {
         let line = lines.line(offset);
-        if let Some(slot) = marked.get_mut(line as usize) {
-            if !*slot {
-                *slot = true;
-                if let Some(text) = marker(line) {
-                    insertions.push((offset, 0, text));
-                }
+        if let Some(slot) = marked.get_mut(line as usize).filter(|slot| !**slot) {
+            *slot = true;
+            if let Some(text) = marker(line) {
+                insertions.push((offset, 0, text));
             }
         }
     };
@@ -554,10 +555,15 @@ fn glob_call(toks: &[Token<'_>]) -> Option<Range<usize>> {
 /// The pattern of `render_glob("literal")`.
 fn literal_argument(toks: &[Token<'_>]) -> Option<String> {
     match toks {
-        [_, _, Token {
-            kind: TokenKind::Str(pattern),
-            ..
-        }, _] => Some(pattern.clone()),
+        [
+            _,
+            _,
+            Token {
+                kind: TokenKind::Str(pattern),
+                ..
+            },
+            _,
+        ] => Some(pattern.clone()),
         _ => None,
     }
 }
@@ -659,10 +665,8 @@ fn has_assignment(toks: &[Token<'_>]) -> bool {
                     .and_then(|i| toks.get(i))
                     .map(|t| &t.kind);
                 let after = toks.get(index + 1).map(|t| &t.kind);
-                let compound = matches!(
-                    before,
-                    Some(TokenKind::Punct(b'=' | b'!' | b'<' | b'>'))
-                ) || matches!(after, Some(TokenKind::Punct(b'=')));
+                let compound = matches!(before, Some(TokenKind::Punct(b'=' | b'!' | b'<' | b'>')))
+                    || matches!(after, Some(TokenKind::Punct(b'=')));
                 if !compound {
                     return true;
                 }
@@ -759,7 +763,9 @@ mod tests {
     #[test]
     fn no_markers_inside_capturing_blocks() {
         assert_eq!(
-            marks("{% set x %}\na\n{% endset %}\n{% set y = 1 %}\nb\n{% macro m() %}c{% endmacro %}"),
+            marks(
+                "{% set x %}\na\n{% endset %}\n{% set y = 1 %}\nb\n{% macro m() %}c{% endmacro %}"
+            ),
             "{% set x %}\na\n{% endset %}\n{% set y = 1 %}\n<5>b\n{% macro m() %}c{% endmacro %}"
         );
     }
@@ -782,7 +788,10 @@ mod tests {
     #[test]
     fn render_glob_is_rewritten_and_recorded() {
         let out = instrument("x\n  {{- render_glob('be-*') }}\n", |_| None);
-        assert!(out.source.starts_with("x\n  {%- for __glob_snippet in __render_glob('be-*') +%}"));
+        assert!(
+            out.source
+                .starts_with("x\n  {%- for __glob_snippet in __render_glob('be-*') +%}")
+        );
         assert!(out.source.ends_with("{%+ endfor +%}\n"));
         assert_eq!(out.references[0].kind, ReferenceKind::Glob("be-*".into()));
         assert!(out.errors.is_empty());

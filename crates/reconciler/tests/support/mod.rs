@@ -26,7 +26,9 @@ impl Harness {
     pub fn start(components: Vec<Box<dyn Component>>, kinds: &[EventKind]) -> Self {
         let metrics = BusMetrics::register(&Registry::new()).expect("metrics");
         let bus = Bus::new(BusConfig::default(), &metrics);
-        let events = bus.subscribe("test", kinds).expect("subscribe before start");
+        let events = bus
+            .subscribe("test", kinds)
+            .expect("subscribe before start");
         let publisher = bus.publisher();
         let mut kernel = Kernel::new(bus);
         for component in components {

@@ -1,0 +1,559 @@
+//! The deployer component: consumes `DeploymentScheduled`, deploys to every socket
+//! instance in parallel (bounded), and publishes `DeploymentStarted`,
+//! `InstanceDeployed` / `InstanceDeploymentFailed` and `DeploymentCompleted`.
+//!
+//! What each instance runs is kept in a [`LastDeployedStore`] created outside the
+//! kernel iteration, so an unchanged render after a controller reinit is a no-op. A
+//! failed instance is retried with backoff (1 s doubling to 60 s) with the newest
+//! config; a newer `DeploymentScheduled` replaces a waiting one (latest wins).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use hapwright_eventbus::model::{Diagnostic, RenderedConfig};
+use hapwright_eventbus::{
+    Bus, BusError, Component, ComponentError, Context, DeploymentCompleted, DeploymentStarted,
+    DeploymentSummary, Event, EventKind, EventPayload, InstanceDeployed, InstanceDeploymentFailed,
+    Subscription,
+};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::driver::{Deployed, SocketDriver};
+use crate::haproxy_config::{self, Config as Model};
+use crate::managed::ManagedHaproxy;
+use crate::metrics::Metrics;
+use crate::plan;
+use crate::scheduler::ReloadClassifier;
+use crate::socket::InstanceConfig;
+
+/// One instance's record in the [`LastDeployedStore`].
+#[derive(Clone, Debug, Default)]
+pub struct InstanceRecord {
+    /// What the instance runs after the last successful deployment.
+    pub deployed: Option<Arc<Deployed>>,
+    /// The last deployment error, cleared by a success.
+    pub last_error: Option<String>,
+    /// When the last attempt finished.
+    pub last_attempt: Option<SystemTime>,
+    /// Reloads hapwright performed on this instance.
+    pub reloads: u64,
+}
+
+/// Per-instance "last deployed" state, shared between the scheduler's classifier,
+/// the deployer and the debug endpoints. Create it once per process and hand clones
+/// to each kernel iteration.
+#[derive(Clone, Debug, Default)]
+pub struct LastDeployedStore {
+    inner: Arc<Mutex<HashMap<String, InstanceRecord>>>,
+}
+
+impl LastDeployedStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// What `instance` runs, if hapwright deployed to it.
+    pub fn deployed(&self, instance: &str) -> Option<Arc<Deployed>> {
+        self.lock().get(instance).and_then(|r| r.deployed.clone())
+    }
+
+    /// The record of one instance.
+    pub fn get(&self, instance: &str) -> Option<InstanceRecord> {
+        self.lock().get(instance).cloned()
+    }
+
+    /// Every record, by instance name (for `/debug/instances`).
+    pub fn snapshot(&self) -> BTreeMap<String, InstanceRecord> {
+        self.lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Records a successful deployment.
+    pub fn record_success(&self, instance: &str, deployed: Deployed) {
+        let mut inner = self.lock();
+        let record = inner.entry(instance.to_owned()).or_default();
+        if deployed.strategy == hapwright_eventbus::model::DeployStrategy::Reload {
+            record.reloads += 1;
+        }
+        record.last_attempt = Some(deployed.at);
+        record.deployed = Some(Arc::new(deployed));
+        record.last_error = None;
+    }
+
+    /// Records a failed deployment (the instance keeps running what it ran).
+    pub fn record_failure(&self, instance: &str, error: String) {
+        let mut inner = self.lock();
+        let record = inner.entry(instance.to_owned()).or_default();
+        record.last_error = Some(error);
+        record.last_attempt = Some(SystemTime::now());
+    }
+
+    /// Forgets an instance (e.g. its HAProxy was replaced).
+    pub fn forget(&self, instance: &str) {
+        self.lock().remove(instance);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, InstanceRecord>> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The scheduler's [`ReloadClassifier`] over a [`LastDeployedStore`]: a deployment
+/// needs a reload when an instance has no record yet or its change plan says so.
+#[derive(Clone, Debug)]
+pub struct StoreClassifier {
+    store: LastDeployedStore,
+}
+
+impl StoreClassifier {
+    /// A classifier reading `store`.
+    pub fn new(store: LastDeployedStore) -> Self {
+        Self { store }
+    }
+}
+
+impl ReloadClassifier for StoreClassifier {
+    fn needs_reload(&self, config: &RenderedConfig, instances: &[String]) -> bool {
+        let model = haproxy_config::parse(config.main()).unwrap_or_default();
+        instances
+            .iter()
+            .any(|instance| match self.store.deployed(instance) {
+                None => true,
+                Some(running) => plan::plan(&running.config, &running.model, config, &model)
+                    .reload
+                    .is_some(),
+            })
+    }
+}
+
+/// Settings of the deployer component.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Deadline of one deployment to one instance.
+    pub deployment_timeout: Duration,
+    /// Instances deployed at the same time.
+    pub concurrency: usize,
+    /// First retry delay of a failed instance (doubles up to `max_retry_delay`).
+    pub min_retry_delay: Duration,
+    /// Longest retry delay.
+    pub max_retry_delay: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            deployment_timeout: Duration::from_secs(30),
+            concurrency: 8,
+            min_retry_delay: Duration::from_secs(1),
+            max_retry_delay: Duration::from_secs(60),
+        }
+    }
+}
+
+impl From<&crate::config::Timings> for Config {
+    fn from(timings: &crate::config::Timings) -> Self {
+        Self {
+            deployment_timeout: timings.deployment_timeout.get(),
+            ..Self::default()
+        }
+    }
+}
+
+/// The deployer component.
+pub struct Deployer {
+    config: Config,
+    drivers: BTreeMap<String, Arc<SocketDriver>>,
+    store: LastDeployedStore,
+    managed: Option<ManagedHaproxy>,
+    metrics: Metrics,
+    subscription: Option<Subscription>,
+}
+
+impl std::fmt::Debug for Deployer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deployer")
+            .field("config", &self.config)
+            .field("instances", &self.drivers.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Deployer {
+    /// The component's name.
+    pub const NAME: &'static str = "deployer";
+
+    /// A deployer for the socket `instances`. `store` and `managed` are created once
+    /// per process, outside the kernel iteration; `managed` is needed when an instance
+    /// has `managed: true`.
+    pub fn new(
+        config: Config,
+        instances: Vec<InstanceConfig>,
+        store: LastDeployedStore,
+        managed: Option<ManagedHaproxy>,
+        metrics: Metrics,
+    ) -> Self {
+        let drivers = instances
+            .into_iter()
+            .map(|instance| {
+                let name = instance.name.clone();
+                let driver = SocketDriver::new(instance, managed.clone(), metrics.clone());
+                (name, Arc::new(driver))
+            })
+            .collect();
+        Self::with_drivers(config, drivers, store, managed, metrics)
+    }
+
+    /// A deployer over ready-made drivers (custom timeouts).
+    pub fn with_drivers(
+        config: Config,
+        drivers: BTreeMap<String, Arc<SocketDriver>>,
+        store: LastDeployedStore,
+        managed: Option<ManagedHaproxy>,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            config,
+            drivers,
+            store,
+            managed,
+            metrics,
+            subscription: None,
+        }
+    }
+}
+
+struct Round {
+    config: Arc<RenderedConfig>,
+    instances: Vec<String>,
+    drift_check: bool,
+    cause: Arc<Event>,
+}
+
+struct Runner {
+    config: Config,
+    drivers: BTreeMap<String, Arc<SocketDriver>>,
+    store: LastDeployedStore,
+    metrics: Metrics,
+}
+
+impl Runner {
+    async fn deploy_round(&self, ctx: &Context, round: &Round) -> Vec<String> {
+        let started = Instant::now();
+        let hash = round.config.hash();
+        let publisher = ctx.publisher();
+        publisher.reply(
+            &round.cause,
+            DeploymentStarted {
+                hash,
+                instances: round.instances.clone(),
+            },
+        );
+        let model = Arc::new(haproxy_config::parse(round.config.main()).unwrap_or_default());
+        let results: Vec<(String, Result<(), Diagnostic>)> =
+            futures::stream::iter(round.instances.clone())
+                .map(|instance| {
+                    let model = model.clone();
+                    let span = tracing::info_span!(
+                        "deploy_instance",
+                        instance = %instance,
+                        correlation_id = ?round.cause.correlation_id,
+                        hash = %hash.short(),
+                    );
+                    async move {
+                        let outcome = self.deploy_one(ctx, round, &instance, model).await;
+                        (instance, outcome)
+                    }
+                    .instrument(span)
+                })
+                .buffer_unordered(self.config.concurrency.max(1))
+                .collect()
+                .await;
+        let mut succeeded = Vec::new();
+        let mut failed = Vec::new();
+        for (instance, outcome) in results {
+            match outcome {
+                Ok(()) => succeeded.push(instance),
+                Err(_) => failed.push(instance),
+            }
+        }
+        succeeded.sort();
+        failed.sort();
+        if failed.is_empty() {
+            ctx.health().healthy();
+        } else {
+            ctx.health()
+                .unhealthy(format!("deployment failed on {}", failed.join(", ")));
+        }
+        publisher.reply(
+            &round.cause,
+            DeploymentCompleted {
+                summary: DeploymentSummary {
+                    hash,
+                    succeeded,
+                    failed: failed.clone(),
+                    duration: started.elapsed(),
+                },
+            },
+        );
+        failed
+    }
+
+    async fn deploy_one(
+        &self,
+        ctx: &Context,
+        round: &Round,
+        instance: &str,
+        model: Arc<Model>,
+    ) -> Result<(), Diagnostic> {
+        let hash = round.config.hash();
+        let publisher = ctx.publisher();
+        let Some(driver) = self.drivers.get(instance) else {
+            let error = Diagnostic::error(format!(
+                "instance `{instance}` has no socket driver in this deployer"
+            ));
+            publisher.reply(
+                &round.cause,
+                InstanceDeploymentFailed {
+                    instance: instance.to_owned(),
+                    hash,
+                    error: error.clone(),
+                },
+            );
+            return Err(error);
+        };
+        let started = Instant::now();
+        let running = self.store.deployed(instance);
+        let outcome = tokio::time::timeout(
+            self.config.deployment_timeout,
+            driver.deploy(
+                round.config.clone(),
+                Some(model),
+                running,
+                round.drift_check,
+            ),
+        )
+        .await;
+        let elapsed = started.elapsed();
+        match outcome {
+            Ok(Ok(deployed)) => {
+                tracing::info!(
+                    strategy = %deployed.strategy,
+                    reason = %deployed.reason.detail,
+                    duration_ms = elapsed.as_millis() as u64,
+                    "Instance deployed"
+                );
+                self.metrics
+                    .deployment(instance, deployed.strategy, true, elapsed.as_secs_f64());
+                publisher.reply(
+                    &round.cause,
+                    InstanceDeployed {
+                        instance: instance.to_owned(),
+                        hash,
+                        strategy: deployed.strategy,
+                        reason: Some(deployed.reason.clone()),
+                        duration: elapsed,
+                    },
+                );
+                self.store.record_success(instance, deployed);
+                Ok(())
+            }
+            Ok(Err(error)) => {
+                let diagnostic = error.to_diagnostic();
+                Err(self.failed(ctx, round, instance, diagnostic, elapsed))
+            }
+            Err(_) => {
+                let diagnostic = Diagnostic::error(format!(
+                    "deployment did not finish within {:?}",
+                    self.config.deployment_timeout
+                ));
+                Err(self.failed(ctx, round, instance, diagnostic, elapsed))
+            }
+        }
+    }
+
+    fn failed(
+        &self,
+        ctx: &Context,
+        round: &Round,
+        instance: &str,
+        error: Diagnostic,
+        elapsed: Duration,
+    ) -> Diagnostic {
+        tracing::warn!(error = %error.message, "Instance deployment failed");
+        self.metrics.deployment(
+            instance,
+            hapwright_eventbus::model::DeployStrategy::Reload,
+            false,
+            elapsed.as_secs_f64(),
+        );
+        self.store.record_failure(instance, error.message.clone());
+        ctx.publisher().reply(
+            &round.cause,
+            InstanceDeploymentFailed {
+                instance: instance.to_owned(),
+                hash: round.config.hash(),
+                error: error.clone(),
+            },
+        );
+        error
+    }
+}
+
+fn round_of(event: &Arc<Event>) -> Option<Round> {
+    match &event.payload {
+        EventPayload::DeploymentScheduled(scheduled) => Some(Round {
+            config: scheduled.config.clone(),
+            instances: scheduled.instances.clone(),
+            drift_check: scheduled.drift_check,
+            cause: event.clone(),
+        }),
+        _ => None,
+    }
+}
+
+#[async_trait::async_trait]
+impl Component for Deployer {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn provides(&self) -> Vec<String> {
+        vec![Self::NAME.to_owned()]
+    }
+
+    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
+        self.subscription = Some(bus.subscribe(Self::NAME, [EventKind::DeploymentScheduled])?);
+        Ok(())
+    }
+
+    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
+        let mut subscription = self
+            .subscription
+            .ok_or("deployer started without subscribing")?;
+        let managed_names: Vec<String> = self
+            .drivers
+            .values()
+            .filter(|d| d.instance().managed)
+            .map(|d| d.instance().name.clone())
+            .collect();
+        let managed = self.managed;
+        let runner = Runner {
+            config: self.config,
+            drivers: self.drivers,
+            store: self.store,
+            metrics: self.metrics,
+        };
+        let mut retry: Option<(Round, Instant, u32)> = None;
+        let mut health_tick = tokio::time::interval(Duration::from_secs(1));
+        health_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ctx.health().healthy();
+        loop {
+            let retry_at = retry.as_ref().map(|(_, at, _)| *at);
+            let mut round = tokio::select! {
+                biased;
+                () = ctx.cancelled() => return Ok(()),
+                event = subscription.recv() => match event.as_ref().and_then(round_of) {
+                    Some(round) => round,
+                    None if event.is_none() => return Ok(()),
+                    None => continue,
+                },
+                () = sleep_until(retry_at) => {
+                    let (round, _, _) = retry.as_ref().expect("retry is set");
+                    Round {
+                        config: round.config.clone(),
+                        instances: round.instances.clone(),
+                        drift_check: round.drift_check,
+                        cause: round.cause.clone(),
+                    }
+                }
+                _ = health_tick.tick(), if !managed_names.is_empty() => {
+                    if let Some(managed) = &managed {
+                        report_managed_health(&ctx, managed, &managed_names, retry.is_none()).await;
+                    }
+                    continue;
+                }
+            };
+            // Latest wins: a newer scheduled deployment replaces this one.
+            while let Some(newer) = subscription.try_recv() {
+                if let Some(newer) = round_of(&newer) {
+                    let drift = round.drift_check || newer.drift_check;
+                    round = newer;
+                    round.drift_check = drift;
+                }
+            }
+            let span = tracing::info_span!(
+                "deployment",
+                correlation_id = ?round.cause.correlation_id,
+                hash = %round.config.hash().short(),
+            );
+            let failed = runner.deploy_round(&ctx, &round).instrument(span).await;
+            let is_retry = retry
+                .as_ref()
+                .is_some_and(|(r, _, _)| Arc::ptr_eq(&r.cause, &round.cause));
+            retry = if failed.is_empty() {
+                None
+            } else {
+                let attempt = if is_retry {
+                    retry.as_ref().map_or(1, |(_, _, n)| n + 1)
+                } else {
+                    1
+                };
+                let delay = runner
+                    .config
+                    .min_retry_delay
+                    .saturating_mul(1 << (attempt - 1).min(16))
+                    .min(runner.config.max_retry_delay);
+                tracing::info!(?delay, instances = ?failed, "Retrying failed instances");
+                Some((
+                    Round {
+                        config: round.config.clone(),
+                        instances: failed,
+                        drift_check: round.drift_check,
+                        cause: round.cause.clone(),
+                    },
+                    Instant::now() + delay,
+                    attempt,
+                ))
+            };
+        }
+    }
+}
+
+/// Unhealthy while a managed HAProxy is down; healthy again once every one runs and
+/// no failed deployment is waiting for a retry.
+async fn report_managed_health(
+    ctx: &Context,
+    managed: &ManagedHaproxy,
+    names: &[String],
+    deployments_ok: bool,
+) {
+    let mut down = Vec::new();
+    for name in names {
+        if let Some(state) = managed.state(name).await
+            && !state.is_running()
+        {
+            down.push(format!("{name}: {state:?}"));
+        }
+    }
+    if !down.is_empty() {
+        ctx.health()
+            .unhealthy(format!("managed HAProxy not running ({})", down.join("; ")));
+    } else if deployments_ok {
+        ctx.health().healthy();
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,169 @@
+//! Managed mode: hapwright starts HAProxy after the first render, two instances side by
+//! side with their own env, restart after a crash, failed reloads report ALERT lines,
+//! and `stop()` ends every process.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hapwright_deployer::driver::{DeployError, SocketDriver};
+use hapwright_deployer::managed::{ManagedHaproxy, ProcessState, SupervisorConfig};
+use hapwright_deployer::metrics::Metrics;
+use hapwright_eventbus::model::{DeployStrategy, ReloadReason};
+use support::{Backend, Haproxy, bodies, config, free_port, http_get, rendered, wait_for_body};
+use tokio::time::timeout;
+
+/// Stops the supervisor even when an assertion fails.
+struct StopOnDrop(ManagedHaproxy);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let managed = self.0.clone();
+        // Runs on the test's runtime; `stop` kills and reaps the processes.
+        let _ = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(managed.stop());
+        })
+        .join();
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn managed_instances_start_restart_report_alerts_and_stop() {
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let managed = ManagedHaproxy::with_config(
+        "haproxy",
+        SupervisorConfig {
+            min_backoff: Duration::from_millis(50),
+            ready_timeout: Duration::from_secs(10),
+            ..SupervisorConfig::default()
+        },
+    );
+    let guard = StopOnDrop(managed.clone());
+    // The port comes from the instance's env: one render serves both instances.
+    let main = config(
+        0,
+        &format!("backend be_app\n    server s1 127.0.0.1:{}\n", a.port),
+    )
+    .replace("bind 127.0.0.1:0", "bind 127.0.0.1:${HTTP_PORT}");
+    let v1 = rendered(&main, &[("hosts.map", "")]);
+    let mut instances = Vec::new();
+    for name in ["one", "two"] {
+        let mut dir = Haproxy::dir_only(name);
+        let port = free_port();
+        dir.instance.managed = true;
+        dir.instance
+            .env
+            .insert("HTTP_PORT".into(), port.to_string());
+        let driver = SocketDriver::new(
+            dir.instance.clone(),
+            Some(managed.clone()),
+            Metrics::unregistered().unwrap(),
+        );
+        let deployed = driver.deploy(v1.clone(), None, None, false).await.unwrap();
+        assert_eq!(deployed.strategy, DeployStrategy::Reload);
+        assert_eq!(deployed.reason.reload, Some(ReloadReason::FirstDeploy));
+        wait_for_body(port, "app.test", "a").await;
+        instances.push((dir, port, driver, Arc::new(deployed)));
+    }
+
+    // A failing reload (port in use) reports HAProxy's ALERT lines.
+    let (_, port_one, driver_one, running_one) = &instances[0];
+    let (_, port_two, _, _) = &instances[1];
+    // HAProxy binds with SO_REUSEPORT, so the port must be held by a plain socket.
+    let blocker = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = blocker.local_addr().unwrap().port();
+    let bad = rendered(
+        &format!(
+            "{main}\nfrontend fe_clash\n    bind 127.0.0.1:{taken}\n    default_backend be_app\n"
+        ),
+        &[("hosts.map", "")],
+    );
+    let error = driver_one
+        .deploy(bad, None, Some(running_one.clone()), false)
+        .await
+        .unwrap_err();
+    let DeployError::ReloadFailed { alerts, .. } = &error else {
+        panic!("unexpected error {error}");
+    };
+    assert!(
+        alerts.iter().any(|l| l.contains("cannot bind socket")),
+        "{alerts:?}"
+    );
+    assert_eq!(bodies(*port_one, "app.test", 2).await, vec!["200 a"; 2]);
+    drop(blocker);
+
+    // A structural change on instance one.
+    let v2 = rendered(
+        &main
+            .replace(&a.port.to_string(), &b.port.to_string())
+            .replace("server s1", "option forwardfor\n    server s1"),
+        &[("hosts.map", "")],
+    );
+    let d2 = driver_one
+        .deploy(v2, None, Some(running_one.clone()), false)
+        .await
+        .unwrap();
+    assert_eq!(d2.strategy, DeployStrategy::Reload);
+    assert_eq!(
+        d2.reason.detail,
+        "backend be_app: new keyword `option forwardfor`"
+    );
+    wait_for_body(*port_one, "app.test", "b").await;
+    assert_eq!(bodies(*port_two, "app.test", 2).await, vec!["200 a"; 2]);
+
+    // Killing the worker takes the master down (2.6); the supervisor restarts it.
+    let (dir_one, ..) = &instances[0];
+    let info = dir_one.master().show_proc().await.unwrap();
+    let master_pid = info.master_pid;
+    let worker = rustix::process::Pid::from_raw(info.workers[0] as i32).unwrap();
+    rustix::process::kill_process(worker, rustix::process::Signal::KILL).unwrap();
+    let mut state = managed.watch("one").await.unwrap();
+    timeout(Duration::from_secs(15), async {
+        loop {
+            if let ProcessState::Running { pid } = &*state.borrow_and_update()
+                && *pid != master_pid
+            {
+                return;
+            }
+            state.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("restarted");
+    wait_for_body(*port_one, "app.test", "b").await;
+
+    // Stop ends every process.
+    let pids: Vec<u32> = {
+        let mut pids = Vec::new();
+        for (dir, ..) in &instances {
+            let info = dir.master().show_proc().await.unwrap();
+            pids.push(info.master_pid);
+            pids.extend(info.workers);
+        }
+        pids
+    };
+    timeout(Duration::from_secs(15), managed.stop())
+        .await
+        .unwrap();
+    timeout(Duration::from_secs(5), async {
+        while pids.iter().any(|pid| alive(*pid)) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("every HAProxy process exited");
+    assert!(http_get(*port_one, "app.test").await.is_err());
+    drop(guard);
+}

@@ -1,0 +1,111 @@
+//! Change-plan decisions and reasons, without HAProxy.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use hapwright_deployer::plan::{RuntimeOp, compute};
+use hapwright_eventbus::model::{DeployStrategy, ReloadReason, RenderedConfig, SourceMap};
+
+fn render(backend: &str) -> RenderedConfig {
+    let main = format!(
+        "global\n    maxconn 100\n\ndefaults\n    mode http\n    default-server inter 3s\n\n{backend}"
+    );
+    let mut maps = BTreeMap::new();
+    maps.insert("hosts.map".to_owned(), Arc::<str>::from("a be_a\n"));
+    RenderedConfig::new(
+        main,
+        maps,
+        BTreeMap::new(),
+        BTreeMap::new(),
+        SourceMap::default(),
+    )
+}
+
+#[test]
+fn added_server_gets_explicit_default_server_params() {
+    let old =
+        render("backend be_a\n    default-server check maxconn 7\n    server s1 10.0.0.1:80\n");
+    let new = render(
+        "backend be_a\n    default-server check maxconn 7\n    server s1 10.0.0.1:80\n    server s2 10.0.0.2:80 weight 5\n",
+    );
+    let plan = compute(&old, &new);
+    assert_eq!(plan.strategy(), DeployStrategy::Runtime);
+    let RuntimeOp::AddServer {
+        params,
+        health,
+        enable,
+        address,
+        ..
+    } = &plan.ops[0]
+    else {
+        panic!("{plan:?}");
+    };
+    assert_eq!(address, "10.0.0.2:80");
+    assert_eq!(
+        params,
+        &["inter", "3s", "check", "maxconn", "7", "weight", "5"]
+    );
+    assert!(*health && *enable);
+}
+
+#[test]
+fn static_algorithms_and_new_keywords_reload_with_a_reason() {
+    let old = render("backend be_x\n    balance static-rr\n    server s1 10.0.0.1:80\n");
+    let added = render(
+        "backend be_x\n    balance static-rr\n    server s1 10.0.0.1:80\n    server s2 10.0.0.2:80\n",
+    );
+    let plan = compute(&old, &added);
+    assert_eq!(
+        plan.reload.as_ref().unwrap().reload,
+        Some(ReloadReason::Structure)
+    );
+
+    let keyword = render(
+        "backend be_x\n    balance static-rr\n    option httpchk\n    server s1 10.0.0.1:80\n",
+    );
+    let plan = compute(&old, &keyword);
+    assert_eq!(
+        plan.reason().detail,
+        "backend be_x: new keyword `option httpchk`"
+    );
+
+    let options = render("backend be_x\n    balance static-rr\n    server s1 10.0.0.1:80 check\n");
+    let plan = compute(&old, &options);
+    assert_eq!(plan.reason().reload, Some(ReloadReason::ServerOptions));
+}
+
+#[test]
+fn address_weight_and_state_changes_are_runtime() {
+    let old = render("backend be_a\n    server s1 10.0.0.1:80\n");
+    let new = render("backend be_a\n    server s1 10.0.0.9:81 weight 3 disabled\n");
+    let plan = compute(&old, &new);
+    assert_eq!(plan.strategy(), DeployStrategy::Runtime);
+    let described: Vec<String> = plan.ops.iter().map(RuntimeOp::describe).collect();
+    assert_eq!(
+        described,
+        vec![
+            "server be_a/s1 address 10.0.0.9:81",
+            "server be_a/s1 sessions shut down",
+            "server be_a/s1 weight 3",
+            "server be_a/s1 state maint",
+        ]
+    );
+    assert!(
+        plan.changed_servers
+            .contains(&("be_a".to_owned(), "s1".to_owned()))
+    );
+    // A host name cannot be set at runtime.
+    let fqdn = render("backend be_a\n    server s1 app.internal:80\n");
+    assert_eq!(
+        compute(&old, &fqdn).reason().reload,
+        Some(ReloadReason::ServerOptions)
+    );
+}
+
+#[test]
+fn unchanged_or_comment_only_renders_are_noops() {
+    let old = render("backend be_a\n    server s1 10.0.0.1:80\n");
+    assert_eq!(compute(&old, &old).strategy(), DeployStrategy::Noop);
+    let commented = render("# routing\nbackend be_a\n    server s1 10.0.0.1:80 # main\n");
+    assert_eq!(compute(&old, &commented).strategy(), DeployStrategy::Noop);
+}

@@ -1,0 +1,232 @@
+//! Runtime-only changes against a real HAProxy 2.6: traffic moves while the master's
+//! reload counter stays put.
+
+mod support;
+
+use std::fmt::Write as _;
+use std::process::Command;
+
+use hapwright_deployer::driver::SocketDriver;
+use hapwright_deployer::metrics::Metrics;
+use hapwright_eventbus::model::DeployStrategy;
+use support::{
+    Backend, Haproxy, bodies, config, free_port, rendered, rendered_with, wait_for_body,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_and_map_changes_apply_without_reload() {
+    let (a, b, c, other) = (
+        Backend::start("a").await,
+        Backend::start("b").await,
+        Backend::start("c").await,
+        Backend::start("other").await,
+    );
+    let port = free_port();
+    let render = |servers: &str, map: &str| {
+        rendered(
+            &config(
+                port,
+                &format!(
+                    "backend be_app\n    balance roundrobin\n{servers}\n\
+backend be_other\n    server o1 127.0.0.1:{}\n",
+                    other.port
+                ),
+            ),
+            &[("hosts.map", map)],
+        )
+    };
+    let v1 = render(
+        &format!("    server s1 127.0.0.1:{}\n", a.port),
+        "other.test be_other\n",
+    );
+    let haproxy = Haproxy::start("local", &v1, &v1.hash().short()).await;
+    let driver = SocketDriver::new(
+        haproxy.instance.clone(),
+        None,
+        Metrics::unregistered().unwrap(),
+    );
+
+    // After a controller restart the files on disk with a matching marker are "running".
+    let running = driver.deploy(v1.clone(), None, None, false).await.unwrap();
+    assert_eq!(running.strategy, DeployStrategy::Noop);
+    wait_for_body(port, "app.test", "a").await;
+    wait_for_body(port, "other.test", "other").await;
+    let reloads = haproxy.reloads().await;
+
+    // Address change.
+    let v2 = render(
+        &format!("    server s1 127.0.0.1:{}\n", b.port),
+        "other.test be_other\n",
+    );
+    let d2 = driver
+        .deploy(v2.clone(), None, Some(running.into()), false)
+        .await
+        .unwrap();
+    assert_eq!(d2.strategy, DeployStrategy::Runtime, "{:?}", d2.reason);
+    assert_eq!(bodies(port, "app.test", 5).await, vec!["200 b"; 5]);
+
+    // Weight change plus a dynamic server.
+    let v3 = render(
+        &format!(
+            "    server s1 127.0.0.1:{} weight 2\n    server s2 127.0.0.1:{}\n",
+            b.port, c.port
+        ),
+        "other.test be_other\n",
+    );
+    let d3 = driver
+        .deploy(v3, None, Some(d2.into()), false)
+        .await
+        .unwrap();
+    assert_eq!(d3.strategy, DeployStrategy::Runtime, "{:?}", d3.reason);
+    let seen = bodies(port, "app.test", 12).await;
+    assert!(
+        seen.contains(&"200 b".to_owned()) && seen.contains(&"200 c".to_owned()),
+        "{seen:?}"
+    );
+
+    // State change: s1 in maintenance.
+    let v4 = render(
+        &format!(
+            "    server s1 127.0.0.1:{} weight 2 disabled\n    server s2 127.0.0.1:{}\n",
+            b.port, c.port
+        ),
+        "other.test be_other\n",
+    );
+    let d4 = driver
+        .deploy(v4, None, Some(d3.into()), false)
+        .await
+        .unwrap();
+    assert_eq!(d4.strategy, DeployStrategy::Runtime, "{:?}", d4.reason);
+    assert_eq!(bodies(port, "app.test", 6).await, vec!["200 c"; 6]);
+
+    // Server removed, s1 back.
+    let v5 = render(
+        &format!("    server s1 127.0.0.1:{}\n", b.port),
+        "other.test be_other\n",
+    );
+    let d5 = driver
+        .deploy(v5.clone(), None, Some(d4.into()), false)
+        .await
+        .unwrap();
+    assert_eq!(d5.strategy, DeployStrategy::Runtime, "{:?}", d5.reason);
+    assert_eq!(bodies(port, "app.test", 6).await, vec!["200 b"; 6]);
+
+    // A map above the 16 KB payload limit, replaced atomically in chunks.
+    let mut big = String::new();
+    for i in 0..1500 {
+        writeln!(big, "h{i}.example.test be_other").unwrap();
+    }
+    assert!(big.len() > 16 * 1024);
+    let v6 = render(&format!("    server s1 127.0.0.1:{}\n", b.port), &big);
+    let d6 = driver
+        .deploy(v6.clone(), None, Some(d5.into()), false)
+        .await
+        .unwrap();
+    assert_eq!(d6.strategy, DeployStrategy::Runtime, "{:?}", d6.reason);
+    assert_eq!(bodies(port, "h0.example.test", 1).await, vec!["200 other"]);
+    assert_eq!(
+        bodies(port, "h1499.example.test", 1).await,
+        vec!["200 other"]
+    );
+    // Entries of the old version are gone.
+    assert_eq!(bodies(port, "other.test", 1).await, vec!["200 b"]);
+
+    assert_eq!(haproxy.reloads().await, reloads, "no reload happened");
+    // The files on disk follow, so a later reload keeps the state.
+    let on_disk = std::fs::read_to_string(haproxy.path().join("haproxy.cfg")).unwrap();
+    assert!(on_disk.contains(&format!("server s1 127.0.0.1:{}", b.port)));
+    assert!(!on_disk.contains("s2"));
+    let map = std::fs::read_to_string(haproxy.path().join("maps/hosts.map")).unwrap();
+    assert_eq!(map, big);
+    // The marker stays the one the worker runs.
+    assert!(on_disk.contains(&format!("HAPWRIGHT_CONFIG_VERSION {}", v1.hash().short())));
+}
+
+fn certificate(dir: &std::path::Path, cn: &str) -> String {
+    let key = dir.join(format!("{cn}.key"));
+    let crt = dir.join(format!("{cn}.crt"));
+    let status = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+        ])
+        .arg("-subj")
+        .arg(format!("/CN={cn}"))
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&crt)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl runs");
+    assert!(status.success());
+    std::fs::read_to_string(crt).unwrap() + &std::fs::read_to_string(key).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_changes_apply_without_reload() {
+    let scratch = tempfile::tempdir().unwrap();
+    let (v1_pem, v2_pem) = (
+        certificate(scratch.path(), "v1"),
+        certificate(scratch.path(), "v2"),
+    );
+    let a = Backend::start("a").await;
+    let (port, tls_port) = (free_port(), free_port());
+    let render = |pem: &str| {
+        rendered_with(
+            &config(
+                port,
+                &format!(
+                    "frontend fe_tls\n    bind 127.0.0.1:{tls_port} ssl crt certs/site.pem\n    default_backend be_app\n\n\
+backend be_app\n    server s1 127.0.0.1:{}\n",
+                    a.port
+                ),
+            ),
+            &[("hosts.map", "")],
+            &[("site.pem", pem)],
+        )
+    };
+    let v1 = render(&v1_pem);
+    let haproxy = Haproxy::start("tls", &v1, &v1.hash().short()).await;
+    let driver = SocketDriver::new(
+        haproxy.instance.clone(),
+        None,
+        Metrics::unregistered().unwrap(),
+    );
+    let running = driver.deploy(v1, None, None, false).await.unwrap();
+    let reloads = haproxy.reloads().await;
+    let subject = || async {
+        driver
+            .runtime()
+            .command("show ssl cert certs/site.pem")
+            .await
+            .unwrap()
+    };
+    assert!(subject().await.contains("CN=v1"));
+
+    let v2 = render(&v2_pem);
+    let deployed = driver
+        .deploy(v2, None, Some(running.into()), false)
+        .await
+        .unwrap();
+    assert_eq!(
+        deployed.strategy,
+        DeployStrategy::Runtime,
+        "{:?}",
+        deployed.reason
+    );
+    let shown = subject().await;
+    assert!(shown.contains("CN=v2"), "{shown}");
+    assert_eq!(haproxy.reloads().await, reloads);
+    assert_eq!(
+        std::fs::read_to_string(haproxy.path().join("certs/site.pem")).unwrap(),
+        v2_pem
+    );
+}

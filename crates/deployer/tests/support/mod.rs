@@ -1,0 +1,291 @@
+//! Test harness for the socket driver: free loopback ports, temporary config
+//! directories, `haproxy -W -S` processes killed and reaped on drop, tiny HTTP
+//! backends answering their own name, and a raw HTTP/1.1 client.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hapwright_deployer::files::ConfigDir;
+use hapwright_deployer::master::MasterClient;
+use hapwright_deployer::socket::{InstanceConfig, SocketAddress};
+use hapwright_eventbus::model::{RenderedConfig, SourceMap};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::timeout;
+
+/// A free TCP port on 127.0.0.1 (bound then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A render with the given main config and maps.
+pub fn rendered(main: &str, maps: &[(&str, &str)]) -> Arc<RenderedConfig> {
+    rendered_with(main, maps, &[])
+}
+
+/// A render with maps and certificates.
+pub fn rendered_with(
+    main: &str,
+    maps: &[(&str, &str)],
+    certs: &[(&str, &str)],
+) -> Arc<RenderedConfig> {
+    let collect = |items: &[(&str, &str)]| -> BTreeMap<String, Arc<str>> {
+        items
+            .iter()
+            .map(|(name, content)| ((*name).to_owned(), Arc::from(*content)))
+            .collect()
+    };
+    Arc::new(RenderedConfig::new(
+        main,
+        collect(maps),
+        BTreeMap::new(),
+        collect(certs),
+        SourceMap::default(),
+    ))
+}
+
+/// An HTTP backend on a free port answering `200 <name>` to every request.
+pub struct Backend {
+    /// Its port.
+    pub port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Backend {
+    /// Starts the backend.
+    pub async fn start(name: &str) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let name = name.to_owned();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let name = name.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let mut seen = Vec::new();
+                    // Read the request head, then answer and close.
+                    loop {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => {
+                                seen.extend_from_slice(&buf[..n]);
+                                if seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{name}",
+                        name.len()
+                    );
+                    let _ = stream.write_all(response.as_bytes()).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        Self { port, task }
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// `GET /` with the given Host header on a new connection; returns status and body.
+pub async fn http_get(port: u16, host: &str) -> std::io::Result<(u16, String)> {
+    let fut = async {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).await?;
+        stream
+            .write_all(
+                format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await?;
+        let mut out = Vec::new();
+        stream.read_to_end(&mut out).await?;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("no status line in {text:?}")))?;
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        Ok((status, body))
+    };
+    timeout(Duration::from_secs(5), fut)
+        .await
+        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+}
+
+/// Polls `GET /` until the body equals `expected` (bounded).
+pub async fn wait_for_body(port: u16, host: &str, expected: &str) {
+    let result = timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok((200, body)) = http_get(port, host).await
+                && body == expected
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        result.is_ok(),
+        "{host} on :{port} never answered {expected:?}"
+    );
+}
+
+/// Bodies of `n` requests.
+pub async fn bodies(port: u16, host: &str, n: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let (status, body) = http_get(port, host).await.unwrap();
+        out.push(format!("{status} {body}"));
+    }
+    out
+}
+
+/// A temporary config directory plus an unmanaged `haproxy -W -S` started on it.
+pub struct Haproxy {
+    /// The temporary directory (config dir and sockets).
+    pub dir: tempfile::TempDir,
+    /// The instance description for drivers.
+    pub instance: InstanceConfig,
+    child: Option<Child>,
+}
+
+impl Haproxy {
+    /// A config dir without a running HAProxy (managed-mode tests).
+    pub fn dir_only(name: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let instance = InstanceConfig::new(
+            name,
+            SocketAddress::Unix(dir.path().join("master.sock")),
+            dir.path(),
+        );
+        Self {
+            dir,
+            instance,
+            child: None,
+        }
+    }
+
+    /// Writes `config` (with `marker`) into a new directory and starts HAProxy on it,
+    /// waiting until the master CLI reports a worker.
+    pub async fn start(name: &str, config: &RenderedConfig, marker: &str) -> Self {
+        let mut haproxy = Self::dir_only(name);
+        ConfigDir::new(haproxy.dir.path())
+            .write(config, marker, None)
+            .unwrap();
+        let log = std::fs::File::create(haproxy.dir.path().join("haproxy.log")).unwrap();
+        let child = Command::new("haproxy")
+            .arg("-W")
+            .arg("-S")
+            .arg(haproxy.master_path())
+            .arg("-f")
+            .arg("haproxy.cfg")
+            .current_dir(haproxy.dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("haproxy runs");
+        haproxy.child = Some(child);
+        haproxy.wait_ready().await;
+        haproxy
+    }
+
+    /// The master socket path.
+    pub fn master_path(&self) -> PathBuf {
+        self.dir.path().join("master.sock")
+    }
+
+    /// The config directory.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A master CLI client.
+    pub fn master(&self) -> MasterClient {
+        MasterClient::new(SocketAddress::Unix(self.master_path()))
+    }
+
+    /// Master reload counter.
+    pub async fn reloads(&self) -> u64 {
+        self.master().show_proc().await.unwrap().reloads
+    }
+
+    /// HAProxy's own output (stdout and stderr).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("haproxy.log")).unwrap_or_default()
+    }
+
+    async fn wait_ready(&mut self) {
+        let master = self.master();
+        let ready = timeout(Duration::from_secs(10), async {
+            loop {
+                if let Ok(info) = master.try_show_proc().await
+                    && !info.workers.is_empty()
+                {
+                    return;
+                }
+                if let Some(child) = self.child.as_mut()
+                    && let Ok(Some(status)) = child.try_wait()
+                {
+                    panic!("haproxy exited ({status}): {}", self.log());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(ready.is_ok(), "haproxy never became ready: {}", self.log());
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        for _ in 0..200 {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// A config with one frontend on `port` routing by Host through `maps/hosts.map`
+/// (default `be_app`), plus `extra` appended verbatim.
+pub fn config(port: u16, backends: &str) -> String {
+    format!(
+        "global\n    stats timeout 30s\n\n\
+defaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
+frontend fe_main\n    bind 127.0.0.1:{port}\n    use_backend %[req.hdr(host),lower,word(1,:),map(maps/hosts.map,be_app)]\n    default_backend be_app\n\n\
+{backends}"
+    )
+}

@@ -1,0 +1,626 @@
+//! The two-phase validator against the real `haproxy` binary (2.6, as Debian ships
+//! it): invalid output is rejected in phase 1 or 2 with the rendered line and the
+//! template line that produced it; valid output passes with HAProxy's warnings.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hapwright_deployer::validator::{self, Rejection, Validator};
+use hapwright_eventbus::model::{
+    FileKind, LineOrigin, RenderedConfig, RenderedFileRef, Severity, SourceLocation, SourceMap,
+};
+use hapwright_eventbus::{
+    Bus, BusConfig, BusMetrics, CorrelationId, EventKind, EventMeta, EventPayload, Kernel,
+    TemplateRendered, ValidationPhase,
+};
+use prometheus::Registry;
+use tokio::time::timeout;
+
+/// Bound for every wait in this file.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The haproxy binary under test: `HAPWRIGHT_TEST_HAPROXY`, else Debian's path,
+/// else `haproxy` from `PATH`.
+fn haproxy() -> PathBuf {
+    if let Some(path) = std::env::var_os("HAPWRIGHT_TEST_HAPROXY") {
+        return PathBuf::from(path);
+    }
+    let debian = Path::new("/usr/sbin/haproxy");
+    if debian.exists() {
+        debian.to_path_buf()
+    } else {
+        PathBuf::from("haproxy")
+    }
+}
+
+fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn settings(scratch: &Path, envs: Vec<BTreeMap<String, String>>) -> validator::Config {
+    validator::Config {
+        binary: haproxy(),
+        envs,
+        timeout: WAIT,
+        scratch_root: Some(scratch.to_path_buf()),
+    }
+}
+
+/// A render whose main template includes the snippet `backend-servers`, producing rendered lines `snippet` (1-based, inclusive); the
+/// other rendered lines come from `haproxy.cfg` lines shifted accordingly. `maps`
+/// and `files` map their lines one to one to `maps/<name>` / `files/<name>`.
+fn render(
+    main: &str,
+    snippet: std::ops::RangeInclusive<u32>,
+    maps: &[(&str, &str)],
+    files: &[(&str, &str)],
+) -> RenderedConfig {
+    let mut source_map = SourceMap::default();
+    let lines = u32::try_from(main.lines().count()).unwrap();
+    let snippet_len = snippet.end() - snippet.start() + 1;
+    let origins = (1..=lines)
+        .map(|line| {
+            let (template, line) = if snippet.contains(&line) {
+                ("backend-servers", line - snippet.start() + 1)
+            } else if line > *snippet.end() {
+                ("haproxy.cfg", line - snippet_len + 1)
+            } else {
+                ("haproxy.cfg", line)
+            };
+            Some(LineOrigin {
+                template: template.into(),
+                line,
+            })
+        })
+        .collect();
+    source_map.insert(
+        RenderedFileRef {
+            kind: FileKind::Main,
+            name: "haproxy.cfg".into(),
+        },
+        origins,
+    );
+    let mut named = |kind: FileKind, entries: &[(&str, &str)]| {
+        let mut out = BTreeMap::new();
+        for (name, content) in entries {
+            let file = RenderedFileRef {
+                kind,
+                name: (*name).to_owned(),
+            };
+            let template: Arc<str> = file.relative_path().into();
+            let count = u32::try_from(content.lines().count()).unwrap();
+            source_map.insert(
+                file,
+                (1..=count)
+                    .map(|line| {
+                        Some(LineOrigin {
+                            template: template.clone(),
+                            line,
+                        })
+                    })
+                    .collect(),
+            );
+            out.insert((*name).to_owned(), Arc::from(*content));
+        }
+        out
+    };
+    let maps = named(FileKind::Map, maps);
+    let files = named(FileKind::File, files);
+    RenderedConfig::new(main, maps, files, BTreeMap::new(), source_map)
+}
+
+/// Rendered from a main template whose line 14 is `{% include "backend-servers" %}`;
+/// the snippet renders lines 14–15.
+const VALID: &str = "global
+    log stderr format short local0 notice
+
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+
+frontend fe_main
+    bind \"127.0.0.1:${HTTP_PORT}\"
+    use_backend %[req.hdr(host),lower,map(maps/hosts.map,be_default)]
+    default_backend be_default
+backend be_default
+    server s1 127.0.0.1:9001
+";
+
+fn valid() -> RenderedConfig {
+    render(
+        VALID,
+        14..=15,
+        &[("hosts.map", "example.com be_default\n")],
+        &[],
+    )
+}
+
+fn http_port() -> Vec<BTreeMap<String, String>> {
+    vec![env(&[("HTTP_PORT", "18080")])]
+}
+
+fn rejected(result: Result<Vec<hapwright_eventbus::model::Diagnostic>, Rejection>) -> Rejection {
+    match result {
+        Ok(warnings) => panic!("expected a rejection, got success with {warnings:?}"),
+        Err(rejection) => rejection,
+    }
+}
+
+fn at(file: &str, line: u32) -> Option<SourceLocation> {
+    Some(SourceLocation::new(file, Some(line), None))
+}
+
+async fn check(
+    rendered: &RenderedConfig,
+    config: &validator::Config,
+) -> Result<Vec<hapwright_eventbus::model::Diagnostic>, Rejection> {
+    timeout(WAIT * 2, validator::validate(rendered, config))
+        .await
+        .expect("validation finished in time")
+}
+
+fn is_empty_dir(dir: &Path) -> bool {
+    std::fs::read_dir(dir).unwrap().next().is_none()
+}
+
+#[tokio::test]
+async fn valid_config_passes_both_phases_and_cleans_up() {
+    let scratch = tempfile::tempdir().unwrap();
+    // The map is referenced by a relative path inside a log-format expression: it is
+    // only found because haproxy runs in the scratch directory.
+    let warnings = check(&valid(), &settings(scratch.path(), http_port()))
+        .await
+        .unwrap();
+    assert_eq!(warnings, []);
+    assert!(is_empty_dir(scratch.path()), "scratch directory removed");
+}
+
+#[tokio::test]
+async fn phase1_rejects_with_template_lines() {
+    let scratch = tempfile::tempdir().unwrap();
+    let text = VALID.replace(
+        "    server s1 127.0.0.1:9001\n",
+        "    server s1 127.0.0.1:9001\nbackend be_default\n",
+    );
+    let rendered = render(&text, 14..=15, &[("hosts.map", "a b\n")], &[]);
+    let rejection = rejected(check(&rendered, &settings(scratch.path(), http_port())).await);
+    assert_eq!(rejection.phase, ValidationPhase::Parse);
+    assert!(!rejection.tool_failure);
+    assert_eq!(rejection.errors.len(), 1);
+    let error = &rejection.errors[0];
+    assert_eq!(error.location, at("haproxy.cfg", 16));
+    assert_eq!(error.origin, at("haproxy.cfg", 15));
+    assert_eq!(error.source_line.as_deref(), Some("backend be_default"));
+    assert_eq!(
+        error.to_string(),
+        "haproxy.cfg:16: backend 'be_default' has the same name as backend 'be_default' declared at haproxy.cfg:14. (from haproxy.cfg:15)"
+    );
+    assert!(is_empty_dir(scratch.path()), "phase 2 never ran");
+
+    // A missing map and a missing backend, both caught before haproxy runs.
+    let text = VALID.replace("default_backend be_default", "default_backend be_nope");
+    let rendered = render(&text, 14..=15, &[], &[]);
+    let rejection = rejected(check(&rendered, &settings(scratch.path(), http_port())).await);
+    assert_eq!(rejection.phase, ValidationPhase::Parse);
+    let lines: Vec<_> = rejection
+        .errors
+        .iter()
+        .map(|e| e.location.clone())
+        .collect();
+    assert_eq!(lines, [at("haproxy.cfg", 12), at("haproxy.cfg", 13)]);
+    assert!(
+        rejection.errors[0]
+            .message
+            .contains("'maps/hosts.map', which is not a rendered file")
+    );
+}
+
+#[tokio::test]
+async fn phase2_rejects_with_snippet_lines() {
+    let scratch = tempfile::tempdir().unwrap();
+    let text = VALID.replace(
+        "    server s1 127.0.0.1:9001\n",
+        "    server s1 127.0.0.1:9001\n    serer s2 127.0.0.1:9002\n",
+    );
+    let rendered = render(&text, 14..=16, &[("hosts.map", "a b\n")], &[]);
+    let rejection = rejected(check(&rendered, &settings(scratch.path(), http_port())).await);
+    assert_eq!(rejection.phase, ValidationPhase::Haproxy);
+    assert!(!rejection.tool_failure);
+    assert_eq!(rejection.errors.len(), 1, "{:?}", rejection.errors);
+    let error = &rejection.errors[0];
+    assert_eq!(error.severity, Severity::Error);
+    assert_eq!(error.location, at("haproxy.cfg", 16));
+    assert_eq!(error.origin, at("backend-servers", 3));
+    assert_eq!(
+        error.source_line.as_deref(),
+        Some("serer s2 127.0.0.1:9002")
+    );
+    assert!(
+        error
+            .message
+            .starts_with("unknown keyword 'serer' in 'backend' section"),
+        "{}",
+        error.message
+    );
+    assert!(
+        is_empty_dir(scratch.path()),
+        "scratch directory removed after a rejection"
+    );
+}
+
+#[tokio::test]
+async fn location_less_alerts_land_on_the_directive() {
+    let scratch = tempfile::tempdir().unwrap();
+    // Phase 1 cannot know what "${BE}" expands to; haproxy reports it without a line.
+    let text = VALID.replace("default_backend be_default", "default_backend \"${BE}\"");
+    let rendered = render(&text, 14..=15, &[("hosts.map", "a b\n")], &[]);
+    let envs = vec![env(&[("HTTP_PORT", "18080"), ("BE", "be_elsewhere")])];
+    let rejection = rejected(check(&rendered, &settings(scratch.path(), envs)).await);
+    assert_eq!(rejection.phase, ValidationPhase::Haproxy);
+    let error = &rejection.errors[0];
+    assert_eq!(
+        error.message,
+        "Proxy 'fe_main': unable to find required default_backend: 'be_elsewhere'."
+    );
+    assert_eq!(error.location, at("haproxy.cfg", 13));
+    assert_eq!(error.origin, at("haproxy.cfg", 13));
+    assert_eq!(
+        error.source_line.as_deref(),
+        Some("default_backend \"${BE}\"")
+    );
+}
+
+#[tokio::test]
+async fn every_instance_environment_is_validated() {
+    let scratch = tempfile::tempdir().unwrap();
+    let good = env(&[("HTTP_PORT", "18080")]);
+    let bad = env(&[("HTTP_PORT", "notaport")]);
+    // Duplicates run once; the bad environment is named in the error.
+    let envs = vec![good.clone(), good.clone(), bad];
+    let rejection = rejected(check(&valid(), &settings(scratch.path(), envs)).await);
+    assert_eq!(rejection.phase, ValidationPhase::Haproxy);
+    let error = &rejection.errors[0];
+    assert_eq!(error.location, at("haproxy.cfg", 11));
+    assert!(
+        error.message.ends_with("(with HTTP_PORT=notaport)"),
+        "{}",
+        error.message
+    );
+    assert!(
+        check(
+            &valid(),
+            &settings(scratch.path(), vec![good.clone(), good])
+        )
+        .await
+        .is_ok()
+    );
+    // No environment at all: `${HTTP_PORT}` expands to nothing.
+    let rejection = rejected(check(&valid(), &settings(scratch.path(), vec![])).await);
+    assert!(
+        rejection.errors[0]
+            .message
+            .contains("missing port specification"),
+        "{:?}",
+        rejection.errors
+    );
+}
+
+#[tokio::test]
+async fn pattern_file_errors_point_into_the_rendered_file() {
+    let scratch = tempfile::tempdir().unwrap();
+    let text = VALID.replace(
+        "    default_backend be_default\n",
+        "    default_backend be_default\n    acl blocked src -f files/ips.acl\n    http-request deny if blocked\n",
+    );
+    let rendered = render(
+        &text,
+        16..=17,
+        &[("hosts.map", "a b\n")],
+        &[("ips.acl", "10.0.0.1\nnot-an-ip\n")],
+    );
+    let rejection = rejected(check(&rendered, &settings(scratch.path(), http_port())).await);
+    assert_eq!(rejection.phase, ValidationPhase::Haproxy);
+    let error = &rejection.errors[0];
+    assert_eq!(error.location, at("files/ips.acl", 2));
+    assert_eq!(error.origin, at("files/ips.acl", 2));
+    assert_eq!(error.source_line.as_deref(), Some("not-an-ip"));
+    assert!(
+        error.message.ends_with("(loaded at haproxy.cfg:14)"),
+        "{}",
+        error.message
+    );
+}
+
+#[tokio::test]
+async fn warnings_are_returned_with_their_lines() {
+    let scratch = tempfile::tempdir().unwrap();
+    let text = format!(
+        "{VALID}listen tcp_only\n    bind 127.0.0.1:18081\n    mode tcp\n    option httplog\n    server s 127.0.0.1:9002\n"
+    );
+    let rendered = render(&text, 14..=15, &[("hosts.map", "a b\n")], &[]);
+    let warnings = check(&rendered, &settings(scratch.path(), http_port()))
+        .await
+        .unwrap();
+    assert!(!warnings.is_empty());
+    let httplog = warnings
+        .iter()
+        .find(|w| w.message.contains("'option httplog' not usable"))
+        .expect("the httplog warning");
+    assert_eq!(httplog.severity, Severity::Warning);
+    assert_eq!(httplog.location, at("haproxy.cfg", 19));
+    assert_eq!(httplog.origin, at("haproxy.cfg", 18));
+    assert_eq!(httplog.source_line.as_deref(), Some("option httplog"));
+}
+
+#[tokio::test]
+async fn a_config_without_listeners_is_rejected() {
+    let scratch = tempfile::tempdir().unwrap();
+    let rendered = render("backend be\n    server s 127.0.0.1:9001\n", 0..=0, &[], &[]);
+    let rejection = rejected(check(&rendered, &settings(scratch.path(), vec![])).await);
+    assert_eq!(rejection.phase, ValidationPhase::Haproxy);
+    assert!(!rejection.tool_failure);
+    assert!(
+        rejection.errors[0].message.contains("exited with code 2"),
+        "{:?}",
+        rejection.errors
+    );
+    assert!(
+        rejection.errors[0].message.contains("no listener"),
+        "{:?}",
+        rejection.errors
+    );
+}
+
+#[tokio::test]
+async fn a_hanging_binary_is_killed_at_the_timeout() {
+    let scratch = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let (script, pid_file) = hanging_binary(bin.path());
+    let config = validator::Config {
+        binary: script,
+        envs: vec![],
+        timeout: Duration::from_secs(2),
+        scratch_root: Some(scratch.path().to_path_buf()),
+    };
+    let rejection = rejected(check(&valid(), &config).await);
+    assert!(rejection.tool_failure);
+    assert_eq!(rejection.phase, ValidationPhase::Haproxy);
+    assert!(
+        rejection.errors[0]
+            .message
+            .contains("did not finish within 2s"),
+        "{:?}",
+        rejection.errors
+    );
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    assert!(
+        !Path::new(&format!("/proc/{}", pid.trim())).exists(),
+        "the process was killed and reaped"
+    );
+    assert!(is_empty_dir(scratch.path()));
+}
+
+/// A stand-in binary that records its pid and hangs, for the timeout and
+/// cancellation paths (real haproxy never hangs on `-c`).
+fn hanging_binary(dir: &Path) -> (PathBuf, PathBuf) {
+    let script = dir.join("slow-haproxy");
+    let pid_file = dir.join("pid");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho $$ > {}.tmp\nmv {0}.tmp {0}\nexec sleep 60\n",
+            pid_file.display()
+        ),
+    )
+    .unwrap();
+    let mut permissions = std::fs::metadata(&script).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+    std::fs::set_permissions(&script, permissions).unwrap();
+    (script, pid_file)
+}
+
+/// Whether a process is gone or a zombie awaiting its reaper.
+fn is_dead(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(") ")
+            .next()
+            .is_some_and(|rest| rest.starts_with('Z')),
+    }
+}
+
+#[tokio::test]
+async fn shutdown_during_validation_kills_haproxy() {
+    let scratch = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let (script, pid_file) = hanging_binary(bin.path());
+    let registry = Registry::new();
+    let bus = Bus::new(
+        BusConfig::default(),
+        &BusMetrics::register(&registry).unwrap(),
+    );
+    let config = validator::Config {
+        binary: script,
+        envs: vec![],
+        timeout: Duration::from_secs(120),
+        scratch_root: Some(scratch.path().to_path_buf()),
+    };
+    let mut kernel = Kernel::new(bus.clone());
+    kernel.register(Validator::new(
+        config,
+        validator::Metrics::register(&registry).unwrap(),
+    ));
+    let running = kernel.start().unwrap();
+    bus.publisher().publish(TemplateRendered {
+        config: Arc::new(valid()),
+        duration: Duration::ZERO,
+    });
+    // Bounded wait until the stand-in runs (it renames its pid file into place).
+    let pid = timeout(WAIT, async {
+        loop {
+            if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+                return pid;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the stand-in binary started");
+    let report = timeout(WAIT, running.shutdown(WAIT)).await.unwrap();
+    assert_eq!(report.stopped, ["validator"]);
+    timeout(WAIT, async {
+        while !is_dead(&pid) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the child was killed when the validation was dropped");
+    assert!(is_empty_dir(scratch.path()), "scratch directory removed");
+}
+
+#[tokio::test]
+async fn a_missing_binary_is_a_tool_failure() {
+    let scratch = tempfile::tempdir().unwrap();
+    let config = validator::Config {
+        binary: PathBuf::from("/nonexistent/haproxy"),
+        ..settings(scratch.path(), vec![])
+    };
+    let rejection = rejected(check(&valid(), &config).await);
+    assert!(rejection.tool_failure);
+    assert!(
+        rejection.errors[0]
+            .message
+            .starts_with("cannot run /nonexistent/haproxy"),
+        "{:?}",
+        rejection.errors
+    );
+    assert!(
+        rejection
+            .to_string()
+            .starts_with("phase 2 (haproxy -c) rejected the configuration\n  cannot run")
+    );
+}
+
+#[tokio::test]
+async fn unsafe_file_names_never_leave_the_scratch_directory() {
+    let scratch = tempfile::tempdir().unwrap();
+    let root = scratch.path().join("root");
+    let rendered = render(
+        VALID,
+        14..=15,
+        &[("hosts.map", "a b\n"), ("../../escape", "x\n")],
+        &[],
+    );
+    let rejection = rejected(check(&rendered, &settings(&root, http_port())).await);
+    assert_eq!(rejection.phase, ValidationPhase::Parse);
+    assert!(
+        rejection.errors[0]
+            .message
+            .contains("'../../escape' is not a plain file name")
+    );
+    assert!(!scratch.path().join("escape").exists());
+}
+
+#[tokio::test]
+async fn component_replies_on_the_bus_with_the_correlation_id() {
+    let scratch = tempfile::tempdir().unwrap();
+    let registry = Registry::new();
+    let bus = Bus::new(
+        BusConfig::default(),
+        &BusMetrics::register(&registry).unwrap(),
+    );
+    let mut probe = bus
+        .subscribe(
+            "probe",
+            [EventKind::ValidationCompleted, EventKind::ValidationFailed],
+        )
+        .unwrap();
+    let metrics = validator::Metrics::register(&registry).unwrap();
+    let mut kernel = Kernel::new(bus.clone());
+    kernel.register(Validator::new(
+        settings(scratch.path(), http_port()),
+        metrics,
+    ));
+    let running = kernel.start().unwrap();
+
+    let publisher = bus.publisher();
+    let good = CorrelationId::new();
+    publisher.publish_with(
+        TemplateRendered {
+            config: Arc::new(valid()),
+            duration: Duration::ZERO,
+        },
+        EventMeta::correlated(good),
+    );
+    let bad = CorrelationId::new();
+    let broken = render(
+        "frontend fe\n    bind :80\n    default_backend nope\n",
+        0..=0,
+        &[],
+        &[],
+    );
+    publisher.publish_with(
+        TemplateRendered {
+            config: Arc::new(broken.clone()),
+            duration: Duration::ZERO,
+        },
+        EventMeta::correlated(bad),
+    );
+
+    let first = timeout(WAIT, probe.recv()).await.unwrap().unwrap();
+    assert_eq!(first.correlation_id, Some(good));
+    match &first.payload {
+        EventPayload::ValidationCompleted(done) => {
+            assert_eq!(done.config.hash(), valid().hash());
+            assert!(done.warnings.is_empty());
+        }
+        other => panic!("expected ValidationCompleted, got {other:?}"),
+    }
+    let second = timeout(WAIT, probe.recv()).await.unwrap().unwrap();
+    assert_eq!(second.correlation_id, Some(bad));
+    match &second.payload {
+        EventPayload::ValidationFailed(failed) => {
+            assert_eq!(failed.hash, broken.hash());
+            assert_eq!(failed.phase, ValidationPhase::Parse);
+            assert_eq!(failed.errors[0].location, at("haproxy.cfg", 3));
+        }
+        other => panic!("expected ValidationFailed, got {other:?}"),
+    }
+
+    let text = metrics_text(&registry);
+    assert!(
+        text.contains(r#"hapwright_validations_total{phase="parse",result="success"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"hapwright_validations_total{phase="parse",result="failure"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"hapwright_validations_total{phase="haproxy",result="success"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"hapwright_validation_duration_seconds_count{phase="haproxy"} 1"#),
+        "{text}"
+    );
+    let report = running.shutdown(WAIT).await;
+    assert_eq!(report.stopped, ["validator"]);
+    assert!(report.aborted.is_empty());
+}
+
+fn metrics_text(registry: &Registry) -> String {
+    let mut out = String::new();
+    prometheus::TextEncoder::new()
+        .encode_utf8(&registry.gather(), &mut out)
+        .unwrap();
+    out
+}

@@ -1,0 +1,42 @@
+//! Renders the routing example (`testdata/routing/`) for N services a number of
+//! times, for profilers: `valgrind --tool=callgrind
+//! --toggle-collect='*profile_render::timed*' target/release/examples/profile_render 1000 3`
+//! counts only the timed renders, not building the cluster or the warm-up render.
+//!
+//! Usage: `profile_render [services=1000] [renders=3]`; prints the time per render.
+
+#[path = "../testdata/fixtures.rs"]
+mod fixtures;
+
+use hapwright_reconciler::renderer::{Renderer, Resources};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let services: usize = args.next().map_or(1_000, |a| a.parse().expect("services"));
+    let renders: usize = args.next().map_or(3, |a| a.parse().expect("renders"));
+    let renderer = Renderer::new(fixtures::routing_templates(), &fixtures::WATCHED)
+        .expect("the routing example loads");
+    let resources = fixtures::resources(services);
+    // The first render builds the per-change lookup indexes; profile the steady state.
+    let warm_up = renderer.render(&resources).expect("renders");
+    let started = std::time::Instant::now();
+    let bytes = timed(&renderer, &resources, renders);
+    let elapsed = started.elapsed();
+    drop(warm_up);
+    println!(
+        "{services} services: {:.3} ms per render ({} bytes of haproxy.cfg)",
+        elapsed.as_secs_f64() * 1e3 / renders.max(1) as f64,
+        bytes / renders.max(1)
+    );
+}
+
+/// The profiled part: `renders` renders; returns the bytes of `haproxy.cfg` rendered.
+#[inline(never)]
+fn timed(renderer: &Renderer, resources: &Resources, renders: usize) -> usize {
+    let mut bytes = 0;
+    for _ in 0..renders {
+        let config = renderer.render(resources).expect("renders");
+        bytes += config.main().len();
+    }
+    bytes
+}
