@@ -2,8 +2,11 @@
 //! kernel iteration per valid configuration, the HTTP surface (metrics, health, debug
 //! JSON, status page) and the command line.
 
+pub mod build;
+pub mod commands;
 pub mod config;
 pub mod http;
+pub mod run;
 pub mod status;
 pub mod status_page;
 pub mod telemetry;

@@ -1,8 +1,10 @@
-//! The `hapwright` command line.
+//! The `hapwright` command line (DESIGN §4).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use hapwright_app::{commands, run};
 
 /// Keeps HAProxy configured from live data: watches resources, renders `haproxy.cfg`
 /// and its map, certificate and other files from Jinja templates, validates them and
@@ -16,22 +18,62 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the controller.
+    Run {
+        /// The config file.
+        #[arg(short, long, value_name = "FILE", env = "HAPWRIGHT_CONFIG")]
+        config: PathBuf,
+    },
+    /// Validate the config file and compile every template (exit 2: invalid config
+    /// file, 1: a template or reference is wrong).
+    Check {
+        /// The config file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Render once from the file sources (or fixtures) and validate the result.
+    Render {
+        /// The config file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// Read each watched resource from DIR/<name>/ instead of its source.
+        #[arg(long, value_name = "DIR")]
+        fixtures: Option<PathBuf>,
+        /// Write haproxy.cfg, maps/, files/ and certs/ under DIR instead of printing
+        /// haproxy.cfg.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
     /// Print the version of hapwright.
     Version,
 }
 
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("the Tokio runtime starts")
+}
+
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(error) => {
-            // clap exits 0 for --help/--version and 2 for usage errors, as DESIGN §4 asks.
-            error.exit();
-        }
-    };
-    match cli.command {
+    // clap exits 0 for --help/--version and 2 for usage errors, as DESIGN §4 asks.
+    let cli = Cli::try_parse().unwrap_or_else(|error| error.exit());
+    let code = match cli.command {
+        Command::Run { config } => runtime().block_on(run::run(config)),
+        Command::Check { config } => commands::check(&config),
+        Command::Render {
+            config,
+            fixtures,
+            out,
+        } => runtime().block_on(commands::render(
+            &config,
+            fixtures.as_deref(),
+            out.as_deref(),
+        )),
         Command::Version => {
             println!("hapwright {}", env!("CARGO_PKG_VERSION"));
-            ExitCode::SUCCESS
+            run::exit::OK
         }
-    }
+    };
+    ExitCode::from(code)
 }

@@ -201,13 +201,14 @@ impl HealthReporter {
         if let Some(metrics) = &self.metrics {
             metrics.set(&self.component, state);
         }
+        let expected = health.reason.as_deref() == Some("stopped");
         match state {
-            HealthState::Unhealthy | HealthState::Exited => tracing::warn!(
+            HealthState::Unhealthy | HealthState::Exited if !expected => tracing::warn!(
                 component = %self.component,
                 health = %health,
                 "Component health changed"
             ),
-            HealthState::Healthy | HealthState::Unknown => tracing::info!(
+            _ => tracing::info!(
                 component = %self.component,
                 health = %health,
                 "Component health changed"

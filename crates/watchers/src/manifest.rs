@@ -76,6 +76,19 @@ pub fn parse(
             let key = object_key(&object)
                 .map_err(|message| Diagnostic::error(message).at(location.clone()))?;
             let mut object = object;
+            // As kubectl does: an object without a namespace lives in `default`, and
+            // says so, so `indexBy: [metadata.namespace, ...]` and templates agree
+            // with the object key.
+            if let Some(Value::Object(metadata)) = object.get_mut("metadata") {
+                let missing = match metadata.get("namespace") {
+                    None | Some(Value::Null) => true,
+                    Some(Value::String(ns)) => ns.is_empty(),
+                    Some(_) => false,
+                };
+                if missing {
+                    metadata.insert("namespace".to_owned(), Value::String(key.namespace.clone()));
+                }
+            }
             for field in &filter.ignore_fields {
                 field.remove(&mut object);
             }
@@ -238,6 +251,22 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    #[test]
+    fn a_missing_namespace_is_filled_in_as_default() {
+        let text = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: b, namespace: prod}\n";
+        let manifest = parse(
+            text.as_bytes(),
+            "m.yaml",
+            &Filter::default(),
+            &Limits::default(),
+        )
+        .unwrap();
+        let a = &manifest.objects[&ObjectKey::new("default", "a")];
+        assert_eq!(a["metadata"]["namespace"], json!("default"));
+        let b = &manifest.objects[&ObjectKey::new("prod", "b")];
+        assert_eq!(b["metadata"]["namespace"], json!("prod"));
+    }
+
     fn keys(manifest: &Manifest) -> Vec<String> {
         manifest.objects.keys().map(ToString::to_string).collect()
     }
@@ -301,10 +330,13 @@ items:
             ignore_fields: vec![FieldPath::parse("metadata.managedFields").unwrap()],
             ..Filter::default()
         };
-        let m = parse_ok("metadata: {name: a, managedFields: [1]}\n", &filter);
+        let m = parse_ok(
+            "metadata: {name: a, namespace: ns, managedFields: [1]}\n",
+            &filter,
+        );
         assert_eq!(
             *m.objects.values().next().unwrap().as_ref(),
-            json!({"metadata": {"name": "a"}})
+            json!({"metadata": {"name": "a", "namespace": "ns"}})
         );
     }
 

@@ -9,6 +9,7 @@
 //! exists. A lookup that misses (a change report that left something out) converts on
 //! the spot, so the values are always right, only slower.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -49,13 +50,61 @@ pub struct ResourceStore {
     lookup: OnceLock<Lookup>,
 }
 
-/// A hash index over one snapshot for `fetch`/`get`: for every prefix of every
-/// object's `indexBy` values, the matching values in the snapshot's `fetch` order.
-/// Built on the first lookup after a change (O(objects × indexBy paths)), so each
-/// lookup in a render is one hash probe instead of a B-tree range walk.
+/// A hash index over one snapshot for `fetch`/`get`: a trie over the `indexBy`
+/// values, where the node reached by the keys `k1..km` holds the objects whose
+/// leading index values are `k1..km`, in the snapshot's `fetch` order. Built on the
+/// first lookup after a change (O(objects × indexBy paths)); a lookup in a render is
+/// then one hash probe per key, with no allocation.
 #[derive(Debug, Default)]
 struct Lookup {
-    by_prefix: HashMap<Vec<String>, Value>,
+    root: LookupNode,
+}
+
+#[derive(Debug, Default)]
+struct LookupNode {
+    /// The matching objects as one shared list value.
+    list: Value,
+    /// The object when exactly one matches (for `get`), otherwise undefined.
+    single: Value,
+    /// Number of matching objects.
+    count: usize,
+    children: HashMap<Box<str>, LookupNode>,
+}
+
+/// A node while the index is built: objects are collected before they become one
+/// list value.
+#[derive(Default)]
+struct NodeBuilder {
+    objects: Vec<Value>,
+    children: HashMap<Box<str>, NodeBuilder>,
+}
+
+impl NodeBuilder {
+    fn finish(self) -> LookupNode {
+        let count = self.objects.len();
+        let single = match self.objects.as_slice() {
+            [only] => only.clone(),
+            _ => Value::UNDEFINED,
+        };
+        LookupNode {
+            list: Value::from(self.objects),
+            single,
+            count,
+            children: self
+                .children
+                .into_iter()
+                .map(|(key, child)| (key, child.finish()))
+                .collect(),
+        }
+    }
+}
+
+impl Lookup {
+    /// The node for `keys`, if any object matches.
+    fn find(&self, keys: &[Cow<'_, str>]) -> Option<&LookupNode> {
+        keys.iter()
+            .try_fold(&self.root, |node, key| node.children.get(key.as_ref()))
+    }
 }
 
 impl fmt::Debug for ResourceStore {
@@ -170,13 +219,15 @@ impl ResourceStore {
             .clone()
     }
 
-    fn keys(&self, method: &str, args: &[Value]) -> Result<Vec<String>, Error> {
+    /// The lookup keys of a `fetch`/`get` call: strings as they are, numbers and
+    /// booleans in their JSON spelling.
+    fn keys<'a>(&self, method: &str, args: &'a [Value]) -> Result<Vec<Cow<'a, str>>, Error> {
         args.iter()
             .map(|arg| {
                 if let Some(text) = arg.as_str() {
-                    Ok(text.to_owned())
+                    Ok(Cow::Borrowed(text))
                 } else if arg.is_number() || arg.kind() == minijinja::value::ValueKind::Bool {
-                    Ok(arg.to_string())
+                    Ok(Cow::Owned(arg.to_string()))
                 } else {
                     Err(Error::new(
                         ErrorKind::InvalidOperation,
@@ -191,11 +242,12 @@ impl ResourceStore {
             .collect()
     }
 
-    /// The matching objects as one list value (shared, not copied).
-    fn fetch(&self, method: &str, args: &[Value]) -> Result<Value, Error> {
+    /// `fetch`/`get`: the index node of the keys (`None`: nothing matches), or the
+    /// objects as a list when the index cannot answer (no keys, or too many).
+    fn lookup(&self, method: &str, args: &[Value]) -> Result<Found<'_>, Error> {
         let keys = self.keys(method, args)?;
         let Some(snapshot) = &self.snapshot else {
-            return Ok(Value::from(Vec::<Value>::new()));
+            return Ok(Found::Node(None));
         };
         if keys.is_empty() || keys.len() > snapshot.index_by().len() {
             // No keys (everything, in index order) or an error: rare, ask the snapshot.
@@ -205,19 +257,46 @@ impl ResourceStore {
                     format!("resources.{}.{method}(): {error}", self.name),
                 )
             })?;
-            return Ok(Value::from(
-                found
-                    .into_iter()
-                    .map(|o| self.value_of(o))
-                    .collect::<Vec<_>>(),
+            return Ok(Found::List(
+                found.into_iter().map(|o| self.value_of(o)).collect(),
             ));
         }
         let lookup = self.lookup.get_or_init(|| self.build_lookup(snapshot));
-        Ok(lookup
-            .by_prefix
-            .get(&keys)
-            .cloned()
-            .unwrap_or_else(|| Value::from(Vec::<Value>::new())))
+        Ok(Found::Node(lookup.find(&keys)))
+    }
+
+    /// The matching objects as one list value (shared, not copied).
+    fn fetch(&self, args: &[Value]) -> Result<Value, Error> {
+        Ok(match self.lookup("fetch", args)? {
+            Found::Node(Some(node)) => node.list.clone(),
+            Found::Node(None) => Value::from(Vec::<Value>::new()),
+            Found::List(list) => Value::from(list),
+        })
+    }
+
+    /// The one matching object, `none` when nothing matches, an error for several.
+    fn get(&self, args: &[Value]) -> Result<Value, Error> {
+        let (count, single) = match self.lookup("get", args)? {
+            Found::Node(Some(node)) => (node.count, node.single.clone()),
+            Found::Node(None) => (0, Value::UNDEFINED),
+            Found::List(list) => (list.len(), list.into_iter().next().unwrap_or_default()),
+        };
+        match count {
+            0 => Ok(Value::from(())),
+            1 => Ok(single),
+            count => Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!(
+                    "resources.{}.get({}): expected at most one object, found {count}; use fetch() for several",
+                    self.name,
+                    self.keys("get", args)?
+                        .iter()
+                        .map(|k| format!("{k:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+        }
     }
 
     fn build_lookup(&self, snapshot: &ResourceSnapshot) -> Lookup {
@@ -231,23 +310,25 @@ impl ResourceStore {
             .collect();
         // The snapshot's fetch order: index values, then object key.
         rows.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
-        let mut lists: HashMap<Vec<String>, Vec<Value>> = HashMap::new();
+        let mut root = NodeBuilder::default();
         for (index, _, object) in rows {
             let value = self.value_of(object);
-            for len in 1..=index.len() {
-                lists
-                    .entry(index[..len].to_vec())
-                    .or_default()
-                    .push(value.clone());
+            let mut node = &mut root;
+            for key in index {
+                node = node.children.entry(key.into_boxed_str()).or_default();
+                node.objects.push(value.clone());
             }
         }
         Lookup {
-            by_prefix: lists
-                .into_iter()
-                .map(|(k, v)| (k, Value::from(v)))
-                .collect(),
+            root: root.finish(),
         }
     }
+}
+
+/// What `fetch`/`get` found: an index node, or (without usable keys) a list.
+enum Found<'a> {
+    Node(Option<&'a LookupNode>),
+    List(Vec<Value>),
 }
 
 impl Object for ResourceStore {
@@ -261,9 +342,7 @@ impl Object for ResourceStore {
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        let list = self.list_value();
-        let items: Vec<Value> = list.try_iter().map(|i| i.collect()).unwrap_or_default();
-        Enumerator::Values(items)
+        Enumerator::Seq(self.len())
     }
 
     fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
@@ -286,26 +365,8 @@ impl Object for ResourceStore {
                 }
                 Ok(self.list_value())
             }
-            "fetch" => self.fetch("fetch", args),
-            "get" => {
-                let found = self.fetch("get", args)?;
-                match found.len().unwrap_or(0) {
-                    0 => Ok(Value::from(())),
-                    1 => found.get_item_by_index(0),
-                    count => Err(Error::new(
-                        ErrorKind::InvalidOperation,
-                        format!(
-                            "resources.{}.get({}): expected at most one object, found {count}; use fetch() for several",
-                            self.name,
-                            self.keys("get", args)?
-                                .iter()
-                                .map(|k| format!("{k:?}"))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    )),
-                }
-            }
+            "fetch" => self.fetch(args),
+            "get" => self.get(args),
             // Not UnknownMethod: that would hand the call to the Python-compatibility
             // fallback and lose this message.
             _ => Err(Error::new(

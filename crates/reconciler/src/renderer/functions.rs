@@ -5,6 +5,7 @@
 //! see [`super::scan`]). Filters: `b64decode`, `glob_match` (also a test),
 //! `regex_escape`, `sort_by`, `tojson` (Jinja2's: keys sorted, HTML-safe).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
@@ -44,6 +45,11 @@ pub(crate) fn register(
 /// are HAProxy files, not HTML).
 fn format_value(out: &mut Output, state: &mut State, value: &Value) -> Result<(), Error> {
     match value.kind() {
+        // The common case, written directly rather than through `Display`.
+        ValueKind::String => match value.as_str() {
+            Some(text) => out.write_str(text).map_err(Error::from),
+            None => minijinja::escape_formatter(out, state, value),
+        },
         ValueKind::None => out.write_str("None").map_err(Error::from),
         ValueKind::Bool => out
             .write_str(if value.is_true() { "True" } else { "False" })
@@ -191,13 +197,13 @@ fn glob_match_test(value: &str, pattern: &str) -> Result<bool, Error> {
 
 /// One sort key of `sort_by`: a dotted attribute path, descending when written with a
 /// leading `-`.
-struct SortKey {
-    segments: Vec<String>,
+struct SortKey<'a> {
+    path: &'a str,
     descending: bool,
 }
 
-impl SortKey {
-    fn parse(text: &str) -> Result<Self, Error> {
+impl<'a> SortKey<'a> {
+    fn parse(text: &'a str) -> Result<Self, Error> {
         let (descending, path) = match text.strip_prefix('-') {
             Some(rest) => (true, rest),
             None => (false, text),
@@ -208,27 +214,28 @@ impl SortKey {
                 format!("sort_by: invalid attribute path {text:?}"),
             ));
         }
-        Ok(Self {
-            segments: path.split('.').map(str::to_owned).collect(),
-            descending,
-        })
+        Ok(Self { path, descending })
     }
 
+    /// The key of one item: the value at the path, `none` where it is missing.
     fn extract(&self, item: &Value) -> Value {
-        let mut current = item.clone();
-        for segment in &self.segments {
-            let next = match segment.parse::<i64>() {
-                Ok(index) if matches!(current.kind(), ValueKind::Seq) => {
-                    current.get_item(&Value::from(index))
+        let mut current: Option<Value> = None;
+        for segment in self.path.split('.') {
+            let base = current.as_ref().unwrap_or(item);
+            let next = if matches!(base.kind(), ValueKind::Seq) {
+                match segment.parse::<i64>() {
+                    Ok(index) => base.get_item(&Value::from(index)),
+                    Err(_) => base.get_attr(segment),
                 }
-                _ => current.get_attr(segment),
+            } else {
+                base.get_attr(segment)
             };
             current = match next {
-                Ok(value) if !value.is_undefined() => value,
+                Ok(value) if !value.is_undefined() => Some(value),
                 _ => return Value::from(()),
             };
         }
-        current
+        current.unwrap_or_else(|| item.clone())
     }
 }
 
@@ -236,7 +243,11 @@ impl SortKey {
 /// sort by one or more attribute paths (dotted; numeric segments index lists). A
 /// leading `-` sorts that key descending; `reverse=true` reverses the whole order.
 /// Missing attributes sort as `none`, before everything else.
-fn sort_by(value: &Value, paths: Rest<String>, kwargs: Kwargs) -> Result<Value, Error> {
+///
+/// A list that is already in order (the common case: `list()` is ordered by
+/// namespace and name, and small lists often are) is returned as it is, without
+/// copying.
+fn sort_by(value: &Value, paths: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
     let reverse: Option<bool> = kwargs.get("reverse")?;
     kwargs.assert_all_used()?;
     if paths.is_empty() {
@@ -245,28 +256,57 @@ fn sort_by(value: &Value, paths: Rest<String>, kwargs: Kwargs) -> Result<Value, 
             "sort_by: give at least one attribute path, e.g. sort_by(\"metadata.name\")",
         ));
     }
+    // Paths are strings; anything else is used in its printed form, as Jinja2 would.
+    let paths: Vec<Cow<'_, str>> = paths
+        .iter()
+        .map(|p| match (p.kind(), p.as_str()) {
+            (ValueKind::String, Some(text)) => Cow::Borrowed(text),
+            _ => Cow::Owned(p.to_string()),
+        })
+        .collect();
     let keys = paths
         .iter()
         .map(|p| SortKey::parse(p))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut rows: Vec<(Vec<Value>, Value)> = value
-        .try_iter()?
-        .map(|item| (keys.iter().map(|k| k.extract(&item)).collect(), item))
+    let reverse = reverse == Some(true);
+    // Lists we can hand back unchanged when they are already in order.
+    let is_list = value.downcast_object_ref::<Vec<Value>>().is_some();
+    let items: Vec<Value> = value.try_iter()?.collect();
+    if items.len() <= 1 && is_list {
+        return Ok(value.clone());
+    }
+    // Row `i`'s keys are `extracted[i * width..(i + 1) * width]`.
+    let width = keys.len();
+    let extracted: Vec<Value> = items
+        .iter()
+        .flat_map(|item| keys.iter().map(move |key| key.extract(item)))
         .collect();
-    rows.sort_by(|(a, _), (b, _)| {
-        for ((x, y), key) in a.iter().zip(b).zip(&keys) {
+    let row = |i: usize| &extracted[i * width..(i + 1) * width];
+    let compare = |a: usize, b: usize| {
+        for ((x, y), key) in row(a).iter().zip(row(b)).zip(&keys) {
             let ordering = if key.descending { y.cmp(x) } else { x.cmp(y) };
             if ordering.is_ne() {
                 return ordering;
             }
         }
         std::cmp::Ordering::Equal
-    });
-    if reverse == Some(true) {
-        rows.reverse();
+    };
+    let in_order = (1..items.len()).all(|i| compare(i - 1, i).is_le());
+    if in_order && !reverse && is_list {
+        return Ok(value.clone());
+    }
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    if !in_order {
+        order.sort_by(|a, b| compare(*a, *b));
+    }
+    if reverse {
+        order.reverse();
     }
     Ok(Value::from(
-        rows.into_iter().map(|(_, item)| item).collect::<Vec<_>>(),
+        order
+            .into_iter()
+            .map(|i| items[i].clone())
+            .collect::<Vec<_>>(),
     ))
 }
 

@@ -1,0 +1,168 @@
+//! Turns a loaded [`Config`] into the inputs of each crate's components: the renderer's
+//! templates, the validator's settings, the socket instances, and the snapshots
+//! `render` reads once from files or fixtures.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hapwright_deployer::socket::InstanceConfig;
+use hapwright_deployer::validator;
+use hapwright_eventbus::model::{Diagnostic, ResourceSnapshot, SourceLocation};
+use hapwright_reconciler::renderer::{Renderer, Templates, TemplatingSettings};
+use hapwright_watchers::config::{FilesConfig, WatchedResource};
+use hapwright_watchers::files::{ScanMode, Scanner};
+use hapwright_watchers::manifest::Filter;
+use hapwright_watchers::yaml::Limits;
+
+use crate::config::Config;
+
+/// How long one `haproxy -c` run may take before it counts as failed.
+pub const VALIDATION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The renderer's input, from the template sections of the config.
+pub fn templates(config: &Config) -> Templates {
+    let section = &config.templates;
+    let bodies = |map: &BTreeMap<String, hapwright_reconciler::config::Template>| {
+        map.iter()
+            .map(|(name, t)| (name.clone(), t.template.clone()))
+            .collect::<BTreeMap<_, _>>()
+    };
+    Templates {
+        main: section.haproxy_config.template.clone(),
+        snippets: bodies(&section.template_snippets),
+        maps: bodies(&section.maps),
+        files: bodies(&section.files),
+        certificates: bodies(&section.ssl_certificates),
+        extra_context: section.extra_context.clone(),
+        settings: TemplatingSettings {
+            trim_blocks: section.templating.trim_blocks,
+            lstrip_blocks: section.templating.lstrip_blocks,
+            strict_undefined: section.templating.strict_undefined,
+        },
+        ..Templates::default()
+    }
+}
+
+/// Names of the watched resources, as templates see them (`resources.<name>`).
+pub fn watched_names(config: &Config) -> Vec<String> {
+    config.watched_resources.resources.keys().cloned().collect()
+}
+
+/// Compiles every template and runs the load-time checks (references to watched
+/// resources, snippets, include cycles).
+pub fn renderer(config: &Config) -> Result<Renderer, Vec<Diagnostic>> {
+    Renderer::new(templates(config), &watched_names(config))
+}
+
+/// The validator's settings: the configured binary, one environment per distinct
+/// instance `env` (an instance without `env` validates with none).
+pub fn validator_config(config: &Config) -> validator::Config {
+    let envs: BTreeSet<BTreeMap<String, String>> = config
+        .haproxy
+        .instances
+        .iter()
+        .map(|instance| instance.env.clone())
+        .collect();
+    validator::Config {
+        binary: config.haproxy.binary.clone(),
+        envs: envs.into_iter().collect(),
+        timeout: VALIDATION_TIMEOUT,
+        scratch_root: None,
+    }
+}
+
+/// The instances reached through local sockets.
+pub fn socket_instances(config: &Config) -> Vec<InstanceConfig> {
+    config
+        .haproxy
+        .instances
+        .iter()
+        .filter_map(InstanceConfig::from_config)
+        .collect()
+}
+
+/// Problems that stop `run` from serving this config although it is well-formed:
+/// parts of the contract this build does not implement yet.
+pub fn unsupported(config: &Config, file: &str) -> Vec<Diagnostic> {
+    let mut problems = Vec::new();
+    for (name, resource) in &config.watched_resources.resources {
+        if resource.kubernetes.is_some() {
+            problems.push(
+                Diagnostic::error(format!(
+                    "watchedResources.{name}.kubernetes: Kubernetes sources are not available in this \
+                     build yet; use a `files` source (ConfigMaps mounted as files work)"
+                ))
+                .at(SourceLocation::new(file, None, None)),
+            );
+        }
+    }
+    if config.haproxy.discovery.is_some() {
+        problems.push(
+            Diagnostic::error(
+                "haproxy.discovery: instance discovery is not available in this build yet; \
+                 list the instances under haproxy.instances",
+            )
+            .at(SourceLocation::new(file, None, None)),
+        );
+    }
+    for instance in &config.haproxy.instances {
+        if instance.dataplane.is_some() {
+            problems.push(
+                Diagnostic::error(format!(
+                    "haproxy.instances.{}: the Data Plane API driver is not available in this build \
+                     yet; use `socket`",
+                    instance.name
+                ))
+                .at(SourceLocation::new(file, None, None)),
+            );
+        }
+    }
+    problems
+}
+
+/// Reads one watched resource once: from `fixtures/<name>/` when given, otherwise from
+/// its configured `files` source.
+pub fn scan_once(
+    name: &str,
+    resource: &WatchedResource,
+    fixtures: Option<&Path>,
+) -> Result<Arc<ResourceSnapshot>, Vec<Diagnostic>> {
+    let files = match (fixtures, &resource.files) {
+        (Some(dir), _) => FilesConfig::new(dir.join(name)),
+        (None, Some(files)) => files.clone(),
+        (None, None) => {
+            return Err(vec![Diagnostic::error(format!(
+                "watchedResources.{name} is not a `files` source; pass --fixtures DIR with a \
+                 `{name}/` directory of manifests"
+            ))]);
+        }
+    };
+    let filter = Filter {
+        api_version: resource.api_version.clone(),
+        kind: resource.kind.clone(),
+        ignore_fields: resource.ignore_fields.clone(),
+    };
+    let mut scanner = Scanner::new(
+        name,
+        &files,
+        filter,
+        resource.index_by.clone(),
+        Limits::default(),
+    );
+    scanner.scan(ScanMode::Full);
+    let mut errors: Vec<Diagnostic> = scanner.file_errors().into_iter().cloned().collect();
+    if let Err(reason) = scanner.health() {
+        if errors.is_empty() {
+            errors.push(Diagnostic::error(format!(
+                "watchedResources.{name}: {reason}"
+            )));
+        }
+    }
+    if errors.is_empty() {
+        Ok(Arc::new(scanner.snapshot().clone()))
+    } else {
+        Err(errors)
+    }
+}

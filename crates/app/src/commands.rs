@@ -1,0 +1,134 @@
+//! `hapwright check` and `hapwright render`: one-shot uses of the pipeline, without a
+//! bus, for CI and for looking at what a config produces.
+
+use std::path::{Path, PathBuf};
+
+use hapwright_deployer::validator;
+use hapwright_eventbus::model::Diagnostic;
+use hapwright_reconciler::renderer::Resources;
+
+use crate::build;
+use crate::config;
+use crate::run::exit;
+
+fn print_errors(errors: &[Diagnostic]) {
+    for error in errors {
+        eprintln!("{error}");
+        if let Some(line) = &error.source_line {
+            eprintln!("    | {line}");
+        }
+    }
+}
+
+/// `check -c FILE`: the config file is valid (exit 2 otherwise) and every template
+/// compiles with its references resolved (exit 1 otherwise).
+pub fn check(path: &Path) -> u8 {
+    let loaded = match config::load(path) {
+        Ok(loaded) => loaded,
+        Err(errors) => {
+            print_errors(&errors);
+            return exit::CONFIG;
+        }
+    };
+    match build::renderer(&loaded.config) {
+        Ok(_) => {
+            let templates = &loaded.config.templates;
+            println!(
+                "{}: ok ({} templates, {} watched resources, {} instances)",
+                path.display(),
+                1 + templates.template_snippets.len()
+                    + templates.maps.len()
+                    + templates.files.len()
+                    + templates.ssl_certificates.len(),
+                loaded.config.watched_resources.resources.len(),
+                loaded.config.haproxy.instances.len(),
+            );
+            exit::OK
+        }
+        Err(errors) => {
+            print_errors(&errors);
+            exit::FAILURE
+        }
+    }
+}
+
+/// `render -c FILE [--fixtures DIR] [--out DIR]`: one render from the configured file
+/// sources or from fixtures, then both validation phases. Prints `haproxy.cfg`, or
+/// writes the whole layout under `out`.
+pub async fn render(path: &Path, fixtures: Option<&Path>, out: Option<&Path>) -> u8 {
+    let loaded = match config::load(path) {
+        Ok(loaded) => loaded,
+        Err(errors) => {
+            print_errors(&errors);
+            return exit::CONFIG;
+        }
+    };
+    let config = &loaded.config;
+    let renderer = match build::renderer(config) {
+        Ok(renderer) => renderer,
+        Err(errors) => {
+            print_errors(&errors);
+            return exit::FAILURE;
+        }
+    };
+    let mut resources = Resources::new();
+    let mut errors = Vec::new();
+    for (name, resource) in &config.watched_resources.resources {
+        match build::scan_once(name, resource, fixtures) {
+            Ok(snapshot) => resources.update(&name.as_str().into(), snapshot, None),
+            Err(found) => errors.extend(found),
+        }
+    }
+    if !errors.is_empty() {
+        print_errors(&errors);
+        return exit::FAILURE;
+    }
+    let rendered = match renderer.render(&resources) {
+        Ok(rendered) => rendered,
+        Err(errors) => {
+            print_errors(&errors);
+            return exit::FAILURE;
+        }
+    };
+    match validator::validate(&rendered, &build::validator_config(config)).await {
+        Ok(warnings) => print_errors(&warnings),
+        Err(rejection) => {
+            print_errors(&rejection.errors);
+            return exit::FAILURE;
+        }
+    }
+    match out {
+        None => {
+            print!("{}", rendered.main());
+            exit::OK
+        }
+        Some(dir) => match write_layout(dir, &rendered) {
+            Ok(written) => {
+                for file in written {
+                    eprintln!("wrote {}", file.display());
+                }
+                exit::OK
+            }
+            Err(error) => {
+                eprintln!("{}: {error}", dir.display());
+                exit::FAILURE
+            }
+        },
+    }
+}
+
+fn write_layout(
+    dir: &Path,
+    rendered: &hapwright_eventbus::model::RenderedConfig,
+) -> std::io::Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    for (file, content) in rendered.iter() {
+        let target = dir.join(file.relative_path());
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&target, content.as_bytes())?;
+        written.push(target);
+    }
+    Ok(written)
+}

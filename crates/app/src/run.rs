@@ -1,0 +1,448 @@
+//! `hapwright run`: the reinit loop (DESIGN §1, §4).
+//!
+//! Each valid configuration runs as one *iteration*: a fresh bus, fresh components,
+//! one kernel. A new configuration (the file or a password file changed, SIGHUP,
+//! `POST /-/reload`) is loaded and fully checked — YAML, semantics, template
+//! compilation — while the old iteration keeps running. Only a valid one replaces it:
+//! the old kernel is cancelled within a deadline and a new one is built.
+//!
+//! What outlives iterations ([`Process`]): the metrics registry, the HTTP listeners
+//! (rebound only when `controller.listen` or `metricsListen` change), the managed
+//! HAProxy processes, the status store and the last deployed state per instance — so
+//! an unchanged render after a reinit is a no-op, not a reload.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hapwright_deployer::deployer::{self as deploy, Deployer, LastDeployedStore, StoreClassifier};
+use hapwright_deployer::managed::ManagedHaproxy;
+use hapwright_deployer::metrics::Metrics as DeployerMetrics;
+use hapwright_deployer::scheduler::{self, Scheduler};
+use hapwright_deployer::validator::{self, Validator};
+use hapwright_eventbus::model::Diagnostic;
+use hapwright_eventbus::{
+    Bus, BusConfig, BusMetrics, EventKind, EventPayload, Kernel, KernelMetrics, ReloadSource,
+    RunningKernel, Subscription,
+};
+use hapwright_reconciler::debouncer::{self, Debouncer};
+use hapwright_reconciler::executor::{self, Executor};
+use hapwright_reconciler::renderer::{Renderer, RendererComponent};
+use hapwright_watchers::files::FilesSource;
+use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::build;
+use crate::config::{self, ConfigWatcher, Loaded};
+use crate::http::{self, HttpServer, HttpState, ReloadHandle};
+use crate::status::{ConfigStatus, EventLog, StatusMetrics, StatusRecorder, StatusStore};
+use crate::telemetry;
+
+/// Exit codes (DESIGN §4).
+pub mod exit {
+    /// Success.
+    pub const OK: u8 = 0;
+    /// The checked thing failed (or the controller could not run).
+    pub const FAILURE: u8 = 1;
+    /// Usage or config error.
+    pub const CONFIG: u8 = 2;
+}
+
+/// Grace period for stopping an iteration's components.
+const ITERATION_GRACE: Duration = Duration::from_secs(10);
+
+/// Metrics of the reinit loop itself.
+#[derive(Clone, Debug)]
+struct ReloadMetrics {
+    reloads: IntCounterVec,
+    last_successful: IntGauge,
+}
+
+impl ReloadMetrics {
+    fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let reloads = IntCounterVec::new(
+            Opts::new(
+                "hapwright_config_reloads_total",
+                "Controller config reload attempts (file change, SIGHUP, POST /-/reload).",
+            ),
+            &["result"],
+        )?;
+        let last_successful = IntGauge::new(
+            "hapwright_config_last_reload_successful",
+            "1 when the last controller config reload attempt succeeded.",
+        )?;
+        registry.register(Box::new(reloads.clone()))?;
+        registry.register(Box::new(last_successful.clone()))?;
+        for result in ["success", "failure"] {
+            reloads.with_label_values(&[result]);
+        }
+        last_successful.set(1);
+        Ok(Self {
+            reloads,
+            last_successful,
+        })
+    }
+
+    fn record(&self, success: bool) {
+        let result = if success { "success" } else { "failure" };
+        self.reloads.with_label_values(&[result]).inc();
+        self.last_successful.set(i64::from(success));
+    }
+}
+
+/// Everything that lives as long as the process.
+struct Process {
+    registry: Registry,
+    store: StatusStore,
+    bus_metrics: BusMetrics,
+    kernel_metrics: KernelMetrics,
+    status_metrics: StatusMetrics,
+    validator_metrics: validator::Metrics,
+    deployer_metrics: DeployerMetrics,
+    reload_metrics: ReloadMetrics,
+    deployed: LastDeployedStore,
+    managed: ManagedHaproxy,
+}
+
+impl Process {
+    fn new(loaded: &Loaded) -> prometheus::Result<Self> {
+        let registry = telemetry::registry();
+        Ok(Self {
+            bus_metrics: BusMetrics::register(&registry)?,
+            kernel_metrics: KernelMetrics::register(&registry)?,
+            status_metrics: StatusMetrics::register(&registry)?,
+            validator_metrics: validator::Metrics::register(&registry)?,
+            deployer_metrics: DeployerMetrics::register(&registry)?,
+            reload_metrics: ReloadMetrics::register(&registry)?,
+            store: StatusStore::default(),
+            deployed: LastDeployedStore::new(),
+            managed: ManagedHaproxy::new(loaded.config.haproxy.binary.clone()),
+            registry,
+        })
+    }
+}
+
+/// A candidate configuration that passed every check, ready to replace the running one.
+struct Candidate {
+    loaded: Loaded,
+    renderer: Renderer,
+}
+
+/// Loads and checks a config completely, without touching what runs.
+fn prepare(loaded: Loaded) -> Result<Candidate, Vec<Diagnostic>> {
+    let file = loaded.path.display().to_string();
+    let mut problems = build::unsupported(&loaded.config, &file);
+    let renderer = match build::renderer(&loaded.config) {
+        Ok(renderer) => Some(renderer),
+        Err(errors) => {
+            problems.extend(errors);
+            None
+        }
+    };
+    match renderer {
+        Some(renderer) if problems.is_empty() => Ok(Candidate { loaded, renderer }),
+        _ => Err(problems),
+    }
+}
+
+/// One running iteration.
+struct Iteration {
+    kernel: RunningKernel,
+    config_events: Subscription,
+}
+
+impl Iteration {
+    fn start(process: &Process, candidate: Candidate, generation: u64) -> anyhow::Result<Self> {
+        let Candidate { loaded, renderer } = candidate;
+        let config = &loaded.config;
+        let bus = Bus::new(BusConfig::default(), &process.bus_metrics);
+        let config_events = bus.subscribe(
+            "reinit",
+            [EventKind::ConfigLoaded, EventKind::ConfigInvalid],
+        )?;
+        let mut kernel = Kernel::new(bus)
+            .with_metrics(process.kernel_metrics.clone())
+            .with_generation(generation);
+        process.store.set_health(kernel.health());
+
+        kernel.register(ConfigWatcher::new(&loaded));
+        for (name, resource) in &config.watched_resources.resources {
+            let source = FilesSource::new(name, resource)
+                .map_err(|issue| anyhow::anyhow!("watchedResources.{name}: {issue}"))?;
+            kernel.register(source);
+        }
+        let debounce = config.controller.debounce();
+        kernel.register(Debouncer::new(
+            debouncer::Settings {
+                debounce: debounce.debounce.get(),
+                max_wait: debounce.max_wait.get(),
+                ..debouncer::Settings::default()
+            },
+            build::watched_names(config),
+        ));
+        kernel.register(Executor::new(executor::Settings::default()));
+        kernel.register(RendererComponent::new(renderer));
+        kernel.register(Validator::new(
+            build::validator_config(config),
+            process.validator_metrics.clone(),
+        ));
+        let timings = config.controller.deploy_timings();
+        let instances = build::socket_instances(config);
+        kernel.register(Scheduler::new(
+            scheduler::Config::from(&timings),
+            instances.iter().map(|i| i.name.clone()).collect(),
+            Arc::new(StoreClassifier::new(process.deployed.clone())),
+        ));
+        kernel.register(Deployer::new(
+            deploy::Config::from(&timings),
+            instances,
+            process.deployed.clone(),
+            Some(process.managed.clone()),
+            process.deployer_metrics.clone(),
+        ));
+        kernel.register(StatusRecorder::new(
+            process.store.clone(),
+            Some(process.status_metrics.clone()),
+        ));
+        kernel.register(EventLog::new(process.store.clone()));
+
+        let kernel = kernel.start()?;
+        tracing::info!(generation, components = ?kernel.order(), "Controller iteration started");
+        Ok(Self {
+            kernel,
+            config_events,
+        })
+    }
+
+    async fn stop(self, grace: Duration) {
+        let report = self.kernel.shutdown(grace).await;
+        if !report.aborted.is_empty() {
+            tracing::warn!(aborted = ?report.aborted, "Some components were aborted at the deadline");
+        }
+    }
+}
+
+/// What woke the loop up.
+enum Wake {
+    /// Load the config file again (SIGHUP, HTTP, file change without a parsed payload).
+    Reload(ReloadSource),
+    /// The config watcher parsed a valid new config.
+    Loaded(Box<Loaded>),
+    /// The config watcher found the new config invalid.
+    Invalid(Vec<Diagnostic>),
+    /// SIGTERM or SIGINT.
+    Shutdown(&'static str),
+}
+
+fn config_status(loaded: &Loaded) -> ConfigStatus {
+    ConfigStatus {
+        path: loaded.path.display().to_string(),
+        last_reload_successful: true,
+        errors: Vec::new(),
+        effective: serde_json::to_value(&loaded.config).unwrap_or(serde_json::Value::Null),
+    }
+}
+
+fn print_errors(errors: &[Diagnostic]) {
+    for error in errors {
+        eprintln!("{error}");
+        if let Some(line) = &error.source_line {
+            eprintln!("    | {line}");
+        }
+    }
+}
+
+/// Listeners that outlive iterations, rebound when their address changes.
+struct Listeners {
+    main: Option<(SocketAddr, HttpServer)>,
+    metrics: Option<(SocketAddr, HttpServer)>,
+}
+
+impl Listeners {
+    async fn ensure(
+        &mut self,
+        state: &HttpState,
+        listen: SocketAddr,
+        metrics_listen: Option<SocketAddr>,
+    ) -> std::io::Result<()> {
+        if self.main.as_ref().map(|(addr, _)| *addr) != Some(listen) {
+            if let Some((_, old)) = self.main.take() {
+                old.shutdown().await;
+            }
+            let server = HttpServer::bind(listen, http::router(state.clone())).await?;
+            self.main = Some((listen, server));
+        }
+        if self.metrics.as_ref().map(|(addr, _)| *addr) != metrics_listen {
+            if let Some((_, old)) = self.metrics.take() {
+                old.shutdown().await;
+            }
+            if let Some(addr) = metrics_listen {
+                let server = HttpServer::bind(addr, http::metrics_router(state.clone())).await?;
+                self.metrics = Some((addr, server));
+            }
+        }
+        Ok(())
+    }
+
+    async fn shutdown(self) {
+        for (_, server) in self.main.into_iter().chain(self.metrics) {
+            server.shutdown().await;
+        }
+    }
+}
+
+/// Runs the controller until SIGTERM/SIGINT. Returns the process exit code.
+pub async fn run(path: PathBuf) -> u8 {
+    let loaded = match config::load(&path) {
+        Ok(loaded) => loaded,
+        Err(errors) => {
+            print_errors(&errors);
+            return exit::CONFIG;
+        }
+    };
+    let controller = loaded.config.controller.clone();
+    let format = match controller.log_format {
+        config::LogFormat::Text => telemetry::LogFormat::Text,
+        config::LogFormat::Json => telemetry::LogFormat::Json,
+    };
+    if let Err(error) = telemetry::init_logging(&controller.log_level, format) {
+        eprintln!("{}: controller.logLevel: {error}", path.display());
+        return exit::CONFIG;
+    }
+    let candidate = match prepare(loaded) {
+        Ok(candidate) => candidate,
+        Err(errors) => {
+            print_errors(&errors);
+            return exit::CONFIG;
+        }
+    };
+    match run_loop(candidate).await {
+        Ok(()) => exit::OK,
+        Err(error) => {
+            tracing::error!(error = %format!("{error:#}"), "The controller stopped");
+            eprintln!("hapwright: {error:#}");
+            exit::FAILURE
+        }
+    }
+}
+
+async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
+    let process = Process::new(&candidate.loaded)?;
+    let config_path = candidate.loaded.path.clone();
+    let (reload, mut reload_requests) = ReloadHandle::channel();
+    let state = HttpState {
+        store: process.store.clone(),
+        registry: process.registry.clone(),
+        reload: reload.clone(),
+    };
+    let mut listeners = Listeners {
+        main: None,
+        metrics: None,
+    };
+    let mut sighup = signal(SignalKind::hangup())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+
+    let mut generation = 0u64;
+    let outcome = loop {
+        generation += 1;
+        let controller = candidate.loaded.config.controller.clone();
+        if let Err(error) = listeners
+            .ensure(&state, controller.listen, controller.metrics_listen)
+            .await
+        {
+            break Err(anyhow::anyhow!(
+                "cannot listen on {}: {error}",
+                controller.listen
+            ));
+        }
+        process.store.set_config(config_status(&candidate.loaded));
+        let grace = ITERATION_GRACE.max(controller.deployment_timeout.get());
+        let running_hash = candidate.loaded.hash;
+        let mut iteration = match Iteration::start(&process, candidate, generation) {
+            Ok(iteration) => iteration,
+            Err(error) => break Err(error),
+        };
+
+        // Wait for a valid replacement or a shutdown; invalid ones leave this running.
+        let next = loop {
+            let wake = tokio::select! {
+                event = iteration.config_events.recv() => match event {
+                    Some(event) => match &event.payload {
+                        EventPayload::ConfigLoaded(loaded) => match loaded.config.downcast::<config::Config>() {
+                            Some(config) => {
+                                let path = PathBuf::from(&loaded.path);
+                                Wake::Loaded(Box::new(Loaded {
+                                    watched_files: std::iter::once(path.clone())
+                                        .chain(config.haproxy.secret_files())
+                                        .collect(),
+                                    config: (*config).clone(),
+                                    path,
+                                    hash: loaded.hash,
+                                }))
+                            }
+                            None => Wake::Reload(ReloadSource::File),
+                        },
+                        EventPayload::ConfigInvalid(invalid) => Wake::Invalid(invalid.errors.clone()),
+                        _ => continue,
+                    },
+                    None => Wake::Shutdown("event bus closed"),
+                },
+                Some(source) = reload_requests.recv() => Wake::Reload(source),
+                _ = sighup.recv() => Wake::Reload(ReloadSource::Sighup),
+                _ = sigterm.recv() => Wake::Shutdown("SIGTERM"),
+                _ = sigint.recv() => Wake::Shutdown("SIGINT"),
+            };
+            let loaded = match wake {
+                Wake::Shutdown(why) => {
+                    tracing::info!(reason = why, "Shutting down");
+                    break None;
+                }
+                Wake::Invalid(errors) => Err(errors),
+                Wake::Loaded(loaded) if loaded.hash == running_hash => {
+                    // Back to the running config after an invalid edit: clear the error.
+                    process.reload_metrics.record(true);
+                    process.store.set_config(config_status(&loaded));
+                    continue;
+                }
+                Wake::Loaded(loaded) => Ok(*loaded),
+                Wake::Reload(source) => {
+                    tracing::info!(?source, "Reloading the controller config");
+                    config::load(&config_path)
+                }
+            }
+            .and_then(prepare);
+            match loaded {
+                Ok(next) => {
+                    process.reload_metrics.record(true);
+                    break Some(next);
+                }
+                Err(errors) => {
+                    process.reload_metrics.record(false);
+                    for error in &errors {
+                        tracing::error!(error = %error, "New controller config rejected; the running one stays");
+                    }
+                    process.store.config_rejected(errors);
+                }
+            }
+        };
+        match next {
+            Some(next) => {
+                tracing::info!(
+                    generation,
+                    "Valid new config; restarting the controller iteration"
+                );
+                iteration.stop(grace).await;
+                candidate = next;
+            }
+            None => {
+                iteration.stop(grace).await;
+                break Ok(());
+            }
+        }
+    };
+    process.managed.stop().await;
+    listeners.shutdown().await;
+    outcome
+}
