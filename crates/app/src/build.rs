@@ -153,12 +153,12 @@ pub fn scan_once(
     );
     scanner.scan(ScanMode::Full);
     let mut errors: Vec<Diagnostic> = scanner.file_errors().into_iter().cloned().collect();
-    if let Err(reason) = scanner.health() {
-        if errors.is_empty() {
-            errors.push(Diagnostic::error(format!(
-                "watchedResources.{name}: {reason}"
-            )));
-        }
+    if let Err(reason) = scanner.health()
+        && errors.is_empty()
+    {
+        errors.push(Diagnostic::error(format!(
+            "watchedResources.{name}: {reason}"
+        )));
     }
     if errors.is_empty() {
         Ok(Arc::new(scanner.snapshot().clone()))

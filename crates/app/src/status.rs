@@ -24,7 +24,7 @@ use hapwright_eventbus::{
     Bus, BusError, Component, ComponentError, Context, CorrelationId, Event, EventPayload,
     HealthTable, KindSet, Stage, Subscription, ValidationPhase,
 };
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde::Serialize;
 
 /// How many recent events `/debug/events` can show.
@@ -232,6 +232,12 @@ impl StatusStore {
         let mut inner = self.write();
         match &event.payload {
             EventPayload::ResourceIndexUpdated(update) => {
+                if let Some(metrics) = metrics {
+                    metrics
+                        .resources
+                        .with_label_values(&[update.source.as_ref()])
+                        .set(update.snapshot.len() as i64);
+                }
                 inner
                     .resources
                     .insert(update.source.clone(), update.snapshot.clone());
@@ -370,13 +376,15 @@ fn instance<'a>(inner: &'a mut Inner, name: &str) -> &'a mut InstanceStatus {
 /// Reconciliation metrics derived from events. Register once per process.
 #[derive(Clone, Debug)]
 pub struct StatusMetrics {
+    resources: IntGaugeVec,
     reconciliations: IntCounterVec,
     reconciliation_duration: Histogram,
     render_duration: Histogram,
 }
 
 impl StatusMetrics {
-    /// Creates and registers `hapwright_reconciliations_total{result}`,
+    /// Creates and registers `hapwright_resources{source}`,
+    /// `hapwright_reconciliations_total{result}`,
     /// `hapwright_reconciliation_duration_seconds` and
     /// `hapwright_render_duration_seconds`.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
@@ -404,6 +412,14 @@ impl StatusMetrics {
             )
             .buckets(buckets),
         )?;
+        let resources = IntGaugeVec::new(
+            Opts::new(
+                "hapwright_resources",
+                "Objects in the latest snapshot of each watched resource.",
+            ),
+            &["source"],
+        )?;
+        registry.register(Box::new(resources.clone()))?;
         registry.register(Box::new(reconciliations.clone()))?;
         registry.register(Box::new(reconciliation_duration.clone()))?;
         registry.register(Box::new(render_duration.clone()))?;
@@ -411,6 +427,7 @@ impl StatusMetrics {
             reconciliations.with_label_values(&[result]);
         }
         Ok(Self {
+            resources,
             reconciliations,
             reconciliation_duration,
             render_duration,

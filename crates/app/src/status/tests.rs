@@ -259,3 +259,33 @@ fn the_event_ring_keeps_the_newest_and_filters_by_correlation() {
         ]
     );
 }
+
+#[test]
+fn resource_counts_are_exported_per_source() {
+    use hapwright_eventbus::ResourceIndexUpdated;
+    use hapwright_eventbus::model::{ObjectKey, ResourceChange};
+    let registry = Registry::new();
+    let metrics = StatusMetrics::register(&registry).unwrap();
+    let store = StatusStore::default();
+    let mut snapshot = ResourceSnapshot::new(vec![]);
+    for name in ["a", "b", "c"] {
+        snapshot.upsert(
+            ObjectKey::new("default", name),
+            Arc::new(serde_json::json!({})),
+        );
+    }
+    store.apply(
+        &event(
+            1,
+            None,
+            ResourceIndexUpdated {
+                source: "services".into(),
+                snapshot: Arc::new(snapshot),
+                change: Arc::new(ResourceChange::default()),
+            },
+        ),
+        Some(&metrics),
+    );
+    assert_eq!(metrics.resources.with_label_values(&["services"]).get(), 3);
+    assert_eq!(store.resource_names(), ["services"]);
+}

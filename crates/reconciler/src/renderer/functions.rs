@@ -248,7 +248,11 @@ impl<'a> SortKey<'a> {
 /// namespace and name, and small lists often are) is returned as it is, without
 /// copying.
 fn sort_by(value: &Value, paths: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
-    let reverse: Option<bool> = kwargs.get("reverse")?;
+    // `Kwargs::get` allocates; most calls pass no keyword arguments at all.
+    let reverse: Option<bool> = match kwargs.args().next() {
+        Some(_) => kwargs.get("reverse")?,
+        None => None,
+    };
     kwargs.assert_all_used()?;
     if paths.is_empty() {
         return Err(Error::new(

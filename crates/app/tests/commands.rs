@@ -1,0 +1,193 @@
+//! `hapwright check`, `render` and the start-up checks of `run`, through the real
+//! binary on real files (and the real `haproxy -c` for `render`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hapwright");
+
+fn quickstart() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/quickstart")
+}
+
+/// A copy of the quickstart in a temp dir, with `edit` applied to its config text.
+fn project(edit: impl FnOnce(String) -> String) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(quickstart().join("hapwright.yaml")).unwrap();
+    std::fs::write(dir.path().join("hapwright.yaml"), edit(text)).unwrap();
+    std::fs::create_dir(dir.path().join("resources")).unwrap();
+    for entry in std::fs::read_dir(quickstart().join("resources")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(
+            entry.path(),
+            dir.path().join("resources").join(entry.file_name()),
+        )
+        .unwrap();
+    }
+    dir
+}
+
+fn hapwright(args: &[&str], dir: &Path) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run hapwright")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn check_accepts_the_quickstart() {
+    let dir = project(|t| t);
+    let output = hapwright(&["check", "-c", "hapwright.yaml"], dir.path());
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout)
+            .contains("ok (4 templates, 2 watched resources, 1 instances)")
+    );
+}
+
+#[test]
+fn check_exits_2_on_a_config_error_with_location_and_suggestion() {
+    let dir = project(|t| t.replace("  debounce: 200ms", "  debunce: 200ms"));
+    let output = hapwright(&["check", "-c", "hapwright.yaml"], dir.path());
+    assert_eq!(output.status.code(), Some(2));
+    let err = stderr(&output);
+    assert!(err.contains("hapwright.yaml:"), "{err}");
+    assert!(err.contains("controller.debunce"), "{err}");
+    assert!(err.contains("did you mean `debounce`"), "{err}");
+}
+
+#[test]
+fn check_exits_1_on_a_template_error_naming_template_and_line() {
+    let dir = project(|t| t.replace("{{ endpoint.addresses[0] }}", "{{ endpoint.addresses[0] }"));
+    let output = hapwright(&["check", "-c", "hapwright.yaml"], dir.path());
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let err = stderr(&output);
+    assert!(err.contains("backend:"), "the snippet is named: {err}");
+    assert!(
+        err.contains("backend:9:80: syntax error"),
+        "line of the broken expression: {err}"
+    );
+}
+
+#[test]
+fn render_prints_the_config_and_writes_the_layout() {
+    let dir = project(|t| t);
+    let output = hapwright(&["render", "-c", "hapwright.yaml"], dir.path());
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let cfg = String::from_utf8_lossy(&output.stdout);
+    assert!(cfg.contains("backend be_default_web"), "{cfg}");
+    assert!(cfg.contains("server web-abc12-1 127.0.0.1:9101"), "{cfg}");
+
+    let out = dir.path().join("out");
+    let output = hapwright(
+        &["render", "-c", "hapwright.yaml", "--out", "out"],
+        dir.path(),
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let map = std::fs::read_to_string(out.join("maps/hosts.map")).unwrap();
+    assert!(map.contains("web.example.test be_default_web"), "{map}");
+    assert!(out.join("haproxy.cfg").exists());
+}
+
+#[test]
+fn render_reads_fixtures_per_watched_resource() {
+    let dir = project(|t| t);
+    let fixtures = dir.path().join("fixtures");
+    for source in ["services", "endpoints"] {
+        std::fs::create_dir_all(fixtures.join(source)).unwrap();
+    }
+    std::fs::write(
+        fixtures.join("services/shop.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: shop, annotations: {hapwright.io/host: shop.test}}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        fixtures.join("endpoints/shop.yaml"),
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: shop-1, labels: {kubernetes.io/service-name: shop}}\nports: [{port: 9201}]\nendpoints: [{addresses: [127.0.0.1]}]\n",
+    )
+    .unwrap();
+    let output = hapwright(
+        &["render", "-c", "hapwright.yaml", "--fixtures", "fixtures"],
+        dir.path(),
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let cfg = String::from_utf8_lossy(&output.stdout);
+    assert!(cfg.contains("backend be_default_shop"), "{cfg}");
+    assert!(
+        !cfg.contains("be_default_web"),
+        "only fixtures are read: {cfg}"
+    );
+}
+
+#[test]
+fn render_exits_1_when_haproxy_rejects_the_output_and_points_at_the_template() {
+    let dir = project(|t| {
+        t.replace(
+            "        balance roundrobin",
+            "        balance roundrobin\n          bogus-keyword on",
+        )
+    });
+    let output = hapwright(&["render", "-c", "hapwright.yaml"], dir.path());
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let err = stderr(&output);
+    assert!(err.contains("bogus-keyword"), "{err}");
+    assert!(
+        err.contains("from backend:"),
+        "mapped back to the snippet line: {err}"
+    );
+}
+
+#[test]
+fn render_exits_1_on_a_broken_manifest_with_its_location() {
+    let dir = project(|t| t);
+    std::fs::write(
+        dir.path().join("resources/broken.yaml"),
+        "kind: Service\nmetadata: [unclosed\n",
+    )
+    .unwrap();
+    let output = hapwright(&["render", "-c", "hapwright.yaml"], dir.path());
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("broken.yaml:"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn run_exits_2_on_an_invalid_config_with_every_error() {
+    let dir = project(|t| {
+        t.replace("  debounce: 200ms", "  debounce: soon")
+            .replace("  maxWait: 2s", "  maxwait: 2s")
+    });
+    let output = hapwright(&["run", "-c", "hapwright.yaml"], dir.path());
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).contains("hapwright.yaml:"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn run_refuses_parts_not_built_yet_with_a_clear_error() {
+    let dir = project(|t| {
+        t.replace(
+            "    files: { path: ./resources }\n    kind: EndpointSlice",
+            "    kubernetes: { apiVersion: discovery.k8s.io/v1, kind: EndpointSlice }",
+        )
+    });
+    let output = hapwright(&["run", "-c", "hapwright.yaml"], dir.path());
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("Kubernetes sources are not available"),
+        "{}",
+        stderr(&output)
+    );
+}
