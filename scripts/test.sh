@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 
 missing=()
 command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
+# Headless browser for tests/browser.rs (Debian's package; the test expects this path).
+[ -x /usr/bin/chromium ] || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "==> installing ${missing[*]}"
     if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
@@ -22,4 +24,5 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 echo "==> cargo test"
 export CI="${CI:-true}"   # insta: never write snapshots, fail on mismatch
+export HAPWRIGHT_REQUIRE_BROWSER=1   # tests/browser.rs fails instead of skipping
 cargo test --workspace
