@@ -196,9 +196,10 @@ fn glob_match_test(value: &str, pattern: &str) -> Result<bool, Error> {
 }
 
 /// One sort key of `sort_by`: a dotted attribute path, descending when written with a
-/// leading `-`.
+/// leading `-`. Segments are split and classified once per call, not per item.
 struct SortKey<'a> {
-    path: &'a str,
+    /// Each segment, with its value as a list index when it is a number.
+    segments: Vec<(&'a str, Option<i64>)>,
     descending: bool,
 }
 
@@ -214,21 +215,25 @@ impl<'a> SortKey<'a> {
                 format!("sort_by: invalid attribute path {text:?}"),
             ));
         }
-        Ok(Self { path, descending })
+        Ok(Self {
+            segments: path
+                .split('.')
+                .map(|segment| (segment, segment.parse::<i64>().ok()))
+                .collect(),
+            descending,
+        })
     }
 
     /// The key of one item: the value at the path, `none` where it is missing.
     fn extract(&self, item: &Value) -> Value {
         let mut current: Option<Value> = None;
-        for segment in self.path.split('.') {
+        for (segment, index) in &self.segments {
             let base = current.as_ref().unwrap_or(item);
-            let next = if matches!(base.kind(), ValueKind::Seq) {
-                match segment.parse::<i64>() {
-                    Ok(index) => base.get_item(&Value::from(index)),
-                    Err(_) => base.get_attr(segment),
+            let next = match index {
+                Some(index) if matches!(base.kind(), ValueKind::Seq) => {
+                    base.get_item(&Value::from(*index))
                 }
-            } else {
-                base.get_attr(segment)
+                _ => base.get_attr(segment),
             };
             current = match next {
                 Ok(value) if !value.is_undefined() => Some(value),
@@ -273,9 +278,13 @@ fn sort_by(value: &Value, paths: Rest<Value>, kwargs: Kwargs) -> Result<Value, E
         .map(|p| SortKey::parse(p))
         .collect::<Result<Vec<_>, _>>()?;
     let reverse = reverse == Some(true);
-    // Lists we can hand back unchanged when they are already in order.
-    let is_list = value.downcast_object_ref::<Vec<Value>>().is_some();
-    let items: Vec<Value> = value.try_iter()?.collect();
+    // Lists are read in place, and handed back unchanged when already in order.
+    let list = value.downcast_object_ref::<Vec<Value>>();
+    let is_list = list.is_some();
+    let items: Cow<'_, [Value]> = match list {
+        Some(list) => Cow::Borrowed(list.as_slice()),
+        None => Cow::Owned(value.try_iter()?.collect()),
+    };
     if items.len() <= 1 && is_list {
         return Ok(value.clone());
     }

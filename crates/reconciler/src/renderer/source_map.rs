@@ -99,6 +99,28 @@ fn decode(text: &str) -> Option<(usize, usize)> {
     None
 }
 
+/// The position of the first newline or marker lead byte, eight bytes at a time.
+fn find_newline_or_lead(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    const NEWLINES: u64 = u64::from_ne_bytes([b'\n'; 8]);
+    const LEADS: u64 = u64::from_ne_bytes([LEAD; 8]);
+    // Nonzero when some byte of `word` is zero (exact for the lowest such byte).
+    let has_zero = |word: u64| word.wrapping_sub(ONES) & !word & HIGHS != 0;
+    let mut start = 0;
+    for chunk in bytes.chunks_exact(8) {
+        let word = u64::from_ne_bytes(chunk.try_into().unwrap_or([0; 8]));
+        if has_zero(word ^ NEWLINES) || has_zero(word ^ LEADS) {
+            break;
+        }
+        start += 8;
+    }
+    bytes[start..]
+        .iter()
+        .position(|&b| b == b'\n' || b == LEAD)
+        .map(|at| start + at)
+}
+
 /// A rendered file with its markers removed.
 #[derive(Debug)]
 pub(crate) struct Stripped {
@@ -111,61 +133,57 @@ pub(crate) struct Stripped {
 /// Removes markers from a rendered output, records each line's origin, and ends the
 /// text with a newline if it lacks one (HAProxy rejects a config whose last line has
 /// no LF). An empty output stays empty.
+///
+/// One pass over the bytes, stopping only at newlines and at the lead byte of a
+/// marker; the text between markers is copied in runs, and only a line without a
+/// marker of its own is looked at again (to tell content from blank).
 pub(crate) fn strip(rendered: &str, table: &MarkerTable) -> Stripped {
+    let bytes = rendered.as_bytes();
     let mut text = String::with_capacity(rendered.len());
     let mut lines = Vec::new();
-    let mut line_origin: Option<usize> = None;
     let mut last_origin: Option<usize> = None;
-    let mut has_content = false;
-    let bytes = rendered.as_bytes();
+    let mut line_origin: Option<usize> = None;
+    let mut line_start = 0;
+    // `rendered[copied..]` is not yet in `text`.
     let mut copied = 0;
     let mut pos = 0;
-
-    let finish_line = |line_origin: &mut Option<usize>,
-                       last_origin: Option<usize>,
-                       has_content: &mut bool,
-                       lines: &mut Vec<_>| {
-        let origin = line_origin
-            .take()
-            .or(if *has_content { last_origin } else { None })
-            .and_then(|index| table.get(index).cloned());
-        lines.push(origin);
-        *has_content = false;
+    let origin_of = |line_origin: Option<usize>, last_origin: Option<usize>, line: &[u8]| {
+        line_origin
+            .or_else(|| {
+                // No marker of its own: content lines inherit, blank lines do not.
+                let has_content = line.iter().any(|b| !matches!(b, b' ' | b'\t' | b'\r'));
+                if has_content { last_origin } else { None }
+            })
+            .and_then(|index| table.get(index).cloned())
     };
-
-    while pos < bytes.len() {
-        match bytes[pos] {
-            b'\n' => {
-                finish_line(&mut line_origin, last_origin, &mut has_content, &mut lines);
-                pos += 1;
+    while let Some(found) = find_newline_or_lead(&bytes[pos..]) {
+        let at = pos + found;
+        if bytes[at] == b'\n' {
+            lines.push(origin_of(
+                line_origin.take(),
+                last_origin,
+                &bytes[line_start..at],
+            ));
+            pos = at + 1;
+            line_start = pos;
+            continue;
+        }
+        match decode(&rendered[at..]) {
+            Some((index, len)) if table.get(index).is_some() => {
+                text.push_str(&rendered[copied..at]);
+                pos = at + len;
+                copied = pos;
+                line_origin.get_or_insert(index);
+                last_origin = Some(index);
             }
-            LEAD => match decode(&rendered[pos..]) {
-                Some((index, len)) if table.get(index).is_some() => {
-                    text.push_str(&rendered[copied..pos]);
-                    pos += len;
-                    copied = pos;
-                    if line_origin.is_none() {
-                        line_origin = Some(index);
-                    }
-                    last_origin = Some(index);
-                }
-                _ => {
-                    has_content = true;
-                    pos += 1;
-                }
-            },
-            b' ' | b'\t' | b'\r' => pos += 1,
-            _ => {
-                has_content = true;
-                pos += 1;
-            }
+            _ => pos = at + 1,
         }
     }
     text.push_str(&rendered[copied..]);
     // Markers after the last newline open no line of their own.
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
-        finish_line(&mut line_origin, last_origin, &mut has_content, &mut lines);
+        lines.push(origin_of(line_origin, last_origin, &bytes[line_start..]));
     }
     Stripped { text, lines }
 }
@@ -228,6 +246,109 @@ mod tests {
         let out = strip(&format!("{}a\n{}", m[0], m[1]), &table);
         assert_eq!(out.text, "a\n");
         assert_eq!(lines(&out), vec![Some(1)]);
+    }
+
+    /// The straightforward byte-by-byte version [`strip`] replaced, kept as the
+    /// reference it must agree with.
+    fn reference_strip(rendered: &str, table: &MarkerTable) -> Stripped {
+        let mut text = String::with_capacity(rendered.len());
+        let mut lines = Vec::new();
+        let mut line_origin: Option<usize> = None;
+        let mut last_origin: Option<usize> = None;
+        let mut has_content = false;
+        let bytes = rendered.as_bytes();
+        let mut copied = 0;
+        let mut pos = 0;
+        let finish_line = |line_origin: &mut Option<usize>,
+                           last_origin: Option<usize>,
+                           has_content: &mut bool,
+                           lines: &mut Vec<_>| {
+            let origin = line_origin
+                .take()
+                .or(if *has_content { last_origin } else { None })
+                .and_then(|index| table.get(index).cloned());
+            lines.push(origin);
+            *has_content = false;
+        };
+        while pos < bytes.len() {
+            match bytes[pos] {
+                b'\n' => {
+                    finish_line(&mut line_origin, last_origin, &mut has_content, &mut lines);
+                    pos += 1;
+                }
+                0xEF => match decode(&rendered[pos..]) {
+                    Some((index, len)) if table.get(index).is_some() => {
+                        text.push_str(&rendered[copied..pos]);
+                        pos += len;
+                        copied = pos;
+                        if line_origin.is_none() {
+                            line_origin = Some(index);
+                        }
+                        last_origin = Some(index);
+                    }
+                    _ => {
+                        has_content = true;
+                        pos += 1;
+                    }
+                },
+                b' ' | b'\t' | b'\r' => pos += 1,
+                _ => {
+                    has_content = true;
+                    pos += 1;
+                }
+            }
+        }
+        text.push_str(&rendered[copied..]);
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+            finish_line(&mut line_origin, last_origin, &mut has_content, &mut lines);
+        }
+        Stripped { text, lines }
+    }
+
+    #[test]
+    fn agrees_with_the_reference_on_mixed_input() {
+        let (table, m) = table();
+        let pieces: Vec<String> = [
+            m[0].clone(),
+            m[3].clone(),
+            m[19].clone(),
+            encode(999),
+            "\u{FDD0}".to_owned(),
+            "\u{FDD0}\u{FDE1}".to_owned(),
+            "\n".to_owned(),
+            " ".to_owned(),
+            "\t\r".to_owned(),
+            "x".to_owned(),
+            "é".to_owned(),
+            "\u{FDEF}".to_owned(),
+        ]
+        .into();
+        // Every sequence of up to four pieces, plus a few longer deterministic mixes.
+        let mut inputs = vec![String::new()];
+        for _ in 0..4 {
+            let previous = inputs.clone();
+            for text in previous {
+                for piece in &pieces {
+                    inputs.push(format!("{text}{piece}"));
+                }
+            }
+        }
+        let mut seed = 7usize;
+        for _ in 0..500 {
+            let mut text = String::new();
+            for _ in 0..30 {
+                seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                text.push_str(&pieces[(seed >> 33) % pieces.len()]);
+            }
+            inputs.push(text);
+        }
+        for input in &inputs {
+            let fast = strip(input, &table);
+            let slow = reference_strip(input, &table);
+            assert_eq!(fast.text, slow.text, "text of {input:?}");
+            assert_eq!(fast.lines, slow.lines, "lines of {input:?}");
+        }
     }
 
     #[test]
