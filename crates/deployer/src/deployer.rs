@@ -6,13 +6,19 @@
 //! kernel iteration, so an unchanged render after a controller reinit is a no-op. A
 //! failed instance is retried with backoff (1 s doubling to 60 s) with the newest
 //! config; a newer `DeploymentScheduled` replaces a waiting one (latest wins).
+//!
+//! Managed mode: every start of a managed HAProxy is a deployment (a reload with reason
+//! `first_deploy` or `restart`) of the files on disk. A start that no deployment caused
+//! (the supervisor restarted a crashed process, or a failed start came up on a later
+//! attempt) is recorded as soon as the supervisor reports it ready, and before any
+//! deployment to that instance, so it is never mistaken for a no-op.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
-use hapwright_eventbus::model::{Diagnostic, RenderedConfig};
+use hapwright_eventbus::model::{ContentHash, Diagnostic, RenderedConfig};
 use hapwright_eventbus::{
     Bus, BusError, Component, ComponentError, Context, DeploymentCompleted, DeploymentStarted,
     DeploymentSummary, Event, EventKind, EventPayload, InstanceDeployed, InstanceDeploymentFailed,
@@ -90,6 +96,16 @@ impl LastDeployedStore {
     pub fn record_failure(&self, instance: &str, error: String) {
         let mut inner = self.lock();
         let record = inner.entry(instance.to_owned()).or_default();
+        record.last_error = Some(error);
+        record.last_attempt = Some(SystemTime::now());
+    }
+
+    /// Records that what `instance` runs is unknown (e.g. a restarted HAProxy does not
+    /// run the files on disk); the next deployment works it out again.
+    pub fn record_unknown(&self, instance: &str, error: String) {
+        let mut inner = self.lock();
+        let record = inner.entry(instance.to_owned()).or_default();
+        record.deployed = None;
         record.last_error = Some(error);
         record.last_attempt = Some(SystemTime::now());
     }
@@ -230,6 +246,7 @@ impl Deployer {
     }
 }
 
+#[derive(Clone)]
 struct Round {
     config: Arc<RenderedConfig>,
     instances: Vec<String>,
@@ -329,6 +346,15 @@ impl Runner {
             );
             return Err(error);
         };
+        // A start of a managed HAProxy not recorded yet is a deployment of its own;
+        // when it runs the desired config it is this instance's deployment.
+        if let Some(Ok(adopted)) = self
+            .adopt_start(ctx, Some(&round.cause), instance, Some(&round.config))
+            .await
+            && adopted == hash
+        {
+            return Ok(());
+        }
         let started = Instant::now();
         let running = self.store.deployed(instance);
         let outcome = tokio::time::timeout(
@@ -375,6 +401,138 @@ impl Runner {
                     self.config.deployment_timeout
                 ));
                 Err(self.failed(ctx, round, instance, diagnostic, elapsed))
+            }
+        }
+    }
+
+    /// Records an unaccounted start of a managed `instance` (see
+    /// [`SocketDriver::adopt_managed_start`]) as a deployment, publishing
+    /// `InstanceDeployed` (in reply to `cause`, if any). Returns the hash it runs;
+    /// `None` when there was no such start. A failure is only logged and recorded in
+    /// the store: the caller reports it (or deploys anyway).
+    async fn adopt_start(
+        &self,
+        ctx: &Context,
+        cause: Option<&Arc<Event>>,
+        instance: &str,
+        desired: Option<&Arc<RenderedConfig>>,
+    ) -> Option<Result<ContentHash, Diagnostic>> {
+        let driver = self.drivers.get(instance)?;
+        let started = Instant::now();
+        let record = self.store.get(instance);
+        let deployed_before = record.is_some_and(|r| r.deployed.is_some() || r.reloads > 0);
+        let mut known: Vec<Arc<RenderedConfig>> = desired.cloned().into_iter().collect();
+        known.extend(self.store.deployed(instance).map(|d| d.config.clone()));
+        let outcome = driver.adopt_managed_start(deployed_before, &known).await?;
+        let elapsed = started.elapsed();
+        let publisher = ctx.publisher();
+        let publish = |payload: EventPayload| match cause {
+            Some(cause) => publisher.reply(cause, payload),
+            None => publisher.publish(payload),
+        };
+        match outcome {
+            Ok(deployed) => {
+                let hash = deployed.config.hash();
+                tracing::info!(
+                    instance,
+                    strategy = %deployed.strategy,
+                    reason = %deployed.reason.detail,
+                    hash = %hash.short(),
+                    "Managed HAProxy started; recorded as a deployment"
+                );
+                self.metrics
+                    .deployment(instance, deployed.strategy, true, elapsed.as_secs_f64());
+                if desired.is_some_and(|d| d.hash() != hash) {
+                    self.metrics.out_of_sync(instance);
+                }
+                publish(
+                    InstanceDeployed {
+                        instance: instance.to_owned(),
+                        hash,
+                        strategy: deployed.strategy,
+                        reason: Some(deployed.reason.clone()),
+                        duration: elapsed,
+                    }
+                    .into(),
+                );
+                self.store.record_success(instance, deployed);
+                Some(Ok(hash))
+            }
+            Err(error) => {
+                let diagnostic = error.to_diagnostic();
+                tracing::warn!(
+                    instance,
+                    error = %diagnostic.message,
+                    "Managed HAProxy started, but what it runs is unknown"
+                );
+                self.store
+                    .record_unknown(instance, diagnostic.message.clone());
+                self.metrics.out_of_sync(instance);
+                Some(Err(diagnostic))
+            }
+        }
+    }
+
+    /// Records the unaccounted starts of every managed instance. An instance that now
+    /// runs the desired config (of `last`, the latest scheduled round) leaves the
+    /// retry; one that runs something else is deployed again right away.
+    async fn adopt_starts(
+        &self,
+        ctx: &Context,
+        names: &[String],
+        last: Option<&Round>,
+        retry: &mut Option<(Round, Instant, u32)>,
+    ) {
+        for name in names {
+            let last = last.filter(|round| round.instances.contains(name));
+            let Some(outcome) = self
+                .adopt_start(
+                    ctx,
+                    last.map(|round| &round.cause),
+                    name,
+                    last.map(|round| &round.config),
+                )
+                .await
+            else {
+                continue;
+            };
+            let Some(last) = last else {
+                continue;
+            };
+            if let Err(error) = &outcome {
+                ctx.publisher().reply(
+                    &last.cause,
+                    InstanceDeploymentFailed {
+                        instance: name.clone(),
+                        hash: last.config.hash(),
+                        error: error.clone(),
+                    },
+                );
+            }
+            if matches!(outcome, Ok(hash) if hash == last.config.hash()) {
+                if let Some((round, ..)) = retry.as_mut() {
+                    round.instances.retain(|instance| instance != name);
+                }
+                if retry
+                    .as_ref()
+                    .is_some_and(|(round, ..)| round.instances.is_empty())
+                {
+                    *retry = None;
+                }
+                continue;
+            }
+            match retry.as_mut() {
+                Some((round, at, _)) => {
+                    if !round.instances.contains(name) {
+                        round.instances.push(name.clone());
+                    }
+                    *at = Instant::now();
+                }
+                None => {
+                    let mut round = last.clone();
+                    round.instances = vec![name.clone()];
+                    *retry = Some((round, Instant::now(), 1));
+                }
             }
         }
     }
@@ -452,6 +610,16 @@ impl Component for Deployer {
             metrics: self.metrics,
         };
         let mut retry: Option<(Round, Instant, u32)> = None;
+        // The latest scheduled round: what the instances should run.
+        let mut last: Option<Round> = None;
+        let mut ready_events = managed
+            .as_ref()
+            .filter(|_| !managed_names.is_empty())
+            .map(ManagedHaproxy::ready_events);
+        // Starts that came up while no deployer ran (e.g. during a reinit).
+        runner
+            .adopt_starts(&ctx, &managed_names, None, &mut retry)
+            .await;
         let mut health_tick = tokio::time::interval(Duration::from_secs(1));
         health_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ctx.health().healthy();
@@ -465,6 +633,15 @@ impl Component for Deployer {
                     None if event.is_none() => return Ok(()),
                     None => continue,
                 },
+                () = ready_changed(&mut ready_events) => {
+                    runner
+                        .adopt_starts(&ctx, &managed_names, last.as_ref(), &mut retry)
+                        .await;
+                    if let Some(managed) = &managed {
+                        report_managed_health(&ctx, managed, &managed_names, retry.is_none()).await;
+                    }
+                    continue;
+                }
                 () = sleep_until(retry_at) => {
                     let (round, _, _) = retry.as_ref().expect("retry is set");
                     Round {
@@ -488,6 +665,13 @@ impl Component for Deployer {
                     round = newer;
                     round.drift_check = drift;
                 }
+            }
+            // A retry round is a part of the latest one.
+            if !last
+                .as_ref()
+                .is_some_and(|l| Arc::ptr_eq(&l.cause, &round.cause))
+            {
+                last = Some(round.clone());
             }
             let span = tracing::info_span!(
                 "deployment",
@@ -548,6 +732,19 @@ async fn report_managed_health(
             .unhealthy(format!("managed HAProxy not running ({})", down.join("; ")));
     } else if deployments_ok {
         ctx.health().healthy();
+    }
+}
+
+/// Completes when a managed HAProxy came up; never without a supervisor.
+async fn ready_changed(events: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    match events {
+        Some(receiver) => {
+            if receiver.changed().await.is_err() {
+                *events = None;
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -13,6 +13,11 @@
 //!    server state file (without the lines of changed servers), then a confirmed
 //!    reload — counter moved, `[failed: 0]`, version marker read back; a failed reload
 //!    restores the files and reports HAProxy's ALERT lines.
+//!
+//! Managed mode: a start of the managed HAProxy is a deployment of the files on disk.
+//! [`SocketDriver::deploy`] starts a stopped process itself; a start it did not cause
+//! (the supervisor restarted the process after a crash, or a failed start came up on a
+//! later attempt) is recorded by [`SocketDriver::adopt_managed_start`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -353,6 +358,21 @@ impl SocketDriver {
         };
         match managed.ensure_started(&self.instance).await {
             Ok(()) => {
+                // This deployment accounts for the start.
+                managed.claim_start(&self.instance.name).await;
+                // A start that was already under way when the files were written runs
+                // the older files: reload onto the new ones.
+                let actual = self.master.worker_env(VERSION_VARIABLE).await?;
+                if actual.as_deref() != Some(marker.as_str()) {
+                    let plan = ChangePlan::reload(
+                        reason,
+                        format!(
+                            "{detail} with version {}; reloading onto {marker}",
+                            actual.as_deref().unwrap_or("(none)")
+                        ),
+                    );
+                    return self.reload(desired, desired_model, None, plan).await;
+                }
                 self.metrics
                     .reload(&self.instance.name, true, reason.as_str());
                 Ok(Deployed {
@@ -376,6 +396,73 @@ impl SocketDriver {
                 }
                 Err(error.into())
             }
+        }
+    }
+
+    /// Records a start of the managed HAProxy that no deployment accounted for: the
+    /// supervisor restarted the process (after a crash, or a failed start that came
+    /// up on a later attempt), and it runs the files on disk. Those become what the
+    /// instance runs, as a reload with reason `restart` (`first_deploy` when
+    /// `deployed_before` is false). Anything applied only at runtime is gone with the
+    /// old process; runtime-only deployments rewrite the files, so they survive.
+    ///
+    /// `known` are configs to reuse (with their source maps) when the files are one
+    /// of them. `None` when the instance is not managed or there is no such start.
+    pub async fn adopt_managed_start(
+        &self,
+        deployed_before: bool,
+        known: &[Arc<RenderedConfig>],
+    ) -> Option<Result<Deployed, DeployError>> {
+        let managed = self.managed.as_ref()?;
+        let _serial = self.serial.lock().await;
+        let pid = managed.claim_start(&self.instance.name).await?;
+        let reason = if deployed_before {
+            ReloadReason::Restart
+        } else {
+            ReloadReason::FirstDeploy
+        };
+        let outcome = self.files_in_use().await;
+        self.metrics
+            .reload(&self.instance.name, outcome.is_ok(), reason.as_str());
+        Some(outcome.map(|(config, marker)| {
+            let config = known
+                .iter()
+                .find(|k| k.hash() == config.hash())
+                .cloned()
+                .unwrap_or_else(|| Arc::new(config));
+            Deployed::new(
+                config,
+                marker,
+                DeployStrategy::Reload,
+                DeployReason {
+                    reload: Some(reason),
+                    detail: format!(
+                        "managed HAProxy (pid {pid}) {} by the supervisor with the files on disk",
+                        if deployed_before {
+                            "restarted"
+                        } else {
+                            "started"
+                        }
+                    ),
+                },
+            )
+        }))
+    }
+
+    /// The config on disk and its marker, checked against the worker's marker.
+    async fn files_in_use(&self) -> Result<(RenderedConfig, String), DeployError> {
+        let (config, marker) = self
+            .dir
+            .read_rendered()
+            .map_err(|e| self.files_error(e))?
+            .ok_or_else(|| self.files_error(std::io::ErrorKind::NotFound.into()))?;
+        let actual = self.master.worker_env(VERSION_VARIABLE).await?;
+        match marker {
+            Some(marker) if actual.as_deref() == Some(marker.as_str()) => Ok((config, marker)),
+            marker => Err(DeployError::MarkerMismatch {
+                expected: marker.unwrap_or_else(|| "(no marker on disk)".to_owned()),
+                actual,
+            }),
         }
     }
 

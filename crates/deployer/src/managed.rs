@@ -6,6 +6,12 @@
 //! [`ManagedHaproxy`] is created once per controller process, outside the kernel
 //! iterations, so managed HAProxy processes outlive controller reinits; the deployer
 //! only calls [`ManagedHaproxy::ensure_started`] after writing the first valid render.
+//!
+//! Every start that comes up is a deployment of the files on disk. The supervisor
+//! numbers them and announces them on [`ManagedHaproxy::ready_events`]; the deployer
+//! [claims](ManagedHaproxy::claim_start) each one exactly once, whether its own
+//! `ensure_started` brought the process up or the supervisor restarted it on its own
+//! (after a crash, or a failed start that later succeeds).
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -131,6 +137,14 @@ impl LogBuffer {
     }
 }
 
+/// Starts of one supervised process that came up, and how many of them a deployment
+/// accounted for.
+#[derive(Debug, Default)]
+struct Starts {
+    ready: u64,
+    claimed: u64,
+}
+
 /// Restart backoff of a managed HAProxy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SupervisorConfig {
@@ -162,6 +176,7 @@ struct Supervised {
     config: InstanceConfig,
     state: watch::Receiver<ProcessState>,
     logs: LogBuffer,
+    starts: Arc<Mutex<Starts>>,
     cancel: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -171,6 +186,8 @@ struct Inner {
     config: SupervisorConfig,
     processes: tokio::sync::Mutex<HashMap<String, Supervised>>,
     stopped: CancellationToken,
+    /// Bumped whenever a start of any instance comes up.
+    ready: Arc<watch::Sender<u64>>,
 }
 
 /// Supervises the managed HAProxy processes of one controller process. Cheap to clone.
@@ -204,6 +221,7 @@ impl ManagedHaproxy {
                 config,
                 processes: tokio::sync::Mutex::new(HashMap::new()),
                 stopped: CancellationToken::new(),
+                ready: Arc::new(watch::channel(0).0),
             }),
         }
     }
@@ -269,6 +287,33 @@ impl ManagedHaproxy {
         processes.get(instance).map(|p| p.state.clone())
     }
 
+    /// A receiver that changes whenever a start of any supervised instance comes up
+    /// (its master answers with a worker). Use [`claim_start`](Self::claim_start) to
+    /// find out which.
+    pub fn ready_events(&self) -> watch::Receiver<u64> {
+        self.inner.ready.subscribe()
+    }
+
+    /// Claims the start of `instance` that is running now, unless it was claimed
+    /// before: returns the master's PID the first time it is asked about a start,
+    /// `None` when the instance is not running or its start is already accounted for.
+    /// Each start is thereby recorded as exactly one deployment.
+    pub async fn claim_start(&self, instance: &str) -> Option<u32> {
+        let processes = self.inner.processes.lock().await;
+        let supervised = processes.get(instance)?;
+        let mut starts = supervised.starts.lock().expect("starts lock");
+        // The supervisor bumps `ready` and publishes `Running` under this lock, so the
+        // two agree.
+        let ProcessState::Running { pid } = *supervised.state.borrow() else {
+            return None;
+        };
+        if starts.claimed >= starts.ready {
+            return None;
+        }
+        starts.claimed = starts.ready;
+        Some(pid)
+    }
+
     /// The output buffer of an instance's process, if supervised.
     pub async fn logs(&self, instance: &str) -> Option<LogBuffer> {
         let processes = self.inner.processes.lock().await;
@@ -307,14 +352,20 @@ impl ManagedHaproxy {
     fn spawn_supervisor(&self, instance: InstanceConfig) -> Supervised {
         let (tx, rx) = watch::channel(ProcessState::Starting);
         let logs = LogBuffer::default();
+        let starts = Arc::new(Mutex::new(Starts::default()));
         let cancel = self.inner.stopped.child_token();
         let span = tracing::info_span!("managed_haproxy", instance = %instance.name);
+        let reporter = Reporter {
+            state: tx,
+            starts: starts.clone(),
+            ready: self.inner.ready.clone(),
+        };
         let task = tokio::spawn(
             supervise(
                 self.inner.binary.clone(),
                 self.inner.config,
                 instance.clone(),
-                tx,
+                reporter,
                 logs.clone(),
                 cancel.clone(),
             )
@@ -324,9 +375,33 @@ impl ManagedHaproxy {
             config: instance,
             state: rx,
             logs,
+            starts,
             cancel,
             task,
         }
+    }
+}
+
+/// Publishes the state of one supervised process.
+struct Reporter {
+    state: watch::Sender<ProcessState>,
+    starts: Arc<Mutex<Starts>>,
+    ready: Arc<watch::Sender<u64>>,
+}
+
+impl Reporter {
+    fn send(&self, state: ProcessState) {
+        self.state.send_replace(state);
+    }
+
+    /// A start came up: count it, then tell the deployer.
+    fn running(&self, pid: u32) {
+        {
+            let mut starts = self.starts.lock().expect("starts lock");
+            starts.ready += 1;
+            self.state.send_replace(ProcessState::Running { pid });
+        }
+        self.ready.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
 
@@ -334,21 +409,21 @@ async fn supervise(
     binary: PathBuf,
     config: SupervisorConfig,
     instance: InstanceConfig,
-    state: watch::Sender<ProcessState>,
+    state: Reporter,
     logs: LogBuffer,
     cancel: CancellationToken,
 ) {
     let mut attempt: u32 = 0;
     loop {
-        state.send_replace(ProcessState::Starting);
+        state.send(ProcessState::Starting);
         let started = tokio::time::Instant::now();
-        let outcome = match spawn(&binary, &instance, &logs) {
+        let outcome = match spawn(&binary, &instance, &logs, &cancel) {
             Ok(child) => run_once(child, &instance, &config, &state, &cancel).await,
             Err(error) => Exit::Failed(format!("cannot run {}: {error}", binary.display())),
         };
         let reason = match outcome {
             Exit::Cancelled => {
-                state.send_replace(ProcessState::Stopped);
+                state.send(ProcessState::Stopped);
                 tracing::info!("Managed HAProxy stopped");
                 return;
             }
@@ -363,10 +438,10 @@ async fn supervise(
             .saturating_mul(1 << (attempt - 1).min(16))
             .min(config.max_backoff);
         tracing::warn!(%reason, attempt, ?delay, "Managed HAProxy exited; restarting");
-        state.send_replace(ProcessState::Restarting { attempt, reason });
+        state.send(ProcessState::Restarting { attempt, reason });
         tokio::select! {
             () = cancel.cancelled() => {
-                state.send_replace(ProcessState::Stopped);
+                state.send(ProcessState::Stopped);
                 return;
             }
             () = tokio::time::sleep(delay) => {}
@@ -379,7 +454,12 @@ enum Exit {
     Failed(String),
 }
 
-fn spawn(binary: &PathBuf, instance: &InstanceConfig, logs: &LogBuffer) -> std::io::Result<Child> {
+fn spawn(
+    binary: &PathBuf,
+    instance: &InstanceConfig,
+    logs: &LogBuffer,
+    stopping: &CancellationToken,
+) -> std::io::Result<Child> {
     let config_file = instance.config_dir.join("haproxy.cfg");
     let mut command = Command::new(binary);
     command
@@ -402,19 +482,25 @@ fn spawn(binary: &PathBuf, instance: &InstanceConfig, logs: &LogBuffer) -> std::
     let mut child = command.spawn()?;
     tracing::info!(pid = child.id(), config = %config_file.display(), "Started managed HAProxy");
     if let Some(stdout) = child.stdout.take() {
-        tokio::spawn(pump_lines(stdout, logs.clone()));
+        tokio::spawn(pump_lines(stdout, logs.clone(), stopping.clone()));
     }
     if let Some(stderr) = child.stderr.take() {
-        tokio::spawn(pump_lines(stderr, logs.clone()));
+        tokio::spawn(pump_lines(stderr, logs.clone(), stopping.clone()));
     }
     Ok(child)
 }
 
-async fn pump_lines(stream: impl AsyncRead + Unpin, logs: LogBuffer) {
+/// Forwards HAProxy's output to the log and the buffer. `stopping` is cancelled before
+/// hapwright terminates the process, so what HAProxy prints about being stopped (e.g.
+/// `[ALERT] ... Current worker (N) exited with code 143 (Terminated)`) is expected and
+/// logged at INFO; ALERT lines at any other time are warnings.
+async fn pump_lines(stream: impl AsyncRead + Unpin, logs: LogBuffer, stopping: CancellationToken) {
     let mut lines = BufReader::new(stream).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        if line.contains("[ALERT]") {
+        if line.contains("[ALERT]") && !stopping.is_cancelled() {
             tracing::warn!(target: "haproxy", "{line}");
+        } else if line.contains("[ALERT]") {
+            tracing::info!(target: "haproxy", stopping = true, "{line}");
         } else {
             tracing::debug!(target: "haproxy", "{line}");
         }
@@ -426,7 +512,7 @@ async fn run_once(
     mut child: Child,
     instance: &InstanceConfig,
     config: &SupervisorConfig,
-    state: &watch::Sender<ProcessState>,
+    state: &Reporter,
     cancel: &CancellationToken,
 ) -> Exit {
     let pid = child.id().unwrap_or_default();
@@ -461,7 +547,7 @@ async fn run_once(
             }
         }
     }
-    state.send_replace(ProcessState::Running { pid });
+    state.running(pid);
     tracing::info!(pid, "Managed HAProxy is ready");
     tokio::select! {
         () = cancel.cancelled() => terminate(child, config.stop_grace).await,
