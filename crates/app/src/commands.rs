@@ -1,5 +1,5 @@
-//! `hapwright check` and `hapwright render`: one-shot uses of the pipeline, without a
-//! bus, for CI and for looking at what a config produces.
+//! `hapwright check`, `hapwright render` and `hapwright test`: one-shot uses of the
+//! pipeline, without a bus, for CI and for looking at what a config produces.
 
 use std::path::{Path, PathBuf};
 
@@ -10,6 +10,7 @@ use hapwright_reconciler::renderer::Resources;
 use crate::build;
 use crate::config;
 use crate::run::exit;
+use crate::testing::{self, OutputFormat};
 
 fn print_errors(errors: &[Diagnostic]) {
     for error in errors {
@@ -114,6 +115,53 @@ pub async fn render(path: &Path, fixtures: Option<&Path>, out: Option<&Path>) ->
                 exit::FAILURE
             }
         },
+    }
+}
+
+/// `test -c FILE [--test NAME] [--output text|json]`: runs the config's
+/// `validationTests` (see [`testing`]) and prints the results. Exit 0 when every test
+/// passes, 1 when one fails or a template does not compile, 2 when the config file is
+/// invalid or `NAME` is not a test.
+pub async fn test(path: &Path, only: Option<&str>, output: OutputFormat) -> u8 {
+    let loaded = match config::load(path) {
+        Ok(loaded) => loaded,
+        Err(errors) => {
+            print_errors(&errors);
+            return exit::CONFIG;
+        }
+    };
+    let config = &loaded.config;
+    let cases = match testing::cases(config, only) {
+        Ok(cases) => cases,
+        Err(error) => {
+            eprintln!("{}: {error}", path.display());
+            return exit::CONFIG;
+        }
+    };
+    if cases.is_empty() {
+        eprintln!("{}: no validationTests to run", path.display());
+    }
+    let report = match testing::run(config, cases.clone(), testing::default_parallelism()).await {
+        Ok(report) => report,
+        Err(errors) => {
+            print_errors(&errors);
+            return exit::FAILURE;
+        }
+    };
+    match output {
+        OutputFormat::Text => print!("{}", testing::format_text(&report, &cases)),
+        OutputFormat::Json => match serde_json::to_string_pretty(&report) {
+            Ok(json) => println!("{json}"),
+            Err(error) => {
+                eprintln!("cannot write the JSON report: {error}");
+                return exit::FAILURE;
+            }
+        },
+    }
+    if report.all_passed() {
+        exit::OK
+    } else {
+        exit::FAILURE
     }
 }
 

@@ -10,3 +10,4 @@ pub mod run;
 pub mod status;
 pub mod status_page;
 pub mod telemetry;
+pub mod testing;

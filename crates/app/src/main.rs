@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use hapwright_app::testing::OutputFormat;
 use hapwright_app::{commands, run};
 
 /// Keeps HAProxy configured from live data: watches resources, renders `haproxy.cfg`
@@ -36,13 +37,27 @@ enum Command {
         /// The config file.
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
-        /// Read each watched resource from DIR/<name>/ instead of its source.
+        /// Read each watched resource from DIR/NAME/ (NAME: the watched resource) instead
+        /// of its source.
         #[arg(long, value_name = "DIR")]
         fixtures: Option<PathBuf>,
         /// Write haproxy.cfg, maps/, files/ and certs/ under DIR instead of printing
         /// haproxy.cfg.
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
+    },
+    /// Run the config file's validationTests (exit 0: all pass, 1: a test fails or a
+    /// template does not compile, 2: invalid config file or unknown test).
+    Test {
+        /// The config file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// Run only this test (`_global` is still merged into it).
+        #[arg(long, value_name = "NAME")]
+        test: Option<String>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
     },
     /// Print the version of hapwright.
     Version,
@@ -70,6 +85,11 @@ fn main() -> ExitCode {
             fixtures.as_deref(),
             out.as_deref(),
         )),
+        Command::Test {
+            config,
+            test,
+            output,
+        } => runtime().block_on(commands::test(&config, test.as_deref(), output)),
         Command::Version => {
             println!("hapwright {}", env!("CARGO_PKG_VERSION"));
             run::exit::OK

@@ -6,7 +6,7 @@
 //! compilation — while the old iteration keeps running. Only a valid one replaces it:
 //! the old kernel is cancelled within a deadline and a new one is built.
 //!
-//! What outlives iterations ([`Process`]): the metrics registry, the HTTP listeners
+//! What outlives iterations: the metrics registry, the HTTP listeners
 //! (rebound only when `controller.listen` or `metricsListen` change), the managed
 //! HAProxy processes, the status store and the last deployed state per instance — so
 //! an unchanged render after a reinit is a no-op, not a reload.

@@ -78,10 +78,11 @@ pub struct ValidationTest {
     /// Objects per watched resource name (`services: [ {apiVersion: v1, ...} ]`).
     #[serde(default)]
     pub fixtures: BTreeMap<String, Vec<Value>>,
-    /// Replaces the top-level `extraContext` for this test when set.
+    /// Merged over the top-level `extraContext` for this test (mappings recursively).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extra_context: Option<Value>,
     /// Checks on the render result, in order.
+    #[serde(default)]
     pub assertions: Vec<Assertion>,
 }
 
@@ -149,8 +150,9 @@ pub struct Assertion {
     /// Shown in test output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    /// The rendered file: `haproxy.cfg`, `maps/<name>`, `files/<name>`,
-    /// `certs/<name>`, or `rendering_error` (the render error text).
+    /// The rendered file: `haproxy.cfg`, `map:<name>`, `file:<name>`,
+    /// `cert:<name>` (or the paths `maps/<name>`, `files/<name>`, `certs/<name>`), or
+    /// `rendering_error` (the render error text).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
     /// A regex.
@@ -173,6 +175,18 @@ pub struct Assertion {
 
 /// Name of the assertion target that holds the render error text.
 pub const RENDERING_ERROR_TARGET: &str = "rendering_error";
+
+/// An assertion target as a path relative to the config directory. Targets may be
+/// written as paths (`maps/hosts.map`) or with a kind prefix (`map:hosts.map`,
+/// `file:503.http`, `cert:site.pem`); both name the same file.
+pub fn target_path(target: &str) -> String {
+    for (prefix, dir) in [("map:", "maps/"), ("file:", "files/"), ("cert:", "certs/")] {
+        if let Some(name) = target.strip_prefix(prefix) {
+            return format!("{dir}{name}");
+        }
+    }
+    target.to_owned()
+}
 
 impl Assertion {
     fn present(&self) -> [(&'static str, bool); 6] {
@@ -282,7 +296,8 @@ impl Config {
         let targets = self.rendered_paths();
         for (test_name, test) in &self.validation_tests {
             let at = format!("validationTests.{test_name}");
-            if test.assertions.is_empty() {
+            // `_global` may hold only fixtures: it is merged into every test.
+            if test.assertions.is_empty() && test_name != "_global" {
                 issues.push(ConfigIssue::new(
                     format!("{at}.assertions"),
                     "a test needs at least one assertion",
@@ -293,12 +308,14 @@ impl Config {
                 issues.extend(assertion.validate().into_iter().map(|i| i.under(&at)));
                 if let Some(target) = &assertion.target
                     && target != RENDERING_ERROR_TARGET
-                    && !targets.contains(target)
+                    && !targets.contains(&target_path(target))
                 {
                     issues.push(ConfigIssue::new(
                         format!("{at}.target"),
                         format!(
-                            "`{target}` is not a rendered file (one of: {}, {RENDERING_ERROR_TARGET})",
+                            "`{target}` is not a rendered file (one of: {}, {RENDERING_ERROR_TARGET}; \
+                             maps, files and certificates may also be written `map:<name>`, \
+                             `file:<name>`, `cert:<name>`)",
                             targets.join(", ")
                         ),
                     ));
@@ -339,6 +356,20 @@ impl Default for Debounce {
             debounce: Duration::from_millis(200),
             max_wait: Duration::from_secs(2),
         }
+    }
+}
+
+#[cfg(test)]
+mod target_tests {
+    use super::*;
+
+    #[test]
+    fn kind_prefixed_targets_name_the_same_files() {
+        assert_eq!(target_path("map:hosts.map"), "maps/hosts.map");
+        assert_eq!(target_path("file:503.http"), "files/503.http");
+        assert_eq!(target_path("cert:site.pem"), "certs/site.pem");
+        assert_eq!(target_path("maps/hosts.map"), "maps/hosts.map");
+        assert_eq!(target_path("haproxy.cfg"), "haproxy.cfg");
     }
 }
 

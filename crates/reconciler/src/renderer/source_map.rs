@@ -3,13 +3,13 @@
 //!
 //! # Approach: line markers
 //!
-//! When the config loads, every template is *instrumented* ([`super::scan`]): at the
+//! When the config loads, every template is *instrumented* (see the `scan` module): at the
 //! first piece of content of each template line — the first non-blank character of
 //! template data, or a `{{ }}` tag — an invisible marker is inserted that names the
 //! template and the line. Markers are template data, so minijinja emits them exactly
 //! when it emits that line's content: once per loop iteration, inside `include`d
 //! snippets and `render_glob` snippets with *their* names and lines, never for a
-//! branch that was not taken. After rendering, [`strip`] removes the markers in one
+//! branch that was not taken. After rendering, `strip` removes the markers in one
 //! pass and records, for each output line, the first marker found on it.
 //!
 //! A marker is a run of Unicode *noncharacters* (U+FDD0–U+FDEF), which the Unicode
