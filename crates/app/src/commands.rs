@@ -12,7 +12,8 @@ use crate::config;
 use crate::run::exit;
 use crate::testing::{self, OutputFormat};
 
-fn print_errors(errors: &[Diagnostic]) {
+/// Prints diagnostics to stderr, one per line, each followed by its source line.
+pub(crate) fn print_errors(errors: &[Diagnostic]) {
     for error in errors {
         eprintln!("{error}");
         if let Some(line) = &error.source_line {
@@ -21,15 +22,20 @@ fn print_errors(errors: &[Diagnostic]) {
     }
 }
 
+/// Loads the config file, or prints its errors and returns the config-error exit code.
+fn load(path: &Path) -> Result<config::Loaded, u8> {
+    config::load(path).map_err(|errors| {
+        print_errors(&errors);
+        exit::CONFIG
+    })
+}
+
 /// `check -c FILE`: the config file is valid (exit 2 otherwise) and every template
 /// compiles with its references resolved (exit 1 otherwise).
 pub fn check(path: &Path) -> u8 {
-    let loaded = match config::load(path) {
+    let loaded = match load(path) {
         Ok(loaded) => loaded,
-        Err(errors) => {
-            print_errors(&errors);
-            return exit::CONFIG;
-        }
+        Err(code) => return code,
     };
     match build::renderer(&loaded.config) {
         Ok(_) => {
@@ -57,12 +63,9 @@ pub fn check(path: &Path) -> u8 {
 /// sources or from fixtures, then both validation phases. Prints `haproxy.cfg`, or
 /// writes the whole layout under `out`.
 pub async fn render(path: &Path, fixtures: Option<&Path>, out: Option<&Path>) -> u8 {
-    let loaded = match config::load(path) {
+    let loaded = match load(path) {
         Ok(loaded) => loaded,
-        Err(errors) => {
-            print_errors(&errors);
-            return exit::CONFIG;
-        }
+        Err(code) => return code,
     };
     let config = &loaded.config;
     let renderer = match build::renderer(config) {
@@ -123,12 +126,9 @@ pub async fn render(path: &Path, fixtures: Option<&Path>, out: Option<&Path>) ->
 /// passes, 1 when one fails or a template does not compile, 2 when the config file is
 /// invalid or `NAME` is not a test.
 pub async fn test(path: &Path, only: Option<&str>, output: OutputFormat) -> u8 {
-    let loaded = match config::load(path) {
+    let loaded = match load(path) {
         Ok(loaded) => loaded,
-        Err(errors) => {
-            print_errors(&errors);
-            return exit::CONFIG;
-        }
+        Err(code) => return code,
     };
     let config = &loaded.config;
     let cases = match testing::cases(config, only) {

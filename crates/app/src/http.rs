@@ -8,14 +8,13 @@
 //! objects is hidden.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
-use hapwright_eventbus::model::{ContentHash, FileKind};
+use hapwright_eventbus::model::{ContentHash, FileKind, StoredObject};
 use hapwright_eventbus::{CorrelationId, ReloadSource};
 use prometheus::{Encoder, Registry, TextEncoder};
 use serde::Deserialize;
@@ -322,8 +321,8 @@ pub fn redact_pem(text: &str) -> String {
 }
 
 /// Hides the values of `data` and `stringData` in Kubernetes Secret objects.
-pub fn redact_secret(object: &Arc<Value>) -> Value {
-    let mut value = (**object).clone();
+pub fn redact_secret(object: &StoredObject) -> Value {
+    let mut value = object.parse();
     if value.get("kind").and_then(Value::as_str) == Some("Secret") {
         for field in ["data", "stringData"] {
             if let Some(Value::Object(map)) = value.get_mut(field) {

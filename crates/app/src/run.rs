@@ -34,6 +34,7 @@ use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::build;
+use crate::commands::print_errors;
 use crate::config::{self, ConfigWatcher, Loaded};
 use crate::http::{self, HttpServer, HttpState, ReloadHandle};
 use crate::status::{ConfigStatus, EventLog, StatusMetrics, StatusRecorder, StatusStore};
@@ -241,15 +242,6 @@ fn config_status(loaded: &Loaded) -> ConfigStatus {
         last_reload_successful: true,
         errors: Vec::new(),
         effective: serde_json::to_value(&loaded.config).unwrap_or(serde_json::Value::Null),
-    }
-}
-
-fn print_errors(errors: &[Diagnostic]) {
-    for error in errors {
-        eprintln!("{error}");
-        if let Some(line) = &error.source_line {
-            eprintln!("    | {line}");
-        }
     }
 }
 

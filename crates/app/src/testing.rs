@@ -30,7 +30,9 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use hapwright_deployer::validator::{self, Rejection};
-use hapwright_eventbus::model::{Diagnostic, ObjectKey, RenderedConfig, ResourceSnapshot};
+use hapwright_eventbus::model::{
+    Diagnostic, ObjectKey, RenderedConfig, ResourceSnapshot, StoredObject,
+};
 use hapwright_reconciler::config::{
     Assertion, AssertionType, RENDERING_ERROR_TARGET, ValidationTest,
 };
@@ -274,11 +276,11 @@ pub fn load_fixtures(config: &Config, case: &TestCase) -> Result<Fixtures, Vec<S
     for (name, resource) in watched {
         let mut snapshot = ResourceSnapshot::new(resource.index_by.clone());
         for (key, object) in objects.remove(name.as_str()).unwrap_or_default() {
-            snapshot.upsert(key, object);
+            snapshot.upsert(key, &object);
         }
         lists.insert(
             name.clone(),
-            Value::Array(snapshot.list().map(|o| Value::clone(o)).collect()),
+            Value::Array(snapshot.list().map(StoredObject::parse).collect()),
         );
         resources.update(&Arc::from(name.as_str()), Arc::new(snapshot), None);
     }

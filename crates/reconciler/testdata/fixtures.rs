@@ -63,7 +63,7 @@ fn snapshot(index_by: &[&str], objects: impl IntoIterator<Item = Value>) -> Arc<
             object["metadata"]["namespace"].as_str().unwrap_or_default(),
             object["metadata"]["name"].as_str().unwrap_or_default(),
         );
-        snap.upsert(key, Arc::new(object));
+        snap.upsert(key, &object);
     }
     Arc::new(snap)
 }

@@ -31,13 +31,12 @@ use std::time::SystemTime;
 
 use hapwright_eventbus::config::{ByteSize, ConfigIssue};
 use hapwright_eventbus::model::{
-    ContentHash, Diagnostic, FieldPath, ObjectKey, ResourceChange, ResourceSnapshot,
+    ContentHash, Diagnostic, FieldPath, IndexedObject, ObjectKey, ResourceChange, ResourceSnapshot,
     SourceLocation, UpsertOutcome,
 };
 use hapwright_eventbus::{
     Component, ComponentError, Context, ResourceIndexUpdated, ResourceSyncComplete,
 };
-use serde_json::Value;
 use tracing::Instrument;
 
 use crate::config::{FilesConfig, WatchedResource};
@@ -103,8 +102,8 @@ struct FileEntry {
     stamp: Option<Stamp>,
     /// Hash of the last content read (good or bad).
     hash: Option<ContentHash>,
-    /// Last good objects.
-    objects: BTreeMap<ObjectKey, Arc<Value>>,
+    /// Last good objects, serialized and indexed (shared with the snapshot).
+    objects: BTreeMap<ObjectKey, IndexedObject>,
     /// Why the content with `hash` was rejected.
     parse_error: Option<Diagnostic>,
     /// Why the file could not be read at the last attempt.
@@ -119,7 +118,7 @@ impl FileEntry {
 
 enum Refresh {
     Unchanged,
-    Replaced(BTreeMap<ObjectKey, Arc<Value>>, Vec<Diagnostic>),
+    Replaced(BTreeMap<ObjectKey, IndexedObject>, Vec<Diagnostic>),
     Vanished,
 }
 
@@ -128,6 +127,8 @@ struct ReadContext<'a> {
     max_file_size: u64,
     filter: &'a Filter,
     limits: &'a Limits,
+    /// The snapshot's `indexBy` paths: objects are indexed where they are parsed.
+    index_by: &'a [FieldPath],
 }
 
 /// The synchronous core of the files source: keeps every file's last good objects,
@@ -236,6 +237,7 @@ impl Scanner {
             max_file_size: self.max_file_size.bytes(),
             filter: &self.filter,
             limits: &self.limits,
+            index_by: self.snapshot.index_by(),
         };
         for (name, path) in listing {
             self.files.entry(name).or_insert_with(|| FileEntry {
@@ -312,7 +314,7 @@ impl Scanner {
                 self.files[first].objects.get(&key).cloned()
             });
             match winner {
-                Some(object) => match self.snapshot.upsert(key.clone(), object) {
+                Some(object) => match self.snapshot.upsert_indexed(key.clone(), object) {
                     Some(UpsertOutcome::Added) => report.change.added.push(key),
                     Some(UpsertOutcome::Modified) => report.change.modified.push(key),
                     None => {}
@@ -491,7 +493,14 @@ fn refresh(entry: &mut FileEntry, mode: ScanMode, context: &ReadContext<'_>) -> 
             for warning in &parsed.warnings {
                 tracing::warn!(file = %entry.display, warning = %warning, "Duplicate object in manifest file");
             }
-            Refresh::Replaced(parsed.objects, parsed.warnings)
+            // Only the compact JSON text is kept: a parsed value costs several times
+            // its size in heap.
+            let objects = parsed
+                .objects
+                .into_iter()
+                .map(|(key, value)| (key, IndexedObject::new(&value, context.index_by)))
+                .collect();
+            Refresh::Replaced(objects, parsed.warnings)
         }
         Err(error) => {
             tracing::warn!(file = %entry.display, %error, "Manifest file rejected; keeping its last good objects");

@@ -109,8 +109,9 @@ pub fn parse(
     Ok(manifest)
 }
 
-/// Drops the spare capacity parsing left in strings, arrays and maps: stored objects
-/// live as long as their file is unchanged, so the slack would be held for good.
+/// Drops the spare capacity parsing left in strings, arrays and maps, for callers that
+/// keep the parsed values. (The files source does not: it serializes each object to
+/// its compact JSON text and drops the value, so this matters only to others.)
 fn compact(value: &mut Value) {
     match value {
         Value::String(text) => text.shrink_to_fit(),

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_eventbus::config::{ByteSize, Duration as ConfigDuration};
-use hapwright_eventbus::model::{FieldPath, ObjectKey, ResourceChange, ResourceSnapshot};
+use hapwright_eventbus::model::{
+    FieldPath, ObjectKey, ResourceChange, ResourceSnapshot, StoredObject,
+};
 use hapwright_eventbus::{
     Bus, BusConfig, BusMetrics, EventKind, EventPayload, HealthState, Kernel, RunningKernel,
     Subscription,
@@ -18,7 +20,6 @@ use hapwright_watchers::config::{FilesConfig, WatchedResource};
 use hapwright_watchers::files::{ScanMode, Scanner};
 use hapwright_watchers::manifest::Filter;
 use hapwright_watchers::yaml::Limits;
-use serde_json::Value;
 use tokio::time::timeout;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -146,7 +147,7 @@ fn key(name: &str) -> ObjectKey {
 fn port(snapshot: &ResourceSnapshot, name: &str) -> Option<u64> {
     snapshot
         .get_by_key(&key(name))
-        .and_then(|o| o["spec"]["port"].as_u64())
+        .and_then(|o| o.parse()["spec"]["port"].as_u64())
 }
 
 fn write(dir: &Path, name: &str, content: &str) -> PathBuf {
@@ -685,10 +686,10 @@ async fn index_by_escaped_label_paths_and_several_keys() {
     .unwrap();
     let mut h = Harness::start(FilesSource::new("endpoints", &resource).unwrap());
     let (snapshot, _) = h.synced().await;
-    let names = |objects: Vec<&Arc<Value>>| -> Vec<String> {
+    let names = |objects: Vec<&StoredObject>| -> Vec<String> {
         objects
             .iter()
-            .map(|o| o["metadata"]["name"].as_str().unwrap().to_owned())
+            .map(|o| o.parse()["metadata"]["name"].as_str().unwrap().to_owned())
             .collect()
     };
     assert_eq!(snapshot.len(), 5, "the Service was filtered out by kind");
@@ -708,7 +709,7 @@ async fn index_by_escaped_label_paths_and_several_keys() {
         "two objects: not exactly one"
     );
     assert!(snapshot.get(&["b", "api"]).unwrap().is_none());
-    let web = snapshot.get(&["b", "web"]).unwrap().unwrap();
+    let web = snapshot.get(&["b", "web"]).unwrap().unwrap().parse();
     assert!(
         web["metadata"]["labels"].get("x").is_none(),
         "ignoreFields stripped"

@@ -1,5 +1,6 @@
 //! The HTTP surface over a real socket.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_eventbus::model::{
@@ -160,9 +161,7 @@ async fn resources_are_listed_with_secret_data_hidden() {
     let mut snapshot = ResourceSnapshot::new(vec![]);
     snapshot.upsert(
         ObjectKey::new("default", "tls"),
-        Arc::new(
-            json!({"kind": "Secret", "metadata": {"name": "tls"}, "data": {"tls.key": "c2VjcmV0"}}),
-        ),
+        &json!({"kind": "Secret", "metadata": {"name": "tls"}, "data": {"tls.key": "c2VjcmV0"}}),
     );
     h.store.apply(
         &event(

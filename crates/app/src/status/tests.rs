@@ -269,10 +269,7 @@ fn resource_counts_are_exported_per_source() {
     let store = StatusStore::default();
     let mut snapshot = ResourceSnapshot::new(vec![]);
     for name in ["a", "b", "c"] {
-        snapshot.upsert(
-            ObjectKey::new("default", name),
-            Arc::new(serde_json::json!({})),
-        );
+        snapshot.upsert(ObjectKey::new("default", name), &serde_json::json!({}));
     }
     store.apply(
         &event(

@@ -7,12 +7,14 @@
 
 mod deploy;
 mod diagnostic;
+mod object;
 mod path;
 mod rendered;
 mod snapshot;
 
 pub use deploy::{DeployReason, DeployStrategy, InstanceDriver, InstanceRef, ReloadReason};
 pub use diagnostic::{Diagnostic, Severity, SourceLocation};
+pub use object::{IndexedObject, StoredObject};
 pub use path::{FieldPath, FieldPathError};
 pub use rendered::{ContentHash, FileKind, LineOrigin, RenderedConfig, RenderedFileRef, SourceMap};
 pub use snapshot::{LookupError, ObjectKey, ResourceChange, ResourceSnapshot, UpsertOutcome};

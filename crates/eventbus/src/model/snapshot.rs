@@ -8,6 +8,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::FieldPath;
+use super::{IndexedObject, StoredObject};
 
 /// Identity of a stored object: its namespace and name. Objects without a namespace
 /// (cluster-scoped Kubernetes kinds) use the empty string as namespace.
@@ -83,12 +84,6 @@ pub enum LookupError {
     },
 }
 
-#[derive(Clone, Debug)]
-struct Stored {
-    object: Arc<Value>,
-    index_key: Arc<[String]>,
-}
-
 /// The objects of one watched resource at one moment, with their `indexBy` index.
 ///
 /// The snapshot is a persistent structure (`imbl` B-trees): cloning is O(1) and shares
@@ -96,10 +91,14 @@ struct Stored {
 /// O(log n) and copy only the touched path. A source keeps its latest snapshot, clones
 /// it, applies a change and publishes the result; earlier snapshots stay valid and
 /// unchanged for whoever still holds them.
+///
+/// Objects are stored as their compact JSON text ([`StoredObject`]), with the
+/// `indexBy` values computed once at [`upsert`](Self::upsert) time; consumers
+/// deserialize the text into the form they work with.
 #[derive(Clone)]
 pub struct ResourceSnapshot {
     index_by: Arc<[FieldPath]>,
-    objects: OrdMap<ObjectKey, Stored>,
+    objects: OrdMap<ObjectKey, IndexedObject>,
     /// One ordered set over (index values, object key): prefix lookups are a range
     /// scan, and an object costs one small entry instead of a bucket of its own.
     index: OrdSet<(Arc<[String]>, ObjectKey)>,
@@ -151,16 +150,32 @@ impl ResourceSnapshot {
         self.objects.is_empty()
     }
 
-    /// Inserts or replaces an object. Returns `None` when an identical object was
-    /// already stored (nothing changed), otherwise whether it was added or modified.
-    pub fn upsert(&mut self, key: ObjectKey, object: Arc<Value>) -> Option<UpsertOutcome> {
-        let index_key: Arc<[String]> = self
-            .index_by
-            .iter()
-            .map(|path| path.index_value(&object))
-            .collect();
+    /// Inserts or replaces an object (serialized and indexed here). Returns `None`
+    /// when an identical object was already stored (nothing changed), otherwise
+    /// whether it was added or modified.
+    pub fn upsert(&mut self, key: ObjectKey, object: &Value) -> Option<UpsertOutcome> {
+        let indexed = IndexedObject::new(object, &self.index_by);
+        self.upsert_indexed(key, indexed)
+    }
+
+    /// [`upsert`](Self::upsert) of an object already serialized and indexed, with
+    /// [`IndexedObject::new`] over this snapshot's [`index_by`](Self::index_by) paths.
+    pub fn upsert_indexed(
+        &mut self,
+        key: ObjectKey,
+        object: IndexedObject,
+    ) -> Option<UpsertOutcome> {
+        debug_assert_eq!(
+            object.index_key.len(),
+            self.index_by.len(),
+            "indexed with other indexBy paths"
+        );
+        let IndexedObject {
+            object: stored,
+            index_key,
+        } = object;
         let outcome = match self.objects.get(&key) {
-            Some(old) if old.object == object => return None,
+            Some(old) if old.object == stored => return None,
             Some(old) => {
                 if old.index_key != index_key {
                     self.index.remove(&(old.index_key.clone(), key.clone()));
@@ -173,38 +188,55 @@ impl ResourceSnapshot {
                 UpsertOutcome::Added
             }
         };
-        self.objects.insert(key, Stored { object, index_key });
+        self.objects.insert(
+            key,
+            IndexedObject {
+                object: stored,
+                index_key,
+            },
+        );
         Some(outcome)
     }
 
     /// Removes an object; returns it when it was present.
-    pub fn remove(&mut self, key: &ObjectKey) -> Option<Arc<Value>> {
+    pub fn remove(&mut self, key: &ObjectKey) -> Option<StoredObject> {
         let stored = self.objects.remove(key)?;
         self.index.remove(&(stored.index_key, key.clone()));
         Some(stored.object)
     }
 
     /// The object stored under `key`.
-    pub fn get_by_key(&self, key: &ObjectKey) -> Option<&Arc<Value>> {
+    pub fn get_by_key(&self, key: &ObjectKey) -> Option<&StoredObject> {
         self.objects.get(key).map(|stored| &stored.object)
     }
 
     /// Every object with its key, in key order (namespace, then name).
-    pub fn iter(&self) -> impl Iterator<Item = (&ObjectKey, &Arc<Value>)> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = (&ObjectKey, &StoredObject)> + '_ {
         self.objects
             .iter()
             .map(|(key, stored)| (key, &stored.object))
     }
 
     /// Every object, in key order.
-    pub fn list(&self) -> impl Iterator<Item = &Arc<Value>> + '_ {
+    pub fn list(&self) -> impl Iterator<Item = &StoredObject> + '_ {
         self.objects.values().map(|stored| &stored.object)
+    }
+
+    /// Every object with its `indexBy` values and key, in index order (index values,
+    /// then key: the order of [`fetch`](Self::fetch)).
+    pub fn iter_indexed(
+        &self,
+    ) -> impl Iterator<Item = (&[String], &ObjectKey, &StoredObject)> + '_ {
+        self.index.iter().filter_map(|(index_key, key)| {
+            self.get_by_key(key)
+                .map(|object| (index_key.as_ref(), key, object))
+        })
     }
 
     /// Objects whose leading index values equal `keys`, ordered by index values and
     /// then by object key. With no keys, every object in index order. Costs
     /// O(log n + matches).
-    pub fn fetch<S: AsRef<str>>(&self, keys: &[S]) -> Result<Vec<&Arc<Value>>, LookupError> {
+    pub fn fetch<S: AsRef<str>>(&self, keys: &[S]) -> Result<Vec<&StoredObject>, LookupError> {
         if keys.len() > self.index_by.len() {
             return Err(LookupError::TooManyKeys {
                 given: keys.len(),
@@ -224,7 +256,7 @@ impl ResourceSnapshot {
 
     /// The single object whose leading index values equal `keys`, `None` when there is
     /// none, and an error when there are several.
-    pub fn get<S: AsRef<str>>(&self, keys: &[S]) -> Result<Option<&Arc<Value>>, LookupError> {
+    pub fn get<S: AsRef<str>>(&self, keys: &[S]) -> Result<Option<&StoredObject>, LookupError> {
         let mut found = self.fetch(keys)?;
         match found.len() {
             0 => Ok(None),
@@ -251,12 +283,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn slice(ns: &str, name: &str, service: Option<&str>) -> Arc<Value> {
+    fn slice(ns: &str, name: &str, service: Option<&str>) -> Value {
         let mut labels = serde_json::Map::new();
         if let Some(service) = service {
             labels.insert("kubernetes.io/service-name".into(), json!(service));
         }
-        Arc::new(json!({"metadata": {"namespace": ns, "name": name, "labels": labels}}))
+        json!({"metadata": {"namespace": ns, "name": name, "labels": labels}})
     }
 
     fn by_service() -> ResourceSnapshot {
@@ -266,10 +298,10 @@ mod tests {
         ])
     }
 
-    fn names(values: Vec<&Arc<Value>>) -> Vec<String> {
+    fn names(values: Vec<&StoredObject>) -> Vec<String> {
         values
             .into_iter()
-            .map(|v| v["metadata"]["name"].as_str().unwrap().to_owned())
+            .map(|v| v.parse()["metadata"]["name"].as_str().unwrap().to_owned())
             .collect()
     }
 
@@ -278,19 +310,19 @@ mod tests {
         let mut snap = by_service();
         snap.upsert(
             ObjectKey::new("a", "web-1"),
-            slice("a", "web-1", Some("web")),
+            &slice("a", "web-1", Some("web")),
         );
         snap.upsert(
             ObjectKey::new("a", "web-2"),
-            slice("a", "web-2", Some("web")),
+            &slice("a", "web-2", Some("web")),
         );
         snap.upsert(
             ObjectKey::new("a", "api-1"),
-            slice("a", "api-1", Some("api")),
+            &slice("a", "api-1", Some("api")),
         );
         snap.upsert(
             ObjectKey::new("b", "web-1"),
-            slice("b", "web-1", Some("web")),
+            &slice("b", "web-1", Some("web")),
         );
 
         assert_eq!(
@@ -324,15 +356,15 @@ mod tests {
     #[test]
     fn a_prefix_key_does_not_match_longer_values() {
         let mut snap = by_service();
-        snap.upsert(ObjectKey::new("a", "1"), slice("a", "1", Some("web")));
-        snap.upsert(ObjectKey::new("ab", "2"), slice("ab", "2", Some("web")));
+        snap.upsert(ObjectKey::new("a", "1"), &slice("a", "1", Some("web")));
+        snap.upsert(ObjectKey::new("ab", "2"), &slice("ab", "2", Some("web")));
         assert_eq!(names(snap.fetch(&["a"]).unwrap()), ["1"]);
     }
 
     #[test]
     fn objects_missing_an_index_path_are_indexed_under_empty_value() {
         let mut snap = by_service();
-        snap.upsert(ObjectKey::new("a", "orphan"), slice("a", "orphan", None));
+        snap.upsert(ObjectKey::new("a", "orphan"), &slice("a", "orphan", None));
         assert_eq!(names(snap.fetch(&["a", ""]).unwrap()), ["orphan"]);
         assert_eq!(snap.len(), 1);
     }
@@ -342,12 +374,15 @@ mod tests {
         let mut snap = by_service();
         let key = ObjectKey::new("a", "s");
         assert_eq!(
-            snap.upsert(key.clone(), slice("a", "s", Some("web"))),
+            snap.upsert(key.clone(), &slice("a", "s", Some("web"))),
             Some(UpsertOutcome::Added)
         );
-        assert_eq!(snap.upsert(key.clone(), slice("a", "s", Some("web"))), None);
         assert_eq!(
-            snap.upsert(key.clone(), slice("a", "s", Some("api"))),
+            snap.upsert(key.clone(), &slice("a", "s", Some("web"))),
+            None
+        );
+        assert_eq!(
+            snap.upsert(key.clone(), &slice("a", "s", Some("api"))),
             Some(UpsertOutcome::Modified)
         );
         assert!(snap.fetch(&["a", "web"]).unwrap().is_empty());
@@ -361,9 +396,9 @@ mod tests {
     #[test]
     fn earlier_snapshots_are_unchanged_by_later_updates() {
         let mut first = by_service();
-        first.upsert(ObjectKey::new("a", "1"), slice("a", "1", Some("web")));
+        first.upsert(ObjectKey::new("a", "1"), &slice("a", "1", Some("web")));
         let mut second = first.clone();
-        second.upsert(ObjectKey::new("a", "2"), slice("a", "2", Some("web")));
+        second.upsert(ObjectKey::new("a", "2"), &slice("a", "2", Some("web")));
         second.remove(&ObjectKey::new("a", "1"));
         assert_eq!(names(first.list().collect()), ["1"]);
         assert_eq!(names(second.list().collect()), ["2"]);
@@ -381,17 +416,19 @@ mod tests {
                 if remove {
                     snap.remove(&key);
                 } else {
-                    snap.upsert(key, slice("ns", &format!("o{name}"), Some(&format!("s{service}"))));
+                    snap.upsert(key, &slice("ns", &format!("o{name}"), Some(&format!("s{service}"))));
                 }
             }
             for service in 0..3 {
                 let wanted = format!("s{service}");
-                let scanned: Vec<&Arc<Value>> = snap
+                let scanned: Vec<&StoredObject> = snap
                     .list()
-                    .filter(|v| v["metadata"]["labels"]["kubernetes.io/service-name"] == wanted.as_str())
+                    .filter(|v| v.parse()["metadata"]["labels"]["kubernetes.io/service-name"] == wanted.as_str())
                     .collect();
                 proptest::prop_assert_eq!(snap.fetch(&["ns", wanted.as_str()]).unwrap(), scanned);
             }
+            let in_index_order: Vec<&StoredObject> = snap.iter_indexed().map(|(_, _, o)| o).collect();
+            proptest::prop_assert_eq!(snap.fetch::<&str>(&[]).unwrap(), in_index_order);
         }
     }
 }

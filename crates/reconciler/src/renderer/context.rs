@@ -3,37 +3,39 @@
 //!
 //! Resource objects are converted to template values **once per change**, not once
 //! per render: [`Resources::update`] converts only the objects a
-//! `ResourceIndexUpdated` added or modified and keeps the values of the others. The
-//! cache is keyed by the address of the snapshot's `Arc<serde_json::Value>`; the cache
-//! holds a clone of that `Arc`, so the address stays unique for as long as the entry
-//! exists. A lookup that misses (a change report that left something out) converts on
-//! the spot, so the values are always right, only slower.
+//! `ResourceIndexUpdated` added or modified and keeps the values of the others. A
+//! conversion deserializes the snapshot's stored JSON text straight into a template
+//! value. The cache is keyed by the address of the stored text
+//! ([`StoredObject::address`]); the cache holds a clone of the object, so the address
+//! stays unique for as long as the entry exists. A lookup that misses (a change
+//! report that left something out) converts on the spot, so the values are always
+//! right, only slower.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use hapwright_eventbus::model::{ObjectKey, ResourceChange, ResourceSnapshot};
+use hapwright_eventbus::model::{ResourceChange, ResourceSnapshot, StoredObject};
 use minijinja::value::{Enumerator, Object, ObjectRepr, Value};
 use minijinja::{Error, ErrorKind, State};
 
-type JsonValue = serde_json::Value;
-
 /// The address of a stored object, the key of the conversion cache.
-fn address(object: &Arc<JsonValue>) -> usize {
-    Arc::as_ptr(object) as usize
+fn address(object: &StoredObject) -> usize {
+    object.address()
 }
 
-/// Converts one JSON value into a template value.
-pub(crate) fn to_value(object: &JsonValue) -> Value {
-    Value::from(minijinja::value::Serde(object))
+/// Converts one stored object into a template value, straight from its JSON text.
+pub(crate) fn to_value(object: &StoredObject) -> Value {
+    object
+        .deserialize::<Value>()
+        .expect("a stored object is valid JSON")
 }
 
 #[derive(Clone)]
 struct Converted {
     /// Keeps the address alive (and so unique) while the entry exists.
-    _object: Arc<JsonValue>,
+    _object: StoredObject,
     value: Value,
 }
 
@@ -198,7 +200,7 @@ impl ResourceStore {
         self.len() == 0
     }
 
-    fn value_of(&self, object: &Arc<JsonValue>) -> Value {
+    fn value_of(&self, object: &StoredObject) -> Value {
         match self.values.get(&address(object)) {
             Some(converted) => converted.value.clone(),
             None => to_value(object),
@@ -300,22 +302,14 @@ impl ResourceStore {
     }
 
     fn build_lookup(&self, snapshot: &ResourceSnapshot) -> Lookup {
-        let paths = snapshot.index_by();
-        let mut rows: Vec<(Vec<String>, &ObjectKey, &Arc<JsonValue>)> = snapshot
-            .iter()
-            .map(|(key, object)| {
-                let index: Vec<String> = paths.iter().map(|p| p.index_value(object)).collect();
-                (index, key, object)
-            })
-            .collect();
-        // The snapshot's fetch order: index values, then object key.
-        rows.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+        // The snapshot's index order (index values, then object key) is its fetch
+        // order, and the index values were computed when the objects were stored.
         let mut root = NodeBuilder::default();
-        for (index, _, object) in rows {
+        for (index, _, object) in snapshot.iter_indexed() {
             let value = self.value_of(object);
             let mut node = &mut root;
             for key in index {
-                node = node.children.entry(key.into_boxed_str()).or_default();
+                node = node.children.entry(Box::from(key.as_str())).or_default();
                 node.objects.push(value.clone());
             }
         }

@@ -88,7 +88,7 @@ pub fn snapshot(name: &str) -> Arc<ResourceSnapshot> {
     let mut snap = ResourceSnapshot::new(Vec::new());
     snap.upsert(
         ObjectKey::new("default", name),
-        Arc::new(serde_json::json!({"metadata": {"namespace": "default", "name": name}})),
+        &serde_json::json!({"metadata": {"namespace": "default", "name": name}}),
     );
     Arc::new(snap)
 }
