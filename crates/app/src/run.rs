@@ -252,34 +252,93 @@ struct Listeners {
 }
 
 impl Listeners {
+    /// Makes the listeners serve `listen` and `metrics_listen`, binding the new
+    /// address before letting go of the old one, so a failure leaves the current
+    /// listeners as they were. (When the new address cannot be bound while the old
+    /// one holds the port, e.g. `0.0.0.0:9400` replacing `127.0.0.1:9400`, the old one
+    /// is released first and restored if the new bind still fails.)
     async fn ensure(
         &mut self,
         state: &HttpState,
         listen: SocketAddr,
         metrics_listen: Option<SocketAddr>,
     ) -> std::io::Result<()> {
-        if self.main.as_ref().map(|(addr, _)| *addr) != Some(listen) {
-            if let Some((_, old)) = self.main.take() {
-                old.shutdown().await;
+        let main = rebind(self.main.take(), Some(listen), || {
+            http::router(state.clone())
+        })
+        .await;
+        let main = match main {
+            Ok(main) => main,
+            Err((old, error)) => {
+                self.main = old;
+                return Err(error);
             }
-            let server = HttpServer::bind(listen, http::router(state.clone())).await?;
-            self.main = Some((listen, server));
+        };
+        self.main = main;
+        let metrics = rebind(self.metrics.take(), metrics_listen, || {
+            http::metrics_router(state.clone())
+        })
+        .await;
+        match metrics {
+            Ok(metrics) => {
+                self.metrics = metrics;
+                Ok(())
+            }
+            Err((old, error)) => {
+                self.metrics = old;
+                Err(error)
+            }
         }
-        if self.metrics.as_ref().map(|(addr, _)| *addr) != metrics_listen {
-            if let Some((_, old)) = self.metrics.take() {
-                old.shutdown().await;
-            }
-            if let Some(addr) = metrics_listen {
-                let server = HttpServer::bind(addr, http::metrics_router(state.clone())).await?;
-                self.metrics = Some((addr, server));
-            }
-        }
-        Ok(())
     }
 
     async fn shutdown(self) {
         for (_, server) in self.main.into_iter().chain(self.metrics) {
             server.shutdown().await;
+        }
+    }
+}
+
+type Bound = Option<(SocketAddr, HttpServer)>;
+
+/// Moves one listener from `current` to `wanted` (`None`: no listener). On failure
+/// returns the listener that is still serving (the old one) with the error.
+async fn rebind(
+    current: Bound,
+    wanted: Option<SocketAddr>,
+    router: impl Fn() -> axum::Router,
+) -> Result<Bound, (Bound, std::io::Error)> {
+    if current.as_ref().map(|(addr, _)| *addr) == wanted {
+        return Ok(current);
+    }
+    let Some(addr) = wanted else {
+        if let Some((_, old)) = current {
+            old.shutdown().await;
+        }
+        return Ok(None);
+    };
+    match HttpServer::bind(addr, router()).await {
+        Ok(server) => {
+            if let Some((_, old)) = current {
+                old.shutdown().await;
+            }
+            Ok(Some((addr, server)))
+        }
+        Err(first) => {
+            // The old listener may hold the port the new address needs.
+            let Some((old_addr, old)) = current else {
+                return Err((None, first));
+            };
+            if old_addr.port() != addr.port() {
+                return Err((Some((old_addr, old)), first));
+            }
+            old.shutdown().await;
+            match HttpServer::bind(addr, router()).await {
+                Ok(server) => Ok(Some((addr, server))),
+                Err(error) => match HttpServer::bind(old_addr, router()).await {
+                    Ok(restored) => Err((Some((old_addr, restored)), error)),
+                    Err(_) => Err((None, error)),
+                },
+            }
         }
     }
 }
@@ -336,19 +395,18 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
 
+    let first = &candidate.loaded.config.controller;
+    if let Err(error) = listeners
+        .ensure(&state, first.listen, first.metrics_listen)
+        .await
+    {
+        process.managed.stop().await;
+        anyhow::bail!("cannot listen on {}: {error}", first.listen);
+    }
     let mut generation = 0u64;
     let outcome = loop {
         generation += 1;
         let controller = candidate.loaded.config.controller.clone();
-        if let Err(error) = listeners
-            .ensure(&state, controller.listen, controller.metrics_listen)
-            .await
-        {
-            break Err(anyhow::anyhow!(
-                "cannot listen on {}: {error}",
-                controller.listen
-            ));
-        }
         process.store.set_config(config_status(&candidate.loaded));
         let grace = ITERATION_GRACE.max(controller.deployment_timeout.get());
         let running_hash = candidate.loaded.hash;
@@ -405,6 +463,32 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
                 }
             }
             .and_then(prepare);
+            // The new listeners are bound while the old iteration still runs: an
+            // address that cannot be bound rejects the config like any other error.
+            let loaded = match loaded {
+                Ok(next) => {
+                    let wanted = &next.loaded.config.controller;
+                    listeners
+                        .ensure(&state, wanted.listen, wanted.metrics_listen)
+                        .await
+                        .map(|()| next)
+                        .map_err(|error| {
+                            vec![
+                                Diagnostic::error(format!(
+                                    "controller.listen/metricsListen: cannot listen: {error}"
+                                ))
+                                .at(
+                                    hapwright_eventbus::model::SourceLocation::new(
+                                        config_path.display().to_string(),
+                                        None,
+                                        None,
+                                    ),
+                                ),
+                            ]
+                        })
+                }
+                Err(errors) => Err(errors),
+            };
             match loaded {
                 Ok(next) => {
                     process.reload_metrics.record(true);
@@ -437,4 +521,69 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
     process.managed.stop().await;
     listeners.shutdown().await;
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router() -> axum::Router {
+        axum::Router::new().route("/", axum::routing::get(|| async { "up" }))
+    }
+
+    async fn serves(addr: SocketAddr) -> bool {
+        tokio::net::TcpStream::connect(addr).await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_listener_that_cannot_move_keeps_serving_where_it_was() {
+        let old = HttpServer::bind("127.0.0.1:0".parse().unwrap(), router())
+            .await
+            .unwrap();
+        let old_addr = old.local_addr();
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken_addr = taken.local_addr().unwrap();
+
+        let (kept, error) = rebind(Some((old_addr, old)), Some(taken_addr), router)
+            .await
+            .expect_err("the address is taken");
+        assert_eq!(error.kind(), std::io::ErrorKind::AddrInUse);
+        let (kept_addr, kept) = kept.expect("the old listener is still there");
+        assert_eq!(kept_addr, old_addr);
+        assert!(serves(old_addr).await);
+
+        // A free address moves it, and the old one is released.
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let free_addr = free.local_addr().unwrap();
+        drop(free);
+        let moved = rebind(Some((kept_addr, kept)), Some(free_addr), router)
+            .await
+            .map_err(|(_, e)| e)
+            .unwrap()
+            .unwrap();
+        assert_eq!(moved.0, free_addr);
+        assert!(serves(free_addr).await);
+        assert!(!serves(old_addr).await);
+        moved.1.shutdown().await;
+        drop(taken);
+    }
+
+    #[tokio::test]
+    async fn an_unchanged_address_is_kept_and_none_closes_it() {
+        let server = HttpServer::bind("127.0.0.1:0".parse().unwrap(), router())
+            .await
+            .unwrap();
+        let addr = server.local_addr();
+        let same = rebind(Some((addr, server)), Some(addr), router)
+            .await
+            .map_err(|(_, e)| e)
+            .unwrap();
+        assert_eq!(same.as_ref().map(|(a, _)| *a), Some(addr));
+        let closed = rebind(same, None, router)
+            .await
+            .map_err(|(_, e)| e)
+            .unwrap();
+        assert!(closed.is_none());
+        assert!(!serves(addr).await);
+    }
 }
