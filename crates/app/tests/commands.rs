@@ -76,6 +76,23 @@ fn check_exits_1_on_a_template_error_naming_template_and_line() {
 }
 
 #[test]
+fn check_exits_1_on_an_unknown_filter_naming_snippet_and_line() {
+    let dir = project(|t| {
+        t.replace(
+            "backend be_{{ ns }}_{{ name }}",
+            "backend be_{{ ns }}_{{ name | uper }}",
+        )
+    });
+    let output = hapwright(&["check", "-c", "hapwright.yaml"], dir.path());
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let err = stderr(&output);
+    assert!(
+        err.contains("backend:3:31: unknown filter `uper`; did you mean `upper`?"),
+        "the snippet, line and column of the filter: {err}"
+    );
+}
+
+#[test]
 fn render_prints_the_config_and_writes_the_layout() {
     let dir = project(|t| t);
     let output = hapwright(&["render", "-c", "hapwright.yaml"], dir.path());

@@ -182,6 +182,152 @@ fn snippet_names_cannot_shadow_rendered_files() {
 }
 
 #[test]
+fn unknown_filter_is_caught_at_load_with_a_suggestion() {
+    let errors = load_errors(
+        Templates::new("global\n    server {{ name | uper }} {{ address }}\n"),
+        &[],
+    );
+    let message = located(
+        &errors,
+        "haproxy.cfg",
+        2,
+        "    server {{ name | uper }} {{ address }}",
+    );
+    assert_eq!(message, "unknown filter `uper`; did you mean `upper`?");
+    assert_eq!(errors[0].location.as_ref().unwrap().column, Some(22));
+}
+
+#[test]
+fn unknown_test_is_caught_at_load_with_a_suggestion() {
+    let errors = load_errors(
+        Templates::new("{% if x is nmber %}\n{% endif %}\n{% if y is not nmber %}{% endif %}"),
+        &[],
+    );
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    let message = located(&errors[..1], "haproxy.cfg", 1, "{% if x is nmber %}");
+    assert_eq!(message, "unknown test `nmber`; did you mean `number`?");
+    assert_eq!(errors[0].location.as_ref().unwrap().column, Some(12));
+    let second = errors[1].location.as_ref().unwrap();
+    assert_eq!((second.line, second.column), (Some(3), Some(16)));
+}
+
+#[test]
+fn unknown_filter_in_a_snippet_is_reported_against_the_snippet() {
+    let mut templates = Templates::new("global\n{% include 'backend' %}\n");
+    templates.snippets.insert(
+        "backend".into(),
+        "{% macro server(n) %}\n  server {{ n | uper }}\n{% endmacro %}\n{{ server('a') }}".into(),
+    );
+    let errors = load_errors(templates, &[]);
+    let message = located(&errors, "backend", 2, "  server {{ n | uper }}");
+    assert_eq!(message, "unknown filter `uper`; did you mean `upper`?");
+}
+
+#[test]
+fn unknown_names_in_filter_blocks_call_blocks_and_literal_arguments_are_caught() {
+    let source = "{% filter indent(4) | uper %}x{% endfilter %}\n\
+                  {% set s | lowr %}y{% endset %}\n\
+                  {% macro m() %}{{ caller() }}{% endmacro %}\n\
+                  {% call m() %}{{ 1 | absolute }}{% endcall %}\n\
+                  {{ xs | select('od') | map('uper') | selectattr('a', 'evn') | list }}\n\
+                  {{ xs | map(attribute='uper') | list }}";
+    let errors = load_errors(Templates::new(source), &[]);
+    let found: Vec<(u32, &str)> = errors
+        .iter()
+        .map(|e| {
+            (
+                e.location.as_ref().unwrap().line.unwrap(),
+                e.message.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (1, "unknown filter `uper`; did you mean `upper`?"),
+            (2, "unknown filter `lowr`; did you mean `lower`?"),
+            (4, "unknown filter `absolute`"),
+            (5, "unknown test `od`; did you mean `odd`?"),
+            (5, "unknown filter `uper`; did you mean `upper`?"),
+            (5, "unknown test `evn`; did you mean `even`?"),
+        ],
+        "{errors:#?}"
+    );
+}
+
+#[test]
+fn filter_blocks_and_names_that_are_variables_are_accepted() {
+    let templates = Templates::new(
+        "{% set uper = 1 %}{% filter upper %}{{ uper }}{% endfilter %}\n\
+         {% macro number() %}n{% endmacro %}{{ number() }}{{ 'uper | nmber' }}\n\
+         {# {{ x | uper }} #}{% raw %}{{ x | uper }}{% endraw %}\n\
+         {% set s | trim %} y {% endset %}{{ s is string }}{{ x is glob_match('a*') }}",
+    );
+    assert!(renderer::check(&templates, &[] as &[&str]).is_ok());
+}
+
+#[test]
+fn every_filter_and_test_the_docs_mention_is_accepted() {
+    let docs = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/templates.md"
+    ))
+    .unwrap();
+    let section = docs
+        .split("## Filters, tests and functions")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("the docs' filter section");
+    // Filters: bare names in backticks in the prose (`default`) and `x | name`
+    // usages; tests: `x is name` usages. Functions, methods and loop controls, and
+    // the table's other words (Secrets' `data`), are not names.
+    let prose_end = section.find("\n|").expect("the docs' filter table");
+    let mut filters = std::collections::BTreeSet::new();
+    let mut tests = std::collections::BTreeSet::new();
+    let mut offset = 0;
+    for (index, span) in section.split('`').enumerate() {
+        let in_prose = offset < prose_end;
+        offset += span.len() + 1;
+        if index % 2 == 0 {
+            continue;
+        }
+        let span = span.replace("\\|", "|");
+        let word = |rest: &str| -> String {
+            rest.trim_start()
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect()
+        };
+        if in_prose
+            && span.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+            && !["break", "continue"].contains(&span.as_str())
+        {
+            filters.insert(span.clone());
+        }
+        for (at, _) in span.match_indices('|') {
+            filters.insert(word(&span[at + 1..]));
+        }
+        for (at, _) in span.match_indices(" is ") {
+            tests.insert(word(&span[at + 4..]));
+        }
+    }
+    filters.remove("");
+    for expected in ["default", "selectattr", "b64decode", "sort_by", "tojson"] {
+        assert!(filters.contains(expected), "{expected} from {filters:?}");
+    }
+    assert!(tests.contains("glob_match"), "{tests:?}");
+    let mut source: String = filters
+        .iter()
+        .map(|name| format!("{{{{ x | {name} }}}}\n"))
+        .collect();
+    source.extend(tests.iter().map(|name| format!("{{{{ x is {name} }}}}\n")));
+    let templates = Templates::new(source.as_str());
+    if let Err(errors) = renderer::check(&templates, &[] as &[&str]) {
+        panic!("{source}\n{errors:#?}");
+    }
+}
+
+#[test]
 fn every_problem_is_reported_at_once() {
     let mut templates = Templates::new("{{ resources.nope }}\n{% include 'missing' %}\n");
     templates.snippets.insert("bad".into(), "{% for %}".into());

@@ -1,13 +1,18 @@
 //! Static checks when the config loads: references to watched resources, literal
-//! `include`/`import`/`from`/`extends` targets, literal `render_glob` patterns, and
-//! cycles among templates.
+//! `include`/`import`/`from`/`extends` targets, literal `render_glob` patterns,
+//! cycles among templates, and filter and test names (minijinja resolves those only
+//! when rendering; Jinja2 rejects unknown ones when compiling).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
+use hapwright_eventbus::config::did_you_mean;
 use hapwright_eventbus::model::Diagnostic;
+use minijinja::Environment;
+use minijinja::machinery::ast;
 
 use super::Entry;
-use super::functions::compile_glob;
+use super::functions::{self, compile_glob};
 use super::scan::ReferenceKind;
 
 /// Runs every static check over the instrumented templates.
@@ -168,6 +173,380 @@ fn cycles(entries: &[Entry], edges: &BTreeMap<&str, Vec<(String, usize)>>) -> Ve
     diagnostics
 }
 
+// === filter and test names ===
+
+/// minijinja's built-in filters for the enabled features (`builtins`, `json`,
+/// `urlencode`). Only candidates for "did you mean": whether a name exists is asked
+/// of the renderer's environment.
+const BUILTIN_FILTERS: &[&str] = &[
+    "abs",
+    "attr",
+    "batch",
+    "bool",
+    "capitalize",
+    "chain",
+    "count",
+    "d",
+    "default",
+    "dictsort",
+    "e",
+    "escape",
+    "first",
+    "float",
+    "format",
+    "groupby",
+    "indent",
+    "int",
+    "items",
+    "join",
+    "last",
+    "length",
+    "lines",
+    "list",
+    "lower",
+    "map",
+    "max",
+    "min",
+    "pprint",
+    "reject",
+    "rejectattr",
+    "replace",
+    "reverse",
+    "round",
+    "safe",
+    "select",
+    "selectattr",
+    "slice",
+    "sort",
+    "split",
+    "string",
+    "sum",
+    "title",
+    "tojson",
+    "trim",
+    "unique",
+    "upper",
+    "urlencode",
+    "zip",
+];
+
+/// minijinja's built-in tests (word names; `==`, `<`, ... cannot be written as a
+/// test name).
+const BUILTIN_TESTS: &[&str] = &[
+    "boolean",
+    "defined",
+    "divisibleby",
+    "endingwith",
+    "eq",
+    "equalto",
+    "escaped",
+    "even",
+    "false",
+    "filter",
+    "float",
+    "ge",
+    "greaterthan",
+    "gt",
+    "in",
+    "int",
+    "integer",
+    "iterable",
+    "le",
+    "lessthan",
+    "lower",
+    "lt",
+    "mapping",
+    "ne",
+    "none",
+    "number",
+    "odd",
+    "safe",
+    "sameas",
+    "sequence",
+    "startingwith",
+    "string",
+    "test",
+    "true",
+    "undefined",
+    "upper",
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NameKind {
+    Filter,
+    Test,
+}
+
+/// A filter or test name used by a template, at its byte offset in the source.
+#[derive(Debug)]
+struct NameUse<'a> {
+    kind: NameKind,
+    name: Cow<'a, str>,
+    offset: usize,
+}
+
+/// Reports every filter and test name — in expressions, `{% filter %}` and
+/// `{% set x | f %}` blocks, macros and `call` blocks, and the literal names given to
+/// `select`/`reject`/`selectattr`/`rejectattr`/`map` — that `env` does not define.
+/// Templates that do not parse are skipped: their compile error is reported.
+pub(crate) fn unknown_filters_and_tests(
+    entries: &[Entry],
+    env: &Environment<'static>,
+) -> Vec<Diagnostic> {
+    let mut diagnostics = Vec::new();
+    let Ok(probe) = env.template_from_str("") else {
+        return diagnostics;
+    };
+    let state = probe.new_state();
+    let known = |kind: NameKind, name: &str| match kind {
+        NameKind::Filter => minijinja::tests::is_filter(&state, name),
+        NameKind::Test => minijinja::tests::is_test(&state, name),
+    };
+    let candidates = |kind: NameKind| -> Vec<&'static str> {
+        let (builtin, own) = match kind {
+            NameKind::Filter => (BUILTIN_FILTERS, functions::FILTERS),
+            NameKind::Test => (BUILTIN_TESTS, functions::TESTS),
+        };
+        builtin
+            .iter()
+            .chain(own)
+            .copied()
+            .filter(|name| known(kind, name))
+            .collect()
+    };
+    let filters = candidates(NameKind::Filter);
+    let tests = candidates(NameKind::Test);
+
+    for entry in entries {
+        let Ok(template) =
+            minijinja::machinery::parse(&entry.source, entry.name.as_ref(), env.syntax().clone())
+        else {
+            continue;
+        };
+        let mut uses = Vec::new();
+        visit_stmt(&template, &mut uses);
+        for found in uses {
+            if known(found.kind, &found.name) {
+                continue;
+            }
+            let (what, names) = match found.kind {
+                NameKind::Filter => ("filter", &filters),
+                NameKind::Test => ("test", &tests),
+            };
+            let mut message = format!("unknown {what} `{}`", found.name);
+            if let Some(close) = did_you_mean(&found.name, names.iter().copied()) {
+                message.push_str(&format!("; did you mean `{close}`?"));
+            }
+            diagnostics.push(entry.diagnostic_at(message, found.offset));
+        }
+    }
+    diagnostics
+}
+
+fn visit_stmts<'a>(stmts: &[ast::Stmt<'a>], uses: &mut Vec<NameUse<'a>>) {
+    for stmt in stmts {
+        visit_stmt(stmt, uses);
+    }
+}
+
+fn visit_stmt<'a>(stmt: &ast::Stmt<'a>, uses: &mut Vec<NameUse<'a>>) {
+    use ast::Stmt;
+    match stmt {
+        Stmt::Template(t) => visit_stmts(&t.children, uses),
+        Stmt::EmitExpr(e) => visit_expr(&e.expr, uses),
+        Stmt::EmitRaw(_) | Stmt::Continue(_) | Stmt::Break(_) => {}
+        Stmt::ForLoop(f) => {
+            visit_expr(&f.target, uses);
+            visit_expr(&f.iter, uses);
+            if let Some(filter) = &f.filter_expr {
+                visit_expr(filter, uses);
+            }
+            visit_stmts(&f.body, uses);
+            visit_stmts(&f.else_body, uses);
+        }
+        Stmt::IfCond(i) => {
+            visit_expr(&i.expr, uses);
+            visit_stmts(&i.true_body, uses);
+            visit_stmts(&i.false_body, uses);
+        }
+        Stmt::WithBlock(w) => {
+            for (target, value) in &w.assignments {
+                visit_expr(target, uses);
+                visit_expr(value, uses);
+            }
+            visit_stmts(&w.body, uses);
+        }
+        Stmt::Set(s) => {
+            visit_expr(&s.target, uses);
+            visit_expr(&s.expr, uses);
+        }
+        Stmt::SetBlock(s) => {
+            visit_expr(&s.target, uses);
+            if let Some(filter) = &s.filter {
+                visit_expr(filter, uses);
+            }
+            visit_stmts(&s.body, uses);
+        }
+        Stmt::AutoEscape(a) => {
+            visit_expr(&a.enabled, uses);
+            visit_stmts(&a.body, uses);
+        }
+        Stmt::FilterBlock(f) => {
+            visit_expr(&f.filter, uses);
+            visit_stmts(&f.body, uses);
+        }
+        Stmt::Block(b) => visit_stmts(&b.body, uses),
+        Stmt::Import(i) => {
+            visit_expr(&i.expr, uses);
+            visit_expr(&i.name, uses);
+        }
+        Stmt::FromImport(f) => {
+            visit_expr(&f.expr, uses);
+            for (name, alias) in &f.names {
+                visit_expr(name, uses);
+                if let Some(alias) = alias {
+                    visit_expr(alias, uses);
+                }
+            }
+        }
+        Stmt::Extends(e) => visit_expr(&e.name, uses),
+        Stmt::Include(i) => visit_expr(&i.name, uses),
+        Stmt::Macro(m) => visit_macro(m, uses),
+        Stmt::CallBlock(c) => {
+            visit_call(&c.call, uses);
+            visit_macro(&c.macro_decl, uses);
+        }
+        Stmt::Do(d) => visit_call(&d.call, uses),
+    }
+}
+
+fn visit_macro<'a>(m: &ast::Macro<'a>, uses: &mut Vec<NameUse<'a>>) {
+    visit_exprs(&m.args, uses);
+    visit_exprs(&m.defaults, uses);
+    visit_stmts(&m.body, uses);
+}
+
+fn visit_call<'a>(call: &ast::Call<'a>, uses: &mut Vec<NameUse<'a>>) {
+    visit_expr(&call.expr, uses);
+    visit_args(&call.args, uses);
+}
+
+fn visit_args<'a>(args: &[ast::CallArg<'a>], uses: &mut Vec<NameUse<'a>>) {
+    for arg in args {
+        match arg {
+            ast::CallArg::Pos(e)
+            | ast::CallArg::Kwarg(_, e)
+            | ast::CallArg::PosSplat(e)
+            | ast::CallArg::KwargSplat(e) => visit_expr(e, uses),
+        }
+    }
+}
+
+fn visit_exprs<'a>(exprs: &[ast::Expr<'a>], uses: &mut Vec<NameUse<'a>>) {
+    for expr in exprs {
+        visit_expr(expr, uses);
+    }
+}
+
+fn visit_expr<'a>(expr: &ast::Expr<'a>, uses: &mut Vec<NameUse<'a>>) {
+    use ast::Expr;
+    match expr {
+        Expr::Var(_) | Expr::Const(_) => {}
+        Expr::Slice(s) => {
+            visit_expr(&s.expr, uses);
+            for part in [&s.start, &s.stop, &s.step].into_iter().flatten() {
+                visit_expr(part, uses);
+            }
+        }
+        Expr::UnaryOp(u) => visit_expr(&u.expr, uses),
+        Expr::BinOp(b) => {
+            visit_expr(&b.left, uses);
+            visit_expr(&b.right, uses);
+        }
+        Expr::Compare(c) => {
+            visit_expr(&c.expr, uses);
+            for op in &c.ops {
+                visit_expr(&op.expr, uses);
+            }
+        }
+        Expr::IfExpr(i) => {
+            visit_expr(&i.test_expr, uses);
+            visit_expr(&i.true_expr, uses);
+            if let Some(false_expr) = &i.false_expr {
+                visit_expr(false_expr, uses);
+            }
+        }
+        Expr::Filter(f) => {
+            // The span starts at the name (for `{% filter %}` chains too).
+            uses.push(NameUse {
+                kind: NameKind::Filter,
+                name: normalize(f.name),
+                offset: f.span().start_offset as usize,
+            });
+            if let Some(inner) = &f.expr {
+                visit_expr(inner, uses);
+            }
+            visit_args(&f.args, uses);
+            literal_name_argument(f.name, &f.args, uses);
+        }
+        Expr::Test(t) => {
+            uses.push(NameUse {
+                kind: NameKind::Test,
+                name: normalize(t.name),
+                offset: t.span().start_offset as usize,
+            });
+            visit_expr(&t.expr, uses);
+            visit_args(&t.args, uses);
+        }
+        Expr::GetAttr(g) => visit_expr(&g.expr, uses),
+        Expr::GetItem(g) => {
+            visit_expr(&g.expr, uses);
+            visit_expr(&g.subscript_expr, uses);
+        }
+        Expr::Call(c) => visit_call(c, uses),
+        Expr::List(l) => visit_exprs(&l.items, uses),
+        Expr::Tuple(t) => visit_exprs(&t.items, uses),
+        Expr::Map(m) => {
+            visit_exprs(&m.keys, uses);
+            visit_exprs(&m.values, uses);
+        }
+    }
+}
+
+/// The test or filter a literal string argument names: `select("odd")`,
+/// `selectattr("port", "gt", 80)`, `map("upper")` (not `map(attribute="x")`).
+fn literal_name_argument<'a>(filter: &str, args: &[ast::CallArg<'a>], uses: &mut Vec<NameUse<'a>>) {
+    let (kind, position) = match filter {
+        "select" | "reject" => (NameKind::Test, 0),
+        "selectattr" | "rejectattr" => (NameKind::Test, 1),
+        "map" => (NameKind::Filter, 0),
+        _ => return,
+    };
+    let mut positional = args.iter().filter_map(|arg| match arg {
+        ast::CallArg::Pos(e) => Some(e),
+        _ => None,
+    });
+    if let Some(ast::Expr::Const(constant)) = positional.nth(position)
+        && let Some(name) = constant.value.as_str()
+    {
+        uses.push(NameUse {
+            kind,
+            name: Cow::Owned(name.to_owned()),
+            offset: constant.span().start_offset as usize,
+        });
+    }
+}
+
+/// Filter and test names as the engine looks them up: whitespace inside a dotted
+/// name is dropped.
+fn normalize(name: &str) -> Cow<'_, str> {
+    if name.bytes().any(|b| b.is_ascii_whitespace()) {
+        Cow::Owned(name.chars().filter(|c| !c.is_ascii_whitespace()).collect())
+    } else {
+        Cow::Borrowed(name)
+    }
+}
+
 /// The candidate closest to `word` by edit distance, if it is close enough to be a
 /// likely typo.
 pub(crate) fn closest<'a>(
@@ -203,6 +582,50 @@ fn levenshtein(a: &str, b: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The keys of one of the environment's registries, from its `Debug` output
+    /// (minijinja has no API to list them).
+    fn registered(env: &Environment<'_>, field: &str) -> BTreeSet<String> {
+        let debug = format!("{env:?}");
+        let start = debug
+            .find(&format!("{field}: ["))
+            .expect("field in Debug output")
+            + field.len()
+            + 3;
+        let end = start + debug[start..].find(']').expect("end of list");
+        debug[start..end]
+            .split(", ")
+            .map(|key| key.trim_matches('"').to_owned())
+            .filter(|key| !key.is_empty())
+            .collect()
+    }
+
+    #[test]
+    fn did_you_mean_candidates_are_exactly_the_renderers_filters_and_tests() {
+        let env = super::super::build_environment(
+            super::super::TemplatingSettings::default(),
+            super::super::RenderLimits::default(),
+            Vec::new(),
+            BTreeMap::new(),
+        )
+        .expect("environment");
+        let filters: BTreeSet<String> = BUILTIN_FILTERS
+            .iter()
+            .chain(functions::FILTERS)
+            .map(|name| (*name).to_owned())
+            .collect();
+        assert_eq!(registered(&env, "filters"), filters);
+        let tests: BTreeSet<String> = BUILTIN_TESTS
+            .iter()
+            .chain(functions::TESTS)
+            .map(|name| (*name).to_owned())
+            .collect();
+        let word_tests: BTreeSet<String> = registered(&env, "tests")
+            .into_iter()
+            .filter(|name| name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            .collect();
+        assert_eq!(word_tests, tests);
+    }
 
     #[test]
     fn suggests_close_names_only() {

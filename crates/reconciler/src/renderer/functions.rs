@@ -15,6 +15,18 @@ use minijinja::{Environment, Error, ErrorKind, Output, State};
 
 use super::scan::GLOB_HELPER;
 
+/// The filters [`register`] adds (kept in step with it by a test in `check`).
+pub(crate) const FILTERS: &[&str] = &[
+    "b64decode",
+    "glob_match",
+    "regex_escape",
+    "sort_by",
+    "tojson",
+];
+
+/// The tests [`register`] adds.
+pub(crate) const TESTS: &[&str] = &["glob_match"];
+
 /// Registers every hapwright function and filter, and the formatter.
 pub(crate) fn register(
     env: &mut Environment<'static>,

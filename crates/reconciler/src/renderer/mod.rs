@@ -125,7 +125,8 @@ impl Templates {
 
 /// Checks templates the way loading the config does — every template compiles, every
 /// `resources.X` is a watched resource, every literal `include`/`render_glob`
-/// reference exists and no references form a cycle — without keeping the result.
+/// reference exists, no references form a cycle and every filter and test used
+/// exists — without keeping the result.
 ///
 /// # Errors
 ///
@@ -307,6 +308,7 @@ impl Renderer {
             }
         };
         let mut env = env;
+        diagnostics.extend(check::unknown_filters_and_tests(&entries, &env));
         for entry in &entries {
             if let Err(error) =
                 env.add_template_owned(entry.name.to_string(), entry.instrumented.source.clone())
