@@ -353,11 +353,7 @@ pub async fn run(path: PathBuf) -> u8 {
         }
     };
     let controller = loaded.config.controller.clone();
-    let format = match controller.log_format {
-        config::LogFormat::Text => telemetry::LogFormat::Text,
-        config::LogFormat::Json => telemetry::LogFormat::Json,
-    };
-    if let Err(error) = telemetry::init_logging(&controller.log_level, format) {
+    if let Err(error) = telemetry::init_logging(&controller.log_level, controller.log_format) {
         eprintln!("{}: controller.logLevel: {error}", path.display());
         return exit::CONFIG;
     }

@@ -5,15 +5,7 @@ use prometheus::process_collector::ProcessCollector;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::format::FmtSpan;
 
-/// Log line format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Text,
-    /// One JSON object per line, for log shippers.
-    Json,
-}
+pub use crate::config::LogFormat;
 
 /// Installs the global tracing subscriber. `filter` is a level (`info`) or a
 /// `RUST_LOG`-style directive list (`info,hapwright_deployer=debug`); the `RUST_LOG`
