@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use hapwright_deployer::socket::InstanceConfig;
 use hapwright_deployer::validator;
-use hapwright_eventbus::model::{Diagnostic, ResourceSnapshot, SourceLocation};
+use hapwright_eventbus::model::{Diagnostic, ResourceSnapshot};
 use hapwright_reconciler::renderer::{Renderer, Templates, TemplatingSettings};
 use hapwright_watchers::config::{FilesConfig, WatchedResource};
 use hapwright_watchers::files::{ScanMode, Scanner};
@@ -84,42 +84,12 @@ pub fn socket_instances(config: &Config) -> Vec<InstanceConfig> {
 }
 
 /// Problems that stop `run` from serving this config although it is well-formed:
-/// parts of the contract this build does not implement yet.
+/// parts of the contract this build does not implement. Every part is implemented
+/// now (Kubernetes sources, pod discovery and leader election included); this stays
+/// the one place for such checks.
 pub fn unsupported(config: &Config, file: &str) -> Vec<Diagnostic> {
-    let mut problems = Vec::new();
-    for (name, resource) in &config.watched_resources.resources {
-        if resource.kubernetes.is_some() {
-            problems.push(
-                Diagnostic::error(format!(
-                    "watchedResources.{name}.kubernetes: Kubernetes sources are not available in this \
-                     build yet; use a `files` source (ConfigMaps mounted as files work)"
-                ))
-                .at(SourceLocation::new(file, None, None)),
-            );
-        }
-    }
-    if config.haproxy.discovery.is_some() {
-        problems.push(
-            Diagnostic::error(
-                "haproxy.discovery: instance discovery is not available in this build yet; \
-                 list the instances under haproxy.instances",
-            )
-            .at(SourceLocation::new(file, None, None)),
-        );
-    }
-    for instance in &config.haproxy.instances {
-        if instance.dataplane.is_some() {
-            problems.push(
-                Diagnostic::error(format!(
-                    "haproxy.instances.{}: the Data Plane API driver is not available in this build \
-                     yet; use `socket`",
-                    instance.name
-                ))
-                .at(SourceLocation::new(file, None, None)),
-            );
-        }
-    }
-    problems
+    let _ = (config, file);
+    Vec::new()
 }
 
 /// Reads one watched resource once: from `fixtures/<name>/` when given, otherwise from

@@ -9,14 +9,19 @@
 //! What outlives iterations: the metrics registry, the HTTP listeners
 //! (rebound only when `controller.listen` or `metricsListen` change), the managed
 //! HAProxy processes, the status store and the last deployed state per instance — so
-//! an unchanged render after a reinit is a no-op, not a reload.
+//! an unchanged render after a reinit is a no-op, not a reload. The Kubernetes client
+//! and leader election (`controller.leaderElection`) outlive iterations too, so a
+//! reinit never drops leadership; at shutdown the leader releases its Lease.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hapwright_deployer::dataplane;
 use hapwright_deployer::deployer::{self as deploy, Deployer, LastDeployedStore, StoreClassifier};
+use hapwright_deployer::drift::{self, DriftMonitor};
+use hapwright_deployer::fleet;
 use hapwright_deployer::managed::ManagedHaproxy;
 use hapwright_deployer::metrics::Metrics as DeployerMetrics;
 use hapwright_deployer::scheduler::{self, Scheduler};
@@ -29,7 +34,12 @@ use hapwright_eventbus::{
 use hapwright_reconciler::debouncer::{self, Debouncer};
 use hapwright_reconciler::executor::{self, Executor};
 use hapwright_reconciler::renderer::{Renderer, RendererComponent};
+use hapwright_watchers::config::Source;
 use hapwright_watchers::files::FilesSource;
+use hapwright_watchers::kubernetes::{
+    ClientFactory, DiscoveryConfig, KubernetesSource, LeaderElection, LeaderElectionConfig,
+    LeaderMetrics, PodDiscovery,
+};
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -104,11 +114,21 @@ struct Process {
     reload_metrics: ReloadMetrics,
     deployed: LastDeployedStore,
     managed: ManagedHaproxy,
+    /// The Kubernetes client, built on first use and shared by every iteration.
+    kube: ClientFactory,
+    /// Leader election, when `controller.leaderElection.enabled`: set up once, so
+    /// leadership survives config reinits.
+    leader: Option<LeaderElection>,
+    /// The `leaderElection` section the election was started with.
+    leader_config: config::LeaderElection,
 }
 
 impl Process {
     fn new(loaded: &Loaded) -> prometheus::Result<Self> {
         let registry = telemetry::registry();
+        let kube = ClientFactory::from_environment();
+        let election = &loaded.config.controller.leader_election;
+        let leader_metrics = LeaderMetrics::register(&registry)?;
         Ok(Self {
             bus_metrics: BusMetrics::register(&registry)?,
             kernel_metrics: KernelMetrics::register(&registry)?,
@@ -119,8 +139,26 @@ impl Process {
             store: StatusStore::default(),
             deployed: LastDeployedStore::new(),
             managed: ManagedHaproxy::new(loaded.config.haproxy.binary.clone()),
+            kube: kube.clone(),
+            leader: if election.enabled {
+                Some(LeaderElection::start(
+                    LeaderElectionConfig::new(&election.lease_name, election.namespace.clone()),
+                    kube,
+                    Some(leader_metrics),
+                ))
+            } else {
+                leader_metrics.set_always_leader();
+                None
+            },
+            leader_config: election.clone(),
             registry,
         })
+    }
+
+    /// The is-leader channel for the deployer and drift monitor; `None` when every
+    /// replica deploys (leader election off).
+    fn leadership(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        self.leader.as_ref().map(LeaderElection::subscribe)
     }
 }
 
@@ -168,10 +206,35 @@ impl Iteration {
         process.store.set_health(kernel.health());
 
         kernel.register(ConfigWatcher::new(&loaded));
+        if config.controller.leader_election != process.leader_config {
+            tracing::warn!(
+                "controller.leaderElection changed; the change takes effect when hapwright restarts"
+            );
+        }
         for (name, resource) in &config.watched_resources.resources {
-            let source = FilesSource::new(name, resource)
-                .map_err(|issue| anyhow::anyhow!("watchedResources.{name}: {issue}"))?;
-            kernel.register(source);
+            let issue = |issue| anyhow::anyhow!("watchedResources.{name}: {issue}");
+            match resource.source() {
+                Some(Source::Kubernetes(_)) => kernel.register(
+                    KubernetesSource::new(name, resource, process.kube.clone()).map_err(issue)?,
+                ),
+                _ => kernel.register(FilesSource::new(name, resource).map_err(issue)?),
+            };
+        }
+        if let Some(discovery) = config
+            .haproxy
+            .discovery
+            .as_ref()
+            .and_then(|d| d.kubernetes.as_ref())
+        {
+            kernel.register(PodDiscovery::new(
+                DiscoveryConfig {
+                    namespace: discovery.namespace.clone(),
+                    label_selector: discovery.label_selector.clone(),
+                    port: discovery.port,
+                    scheme: discovery.scheme.clone(),
+                },
+                process.kube.clone(),
+            ));
         }
         let debounce = config.controller.debounce();
         kernel.register(Debouncer::new(
@@ -192,16 +255,52 @@ impl Iteration {
         let instances = build::socket_instances(config);
         kernel.register(Scheduler::new(
             scheduler::Config::from(&timings),
-            instances.iter().map(|i| i.name.clone()).collect(),
+            config
+                .haproxy
+                .instances
+                .iter()
+                .map(|i| i.name.clone())
+                .collect(),
             Arc::new(StoreClassifier::new(process.deployed.clone())),
         ));
-        kernel.register(Deployer::new(
+        let dataplane = config
+            .haproxy
+            .instances
+            .iter()
+            .filter_map(|instance| {
+                fleet::dataplane_driver(
+                    instance,
+                    dataplane::Settings::default(),
+                    &process.deployer_metrics,
+                )
+                .map(|driver| {
+                    driver.map_err(|e| anyhow::anyhow!("haproxy.instances.{}: {e}", instance.name))
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut deployer = Deployer::new(
             deploy::Config::from(&timings),
             instances,
             process.deployed.clone(),
             Some(process.managed.clone()),
             process.deployer_metrics.clone(),
-        ));
+        )
+        .with_dataplane(dataplane);
+        if let Some(credentials) = fleet::DiscoveredCredentials::from_config(&config.haproxy) {
+            deployer = deployer.with_discovery(credentials);
+        }
+        let mut drift_monitor = DriftMonitor::new(
+            drift::Config::from(&timings),
+            deployer.fleet(),
+            process.deployed.clone(),
+            process.deployer_metrics.clone(),
+        );
+        if let Some(leader) = process.leadership() {
+            deployer = deployer.with_leadership(leader.clone());
+            drift_monitor = drift_monitor.with_leadership(leader);
+        }
+        kernel.register(deployer);
+        kernel.register(drift_monitor);
         kernel.register(StatusRecorder::new(
             process.store.clone(),
             Some(process.status_metrics.clone()),
@@ -514,6 +613,11 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
             }
         }
     };
+    if let Some(election) = process.leader {
+        // Release the Lease so a standby replica takes over without waiting for it
+        // to expire.
+        election.shutdown().await;
+    }
     process.managed.stop().await;
     listeners.shutdown().await;
     outcome

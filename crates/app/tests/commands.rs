@@ -192,19 +192,70 @@ fn run_exits_2_on_an_invalid_config_with_every_error() {
     );
 }
 
-#[test]
-fn run_refuses_parts_not_built_yet_with_a_clear_error() {
+/// A Kubernetes source needs no cluster to start: without one, `run` keeps serving
+/// and the source is `Unhealthy` with the reason (it retries with backoff).
+#[tokio::test]
+async fn run_starts_with_a_kubernetes_source_and_reports_it_unhealthy_without_a_cluster() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let dir = project(|t| {
         t.replace(
             "    files: { path: ./resources }\n    kind: EndpointSlice",
             "    kubernetes: { apiVersion: discovery.k8s.io/v1, kind: EndpointSlice }",
         )
+        .replace(
+            "listen: 127.0.0.1:9400",
+            &format!("listen: 127.0.0.1:{port}"),
+        )
     });
-    let output = hapwright(&["run", "-c", "hapwright.yaml"], dir.path());
-    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    let mut child = tokio::process::Command::new(BIN)
+        .args(["run", "-c", "hapwright.yaml"])
+        .current_dir(dir.path())
+        .env("KUBECONFIG", dir.path().join("no-such-kubeconfig"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start hapwright run");
+    let url = format!("http://127.0.0.1:{port}/debug/components");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let reason = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "source/endpoints never became unhealthy"
+        );
+        let components: Option<serde_json::Value> = match reqwest::get(&url).await {
+            Ok(response) => response.json().await.ok(),
+            Err(_) => None,
+        };
+        let endpoints = components.as_ref().and_then(|c| {
+            c.as_array()?
+                .iter()
+                .find(|c| c["name"] == "source/endpoints")
+                .cloned()
+        });
+        if let Some(endpoints) = endpoints
+            && endpoints["health"] == "unhealthy"
+        {
+            break endpoints["reason"].as_str().unwrap_or_default().to_owned();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
     assert!(
-        stderr(&output).contains("Kubernetes sources are not available"),
-        "{}",
-        stderr(&output)
+        reason.contains("cannot build a Kubernetes client"),
+        "{reason}"
     );
+    let pid = child.id().expect("running").to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait())
+        .await
+        .expect("hapwright stops on SIGTERM")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
 }

@@ -195,3 +195,25 @@ async fn configmap_swaps_of_the_config_file_are_seen_twice() {
     assert_eq!(h.loaded().await.controller.debounce.to_string(), "300ms");
     h.stop().await;
 }
+
+#[tokio::test]
+async fn a_discovery_password_file_change_reloads() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("dp"), "one\n").unwrap();
+    let path = dir.path().join("hapwright.yaml");
+    std::fs::write(
+        &path,
+        "haproxyConfig: { template: x }\nhaproxy:\n  discovery:\n    kubernetes: { namespace: ingress, labelSelector: app=haproxy, port: 5555, username: admin, passwordFile: dp }\n",
+    )
+    .unwrap();
+    let before = load(&path).unwrap().hash;
+    let mut h = Harness::start(&path);
+    std::fs::write(dir.path().join(".dp.new"), "two\n").unwrap();
+    std::fs::rename(dir.path().join(".dp.new"), dir.path().join("dp")).unwrap();
+    let config = h.loaded().await;
+    let discovered = config.haproxy.discovery.as_ref().unwrap();
+    let password = discovered.kubernetes.as_ref().unwrap().password.as_ref();
+    assert_eq!(password.unwrap().expose(), "two");
+    assert_ne!(load(&path).unwrap().hash, before);
+    h.stop().await;
+}

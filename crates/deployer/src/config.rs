@@ -188,6 +188,26 @@ pub struct KubernetesDiscovery {
     pub label_selector: String,
     /// Data Plane API port on each pod.
     pub port: u16,
+    /// URL scheme of the pods' Data Plane API (`http` or `https`).
+    #[serde(default = "default_scheme")]
+    pub scheme: String,
+    /// Basic-auth user of the pods' Data Plane API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// File holding the Data Plane API password of the pods (trailing newline
+    /// ignored). Watched like `instances[].dataplane.passwordFile`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+    /// CA bundle to verify the pods' `https` Data Plane API against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// The password, read from `password_file` by [`Config::load_secrets`].
+    #[serde(skip_deserializing, default)]
+    pub password: Option<Secret>,
+}
+
+fn default_scheme() -> String {
+    "http".to_owned()
 }
 
 impl Config {
@@ -284,6 +304,24 @@ impl Config {
                     "namespace is empty",
                 ));
             }
+            if kubernetes.scheme != "http" && kubernetes.scheme != "https" {
+                issues.push(ConfigIssue::new(
+                    "discovery.kubernetes.scheme",
+                    "scheme must be `http` or `https`",
+                ));
+            }
+            if kubernetes.username.is_some() != kubernetes.password_file.is_some() {
+                issues.push(ConfigIssue::new(
+                    "discovery.kubernetes.passwordFile",
+                    "set both `username` and `passwordFile`, or neither",
+                ));
+            }
+            if kubernetes.ca_file.is_some() && kubernetes.scheme != "https" {
+                issues.push(ConfigIssue::new(
+                    "discovery.kubernetes.caFile",
+                    "caFile is only used with scheme `https`",
+                ));
+            }
         }
         issues
     }
@@ -316,6 +354,18 @@ impl Config {
                 }
             }
         }
+        if let Some(Discovery {
+            kubernetes: Some(kubernetes),
+        }) = &mut self.discovery
+        {
+            for path in kubernetes
+                .password_file
+                .iter_mut()
+                .chain(kubernetes.ca_file.as_mut())
+            {
+                resolve(path);
+            }
+        }
     }
 
     /// Every file whose content is part of the configuration (password files), for
@@ -325,6 +375,12 @@ impl Config {
             .iter()
             .filter_map(|i| i.dataplane.as_ref())
             .map(|d| d.password_file.clone())
+            .chain(
+                self.discovery
+                    .iter()
+                    .filter_map(|d| d.kubernetes.as_ref())
+                    .filter_map(|k| k.password_file.clone()),
+            )
             .collect()
     }
 
@@ -337,41 +393,71 @@ impl Config {
             let Some(dataplane) = &mut instance.dataplane else {
                 continue;
             };
-            let at = |field: &str| format!("instances[{index}].dataplane.{field}");
-            match std::fs::read(&dataplane.password_file) {
-                Ok(bytes) => match String::from_utf8(bytes) {
-                    Ok(text) => {
-                        let password = text.strip_suffix('\n').unwrap_or(&text);
-                        let password = password.strip_suffix('\r').unwrap_or(password);
-                        if password.is_empty() {
-                            issues.push(ConfigIssue::new(
-                                at("passwordFile"),
-                                format!("{} is empty", dataplane.password_file.display()),
-                            ));
-                        }
-                        dataplane.password = Some(Secret::new(password));
-                    }
-                    Err(_) => issues.push(ConfigIssue::new(
-                        at("passwordFile"),
-                        format!("{} is not UTF-8 text", dataplane.password_file.display()),
-                    )),
-                },
-                Err(error) => issues.push(ConfigIssue::new(
-                    at("passwordFile"),
-                    format!("cannot read {}: {error}", dataplane.password_file.display()),
-                )),
-            }
-            if let Some(ca) = &dataplane.ca_file
-                && let Err(error) = std::fs::File::open(ca)
-            {
-                issues.push(ConfigIssue::new(
-                    at("caFile"),
-                    format!("cannot read {}: {error}", ca.display()),
-                ));
-            }
+            let at = format!("instances[{index}].dataplane");
+            dataplane.password = load_secret(
+                &dataplane.password_file,
+                dataplane.ca_file.as_deref(),
+                &at,
+                &mut issues,
+            );
+        }
+        if let Some(Discovery {
+            kubernetes: Some(kubernetes),
+        }) = &mut self.discovery
+            && let Some(file) = &kubernetes.password_file
+        {
+            kubernetes.password = load_secret(
+                file,
+                kubernetes.ca_file.as_deref(),
+                "discovery.kubernetes",
+                &mut issues,
+            );
         }
         issues
     }
+}
+
+/// Reads one password file (and checks the CA file), pushing issues at `at`.
+fn load_secret(
+    password_file: &Path,
+    ca_file: Option<&Path>,
+    at: &str,
+    issues: &mut Vec<ConfigIssue>,
+) -> Option<Secret> {
+    let at = |field: &str| format!("{at}.{field}");
+    let mut secret = None;
+    match std::fs::read(password_file) {
+        Ok(bytes) => match String::from_utf8(bytes) {
+            Ok(text) => {
+                let password = text.strip_suffix('\n').unwrap_or(&text);
+                let password = password.strip_suffix('\r').unwrap_or(password);
+                if password.is_empty() {
+                    issues.push(ConfigIssue::new(
+                        at("passwordFile"),
+                        format!("{} is empty", password_file.display()),
+                    ));
+                }
+                secret = Some(Secret::new(password));
+            }
+            Err(_) => issues.push(ConfigIssue::new(
+                at("passwordFile"),
+                format!("{} is not UTF-8 text", password_file.display()),
+            )),
+        },
+        Err(error) => issues.push(ConfigIssue::new(
+            at("passwordFile"),
+            format!("cannot read {}: {error}", password_file.display()),
+        )),
+    }
+    if let Some(ca) = ca_file
+        && let Err(error) = std::fs::File::open(ca)
+    {
+        issues.push(ConfigIssue::new(
+            at("caFile"),
+            format!("cannot read {}: {error}", ca.display()),
+        ));
+    }
+    secret
 }
 
 /// Deploy timings from the `controller` section.
@@ -546,6 +632,67 @@ instances:
                 .starts_with("instances[1].dataplane.passwordFile: cannot read"),
             "{issues:?}"
         );
+    }
+
+    #[test]
+    fn discovery_credentials_resolve_load_and_validate() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("dp"), "pod-secret\n").unwrap();
+        let mut config = parse(
+            r#"
+discovery:
+  kubernetes:
+    namespace: ingress
+    labelSelector: app=haproxy
+    port: 5555
+    scheme: https
+    username: admin
+    passwordFile: dp
+    caFile: ca.pem
+"#,
+        );
+        config.resolve_paths(dir.path());
+        assert_eq!(config.secret_files(), [dir.path().join("dp")]);
+        let issues = config.load_secrets();
+        assert_eq!(issues.len(), 1, "{issues:?}");
+        assert!(
+            issues[0]
+                .to_string()
+                .starts_with("discovery.kubernetes.caFile: cannot read"),
+            "{issues:?}"
+        );
+        let kubernetes = config
+            .discovery
+            .as_ref()
+            .unwrap()
+            .kubernetes
+            .as_ref()
+            .unwrap();
+        assert_eq!(kubernetes.password.as_ref().unwrap().expose(), "pod-secret");
+        assert!(
+            !serde_json::to_string(&config)
+                .unwrap()
+                .contains("pod-secret")
+        );
+        assert!(config.validate().is_empty(), "{:?}", config.validate());
+
+        let config = parse(
+            r#"
+discovery:
+  kubernetes: { namespace: x, labelSelector: a, port: 1, scheme: ftp, username: u, caFile: c }
+"#,
+        );
+        let issues: Vec<String> = config.validate().iter().map(ToString::to_string).collect();
+        for wanted in [
+            "discovery.kubernetes.scheme: scheme must be",
+            "discovery.kubernetes.passwordFile: set both",
+            "discovery.kubernetes.caFile: caFile is only used",
+        ] {
+            assert!(
+                issues.iter().any(|i| i.starts_with(wanted)),
+                "missing {wanted:?} in {issues:#?}"
+            );
+        }
     }
 
     #[test]

@@ -1,6 +1,16 @@
-//! The deployer component: consumes `DeploymentScheduled`, deploys to every socket
-//! instance in parallel (bounded), and publishes `DeploymentStarted`,
-//! `InstanceDeployed` / `InstanceDeploymentFailed` and `DeploymentCompleted`.
+//! The deployer component: consumes `DeploymentScheduled`, deploys to every instance
+//! of the fleet — local socket and Data Plane API instances alike — in parallel
+//! (bounded), and publishes `DeploymentStarted`, `InstanceDeployed` /
+//! `InstanceDeploymentFailed` and `DeploymentCompleted`.
+//!
+//! Fleet: the static instances plus, per discovery source, the latest
+//! `InstancesDiscovered` set. A newly discovered instance gets the last scheduled
+//! config at once; a vanished one is forgotten (its store record and metric series
+//! go). A failing instance never blocks the others.
+//!
+//! Leadership (optional, [`Deployer::with_leadership`]): while the watched value is
+//! `false` the deployer only remembers the latest scheduled config; when it turns
+//! `true` that config is deployed at once, with a drift check (hot standby).
 //!
 //! What each instance runs is kept in a [`LastDeployedStore`] created outside the
 //! kernel iteration, so an unchanged render after a controller reinit is a no-op. A
@@ -18,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
-use hapwright_eventbus::model::{ContentHash, Diagnostic, RenderedConfig};
+use hapwright_eventbus::model::{ContentHash, Diagnostic, InstanceRef, RenderedConfig};
 use hapwright_eventbus::{
     Bus, BusError, Component, ComponentError, Context, DeploymentCompleted, DeploymentStarted,
     DeploymentSummary, Event, EventKind, EventPayload, InstanceDeployed, InstanceDeploymentFailed,
@@ -27,7 +37,9 @@ use hapwright_eventbus::{
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::dataplane::DataplaneDriver;
 use crate::driver::{Deployed, SocketDriver};
+use crate::fleet::{DiscoveredCredentials, Driver, Fleet};
 use crate::haproxy_config::{self, Config as Model};
 use crate::managed::ManagedHaproxy;
 use crate::metrics::Metrics;
@@ -155,7 +167,8 @@ impl ReloadClassifier for StoreClassifier {
 pub struct Config {
     /// Deadline of one deployment to one instance.
     pub deployment_timeout: Duration,
-    /// Instances deployed at the same time.
+    /// Instances deployed at the same time (default 32: deployments mostly wait
+    /// on sockets and HTTP, so a fleet goes out in one or two waves).
     pub concurrency: usize,
     /// First retry delay of a failed instance (doubles up to `max_retry_delay`).
     pub min_retry_delay: Duration,
@@ -167,7 +180,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             deployment_timeout: Duration::from_secs(30),
-            concurrency: 8,
+            concurrency: 32,
             min_retry_delay: Duration::from_secs(1),
             max_retry_delay: Duration::from_secs(60),
         }
@@ -186,10 +199,12 @@ impl From<&crate::config::Timings> for Config {
 /// The deployer component.
 pub struct Deployer {
     config: Config,
-    drivers: BTreeMap<String, Arc<SocketDriver>>,
+    fleet: Fleet,
     store: LastDeployedStore,
     managed: Option<ManagedHaproxy>,
     metrics: Metrics,
+    credentials: Option<DiscoveredCredentials>,
+    leader: Option<tokio::sync::watch::Receiver<bool>>,
     subscription: Option<Subscription>,
 }
 
@@ -197,7 +212,7 @@ impl std::fmt::Debug for Deployer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Deployer")
             .field("config", &self.config)
-            .field("instances", &self.drivers.keys().collect::<Vec<_>>())
+            .field("instances", &self.fleet.names())
             .finish_non_exhaustive()
     }
 }
@@ -235,14 +250,53 @@ impl Deployer {
         managed: Option<ManagedHaproxy>,
         metrics: Metrics,
     ) -> Self {
+        let fleet = Fleet::new();
+        for driver in drivers.into_values() {
+            fleet.insert(Driver::Socket(driver));
+        }
         Self {
             config,
-            drivers,
+            fleet,
             store,
             managed,
             metrics,
+            credentials: None,
+            leader: None,
             subscription: None,
         }
+    }
+
+    /// Adds static Data Plane API instances.
+    #[must_use]
+    pub fn with_dataplane(self, drivers: impl IntoIterator<Item = DataplaneDriver>) -> Self {
+        for driver in drivers {
+            self.fleet.insert(Driver::Dataplane(Arc::new(driver)));
+        }
+        self
+    }
+
+    /// How to reach discovered Data Plane API instances (`InstancesDiscovered`).
+    /// Without it a discovered instance fails its deployments with an error that
+    /// says so.
+    #[must_use]
+    pub fn with_discovery(mut self, credentials: DiscoveredCredentials) -> Self {
+        self.credentials = Some(credentials);
+        self
+    }
+
+    /// Gates deployments on leadership: only while `leader` holds `true` does the
+    /// deployer deploy (a follower keeps the latest scheduled config); on a
+    /// `false`→`true` change it deploys that config at once. Without it, it always
+    /// deploys.
+    #[must_use]
+    pub fn with_leadership(mut self, leader: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.leader = Some(leader);
+        self
+    }
+
+    /// The fleet this deployer drives (for the drift monitor and status).
+    pub fn fleet(&self) -> Fleet {
+        self.fleet.clone()
     }
 }
 
@@ -256,9 +310,11 @@ struct Round {
 
 struct Runner {
     config: Config,
-    drivers: BTreeMap<String, Arc<SocketDriver>>,
+    fleet: Fleet,
     store: LastDeployedStore,
     metrics: Metrics,
+    credentials: Option<DiscoveredCredentials>,
+    static_names: std::collections::BTreeSet<String>,
 }
 
 impl Runner {
@@ -332,9 +388,9 @@ impl Runner {
     ) -> Result<(), Diagnostic> {
         let hash = round.config.hash();
         let publisher = ctx.publisher();
-        let Some(driver) = self.drivers.get(instance) else {
+        let Some(driver) = self.fleet.get(instance) else {
             let error = Diagnostic::error(format!(
-                "instance `{instance}` has no socket driver in this deployer"
+                "instance `{instance}` has no driver in this deployer"
             ));
             publisher.reply(
                 &round.cause,
@@ -417,7 +473,8 @@ impl Runner {
         instance: &str,
         desired: Option<&Arc<RenderedConfig>>,
     ) -> Option<Result<ContentHash, Diagnostic>> {
-        let driver = self.drivers.get(instance)?;
+        let driver = self.fleet.get(instance)?;
+        let driver = driver.managed_socket()?;
         let started = Instant::now();
         let record = self.store.get(instance);
         let deployed_before = record.is_some_and(|r| r.deployed.is_some() || r.reloads > 0);
@@ -588,7 +645,13 @@ impl Component for Deployer {
     }
 
     fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
-        self.subscription = Some(bus.subscribe(Self::NAME, [EventKind::DeploymentScheduled])?);
+        self.subscription = Some(bus.subscribe(
+            Self::NAME,
+            [
+                EventKind::DeploymentScheduled,
+                EventKind::InstancesDiscovered,
+            ],
+        )?);
         Ok(())
     }
 
@@ -597,46 +660,92 @@ impl Component for Deployer {
             .subscription
             .ok_or("deployer started without subscribing")?;
         let managed_names: Vec<String> = self
-            .drivers
-            .values()
-            .filter(|d| d.instance().managed)
-            .map(|d| d.instance().name.clone())
+            .fleet
+            .drivers()
+            .iter()
+            .filter(|d| d.managed_socket().is_some())
+            .map(|d| d.name().to_owned())
             .collect();
         let managed = self.managed;
+        let mut leader = self.leader;
         let runner = Runner {
             config: self.config,
-            drivers: self.drivers,
+            static_names: self.fleet.names().into_iter().collect(),
+            fleet: self.fleet,
             store: self.store,
             metrics: self.metrics,
+            credentials: self.credentials,
         };
+        let mut fleet = FleetState::default();
         let mut retry: Option<(Round, Instant, u32)> = None;
         // The latest scheduled round: what the instances should run.
         let mut last: Option<Round> = None;
+        let mut is_leader = leader.as_ref().is_none_or(|l| *l.borrow());
         let mut ready_events = managed
             .as_ref()
             .filter(|_| !managed_names.is_empty())
             .map(ManagedHaproxy::ready_events);
         // Starts that came up while no deployer ran (e.g. during a reinit).
-        runner
-            .adopt_starts(&ctx, &managed_names, None, &mut retry)
-            .await;
+        if is_leader {
+            runner
+                .adopt_starts(&ctx, &managed_names, None, &mut retry)
+                .await;
+        }
         let mut health_tick = tokio::time::interval(Duration::from_secs(1));
         health_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ctx.health().healthy();
         loop {
-            let retry_at = retry.as_ref().map(|(_, at, _)| *at);
+            let retry_at = retry.as_ref().filter(|_| is_leader).map(|(_, at, _)| *at);
             let mut round = tokio::select! {
                 biased;
                 () = ctx.cancelled() => return Ok(()),
-                event = subscription.recv() => match event.as_ref().and_then(round_of) {
-                    Some(round) => round,
-                    None if event.is_none() => return Ok(()),
-                    None => continue,
-                },
+                became = leadership_changed(&mut leader) => {
+                    let was = is_leader;
+                    is_leader = became;
+                    if was || !is_leader {
+                        continue;
+                    }
+                    tracing::info!("Leadership acquired; deploying the latest config");
+                    let Some(last) = &last else { continue };
+                    let mut round = last.clone();
+                    round.drift_check = true;
+                    round
+                }
+                event = subscription.recv() => {
+                    let Some(event) = event else { return Ok(()) };
+                    match &event.payload {
+                        EventPayload::DeploymentScheduled(_) => match round_of(&event) {
+                            Some(round) => round,
+                            None => continue,
+                        },
+                        EventPayload::InstancesDiscovered(discovered) => {
+                            let added = runner.discovered(
+                                &mut fleet,
+                                &discovered.source,
+                                &discovered.instances,
+                                &mut last,
+                                &mut retry,
+                            );
+                            // A new instance gets the last good config at once.
+                            match (&last, is_leader && !added.is_empty()) {
+                                (Some(last), true) => {
+                                    let mut round = last.clone();
+                                    round.instances = added;
+                                    round.drift_check = false;
+                                    round
+                                }
+                                _ => continue,
+                            }
+                        }
+                        _ => continue,
+                    }
+                }
                 () = ready_changed(&mut ready_events) => {
-                    runner
-                        .adopt_starts(&ctx, &managed_names, last.as_ref(), &mut retry)
-                        .await;
+                    if is_leader {
+                        runner
+                            .adopt_starts(&ctx, &managed_names, last.as_ref(), &mut retry)
+                            .await;
+                    }
                     if let Some(managed) = &managed {
                         report_managed_health(&ctx, managed, &managed_names, retry.is_none()).await;
                     }
@@ -644,12 +753,7 @@ impl Component for Deployer {
                 }
                 () = sleep_until(retry_at) => {
                     let (round, _, _) = retry.as_ref().expect("retry is set");
-                    Round {
-                        config: round.config.clone(),
-                        instances: round.instances.clone(),
-                        drift_check: round.drift_check,
-                        cause: round.cause.clone(),
-                    }
+                    round.clone()
                 }
                 _ = health_tick.tick(), if !managed_names.is_empty() => {
                     if let Some(managed) = &managed {
@@ -658,20 +762,44 @@ impl Component for Deployer {
                     continue;
                 }
             };
-            // Latest wins: a newer scheduled deployment replaces this one.
+            // Latest wins: a newer scheduled deployment replaces this one; instance
+            // changes that came meanwhile apply to it.
             while let Some(newer) = subscription.try_recv() {
-                if let Some(newer) = round_of(&newer) {
-                    let drift = round.drift_check || newer.drift_check;
-                    round = newer;
-                    round.drift_check = drift;
+                match &newer.payload {
+                    EventPayload::InstancesDiscovered(discovered) => {
+                        let added = runner.discovered(
+                            &mut fleet,
+                            &discovered.source,
+                            &discovered.instances,
+                            &mut last,
+                            &mut retry,
+                        );
+                        round.instances.retain(|name| runner.fleet.contains(name));
+                        for name in added {
+                            if !round.instances.contains(&name) {
+                                round.instances.push(name);
+                            }
+                        }
+                    }
+                    _ => {
+                        if let Some(newer) = round_of(&newer) {
+                            let drift = round.drift_check || newer.drift_check;
+                            round = newer;
+                            round.drift_check = drift;
+                        }
+                    }
                 }
             }
-            // A retry round is a part of the latest one.
+            // A retry or a round for new instances is a part of the latest one.
             if !last
                 .as_ref()
                 .is_some_and(|l| Arc::ptr_eq(&l.cause, &round.cause))
             {
                 last = Some(round.clone());
+            }
+            if !is_leader {
+                tracing::debug!(hash = %round.config.hash().short(), "Not the leader; keeping the config for when this replica leads");
+                continue;
             }
             let span = tracing::info_span!(
                 "deployment",
@@ -682,7 +810,16 @@ impl Component for Deployer {
             let is_retry = retry
                 .as_ref()
                 .is_some_and(|(r, _, _)| Arc::ptr_eq(&r.cause, &round.cause));
-            retry = if failed.is_empty() {
+            // Instances of a waiting retry that this round did not cover stay in it.
+            let mut still_failing = failed;
+            if is_retry && let Some((waiting, ..)) = &retry {
+                for name in &waiting.instances {
+                    if !round.instances.contains(name) && !still_failing.contains(name) {
+                        still_failing.push(name.clone());
+                    }
+                }
+            }
+            retry = if still_failing.is_empty() {
                 None
             } else {
                 let attempt = if is_retry {
@@ -695,11 +832,11 @@ impl Component for Deployer {
                     .min_retry_delay
                     .saturating_mul(1 << (attempt - 1).min(16))
                     .min(runner.config.max_retry_delay);
-                tracing::info!(?delay, instances = ?failed, "Retrying failed instances");
+                tracing::info!(?delay, instances = ?still_failing, "Retrying failed instances");
                 Some((
                     Round {
                         config: round.config.clone(),
-                        instances: failed,
+                        instances: still_failing,
                         drift_check: round.drift_check,
                         cause: round.cause.clone(),
                     },
@@ -708,6 +845,109 @@ impl Component for Deployer {
                 ))
             };
         }
+    }
+}
+
+/// The discovered instances, per discovery source.
+#[derive(Debug, Default)]
+struct FleetState {
+    discovered: BTreeMap<Arc<str>, std::collections::BTreeSet<String>>,
+}
+
+impl Runner {
+    /// Applies one `InstancesDiscovered`: drivers for new instances, forgets the
+    /// vanished ones (store, metrics, retry, the latest round). Returns the names
+    /// added to the fleet.
+    fn discovered(
+        &self,
+        state: &mut FleetState,
+        source: &Arc<str>,
+        instances: &[InstanceRef],
+        last: &mut Option<Round>,
+        retry: &mut Option<(Round, Instant, u32)>,
+    ) -> Vec<String> {
+        let now: std::collections::BTreeSet<String> =
+            instances.iter().map(|i| i.name.clone()).collect();
+        let before = state
+            .discovered
+            .insert(source.clone(), now.clone())
+            .unwrap_or_default();
+        let elsewhere = |name: &String, state: &FleetState| {
+            self.static_names.contains(name)
+                || state
+                    .discovered
+                    .iter()
+                    .any(|(other, names)| other != source && names.contains(name))
+        };
+        let mut added = Vec::new();
+        for instance in instances {
+            if self.static_names.contains(&instance.name) {
+                tracing::warn!(instance = %instance.name, %source, "A discovered instance has the name of a static one; keeping the static one");
+                continue;
+            }
+            if self.fleet.contains(&instance.name) && before.contains(&instance.name) {
+                continue;
+            }
+            if self.fleet.contains(&instance.name) {
+                // Already known through another source.
+                continue;
+            }
+            let Some(credentials) = &self.credentials else {
+                tracing::warn!(instance = %instance.name, %source, "Discovered an instance, but no discovery credentials are configured");
+                continue;
+            };
+            match credentials.driver(instance, &self.metrics) {
+                Ok(driver) => {
+                    tracing::info!(instance = %instance.name, address = %instance.address, %source, "Instance discovered");
+                    self.fleet.insert(driver);
+                    self.metrics.out_of_sync(&instance.name);
+                    added.push(instance.name.clone());
+                }
+                Err(error) => {
+                    tracing::warn!(instance = %instance.name, %source, %error, "Discovered instance ignored");
+                }
+            }
+        }
+        for name in before.difference(&now) {
+            if elsewhere(name, state) {
+                continue;
+            }
+            tracing::info!(instance = %name, %source, "Instance gone; forgetting it");
+            self.fleet.remove(name);
+            self.store.forget(name);
+            self.metrics.forget(name);
+            if let Some((round, ..)) = retry.as_mut() {
+                round.instances.retain(|i| i != name);
+            }
+            if retry.as_ref().is_some_and(|(r, ..)| r.instances.is_empty()) {
+                *retry = None;
+            }
+        }
+        if let Some(last) = last.as_mut() {
+            last.instances.retain(|i| self.fleet.contains(i));
+            for name in &added {
+                if !last.instances.contains(name) {
+                    last.instances.push(name.clone());
+                }
+            }
+        }
+        added
+    }
+}
+
+/// Completes with the new value when the leadership value changes; never without a
+/// leadership gate (or once its sender is gone).
+async fn leadership_changed(leader: &mut Option<tokio::sync::watch::Receiver<bool>>) -> bool {
+    match leader {
+        Some(receiver) => {
+            if receiver.changed().await.is_err() {
+                // The elector is gone: keep the last value and stop watching.
+                *leader = None;
+                return std::future::pending().await;
+            }
+            *receiver.borrow_and_update()
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -118,6 +118,9 @@ pub enum DeployError {
     /// The managed HAProxy did not start.
     #[error(transparent)]
     Managed(#[from] ManagedError),
+    /// A Data Plane API call failed.
+    #[error(transparent)]
+    Dataplane(#[from] crate::dataplane::DataplaneError),
 }
 
 fn alerts_suffix(alerts: &[String]) -> String {
@@ -260,27 +263,17 @@ impl SocketDriver {
             );
             return self.reload(desired, desired_model, None, plan).await;
         };
-        if drift_check {
-            let actual = self.master.worker_env(VERSION_VARIABLE).await?;
-            if actual.as_deref() != Some(running.marker.as_str()) {
-                let plan = ChangePlan::reload(
-                    ReloadReason::Drift,
-                    format!(
-                        "worker runs version {}, expected {}",
-                        actual.as_deref().unwrap_or("(none)"),
-                        running.marker
-                    ),
-                );
-                return self
-                    .reload(desired, desired_model, Some(&running), plan)
-                    .await;
-            }
+        if drift_check && let Some(detail) = self.drift_of(&running).await? {
+            let plan = ChangePlan::reload(ReloadReason::Drift, detail);
+            // The files on disk are not what `running` says: write every one.
+            return self.reload(desired, desired_model, None, plan).await;
         }
         let plan = plan::plan(&running.config, &running.model, &desired, &desired_model);
         match plan.strategy() {
             DeployStrategy::Noop => {
                 if running.config.hash() != desired.hash() {
-                    self.write_files(&desired, &running.marker, Some(&running.config))?;
+                    self.write_files(&desired, &running.marker, Some(&running.config))
+                        .await?;
                 }
                 Ok(Deployed {
                     config: desired,
@@ -294,7 +287,8 @@ impl SocketDriver {
             }
             DeployStrategy::Runtime => match self.apply_runtime(&plan).await {
                 Ok(count) => {
-                    self.write_files(&desired, &running.marker, Some(&running.config))?;
+                    self.write_files(&desired, &running.marker, Some(&running.config))
+                        .await?;
                     Ok(Deployed {
                         config: desired,
                         model: desired_model,
@@ -321,6 +315,47 @@ impl SocketDriver {
                     .await
             }
         }
+    }
+
+    /// Whether the instance runs something else than `deployed`: `None` when in
+    /// sync, otherwise what differs — the worker's version marker is not the
+    /// deployed one (a reload outside hapwright), or the files in the config
+    /// directory were changed (they are what the next reload or restart runs).
+    pub async fn check_drift(&self, deployed: &Deployed) -> Result<Option<String>, DeployError> {
+        let _serial = self.serial.lock().await;
+        self.drift_of(deployed).await
+    }
+
+    async fn drift_of(&self, running: &Deployed) -> Result<Option<String>, DeployError> {
+        let actual = self.master.worker_env(VERSION_VARIABLE).await?;
+        if actual.as_deref() != Some(running.marker.as_str()) {
+            return Ok(Some(format!(
+                "worker runs version {}, expected {}",
+                actual.as_deref().unwrap_or("(none)"),
+                running.marker
+            )));
+        }
+        let on_disk = self.dir.read_rendered().map_err(|e| self.files_error(e))?;
+        let Some((config, marker)) = on_disk else {
+            return Ok(Some(format!(
+                "{} is missing",
+                self.instance.config_dir.join("haproxy.cfg").display()
+            )));
+        };
+        let (expected_main, _) = crate::files::strip_version_marker(
+            &crate::files::with_version_marker(running.config.main(), &running.marker),
+        );
+        let same = marker.as_deref() == Some(running.marker.as_str())
+            && **config.main() == *expected_main
+            && config.maps() == running.config.maps()
+            && config.files() == running.config.files()
+            && config.certificates() == running.config.certificates();
+        Ok((!same).then(|| {
+            format!(
+                "the files in {} were changed outside hapwright",
+                self.instance.config_dir.display()
+            )
+        }))
     }
 
     /// The config in the directory, when its marker is what the worker runs.
@@ -350,7 +385,8 @@ impl SocketDriver {
     ) -> Result<Deployed, DeployError> {
         let marker = desired.hash().short();
         let backup = self.dir.snapshot().map_err(|e| self.files_error(e))?;
-        self.write_files(&desired, &marker, running.as_ref().map(|r| &*r.config))?;
+        self.write_files(&desired, &marker, running.as_ref().map(|r| &r.config))
+            .await?;
         let (reason, detail) = if running.is_some() {
             (ReloadReason::Restart, "managed HAProxy (re)started")
         } else {
@@ -473,15 +509,21 @@ impl SocketDriver {
         }
     }
 
-    fn write_files(
+    /// Writes the files on the blocking pool: every file is fsynced, and a fleet's
+    /// deployments run concurrently on the same executor threads.
+    async fn write_files(
         &self,
-        config: &RenderedConfig,
+        config: &Arc<RenderedConfig>,
         marker: &str,
-        previous: Option<&RenderedConfig>,
+        previous: Option<&Arc<RenderedConfig>>,
     ) -> Result<(), DeployError> {
-        self.dir
-            .write(config, marker, previous)
-            .map_err(|e| self.files_error(e))
+        let dir = self.dir.clone();
+        let (config, marker, previous) = (config.clone(), marker.to_owned(), previous.cloned());
+        let outcome =
+            tokio::task::spawn_blocking(move || dir.write(&config, &marker, previous.as_deref()))
+                .await
+                .unwrap_or_else(|join| Err(std::io::Error::other(join)));
+        outcome.map_err(|e| self.files_error(e))
     }
 
     /// Applies runtime changes in order; returns how many, or what was refused.
@@ -638,7 +680,8 @@ impl SocketDriver {
         let label = reason.reload.unwrap_or(ReloadReason::Structure).as_str();
         let marker = desired.hash().short();
         let backup = self.dir.snapshot().map_err(|e| self.files_error(e))?;
-        self.write_files(&desired, &marker, running.map(|r| &*r.config))?;
+        self.write_files(&desired, &marker, running.map(|r| &r.config))
+            .await?;
         self.dump_server_state(&desired_model, &plan).await;
         let logs = match &self.managed {
             Some(managed) => managed.logs(&self.instance.name).await,

@@ -4,9 +4,12 @@
 
 pub mod config;
 
+pub mod dataplane;
 pub mod deployer;
+pub mod drift;
 pub mod driver;
 pub mod files;
+pub mod fleet;
 pub mod haproxy_config;
 pub mod managed;
 pub mod master;

@@ -16,6 +16,7 @@ pub struct Metrics {
     runtime_commands: IntCounterVec,
     last_success: GaugeVec,
     in_sync: IntGaugeVec,
+    drift: IntCounterVec,
 }
 
 fn result(ok: bool) -> &'static str {
@@ -32,6 +33,7 @@ impl Metrics {
         registry.register(Box::new(metrics.runtime_commands.clone()))?;
         registry.register(Box::new(metrics.last_success.clone()))?;
         registry.register(Box::new(metrics.in_sync.clone()))?;
+        registry.register(Box::new(metrics.drift.clone()))?;
         Ok(metrics)
     }
 
@@ -84,6 +86,13 @@ impl Metrics {
                 ),
                 &["instance"],
             )?,
+            drift: IntCounterVec::new(
+                Opts::new(
+                    "hapwright_drift_detected_total",
+                    "Times the drift monitor found an instance running another config than deployed.",
+                ),
+                &["instance"],
+            )?,
         })
     }
 
@@ -123,5 +132,76 @@ impl Metrics {
     /// Marks an instance as out of sync (a newer config is waiting for it).
     pub fn out_of_sync(&self, instance: &str) {
         self.in_sync.with_label_values(&[instance]).set(0);
+    }
+
+    /// Records one drift found on `instance`.
+    pub fn drift_detected(&self, instance: &str) {
+        self.drift.with_label_values(&[instance]).inc();
+    }
+
+    /// Drift detections recorded for `instance` (tests, status).
+    pub fn drift_count(&self, instance: &str) -> u64 {
+        self.drift.with_label_values(&[instance]).get()
+    }
+
+    /// Drops every series labelled with `instance` (a discovered instance that went
+    /// away), so removed pods do not linger in `/metrics`.
+    pub fn forget(&self, instance: &str) {
+        let labels: std::collections::HashMap<&str, &str> =
+            std::iter::once(("instance", instance)).collect();
+        let _ = self.duration.remove(&labels);
+        let _ = self.last_success.remove(&labels);
+        let _ = self.in_sync.remove(&labels);
+        let _ = self.drift.remove(&labels);
+        for vec in [&self.deployments, &self.reloads, &self.runtime_commands] {
+            for family in prometheus::core::Collector::collect(vec) {
+                for metric in family.get_metric() {
+                    let pairs = metric.get_label();
+                    if pairs
+                        .iter()
+                        .any(|p| p.name() == "instance" && p.value() == instance)
+                    {
+                        let values: std::collections::HashMap<&str, &str> =
+                            pairs.iter().map(|p| (p.name(), p.value())).collect();
+                        let _ = vec.remove(&values);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forgetting_an_instance_drops_its_series() {
+        let registry = Registry::new();
+        let metrics = Metrics::register(&registry).unwrap();
+        for instance in ["gone", "kept"] {
+            metrics.deployment(instance, DeployStrategy::Reload, true, 0.1);
+            metrics.reload(instance, true, "first_deploy");
+            metrics.runtime_command(instance, "server", false);
+            metrics.drift_detected(instance);
+        }
+        assert_eq!(metrics.drift_count("gone"), 1);
+        metrics.forget("gone");
+        let mut seen = std::collections::BTreeSet::new();
+        for family in registry.gather() {
+            for metric in family.get_metric() {
+                for label in metric.get_label() {
+                    if label.name() == "instance" {
+                        seen.insert((family.name().to_owned(), label.value().to_owned()));
+                    }
+                }
+            }
+        }
+        assert!(seen.iter().all(|(_, i)| i == "kept"), "{seen:?}");
+        assert!(seen.contains(&(
+            "hapwright_drift_detected_total".to_owned(),
+            "kept".to_owned()
+        )));
+        assert!(seen.contains(&("hapwright_reloads_total".to_owned(), "kept".to_owned())));
     }
 }

@@ -651,6 +651,15 @@ fn plan_files(plan: &mut ChangePlan, running: &RenderedConfig, desired: &Rendere
                         });
                     }
                 }
+                Some(_) if dir == "files" && !loaded_as_patterns(desired.main(), &file) => {
+                    plan.force(
+                        ReloadReason::NewFile,
+                        format!(
+                            "{file} changed; HAProxy reads it only when it loads the config \
+                             (it is not used as a map or ACL file)"
+                        ),
+                    );
+                }
                 Some(_) => plan.ops.push(RuntimeOp::ReplacePatterns {
                     file,
                     content: content.clone(),
@@ -660,5 +669,57 @@ fn plan_files(plan: &mut ChangePlan, running: &RenderedConfig, desired: &Rendere
         if let Some(name) = old.keys().find(|name| !new.contains_key(*name)) {
             plan.force(ReloadReason::NewFile, format!("{dir}/{name} removed"));
         }
+    }
+}
+
+/// Whether `main` loads `file` as a pattern file the runtime API can replace: as the
+/// argument of a `map*(...)` converter or an `*-map`/`*-acl` action, or after `-f` in
+/// an ACL. Other uses (`crt-list`, `errorfile`, `lua-load`, ...) are read only when
+/// HAProxy loads its configuration, so a change to such a file needs a reload.
+fn loaded_as_patterns(main: &str, file: &str) -> bool {
+    main.lines().any(|line| {
+        let line = line.trim_start();
+        if line.starts_with('#') {
+            return false;
+        }
+        line.match_indices(file).any(|(at, _)| {
+            let after = line[at + file.len()..].chars().next();
+            if after.is_some_and(|c| !matches!(c, ')' | ',' | ' ' | '\t' | '"' | '\'')) {
+                // A longer path that merely starts with this one.
+                return false;
+            }
+            let before = line[..at].trim_end_matches(['"', '\'']);
+            if let Some(call) = before.strip_suffix('(') {
+                let name_start = call
+                    .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+                    .map_or(0, |i| i + 1);
+                let name = &call[name_start..];
+                name.starts_with("map") || name.ends_with("-map") || name.ends_with("-acl")
+            } else {
+                before.trim_end().ends_with(" -f") || before.trim_end() == "-f"
+            }
+        })
+    })
+}
+
+#[cfg(test)]
+mod pattern_file_tests {
+    use super::loaded_as_patterns;
+
+    #[test]
+    fn maps_and_acl_files_are_patterns_other_uses_are_not() {
+        let main = "frontend f\n    acl blocked src -f files/blocked.acl\n    \
+                    use_backend %[req.hdr(host),lower,map_dom(files/hosts.txt,be_default)]\n    \
+                    http-request set-map(files/seen.map) %[src] 1\n    \
+                    bind :443 ssl crt-list files/tls.crtlist\n    \
+                    errorfile 503 files/503.http\n    \
+                    # map(files/commented.map)\n";
+        assert!(loaded_as_patterns(main, "files/blocked.acl"));
+        assert!(loaded_as_patterns(main, "files/hosts.txt"));
+        assert!(loaded_as_patterns(main, "files/seen.map"));
+        assert!(!loaded_as_patterns(main, "files/tls.crtlist"));
+        assert!(!loaded_as_patterns(main, "files/503.http"));
+        assert!(!loaded_as_patterns(main, "files/commented.map"));
+        assert!(!loaded_as_patterns(main, "files/blocked"));
     }
 }

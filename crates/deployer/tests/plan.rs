@@ -109,3 +109,39 @@ fn unchanged_or_comment_only_renders_are_noops() {
     let commented = render("# routing\nbackend be_a\n    server s1 10.0.0.1:80 # main\n");
     assert_eq!(compute(&old, &commented).strategy(), DeployStrategy::Noop);
 }
+
+#[test]
+fn a_changed_file_that_is_not_a_pattern_file_reloads_with_the_reason() {
+    let with_files = |crt_list: &str, acl: &str| {
+        let main = "global\n    maxconn 100\n\nfrontend f\n    mode http\n    bind :8443 ssl crt-list files/tls.crtlist\n    acl blocked src -f files/blocked.acl\n    http-request deny if blocked\n";
+        let mut files = BTreeMap::new();
+        files.insert("tls.crtlist".to_owned(), Arc::<str>::from(crt_list));
+        files.insert("blocked.acl".to_owned(), Arc::<str>::from(acl));
+        RenderedConfig::new(
+            main.to_owned(),
+            BTreeMap::new(),
+            files,
+            BTreeMap::new(),
+            SourceMap::default(),
+        )
+    };
+    let old = with_files("certs/a.pem\n", "10.0.0.1\n");
+
+    let acl_only = compute(&old, &with_files("certs/a.pem\n", "10.0.0.2\n"));
+    assert_eq!(acl_only.strategy(), DeployStrategy::Runtime);
+    assert!(matches!(
+        &acl_only.ops[..],
+        [RuntimeOp::ReplacePatterns { file, .. }] if file == "files/blocked.acl"
+    ));
+
+    let crt_list = compute(
+        &old,
+        &with_files("certs/a.pem\ncerts/b.pem\n", "10.0.0.1\n"),
+    );
+    let reload = crt_list.reload.as_ref().unwrap();
+    assert_eq!(reload.reload, Some(ReloadReason::NewFile));
+    assert!(
+        reload.detail.contains("files/tls.crtlist changed"),
+        "{reload:?}"
+    );
+}

@@ -13,12 +13,16 @@
 //! - [`filewatch`]: watching files and directories with notify, surviving ConfigMap
 //!   symlink swaps and editor save patterns, plus a periodic rescan.
 //! - [`files`]: the `files` source component ([`FilesSource`]).
+//! - [`kubernetes`]: the Kubernetes client, the `kubernetes` source
+//!   ([`KubernetesSource`]), HAProxy pod discovery and leader election.
 
 pub mod config;
 pub mod files;
 pub mod filewatch;
+pub mod kubernetes;
 pub mod manifest;
 pub mod yaml;
 
 pub use config::Config;
 pub use files::FilesSource;
+pub use kubernetes::KubernetesSource;

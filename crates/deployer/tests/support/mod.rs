@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod dataplane;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -211,6 +213,42 @@ impl Haproxy {
         haproxy.child = Some(child);
         haproxy.wait_ready().await;
         haproxy
+    }
+
+    /// Kills HAProxy (SIGKILL to the master; the worker follows), keeping the
+    /// directory.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // The worker may outlive the master for a moment; wait until the master
+        // socket no longer answers.
+        let _ = std::fs::remove_file(self.master_path());
+    }
+
+    /// Starts HAProxy again on the files in the directory.
+    pub async fn restart(&mut self) {
+        assert!(self.child.is_none(), "still running");
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(self.dir.path().join("haproxy.log"))
+            .unwrap();
+        let child = Command::new("haproxy")
+            .arg("-W")
+            .arg("-S")
+            .arg(self.master_path())
+            .arg("-f")
+            .arg("haproxy.cfg")
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("haproxy runs");
+        self.child = Some(child);
+        self.wait_ready().await;
     }
 
     /// The master socket path.

@@ -1,0 +1,507 @@
+//! The deployer driving a fleet: the leadership gate (paused time), discovered
+//! instances joining and leaving, a mixed fleet of three real HAProxy 2.6 processes
+//! (socket driver) and two Data Plane API servers in one deployment, an instance
+//! killed mid-deployment recovering through retries, and drift repaired after an
+//! out-of-band change plus reload.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hapwright_deployer::dataplane::{DataplaneClient, DataplaneDriver, Endpoint, Settings};
+use hapwright_deployer::deployer::{Config, Deployer, LastDeployedStore, StoreClassifier};
+use hapwright_deployer::drift::{self, DriftMonitor};
+use hapwright_deployer::driver::SocketDriver;
+use hapwright_deployer::fleet::DiscoveredCredentials;
+use hapwright_deployer::metrics::Metrics;
+use hapwright_deployer::scheduler::{self, Scheduler};
+use hapwright_eventbus::config::Secret;
+use hapwright_eventbus::model::{
+    DeployStrategy, InstanceDriver, InstanceRef, ReloadReason, RenderedConfig,
+};
+use hapwright_eventbus::{
+    Bus, BusConfig, BusMetrics, DeploymentScheduled, Event, EventKind, EventPayload,
+    InstancesDiscovered, Kernel, Publisher, RunningKernel, Subscription, ValidationCompleted,
+};
+use support::dataplane::{DataplaneServer, PASSWORD, USER};
+use support::{Backend, Haproxy, config, free_port, rendered, wait_for_body};
+use tokio::sync::watch;
+use tokio::time::timeout;
+
+fn fast_settings() -> Settings {
+    Settings {
+        min_delay: Duration::from_millis(5),
+        max_delay: Duration::from_millis(20),
+        poll_interval: Duration::from_millis(5),
+        ..Settings::default()
+    }
+}
+
+fn fast_config() -> Config {
+    Config {
+        deployment_timeout: Duration::from_secs(20),
+        concurrency: 8,
+        min_retry_delay: Duration::from_millis(100),
+        max_retry_delay: Duration::from_millis(400),
+    }
+}
+
+fn dataplane_driver(name: &str, server: &DataplaneServer, metrics: &Metrics) -> DataplaneDriver {
+    let endpoint = Endpoint {
+        url: server.url.clone(),
+        username: USER.to_owned(),
+        password: Secret::new(PASSWORD),
+        ca_file: None,
+    };
+    DataplaneDriver::new(
+        name,
+        server.url.clone(),
+        DataplaneClient::new(&endpoint, fast_settings()).unwrap(),
+        metrics.clone(),
+    )
+}
+
+struct Harness {
+    kernel: Option<RunningKernel>,
+    publisher: Publisher,
+    events: Subscription,
+}
+
+impl Harness {
+    fn start(components: impl FnOnce(&mut Kernel)) -> Self {
+        let registry = prometheus::Registry::new();
+        let bus = Bus::new(
+            BusConfig::default(),
+            &BusMetrics::register(&registry).unwrap(),
+        );
+        let events = bus
+            .subscribe(
+                "test",
+                [
+                    EventKind::DeploymentStarted,
+                    EventKind::InstanceDeployed,
+                    EventKind::InstanceDeploymentFailed,
+                    EventKind::DeploymentCompleted,
+                    EventKind::DriftDetected,
+                ],
+            )
+            .unwrap();
+        let publisher = bus.publisher();
+        let mut kernel = Kernel::new(bus);
+        components(&mut kernel);
+        Self {
+            kernel: Some(kernel.start().unwrap()),
+            publisher,
+            events,
+        }
+    }
+
+    fn schedule(&self, config: &Arc<RenderedConfig>, instances: &[&str]) {
+        self.publisher.publish(DeploymentScheduled {
+            config: config.clone(),
+            instances: instances.iter().map(|s| (*s).to_owned()).collect(),
+            drift_check: false,
+        });
+    }
+
+    /// The next event matching `pick`, within `within`.
+    async fn next<T>(&mut self, within: Duration, mut pick: impl FnMut(&Event) -> Option<T>) -> T {
+        timeout(within, async {
+            loop {
+                let event = self.events.recv().await.expect("bus open");
+                if let Some(found) = pick(&event) {
+                    return found;
+                }
+            }
+        })
+        .await
+        .expect("event within the deadline")
+    }
+
+    /// Whether an event matching `pick` comes within `within`.
+    async fn any(&mut self, within: Duration, mut pick: impl FnMut(&Event) -> bool) -> bool {
+        timeout(within, async {
+            loop {
+                let event = self.events.recv().await.expect("bus open");
+                if pick(&event) {
+                    return;
+                }
+            }
+        })
+        .await
+        .is_ok()
+    }
+
+    async fn completed(&mut self) -> (Vec<String>, Vec<String>) {
+        self.next(Duration::from_secs(60), |event| match &event.payload {
+            EventPayload::DeploymentCompleted(done) => {
+                Some((done.summary.succeeded.clone(), done.summary.failed.clone()))
+            }
+            _ => None,
+        })
+        .await
+    }
+
+    async fn stop(mut self) {
+        if let Some(kernel) = self.kernel.take() {
+            kernel.shutdown(Duration::from_secs(10)).await;
+        }
+    }
+}
+
+fn plain(text: &str) -> Arc<RenderedConfig> {
+    rendered(text, &[])
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_deploys_only_while_it_leads() {
+    let (leader, follower) = watch::channel(false);
+    let deployer = Deployer::with_drivers(
+        fast_config(),
+        BTreeMap::new(),
+        LastDeployedStore::new(),
+        None,
+        Metrics::unregistered().unwrap(),
+    )
+    .with_leadership(follower);
+    let mut harness = Harness::start(|kernel| {
+        kernel.register(deployer);
+    });
+    let (v1, v2) = (plain("global\n# v1\n"), plain("global\n# v2\n"));
+    harness.schedule(&v1, &["ghost"]);
+    harness.schedule(&v2, &["ghost"]);
+    assert!(
+        !harness
+            .any(Duration::from_secs(3600), |e| matches!(
+                e.payload,
+                EventPayload::DeploymentStarted(_)
+            ))
+            .await,
+        "a follower does not deploy"
+    );
+
+    // Leadership acquired: the latest config goes out at once.
+    leader.send(true).unwrap();
+    let hash = harness
+        .next(Duration::from_millis(1), |e| match &e.payload {
+            EventPayload::DeploymentStarted(started) => Some(started.hash),
+            _ => None,
+        })
+        .await;
+    assert_eq!(hash, v2.hash());
+    // `ghost` has no driver: it fails and waits for a retry.
+    let (_, failed) = harness.completed().await;
+    assert_eq!(failed, ["ghost"]);
+
+    // Leadership lost: no retries while following.
+    leader.send(false).unwrap();
+    assert!(
+        !harness
+            .any(Duration::from_secs(3600), |e| matches!(
+                e.payload,
+                EventPayload::DeploymentStarted(_)
+            ))
+            .await,
+        "no retries while following"
+    );
+    // A config scheduled meanwhile is remembered and deployed on the next takeover.
+    let v3 = plain("global\n# v3\n");
+    harness.schedule(&v3, &[]);
+    leader.send(true).unwrap();
+    let hash = harness
+        .next(Duration::from_millis(1), |e| match &e.payload {
+            EventPayload::DeploymentStarted(started) => Some(started.hash),
+            _ => None,
+        })
+        .await;
+    assert_eq!(hash, v3.hash());
+    harness.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_leadership_gate_it_always_deploys() {
+    let deployer = Deployer::with_drivers(
+        fast_config(),
+        BTreeMap::new(),
+        LastDeployedStore::new(),
+        None,
+        Metrics::unregistered().unwrap(),
+    );
+    let mut harness = Harness::start(|kernel| {
+        kernel.register(deployer);
+    });
+    let v1 = plain("global\n# v1\n");
+    harness.schedule(&v1, &[]);
+    let (succeeded, failed) = harness.completed().await;
+    assert!(succeeded.is_empty() && failed.is_empty());
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovered_instances_get_the_last_config_at_once_and_are_forgotten_when_gone() {
+    let (a, b) = (
+        DataplaneServer::start("global\n").await,
+        DataplaneServer::start("global\n").await,
+    );
+    let store = LastDeployedStore::new();
+    let metrics = Metrics::unregistered().unwrap();
+    let deployer = Deployer::with_drivers(
+        fast_config(),
+        BTreeMap::new(),
+        store.clone(),
+        None,
+        metrics.clone(),
+    )
+    .with_discovery(DiscoveredCredentials {
+        username: USER.to_owned(),
+        password: Secret::new(PASSWORD),
+        ca_file: None,
+        scheme: "http".to_owned(),
+        settings: fast_settings(),
+    });
+    let fleet = deployer.fleet();
+    let mut harness = Harness::start(|kernel| {
+        kernel.register(deployer);
+    });
+    let v1 = plain("global\n    maxconn 100\n");
+    harness.schedule(&v1, &[]);
+    harness.completed().await;
+
+    let discover = |instances: Vec<InstanceRef>| InstancesDiscovered {
+        source: Arc::from("kubernetes"),
+        instances: Arc::from(instances),
+    };
+    let pod = |name: &str, url: &str, driver| InstanceRef {
+        name: name.to_owned(),
+        driver,
+        address: url.to_owned(),
+    };
+    harness.publisher.publish(discover(vec![
+        pod("pod-a", &a.url, InstanceDriver::Dataplane),
+        pod("pod-sock", "/run/x.sock", InstanceDriver::Socket),
+    ]));
+    let (succeeded, failed) = harness.completed().await;
+    assert_eq!((succeeded, failed), (vec!["pod-a".to_owned()], vec![]));
+    assert!(a.state().running_raw.contains(&v1.hash().short()));
+    assert!(
+        !fleet.contains("pod-sock"),
+        "socket instances are not discoverable"
+    );
+
+    // pod-a goes, pod-b comes.
+    harness.publisher.publish(discover(vec![pod(
+        "pod-b",
+        &b.url,
+        InstanceDriver::Dataplane,
+    )]));
+    let (succeeded, _) = harness.completed().await;
+    assert_eq!(succeeded, ["pod-b"]);
+    assert!(b.state().running_raw.contains(&v1.hash().short()));
+    assert!(!fleet.contains("pod-a"));
+    assert!(store.get("pod-a").is_none(), "the store forgot pod-a");
+    assert!(store.deployed("pod-b").is_some());
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_fleet_deploys_in_one_round_and_a_killed_instance_recovers() {
+    let app = Backend::start("app").await;
+    let next = Backend::start("next").await;
+    // One render for the whole fleet: the frontend binds a unix socket relative to
+    // each instance's directory (HAProxy's working directory), so the instances do
+    // not compete for a port.
+    let render = |server_port: u16, extra: &str| {
+        rendered(
+            &format!(
+                "global\n    stats timeout 30s\n\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
+frontend fe_main\n    bind unix@fe.sock\n    default_backend be_app\n{extra}\n\
+backend be_app\n    balance roundrobin\n    server s1 127.0.0.1:{server_port}\n"
+            ),
+            &[],
+        )
+    };
+    let v1 = render(app.port, "");
+    let mut haproxies = Vec::new();
+    for i in 0..3 {
+        haproxies.push(Haproxy::start(&format!("local-{i}"), &v1, "boot").await);
+    }
+    let (dp1, dp2) = (
+        DataplaneServer::start("global\n").await,
+        DataplaneServer::start("global\n").await,
+    );
+    let metrics = Metrics::unregistered().unwrap();
+    let drivers: BTreeMap<String, Arc<SocketDriver>> = haproxies
+        .iter()
+        .map(|h| {
+            (
+                h.instance.name.clone(),
+                Arc::new(SocketDriver::new(h.instance.clone(), None, metrics.clone())),
+            )
+        })
+        .collect();
+    let store = LastDeployedStore::new();
+    let deployer =
+        Deployer::with_drivers(fast_config(), drivers, store.clone(), None, metrics.clone())
+            .with_dataplane([
+                dataplane_driver("dp-1", &dp1, &metrics),
+                dataplane_driver("dp-2", &dp2, &metrics),
+            ]);
+    let all: Vec<String> = deployer.fleet().names();
+    assert_eq!(all.len(), 5);
+    let names: Vec<&str> = all.iter().map(String::as_str).collect();
+    let mut harness = Harness::start(|kernel| {
+        kernel.register(deployer);
+    });
+
+    harness.schedule(&v1, &names);
+    let (succeeded, failed) = harness.completed().await;
+    assert_eq!(succeeded.len(), 5, "failed: {failed:?}");
+
+    // A runtime change reaches every instance without a reload.
+    let v2 = render(next.port, "");
+    harness.schedule(&v2, &names);
+    let mut strategies = BTreeMap::new();
+    while strategies.len() < 5 {
+        let (name, strategy) = harness
+            .next(Duration::from_secs(30), |e| match &e.payload {
+                EventPayload::InstanceDeployed(d) => Some((d.instance.clone(), d.strategy)),
+                _ => None,
+            })
+            .await;
+        strategies.insert(name, strategy);
+    }
+    assert!(
+        strategies.values().all(|s| *s == DeployStrategy::Runtime),
+        "{strategies:?}"
+    );
+    harness.completed().await;
+    for name in &names {
+        assert_eq!(store.deployed(name).unwrap().config.hash(), v2.hash());
+    }
+
+    // local-2 dies during the next (reloading) deployment; the others go on.
+    haproxies[2].kill();
+    let v3 = render(next.port, "    option forwardfor\n");
+    harness.schedule(&v3, &names);
+    let (succeeded, failed) = harness.completed().await;
+    assert_eq!(failed, ["local-2"]);
+    assert_eq!(succeeded.len(), 4);
+    // Retries keep failing while it is down; it comes back and the retry repairs it.
+    let (_, failed) = harness.completed().await;
+    assert_eq!(failed, ["local-2"]);
+    haproxies[2].restart().await;
+    let recovered = harness
+        .next(Duration::from_secs(30), |e| match &e.payload {
+            EventPayload::DeploymentCompleted(done) if done.summary.succeeded == ["local-2"] => {
+                Some(done.summary.hash)
+            }
+            _ => None,
+        })
+        .await;
+    assert_eq!(recovered, v3.hash());
+    let marker = haproxies[2]
+        .master()
+        .worker_env(hapwright_deployer::files::VERSION_VARIABLE)
+        .await
+        .unwrap();
+    assert_eq!(marker, Some(v3.hash().short()));
+    assert!(dp1.state().running_raw.contains("option forwardfor"));
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_after_an_out_of_band_change_and_reload_is_repaired() {
+    let app = Backend::start("app").await;
+    let other = Backend::start("other").await;
+    let port = free_port();
+    let v1 = rendered(
+        &config(
+            port,
+            &format!(
+                "backend be_app\n    server s1 127.0.0.1:{}\n\nbackend be_other\n    server o1 127.0.0.1:{}\n",
+                app.port, other.port
+            ),
+        ),
+        &[("hosts.map", "other.test be_other\n")],
+    );
+    let haproxy = Haproxy::start("local", &v1, "boot").await;
+    let metrics = Metrics::unregistered().unwrap();
+    let store = LastDeployedStore::new();
+    let drivers = BTreeMap::from([(
+        "local".to_owned(),
+        Arc::new(SocketDriver::new(
+            haproxy.instance.clone(),
+            None,
+            metrics.clone(),
+        )),
+    )]);
+    let deployer =
+        Deployer::with_drivers(fast_config(), drivers, store.clone(), None, metrics.clone());
+    let monitor = DriftMonitor::new(
+        drift::Config {
+            interval: Duration::from_millis(300),
+            ..drift::Config::default()
+        },
+        deployer.fleet(),
+        store.clone(),
+        metrics.clone(),
+    );
+    let scheduler = Scheduler::new(
+        scheduler::Config {
+            min_deployment_interval: Duration::from_millis(50),
+            min_reload_interval: Duration::from_millis(50),
+        },
+        vec!["local".to_owned()],
+        Arc::new(StoreClassifier::new(store.clone())),
+    );
+    let mut harness = Harness::start(|kernel| {
+        kernel.register(scheduler);
+        kernel.register(deployer);
+        kernel.register(monitor);
+    });
+    harness.publisher.publish(ValidationCompleted {
+        config: v1.clone(),
+        duration: Duration::ZERO,
+        warnings: Vec::new(),
+    });
+    let (succeeded, _) = harness.completed().await;
+    assert_eq!(succeeded, ["local"]);
+    wait_for_body(port, "other.test", "other").await;
+    // What hapwright deployed is not drift.
+    let probe = SocketDriver::new(haproxy.instance.clone(), None, metrics.clone());
+    let deployed = store.deployed("local").unwrap();
+    assert_eq!(probe.check_drift(&deployed).await.unwrap(), None);
+
+    // Someone edits the map behind hapwright's back (keeping the marker) and reloads.
+    std::fs::write(haproxy.path().join("maps/hosts.map"), "other.test be_app\n").unwrap();
+    haproxy
+        .master()
+        .send_reload(40, Duration::from_millis(50))
+        .await
+        .unwrap();
+    wait_for_body(port, "other.test", "app").await;
+
+    let detail = harness
+        .next(Duration::from_secs(30), |e| match &e.payload {
+            EventPayload::DriftDetected(d) if d.instance == "local" => Some(d.detail.clone()),
+            _ => None,
+        })
+        .await;
+    assert!(detail.contains("changed outside hapwright"), "{detail}");
+    let reason = harness
+        .next(Duration::from_secs(30), |e| match &e.payload {
+            EventPayload::InstanceDeployed(d) => d.reason.clone(),
+            _ => None,
+        })
+        .await;
+    assert_eq!(reason.reload, Some(ReloadReason::Drift), "{reason:?}");
+    wait_for_body(port, "other.test", "other").await;
+    assert_eq!(
+        std::fs::read_to_string(haproxy.path().join("maps/hosts.map")).unwrap(),
+        "other.test be_other\n"
+    );
+    assert!(metrics.drift_count("local") >= 1);
+    harness.stop().await;
+}

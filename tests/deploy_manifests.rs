@@ -1,0 +1,1345 @@
+//! The Kubernetes manifests in `deploy/` are well-formed and consistent: every YAML
+//! document is a named object that round-trips through its Kubernetes API type
+//! (k8s-openapi), volume mounts name defined volumes, RBAC covers what
+//! the embedded hapwright config watches (plus pods for discovery and leases for
+//! leader election), ports agree between containers, Services, probes, the
+//! ServiceMonitor and the hapwright config, HAProxy is started the way hapwright
+//! expects, and every embedded hapwright config passes `hapwright check` and uses the
+//! templates of `examples/kubernetes-ingress/`.
+//!
+//! Each check is a function returning the problems it found, so the negative tests
+//! below can show that a broken manifest is reported.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use hapwright_e2e::hapwright_binary;
+use serde_json::Value;
+
+/// Secrets the manifests use but do not ship (the user creates them, see
+/// deploy/README.md).
+const EXTERNAL_SECRETS: &[&str] = &["hapwright-dataplane"];
+
+/// Kinds that live in a namespace (everything else here is cluster-scoped).
+const CLUSTER_SCOPED: &[&str] = &[
+    "Namespace",
+    "IngressClass",
+    "ClusterRole",
+    "ClusterRoleBinding",
+];
+
+/// Keys of a hapwright config that must be the Ingress library's.
+const LIBRARY_KEYS: &[&str] = &[
+    "watchedResources",
+    "haproxyConfig",
+    "templateSnippets",
+    "maps",
+    "files",
+    "sslCertificates",
+    "extraContext",
+    "templating",
+];
+
+/// One YAML document and the file it came from.
+#[derive(Clone, Debug)]
+struct Doc {
+    file: String,
+    value: Value,
+}
+
+impl Doc {
+    fn kind(&self) -> &str {
+        self.value["kind"].as_str().unwrap_or("")
+    }
+
+    fn name(&self) -> &str {
+        self.value["metadata"]["name"].as_str().unwrap_or("")
+    }
+
+    fn namespace(&self) -> &str {
+        self.value["metadata"]["namespace"].as_str().unwrap_or("")
+    }
+
+    fn label(&self) -> String {
+        format!("{}: {} {}", self.file, self.kind(), self.name())
+    }
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The deployment modes: each directory is applied on its own.
+fn modes() -> Vec<PathBuf> {
+    vec![
+        repo().join("deploy/sidecar"),
+        repo().join("deploy/controller"),
+    ]
+}
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.expect("directory entry").path();
+        if path.is_dir() {
+            files.extend(yaml_files(&path));
+        } else if matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml")
+        ) {
+            files.push(path);
+        }
+    }
+    files.sort();
+    files
+}
+
+fn parse_docs(file: &str, text: &str) -> Vec<Doc> {
+    let values: Vec<Value> = serde_saphyr::from_multiple(text)
+        .unwrap_or_else(|e| panic!("{file} is not valid YAML: {e}"));
+    values
+        .into_iter()
+        .filter(|v| !v.is_null())
+        .map(|value| Doc {
+            file: file.to_owned(),
+            value,
+        })
+        .collect()
+}
+
+fn load(dir: &Path) -> Vec<Doc> {
+    yaml_files(dir)
+        .iter()
+        .flat_map(|path| {
+            let text = fs::read_to_string(path).expect("read manifest");
+            let name = path
+                .strip_prefix(repo())
+                .unwrap_or(path)
+                .display()
+                .to_string();
+            parse_docs(&name, &text)
+        })
+        .collect()
+}
+
+fn assert_no_problems(what: &str, problems: Vec<String>) {
+    assert!(problems.is_empty(), "{what}:\n  {}", problems.join("\n  "));
+}
+
+// === pod templates ===
+
+/// The pod spec of a workload (or of a Pod).
+fn pod_spec(doc: &Doc) -> Option<&Value> {
+    match doc.kind() {
+        "Deployment" | "StatefulSet" | "DaemonSet" | "Job" => {
+            doc.value.pointer("/spec/template/spec")
+        }
+        "Pod" => doc.value.get("spec"),
+        _ => None,
+    }
+}
+
+fn pod_labels(doc: &Doc) -> BTreeMap<String, String> {
+    let labels = match doc.kind() {
+        "Pod" => doc.value.pointer("/metadata/labels"),
+        _ => doc.value.pointer("/spec/template/metadata/labels"),
+    };
+    labels
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_owned()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn workloads(docs: &[Doc]) -> impl Iterator<Item = (&Doc, &Value)> {
+    docs.iter()
+        .filter_map(|doc| pod_spec(doc).map(|spec| (doc, spec)))
+}
+
+/// Containers and init containers.
+fn containers(spec: &Value) -> Vec<&Value> {
+    ["containers", "initContainers"]
+        .iter()
+        .filter_map(|key| spec[*key].as_array())
+        .flatten()
+        .collect()
+}
+
+fn array<'a>(value: &'a Value, key: &str) -> &'a [Value] {
+    value[key].as_array().map(Vec::as_slice).unwrap_or(&[])
+}
+
+fn matches_selector(
+    selector: &BTreeMap<String, String>,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+fn string_map(value: &Value) -> BTreeMap<String, String> {
+    value
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_owned()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `a=b,c=d` (equality terms only, which is what the manifests use).
+fn parse_label_selector(selector: &str) -> BTreeMap<String, String> {
+    selector
+        .split(',')
+        .filter_map(|term| term.split_once('='))
+        .map(|(k, v)| {
+            (
+                k.trim().to_owned(),
+                v.trim().trim_start_matches('=').to_owned(),
+            )
+        })
+        .collect()
+}
+
+// === checks ===
+
+/// Every document has apiVersion, kind and metadata.name; namespaced objects name a
+/// namespace; no object is defined twice.
+fn check_metadata(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut seen = BTreeSet::new();
+    for doc in docs {
+        for (field, value) in [
+            ("apiVersion", doc.value["apiVersion"].as_str()),
+            ("kind", doc.value["kind"].as_str()),
+            ("metadata.name", doc.value["metadata"]["name"].as_str()),
+        ] {
+            if value.is_none_or(str::is_empty) {
+                problems.push(format!("{}: a document has no {field}", doc.file));
+            }
+        }
+        let namespaced = !CLUSTER_SCOPED.contains(&doc.kind());
+        if namespaced && doc.namespace().is_empty() {
+            problems.push(format!("{} has no metadata.namespace", doc.label()));
+        }
+        if !namespaced && !doc.namespace().is_empty() {
+            problems.push(format!(
+                "{} is cluster-scoped but names a namespace",
+                doc.label()
+            ));
+        }
+        if !seen.insert((
+            doc.kind().to_owned(),
+            doc.namespace().to_owned(),
+            doc.name().to_owned(),
+        )) {
+            problems.push(format!("{} is defined twice", doc.label()));
+        }
+    }
+    problems
+}
+
+/// Volume mounts name volumes of their pod; ConfigMap and Secret volumes name
+/// objects (and keys) that exist.
+fn check_volumes(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let config_maps: BTreeMap<&str, &Value> = docs
+        .iter()
+        .filter(|d| d.kind() == "ConfigMap")
+        .map(|d| (d.name(), &d.value["data"]))
+        .collect();
+    let secrets: BTreeSet<&str> = docs
+        .iter()
+        .filter(|d| d.kind() == "Secret")
+        .map(Doc::name)
+        .collect();
+    let check_items =
+        |problems: &mut Vec<String>, at: &str, name: &str, items: &[Value]| match config_maps
+            .get(name)
+        {
+            None => problems.push(format!("{at}: ConfigMap {name} is not defined")),
+            Some(data) => {
+                for item in items {
+                    let key = item["key"].as_str().unwrap_or("");
+                    if data.get(key).is_none() {
+                        problems.push(format!("{at}: ConfigMap {name} has no key {key}"));
+                    }
+                }
+            }
+        };
+    for (doc, spec) in workloads(docs) {
+        let volumes: BTreeSet<&str> = array(spec, "volumes")
+            .iter()
+            .filter_map(|v| v["name"].as_str())
+            .collect();
+        for container in containers(spec) {
+            for mount in array(container, "volumeMounts") {
+                let name = mount["name"].as_str().unwrap_or("");
+                if !volumes.contains(name) {
+                    problems.push(format!(
+                        "{}: container {} mounts volume `{name}`, which the pod does not define",
+                        doc.label(),
+                        container["name"].as_str().unwrap_or("?")
+                    ));
+                }
+            }
+        }
+        for volume in array(spec, "volumes") {
+            let at = format!(
+                "{}: volume {}",
+                doc.label(),
+                volume["name"].as_str().unwrap_or("?")
+            );
+            let mut sources = vec![volume];
+            sources.extend(array(&volume["projected"], "sources"));
+            for source in sources {
+                if let Some(name) = source["configMap"]["name"].as_str() {
+                    check_items(
+                        &mut problems,
+                        &at,
+                        name,
+                        array(&source["configMap"], "items"),
+                    );
+                }
+                if let Some(name) = source["secret"]["name"]
+                    .as_str()
+                    .or(source["secret"]["secretName"].as_str())
+                    && !secrets.contains(name)
+                    && !EXTERNAL_SECRETS.contains(&name)
+                {
+                    problems.push(format!(
+                        "{at}: Secret {name} is neither defined nor documented"
+                    ));
+                }
+            }
+        }
+        for container in containers(spec) {
+            for env in array(container, "env") {
+                if let Some(name) = env
+                    .pointer("/valueFrom/secretKeyRef/name")
+                    .and_then(Value::as_str)
+                    && !secrets.contains(name)
+                    && !EXTERNAL_SECRETS.contains(&name)
+                {
+                    problems.push(format!(
+                        "{}: env uses Secret {name}, which is not defined",
+                        doc.label()
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// An embedded hapwright config and the workload that runs it.
+struct Embedded<'a> {
+    config_map: &'a Doc,
+    config: Value,
+    workload: &'a Doc,
+    container: &'a Value,
+    /// Where the config volume is mounted in the hapwright container.
+    mount_path: String,
+    /// The config file path given to `hapwright run -c`.
+    config_path: String,
+}
+
+fn embedded_configs(docs: &[Doc]) -> Vec<Embedded<'_>> {
+    let mut found = Vec::new();
+    for config_map in docs.iter().filter(|d| d.kind() == "ConfigMap") {
+        let Some(text) = config_map.value["data"]["hapwright.yaml"].as_str() else {
+            continue;
+        };
+        let config: Value = serde_saphyr::from_str(text)
+            .unwrap_or_else(|e| panic!("{}: hapwright.yaml is not YAML: {e}", config_map.label()));
+        for (workload, spec) in workloads(docs) {
+            let volume = array(spec, "volumes").iter().find(|v| {
+                v["configMap"]["name"].as_str() == Some(config_map.name())
+                    || array(&v["projected"], "sources")
+                        .iter()
+                        .any(|s| s["configMap"]["name"].as_str() == Some(config_map.name()))
+            });
+            let Some(volume) = volume else { continue };
+            let volume_name = volume["name"].as_str().unwrap_or("");
+            for container in array(spec, "containers") {
+                let Some(mount) = array(container, "volumeMounts")
+                    .iter()
+                    .find(|m| m["name"].as_str() == Some(volume_name))
+                else {
+                    continue;
+                };
+                let args: Vec<&str> = array(container, "args")
+                    .iter()
+                    .chain(array(container, "command"))
+                    .filter_map(Value::as_str)
+                    .collect();
+                let config_path = args
+                    .iter()
+                    .position(|a| *a == "-c" || *a == "--config")
+                    .and_then(|i| args.get(i + 1))
+                    .map(|s| (*s).to_owned())
+                    .unwrap_or_default();
+                found.push(Embedded {
+                    config_map,
+                    config: config.clone(),
+                    workload,
+                    container,
+                    mount_path: mount["mountPath"].as_str().unwrap_or("").to_owned(),
+                    config_path,
+                });
+            }
+        }
+    }
+    found
+}
+
+/// The Kubernetes resource (group, plural) of an apiVersion and kind.
+fn resource_of(api_version: &str, kind: &str) -> (String, String) {
+    let group = api_version
+        .rsplit_once('/')
+        .map(|(g, _)| g.to_owned())
+        .unwrap_or_default();
+    let lower = kind.to_ascii_lowercase();
+    let plural = if lower.ends_with('s') || lower.ends_with("ch") || lower.ends_with("sh") {
+        format!("{lower}es")
+    } else if let Some(stem) = lower.strip_suffix('y') {
+        format!("{stem}ies")
+    } else {
+        format!("{lower}s")
+    };
+    (group, plural)
+}
+
+/// The RBAC rules a ServiceAccount has: cluster-wide ones and per namespace.
+struct Grants {
+    cluster: Vec<Value>,
+    namespaced: BTreeMap<String, Vec<Value>>,
+}
+
+fn grants(docs: &[Doc], namespace: &str, account: &str) -> Grants {
+    let bound = |binding: &Doc| {
+        array(&binding.value, "subjects").iter().any(|s| {
+            s["kind"].as_str() == Some("ServiceAccount")
+                && s["name"].as_str() == Some(account)
+                && s["namespace"].as_str().unwrap_or(binding.namespace()) == namespace
+        })
+    };
+    let rules_of = |kind: &str, name: &str, ns: &str| -> Vec<Value> {
+        docs.iter()
+            .filter(|d| {
+                d.kind() == kind
+                    && d.name() == name
+                    && (kind == "ClusterRole" || d.namespace() == ns)
+            })
+            .flat_map(|d| array(&d.value, "rules").to_vec())
+            .collect()
+    };
+    let mut grants = Grants {
+        cluster: Vec::new(),
+        namespaced: BTreeMap::new(),
+    };
+    for binding in docs.iter().filter(|d| bound(d)) {
+        let role_kind = binding.value["roleRef"]["kind"].as_str().unwrap_or("");
+        let role_name = binding.value["roleRef"]["name"].as_str().unwrap_or("");
+        match binding.kind() {
+            "ClusterRoleBinding" => grants.cluster.extend(rules_of(role_kind, role_name, "")),
+            "RoleBinding" => grants
+                .namespaced
+                .entry(binding.namespace().to_owned())
+                .or_default()
+                .extend(rules_of(role_kind, role_name, binding.namespace())),
+            _ => {}
+        }
+    }
+    grants
+}
+
+fn rules_allow(rules: &[Value], group: &str, resource: &str, verbs: &[&str]) -> bool {
+    let has = |rule: &Value, key: &str, wanted: &str| {
+        array(rule, key)
+            .iter()
+            .any(|v| v.as_str() == Some(wanted) || v.as_str() == Some("*"))
+    };
+    verbs.iter().all(|verb| {
+        rules.iter().any(|rule| {
+            has(rule, "apiGroups", group)
+                && has(rule, "resources", resource)
+                && has(rule, "verbs", verb)
+        })
+    })
+}
+
+impl Grants {
+    /// Whether the verbs are allowed on the resource in `namespace` (`None`: in
+    /// every namespace).
+    fn allow(&self, namespace: Option<&str>, group: &str, resource: &str, verbs: &[&str]) -> bool {
+        rules_allow(&self.cluster, group, resource, verbs)
+            || namespace.is_some_and(|ns| {
+                self.namespaced
+                    .get(ns)
+                    .is_some_and(|rules| rules_allow(rules, group, resource, verbs))
+            })
+    }
+}
+
+/// RBAC lets the hapwright ServiceAccount do what its config needs.
+fn check_rbac(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for embedded in embedded_configs(docs) {
+        let namespace = embedded.workload.namespace();
+        let account = pod_spec(embedded.workload)
+            .and_then(|s| s["serviceAccountName"].as_str())
+            .unwrap_or("default");
+        let grants = grants(docs, namespace, account);
+        let at = format!("{} (ServiceAccount {account})", embedded.workload.label());
+        let watched = embedded.config["watchedResources"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        for (name, resource) in watched {
+            let Some(source) = resource.get("kubernetes") else {
+                continue;
+            };
+            let (group, plural) = resource_of(
+                source["apiVersion"].as_str().unwrap_or(""),
+                source["kind"].as_str().unwrap_or(""),
+            );
+            let namespaces: Vec<Option<&str>> = match source["namespaces"].as_array() {
+                Some(list) => list.iter().map(Value::as_str).collect(),
+                None => vec![None],
+            };
+            for ns in namespaces {
+                if !grants.allow(ns, &group, &plural, &["list", "watch"]) {
+                    problems.push(format!(
+                        "{at}: may not list/watch {plural}.{group} {} (watchedResources.{name})",
+                        ns.map_or("in all namespaces".to_owned(), |ns| format!("in {ns}"))
+                    ));
+                }
+            }
+        }
+        if let Some(discovery) = embedded.config.pointer("/haproxy/discovery/kubernetes") {
+            let ns = discovery["namespace"].as_str();
+            if !grants.allow(ns, "", "pods", &["list", "watch"]) {
+                problems.push(format!(
+                    "{at}: may not list/watch pods in {ns:?} (haproxy.discovery)"
+                ));
+            }
+        }
+        let election = embedded.config.pointer("/controller/leaderElection");
+        if election.is_some_and(|e| e["enabled"].as_bool() == Some(true)) {
+            let ns = election
+                .and_then(|e| e["namespace"].as_str())
+                .unwrap_or(namespace);
+            if !grants.allow(
+                Some(ns),
+                "coordination.k8s.io",
+                "leases",
+                &["get", "create", "update"],
+            ) {
+                problems.push(format!(
+                    "{at}: may not get/create/update leases in {ns} (leaderElection)"
+                ));
+            }
+        }
+    }
+    problems
+}
+
+fn container_port(container: &Value, port: &Value) -> bool {
+    array(container, "ports").iter().any(|p| match port {
+        Value::String(name) => p["name"].as_str() == Some(name),
+        Value::Number(n) => p["containerPort"].as_u64() == n.as_u64(),
+        _ => false,
+    })
+}
+
+fn named_port(spec: &Value, container: &str, name: &str) -> Option<u64> {
+    array(spec, "containers")
+        .iter()
+        .filter(|c| c["name"].as_str() == Some(container))
+        .flat_map(|c| array(c, "ports"))
+        .find(|p| p["name"].as_str() == Some(name))
+        .and_then(|p| p["containerPort"].as_u64())
+}
+
+fn listen_port(address: &str) -> Option<u64> {
+    address.rsplit_once(':').and_then(|(_, p)| p.parse().ok())
+}
+
+/// Services select pods and name their ports; probes name container ports; the
+/// hapwright config's ports are the containers' ports.
+fn check_ports(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (doc, spec) in workloads(docs) {
+        for container in containers(spec) {
+            for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
+                let probe_port = container[probe]
+                    .pointer("/httpGet/port")
+                    .or(container[probe].pointer("/tcpSocket/port"));
+                if let Some(port) = probe_port
+                    && !container_port(container, port)
+                {
+                    problems.push(format!(
+                        "{}: container {} {probe} uses port {port}, which it does not expose",
+                        doc.label(),
+                        container["name"].as_str().unwrap_or("?")
+                    ));
+                }
+            }
+        }
+        if doc.kind() != "Pod" {
+            let selector = string_map(&doc.value["spec"]["selector"]["matchLabels"]);
+            if !matches_selector(&selector, &pod_labels(doc)) {
+                problems.push(format!(
+                    "{}: spec.selector does not match the pod template's labels",
+                    doc.label()
+                ));
+            }
+        }
+    }
+    for service in docs.iter().filter(|d| d.kind() == "Service") {
+        let selector = string_map(&service.value["spec"]["selector"]);
+        let pods: Vec<&Value> = workloads(docs)
+            .filter(|(doc, _)| matches_selector(&selector, &pod_labels(doc)))
+            .map(|(_, spec)| spec)
+            .collect();
+        if pods.is_empty() {
+            problems.push(format!(
+                "{}: the selector matches no pod template",
+                service.label()
+            ));
+            continue;
+        }
+        for port in array(&service.value["spec"], "ports") {
+            let target = port.get("targetPort").unwrap_or(&port["port"]);
+            for spec in &pods {
+                if !array(spec, "containers")
+                    .iter()
+                    .any(|c| container_port(c, target))
+                {
+                    problems.push(format!(
+                        "{}: targetPort {target} is not a port of the selected pods",
+                        service.label()
+                    ));
+                }
+            }
+        }
+    }
+    for embedded in embedded_configs(docs) {
+        let Some(spec) = pod_spec(embedded.workload) else {
+            continue;
+        };
+        let hapwright = embedded.container["name"].as_str().unwrap_or("");
+        let at = embedded.config_map.label();
+        if let Some(listen) = embedded
+            .config
+            .pointer("/controller/metricsListen")
+            .and_then(Value::as_str)
+            && named_port(spec, hapwright, "metrics") != listen_port(listen)
+        {
+            problems.push(format!(
+                "{at}: controller.metricsListen {listen} is not the `metrics` port of container {hapwright}"
+            ));
+        }
+        // The pods that run the rendered config: this pod (sidecar) or the
+        // discovered ones (controller).
+        let discovery = embedded.config.pointer("/haproxy/discovery/kubernetes");
+        let haproxy_pods: Vec<&Value> = match discovery {
+            Some(discovery) => {
+                let selector =
+                    parse_label_selector(discovery["labelSelector"].as_str().unwrap_or(""));
+                let namespace = discovery["namespace"].as_str().unwrap_or("");
+                workloads(docs)
+                    .filter(|(doc, _)| {
+                        doc.namespace() == namespace
+                            && matches_selector(&selector, &pod_labels(doc))
+                    })
+                    .map(|(_, spec)| spec)
+                    .collect()
+            }
+            None => vec![spec],
+        };
+        if haproxy_pods.is_empty() {
+            problems.push(format!(
+                "{at}: no HAProxy pod runs this config (discovery matches nothing)"
+            ));
+        }
+        for pod in &haproxy_pods {
+            for (key, name) in [
+                ("httpPort", "http"),
+                ("httpsPort", "https"),
+                ("statsPort", "haproxy-metrics"),
+            ] {
+                let wanted = embedded.config["extraContext"][key].as_u64();
+                if named_port(pod, "haproxy", name) != wanted {
+                    problems.push(format!(
+                        "{at}: extraContext.{key} {wanted:?} is not the `{name}` port of the haproxy container"
+                    ));
+                }
+            }
+            if let Some(port) = discovery.and_then(|d| d["port"].as_u64())
+                && !array(pod, "containers")
+                    .iter()
+                    .any(|c| container_port(c, &Value::from(port)))
+            {
+                problems.push(format!("{at}: haproxy.discovery.kubernetes.port {port} is not a port of the HAProxy pods"));
+            }
+        }
+    }
+    problems
+}
+
+/// The ServiceMonitor scrapes ports that the Services it selects have.
+fn check_service_monitors(monitors: &[Doc], all: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for monitor in monitors.iter().filter(|d| d.kind() == "ServiceMonitor") {
+        let selector = string_map(&monitor.value["spec"]["selector"]["matchLabels"]);
+        let namespaces: Vec<&str> =
+            array(&monitor.value["spec"]["namespaceSelector"], "matchNames")
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+        let services: Vec<&Doc> = all
+            .iter()
+            .filter(|d| d.kind() == "Service")
+            .filter(|d| namespaces.is_empty() || namespaces.contains(&d.namespace()))
+            .filter(|d| matches_selector(&selector, &string_map(&d.value["metadata"]["labels"])))
+            .collect();
+        if services.is_empty() {
+            problems.push(format!("{}: selects no Service", monitor.label()));
+        }
+        for endpoint in array(&monitor.value["spec"], "endpoints") {
+            let port = endpoint["port"].as_str().unwrap_or("");
+            let found = services.iter().any(|s| {
+                array(&s.value["spec"], "ports")
+                    .iter()
+                    .any(|p| p["name"].as_str() == Some(port))
+            });
+            if !found {
+                problems.push(format!(
+                    "{}: no selected Service has a port named {port}",
+                    monitor.label()
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// A socket instance's HAProxy runs in the same pod, in master-worker mode with the
+/// configured master socket, the config directory as working directory, and both
+/// directories on volumes shared with hapwright.
+fn check_haproxy_start(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for embedded in embedded_configs(docs) {
+        let Some(spec) = pod_spec(embedded.workload) else {
+            continue;
+        };
+        for instance in array(&embedded.config["haproxy"], "instances") {
+            let Some(socket) = instance.get("socket") else {
+                continue;
+            };
+            let at = format!(
+                "{}: instance {}",
+                embedded.workload.label(),
+                instance["name"]
+            );
+            let master = socket["master"].as_str().unwrap_or("");
+            let config_dir = socket["configDir"].as_str().unwrap_or("");
+            let Some(haproxy) = array(spec, "containers")
+                .iter()
+                .find(|c| c["name"].as_str() == Some("haproxy"))
+            else {
+                problems.push(format!("{at}: the pod has no haproxy container"));
+                continue;
+            };
+            let command: Vec<&str> = array(haproxy, "command")
+                .iter()
+                .chain(array(haproxy, "args"))
+                .filter_map(Value::as_str)
+                .collect();
+            let after = |flag: &str| {
+                command
+                    .iter()
+                    .position(|a| *a == flag)
+                    .and_then(|i| command.get(i + 1))
+                    .copied()
+                    .unwrap_or("")
+            };
+            if !command.contains(&"-W") {
+                problems.push(format!(
+                    "{at}: HAProxy is not started in master-worker mode (-W)"
+                ));
+            }
+            if after("-S").split(',').next() != Some(master) {
+                problems.push(format!(
+                    "{at}: HAProxy's -S is `{}`, not the master socket {master}",
+                    after("-S")
+                ));
+            }
+            if after("-f") != format!("{}/haproxy.cfg", config_dir.trim_end_matches('/')) {
+                problems.push(format!(
+                    "{at}: HAProxy's -f is `{}`, not {config_dir}/haproxy.cfg",
+                    after("-f")
+                ));
+            }
+            if haproxy["workingDir"].as_str() != Some(config_dir) {
+                problems.push(format!(
+                    "{at}: HAProxy's workingDir is not the config directory {config_dir}"
+                ));
+            }
+            let socket_dir = Path::new(master)
+                .parent()
+                .and_then(Path::to_str)
+                .unwrap_or("");
+            for dir in [config_dir, socket_dir] {
+                let volume_at = |container: &Value| {
+                    array(container, "volumeMounts")
+                        .iter()
+                        .find(|m| m["mountPath"].as_str() == Some(dir))
+                        .and_then(|m| m["name"].as_str())
+                        .map(str::to_owned)
+                };
+                match (volume_at(haproxy), volume_at(embedded.container)) {
+                    (Some(a), Some(b)) if a == b => {
+                        let shared = array(spec, "volumes")
+                            .iter()
+                            .any(|v| v["name"].as_str() == Some(&a) && v.get("emptyDir").is_some());
+                        if !shared {
+                            problems.push(format!("{at}: {dir} is not an emptyDir"));
+                        }
+                    }
+                    _ => problems.push(format!(
+                        "{at}: {dir} is not one volume mounted in both containers"
+                    )),
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// Writes the hapwright config volume as the pod would see it (ConfigMap items and
+/// projected Secrets; a placeholder for Secrets the user creates) and returns the
+/// config file's path in it.
+fn materialize(docs: &[Doc], embedded: &Embedded<'_>, dir: &Path) -> PathBuf {
+    let spec = pod_spec(embedded.workload).expect("pod spec");
+    let mount = array(embedded.container, "volumeMounts")
+        .iter()
+        .find(|m| m["mountPath"].as_str() == Some(embedded.mount_path.as_str()))
+        .expect("config mount");
+    let volume = array(spec, "volumes")
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("config volume");
+    let mut sources = vec![volume];
+    sources.extend(array(&volume["projected"], "sources"));
+    for source in sources {
+        if let Some(name) = source["configMap"]["name"].as_str() {
+            let data = &docs
+                .iter()
+                .find(|d| d.kind() == "ConfigMap" && d.name() == name)
+                .expect("ConfigMap")
+                .value["data"];
+            let items: Vec<(String, String)> = match source["configMap"]["items"].as_array() {
+                Some(items) => items
+                    .iter()
+                    .map(|i| {
+                        (
+                            i["key"].as_str().unwrap().to_owned(),
+                            i["path"].as_str().unwrap().to_owned(),
+                        )
+                    })
+                    .collect(),
+                None => data
+                    .as_object()
+                    .unwrap()
+                    .keys()
+                    .map(|k| (k.clone(), k.clone()))
+                    .collect(),
+            };
+            for (key, path) in items {
+                fs::write(dir.join(path), data[&key].as_str().unwrap()).expect("write item");
+            }
+        }
+        if source["secret"].is_object() {
+            for item in array(&source["secret"], "items") {
+                fs::write(
+                    dir.join(item["path"].as_str().unwrap()),
+                    "placeholder-password\n",
+                )
+                .expect("write secret item");
+            }
+        }
+    }
+    let relative = embedded
+        .config_path
+        .strip_prefix(&embedded.mount_path)
+        .expect("hapwright is run with a config file inside the config volume")
+        .trim_start_matches('/');
+    dir.join(relative)
+}
+
+// === tests ===
+
+#[test]
+fn every_document_is_a_named_object() {
+    let all = load(&repo().join("deploy"));
+    assert!(all.len() >= 20, "deploy/ holds {} documents", all.len());
+    for mode in modes() {
+        assert_no_problems(&mode.display().to_string(), check_metadata(&load(&mode)));
+    }
+    assert_no_problems(
+        "deploy/monitoring",
+        check_metadata(&load(&repo().join("deploy/monitoring"))),
+    );
+}
+
+#[test]
+fn volume_mounts_name_defined_volumes() {
+    for mode in modes() {
+        let docs = load(&mode);
+        assert!(
+            workloads(&docs).count() >= 1,
+            "{}: no workload",
+            mode.display()
+        );
+        assert_no_problems(&mode.display().to_string(), check_volumes(&docs));
+    }
+}
+
+#[test]
+fn rbac_covers_what_the_embedded_configs_watch() {
+    for mode in modes() {
+        let docs = load(&mode);
+        assert_eq!(
+            embedded_configs(&docs).len(),
+            1,
+            "{}: one hapwright container",
+            mode.display()
+        );
+        assert_no_problems(&mode.display().to_string(), check_rbac(&docs));
+    }
+    // Controller mode needs pods (discovery) and leases (leader election) too.
+    let docs = load(&repo().join("deploy/controller"));
+    let embedded = &embedded_configs(&docs)[0];
+    assert!(
+        embedded
+            .config
+            .pointer("/haproxy/discovery/kubernetes")
+            .is_some()
+    );
+    assert_eq!(
+        embedded
+            .config
+            .pointer("/controller/leaderElection/enabled"),
+        Some(&Value::Bool(true))
+    );
+}
+
+#[test]
+fn ports_agree_between_containers_services_probes_and_config() {
+    for mode in modes() {
+        assert_no_problems(&mode.display().to_string(), check_ports(&load(&mode)));
+    }
+}
+
+#[test]
+fn the_service_monitor_scrapes_ports_of_both_modes() {
+    let monitors = load(&repo().join("deploy/monitoring"));
+    assert_eq!(monitors.len(), 1);
+    for mode in modes() {
+        assert_no_problems(
+            &mode.display().to_string(),
+            check_service_monitors(&monitors, &load(&mode)),
+        );
+    }
+}
+
+#[test]
+fn sidecar_haproxy_is_started_the_way_hapwright_expects() {
+    let docs = load(&repo().join("deploy/sidecar"));
+    let embedded = embedded_configs(&docs);
+    assert_eq!(array(&embedded[0].config["haproxy"], "instances").len(), 1);
+    assert_no_problems("deploy/sidecar", check_haproxy_start(&docs));
+}
+
+#[test]
+fn embedded_hapwright_configs_pass_check() {
+    for mode in modes() {
+        let docs = load(&mode);
+        for embedded in embedded_configs(&docs) {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let config = materialize(&docs, &embedded, dir.path());
+            let output = Command::new(hapwright_binary())
+                .args(["check", "-c"])
+                .arg(&config)
+                .output()
+                .expect("run hapwright check");
+            assert!(
+                output.status.success(),
+                "{}: hapwright check failed:\n{}{}",
+                embedded.config_map.label(),
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
+}
+
+#[test]
+fn embedded_configs_use_the_ingress_library_templates() {
+    let text = fs::read_to_string(repo().join("examples/kubernetes-ingress/hapwright.yaml"))
+        .expect("read the library");
+    let library: Value = serde_saphyr::from_str(&text).expect("library YAML");
+    for mode in modes() {
+        let docs = load(&mode);
+        for embedded in embedded_configs(&docs) {
+            for key in LIBRARY_KEYS {
+                assert!(
+                    embedded.config[key] == library[key],
+                    "{}: `{key}` differs from examples/kubernetes-ingress/hapwright.yaml; \
+                     copy the library (without validationTests) into the ConfigMap again",
+                    embedded.config_map.label()
+                );
+            }
+            assert!(
+                embedded.config.get("validationTests").is_none(),
+                "{}: deployed configs leave the validationTests out",
+                embedded.config_map.label()
+            );
+        }
+    }
+}
+
+#[test]
+fn bootstrap_haproxy_configs_are_valid() {
+    for mode in modes() {
+        for doc in load(&mode).iter().filter(|d| d.kind() == "ConfigMap") {
+            let Some(config) = doc.value["data"]["haproxy.cfg"].as_str() else {
+                continue;
+            };
+            let dir = tempfile::tempdir().expect("temp dir");
+            fs::write(dir.path().join("haproxy.cfg"), config).expect("write haproxy.cfg");
+            let output = Command::new("haproxy")
+                .args(["-c", "-f", "haproxy.cfg"])
+                .current_dir(dir.path())
+                .output()
+                .expect("run haproxy -c");
+            assert!(
+                output.status.success(),
+                "{}: haproxy -c rejects the bootstrap config:\n{}",
+                doc.label(),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
+}
+
+#[test]
+fn the_readme_documents_the_secret_the_user_creates() {
+    let readme = fs::read_to_string(repo().join("deploy/README.md")).expect("deploy/README.md");
+    for secret in EXTERNAL_SECRETS {
+        assert!(
+            readme.contains(secret),
+            "deploy/README.md does not mention {secret}"
+        );
+    }
+}
+
+// === the checks report problems ===
+
+const BROKEN: &str = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: { name: hapwright-config, namespace: ns }
+data:
+  hapwright.yaml: |
+    watchedResources:
+      ingresses:
+        kubernetes: { apiVersion: networking.k8s.io/v1, kind: Ingress }
+      services:
+        kubernetes: { apiVersion: v1, kind: Service, namespaces: [shop] }
+    haproxyConfig: { template: "" }
+    haproxy:
+      discovery:
+        kubernetes: { namespace: ns, labelSelector: app=haproxy, port: 5555 }
+    controller:
+      leaderElection: { enabled: true, leaseName: l }
+      metricsListen: 0.0.0.0:9401
+    extraContext: { httpPort: 8080, httpsPort: 8443, statsPort: 8404 }
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: { name: hapwright, namespace: ns }
+spec:
+  selector: { matchLabels: { app: hapwright } }
+  template:
+    metadata: { labels: { app: other } }
+    spec:
+      serviceAccountName: sa
+      containers:
+        - name: hapwright
+          args: [run, -c, /etc/hapwright/hapwright.yaml]
+          ports: [ { name: metrics, containerPort: 9400 } ]
+          readinessProbe: { httpGet: { path: /readyz, port: health } }
+          volumeMounts:
+            - { name: config, mountPath: /etc/hapwright }
+            - { name: scratch, mountPath: /tmp }
+      volumes:
+        - name: config
+          configMap: { name: hapwright-config, items: [ { key: missing.yaml, path: x } ] }
+        - name: secret
+          secret: { secretName: unknown }
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: { name: sa }
+rules:
+  - { apiGroups: [networking.k8s.io], resources: [ingresses], verbs: [get, list] }
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: { name: sa, namespace: ns }
+roleRef: { apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: sa }
+subjects: [ { kind: ServiceAccount, name: sa, namespace: ns } ]
+---
+apiVersion: v1
+kind: Service
+metadata: { name: nothing }
+spec:
+  selector: { app: nothing }
+  ports: [ { port: 80 } ]
+"#;
+
+fn broken() -> Vec<Doc> {
+    parse_docs("broken.yaml", BROKEN)
+}
+
+fn assert_reported(problems: &[String], needle: &str) {
+    assert!(
+        problems.iter().any(|p| p.contains(needle)),
+        "expected a problem containing `{needle}`, got:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn metadata_problems_are_reported() {
+    let mut docs = broken();
+    docs.push(Doc {
+        file: "broken.yaml".to_owned(),
+        value: serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {}}),
+    });
+    let problems = check_metadata(&docs);
+    assert_reported(&problems, "a document has no metadata.name");
+    assert_reported(&problems, "Service nothing has no metadata.namespace");
+    assert_reported(
+        &problems,
+        "ClusterRoleBinding sa is cluster-scoped but names a namespace",
+    );
+}
+
+#[test]
+fn volume_problems_are_reported() {
+    let problems = check_volumes(&broken());
+    assert_reported(
+        &problems,
+        "mounts volume `scratch`, which the pod does not define",
+    );
+    assert_reported(
+        &problems,
+        "ConfigMap hapwright-config has no key missing.yaml",
+    );
+    assert_reported(
+        &problems,
+        "Secret unknown is neither defined nor documented",
+    );
+}
+
+#[test]
+fn rbac_problems_are_reported() {
+    let problems = check_rbac(&broken());
+    assert_reported(
+        &problems,
+        "may not list/watch ingresses.networking.k8s.io in all namespaces",
+    );
+    assert_reported(&problems, "may not list/watch services. in shop");
+    assert_reported(&problems, "may not list/watch pods");
+    assert_reported(&problems, "may not get/create/update leases in ns");
+}
+
+#[test]
+fn port_problems_are_reported() {
+    let problems = check_ports(&broken());
+    assert_reported(&problems, "readinessProbe uses port \"health\"");
+    assert_reported(
+        &problems,
+        "spec.selector does not match the pod template's labels",
+    );
+    assert_reported(
+        &problems,
+        "Service nothing: the selector matches no pod template",
+    );
+    assert_reported(
+        &problems,
+        "controller.metricsListen 0.0.0.0:9401 is not the `metrics` port",
+    );
+    assert_reported(&problems, "no HAProxy pod runs this config");
+}
+
+#[test]
+fn haproxy_start_problems_are_reported() {
+    let mut docs = load(&repo().join("deploy/sidecar"));
+    let deployment = docs
+        .iter_mut()
+        .find(|d| d.kind() == "Deployment")
+        .expect("sidecar Deployment");
+    let haproxy = deployment
+        .value
+        .pointer_mut("/spec/template/spec/containers/0")
+        .expect("first container");
+    assert_eq!(haproxy["name"], "haproxy");
+    haproxy["workingDir"] = Value::from("/");
+    haproxy["command"] = serde_json::json!(["haproxy", "-f", "/tmp/haproxy.cfg"]);
+    let problems = check_haproxy_start(&docs);
+    assert_reported(&problems, "not started in master-worker mode");
+    assert_reported(&problems, "not the master socket /run/haproxy/master.sock");
+    assert_reported(&problems, "not /etc/haproxy/haproxy.cfg");
+    assert_reported(&problems, "workingDir is not the config directory");
+}
+
+#[test]
+fn service_monitor_problems_are_reported() {
+    let monitor = parse_docs(
+        "monitor.yaml",
+        "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: { name: m, namespace: hapwright }\n\
+         spec: { selector: { matchLabels: { hapwright.io/metrics: \"true\" } }, endpoints: [ { port: nope } ] }\n",
+    );
+    let problems = check_service_monitors(&monitor, &load(&repo().join("deploy/sidecar")));
+    assert_reported(&problems, "no selected Service has a port named nope");
+    let problems = check_service_monitors(&monitor, &broken());
+    assert_reported(&problems, "selects no Service");
+}
+
+#[test]
+fn resource_names_are_the_api_plurals() {
+    assert_eq!(
+        resource_of("networking.k8s.io/v1", "Ingress"),
+        ("networking.k8s.io".into(), "ingresses".into())
+    );
+    assert_eq!(
+        resource_of("discovery.k8s.io/v1", "EndpointSlice"),
+        ("discovery.k8s.io".into(), "endpointslices".into())
+    );
+    assert_eq!(
+        resource_of("v1", "Secret"),
+        (String::new(), "secrets".into())
+    );
+    assert_eq!(
+        resource_of("networking.k8s.io/v1", "NetworkPolicy"),
+        ("networking.k8s.io".into(), "networkpolicies".into())
+    );
+}
+
+/// Deserializes `value` as `T` (the Kubernetes API type) and serializes it back:
+/// what does not survive is a field the API does not know (a typo, a wrong level)
+/// or a value of the wrong type.
+fn round_trip<T: k8s_openapi::serde::de::DeserializeOwned + k8s_openapi::serde::Serialize>(
+    value: &Value,
+) -> Result<Value, String> {
+    let typed: T = serde_json::from_value(value.clone()).map_err(|e| e.to_string())?;
+    serde_json::to_value(typed).map_err(|e| e.to_string())
+}
+
+/// Checks a document against the API schema of its kind (k8s-openapi); kinds the
+/// crate does not have (ServiceMonitor) are left out.
+fn check_schema(docs: &[Doc]) -> Vec<String> {
+    use k8s_openapi::api::{
+        apps::v1 as apps, core::v1 as core, networking::v1 as networking, rbac::v1 as rbac,
+    };
+    let mut problems = Vec::new();
+    for doc in docs {
+        let result = match doc.kind() {
+            "Namespace" => round_trip::<core::Namespace>(&doc.value),
+            "ServiceAccount" => round_trip::<core::ServiceAccount>(&doc.value),
+            "ConfigMap" => round_trip::<core::ConfigMap>(&doc.value),
+            "Secret" => round_trip::<core::Secret>(&doc.value),
+            "Service" => round_trip::<core::Service>(&doc.value),
+            "Deployment" => round_trip::<apps::Deployment>(&doc.value),
+            "IngressClass" => round_trip::<networking::IngressClass>(&doc.value),
+            "ClusterRole" => round_trip::<rbac::ClusterRole>(&doc.value),
+            "ClusterRoleBinding" => round_trip::<rbac::ClusterRoleBinding>(&doc.value),
+            "Role" => round_trip::<rbac::Role>(&doc.value),
+            "RoleBinding" => round_trip::<rbac::RoleBinding>(&doc.value),
+            _ => continue,
+        };
+        match result {
+            Err(error) => problems.push(format!("{}: {error}", doc.label())),
+            Ok(back) if back != doc.value => problems.push(format!(
+                "{}: fields the API does not know or values of the wrong shape:\n    {}",
+                doc.label(),
+                first_difference(&doc.value, &back, "")
+            )),
+            Ok(_) => {}
+        }
+    }
+    problems
+}
+
+/// The path of the first place where `a` and `b` differ.
+fn first_difference(a: &Value, b: &Value, at: &str) -> String {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for (key, value) in x {
+                match y.get(key) {
+                    None => return format!("{at}.{key} is not a field of the API type"),
+                    Some(other) if other != value => {
+                        return first_difference(value, other, &format!("{at}.{key}"));
+                    }
+                    Some(_) => {}
+                }
+            }
+            format!("{at}: {a} became {b}")
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (index, (p, q)) in x.iter().zip(y).enumerate() {
+                if p != q {
+                    return first_difference(p, q, &format!("{at}[{index}]"));
+                }
+            }
+            format!("{at}: {a} became {b}")
+        }
+        _ => format!("{at}: {a} became {b}"),
+    }
+}
+
+#[test]
+fn documents_match_the_kubernetes_api_schema() {
+    let docs = load(&repo().join("deploy"));
+    let typed = docs.iter().filter(|d| d.kind() != "ServiceMonitor").count();
+    assert!(typed >= 20, "{typed} typed documents");
+    assert_no_problems("deploy/", check_schema(&docs));
+}
+
+#[test]
+fn schema_problems_are_reported() {
+    let docs = parse_docs(
+        "typo.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: { name: d, namespace: ns }\n\
+         spec:\n  selector: { matchLabels: { a: b } }\n  template:\n    metadata: { labels: { a: b } }\n\
+         \x20   spec:\n      containers:\n        - name: c\n          image: x\n          readinessprobe: { tcpSocket: { port: 1 } }\n\
+         ---\napiVersion: v1\nkind: Service\nmetadata: { name: s, namespace: ns }\nspec: { ports: [ { port: http } ] }\n",
+    );
+    let problems = check_schema(&docs);
+    assert_reported(
+        &problems,
+        ".spec.template.spec.containers[0].readinessprobe is not a field of the API type",
+    );
+    assert_reported(&problems, "Service s: invalid type");
+}
