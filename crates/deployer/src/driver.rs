@@ -29,11 +29,12 @@ use hapwright_eventbus::model::{
 use tokio::time::Instant;
 
 use crate::files::{ConfigDir, VERSION_VARIABLE, write_atomic};
+use crate::flow::{self, Steps};
 use crate::haproxy_config::{self, Config};
 use crate::managed::{LogBuffer, ManagedError, ManagedHaproxy};
 use crate::master::{MasterClient, MasterError, ProcInfo};
 use crate::metrics::Metrics;
-use crate::plan::{self, ChangePlan, RuntimeOp};
+use crate::plan::{ChangePlan, RuntimeOp};
 use crate::runtime::{PatternKind, RuntimeClient, RuntimeError};
 use crate::socket::{InstanceConfig, SocketError};
 
@@ -256,65 +257,7 @@ impl SocketDriver {
             Some(running) => Some(running),
             None => self.running_from_disk().await,
         };
-        let Some(running) = running else {
-            let plan = ChangePlan::reload(
-                ReloadReason::FirstDeploy,
-                "first deployment to this instance",
-            );
-            return self.reload(desired, desired_model, None, plan).await;
-        };
-        if drift_check && let Some(detail) = self.drift_of(&running).await? {
-            let plan = ChangePlan::reload(ReloadReason::Drift, detail);
-            // The files on disk are not what `running` says: write every one.
-            return self.reload(desired, desired_model, None, plan).await;
-        }
-        let plan = plan::plan(&running.config, &running.model, &desired, &desired_model);
-        match plan.strategy() {
-            DeployStrategy::Noop => {
-                if running.config.hash() != desired.hash() {
-                    self.write_files(&desired, &running.marker, Some(&running.config))
-                        .await?;
-                }
-                Ok(Deployed {
-                    config: desired,
-                    model: desired_model,
-                    marker: running.marker.clone(),
-                    strategy: DeployStrategy::Noop,
-                    reason: plan.reason(),
-                    runtime_commands: 0,
-                    at: SystemTime::now(),
-                })
-            }
-            DeployStrategy::Runtime => match self.apply_runtime(&plan).await {
-                Ok(count) => {
-                    self.write_files(&desired, &running.marker, Some(&running.config))
-                        .await?;
-                    Ok(Deployed {
-                        config: desired,
-                        model: desired_model,
-                        marker: running.marker.clone(),
-                        strategy: DeployStrategy::Runtime,
-                        reason: plan.reason(),
-                        runtime_commands: count,
-                        at: SystemTime::now(),
-                    })
-                }
-                Err(detail) => {
-                    tracing::warn!(instance = %self.instance.name, %detail, "Runtime change refused; reloading instead");
-                    let mut fallback = ChangePlan::reload(
-                        ReloadReason::Structure,
-                        format!("runtime change refused ({detail})"),
-                    );
-                    fallback.changed_servers = plan.changed_servers.clone();
-                    self.reload(desired, desired_model, Some(&running), fallback)
-                        .await
-                }
-            },
-            DeployStrategy::Reload => {
-                self.reload(desired, desired_model, Some(&running), plan)
-                    .await
-            }
-        }
+        flow::deploy(self, desired, desired_model, running, drift_check).await
     }
 
     /// Whether the instance runs something else than `deployed`: `None` when in
@@ -866,5 +809,39 @@ impl SocketDriver {
         if let Err(error) = write_atomic(&path, filtered.as_bytes()) {
             tracing::warn!(instance = %self.instance.name, %error, path = %path.display(), "Cannot write the server state file");
         }
+    }
+}
+
+#[async_trait::async_trait]
+impl Steps for SocketDriver {
+    fn instance_name(&self) -> &str {
+        &self.instance.name
+    }
+
+    async fn find_drift(&self, running: &Deployed) -> Result<Option<String>, DeployError> {
+        self.drift_of(running).await
+    }
+
+    async fn apply_runtime_ops(&self, plan: &ChangePlan) -> Result<usize, String> {
+        self.apply_runtime(plan).await
+    }
+
+    async fn persist(
+        &self,
+        desired: &Arc<RenderedConfig>,
+        marker: &str,
+        previous: &Arc<RenderedConfig>,
+    ) -> Result<(), DeployError> {
+        self.write_files(desired, marker, Some(previous)).await
+    }
+
+    async fn reload_with(
+        &self,
+        desired: Arc<RenderedConfig>,
+        desired_model: Arc<Config>,
+        running: Option<&Deployed>,
+        plan: ChangePlan,
+    ) -> Result<Deployed, DeployError> {
+        self.reload(desired, desired_model, running, plan).await
     }
 }

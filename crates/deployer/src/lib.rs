@@ -10,6 +10,7 @@ pub mod drift;
 pub mod driver;
 pub mod files;
 pub mod fleet;
+mod flow;
 pub mod haproxy_config;
 pub mod managed;
 pub mod master;

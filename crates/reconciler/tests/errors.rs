@@ -525,6 +525,14 @@ fn filter_argument_errors_are_located() {
             "sort_by: give at least one attribute path",
         ),
         ("{{ [1] | sort_by('a..b') }}", "invalid attribute path"),
+        (
+            "{{ [1, 2] | sort_by('a', revers=true) }}",
+            "unknown keyword argument 'revers'",
+        ),
+        (
+            "{{ resources.services.list() | sort_by('metadata..name') }}",
+            "invalid attribute path",
+        ),
         ("{{ 'x' | glob_match('[') }}", "invalid glob pattern"),
         ("{{ 1 | glob_match('*') }}", "expected a string or a list"),
         ("{{ shared.set('k') }}", "shared.set() takes 2 arguments"),

@@ -303,6 +303,18 @@ fn python_methods_and_values_print_like_jinja2() {
 }
 
 #[test]
+fn numbers_print_like_jinja2() {
+    let out = render_main(
+        "{{ 8080 }} {{ -3 }} {{ 0 }} {{ 1.0 }} {{ 2.5 }} {{ 18446744073709551615 }} \
+         {{ -9223372036854775808 }} {{ 10 // 3 }} {{ 7 / 2 }} {{ [1, 2] | sum }}",
+    );
+    assert_eq!(
+        out,
+        "8080 -3 0 1.0 2.5 18446744073709551615 -9223372036854775808 3 3.5 3\n"
+    );
+}
+
+#[test]
 fn trim_and_lstrip_blocks_follow_the_settings() {
     let main = "x\n    {% if true %}\n    y\n    {% endif %}\nz";
     assert_eq!(render_main(main), "x\n    \n    y\n    \nz\n");
@@ -407,6 +419,43 @@ fn sort_by_several_paths_descending_and_reverse() {
          {{ [[3], [1], [2]] | sort_by('0') | map('first') | join }}",
     );
     assert_eq!(out, "dbca abcd dabc dcba 123\n");
+}
+
+#[test]
+fn sort_by_on_resource_lists_is_remembered_per_change_and_stays_correct() {
+    let templates = Templates::new(
+        "{{ resources.services.list() | sort_by('-metadata.name') | map(attribute='metadata.name') | join(',') }} \
+         {{ resources.services.list() | sort_by('-metadata.name') | map(attribute='metadata.name') | join(',') }} \
+         {{ resources.services | sort_by('metadata.name', reverse=true) | first | attr('metadata') | attr('name') }} \
+         {{ resources.services.list() | sort_by('metadata.name') | map(attribute='metadata.name') | join(',') }} \
+         {% set slice = resources.endpoints.fetch('team-1', 'svc-1')[0] %}\
+         {{ slice.endpoints | sort_by('-targetRef.name') | map(attribute='targetRef.name') | join(',') }} \
+         {{ slice.endpoints | sort_by('-targetRef.name') | map(attribute='targetRef.name') | join(',') }} \
+         {{ slice.endpoints | sort_by('targetRef.name') | map(attribute='targetRef.name') | join(',') }} \
+         {{ slice.endpoints | length }} {{ slice.endpoints[-1].targetRef.name }} {{ slice.ports }}",
+    );
+    let renderer = renderer(templates, &fixtures::WATCHED);
+    let mut resources = fixtures::resources(3);
+    let expected = "svc-2,svc-1,svc-0 svc-2,svc-1,svc-0 svc-2 svc-0,svc-1,svc-2 \
+                    svc-1-pod-2,svc-1-pod-1,svc-1-pod-0 svc-1-pod-2,svc-1-pod-1,svc-1-pod-0 \
+                    svc-1-pod-0,svc-1-pod-1,svc-1-pod-2 3 svc-1-pod-2 \
+                    [{'name': 'http', 'port': 8080, 'protocol': 'TCP'}]\n";
+    // The first render sorts and remembers, the second answers from memory.
+    for _ in 0..2 {
+        let config = renderer.render(&resources).expect("renders");
+        assert_eq!(config.main().as_ref(), expected);
+    }
+    // A change brings new lists, sorted afresh.
+    let services = fixtures::cluster(4)["services"].clone();
+    resources.update(&Arc::from("services"), services, None);
+    let config = renderer.render(&resources).expect("renders");
+    assert!(
+        config.main().starts_with(
+            "svc-3,svc-2,svc-1,svc-0 svc-3,svc-2,svc-1,svc-0 svc-3 svc-0,svc-1,svc-2,svc-3 "
+        ),
+        "{}",
+        config.main()
+    );
 }
 
 #[test]

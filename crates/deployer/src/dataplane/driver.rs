@@ -30,9 +30,10 @@ use hapwright_eventbus::model::{DeployReason, DeployStrategy, ReloadReason, Rend
 use super::client::{DataplaneClient, DataplaneError, RuntimeAddServer, Storage};
 use crate::driver::{DeployError, Deployed};
 use crate::files::{strip_version_marker, with_version_marker};
+use crate::flow::{self, Steps};
 use crate::haproxy_config::{self, Config};
 use crate::metrics::Metrics;
-use crate::plan::{self, ChangePlan, RuntimeOp};
+use crate::plan::{ChangePlan, RuntimeOp};
 
 /// Rendered files by name.
 type Files = BTreeMap<String, Arc<str>>;
@@ -102,63 +103,7 @@ impl DataplaneDriver {
             Some(running) => Some(running),
             None => self.running_from_remote(&desired).await?,
         };
-        let Some(running) = running else {
-            let plan = ChangePlan::reload(
-                ReloadReason::FirstDeploy,
-                "first deployment to this instance",
-            );
-            return self.reload(desired, desired_model, None, plan).await;
-        };
-        if drift_check && let Some(detail) = self.drift_of(&running).await? {
-            let plan = ChangePlan::reload(ReloadReason::Drift, detail);
-            return self.reload(desired, desired_model, None, plan).await;
-        }
-        let plan = plan::plan(&running.config, &running.model, &desired, &desired_model);
-        match plan.strategy() {
-            DeployStrategy::Noop => {
-                if running.config.hash() != desired.hash() {
-                    self.store_files(&desired, &running.marker, Some(&running.config))
-                        .await?;
-                }
-                Ok(Deployed {
-                    config: desired,
-                    model: desired_model,
-                    marker: running.marker.clone(),
-                    strategy: DeployStrategy::Noop,
-                    reason: plan.reason(),
-                    runtime_commands: 0,
-                    at: SystemTime::now(),
-                })
-            }
-            DeployStrategy::Runtime => match self.apply_runtime(&plan).await {
-                Ok(count) => {
-                    self.store_files(&desired, &running.marker, Some(&running.config))
-                        .await?;
-                    Ok(Deployed {
-                        config: desired,
-                        model: desired_model,
-                        marker: running.marker.clone(),
-                        strategy: DeployStrategy::Runtime,
-                        reason: plan.reason(),
-                        runtime_commands: count,
-                        at: SystemTime::now(),
-                    })
-                }
-                Err(detail) => {
-                    tracing::warn!(instance = %self.name, %detail, "Runtime change refused; pushing the raw configuration with a reload");
-                    let fallback = ChangePlan::reload(
-                        ReloadReason::Structure,
-                        format!("runtime change refused ({detail})"),
-                    );
-                    self.reload(desired, desired_model, Some(&running), fallback)
-                        .await
-                }
-            },
-            DeployStrategy::Reload => {
-                self.reload(desired, desired_model, Some(&running), plan)
-                    .await
-            }
-        }
+        flow::deploy(self, desired, desired_model, running, drift_check).await
     }
 
     /// Whether the instance runs something else than `deployed`: `None` when it is
@@ -572,6 +517,40 @@ fn add_server_body(
         }
     }
     Ok(body)
+}
+
+#[async_trait::async_trait]
+impl Steps for DataplaneDriver {
+    fn instance_name(&self) -> &str {
+        &self.name
+    }
+
+    async fn find_drift(&self, running: &Deployed) -> Result<Option<String>, DeployError> {
+        self.drift_of(running).await
+    }
+
+    async fn apply_runtime_ops(&self, plan: &ChangePlan) -> Result<usize, String> {
+        self.apply_runtime(plan).await
+    }
+
+    async fn persist(
+        &self,
+        desired: &Arc<RenderedConfig>,
+        marker: &str,
+        previous: &Arc<RenderedConfig>,
+    ) -> Result<(), DeployError> {
+        self.store_files(desired, marker, Some(previous)).await
+    }
+
+    async fn reload_with(
+        &self,
+        desired: Arc<RenderedConfig>,
+        desired_model: Arc<Config>,
+        running: Option<&Deployed>,
+        plan: ChangePlan,
+    ) -> Result<Deployed, DeployError> {
+        self.reload(desired, desired_model, running, plan).await
+    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,12 @@
 //! stays unique for as long as the entry exists. A lookup that misses (a change
 //! report that left something out) converts on the spot, so the values are always
 //! right, only slower.
+//!
+//! Every list a template gets from the resources — `list()`, `fetch()` and the arrays
+//! inside the objects — is a [`ResourceList`]: an ordinary sequence to templates that
+//! also remembers how `sort_by` ordered it. Those lists live as long as their
+//! snapshot version, so `resources.services.list() | sort_by(...)` and
+//! `slice.endpoints | sort_by(...)` sort once per change, not once per render.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -25,11 +31,95 @@ fn address(object: &StoredObject) -> usize {
     object.address()
 }
 
-/// Converts one stored object into a template value, straight from its JSON text.
+/// Converts one stored object into a template value, straight from its JSON text:
+/// objects become maps (keys in the order written), arrays [`ResourceList`]s (so a
+/// nested list such as an endpoint slice's `endpoints` also remembers how `sort_by`
+/// ordered it), numbers, strings, booleans and `null` what `minijinja` makes of them.
 pub(crate) fn to_value(object: &StoredObject) -> Value {
     object
-        .deserialize::<Value>()
+        .deserialize::<TemplateValue>()
         .expect("a stored object is valid JSON")
+        .0
+}
+
+/// A template value deserialized from JSON (see [`to_value`]).
+struct TemplateValue(Value);
+
+impl<'de> serde::Deserialize<'de> for TemplateValue {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer
+            .deserialize_any(TemplateValueVisitor)
+            .map(TemplateValue)
+    }
+}
+
+struct TemplateValueVisitor;
+
+impl<'de> serde::de::Visitor<'de> for TemplateValueVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::from(()))
+    }
+
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::from(()))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+        while let Some(TemplateValue(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(ResourceList::value(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        // Straight into the map, no intermediate list; keys (always strings in JSON)
+        // become values the way `minijinja` makes them, without a `String` each.
+        let mut error = None;
+        let value = Value::from_pairs(std::iter::from_fn(|| {
+            match map.next_entry::<TemplateValue, TemplateValue>() {
+                Ok(entry) => entry.map(|(key, value)| (key.0, value.0)),
+                Err(e) => {
+                    error = Some(e);
+                    None
+                }
+            }
+        }));
+        match error {
+            Some(error) => Err(error),
+            None => Ok(value),
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -37,6 +127,98 @@ struct Converted {
     /// Keeps the address alive (and so unique) while the entry exists.
     _object: StoredObject,
     value: Value,
+}
+
+// === impl ResourceList ===
+
+/// At most this many `sort_by` orders are remembered per list (templates sort a list
+/// in one or two ways; the bound keeps a template that sorts by computed keys from
+/// growing the memo without end).
+const SORT_MEMO_LIMIT: usize = 8;
+
+/// A list of resource objects as `list()` and `fetch()` return it: to templates an
+/// ordinary sequence, which also remembers how `sort_by` ordered it. The list lives
+/// as long as its snapshot version, so a template that sorts `list()` on every render
+/// sorts once per change.
+#[derive(Debug)]
+pub(crate) struct ResourceList {
+    items: Vec<Value>,
+    sorted: Mutex<Vec<SortMemo>>,
+}
+
+/// One remembered `sort_by`: its paths and `reverse`, and the sorted list (`None`:
+/// the list was already in that order; never the list itself, which would be a
+/// reference cycle).
+#[derive(Debug)]
+struct SortMemo {
+    paths: Vec<Box<str>>,
+    reverse: bool,
+    sorted: Option<Value>,
+}
+
+impl ResourceList {
+    /// The list as a template value.
+    pub(crate) fn value(items: Vec<Value>) -> Value {
+        Value::from_object(Self {
+            items,
+            sorted: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The objects.
+    pub(crate) fn items(&self) -> &[Value] {
+        &self.items
+    }
+
+    fn memo(&self) -> std::sync::MutexGuard<'_, Vec<SortMemo>> {
+        self.sorted
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A remembered `sort_by(paths, reverse)`: `Some(None)` when the list is already
+    /// in that order, `Some(Some(sorted))` otherwise; `None` when not remembered.
+    pub(crate) fn sorted(&self, paths: &[Cow<'_, str>], reverse: bool) -> Option<Option<Value>> {
+        self.memo()
+            .iter()
+            .find(|memo| {
+                memo.reverse == reverse
+                    && memo.paths.len() == paths.len()
+                    && memo.paths.iter().zip(paths).all(|(a, b)| **a == **b)
+            })
+            .map(|memo| memo.sorted.clone())
+    }
+
+    /// Remembers the result of `sort_by(paths, reverse)` (see [`Self::sorted`]).
+    pub(crate) fn remember_sorted(
+        &self,
+        paths: &[Cow<'_, str>],
+        reverse: bool,
+        sorted: Option<Value>,
+    ) {
+        let mut memo = self.memo();
+        if memo.len() < SORT_MEMO_LIMIT {
+            memo.push(SortMemo {
+                paths: paths.iter().map(|p| Box::from(p.as_ref())).collect(),
+                reverse,
+                sorted,
+            });
+        }
+    }
+}
+
+impl Object for ResourceList {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Seq
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        self.items.get(key.as_usize()?).cloned()
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Seq(self.items.len())
+    }
 }
 
 // === impl ResourceStore ===
@@ -89,7 +271,7 @@ impl NodeBuilder {
             _ => Value::UNDEFINED,
         };
         LookupNode {
-            list: Value::from(self.objects),
+            list: ResourceList::value(self.objects),
             single,
             count,
             children: self
@@ -98,14 +280,6 @@ impl NodeBuilder {
                 .map(|(key, child)| (key, child.finish()))
                 .collect(),
         }
-    }
-}
-
-impl Lookup {
-    /// The node for `keys`, if any object matches.
-    fn find(&self, keys: &[Cow<'_, str>]) -> Option<&LookupNode> {
-        keys.iter()
-            .try_fold(&self.root, |node, key| node.children.get(key.as_ref()))
     }
 }
 
@@ -207,51 +381,51 @@ impl ResourceStore {
         }
     }
 
-    fn list_value(&self) -> Value {
+    /// `list()`: every object in the snapshot's order, one shared value per version.
+    pub(crate) fn list_value(&self) -> Value {
         self.list
             .get_or_init(|| match &self.snapshot {
-                Some(snapshot) => Value::from(
-                    snapshot
-                        .list()
-                        .map(|o| self.value_of(o))
-                        .collect::<Vec<_>>(),
-                ),
-                None => Value::from(Vec::<Value>::new()),
+                Some(snapshot) => {
+                    ResourceList::value(snapshot.list().map(|o| self.value_of(o)).collect())
+                }
+                None => ResourceList::value(Vec::new()),
             })
             .clone()
     }
 
-    /// The lookup keys of a `fetch`/`get` call: strings as they are, numbers and
-    /// booleans in their JSON spelling.
+    /// One lookup key of a `fetch`/`get` call: a string as it is, a number or boolean
+    /// in its JSON spelling.
+    fn key<'a>(&self, method: &str, arg: &'a Value) -> Result<Cow<'a, str>, Error> {
+        if let Some(text) = arg.as_str() {
+            Ok(Cow::Borrowed(text))
+        } else if arg.is_number() || arg.kind() == minijinja::value::ValueKind::Bool {
+            Ok(Cow::Owned(arg.to_string()))
+        } else {
+            Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!(
+                    "resources.{}.{method}(): index keys must be strings, got {}",
+                    self.name,
+                    arg.kind()
+                ),
+            ))
+        }
+    }
+
+    /// The lookup keys of a `fetch`/`get` call (see [`Self::key`]).
     fn keys<'a>(&self, method: &str, args: &'a [Value]) -> Result<Vec<Cow<'a, str>>, Error> {
-        args.iter()
-            .map(|arg| {
-                if let Some(text) = arg.as_str() {
-                    Ok(Cow::Borrowed(text))
-                } else if arg.is_number() || arg.kind() == minijinja::value::ValueKind::Bool {
-                    Ok(Cow::Owned(arg.to_string()))
-                } else {
-                    Err(Error::new(
-                        ErrorKind::InvalidOperation,
-                        format!(
-                            "resources.{}.{method}(): index keys must be strings, got {}",
-                            self.name,
-                            arg.kind()
-                        ),
-                    ))
-                }
-            })
-            .collect()
+        args.iter().map(|arg| self.key(method, arg)).collect()
     }
 
     /// `fetch`/`get`: the index node of the keys (`None`: nothing matches), or the
     /// objects as a list when the index cannot answer (no keys, or too many).
     fn lookup(&self, method: &str, args: &[Value]) -> Result<Found<'_>, Error> {
-        let keys = self.keys(method, args)?;
         let Some(snapshot) = &self.snapshot else {
+            self.keys(method, args)?;
             return Ok(Found::Node(None));
         };
-        if keys.is_empty() || keys.len() > snapshot.index_by().len() {
+        if args.is_empty() || args.len() > snapshot.index_by().len() {
+            let keys = self.keys(method, args)?;
             // No keys (everything, in index order) or an error: rare, ask the snapshot.
             let found = snapshot.fetch(&keys).map_err(|error| {
                 Error::new(
@@ -263,16 +437,23 @@ impl ResourceStore {
                 found.into_iter().map(|o| self.value_of(o)).collect(),
             ));
         }
+        // The common case: one hash probe per key, no allocation. Every key is
+        // checked, also after a miss.
         let lookup = self.lookup.get_or_init(|| self.build_lookup(snapshot));
-        Ok(Found::Node(lookup.find(&keys)))
+        let mut node = Some(&lookup.root);
+        for arg in args {
+            let key = self.key(method, arg)?;
+            node = node.and_then(|node| node.children.get(key.as_ref()));
+        }
+        Ok(Found::Node(node))
     }
 
     /// The matching objects as one list value (shared, not copied).
     fn fetch(&self, args: &[Value]) -> Result<Value, Error> {
         Ok(match self.lookup("fetch", args)? {
             Found::Node(Some(node)) => node.list.clone(),
-            Found::Node(None) => Value::from(Vec::<Value>::new()),
-            Found::List(list) => Value::from(list),
+            Found::Node(None) => ResourceList::value(Vec::new()),
+            Found::List(list) => ResourceList::value(list),
         })
     }
 
@@ -557,5 +738,72 @@ impl Object for Shared {
                 ),
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn conversion_matches_minijinja_deserialization_with_resource_lists() {
+        let objects = [
+            json!({
+                "metadata": {"name": "a", "labels": {"z": "1", "a": "2", "m": "3"}},
+                "spec": {"ports": [{"port": 80, "name": "http"}, {"port": -1}], "empty": [], "x": {}},
+                "numbers": [0, 1, -7, 18446744073709551615u64, 1.5, -0.25, 1e300],
+                "other": [null, true, false, "", "ünïcödé \u{FDD0}", [[1], []]],
+                "long": "a string longer than twenty-two bytes, stored on the heap",
+            }),
+            json!([]),
+            json!("text"),
+            json!(null),
+        ];
+        for object in objects {
+            let stored = StoredObject::from_value(&object);
+            let ours = to_value(&stored);
+            let theirs: Value = stored.deserialize().expect("valid JSON");
+            assert_eq!(ours, theirs, "{object}");
+            assert_eq!(ours.to_string(), theirs.to_string(), "{object}");
+            assert_eq!(
+                serde_json::to_string(&ours).expect("serializes"),
+                serde_json::to_string(&theirs).expect("serializes"),
+                "{object}"
+            );
+            assert_eq!(ours.kind(), theirs.kind());
+        }
+        let list = to_value(&StoredObject::from_value(&json!({"a": [3, 1, 2]})))
+            .get_attr("a")
+            .expect("attribute");
+        assert!(list.downcast_object_ref::<ResourceList>().is_some());
+        assert_eq!(list.len(), Some(3));
+        assert_eq!(list.get_item(&Value::from(-1)).ok(), Some(Value::from(2)));
+        assert!(
+            !to_value(&StoredObject::from_value(&json!({"a": []})))
+                .get_attr("a")
+                .expect("attribute")
+                .is_true()
+        );
+    }
+
+    #[test]
+    fn sort_memo_is_bounded_and_keyed_by_paths_and_direction() {
+        let value = ResourceList::value(vec![Value::from(1), Value::from(2)]);
+        let list = value.downcast_object_ref::<ResourceList>().expect("a list");
+        let paths = |p: &[&'static str]| p.iter().map(|p| Cow::Borrowed(*p)).collect::<Vec<_>>();
+        assert_eq!(list.sorted(&paths(&["a"]), false), None);
+        list.remember_sorted(&paths(&["a"]), false, None);
+        let reversed = Value::from(vec![Value::from(2), Value::from(1)]);
+        list.remember_sorted(&paths(&["a"]), true, Some(reversed.clone()));
+        assert_eq!(list.sorted(&paths(&["a"]), false), Some(None));
+        assert_eq!(list.sorted(&paths(&["a"]), true), Some(Some(reversed)));
+        assert_eq!(list.sorted(&paths(&["a", "b"]), false), None);
+        assert_eq!(list.sorted(&paths(&["b"]), false), None);
+        for i in 0..2 * SORT_MEMO_LIMIT {
+            let path = format!("k{i}");
+            list.remember_sorted(&[Cow::Owned(path)], false, None);
+        }
+        assert_eq!(list.memo().len(), SORT_MEMO_LIMIT);
     }
 }

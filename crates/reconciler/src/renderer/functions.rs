@@ -10,9 +10,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use base64::Engine;
-use minijinja::value::{Kwargs, Rest, Value, ValueKind};
+use minijinja::value::{Kwargs, Rest, Value, ValueKind, ValueOrKwargs};
 use minijinja::{Environment, Error, ErrorKind, Output, State};
 
+use super::context::{ResourceList, ResourceStore};
 use super::scan::GLOB_HELPER;
 
 /// The filters [`register`] adds (kept in step with it by a test in `check`).
@@ -207,11 +208,10 @@ fn glob_match_test(value: &str, pattern: &str) -> Result<bool, Error> {
     Ok(compile_glob(pattern, "glob_match")?.is_match(value))
 }
 
-/// One sort key of `sort_by`: a dotted attribute path, descending when written with a
-/// leading `-`. Segments are split and classified once per call, not per item.
+/// One sort key of `sort_by`: a dotted attribute path (validated once per call),
+/// descending when written with a leading `-`.
 struct SortKey<'a> {
-    /// Each segment, with its value as a list index when it is a number.
-    segments: Vec<(&'a str, Option<i64>)>,
+    path: &'a str,
     descending: bool,
 }
 
@@ -227,33 +227,71 @@ impl<'a> SortKey<'a> {
                 format!("sort_by: invalid attribute path {text:?}"),
             ));
         }
-        Ok(Self {
-            segments: path
-                .split('.')
-                .map(|segment| (segment, segment.parse::<i64>().ok()))
-                .collect(),
-            descending,
-        })
+        Ok(Self { path, descending })
     }
 
-    /// The key of one item: the value at the path, `none` where it is missing.
+    /// The key of one item: the value at the path, `none` where it is missing. A
+    /// numeric segment indexes a list.
     fn extract(&self, item: &Value) -> Value {
-        let mut current: Option<Value> = None;
-        for (segment, index) in &self.segments {
-            let base = current.as_ref().unwrap_or(item);
-            let next = match index {
-                Some(index) if matches!(base.kind(), ValueKind::Seq) => {
-                    base.get_item(&Value::from(*index))
-                }
+        fn step(base: &Value, segment: &str) -> Option<Value> {
+            let next = match base.kind() {
+                ValueKind::Seq => match segment.parse::<i64>() {
+                    Ok(index) => base.get_item(&Value::from(index)),
+                    Err(_) => base.get_attr(segment),
+                },
                 _ => base.get_attr(segment),
             };
-            current = match next {
+            match next {
                 Ok(value) if !value.is_undefined() => Some(value),
-                _ => return Value::from(()),
-            };
+                _ => None,
+            }
         }
-        current.unwrap_or_else(|| item.clone())
+        let mut segments = self.path.split('.');
+        let first = segments.next().unwrap_or_default();
+        let Some(mut current) = step(item, first) else {
+            return Value::from(());
+        };
+        for segment in segments {
+            match step(&current, segment) {
+                Some(next) => current = next,
+                None => return Value::from(()),
+            }
+        }
+        current
     }
+}
+
+/// The order `keys` put `items` in (a stable sort; `reverse` reverses it), or `None`
+/// when that is the order they are already in.
+fn sorted_order(items: &[Value], keys: &[SortKey<'_>], reverse: bool) -> Option<Vec<usize>> {
+    // Row `i`'s keys are `extracted[i * width..(i + 1) * width]`.
+    let width = keys.len();
+    let mut extracted = Vec::with_capacity(items.len() * width);
+    for item in items {
+        extracted.extend(keys.iter().map(|key| key.extract(item)));
+    }
+    let row = |i: usize| &extracted[i * width..(i + 1) * width];
+    let compare = |a: usize, b: usize| {
+        for ((x, y), key) in row(a).iter().zip(row(b)).zip(keys) {
+            let ordering = if key.descending { y.cmp(x) } else { x.cmp(y) };
+            if ordering.is_ne() {
+                return ordering;
+            }
+        }
+        std::cmp::Ordering::Equal
+    };
+    let in_order = (1..items.len()).all(|i| compare(i - 1, i).is_le());
+    if in_order && !reverse {
+        return None;
+    }
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    if !in_order {
+        order.sort_by(|a, b| compare(*a, *b));
+    }
+    if reverse {
+        order.reverse();
+    }
+    Some(order)
 }
 
 /// `items | sort_by("metadata.namespace", "-spec.priority", reverse=false)`: a stable
@@ -263,14 +301,24 @@ impl<'a> SortKey<'a> {
 ///
 /// A list that is already in order (the common case: `list()` is ordered by
 /// namespace and name, and small lists often are) is returned as it is, without
-/// copying.
-fn sort_by(value: &Value, paths: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
-    // `Kwargs::get` allocates; most calls pass no keyword arguments at all.
-    let reverse: Option<bool> = match kwargs.args().next() {
-        Some(_) => kwargs.get("reverse")?,
+/// copying. The lists `resources.<name>.list()` and `fetch()` return remember how they
+/// were sorted, so sorting them the same way again — in the next render, until the
+/// resource changes — costs a lookup, not a sort.
+fn sort_by(value: &Value, args: Rest<ValueOrKwargs>) -> Result<Value, Error> {
+    // Keyword arguments come last; most calls pass none, and then no `Kwargs` (which
+    // allocates) is made at all.
+    let (paths, kwargs) = match args.split_last() {
+        Some((last, rest)) if last.is_kwargs() => (rest, Some(Kwargs::try_from((**last).clone())?)),
+        _ => (&args[..], None),
+    };
+    let reverse: Option<bool> = match &kwargs {
+        Some(kwargs) => {
+            let reverse = kwargs.get("reverse")?;
+            kwargs.assert_all_used()?;
+            reverse
+        }
         None => None,
     };
-    kwargs.assert_all_used()?;
     if paths.is_empty() {
         return Err(Error::new(
             ErrorKind::MissingArgument,
@@ -285,54 +333,61 @@ fn sort_by(value: &Value, paths: Rest<Value>, kwargs: Kwargs) -> Result<Value, E
             _ => Cow::Owned(p.to_string()),
         })
         .collect();
-    let keys = paths
-        .iter()
-        .map(|p| SortKey::parse(p))
-        .collect::<Result<Vec<_>, _>>()?;
     let reverse = reverse == Some(true);
-    // Lists are read in place, and handed back unchanged when already in order.
-    let list = value.downcast_object_ref::<Vec<Value>>();
-    let is_list = list.is_some();
-    let items: Cow<'_, [Value]> = match list {
-        Some(list) => Cow::Borrowed(list.as_slice()),
-        None => Cow::Owned(value.try_iter()?.collect()),
+    let parse = || {
+        paths
+            .iter()
+            .map(|p| SortKey::parse(p))
+            .collect::<Result<Vec<_>, _>>()
     };
-    if items.len() <= 1 && is_list {
-        return Ok(value.clone());
-    }
-    // Row `i`'s keys are `extracted[i * width..(i + 1) * width]`.
-    let width = keys.len();
-    let extracted: Vec<Value> = items
-        .iter()
-        .flat_map(|item| keys.iter().map(move |key| key.extract(item)))
-        .collect();
-    let row = |i: usize| &extracted[i * width..(i + 1) * width];
-    let compare = |a: usize, b: usize| {
-        for ((x, y), key) in row(a).iter().zip(row(b)).zip(&keys) {
-            let ordering = if key.descending { y.cmp(x) } else { x.cmp(y) };
-            if ordering.is_ne() {
-                return ordering;
-            }
+    let reorder = |items: &[Value], order: Vec<usize>| {
+        Value::from(
+            order
+                .into_iter()
+                .map(|i| items[i].clone())
+                .collect::<Vec<_>>(),
+        )
+    };
+    // A store sorts as its `list()`.
+    let store_list;
+    let value = match value.downcast_object_ref::<ResourceStore>() {
+        Some(store) => {
+            store_list = store.list_value();
+            &store_list
         }
-        std::cmp::Ordering::Equal
+        None => value,
     };
-    let in_order = (1..items.len()).all(|i| compare(i - 1, i).is_le());
-    if in_order && !reverse && is_list {
-        return Ok(value.clone());
+    // Resource lists (and the lists inside resource objects): sorted once per change.
+    // A remembered order was sorted with valid paths.
+    if let Some(list) = value.downcast_object_ref::<ResourceList>() {
+        if let Some(sorted) = list.sorted(&paths, reverse) {
+            return Ok(sorted.unwrap_or_else(|| value.clone()));
+        }
+        let keys = parse()?;
+        let items = list.items();
+        if items.len() <= 1 {
+            return Ok(value.clone());
+        }
+        let sorted = sorted_order(items, &keys, reverse).map(|order| reorder(items, order));
+        list.remember_sorted(&paths, reverse, sorted.clone());
+        return Ok(sorted.unwrap_or_else(|| value.clone()));
     }
-    let mut order: Vec<usize> = (0..items.len()).collect();
-    if !in_order {
-        order.sort_by(|a, b| compare(*a, *b));
+    let keys = parse()?;
+    // Other lists are read in place, and handed back unchanged when already in order.
+    if let Some(items) = value.downcast_object_ref::<Vec<Value>>() {
+        if items.len() <= 1 {
+            return Ok(value.clone());
+        }
+        return Ok(match sorted_order(items, &keys, reverse) {
+            Some(order) => reorder(items, order),
+            None => value.clone(),
+        });
     }
-    if reverse {
-        order.reverse();
-    }
-    Ok(Value::from(
-        order
-            .into_iter()
-            .map(|i| items[i].clone())
-            .collect::<Vec<_>>(),
-    ))
+    let items: Vec<Value> = value.try_iter()?.collect();
+    Ok(match sorted_order(&items, &keys, reverse) {
+        Some(order) => reorder(&items, order),
+        None => Value::from(items),
+    })
 }
 
 /// `value | tojson` / `tojson(indent=2)`: JSON as Jinja2 writes it — keys sorted,

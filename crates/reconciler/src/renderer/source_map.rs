@@ -78,25 +78,38 @@ fn encode(index: usize) -> String {
 }
 
 /// Tries to read a marker at the start of `text`; returns its index and byte length.
+///
+/// Works on the UTF-8 bytes: every marker character is `EF B7 xx` (U+FDC0–U+FDFF),
+/// `xx` being `90` for the start, `91` for the end and `A0`–`AF` for the digits.
 fn decode(text: &str) -> Option<(usize, usize)> {
-    let mut chars = text.char_indices();
-    if chars.next()?.1 != START {
+    const START_BYTE: u8 = 0x90;
+    const END_BYTE: u8 = 0x91;
+    const DIGIT_BYTES: std::ops::RangeInclusive<u8> = 0xA0..=0xAF;
+    let bytes = text.as_bytes();
+    let char_at = |at: usize| match bytes.get(at..at + 3) {
+        Some([LEAD, 0xB7, last]) => Some(*last),
+        _ => None,
+    };
+    if char_at(0)? != START_BYTE {
         return None;
     }
     let mut index = 0usize;
     let mut digits = 0;
-    for (at, c) in chars {
-        if c == END {
-            return (digits > 0).then_some((index, at + c.len_utf8()));
+    let mut at = 3;
+    loop {
+        match char_at(at)? {
+            END_BYTE => return (digits > 0).then_some((index, at + 3)),
+            digit if DIGIT_BYTES.contains(&digit) => {
+                digits += 1;
+                if digits > 12 {
+                    return None;
+                }
+                index = index * 16 + usize::from(digit - DIGIT_BYTES.start());
+            }
+            _ => return None,
         }
-        let value = (c as u32).checked_sub(DIGIT_BASE).filter(|v| *v < 16)?;
-        digits += 1;
-        if digits > 12 {
-            return None;
-        }
-        index = index * 16 + value as usize;
+        at += 3;
     }
-    None
 }
 
 /// The position of the first newline or marker lead byte, eight bytes at a time.
@@ -216,6 +229,50 @@ mod tests {
         assert_eq!(decode("\u{FDD0}\u{FDD1}"), None);
         assert_eq!(decode("\u{FDD0}x\u{FDD1}"), None);
         assert_eq!(decode("\u{FDD0}\u{FDE1}"), None);
+    }
+
+    /// The char-by-char decoder the byte decoder replaced.
+    fn reference_decode(text: &str) -> Option<(usize, usize)> {
+        let mut chars = text.char_indices();
+        if chars.next()?.1 != START {
+            return None;
+        }
+        let mut index = 0usize;
+        let mut digits = 0;
+        for (at, c) in chars {
+            if c == END {
+                return (digits > 0).then_some((index, at + c.len_utf8()));
+            }
+            let value = (c as u32).checked_sub(DIGIT_BASE).filter(|v| *v < 16)?;
+            digits += 1;
+            if digits > 12 {
+                return None;
+            }
+            index = index * 16 + value as usize;
+        }
+        None
+    }
+
+    #[test]
+    fn byte_decoding_agrees_with_char_decoding() {
+        let chars = [
+            START, END, '\u{FDE0}', '\u{FDE7}', '\u{FDEF}', '\u{FDDF}', '\u{FDF0}', '\u{FDC0}',
+            'x', 'é', '\n',
+        ];
+        let mut inputs = vec![String::new()];
+        for _ in 0..4 {
+            let previous = inputs.clone();
+            for text in previous {
+                for c in chars {
+                    inputs.push(format!("{text}{c}"));
+                }
+            }
+        }
+        inputs.push(format!("{START}{}{END}", "\u{FDE1}".repeat(12)));
+        inputs.push(format!("{START}{}{END}", "\u{FDE1}".repeat(13)));
+        for input in &inputs {
+            assert_eq!(decode(input), reference_decode(input), "{input:?}");
+        }
     }
 
     #[test]
