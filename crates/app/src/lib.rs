@@ -2,6 +2,7 @@
 //! kernel iteration per valid configuration, the HTTP surface (metrics, health, debug
 //! JSON, status page) and the command line.
 
+pub mod bench;
 pub mod build;
 pub mod commands;
 pub mod config;

@@ -5,7 +5,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use hapwright_app::testing::OutputFormat;
-use hapwright_app::{commands, run};
+use hapwright_app::{bench, commands, run};
+
+/// `--scale`'s parsed value (a type alias so clap does not treat it as a list of
+/// arguments).
+type Scales = Vec<usize>;
 
 /// Keeps HAProxy configured from live data: watches resources, renders `haproxy.cfg`
 /// and its map, certificate and other files from Jinja templates, validates them and
@@ -59,6 +63,25 @@ enum Command {
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,
     },
+    /// Measure compile, render, validation time and peak memory at growing numbers of
+    /// generated objects (exit 1: a template fails or validation rejects, 2: invalid
+    /// config file or scale list).
+    Bench {
+        /// The config file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// Comma-separated scales: Services (with an EndpointSlice and an Ingress
+        /// each), or copies of the validationTests fixtures.
+        #[arg(long, value_name = "N,N,...", default_value = "10,100,1000,10000", value_parser = bench::parse_scales)]
+        scale: Scales,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+        /// Measure in this process instead of one child process per scale (then peak
+        /// memory is the peak over all scales so far).
+        #[arg(long, hide = true)]
+        in_process: bool,
+    },
     /// Print the version of hapwright.
     Version,
 }
@@ -90,6 +113,12 @@ fn main() -> ExitCode {
             test,
             output,
         } => runtime().block_on(commands::test(&config, test.as_deref(), output)),
+        Command::Bench {
+            config,
+            scale,
+            output,
+            in_process,
+        } => runtime().block_on(bench::command(&config, &scale, output, in_process)),
         Command::Version => {
             println!("hapwright {}", env!("CARGO_PKG_VERSION"));
             run::exit::OK

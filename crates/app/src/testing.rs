@@ -59,13 +59,14 @@ const MAX_JSON_CHARS: usize = 400;
 /// Most matched lines listed by a failing `match_count`.
 const MAX_LISTED_MATCHES: usize = 10;
 
-/// How `hapwright test` prints its results.
+/// How `hapwright test` and `hapwright bench` print their results.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputFormat {
-    /// One line per test; every assertion of a failing test with an excerpt.
+    /// For people: `test` prints one line per test and every assertion of a failing
+    /// test with an excerpt; `bench` prints a table with one row per scale.
     #[default]
     Text,
-    /// One JSON document (see [`SuiteReport`]).
+    /// One JSON document (`test`: tests with their assertions; `bench`: one entry per scale).
     Json,
 }
 

@@ -1,0 +1,332 @@
+//! `hapwright-benchsuite`: the benchmark suite driver behind `scripts/bench.sh`.
+//!
+//! It runs (a) `hapwright bench` on the realistic routing example, (b) end-to-end
+//! latency, (c) reloads under churn and (d) controller memory with the real binary and
+//! HAProxy, reads (e) and (f) from criterion's results (the script runs the criterion
+//! benches first), and writes `docs/benchmarks.md` and `docs/benchmarks.png`. The
+//! hand-written Analysis section of the previous report is kept.
+//!
+//! ```text
+//! hapwright-benchsuite [--quick] [--repo DIR] [--font TTF] [--commands FILE]
+//! ```
+//!
+//! The `hapwright` binary measured is `HAPWRIGHT_BIN`, else this binary's sibling
+//! (`target/release/hapwright`), as in the e2e harness.
+
+mod chart;
+mod criterion;
+mod report;
+mod scenarios;
+
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use report::{BenchOutput, Machine, Results};
+
+/// Where `scripts/bench.sh` installs the font (Debian `fonts-dejavu-core`).
+const DEFAULT_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+/// The analysis a report starts with when the previous one has none.
+const FRESH_ANALYSIS: &str = "## Analysis\n\nWrite here, by hand, what dominates where a target is missed (the suite keeps this section).";
+
+struct Args {
+    quick: bool,
+    repo: PathBuf,
+    hapwright: PathBuf,
+    font: PathBuf,
+    commands: Option<PathBuf>,
+}
+
+fn parse_args() -> Result<Args> {
+    let exe = std::env::current_exe().context("locating this executable")?;
+    let mut args = Args {
+        quick: false,
+        repo: std::env::current_dir().context("current directory")?,
+        // The binary the e2e harness runs too: `HAPWRIGHT_BIN`, else this one's sibling.
+        hapwright: std::env::var_os("HAPWRIGHT_BIN")
+            .map_or_else(|| exe.with_file_name("hapwright"), PathBuf::from),
+        font: PathBuf::from(DEFAULT_FONT),
+        commands: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .map(PathBuf::from)
+                .with_context(|| format!("{name} needs a value"))
+        };
+        match arg.as_str() {
+            "--quick" => args.quick = true,
+            "--repo" => args.repo = value("--repo")?,
+            "--font" => args.font = value("--font")?,
+            "--commands" => args.commands = Some(value("--commands")?),
+            "-h" | "--help" => {
+                println!(
+                    "usage: hapwright-benchsuite [--quick] [--repo DIR] [--font TTF] [--commands FILE]"
+                );
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument `{other}` (see --help)"),
+        }
+    }
+    Ok(args)
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    let machine = machine();
+    eprintln!("machine: {machine:?}");
+
+    let work = tempfile::Builder::new()
+        .prefix("hapwright-benchsuite-")
+        .tempdir()
+        .context("temporary directory")?;
+    let config = write_routing_config(&args.repo, work.path())?;
+
+    let scales = "10,100,1000,10000";
+    eprintln!("(a) hapwright bench --scale {scales}");
+    let bench = run_bench(&args.hapwright, &config, scales);
+    if let Err(why) = &bench {
+        eprintln!("(a) failed: {why}");
+    }
+
+    let changes = if args.quick { 5 } else { 20 };
+    let (churn_count, churn_seconds) = if args.quick { (100, 5.0) } else { (1000, 30.0) };
+    let mut latency = Vec::new();
+    let mut churn = Err("not run".to_owned());
+    for backends in [100, 1000] {
+        eprintln!("(b) latency at {backends} backends, {changes} changes per path");
+        let with_churn = (backends == 1000).then_some((churn_count, churn_seconds));
+        match catch(|| scenarios::latency(backends, changes, with_churn)) {
+            Ok((size, churned)) => {
+                eprintln!("    {}", scenarios::describe(&size.runtime));
+                eprintln!("    {}", scenarios::describe(&size.reload));
+                if let Some(c) = churned {
+                    eprintln!("(c) churn: {c:?}");
+                    churn = Ok(c);
+                }
+                latency.push(Ok(size));
+            }
+            Err(why) => {
+                eprintln!("    failed: {why}");
+                if backends == 1000 {
+                    churn = Err(format!("the 1,000-backend controller failed: {why}"));
+                }
+                latency.push(Err(why));
+            }
+        }
+    }
+    let settings = std::fs::read_to_string(args.repo.join("examples/quickstart/hapwright.yaml"))
+        .ok()
+        .map(|text| scenarios::settings(&text));
+
+    eprintln!("(d) memory with 10,000 objects");
+    let memory = catch(|| scenarios::memory(5_000));
+    eprintln!("    {memory:?}");
+
+    let criterion = criterion::collect(&args.repo.join("target/criterion"));
+    eprintln!("(e, f) {} criterion results", criterion.len());
+
+    let commands = match &args.commands {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .lines()
+            .map(str::to_owned)
+            .collect(),
+        None => Vec::new(),
+    };
+    let mut commands = commands;
+    commands.push(format!(
+        "#   in the suite: {} bench -c <routing.yaml written from crates/reconciler/testdata/routing/> --scale {scales} --output json",
+        std::env::current_dir()
+            .ok()
+            .and_then(|cwd| args.hapwright.strip_prefix(cwd).ok())
+            .unwrap_or(&args.hapwright)
+            .display()
+    ));
+    commands.push(format!(
+        "#   in the suite: the end-to-end scenarios (b)–(d) through tests/support (`hapwright run` on a copy of examples/quickstart/), {changes} changes per path, churn {churn_count} changes over {churn_seconds} s"
+    ));
+    let results = Results {
+        quick: args.quick,
+        machine,
+        bench,
+        settings,
+        latency,
+        churn,
+        memory,
+        criterion,
+        commands,
+    };
+
+    let docs = args.repo.join("docs");
+    let md_path = docs.join("benchmarks.md");
+    let previous = std::fs::read_to_string(&md_path).ok();
+    let analysis = report::preserved_analysis(previous.as_deref(), FRESH_ANALYSIS);
+    std::fs::write(&md_path, report::markdown(&results, &analysis))
+        .with_context(|| format!("writing {}", md_path.display()))?;
+    eprintln!("wrote {}", md_path.display());
+
+    let results_json = args.repo.join("target/benchsuite-results.json");
+    if let Ok(text) = serde_json::to_string_pretty(&results) {
+        let _ = std::fs::write(&results_json, text);
+    }
+
+    chart::register_font(&args.font)?;
+    let scales = results
+        .bench
+        .as_ref()
+        .map(|b| b.scales.clone())
+        .unwrap_or_default();
+    let debounce = results.settings.map_or(200.0, |s| s.debounce_ms);
+    let mut bars = Vec::new();
+    for size in results.latency.iter().flatten() {
+        bars.push((size.runtime.clone(), debounce + 20.0));
+        bars.push((
+            size.reload.clone(),
+            debounce + size.haproxy_reload_ms + 50.0,
+        ));
+    }
+    let png = docs.join("benchmarks.png");
+    chart::draw(&png, &scales, &chart::bars(&bars))?;
+    eprintln!("wrote {}", png.display());
+    Ok(())
+}
+
+/// Runs a scenario, turning a panic (the harness panics on failures) into an error.
+fn catch<T>(scenario: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(AssertUnwindSafe(scenario)).map_err(|panic| {
+        panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "the scenario panicked".to_owned())
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    })
+}
+
+/// Writes a config file for the routing example (`crates/reconciler/testdata/routing/`)
+/// under `dir` (JSON, which is YAML) and returns its path.
+fn write_routing_config(repo: &Path, dir: &Path) -> Result<PathBuf> {
+    let root = repo.join("crates/reconciler/testdata/routing");
+    let read_dir = |sub: &str| -> Result<Value> {
+        let mut out = serde_json::Map::new();
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(root.join(sub))
+            .with_context(|| format!("reading {}", root.join(sub).display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        entries.sort();
+        for path in entries {
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            let name = name.strip_suffix(".j2").unwrap_or(&name).to_owned();
+            let text = std::fs::read_to_string(&path)?;
+            out.insert(name, json!({ "template": text }));
+        }
+        Ok(Value::Object(out))
+    };
+    std::fs::create_dir_all(dir.join("resources"))?;
+    let watched = |kind: &str, index: Value| json!({"files": {"path": "./resources"}, "kind": kind, "indexBy": index});
+    let by_name = json!(["metadata.namespace", "metadata.name"]);
+    let config = json!({
+        "watchedResources": {
+            "services": watched("Service", by_name.clone()),
+            "endpoints": watched("EndpointSlice", json!(["metadata.namespace", "metadata.labels.kubernetes\\.io/service-name"])),
+            "ingresses": watched("Ingress", by_name.clone()),
+            "secrets": watched("Secret", by_name),
+        },
+        "haproxyConfig": {"template": std::fs::read_to_string(root.join("haproxy.cfg.j2"))?},
+        "templateSnippets": read_dir("snippets")?,
+        "maps": read_dir("maps")?,
+        "files": read_dir("files")?,
+        "sslCertificates": read_dir("certs")?,
+        "templating": {"trimBlocks": true, "lstripBlocks": true},
+        "extraContext": {
+            "httpPort": 8080,
+            "httpsPort": 8443,
+            "maxconn": 50000,
+            "supportEmail": "ops@example.com",
+            "blockedAgents": ["evil.bot/1.0", "scanner (+http://x)"],
+        },
+    });
+    let path = dir.join("routing.yaml");
+    std::fs::write(&path, serde_json::to_string_pretty(&config)?)?;
+    Ok(path)
+}
+
+/// `hapwright bench -c CONFIG --scale SCALES --output json`.
+fn run_bench(hapwright: &Path, config: &Path, scales: &str) -> Result<BenchOutput, String> {
+    let output = Command::new(hapwright)
+        .args(["bench", "-c"])
+        .arg(config)
+        .args(["--scale", scales, "--output", "json"])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", hapwright.display()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "`hapwright bench` exited with {}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    serde_json::from_slice(&output.stdout)
+        .map_err(|e| format!("`hapwright bench` printed no report: {e}"))
+}
+
+fn machine() -> Machine {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let meminfo = read("/proc/meminfo");
+    let haproxy = Command::new("haproxy")
+        .arg("-vv")
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .unwrap_or_else(|e| format!("haproxy -vv failed: {e}"));
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    Machine {
+        cpus: std::thread::available_parallelism().map_or(0, usize::from),
+        cpu_model: cpuinfo
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("model name")?
+                    .split_once(':')
+                    .map(|(_, v)| v.trim().to_owned())
+            })
+            .unwrap_or_else(|| "unknown".to_owned()),
+        memory_bytes: meminfo
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("MemTotal:")?
+                    .split_whitespace()
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or(0)
+            * 1024,
+        kernel: read("/proc/sys/kernel/osrelease").trim().to_owned(),
+        haproxy,
+        load_average: read("/proc/loadavg")
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+        date,
+    }
+}

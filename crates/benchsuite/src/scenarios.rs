@@ -1,0 +1,566 @@
+//! The end-to-end scenarios: the real `hapwright run` (through the e2e harness,
+//! [`hapwright_e2e::Controller`], on a private copy of the quickstart) managing a real
+//! HAProxy, with many more Services than the quickstart has.
+//!
+//! Every backend is a Service with one EndpointSlice of one endpoint pointing at one of
+//! the demo apps the quickstart's HAProxy serves itself, so every route answers.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use hapwright_e2e::{Controller, Reply, master_command, parse_show_proc, service_manifest};
+use serde::Serialize;
+
+/// Longest wait for one change to show (a bound, not an expectation).
+const CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest wait for a large controller to be ready and deployed.
+const START_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The quickstart controller settings, which the latency targets are relative to.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Settings {
+    /// `controller.debounce`.
+    pub debounce_ms: f64,
+    /// `controller.minDeploymentInterval`.
+    pub min_deployment_interval_ms: f64,
+    /// `controller.minReloadInterval`.
+    pub min_reload_interval_ms: f64,
+}
+
+/// Reads the settings from the quickstart config text (`debounce: 200ms` lines).
+pub fn settings(config: &str) -> Settings {
+    let read = |key: &str, default: f64| {
+        config
+            .lines()
+            .find_map(|line| duration_ms(line.trim().strip_prefix(key)?.trim()))
+            .unwrap_or(default)
+    };
+    Settings {
+        debounce_ms: read("debounce:", 200.0),
+        min_deployment_interval_ms: read("minDeploymentInterval:", 500.0),
+        min_reload_interval_ms: read("minReloadInterval:", 2000.0),
+    }
+}
+
+/// `250ms`, `2s` or `1.5s` in milliseconds.
+fn duration_ms(text: &str) -> Option<f64> {
+    if let Some(ms) = text.strip_suffix("ms") {
+        return ms.trim().parse().ok();
+    }
+    text.strip_suffix('s')?
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .map(|s| s * 1_000.0)
+}
+
+/// Latency samples of one path at one size.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Latency {
+    /// Backends (Services) the controller serves.
+    pub backends: usize,
+    /// `runtime` or `reload`.
+    pub path: String,
+    /// Milliseconds from the resource file write to the first answer of the new backend.
+    pub samples_ms: Vec<f64>,
+}
+
+impl Latency {
+    /// The mean of the samples (0 for none).
+    pub fn mean(&self) -> f64 {
+        if self.samples_ms.is_empty() {
+            0.0
+        } else {
+            self.samples_ms.iter().sum::<f64>() / self.samples_ms.len() as f64
+        }
+    }
+
+    /// The `q` quantile (nearest rank) of the samples.
+    pub fn quantile(&self, q: f64) -> f64 {
+        quantile(&self.samples_ms, q)
+    }
+}
+
+/// Nearest-rank quantile; 0 for no samples.
+pub fn quantile(samples: &[f64], q: f64) -> f64 {
+    if samples.is_empty() {
+        return 0.0;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// The files source's default `settle` (the quickstart does not set it).
+pub const FILES_SETTLE_MS: f64 = 25.0;
+
+/// Mean time per change of each pipeline stage, from the controller's histograms
+/// (`_sum`/`_count` differences over a run of changes), milliseconds. A stage that
+/// did not run is 0.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Stages {
+    /// `hapwright_render_duration_seconds`.
+    pub render_ms: f64,
+    /// `hapwright_validation_duration_seconds{phase="parse"}`.
+    pub phase1_ms: f64,
+    /// `hapwright_validation_duration_seconds{phase="haproxy"}`.
+    pub phase2_ms: f64,
+    /// `hapwright_deployment_duration_seconds`.
+    pub deploy_ms: f64,
+}
+
+impl Stages {
+    /// The stage means between two `/metrics` texts.
+    pub fn between(before: &str, after: &str) -> Self {
+        let mean = |name: &str, filter: &str| {
+            let sum = metric_sum(after, &format!("{name}_sum"), filter)
+                - metric_sum(before, &format!("{name}_sum"), filter);
+            let count = metric_sum(after, &format!("{name}_count"), filter)
+                - metric_sum(before, &format!("{name}_count"), filter);
+            if count > 0.0 {
+                sum / count * 1_000.0
+            } else {
+                0.0
+            }
+        };
+        Self {
+            render_ms: mean("hapwright_render_duration_seconds", ""),
+            phase1_ms: mean("hapwright_validation_duration_seconds", r#"phase="parse""#),
+            phase2_ms: mean(
+                "hapwright_validation_duration_seconds",
+                r#"phase="haproxy""#,
+            ),
+            deploy_ms: mean("hapwright_deployment_duration_seconds", ""),
+        }
+    }
+
+    /// The sum of the stages.
+    pub fn total(&self) -> f64 {
+        self.render_ms + self.phase1_ms + self.phase2_ms + self.deploy_ms
+    }
+}
+
+/// What the latency scenario at one size measured.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SizeResult {
+    /// Runtime path (an endpoint's port changes: `set server addr`).
+    pub runtime: Latency,
+    /// Reload path (a new Service: a new backend and map entry).
+    pub reload: Latency,
+    /// HAProxy's own reload time: master CLI `reload` until `show proc` reports the
+    /// new reload count, milliseconds, median of a few.
+    pub haproxy_reload_ms: f64,
+    /// Reloads counted by `hapwright_reloads_total` during the runtime-path changes.
+    pub reloads_during_runtime: f64,
+    /// Where the runtime path's time went.
+    pub runtime_stages: Stages,
+    /// Where the reload path's time went.
+    pub reload_stages: Stages,
+}
+
+/// The churn scenario's outcome.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Churn {
+    /// Backends served.
+    pub backends: usize,
+    /// Endpoint changes written.
+    pub changes: usize,
+    /// Seconds over which they were written.
+    pub seconds: f64,
+    /// `hapwright_reloads_total` grew by this much.
+    pub reloads: f64,
+    /// Successful runtime-strategy deployments during the churn.
+    pub runtime_deployments: f64,
+    /// Whether every churned route answered its last port afterwards.
+    pub final_state_correct: bool,
+    /// Milliseconds from the last write until every churned route answered its last
+    /// port.
+    pub settle_ms: f64,
+}
+
+/// The memory scenario's outcome.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Memory {
+    /// Objects (Services + EndpointSlices) watched.
+    pub objects: usize,
+    /// `VmRSS` of `hapwright run` once deployed, bytes.
+    pub rss_bytes: u64,
+    /// `VmHWM` (peak) of `hapwright run`, bytes.
+    pub peak_rss_bytes: u64,
+    /// `process_resident_memory_bytes` from `/metrics`.
+    pub metric_rss_bytes: f64,
+    /// Seconds from start until the first deployment finished.
+    pub startup_s: f64,
+}
+
+/// How many extra Services the churn changes (each in its own file).
+const CHURN_FILES: usize = 10;
+
+fn host(name: &str) -> String {
+    format!("{name}.example.test")
+}
+
+/// Services per `bulk-<f>.yaml` file (the files source limits documents per file).
+const BULK_PER_FILE: usize = 250;
+
+/// Starts a controller with `backends` Services: the quickstart's `web` and `api`,
+/// [`CHURN_FILES`] `churn-<j>` Services in files of their own, and the rest in
+/// `bulk-<f>.yaml` files. Returns once HAProxy answers for the last of them and the
+/// instance runs the last render.
+fn start(backends: usize) -> (Controller, Settings) {
+    let controller = Controller::start();
+    let settings = settings(&controller.read_config());
+    let ports = controller.ports();
+    let bulk = backends.saturating_sub(2 + CHURN_FILES);
+    let names: Vec<String> = (0..bulk).map(|i| format!("bulk-{i}")).collect();
+    for (f, chunk) in names.chunks(BULK_PER_FILE).enumerate() {
+        let mut text = String::new();
+        for name in chunk {
+            text.push_str(&service_manifest(name, &host(name), ports.api));
+            text.push_str("---\n");
+        }
+        controller.write_resource(&format!("bulk-{f}.yaml"), &text);
+    }
+    for j in 0..CHURN_FILES {
+        let name = format!("churn-{j}");
+        controller.write_resource(
+            &format!("{name}.yaml"),
+            &service_manifest(&name, &host(&name), ports.web_v1),
+        );
+    }
+    let started = Instant::now();
+    let last_churn = host(&format!("churn-{}", CHURN_FILES - 1));
+    first_answer(
+        &controller,
+        &last_churn,
+        &controller.demo_body(ports.web_v1),
+        started,
+        START_TIMEOUT,
+    );
+    if let Some(last) = names.last() {
+        first_answer(
+            &controller,
+            &host(last),
+            &controller.demo_body(ports.api),
+            started,
+            START_TIMEOUT,
+        );
+    }
+    wait_deployed(&controller);
+    (controller, settings)
+}
+
+/// Waits (bounded by [`START_TIMEOUT`]) until the instance runs the last render.
+fn wait_deployed(controller: &Controller) {
+    controller.wait_until("the instance runs the last render", START_TIMEOUT, || {
+        let rendered = controller.rendered_hash()?;
+        let instance = controller.instance();
+        (instance.last_hash.as_deref() == Some(rendered.as_str())).then_some(())
+    });
+}
+
+/// Sends requests for `host` back to back until one answers 200 with `body`; returns
+/// the time since `since`.
+fn first_answer(
+    controller: &Controller,
+    host: &str,
+    body: &str,
+    since: Instant,
+    timeout: Duration,
+) -> f64 {
+    loop {
+        if let Ok(Reply {
+            status: 200,
+            body: b,
+        }) = controller.route(host)
+            && b == body
+        {
+            return since.elapsed().as_secs_f64() * 1_000.0;
+        }
+        if since.elapsed() > timeout {
+            controller.fail(&format!("{host} never answered {body:?}"));
+        }
+    }
+}
+
+/// Sum of every series of `name` in the controller's `/metrics` (optionally only the
+/// series whose labels contain `filter`).
+pub fn metric_sum(metrics: &str, name: &str, filter: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let bare = series.split('{').next()?;
+            (bare == name && series.contains(filter)).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+fn metrics(controller: &Controller) -> String {
+    controller.status_get("/metrics").1
+}
+
+/// Pauses for `ms` milliseconds: spacing between changes so that each starts from a
+/// settled controller, outside the min-interval windows (not a wait for a result).
+fn pause(ms: f64) {
+    std::thread::sleep(Duration::from_secs_f64(ms / 1_000.0));
+}
+
+/// HAProxy's own reload time, median of `times` master CLI reloads.
+fn haproxy_reload_ms(controller: &Controller, times: usize) -> f64 {
+    let socket = controller.master_socket();
+    let mut samples = Vec::new();
+    for _ in 0..times {
+        let before = controller.master().reloads;
+        let started = Instant::now();
+        // The master closes the connection when it re-executes itself.
+        let _ = master_command(&socket, "reload");
+        loop {
+            let reloaded = master_command(&socket, "show proc")
+                .ok()
+                .and_then(|text| parse_show_proc(&text))
+                .is_some_and(|procs| procs.reloads > before);
+            if reloaded {
+                samples.push(started.elapsed().as_secs_f64() * 1_000.0);
+                break;
+            }
+            if started.elapsed() > CHANGE_TIMEOUT {
+                controller.fail("HAProxy did not reload");
+            }
+        }
+        pause(200.0);
+    }
+    quantile(&samples, 0.5)
+}
+
+/// The latency scenario (and, at the given size, churn) for one size.
+pub fn latency(
+    backends: usize,
+    changes: usize,
+    churn: Option<(usize, f64)>,
+) -> (SizeResult, Option<Churn>) {
+    let (controller, settings) = start(backends);
+    let ports = controller.ports();
+    let web = host("web");
+    let mut result = SizeResult::default();
+
+    // Runtime path: web's endpoint flips between the two web demo apps.
+    let before = metrics(&controller);
+    let reloads_before = metric_sum(&before, "hapwright_reloads_total", "");
+    let mut runtime = Latency {
+        backends,
+        path: "runtime".to_owned(),
+        samples_ms: Vec::new(),
+    };
+    for k in 0..changes {
+        let (from, to) = if k % 2 == 0 {
+            (ports.web_v1, ports.web_v2)
+        } else {
+            (ports.web_v2, ports.web_v1)
+        };
+        let text = controller
+            .read_resource("web.yaml")
+            .replace(&format!("port: {from}"), &format!("port: {to}"));
+        let expected = controller.demo_body(to);
+        let started = Instant::now();
+        controller.write_resource("web.yaml", &text);
+        runtime.samples_ms.push(first_answer(
+            &controller,
+            &web,
+            &expected,
+            started,
+            CHANGE_TIMEOUT,
+        ));
+        wait_deployed(&controller);
+        pause(settings.min_deployment_interval_ms + settings.debounce_ms);
+    }
+    let after = metrics(&controller);
+    result.reloads_during_runtime =
+        metric_sum(&after, "hapwright_reloads_total", "") - reloads_before;
+    result.runtime_stages = Stages::between(&before, &after);
+    result.runtime = runtime;
+    let before = after;
+
+    // Reload path: a new Service each time.
+    let mut reload = Latency {
+        backends,
+        path: "reload".to_owned(),
+        samples_ms: Vec::new(),
+    };
+    let api_body = controller.demo_body(ports.api);
+    for k in 0..changes {
+        let name = format!("added-{k}");
+        let manifest = service_manifest(&name, &host(&name), ports.api);
+        let started = Instant::now();
+        controller.write_resource(&format!("{name}.yaml"), &manifest);
+        reload.samples_ms.push(first_answer(
+            &controller,
+            &host(&name),
+            &api_body,
+            started,
+            CHANGE_TIMEOUT,
+        ));
+        wait_deployed(&controller);
+        pause(settings.min_reload_interval_ms + settings.debounce_ms);
+    }
+    result.reload_stages = Stages::between(&before, &metrics(&controller));
+    result.reload = reload;
+
+    let churned = churn.map(|(count, seconds)| run_churn(&controller, backends, count, seconds));
+    result.haproxy_reload_ms = haproxy_reload_ms(&controller, 5);
+    (result, churned)
+}
+
+/// `count` endpoint changes spread evenly over `seconds`, round-robin over the
+/// `churn-<j>` Services, each flipping its port between the two web demo apps.
+fn run_churn(controller: &Controller, backends: usize, count: usize, seconds: f64) -> Churn {
+    let ports = controller.ports();
+    let before = metrics(controller);
+    let reloads_before = metric_sum(&before, "hapwright_reloads_total", "");
+    let runtime_before = metric_sum(
+        &before,
+        "hapwright_deployments_total",
+        r#"result="success",strategy="runtime""#,
+    );
+    let mut port_of: BTreeMap<usize, u16> = (0..CHURN_FILES).map(|j| (j, ports.web_v1)).collect();
+    let interval = Duration::from_secs_f64(seconds / count as f64);
+    let started = Instant::now();
+    for k in 0..count {
+        let j = k % CHURN_FILES;
+        let to = if port_of[&j] == ports.web_v1 {
+            ports.web_v2
+        } else {
+            ports.web_v1
+        };
+        port_of.insert(j, to);
+        let name = format!("churn-{j}");
+        controller.write_resource(
+            &format!("{name}.yaml"),
+            &service_manifest(&name, &host(&name), to),
+        );
+        // Keep to the schedule: the next write is due at (k + 1) × interval.
+        let due = interval * (k as u32 + 1);
+        if let Some(left) = due.checked_sub(started.elapsed()) {
+            std::thread::sleep(left);
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    // Every churned route must end on its last port (bounded wait: the last changes
+    // are still inside the debounce window when the loop ends).
+    let settled = Instant::now();
+    let correct = || {
+        port_of.iter().all(|(j, port)| {
+            let expected = controller.demo_body(*port);
+            matches!(controller.route(&host(&format!("churn-{j}"))), Ok(Reply { status: 200, body }) if body == expected)
+        })
+    };
+    let final_state_correct = loop {
+        if correct() {
+            break true;
+        }
+        if settled.elapsed() > CHANGE_TIMEOUT {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let settle_ms = settled.elapsed().as_secs_f64() * 1_000.0;
+    wait_deployed(controller);
+    let after = metrics(controller);
+    Churn {
+        backends,
+        changes: count,
+        seconds,
+        reloads: metric_sum(&after, "hapwright_reloads_total", "") - reloads_before,
+        runtime_deployments: metric_sum(
+            &after,
+            "hapwright_deployments_total",
+            r#"result="success",strategy="runtime""#,
+        ) - runtime_before,
+        final_state_correct,
+        settle_ms,
+    }
+}
+
+/// Starts a controller watching `services` Services and as many EndpointSlices, and
+/// reads its memory once deployed.
+pub fn memory(services: usize) -> Memory {
+    let started = Instant::now();
+    let (controller, _) = start(services);
+    let startup_s = started.elapsed().as_secs_f64();
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", controller.pid())).unwrap_or_default();
+    let kb = |field: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(field))
+            .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    Memory {
+        objects: services * 2,
+        rss_bytes: kb("VmRSS:"),
+        peak_rss_bytes: kb("VmHWM:"),
+        metric_rss_bytes: metric_sum(&metrics(&controller), "process_resident_memory_bytes", ""),
+        startup_s,
+    }
+}
+
+/// A human summary of samples, for logs.
+pub fn describe(latency: &Latency) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "{} path at {} backends: p50 {:.1} ms, p95 {:.1} ms over {} changes",
+        latency.path,
+        latency.backends,
+        latency.quantile(0.5),
+        latency.quantile(0.95),
+        latency.samples_ms.len()
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_use_nearest_rank() {
+        let samples: Vec<f64> = (1..=20).map(f64::from).collect();
+        assert_eq!(quantile(&samples, 0.5), 10.0);
+        assert_eq!(quantile(&samples, 0.95), 19.0);
+        assert_eq!(quantile(&[], 0.5), 0.0);
+        assert_eq!(quantile(&[3.0], 0.95), 3.0);
+    }
+
+    #[test]
+    fn metric_sums_series() {
+        let text = "# HELP hapwright_reloads_total x\n\
+                    hapwright_reloads_total{instance=\"local\",result=\"success\",reason=\"first_deploy\"} 1\n\
+                    hapwright_reloads_total{instance=\"local\",result=\"success\",reason=\"structure\"} 3\n\
+                    hapwright_reloads_total_other 7\n\
+                    process_resident_memory_bytes 1048576\n";
+        assert_eq!(metric_sum(text, "hapwright_reloads_total", ""), 4.0);
+        assert_eq!(
+            metric_sum(text, "hapwright_reloads_total", "structure"),
+            3.0
+        );
+        assert_eq!(
+            metric_sum(text, "process_resident_memory_bytes", ""),
+            1_048_576.0
+        );
+    }
+
+    #[test]
+    fn settings_read_the_controller_block() {
+        let s =
+            settings("controller:\n  debounce: 150ms\n  maxWait: 2s\n  minReloadInterval: 1.5s\n");
+        assert_eq!(s.debounce_ms, 150.0);
+        assert_eq!(s.min_reload_interval_ms, 1500.0);
+        assert_eq!(s.min_deployment_interval_ms, 500.0);
+    }
+}
