@@ -59,6 +59,9 @@ bench() {
 run cargo build --release -p hapwright-app -p hapwright-benchsuite
 
 if [ "$criterion" -eq 1 ]; then
+  # Only this run's results: a bench renamed or removed since an earlier run must not
+  # leave its old numbers in the report.
+  rm -rf target/criterion
   if [ "$quick" -eq 1 ]; then
     crit=(--warm-up-time 1 --measurement-time 1 --sample-size 10)
   else
@@ -66,6 +69,7 @@ if [ "$criterion" -eq 1 ]; then
   fi
   bench cargo bench -p hapwright-eventbus --bench bus -- "${crit[@]}"
   bench cargo bench -p hapwright-watchers --bench files -- "${crit[@]}"
+  bench cargo bench -p hapwright-watchers --bench kubernetes -- "${crit[@]}"
   bench cargo bench -p hapwright-reconciler --bench render -- "${crit[@]}"
   bench cargo bench -p hapwright-deployer --bench plan -- "${crit[@]}"
   bench cargo bench -p hapwright-deployer --bench deploy -- "${crit[@]}"
