@@ -91,6 +91,19 @@ impl RuntimeClient {
         }
     }
 
+    /// Sends `commands` on one line separated by `;`, each addressed to the worker
+    /// when going through the master CLI (there a prefix applies to one command
+    /// only); returns the concatenated answers.
+    async fn chained(&self, commands: &[&str]) -> Result<String, SocketError> {
+        let prefix = if self.via_master { "@1 " } else { "" };
+        let line = commands
+            .iter()
+            .map(|command| format!("{prefix}{command}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        self.cli.exchange(&line).await
+    }
+
     async fn expect(
         &self,
         request: &str,
@@ -267,9 +280,33 @@ impl RuntimeClient {
                 answer: prepared.clone(),
             })?;
         let entries: Vec<&str> = pattern_lines(content).collect();
-        for chunk in chunk_lines(&entries, MAX_PAYLOAD_BYTES) {
-            let request = format!("add {kind_name} @{version} {file} <<\n{chunk}\n");
-            self.expect(&request, is_empty).await?;
+        match kind {
+            PatternKind::Map => {
+                for chunk in chunk_lines(&entries, MAX_PAYLOAD_BYTES) {
+                    let request = format!("add map @{version} {file} <<\n{chunk}\n");
+                    self.expect(&request, is_empty).await?;
+                }
+            }
+            PatternKind::Acl => {
+                // HAProxy 2.6's `add acl` has no payload form: one pattern per
+                // command, chained with `;` on lines under the payload limit.
+                let commands: Vec<String> = entries
+                    .iter()
+                    .map(|pattern| format!("add acl @{version} {file} {}", cli_word(pattern)))
+                    .collect();
+                for batch in chain_commands(&commands, MAX_PAYLOAD_BYTES) {
+                    let answer = self.chained(&batch).await?;
+                    if !is_empty(&answer) {
+                        return Err(RuntimeError::Rejected {
+                            command: format!(
+                                "add acl @{version} {file} (a batch of {})",
+                                batch.len()
+                            ),
+                            answer,
+                        });
+                    }
+                }
+            }
         }
         let staged = self
             .command(&format!("show {kind_name} @{version} {file}"))
@@ -329,6 +366,40 @@ pub fn pattern_lines(content: &str) -> impl Iterator<Item = &str> {
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
 }
 
+/// `word` as one CLI argument: HAProxy splits command lines at spaces and `;`, with
+/// `\\` escaping the next character.
+pub fn cli_word(word: &str) -> String {
+    let mut out = String::with_capacity(word.len());
+    for c in word.chars() {
+        if matches!(c, ' ' | '\t' | ';' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Groups commands into batches whose `; `-joined line (with a worker prefix per
+/// command) stays under `limit` bytes; a single longer command gets a batch of its own.
+pub fn chain_commands(commands: &[String], limit: usize) -> Vec<Vec<&str>> {
+    const PER_COMMAND: usize = "@1 ".len() + "; ".len();
+    let mut batches = Vec::new();
+    let mut current: Vec<&str> = Vec::new();
+    let mut size = 0;
+    for command in commands {
+        if !current.is_empty() && size + command.len() + PER_COMMAND > limit {
+            batches.push(std::mem::take(&mut current));
+            size = 0;
+        }
+        size += command.len() + PER_COMMAND;
+        current.push(command);
+    }
+    if !current.is_empty() {
+        batches.push(current);
+    }
+    batches
+}
+
 /// Joins lines into newline-separated chunks of at most `limit` bytes each (a single
 /// longer line gets a chunk of its own).
 pub fn chunk_lines(lines: &[&str], limit: usize) -> Vec<String> {
@@ -364,6 +435,30 @@ pub fn parse_pattern_listing(answer: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cli_words_escape_separators() {
+        assert_eq!(cli_word("a.test"), "a.test");
+        assert_eq!(cli_word("with space;semi\\"), "with\\ space\\;semi\\\\");
+    }
+
+    #[test]
+    fn chained_batches_stay_under_the_limit() {
+        let commands: Vec<String> = (0..3000)
+            .map(|i| format!("add acl @1 files/blocked.acl 10.0.{}.{}", i / 256, i % 256))
+            .collect();
+        let batches = chain_commands(&commands, MAX_PAYLOAD_BYTES);
+        assert!(batches.len() > 1);
+        for batch in &batches {
+            let line = batch
+                .iter()
+                .map(|c| format!("@1 {c}"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            assert!(line.len() <= MAX_PAYLOAD_BYTES, "{}", line.len());
+        }
+        assert_eq!(batches.iter().map(Vec::len).sum::<usize>(), 3000);
+    }
 
     #[test]
     fn chunks_stay_under_the_limit() {

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use hapwright_deployer::driver::SocketDriver;
 use hapwright_deployer::metrics::Metrics;
-use hapwright_eventbus::model::DeployStrategy;
+use hapwright_eventbus::model::{DeployStrategy, RenderedConfig, SourceMap};
 use support::{
     Backend, Haproxy, bodies, config, free_port, rendered, rendered_with, wait_for_body,
 };
@@ -229,4 +229,111 @@ backend be_app\n    server s1 127.0.0.1:{}\n",
         std::fs::read_to_string(haproxy.path().join("certs/site.pem")).unwrap(),
         v2_pem
     );
+}
+
+/// A render whose `files/` hold an ACL pattern file and an error page.
+fn with_files(main: &str, files: &[(&str, &str)]) -> std::sync::Arc<RenderedConfig> {
+    std::sync::Arc::new(RenderedConfig::new(
+        main,
+        [("hosts.map".to_owned(), std::sync::Arc::<str>::from(""))].into(),
+        files
+            .iter()
+            .map(|(name, content)| ((*name).to_owned(), std::sync::Arc::<str>::from(*content)))
+            .collect(),
+        Default::default(),
+        SourceMap::default(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_files_change_at_runtime_and_other_files_reload() {
+    let app = Backend::start("a").await;
+    let port = free_port();
+    let main = format!(
+        "global\n    stats timeout 30s\n\n\
+defaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n    \
+errorfile 503 files/503.http\n\n\
+frontend fe_main\n    bind 127.0.0.1:{port}\n    \
+acl blocked hdr(host),lower,word(1,:) -f files/blocked.acl\n    \
+http-request deny deny_status 403 if blocked\n    \
+use_backend be_down if {{ hdr(host),lower,word(1,:) -m str down.test }}\n    \
+default_backend be_app\n\n\
+backend be_app\n    server s1 127.0.0.1:{}\n\n\
+backend be_down\n",
+        app.port
+    );
+    let page = |text: &str| {
+        format!("HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\n\r\n{text}\n")
+    };
+    let v1 = with_files(
+        &main,
+        &[
+            ("blocked.acl", "blocked.test\n"),
+            ("503.http", &page("down v1")),
+        ],
+    );
+    let haproxy = Haproxy::start("local", &v1, &v1.hash().short()).await;
+    let driver = SocketDriver::new(
+        haproxy.instance.clone(),
+        None,
+        Metrics::unregistered().unwrap(),
+    );
+    let running = driver.deploy(v1.clone(), None, None, false).await.unwrap();
+    wait_for_body(port, "app.test", "a").await;
+    assert_eq!(
+        support::http_get(port, "blocked.test").await.unwrap().0,
+        403
+    );
+    let reloads = haproxy.reloads().await;
+
+    // The ACL file is a pattern file: replaced through the runtime API, one pattern
+    // per command in batches (2,001 patterns need several requests).
+    let mut acl = String::from("app.test\n");
+    for i in 0..2000 {
+        writeln!(acl, "h{i}.blocked.test").unwrap();
+    }
+    let v2 = with_files(
+        &main,
+        &[("blocked.acl", &acl), ("503.http", &page("down v1"))],
+    );
+    let d2 = driver
+        .deploy(v2, None, Some(running.into()), false)
+        .await
+        .unwrap();
+    assert_eq!(d2.strategy, DeployStrategy::Runtime, "{:?}", d2.reason);
+    assert_eq!(support::http_get(port, "app.test").await.unwrap().0, 403);
+    assert_eq!(bodies(port, "blocked.test", 2).await, vec!["200 a"; 2]);
+    assert_eq!(haproxy.reloads().await, reloads, "no reload for the ACL");
+    assert_eq!(
+        support::http_get(port, "h1999.blocked.test")
+            .await
+            .unwrap()
+            .0,
+        403
+    );
+    let on_disk = std::fs::read_to_string(haproxy.path().join("files/blocked.acl")).unwrap();
+    assert_eq!(on_disk, acl);
+
+    // The error page is read only when HAProxy loads its config: a reload, with why.
+    let (status, body) = support::http_get(port, "down.test").await.unwrap();
+    assert_eq!((status, body.as_str()), (503, "down v1\n"));
+    let v3 = with_files(
+        &main,
+        &[("blocked.acl", &acl), ("503.http", &page("down v2"))],
+    );
+    let d3 = driver
+        .deploy(v3, None, Some(d2.into()), false)
+        .await
+        .unwrap();
+    assert_eq!(d3.strategy, DeployStrategy::Reload, "{:?}", d3.reason);
+    assert!(
+        d3.reason.detail.contains("files/503.http changed"),
+        "{:?}",
+        d3.reason
+    );
+    assert_eq!(haproxy.reloads().await, reloads + 1);
+    let (status, body) = support::http_get(port, "down.test").await.unwrap();
+    assert_eq!((status, body.as_str()), (503, "down v2\n"));
+    // The runtime ACL change survived the reload (the file on disk was rewritten).
+    assert_eq!(support::http_get(port, "app.test").await.unwrap().0, 403);
 }
