@@ -3,6 +3,8 @@
 //! receive from a bus subscription; absence of an event is proven by ordering (a
 //! later sentinel change arrives first), never by sleeping.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,16 +13,12 @@ use hapwright_eventbus::config::{ByteSize, Duration as ConfigDuration};
 use hapwright_eventbus::model::{
     FieldPath, ObjectKey, ResourceChange, ResourceSnapshot, StoredObject,
 };
-use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, EventKind, EventPayload, HealthState, Kernel, RunningKernel,
-    Subscription,
-};
+use hapwright_eventbus::{EventKind, EventPayload, HealthState, RunningKernel, Subscription};
 use hapwright_watchers::FilesSource;
 use hapwright_watchers::config::{FilesConfig, WatchedResource};
 use hapwright_watchers::files::{ScanMode, Scanner};
 use hapwright_watchers::manifest::Filter;
 use hapwright_watchers::yaml::Limits;
-use tokio::time::timeout;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -31,33 +29,22 @@ struct Harness {
 
 impl Harness {
     fn start(source: FilesSource) -> Self {
-        let registry = prometheus::Registry::new();
-        let metrics = BusMetrics::register(&registry).unwrap();
-        let bus = Bus::new(BusConfig::default(), &metrics);
-        let events = bus
-            .subscribe(
-                "test",
-                [
-                    EventKind::ResourceIndexUpdated,
-                    EventKind::ResourceSyncComplete,
-                    EventKind::ComponentHealthChanged,
-                ],
-            )
-            .unwrap();
-        let mut kernel = Kernel::new(bus);
-        kernel.register(source);
+        let (kernel, events) = common::start_alone(
+            source,
+            [
+                EventKind::ResourceIndexUpdated,
+                EventKind::ResourceSyncComplete,
+                EventKind::ComponentHealthChanged,
+            ],
+        );
         Self {
-            kernel: Some(kernel.start().unwrap()),
+            kernel: Some(kernel),
             events,
         }
     }
 
     async fn next(&mut self) -> EventPayload {
-        let event = timeout(WAIT, self.events.recv())
-            .await
-            .expect("timed out waiting for an event")
-            .expect("bus closed");
-        event.payload.clone()
+        common::next(&mut self.events, WAIT).await
     }
 
     /// The next `ResourceIndexUpdated`, skipping other events.

@@ -2,21 +2,18 @@
 //! against a scripted API server (`tower-test`), a real kernel and bus. Absence of a
 //! publication is proven by ordering: the next publication is the one expected.
 
+mod common;
 mod kubernetes_mock;
 
 use std::time::Duration;
 
 use hapwright_eventbus::model::{InstanceDriver, InstanceRef};
-use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, EventKind, EventPayload, HealthState, Kernel, RunningKernel,
-    Subscription,
-};
+use hapwright_eventbus::{EventKind, EventPayload, HealthState, RunningKernel, Subscription};
 use hapwright_watchers::kubernetes::discovery::{SOURCE, instance_of};
 use hapwright_watchers::kubernetes::{ClientFactory, DiscoveryConfig, PodDiscovery};
 use k8s_openapi::api::core::v1::Pod;
 use kubernetes_mock::{event, list, pair};
 use serde_json::{Value, json};
-use tokio::time::timeout;
 
 const WAIT: Duration = Duration::from_secs(600);
 const PODS: &str = "/api/v1/namespaces/ingress/pods";
@@ -37,32 +34,21 @@ impl Harness {
             },
             ClientFactory::with_client(client),
         );
-        let registry = prometheus::Registry::new();
-        let metrics = BusMetrics::register(&registry).unwrap();
-        let bus = Bus::new(BusConfig::default(), &metrics);
-        let events = bus
-            .subscribe(
-                "test",
-                [
-                    EventKind::InstancesDiscovered,
-                    EventKind::ComponentHealthChanged,
-                ],
-            )
-            .unwrap();
-        let mut kernel = Kernel::new(bus);
-        kernel.register(discovery);
+        let (kernel, events) = common::start_alone(
+            discovery,
+            [
+                EventKind::InstancesDiscovered,
+                EventKind::ComponentHealthChanged,
+            ],
+        );
         Self {
-            kernel: Some(kernel.start().unwrap()),
+            kernel: Some(kernel),
             events,
         }
     }
 
     async fn next(&mut self) -> EventPayload {
-        let event = timeout(WAIT, self.events.recv())
-            .await
-            .expect("timed out waiting for an event")
-            .expect("bus closed");
-        event.payload.clone()
+        common::next(&mut self.events, WAIT).await
     }
 
     async fn discovered(&mut self) -> Vec<InstanceRef> {

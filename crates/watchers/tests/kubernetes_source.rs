@@ -3,21 +3,18 @@
 //! kernel and bus. Time is paused, so the watcher's backoff runs on virtual time;
 //! every wait is a receive bounded by a (virtual) timeout.
 
+mod common;
 mod kubernetes_mock;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_eventbus::model::{ObjectKey, ResourceChange, ResourceSnapshot};
-use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, EventKind, EventPayload, HealthState, Kernel, RunningKernel,
-    Subscription,
-};
+use hapwright_eventbus::{EventKind, EventPayload, HealthState, RunningKernel, Subscription};
 use hapwright_watchers::config::WatchedResource;
 use hapwright_watchers::kubernetes::{ClientFactory, KubernetesSource};
 use kubernetes_mock::{ApiServer, bookmark, error_event, event, list, pair, resource_list};
 use serde_json::{Value, json};
-use tokio::time::timeout;
 
 const WAIT: Duration = Duration::from_secs(600);
 const COMPONENT: &str = "source/backends";
@@ -39,33 +36,22 @@ impl Harness {
         let source =
             KubernetesSource::new("backends", &resource, ClientFactory::with_client(client))
                 .unwrap();
-        let registry = prometheus::Registry::new();
-        let metrics = BusMetrics::register(&registry).unwrap();
-        let bus = Bus::new(BusConfig::default(), &metrics);
-        let events = bus
-            .subscribe(
-                "test",
-                [
-                    EventKind::ResourceIndexUpdated,
-                    EventKind::ResourceSyncComplete,
-                    EventKind::ComponentHealthChanged,
-                ],
-            )
-            .unwrap();
-        let mut kernel = Kernel::new(bus);
-        kernel.register(source);
+        let (kernel, events) = common::start_alone(
+            source,
+            [
+                EventKind::ResourceIndexUpdated,
+                EventKind::ResourceSyncComplete,
+                EventKind::ComponentHealthChanged,
+            ],
+        );
         Self {
-            kernel: Some(kernel.start().unwrap()),
+            kernel: Some(kernel),
             events,
         }
     }
 
     async fn next(&mut self) -> EventPayload {
-        let event = timeout(WAIT, self.events.recv())
-            .await
-            .expect("timed out waiting for an event")
-            .expect("bus closed");
-        event.payload.clone()
+        common::next(&mut self.events, WAIT).await
     }
 
     /// The next `ResourceIndexUpdated`; fails on a `ResourceSyncComplete` before it.
