@@ -7,7 +7,7 @@ use anyhow::{Context, Result, anyhow};
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-use crate::report::BenchScale;
+use crate::report::ScaleReport;
 use crate::scenarios::Latency;
 
 /// Registers the TTF font at `font` as plotters' `sans-serif` (the `ab_glyph` backend
@@ -46,7 +46,7 @@ pub fn bars(latencies: &[(Latency, f64)]) -> Vec<Bar> {
 }
 
 /// Draws the chart into `out` (PNG, 1200×520).
-pub fn draw(out: &Path, scales: &[BenchScale], bars: &[Bar]) -> Result<()> {
+pub fn draw(out: &Path, scales: &[ScaleReport], bars: &[Bar]) -> Result<()> {
     let root = BitMapBackend::new(out, (1200, 520)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(640);
@@ -58,11 +58,11 @@ pub fn draw(out: &Path, scales: &[BenchScale], bars: &[Bar]) -> Result<()> {
 }
 
 /// A line of the scale panel: its name, colour and value.
-type Series = (&'static str, RGBColor, fn(&BenchScale) -> f64);
+type Series = (&'static str, RGBColor, fn(&ScaleReport) -> f64);
 
 fn draw_scales(
     area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
-    scales: &[BenchScale],
+    scales: &[ScaleReport],
 ) -> Result<()> {
     let series: [Series; 3] = [
         ("render", BLUE, |s| s.render_ms),

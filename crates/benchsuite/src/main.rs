@@ -25,7 +25,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use report::{BenchOutput, Machine, Results};
+use report::{BenchReport, Machine, Results};
 
 /// Where `scripts/bench.sh` installs the font (Debian `fonts-dejavu-core`).
 const DEFAULT_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
@@ -261,7 +261,7 @@ fn write_routing_config(repo: &Path, dir: &Path) -> Result<PathBuf> {
 }
 
 /// `hapwright bench -c CONFIG --scale SCALES --output json`.
-fn run_bench(hapwright: &Path, config: &Path, scales: &str) -> Result<BenchOutput, String> {
+fn run_bench(hapwright: &Path, config: &Path, scales: &str) -> Result<BenchReport, String> {
     let output = Command::new(hapwright)
         .args(["bench", "-c"])
         .arg(config)

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::criterion::Estimate;
 use crate::scenarios::{Churn, FILES_SETTLE_MS, Memory, Settings, SizeResult};
@@ -14,31 +14,8 @@ pub const ANALYSIS_BEGIN: &str = "<!-- analysis:begin (hand-written, kept by scr
 /// Closes it.
 pub const ANALYSIS_END: &str = "<!-- analysis:end -->";
 
-/// One scale of `hapwright bench --output json`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct BenchScale {
-    /// Services generated.
-    pub scale: usize,
-    /// Objects generated.
-    pub objects: usize,
-    /// Template compilation, ms.
-    pub compile_ms: f64,
-    /// Median render, ms.
-    pub render_ms: f64,
-    /// Validation phase 1, ms.
-    pub phase1_ms: f64,
-    /// Validation phase 2 (`haproxy -c`), ms.
-    pub phase2_ms: f64,
-    /// Peak RSS of the measuring process, bytes.
-    pub peak_rss_bytes: u64,
-}
-
-/// `hapwright bench --output json`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct BenchOutput {
-    /// One entry per scale.
-    pub scales: Vec<BenchScale>,
-}
+/// `hapwright bench --output json` and one of its scales, as the command writes them.
+pub use hapwright_app::bench::{BenchReport, ScaleReport};
 
 /// The machine the suite ran on.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -67,7 +44,7 @@ pub struct Results {
     /// Where it ran.
     pub machine: Machine,
     /// (a) `hapwright bench` on the routing config.
-    pub bench: Result<BenchOutput, String>,
+    pub bench: Result<BenchReport, String>,
     /// The controller settings the latency targets are relative to.
     pub settings: Option<Settings>,
     /// (b) per size.
@@ -898,8 +875,8 @@ mod tests {
         let results = Results {
             quick: true,
             machine: Machine::default(),
-            bench: Ok(BenchOutput {
-                scales: vec![BenchScale {
+            bench: Ok(BenchReport {
+                scales: vec![ScaleReport {
                     scale: 10_000,
                     objects: 30_001,
                     compile_ms: 2.0,

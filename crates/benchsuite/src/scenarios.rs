@@ -5,6 +5,7 @@
 //! Every backend is a Service with one EndpointSlice of one endpoint pointing at one of
 //! the demo apps the quickstart's HAProxy serves itself, so every route answers.
 
+use hapwright_app::bench::parse_status_kb;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -492,14 +493,7 @@ pub fn memory(services: usize) -> Memory {
     let startup_s = started.elapsed().as_secs_f64();
     let status =
         std::fs::read_to_string(format!("/proc/{}/status", controller.pid())).unwrap_or_default();
-    let kb = |field: &str| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(field))
-            .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
-            .unwrap_or(0)
-            * 1024
-    };
+    let kb = |field: &str| parse_status_kb(&status, field).unwrap_or(0) * 1024;
     Memory {
         objects: services * 2,
         rss_bytes: kb("VmRSS:"),

@@ -14,7 +14,7 @@ use std::sync::{Arc, RwLock};
 use hapwright_eventbus::config::Secret;
 use hapwright_eventbus::model::{InstanceDriver, InstanceRef, RenderedConfig};
 
-use crate::dataplane::{DataplaneClient, DataplaneDriver, DataplaneError, Endpoint, Settings};
+use crate::dataplane::{DataplaneDriver, DataplaneError, Endpoint, Settings};
 use crate::driver::{DeployError, Deployed, SocketDriver};
 use crate::haproxy_config::Config as Model;
 use crate::metrics::Metrics;
@@ -126,19 +126,14 @@ impl DiscoveredCredentials {
                     format!("{}://{}", self.scheme, instance.address)
                 };
                 let endpoint = Endpoint {
-                    url: url.clone(),
+                    url,
                     username: self.username.clone(),
                     password: self.password.clone(),
                     ca_file: self.ca_file.clone(),
                 };
-                let client = DataplaneClient::new(&endpoint, self.settings)
-                    .map_err(|e: DataplaneError| e.to_string())?;
-                Ok(Driver::Dataplane(Arc::new(DataplaneDriver::new(
-                    instance.name.clone(),
-                    url,
-                    client,
-                    metrics.clone(),
-                ))))
+                DataplaneDriver::connect(&instance.name, &endpoint, self.settings, metrics.clone())
+                    .map(|driver| Driver::Dataplane(Arc::new(driver)))
+                    .map_err(|e| e.to_string())
             }
             InstanceDriver::Socket => Err(format!(
                 "discovered instance `{}` is a socket instance; only Data Plane API \
@@ -163,14 +158,12 @@ pub fn dataplane_driver(
         password: target.password.clone().unwrap_or_default(),
         ca_file: target.ca_file.clone(),
     };
-    Some(DataplaneClient::new(&endpoint, settings).map(|client| {
-        DataplaneDriver::new(
-            instance.name.clone(),
-            target.url.clone(),
-            client,
-            metrics.clone(),
-        )
-    }))
+    Some(DataplaneDriver::connect(
+        &instance.name,
+        &endpoint,
+        settings,
+        metrics.clone(),
+    ))
 }
 
 /// The drivers of every instance, by name; cheap to clone and shared.

@@ -27,7 +27,9 @@ use std::time::SystemTime;
 
 use hapwright_eventbus::model::{DeployReason, DeployStrategy, ReloadReason, RenderedConfig};
 
-use super::client::{DataplaneClient, DataplaneError, RuntimeAddServer, Storage};
+use super::client::{
+    DataplaneClient, DataplaneError, Endpoint, RuntimeAddServer, Settings, Storage,
+};
 use crate::driver::{DeployError, Deployed};
 use crate::files::{strip_version_marker, with_version_marker};
 use crate::flow::{self, Steps};
@@ -67,6 +69,21 @@ impl DataplaneDriver {
             serial: tokio::sync::Mutex::new(()),
             known_version: Mutex::new(None),
         }
+    }
+
+    /// A driver for the instance `name` reached at `endpoint`, with its own client.
+    ///
+    /// # Errors
+    ///
+    /// When the client cannot be built (e.g. an unreadable CA file).
+    pub fn connect(
+        name: impl Into<String>,
+        endpoint: &Endpoint,
+        settings: Settings,
+        metrics: Metrics,
+    ) -> Result<Self, DataplaneError> {
+        let client = DataplaneClient::new(endpoint, settings)?;
+        Ok(Self::new(name, endpoint.url.clone(), client, metrics))
     }
 
     /// The instance name.
