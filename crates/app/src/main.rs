@@ -11,6 +11,11 @@ use hapwright_app::{bench, commands, run};
 /// arguments).
 type Scales = Vec<usize>;
 
+/// mimalloc: rendering allocates and frees many small template values, which it does
+/// faster than the system allocator (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Keeps HAProxy configured from live data: watches resources, renders `haproxy.cfg`
 /// and its map, certificate and other files from Jinja templates, validates them and
 /// deploys them without a reload whenever HAProxy allows it.

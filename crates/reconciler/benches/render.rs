@@ -7,6 +7,10 @@
 //! Also measured: converting all four snapshots to template values from scratch (what
 //! happens once at start-up; later changes convert only the changed objects).
 //!
+//! Renders with mimalloc as the allocator, as the `hapwright` binary does, and with
+//! rayon's thread pool (one thread per core) for the files that render in parallel
+//! with `haproxy.cfg`.
+//!
 //! Run: `cargo bench -p hapwright-reconciler --bench render`
 
 #[path = "../testdata/fixtures.rs"]
@@ -16,6 +20,9 @@ use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use hapwright_reconciler::renderer::{Renderer, Resources};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const SIZES: [usize; 4] = [10, 100, 1_000, 10_000];
 

@@ -17,6 +17,10 @@ mod fixtures;
 
 use hapwright_reconciler::renderer::{Renderer, Resources};
 
+/// The allocator the `hapwright` binary uses.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let services: usize = args.next().map_or(1_000, |a| a.parse().expect("services"));

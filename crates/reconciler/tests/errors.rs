@@ -469,6 +469,41 @@ fn errors_in_maps_files_and_certificates_are_all_reported() {
 }
 
 #[test]
+fn errors_come_in_file_order_whether_files_render_in_parallel_or_after_haproxy_cfg() {
+    // `a.map` and `f` name `shared` (rendered after haproxy.cfg, in order); `b.map`
+    // and `c.pem` do not (rendered in parallel with it).
+    let mut templates = Templates::new("{% set _ = shared.set('k', 1) %}ok");
+    templates
+        .maps
+        .insert("a.map".into(), "{{ shared.k }}\n{{ fail('a') }}".into());
+    templates
+        .maps
+        .insert("b.map".into(), "{{ fail('b') }}".into());
+    templates
+        .files
+        .insert("f".into(), "{{ fail('f ' ~ shared.k) }}".into());
+    templates
+        .certificates
+        .insert("c.pem".into(), "x\ny\n{{ fail('c') }}".into());
+    let errors = render_errors(templates);
+    let found: Vec<(String, &str)> = errors
+        .iter()
+        .map(|e| (e.location.as_ref().unwrap().to_string(), e.message.as_str()))
+        .collect();
+    assert_eq!(found.len(), 4, "{errors:#?}");
+    let expected = [
+        ("maps/a.map:2", "fail(): a"),
+        ("maps/b.map:1", "fail(): b"),
+        ("files/f:1", "fail(): f 1"),
+        ("certs/c.pem:3", "fail(): c"),
+    ];
+    for ((location, message), (want_location, want_message)) in found.iter().zip(expected) {
+        assert!(location.starts_with(want_location), "{found:?}");
+        assert_eq!(*message, want_message, "{found:?}");
+    }
+}
+
+#[test]
 fn a_failing_main_template_stops_before_the_other_files() {
     let mut templates = Templates::new("{{ fail('main') }}");
     templates

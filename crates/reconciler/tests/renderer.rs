@@ -390,6 +390,47 @@ fn extra_context_and_shared_memo_span_the_whole_render() {
 }
 
 #[test]
+fn files_that_use_shared_render_after_haproxy_cfg_in_order_while_others_run_in_parallel() {
+    // Maps render in name order, then files, then certificates; the ones that name
+    // `shared` see what haproxy.cfg and the earlier ones wrote, and the others (which
+    // render in parallel) give the same bytes on every render.
+    let mut templates = Templates::new("{{ shared.append('order', 'cfg') }}main");
+    for (name, body) in [
+        (
+            "a.map",
+            "{{ shared.append('order', 'a') }}{{ shared.order | join(',') }}",
+        ),
+        ("b.map", "{% for i in range(2000) %}{{ i }} {% endfor %}"),
+        (
+            "c.map",
+            "{{ shared.append('order', 'c') }}{{ shared.order | join(',') }}",
+        ),
+    ] {
+        templates.maps.insert(name.into(), body.into());
+    }
+    templates.files.insert(
+        "f".into(),
+        "{{ shared.append('order', 'f') }}{{ shared.order | join(',') }}".into(),
+    );
+    templates
+        .certificates
+        .insert("c.pem".into(), "{{ range(3) | join('-') }}".into());
+    let renderer = renderer(templates, &[]);
+    let first = renderer.render(&Resources::new()).expect("renders");
+    assert_eq!(first.maps()["a.map"].as_ref(), "cfg,a\n");
+    assert_eq!(first.maps()["c.map"].as_ref(), "cfg,a,c\n");
+    assert_eq!(first.files()["f"].as_ref(), "cfg,a,c,f\n");
+    assert_eq!(first.certificates()["c.pem"].as_ref(), "0-1-2\n");
+    assert!(first.maps()["b.map"].starts_with("0 1 2 "));
+    for _ in 0..20 {
+        assert_eq!(
+            renderer.render(&Resources::new()).expect("renders").hash(),
+            first.hash()
+        );
+    }
+}
+
+#[test]
 fn shared_does_not_leak_between_renders() {
     let templates = Templates::new("{{ shared.get('n', 0) }}{% set _ = shared.set('n', 1) %}");
     let renderer = renderer(templates, &[]);

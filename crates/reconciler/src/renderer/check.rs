@@ -15,8 +15,17 @@ use super::Entry;
 use super::functions::{self, compile_glob};
 use super::scan::ReferenceKind;
 
-/// Runs every static check over the instrumented templates.
-pub(crate) fn check(entries: &[Entry], watched: &BTreeSet<&str>) -> Vec<Diagnostic> {
+/// The literal references between templates: template → (target, offset of the
+/// reference in the template). `include [a, b]` counts as its first existing target,
+/// a `render_glob` pattern as every snippet it matches.
+pub(crate) type Edges<'a> = BTreeMap<&'a str, Vec<(String, usize)>>;
+
+/// Runs every static check over the instrumented templates; returns the problems
+/// found and the reference graph.
+pub(crate) fn check<'a>(
+    entries: &'a [Entry],
+    watched: &BTreeSet<&str>,
+) -> (Vec<Diagnostic>, Edges<'a>) {
     let names: BTreeSet<&str> = entries.iter().map(|e| e.name.as_ref()).collect();
     let snippets: Vec<&str> = entries
         .iter()
@@ -24,8 +33,7 @@ pub(crate) fn check(entries: &[Entry], watched: &BTreeSet<&str>) -> Vec<Diagnost
         .map(|e| e.name.as_ref())
         .collect();
     let mut diagnostics = Vec::new();
-    // Edges of the reference graph: template → (target, offset in the template).
-    let mut edges: BTreeMap<&str, Vec<(String, usize)>> = BTreeMap::new();
+    let mut edges: Edges<'a> = BTreeMap::new();
 
     for entry in entries {
         for error in &entry.instrumented.errors {
@@ -104,12 +112,55 @@ pub(crate) fn check(entries: &[Entry], watched: &BTreeSet<&str>) -> Vec<Diagnost
     }
 
     diagnostics.extend(cycles(entries, &edges));
-    diagnostics
+    (diagnostics, edges)
+}
+
+/// Which templates can render at the same time as the others: for each entry, true
+/// when neither it nor any template it reaches through `include`, `import`, `from`,
+/// `extends` or `render_glob` names `shared` (the per-render memo, whose contents
+/// depend on the order files render in) or references a template by a computed name
+/// (whose target cannot be known before rendering). `facts` are per entry, as
+/// [`unknown_filters_and_tests`] returns them (`None`: the template did not parse).
+pub(crate) fn independent(
+    entries: &[Entry],
+    edges: &Edges<'_>,
+    facts: &[Option<Facts>],
+) -> Vec<bool> {
+    let index: BTreeMap<&str, usize> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.name.as_ref(), i))
+        .collect();
+    let self_contained =
+        |i: usize| facts[i].is_some_and(|f| !f.reads_shared && !f.computed_reference);
+    (0..entries.len())
+        .map(|root| {
+            let mut seen = BTreeSet::from([root]);
+            let mut stack = vec![root];
+            while let Some(i) = stack.pop() {
+                if !self_contained(i) {
+                    return false;
+                }
+                let out = edges
+                    .get(entries[i].name.as_ref())
+                    .map(Vec::as_slice)
+                    .unwrap_or(&[]);
+                for (target, _) in out {
+                    if let Some(&t) = index.get(target.as_str())
+                        && seen.insert(t)
+                    {
+                        stack.push(t);
+                    }
+                }
+            }
+            true
+        })
+        .collect()
 }
 
 /// Finds reference cycles by depth-first search; each distinct cycle is reported
 /// once, at the reference that closes it.
-fn cycles(entries: &[Entry], edges: &BTreeMap<&str, Vec<(String, usize)>>) -> Vec<Diagnostic> {
+fn cycles(entries: &[Entry], edges: &Edges<'_>) -> Vec<Diagnostic> {
     #[derive(Clone, Copy, PartialEq)]
     enum Mark {
         New,
@@ -277,6 +328,25 @@ enum NameKind {
     Test,
 }
 
+/// What the AST walk finds in one template.
+#[derive(Debug, Default)]
+struct Uses<'a> {
+    names: Vec<NameUse<'a>>,
+    facts: Facts,
+}
+
+/// What decides whether a template may render at the same time as others (see
+/// [`independent`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Facts {
+    /// The template names the variable `shared`.
+    pub(crate) reads_shared: bool,
+    /// The template references a template by a computed name: `include x`,
+    /// `import x`, `render_glob(x)` with `x` not a string literal (or a list of
+    /// them), or `render_glob` other than called with one literal.
+    pub(crate) computed_reference: bool,
+}
+
 /// A filter or test name used by a template, at its byte offset in the source.
 #[derive(Debug)]
 struct NameUse<'a> {
@@ -289,13 +359,16 @@ struct NameUse<'a> {
 /// `{% set x | f %}` blocks, macros and `call` blocks, and the literal names given to
 /// `select`/`reject`/`selectattr`/`rejectattr`/`map` — that `env` does not define.
 /// Templates that do not parse are skipped: their compile error is reported.
+///
+/// Also returns each entry's [`Facts`] (`None` for a template that does not parse).
 pub(crate) fn unknown_filters_and_tests(
     entries: &[Entry],
     env: &Environment<'static>,
-) -> Vec<Diagnostic> {
+) -> (Vec<Diagnostic>, Vec<Option<Facts>>) {
     let mut diagnostics = Vec::new();
+    let mut facts = vec![None; entries.len()];
     let Ok(probe) = env.template_from_str("") else {
-        return diagnostics;
+        return (diagnostics, facts);
     };
     let state = probe.new_state();
     let known = |kind: NameKind, name: &str| match kind {
@@ -317,15 +390,16 @@ pub(crate) fn unknown_filters_and_tests(
     let filters = candidates(NameKind::Filter);
     let tests = candidates(NameKind::Test);
 
-    for entry in entries {
+    for (entry, facts) in entries.iter().zip(&mut facts) {
         let Ok(template) =
             minijinja::machinery::parse(&entry.source, entry.name.as_ref(), env.syntax().clone())
         else {
             continue;
         };
-        let mut uses = Vec::new();
+        let mut uses = Uses::default();
         visit_stmt(&template, &mut uses);
-        for found in uses {
+        *facts = Some(uses.facts);
+        for found in uses.names {
             if known(found.kind, &found.name) {
                 continue;
             }
@@ -340,16 +414,16 @@ pub(crate) fn unknown_filters_and_tests(
             diagnostics.push(entry.diagnostic_at(message, found.offset));
         }
     }
-    diagnostics
+    (diagnostics, facts)
 }
 
-fn visit_stmts<'a>(stmts: &[ast::Stmt<'a>], uses: &mut Vec<NameUse<'a>>) {
+fn visit_stmts<'a>(stmts: &[ast::Stmt<'a>], uses: &mut Uses<'a>) {
     for stmt in stmts {
         visit_stmt(stmt, uses);
     }
 }
 
-fn visit_stmt<'a>(stmt: &ast::Stmt<'a>, uses: &mut Vec<NameUse<'a>>) {
+fn visit_stmt<'a>(stmt: &ast::Stmt<'a>, uses: &mut Uses<'a>) {
     use ast::Stmt;
     match stmt {
         Stmt::Template(t) => visit_stmts(&t.children, uses),
@@ -397,10 +471,12 @@ fn visit_stmt<'a>(stmt: &ast::Stmt<'a>, uses: &mut Vec<NameUse<'a>>) {
         }
         Stmt::Block(b) => visit_stmts(&b.body, uses),
         Stmt::Import(i) => {
+            template_name(&i.expr, uses);
             visit_expr(&i.expr, uses);
             visit_expr(&i.name, uses);
         }
         Stmt::FromImport(f) => {
+            template_name(&f.expr, uses);
             visit_expr(&f.expr, uses);
             for (name, alias) in &f.names {
                 visit_expr(name, uses);
@@ -409,8 +485,14 @@ fn visit_stmt<'a>(stmt: &ast::Stmt<'a>, uses: &mut Vec<NameUse<'a>>) {
                 }
             }
         }
-        Stmt::Extends(e) => visit_expr(&e.name, uses),
-        Stmt::Include(i) => visit_expr(&i.name, uses),
+        Stmt::Extends(e) => {
+            template_name(&e.name, uses);
+            visit_expr(&e.name, uses);
+        }
+        Stmt::Include(i) => {
+            template_name(&i.name, uses);
+            visit_expr(&i.name, uses);
+        }
         Stmt::Macro(m) => visit_macro(m, uses),
         Stmt::CallBlock(c) => {
             visit_call(&c.call, uses);
@@ -420,18 +502,38 @@ fn visit_stmt<'a>(stmt: &ast::Stmt<'a>, uses: &mut Vec<NameUse<'a>>) {
     }
 }
 
-fn visit_macro<'a>(m: &ast::Macro<'a>, uses: &mut Vec<NameUse<'a>>) {
+fn visit_macro<'a>(m: &ast::Macro<'a>, uses: &mut Uses<'a>) {
     visit_exprs(&m.args, uses);
     visit_exprs(&m.defaults, uses);
     visit_stmts(&m.body, uses);
 }
 
-fn visit_call<'a>(call: &ast::Call<'a>, uses: &mut Vec<NameUse<'a>>) {
-    visit_expr(&call.expr, uses);
+fn visit_call<'a>(call: &ast::Call<'a>, uses: &mut Uses<'a>) {
+    let literal_glob = matches!(&call.expr, ast::Expr::Var(v) if v.id == "render_glob")
+        && matches!(call.args.as_slice(), [ast::CallArg::Pos(ast::Expr::Const(c))] if c.value.as_str().is_some());
+    if !literal_glob {
+        // Any other use of `render_glob` counts as a computed reference.
+        visit_expr(&call.expr, uses);
+    }
     visit_args(&call.args, uses);
 }
 
-fn visit_args<'a>(args: &[ast::CallArg<'a>], uses: &mut Vec<NameUse<'a>>) {
+/// Records a computed reference when a template name is not a string literal or a
+/// literal list of them.
+fn template_name(expr: &ast::Expr<'_>, uses: &mut Uses<'_>) {
+    let literal =
+        |e: &ast::Expr<'_>| matches!(e, ast::Expr::Const(c) if c.value.as_str().is_some());
+    let is_literal = match expr {
+        ast::Expr::List(l) => l.items.iter().all(literal),
+        ast::Expr::Tuple(t) => t.items.iter().all(literal),
+        other => literal(other),
+    };
+    if !is_literal {
+        uses.facts.computed_reference = true;
+    }
+}
+
+fn visit_args<'a>(args: &[ast::CallArg<'a>], uses: &mut Uses<'a>) {
     for arg in args {
         match arg {
             ast::CallArg::Pos(e)
@@ -442,16 +544,21 @@ fn visit_args<'a>(args: &[ast::CallArg<'a>], uses: &mut Vec<NameUse<'a>>) {
     }
 }
 
-fn visit_exprs<'a>(exprs: &[ast::Expr<'a>], uses: &mut Vec<NameUse<'a>>) {
+fn visit_exprs<'a>(exprs: &[ast::Expr<'a>], uses: &mut Uses<'a>) {
     for expr in exprs {
         visit_expr(expr, uses);
     }
 }
 
-fn visit_expr<'a>(expr: &ast::Expr<'a>, uses: &mut Vec<NameUse<'a>>) {
+fn visit_expr<'a>(expr: &ast::Expr<'a>, uses: &mut Uses<'a>) {
     use ast::Expr;
     match expr {
-        Expr::Var(_) | Expr::Const(_) => {}
+        Expr::Var(v) => match v.id {
+            "shared" => uses.facts.reads_shared = true,
+            "render_glob" => uses.facts.computed_reference = true,
+            _ => {}
+        },
+        Expr::Const(_) => {}
         Expr::Slice(s) => {
             visit_expr(&s.expr, uses);
             for part in [&s.start, &s.stop, &s.step].into_iter().flatten() {
@@ -478,7 +585,7 @@ fn visit_expr<'a>(expr: &ast::Expr<'a>, uses: &mut Vec<NameUse<'a>>) {
         }
         Expr::Filter(f) => {
             // The span starts at the name (for `{% filter %}` chains too).
-            uses.push(NameUse {
+            uses.names.push(NameUse {
                 kind: NameKind::Filter,
                 name: normalize(f.name),
                 offset: f.span().start_offset as usize,
@@ -490,7 +597,7 @@ fn visit_expr<'a>(expr: &ast::Expr<'a>, uses: &mut Vec<NameUse<'a>>) {
             literal_name_argument(f.name, &f.args, uses);
         }
         Expr::Test(t) => {
-            uses.push(NameUse {
+            uses.names.push(NameUse {
                 kind: NameKind::Test,
                 name: normalize(t.name),
                 offset: t.span().start_offset as usize,
@@ -515,7 +622,7 @@ fn visit_expr<'a>(expr: &ast::Expr<'a>, uses: &mut Vec<NameUse<'a>>) {
 
 /// The test or filter a literal string argument names: `select("odd")`,
 /// `selectattr("port", "gt", 80)`, `map("upper")` (not `map(attribute="x")`).
-fn literal_name_argument<'a>(filter: &str, args: &[ast::CallArg<'a>], uses: &mut Vec<NameUse<'a>>) {
+fn literal_name_argument<'a>(filter: &str, args: &[ast::CallArg<'a>], uses: &mut Uses<'a>) {
     let (kind, position) = match filter {
         "select" | "reject" => (NameKind::Test, 0),
         "selectattr" | "rejectattr" => (NameKind::Test, 1),
@@ -529,7 +636,7 @@ fn literal_name_argument<'a>(filter: &str, args: &[ast::CallArg<'a>], uses: &mut
     if let Some(ast::Expr::Const(constant)) = positional.nth(position)
         && let Some(name) = constant.value.as_str()
     {
-        uses.push(NameUse {
+        uses.names.push(NameUse {
             kind,
             name: Cow::Owned(name.to_owned()),
             offset: constant.span().start_offset as usize,
@@ -637,5 +744,73 @@ mod tests {
         );
         assert_eq!(closest("pods", names.iter().copied()), None);
         assert_eq!(levenshtein("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn files_that_cannot_observe_render_order_render_in_parallel() {
+        let snippets = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(n, s)| ((*n).to_owned(), (*s).to_owned()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let templates = super::super::Templates {
+            main: "{% do shared.setdefault('a', 1) %}{% include 'plain' %}\n".into(),
+            snippets: snippets(&[
+                ("plain", "x"),
+                ("reads-shared", "{{ shared.a }}"),
+                ("via-reads", "{% include 'reads-shared' %}"),
+                ("macros", "{% macro m() %}{{ shared.a }}{% endmacro %}"),
+                ("glob-1", "one"),
+                ("glob-2", "{% include ['missing', 'plain'] %}"),
+            ]),
+            maps: snippets(&[
+                ("a-plain", "{% include 'plain' %}"),
+                ("b-shared-via-include", "{% include 'via-reads' %}"),
+                ("c-computed-include", "{% set n = 'plain' %}{% include n %}"),
+                ("d-literal-glob", "{{ render_glob('glob-*') }}"),
+                (
+                    "e-computed-glob",
+                    "{% set p = 'glob-*' %}{{ render_glob(p) }}",
+                ),
+                ("f-import", "{% from 'macros' import m %}{{ m() }}"),
+                ("h-shared-shadowed", "{% set shared = 1 %}{{ shared }}"),
+                (
+                    "i-literal-list",
+                    "{% include ['missing', 'plain'] ignore missing %}",
+                ),
+            ]),
+            ..super::super::Templates::default()
+        };
+        let renderer = super::super::Renderer::new(templates, &[] as &[&str]).expect("loads");
+        let independent: BTreeMap<&str, bool> = renderer
+            .inner
+            .entries
+            .iter()
+            .zip(renderer.independent())
+            .filter(|(e, _)| !e.is_snippet && e.name.as_ref() != "haproxy.cfg")
+            .map(|(e, i)| (e.name.as_ref(), *i))
+            .collect();
+        assert_eq!(
+            independent,
+            BTreeMap::from([
+                ("maps/a-plain", true),
+                ("maps/b-shared-via-include", false),
+                ("maps/c-computed-include", false),
+                ("maps/d-literal-glob", true),
+                ("maps/e-computed-glob", false),
+                ("maps/f-import", false),
+                // Conservative: any mention of the name counts.
+                ("maps/h-shared-shadowed", false),
+                ("maps/i-literal-list", true),
+            ])
+        );
+        // And the render is the same as rendering one file after the other.
+        let config = renderer
+            .render(&super::super::Resources::new())
+            .expect("renders");
+        assert_eq!(config.maps()["b-shared-via-include"].as_ref(), "1\n");
+        assert_eq!(config.maps()["d-literal-glob"].as_ref(), "one\nx\n");
+        assert_eq!(config.maps()["f-import"].as_ref(), "1\n");
     }
 }

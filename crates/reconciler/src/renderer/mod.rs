@@ -29,7 +29,7 @@ mod scan;
 pub mod source_map;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use hapwright_eventbus::model::{
     Diagnostic, FileKind, RenderedConfig, RenderedFileRef, SourceLocation, SourceMap,
@@ -184,6 +184,8 @@ struct Inner {
     watched: Vec<Arc<str>>,
     extra_context: Value,
     limits: RenderLimits,
+    /// Per entry: renders in parallel with the others ([`check::independent`]).
+    independent: Vec<bool>,
 }
 
 impl std::fmt::Debug for Renderer {
@@ -295,7 +297,8 @@ impl Renderer {
         // Static checks.
         let watched: Vec<Arc<str>> = watched.iter().map(|w| Arc::from(w.as_ref())).collect();
         let watched_set: BTreeSet<&str> = watched.iter().map(AsRef::as_ref).collect();
-        diagnostics.extend(check::check(&entries, &watched_set));
+        let (found, edges) = check::check(&entries, &watched_set);
+        diagnostics.extend(found);
 
         // Compile.
         let env = match build_environment(settings, limits, snippet_names, paths) {
@@ -308,7 +311,9 @@ impl Renderer {
             }
         };
         let mut env = env;
-        diagnostics.extend(check::unknown_filters_and_tests(&entries, &env));
+        let (found, facts) = check::unknown_filters_and_tests(&entries, &env);
+        diagnostics.extend(found);
+        let independent = check::independent(&entries, &edges, &facts);
         for entry in &entries {
             if let Err(error) =
                 env.add_template_owned(entry.name.to_string(), entry.instrumented.source.clone())
@@ -328,6 +333,7 @@ impl Renderer {
                     watched,
                     extra_context,
                     limits,
+                    independent,
                 }),
             })
         } else {
@@ -343,12 +349,19 @@ impl Renderer {
     /// Renders `haproxy.cfg`, then every map, file and certificate, from `resources`.
     /// One `shared` memo spans the whole render.
     ///
+    /// Files whose templates (with everything they include, import or `render_glob`)
+    /// never name `shared` and reference templates only by literal names cannot
+    /// observe the order files render in, so they render in parallel with
+    /// `haproxy.cfg` on the renderer's thread pool. The others render after
+    /// `haproxy.cfg`, in order, on the calling thread. The output is the same either
+    /// way.
+    ///
     /// # Errors
     ///
     /// The render errors, each naming the template (or snippet) and line where it
     /// happened and, for errors inside includes, the include chain. When
-    /// `haproxy.cfg` fails the other files are not rendered; otherwise every failing
-    /// file is reported.
+    /// `haproxy.cfg` fails only its error is reported (the files that depend on it
+    /// are not rendered); otherwise every failing file is reported.
     pub fn render(&self, resources: &Resources) -> Result<RenderedConfig, Vec<Diagnostic>> {
         let inner = &*self.inner;
         let context = Value::from(BTreeMap::from([
@@ -356,21 +369,54 @@ impl Renderer {
             ("extraContext", inner.extra_context.clone()),
             ("shared", Value::from_object(context::Shared::default())),
         ]));
+        let results: Vec<OnceLock<Result<source_map::Stripped, minijinja::Error>>> =
+            inner.entries.iter().map(|_| OnceLock::new()).collect();
+        let render_one = |index: usize| {
+            let entry = &inner.entries[index];
+            let rendered = inner
+                .env
+                .get_template(&entry.name)
+                .and_then(|template| template.render(&context))
+                .map(|text| source_map::strip(&text, &inner.markers));
+            // Each index is rendered once.
+            let _ = results[index].set(rendered);
+        };
+        let is_main = |entry: &Entry| {
+            entry
+                .output
+                .as_ref()
+                .is_some_and(|f| f.kind == FileKind::Main)
+        };
+        let span = tracing::Span::current();
+        rayon::in_place_scope(|scope| {
+            for (index, entry) in inner.entries.iter().enumerate() {
+                if entry.output.is_some() && inner.independent[index] && !is_main(entry) {
+                    let span = &span;
+                    let render_one = &render_one;
+                    scope.spawn(move |_| span.in_scope(|| render_one(index)));
+                }
+            }
+            for (index, entry) in inner.entries.iter().enumerate() {
+                if entry.output.is_none() || (inner.independent[index] && !is_main(entry)) {
+                    continue;
+                }
+                render_one(index);
+                if is_main(entry) && results[index].get().is_some_and(Result::is_err) {
+                    break;
+                }
+            }
+        });
+
         let mut source_map = SourceMap::default();
         let mut main = None;
         let mut outputs: [BTreeMap<String, Arc<str>>; 3] = Default::default();
         let mut diagnostics = Vec::new();
-        for entry in inner.entries.iter() {
-            let Some(file) = &entry.output else {
+        for (entry, result) in inner.entries.iter().zip(results) {
+            let (Some(file), Some(result)) = (&entry.output, result.into_inner()) else {
                 continue;
             };
-            let rendered = inner
-                .env
-                .get_template(&entry.name)
-                .and_then(|template| template.render(&context));
-            match rendered {
-                Ok(text) => {
-                    let stripped = source_map::strip(&text, &inner.markers);
+            match result {
+                Ok(stripped) => {
                     source_map.insert(file.clone(), stripped.lines);
                     let text: Arc<str> = Arc::from(stripped.text);
                     match file.kind {
@@ -399,6 +445,13 @@ impl Renderer {
             certificates,
             source_map,
         ))
+    }
+
+    /// For each template, whether it renders in parallel with the others (see
+    /// [`Renderer::render`]).
+    #[cfg(test)]
+    pub(crate) fn independent(&self) -> &[bool] {
+        &self.inner.independent
     }
 
     /// Turns a render error into a diagnostic at the innermost template line, with the
