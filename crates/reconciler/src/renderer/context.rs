@@ -11,6 +11,17 @@
 //! report that left something out) converts on the spot, so the values are always
 //! right, only slower.
 //!
+//! Every JSON object inside a resource becomes a [`Mapping`](super::mapping): to
+//! templates exactly `minijinja`'s own map (keys in the order written; attribute and
+//! item lookup, `in`, iteration, `|items`, `|dictsort`, `|tojson`, `==`, printing and
+//! the Python-style `.get()`/`.items()` methods behave the same), stored compactly:
+//! up to 16 pairs in one allocation with the reference counts (the built-in map is
+//! three, with a hash per entry and a hash table), larger ones with a sorted index
+//! for binary search. The pairs are gathered in a per-thread scratch buffer while the
+//! object is parsed, so a mapping is allocated once at its final size; keys of up to
+//! 22 bytes live inside the value, longer ones (label and annotation names such as
+//! `kubernetes.io/service-name`) are shared through a small bounded interner.
+//!
 //! Every list a template gets from the resources — `list()`, `fetch()` and the arrays
 //! inside the objects — is a [`ResourceList`]: an ordinary sequence to templates that
 //! also remembers how `sort_by` ordered it. Those lists live as long as their
@@ -26,15 +37,17 @@ use hapwright_eventbus::model::{ResourceChange, ResourceSnapshot, StoredObject};
 use minijinja::value::{Enumerator, Object, ObjectRepr, Value};
 use minijinja::{Error, ErrorKind, State};
 
+use super::mapping::{Key, MappingBuilder};
+
 /// The address of a stored object, the key of the conversion cache.
 fn address(object: &StoredObject) -> usize {
     object.address()
 }
 
 /// Converts one stored object into a template value, straight from its JSON text:
-/// objects become maps (keys in the order written), arrays [`ResourceList`]s (so a
-/// nested list such as an endpoint slice's `endpoints` also remembers how `sort_by`
-/// ordered it), numbers, strings, booleans and `null` what `minijinja` makes of them.
+/// objects become compact maps (`Mapping`s, keys in the order written), arrays
+/// [`ResourceList`]s (so a nested list such as an endpoint slice's `endpoints` also
+/// remembers how `sort_by` ordered it), numbers, strings, booleans and `null` what `minijinja` makes of them.
 pub(crate) fn to_value(object: &StoredObject) -> Value {
     object
         .deserialize::<TemplateValue>()
@@ -103,22 +116,14 @@ impl<'de> serde::de::Visitor<'de> for TemplateValueVisitor {
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        // Straight into the map, no intermediate list; keys (always strings in JSON)
-        // become values the way `minijinja` makes them, without a `String` each.
-        let mut error = None;
-        let value = Value::from_pairs(std::iter::from_fn(|| {
-            match map.next_entry::<TemplateValue, TemplateValue>() {
-                Ok(entry) => entry.map(|(key, value)| (key.0, value.0)),
-                Err(e) => {
-                    error = Some(e);
-                    None
-                }
-            }
-        }));
-        match error {
-            Some(error) => Err(error),
-            None => Ok(value),
+        // Straight into a compact `Mapping`: pairs are collected in a per-thread
+        // scratch buffer, keys interned (see `mapping::key`).
+        let mut builder = MappingBuilder::new();
+        while let Some(Key(key)) = map.next_key()? {
+            let TemplateValue(value) = map.next_value()?;
+            builder.push(key, value);
         }
+        Ok(builder.finish())
     }
 }
 
@@ -743,6 +748,7 @@ impl Object for Shared {
 
 #[cfg(test)]
 mod tests {
+    use super::super::mapping::{Entry, Mapping};
     use super::*;
     use serde_json::json;
 
@@ -755,7 +761,18 @@ mod tests {
                 "numbers": [0, 1, -7, 18446744073709551615u64, 1.5, -0.25, 1e300],
                 "other": [null, true, false, "", "ünïcödé \u{FDD0}", [[1], []]],
                 "long": "a string longer than twenty-two bytes, stored on the heap",
+                "annotations": {
+                    "kubernetes.io/service-name": "web",
+                    "meta.helm.sh/release-namespace": "default",
+                    "exactly-twenty-two-byte": "k",
+                    "twenty-three-bytes-long": "k",
+                },
+                "large": large_map(40),
+                "inline": large_map(16),
+                "nested": {"a": {"b": {"c": {}}}, "empty": {}},
             }),
+            json!({}),
+            large_map(17),
             json!([]),
             json!("text"),
             json!(null),
@@ -784,6 +801,198 @@ mod tests {
                 .get_attr("a")
                 .expect("attribute")
                 .is_true()
+        );
+    }
+
+    /// `{"key-00": 0, ...}`, keys in reverse order (so written order and key order
+    /// differ).
+    fn large_map(len: usize) -> serde_json::Value {
+        serde_json::Value::Object(
+            (0..len)
+                .rev()
+                .map(|i| (format!("key-{i:02}"), json!(i)))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn repeated_keys_keep_their_first_position_and_last_value() {
+        for text in [
+            r#"{"a": 1, "b": 2, "a": 3}"#,
+            &format!(
+                "{{{}, \"k3\": \"again\"}}",
+                (0..30)
+                    .map(|i| format!("\"k{i}\": {i}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ] {
+            let ours = serde_json::from_str::<TemplateValue>(text)
+                .expect("valid JSON")
+                .0;
+            let theirs: Value = serde_json::from_str(text).expect("valid JSON");
+            assert_eq!(ours.to_string(), theirs.to_string(), "{text}");
+            assert_eq!(ours, theirs, "{text}");
+        }
+        assert!(serde_json::from_str::<TemplateValue>(r#"{"a": {"b": [1, }}"#).is_err());
+        // An error part-way leaves nothing behind for the next conversion.
+        let after = to_value(&StoredObject::from_value(&json!({"x": {"y": 1}})));
+        assert_eq!(after.to_string(), "{'x': {'y': 1}}");
+    }
+
+    /// The templates of [`templates_see_mappings_as_builtin_maps`], over `obj` (a
+    /// resource object), `other` (the same object, always as built-in maps) and
+    /// `second` (another object).
+    const MAP_TEMPLATES: &[&str] = &[
+        "{{ obj.metadata.name }}|{{ obj['metadata']['labels']['app'] }}|{{ obj.metadata.missing is undefined }}|{{ obj['nope'] is undefined }}",
+        "{{ 'metadata' in obj }}|{{ 'nope' in obj }}|{{ 'app' in obj.metadata.labels }}|{{ 1 in obj }}|{{ 'key-33' in obj.large }}",
+        "{% for k in obj %}{{ k }},{% endfor %}|{% for k in obj.large %}{{ k }},{% endfor %}|{% for k in obj.spec.empty %}x{% else %}none{% endfor %}",
+        "{{ obj|length }}|{{ obj.large|length }}|{{ obj.spec.empty|length }}|{% if obj.spec.empty %}T{% else %}F{% endif %}|{% if obj.metadata %}T{% else %}F{% endif %}|{{ obj.spec.empty is true }}|{{ not obj.metadata }}",
+        "{% for k, v in obj.metadata.labels|items %}{{ loop.index }}:{{ k }}={{ v }};{% endfor %}|{{ obj.large|items|list }}",
+        "{% for k, v in obj.metadata.labels|dictsort %}{{ k }}={{ v }};{% endfor %}|{{ obj.metadata.labels|dictsort(reverse=true) }}|{{ obj.metadata.labels|dictsort(by='value') }}|{{ obj.large|dictsort|first }}",
+        "{{ obj.metadata.labels|list }}|{{ obj.large|list }}|{{ obj.metadata.labels|reverse|list }}|{{ obj.metadata.labels|first }}|{{ obj.metadata.labels|join(',') }}",
+        "{{ obj|tojson }}|{{ obj.metadata|tojson(indent=2) }}|{{ obj.spec.empty|tojson }}",
+        "{{ obj }}|{{ obj.metadata }}|{{ obj.spec.empty }}|{{ obj|pprint }}|{{ obj.metadata|string }}",
+        "{{ obj.metadata.labels == other.metadata.labels }}|{{ obj == other }}|{{ other == obj }}|{{ obj.spec == other.metadata }}|{{ obj.metadata != second.metadata }}|{{ obj.large == other.large }}",
+        "{{ obj.spec.empty == {} }}|{{ obj.metadata.labels == {'app': 'web', 'tier': 'front', 'zone': 'a'} }}|{{ obj.metadata.labels == {'tier': 'front', 'app': 'web', 'zone': 'a'} }}|{{ obj.metadata.labels == {'app': 'web'} }}",
+        "{{ [obj.metadata.labels, second.metadata.labels, {'app': 'a'}]|sort }}|{{ [obj.metadata.labels, other.metadata.labels]|unique|list|length }}|{{ obj.metadata.labels < second.metadata.labels }}",
+        "{{ obj.metadata.labels.get('app') }}|{{ obj.metadata.labels.get('nope', 'dflt') }}|{{ obj.metadata.labels.get('nope') }}|{{ obj.large.get('key-07') }}",
+        "{{ obj.metadata.labels.items()|list }}|{{ obj.metadata.labels.keys()|list }}|{{ obj.metadata.labels.values()|list }}|{% for k, v in obj.large.items() %}{{ k }}{{ v }}{% endfor %}",
+        "{{ obj|attr('kind') }}|{{ obj.metadata|attr('name') }}|{{ obj.metadata|attr('nope') is undefined }}",
+        "{{ obj.spec.ports|selectattr('name')|map(attribute='port')|list }}|{{ obj.spec.ports|map(attribute='name', default='x')|join(',') }}|{{ obj.spec.ports|selectattr('name', 'equalto', 'http')|list }}|{{ obj.spec.ports|rejectattr('name')|list }}|{{ [obj, second]|map(attribute='metadata.name')|list }}",
+        "{{ obj.spec.ports|sort_by('name', '-port')|map(attribute='port')|join(',') }}|{{ [second, obj]|sort_by('metadata.labels.app')|map(attribute='metadata.name')|list }}|{{ [obj, second]|sort(attribute='metadata.name')|map(attribute='kind')|list }}",
+        "{{ obj.metadata.annotations['kubernetes.io/service-name'] }}|{{ obj.metadata.annotations }}|{{ obj.large['key-39'] }}|{{ obj.large.nope is undefined }}",
+        "{{ dict(obj.metadata.labels, extra=1) }}|{{ obj.metadata.labels|max }}|{{ obj.metadata.labels|min }}",
+        "{% set ns = namespace(m=obj.metadata) %}{{ ns.m.name }}|{{ obj.spec.ports[0] }}|{{ obj.spec.ports|first|items|list }}|{{ obj.spec.ports|map('length')|list }}",
+        "{{ obj.metadata.labels|batch(2)|list }}|{{ obj.metadata.labels|slice(2)|list }}",
+    ];
+
+    /// Templates that fail, and must fail the same way over mappings.
+    const MAP_ERROR_TEMPLATES: &[&str] = &[
+        "{{ obj.metadata.labels|sum }}",
+        "{{ obj.metadata.nope }}",
+        "{{ obj.metadata.labels.nope() }}",
+        "{{ obj.metadata.labels.get() }}",
+        "{{ obj.metadata + 1 }}",
+        "{{ obj.metadata.labels|groupby(0) }}",
+    ];
+
+    /// The result of `template` over `ctx`: its output or its error (kind and detail).
+    fn render_map_template(
+        env: &minijinja::Environment<'_>,
+        template: &str,
+        ctx: &Value,
+    ) -> String {
+        match env.render_str(template, ctx) {
+            Ok(text) => text,
+            Err(error) => format!("error {:?}: {:?}", error.kind(), error.detail()),
+        }
+    }
+
+    fn map_test_env() -> minijinja::Environment<'static> {
+        let mut env = minijinja::Environment::new();
+        env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        super::super::functions::register(&mut env, Arc::default(), Arc::default());
+        env
+    }
+
+    #[test]
+    fn templates_see_mappings_as_builtin_maps() {
+        let object = json!({
+            "kind": "Service",
+            "metadata": {
+                "name": "web",
+                "labels": {"app": "web", "tier": "front", "zone": "a"},
+                "annotations": {"kubernetes.io/service-name": "web", "meta.helm.sh/release-name": "r"},
+            },
+            "spec": {"ports": [{"port": 80, "name": "http"}, {"port": 443}, {"port": 8080, "name": "alt"}], "empty": {}},
+            "large": large_map(40),
+        });
+        let second = json!({
+            "kind": "Service",
+            "metadata": {"name": "api", "labels": {"app": "api", "tier": "back"}},
+            "spec": {"ports": [], "empty": {}},
+        });
+        let env = map_test_env();
+        let convert = |value: &serde_json::Value| {
+            let stored = StoredObject::from_value(value);
+            let ours = to_value(&stored);
+            let theirs: Value = stored.deserialize().expect("valid JSON");
+            (ours, theirs)
+        };
+        let (ours, theirs) = convert(&object);
+        let (second_ours, second_theirs) = convert(&second);
+        // `metadata` (three keys) is one inline block.
+        assert!(
+            ours.get_attr("metadata")
+                .expect("attribute")
+                .downcast_object_ref::<Mapping<[Entry; 3]>>()
+                .is_some()
+        );
+        let ours_ctx =
+            minijinja::context! {obj => ours, other => theirs.clone(), second => second_ours};
+        let theirs_ctx =
+            minijinja::context! {obj => theirs.clone(), other => theirs, second => second_theirs};
+        for template in MAP_TEMPLATES {
+            let expected = render_map_template(&env, template, &theirs_ctx);
+            assert!(!expected.starts_with("error"), "{template}: {expected}");
+            assert_eq!(
+                render_map_template(&env, template, &ours_ctx),
+                expected,
+                "{template}"
+            );
+        }
+        for template in MAP_ERROR_TEMPLATES {
+            let expected = render_map_template(&env, template, &theirs_ctx);
+            assert!(expected.starts_with("error"), "{template}: {expected}");
+            assert_eq!(
+                render_map_template(&env, template, &ours_ctx),
+                expected,
+                "{template}"
+            );
+        }
+    }
+
+    #[test]
+    fn resource_lookups_return_mappings_that_templates_read() {
+        use hapwright_eventbus::model::{FieldPath, ObjectKey};
+        let mut snapshot = ResourceSnapshot::new(vec![
+            FieldPath::parse("metadata.namespace").expect("valid path"),
+            FieldPath::parse(r"metadata.labels.kubernetes\.io/service-name").expect("valid path"),
+        ]);
+        for (name, service) in [("a-1", "a"), ("a-2", "a"), ("b-1", "b")] {
+            snapshot.upsert(
+                ObjectKey::new("default", name),
+                &json!({"metadata": {"namespace": "default", "name": name, "labels": {"kubernetes.io/service-name": service}}, "spec": {"ready": name != "a-2"}}),
+            );
+        }
+        let mut resources = Resources::new();
+        let source: Arc<str> = Arc::from("slices");
+        resources.update(&source, Arc::new(snapshot), None);
+        let env = map_test_env();
+        let ctx = minijinja::context! {resources => resources.context_value(&[source])};
+        let template = "{% for s in resources.slices.fetch('default', 'a') %}{{ s.metadata.name }}:{{ s.spec.ready }}:{{ s.metadata.labels['kubernetes.io/service-name'] }};{% endfor %}\
+            |{{ resources.slices.get('default', 'b').metadata|dictsort }}\
+            |{{ resources.slices.get('default', 'b').spec|tojson }}\
+            |{{ resources.slices.list()|selectattr('spec.ready')|map(attribute='metadata.name')|join(',') }}\
+            |{{ resources.slices.list()|sort_by('-metadata.name')|map(attribute='metadata.name')|join(',') }}";
+        assert_eq!(
+            render_map_template(&env, template, &ctx),
+            "a-1:True:a;a-2:False:a;\
+             |[('labels', {'kubernetes.io/service-name': 'b'}), ('name', 'b-1'), ('namespace', 'default')]\
+             |{\"ready\": true}\
+             |a-1,b-1\
+             |b-1,a-2,a-1"
+        );
+        let value = resources
+            .get("slices")
+            .expect("a store")
+            .get(&[Value::from("default"), Value::from("b")])
+            .expect("found");
+        assert_eq!(
+            serde_json::to_string(&value).expect("serializes"),
+            r#"{"metadata":{"namespace":"default","name":"b-1","labels":{"kubernetes.io/service-name":"b"}},"spec":{"ready":true}}"#
         );
     }
 

@@ -25,6 +25,7 @@ mod check;
 mod component;
 mod context;
 mod functions;
+mod mapping;
 mod scan;
 pub mod source_map;
 
