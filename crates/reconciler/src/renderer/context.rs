@@ -29,7 +29,7 @@
 //! `slice.endpoints | sort_by(...)` sort once per change, not once per render.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -257,7 +257,7 @@ struct LookupNode {
     single: Value,
     /// Number of matching objects.
     count: usize,
-    children: HashMap<Box<str>, LookupNode>,
+    children: foldhash::HashMap<Box<str>, LookupNode>,
 }
 
 /// A node while the index is built: objects are collected before they become one
@@ -265,7 +265,7 @@ struct LookupNode {
 #[derive(Default)]
 struct NodeBuilder {
     objects: Vec<Value>,
-    children: HashMap<Box<str>, NodeBuilder>,
+    children: foldhash::HashMap<Box<str>, NodeBuilder>,
 }
 
 impl NodeBuilder {

@@ -389,7 +389,10 @@ impl Renderer {
                 .is_some_and(|f| f.kind == FileKind::Main)
         };
         let span = tracing::Span::current();
-        rayon::in_place_scope(|scope| {
+        // The scope runs on the pool, so the pool's threads (one per core) do all the
+        // work and the calling thread only waits: `haproxy.cfg` and the files after it
+        // on one of them, the independent files on the others as they free up.
+        rayon::scope(|scope| {
             for (index, entry) in inner.entries.iter().enumerate() {
                 if entry.output.is_some() && inner.independent[index] && !is_main(entry) {
                     let span = &span;
@@ -397,15 +400,17 @@ impl Renderer {
                     scope.spawn(move |_| span.in_scope(|| render_one(index)));
                 }
             }
-            for (index, entry) in inner.entries.iter().enumerate() {
-                if entry.output.is_none() || (inner.independent[index] && !is_main(entry)) {
-                    continue;
+            span.in_scope(|| {
+                for (index, entry) in inner.entries.iter().enumerate() {
+                    if entry.output.is_none() || (inner.independent[index] && !is_main(entry)) {
+                        continue;
+                    }
+                    render_one(index);
+                    if is_main(entry) && results[index].get().is_some_and(Result::is_err) {
+                        break;
+                    }
                 }
-                render_one(index);
-                if is_main(entry) && results[index].get().is_some_and(Result::is_err) {
-                    break;
-                }
-            }
+            });
         });
 
         let mut source_map = SourceMap::default();
