@@ -1,7 +1,9 @@
 //! Renders the routing example (`testdata/routing/`) for N services a number of
 //! times, for profilers: `valgrind --tool=callgrind
-//! --toggle-collect='*profile_render::timed*' target/release/examples/profile_render 1000 3`
-//! counts only the timed renders, not building the cluster or the warm-up render.
+//! --toggle-collect='*Renderer::render*' target/release/examples/profile_render 1000 3`
+//! counts only the renders (on every thread: the files render on the renderer's thread
+//! pool), not building the cluster. The warm-up render is counted too; subtract one
+//! render's worth or compare totals.
 //!
 //! Under valgrind the content hash runs sha2's portable SHA-256 (valgrind hides the
 //! CPU's SHA extensions), about 12.8 M instructions per render at 1,000 services and
