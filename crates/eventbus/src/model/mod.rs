@@ -16,5 +16,7 @@ pub use deploy::{DeployReason, DeployStrategy, InstanceDriver, InstanceRef, Relo
 pub use diagnostic::{Diagnostic, Severity, SourceLocation};
 pub use object::{IndexedObject, StoredObject};
 pub use path::{FieldPath, FieldPathError};
-pub use rendered::{ContentHash, FileKind, LineOrigin, RenderedConfig, RenderedFileRef, SourceMap};
+pub use rendered::{
+    ContentHash, FileKind, HashedMain, LineOrigin, RenderedConfig, RenderedFileRef, SourceMap,
+};
 pub use snapshot::{LookupError, ObjectKey, ResourceChange, ResourceSnapshot, UpsertOutcome};

@@ -177,6 +177,45 @@ impl fmt::Debug for RenderedConfig {
     }
 }
 
+/// `haproxy.cfg` with its part of the content hash already computed, so a renderer
+/// can hash it (the largest file) while the other files are still rendering; see
+/// [`RenderedConfig::from_hashed_main`].
+pub struct HashedMain {
+    main: Arc<str>,
+    hasher: Sha256,
+}
+
+impl HashedMain {
+    /// Hashes `main` as the first file of a render.
+    pub fn new(main: impl Into<Arc<str>>) -> Self {
+        let main = main.into();
+        let mut hasher = Sha256::new();
+        hash_file(
+            &mut hasher,
+            FileKind::Main.relative_path("haproxy.cfg"),
+            &main,
+        );
+        Self { main, hasher }
+    }
+}
+
+impl fmt::Debug for HashedMain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HashedMain")
+            .field("main_bytes", &self.main.len())
+            .finish()
+    }
+}
+
+/// Adds one file to a render's hash. Length-prefixed fields: no two different
+/// layouts hash alike.
+fn hash_file(hasher: &mut Sha256, path: String, content: &str) {
+    for part in [path.as_bytes(), content.as_bytes()] {
+        hasher.update((part.len() as u64).to_le_bytes());
+        hasher.update(part);
+    }
+}
+
 impl RenderedConfig {
     /// Assembles a render and computes its hash. The hash covers every file's kind,
     /// name and bytes in a fixed order, so the same inputs always hash the same.
@@ -187,21 +226,30 @@ impl RenderedConfig {
         certificates: BTreeMap<String, Arc<str>>,
         source_map: SourceMap,
     ) -> Self {
+        Self::from_hashed_main(HashedMain::new(main), maps, files, certificates, source_map)
+    }
+
+    /// [`RenderedConfig::new`] with `haproxy.cfg` already hashed: the same config and
+    /// the same hash.
+    pub fn from_hashed_main(
+        main: HashedMain,
+        maps: BTreeMap<String, Arc<str>>,
+        files: BTreeMap<String, Arc<str>>,
+        certificates: BTreeMap<String, Arc<str>>,
+        source_map: SourceMap,
+    ) -> Self {
+        let HashedMain { main, mut hasher } = main;
         let mut config = Self {
-            main: main.into(),
+            main,
             maps,
             files,
             certificates,
             hash: ContentHash::default(),
             source_map: Arc::new(source_map),
         };
-        let mut hasher = Sha256::new();
-        for (file, content) in config.iter() {
-            // Length-prefixed fields: no two different layouts hash alike.
-            for part in [file.relative_path().as_bytes(), content.as_bytes()] {
-                hasher.update((part.len() as u64).to_le_bytes());
-                hasher.update(part);
-            }
+        // `iter` order, `haproxy.cfg` (first) already hashed.
+        for (file, content) in config.iter().skip(1) {
+            hash_file(&mut hasher, file.relative_path(), content);
         }
         config.hash.0.copy_from_slice(&hasher.finalize());
         config
@@ -301,6 +349,27 @@ mod tests {
         assert_ne!(config("ab", "c").hash(), config("a", "bc").hash());
         assert_eq!(a.hash().to_string().len(), 64);
         assert_eq!(a.hash().short().len(), 12);
+    }
+
+    #[test]
+    fn a_pre_hashed_main_gives_the_same_config_and_hash() {
+        let a = config("global\n", "a b\n");
+        let b = RenderedConfig::from_hashed_main(
+            HashedMain::new("global\n"),
+            a.maps().clone(),
+            BTreeMap::new(),
+            BTreeMap::new(),
+            SourceMap::default(),
+        );
+        assert_eq!(a, b);
+        assert_eq!(a.hash(), b.hash());
+        // The formula is pinned (SHA-256 over length-prefixed path and content of
+        // each file, as computed independently): a change would make every running
+        // instance look changed after an upgrade.
+        assert_eq!(
+            a.hash().to_string(),
+            "2e090460d2a5bf3c683c3de92a352f42a0ad35b1b9f994ce1473d19ac1ebdf18"
+        );
     }
 
     #[test]

@@ -33,7 +33,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
 
 use hapwright_eventbus::model::{
-    Diagnostic, FileKind, RenderedConfig, RenderedFileRef, SourceLocation, SourceMap,
+    Diagnostic, FileKind, HashedMain, LineOrigin, RenderedConfig, RenderedFileRef, SourceLocation,
+    SourceMap,
 };
 use minijinja::value::Value;
 use minijinja::{Environment, ErrorKind, UndefinedBehavior};
@@ -169,6 +170,15 @@ impl Entry {
 }
 
 // === impl Renderer ===
+
+/// One file's render: its text and the origin of each line, or the error.
+type RenderResult = Result<(FileText, Vec<Option<LineOrigin>>), minijinja::Error>;
+
+/// A rendered file's text; `haproxy.cfg` comes with its part of the content hash.
+enum FileText {
+    Main(HashedMain),
+    Other(Arc<str>),
+}
 
 /// Compiled templates, ready to render. Cheap to clone; rendering takes `&self` and
 /// may run on any thread.
@@ -370,23 +380,36 @@ impl Renderer {
             ("extraContext", inner.extra_context.clone()),
             ("shared", Value::from_object(context::Shared::default())),
         ]));
-        let results: Vec<OnceLock<Result<source_map::Stripped, minijinja::Error>>> =
+        let results: Vec<OnceLock<RenderResult>> =
             inner.entries.iter().map(|_| OnceLock::new()).collect();
-        let render_one = |index: usize| {
-            let entry = &inner.entries[index];
-            let rendered = inner
-                .env
-                .get_template(&entry.name)
-                .and_then(|template| template.render(&context))
-                .map(|text| source_map::strip(&text, &inner.markers));
-            // Each index is rendered once.
-            let _ = results[index].set(rendered);
-        };
         let is_main = |entry: &Entry| {
             entry
                 .output
                 .as_ref()
                 .is_some_and(|f| f.kind == FileKind::Main)
+        };
+        let render_one = |index: usize| {
+            let entry = &inner.entries[index];
+            // Everything per file happens here, in parallel where the file renders in
+            // parallel: marker stripping, the shared copy of the text and, for
+            // `haproxy.cfg` (the largest file), its part of the content hash, while the
+            // other files may still be rendering.
+            let rendered = inner
+                .env
+                .get_template(&entry.name)
+                .and_then(|template| template.render(&context))
+                .map(|text| {
+                    let stripped = source_map::strip(&text, &inner.markers);
+                    drop(text);
+                    let text = if is_main(entry) {
+                        FileText::Main(HashedMain::new(stripped.text))
+                    } else {
+                        FileText::Other(Arc::from(stripped.text))
+                    };
+                    (text, stripped.lines)
+                });
+            // Each index is rendered once.
+            let _ = results[index].set(rendered);
         };
         let span = tracing::Span::current();
         // The scope runs on the pool, so the pool's threads (one per core) do all the
@@ -422,14 +445,19 @@ impl Renderer {
                 continue;
             };
             match result {
-                Ok(stripped) => {
-                    source_map.insert(file.clone(), stripped.lines);
-                    let text: Arc<str> = Arc::from(stripped.text);
-                    match file.kind {
-                        FileKind::Main => main = Some(text),
-                        FileKind::Map => drop(outputs[0].insert(file.name.clone(), text)),
-                        FileKind::File => drop(outputs[1].insert(file.name.clone(), text)),
-                        FileKind::Certificate => drop(outputs[2].insert(file.name.clone(), text)),
+                Ok((text, lines)) => {
+                    source_map.insert(file.clone(), lines);
+                    match (text, file.kind) {
+                        (FileText::Main(hashed), _) => main = Some(hashed),
+                        (FileText::Other(text), FileKind::Map) => {
+                            drop(outputs[0].insert(file.name.clone(), text));
+                        }
+                        (FileText::Other(text), FileKind::File) => {
+                            drop(outputs[1].insert(file.name.clone(), text));
+                        }
+                        (FileText::Other(text), _) => {
+                            drop(outputs[2].insert(file.name.clone(), text));
+                        }
                     }
                 }
                 Err(error) => {
@@ -444,8 +472,8 @@ impl Renderer {
             return Err(diagnostics);
         }
         let [maps, files, certificates] = outputs;
-        Ok(RenderedConfig::new(
-            main.unwrap_or_else(|| Arc::from("")),
+        Ok(RenderedConfig::from_hashed_main(
+            main.unwrap_or_else(|| HashedMain::new("")),
             maps,
             files,
             certificates,
