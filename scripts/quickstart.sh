@@ -13,7 +13,7 @@ if ! command -v haproxy >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends haproxy
 fi
 
-echo "==> building hapwright (release)"
+echo "==> building hapwright (release; the first build takes several minutes on 2 cores)"
 cargo build --release -p hapwright-app --bin hapwright
 
 cat <<'TRY'
