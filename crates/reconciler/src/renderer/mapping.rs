@@ -77,13 +77,12 @@ pub(crate) fn key(text: &str) -> Value {
     Value::from(shared)
 }
 
-/// A mapping key deserialized from JSON: a string through [`key`]; anything else (not
-/// JSON, but kept faithful) the value `minijinja` makes of it.
+/// A mapping key deserialized from JSON (always a string), through [`key`].
 pub(crate) struct Key(pub(crate) Value);
 
 impl<'de> serde::Deserialize<'de> for Key {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(KeyVisitor).map(Key)
+        deserializer.deserialize_str(KeyVisitor).map(Key)
     }
 }
 
@@ -93,31 +92,11 @@ impl serde::de::Visitor<'_> for KeyVisitor {
     type Value = Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a mapping key")
+        f.write_str("a string mapping key")
     }
 
     fn visit_str<E>(self, v: &str) -> Result<Value, E> {
         Ok(key(v))
-    }
-
-    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::from(()))
     }
 }
 
