@@ -363,9 +363,9 @@ impl Renderer {
     /// Files whose templates (with everything they include, import or `render_glob`)
     /// never name `shared` and reference templates only by literal names cannot
     /// observe the order files render in, so they render in parallel with
-    /// `haproxy.cfg` on the renderer's thread pool. The others render after
-    /// `haproxy.cfg`, in order, on the calling thread. The output is the same either
-    /// way.
+    /// `haproxy.cfg` on the renderer's thread pool (rayon's global pool, one thread per
+    /// core). The others render after `haproxy.cfg`, in order, on the same thread as
+    /// it. The calling thread waits. The output is the same either way.
     ///
     /// # Errors
     ///
