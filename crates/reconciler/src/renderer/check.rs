@@ -1,7 +1,9 @@
 //! Static checks when the config loads: references to watched resources, literal
 //! `include`/`import`/`from`/`extends` targets, literal `render_glob` patterns,
 //! cycles among templates, and filter and test names (minijinja resolves those only
-//! when rendering; Jinja2 rejects unknown ones when compiling).
+//! when rendering; Jinja2 rejects unknown ones when compiling). The same walks find
+//! which output templates cannot observe the render order and so may render in
+//! parallel ([`independent`]).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
