@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use hapwright_eventbus::config::did_you_mean;
-use hapwright_eventbus::model::Diagnostic;
+use hapwright_eventbus::model::{Diagnostic, FileKind};
 use minijinja::Environment;
 use minijinja::machinery::ast;
 
@@ -117,12 +117,13 @@ pub(crate) fn check<'a>(
     (diagnostics, edges)
 }
 
-/// Which templates can render at the same time as the others: for each entry, true
-/// when neither it nor any template it reaches through `include`, `import`, `from`,
+/// Which templates render on the pool at the same time as `haproxy.cfg`: for each
+/// entry, true when it is a map, file or certificate and neither it nor any template
+/// it reaches through `include`, `import`, `from`,
 /// `extends` or `render_glob` names `shared` (the per-render memo, whose contents
 /// depend on the order files render in) or references a template by a computed name
 /// (whose target cannot be known before rendering). `facts` are per entry, as
-/// [`unknown_filters_and_tests`] returns them (`None`: the template did not parse).
+/// [`names_and_facts`] returns them (`None`: the template did not parse).
 pub(crate) fn independent(
     entries: &[Entry],
     edges: &Edges<'_>,
@@ -135,8 +136,12 @@ pub(crate) fn independent(
         .collect();
     let self_contained =
         |i: usize| facts[i].is_some_and(|f| !f.reads_shared && !f.computed_reference);
+    let parallel_output = |e: &Entry| e.output.as_ref().is_some_and(|f| f.kind != FileKind::Main);
     (0..entries.len())
         .map(|root| {
+            if !parallel_output(&entries[root]) {
+                return false;
+            }
             let mut seen = BTreeSet::from([root]);
             let mut stack = vec![root];
             while let Some(i) = stack.pop() {
@@ -363,7 +368,7 @@ struct NameUse<'a> {
 /// Templates that do not parse are skipped: their compile error is reported.
 ///
 /// Also returns each entry's [`Facts`] (`None` for a template that does not parse).
-pub(crate) fn unknown_filters_and_tests(
+pub(crate) fn names_and_facts(
     entries: &[Entry],
     env: &Environment<'static>,
 ) -> (Vec<Diagnostic>, Vec<Option<Facts>>) {

@@ -195,7 +195,8 @@ struct Inner {
     watched: Vec<Arc<str>>,
     extra_context: Value,
     limits: RenderLimits,
-    /// Per entry: renders in parallel with the others ([`check::independent`]).
+    /// Per entry: a map, file or certificate that renders on the pool at the same
+    /// time as `haproxy.cfg` ([`check::independent`]).
     independent: Vec<bool>,
 }
 
@@ -322,7 +323,7 @@ impl Renderer {
             }
         };
         let mut env = env;
-        let (found, facts) = check::unknown_filters_and_tests(&entries, &env);
+        let (found, facts) = check::names_and_facts(&entries, &env);
         diagnostics.extend(found);
         let independent = check::independent(&entries, &edges, &facts);
         for entry in &entries {
@@ -416,16 +417,14 @@ impl Renderer {
         // work and the calling thread only waits: `haproxy.cfg` and the files after it
         // on one of them, the independent files on the others as they free up.
         rayon::scope(|scope| {
-            for (index, entry) in inner.entries.iter().enumerate() {
-                if entry.output.is_some() && inner.independent[index] && !is_main(entry) {
-                    let span = &span;
-                    let render_one = &render_one;
-                    scope.spawn(move |_| span.in_scope(|| render_one(index)));
-                }
+            for (index, _) in inner.independent.iter().enumerate().filter(|(_, p)| **p) {
+                let span = &span;
+                let render_one = &render_one;
+                scope.spawn(move |_| span.in_scope(|| render_one(index)));
             }
             span.in_scope(|| {
                 for (index, entry) in inner.entries.iter().enumerate() {
-                    if entry.output.is_none() || (inner.independent[index] && !is_main(entry)) {
+                    if entry.output.is_none() || inner.independent[index] {
                         continue;
                     }
                     render_one(index);
