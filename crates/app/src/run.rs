@@ -15,12 +15,10 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_deployer::dataplane;
-use hapwright_deployer::deployer::{self as deploy, Deployer, LastDeployedStore, StoreClassifier};
-use hapwright_deployer::drift::{self, DriftMonitor};
+use hapwright_deployer::deployer::{self as deploy, Deployer, LastDeployedStore};
 use hapwright_deployer::fleet;
 use hapwright_deployer::managed::ManagedHaproxy;
 use hapwright_deployer::metrics::Metrics as DeployerMetrics;
@@ -155,7 +153,7 @@ impl Process {
         })
     }
 
-    /// The is-leader channel for the deployer and drift monitor; `None` when every
+    /// The is-leader channel for the deployer (and its drift checks); `None` when every
     /// replica deploys (leader election off).
     fn leadership(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
         self.leader.as_ref().map(LeaderElection::subscribe)
@@ -261,7 +259,6 @@ impl Iteration {
                 .iter()
                 .map(|i| i.name.clone())
                 .collect(),
-            Arc::new(StoreClassifier::new(process.deployed.clone())),
         ));
         let dataplane = config
             .haproxy
@@ -289,18 +286,10 @@ impl Iteration {
         if let Some(credentials) = fleet::DiscoveredCredentials::from_config(&config.haproxy) {
             deployer = deployer.with_discovery(credentials);
         }
-        let mut drift_monitor = DriftMonitor::new(
-            drift::Config::from(&timings),
-            deployer.fleet(),
-            process.deployed.clone(),
-            process.deployer_metrics.clone(),
-        );
         if let Some(leader) = process.leadership() {
-            deployer = deployer.with_leadership(leader.clone());
-            drift_monitor = drift_monitor.with_leadership(leader);
+            deployer = deployer.with_leadership(leader);
         }
         kernel.register(deployer);
-        kernel.register(drift_monitor);
         kernel.register(StatusRecorder::new(
             process.store.clone(),
             Some(process.status_metrics.clone()),

@@ -4,6 +4,7 @@
 //!
 //! `cargo bench -p hapwright-deployer --bench deploy`
 
+use hapwright_deployer::Driver;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};

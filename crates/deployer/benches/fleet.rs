@@ -9,6 +9,7 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use hapwright_deployer::Driver;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,7 +60,10 @@ impl Fleet {
         for i in 0..sockets {
             let haproxy = Haproxy::start(&format!("local-{i}"), &first, "boot").await;
             let driver = SocketDriver::new(haproxy.instance.clone(), None, metrics.clone());
-            drivers.insert(haproxy.instance.name.clone(), Arc::new(driver));
+            drivers.insert(
+                haproxy.instance.name.clone(),
+                Arc::new(driver) as Arc<dyn Driver>,
+            );
             haproxies.push(haproxy);
         }
         let mut servers = Vec::new();
@@ -104,7 +108,7 @@ impl Fleet {
             metrics,
         )
         .with_dataplane(dataplane);
-        let names = deployer.fleet().names();
+        let names = deployer.instance_names();
         let mut kernel = Kernel::new(bus);
         kernel.register(deployer);
         let mut fleet = Self {
@@ -125,6 +129,7 @@ impl Fleet {
             config,
             instances: self.names.clone(),
             drift_check: false,
+            parsed: Default::default(),
         });
         self.wait().await;
     }

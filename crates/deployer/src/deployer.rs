@@ -1,50 +1,45 @@
-//! The deployer component: consumes `DeploymentScheduled`, deploys to every instance
-//! of the fleet — local socket and Data Plane API instances alike — in parallel
-//! (bounded), and publishes `DeploymentStarted`, `InstanceDeployed` /
-//! `InstanceDeploymentFailed` and `DeploymentCompleted`.
+//! The deployer component: consumes `DeploymentScheduled`, hands the config to every
+//! instance of the fleet — local socket and Data Plane API instances alike — and
+//! publishes `DeploymentStarted` and, once every instance of the round has an
+//! outcome, `DeploymentCompleted`.
+//!
+//! Each instance is owned by its own worker task ([`crate::instance`]): it alone
+//! holds what the instance runs, plans each deployment once, keeps the instance's
+//! reload window (`minReloadInterval`), retries failures with backoff and checks for
+//! drift. So runtime-only changes reach every instance that can take them while
+//! another waits for its reload window, is unreachable or is being restarted. The
+//! workers publish `InstanceDeployed` / `InstanceDeploymentFailed` themselves.
 //!
 //! Fleet: the static instances plus, per discovery source, the latest
 //! `InstancesDiscovered` set. A newly discovered instance gets the last scheduled
-//! config at once; a vanished one is forgotten (its store record and metric series
-//! go). A failing instance never blocks the others.
+//! config at once; a vanished one is forgotten (its worker stops, its store record and
+//! metric series go).
 //!
 //! Leadership (optional, [`Deployer::with_leadership`]): while the watched value is
-//! `false` the deployer only remembers the latest scheduled config; when it turns
-//! `true` that config is deployed at once, with a drift check (hot standby).
-//!
-//! What each instance runs is kept in a [`LastDeployedStore`] created outside the
-//! kernel iteration, so an unchanged render after a controller reinit is a no-op. A
-//! failed instance is retried with backoff (1 s doubling to 60 s) with the newest
-//! config; a newer `DeploymentScheduled` replaces a waiting one (latest wins).
-//!
-//! Managed mode: every start of a managed HAProxy is a deployment (a reload with reason
-//! `first_deploy` or `restart`) of the files on disk. A start that no deployment caused
-//! (the supervisor restarted a crashed process, or a failed start came up on a later
-//! attempt) is recorded as soon as the supervisor reports it ready, and before any
-//! deployment to that instance, so it is never mistaken for a no-op.
+//! `false` the deployer only remembers the latest scheduled config (and workers skip
+//! drift checks); when it turns `true` that config is deployed at once, with a drift
+//! check (hot standby).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use futures::StreamExt;
-use hapwright_eventbus::model::{ContentHash, Diagnostic, InstanceRef, RenderedConfig};
+use hapwright_eventbus::model::{ContentHash, InstanceRef, RenderedConfig};
 use hapwright_eventbus::{
     Bus, BusError, Component, ComponentError, Context, DeploymentCompleted, DeploymentStarted,
-    DeploymentSummary, Event, EventKind, EventPayload, InstanceDeployed, InstanceDeploymentFailed,
-    Subscription,
+    DeploymentSummary, Event, EventKind, EventPayload, Subscription,
 };
+use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::dataplane::DataplaneDriver;
-use crate::driver::{Deployed, SocketDriver};
-use crate::fleet::{DiscoveredCredentials, Driver, Fleet};
+use crate::driver::{Deployed, DriverConfig, SocketDriver};
+use crate::fleet::DiscoveredCredentials;
+use crate::flow::Driver;
 use crate::haproxy_config::{self, Config as Model};
+use crate::instance::{self, Desired, Handle, Outcome, Report};
 use crate::managed::ManagedHaproxy;
 use crate::metrics::Metrics;
-use crate::plan;
-use crate::scheduler::ReloadClassifier;
 use crate::socket::InstanceConfig;
 
 /// One instance's record in the [`LastDeployedStore`].
@@ -58,11 +53,14 @@ pub struct InstanceRecord {
     pub last_attempt: Option<SystemTime>,
     /// Reloads hapwright performed on this instance.
     pub reloads: u64,
+    /// When hapwright last reloaded it (its reload window starts there).
+    pub last_reload: Option<Instant>,
 }
 
-/// Per-instance "last deployed" state, shared between the scheduler's classifier,
-/// the deployer and the debug endpoints. Create it once per process and hand clones
-/// to each kernel iteration.
+/// Per-instance "last deployed" state: the deployer's memory across controller
+/// reinits. Create it once per process and hand a clone to each kernel iteration's
+/// deployer. Only the deployer's instance workers write it (each its own instance);
+/// tests and the benchmarks read it.
 #[derive(Clone, Debug, Default)]
 pub struct LastDeployedStore {
     inner: Arc<Mutex<HashMap<String, InstanceRecord>>>,
@@ -92,13 +90,15 @@ impl LastDeployedStore {
             .collect()
     }
 
-    /// Records a successful deployment.
-    pub fn record_success(&self, instance: &str, deployed: Deployed) {
+    /// Records a successful deployment; `last_reload` is when the instance was last
+    /// reloaded.
+    pub fn record_success(&self, instance: &str, deployed: Deployed, last_reload: Option<Instant>) {
         let mut inner = self.lock();
         let record = inner.entry(instance.to_owned()).or_default();
         if deployed.strategy == hapwright_eventbus::model::DeployStrategy::Reload {
             record.reloads += 1;
         }
+        record.last_reload = last_reload;
         record.last_attempt = Some(deployed.at);
         record.deployed = Some(Arc::new(deployed));
         record.last_error = None;
@@ -134,39 +134,15 @@ impl LastDeployedStore {
     }
 }
 
-/// The scheduler's [`ReloadClassifier`] over a [`LastDeployedStore`]: a deployment
-/// needs a reload when an instance has no record yet or its change plan says so.
-#[derive(Clone, Debug)]
-pub struct StoreClassifier {
-    store: LastDeployedStore,
-}
-
-impl StoreClassifier {
-    /// A classifier reading `store`.
-    pub fn new(store: LastDeployedStore) -> Self {
-        Self { store }
-    }
-}
-
-impl ReloadClassifier for StoreClassifier {
-    fn needs_reload(&self, config: &RenderedConfig, instances: &[String]) -> bool {
-        let model = haproxy_config::parse(config.main()).unwrap_or_default();
-        instances
-            .iter()
-            .any(|instance| match self.store.deployed(instance) {
-                None => true,
-                Some(running) => plan::plan(&running.config, &running.model, config, &model)
-                    .reload
-                    .is_some(),
-            })
-    }
-}
-
 /// Settings of the deployer component.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
-    /// Deadline of one deployment to one instance.
+    /// Deadline of one deployment to one instance. The socket driver's reload
+    /// confirmation gets this minus a margin ([`Config::reload_timeout`]), so a slow
+    /// reload fails (and its files are restored) before the deadline cancels it.
     pub deployment_timeout: Duration,
+    /// Minimum time between two reloads of one instance (`minReloadInterval`).
+    pub min_reload_interval: Duration,
     /// Instances deployed at the same time (default 32: deployments mostly wait
     /// on sockets and HTTP, so a fleet goes out in one or two waves).
     pub concurrency: usize,
@@ -174,15 +150,42 @@ pub struct Config {
     pub min_retry_delay: Duration,
     /// Longest retry delay.
     pub max_retry_delay: Duration,
+    /// Time between two drift checks of an instance (`driftPreventionInterval`).
+    pub drift_interval: Duration,
+    /// Deadline of one drift check.
+    pub drift_timeout: Duration,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Self {
             deployment_timeout: Duration::from_secs(30),
+            min_reload_interval: Duration::from_secs(5),
             concurrency: 32,
             min_retry_delay: Duration::from_secs(1),
             max_retry_delay: Duration::from_secs(60),
+            drift_interval: Duration::from_secs(60),
+            drift_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Config {
+    /// The socket driver's reload confirmation timeout: the deployment timeout minus
+    /// a margin (a fifth of it, at most 5 s) for writing and restoring files.
+    pub fn reload_timeout(&self) -> Duration {
+        let margin = (self.deployment_timeout / 5).min(Duration::from_secs(5));
+        self.deployment_timeout.saturating_sub(margin)
+    }
+
+    fn instance_settings(&self) -> instance::Settings {
+        instance::Settings {
+            deployment_timeout: self.deployment_timeout,
+            min_reload_interval: self.min_reload_interval,
+            min_retry_delay: self.min_retry_delay,
+            max_retry_delay: self.max_retry_delay,
+            drift_interval: self.drift_interval,
+            drift_timeout: self.drift_timeout.min(self.drift_interval),
         }
     }
 }
@@ -191,6 +194,8 @@ impl From<&crate::config::Timings> for Config {
     fn from(timings: &crate::config::Timings) -> Self {
         Self {
             deployment_timeout: timings.deployment_timeout.get(),
+            min_reload_interval: timings.min_reload_interval.get(),
+            drift_interval: timings.drift_prevention_interval.get(),
             ..Self::default()
         }
     }
@@ -199,7 +204,7 @@ impl From<&crate::config::Timings> for Config {
 /// The deployer component.
 pub struct Deployer {
     config: Config,
-    fleet: Fleet,
+    drivers: BTreeMap<String, Arc<dyn Driver>>,
     store: LastDeployedStore,
     managed: Option<ManagedHaproxy>,
     metrics: Metrics,
@@ -212,7 +217,7 @@ impl std::fmt::Debug for Deployer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Deployer")
             .field("config", &self.config)
-            .field("instances", &self.fleet.names())
+            .field("instances", &self.drivers.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
 }
@@ -231,32 +236,33 @@ impl Deployer {
         managed: Option<ManagedHaproxy>,
         metrics: Metrics,
     ) -> Self {
+        let driver_config = DriverConfig {
+            reload_timeout: config.reload_timeout(),
+            ..DriverConfig::default()
+        };
         let drivers = instances
             .into_iter()
             .map(|instance| {
                 let name = instance.name.clone();
-                let driver = SocketDriver::new(instance, managed.clone(), metrics.clone());
-                (name, Arc::new(driver))
+                let driver = SocketDriver::new(instance, managed.clone(), metrics.clone())
+                    .with_config(driver_config);
+                (name, Arc::new(driver) as Arc<dyn Driver>)
             })
             .collect();
         Self::with_drivers(config, drivers, store, managed, metrics)
     }
 
-    /// A deployer over ready-made drivers (custom timeouts).
+    /// A deployer over ready-made drivers (custom timeouts, other transports).
     pub fn with_drivers(
         config: Config,
-        drivers: BTreeMap<String, Arc<SocketDriver>>,
+        drivers: BTreeMap<String, Arc<dyn Driver>>,
         store: LastDeployedStore,
         managed: Option<ManagedHaproxy>,
         metrics: Metrics,
     ) -> Self {
-        let fleet = Fleet::new();
-        for driver in drivers.into_values() {
-            fleet.insert(Driver::Socket(driver));
-        }
         Self {
             config,
-            fleet,
+            drivers,
             store,
             managed,
             metrics,
@@ -268,16 +274,18 @@ impl Deployer {
 
     /// Adds static Data Plane API instances.
     #[must_use]
-    pub fn with_dataplane(self, drivers: impl IntoIterator<Item = DataplaneDriver>) -> Self {
+    pub fn with_dataplane(mut self, drivers: impl IntoIterator<Item = DataplaneDriver>) -> Self {
         for driver in drivers {
-            self.fleet.insert(Driver::Dataplane(Arc::new(driver)));
+            self.drivers.insert(
+                driver.name().to_owned(),
+                Arc::new(driver) as Arc<dyn Driver>,
+            );
         }
         self
     }
 
     /// How to reach discovered Data Plane API instances (`InstancesDiscovered`).
-    /// Without it a discovered instance fails its deployments with an error that
-    /// says so.
+    /// Without it a discovered instance is ignored with a warning.
     #[must_use]
     pub fn with_discovery(mut self, credentials: DiscoveredCredentials) -> Self {
         self.credentials = Some(credentials);
@@ -294,344 +302,281 @@ impl Deployer {
         self
     }
 
-    /// The fleet this deployer drives (for the drift monitor and status).
-    pub fn fleet(&self) -> Fleet {
-        self.fleet.clone()
+    /// Names of the static instances.
+    pub fn instance_names(&self) -> Vec<String> {
+        self.drivers.keys().cloned().collect()
     }
 }
 
+/// The latest scheduled deployment: what every instance should run.
 #[derive(Clone)]
-struct Round {
+struct Latest {
     config: Arc<RenderedConfig>,
-    instances: Vec<String>,
-    drift_check: bool,
+    model: Arc<Model>,
     cause: Arc<Event>,
 }
 
-struct Runner {
-    config: Config,
-    fleet: Fleet,
-    store: LastDeployedStore,
-    metrics: Metrics,
-    credentials: Option<DiscoveredCredentials>,
-    static_names: std::collections::BTreeSet<String>,
+/// One `DeploymentScheduled` (or its share for new instances) until every instance
+/// has an outcome.
+struct Round {
+    cause: Arc<Event>,
+    hash: ContentHash,
+    started: Instant,
+    pending: BTreeSet<String>,
+    succeeded: Vec<String>,
+    failed: Vec<String>,
 }
 
-impl Runner {
-    async fn deploy_round(&self, ctx: &Context, round: &Round) -> Vec<String> {
-        let started = Instant::now();
-        let hash = round.config.hash();
-        let publisher = ctx.publisher();
-        publisher.reply(
-            &round.cause,
-            DeploymentStarted {
-                hash,
-                instances: round.instances.clone(),
-            },
-        );
-        let model = Arc::new(haproxy_config::parse(round.config.main()).unwrap_or_default());
-        let results: Vec<(String, Result<(), Diagnostic>)> =
-            futures::stream::iter(round.instances.clone())
-                .map(|instance| {
-                    let model = model.clone();
-                    let span = tracing::info_span!(
-                        "deploy_instance",
-                        instance = %instance,
-                        correlation_id = ?round.cause.correlation_id,
-                        hash = %hash.short(),
-                    );
-                    async move {
-                        let outcome = self.deploy_one(ctx, round, &instance, model).await;
-                        (instance, outcome)
-                    }
-                    .instrument(span)
-                })
-                .buffer_unordered(self.config.concurrency.max(1))
-                .collect()
-                .await;
-        let mut succeeded = Vec::new();
-        let mut failed = Vec::new();
-        for (instance, outcome) in results {
-            match outcome {
-                Ok(()) => succeeded.push(instance),
-                Err(_) => failed.push(instance),
-            }
-        }
-        succeeded.sort();
-        failed.sort();
-        if failed.is_empty() {
-            ctx.health().healthy();
-        } else {
-            ctx.health()
-                .unhealthy(format!("deployment failed on {}", failed.join(", ")));
-        }
-        publisher.reply(
-            &round.cause,
-            DeploymentCompleted {
-                summary: DeploymentSummary {
-                    hash,
-                    succeeded,
-                    failed: failed.clone(),
-                    duration: started.elapsed(),
-                },
-            },
-        );
-        failed
-    }
+/// The deployer's running state.
+struct Fleet {
+    shared: instance::Shared,
+    cancel: tokio_util::sync::CancellationToken,
+    workers: BTreeMap<String, Handle>,
+    static_names: BTreeSet<String>,
+    discovered: BTreeMap<Arc<str>, BTreeSet<String>>,
+    credentials: Option<DiscoveredCredentials>,
+    rounds: BTreeMap<u64, Round>,
+    next_round: u64,
+    /// Instances whose last attempt failed, with the error.
+    failing: BTreeMap<String, String>,
+}
 
-    async fn deploy_one(
-        &self,
+impl Fleet {
+    /// Starts a round deploying `latest` to `instances`.
+    fn start_round(
+        &mut self,
         ctx: &Context,
-        round: &Round,
-        instance: &str,
-        model: Arc<Model>,
-    ) -> Result<(), Diagnostic> {
-        let hash = round.config.hash();
-        let publisher = ctx.publisher();
-        let Some(driver) = self.fleet.get(instance) else {
-            let error = Diagnostic::error(format!(
-                "instance `{instance}` has no driver in this deployer"
-            ));
-            publisher.reply(
-                &round.cause,
-                InstanceDeploymentFailed {
-                    instance: instance.to_owned(),
-                    hash,
-                    error: error.clone(),
-                },
-            );
-            return Err(error);
-        };
-        // A start of a managed HAProxy not recorded yet is a deployment of its own;
-        // when it runs the desired config it is this instance's deployment.
-        if let Some(Ok(adopted)) = self
-            .adopt_start(ctx, Some(&round.cause), instance, Some(&round.config))
-            .await
-            && adopted == hash
-        {
-            return Ok(());
-        }
-        let started = Instant::now();
-        let running = self.store.deployed(instance);
-        let outcome = tokio::time::timeout(
-            self.config.deployment_timeout,
-            driver.deploy(
-                round.config.clone(),
-                Some(model),
-                running,
-                round.drift_check,
-            ),
-        )
-        .await;
-        let elapsed = started.elapsed();
-        match outcome {
-            Ok(Ok(deployed)) => {
-                tracing::info!(
-                    strategy = %deployed.strategy,
-                    reason = %deployed.reason.detail,
-                    duration_ms = elapsed.as_millis() as u64,
-                    "Instance deployed"
-                );
-                self.metrics
-                    .deployment(instance, deployed.strategy, true, elapsed.as_secs_f64());
-                publisher.reply(
-                    &round.cause,
-                    InstanceDeployed {
-                        instance: instance.to_owned(),
-                        hash,
-                        strategy: deployed.strategy,
-                        reason: Some(deployed.reason.clone()),
-                        duration: elapsed,
-                    },
-                );
-                self.store.record_success(instance, deployed);
-                Ok(())
-            }
-            Ok(Err(error)) => {
-                let diagnostic = error.to_diagnostic();
-                Err(self.failed(ctx, round, instance, diagnostic, elapsed))
-            }
-            Err(_) => {
-                let diagnostic = Diagnostic::error(format!(
-                    "deployment did not finish within {:?}",
-                    self.config.deployment_timeout
-                ));
-                Err(self.failed(ctx, round, instance, diagnostic, elapsed))
-            }
-        }
-    }
-
-    /// Records an unaccounted start of a managed `instance` (see
-    /// [`SocketDriver::adopt_managed_start`]) as a deployment, publishing
-    /// `InstanceDeployed` (in reply to `cause`, if any). Returns the hash it runs;
-    /// `None` when there was no such start. A failure is only logged and recorded in
-    /// the store: the caller reports it (or deploys anyway).
-    async fn adopt_start(
-        &self,
-        ctx: &Context,
-        cause: Option<&Arc<Event>>,
-        instance: &str,
-        desired: Option<&Arc<RenderedConfig>>,
-    ) -> Option<Result<ContentHash, Diagnostic>> {
-        let driver = self.fleet.get(instance)?;
-        let driver = driver.managed_socket()?;
-        let started = Instant::now();
-        let record = self.store.get(instance);
-        let deployed_before = record.is_some_and(|r| r.deployed.is_some() || r.reloads > 0);
-        let mut known: Vec<Arc<RenderedConfig>> = desired.cloned().into_iter().collect();
-        known.extend(self.store.deployed(instance).map(|d| d.config.clone()));
-        let outcome = driver.adopt_managed_start(deployed_before, &known).await?;
-        let elapsed = started.elapsed();
-        let publisher = ctx.publisher();
-        let publish = |payload: EventPayload| match cause {
-            Some(cause) => publisher.reply(cause, payload),
-            None => publisher.publish(payload),
-        };
-        match outcome {
-            Ok(deployed) => {
-                let hash = deployed.config.hash();
-                tracing::info!(
-                    instance,
-                    strategy = %deployed.strategy,
-                    reason = %deployed.reason.detail,
-                    hash = %hash.short(),
-                    "Managed HAProxy started; recorded as a deployment"
-                );
-                self.metrics
-                    .deployment(instance, deployed.strategy, true, elapsed.as_secs_f64());
-                if desired.is_some_and(|d| d.hash() != hash) {
-                    self.metrics.out_of_sync(instance);
-                }
-                publish(
-                    InstanceDeployed {
-                        instance: instance.to_owned(),
-                        hash,
-                        strategy: deployed.strategy,
-                        reason: Some(deployed.reason.clone()),
-                        duration: elapsed,
-                    }
-                    .into(),
-                );
-                self.store.record_success(instance, deployed);
-                Some(Ok(hash))
-            }
-            Err(error) => {
-                let diagnostic = error.to_diagnostic();
-                tracing::warn!(
-                    instance,
-                    error = %diagnostic.message,
-                    "Managed HAProxy started, but what it runs is unknown"
-                );
-                self.store
-                    .record_unknown(instance, diagnostic.message.clone());
-                self.metrics.out_of_sync(instance);
-                Some(Err(diagnostic))
-            }
-        }
-    }
-
-    /// Records the unaccounted starts of every managed instance. An instance that now
-    /// runs the desired config (of `last`, the latest scheduled round) leaves the
-    /// retry; one that runs something else is deployed again right away.
-    async fn adopt_starts(
-        &self,
-        ctx: &Context,
-        names: &[String],
-        last: Option<&Round>,
-        retry: &mut Option<(Round, Instant, u32)>,
+        latest: &Latest,
+        instances: &[String],
+        drift_check: bool,
     ) {
-        for name in names {
-            let last = last.filter(|round| round.instances.contains(name));
-            let Some(outcome) = self
-                .adopt_start(
-                    ctx,
-                    last.map(|round| &round.cause),
-                    name,
-                    last.map(|round| &round.config),
-                )
-                .await
-            else {
-                continue;
-            };
-            let Some(last) = last else {
-                continue;
-            };
-            if let Err(error) = &outcome {
-                ctx.publisher().reply(
-                    &last.cause,
-                    InstanceDeploymentFailed {
-                        instance: name.clone(),
-                        hash: last.config.hash(),
-                        error: error.clone(),
-                    },
-                );
-            }
-            if matches!(outcome, Ok(hash) if hash == last.config.hash()) {
-                if let Some((round, ..)) = retry.as_mut() {
-                    round.instances.retain(|instance| instance != name);
-                }
-                if retry
-                    .as_ref()
-                    .is_some_and(|(round, ..)| round.instances.is_empty())
-                {
-                    *retry = None;
-                }
-                continue;
-            }
-            match retry.as_mut() {
-                Some((round, at, _)) => {
-                    if !round.instances.contains(name) {
-                        round.instances.push(name.clone());
-                    }
-                    *at = Instant::now();
+        let round = self.next_round;
+        self.next_round += 1;
+        let hash = latest.config.hash();
+        let mut pending = BTreeSet::new();
+        let mut failed = Vec::new();
+        for name in instances {
+            match self.workers.get(name) {
+                Some(worker) => {
+                    worker.send(Desired {
+                        config: latest.config.clone(),
+                        model: latest.model.clone(),
+                        cause: latest.cause.clone(),
+                        drift_check,
+                        round,
+                    });
+                    pending.insert(name.clone());
                 }
                 None => {
-                    let mut round = last.clone();
-                    round.instances = vec![name.clone()];
-                    *retry = Some((round, Instant::now(), 1));
+                    let error = hapwright_eventbus::model::Diagnostic::error(format!(
+                        "instance `{name}` has no driver in this deployer"
+                    ));
+                    ctx.publisher().reply(
+                        &latest.cause,
+                        hapwright_eventbus::InstanceDeploymentFailed {
+                            instance: name.clone(),
+                            hash,
+                            error,
+                        },
+                    );
+                    failed.push(name.clone());
                 }
             }
         }
-    }
-
-    fn failed(
-        &self,
-        ctx: &Context,
-        round: &Round,
-        instance: &str,
-        error: Diagnostic,
-        elapsed: Duration,
-    ) -> Diagnostic {
-        tracing::warn!(error = %error.message, "Instance deployment failed");
-        self.metrics.deployment(
-            instance,
-            hapwright_eventbus::model::DeployStrategy::Reload,
-            false,
-            elapsed.as_secs_f64(),
+        let span = tracing::info_span!(
+            "deployment",
+            correlation_id = ?latest.cause.correlation_id,
+            hash = %hash.short(),
         );
-        self.store.record_failure(instance, error.message.clone());
+        span.in_scope(|| {
+            tracing::info!(
+                instances = instances.len(),
+                drift_check,
+                "Deployment started"
+            );
+        });
         ctx.publisher().reply(
-            &round.cause,
-            InstanceDeploymentFailed {
-                instance: instance.to_owned(),
-                hash: round.config.hash(),
-                error: error.clone(),
+            &latest.cause,
+            DeploymentStarted {
+                hash,
+                instances: instances.to_vec(),
             },
         );
-        error
+        self.rounds.insert(
+            round,
+            Round {
+                cause: latest.cause.clone(),
+                hash,
+                started: Instant::now(),
+                pending,
+                succeeded: Vec::new(),
+                failed,
+            },
+        );
+        self.complete_rounds(ctx);
+    }
+
+    fn on_report(&mut self, ctx: &Context, report: Report) {
+        match &report.outcome {
+            Outcome::Deployed => {
+                self.failing.remove(&report.instance);
+            }
+            Outcome::Failed(error) => {
+                self.failing
+                    .insert(report.instance.clone(), error.message.clone());
+            }
+            Outcome::Superseded => {}
+        }
+        if let Some(round) = report.round.and_then(|r| self.rounds.get_mut(&r))
+            && round.pending.remove(&report.instance)
+        {
+            match report.outcome {
+                Outcome::Deployed => round.succeeded.push(report.instance),
+                Outcome::Failed(_) => round.failed.push(report.instance),
+                Outcome::Superseded => {}
+            }
+        }
+        self.complete_rounds(ctx);
+        self.report_health(ctx);
+    }
+
+    /// Publishes `DeploymentCompleted` for every round with no instance pending.
+    fn complete_rounds(&mut self, ctx: &Context) {
+        let done: Vec<u64> = self
+            .rounds
+            .iter()
+            .filter(|(_, round)| round.pending.is_empty())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in done {
+            let Some(mut round) = self.rounds.remove(&id) else {
+                continue;
+            };
+            round.succeeded.sort();
+            round.failed.sort();
+            ctx.publisher().reply(
+                &round.cause,
+                DeploymentCompleted {
+                    summary: DeploymentSummary {
+                        hash: round.hash,
+                        succeeded: round.succeeded,
+                        failed: round.failed,
+                        duration: round.started.elapsed(),
+                    },
+                },
+            );
+        }
+    }
+
+    fn report_health(&self, ctx: &Context) {
+        if self.failing.is_empty() {
+            ctx.health().healthy();
+        } else {
+            let names: Vec<&str> = self.failing.keys().map(String::as_str).collect();
+            ctx.health()
+                .unhealthy(format!("deployment failed on {}", names.join(", ")));
+        }
+    }
+
+    fn add(&mut self, driver: Arc<dyn Driver>) {
+        let name = driver.name().to_owned();
+        let handle = Handle::spawn(driver, self.shared.clone(), &self.cancel);
+        self.workers.insert(name, handle);
+    }
+
+    /// Forgets an instance: stops its worker, drops its record and metric series, and
+    /// takes it out of the rounds waiting for it.
+    fn remove(&mut self, ctx: &Context, name: &str) {
+        if let Some(worker) = self.workers.remove(name) {
+            tokio::spawn(worker.stop(Duration::from_secs(5)));
+        }
+        self.shared.store.forget(name);
+        self.shared.metrics.forget(name);
+        self.failing.remove(name);
+        for round in self.rounds.values_mut() {
+            round.pending.remove(name);
+        }
+        self.complete_rounds(ctx);
+    }
+
+    /// Applies one `InstancesDiscovered`: workers for new instances, forgets the
+    /// vanished ones. Returns the names added.
+    fn discovered(
+        &mut self,
+        ctx: &Context,
+        source: &Arc<str>,
+        instances: &[InstanceRef],
+    ) -> Vec<String> {
+        let now: BTreeSet<String> = instances.iter().map(|i| i.name.clone()).collect();
+        let before = self
+            .discovered
+            .insert(source.clone(), now.clone())
+            .unwrap_or_default();
+        let mut added = Vec::new();
+        for instance in instances {
+            if self.static_names.contains(&instance.name) {
+                tracing::warn!(instance = %instance.name, %source, "A discovered instance has the name of a static one; keeping the static one");
+                continue;
+            }
+            if self.workers.contains_key(&instance.name) {
+                // Known already, from this source or another.
+                continue;
+            }
+            let Some(credentials) = &self.credentials else {
+                tracing::warn!(instance = %instance.name, %source, "Discovered an instance, but no discovery credentials are configured");
+                continue;
+            };
+            match credentials.driver(instance, &self.shared.metrics) {
+                Ok(driver) => {
+                    tracing::info!(instance = %instance.name, address = %instance.address, %source, "Instance discovered");
+                    self.shared.metrics.out_of_sync(&instance.name);
+                    self.add(driver);
+                    added.push(instance.name.clone());
+                }
+                Err(error) => {
+                    tracing::warn!(instance = %instance.name, %source, %error, "Discovered instance ignored");
+                }
+            }
+        }
+        for name in before.difference(&now) {
+            let elsewhere = self.static_names.contains(name)
+                || self
+                    .discovered
+                    .iter()
+                    .any(|(other, names)| other != source && names.contains(name));
+            if elsewhere {
+                continue;
+            }
+            tracing::info!(instance = %name, %source, "Instance gone; forgetting it");
+            self.remove(ctx, name);
+        }
+        added
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        for (_, worker) in self.workers {
+            worker.stop(Duration::from_secs(5)).await;
+        }
     }
 }
 
-fn round_of(event: &Arc<Event>) -> Option<Round> {
-    match &event.payload {
-        EventPayload::DeploymentScheduled(scheduled) => Some(Round {
+fn latest_of(event: &Arc<Event>) -> Option<(Latest, Vec<String>, bool)> {
+    let EventPayload::DeploymentScheduled(scheduled) = &event.payload else {
+        return None;
+    };
+    let model = scheduled.parsed.get::<Model>().unwrap_or_else(|| {
+        Arc::new(haproxy_config::parse(scheduled.config.main()).unwrap_or_default())
+    });
+    Some((
+        Latest {
             config: scheduled.config.clone(),
-            instances: scheduled.instances.clone(),
-            drift_check: scheduled.drift_check,
+            model,
             cause: event.clone(),
-        }),
-        _ => None,
-    }
+        },
+        scheduled.instances.clone(),
+        scheduled.drift_check,
+    ))
 }
 
 #[async_trait::async_trait]
@@ -660,45 +605,81 @@ impl Component for Deployer {
             .subscription
             .ok_or("deployer started without subscribing")?;
         let managed_names: Vec<String> = self
-            .fleet
-            .drivers()
-            .iter()
+            .drivers
+            .values()
             .filter(|d| d.managed_socket().is_some())
             .map(|d| d.name().to_owned())
             .collect();
-        let managed = self.managed;
-        let mut leader = self.leader;
-        let runner = Runner {
-            config: self.config,
-            static_names: self.fleet.names().into_iter().collect(),
-            fleet: self.fleet,
-            store: self.store,
-            metrics: self.metrics,
+        let managed = self.managed.clone();
+        let mut leader = self.leader.clone();
+        let (reports, mut report_rx) = mpsc::unbounded_channel();
+        let mut fleet = Fleet {
+            shared: instance::Shared {
+                settings: self.config.instance_settings(),
+                store: self.store,
+                metrics: self.metrics,
+                publisher: ctx.publisher().clone(),
+                managed: self.managed,
+                leader: self.leader,
+                reports,
+                permits: Arc::new(Semaphore::new(self.config.concurrency.max(1))),
+            },
+            cancel: ctx.cancellation_token().child_token(),
+            workers: BTreeMap::new(),
+            static_names: self.drivers.keys().cloned().collect(),
+            discovered: BTreeMap::new(),
             credentials: self.credentials,
+            rounds: BTreeMap::new(),
+            next_round: 0,
+            failing: BTreeMap::new(),
         };
-        let mut fleet = FleetState::default();
-        let mut retry: Option<(Round, Instant, u32)> = None;
-        // The latest scheduled round: what the instances should run.
-        let mut last: Option<Round> = None;
-        let mut is_leader = leader.as_ref().is_none_or(|l| *l.borrow());
-        let mut ready_events = managed
-            .as_ref()
-            .filter(|_| !managed_names.is_empty())
-            .map(ManagedHaproxy::ready_events);
-        // Starts that came up while no deployer ran (e.g. during a reinit).
-        if is_leader {
-            runner
-                .adopt_starts(&ctx, &managed_names, None, &mut retry)
-                .await;
+        for driver in self.drivers.into_values() {
+            fleet.add(driver);
         }
+        // The latest scheduled config: what the instances should run.
+        let mut last: Option<(Latest, Vec<String>)> = None;
+        let mut is_leader = leader.as_ref().is_none_or(|l| *l.borrow());
         let mut health_tick = tokio::time::interval(Duration::from_secs(1));
         health_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ctx.health().healthy();
         loop {
-            let retry_at = retry.as_ref().filter(|_| is_leader).map(|(_, at, _)| *at);
-            let mut round = tokio::select! {
+            tokio::select! {
                 biased;
-                () = ctx.cancelled() => return Ok(()),
+                () = ctx.cancelled() => break,
+                // Events first: a config scheduled before a takeover is the one it deploys.
+                event = subscription.recv() => {
+                    let Some(event) = event else { break };
+                    match &event.payload {
+                        EventPayload::DeploymentScheduled(_) => {
+                            let Some((latest, instances, drift_check)) = latest_of(&event) else {
+                                continue;
+                            };
+                            last = Some((latest.clone(), instances.clone()));
+                            if !is_leader {
+                                tracing::debug!(hash = %latest.config.hash().short(), "Not the leader; keeping the config for when this replica leads");
+                                continue;
+                            }
+                            fleet.start_round(&ctx, &latest, &instances, drift_check);
+                        }
+                        EventPayload::InstancesDiscovered(discovered) => {
+                            let added = fleet.discovered(&ctx, &discovered.source, &discovered.instances);
+                            if let Some((latest, instances)) = last.as_mut() {
+                                instances.retain(|name| fleet.workers.contains_key(name));
+                                for name in &added {
+                                    if !instances.contains(name) {
+                                        instances.push(name.clone());
+                                    }
+                                }
+                                // A new instance gets the last good config at once.
+                                if is_leader && !added.is_empty() {
+                                    let latest = latest.clone();
+                                    fleet.start_round(&ctx, &latest, &added, false);
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                }
                 became = leadership_changed(&mut leader) => {
                     let was = is_leader;
                     is_leader = became;
@@ -706,232 +687,22 @@ impl Component for Deployer {
                         continue;
                     }
                     tracing::info!("Leadership acquired; deploying the latest config");
-                    let Some(last) = &last else { continue };
-                    let mut round = last.clone();
-                    round.drift_check = true;
-                    round
-                }
-                event = subscription.recv() => {
-                    let Some(event) = event else { return Ok(()) };
-                    match &event.payload {
-                        EventPayload::DeploymentScheduled(_) => match round_of(&event) {
-                            Some(round) => round,
-                            None => continue,
-                        },
-                        EventPayload::InstancesDiscovered(discovered) => {
-                            let added = runner.discovered(
-                                &mut fleet,
-                                &discovered.source,
-                                &discovered.instances,
-                                &mut last,
-                                &mut retry,
-                            );
-                            // A new instance gets the last good config at once.
-                            match (&last, is_leader && !added.is_empty()) {
-                                (Some(last), true) => {
-                                    let mut round = last.clone();
-                                    round.instances = added;
-                                    round.drift_check = false;
-                                    round
-                                }
-                                _ => continue,
-                            }
-                        }
-                        _ => continue,
+                    if let Some((latest, instances)) = &last {
+                        fleet.start_round(&ctx, latest, instances, true);
                     }
                 }
-                () = ready_changed(&mut ready_events) => {
-                    if is_leader {
-                        runner
-                            .adopt_starts(&ctx, &managed_names, last.as_ref(), &mut retry)
-                            .await;
-                    }
-                    if let Some(managed) = &managed {
-                        report_managed_health(&ctx, managed, &managed_names, retry.is_none()).await;
-                    }
-                    continue;
-                }
-                () = sleep_until(retry_at) => {
-                    let (round, _, _) = retry.as_ref().expect("retry is set");
-                    round.clone()
+                Some(report) = report_rx.recv() => {
+                    fleet.on_report(&ctx, report);
                 }
                 _ = health_tick.tick(), if !managed_names.is_empty() => {
                     if let Some(managed) = &managed {
-                        report_managed_health(&ctx, managed, &managed_names, retry.is_none()).await;
-                    }
-                    continue;
-                }
-            };
-            // Latest wins: a newer scheduled deployment replaces this one; instance
-            // changes that came meanwhile apply to it.
-            while let Some(newer) = subscription.try_recv() {
-                match &newer.payload {
-                    EventPayload::InstancesDiscovered(discovered) => {
-                        let added = runner.discovered(
-                            &mut fleet,
-                            &discovered.source,
-                            &discovered.instances,
-                            &mut last,
-                            &mut retry,
-                        );
-                        round.instances.retain(|name| runner.fleet.contains(name));
-                        for name in added {
-                            if !round.instances.contains(&name) {
-                                round.instances.push(name);
-                            }
-                        }
-                    }
-                    _ => {
-                        if let Some(newer) = round_of(&newer) {
-                            let drift = round.drift_check || newer.drift_check;
-                            round = newer;
-                            round.drift_check = drift;
-                        }
+                        report_managed_health(&ctx, managed, &managed_names, fleet.failing.is_empty()).await;
                     }
                 }
             }
-            // A retry or a round for new instances is a part of the latest one.
-            if !last
-                .as_ref()
-                .is_some_and(|l| Arc::ptr_eq(&l.cause, &round.cause))
-            {
-                last = Some(round.clone());
-            }
-            if !is_leader {
-                tracing::debug!(hash = %round.config.hash().short(), "Not the leader; keeping the config for when this replica leads");
-                continue;
-            }
-            let span = tracing::info_span!(
-                "deployment",
-                correlation_id = ?round.cause.correlation_id,
-                hash = %round.config.hash().short(),
-            );
-            let failed = runner.deploy_round(&ctx, &round).instrument(span).await;
-            let is_retry = retry
-                .as_ref()
-                .is_some_and(|(r, _, _)| Arc::ptr_eq(&r.cause, &round.cause));
-            // Instances of a waiting retry that this round did not cover stay in it.
-            let mut still_failing = failed;
-            if is_retry && let Some((waiting, ..)) = &retry {
-                for name in &waiting.instances {
-                    if !round.instances.contains(name) && !still_failing.contains(name) {
-                        still_failing.push(name.clone());
-                    }
-                }
-            }
-            retry = if still_failing.is_empty() {
-                None
-            } else {
-                let attempt = if is_retry {
-                    retry.as_ref().map_or(1, |(_, _, n)| n + 1)
-                } else {
-                    1
-                };
-                let delay = runner
-                    .config
-                    .min_retry_delay
-                    .saturating_mul(1 << (attempt - 1).min(16))
-                    .min(runner.config.max_retry_delay);
-                tracing::info!(?delay, instances = ?still_failing, "Retrying failed instances");
-                Some((
-                    Round {
-                        config: round.config.clone(),
-                        instances: still_failing,
-                        drift_check: round.drift_check,
-                        cause: round.cause.clone(),
-                    },
-                    Instant::now() + delay,
-                    attempt,
-                ))
-            };
         }
-    }
-}
-
-/// The discovered instances, per discovery source.
-#[derive(Debug, Default)]
-struct FleetState {
-    discovered: BTreeMap<Arc<str>, std::collections::BTreeSet<String>>,
-}
-
-impl Runner {
-    /// Applies one `InstancesDiscovered`: drivers for new instances, forgets the
-    /// vanished ones (store, metrics, retry, the latest round). Returns the names
-    /// added to the fleet.
-    fn discovered(
-        &self,
-        state: &mut FleetState,
-        source: &Arc<str>,
-        instances: &[InstanceRef],
-        last: &mut Option<Round>,
-        retry: &mut Option<(Round, Instant, u32)>,
-    ) -> Vec<String> {
-        let now: std::collections::BTreeSet<String> =
-            instances.iter().map(|i| i.name.clone()).collect();
-        let before = state
-            .discovered
-            .insert(source.clone(), now.clone())
-            .unwrap_or_default();
-        let elsewhere = |name: &String, state: &FleetState| {
-            self.static_names.contains(name)
-                || state
-                    .discovered
-                    .iter()
-                    .any(|(other, names)| other != source && names.contains(name))
-        };
-        let mut added = Vec::new();
-        for instance in instances {
-            if self.static_names.contains(&instance.name) {
-                tracing::warn!(instance = %instance.name, %source, "A discovered instance has the name of a static one; keeping the static one");
-                continue;
-            }
-            if self.fleet.contains(&instance.name) && before.contains(&instance.name) {
-                continue;
-            }
-            if self.fleet.contains(&instance.name) {
-                // Already known through another source.
-                continue;
-            }
-            let Some(credentials) = &self.credentials else {
-                tracing::warn!(instance = %instance.name, %source, "Discovered an instance, but no discovery credentials are configured");
-                continue;
-            };
-            match credentials.driver(instance, &self.metrics) {
-                Ok(driver) => {
-                    tracing::info!(instance = %instance.name, address = %instance.address, %source, "Instance discovered");
-                    self.fleet.insert(driver);
-                    self.metrics.out_of_sync(&instance.name);
-                    added.push(instance.name.clone());
-                }
-                Err(error) => {
-                    tracing::warn!(instance = %instance.name, %source, %error, "Discovered instance ignored");
-                }
-            }
-        }
-        for name in before.difference(&now) {
-            if elsewhere(name, state) {
-                continue;
-            }
-            tracing::info!(instance = %name, %source, "Instance gone; forgetting it");
-            self.fleet.remove(name);
-            self.store.forget(name);
-            self.metrics.forget(name);
-            if let Some((round, ..)) = retry.as_mut() {
-                round.instances.retain(|i| i != name);
-            }
-            if retry.as_ref().is_some_and(|(r, ..)| r.instances.is_empty()) {
-                *retry = None;
-            }
-        }
-        if let Some(last) = last.as_mut() {
-            last.instances.retain(|i| self.fleet.contains(i));
-            for name in &added {
-                if !last.instances.contains(name) {
-                    last.instances.push(name.clone());
-                }
-            }
-        }
-        added
+        fleet.stop().await;
+        Ok(())
     }
 }
 
@@ -952,7 +723,7 @@ async fn leadership_changed(leader: &mut Option<tokio::sync::watch::Receiver<boo
 }
 
 /// Unhealthy while a managed HAProxy is down; healthy again once every one runs and
-/// no failed deployment is waiting for a retry.
+/// no instance's last deployment failed.
 async fn report_managed_health(
     ctx: &Context,
     managed: &ManagedHaproxy,
@@ -972,25 +743,5 @@ async fn report_managed_health(
             .unhealthy(format!("managed HAProxy not running ({})", down.join("; ")));
     } else if deployments_ok {
         ctx.health().healthy();
-    }
-}
-
-/// Completes when a managed HAProxy came up; never without a supervisor.
-async fn ready_changed(events: &mut Option<tokio::sync::watch::Receiver<u64>>) {
-    match events {
-        Some(receiver) => {
-            if receiver.changed().await.is_err() {
-                *events = None;
-                std::future::pending::<()>().await;
-            }
-        }
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }

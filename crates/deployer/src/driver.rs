@@ -24,12 +24,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hapwright_eventbus::model::{
-    DeployReason, DeployStrategy, Diagnostic, ReloadReason, RenderedConfig,
+    DeployReason, DeployStrategy, Diagnostic, InstanceDriver, ReloadReason, RenderedConfig,
 };
 use tokio::time::Instant;
 
 use crate::files::{ConfigDir, VERSION_VARIABLE, write_atomic};
-use crate::flow::{self, Steps};
+use crate::flow::Driver;
 use crate::haproxy_config::{self, Config};
 use crate::managed::{LogBuffer, ManagedError, ManagedHaproxy};
 use crate::master::{MasterClient, MasterError, ProcInfo};
@@ -96,9 +96,9 @@ pub enum DeployError {
         #[source]
         source: std::io::Error,
     },
-    /// HAProxy refused the new config; the old worker keeps serving and the last good
-    /// files were restored.
-    #[error("reload failed ({failed} consecutive failures); last good files restored{}", alerts_suffix(.alerts))]
+    /// HAProxy refused the new config; the old worker keeps serving. The last good
+    /// files are put back (a failure to do so is [`DeployError::RestoreFailed`]).
+    #[error("HAProxy refused the new config (reload failed, {failed} consecutive failures); the old worker keeps serving{}", alerts_suffix(.alerts))]
     ReloadFailed {
         /// `[failed: N]` after the attempt.
         failed: u64,
@@ -122,6 +122,20 @@ pub enum DeployError {
     /// A Data Plane API call failed.
     #[error(transparent)]
     Dataplane(#[from] crate::dataplane::DataplaneError),
+    /// A deployment failed after files were written, and putting the last good files
+    /// back failed too: the config directory holds files HAProxy does not run, and
+    /// the next reload or restart would load them. The instance is treated as
+    /// unknown, so the next deployment rewrites every file and reloads.
+    #[error("{failure}; putting the last good files back into {dir} failed too")]
+    RestoreFailed {
+        /// Why the deployment failed.
+        failure: Box<DeployError>,
+        /// The config directory.
+        dir: PathBuf,
+        /// Why the restore failed.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 fn alerts_suffix(alerts: &[String]) -> String {
@@ -179,6 +193,9 @@ pub struct SocketDriver {
     metrics: Metrics,
     config: DriverConfig,
     serial: tokio::sync::Mutex<()>,
+    /// Held by every blocking file operation until it ends, also when the deployment
+    /// that started it was cancelled: the next operation on the directory waits for it.
+    files_gate: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl SocketDriver {
@@ -202,6 +219,7 @@ impl SocketDriver {
             metrics,
             config: DriverConfig::default(),
             serial: tokio::sync::Mutex::new(()),
+            files_gate: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
 
@@ -227,48 +245,6 @@ impl SocketDriver {
         &self.runtime
     }
 
-    /// Deploys `desired`. `running` is what the last deployment left (from the
-    /// [`LastDeployedStore`](crate::deployer::LastDeployedStore)); `drift_check` forces
-    /// a comparison of the worker's version marker with the expected one.
-    pub async fn deploy(
-        &self,
-        desired: Arc<RenderedConfig>,
-        desired_model: Option<Arc<Config>>,
-        running: Option<Arc<Deployed>>,
-        drift_check: bool,
-    ) -> Result<Deployed, DeployError> {
-        let _serial = self.serial.lock().await;
-        let desired_model = match desired_model {
-            Some(model) => model,
-            None => Arc::new(haproxy_config::parse(desired.main()).unwrap_or_default()),
-        };
-        if let Some(managed) = &self.managed {
-            let up = managed
-                .state(&self.instance.name)
-                .await
-                .is_some_and(|state| state.is_running());
-            if !up {
-                return self
-                    .start_managed(managed, desired, desired_model, running)
-                    .await;
-            }
-        }
-        let running = match running {
-            Some(running) => Some(running),
-            None => self.running_from_disk().await,
-        };
-        flow::deploy(self, desired, desired_model, running, drift_check).await
-    }
-
-    /// Whether the instance runs something else than `deployed`: `None` when in
-    /// sync, otherwise what differs — the worker's version marker is not the
-    /// deployed one (a reload outside hapwright), or the files in the config
-    /// directory were changed (they are what the next reload or restart runs).
-    pub async fn check_drift(&self, deployed: &Deployed) -> Result<Option<String>, DeployError> {
-        let _serial = self.serial.lock().await;
-        self.drift_of(deployed).await
-    }
-
     async fn drift_of(&self, running: &Deployed) -> Result<Option<String>, DeployError> {
         let actual = self.master.worker_env(VERSION_VARIABLE).await?;
         if actual.as_deref() != Some(running.marker.as_str()) {
@@ -278,7 +254,10 @@ impl SocketDriver {
                 running.marker
             )));
         }
-        let on_disk = self.dir.read_rendered().map_err(|e| self.files_error(e))?;
+        let on_disk = self
+            .on_files(ConfigDir::read_rendered)
+            .await
+            .map_err(|e| self.files_error(e))?;
         let Some((config, marker)) = on_disk else {
             return Ok(Some(format!(
                 "{} is missing",
@@ -303,7 +282,8 @@ impl SocketDriver {
 
     /// The config in the directory, when its marker is what the worker runs.
     async fn running_from_disk(&self) -> Option<Arc<Deployed>> {
-        let (config, marker) = self.dir.read_rendered().ok()??;
+        let _serial = self.serial.lock().await;
+        let (config, marker) = self.on_files(ConfigDir::read_rendered).await.ok()??;
         let marker = marker?;
         let actual = self.master.worker_env(VERSION_VARIABLE).await.ok()??;
         (actual == marker).then(|| {
@@ -327,8 +307,8 @@ impl SocketDriver {
         running: Option<Arc<Deployed>>,
     ) -> Result<Deployed, DeployError> {
         let marker = desired.hash().short();
-        let backup = self.dir.snapshot().map_err(|e| self.files_error(e))?;
-        self.write_files(&desired, &marker, running.as_ref().map(|r| &r.config))
+        let guard = self
+            .write_guarded(&desired, &marker, running.as_ref().map(|r| &r.config))
             .await?;
         let (reason, detail) = if running.is_some() {
             (ReloadReason::Restart, "managed HAProxy (re)started")
@@ -350,8 +330,10 @@ impl SocketDriver {
                             actual.as_deref().unwrap_or("(none)")
                         ),
                     );
+                    guard.disarm();
                     return self.reload(desired, desired_model, None, plan).await;
                 }
+                guard.disarm();
                 self.metrics
                     .reload(&self.instance.name, true, reason.as_str());
                 Ok(Deployed {
@@ -370,10 +352,13 @@ impl SocketDriver {
             Err(error) => {
                 self.metrics
                     .reload(&self.instance.name, false, reason.as_str());
-                if !backup.files.is_empty() {
-                    let _ = self.dir.restore(&backup);
+                if guard.restores_nothing() {
+                    // There were no files before: keep these, the supervisor goes on
+                    // trying to start HAProxy with them.
+                    guard.disarm();
+                    return Err(error.into());
                 }
-                Err(error.into())
+                Err(guard.restore_after(error.into()).await)
             }
         }
     }
@@ -431,8 +416,8 @@ impl SocketDriver {
     /// The config on disk and its marker, checked against the worker's marker.
     async fn files_in_use(&self) -> Result<(RenderedConfig, String), DeployError> {
         let (config, marker) = self
-            .dir
-            .read_rendered()
+            .on_files(ConfigDir::read_rendered)
+            .await
             .map_err(|e| self.files_error(e))?
             .ok_or_else(|| self.files_error(std::io::ErrorKind::NotFound.into()))?;
         let actual = self.master.worker_env(VERSION_VARIABLE).await?;
@@ -452,6 +437,16 @@ impl SocketDriver {
         }
     }
 
+    /// Runs blocking work on the config directory on the blocking pool. The files gate
+    /// is held until the work ends, even when the caller is cancelled meanwhile, so
+    /// no two file operations on one directory overlap.
+    async fn on_files<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&ConfigDir) -> std::io::Result<T> + Send + 'static,
+    ) -> std::io::Result<T> {
+        run_on_files(self.files_gate.clone(), self.dir.clone(), work).await
+    }
+
     /// Writes the files on the blocking pool: every file is fsynced, and a fleet's
     /// deployments run concurrently on the same executor threads.
     async fn write_files(
@@ -460,13 +455,36 @@ impl SocketDriver {
         marker: &str,
         previous: Option<&Arc<RenderedConfig>>,
     ) -> Result<(), DeployError> {
-        let dir = self.dir.clone();
         let (config, marker, previous) = (config.clone(), marker.to_owned(), previous.cloned());
-        let outcome =
-            tokio::task::spawn_blocking(move || dir.write(&config, &marker, previous.as_deref()))
-                .await
-                .unwrap_or_else(|join| Err(std::io::Error::other(join)));
-        outcome.map_err(|e| self.files_error(e))
+        self.on_files(move |dir| dir.write(&config, &marker, previous.as_deref()))
+            .await
+            .map_err(|e| self.files_error(e))
+    }
+
+    /// Takes a snapshot of the directory, then writes `config`. The returned guard
+    /// puts the snapshot back unless disarmed: on an error (here, when a write
+    /// fails half-way) and when the deployment is cancelled.
+    async fn write_guarded(
+        &self,
+        config: &Arc<RenderedConfig>,
+        marker: &str,
+        previous: Option<&Arc<RenderedConfig>>,
+    ) -> Result<RestoreGuard, DeployError> {
+        let backup = self
+            .on_files(ConfigDir::snapshot)
+            .await
+            .map_err(|e| self.files_error(e))?;
+        let guard = RestoreGuard {
+            gate: self.files_gate.clone(),
+            dir: self.dir.clone(),
+            instance: self.instance.name.clone(),
+            metrics: self.metrics.clone(),
+            backup: Some(backup),
+        };
+        match self.write_files(config, marker, previous).await {
+            Ok(()) => Ok(guard),
+            Err(error) => Err(guard.restore_after(error).await),
+        }
     }
 
     /// Applies runtime changes in order; returns how many, or what was refused.
@@ -622,8 +640,8 @@ impl SocketDriver {
         let reason = plan.reason();
         let label = reason.reload.unwrap_or(ReloadReason::Structure).as_str();
         let marker = desired.hash().short();
-        let backup = self.dir.snapshot().map_err(|e| self.files_error(e))?;
-        self.write_files(&desired, &marker, running.map(|r| &r.config))
+        let guard = self
+            .write_guarded(&desired, &marker, running.map(|r| &r.config))
             .await?;
         self.dump_server_state(&desired_model, &plan).await;
         let logs = match &self.managed {
@@ -635,6 +653,7 @@ impl SocketDriver {
             .reload(&self.instance.name, outcome.is_ok(), label);
         match outcome {
             Ok(()) => {
+                guard.disarm();
                 tracing::info!(instance = %self.instance.name, reason = %reason.detail, "Reloaded");
                 Ok(Deployed {
                     config: desired,
@@ -646,12 +665,7 @@ impl SocketDriver {
                     at: SystemTime::now(),
                 })
             }
-            Err(error) => {
-                if let Err(restore) = self.dir.restore(&backup) {
-                    tracing::error!(instance = %self.instance.name, error = %restore, "Restoring the last good files failed");
-                }
-                Err(error)
-            }
+            Err(error) => Err(guard.restore_after(error).await),
         }
     }
 
@@ -678,8 +692,8 @@ impl SocketDriver {
             }
             let actual = self.master.worker_env(VERSION_VARIABLE).await?;
             let on_disk = self
-                .dir
-                .read_rendered()
+                .on_files(ConfigDir::read_rendered)
+                .await
                 .ok()
                 .flatten()
                 .and_then(|(_, version)| version);
@@ -693,12 +707,13 @@ impl SocketDriver {
             }
             tracing::warn!(instance = %self.instance.name, "Config files changed during the reload; reloading again");
             let (config, _) = self
-                .dir
-                .read_rendered()
+                .on_files(ConfigDir::read_rendered)
+                .await
                 .map_err(|e| self.files_error(e))?
                 .ok_or_else(|| self.files_error(std::io::ErrorKind::NotFound.into()))?;
-            self.dir
-                .write(&config, marker, None)
+            let marker_owned = marker.to_owned();
+            self.on_files(move |dir| dir.write(&config, &marker_owned, None))
+                .await
                 .map_err(|e| self.files_error(e))?;
         }
         let actual = self.master.worker_env(VERSION_VARIABLE).await?;
@@ -812,17 +827,151 @@ impl SocketDriver {
     }
 }
 
+/// Puts a snapshot of a config directory back unless disarmed. Dropped armed — the
+/// deployment was cancelled, e.g. by the deployment timeout — it restores on the
+/// blocking pool in the background, holding the files gate.
+#[derive(Debug)]
+struct RestoreGuard {
+    gate: Arc<tokio::sync::Mutex<()>>,
+    dir: ConfigDir,
+    instance: String,
+    metrics: Metrics,
+    backup: Option<crate::files::DirSnapshot>,
+}
+
+impl RestoreGuard {
+    /// Whether the snapshot is empty (the directory had no files).
+    fn restores_nothing(&self) -> bool {
+        self.backup.as_ref().is_none_or(|b| b.files.is_empty())
+    }
+
+    /// The new files stay.
+    fn disarm(mut self) {
+        self.backup = None;
+    }
+
+    /// Restores now and returns `failure`, or [`DeployError::RestoreFailed`] when the
+    /// restore failed.
+    async fn restore_after(mut self, failure: DeployError) -> DeployError {
+        let Some(backup) = self.backup.take() else {
+            return failure;
+        };
+        let outcome = run_on_files(self.gate.clone(), self.dir.clone(), move |dir| {
+            dir.restore(&backup)
+        })
+        .await;
+        match outcome {
+            Ok(()) => {
+                tracing::info!(instance = %self.instance, "Last good files restored");
+                failure
+            }
+            Err(source) => {
+                tracing::error!(instance = %self.instance, error = %source, "Restoring the last good files failed");
+                self.metrics.restore_failed(&self.instance);
+                DeployError::RestoreFailed {
+                    failure: Box::new(failure),
+                    dir: self.dir.root().to_path_buf(),
+                    source,
+                }
+            }
+        }
+    }
+}
+
+impl Drop for RestoreGuard {
+    fn drop(&mut self) {
+        let Some(backup) = self.backup.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (gate, dir, instance, metrics) = (
+            self.gate.clone(),
+            self.dir.clone(),
+            self.instance.clone(),
+            self.metrics.clone(),
+        );
+        tracing::warn!(instance = %instance, "Deployment cancelled after writing files; restoring the last good files");
+        runtime.spawn(async move {
+            if let Err(error) = run_on_files(gate, dir, move |dir| dir.restore(&backup)).await {
+                tracing::error!(instance = %instance, %error, "Restoring the last good files failed");
+                metrics.restore_failed(&instance);
+            }
+        });
+    }
+}
+
+/// Runs `work` on the blocking pool while holding `gate` (taken before, released
+/// after the work, whatever happens to the caller).
+async fn run_on_files<T: Send + 'static>(
+    gate: Arc<tokio::sync::Mutex<()>>,
+    dir: ConfigDir,
+    work: impl FnOnce(&ConfigDir) -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    let held = gate.lock_owned().await;
+    tokio::task::spawn_blocking(move || {
+        let _held = held;
+        work(&dir)
+    })
+    .await
+    .unwrap_or_else(|join| Err(std::io::Error::other(join)))
+}
+
 #[async_trait::async_trait]
-impl Steps for SocketDriver {
-    fn instance_name(&self) -> &str {
+impl Driver for SocketDriver {
+    fn name(&self) -> &str {
         &self.instance.name
     }
 
-    async fn find_drift(&self, running: &Deployed) -> Result<Option<String>, DeployError> {
+    fn kind(&self) -> InstanceDriver {
+        InstanceDriver::Socket
+    }
+
+    fn managed_socket(&self) -> Option<&SocketDriver> {
+        self.managed.is_some().then_some(self)
+    }
+
+    async fn recover(
+        &self,
+        _desired: &Arc<RenderedConfig>,
+    ) -> Result<Option<Arc<Deployed>>, DeployError> {
+        Ok(self.running_from_disk().await)
+    }
+
+    async fn start_if_stopped(
+        &self,
+        desired: &Arc<RenderedConfig>,
+        desired_model: &Arc<Config>,
+        running: Option<&Arc<Deployed>>,
+    ) -> Option<Result<Deployed, DeployError>> {
+        let managed = self.managed.as_ref()?;
+        let _serial = self.serial.lock().await;
+        let up = managed
+            .state(&self.instance.name)
+            .await
+            .is_some_and(|state| state.is_running());
+        if up {
+            return None;
+        }
+        Some(
+            self.start_managed(
+                managed,
+                desired.clone(),
+                desired_model.clone(),
+                running.cloned(),
+            )
+            .await,
+        )
+    }
+
+    async fn check_drift(&self, running: &Deployed) -> Result<Option<String>, DeployError> {
+        let _serial = self.serial.lock().await;
         self.drift_of(running).await
     }
 
     async fn apply_runtime_ops(&self, plan: &ChangePlan) -> Result<usize, String> {
+        let _serial = self.serial.lock().await;
         self.apply_runtime(plan).await
     }
 
@@ -832,6 +981,7 @@ impl Steps for SocketDriver {
         marker: &str,
         previous: &Arc<RenderedConfig>,
     ) -> Result<(), DeployError> {
+        let _serial = self.serial.lock().await;
         self.write_files(desired, marker, Some(previous)).await
     }
 
@@ -842,6 +992,7 @@ impl Steps for SocketDriver {
         running: Option<&Deployed>,
         plan: ChangePlan,
     ) -> Result<Deployed, DeployError> {
+        let _serial = self.serial.lock().await;
         self.reload(desired, desired_model, running, plan).await
     }
 }

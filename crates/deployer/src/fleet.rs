@@ -1,89 +1,16 @@
-//! The fleet: every instance the deployer drives, static and discovered, each behind
-//! a [`Driver`] (local sockets or the Data Plane API) so the deployer and the drift
-//! monitor treat them alike.
-//!
-//! A [`Fleet`] is shared by the deployer (which adds and removes discovered
-//! instances) and the drift monitor (which reads it), like the
-//! [`LastDeployedStore`](crate::deployer::LastDeployedStore); components still never
-//! call each other.
+//! Drivers for the fleet's instances: static Data Plane API instances from the config
+//! file, and discovered ones (`InstancesDiscovered`) with the discovery credentials.
+//! Every instance is a [`Driver`] to the deployer, whichever way it is reached.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use hapwright_eventbus::config::Secret;
-use hapwright_eventbus::model::{InstanceDriver, InstanceRef, RenderedConfig};
+use hapwright_eventbus::model::{InstanceDriver, InstanceRef};
 
 use crate::dataplane::{DataplaneDriver, DataplaneError, Endpoint, Settings};
-use crate::driver::{DeployError, Deployed, SocketDriver};
-use crate::haproxy_config::Config as Model;
+use crate::flow::Driver;
 use crate::metrics::Metrics;
-
-/// One instance's driver.
-#[derive(Clone, Debug)]
-pub enum Driver {
-    /// Local master CLI and runtime API sockets.
-    Socket(Arc<SocketDriver>),
-    /// The HAProxy Data Plane API.
-    Dataplane(Arc<DataplaneDriver>),
-}
-
-impl Driver {
-    /// The instance name.
-    pub fn name(&self) -> &str {
-        match self {
-            Driver::Socket(driver) => &driver.instance().name,
-            Driver::Dataplane(driver) => driver.name(),
-        }
-    }
-
-    /// Which kind of driver.
-    pub fn kind(&self) -> InstanceDriver {
-        match self {
-            Driver::Socket(_) => InstanceDriver::Socket,
-            Driver::Dataplane(_) => InstanceDriver::Dataplane,
-        }
-    }
-
-    /// The socket driver of a managed instance.
-    pub fn managed_socket(&self) -> Option<&Arc<SocketDriver>> {
-        match self {
-            Driver::Socket(driver) if driver.instance().managed => Some(driver),
-            _ => None,
-        }
-    }
-
-    /// Deploys `desired` (see [`SocketDriver::deploy`] and
-    /// [`DataplaneDriver::deploy`]).
-    pub async fn deploy(
-        &self,
-        desired: Arc<RenderedConfig>,
-        desired_model: Option<Arc<Model>>,
-        running: Option<Arc<Deployed>>,
-        drift_check: bool,
-    ) -> Result<Deployed, DeployError> {
-        match self {
-            Driver::Socket(driver) => {
-                driver
-                    .deploy(desired, desired_model, running, drift_check)
-                    .await
-            }
-            Driver::Dataplane(driver) => {
-                driver
-                    .deploy(desired, desired_model, running, drift_check)
-                    .await
-            }
-        }
-    }
-
-    /// `None` when the instance runs `deployed`, otherwise what differs.
-    pub async fn check_drift(&self, deployed: &Deployed) -> Result<Option<String>, DeployError> {
-        match self {
-            Driver::Socket(driver) => driver.check_drift(deployed).await,
-            Driver::Dataplane(driver) => driver.check_drift(deployed).await,
-        }
-    }
-}
 
 /// How discovered Data Plane API instances are reached: the credentials of
 /// `haproxy.discovery.kubernetes` and the client settings.
@@ -117,7 +44,11 @@ impl DiscoveredCredentials {
     }
 
     /// A driver for a discovered instance.
-    pub fn driver(&self, instance: &InstanceRef, metrics: &Metrics) -> Result<Driver, String> {
+    pub fn driver(
+        &self,
+        instance: &InstanceRef,
+        metrics: &Metrics,
+    ) -> Result<Arc<dyn Driver>, String> {
         match instance.driver {
             InstanceDriver::Dataplane => {
                 let url = if instance.address.contains("://") {
@@ -132,7 +63,7 @@ impl DiscoveredCredentials {
                     ca_file: self.ca_file.clone(),
                 };
                 DataplaneDriver::connect(&instance.name, &endpoint, self.settings, metrics.clone())
-                    .map(|driver| Driver::Dataplane(Arc::new(driver)))
+                    .map(|driver| Arc::new(driver) as Arc<dyn Driver>)
                     .map_err(|e| e.to_string())
             }
             InstanceDriver::Socket => Err(format!(
@@ -164,55 +95,4 @@ pub fn dataplane_driver(
         settings,
         metrics.clone(),
     ))
-}
-
-/// The drivers of every instance, by name; cheap to clone and shared.
-#[derive(Clone, Debug, Default)]
-pub struct Fleet {
-    inner: Arc<RwLock<BTreeMap<String, Driver>>>,
-}
-
-impl Fleet {
-    /// An empty fleet.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The driver of `name`.
-    pub fn get(&self, name: &str) -> Option<Driver> {
-        self.read().get(name).cloned()
-    }
-
-    /// Every instance name, sorted.
-    pub fn names(&self) -> Vec<String> {
-        self.read().keys().cloned().collect()
-    }
-
-    /// Every driver, by name.
-    pub fn drivers(&self) -> Vec<Driver> {
-        self.read().values().cloned().collect()
-    }
-
-    /// Adds or replaces a driver.
-    pub fn insert(&self, driver: Driver) {
-        self.write().insert(driver.name().to_owned(), driver);
-    }
-
-    /// Removes a driver; returns whether it was there.
-    pub fn remove(&self, name: &str) -> bool {
-        self.write().remove(name).is_some()
-    }
-
-    /// Whether `name` is in the fleet.
-    pub fn contains(&self, name: &str) -> bool {
-        self.read().contains_key(name)
-    }
-
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Driver>> {
-        self.inner.read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Driver>> {
-        self.inner.write().unwrap_or_else(|p| p.into_inner())
-    }
 }

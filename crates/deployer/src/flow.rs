@@ -1,30 +1,70 @@
-//! The deployment decision both drivers share, once the driver knows what the
-//! instance runs: a first deployment or a found drift reloads; otherwise the
-//! [`ChangePlan`] between the running and the desired config decides between a no-op,
-//! runtime changes (then the files are persisted without a reload, keeping the running
-//! version marker) and a reload. A runtime change the instance refuses falls back to a
-//! reload whose reason names the refused change.
+//! The one driver abstraction and the deployment decision every driver shares.
 //!
-//! The drivers supply the steps ([`Steps`]): the socket driver through the runtime API,
-//! the master CLI and the config directory; the Data Plane driver through its API.
+//! A [`Driver`] reaches one HAProxy instance — the socket driver through the runtime
+//! API, the master CLI and the config directory; the Data Plane driver through its
+//! API — and supplies the steps of a deployment. What to do with them is decided
+//! here, the same way for both:
+//!
+//! 1. [`decide`]: a first deployment (what the instance runs is unknown) or a found
+//!    drift reloads; otherwise the [`ChangePlan`] between the running and the desired
+//!    config decides between a no-op, runtime changes and a reload. The plan is
+//!    computed once per deployment, from the validator's parsed model.
+//! 2. [`execute`]: runtime changes are applied, then the files are persisted without a
+//!    reload (keeping the running version marker); a reload writes every file and is
+//!    confirmed. A runtime change the instance cannot take comes back as
+//!    [`Executed::RuntimeFailed`] with the reload that replaces it, so the caller can
+//!    hold that reload to the instance's reload window like any other.
+//!
+//! The instance's owner ([`crate::instance`]) calls the two steps apart; [`deploy`]
+//! runs them back to back (tests, `hapwright bench`).
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use hapwright_eventbus::model::{DeployStrategy, ReloadReason, RenderedConfig};
+use hapwright_eventbus::model::{DeployStrategy, InstanceDriver, ReloadReason, RenderedConfig};
 
-use crate::driver::{DeployError, Deployed};
+use crate::driver::{DeployError, Deployed, SocketDriver};
 use crate::haproxy_config::Config;
 use crate::plan::{self, ChangePlan};
 
-/// What a driver does for each step of a deployment.
+/// One HAProxy instance, as the deployer drives it.
 #[async_trait::async_trait]
-pub(crate) trait Steps: Sync {
-    /// The instance's name, for logs.
-    fn instance_name(&self) -> &str;
+pub trait Driver: Send + Sync + fmt::Debug {
+    /// The instance's name.
+    fn name(&self) -> &str;
+
+    /// How the instance is reached.
+    fn kind(&self) -> InstanceDriver;
+
+    /// The socket driver of a managed instance (hapwright supervises its process).
+    fn managed_socket(&self) -> Option<&SocketDriver> {
+        None
+    }
+
+    /// What the instance runs when the deployer does not know (the first deployment
+    /// after a controller start): `None` when it cannot be told, so the deployment
+    /// reloads. `desired` is the config about to be deployed, which a driver may
+    /// recognise on the instance.
+    async fn recover(
+        &self,
+        desired: &Arc<RenderedConfig>,
+    ) -> Result<Option<Arc<Deployed>>, DeployError>;
+
+    /// Deploys by starting the instance when it is a managed HAProxy that is not
+    /// running; `None` when the instance runs (or is not managed).
+    async fn start_if_stopped(
+        &self,
+        desired: &Arc<RenderedConfig>,
+        desired_model: &Arc<Config>,
+        running: Option<&Arc<Deployed>>,
+    ) -> Option<Result<Deployed, DeployError>> {
+        let _ = (desired, desired_model, running);
+        None
+    }
 
     /// `None` when the instance runs `running`, otherwise what differs.
-    async fn find_drift(&self, running: &Deployed) -> Result<Option<String>, DeployError>;
+    async fn check_drift(&self, running: &Deployed) -> Result<Option<String>, DeployError>;
 
     /// Applies the plan's runtime operations in order: how many, or what was refused.
     async fn apply_runtime_ops(&self, plan: &ChangePlan) -> Result<usize, String>;
@@ -45,30 +85,141 @@ pub(crate) trait Steps: Sync {
         running: Option<&Deployed>,
         plan: ChangePlan,
     ) -> Result<Deployed, DeployError>;
+
+    /// Deploys `desired` at once: [`decide`] then [`execute`], a refused runtime
+    /// change reloading straight away. `running` is what the last deployment left
+    /// (`None`: [`Driver::recover`] is asked); `desired_model` is parsed when not
+    /// given.
+    async fn deploy(
+        &self,
+        desired: Arc<RenderedConfig>,
+        desired_model: Option<Arc<Config>>,
+        running: Option<Arc<Deployed>>,
+        drift_check: bool,
+    ) -> Result<Deployed, DeployError> {
+        deploy(self, desired, desired_model, running, drift_check).await
+    }
 }
 
-/// Deploys `desired` to an instance that runs `running` (`None`: unknown, so the
-/// first deployment reloads); `drift_check` first compares what the instance runs.
-pub(crate) async fn deploy<S: Steps + ?Sized>(
-    steps: &S,
+/// See [`Driver::deploy`].
+pub(crate) async fn deploy<D: Driver + ?Sized>(
+    driver: &D,
     desired: Arc<RenderedConfig>,
-    desired_model: Arc<Config>,
+    desired_model: Option<Arc<Config>>,
     running: Option<Arc<Deployed>>,
     drift_check: bool,
 ) -> Result<Deployed, DeployError> {
-    let Some(running) = running else {
-        let plan = ChangePlan::reload(
-            ReloadReason::FirstDeploy,
-            "first deployment to this instance",
-        );
-        return steps.reload_with(desired, desired_model, None, plan).await;
-    };
-    if drift_check && let Some(detail) = steps.find_drift(&running).await? {
-        let plan = ChangePlan::reload(ReloadReason::Drift, detail);
-        // What the instance holds is not what `running` says: write every file.
-        return steps.reload_with(desired, desired_model, None, plan).await;
+    let desired_model = desired_model.unwrap_or_else(|| {
+        Arc::new(crate::haproxy_config::parse(desired.main()).unwrap_or_default())
+    });
+    if let Some(started) = driver
+        .start_if_stopped(&desired, &desired_model, running.as_ref())
+        .await
+    {
+        return started;
     }
-    let plan = plan::plan(&running.config, &running.model, &desired, &desired_model);
+    let running = match running {
+        Some(running) => Some(running),
+        None => driver.recover(&desired).await?,
+    };
+    let decision = decide(
+        driver,
+        &desired,
+        &desired_model,
+        running.as_deref(),
+        drift_check,
+    )
+    .await?;
+    match execute(driver, &desired, &desired_model, running.as_ref(), decision).await? {
+        Executed::Done(deployed) => Ok(deployed),
+        Executed::RuntimeFailed { fallback } => {
+            driver
+                .reload_with(desired, desired_model, running.as_deref(), fallback)
+                .await
+        }
+    }
+}
+
+/// What [`decide`] found.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    /// The plan.
+    pub plan: ChangePlan,
+    /// Set when the instance does not run what the deployer thought (a drift): the
+    /// reload writes every file and keeps nothing of the old record.
+    pub running_unknown: bool,
+}
+
+impl Decision {
+    /// Whether carrying it out reloads the instance.
+    pub fn reloads(&self) -> bool {
+        self.plan.strategy() == DeployStrategy::Reload
+    }
+}
+
+/// The plan that moves the instance from `running` (`None`: unknown) to `desired`;
+/// `drift_check` first asks the instance whether it runs `running` at all.
+pub async fn decide<D: Driver + ?Sized>(
+    driver: &D,
+    desired: &RenderedConfig,
+    desired_model: &Config,
+    running: Option<&Deployed>,
+    drift_check: bool,
+) -> Result<Decision, DeployError> {
+    let Some(running) = running else {
+        return Ok(Decision {
+            plan: ChangePlan::reload(
+                ReloadReason::FirstDeploy,
+                "first deployment to this instance",
+            ),
+            running_unknown: true,
+        });
+    };
+    if drift_check && let Some(detail) = driver.check_drift(running).await? {
+        return Ok(Decision {
+            plan: ChangePlan::reload(ReloadReason::Drift, detail),
+            running_unknown: true,
+        });
+    }
+    Ok(Decision {
+        plan: plan::plan(&running.config, &running.model, desired, desired_model),
+        running_unknown: false,
+    })
+}
+
+/// What [`execute`] did.
+#[derive(Debug)]
+pub enum Executed {
+    /// The instance runs the desired config.
+    Done(Deployed),
+    /// A runtime change was refused; nothing else was changed on the instance
+    /// beyond the runtime changes before it. `fallback` is the reload that replaces
+    /// the plan.
+    RuntimeFailed {
+        /// The reload to perform instead, its reason naming the refused change.
+        fallback: ChangePlan,
+    },
+}
+
+/// Carries out `plan` (from [`decide`]) on the instance.
+pub async fn execute<D: Driver + ?Sized>(
+    driver: &D,
+    desired: &Arc<RenderedConfig>,
+    desired_model: &Arc<Config>,
+    running: Option<&Arc<Deployed>>,
+    decision: Decision,
+) -> Result<Executed, DeployError> {
+    let Decision {
+        plan,
+        running_unknown,
+    } = decision;
+    let known = running.filter(|_| !running_unknown);
+    let Some(running) = known else {
+        return driver
+            .reload_with(desired.clone(), desired_model.clone(), None, plan)
+            .await
+            .map(Executed::Done);
+    };
     let unchanged = |strategy, runtime_commands| Deployed {
         config: desired.clone(),
         model: desired_model.clone(),
@@ -81,35 +232,32 @@ pub(crate) async fn deploy<S: Steps + ?Sized>(
     match plan.strategy() {
         DeployStrategy::Noop => {
             if running.config.hash() != desired.hash() {
-                steps
-                    .persist(&desired, &running.marker, &running.config)
+                driver
+                    .persist(desired, &running.marker, &running.config)
                     .await?;
             }
-            Ok(unchanged(DeployStrategy::Noop, 0))
+            Ok(Executed::Done(unchanged(DeployStrategy::Noop, 0)))
         }
-        DeployStrategy::Runtime => match steps.apply_runtime_ops(&plan).await {
+        DeployStrategy::Runtime => match driver.apply_runtime_ops(&plan).await {
             Ok(count) => {
-                steps
-                    .persist(&desired, &running.marker, &running.config)
+                driver
+                    .persist(desired, &running.marker, &running.config)
                     .await?;
-                Ok(unchanged(DeployStrategy::Runtime, count))
+                Ok(Executed::Done(unchanged(DeployStrategy::Runtime, count)))
             }
             Err(detail) => {
-                tracing::warn!(instance = %steps.instance_name(), %detail, "Runtime change refused; reloading instead");
+                tracing::warn!(instance = %driver.name(), %detail, "Runtime change refused; reloading instead");
                 let mut fallback = ChangePlan::reload(
                     ReloadReason::Structure,
                     format!("runtime change refused ({detail})"),
                 );
                 fallback.changed_servers = plan.changed_servers.clone();
-                steps
-                    .reload_with(desired, desired_model, Some(&running), fallback)
-                    .await
+                Ok(Executed::RuntimeFailed { fallback })
             }
         },
-        DeployStrategy::Reload => {
-            steps
-                .reload_with(desired, desired_model, Some(&running), plan)
-                .await
-        }
+        DeployStrategy::Reload => driver
+            .reload_with(desired.clone(), desired_model.clone(), Some(running), plan)
+            .await
+            .map(Executed::Done),
     }
 }

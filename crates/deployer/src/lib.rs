@@ -6,12 +6,12 @@ pub mod config;
 
 pub mod dataplane;
 pub mod deployer;
-pub mod drift;
 pub mod driver;
 pub mod files;
 pub mod fleet;
-mod flow;
+pub mod flow;
 pub mod haproxy_config;
+mod instance;
 pub mod managed;
 pub mod master;
 pub mod metrics;
@@ -20,3 +20,5 @@ pub mod runtime;
 pub mod scheduler;
 pub mod socket;
 pub mod validator;
+
+pub use flow::Driver;

@@ -17,6 +17,7 @@ pub struct Metrics {
     last_success: GaugeVec,
     in_sync: IntGaugeVec,
     drift: IntCounterVec,
+    restore_failures: IntCounterVec,
 }
 
 fn result(ok: bool) -> &'static str {
@@ -34,6 +35,7 @@ impl Metrics {
         registry.register(Box::new(metrics.last_success.clone()))?;
         registry.register(Box::new(metrics.in_sync.clone()))?;
         registry.register(Box::new(metrics.drift.clone()))?;
+        registry.register(Box::new(metrics.restore_failures.clone()))?;
         Ok(metrics)
     }
 
@@ -93,6 +95,14 @@ impl Metrics {
                 ),
                 &["instance"],
             )?,
+            restore_failures: IntCounterVec::new(
+                Opts::new(
+                    "hapwright_file_restore_failures_total",
+                    "Times the last good files could not be put back after a failed deployment; \
+                     the config directory then holds files HAProxy does not run.",
+                ),
+                &["instance"],
+            )?,
         })
     }
 
@@ -139,6 +149,16 @@ impl Metrics {
         self.drift.with_label_values(&[instance]).inc();
     }
 
+    /// Records a failed restore of the last good files on `instance`.
+    pub fn restore_failed(&self, instance: &str) {
+        self.restore_failures.with_label_values(&[instance]).inc();
+    }
+
+    /// Failed restores recorded for `instance` (tests, status).
+    pub fn restore_failure_count(&self, instance: &str) -> u64 {
+        self.restore_failures.with_label_values(&[instance]).get()
+    }
+
     /// Drift detections recorded for `instance` (tests, status).
     pub fn drift_count(&self, instance: &str) -> u64 {
         self.drift.with_label_values(&[instance]).get()
@@ -153,6 +173,7 @@ impl Metrics {
         let _ = self.last_success.remove(&labels);
         let _ = self.in_sync.remove(&labels);
         let _ = self.drift.remove(&labels);
+        let _ = self.restore_failures.remove(&labels);
         for vec in [&self.deployments, &self.reloads, &self.runtime_commands] {
             for family in prometheus::core::Collector::collect(vec) {
                 for metric in family.get_metric() {

@@ -2,12 +2,12 @@
 //! `DeploymentScheduled`, rate-limited and latest-wins.
 //!
 //! - At most one deployment per `minDeploymentInterval`.
-//! - A deployment that will reload at least one instance also waits for
-//!   `minReloadInterval` since the last reload it released; runtime-only deployments
-//!   are not held back by it (a [`ReloadClassifier`] tells the two apart).
 //! - One pending slot: a newer config replaces a waiting one.
-//! - A config whose hash and instance set equal the last released ones is skipped,
-//!   except for drift checks (`DriftDetected`), which always deploy.
+//! - A config whose hash and instance set equal the last released ones is skipped.
+//!
+//! Reloads are not the scheduler's business: the reload window (`minReloadInterval`)
+//! is kept per instance by the deployer, which alone knows what each instance runs,
+//! so runtime-only changes keep flowing to every instance that can take them.
 //! - A changed instance set (`InstancesDiscovered`) re-deploys the last config.
 //! - A round with failed instances (`DeploymentCompleted`) forgets the last released
 //!   hash, so the same config is not skipped when it comes again.
@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hapwright_eventbus::model::{ContentHash, RenderedConfig};
+use hapwright_eventbus::model::{ContentHash, ParsedConfig, RenderedConfig};
 use hapwright_eventbus::{
     Bus, BusError, Component, ComponentError, Context, DeploymentScheduled, Event, EventKind,
     EventPayload, Subscription,
@@ -28,15 +28,12 @@ use tokio::time::Instant;
 pub struct Config {
     /// Minimum time between two released deployments.
     pub min_deployment_interval: Duration,
-    /// Minimum time between two released deployments that reload.
-    pub min_reload_interval: Duration,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Self {
             min_deployment_interval: Duration::from_secs(2),
-            min_reload_interval: Duration::from_secs(5),
         }
     }
 }
@@ -45,23 +42,7 @@ impl From<&crate::config::Timings> for Config {
     fn from(timings: &crate::config::Timings) -> Self {
         Self {
             min_deployment_interval: timings.min_deployment_interval.get(),
-            min_reload_interval: timings.min_reload_interval.get(),
         }
-    }
-}
-
-/// Predicts whether deploying a config will reload at least one of the instances.
-pub trait ReloadClassifier: Send + Sync + 'static {
-    /// `true` when some instance needs a reload to take `config`.
-    fn needs_reload(&self, config: &RenderedConfig, instances: &[String]) -> bool;
-}
-
-impl<F> ReloadClassifier for F
-where
-    F: Fn(&RenderedConfig, &[String]) -> bool + Send + Sync + 'static,
-{
-    fn needs_reload(&self, config: &RenderedConfig, instances: &[String]) -> bool {
-        self(config, instances)
     }
 }
 
@@ -69,7 +50,6 @@ where
 pub struct Scheduler {
     config: Config,
     static_instances: Vec<String>,
-    classifier: Arc<dyn ReloadClassifier>,
     subscription: Option<Subscription>,
 }
 
@@ -87,16 +67,10 @@ impl Scheduler {
     pub const NAME: &'static str = "scheduler";
 
     /// A scheduler deploying to `static_instances` plus every discovered instance.
-    /// `classifier` is usually a [`crate::deployer::StoreClassifier`].
-    pub fn new(
-        config: Config,
-        static_instances: Vec<String>,
-        classifier: Arc<dyn ReloadClassifier>,
-    ) -> Self {
+    pub fn new(config: Config, static_instances: Vec<String>) -> Self {
         Self {
             config,
             static_instances,
-            classifier,
             subscription: None,
         }
     }
@@ -104,20 +78,17 @@ impl Scheduler {
 
 struct Pending {
     config: Arc<RenderedConfig>,
+    parsed: ParsedConfig,
     cause: Arc<Event>,
-    drift: bool,
-    needs_reload: Option<bool>,
 }
 
 struct State {
     config: Config,
     static_instances: Vec<String>,
-    classifier: Arc<dyn ReloadClassifier>,
     discovered: BTreeMap<Arc<str>, Vec<String>>,
-    latest: Option<(Arc<RenderedConfig>, Arc<Event>)>,
+    latest: Option<(Arc<RenderedConfig>, ParsedConfig)>,
     pending: Option<Pending>,
     last_release: Option<Instant>,
-    last_reload_release: Option<Instant>,
     last_released: Option<(ContentHash, Vec<String>)>,
 }
 
@@ -134,13 +105,11 @@ impl State {
     fn handle(&mut self, event: Arc<Event>) {
         match &event.payload {
             EventPayload::ValidationCompleted(validated) => {
-                let drift = self.pending.as_ref().is_some_and(|p| p.drift);
-                self.latest = Some((validated.config.clone(), event.clone()));
+                self.latest = Some((validated.config.clone(), validated.parsed.clone()));
                 self.pending = Some(Pending {
                     config: validated.config.clone(),
+                    parsed: validated.parsed.clone(),
                     cause: event.clone(),
-                    drift,
-                    needs_reload: None,
                 });
             }
             EventPayload::InstancesDiscovered(discovered) => {
@@ -153,25 +122,12 @@ impl State {
                 self.discovered.insert(discovered.source.clone(), names);
                 if self.instances() != before
                     && self.pending.is_none()
-                    && let Some((config, _)) = &self.latest
+                    && let Some((config, parsed)) = &self.latest
                 {
                     self.pending = Some(Pending {
                         config: config.clone(),
+                        parsed: parsed.clone(),
                         cause: event.clone(),
-                        drift: false,
-                        needs_reload: None,
-                    });
-                }
-            }
-            EventPayload::DriftDetected(_) => {
-                if let Some(pending) = &mut self.pending {
-                    pending.drift = true;
-                } else if let Some((config, _)) = &self.latest {
-                    self.pending = Some(Pending {
-                        config: config.clone(),
-                        cause: event.clone(),
-                        drift: true,
-                        needs_reload: None,
                     });
                 }
             }
@@ -188,25 +144,16 @@ impl State {
     /// skipped duplicate is dropped here).
     fn ready_at(&mut self) -> Option<Instant> {
         let instances = self.instances();
-        let pending = self.pending.as_mut()?;
-        if !pending.drift
-            && self.last_released.as_ref() == Some(&(pending.config.hash(), instances.clone()))
-        {
+        let pending = self.pending.as_ref()?;
+        if self.last_released.as_ref() == Some(&(pending.config.hash(), instances)) {
             tracing::debug!(hash = %pending.config.hash().short(), "Skipping deployment: hash and instances unchanged");
             self.pending = None;
             return None;
         }
-        let needs_reload = *pending
-            .needs_reload
-            .get_or_insert_with(|| self.classifier.needs_reload(&pending.config, &instances));
-        let mut at = self
-            .last_release
-            .map(|t| t + self.config.min_deployment_interval);
-        if needs_reload && let Some(last) = self.last_reload_release {
-            let reload_at = last + self.config.min_reload_interval;
-            at = Some(at.map_or(reload_at, |t| t.max(reload_at)));
-        }
-        Some(at.unwrap_or_else(Instant::now))
+        Some(
+            self.last_release
+                .map_or_else(Instant::now, |t| t + self.config.min_deployment_interval),
+        )
     }
 
     fn release(&mut self, ctx: &Context) {
@@ -214,11 +161,7 @@ impl State {
             return;
         };
         let instances = self.instances();
-        let now = Instant::now();
-        self.last_release = Some(now);
-        if pending.needs_reload == Some(true) {
-            self.last_reload_release = Some(now);
-        }
+        self.last_release = Some(Instant::now());
         self.last_released = Some((pending.config.hash(), instances.clone()));
         let span = tracing::info_span!(
             "schedule",
@@ -226,18 +169,14 @@ impl State {
             hash = %pending.config.hash().short(),
         );
         let _entered = span.enter();
-        tracing::info!(
-            instances = instances.len(),
-            reload = pending.needs_reload,
-            drift_check = pending.drift,
-            "Deployment scheduled"
-        );
+        tracing::info!(instances = instances.len(), "Deployment scheduled");
         ctx.publisher().reply(
             &pending.cause,
             DeploymentScheduled {
                 config: pending.config,
                 instances,
-                drift_check: pending.drift,
+                drift_check: false,
+                parsed: pending.parsed,
             },
         );
     }
@@ -259,7 +198,6 @@ impl Component for Scheduler {
             [
                 EventKind::ValidationCompleted,
                 EventKind::InstancesDiscovered,
-                EventKind::DriftDetected,
                 EventKind::DeploymentCompleted,
             ],
         )?);
@@ -273,12 +211,10 @@ impl Component for Scheduler {
         let mut state = State {
             config: self.config,
             static_instances: self.static_instances,
-            classifier: self.classifier,
             discovered: BTreeMap::new(),
             latest: None,
             pending: None,
             last_release: None,
-            last_reload_release: None,
             last_released: None,
         };
         ctx.health().healthy();

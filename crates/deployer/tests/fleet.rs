@@ -6,13 +6,13 @@
 
 mod support;
 
+use hapwright_deployer::Driver;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_deployer::dataplane::{DataplaneClient, DataplaneDriver, Endpoint, Settings};
-use hapwright_deployer::deployer::{Config, Deployer, LastDeployedStore, StoreClassifier};
-use hapwright_deployer::drift::{self, DriftMonitor};
+use hapwright_deployer::deployer::{Config, Deployer, LastDeployedStore};
 use hapwright_deployer::driver::SocketDriver;
 use hapwright_deployer::fleet::DiscoveredCredentials;
 use hapwright_deployer::metrics::Metrics;
@@ -42,9 +42,11 @@ fn fast_settings() -> Settings {
 fn fast_config() -> Config {
     Config {
         deployment_timeout: Duration::from_secs(20),
+        min_reload_interval: Duration::from_millis(50),
         concurrency: 8,
         min_retry_delay: Duration::from_millis(100),
         max_retry_delay: Duration::from_millis(400),
+        ..Config::default()
     }
 }
 
@@ -103,6 +105,7 @@ impl Harness {
             config: config.clone(),
             instances: instances.iter().map(|s| (*s).to_owned()).collect(),
             drift_check: false,
+            parsed: Default::default(),
         });
     }
 
@@ -191,7 +194,7 @@ async fn a_follower_deploys_only_while_it_leads() {
         })
         .await;
     assert_eq!(hash, v2.hash());
-    // `ghost` has no driver: it fails and waits for a retry.
+    // `ghost` has no driver: it fails (and there is nothing to retry).
     let (_, failed) = harness.completed().await;
     assert_eq!(failed, ["ghost"]);
 
@@ -261,7 +264,6 @@ async fn discovered_instances_get_the_last_config_at_once_and_are_forgotten_when
         scheme: "http".to_owned(),
         settings: fast_settings(),
     });
-    let fleet = deployer.fleet();
     let mut harness = Harness::start(|kernel| {
         kernel.register(deployer);
     });
@@ -286,7 +288,7 @@ async fn discovered_instances_get_the_last_config_at_once_and_are_forgotten_when
     assert_eq!((succeeded, failed), (vec!["pod-a".to_owned()], vec![]));
     assert!(a.state().running_raw.contains(&v1.hash().short()));
     assert!(
-        !fleet.contains("pod-sock"),
+        store.get("pod-sock").is_none(),
         "socket instances are not discoverable"
     );
 
@@ -299,7 +301,6 @@ async fn discovered_instances_get_the_last_config_at_once_and_are_forgotten_when
     let (succeeded, _) = harness.completed().await;
     assert_eq!(succeeded, ["pod-b"]);
     assert!(b.state().running_raw.contains(&v1.hash().short()));
-    assert!(!fleet.contains("pod-a"));
     assert!(store.get("pod-a").is_none(), "the store forgot pod-a");
     assert!(store.deployed("pod-b").is_some());
     harness.stop().await;
@@ -332,12 +333,13 @@ backend be_app\n    balance roundrobin\n    server s1 127.0.0.1:{server_port}\n"
         DataplaneServer::start("global\n").await,
     );
     let metrics = Metrics::unregistered().unwrap();
-    let drivers: BTreeMap<String, Arc<SocketDriver>> = haproxies
+    let drivers: BTreeMap<String, Arc<dyn Driver>> = haproxies
         .iter()
         .map(|h| {
             (
                 h.instance.name.clone(),
-                Arc::new(SocketDriver::new(h.instance.clone(), None, metrics.clone())),
+                Arc::new(SocketDriver::new(h.instance.clone(), None, metrics.clone()))
+                    as Arc<dyn Driver>,
             )
         })
         .collect();
@@ -348,7 +350,7 @@ backend be_app\n    balance roundrobin\n    server s1 127.0.0.1:{server_port}\n"
                 dataplane_driver("dp-1", &dp1, &metrics),
                 dataplane_driver("dp-2", &dp2, &metrics),
             ]);
-    let all: Vec<String> = deployer.fleet().names();
+    let all: Vec<String> = deployer.instance_names();
     assert_eq!(all.len(), 5);
     let names: Vec<&str> = all.iter().map(String::as_str).collect();
     let mut harness = Harness::start(|kernel| {
@@ -388,15 +390,18 @@ backend be_app\n    balance roundrobin\n    server s1 127.0.0.1:{server_port}\n"
     let (succeeded, failed) = harness.completed().await;
     assert_eq!(failed, ["local-2"]);
     assert_eq!(succeeded.len(), 4);
-    // Retries keep failing while it is down; it comes back and the retry repairs it.
-    let (_, failed) = harness.completed().await;
-    assert_eq!(failed, ["local-2"]);
+    // Its worker retries with backoff, failing while it is down; it comes back and
+    // the retry repairs it.
+    harness
+        .next(Duration::from_secs(30), |e| match &e.payload {
+            EventPayload::InstanceDeploymentFailed(f) if f.instance == "local-2" => Some(()),
+            _ => None,
+        })
+        .await;
     haproxies[2].restart().await;
     let recovered = harness
         .next(Duration::from_secs(30), |e| match &e.payload {
-            EventPayload::DeploymentCompleted(done) if done.summary.succeeded == ["local-2"] => {
-                Some(done.summary.hash)
-            }
+            EventPayload::InstanceDeployed(done) if done.instance == "local-2" => Some(done.hash),
             _ => None,
         })
         .await;
@@ -435,36 +440,33 @@ async fn drift_after_an_out_of_band_change_and_reload_is_repaired() {
             haproxy.instance.clone(),
             None,
             metrics.clone(),
-        )),
+        )) as Arc<dyn Driver>,
     )]);
-    let deployer =
-        Deployer::with_drivers(fast_config(), drivers, store.clone(), None, metrics.clone());
-    let monitor = DriftMonitor::new(
-        drift::Config {
-            interval: Duration::from_millis(300),
-            ..drift::Config::default()
+    let deployer = Deployer::with_drivers(
+        Config {
+            drift_interval: Duration::from_millis(300),
+            ..fast_config()
         },
-        deployer.fleet(),
+        drivers,
         store.clone(),
+        None,
         metrics.clone(),
     );
     let scheduler = Scheduler::new(
         scheduler::Config {
             min_deployment_interval: Duration::from_millis(50),
-            min_reload_interval: Duration::from_millis(50),
         },
         vec!["local".to_owned()],
-        Arc::new(StoreClassifier::new(store.clone())),
     );
     let mut harness = Harness::start(|kernel| {
         kernel.register(scheduler);
         kernel.register(deployer);
-        kernel.register(monitor);
     });
     harness.publisher.publish(ValidationCompleted {
         config: v1.clone(),
         duration: Duration::ZERO,
         warnings: Vec::new(),
+        parsed: Default::default(),
     });
     let (succeeded, _) = harness.completed().await;
     assert_eq!(succeeded, ["local"]);

@@ -4,6 +4,7 @@
 
 mod support;
 
+use hapwright_deployer::Driver;
 use std::sync::Arc;
 use std::time::Duration;
 

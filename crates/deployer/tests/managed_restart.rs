@@ -179,6 +179,7 @@ async fn late_and_restarted_managed_haproxy_are_recorded_as_reloads() {
         config,
         instances: vec!["late".to_owned()],
         drift_check: false,
+        parsed: Default::default(),
     };
 
     // The first deployment cannot start HAProxy: its port is held.

@@ -3,11 +3,12 @@
 
 mod support;
 
+use hapwright_deployer::Driver;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use hapwright_deployer::deployer::{self, Deployer, LastDeployedStore, StoreClassifier};
+use hapwright_deployer::deployer::{self, Deployer, LastDeployedStore};
 use hapwright_deployer::driver::{DeployError, SocketDriver};
 use hapwright_deployer::metrics::Metrics;
 use hapwright_deployer::scheduler::{self, Scheduler};
@@ -200,13 +201,14 @@ async fn quick_successive_changes_end_with_the_latest_live() {
     kernel.register(Scheduler::new(
         scheduler::Config {
             min_deployment_interval: Duration::from_millis(50),
-            min_reload_interval: Duration::from_millis(200),
         },
         vec!["local".to_owned()],
-        Arc::new(StoreClassifier::new(store.clone())),
     ));
     kernel.register(Deployer::new(
-        deployer::Config::default(),
+        deployer::Config {
+            min_reload_interval: Duration::from_millis(200),
+            ..deployer::Config::default()
+        },
         vec![haproxy.instance.clone()],
         store.clone(),
         None,
@@ -217,6 +219,7 @@ async fn quick_successive_changes_end_with_the_latest_live() {
         config,
         duration: Duration::ZERO,
         warnings: Vec::new(),
+        parsed: Default::default(),
     };
     publisher.publish(validated(v1.clone()));
     let v2 = render(2, b.port);

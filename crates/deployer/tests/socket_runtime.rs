@@ -3,6 +3,7 @@
 
 mod support;
 
+use hapwright_deployer::Driver;
 use std::fmt::Write as _;
 use std::process::Command;
 

@@ -14,8 +14,8 @@ use serde::{Serialize, Serializer};
 
 use crate::health::Health;
 use crate::model::{
-    ContentHash, DeployReason, DeployStrategy, Diagnostic, InstanceRef, RenderedConfig,
-    ResourceChange, ResourceSnapshot,
+    ContentHash, DeployReason, DeployStrategy, Diagnostic, InstanceRef, ParsedConfig,
+    RenderedConfig, ResourceChange, ResourceSnapshot,
 };
 
 /// Position of an event in its bus: unique per bus, increasing in publish order.
@@ -427,6 +427,9 @@ catalogue! {
         duration: Duration,
         /// Warnings HAProxy printed.
         warnings: Vec<Diagnostic>,
+        /// The validator's parsed model of `haproxy.cfg`.
+        #[serde(skip)]
+        parsed: ParsedConfig,
     }
     /// A validation phase rejected a rendered config.
     ValidationFailed {
@@ -446,6 +449,9 @@ catalogue! {
         instances: Vec<String>,
         /// True for drift re-checks, which deploy even when the hash is unchanged.
         drift_check: bool,
+        /// The validator's parsed model of `haproxy.cfg`.
+        #[serde(skip)]
+        parsed: ParsedConfig,
     }
     /// The deployer started a deployment round.
     DeploymentStarted {

@@ -91,6 +91,7 @@ impl Component for AutoValidator {
                         config: rendered.config.clone(),
                         duration: Duration::ZERO,
                         warnings: Vec::new(),
+                        parsed: Default::default(),
                     },
                 );
             }
@@ -194,6 +195,7 @@ impl Pipeline {
                 config: rendered.config.clone(),
                 duration: Duration::ZERO,
                 warnings: Vec::new(),
+                parsed: Default::default(),
             },
         );
         request
@@ -283,6 +285,7 @@ async fn a_newer_trigger_during_validation_supersedes_and_stale_results_are_igno
             config: old.config.clone(),
             duration: Duration::ZERO,
             warnings: Vec::new(),
+            parsed: Default::default(),
         },
     );
     p.validate_ok().await;

@@ -25,15 +25,17 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use hapwright_eventbus::model::{DeployReason, DeployStrategy, ReloadReason, RenderedConfig};
+use hapwright_eventbus::model::{
+    DeployReason, DeployStrategy, InstanceDriver, ReloadReason, RenderedConfig,
+};
 
 use super::client::{
     DataplaneClient, DataplaneError, Endpoint, RuntimeAddServer, Settings, Storage,
 };
 use crate::driver::{DeployError, Deployed};
 use crate::files::{strip_version_marker, with_version_marker};
-use crate::flow::{self, Steps};
-use crate::haproxy_config::{self, Config};
+use crate::flow::Driver;
+use crate::haproxy_config::Config;
 use crate::metrics::Metrics;
 use crate::plan::{ChangePlan, RuntimeOp};
 
@@ -99,37 +101,6 @@ impl DataplaneDriver {
     /// The API client.
     pub fn client(&self) -> &DataplaneClient {
         &self.client
-    }
-
-    /// Deploys `desired`; see the module documentation. `running` is what the last
-    /// deployment left; `drift_check` compares the instance's configuration with it
-    /// first and reloads (reason `drift`) when they differ.
-    pub async fn deploy(
-        &self,
-        desired: Arc<RenderedConfig>,
-        desired_model: Option<Arc<Config>>,
-        running: Option<Arc<Deployed>>,
-        drift_check: bool,
-    ) -> Result<Deployed, DeployError> {
-        let _serial = self.serial.lock().await;
-        let desired_model = match desired_model {
-            Some(model) => model,
-            None => Arc::new(haproxy_config::parse(desired.main()).unwrap_or_default()),
-        };
-        let running = match running {
-            Some(running) => Some(running),
-            None => self.running_from_remote(&desired).await?,
-        };
-        flow::deploy(self, desired, desired_model, running, drift_check).await
-    }
-
-    /// Whether the instance runs something else than `deployed`: `None` when it is
-    /// in sync, otherwise what differs. Cheap when the configuration version did not
-    /// move since the last deployment; otherwise the raw configuration is fetched
-    /// and compared.
-    pub async fn check_drift(&self, deployed: &Deployed) -> Result<Option<String>, DeployError> {
-        let _serial = self.serial.lock().await;
-        self.drift_of(deployed).await
     }
 
     async fn drift_of(&self, deployed: &Deployed) -> Result<Option<String>, DeployError> {
@@ -537,16 +508,32 @@ fn add_server_body(
 }
 
 #[async_trait::async_trait]
-impl Steps for DataplaneDriver {
-    fn instance_name(&self) -> &str {
+impl Driver for DataplaneDriver {
+    fn name(&self) -> &str {
         &self.name
     }
 
-    async fn find_drift(&self, running: &Deployed) -> Result<Option<String>, DeployError> {
+    fn kind(&self) -> InstanceDriver {
+        InstanceDriver::Dataplane
+    }
+
+    async fn recover(
+        &self,
+        desired: &Arc<RenderedConfig>,
+    ) -> Result<Option<Arc<Deployed>>, DeployError> {
+        let _serial = self.serial.lock().await;
+        self.running_from_remote(desired).await
+    }
+
+    /// Cheap when the configuration version did not move since the last deployment;
+    /// otherwise the raw configuration is fetched and compared.
+    async fn check_drift(&self, running: &Deployed) -> Result<Option<String>, DeployError> {
+        let _serial = self.serial.lock().await;
         self.drift_of(running).await
     }
 
     async fn apply_runtime_ops(&self, plan: &ChangePlan) -> Result<usize, String> {
+        let _serial = self.serial.lock().await;
         self.apply_runtime(plan).await
     }
 
@@ -556,6 +543,7 @@ impl Steps for DataplaneDriver {
         marker: &str,
         previous: &Arc<RenderedConfig>,
     ) -> Result<(), DeployError> {
+        let _serial = self.serial.lock().await;
         self.store_files(desired, marker, Some(previous)).await
     }
 
@@ -566,6 +554,7 @@ impl Steps for DataplaneDriver {
         running: Option<&Deployed>,
         plan: ChangePlan,
     ) -> Result<Deployed, DeployError> {
+        let _serial = self.serial.lock().await;
         self.reload(desired, desired_model, running, plan).await
     }
 }

@@ -68,6 +68,12 @@ impl ParseError {
 /// final newline HAProxy 2.6 rejects, and the [`check`] results (errors and
 /// warnings), all located in [`MAIN_FILE`], in line order.
 pub fn phase1(text: &str, rendered_paths: &BTreeSet<String>) -> Vec<Diagnostic> {
+    phase1_parsed(text, rendered_paths).1
+}
+
+/// [`phase1`], also returning the parsed model (complete when no diagnostic is an
+/// error), so that a validated config is parsed exactly once.
+pub fn phase1_parsed(text: &str, rendered_paths: &BTreeSet<String>) -> (Config, Vec<Diagnostic>) {
     let (config, errors) = parse_lenient(text);
     let mut diagnostics: Vec<Diagnostic> = errors.iter().map(|e| e.to_diagnostic(text)).collect();
     if let Some(last) = text.rsplit('\n').next()
@@ -82,7 +88,7 @@ pub fn phase1(text: &str, rendered_paths: &BTreeSet<String>) -> Vec<Diagnostic> 
     }
     diagnostics.extend(check(&config, rendered_paths));
     diagnostics.sort_by_key(|d| d.location.as_ref().and_then(|l| l.line));
-    diagnostics
+    (config, diagnostics)
 }
 
 #[cfg(test)]

@@ -33,7 +33,9 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hapwright_eventbus::model::{Diagnostic, RenderedConfig, Severity, SourceLocation};
+use hapwright_eventbus::model::{
+    Diagnostic, ParsedConfig, RenderedConfig, Severity, SourceLocation,
+};
 use hapwright_eventbus::{
     Bus, BusError, Component, ComponentError, Context, Event, EventKind, EventPayload,
     Subscription, ValidationCompleted, ValidationFailed, ValidationPhase,
@@ -189,19 +191,36 @@ pub async fn validate_with_metrics(
     config: &Config,
     metrics: Option<&Metrics>,
 ) -> Result<Vec<Diagnostic>, Rejection> {
+    validate_parsed(rendered, config, metrics)
+        .await
+        .map(|(warnings, _)| warnings)
+}
+
+/// [`validate_with_metrics`], also returning phase 1's parsed model of
+/// `haproxy.cfg`, which travels on with the validated config (the deployer plans
+/// from it without parsing again).
+///
+/// # Errors
+///
+/// As [`validate`].
+pub async fn validate_parsed(
+    rendered: &RenderedConfig,
+    config: &Config,
+    metrics: Option<&Metrics>,
+) -> Result<(Vec<Diagnostic>, Arc<haproxy_config::Config>), Rejection> {
     let started = Instant::now();
-    let phase1 = validate_phase1(rendered);
+    let phase1 = validate_phase1_parsed(rendered);
     if let Some(metrics) = metrics {
         metrics.observe(ValidationPhase::Parse, phase1.is_ok(), started.elapsed());
     }
-    let mut warnings = phase1?;
+    let (mut warnings, model) = phase1?;
     let started = Instant::now();
     let phase2 = validate_phase2(rendered, config).await;
     if let Some(metrics) = metrics {
         metrics.observe(ValidationPhase::Haproxy, phase2.is_ok(), started.elapsed());
     }
     warnings.extend(phase2?);
-    Ok(warnings)
+    Ok((warnings, Arc::new(model)))
 }
 
 /// Phase 1 alone: hapwright's parser and checks, plus a check that every rendered
@@ -211,6 +230,17 @@ pub async fn validate_with_metrics(
 ///
 /// A [`Rejection`] in [`ValidationPhase::Parse`] with every error found.
 pub fn validate_phase1(rendered: &RenderedConfig) -> Result<Vec<Diagnostic>, Rejection> {
+    validate_phase1_parsed(rendered).map(|(warnings, _)| warnings)
+}
+
+/// [`validate_phase1`], also returning the parsed model.
+///
+/// # Errors
+///
+/// As [`validate_phase1`].
+pub fn validate_phase1_parsed(
+    rendered: &RenderedConfig,
+) -> Result<(Vec<Diagnostic>, haproxy_config::Config), Rejection> {
     let mut paths = BTreeSet::new();
     let mut diagnostics = Vec::new();
     for (file, _) in rendered.iter() {
@@ -223,7 +253,8 @@ pub fn validate_phase1(rendered: &RenderedConfig) -> Result<Vec<Diagnostic>, Rej
         }
         paths.insert(path);
     }
-    diagnostics.extend(haproxy_config::phase1(rendered.main(), &paths));
+    let (model, found) = haproxy_config::phase1_parsed(rendered.main(), &paths);
+    diagnostics.extend(found);
     let diagnostics: Vec<Diagnostic> = diagnostics
         .into_iter()
         .map(|d| attribute(d, rendered))
@@ -232,7 +263,7 @@ pub fn validate_phase1(rendered: &RenderedConfig) -> Result<Vec<Diagnostic>, Rej
         .into_iter()
         .partition(|d| d.severity == Severity::Error);
     if errors.is_empty() {
-        Ok(warnings)
+        Ok((warnings, model))
     } else {
         Err(Rejection {
             phase: ValidationPhase::Parse,
@@ -603,10 +634,10 @@ impl Validator {
         };
         let config = Arc::clone(&rendered.config);
         let started = Instant::now();
-        let outcome = validate_with_metrics(&config, &self.config, Some(&self.metrics)).await;
+        let outcome = validate_parsed(&config, &self.config, Some(&self.metrics)).await;
         let duration = started.elapsed();
         match outcome {
-            Ok(warnings) => {
+            Ok((warnings, model)) => {
                 ctx.health().healthy();
                 tracing::info!(
                     duration_ms = duration.as_millis() as u64,
@@ -622,6 +653,7 @@ impl Validator {
                         config,
                         duration,
                         warnings,
+                        parsed: ParsedConfig::new(model),
                     },
                 );
             }

@@ -8,6 +8,7 @@
 mod deploy;
 mod diagnostic;
 mod object;
+mod parsed;
 mod path;
 mod rendered;
 mod snapshot;
@@ -15,6 +16,7 @@ mod snapshot;
 pub use deploy::{DeployReason, DeployStrategy, InstanceDriver, InstanceRef, ReloadReason};
 pub use diagnostic::{Diagnostic, Severity, SourceLocation};
 pub use object::{IndexedObject, StoredObject};
+pub use parsed::ParsedConfig;
 pub use path::{FieldPath, FieldPathError};
 pub use rendered::{
     ContentHash, FileKind, HashedMain, LineOrigin, RenderedConfig, RenderedFileRef, SourceMap,

@@ -1,0 +1,624 @@
+//! One instance's owner: a task per instance that alone holds what the instance runs,
+//! decides each deployment's plan and keeps the instance's reload window.
+//!
+//! The deployer hands every worker the desired config through a watch channel (the
+//! newest replaces a waiting one: latest wins) and hears back one [`Report`] per
+//! attempt. A worker:
+//! - plans once per deployment from the validator's parsed model ([`flow::decide`]);
+//! - applies a runtime-only plan at once, whatever other instances do — one instance
+//!   waiting for its reload window, unreachable or restarting never holds the others;
+//! - holds a plan that reloads until `minReloadInterval` has passed since this
+//!   instance's last reload (a refused runtime change that falls back to a reload
+//!   waits the same way), and re-plans if a newer config arrives meanwhile;
+//! - retries a failed deployment with backoff (1 s doubling to 60 s), with the newest
+//!   config;
+//! - checks drift every `driftPreventionInterval` (leader only): the worker's version
+//!   marker and files against its record; a difference publishes `DriftDetected` and
+//!   reloads the instance onto the desired config (reason `drift`);
+//! - for a managed HAProxy, records starts that no deployment caused (the supervisor
+//!   restarted a crashed process) as deployments of the files on disk.
+//!
+//! What each instance runs is also written to the [`LastDeployedStore`], which
+//! outlives a controller reinit (an unchanged render after a reinit is a no-op); only
+//! the workers write it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hapwright_eventbus::model::{DeployStrategy, Diagnostic, RenderedConfig};
+use hapwright_eventbus::{
+    DriftDetected, Event, EventPayload, InstanceDeployed, InstanceDeploymentFailed, Publisher,
+};
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::deployer::LastDeployedStore;
+use crate::driver::{DeployError, Deployed};
+use crate::flow::{self, Driver, Executed};
+use crate::haproxy_config::Config as Model;
+use crate::managed::ManagedHaproxy;
+use crate::metrics::Metrics;
+use crate::plan::ChangePlan;
+
+/// Timings of one instance's worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Settings {
+    /// Deadline of one deployment attempt.
+    pub deployment_timeout: Duration,
+    /// Minimum time between two reloads of this instance.
+    pub min_reload_interval: Duration,
+    /// First retry delay after a failure.
+    pub min_retry_delay: Duration,
+    /// Longest retry delay.
+    pub max_retry_delay: Duration,
+    /// Time between two drift checks.
+    pub drift_interval: Duration,
+    /// Deadline of one drift check.
+    pub drift_timeout: Duration,
+}
+
+/// What an instance should run, and why.
+#[derive(Clone, Debug)]
+pub(crate) struct Desired {
+    /// The config.
+    pub config: Arc<RenderedConfig>,
+    /// Its parsed model (from the validator).
+    pub model: Arc<Model>,
+    /// The event that asked for it (`DeploymentScheduled`), for replies.
+    pub cause: Arc<Event>,
+    /// Compare what the instance runs before planning.
+    pub drift_check: bool,
+    /// The deployer's round this belongs to.
+    pub round: u64,
+}
+
+/// How an attempt ended.
+#[derive(Clone, Debug)]
+pub(crate) enum Outcome {
+    /// The instance runs the config.
+    Deployed,
+    /// It does not; the error is in the event and the store.
+    Failed(Diagnostic),
+    /// A newer config replaced it before it was deployed.
+    Superseded,
+}
+
+/// One attempt's outcome, for the deployer's round bookkeeping and health.
+#[derive(Clone, Debug)]
+pub(crate) struct Report {
+    /// The instance.
+    pub instance: String,
+    /// The round the attempt belonged to; `None` for retries, drift repairs and
+    /// adopted starts, whose round was already reported.
+    pub round: Option<u64>,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+/// What the worker shares with the deployer.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub settings: Settings,
+    pub store: LastDeployedStore,
+    pub metrics: Metrics,
+    pub publisher: Publisher,
+    pub managed: Option<ManagedHaproxy>,
+    pub leader: Option<watch::Receiver<bool>>,
+    pub reports: mpsc::UnboundedSender<Report>,
+    /// Bounds the deployments running at the same time across the fleet.
+    pub permits: Arc<Semaphore>,
+}
+
+/// The deployer's handle on a running worker; dropping it stops the worker.
+pub(crate) struct Handle {
+    desired: watch::Sender<Option<Desired>>,
+    cancel: CancellationToken,
+    task: tokio_util::task::AbortOnDropHandle<()>,
+}
+
+impl Handle {
+    /// Starts the worker of `driver`.
+    pub fn spawn(driver: Arc<dyn Driver>, shared: Shared, parent: &CancellationToken) -> Self {
+        let (desired, receiver) = watch::channel(None);
+        let cancel = parent.child_token();
+        let span = tracing::info_span!("instance", instance = %driver.name());
+        let worker = Worker {
+            driver,
+            shared,
+            current: None,
+            unreported: None,
+            fallback: None,
+            failures: 0,
+            last_reload: None,
+        };
+        let task = tokio::spawn(worker.run(receiver, cancel.clone()).instrument(span));
+        Self {
+            desired,
+            cancel,
+            task: tokio_util::task::AbortOnDropHandle::new(task),
+        }
+    }
+
+    /// Hands the worker a new desired config (replacing one it has not taken yet).
+    pub fn send(&self, desired: Desired) {
+        self.desired.send_replace(Some(desired));
+    }
+
+    /// Stops the worker and waits up to `grace` for it to finish its attempt.
+    pub async fn stop(self, grace: Duration) {
+        self.cancel.cancel();
+        let mut task = self.task;
+        if tokio::time::timeout(grace, &mut task).await.is_err() {
+            task.abort();
+        }
+    }
+}
+
+struct Worker {
+    driver: Arc<dyn Driver>,
+    shared: Shared,
+    /// What the instance should run.
+    current: Option<Desired>,
+    /// The round of `current` when no attempt has reported it yet.
+    unreported: Option<u64>,
+    /// The reload that replaces a refused runtime change of `current`.
+    fallback: Option<ChangePlan>,
+    /// Consecutive failed attempts.
+    failures: u32,
+    /// When hapwright last reloaded this instance.
+    last_reload: Option<Instant>,
+}
+
+/// What one attempt came to.
+enum Step {
+    Done(Deployed),
+    /// A reload must wait for the instance's reload window.
+    Wait(Instant),
+    /// The runtime change was refused; reload (within the window).
+    Fallback(ChangePlan),
+}
+
+impl Worker {
+    fn name(&self) -> &str {
+        self.driver.name()
+    }
+
+    fn is_leader(&self) -> bool {
+        self.shared.leader.as_ref().is_none_or(|l| *l.borrow())
+    }
+
+    async fn run(
+        mut self,
+        mut desired: watch::Receiver<Option<Desired>>,
+        cancel: CancellationToken,
+    ) {
+        self.last_reload = self
+            .shared
+            .store
+            .get(self.name())
+            .and_then(|record| record.last_reload);
+        let settings = self.shared.settings;
+        let mut drift = tokio::time::interval_at(
+            Instant::now() + settings.drift_interval,
+            settings.drift_interval,
+        );
+        drift.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ready = self
+            .shared
+            .managed
+            .as_ref()
+            .filter(|_| self.driver.managed_socket().is_some())
+            .map(ManagedHaproxy::ready_events);
+        // Starts that came up while no deployer ran (e.g. during a reinit).
+        if ready.is_some() && self.is_leader() {
+            self.adopt_start().await;
+        }
+        let mut attempt_at: Option<Instant> = None;
+        loop {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => return,
+                changed = desired.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let Some(next) = desired.borrow_and_update().clone() else { continue };
+                    self.take(next);
+                    attempt_at = Some(Instant::now());
+                }
+                () = sleep_until(attempt_at) => {
+                    attempt_at = self.attempt().await;
+                }
+                _ = drift.tick() => {
+                    if attempt_at.is_none() && self.is_leader() && self.drifted().await {
+                        attempt_at = Some(Instant::now());
+                    }
+                }
+                () = ready_changed(&mut ready) => {
+                    if self.is_leader() && self.adopt_start().await && self.current.is_some() {
+                        attempt_at = Some(Instant::now());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes a newer desired config; the one it replaces is reported superseded when
+    /// no attempt reported it yet.
+    fn take(&mut self, next: Desired) {
+        if let Some(round) = self.unreported.take()
+            && round != next.round
+        {
+            self.report(Some(round), Outcome::Superseded);
+        }
+        let drift_check = next.drift_check
+            || self
+                .current
+                .as_ref()
+                .is_some_and(|c| c.drift_check && c.config.hash() == next.config.hash());
+        self.unreported = Some(next.round);
+        self.fallback = None;
+        self.failures = 0;
+        self.current = Some(Desired {
+            drift_check,
+            ..next
+        });
+        self.shared.metrics.out_of_sync(self.driver.name());
+    }
+
+    fn report(&self, round: Option<u64>, outcome: Outcome) {
+        let _ = self.shared.reports.send(Report {
+            instance: self.name().to_owned(),
+            round,
+            outcome,
+        });
+    }
+
+    fn reload_window(&self) -> Option<Instant> {
+        let at = self.last_reload? + self.shared.settings.min_reload_interval;
+        (at > Instant::now()).then_some(at)
+    }
+
+    /// One deployment attempt of `current`; returns when to try again.
+    async fn attempt(&mut self) -> Option<Instant> {
+        let desired = self.current.clone()?;
+        let span = tracing::info_span!(
+            "deploy_instance",
+            instance = %self.name(),
+            correlation_id = ?desired.cause.correlation_id,
+            hash = %desired.config.hash().short(),
+        );
+        let permit = self.shared.permits.clone().acquire_owned().await.ok();
+        let started = Instant::now();
+        let timeout = self.shared.settings.deployment_timeout;
+        let step = tokio::time::timeout(timeout, self.step(&desired))
+            .instrument(span.clone())
+            .await;
+        drop(permit);
+        let elapsed = started.elapsed();
+        let _entered = span.enter();
+        match step {
+            Ok(Ok(Step::Wait(at))) => {
+                tracing::info!(
+                    wait_ms = at.saturating_duration_since(Instant::now()).as_millis() as u64,
+                    "Reload waits for this instance's reload window"
+                );
+                Some(at)
+            }
+            Ok(Ok(Step::Fallback(plan))) => {
+                self.fallback = Some(plan);
+                Some(self.reload_window().unwrap_or_else(Instant::now))
+            }
+            Ok(Ok(Step::Done(deployed))) => {
+                self.succeeded(&desired, deployed, elapsed);
+                None
+            }
+            Ok(Err(error)) => {
+                let unknown = matches!(error, DeployError::RestoreFailed { .. });
+                Some(self.failed(&desired, error.to_diagnostic(), unknown, elapsed))
+            }
+            Err(_) => {
+                let diagnostic = Diagnostic::error(format!(
+                    "deployment did not finish within {timeout:?} (controller.deploymentTimeout); \
+                     what the instance runs is unknown until the next deployment"
+                ));
+                Some(self.failed(&desired, diagnostic, true, elapsed))
+            }
+        }
+    }
+
+    async fn step(&mut self, desired: &Desired) -> Result<Step, DeployError> {
+        let driver = self.driver.clone();
+        let running = self.shared.store.deployed(self.name());
+        if let Some(started) = driver
+            .start_if_stopped(&desired.config, &desired.model, running.as_ref())
+            .await
+        {
+            return started.map(Step::Done);
+        }
+        let running = match running {
+            Some(running) => Some(running),
+            None => driver.recover(&desired.config).await?,
+        };
+        if let Some(fallback) = self.fallback.clone() {
+            if let Some(at) = self.reload_window() {
+                return Ok(Step::Wait(at));
+            }
+            self.fallback = None;
+            return driver
+                .reload_with(
+                    desired.config.clone(),
+                    desired.model.clone(),
+                    running.as_deref(),
+                    fallback,
+                )
+                .await
+                .map(Step::Done);
+        }
+        let decision = flow::decide(
+            &*driver,
+            &desired.config,
+            &desired.model,
+            running.as_deref(),
+            desired.drift_check,
+        )
+        .await?;
+        if decision.reloads()
+            && let Some(at) = self.reload_window()
+        {
+            if decision.running_unknown {
+                // Keep what the check found (a drift) for when the window opens.
+                if let Some(current) = self.current.as_mut() {
+                    current.drift_check = true;
+                }
+            }
+            return Ok(Step::Wait(at));
+        }
+        match flow::execute(
+            &*driver,
+            &desired.config,
+            &desired.model,
+            running.as_ref(),
+            decision,
+        )
+        .await?
+        {
+            Executed::Done(deployed) => Ok(Step::Done(deployed)),
+            Executed::RuntimeFailed { fallback } => Ok(Step::Fallback(fallback)),
+        }
+    }
+
+    fn succeeded(&mut self, desired: &Desired, deployed: Deployed, elapsed: Duration) {
+        let name = self.name().to_owned();
+        tracing::info!(
+            strategy = %deployed.strategy,
+            reason = %deployed.reason.detail,
+            duration_ms = elapsed.as_millis() as u64,
+            "Instance deployed"
+        );
+        if deployed.strategy == DeployStrategy::Reload {
+            self.last_reload = Some(Instant::now());
+        }
+        self.shared
+            .metrics
+            .deployment(&name, deployed.strategy, true, elapsed.as_secs_f64());
+        self.shared.publisher.reply(
+            &desired.cause,
+            InstanceDeployed {
+                instance: name.clone(),
+                hash: desired.config.hash(),
+                strategy: deployed.strategy,
+                reason: Some(deployed.reason.clone()),
+                duration: elapsed,
+            },
+        );
+        self.shared
+            .store
+            .record_success(&name, deployed, self.last_reload);
+        if let Some(current) = self.current.as_mut() {
+            current.drift_check = false;
+        }
+        self.failures = 0;
+        let round = self.unreported.take();
+        self.report(round, Outcome::Deployed);
+    }
+
+    /// Records a failed attempt; returns when to retry.
+    fn failed(
+        &mut self,
+        desired: &Desired,
+        error: Diagnostic,
+        unknown: bool,
+        elapsed: Duration,
+    ) -> Instant {
+        let name = self.name().to_owned();
+        tracing::warn!(error = %error.message, "Instance deployment failed");
+        self.shared
+            .metrics
+            .deployment(&name, DeployStrategy::Reload, false, elapsed.as_secs_f64());
+        if unknown {
+            self.shared
+                .store
+                .record_unknown(&name, error.message.clone());
+        } else {
+            self.shared
+                .store
+                .record_failure(&name, error.message.clone());
+        }
+        self.shared.publisher.reply(
+            &desired.cause,
+            InstanceDeploymentFailed {
+                instance: name,
+                hash: desired.config.hash(),
+                error: error.clone(),
+            },
+        );
+        let round = self.unreported.take();
+        self.report(round, Outcome::Failed(error));
+        self.failures = self.failures.saturating_add(1);
+        let settings = self.shared.settings;
+        let delay = settings
+            .min_retry_delay
+            .saturating_mul(1 << (self.failures - 1).min(16))
+            .min(settings.max_retry_delay);
+        tracing::info!(?delay, "Retrying the instance");
+        Instant::now() + delay
+    }
+
+    /// Checks whether the instance still runs what it was given; on a drift, marks
+    /// the current config for a drift-checked redeployment and returns `true`.
+    async fn drifted(&mut self) -> bool {
+        let name = self.name().to_owned();
+        let Some(deployed) = self.shared.store.deployed(&name) else {
+            return false;
+        };
+        let check = tokio::time::timeout(
+            self.shared.settings.drift_timeout,
+            self.driver.check_drift(&deployed),
+        )
+        .instrument(tracing::debug_span!("drift_check", instance = %name))
+        .await;
+        let detail = match check {
+            Ok(Ok(Some(detail))) => detail,
+            Ok(Ok(None)) => return false,
+            Ok(Err(error)) => {
+                tracing::warn!(instance = %name, error = %error.to_diagnostic().message, "Drift check failed");
+                return false;
+            }
+            Err(_) => {
+                tracing::warn!(instance = %name, timeout = ?self.shared.settings.drift_timeout, "Drift check timed out");
+                return false;
+            }
+        };
+        tracing::warn!(instance = %name, %detail, "Drift detected; re-deploying");
+        self.shared.metrics.drift_detected(&name);
+        self.shared.metrics.out_of_sync(&name);
+        self.shared.publisher.publish(DriftDetected {
+            instance: name,
+            detail,
+        });
+        match self.current.as_mut() {
+            Some(current) => {
+                current.drift_check = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Records an unaccounted start of a managed instance as a deployment. Returns
+    /// `true` when the instance now runs something other than the current config
+    /// (so it is deployed again).
+    async fn adopt_start(&mut self) -> bool {
+        let Some(socket) = self.driver.managed_socket() else {
+            return false;
+        };
+        let name = self.name().to_owned();
+        let record = self.shared.store.get(&name);
+        let deployed_before = record.is_some_and(|r| r.deployed.is_some() || r.reloads > 0);
+        let mut known: Vec<Arc<RenderedConfig>> = self
+            .current
+            .as_ref()
+            .map(|c| c.config.clone())
+            .into_iter()
+            .collect();
+        known.extend(self.shared.store.deployed(&name).map(|d| d.config.clone()));
+        let started = Instant::now();
+        let Some(outcome) = socket.adopt_managed_start(deployed_before, &known).await else {
+            return false;
+        };
+        let elapsed = started.elapsed();
+        let cause = self.current.as_ref().map(|c| c.cause.clone());
+        let publish = |payload: EventPayload| match &cause {
+            Some(cause) => self.shared.publisher.reply(cause, payload),
+            None => self.shared.publisher.publish(payload),
+        };
+        match outcome {
+            Ok(deployed) => {
+                let hash = deployed.config.hash();
+                tracing::info!(
+                    strategy = %deployed.strategy,
+                    reason = %deployed.reason.detail,
+                    hash = %hash.short(),
+                    "Managed HAProxy started; recorded as a deployment"
+                );
+                self.last_reload = Some(Instant::now());
+                self.shared.metrics.deployment(
+                    &name,
+                    deployed.strategy,
+                    true,
+                    elapsed.as_secs_f64(),
+                );
+                publish(
+                    InstanceDeployed {
+                        instance: name.clone(),
+                        hash,
+                        strategy: deployed.strategy,
+                        reason: Some(deployed.reason.clone()),
+                        duration: elapsed,
+                    }
+                    .into(),
+                );
+                self.shared
+                    .store
+                    .record_success(&name, deployed, self.last_reload);
+                let behind = self
+                    .current
+                    .as_ref()
+                    .is_some_and(|c| c.config.hash() != hash);
+                if behind {
+                    self.shared.metrics.out_of_sync(&name);
+                } else if self.current.is_some() {
+                    let round = self.unreported.take();
+                    self.failures = 0;
+                    self.report(round, Outcome::Deployed);
+                }
+                behind
+            }
+            Err(error) => {
+                let diagnostic = error.to_diagnostic();
+                tracing::warn!(
+                    error = %diagnostic.message,
+                    "Managed HAProxy started, but what it runs is unknown"
+                );
+                self.shared
+                    .store
+                    .record_unknown(&name, diagnostic.message.clone());
+                self.shared.metrics.out_of_sync(&name);
+                if let Some(current) = &self.current {
+                    publish(
+                        InstanceDeploymentFailed {
+                            instance: name,
+                            hash: current.config.hash(),
+                            error: diagnostic,
+                        }
+                        .into(),
+                    );
+                }
+                self.current.is_some()
+            }
+        }
+    }
+}
+
+/// Completes when a managed HAProxy came up; never without a supervisor.
+async fn ready_changed(events: &mut Option<watch::Receiver<u64>>) {
+    match events {
+        Some(receiver) => {
+            if receiver.changed().await.is_err() {
+                *events = None;
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
