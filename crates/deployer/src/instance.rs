@@ -404,19 +404,18 @@ impl Worker {
         self.shared
             .metrics
             .deployment(&name, deployed.strategy, true, elapsed.as_secs_f64());
-        self.shared.publisher.reply(
-            &desired.cause,
-            InstanceDeployed {
-                instance: name.clone(),
-                hash: desired.config.hash(),
-                strategy: deployed.strategy,
-                reason: Some(deployed.reason.clone()),
-                duration: elapsed,
-            },
-        );
+        let event = InstanceDeployed {
+            instance: name.clone(),
+            hash: desired.config.hash(),
+            strategy: deployed.strategy,
+            reason: Some(deployed.reason.clone()),
+            duration: elapsed,
+        };
+        // The record first: whoever reacts to the event finds it.
         self.shared
             .store
             .record_success(&name, deployed, self.last_reload);
+        self.shared.publisher.reply(&desired.cause, event);
         if let Some(current) = self.current.as_mut() {
             current.drift_check = false;
         }
@@ -551,19 +550,17 @@ impl Worker {
                     true,
                     elapsed.as_secs_f64(),
                 );
-                publish(
-                    InstanceDeployed {
-                        instance: name.clone(),
-                        hash,
-                        strategy: deployed.strategy,
-                        reason: Some(deployed.reason.clone()),
-                        duration: elapsed,
-                    }
-                    .into(),
-                );
+                let event = InstanceDeployed {
+                    instance: name.clone(),
+                    hash,
+                    strategy: deployed.strategy,
+                    reason: Some(deployed.reason.clone()),
+                    duration: elapsed,
+                };
                 self.shared
                     .store
                     .record_success(&name, deployed, self.last_reload);
+                publish(event.into());
                 let behind = self
                     .current
                     .as_ref()

@@ -507,3 +507,153 @@ async fn drift_after_an_out_of_band_change_and_reload_is_repaired() {
     assert!(metrics.drift_count("local") >= 1);
     harness.stop().await;
 }
+
+/// A unix socket that accepts connections and never answers: an instance that hangs.
+struct BlackHole {
+    _task: tokio_util::task::AbortOnDropHandle<()>,
+}
+
+impl BlackHole {
+    fn bind(path: &std::path::Path) -> Self {
+        let listener = tokio::net::UnixListener::bind(path).unwrap();
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        Self {
+            _task: tokio_util::task::AbortOnDropHandle::new(task),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_changes_reach_healthy_instances_while_one_hangs_and_it_catches_up() {
+    let app = Backend::start("app").await;
+    let next = Backend::start("next").await;
+    let render = |server_port: u16| {
+        rendered(
+            &format!(
+                "global\n    stats timeout 30s\n\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
+frontend fe_main\n    bind unix@fe.sock\n    default_backend be_app\n\n\
+backend be_app\n    balance roundrobin\n    server s1 127.0.0.1:{server_port}\n"
+            ),
+            &[],
+        )
+    };
+    let v1 = render(app.port);
+    let mut haproxies = Vec::new();
+    for i in 0..3 {
+        haproxies.push(Haproxy::start(&format!("local-{i}"), &v1, "boot").await);
+    }
+    let metrics = Metrics::unregistered().unwrap();
+    let drivers: BTreeMap<String, Arc<dyn Driver>> = haproxies
+        .iter()
+        .map(|h| {
+            (
+                h.instance.name.clone(),
+                Arc::new(SocketDriver::new(h.instance.clone(), None, metrics.clone()))
+                    as Arc<dyn Driver>,
+            )
+        })
+        .collect();
+    let store = LastDeployedStore::new();
+    let deployer = Deployer::with_drivers(
+        Config {
+            deployment_timeout: Duration::from_secs(3),
+            ..fast_config()
+        },
+        drivers,
+        store.clone(),
+        None,
+        metrics.clone(),
+    );
+    let names = deployer.instance_names();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut harness = Harness::start(|kernel| {
+        kernel.register(deployer);
+    });
+    harness.schedule(&v1, &names);
+    let (succeeded, failed) = harness.completed().await;
+    assert_eq!(succeeded.len(), 3, "failed: {failed:?}");
+
+    // local-2 hangs: its master socket accepts and never answers.
+    haproxies[2].kill();
+    let hole = BlackHole::bind(&haproxies[2].master_path());
+    let v2 = render(next.port);
+    let v3 = render(app.port);
+    harness.schedule(&v2, &names);
+    // Each healthy instance takes v2, then v3 (scheduled as soon as both ran v2), at
+    // runtime, while local-2's first attempt is still hanging: nothing waits for it.
+    let mut seen: Vec<(
+        String,
+        Option<DeployStrategy>,
+        hapwright_eventbus::model::ContentHash,
+    )> = Vec::new();
+    let mut v3_sent = false;
+    while seen
+        .iter()
+        .filter(|(_, outcome, hash)| outcome.is_some() && *hash == v3.hash())
+        .count()
+        < 2
+    {
+        let event = harness
+            .next(Duration::from_secs(30), |e| match &e.payload {
+                EventPayload::InstanceDeployed(d) => {
+                    Some((d.instance.clone(), Some(d.strategy), d.hash))
+                }
+                EventPayload::InstanceDeploymentFailed(f) => {
+                    Some((f.instance.clone(), None, f.hash))
+                }
+                _ => None,
+            })
+            .await;
+        assert!(
+            event.1.is_some(),
+            "local-2 failed before the others were done: {seen:?} then {event:?}"
+        );
+        assert_eq!(event.1, Some(DeployStrategy::Runtime), "{event:?}");
+        seen.push(event);
+        let on_v2 = seen.iter().filter(|(_, _, h)| *h == v2.hash()).count();
+        if on_v2 == 2 && !v3_sent {
+            harness.schedule(&v3, &names);
+            v3_sent = true;
+        }
+    }
+    let mut instances: Vec<&str> = seen.iter().map(|(n, ..)| n.as_str()).collect();
+    instances.sort_unstable();
+    assert_eq!(instances, ["local-0", "local-0", "local-1", "local-1"]);
+    // Then the hanging instance's attempts time out and are reported.
+    let failed = harness
+        .next(Duration::from_secs(30), |e| match &e.payload {
+            EventPayload::InstanceDeploymentFailed(f) => Some(f.instance.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(failed, "local-2");
+    for haproxy in &haproxies[..2] {
+        assert_eq!(
+            store
+                .deployed(&haproxy.instance.name)
+                .unwrap()
+                .config
+                .hash(),
+            v3.hash()
+        );
+    }
+
+    // It comes back: the worker's retry brings it to the newest config.
+    drop(hole);
+    let _ = std::fs::remove_file(haproxies[2].master_path());
+    haproxies[2].restart().await;
+    let caught_up = harness
+        .next(Duration::from_secs(30), |e| match &e.payload {
+            EventPayload::InstanceDeployed(d) if d.instance == "local-2" => Some(d.hash),
+            _ => None,
+        })
+        .await;
+    assert_eq!(caught_up, v3.hash());
+    assert_eq!(store.deployed("local-2").unwrap().config.hash(), v3.hash());
+    harness.stop().await;
+}

@@ -1,0 +1,224 @@
+//! The reload window is kept per instance by its owner: an instance that must wait
+//! for `minReloadInterval` holds only its own reload, never another instance's
+//! runtime changes, and a newer config replaces the waiting one (one reload, not
+//! two). Drivers are fakes behind the real [`Driver`] trait (the plans are real), under
+//! paused time.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hapwright_deployer::Driver;
+use hapwright_deployer::deployer::{Config, Deployer, LastDeployedStore};
+use hapwright_deployer::driver::{DeployError, Deployed};
+use hapwright_deployer::haproxy_config::Config as Model;
+use hapwright_deployer::metrics::Metrics;
+use hapwright_deployer::plan::ChangePlan;
+use hapwright_eventbus::model::{DeployStrategy, InstanceDriver, RenderedConfig, SourceMap};
+use hapwright_eventbus::{
+    Bus, BusConfig, BusMetrics, DeploymentScheduled, EventKind, EventPayload, Kernel,
+};
+use tokio::time::{Instant, timeout};
+
+/// What a fake instance was asked to do: (`reload` or `runtime`, hash, when).
+type Calls = Arc<Mutex<Vec<(&'static str, String, Duration)>>>;
+
+#[derive(Debug)]
+struct Fake {
+    name: String,
+    calls: Calls,
+    t0: Instant,
+}
+
+#[async_trait::async_trait]
+impl Driver for Fake {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> InstanceDriver {
+        InstanceDriver::Socket
+    }
+
+    async fn recover(
+        &self,
+        _desired: &Arc<RenderedConfig>,
+    ) -> Result<Option<Arc<Deployed>>, DeployError> {
+        Ok(None)
+    }
+
+    async fn check_drift(&self, _running: &Deployed) -> Result<Option<String>, DeployError> {
+        Ok(None)
+    }
+
+    async fn apply_runtime_ops(&self, plan: &ChangePlan) -> Result<usize, String> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(("runtime", String::new(), self.t0.elapsed()));
+        Ok(plan.ops.len())
+    }
+
+    async fn persist(
+        &self,
+        desired: &Arc<RenderedConfig>,
+        _marker: &str,
+        _previous: &Arc<RenderedConfig>,
+    ) -> Result<(), DeployError> {
+        if let Some(last) = self.calls.lock().unwrap().last_mut()
+            && last.0 == "runtime"
+            && last.1.is_empty()
+        {
+            last.1 = desired.hash().short();
+        }
+        Ok(())
+    }
+
+    async fn reload_with(
+        &self,
+        desired: Arc<RenderedConfig>,
+        _desired_model: Arc<Model>,
+        _running: Option<&Deployed>,
+        plan: ChangePlan,
+    ) -> Result<Deployed, DeployError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(("reload", desired.hash().short(), self.t0.elapsed()));
+        let marker = desired.hash().short();
+        Ok(Deployed::new(
+            desired,
+            marker,
+            DeployStrategy::Reload,
+            plan.reason(),
+        ))
+    }
+}
+
+fn config(text: &str) -> Arc<RenderedConfig> {
+    Arc::new(RenderedConfig::new(
+        text,
+        BTreeMap::new(),
+        BTreeMap::new(),
+        BTreeMap::new(),
+        SourceMap::default(),
+    ))
+}
+
+const BACKEND: &str = "backend be\n    balance roundrobin\n";
+
+#[tokio::test(start_paused = true)]
+async fn one_instance_waiting_for_its_reload_window_holds_nobody_else() {
+    let t0 = Instant::now();
+    let (a_calls, b_calls) = (Calls::default(), Calls::default());
+    let drivers: BTreeMap<String, Arc<dyn Driver>> = [("a", &a_calls), ("b", &b_calls)]
+        .into_iter()
+        .map(|(name, calls)| {
+            (
+                name.to_owned(),
+                Arc::new(Fake {
+                    name: name.to_owned(),
+                    calls: calls.clone(),
+                    t0,
+                }) as Arc<dyn Driver>,
+            )
+        })
+        .collect();
+    let registry = prometheus::Registry::new();
+    let bus = Bus::new(
+        BusConfig::default(),
+        &BusMetrics::register(&registry).unwrap(),
+    );
+    let mut events = bus
+        .subscribe("test", [EventKind::InstanceDeployed])
+        .unwrap();
+    let publisher = bus.publisher();
+    let mut kernel = Kernel::new(bus);
+    kernel.register(Deployer::with_drivers(
+        Config {
+            min_reload_interval: Duration::from_secs(10),
+            ..Config::default()
+        },
+        drivers,
+        LastDeployedStore::new(),
+        None,
+        Metrics::unregistered().unwrap(),
+    ));
+    let kernel = kernel.start().unwrap();
+    let schedule = |config: &Arc<RenderedConfig>, instances: &[&str]| {
+        publisher.publish(DeploymentScheduled {
+            config: config.clone(),
+            instances: instances.iter().map(|s| (*s).to_owned()).collect(),
+            drift_check: false,
+            parsed: Default::default(),
+        });
+    };
+    let mut deployed = async |instance: &str| {
+        timeout(Duration::from_secs(60), async {
+            loop {
+                let event = events.recv().await.unwrap();
+                if let EventPayload::InstanceDeployed(d) = &event.payload
+                    && d.instance == instance
+                {
+                    return (d.hash.short(), d.strategy, t0.elapsed());
+                }
+            }
+        })
+        .await
+        .expect("deployed in time")
+    };
+
+    // t=0: a runs v1, b runs v2 (first deployments reload).
+    let v1 = config(&format!("{BACKEND}    server s1 10.0.0.1:80\n"));
+    let v2 = config(&format!(
+        "{BACKEND}    option forwardfor\n    server s1 10.0.0.1:80\n"
+    ));
+    schedule(&v1, &["a"]);
+    schedule(&v2, &["b"]);
+    assert_eq!(deployed("a").await.1, DeployStrategy::Reload);
+    assert_eq!(deployed("b").await.1, DeployStrategy::Reload);
+
+    // t=1: v2 everywhere. a needs a reload and waits for its window (t=10); b has it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    schedule(&v2, &["a", "b"]);
+    let (hash, strategy, _) = deployed("b").await;
+    assert_eq!((hash, strategy), (v2.hash().short(), DeployStrategy::Noop));
+
+    // t=2: a server address changes: b takes it at runtime at once, while a still
+    // waits for its reload window.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let v3 = config(&format!(
+        "{BACKEND}    option forwardfor\n    server s1 10.0.0.2:80\n"
+    ));
+    schedule(&v3, &["a", "b"]);
+    let (hash, strategy, at) = deployed("b").await;
+    assert_eq!(
+        (hash, strategy),
+        (v3.hash().short(), DeployStrategy::Runtime)
+    );
+    assert!(at < Duration::from_secs(3), "{at:?}");
+    assert_eq!(
+        a_calls.lock().unwrap().len(),
+        1,
+        "a only had its first reload"
+    );
+
+    // a reloads once, onto the newest config, when its window opens.
+    let (hash, strategy, at) = deployed("a").await;
+    assert_eq!(
+        (hash, strategy),
+        (v3.hash().short(), DeployStrategy::Reload)
+    );
+    assert!(at >= Duration::from_secs(10), "{at:?}");
+    let a = a_calls.lock().unwrap().clone();
+    assert_eq!(a.len(), 2, "{a:?}");
+    assert_eq!(a[1].0, "reload");
+    assert_eq!(a[1].1, v3.hash().short());
+    let b = b_calls.lock().unwrap().clone();
+    assert_eq!(
+        b.iter().map(|c| c.0).collect::<Vec<_>>(),
+        ["reload", "runtime"],
+        "{b:?}"
+    );
+    kernel.shutdown(Duration::from_secs(5)).await;
+}
