@@ -91,7 +91,7 @@ impl Metrics {
             drift: IntCounterVec::new(
                 Opts::new(
                     "hapwright_drift_detected_total",
-                    "Times the drift monitor found an instance running another config than deployed.",
+                    "Times a drift check found an instance running another config than deployed.",
                 ),
                 &["instance"],
             )?,
