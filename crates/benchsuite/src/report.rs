@@ -720,7 +720,10 @@ fn criterion_sections(c: &BTreeMap<String, Estimate>, summary: &mut Vec<[String;
         let _ = writeln!(
             s,
             "One runtime change (a server weight) deployed to a fleet in parallel. Target: \
-             the largest fleet takes at most 3× one instance.\n"
+             the largest fleet takes at most 3× one instance. `fleet_runtime_latency`: time \
+             until every healthy instance of 10 took the change, all healthy and with one \
+             instance hanging (it accepts on its master socket and never answers). Target: \
+             ≤ 1.2× the all-healthy median.\n"
         );
         let _ = writeln!(s, "| benchmark | median | 95 % interval |\n|---|---:|---|");
         for (id, e) in &fleet {
@@ -741,7 +744,8 @@ fn criterion_sections(c: &BTreeMap<String, Estimate>, summary: &mut Vec<[String;
         let mut kinds: BTreeMap<String, Vec<(u64, f64)>> = BTreeMap::new();
         for (id, e) in &fleet {
             let parts: Vec<&str> = id.split('/').collect();
-            if let [_, kind, count] = parts.as_slice()
+            if let [group, kind, count] = parts.as_slice()
+                && *group == "fleet_runtime_change"
                 && let Ok(count) = count.parse::<u64>()
             {
                 kinds
@@ -769,6 +773,30 @@ fn criterion_sections(c: &BTreeMap<String, Estimate>, summary: &mut Vec<[String;
             summary.push([
                 format!("fleet of {many} vs {one} ({kind})"),
                 "≤ 3×".to_owned(),
+                format!("{ratio:.2}× — {v}"),
+            ]);
+        }
+        // One hanging instance of 10 must not slow the others' runtime path down.
+        let latency = |kind: &str| {
+            fleet
+                .iter()
+                .find(|(id, _)| id.as_str() == format!("fleet_runtime_latency/{kind}/10"))
+                .map(|(_, e)| e.median_ms())
+        };
+        if let (Some(healthy), Some(hanging)) = (latency("all_healthy"), latency("one_hanging"))
+            && healthy > 0.0
+        {
+            let ratio = hanging / healthy;
+            let v = verdict(ratio, 1.2, "×");
+            let _ = writeln!(
+                s,
+                "| 9 healthy of 10, one hanging: {} ms | 10 healthy: {} ms | {ratio:.2}× | ≤ 1.2× | {v} |",
+                fmt_num(hanging),
+                fmt_num(healthy)
+            );
+            summary.push([
+                "runtime change, 1 of 10 instances hanging vs all healthy (p50)".to_owned(),
+                "≤ 1.2×".to_owned(),
                 format!("{ratio:.2}× — {v}"),
             ]);
         }

@@ -3,6 +3,12 @@
 //! Data Plane API v3 test servers answering after 1 ms (a network round trip), in
 //! parallel (bounded). Target: 50 instances take at most 3× one instance.
 //!
+//! `fleet_runtime_latency`: the time until every healthy instance of 10 local ones
+//! took a runtime change (its `InstanceDeployed`), with all 10 healthy and with one
+//! of them hanging (its master socket accepts and never answers). Each instance has
+//! its own owner, so the hanging one must not slow the others down. Target: p50
+//! with one hanging ≤ 1.2× the all-healthy p50.
+//!
 //! `cargo bench -p hapwright-deployer --bench fleet`
 
 #[allow(unused_imports)]
@@ -49,10 +55,17 @@ struct Fleet {
     names: Vec<String>,
     _haproxies: Vec<Haproxy>,
     _servers: Vec<DataplaneServer>,
+    _holes: Vec<tokio_util::task::AbortOnDropHandle<()>>,
 }
 
 impl Fleet {
     async fn start(sockets: usize, dataplanes: usize) -> Self {
+        Self::start_with(sockets, dataplanes, 0).await
+    }
+
+    /// `hanging` of the socket instances stop answering on their master socket
+    /// (killed, and a listener that accepts and never answers bound in its place).
+    async fn start_with(sockets: usize, dataplanes: usize, hanging: usize) -> Self {
         let metrics = Metrics::unregistered().unwrap();
         let mut haproxies = Vec::new();
         let mut drivers = BTreeMap::new();
@@ -97,11 +110,17 @@ impl Fleet {
             &BusMetrics::register(&registry).unwrap(),
         );
         let completed = bus
-            .subscribe("bench", [EventKind::DeploymentCompleted])
+            .subscribe(
+                "bench",
+                [EventKind::DeploymentCompleted, EventKind::InstanceDeployed],
+            )
             .unwrap();
         let publisher = bus.publisher();
         let deployer = Deployer::with_drivers(
-            Config::default(),
+            Config {
+                deployment_timeout: Duration::from_secs(2),
+                ..Config::default()
+            },
             drivers,
             LastDeployedStore::new(),
             None,
@@ -116,12 +135,48 @@ impl Fleet {
             publisher,
             completed,
             names,
-            _haproxies: haproxies,
+            _haproxies: Vec::new(),
             _servers: servers,
+            _holes: Vec::new(),
         };
         // The first deployment (a reload everywhere) is not measured.
         fleet.deploy(first).await;
+        for haproxy in haproxies.iter_mut().take(hanging) {
+            haproxy.kill();
+            let listener = tokio::net::UnixListener::bind(haproxy.master_path()).unwrap();
+            fleet
+                ._holes
+                .push(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
+                    async move {
+                        let mut held = Vec::new();
+                        while let Ok((stream, _)) = listener.accept().await {
+                            held.push(stream);
+                        }
+                    },
+                )));
+        }
+        fleet._haproxies = haproxies;
         fleet
+    }
+
+    /// Deploys `config` and returns once `healthy` instances took it.
+    async fn deploy_to_healthy(&mut self, config: Arc<RenderedConfig>, healthy: usize) {
+        let hash = config.hash();
+        self.publisher.publish(DeploymentScheduled {
+            config,
+            instances: self.names.clone(),
+            drift_check: false,
+            parsed: Default::default(),
+        });
+        let mut took = 0;
+        while took < healthy {
+            let event = self.completed.recv().await.expect("bus open");
+            if let EventPayload::InstanceDeployed(done) = &event.payload
+                && done.hash == hash
+            {
+                took += 1;
+            }
+        }
     }
 
     async fn deploy(&mut self, config: Arc<RenderedConfig>) {
@@ -167,6 +222,24 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 weight = if weight == 1 { 2 } else { 1 };
                 rt.block_on(fleet.deploy(render(weight)));
+            });
+        });
+        if let Some(kernel) = fleet.kernel.take() {
+            rt.block_on(kernel.shutdown(Duration::from_secs(5)));
+        }
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("fleet_runtime_latency");
+    group.sample_size(20);
+    group.measurement_time(Duration::from_secs(5));
+    for (kind, hanging) in [("all_healthy", 0), ("one_hanging", 1)] {
+        let mut fleet = rt.block_on(Fleet::start_with(10, 0, hanging));
+        let mut weight = 1;
+        group.bench_function(BenchmarkId::new(kind, 10), |b| {
+            b.iter(|| {
+                weight = if weight == 1 { 2 } else { 1 };
+                rt.block_on(fleet.deploy_to_healthy(render(weight), 10 - hanging));
             });
         });
         if let Some(kernel) = fleet.kernel.take() {
