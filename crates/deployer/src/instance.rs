@@ -316,7 +316,14 @@ impl Worker {
                 None
             }
             Ok(Err(error)) => {
-                let unknown = matches!(error, DeployError::RestoreFailed { .. });
+                // After these, what the instance runs cannot be told: a reload may
+                // still complete, or the files may not be what it runs.
+                let unknown = matches!(
+                    error,
+                    DeployError::RestoreFailed { .. }
+                        | DeployError::ReloadTimeout(_)
+                        | DeployError::MarkerMismatch { .. }
+                );
                 Some(self.failed(&desired, error.to_diagnostic(), unknown, elapsed))
             }
             Err(_) => {

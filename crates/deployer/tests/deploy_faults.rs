@@ -1,0 +1,127 @@
+//! Deployments that fail after files were written, against real HAProxy 2.6: the last
+//! good files are put back and the failure is reported, with the deployer component
+//! (instance workers, nested timeouts) driving the socket driver.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hapwright_deployer::deployer::{self, Deployer, LastDeployedStore};
+use hapwright_deployer::metrics::Metrics;
+use hapwright_eventbus::model::{RenderedConfig, SourceMap};
+use hapwright_eventbus::{
+    Bus, BusConfig, BusMetrics, DeploymentScheduled, EventKind, EventPayload, Kernel,
+};
+use support::{Backend, Haproxy, config, free_port, wait_for_body};
+use tokio::time::timeout;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_slower_than_the_deployment_timeout_restores_the_files_and_reports_it() {
+    let app = Backend::start("app").await;
+    let port = free_port();
+    let main = config(
+        port,
+        &format!("backend be_app\n    server s1 127.0.0.1:{}\n", app.port),
+    );
+    let v1 = Arc::new(RenderedConfig::new(
+        main.clone(),
+        BTreeMap::from([("hosts.map".to_owned(), Arc::from(""))]),
+        BTreeMap::new(),
+        BTreeMap::new(),
+        SourceMap::default(),
+    ));
+    // v2 loads a Lua file that keeps HAProxy busy for 4 s while it loads the config:
+    // the reload takes longer than the 2 s deployment timeout.
+    let slow = "local t = os.time()\nwhile os.time() - t < 4 do end\n";
+    let v2 = Arc::new(RenderedConfig::new(
+        main.replacen("global\n", "global\n    lua-load files/slow.lua\n", 1),
+        BTreeMap::from([("hosts.map".to_owned(), Arc::from(""))]),
+        BTreeMap::from([("slow.lua".to_owned(), Arc::from(slow))]),
+        BTreeMap::new(),
+        SourceMap::default(),
+    ));
+    let haproxy = Haproxy::start("slow", &v1, &v1.hash().short()).await;
+    wait_for_body(port, "app.test", "app").await;
+    let before = std::fs::read(haproxy.path().join("haproxy.cfg")).unwrap();
+
+    let registry = prometheus::Registry::new();
+    let bus = Bus::new(
+        BusConfig::default(),
+        &BusMetrics::register(&registry).unwrap(),
+    );
+    let mut events = bus
+        .subscribe(
+            "test",
+            [
+                EventKind::InstanceDeployed,
+                EventKind::InstanceDeploymentFailed,
+            ],
+        )
+        .unwrap();
+    let publisher = bus.publisher();
+    let metrics = Metrics::register(&registry).unwrap();
+    let mut kernel = Kernel::new(bus);
+    kernel.register(Deployer::new(
+        deployer::Config {
+            deployment_timeout: Duration::from_secs(2),
+            // No retry while the test looks at the directory.
+            min_retry_delay: Duration::from_secs(600),
+            max_retry_delay: Duration::from_secs(600),
+            ..deployer::Config::default()
+        },
+        vec![haproxy.instance.clone()],
+        LastDeployedStore::new(),
+        None,
+        metrics.clone(),
+    ));
+    let kernel = kernel.start().unwrap();
+    let schedule = |config: &Arc<RenderedConfig>| {
+        publisher.publish(DeploymentScheduled {
+            config: config.clone(),
+            instances: vec!["slow".to_owned()],
+            drift_check: false,
+            parsed: Default::default(),
+        });
+    };
+    let mut outcome = async || {
+        timeout(Duration::from_secs(30), events.recv())
+            .await
+            .expect("an outcome in time")
+            .expect("bus open")
+            .payload
+            .clone()
+    };
+
+    // What the instance runs is found on disk: a no-op.
+    schedule(&v1);
+    assert!(matches!(outcome().await, EventPayload::InstanceDeployed(_)));
+
+    schedule(&v2);
+    let EventPayload::InstanceDeploymentFailed(failed) = outcome().await else {
+        panic!("the slow reload fails");
+    };
+    assert!(
+        failed.error.message.contains("reload not confirmed within"),
+        "{}",
+        failed.error.message
+    );
+    // The last good files are back, byte for byte, and v2's new file is gone.
+    assert_eq!(
+        std::fs::read(haproxy.path().join("haproxy.cfg")).unwrap(),
+        before
+    );
+    assert!(!haproxy.path().join("files/slow.lua").exists());
+    let failures = registry
+        .gather()
+        .into_iter()
+        .filter(|f| f.name() == "hapwright_deployments_total")
+        .flat_map(|f| f.get_metric().to_vec())
+        .filter(|m| m.get_label().iter().any(|l| l.value() == "failure"))
+        .map(|m| m.get_counter().get_value())
+        .sum::<f64>();
+    assert_eq!(failures, 1.0);
+    assert_eq!(metrics.restore_failure_count("slow"), 0);
+    kernel.shutdown(Duration::from_secs(5)).await;
+}
