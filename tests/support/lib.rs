@@ -401,6 +401,12 @@ impl Controller {
     /// Like [`start`](Self::start), with `edit` applied to `hapwright.yaml` (after
     /// the port rewrite) before the controller starts.
     pub fn start_with(edit: impl FnOnce(&str) -> String) -> Self {
+        Self::start_with_env(edit, &[])
+    }
+
+    /// Like [`start_with`](Self::start_with), with extra environment variables for
+    /// `hapwright run` (e.g. `HAPWRIGHT_FAULTS`).
+    pub fn start_with_env(edit: impl FnOnce(&str) -> String, env: &[(&str, &str)]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("hapwright-e2e-")
             .tempdir()
@@ -441,19 +447,7 @@ impl Controller {
         }
 
         let log = dir.path().join("hapwright.log");
-        let out = fs::File::create(&log).expect("log file");
-        let err = out.try_clone().expect("log file");
-        let child = Command::new(hapwright_binary())
-            .arg("run")
-            .arg("-c")
-            .arg(dir.path().join("hapwright.yaml"))
-            .current_dir(dir.path())
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("start hapwright run");
+        let child = launch(dir.path(), &log, env);
         let client = reqwest::blocking::Client::builder()
             .no_proxy()
             // A new connection per request: what a reload must never refuse.
@@ -752,6 +746,24 @@ impl Controller {
         }
     }
 
+    /// SIGKILLs `hapwright run` alone, as a crash or an OOM kill would: whatever it
+    /// started (its managed HAProxy) is left as it is.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts `hapwright run` again on the same directory, config and ports (after
+    /// [`kill`](Self::kill) or [`terminate`](Self::terminate)), with `env`, and waits
+    /// until `/readyz` is 200. The log is appended to.
+    pub fn relaunch(&mut self, env: &[(&str, &str)]) {
+        assert!(self.child.is_none(), "the controller still runs");
+        self.child = Some(launch(self.dir.path(), &self.log, env));
+        self.wait_ready();
+    }
+
     /// Sends SIGTERM and waits (bounded) for the exit; returns the exit status.
     pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
         self.signal(Signal::TERM);
@@ -766,6 +778,30 @@ impl Controller {
             Err(waited) => self.fail(&format!("hapwright still running {waited:?} after SIGTERM")),
         }
     }
+}
+
+/// Starts `hapwright run -c <dir>/hapwright.yaml` in `dir`, appending to `log`.
+fn launch(dir: &Path, log: &Path, env: &[(&str, &str)]) -> Child {
+    let out = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
+    let err = out.try_clone().expect("log file");
+    let mut command = Command::new(hapwright_binary());
+    command
+        .arg("run")
+        .arg("-c")
+        .arg(dir.join("hapwright.yaml"))
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.spawn().expect("start hapwright run")
 }
 
 impl Drop for Controller {
