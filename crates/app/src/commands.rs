@@ -165,18 +165,16 @@ pub async fn test(path: &Path, only: Option<&str>, output: OutputFormat) -> u8 {
     }
 }
 
+/// Writes the layout through the deployer's safe writer: no partial files, and
+/// certificates (private keys) readable only by the current user (0600).
 fn write_layout(
     dir: &Path,
     rendered: &hapwright_eventbus::model::RenderedConfig,
 ) -> std::io::Result<Vec<PathBuf>> {
-    let mut written = Vec::new();
-    for (file, content) in rendered.iter() {
-        let target = dir.join(file.relative_path());
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(&target, content.as_bytes())?;
-        written.push(target);
-    }
-    Ok(written)
+    let config_dir = hapwright_deployer::files::ConfigDir::new(dir);
+    config_dir.write_rendered(rendered)?;
+    Ok(rendered
+        .iter()
+        .map(|(file, _)| config_dir.path_of(&file.relative_path()))
+        .collect())
 }

@@ -113,6 +113,45 @@ fn render_prints_the_config_and_writes_the_layout() {
 }
 
 #[test]
+fn render_out_writes_keys_private_and_replaces_links() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = project(|t| {
+        format!("{t}\nsslCertificates:\n  site.pem:\n    template: \"-----BEGIN PRIVATE KEY-----\"\n")
+    });
+    let out = dir.path().join("out");
+    // A link planted where the key goes must be replaced, not written through.
+    let outside = dir.path().join("outside.txt");
+    std::fs::write(&outside, "untouched").unwrap();
+    std::fs::create_dir_all(out.join("certs")).unwrap();
+    std::os::unix::fs::symlink(&outside, out.join("certs/site.pem")).unwrap();
+    let output = hapwright(
+        &["render", "-c", "hapwright.yaml", "--out", "out"],
+        dir.path(),
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let mode = |p: &str| {
+        let meta = std::fs::symlink_metadata(out.join(p)).unwrap();
+        assert!(meta.is_file(), "{p} is not a regular file");
+        meta.permissions().mode() & 0o7777
+    };
+    assert_eq!(mode("certs/site.pem"), 0o600);
+    assert_eq!(mode("maps/hosts.map"), 0o644);
+    assert_eq!(mode("haproxy.cfg"), 0o644);
+    assert!(
+        std::fs::read_to_string(out.join("certs/site.pem"))
+            .unwrap()
+            .contains("BEGIN PRIVATE KEY")
+    );
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "untouched");
+    let leftovers: Vec<_> = std::fs::read_dir(out.join("certs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
 fn render_reads_fixtures_per_watched_resource() {
     let dir = project(|t| t);
     let fixtures = dir.path().join("fixtures");

@@ -96,6 +96,147 @@ pub struct SocketTarget {
     pub runtime: Option<Address>,
     /// Where `haproxy.cfg`, `maps/`, `files/` and `certs/` are written.
     pub config_dir: PathBuf,
+    /// Permission bits of the files under `certs/`. They hold private keys, so the
+    /// default, 0600, lets only hapwright's user read them; HAProxy running as
+    /// another user needs a group mode such as `"0640"` together with
+    /// [`cert_group`](Self::cert_group).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_mode: Option<FileMode>,
+    /// Group given to the files under `certs/` (a name from `/etc/group` or a
+    /// numeric gid), so HAProxy running as another user can read them through the
+    /// group bits of [`cert_mode`](Self::cert_mode). Unset: the group of hapwright's
+    /// user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_group: Option<Group>,
+}
+
+/// Unix permission bits written as an octal string in the config file (`"0640"`).
+/// A string, because YAML readers disagree on whether an unquoted `0640` is octal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileMode(u32);
+
+impl FileMode {
+    /// The mode from its bits; `None` above 0o777 (hapwright never sets setuid,
+    /// setgid or sticky bits on the files it writes).
+    pub fn new(bits: u32) -> Option<Self> {
+        (bits <= 0o777).then_some(Self(bits))
+    }
+
+    /// The permission bits.
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// Parses `"0640"` / `"640"` (octal digits only).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let digits = text.strip_prefix("0o").unwrap_or(text);
+        let invalid = || {
+            format!("`{text}` is not a file mode: write octal permission bits such as \"0640\"")
+        };
+        if digits.is_empty() || !digits.chars().all(|c| ('0'..='7').contains(&c)) {
+            return Err(invalid());
+        }
+        let bits = u32::from_str_radix(digits, 8).map_err(|_| invalid())?;
+        Self::new(bits).ok_or_else(|| {
+            format!("`{text}` is above 0777: only permission bits can be set on written files")
+        })
+    }
+}
+
+impl fmt::Display for FileMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:04o}", self.0)
+    }
+}
+
+impl Serialize for FileMode {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for FileMode {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = FileMode;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a quoted octal file mode such as \"0640\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<FileMode, E> {
+                FileMode::parse(text).map_err(E::custom)
+            }
+            fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<FileMode, E> {
+                Err(E::custom(format!(
+                    "write the mode as a quoted octal string (\"0{value}\"), not a number"
+                )))
+            }
+            fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<FileMode, E> {
+                self.visit_u64(value.unsigned_abs())
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
+/// A Unix group: a name looked up in `/etc/group` when a file is written, or a
+/// numeric gid (for groups that only exist in a directory service).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Group {
+    /// A numeric gid.
+    Id(u32),
+    /// A group name.
+    Name(String),
+}
+
+impl fmt::Display for Group {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Group::Id(gid) => write!(f, "{gid}"),
+            Group::Name(name) => f.write_str(name),
+        }
+    }
+}
+
+impl Serialize for Group {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Group::Id(gid) => serializer.serialize_u32(*gid),
+            Group::Name(name) => serializer.serialize_str(name),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Group {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Group;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a group name or a numeric gid")
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Group, E> {
+                if text.is_empty() {
+                    return Err(E::custom("the group name is empty"));
+                }
+                Ok(match text.parse::<u32>() {
+                    Ok(gid) => Group::Id(gid),
+                    Err(_) => Group::Name(text.to_owned()),
+                })
+            }
+            fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<Group, E> {
+                u32::try_from(value)
+                    .map(Group::Id)
+                    .map_err(|_| E::custom(format!("gid {value} is out of range")))
+            }
+            fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<Group, E> {
+                u64::try_from(value)
+                    .map_err(|_| E::custom(format!("gid {value} is out of range")))
+                    .and_then(|v| self.visit_u64(v))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 /// A socket address: a unix socket path, or `host:port` for TCP. A value containing

@@ -91,6 +91,10 @@ pub struct InstanceConfig {
     pub managed: bool,
     /// Environment of the managed process (`${VAR}` in the config).
     pub env: BTreeMap<String, String>,
+    /// Permissions of the files written into `config_dir` (`socket.certMode`,
+    /// `socket.certGroup`): give them to the instance's
+    /// [`ConfigDir`](crate::files::ConfigDir) with `with_modes`.
+    pub file_modes: crate::files::FileModes,
 }
 
 impl InstanceConfig {
@@ -107,6 +111,7 @@ impl InstanceConfig {
             config_dir: config_dir.into(),
             managed: false,
             env: BTreeMap::new(),
+            file_modes: crate::files::FileModes::default(),
         }
     }
 }
@@ -132,6 +137,7 @@ impl InstanceConfig {
             config_dir: socket.config_dir.clone(),
             managed: instance.managed,
             env: instance.env.clone(),
+            file_modes: crate::files::FileModes::from_config(socket),
         })
     }
 }

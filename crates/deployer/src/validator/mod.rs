@@ -24,10 +24,13 @@
 //! check as a plain function for the CLI.
 
 mod alerts;
+mod scratch;
+
+pub use scratch::{SCRATCH_PREFIX, sweep_scratch};
+use scratch::write_scratch;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -273,7 +276,7 @@ pub fn validate_phase1_parsed(
     }
 }
 
-fn is_plain_relative(path: &str) -> bool {
+pub(crate) fn is_plain_relative(path: &str) -> bool {
     !path.is_empty()
         && path
             .split('/')
@@ -410,41 +413,6 @@ fn last_lines(stdout: &str, stderr: &str) -> String {
     } else {
         format!(": {}", tail.join(" / "))
     }
-}
-
-/// Writes every rendered file under a new scratch directory, at its relative path;
-/// files are private to the controller's user (certificates hold keys).
-fn write_scratch(
-    rendered: &RenderedConfig,
-    root: Option<&Path>,
-) -> std::io::Result<tempfile::TempDir> {
-    let mut builder = tempfile::Builder::new();
-    builder.prefix("hapwright-validate-");
-    let scratch = match root {
-        Some(root) => {
-            std::fs::create_dir_all(root)?;
-            builder.tempdir_in(root)?
-        }
-        None => builder.tempdir()?,
-    };
-    for (file, content) in rendered.iter() {
-        let relative = file.relative_path();
-        if !is_plain_relative(&relative) {
-            // Phase 1 rejects these; never write outside the scratch directory.
-            continue;
-        }
-        let path = scratch.path().join(&relative);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let mut out = options.open(&path)?;
-        out.write_all(content.as_bytes())?;
-    }
-    Ok(scratch)
 }
 
 /// How a `haproxy -c` run ended.
@@ -706,6 +674,21 @@ impl Component for Validator {
             .subscription
             .take()
             .ok_or("validator started without subscribing")?;
+        // Scratch directories of a controller that was killed before it could
+        // remove them.
+        let root = self.config.scratch_root.clone();
+        match tokio::task::spawn_blocking(move || sweep_scratch(root.as_deref())).await {
+            Ok(Ok(removed)) if !removed.is_empty() => {
+                tracing::info!(count = removed.len(), "Removed stale validation scratch directories");
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "Cannot sweep stale validation scratch directories");
+            }
+            Err(error) => {
+                tracing::warn!(%error, "Sweeping stale validation scratch directories failed");
+            }
+        }
         ctx.health().healthy();
         loop {
             let event = tokio::select! {

@@ -1,0 +1,271 @@
+//! The one way hapwright puts a file on disk: crash-safe and permission-safe.
+//!
+//! 1. A temporary file is created in the target's directory with
+//!    `O_CREAT | O_EXCL` under a random name starting with [`TEMP_PREFIX`]: creation
+//!    fails on anything already there, a planted symlink included, so nothing is ever
+//!    written through a link (the `tempfile` crate retries with a new name).
+//! 2. Its group and mode are set on the open file, before any content is in it, so a
+//!    private key is never readable by others, not even for a moment.
+//! 3. The content is written and fsynced, the file renamed over the target (a symlink
+//!    at the target is replaced, never followed), and the directory fsynced so the
+//!    rename survives a power loss.
+//!
+//! On any error the temporary file is removed; after a SIGKILL it stays behind until
+//! [`ConfigDir::sweep`](super::ConfigDir::sweep) removes it at the next start.
+
+use std::collections::BTreeSet;
+use std::fs::{File, Permissions};
+use std::io::{self, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::config::Group;
+
+use super::Faults;
+
+/// Name prefix of the temporary files hapwright writes before renaming them into
+/// place; [`ConfigDir::sweep`](super::ConfigDir::sweep) removes leftovers.
+pub const TEMP_PREFIX: &str = ".hapwright-tmp-";
+
+/// Suffix of the temporary files of hapwright versions before [`TEMP_PREFIX`]
+/// (`.<name>.hapwright-tmp`); still swept.
+pub const LEGACY_TEMP_SUFFIX: &str = ".hapwright-tmp";
+
+/// Mode of files HAProxy must read whatever user it runs as (`haproxy.cfg`, maps,
+/// other files): they hold no secrets.
+pub const PUBLIC_MODE: u32 = 0o644;
+
+/// Default mode of certificates and keys: only hapwright's user reads them.
+pub const PRIVATE_MODE: u32 = 0o600;
+
+/// Permissions of the files hapwright writes into a config directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileModes {
+    /// Mode of the files under `certs/` (they hold private keys).
+    pub cert_mode: u32,
+    /// Group of the files under `certs/`, so HAProxy running as another user can
+    /// read them through the group bits; `None` keeps the writer's group.
+    pub cert_group: Option<Group>,
+}
+
+impl Default for FileModes {
+    fn default() -> Self {
+        Self {
+            cert_mode: PRIVATE_MODE,
+            cert_group: None,
+        }
+    }
+}
+
+impl FileModes {
+    /// The modes configured for a socket instance (`socket.certMode`,
+    /// `socket.certGroup`).
+    pub fn from_config(socket: &crate::config::SocketTarget) -> Self {
+        Self {
+            cert_mode: socket.cert_mode.map_or(PRIVATE_MODE, |m| m.bits()),
+            cert_group: socket.cert_group.clone(),
+        }
+    }
+
+    /// Mode and group for the layout file at `relative` (`certs/default.pem`).
+    pub(crate) fn for_path(&self, relative: &str) -> (u32, Option<&Group>) {
+        if relative.starts_with("certs/") {
+            (self.cert_mode, self.cert_group.as_ref())
+        } else {
+            (PUBLIC_MODE, None)
+        }
+    }
+}
+
+/// Writes `content` to `path` atomically with mode 0644: readers see the old or the
+/// new content, never a mix, and a crash leaves one of the two.
+pub fn write_atomic(path: &Path, content: &[u8]) -> io::Result<()> {
+    let mut dirty = Dirs::default();
+    write_file(
+        path,
+        content,
+        PUBLIC_MODE,
+        None,
+        &Faults::default(),
+        None,
+        &mut dirty,
+    )?;
+    dirty.sync()
+}
+
+/// Writes `content` to `path` with the mode 0600 (keys, secrets).
+pub fn write_private(path: &Path, content: &[u8]) -> io::Result<()> {
+    let mut dirty = Dirs::default();
+    write_file(
+        path,
+        content,
+        PRIVATE_MODE,
+        None,
+        &Faults::default(),
+        None,
+        &mut dirty,
+    )?;
+    dirty.sync()
+}
+
+/// Directories whose entries changed and must be fsynced before the next step relies
+/// on them.
+#[derive(Debug, Default)]
+pub(crate) struct Dirs(BTreeSet<PathBuf>);
+
+impl Dirs {
+    /// Records that an entry of `dir` changed.
+    pub(crate) fn touch(&mut self, dir: &Path) {
+        self.0.insert(dir.to_path_buf());
+    }
+
+    /// Fsyncs every touched directory.
+    pub(crate) fn sync(&mut self) -> io::Result<()> {
+        for dir in std::mem::take(&mut self.0) {
+            File::open(&dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| context(e, format!("cannot fsync directory {}", dir.display())))?;
+        }
+        Ok(())
+    }
+}
+
+/// Creates `dir` and its missing parents, recording each parent whose entries
+/// changed.
+pub(crate) fn ensure_dir(dir: &Path, dirty: &mut Dirs) -> io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        ensure_dir(parent, dirty)?;
+        dirty.touch(parent);
+    }
+    match std::fs::create_dir(dir) {
+        Err(error) if error.kind() != io::ErrorKind::AlreadyExists => Err(context(
+            error,
+            format!("cannot create directory {}", dir.display()),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The safe write (module doc). The directory's fsync is left to the caller through
+/// `dirty`, so a batch of files costs one fsync per directory. `relative` names the
+/// file for fault injection.
+pub(crate) fn write_file(
+    path: &Path,
+    content: &[u8],
+    mode: u32,
+    group: Option<&Group>,
+    faults: &Faults,
+    relative: Option<&str>,
+    dirty: &mut Dirs,
+) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    ensure_dir(dir, dirty)?;
+    let at = |what: &str, error: io::Error| context(error, format!("{what} {}", path.display()));
+    let gid = group
+        .map(resolve_group)
+        .transpose()
+        .map_err(|e| at("cannot write", e))?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(TEMP_PREFIX)
+        .permissions(Permissions::from_mode(PRIVATE_MODE))
+        .tempfile_in(dir)
+        .map_err(|e| at("cannot create a temporary file for", e))?;
+    // From here on, dropping `tmp` removes the temporary file.
+    if let Some(gid) = gid {
+        std::os::unix::fs::fchown(tmp.as_file(), None, Some(gid))
+            .map_err(|e| at(&format!("cannot give group {gid} to"), e))?;
+    }
+    tmp.as_file()
+        .set_permissions(Permissions::from_mode(mode))
+        .map_err(|e| at(&format!("cannot set mode {mode:04o} on"), e))?;
+    if let Some(relative) = relative {
+        faults.check_write(relative).map_err(|e| at("cannot write", e))?;
+    }
+    tmp.write_all(content).map_err(|e| at("cannot write", e))?;
+    tmp.as_file().sync_all().map_err(|e| at("cannot fsync", e))?;
+    tmp.persist(path)
+        .map_err(|e| at("cannot rename the temporary file to", e.error))?;
+    dirty.touch(dir);
+    Ok(())
+}
+
+/// Removes `path` if it exists, recording its directory.
+pub(crate) fn remove_file(path: &Path, dirty: &mut Dirs) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {
+            if let Some(dir) = path.parent() {
+                dirty.touch(dir);
+            }
+            Ok(())
+        }
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(context(error, format!("cannot remove {}", path.display()))),
+    }
+}
+
+/// The gid of `group`: numeric as given, a name looked up in `/etc/group`.
+pub fn resolve_group(group: &Group) -> io::Result<u32> {
+    match group {
+        Group::Id(gid) => Ok(*gid),
+        Group::Name(name) => {
+            let table = std::fs::read_to_string("/etc/group")
+                .map_err(|e| context(e, "cannot read /etc/group".to_owned()))?;
+            gid_in(&table, name).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("group `{name}` is not in /etc/group (give its numeric gid instead)"),
+                )
+            })
+        }
+    }
+}
+
+/// The gid of `name` in the text of an `/etc/group` file.
+fn gid_in(table: &str, name: &str) -> Option<u32> {
+    table.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        (fields.next() == Some(name))
+            .then(|| fields.nth(1)?.parse().ok())
+            .flatten()
+    })
+}
+
+/// `error` with `what` in front of its message; the kind stays, so callers can still
+/// tell "not found" from "no space left".
+pub(crate) fn context(error: io::Error, what: String) -> io::Error {
+    io::Error::new(error.kind(), format!("{what}: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_names_resolve_from_the_group_table() {
+        let table = "root:x:0:\nhaproxy:x:113:\n# comment\nbroken\n";
+        assert_eq!(gid_in(table, "haproxy"), Some(113));
+        assert_eq!(gid_in(table, "root"), Some(0));
+        assert_eq!(gid_in(table, "nobody"), None);
+        assert_eq!(resolve_group(&Group::Id(42)).unwrap(), 42);
+        let error = resolve_group(&Group::Name("no-such-group-hapwright".into())).unwrap_err();
+        assert!(error.to_string().contains("numeric gid"), "{error}");
+    }
+
+    #[test]
+    fn certificates_get_the_configured_mode_others_stay_public() {
+        let modes = FileModes {
+            cert_mode: 0o640,
+            cert_group: Some(Group::Id(7)),
+        };
+        assert_eq!(modes.for_path("certs/a.pem"), (0o640, Some(&Group::Id(7))));
+        assert_eq!(modes.for_path("maps/hosts.map"), (PUBLIC_MODE, None));
+        assert_eq!(modes.for_path("haproxy.cfg"), (PUBLIC_MODE, None));
+        assert_eq!(FileModes::default().cert_mode, 0o600);
+    }
+}
