@@ -130,9 +130,8 @@ impl FileMode {
     /// Parses `"0640"` / `"640"` (octal digits only).
     pub fn parse(text: &str) -> Result<Self, String> {
         let digits = text.strip_prefix("0o").unwrap_or(text);
-        let invalid = || {
-            format!("`{text}` is not a file mode: write octal permission bits such as \"0640\"")
-        };
+        let invalid =
+            || format!("`{text}` is not a file mode: write octal permission bits such as \"0640\"");
         if digits.is_empty() || !digits.chars().all(|c| ('0'..='7').contains(&c)) {
             return Err(invalid());
         }

@@ -28,7 +28,7 @@ use hapwright_eventbus::model::{
 };
 use tokio::time::Instant;
 
-use crate::files::{ConfigDir, VERSION_VARIABLE, write_atomic};
+use crate::files::{ConfigDir, DeployRecord, RecordCheck, VERSION_VARIABLE, steps, write_atomic};
 use crate::flow::Driver;
 use crate::haproxy_config::{self, Config};
 use crate::managed::{LogBuffer, ManagedError, ManagedHaproxy};
@@ -196,6 +196,8 @@ pub struct SocketDriver {
     /// Held by every blocking file operation until it ends, also when the deployment
     /// that started it was cancelled: the next operation on the directory waits for it.
     files_gate: Arc<tokio::sync::Mutex<()>>,
+    /// Whether the leftovers of an earlier, killed controller were swept.
+    swept: std::sync::atomic::AtomicBool,
 }
 
 impl SocketDriver {
@@ -211,7 +213,8 @@ impl SocketDriver {
             None => RuntimeClient::via_master(instance.master.clone()),
         };
         Self {
-            dir: ConfigDir::new(&instance.config_dir),
+            dir: ConfigDir::new(&instance.config_dir).with_modes(instance.file_modes.clone()),
+            swept: std::sync::atomic::AtomicBool::new(false),
             managed: managed.filter(|_| instance.managed),
             instance,
             master,
@@ -280,23 +283,77 @@ impl SocketDriver {
         }))
     }
 
-    /// The config in the directory, when its marker is what the worker runs.
+    /// What the instance runs according to its config directory: the files, when
+    /// they match the state record written after the last deployment and the record's
+    /// marker is what the worker reports. Anything else — no record (a directory from
+    /// before records, or never deployed), files that differ from it (a controller
+    /// killed half-way through writing), a worker that runs another version — is
+    /// unknown, and the next deployment rewrites every file and reloads once.
+    ///
+    /// The first call also sweeps temporary files a killed controller left behind.
     async fn running_from_disk(&self) -> Option<Arc<Deployed>> {
         let _serial = self.serial.lock().await;
-        let (config, marker) = self.on_files(ConfigDir::read_rendered).await.ok()??;
-        let marker = marker?;
-        let actual = self.master.worker_env(VERSION_VARIABLE).await.ok()??;
-        (actual == marker).then(|| {
-            Arc::new(Deployed::new(
-                Arc::new(config),
-                marker,
-                DeployStrategy::Noop,
-                DeployReason {
-                    reload: None,
-                    detail: "found running".to_owned(),
-                },
-            ))
-        })
+        if !self.swept.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            match self.on_files(ConfigDir::sweep).await {
+                Ok(removed) if !removed.is_empty() => {
+                    tracing::warn!(instance = %self.instance.name, removed = ?removed, "Removed temporary files an earlier run left behind");
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(instance = %self.instance.name, %error, "Cannot sweep the config directory");
+                }
+            }
+        }
+        let check = match self.on_files(ConfigDir::check_record).await {
+            Ok(check) => check,
+            Err(error) => {
+                tracing::warn!(instance = %self.instance.name, %error, "Cannot read the config directory; what the instance runs is unknown");
+                return None;
+            }
+        };
+        let (config, marker) = match check {
+            RecordCheck::Consistent { marker, config } => (config, marker),
+            RecordCheck::Missing => {
+                tracing::info!(instance = %self.instance.name, "No state record in the config directory; the first deployment reloads");
+                return None;
+            }
+            RecordCheck::Mismatch { detail } => {
+                tracing::warn!(instance = %self.instance.name, %detail, "The config directory does not match its state record; the first deployment rewrites it and reloads");
+                return None;
+            }
+        };
+        let actual = self.master.worker_env(VERSION_VARIABLE).await.ok()?;
+        if actual.as_deref() != Some(marker.as_str()) {
+            tracing::warn!(instance = %self.instance.name, recorded = %marker, running = actual.as_deref().unwrap_or("(none)"), "The worker does not run the recorded files; the first deployment reloads");
+            return None;
+        }
+        Some(Arc::new(Deployed::new(
+            Arc::new(config),
+            marker,
+            DeployStrategy::Noop,
+            DeployReason {
+                reload: None,
+                detail: "found running".to_owned(),
+            },
+        )))
+    }
+
+    /// Writes the state record: `config` with `marker` is what the instance runs.
+    /// Written last, after the files and any reload; a failure only means the next
+    /// controller start reloads once, so it is logged, not returned.
+    async fn record(&self, config: &Arc<RenderedConfig>, marker: &str, after_reload: bool) {
+        let record = DeployRecord::new(config, marker);
+        let outcome = self
+            .on_files(move |dir| {
+                if after_reload {
+                    dir.faults().reached(steps::AFTER_RELOAD);
+                }
+                dir.write_record(&record)
+            })
+            .await;
+        if let Err(error) = outcome {
+            tracing::warn!(instance = %self.instance.name, %error, "Cannot write the state record; the next controller start will reload this instance once");
+        }
     }
 
     async fn start_managed(
@@ -334,6 +391,7 @@ impl SocketDriver {
                     return self.reload(desired, desired_model, None, plan).await;
                 }
                 guard.disarm();
+                self.record(&desired, &marker, true).await;
                 self.metrics
                     .reload(&self.instance.name, true, reason.as_str());
                 Ok(Deployed {
@@ -644,6 +702,12 @@ impl SocketDriver {
             .write_guarded(&desired, &marker, running.map(|r| &r.config))
             .await?;
         self.dump_server_state(&desired_model, &plan).await;
+        let _ = self
+            .on_files(|dir| {
+                dir.faults().reached(steps::BEFORE_RELOAD);
+                Ok(())
+            })
+            .await;
         let logs = match &self.managed {
             Some(managed) => managed.logs(&self.instance.name).await,
             None => None,
@@ -654,6 +718,7 @@ impl SocketDriver {
         match outcome {
             Ok(()) => {
                 guard.disarm();
+                self.record(&desired, &marker, true).await;
                 tracing::info!(instance = %self.instance.name, reason = %reason.detail, "Reloaded");
                 Ok(Deployed {
                     config: desired,
@@ -982,7 +1047,9 @@ impl Driver for SocketDriver {
         previous: &Arc<RenderedConfig>,
     ) -> Result<(), DeployError> {
         let _serial = self.serial.lock().await;
-        self.write_files(desired, marker, Some(previous)).await
+        self.write_files(desired, marker, Some(previous)).await?;
+        self.record(desired, marker, false).await;
+        Ok(())
     }
 
     async fn reload_with(

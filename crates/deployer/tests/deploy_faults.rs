@@ -125,3 +125,72 @@ async fn a_reload_slower_than_the_deployment_timeout_restores_the_files_and_repo
     assert_eq!(metrics.restore_failure_count("slow"), 0);
     kernel.shutdown(Duration::from_secs(5)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_that_differ_from_the_state_record_are_repaired_with_one_reload() {
+    use hapwright_deployer::Driver;
+    use hapwright_deployer::driver::SocketDriver;
+    use hapwright_deployer::files::{ConfigDir, RecordCheck};
+    use hapwright_eventbus::model::{DeployStrategy, ReloadReason};
+    use std::os::unix::fs::PermissionsExt;
+
+    let app = Backend::start("app").await;
+    let other = Backend::start("other").await;
+    let port = free_port();
+    let main = config(
+        port,
+        &format!(
+            "backend be_app\n    server s1 127.0.0.1:{}\n\nbackend be_other\n    server o1 127.0.0.1:{}\n",
+            app.port, other.port
+        ),
+    );
+    let cert = "-----BEGIN PRIVATE KEY-----\nnot a real key\n-----END PRIVATE KEY-----\n";
+    let v1 = Arc::new(RenderedConfig::new(
+        main,
+        BTreeMap::from([("hosts.map".to_owned(), Arc::from("other.test be_other\n"))]),
+        BTreeMap::new(),
+        BTreeMap::from([("site.key".to_owned(), Arc::from(cert))]),
+        SourceMap::default(),
+    ));
+    let haproxy = Haproxy::start("crashed", &v1, &v1.hash().short()).await;
+    wait_for_body(port, "other.test", "other").await;
+    let reloads = haproxy.reloads().await;
+
+    // A controller was killed after writing the next render's map and before
+    // haproxy.cfg: the marker still matches the worker, the map does not.
+    std::fs::write(haproxy.path().join("maps/hosts.map"), "other.test be_app\n").unwrap();
+    assert!(matches!(
+        ConfigDir::new(haproxy.path()).check_record().unwrap(),
+        RecordCheck::Mismatch { .. }
+    ));
+
+    // The next controller does not trust the directory: one reload rewrites it.
+    let driver = SocketDriver::new(
+        haproxy.instance.clone(),
+        None,
+        Metrics::unregistered().unwrap(),
+    );
+    let deployed = driver.deploy(v1.clone(), None, None, false).await.unwrap();
+    assert_eq!(deployed.strategy, DeployStrategy::Reload);
+    assert_eq!(deployed.reason.reload, Some(ReloadReason::FirstDeploy));
+    assert_eq!(haproxy.reloads().await, reloads + 1);
+    assert_eq!(
+        std::fs::read_to_string(haproxy.path().join("maps/hosts.map")).unwrap(),
+        "other.test be_other\n"
+    );
+    assert!(matches!(
+        ConfigDir::new(haproxy.path()).check_record().unwrap(),
+        RecordCheck::Consistent { .. }
+    ));
+    // Keys are readable by their owner only.
+    let mode = std::fs::metadata(haproxy.path().join("certs/site.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+
+    // Now the directory is trusted: the same render is a no-op.
+    let again = driver.deploy(v1.clone(), None, None, false).await.unwrap();
+    assert_eq!(again.strategy, DeployStrategy::Noop);
+    assert_eq!(haproxy.reloads().await, reloads + 1);
+}

@@ -11,7 +11,10 @@
 //!   ("No space left on device") after its temporary file was created, as a full
 //!   disk would;
 //! - `pause=<step>:<marker file>` — when the deployment reaches `<step>` (see
-//!   [`steps`]), the marker file is created and the calling thread blocks forever.
+//!   [`steps`]), the marker file is created and the calling thread blocks forever;
+//! - `arm=<file>` — the other faults act only while this file exists, so a test can
+//!   let the controller start and deploy normally, then create the file before the
+//!   change it wants to break (and remove it to let the retries succeed).
 //!
 //! Example: `HAPWRIGHT_FAULTS=pause=after-side-files:/tmp/t/paused`. Leave it unset in
 //! production; an invalid value is logged and ignored.
@@ -41,7 +44,9 @@ pub mod steps {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FaultsError {
     /// An entry is not `fail-write=<path>` or `pause=<step>:<file>`.
-    #[error("`{0}` is not `fail-write=<relative path>` or `pause=<step>:<marker file>`")]
+    #[error(
+        "`{0}` is not `fail-write=<relative path>`, `pause=<step>:<marker file>` or `arm=<file>`"
+    )]
     ParseEntry(String),
     /// `pause=` names a step deployments do not have.
     #[error("unknown step `{0}` (steps: after-side-files, before-reload, after-reload)")]
@@ -55,6 +60,8 @@ pub struct Faults {
     pub fail_write: Option<String>,
     /// At this step, create the marker file and block the thread forever.
     pub pause: Option<(String, PathBuf)>,
+    /// When set, the faults act only while this file exists.
+    pub arm: Option<PathBuf>,
 }
 
 impl Faults {
@@ -66,6 +73,9 @@ impl Faults {
             match entry.split_once('=') {
                 Some(("fail-write", path)) if !path.is_empty() => {
                     faults.fail_write = Some(path.to_owned());
+                }
+                Some(("arm", file)) if !file.is_empty() => {
+                    faults.arm = Some(PathBuf::from(file));
                 }
                 Some(("pause", rest)) => {
                     let (step, file) = rest.split_once(':').ok_or_else(invalid)?;
@@ -109,6 +119,11 @@ impl Faults {
         self.fail_write.is_none() && self.pause.is_none()
     }
 
+    /// Whether the faults act now (no `arm=` file given, or it exists).
+    fn armed(&self) -> bool {
+        self.arm.as_ref().is_none_or(|file| file.exists())
+    }
+
     /// Marks that a deployment reached `step`. With `pause=<step>:<file>` this creates
     /// the marker file and blocks the calling thread forever (call it from blocking
     /// code; the test SIGKILLs the process). Otherwise it returns at once.
@@ -116,7 +131,7 @@ impl Faults {
         let Some((paused_at, marker)) = &self.pause else {
             return;
         };
-        if paused_at != step {
+        if paused_at != step || !self.armed() {
             return;
         }
         tracing::warn!(step, marker = %marker.display(), "Paused by fault injection");
@@ -130,7 +145,7 @@ impl Faults {
 
     /// The injected error for writing `relative`, if any.
     pub(crate) fn check_write(&self, relative: &str) -> io::Result<()> {
-        if self.fail_write.as_deref() == Some(relative) {
+        if self.fail_write.as_deref() == Some(relative) && self.armed() {
             return Err(io::Error::from_raw_os_error(
                 rustix::io::Errno::NOSPC.raw_os_error(),
             ));
@@ -146,7 +161,8 @@ mod tests {
     #[test]
     fn specs_parse() {
         assert_eq!(Faults::parse("").unwrap(), Faults::default());
-        let faults = Faults::parse("fail-write=maps/hosts.map, pause=before-reload:/tmp/x").unwrap();
+        let faults =
+            Faults::parse("fail-write=maps/hosts.map, pause=before-reload:/tmp/x").unwrap();
         assert_eq!(faults.fail_write.as_deref(), Some("maps/hosts.map"));
         assert_eq!(
             faults.pause,
@@ -156,7 +172,13 @@ mod tests {
             Faults::parse("pause=later:/tmp/x").unwrap_err(),
             FaultsError::UnknownStep("later".into())
         );
-        for bad in ["fail-write=", "pause=before-reload", "pause=before-reload:", "x=y", "z"] {
+        for bad in [
+            "fail-write=",
+            "pause=before-reload",
+            "pause=before-reload:",
+            "x=y",
+            "z",
+        ] {
             assert!(
                 matches!(Faults::parse(bad), Err(FaultsError::ParseEntry(_))),
                 "{bad}"
@@ -175,5 +197,23 @@ mod tests {
         );
         // A step without a pause returns.
         faults.reached(steps::AFTER_SIDE_FILES);
+    }
+
+    #[test]
+    fn faults_act_only_while_armed() {
+        let dir = tempfile::tempdir().unwrap();
+        let arm = dir.path().join("arm");
+        let faults = Faults::parse(&format!(
+            "arm={},fail-write=maps/a.map,pause=after-reload:{}",
+            arm.display(),
+            dir.path().join("paused").display()
+        ))
+        .unwrap();
+        assert!(faults.check_write("maps/a.map").is_ok());
+        // Not armed: the pause step returns at once.
+        faults.reached(steps::AFTER_RELOAD);
+        assert!(!dir.path().join("paused").exists());
+        std::fs::write(&arm, "").unwrap();
+        assert!(faults.check_write("maps/a.map").is_err());
     }
 }

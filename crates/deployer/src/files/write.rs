@@ -185,10 +185,14 @@ pub(crate) fn write_file(
         .set_permissions(Permissions::from_mode(mode))
         .map_err(|e| at(&format!("cannot set mode {mode:04o} on"), e))?;
     if let Some(relative) = relative {
-        faults.check_write(relative).map_err(|e| at("cannot write", e))?;
+        faults
+            .check_write(relative)
+            .map_err(|e| at("cannot write", e))?;
     }
     tmp.write_all(content).map_err(|e| at("cannot write", e))?;
-    tmp.as_file().sync_all().map_err(|e| at("cannot fsync", e))?;
+    tmp.as_file()
+        .sync_all()
+        .map_err(|e| at("cannot fsync", e))?;
     tmp.persist(path)
         .map_err(|e| at("cannot rename the temporary file to", e.error))?;
     dirty.touch(dir);

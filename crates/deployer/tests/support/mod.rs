@@ -194,9 +194,13 @@ impl Haproxy {
     /// waiting until the master CLI reports a worker.
     pub async fn start(name: &str, config: &RenderedConfig, marker: &str) -> Self {
         let mut haproxy = Self::dir_only(name);
-        ConfigDir::new(haproxy.dir.path())
-            .write(config, marker, None)
-            .unwrap();
+        let dir = ConfigDir::new(haproxy.dir.path());
+        dir.write(config, marker, None).unwrap();
+        // As hapwright leaves a directory it deployed: with its state record.
+        dir.write_record(&hapwright_deployer::files::DeployRecord::new(
+            config, marker,
+        ))
+        .unwrap();
         let log = std::fs::File::create(haproxy.dir.path().join("haproxy.log")).unwrap();
         let child = Command::new("haproxy")
             .arg("-W")
