@@ -469,9 +469,18 @@ impl SocketDriver {
         outcome.map_err(|e| self.files_error(e))
     }
 
-    /// Applies runtime changes in order; returns how many, or what was refused.
-    async fn apply_runtime(&self, plan: &ChangePlan) -> Result<usize, String> {
-        let resolved = self.resolve_files(&plan.ops).await?;
+    /// Applies runtime changes in order; returns how many, or which one failed and how.
+    async fn apply_runtime(
+        &self,
+        plan: &ChangePlan,
+    ) -> Result<usize, crate::flow::RuntimeOpsError> {
+        let failed = |op: String, error: RuntimeError| {
+            crate::flow::RuntimeOpsError::new(op, error.class(), error)
+        };
+        let resolved = self
+            .resolve_files(&plan.ops)
+            .await
+            .map_err(|error| failed("finding the files HAProxy loaded".to_owned(), error))?;
         let mut count = 0;
         for (op, target) in plan.ops.iter().zip(resolved) {
             let outcome = self.apply_op(op, target).await;
@@ -479,7 +488,7 @@ impl SocketDriver {
                 .runtime_command(&self.instance.name, op.object(), outcome.is_ok());
             match outcome {
                 Ok(()) => count += 1,
-                Err(error) => return Err(format!("{}: {error}", op.describe())),
+                Err(error) => return Err(failed(op.describe(), error)),
             }
         }
         Ok(count)
@@ -489,30 +498,23 @@ impl SocketDriver {
     async fn resolve_files(
         &self,
         ops: &[RuntimeOp],
-    ) -> Result<Vec<Option<(PatternKind, String)>>, String> {
+    ) -> Result<Vec<Option<(PatternKind, String)>>, RuntimeError> {
         let needs_patterns = ops
             .iter()
             .any(|op| matches!(op, RuntimeOp::ReplacePatterns { .. }));
         let needs_certs = ops
             .iter()
             .any(|op| matches!(op, RuntimeOp::ReplaceCertificate { .. }));
-        let listing = |e: RuntimeError| format!("listing loaded files failed: {e}");
         let (maps, acls) = if needs_patterns {
             (
-                self.runtime
-                    .pattern_files(PatternKind::Map)
-                    .await
-                    .map_err(listing)?,
-                self.runtime
-                    .pattern_files(PatternKind::Acl)
-                    .await
-                    .map_err(listing)?,
+                self.runtime.pattern_files(PatternKind::Map).await?,
+                self.runtime.pattern_files(PatternKind::Acl).await?,
             )
         } else {
             Default::default()
         };
         let certs = if needs_certs {
-            self.runtime.ssl_certs().await.map_err(listing)?
+            self.runtime.ssl_certs().await?
         } else {
             Vec::new()
         };
@@ -531,12 +533,18 @@ impl SocketDriver {
                     } else if let Some(path) = find(&acls, file) {
                         Ok(Some((PatternKind::Acl, path)))
                     } else {
-                        Err(format!("{file} is not loaded as a map or ACL file"))
+                        Err(RuntimeError::NotLoaded {
+                            file: file.clone(),
+                            expected: "a map or ACL file",
+                        })
                     }
                 }
                 RuntimeOp::ReplaceCertificate { file, .. } => find(&certs, file)
                     .map(|path| Some((PatternKind::Map, path)))
-                    .ok_or_else(|| format!("{file} is not a certificate HAProxy loaded")),
+                    .ok_or_else(|| RuntimeError::NotLoaded {
+                        file: file.clone(),
+                        expected: "a certificate",
+                    }),
                 _ => Ok(None),
             })
             .collect()
@@ -555,6 +563,13 @@ impl SocketDriver {
                 addr,
                 port,
             } => rt.set_server_addr(backend, server, addr, *port).await,
+            RuntimeOp::MoveServer {
+                backend,
+                server,
+                addr,
+                port,
+                params,
+            } => rt.move_server(backend, server, addr, *port, params).await,
             RuntimeOp::SetWeight {
                 backend,
                 server,
@@ -565,9 +580,6 @@ impl SocketDriver {
                 server,
                 state,
             } => rt.set_server_state(backend, server, state).await,
-            RuntimeOp::ShutdownSessions { backend, server } => {
-                rt.shutdown_sessions(backend, server).await
-            }
             RuntimeOp::AddServer {
                 backend,
                 server,
@@ -586,19 +598,9 @@ impl SocketDriver {
                 Ok(())
             }
             RuntimeOp::DelServer { backend, server } => {
-                // Connections may take a moment to go after `shutdown sessions`.
-                let mut attempt = 0;
-                loop {
-                    match rt.del_server(backend, server).await {
-                        Err(RuntimeError::Rejected { answer, .. })
-                            if answer.contains("still has connections") && attempt < 20 =>
-                        {
-                            attempt += 1;
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                        other => return other,
-                    }
-                }
+                // Past the drain timeout the server stays in maintenance (logged by
+                // the client) until the next reload; no request is cut short.
+                rt.remove_server(backend, server).await.map(drop)
             }
             RuntimeOp::ReplacePatterns { content, .. } => {
                 let (kind, path) = target.expect("resolved before applying");
@@ -822,7 +824,10 @@ impl Steps for SocketDriver {
         self.drift_of(running).await
     }
 
-    async fn apply_runtime_ops(&self, plan: &ChangePlan) -> Result<usize, String> {
+    async fn apply_runtime_ops(
+        &self,
+        plan: &ChangePlan,
+    ) -> Result<usize, crate::flow::RuntimeOpsError> {
         self.apply_runtime(plan).await
     }
 

@@ -2,8 +2,11 @@
 //! instance runs: a first deployment or a found drift reloads; otherwise the
 //! [`ChangePlan`] between the running and the desired config decides between a no-op,
 //! runtime changes (then the files are persisted without a reload, keeping the running
-//! version marker) and a reload. A runtime change the instance refuses falls back to a
-//! reload whose reason names the refused change.
+//! version marker) and a reload. A runtime change that fails falls back to a reload
+//! (reason `runtime_failed`) whose detail says how it failed: refused by HAProxy, the
+//! runtime API unreachable, a broken exchange, or requests in flight that did not
+//! drain in time. The reload rebuilds every server, map and certificate from the
+//! files, so a change left half-done is finished by it.
 //!
 //! The drivers supply the steps ([`Steps`]): the socket driver through the runtime API,
 //! the master CLI and the config directory; the Data Plane driver through its API.
@@ -16,6 +19,55 @@ use hapwright_eventbus::model::{DeployStrategy, ReloadReason, RenderedConfig};
 use crate::driver::{DeployError, Deployed};
 use crate::haproxy_config::Config;
 use crate::plan::{self, ChangePlan};
+use crate::runtime::RuntimeFailure;
+
+/// A runtime change that failed, as both drivers report it: which change, how it
+/// failed, and the underlying error.
+#[derive(Debug, thiserror::Error)]
+#[error("{op}")]
+pub struct RuntimeOpsError {
+    /// The change ([`RuntimeOp::describe`](crate::plan::RuntimeOp::describe)).
+    pub op: String,
+    /// How it failed; decides the reload fallback's wording.
+    pub class: RuntimeFailure,
+    /// The driver's error.
+    #[source]
+    pub error: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl RuntimeOpsError {
+    /// A failure of `op` classified as `class`.
+    pub fn new(
+        op: String,
+        class: RuntimeFailure,
+        error: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self {
+            op,
+            class,
+            error: error.into(),
+        }
+    }
+
+    /// The reload fallback's detail: the class in words, then the change and every
+    /// cause.
+    pub fn fallback_detail(&self) -> String {
+        let mut causes = self.op.clone();
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&*self.error);
+        while let Some(cause) = source {
+            causes.push_str(": ");
+            causes.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        let what = match self.class {
+            RuntimeFailure::Refused => "runtime change refused by HAProxy",
+            RuntimeFailure::Unreachable => "runtime API unreachable",
+            RuntimeFailure::Protocol => "runtime API exchange failed",
+            RuntimeFailure::Drain => "runtime change did not drain in time",
+        };
+        format!("{what} ({causes})")
+    }
+}
 
 /// What a driver does for each step of a deployment.
 #[async_trait::async_trait]
@@ -26,8 +78,9 @@ pub(crate) trait Steps: Sync {
     /// `None` when the instance runs `running`, otherwise what differs.
     async fn find_drift(&self, running: &Deployed) -> Result<Option<String>, DeployError>;
 
-    /// Applies the plan's runtime operations in order: how many, or what was refused.
-    async fn apply_runtime_ops(&self, plan: &ChangePlan) -> Result<usize, String>;
+    /// Applies the plan's runtime operations in order: how many, or which one failed
+    /// and how.
+    async fn apply_runtime_ops(&self, plan: &ChangePlan) -> Result<usize, RuntimeOpsError>;
 
     /// Persists the desired files without a reload, keeping `marker`.
     async fn persist(
@@ -94,12 +147,10 @@ pub(crate) async fn deploy<S: Steps + ?Sized>(
                     .await?;
                 Ok(unchanged(DeployStrategy::Runtime, count))
             }
-            Err(detail) => {
-                tracing::warn!(instance = %steps.instance_name(), %detail, "Runtime change refused; reloading instead");
-                let mut fallback = ChangePlan::reload(
-                    ReloadReason::Structure,
-                    format!("runtime change refused ({detail})"),
-                );
+            Err(error) => {
+                let detail = error.fallback_detail();
+                tracing::warn!(instance = %steps.instance_name(), class = ?error.class, %detail, "Runtime change failed; reloading instead");
+                let mut fallback = ChangePlan::reload(ReloadReason::RuntimeFailed, detail);
                 fallback.changed_servers = plan.changed_servers.clone();
                 steps
                     .reload_with(desired, desired_model, Some(&running), fallback)
