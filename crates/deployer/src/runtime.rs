@@ -280,6 +280,13 @@ impl RuntimeClient {
         let answer = self.command(request).await?;
         if ok(&answer) {
             Ok(answer)
+        } else if answer.trim().is_empty() {
+            // HAProxy words every refusal; silence where an answer was due means the
+            // exchange broke (e.g. the peer closed after reading).
+            Err(RuntimeError::Unexpected {
+                command: first_line(request),
+                answer,
+            })
         } else {
             Err(RuntimeError::Refused {
                 command: first_line(request),

@@ -150,7 +150,12 @@ fn address_changes_move_through_a_stand_in_without_shutting_sessions() {
     let old = render("backend be_a\n    server s1 10.0.0.1:80 check cookie a\n");
     let new = render("backend be_a\n    server s1 10.0.0.9:81 check cookie a\n");
     let plan = compute(&old, &new);
-    assert_eq!(plan.strategy(), DeployStrategy::Runtime, "{:?}", plan.reason());
+    assert_eq!(
+        plan.strategy(),
+        DeployStrategy::Runtime,
+        "{:?}",
+        plan.reason()
+    );
     // The stand-in takes the defaults' words explicitly, without the health check
     // (it must take traffic at once) and without what `add server` refuses.
     assert_eq!(
