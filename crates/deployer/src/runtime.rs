@@ -824,6 +824,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn server_connections_parse_config_and_dynamic_rows() {
+        // As HAProxy 2.6.12 prints it: a config server with idle pools, a dynamic one
+        // without the per-thread column.
+        let text = "# bkname/svname bkid/svid addr port - purge_delay used_cur used_max need_est unsafe_nb safe_nb idle_lim idle_cur idle_per_thr[2]\n\
+            be/s1 3/1 127.0.0.1 19001 - 5000 1 3 3 2 0 -1 2 0 2\n\
+            be/tmp 3/2 127.0.0.1 19002 - 0 0 1 1 0 0 0 0\n";
+        assert_eq!(
+            parse_server_connections(text, "be", "s1"),
+            Ok(Some(ServerConnections { used: 1, idle: 2 }))
+        );
+        assert_eq!(
+            parse_server_connections(text, "be", "tmp"),
+            Ok(Some(ServerConnections { used: 0, idle: 0 }))
+        );
+        assert_eq!(parse_server_connections(text, "be", "gone"), Ok(None));
+        assert!(parse_server_connections("Unknown command\n", "be", "s1").is_err());
+        let state = "1\n# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight srv_time_since_last_change srv_check_status srv_check_result srv_check_health srv_check_state srv_agent_state bk_f_forced_id srv_f_forced_id srv_fqdn srv_port srvrecord srv_use_ssl srv_check_port srv_check_addr srv_agent_addr srv_agent_port\n\
+            3 be 2 r1 127.0.0.1 2 0 1 1 175 1 0 0 0 0 0 0 - 19002 - 0 0 - - 0\n";
+        assert_eq!(
+            parse_server_address(state, "r1"),
+            Some(("127.0.0.1".to_owned(), 19002))
+        );
+    }
+
+    #[test]
     fn cli_words_escape_separators() {
         assert_eq!(cli_word("a.test"), "a.test");
         assert_eq!(cli_word("with space;semi\\"), "with\\ space\\;semi\\\\");
