@@ -431,7 +431,9 @@ impl RuntimeClient {
     ///    other servers; requests in flight on `<srv>` go on;
     /// 3. wait until `<srv>` has no request in flight (bounded by the drain timeout);
     /// 4. `set server <srv> addr`: HAProxy closes the idle connections to the old
-    ///    address, including those that finished during the drain;
+    ///    address, including those that finished during the drain; a connection
+    ///    released just after that is closed by moving the port away and back
+    ///    (still in maintenance) until `show servers conn` reports none;
     /// 5. `set server <srv> state ready`;
     /// 6. the stand-in goes to maintenance and is deleted once it has no
     ///    connections. If that does not happen within the drain timeout it stays in
@@ -467,18 +469,7 @@ impl RuntimeClient {
         self.set_server_state(backend, server, "maint").await?;
         self.drained(backend, server).await?;
         self.set_server_addr(backend, server, addr, port).await?;
-        let left = self.server_connections(backend, server).await?;
-        if let Some(conns) = left.filter(|c| c.used + c.idle > 0) {
-            // Cannot happen in maintenance as measured; if it does, the reload
-            // fallback is the safe way on.
-            return Err(RuntimeError::Unexpected {
-                command: format!("show servers conn {backend}"),
-                answer: format!(
-                    "{backend}/{server} kept {} used and {} idle connections after its address changed",
-                    conns.used, conns.idle
-                ),
-            });
-        }
+        self.settled(backend, server).await?;
         self.set_server_state(backend, server, "ready").await?;
         self.set_server_state(backend, &stand_in, "maint").await?;
         if !self.delete_drained(backend, &stand_in).await? {
@@ -516,6 +507,33 @@ impl RuntimeClient {
         Ok(deleted)
     }
 
+    /// After the address change of a server in maintenance: waits until it has neither
+    /// used nor idle connections. A connection released just after the change (its
+    /// request ended as the address changed) lands in the idle pool with the old
+    /// address; another address change closes it.
+    async fn settled(&self, backend: &str, server: &str) -> Result<(), RuntimeError> {
+        let deadline = Instant::now() + self.drain_timeout;
+        loop {
+            let conns = match self.server_connections(backend, server).await? {
+                None => return Ok(()),
+                Some(conns) if conns.used + conns.idle == 0 => return Ok(()),
+                Some(conns) => conns,
+            };
+            if Instant::now() >= deadline {
+                return Err(RuntimeError::DrainTimeout {
+                    backend: backend.to_owned(),
+                    server: server.to_owned(),
+                    after: self.drain_timeout,
+                });
+            }
+            if conns.used == 0 {
+                self.purge_idle(backend, server, true).await?;
+            } else {
+                tokio::time::sleep(DRAIN_POLL).await;
+            }
+        }
+    }
+
     /// `del server` on a server in maintenance, retried while HAProxy says it still
     /// has connections, until the drain timeout; `false` when time ran out.
     async fn delete_drained(&self, backend: &str, server: &str) -> Result<bool, RuntimeError> {
@@ -536,7 +554,7 @@ impl RuntimeClient {
                 && conns.used == 0
                 && conns.idle > 0
             {
-                self.purge_idle(backend, server).await?;
+                self.purge_idle(backend, server, false).await?;
                 purged = true;
                 continue;
             }
@@ -544,9 +562,15 @@ impl RuntimeClient {
         }
     }
 
-    /// Closes the idle connections of a server in maintenance by moving its port:
-    /// HAProxy 2.6 closes a server's idle connections on every address change.
-    async fn purge_idle(&self, backend: &str, server: &str) -> Result<(), RuntimeError> {
+    /// Closes the idle connections of a server in maintenance by moving its port (and
+    /// back when `restore`): HAProxy 2.6 closes a server's idle connections on every
+    /// address change, and a server in maintenance takes no traffic meanwhile.
+    async fn purge_idle(
+        &self,
+        backend: &str,
+        server: &str,
+        restore: bool,
+    ) -> Result<(), RuntimeError> {
         let request = format!("show servers state {backend}");
         let state = self.query(&request).await?;
         let (addr, port) =
@@ -556,7 +580,12 @@ impl RuntimeClient {
             })?;
         let other_port = if port == u16::MAX { 1 } else { port + 1 };
         self.set_server_addr(backend, server, &addr, Some(other_port))
-            .await
+            .await?;
+        if restore {
+            self.set_server_addr(backend, server, &addr, Some(port))
+                .await?;
+        }
+        Ok(())
     }
 
     /// `show servers state [<be>]`, raw.
