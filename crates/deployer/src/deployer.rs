@@ -178,6 +178,14 @@ impl Config {
         self.deployment_timeout.saturating_sub(margin)
     }
 
+    /// How long a runtime address change or server removal waits for requests in
+    /// flight: 10 s, at most a third of the deployment timeout, so the attempt ends
+    /// within its deadline (a change that does not drain in time falls back to a
+    /// reload).
+    pub fn drain_timeout(&self) -> Duration {
+        crate::runtime::DEFAULT_DRAIN_TIMEOUT.min(self.deployment_timeout / 3)
+    }
+
     fn instance_settings(&self) -> instance::Settings {
         instance::Settings {
             deployment_timeout: self.deployment_timeout,
@@ -238,6 +246,7 @@ impl Deployer {
     ) -> Self {
         let driver_config = DriverConfig {
             reload_timeout: config.reload_timeout(),
+            drain_timeout: config.drain_timeout(),
             ..DriverConfig::default()
         };
         let drivers = instances

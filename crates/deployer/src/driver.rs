@@ -170,6 +170,9 @@ pub struct DriverConfig {
     /// A reload counter that stays put this long while the master answers means the
     /// `reload` was lost; it is sent again.
     pub lost_reload_after: Duration,
+    /// How long an address change or a server removal waits for the requests in
+    /// flight on the old server to finish ([`RuntimeClient::with_drain_timeout`]).
+    pub drain_timeout: Duration,
 }
 
 impl Default for DriverConfig {
@@ -178,6 +181,7 @@ impl Default for DriverConfig {
             reload_timeout: Duration::from_secs(30),
             poll_interval: Duration::from_millis(25),
             lost_reload_after: Duration::from_secs(3),
+            drain_timeout: crate::runtime::DEFAULT_DRAIN_TIMEOUT,
         }
     }
 }
@@ -229,6 +233,10 @@ impl SocketDriver {
     /// Replaces the reload timeouts.
     #[must_use]
     pub fn with_config(mut self, config: DriverConfig) -> Self {
+        self.runtime = self
+            .runtime
+            .clone()
+            .with_drain_timeout(config.drain_timeout);
         self.config = config;
         self
     }
@@ -545,9 +553,18 @@ impl SocketDriver {
         }
     }
 
-    /// Applies runtime changes in order; returns how many, or what was refused.
-    async fn apply_runtime(&self, plan: &ChangePlan) -> Result<usize, String> {
-        let resolved = self.resolve_files(&plan.ops).await?;
+    /// Applies runtime changes in order; returns how many, or which one failed and how.
+    async fn apply_runtime(
+        &self,
+        plan: &ChangePlan,
+    ) -> Result<usize, crate::flow::RuntimeOpsError> {
+        let failed = |op: String, error: RuntimeError| {
+            crate::flow::RuntimeOpsError::new(op, error.class(), error)
+        };
+        let resolved = self
+            .resolve_files(&plan.ops)
+            .await
+            .map_err(|error| failed("finding the files HAProxy loaded".to_owned(), error))?;
         let mut count = 0;
         for (op, target) in plan.ops.iter().zip(resolved) {
             let outcome = self.apply_op(op, target).await;
@@ -555,7 +572,7 @@ impl SocketDriver {
                 .runtime_command(&self.instance.name, op.object(), outcome.is_ok());
             match outcome {
                 Ok(()) => count += 1,
-                Err(error) => return Err(format!("{}: {error}", op.describe())),
+                Err(error) => return Err(failed(op.describe(), error)),
             }
         }
         Ok(count)
@@ -565,30 +582,23 @@ impl SocketDriver {
     async fn resolve_files(
         &self,
         ops: &[RuntimeOp],
-    ) -> Result<Vec<Option<(PatternKind, String)>>, String> {
+    ) -> Result<Vec<Option<(PatternKind, String)>>, RuntimeError> {
         let needs_patterns = ops
             .iter()
             .any(|op| matches!(op, RuntimeOp::ReplacePatterns { .. }));
         let needs_certs = ops
             .iter()
             .any(|op| matches!(op, RuntimeOp::ReplaceCertificate { .. }));
-        let listing = |e: RuntimeError| format!("listing loaded files failed: {e}");
         let (maps, acls) = if needs_patterns {
             (
-                self.runtime
-                    .pattern_files(PatternKind::Map)
-                    .await
-                    .map_err(listing)?,
-                self.runtime
-                    .pattern_files(PatternKind::Acl)
-                    .await
-                    .map_err(listing)?,
+                self.runtime.pattern_files(PatternKind::Map).await?,
+                self.runtime.pattern_files(PatternKind::Acl).await?,
             )
         } else {
             Default::default()
         };
         let certs = if needs_certs {
-            self.runtime.ssl_certs().await.map_err(listing)?
+            self.runtime.ssl_certs().await?
         } else {
             Vec::new()
         };
@@ -607,12 +617,18 @@ impl SocketDriver {
                     } else if let Some(path) = find(&acls, file) {
                         Ok(Some((PatternKind::Acl, path)))
                     } else {
-                        Err(format!("{file} is not loaded as a map or ACL file"))
+                        Err(RuntimeError::NotLoaded {
+                            file: file.clone(),
+                            expected: "a map or ACL file",
+                        })
                     }
                 }
                 RuntimeOp::ReplaceCertificate { file, .. } => find(&certs, file)
                     .map(|path| Some((PatternKind::Map, path)))
-                    .ok_or_else(|| format!("{file} is not a certificate HAProxy loaded")),
+                    .ok_or_else(|| RuntimeError::NotLoaded {
+                        file: file.clone(),
+                        expected: "a certificate",
+                    }),
                 _ => Ok(None),
             })
             .collect()
@@ -631,6 +647,13 @@ impl SocketDriver {
                 addr,
                 port,
             } => rt.set_server_addr(backend, server, addr, *port).await,
+            RuntimeOp::MoveServer {
+                backend,
+                server,
+                addr,
+                port,
+                params,
+            } => rt.move_server(backend, server, addr, *port, params).await,
             RuntimeOp::SetWeight {
                 backend,
                 server,
@@ -641,9 +664,6 @@ impl SocketDriver {
                 server,
                 state,
             } => rt.set_server_state(backend, server, state).await,
-            RuntimeOp::ShutdownSessions { backend, server } => {
-                rt.shutdown_sessions(backend, server).await
-            }
             RuntimeOp::AddServer {
                 backend,
                 server,
@@ -662,19 +682,9 @@ impl SocketDriver {
                 Ok(())
             }
             RuntimeOp::DelServer { backend, server } => {
-                // Connections may take a moment to go after `shutdown sessions`.
-                let mut attempt = 0;
-                loop {
-                    match rt.del_server(backend, server).await {
-                        Err(RuntimeError::Rejected { answer, .. })
-                            if answer.contains("still has connections") && attempt < 20 =>
-                        {
-                            attempt += 1;
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                        other => return other,
-                    }
-                }
+                // Past the drain timeout the server stays in maintenance (logged by
+                // the client) until the next reload; no request is cut short.
+                rt.remove_server(backend, server).await.map(drop)
             }
             RuntimeOp::ReplacePatterns { content, .. } => {
                 let (kind, path) = target.expect("resolved before applying");
@@ -1035,7 +1045,10 @@ impl Driver for SocketDriver {
         self.drift_of(running).await
     }
 
-    async fn apply_runtime_ops(&self, plan: &ChangePlan) -> Result<usize, String> {
+    async fn apply_runtime_ops(
+        &self,
+        plan: &ChangePlan,
+    ) -> Result<usize, crate::flow::RuntimeOpsError> {
         let _serial = self.serial.lock().await;
         self.apply_runtime(plan).await
     }

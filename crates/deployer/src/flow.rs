@@ -11,9 +11,13 @@
 //!    computed once per deployment, from the validator's parsed model.
 //! 2. [`execute`]: runtime changes are applied, then the files are persisted without a
 //!    reload (keeping the running version marker); a reload writes every file and is
-//!    confirmed. A runtime change the instance cannot take comes back as
-//!    [`Executed::RuntimeFailed`] with the reload that replaces it, so the caller can
-//!    hold that reload to the instance's reload window like any other.
+//!    confirmed. A runtime change that fails comes back as [`Executed::RuntimeFailed`]
+//!    with the reload that replaces it (reason `runtime_failed`), so the caller can
+//!    hold that reload to the instance's reload window like any other. Its detail says
+//!    how the change failed ([`RuntimeOpsError::fallback_detail`]): refused by HAProxy,
+//!    the runtime API unreachable, a broken exchange, or requests in flight that did
+//!    not drain in time. The reload rebuilds every server, map and certificate from the
+//!    files, so a change left half-done is finished by it.
 //!
 //! The instance's owner ([`crate::instance`]) calls the two steps apart; [`deploy`]
 //! runs them back to back (tests, `hapwright bench`).
@@ -27,6 +31,55 @@ use hapwright_eventbus::model::{DeployStrategy, InstanceDriver, ReloadReason, Re
 use crate::driver::{DeployError, Deployed, SocketDriver};
 use crate::haproxy_config::Config;
 use crate::plan::{self, ChangePlan};
+use crate::runtime::RuntimeFailure;
+
+/// A runtime change that failed, as both drivers report it: which change, how it
+/// failed, and the underlying error.
+#[derive(Debug, thiserror::Error)]
+#[error("{op}")]
+pub struct RuntimeOpsError {
+    /// The change ([`RuntimeOp::describe`](crate::plan::RuntimeOp::describe)).
+    pub op: String,
+    /// How it failed; decides the reload fallback's wording.
+    pub class: RuntimeFailure,
+    /// The driver's error.
+    #[source]
+    pub error: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl RuntimeOpsError {
+    /// A failure of `op` classified as `class`.
+    pub fn new(
+        op: String,
+        class: RuntimeFailure,
+        error: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self {
+            op,
+            class,
+            error: error.into(),
+        }
+    }
+
+    /// The reload fallback's detail: the class in words, then the change and every
+    /// cause.
+    pub fn fallback_detail(&self) -> String {
+        let mut causes = self.op.clone();
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&*self.error);
+        while let Some(cause) = source {
+            causes.push_str(": ");
+            causes.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        let what = match self.class {
+            RuntimeFailure::Refused => "runtime change refused by HAProxy",
+            RuntimeFailure::Unreachable => "runtime API unreachable",
+            RuntimeFailure::Protocol => "runtime API exchange failed",
+            RuntimeFailure::Drain => "runtime change did not drain in time",
+        };
+        format!("{what} ({causes})")
+    }
+}
 
 /// One HAProxy instance, as the deployer drives it.
 #[async_trait::async_trait]
@@ -66,8 +119,9 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// `None` when the instance runs `running`, otherwise what differs.
     async fn check_drift(&self, running: &Deployed) -> Result<Option<String>, DeployError>;
 
-    /// Applies the plan's runtime operations in order: how many, or what was refused.
-    async fn apply_runtime_ops(&self, plan: &ChangePlan) -> Result<usize, String>;
+    /// Applies the plan's runtime operations in order: how many, or which one failed
+    /// and how.
+    async fn apply_runtime_ops(&self, plan: &ChangePlan) -> Result<usize, RuntimeOpsError>;
 
     /// Persists the desired files without a reload, keeping `marker`.
     async fn persist(
@@ -245,12 +299,10 @@ pub async fn execute<D: Driver + ?Sized>(
                     .await?;
                 Ok(Executed::Done(unchanged(DeployStrategy::Runtime, count)))
             }
-            Err(detail) => {
-                tracing::warn!(instance = %driver.name(), %detail, "Runtime change refused; reloading instead");
-                let mut fallback = ChangePlan::reload(
-                    ReloadReason::Structure,
-                    format!("runtime change refused ({detail})"),
-                );
+            Err(error) => {
+                let detail = error.fallback_detail();
+                tracing::warn!(instance = %driver.name(), class = ?error.class, %detail, "Runtime change failed; reloading instead");
+                let mut fallback = ChangePlan::reload(ReloadReason::RuntimeFailed, detail);
                 fallback.changed_servers = plan.changed_servers.clone();
                 Ok(Executed::RuntimeFailed { fallback })
             }

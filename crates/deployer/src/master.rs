@@ -59,14 +59,16 @@ impl MasterClient {
         &self.cli
     }
 
-    /// Sends any master CLI command line and returns the answer.
+    /// Sends any master CLI command line and returns the answer; retried only while
+    /// connecting fails, since the command may change something.
     pub async fn command(&self, line: &str) -> Result<String, SocketError> {
         self.cli.exchange(line).await
     }
 
     /// `show proc`, parsed.
     pub async fn show_proc(&self) -> Result<ProcInfo, MasterError> {
-        let text = self.cli.exchange("show proc").await?;
+        // A read: retried even after a broken exchange (see `socket`'s retry policy).
+        let text = self.cli.query("show proc").await?;
         parse_show_proc(&text).ok_or(MasterError::UnexpectedProc(text))
     }
 
@@ -97,7 +99,7 @@ impl MasterClient {
 
     /// `@1 show env <name>` on the current worker: the value, or `None` when unset.
     pub async fn worker_env(&self, name: &str) -> Result<Option<String>, SocketError> {
-        let text = self.cli.exchange(&format!("@1 show env {name}")).await?;
+        let text = self.cli.query(&format!("@1 show env {name}")).await?;
         let prefix = format!("{name}=");
         Ok(text
             .lines()

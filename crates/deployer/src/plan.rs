@@ -1,12 +1,35 @@
 //! The change plan (DESIGN §3): what it takes to move an instance from the config it
 //! runs to the desired one, computed from the parsed models without any I/O.
 //!
-//! Runtime API, no reload: server address/port (followed by `shutdown sessions`),
-//! weight and admin state; servers added or removed in backends whose balance
-//! algorithm is dynamic (with explicit parameters: `default-server` is not inherited by
-//! `add server`); changed map, ACL and certificate contents. Everything else — a
-//! section or keyword added, removed or changed, other server options, a file added
-//! or removed — needs a reload, and the plan says which one forced it.
+//! Runtime API, no reload: server address/port, weight and admin state; servers added
+//! or removed in backends whose balance algorithm is dynamic (with explicit
+//! parameters: `default-server` is not inherited by `add server`); changed map, ACL and
+//! certificate contents. Everything else — a section or keyword added, removed or
+//! changed, other server options, a file added or removed — needs a reload, and the
+//! plan says which one forced it.
+//!
+//! # Address changes and removals lose no request
+//!
+//! Measured on HAProxy 2.6.12 with requests in flight and keep-alive clients (details
+//! in `docs/deployment.md`):
+//! - `set server addr` alone lets requests in flight finish, but their connections
+//!   return to the idle pool afterwards and later requests reuse them, reaching the
+//!   old address (with `http-reuse` and keep-alive alike);
+//! - adding `shutdown sessions server` stops that by answering every request in
+//!   flight with 502, so hapwright never sends it;
+//! - a server in maintenance takes no new request, lets requests in flight finish, and
+//!   an address change closes its idle connections.
+//!
+//! So an address change of a server that takes traffic is a [`RuntimeOp::MoveServer`]:
+//! a stand-in server at the new address takes the traffic while the server drains in
+//! maintenance, changes its address (closing every connection to the old one) and
+//! comes back; the stand-in is then drained and deleted. The server keeps the config's
+//! name, so later plans and reloads address it as before. That needs a dynamic balance
+//! algorithm (for `add server`); in other backends such an address change reloads,
+//! which loses no request either. A server in maintenance just gets `set server addr`
+//! ([`RuntimeOp::SetAddr`]). A removal ([`RuntimeOp::DelServer`]) puts the server in
+//! maintenance and deletes it once its connections are gone, bounded by a drain
+//! timeout; past it the server stays in maintenance until the next reload.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -31,7 +54,8 @@ const RESOLUTION_ONLY: &[&str] = &[
 /// One runtime API change.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RuntimeOp {
-    /// `set server <be>/<srv> addr <ip> port <port>`.
+    /// `set server <be>/<srv> addr <ip> port <port>`, for a server that takes no
+    /// traffic (in maintenance), where closing its idle connections is all it takes.
     SetAddr {
         /// Backend.
         backend: String,
@@ -60,12 +84,22 @@ pub enum RuntimeOp {
         /// `ready` or `maint`.
         state: &'static str,
     },
-    /// `shutdown sessions server <be>/<srv>`.
-    ShutdownSessions {
+    /// Moves a server that takes traffic to a new address without failing requests
+    /// in flight: a stand-in server at the new address, the server drained in
+    /// maintenance, its address changed, the stand-in removed (see
+    /// [`RuntimeClient::move_server`](crate::runtime::RuntimeClient::move_server)).
+    MoveServer {
         /// Backend.
         backend: String,
         /// Server.
         server: String,
+        /// New IP.
+        addr: String,
+        /// New port.
+        port: Option<u16>,
+        /// `add server` parameters of the stand-in: the server's explicit
+        /// parameters without health checks, so it takes traffic at once.
+        params: Vec<String>,
     },
     /// `add server`, then `enable server` / `enable health` as the params ask.
     AddServer {
@@ -82,7 +116,9 @@ pub enum RuntimeOp {
         /// Whether to `enable health` (`check` present).
         health: bool,
     },
-    /// `del server` (after maintenance and `shutdown sessions`).
+    /// Maintenance, then `del server` once the server has no connections (bounded by
+    /// a drain timeout; past it the server stays in maintenance until the next
+    /// reload).
     DelServer {
         /// Backend.
         backend: String,
@@ -143,9 +179,16 @@ impl RuntimeOp {
             } => {
                 format!("server {backend}/{server} state {state}")
             }
-            RuntimeOp::ShutdownSessions { backend, server } => {
-                format!("server {backend}/{server} sessions shut down")
-            }
+            RuntimeOp::MoveServer {
+                backend,
+                server,
+                addr,
+                port,
+                ..
+            } => match port {
+                Some(port) => format!("server {backend}/{server} moved to {addr}:{port}"),
+                None => format!("server {backend}/{server} moved to {addr}"),
+            },
             RuntimeOp::AddServer {
                 backend, server, ..
             } => format!("server {backend}/{server} added"),
@@ -202,13 +245,7 @@ impl ChangePlan {
         let detail = if self.ops.is_empty() {
             "no change HAProxy would see".to_owned()
         } else {
-            let changes: Vec<String> = self
-                .ops
-                .iter()
-                .filter(|op| !matches!(op, RuntimeOp::ShutdownSessions { .. }))
-                .take(5)
-                .map(RuntimeOp::describe)
-                .collect();
+            let changes: Vec<String> = self.ops.iter().take(5).map(RuntimeOp::describe).collect();
             let more = self.ops.len().saturating_sub(changes.len());
             if more > 0 && changes.len() == 5 {
                 format!("runtime: {} and more", changes.join(", "))
@@ -458,6 +495,8 @@ fn plan_servers(
             continue;
         }
         plan.changed_servers.insert((backend.clone(), name.clone()));
+        let disabled_before = before.disabled || old_defaults.disabled;
+        let disabled_after = after.disabled || new_defaults.disabled;
         if previous.address != server.address || previous.port != server.port {
             if !is_ip(&server.address) || !is_ip(&previous.address) {
                 plan.force(
@@ -476,16 +515,35 @@ fn plan_servers(
                 );
                 continue;
             }
-            plan.ops.push(RuntimeOp::SetAddr {
-                backend: backend.clone(),
-                server: name.clone(),
-                addr: server.address.clone(),
-                port: server.port,
-            });
-            plan.ops.push(RuntimeOp::ShutdownSessions {
-                backend: backend.clone(),
-                server: name.clone(),
-            });
+            if disabled_before {
+                // No traffic: the address change closes its idle connections.
+                plan.ops.push(RuntimeOp::SetAddr {
+                    backend: backend.clone(),
+                    server: name.clone(),
+                    addr: server.address.clone(),
+                    port: server.port,
+                });
+            } else if !dynamic {
+                plan.force(
+                    ReloadReason::ServerOptions,
+                    format!(
+                        "{label}: server {name} address changed; balance `{}` cannot add the \
+                         stand-in server a lossless runtime move needs",
+                        new_config.effective_balance(new).algorithm
+                    ),
+                );
+                continue;
+            } else {
+                let mut params = dynamic_params(&new_defaults_words, &server.params);
+                params.retain(|w| w != "check");
+                plan.ops.push(RuntimeOp::MoveServer {
+                    backend: backend.clone(),
+                    server: name.clone(),
+                    addr: server.address.clone(),
+                    port: server.port,
+                    params,
+                });
+            }
         }
         let weight_before = before.weight.or(old_defaults.weight).unwrap_or(1);
         let weight_after = after.weight.or(new_defaults.weight).unwrap_or(1);
@@ -503,8 +561,6 @@ fn plan_servers(
                 weight: weight_after,
             });
         }
-        let disabled_before = before.disabled || old_defaults.disabled;
-        let disabled_after = after.disabled || new_defaults.disabled;
         if disabled_before != disabled_after {
             plan.ops.push(RuntimeOp::SetState {
                 backend: backend.clone(),
@@ -530,24 +586,29 @@ fn plan_servers(
         }
         plan.changed_servers
             .insert((backend.clone(), server.name.clone()));
-        for op in [
-            RuntimeOp::SetState {
-                backend: backend.clone(),
-                server: server.name.clone(),
-                state: "maint",
-            },
-            RuntimeOp::ShutdownSessions {
-                backend: backend.clone(),
-                server: server.name.clone(),
-            },
-            RuntimeOp::DelServer {
-                backend: backend.clone(),
-                server: server.name.clone(),
-            },
-        ] {
-            plan.ops.push(op);
+        plan.ops.push(RuntimeOp::DelServer {
+            backend: backend.clone(),
+            server: server.name.clone(),
+        });
+    }
+}
+
+/// The explicit `add server` parameters of a server: the applicable `default-server`
+/// words `add server` accepts (it does not inherit them), then the server's own,
+/// without `disabled`/`enabled` (those become `enable server`) and without the words
+/// `add server` refuses.
+fn dynamic_params(defaults: &[String], own: &[String]) -> Vec<String> {
+    let mut params = Vec::new();
+    let mut words = defaults.iter().chain(own);
+    while let Some(word) = words.next() {
+        if RESOLUTION_ONLY.contains(&word.as_str()) || DYNAMIC_REJECTED.contains(&word.as_str()) {
+            // `cookie` in default-server has no meaning without a per-server value.
+            words.next();
+        } else if word != "disabled" && word != "enabled" {
+            params.push(word.clone());
         }
     }
+    params
 }
 
 fn plan_added_server(
@@ -589,30 +650,20 @@ fn plan_added_server(
         );
         return;
     }
-    let mut params = Vec::new();
-    let mut words = defaults.iter();
-    while let Some(word) = words.next() {
-        if RESOLUTION_ONLY.contains(&word.as_str()) {
-            words.next();
-        } else if DYNAMIC_REJECTED.contains(&word.as_str()) {
-            // `cookie` in default-server has no meaning without a per-server value.
-            words.next();
-        } else {
-            params.push(word.clone());
-        }
-    }
-    params.extend(server.params.iter().cloned());
-    let split = split_params(&params);
+    let split = split_params(
+        defaults
+            .iter()
+            .chain(&server.params)
+            .cloned()
+            .collect::<Vec<_>>()
+            .as_slice(),
+    );
     let address = if server.address.contains(':') {
         format!("[{}]:{port}", server.address)
     } else {
         format!("{}:{port}", server.address)
     };
-    // `disabled`/`enabled` are handled with `enable server`, not passed to add server.
-    let params: Vec<String> = params
-        .into_iter()
-        .filter(|w| w != "disabled" && w != "enabled")
-        .collect();
+    let params = dynamic_params(defaults, &server.params);
     let health = split.other.iter().any(|w| w == "check");
     plan.changed_servers
         .insert((backend.to_owned(), name.clone()));

@@ -1,10 +1,33 @@
 //! The runtime API client: server state, dynamic servers, versioned map and ACL
-//! replacement, and certificate transactions.
+//! replacement, certificate transactions, and the lossless server moves and removals
+//! built from them.
 //!
 //! Commands go either to a worker stats socket (`level admin`) or through the master
 //! CLI as `@1 <command>`; both answer the same text. HAProxy's answers carry no status
 //! code, so every method checks the answer against what success looks like for that
-//! command and returns [`RuntimeError::Rejected`] with HAProxy's words otherwise.
+//! command and returns [`RuntimeError::Refused`] with HAProxy's words otherwise.
+//!
+//! Commands that change something are sent once (see the retry policy in
+//! [`crate::socket`]); `show ...` reads go through [`CliClient::query`] and may be
+//! retried.
+//!
+//! # Moving and removing servers without failing requests
+//!
+//! Measured on HAProxy 2.6.12 (see `docs/deployment.md`): `set server addr` closes the
+//! server's *idle* connections, and new connections go to the new address at once,
+//! but connections busy at that moment return to the idle pool when their request
+//! ends and are reused for later requests, which then reach the old address.
+//! `shutdown sessions server` fixes that by failing every request in flight (502).
+//! Connections that finish while the server is in maintenance also go to the idle pool
+//! and make `del server` refuse ("still has connections") until they are purged; a
+//! second address change purges them. So [`RuntimeClient::move_server`] lets a
+//! stand-in server carry the traffic while the real one drains in maintenance, and
+//! [`RuntimeClient::remove_server`] drains before `del server`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::socket::{CliClient, SocketAddress, SocketError};
 
@@ -12,19 +35,60 @@ use crate::socket::{CliClient, SocketAddress, SocketError};
 /// buffer, and a larger one is silently dropped by HAProxy 2.6.
 pub const MAX_PAYLOAD_BYTES: usize = 14 * 1024;
 
-/// Why a runtime command failed.
+/// How long a server move or removal waits for the requests in flight on the server by
+/// default (see [`RuntimeClient::with_drain_timeout`]).
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often a drain polls `show servers conn`.
+const DRAIN_POLL: Duration = Duration::from_millis(10);
+
+/// Why a runtime command failed. [`RuntimeError::class`] sorts the variants into the
+/// classes a caller acts on differently (for example, the reload fallback's reason).
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
-    /// The socket exchange failed.
-    #[error(transparent)]
-    Socket(#[from] SocketError),
-    /// HAProxy refused the command.
+    /// Connecting to the socket failed (after retries): nothing was sent, nothing
+    /// changed.
+    #[error("cannot reach the runtime API to send `{command}`")]
+    Unreachable {
+        /// The command line.
+        command: String,
+        /// The connect error.
+        #[source]
+        source: SocketError,
+    },
+    /// The command was sent, but the exchange broke (reset, early close, timeout): it
+    /// may or may not have run, so it is not sent again.
+    #[error("`{command}` was sent but the exchange broke")]
+    Exchange {
+        /// The command line.
+        command: String,
+        /// The transport error.
+        #[source]
+        source: SocketError,
+    },
+    /// HAProxy answered and refused the command.
     #[error("HAProxy refused `{command}`: {}", answer.trim())]
-    Rejected {
+    Refused {
         /// The command line.
         command: String,
         /// HAProxy's answer.
         answer: String,
+    },
+    /// HAProxy answered something this client cannot make sense of.
+    #[error("unexpected answer to `{command}`: {:?}", answer.trim())]
+    Unexpected {
+        /// The command line.
+        command: String,
+        /// HAProxy's answer.
+        answer: String,
+    },
+    /// A file the change addresses is not loaded by HAProxy under that name.
+    #[error("{file} is not loaded by HAProxy as {expected}")]
+    NotLoaded {
+        /// Path relative to the config directory.
+        file: String,
+        /// What it should have been loaded as ("a map or ACL file", "a certificate").
+        expected: &'static str,
     },
     /// A staged map or ACL version did not hold what was sent (a dropped payload).
     #[error("{file}: staged version {version} holds {actual} entries, expected {expected}")]
@@ -38,6 +102,68 @@ pub enum RuntimeError {
         /// Entries HAProxy holds.
         actual: usize,
     },
+    /// Requests in flight on a server did not finish within the drain timeout.
+    #[error("{backend}/{server} still had requests in flight after {after:?}")]
+    DrainTimeout {
+        /// Backend.
+        backend: String,
+        /// Server.
+        server: String,
+        /// The drain timeout.
+        after: Duration,
+    },
+}
+
+/// The classes of runtime failures: what a caller can conclude about the instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RuntimeFailure {
+    /// HAProxy answered and said no: the change cannot be made at runtime.
+    Refused,
+    /// Nothing was sent: the runtime API is not reachable.
+    Unreachable,
+    /// The exchange broke after sending, or the answer made no sense: the command may
+    /// or may not have run.
+    Protocol,
+    /// Requests in flight did not finish in time, so the change was not completed.
+    Drain,
+}
+
+impl RuntimeError {
+    /// The class of this failure.
+    pub fn class(&self) -> RuntimeFailure {
+        match self {
+            RuntimeError::Unreachable { .. } => RuntimeFailure::Unreachable,
+            RuntimeError::Refused { .. } | RuntimeError::NotLoaded { .. } => {
+                RuntimeFailure::Refused
+            }
+            RuntimeError::Exchange { .. }
+            | RuntimeError::Unexpected { .. }
+            | RuntimeError::CountMismatch { .. } => RuntimeFailure::Protocol,
+            RuntimeError::DrainTimeout { .. } => RuntimeFailure::Drain,
+        }
+    }
+
+    fn from_socket(command: &str, source: SocketError) -> Self {
+        let command = first_line(command);
+        if source.nothing_sent() {
+            RuntimeError::Unreachable { command, source }
+        } else {
+            RuntimeError::Exchange { command, source }
+        }
+    }
+}
+
+fn first_line(request: &str) -> String {
+    request.lines().next().unwrap_or_default().to_owned()
+}
+
+/// A server's connections as `show servers conn` reports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerConnections {
+    /// Connections carrying a request now (`used_cur`).
+    pub used: u64,
+    /// Idle connections kept for reuse (`idle_cur`).
+    pub idle: u64,
 }
 
 /// Which kind of pattern file a command addresses.
@@ -64,7 +190,12 @@ impl PatternKind {
 pub struct RuntimeClient {
     cli: CliClient,
     via_master: bool,
+    drain_timeout: Duration,
 }
+
+/// Numbers the stand-in servers of [`RuntimeClient::move_server`] so two moves never
+/// pick the same name, even when an earlier stand-in was left behind.
+static STAND_IN: AtomicU64 = AtomicU64::new(1);
 
 impl RuntimeClient {
     /// Commands go straight to a worker stats socket.
@@ -79,29 +210,66 @@ impl RuntimeClient {
 
     /// Over an existing transport; `via_master` adds the `@1` prefix.
     pub fn from_cli(cli: CliClient, via_master: bool) -> Self {
-        Self { cli, via_master }
+        Self {
+            cli,
+            via_master,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+        }
     }
 
-    /// Sends one command (plus payload, if `request` has one) and returns the answer.
-    pub async fn command(&self, request: &str) -> Result<String, SocketError> {
+    /// How long [`move_server`](Self::move_server) and
+    /// [`remove_server`](Self::remove_server) wait for requests in flight on a server
+    /// before giving up; it bounds how long a deployment can take.
+    #[must_use]
+    pub fn with_drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// The drain bound.
+    pub fn drain_timeout(&self) -> Duration {
+        self.drain_timeout
+    }
+
+    fn addressed(&self, request: &str) -> String {
         if self.via_master {
-            self.cli.exchange(&format!("@1 {request}")).await
+            format!("@1 {request}")
         } else {
-            self.cli.exchange(request).await
+            request.to_owned()
         }
+    }
+
+    /// Sends one command that may change something (plus payload, if `request` has
+    /// one) and returns the answer. Sent at most once unless connecting failed.
+    pub async fn command(&self, request: &str) -> Result<String, RuntimeError> {
+        self.cli
+            .exchange(&self.addressed(request))
+            .await
+            .map_err(|e| RuntimeError::from_socket(request, e))
+    }
+
+    /// Sends a read-only command (`show ...`), retried after a broken exchange too.
+    pub async fn query(&self, request: &str) -> Result<String, RuntimeError> {
+        self.cli
+            .query(&self.addressed(request))
+            .await
+            .map_err(|e| RuntimeError::from_socket(request, e))
     }
 
     /// Sends `commands` on one line separated by `;`, each addressed to the worker
     /// when going through the master CLI (there a prefix applies to one command
     /// only); returns the concatenated answers.
-    async fn chained(&self, commands: &[&str]) -> Result<String, SocketError> {
+    async fn chained(&self, commands: &[&str]) -> Result<String, RuntimeError> {
         let prefix = if self.via_master { "@1 " } else { "" };
         let line = commands
             .iter()
             .map(|command| format!("{prefix}{command}"))
             .collect::<Vec<_>>()
             .join("; ");
-        self.cli.exchange(&line).await
+        self.cli
+            .exchange(&line)
+            .await
+            .map_err(|e| RuntimeError::from_socket(commands.first().copied().unwrap_or(""), e))
     }
 
     async fn expect(
@@ -112,9 +280,16 @@ impl RuntimeClient {
         let answer = self.command(request).await?;
         if ok(&answer) {
             Ok(answer)
+        } else if answer.trim().is_empty() {
+            // HAProxy words every refusal; silence where an answer was due means the
+            // exchange broke (e.g. the peer closed after reading).
+            Err(RuntimeError::Unexpected {
+                command: first_line(request),
+                answer,
+            })
         } else {
-            Err(RuntimeError::Rejected {
-                command: request.lines().next().unwrap_or_default().to_owned(),
+            Err(RuntimeError::Refused {
+                command: first_line(request),
                 answer,
             })
         }
@@ -169,17 +344,6 @@ impl RuntimeClient {
         .map(drop)
     }
 
-    /// `shutdown sessions server <be>/<srv>`: closes connections pinned to a server
-    /// whose address just changed.
-    pub async fn shutdown_sessions(&self, backend: &str, server: &str) -> Result<(), RuntimeError> {
-        self.expect(
-            &format!("shutdown sessions server {backend}/{server}"),
-            is_empty,
-        )
-        .await
-        .map(drop)
-    }
-
     /// `add server <be>/<srv> <addr> <params..>` (the server starts in maintenance).
     pub async fn add_server(
         &self,
@@ -221,25 +385,228 @@ impl RuntimeClient {
         .map(drop)
     }
 
+    /// A server's current connections (`show servers conn <be>`); `None` when the
+    /// backend has no such server.
+    pub async fn server_connections(
+        &self,
+        backend: &str,
+        server: &str,
+    ) -> Result<Option<ServerConnections>, RuntimeError> {
+        let request = format!("show servers conn {backend}");
+        let answer = self.query(&request).await?;
+        parse_server_connections(&answer, backend, server).map_err(|_| RuntimeError::Unexpected {
+            command: request,
+            answer,
+        })
+    }
+
+    /// Waits until no request is in flight on the server (`used_cur` 0), polling until
+    /// the drain timeout.
+    async fn drained(&self, backend: &str, server: &str) -> Result<(), RuntimeError> {
+        let deadline = Instant::now() + self.drain_timeout;
+        loop {
+            match self.server_connections(backend, server).await? {
+                None => return Ok(()),
+                Some(conns) if conns.used == 0 => return Ok(()),
+                Some(_) if Instant::now() >= deadline => {
+                    return Err(RuntimeError::DrainTimeout {
+                        backend: backend.to_owned(),
+                        server: server.to_owned(),
+                        after: self.drain_timeout,
+                    });
+                }
+                Some(_) => tokio::time::sleep(DRAIN_POLL).await,
+            }
+        }
+    }
+
+    /// Moves a serving server to a new address without failing a request in flight
+    /// and without a later request reaching the old address through a reused
+    /// connection; the server keeps its name (the config's), so later plans and
+    /// reloads find it.
+    ///
+    /// 1. `add server <be>/<srv>-hapwright-<n>` at the new address with `params`
+    ///    (no health check: it is up at once), then `enable server`: a stand-in;
+    /// 2. `set server <srv> state maint`: new requests go to the stand-in and the
+    ///    other servers; requests in flight on `<srv>` go on;
+    /// 3. wait until `<srv>` has no request in flight (bounded by the drain timeout);
+    /// 4. `set server <srv> addr`: HAProxy closes the idle connections to the old
+    ///    address, including those that finished during the drain; a connection
+    ///    released just after that is closed by moving the port away and back
+    ///    (still in maintenance) until `show servers conn` reports none;
+    /// 5. `set server <srv> state ready`;
+    /// 6. the stand-in goes to maintenance and is deleted once it has no
+    ///    connections. If that does not happen within the drain timeout it stays in
+    ///    maintenance (it points at the new address and takes no traffic) until the
+    ///    next reload drops it; a warning says so.
+    ///
+    /// # Errors
+    ///
+    /// Any refused or failed step returns at once, leaving the instance between
+    /// steps: callers fall back to a reload, which rebuilds every server from the
+    /// config. [`RuntimeError::DrainTimeout`] when requests in flight on the server
+    /// outlive the drain timeout.
+    pub async fn move_server(
+        &self,
+        backend: &str,
+        server: &str,
+        addr: &str,
+        port: Option<u16>,
+        params: &[String],
+    ) -> Result<(), RuntimeError> {
+        let stand_in = format!(
+            "{server}-hapwright-{}",
+            STAND_IN.fetch_add(1, Ordering::Relaxed)
+        );
+        let address = match (addr.contains(':'), port) {
+            (true, Some(port)) => format!("[{addr}]:{port}"),
+            (false, Some(port)) => format!("{addr}:{port}"),
+            (_, None) => addr.to_owned(),
+        };
+        self.add_server(backend, &stand_in, &address, params)
+            .await?;
+        self.enable_server(backend, &stand_in).await?;
+        self.set_server_state(backend, server, "maint").await?;
+        self.drained(backend, server).await?;
+        self.set_server_addr(backend, server, addr, port).await?;
+        self.settled(backend, server).await?;
+        self.set_server_state(backend, server, "ready").await?;
+        self.set_server_state(backend, &stand_in, "maint").await?;
+        if !self.delete_drained(backend, &stand_in).await? {
+            tracing::warn!(
+                backend,
+                server = %stand_in,
+                after = ?self.drain_timeout,
+                "Stand-in server still has connections; it stays in maintenance until the next reload"
+            );
+        }
+        Ok(())
+    }
+
+    /// Removes a server without failing a request in flight: maintenance (no new
+    /// requests; requests in flight go on), then `del server` once the server has no
+    /// connections, bounded by the drain timeout. Idle connections that would keep
+    /// `del server` refusing are closed by changing the address of the server in
+    /// maintenance (it takes no traffic any more).
+    ///
+    /// Returns `false` when the drain timeout passed first: the server then stays in
+    /// maintenance, taking no traffic, until the next reload drops it (it is no longer
+    /// in the config); a warning says so. Adding a server of the same name later is
+    /// refused by HAProxy, which falls back to that reload.
+    pub async fn remove_server(&self, backend: &str, server: &str) -> Result<bool, RuntimeError> {
+        self.set_server_state(backend, server, "maint").await?;
+        let deleted = self.delete_drained(backend, server).await?;
+        if !deleted {
+            tracing::warn!(
+                backend,
+                server,
+                after = ?self.drain_timeout,
+                "Removed server still has requests in flight; it stays in maintenance until the next reload"
+            );
+        }
+        Ok(deleted)
+    }
+
+    /// After the address change of a server in maintenance: waits until it has neither
+    /// used nor idle connections. A connection released just after the change (its
+    /// request ended as the address changed) lands in the idle pool with the old
+    /// address; another address change closes it.
+    async fn settled(&self, backend: &str, server: &str) -> Result<(), RuntimeError> {
+        let deadline = Instant::now() + self.drain_timeout;
+        loop {
+            let conns = match self.server_connections(backend, server).await? {
+                None => return Ok(()),
+                Some(conns) if conns.used + conns.idle == 0 => return Ok(()),
+                Some(conns) => conns,
+            };
+            if Instant::now() >= deadline {
+                return Err(RuntimeError::DrainTimeout {
+                    backend: backend.to_owned(),
+                    server: server.to_owned(),
+                    after: self.drain_timeout,
+                });
+            }
+            if conns.used == 0 {
+                self.purge_idle(backend, server, true).await?;
+            } else {
+                tokio::time::sleep(DRAIN_POLL).await;
+            }
+        }
+    }
+
+    /// `del server` on a server in maintenance, retried while HAProxy says it still
+    /// has connections, until the drain timeout; `false` when time ran out.
+    async fn delete_drained(&self, backend: &str, server: &str) -> Result<bool, RuntimeError> {
+        let deadline = Instant::now() + self.drain_timeout;
+        let mut purged = false;
+        loop {
+            match self.del_server(backend, server).await {
+                Ok(()) => return Ok(true),
+                Err(RuntimeError::Refused { answer, .. })
+                    if answer.contains("still has connections") => {}
+                Err(error) => return Err(error),
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            if !purged
+                && let Some(conns) = self.server_connections(backend, server).await?
+                && conns.used == 0
+                && conns.idle > 0
+            {
+                self.purge_idle(backend, server, false).await?;
+                purged = true;
+                continue;
+            }
+            tokio::time::sleep(DRAIN_POLL).await;
+        }
+    }
+
+    /// Closes the idle connections of a server in maintenance by moving its port (and
+    /// back when `restore`): HAProxy 2.6 closes a server's idle connections on every
+    /// address change, and a server in maintenance takes no traffic meanwhile.
+    async fn purge_idle(
+        &self,
+        backend: &str,
+        server: &str,
+        restore: bool,
+    ) -> Result<(), RuntimeError> {
+        let request = format!("show servers state {backend}");
+        let state = self.query(&request).await?;
+        let (addr, port) =
+            parse_server_address(&state, server).ok_or_else(|| RuntimeError::Unexpected {
+                command: request,
+                answer: state.clone(),
+            })?;
+        let other_port = if port == u16::MAX { 1 } else { port + 1 };
+        self.set_server_addr(backend, server, &addr, Some(other_port))
+            .await?;
+        if restore {
+            self.set_server_addr(backend, server, &addr, Some(port))
+                .await?;
+        }
+        Ok(())
+    }
+
     /// `show servers state [<be>]`, raw.
     pub async fn show_servers_state(&self, backend: Option<&str>) -> Result<String, RuntimeError> {
         let request = match backend {
             Some(backend) => format!("show servers state {backend}"),
             None => "show servers state".to_owned(),
         };
-        Ok(self.command(&request).await?)
+        self.query(&request).await
     }
 
     /// The file paths of the loaded maps or ACL files, as the config wrote them
     /// (`show map` / `show acl`; inline ACLs are left out).
     pub async fn pattern_files(&self, kind: PatternKind) -> Result<Vec<String>, RuntimeError> {
-        let answer = self.command(&format!("show {}", kind.as_str())).await?;
+        let answer = self.query(&format!("show {}", kind.as_str())).await?;
         Ok(parse_pattern_listing(&answer))
     }
 
     /// Certificates known to HAProxy (`show ssl cert`), committed ones only.
     pub async fn ssl_certs(&self) -> Result<Vec<String>, RuntimeError> {
-        let answer = self.command("show ssl cert").await?;
+        let answer = self.query("show ssl cert").await?;
         let mut certs = Vec::new();
         let mut in_transaction = false;
         for line in answer.lines().map(str::trim) {
@@ -275,7 +642,7 @@ impl RuntimeClient {
             .rsplit(' ')
             .next()
             .and_then(|v| v.parse().ok())
-            .ok_or_else(|| RuntimeError::Rejected {
+            .ok_or_else(|| RuntimeError::Unexpected {
                 command: format!("prepare {kind_name} {file}"),
                 answer: prepared.clone(),
             })?;
@@ -297,7 +664,7 @@ impl RuntimeClient {
                 for batch in chain_commands(&commands, MAX_PAYLOAD_BYTES) {
                     let answer = self.chained(&batch).await?;
                     if !is_empty(&answer) {
-                        return Err(RuntimeError::Rejected {
+                        return Err(RuntimeError::Refused {
                             command: format!(
                                 "add acl @{version} {file} (a batch of {})",
                                 batch.len()
@@ -309,7 +676,7 @@ impl RuntimeClient {
             }
         }
         let staged = self
-            .command(&format!("show {kind_name} @{version} {file}"))
+            .query(&format!("show {kind_name} @{version} {file}"))
             .await?;
         let actual = staged.lines().filter(|l| !l.trim().is_empty()).count();
         if actual != entries.len() {
@@ -352,6 +719,55 @@ impl RuntimeClient {
         .await
         .map(drop)
     }
+}
+
+/// Parses `show servers conn <be>` for one server: `Ok(None)` when it is not listed,
+/// `Err` with what is wrong when the answer is not that table.
+pub fn parse_server_connections(
+    answer: &str,
+    backend: &str,
+    server: &str,
+) -> Result<Option<ServerConnections>, &'static str> {
+    const NOT_A_TABLE: &str = "not a `show servers conn` table";
+    let mut lines = answer.lines();
+    let header = lines.next().ok_or(NOT_A_TABLE)?;
+    let columns: Vec<&str> = header
+        .strip_prefix('#')
+        .ok_or(NOT_A_TABLE)?
+        .split_whitespace()
+        .collect();
+    let column = |name: &str| columns.iter().position(|c| *c == name).ok_or(NOT_A_TABLE);
+    let (used_at, idle_at) = (column("used_cur")?, column("idle_cur")?);
+    let key = format!("{backend}/{server}");
+    for line in lines {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.first() != Some(&key.as_str()) {
+            continue;
+        }
+        let number = |at: usize| {
+            fields
+                .get(at)
+                .and_then(|f| f.parse().ok())
+                .ok_or("a connection count is not a number")
+        };
+        return Ok(Some(ServerConnections {
+            used: number(used_at)?,
+            idle: number(idle_at)?,
+        }));
+    }
+    Ok(None)
+}
+
+/// The address and port of `server` in `show servers state <be>` output (fields
+/// `srv_name` 4th, `srv_addr` 5th, `srv_port` 19th).
+fn parse_server_address(state: &str, server: &str) -> Option<(String, u16)> {
+    state.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() < 19 || fields[3] != server {
+            return None;
+        }
+        Some((fields[4].to_owned(), fields[18].parse().ok()?))
+    })
 }
 
 fn is_empty(answer: &str) -> bool {
@@ -435,6 +851,31 @@ pub fn parse_pattern_listing(answer: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn server_connections_parse_config_and_dynamic_rows() {
+        // As HAProxy 2.6.12 prints it: a config server with idle pools, a dynamic one
+        // without the per-thread column.
+        let text = "# bkname/svname bkid/svid addr port - purge_delay used_cur used_max need_est unsafe_nb safe_nb idle_lim idle_cur idle_per_thr[2]\n\
+            be/s1 3/1 127.0.0.1 19001 - 5000 1 3 3 2 0 -1 2 0 2\n\
+            be/tmp 3/2 127.0.0.1 19002 - 0 0 1 1 0 0 0 0\n";
+        assert_eq!(
+            parse_server_connections(text, "be", "s1"),
+            Ok(Some(ServerConnections { used: 1, idle: 2 }))
+        );
+        assert_eq!(
+            parse_server_connections(text, "be", "tmp"),
+            Ok(Some(ServerConnections { used: 0, idle: 0 }))
+        );
+        assert_eq!(parse_server_connections(text, "be", "gone"), Ok(None));
+        assert!(parse_server_connections("Unknown command\n", "be", "s1").is_err());
+        let state = "1\n# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight srv_time_since_last_change srv_check_status srv_check_result srv_check_health srv_check_state srv_agent_state bk_f_forced_id srv_f_forced_id srv_fqdn srv_port srvrecord srv_use_ssl srv_check_port srv_check_addr srv_agent_addr srv_agent_port\n\
+            3 be 2 r1 127.0.0.1 2 0 1 1 175 1 0 0 0 0 0 0 - 19002 - 0 0 - - 0\n";
+        assert_eq!(
+            parse_server_address(state, "r1"),
+            Some(("127.0.0.1".to_owned(), 19002))
+        );
+    }
 
     #[test]
     fn cli_words_escape_separators() {

@@ -1,7 +1,20 @@
 //! The transport under the runtime API and the master CLI: one short connection per
 //! command over a Unix socket or TCP, with the half-close HAProxy 2.6's master CLI
-//! needs, a timeout on every step and retries with backoff while the socket refuses
-//! connections (the master CLI is down for up to ~1.5 s during a reload).
+//! needs and a timeout on every step.
+//!
+//! # Retry policy
+//!
+//! HAProxy's CLI has no request ids, so a command that reached HAProxy cannot be told
+//! apart from one that did not once the exchange breaks. The policy follows from that:
+//! - [`CliClient::exchange`] (commands that change something): retried with backoff
+//!   only while *connecting* fails (refused, socket file missing, connect timeout),
+//!   because then not a byte was sent. Once the request was written, any failure is
+//!   returned as is: sending `set server`, `add map` or `reload` twice is not safe.
+//! - [`CliClient::query`] (read-only `show ...` commands): also retried after a broken
+//!   exchange (reset, early close), since running a read twice does no harm. The
+//!   master CLI resets connections for up to ~1.5 s during a reload.
+//! - A timeout is never retried: the peer is alive but slow, and a retry would only
+//!   add load.
 //!
 //! Also defines [`InstanceConfig`], the plain description of one socket instance the
 //! drivers and the managed-process supervisor are built from.
@@ -169,11 +182,11 @@ impl Default for ClientConfig {
     }
 }
 
-/// Why a socket exchange failed. Connection errors are retried before they surface;
-/// a timeout is not retried (the command may have been executed).
+/// Why a socket exchange failed. Only [`SocketError::Connect`] proves that nothing was
+/// sent; after the other two the command may or may not have run.
 #[derive(Debug, thiserror::Error)]
 pub enum SocketError {
-    /// Could not connect (after the retries).
+    /// Could not connect (after the retries): nothing was sent.
     #[error("cannot connect to {address}")]
     Connect {
         /// The socket.
@@ -182,7 +195,7 @@ pub enum SocketError {
         #[source]
         source: io::Error,
     },
-    /// The exchange did not finish in time.
+    /// The exchange did not finish in time: the command may have run.
     #[error("{address} did not answer `{command}` within {timeout:?}")]
     Timeout {
         /// The socket.
@@ -192,7 +205,7 @@ pub enum SocketError {
         /// The bound.
         timeout: Duration,
     },
-    /// Reading or writing failed after connecting.
+    /// Reading or writing failed after connecting: the command may have run.
     #[error("talking to {address} failed")]
     Io {
         /// The socket.
@@ -204,9 +217,17 @@ pub enum SocketError {
 }
 
 impl SocketError {
-    /// Whether the error says the peer is not (yet) accepting connections.
-    pub fn is_unavailable(&self) -> bool {
+    /// Whether the command provably was not sent (connecting failed), so sending it
+    /// again cannot run it twice.
+    pub fn nothing_sent(&self) -> bool {
         matches!(self, SocketError::Connect { .. })
+    }
+
+    /// Whether the error says the peer is not (yet) accepting connections or dropped
+    /// the exchange, the states a master CLI passes through during a reload. Only
+    /// read-only commands may be retried on all of these (see the module docs).
+    pub fn is_unavailable(&self) -> bool {
+        self.nothing_sent()
             || matches!(self, SocketError::Io { source, .. } if is_transient(source))
     }
 }
@@ -260,9 +281,26 @@ impl CliClient {
     /// Sends one command line (with an optional `<<` payload, which must already be
     /// part of `request`) and returns everything HAProxy answered.
     ///
-    /// Connection failures (refused, reset before any byte was written, missing socket
-    /// file) are retried with exponential backoff; everything else is returned at once.
+    /// Retried with exponential backoff only while connecting fails, when nothing was
+    /// sent ([`SocketError::nothing_sent`]); once the request was written, a broken
+    /// exchange is returned at once, because the command may already have run.
     pub async fn exchange(&self, request: &str) -> Result<String, SocketError> {
+        self.with_retries(request, SocketError::nothing_sent).await
+    }
+
+    /// Sends a read-only command (`show ...`). Unlike [`exchange`](Self::exchange) it
+    /// is also retried when the exchange broke after the request was written: running
+    /// a read twice changes nothing. Never use it for a command that changes state.
+    pub async fn query(&self, request: &str) -> Result<String, SocketError> {
+        self.with_retries(request, SocketError::is_unavailable)
+            .await
+    }
+
+    async fn with_retries(
+        &self,
+        request: &str,
+        retry: fn(&SocketError) -> bool,
+    ) -> Result<String, SocketError> {
         let backoff = ExponentialBuilder::default()
             .with_min_delay(self.config.min_delay)
             .with_max_delay(self.config.max_delay)
@@ -270,7 +308,7 @@ impl CliClient {
         (|| self.exchange_once(request))
             .retry(backoff)
             .sleep(tokio::time::sleep)
-            .when(SocketError::is_unavailable)
+            .when(retry)
             .await
     }
 

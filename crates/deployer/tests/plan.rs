@@ -84,8 +84,7 @@ fn address_weight_and_state_changes_are_runtime() {
     assert_eq!(
         described,
         vec![
-            "server be_a/s1 address 10.0.0.9:81",
-            "server be_a/s1 sessions shut down",
+            "server be_a/s1 moved to 10.0.0.9:81",
             "server be_a/s1 weight 3",
             "server be_a/s1 state maint",
         ]
@@ -143,5 +142,65 @@ fn a_changed_file_that_is_not_a_pattern_file_reloads_with_the_reason() {
     assert!(
         reload.detail.contains("files/tls.crtlist changed"),
         "{reload:?}"
+    );
+}
+
+#[test]
+fn address_changes_move_through_a_stand_in_without_shutting_sessions() {
+    let old = render("backend be_a\n    server s1 10.0.0.1:80 check cookie a\n");
+    let new = render("backend be_a\n    server s1 10.0.0.9:81 check cookie a\n");
+    let plan = compute(&old, &new);
+    assert_eq!(
+        plan.strategy(),
+        DeployStrategy::Runtime,
+        "{:?}",
+        plan.reason()
+    );
+    // The stand-in takes the defaults' words explicitly, without the health check
+    // (it must take traffic at once) and without what `add server` refuses.
+    assert_eq!(
+        plan.ops,
+        vec![RuntimeOp::MoveServer {
+            backend: "be_a".into(),
+            server: "s1".into(),
+            addr: "10.0.0.9".into(),
+            port: Some(81),
+            params: vec!["inter".into(), "3s".into()],
+        }]
+    );
+
+    // A server in maintenance takes no traffic: the address alone is enough.
+    let old = render("backend be_a\n    server s1 10.0.0.1:80 disabled\n");
+    let new = render("backend be_a\n    server s1 10.0.0.9:80 disabled\n");
+    let plan = compute(&old, &new);
+    assert_eq!(
+        plan.ops.iter().map(RuntimeOp::describe).collect::<Vec<_>>(),
+        vec!["server be_a/s1 address 10.0.0.9:80"]
+    );
+
+    // Without a dynamic balance algorithm there is no stand-in: a reload moves it.
+    let old = render("backend be_a\n    balance static-rr\n    server s1 10.0.0.1:80\n");
+    let new = render("backend be_a\n    balance static-rr\n    server s1 10.0.0.9:80\n");
+    let plan = compute(&old, &new);
+    assert_eq!(plan.strategy(), DeployStrategy::Reload);
+    assert_eq!(plan.reason().reload, Some(ReloadReason::ServerOptions));
+    assert!(
+        plan.reason().detail.contains("stand-in"),
+        "{}",
+        plan.reason().detail
+    );
+}
+
+#[test]
+fn removed_servers_are_one_drained_delete() {
+    let old = render("backend be_a\n    server s1 10.0.0.1:80\n    server s2 10.0.0.2:80\n");
+    let new = render("backend be_a\n    server s1 10.0.0.1:80\n");
+    let plan = compute(&old, &new);
+    assert_eq!(
+        plan.ops,
+        vec![RuntimeOp::DelServer {
+            backend: "be_a".into(),
+            server: "s2".into(),
+        }]
     );
 }

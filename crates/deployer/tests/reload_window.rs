@@ -51,7 +51,10 @@ impl Driver for Fake {
         Ok(None)
     }
 
-    async fn apply_runtime_ops(&self, plan: &ChangePlan) -> Result<usize, String> {
+    async fn apply_runtime_ops(
+        &self,
+        plan: &ChangePlan,
+    ) -> Result<usize, hapwright_deployer::flow::RuntimeOpsError> {
         self.calls
             .lock()
             .unwrap()

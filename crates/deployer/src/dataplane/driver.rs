@@ -34,10 +34,11 @@ use super::client::{
 };
 use crate::driver::{DeployError, Deployed};
 use crate::files::{strip_version_marker, with_version_marker};
-use crate::flow::Driver;
+use crate::flow::{Driver, RuntimeOpsError};
 use crate::haproxy_config::Config;
 use crate::metrics::Metrics;
 use crate::plan::{ChangePlan, RuntimeOp};
+use crate::runtime::RuntimeFailure;
 
 /// Rendered files by name.
 type Files = BTreeMap<String, Arc<str>>;
@@ -274,8 +275,8 @@ impl DataplaneDriver {
         })
     }
 
-    /// Applies runtime changes in order; returns how many, or what was refused.
-    async fn apply_runtime(&self, plan: &ChangePlan) -> Result<usize, String> {
+    /// Applies runtime changes in order; returns how many, or which one failed and how.
+    async fn apply_runtime(&self, plan: &ChangePlan) -> Result<usize, RuntimeOpsError> {
         let mut count = 0;
         for op in &plan.ops {
             let outcome = self.apply_op(op).await;
@@ -283,26 +284,37 @@ impl DataplaneDriver {
                 .runtime_command(&self.name, op.object(), outcome.is_ok());
             match outcome {
                 Ok(()) => count += 1,
-                Err(error) => return Err(format!("{}: {error}", op.describe())),
+                Err(OpError(class, error)) => {
+                    return Err(RuntimeOpsError::new(op.describe(), class, error));
+                }
             }
         }
         Ok(count)
     }
 
-    async fn apply_op(&self, op: &RuntimeOp) -> Result<(), String> {
+    async fn apply_op(&self, op: &RuntimeOp) -> Result<(), OpError> {
         let api = &self.client;
-        let text = |e: DataplaneError| e.to_string();
+        let text = OpError::from;
         match op {
+            // The Data Plane API changes the configured server and reloads when HAProxy
+            // needs it; a reload loses no request, so a move needs no stand-in here.
             RuntimeOp::SetAddr {
                 backend,
                 server,
                 addr,
                 port,
+            }
+            | RuntimeOp::MoveServer {
+                backend,
+                server,
+                addr,
+                port,
+                ..
             } => {
                 let mut configured = api.configured_server(backend, server).await.map_err(text)?;
                 let object = configured
                     .as_object_mut()
-                    .ok_or("the configured server is not an object")?;
+                    .ok_or_else(|| OpError::protocol("the configured server is not an object"))?;
                 object.insert("address".into(), addr.clone().into());
                 if let Some(port) = port {
                     object.insert("port".into(), (*port).into());
@@ -317,7 +329,7 @@ impl DataplaneDriver {
                 let mut configured = api.configured_server(backend, server).await.map_err(text)?;
                 let object = configured
                     .as_object_mut()
-                    .ok_or("the configured server is not an object")?;
+                    .ok_or_else(|| OpError::protocol("the configured server is not an object"))?;
                 object.insert("weight".into(), (*weight).into());
                 self.replace_server(backend, server, configured).await
             }
@@ -330,12 +342,6 @@ impl DataplaneDriver {
                 .await
                 .map(drop)
                 .map_err(text),
-            RuntimeOp::ShutdownSessions { backend, server } => {
-                // The v3 API has no endpoint for it; sessions to the old address end
-                // with their connections.
-                tracing::debug!(instance = %self.name, backend, server, "No Data Plane endpoint to shut down sessions; skipped");
-                Ok(())
-            }
             RuntimeOp::AddServer {
                 backend,
                 server,
@@ -344,7 +350,8 @@ impl DataplaneDriver {
                 enable,
                 health,
             } => {
-                let body = add_server_body(server, address, params, *enable, *health)?;
+                let body = add_server_body(server, address, params, *enable, *health)
+                    .map_err(OpError::refused)?;
                 api.add_runtime_server(backend, &body).await.map_err(text)
             }
             RuntimeOp::DelServer { backend, server } => {
@@ -357,9 +364,9 @@ impl DataplaneDriver {
             }
             RuntimeOp::ReplacePatterns { file, content } => {
                 let Some(name) = file.strip_prefix("maps/") else {
-                    return Err(format!(
+                    return Err(OpError::refused(format!(
                         "{file}: only maps can be changed through the Data Plane runtime API"
-                    ));
+                    )));
                 };
                 self.replace_map(name, content).await
             }
@@ -382,26 +389,26 @@ impl DataplaneDriver {
         backend: &str,
         server: &str,
         configured: serde_json::Value,
-    ) -> Result<(), String> {
+    ) -> Result<(), OpError> {
         match self
             .client
             .replace_configured_server(backend, server, configured)
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(OpError::from)?
         {
             Some(id) => self
                 .client
                 .wait_reload(&id)
                 .await
                 .map(drop)
-                .map_err(|e| e.to_string()),
+                .map_err(OpError::from),
             None => Ok(()),
         }
     }
 
     /// Moves the running map `name` to `content` entry by entry.
-    async fn replace_map(&self, name: &str, content: &str) -> Result<(), String> {
-        let text = |e: DataplaneError| e.to_string();
+    async fn replace_map(&self, name: &str, content: &str) -> Result<(), OpError> {
+        let text = OpError::from;
         let current = self.client.map_entries(name).await.map_err(text)?;
         let desired = map_pairs(content);
         let mut seen = std::collections::BTreeSet::new();
@@ -429,13 +436,49 @@ impl DataplaneDriver {
         }
         let after = self.client.map_entries(name).await.map_err(text)?;
         if after.len() != desired.len() {
-            return Err(format!(
+            return Err(OpError::protocol(format!(
                 "map {name} holds {} entries after the update, expected {}",
                 after.len(),
                 desired.len()
-            ));
+            )));
         }
         Ok(())
+    }
+}
+
+/// A failed runtime op with its class: an HTTP 4xx answer is a refusal, a request
+/// that never connected found the API unreachable, anything else is a protocol error.
+#[derive(Debug)]
+struct OpError(RuntimeFailure, Box<dyn std::error::Error + Send + Sync>);
+
+impl OpError {
+    fn refused(detail: impl Into<String>) -> Self {
+        OpError(RuntimeFailure::Refused, detail.into().into())
+    }
+
+    fn protocol(detail: impl Into<String>) -> Self {
+        OpError(RuntimeFailure::Protocol, detail.into().into())
+    }
+}
+
+impl From<DataplaneError> for OpError {
+    fn from(error: DataplaneError) -> Self {
+        OpError(classify(&error), Box::new(error))
+    }
+}
+
+/// How a Data Plane API failure counts for the reload fallback.
+fn classify(error: &DataplaneError) -> RuntimeFailure {
+    match error {
+        DataplaneError::Setup(_) => RuntimeFailure::Unreachable,
+        DataplaneError::Transport { source, .. } if source.is_connect() => {
+            RuntimeFailure::Unreachable
+        }
+        DataplaneError::Status { status, .. } if (400..500).contains(status) => {
+            RuntimeFailure::Refused
+        }
+        DataplaneError::ReloadFailed { .. } => RuntimeFailure::Refused,
+        _ => RuntimeFailure::Protocol,
     }
 }
 
@@ -532,7 +575,7 @@ impl Driver for DataplaneDriver {
         self.drift_of(running).await
     }
 
-    async fn apply_runtime_ops(&self, plan: &ChangePlan) -> Result<usize, String> {
+    async fn apply_runtime_ops(&self, plan: &ChangePlan) -> Result<usize, RuntimeOpsError> {
         let _serial = self.serial.lock().await;
         self.apply_runtime(plan).await
     }

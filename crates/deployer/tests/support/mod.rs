@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod dataplane;
+pub mod traffic;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -50,6 +50,10 @@ pub enum ReloadReason {
     Drift,
     /// HAProxy was restarted.
     Restart,
+    /// A runtime-only change could not be applied through the runtime API (refused,
+    /// unreachable, broken exchange, or requests in flight that did not drain); the
+    /// reload applies it instead and the detail says which.
+    RuntimeFailed,
 }
 
 impl ReloadReason {
@@ -62,6 +66,7 @@ impl ReloadReason {
             ReloadReason::NewFile => "new_file",
             ReloadReason::Drift => "drift",
             ReloadReason::Restart => "restart",
+            ReloadReason::RuntimeFailed => "runtime_failed",
         }
     }
 }
