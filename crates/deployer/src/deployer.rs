@@ -3,7 +3,7 @@
 //! publishes `DeploymentStarted` and, once every instance of the round has an
 //! outcome, `DeploymentCompleted`.
 //!
-//! Each instance is owned by its own worker task ([`crate::instance`]): it alone
+//! Each instance is owned by its own worker task (the `instance` module): it alone
 //! holds what the instance runs, plans each deployment once, keeps the instance's
 //! reload window (`minReloadInterval`), retries failures with backoff and checks for
 //! drift. So runtime-only changes reach every instance that can take them while

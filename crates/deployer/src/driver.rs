@@ -1,23 +1,29 @@
-//! The local-socket driver: deploys a rendered config to one HAProxy instance through
-//! its master CLI and runtime API.
+//! The local-socket driver: one HAProxy instance reached through its master CLI, its
+//! runtime API and its config directory, as a [`Driver`].
 //!
-//! Per deployment (serialized per instance):
-//! 1. work out what the instance runs: the last deployment, or after a controller
-//!    restart the files in its config directory when their version marker matches the
-//!    worker's `HAPWRIGHT_CONFIG_VERSION`;
-//! 2. compute the [`ChangePlan`](crate::plan::ChangePlan);
-//! 3. runtime-only: apply the changes through the runtime API, then rewrite the files
-//!    (keeping the running version marker) so a later reload keeps the state; a
-//!    refused runtime change falls back to a reload;
-//! 4. reload: snapshot the last good files, write the new ones atomically, dump the
-//!    server state file (without the lines of changed servers), then a confirmed
-//!    reload — counter moved, `[failed: 0]`, version marker read back; a failed reload
-//!    restores the files and reports HAProxy's ALERT lines.
+//! The steps it gives the deployment flow ([`crate::flow`]):
+//! - what the instance runs after a controller restart ([`Driver::recover`]): the
+//!   files in the config directory, when they match the state record written after the
+//!   last deployment and the record's marker is the worker's
+//!   `HAPWRIGHT_CONFIG_VERSION`; anything else is unknown (one repair reload). The
+//!   first call sweeps temporary files an earlier, killed controller left behind;
+//! - runtime changes through the runtime API (address changes and removals drained,
+//!   see [`crate::runtime`]), then the files rewritten with the running marker;
+//! - a reload: snapshot the last good files, write the new ones (exclusive temporary
+//!   files, fsync, rename, directory fsync), dump the server state file (without the
+//!   lines of changed servers), then a confirmed reload — counter moved,
+//!   `[failed: 0]`, version marker read back — and the state record last. The last
+//!   good files are put back after every failure once files were written, also when
+//!   the deployment is cancelled (a restore guard); a failed restore is an error of
+//!   its own ([`DeployError::RestoreFailed`]).
+//!
+//! Every blocking file operation runs on the blocking pool and holds the directory's
+//! files gate until it ends, so a cancelled deployment's write never overlaps the next.
 //!
 //! Managed mode: a start of the managed HAProxy is a deployment of the files on disk.
-//! [`SocketDriver::deploy`] starts a stopped process itself; a start it did not cause
-//! (the supervisor restarted the process after a crash, or a failed start came up on a
-//! later attempt) is recorded by [`SocketDriver::adopt_managed_start`].
+//! [`Driver::start_if_stopped`] starts a stopped process itself; a start it did not
+//! cause (the supervisor restarted the process after a crash, or a failed start came
+//! up on a later attempt) is recorded by [`SocketDriver::adopt_managed_start`].
 
 use std::path::PathBuf;
 use std::sync::Arc;

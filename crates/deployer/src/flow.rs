@@ -19,7 +19,7 @@
 //!    not drain in time. The reload rebuilds every server, map and certificate from the
 //!    files, so a change left half-done is finished by it.
 //!
-//! The instance's owner ([`crate::instance`]) calls the two steps apart; [`deploy`]
+//! The instance's owner (the `instance` module) calls the two steps apart; [`Driver::deploy`]
 //! runs them back to back (tests, `hapwright bench`).
 
 use std::fmt;

@@ -10,7 +10,7 @@
 //! which go into a synthetic [`SectionKind::Preamble`] section.
 //!
 //! [`check`] runs the phase-1 checks of the validator (duplicate proxy names, missing
-//! `use_backend` targets, references to files that were not rendered), and [`print`]
+//! `use_backend` targets, references to files that were not rendered), and [`print()`]
 //! writes a model back canonically.
 //!
 //! Nothing here panics on any input; the property tests and the fuzz target in
