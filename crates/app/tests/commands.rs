@@ -116,7 +116,9 @@ fn render_prints_the_config_and_writes_the_layout() {
 fn render_out_writes_keys_private_and_replaces_links() {
     use std::os::unix::fs::PermissionsExt;
     let dir = project(|t| {
-        format!("{t}\nsslCertificates:\n  site.pem:\n    template: \"-----BEGIN PRIVATE KEY-----\"\n")
+        format!(
+            "{t}\nsslCertificates:\n  site.pem:\n    template: \"-----BEGIN PRIVATE KEY-----\"\n"
+        )
     });
     let out = dir.path().join("out");
     // A link planted where the key goes must be replaced, not written through.

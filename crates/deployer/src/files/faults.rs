@@ -146,7 +146,8 @@ mod tests {
     #[test]
     fn specs_parse() {
         assert_eq!(Faults::parse("").unwrap(), Faults::default());
-        let faults = Faults::parse("fail-write=maps/hosts.map, pause=before-reload:/tmp/x").unwrap();
+        let faults =
+            Faults::parse("fail-write=maps/hosts.map, pause=before-reload:/tmp/x").unwrap();
         assert_eq!(faults.fail_write.as_deref(), Some("maps/hosts.map"));
         assert_eq!(
             faults.pause,
@@ -156,7 +157,13 @@ mod tests {
             Faults::parse("pause=later:/tmp/x").unwrap_err(),
             FaultsError::UnknownStep("later".into())
         );
-        for bad in ["fail-write=", "pause=before-reload", "pause=before-reload:", "x=y", "z"] {
+        for bad in [
+            "fail-write=",
+            "pause=before-reload",
+            "pause=before-reload:",
+            "x=y",
+            "z",
+        ] {
             assert!(
                 matches!(Faults::parse(bad), Err(FaultsError::ParseEntry(_))),
                 "{bad}"

@@ -26,8 +26,8 @@
 mod alerts;
 mod scratch;
 
-pub use scratch::{SCRATCH_PREFIX, sweep_scratch};
 use scratch::write_scratch;
+pub use scratch::{SCRATCH_PREFIX, sweep_scratch};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -647,7 +647,10 @@ impl Component for Validator {
         let root = self.config.scratch_root.clone();
         match tokio::task::spawn_blocking(move || sweep_scratch(root.as_deref())).await {
             Ok(Ok(removed)) if !removed.is_empty() => {
-                tracing::info!(count = removed.len(), "Removed stale validation scratch directories");
+                tracing::info!(
+                    count = removed.len(),
+                    "Removed stale validation scratch directories"
+                );
             }
             Ok(Ok(_)) => {}
             Ok(Err(error)) => {
