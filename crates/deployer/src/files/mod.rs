@@ -130,6 +130,13 @@ impl ConfigDir {
         }
     }
 
+    /// The config directory of a socket instance, with its configured file modes
+    /// (`socket.certMode`, `socket.certGroup`) and the faults of
+    /// [`FAULTS_VARIABLE`].
+    pub fn for_instance(instance: &crate::socket::InstanceConfig) -> Self {
+        Self::new(&instance.config_dir).with_modes(instance.file_modes.clone())
+    }
+
     /// Replaces the file modes (from `socket.certMode` / `socket.certGroup`).
     #[must_use]
     pub fn with_modes(mut self, modes: FileModes) -> Self {
