@@ -1,6 +1,8 @@
 //! The config directory's files on a real filesystem: modes and groups, planted
 //! symlinks, injected write failures, the state record, and the sweeps of leftovers
-//! a killed controller leaves behind.
+//! a killed controller leaves behind; and keys through real HAProxy reloads.
+
+mod support;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -512,4 +514,108 @@ fn scratch_sweep_removes_dead_controllers_dirs_and_keeps_live_ones() {
         assert!(kept.is_dir(), "{} was removed", kept.display());
     }
     assert!(outside.path().is_dir());
+}
+
+/// A self-signed certificate and its key in one PEM, with `CN=<cn>`.
+fn certificate(dir: &Path, cn: &str) -> String {
+    let (crt, key) = (dir.join(format!("{cn}.crt")), dir.join(format!("{cn}.key")));
+    let status = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+        ])
+        .arg("-subj")
+        .arg(format!("/CN={cn}"))
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&crt)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl runs");
+    assert!(status.success());
+    std::fs::read_to_string(crt).unwrap() + &std::fs::read_to_string(key).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_stay_private_through_real_reloads_and_a_failed_reload() {
+    use hapwright_deployer::driver::SocketDriver;
+    use hapwright_deployer::metrics::Metrics;
+    use hapwright_eventbus::model::DeployStrategy;
+    use support::{Backend, Haproxy, config, free_port, rendered_with};
+
+    let scratch = tempfile::tempdir().unwrap();
+    let pems: Vec<String> = ["v1", "v2", "v3"]
+        .iter()
+        .map(|cn| certificate(scratch.path(), cn))
+        .collect();
+    let backend = Backend::start("a").await;
+    let (port, tls_port) = (free_port(), free_port());
+    let render = |extra: &str, pem: &str| {
+        rendered_with(
+            &config(
+                port,
+                &format!(
+                    "frontend fe_tls\n    bind 127.0.0.1:{tls_port} ssl crt certs/site.pem\n    default_backend be_app\n\n\
+backend be_app\n{extra}    server s1 127.0.0.1:{}\n",
+                    backend.port
+                ),
+            ),
+            &[("hosts.map", "")],
+            &[("site.pem", pem)],
+        )
+    };
+    let v1 = render("", &pems[0]);
+    let haproxy = Haproxy::start("keys", &v1, &v1.hash().short()).await;
+    let key = haproxy.path().join("certs/site.pem");
+    assert_eq!(mode(&key), 0o600);
+    let driver = SocketDriver::new(
+        haproxy.instance.clone(),
+        None,
+        Metrics::unregistered().unwrap(),
+    );
+    let running = driver.deploy(v1, None, None, false).await.unwrap();
+
+    // A structural change reloads; HAProxy (root here) loads the private key.
+    let v2 = render("    balance first\n", &pems[1]);
+    let deployed = driver
+        .deploy(v2, None, Some(running.into()), false)
+        .await
+        .unwrap();
+    assert_eq!(
+        deployed.strategy,
+        DeployStrategy::Reload,
+        "{:?}",
+        deployed.reason
+    );
+    let shown = driver
+        .runtime()
+        .command("show ssl cert certs/site.pem")
+        .await
+        .unwrap();
+    assert!(shown.contains("CN=v2"), "{shown}");
+    assert_eq!(mode(&key), 0o600);
+
+    // HAProxy rejects the next config: the last good key comes back, still private,
+    // and no temporary file stays.
+    let v3 = render("    bogus_keyword\n", &pems[2]);
+    let error = driver
+        .deploy(v3, None, Some(deployed.into()), false)
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("reload failed"), "{error}");
+    assert_eq!(std::fs::read_to_string(&key).unwrap(), pems[1]);
+    assert_eq!(mode(&key), 0o600);
+    assert!(
+        leftovers(haproxy.path()).is_empty(),
+        "{:?}",
+        leftovers(haproxy.path())
+    );
 }
