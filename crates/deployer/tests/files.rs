@@ -273,6 +273,45 @@ fn an_injected_write_failure_keeps_every_previous_file_and_leaves_no_temp_file()
 }
 
 #[test]
+fn a_failed_rename_or_directory_creation_leaves_no_temporary_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = config_dir(tmp.path());
+    dir.write(&v1(), "m1", None).unwrap();
+    // A directory where the map goes: the rename over it fails.
+    std::fs::remove_file(tmp.path().join("maps/hosts.map")).unwrap();
+    std::fs::create_dir(tmp.path().join("maps/hosts.map")).unwrap();
+    let error = dir.write(&v2(), "m2", None).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with("cannot rename the temporary file to"),
+        "{error}"
+    );
+    assert!(
+        leftovers(tmp.path()).is_empty(),
+        "{:?}",
+        leftovers(tmp.path())
+    );
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join("haproxy.cfg")).unwrap(),
+        "global\n    setenv HAPWRIGHT_CONFIG_VERSION m1\n    maxconn 10\n"
+    );
+
+    // A file where the certs directory goes.
+    let other = tempfile::tempdir().unwrap();
+    std::fs::write(other.path().join("certs"), "not a directory").unwrap();
+    let error = config_dir(other.path())
+        .write(&v1(), "m1", None)
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("certs"),
+        "the error names the path: {error}"
+    );
+    assert!(!other.path().join("haproxy.cfg").exists());
+    assert!(leftovers(other.path()).is_empty());
+}
+
+#[test]
 fn write_removes_layout_files_the_new_render_does_not_have() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = config_dir(tmp.path());
