@@ -1,5 +1,5 @@
 //! The files of an instance's config directory: crash-safe and permission-safe
-//! writes ([`write`](self::write) module), the config version marker, snapshots of
+//! writes (the [`write`] module), the config version marker, snapshots of
 //! the last good files to restore after a failed reload, the state record of the last
 //! successful deployment ([`record`]), sweeping of leftovers, and fault injection for
 //! tests ([`faults`]).
