@@ -154,6 +154,29 @@ fn render_out_writes_keys_private_and_replaces_links() {
 }
 
 #[test]
+fn render_out_reports_a_failed_write_and_leaves_no_temporary_file() {
+    let dir = project(|t| t);
+    let out = dir.path().join("out");
+    let output = Command::new(BIN)
+        .args(["render", "-c", "hapwright.yaml", "--out", "out"])
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .env("HAPWRIGHT_FAULTS", "fail-write=maps/hosts.map")
+        .output()
+        .expect("run hapwright");
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let err = stderr(&output);
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(err.contains("hosts.map"), "{err}");
+    assert!(!out.join("maps/hosts.map").exists());
+    let names: Vec<_> = std::fs::read_dir(out.join("maps"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(names.is_empty(), "{names:?}");
+}
+
+#[test]
 fn render_reads_fixtures_per_watched_resource() {
     let dir = project(|t| t);
     let fixtures = dir.path().join("fixtures");

@@ -836,6 +836,57 @@ discovery:
     }
 
     #[test]
+    fn certificate_mode_and_group_parse_and_reach_the_file_modes() {
+        let config = parse(
+            r#"
+instances:
+  - name: a
+    socket: { master: m.sock, configDir: d, certMode: "0640", certGroup: haproxy }
+  - name: b
+    socket: { master: m.sock, configDir: d, certGroup: 113 }
+  - name: c
+    socket: { master: m.sock, configDir: d, certGroup: "114" }
+"#,
+        );
+        let socket = |i: usize| config.instances[i].socket.clone().unwrap();
+        assert_eq!(socket(0).cert_mode, FileMode::new(0o640));
+        assert_eq!(socket(0).cert_group, Some(Group::Name("haproxy".into())));
+        assert_eq!(socket(1).cert_group, Some(Group::Id(113)));
+        assert_eq!(socket(2).cert_group, Some(Group::Id(114)));
+        let modes = crate::files::FileModes::from_config(&socket(0));
+        assert_eq!(modes.cert_mode, 0o640);
+        assert_eq!(
+            crate::files::FileModes::from_config(&socket(1)).cert_mode,
+            0o600
+        );
+        let json = serde_json::to_value(&config).unwrap();
+        assert_eq!(json["instances"][0]["socket"]["certMode"], "0640");
+        assert_eq!(json["instances"][1]["socket"]["certGroup"], 113);
+    }
+
+    #[test]
+    fn bad_certificate_modes_and_unknown_socket_keys_are_rejected() {
+        let error = |text: &str| {
+            serde_saphyr::from_str::<Config>(text)
+                .unwrap_err()
+                .to_string()
+        };
+        let base = "instances:\n  - name: a\n    socket: { master: m.sock, configDir: d, ";
+        for (extra, wanted) in [
+            (r#"certMode: "0648" }"#, "not a file mode"),
+            (r#"certMode: "4755" }"#, "above 0777"),
+            ("certMode: 640 }", "quoted octal string"),
+            (r#"certGroup: "" }"#, "group name is empty"),
+            ("certMod: \"0640\" }", "unknown field"),
+        ] {
+            let message = error(&format!("{base}{extra}\n"));
+            assert!(message.contains(wanted), "{extra}: {message}");
+        }
+        assert_eq!(FileMode::parse("0o600").unwrap().to_string(), "0600");
+        assert_eq!(FileMode::parse("640").unwrap().bits(), 0o640);
+    }
+
+    #[test]
     fn a_bare_binary_name_stays_on_path() {
         let mut config = parse("binary: haproxy\n");
         config.resolve_paths(Path::new("/etc/hapwright"));

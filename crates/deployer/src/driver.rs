@@ -223,7 +223,7 @@ impl SocketDriver {
             None => RuntimeClient::via_master(instance.master.clone()),
         };
         Self {
-            dir: ConfigDir::new(&instance.config_dir).with_modes(instance.file_modes.clone()),
+            dir: ConfigDir::for_instance(&instance),
             swept: std::sync::atomic::AtomicBool::new(false),
             managed: managed.filter(|_| instance.managed),
             instance,

@@ -624,3 +624,72 @@ fn metrics_text(registry: &Registry) -> String {
         .unwrap();
     out
 }
+
+#[tokio::test]
+async fn the_component_sweeps_dead_scratch_dirs_and_names_its_own_with_its_pid() {
+    let scratch = tempfile::tempdir().unwrap();
+    // What a controller killed during phase 2 leaves behind: a reaped child's pid.
+    let mut dead = std::process::Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    let left = scratch
+        .path()
+        .join(format!("{}{dead_pid}-AbCdEf", validator::SCRATCH_PREFIX));
+    std::fs::create_dir_all(left.join("maps")).unwrap();
+    std::fs::write(left.join("haproxy.cfg"), "global\n").unwrap();
+
+    let bin = tempfile::tempdir().unwrap();
+    let (script, pid_file) = hanging_binary(bin.path());
+    let registry = Registry::new();
+    let bus = Bus::new(
+        BusConfig::default(),
+        &BusMetrics::register(&registry).unwrap(),
+    );
+    let config = validator::Config {
+        binary: script,
+        envs: vec![],
+        timeout: Duration::from_secs(120),
+        scratch_root: Some(scratch.path().to_path_buf()),
+    };
+    let mut kernel = Kernel::new(bus.clone());
+    kernel.register(Validator::new(
+        config,
+        validator::Metrics::register(&registry).unwrap(),
+    ));
+    let running = kernel.start().unwrap();
+    bus.publisher().publish(TemplateRendered {
+        config: Arc::new(valid()),
+        duration: Duration::ZERO,
+    });
+    let pid = timeout(WAIT, async {
+        loop {
+            if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+                return pid;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the stand-in binary started");
+    let names: Vec<String> = std::fs::read_dir(scratch.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let report = timeout(WAIT, running.shutdown(WAIT)).await.unwrap();
+    assert_eq!(report.stopped, ["validator"]);
+    timeout(WAIT, async {
+        while !is_dead(&pid) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the child was killed");
+    assert!(
+        !left.exists(),
+        "the dead controller's scratch dir was swept"
+    );
+    let own = format!("{}{}-", validator::SCRATCH_PREFIX, std::process::id());
+    assert_eq!(names.len(), 1, "{names:?}");
+    assert!(names[0].starts_with(&own), "{names:?}");
+    assert!(is_empty_dir(scratch.path()), "scratch directory removed");
+}

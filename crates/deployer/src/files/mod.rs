@@ -1,5 +1,5 @@
 //! The files of an instance's config directory: crash-safe and permission-safe
-//! writes ([`mod@write`] module), the config version marker, snapshots of
+//! writes (the [`mod@write`] module), the config version marker, snapshots of
 //! the last good files to restore after a failed reload, the state record of the last
 //! successful deployment ([`record`]), sweeping of leftovers, and fault injection for
 //! tests ([`faults`]).
@@ -128,6 +128,13 @@ impl ConfigDir {
             modes: FileModes::default(),
             faults: Arc::new(Faults::from_env()),
         }
+    }
+
+    /// The config directory of a socket instance, with its configured file modes
+    /// (`socket.certMode`, `socket.certGroup`) and the faults of
+    /// [`FAULTS_VARIABLE`].
+    pub fn for_instance(instance: &crate::socket::InstanceConfig) -> Self {
+        Self::new(&instance.config_dir).with_modes(instance.file_modes.clone())
     }
 
     /// Replaces the file modes (from `socket.certMode` / `socket.certGroup`).

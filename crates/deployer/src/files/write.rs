@@ -35,6 +35,9 @@ pub const LEGACY_TEMP_SUFFIX: &str = ".hapwright-tmp";
 /// other files): they hold no secrets.
 pub const PUBLIC_MODE: u32 = 0o644;
 
+/// Mode of the directories hapwright creates (`maps/`, `certs/`, ...).
+const DIR_MODE: u32 = 0o755;
+
 /// Default mode of certificates and keys: only hapwright's user reads them.
 pub const PRIVATE_MODE: u32 = 0o600;
 
@@ -141,11 +144,15 @@ pub(crate) fn ensure_dir(dir: &Path, dirty: &mut Dirs) -> io::Result<()> {
         dirty.touch(parent);
     }
     match std::fs::create_dir(dir) {
-        Err(error) if error.kind() != io::ErrorKind::AlreadyExists => Err(context(
+        // Explicitly 0755 whatever the umask: HAProxy, maybe another user, must be
+        // able to reach the files (their own modes protect the keys).
+        Ok(()) => std::fs::set_permissions(dir, Permissions::from_mode(DIR_MODE))
+            .map_err(|e| context(e, format!("cannot set the mode of {}", dir.display()))),
+        Err(error) if error.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(error) => Err(context(
             error,
             format!("cannot create directory {}", dir.display()),
         )),
-        _ => Ok(()),
     }
 }
 
