@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::status::{EVENT_RING, StatusStore};
+use crate::status::{EVENT_RING, Liveness, Readiness, StatusStore};
 
 /// Asks the reinit loop to reload the controller configuration.
 #[derive(Clone, Debug)]
@@ -141,22 +141,53 @@ async fn metrics(State(state): State<HttpState>) -> Response {
     }
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
+/// Liveness: 503 when a mandatory component has been exited or unhealthy for longer
+/// than `controller.livenessGrace`, naming it, so a probe restarts a controller that
+/// stopped working; `ok` otherwise.
+async fn healthz(State(state): State<HttpState>) -> Response {
+    match state.store.liveness() {
+        Liveness::Live => "ok\n".into_response(),
+        Liveness::NotLive(dead) => {
+            let grace = state.store.liveness_grace();
+            let first = &dead[0];
+            let reason = format!(
+                "component `{}` has been {} for longer than controller.livenessGrace ({:?}){}",
+                first.component,
+                first.state,
+                grace,
+                first
+                    .reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            );
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                axum::Json(json!({
+                    "live": false,
+                    "reason": reason,
+                    "components": dead,
+                })),
+            )
+                .into_response()
+        }
+    }
 }
 
+/// Readiness: 200 when the last deployment attempt to every known instance
+/// succeeded (and some deployment ever did); 503 with the failing instances otherwise.
 async fn readyz(State(state): State<HttpState>) -> Response {
-    if state.store.ready() {
-        (StatusCode::OK, axum::Json(json!({"ready": true}))).into_response()
-    } else {
-        (
+    match state.store.readiness() {
+        Readiness::Ready => (StatusCode::OK, axum::Json(json!({"ready": true}))).into_response(),
+        Readiness::NotReady { reason, failing } => (
             StatusCode::SERVICE_UNAVAILABLE,
             axum::Json(json!({
                 "ready": false,
-                "reason": "no deployment has succeeded on any instance yet",
+                "reason": reason,
+                "failing": failing,
             })),
         )
-            .into_response()
+            .into_response(),
     }
 }
 

@@ -6,6 +6,14 @@
 //! compilation — while the old iteration keeps running. Only a valid one replaces it:
 //! the old kernel is cancelled within a deadline and a new one is built.
 //!
+//! A mandatory component that exits outside shutdown (returns, fails or panics) gets
+//! the same treatment: components cannot be rebuilt one by one (`run` consumes the
+//! component, and subscriptions are fixed when the bus starts), so the whole
+//! iteration is rebuilt from the running config after a [`RestartBackoff`] delay
+//! (1 s doubling to 60 s; a run of 2 min resets it). The failed iteration keeps
+//! running meanwhile, so its healthy components go on deploying. Every restart is
+//! logged with the reason and counted in `hapwright_component_restarts_total`.
+//!
 //! What outlives iterations: the metrics registry, the HTTP listeners
 //! (rebound only when `controller.listen` or `metricsListen` change), the managed
 //! HAProxy processes, the status store and the last deployed state per instance — so
@@ -26,8 +34,8 @@ use hapwright_deployer::scheduler::{self, Scheduler};
 use hapwright_deployer::validator::{self, Validator};
 use hapwright_eventbus::model::Diagnostic;
 use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, EventKind, EventPayload, Kernel, KernelMetrics, ReloadSource,
-    RunningKernel, Subscription,
+    Bus, BusConfig, BusMetrics, ComponentFailure, EventKind, EventPayload, Kernel, KernelMetrics,
+    ReloadSource, RestartBackoff, RunningKernel, Subscription,
 };
 use hapwright_reconciler::debouncer::{self, Debouncer};
 use hapwright_reconciler::executor::{self, Executor};
@@ -322,6 +330,12 @@ enum Wake {
     Invalid(Vec<Diagnostic>),
     /// SIGTERM or SIGINT.
     Shutdown(&'static str),
+    /// A mandatory component exited outside shutdown.
+    ComponentFailed(ComponentFailure),
+    /// The restart delay after a component failure is over: rebuild the iteration.
+    Restart,
+    /// The iteration has run long enough since the last restart to count as healthy.
+    Recovered,
 }
 
 fn config_status(loaded: &Loaded) -> ConfigStatus {
@@ -387,6 +401,14 @@ impl Listeners {
 }
 
 type Bound = Option<(SocketAddr, HttpServer)>;
+
+/// Completes at `at`; never when `at` is `None`.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
 
 /// Moves one listener from `current` to `wanted` (`None`: no listener). On failure
 /// returns the listener that is still serving (the old one) with the error.
@@ -488,12 +510,31 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
         anyhow::bail!("cannot listen on {}: {error}", first.listen);
     }
     let mut generation = 0u64;
+    let mut backoff = RestartBackoff::default();
     let outcome = loop {
         generation += 1;
         let controller = candidate.loaded.config.controller.clone();
         process.store.set_config(config_status(&candidate.loaded));
+        process
+            .store
+            .set_liveness_grace(controller.liveness_grace.get());
+        process.store.set_static_instances(
+            candidate
+                .loaded
+                .config
+                .haproxy
+                .instances
+                .iter()
+                .map(|i| i.name.clone()),
+        );
         let grace = ITERATION_GRACE.max(controller.deployment_timeout.get());
         let running_hash = candidate.loaded.hash;
+        // Kept to rebuild the iteration from the same config after a component failure.
+        let running = candidate.loaded.clone();
+        let started = tokio::time::Instant::now();
+        let mut restart_at: Option<tokio::time::Instant> = None;
+        let mut recovering = backoff.attempt() > 0;
+        let recovered_at = started + backoff.reset_after();
         let mut iteration = match Iteration::start(&process, candidate, generation) {
             Ok(iteration) => iteration,
             Err(error) => break Err(error),
@@ -527,12 +568,58 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
                 _ = sighup.recv() => Wake::Reload(ReloadSource::Sighup),
                 _ = sigterm.recv() => Wake::Shutdown("SIGTERM"),
                 _ = sigint.recv() => Wake::Shutdown("SIGINT"),
+                failure = iteration.kernel.failed() => Wake::ComponentFailed(failure),
+                () = sleep_until_some(restart_at) => Wake::Restart,
+                () = tokio::time::sleep_until(recovered_at), if recovering => Wake::Recovered,
             };
             let loaded = match wake {
                 Wake::Shutdown(why) => {
                     tracing::info!(reason = why, "Shutting down");
                     break None;
                 }
+                Wake::ComponentFailed(failure) => {
+                    process.store.component_failed(&failure.component);
+                    recovering = false;
+                    if restart_at.is_some() {
+                        tracing::warn!(
+                            component = %failure.component,
+                            reason = %failure.reason,
+                            "Mandatory component exited; a restart is already scheduled"
+                        );
+                        continue;
+                    }
+                    let delay = backoff.next_delay(started.elapsed());
+                    process.kernel_metrics.record_restart(&failure.component);
+                    tracing::warn!(
+                        component = %failure.component,
+                        reason = %failure.reason,
+                        attempt = backoff.attempt(),
+                        ?delay,
+                        generation,
+                        "Mandatory component exited; restarting the controller iteration"
+                    );
+                    restart_at = Some(tokio::time::Instant::now() + delay);
+                    continue;
+                }
+                Wake::Recovered => {
+                    tracing::info!(generation, "Components ran well since the last restart");
+                    backoff.reset();
+                    process.store.components_recovered();
+                    recovering = false;
+                    continue;
+                }
+                Wake::Restart => match prepare(running.clone()) {
+                    Ok(next) => break Some((next, "restarting after a component failure")),
+                    Err(errors) => {
+                        // The running config passed these checks before; only a
+                        // changed template file on disk could fail them now.
+                        for error in &errors {
+                            tracing::error!(error = %error, "Cannot rebuild the controller iteration");
+                        }
+                        restart_at = None;
+                        continue;
+                    }
+                },
                 Wake::Invalid(errors) => Err(errors),
                 Wake::Loaded(loaded) if loaded.hash == running_hash => {
                     // Back to the running config after an invalid edit: clear the error.
@@ -576,7 +663,7 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
             match loaded {
                 Ok(next) => {
                     process.reload_metrics.record(true);
-                    break Some(next);
+                    break Some((next, "valid new config"));
                 }
                 Err(errors) => {
                     process.reload_metrics.record(false);
@@ -588,10 +675,11 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
             }
         };
         match next {
-            Some(next) => {
+            Some((next, why)) => {
                 tracing::info!(
                     generation,
-                    "Valid new config; restarting the controller iteration"
+                    reason = why,
+                    "Restarting the controller iteration"
                 );
                 iteration.stop(grace).await;
                 candidate = next;

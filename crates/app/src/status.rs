@@ -13,16 +13,16 @@
 //! - [`EventLog`], an observer: the ring of recent events behind `/debug/events`. It
 //!   may lose events under overload; the bus counts every loss.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use hapwright_eventbus::model::{
     ContentHash, DeployReason, DeployStrategy, Diagnostic, RenderedConfig, ResourceSnapshot,
 };
 use hapwright_eventbus::{
     Bus, BusError, Component, ComponentError, Context, CorrelationId, Event, EventPayload,
-    HealthTable, KindSet, Stage, Subscription, ValidationPhase,
+    HealthState, HealthTable, KindSet, Stage, Subscription, ValidationPhase,
 };
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde::Serialize;
@@ -98,6 +98,73 @@ pub struct PipelineError {
     pub at: f64,
 }
 
+/// The outcome of the last deployment attempt to one instance, for `/readyz`.
+#[derive(Clone, Debug)]
+enum Attempt {
+    Succeeded,
+    Failed { error: String, at: f64 },
+}
+
+/// An instance whose last deployment attempt failed.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FailingInstance {
+    /// Instance name.
+    pub instance: String,
+    /// What went wrong.
+    pub error: String,
+    /// When the attempt failed (seconds since the Unix epoch).
+    pub since: f64,
+}
+
+/// Whether the controller is doing its job: `/readyz`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Readiness {
+    /// Some deployment succeeded and the last attempt to every known instance
+    /// succeeded.
+    Ready,
+    /// Not ready, with the reason and the instances whose last attempt failed.
+    NotReady {
+        /// Why, in one sentence.
+        reason: String,
+        /// Known instances whose last deployment attempt failed.
+        failing: Vec<FailingInstance>,
+    },
+}
+
+/// A mandatory component that has been down longer than the liveness grace.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeadComponent {
+    /// Component name.
+    pub component: String,
+    /// `exited` or `unhealthy`.
+    pub state: HealthState,
+    /// The reason it gave (or the kernel gave for its exit).
+    pub reason: Option<String>,
+    /// Since when it has been down, counting from the first failure of a run of quick
+    /// restarts (seconds since the Unix epoch).
+    pub since: f64,
+}
+
+/// Whether the process still works: `/healthz`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Liveness {
+    /// Every mandatory component runs (or has been down for less than the grace).
+    Live,
+    /// Mandatory components down longer than the grace, longest first.
+    NotLive(Vec<DeadComponent>),
+}
+
+/// A mandatory component that failed and has not yet run long enough since to count
+/// as recovered: its restarts are one outage for liveness.
+#[derive(Clone, Debug)]
+struct RestartStreak {
+    component: String,
+    since: SystemTime,
+}
+
+/// Default of `controller.livenessGrace`.
+pub const DEFAULT_LIVENESS_GRACE: Duration = Duration::from_secs(300);
+
 #[derive(Default)]
 struct Inner {
     events: VecDeque<Arc<Event>>,
@@ -108,7 +175,31 @@ struct Inner {
     resources: BTreeMap<Arc<str>, Arc<ResourceSnapshot>>,
     config: ConfigStatus,
     health: HealthTable,
-    ready: bool,
+    /// Some deployment succeeded on some instance since the process started.
+    deployed_once: bool,
+    /// Last deployment attempt per instance.
+    attempts: BTreeMap<String, Attempt>,
+    /// Instance names per discovery source (`InstancesDiscovered`).
+    discovered: BTreeMap<Arc<str>, BTreeSet<String>>,
+    /// Instances of the running config (`haproxy.instances`); `None` until set.
+    static_instances: Option<BTreeSet<String>>,
+    /// `controller.livenessGrace`; `None` means the default.
+    liveness_grace: Option<Duration>,
+    restart_streak: Option<RestartStreak>,
+}
+
+impl Inner {
+    /// Whether an instance still belongs to the fleet: one of the configured ones or
+    /// currently discovered (every instance counts before the config says which).
+    fn knows(&self, instance: &str) -> bool {
+        self.static_instances
+            .as_ref()
+            .is_none_or(|names| names.contains(instance))
+            || self
+                .discovered
+                .values()
+                .any(|names| names.contains(instance))
+    }
 }
 
 /// Process-wide status, shared by the HTTP server and the recorders.
@@ -124,8 +215,11 @@ impl std::fmt::Debug for StatusStore {
 }
 
 fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
+    unix_seconds(SystemTime::now())
+}
+
+fn unix_seconds(time: SystemTime) -> f64 {
+    time.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
@@ -165,9 +259,130 @@ impl StatusStore {
         self.read().config.clone()
     }
 
-    /// Whether a deployment has succeeded on at least one instance.
+    /// Whether the controller is ready (see [`readiness`](Self::readiness)).
     pub fn ready(&self) -> bool {
-        self.read().ready
+        self.readiness() == Readiness::Ready
+    }
+
+    /// Ready when some deployment has succeeded and the last deployment attempt to
+    /// every known instance succeeded. Derived only from deployment events, so it
+    /// does not depend on how the deployer organizes its work.
+    pub fn readiness(&self) -> Readiness {
+        let inner = self.read();
+        let failing: Vec<FailingInstance> = inner
+            .attempts
+            .iter()
+            .filter(|(name, _)| inner.knows(name))
+            .filter_map(|(name, attempt)| match attempt {
+                Attempt::Succeeded => None,
+                Attempt::Failed { error, at } => Some(FailingInstance {
+                    instance: name.clone(),
+                    error: error.clone(),
+                    since: *at,
+                }),
+            })
+            .collect();
+        if !inner.deployed_once {
+            return Readiness::NotReady {
+                reason: "no deployment has succeeded on any instance yet".to_owned(),
+                failing,
+            };
+        }
+        if failing.is_empty() {
+            return Readiness::Ready;
+        }
+        let names: Vec<&str> = failing.iter().map(|f| f.instance.as_str()).collect();
+        Readiness::NotReady {
+            reason: format!("the last deployment attempt failed on {}", names.join(", ")),
+            failing,
+        }
+    }
+
+    /// Sets the instances of the running config, so instances removed from it no
+    /// longer count for readiness.
+    pub fn set_static_instances(&self, names: impl IntoIterator<Item = String>) {
+        self.write().static_instances = Some(names.into_iter().collect());
+    }
+
+    /// Sets `controller.livenessGrace` (`0` turns the liveness check off).
+    pub fn set_liveness_grace(&self, grace: Duration) {
+        self.write().liveness_grace = Some(grace);
+    }
+
+    /// Records that a mandatory component failed and the iteration is being
+    /// restarted. The first failure of a run of restarts is kept, so a component
+    /// that fails again right after each restart is judged by how long it has been
+    /// failing in all, not since its last restart.
+    pub fn component_failed(&self, component: &str) {
+        let mut inner = self.write();
+        if inner
+            .restart_streak
+            .as_ref()
+            .is_none_or(|streak| streak.component != component)
+        {
+            inner.restart_streak = Some(RestartStreak {
+                component: component.to_owned(),
+                since: SystemTime::now(),
+            });
+        }
+    }
+
+    /// The restarted components ran long enough to count as recovered.
+    pub fn components_recovered(&self) {
+        self.write().restart_streak = None;
+    }
+
+    /// Liveness now (see [`liveness_at`](Self::liveness_at)).
+    pub fn liveness(&self) -> Liveness {
+        self.liveness_at(SystemTime::now())
+    }
+
+    /// Not live when a mandatory component of the running iteration has been
+    /// `Exited` or `Unhealthy` for at least `controller.livenessGrace` at `now`.
+    pub fn liveness_at(&self, now: SystemTime) -> Liveness {
+        let inner = self.read();
+        let grace = inner.liveness_grace.unwrap_or(DEFAULT_LIVENESS_GRACE);
+        if grace.is_zero() {
+            return Liveness::Live;
+        }
+        let mut dead: Vec<(SystemTime, DeadComponent)> = inner
+            .health
+            .mandatory()
+            .into_iter()
+            .filter(|(_, health)| {
+                matches!(health.state, HealthState::Exited | HealthState::Unhealthy)
+            })
+            .filter_map(|(name, health)| {
+                let since = match &inner.restart_streak {
+                    Some(streak) if streak.component == name.as_ref() => {
+                        streak.since.min(health.since)
+                    }
+                    _ => health.since,
+                };
+                let down_for = now.duration_since(since).unwrap_or_default();
+                (down_for >= grace).then(|| {
+                    (
+                        since,
+                        DeadComponent {
+                            component: name.to_string(),
+                            state: health.state,
+                            reason: health.reason,
+                            since: unix_seconds(since),
+                        },
+                    )
+                })
+            })
+            .collect();
+        if dead.is_empty() {
+            return Liveness::Live;
+        }
+        dead.sort_by_key(|(since, _)| *since);
+        Liveness::NotLive(dead.into_iter().map(|(_, d)| d).collect())
+    }
+
+    /// The liveness grace in effect.
+    pub fn liveness_grace(&self) -> Duration {
+        self.read().liveness_grace.unwrap_or(DEFAULT_LIVENESS_GRACE)
     }
 
     /// Recent events, newest last, optionally only one correlation.
@@ -320,7 +535,10 @@ impl StatusStore {
             }
             EventPayload::ValidationCompleted(_) => inner.last_error = None,
             EventPayload::InstanceDeployed(deployed) => {
-                inner.ready = true;
+                inner.deployed_once = true;
+                inner
+                    .attempts
+                    .insert(deployed.instance.clone(), Attempt::Succeeded);
                 let status = instance(&mut inner, &deployed.instance);
                 status.last_hash = Some(deployed.hash);
                 status.last_strategy = Some(deployed.strategy);
@@ -333,7 +551,53 @@ impl StatusStore {
                 status.last_success = Some(event.unix_micros as f64 / 1e6);
             }
             EventPayload::InstanceDeploymentFailed(failed) => {
+                inner.attempts.insert(
+                    failed.instance.clone(),
+                    Attempt::Failed {
+                        error: failed.error.to_string(),
+                        at: event.unix_micros as f64 / 1e6,
+                    },
+                );
                 instance(&mut inner, &failed.instance).last_error = Some(failed.error.clone());
+            }
+            EventPayload::DeploymentCompleted(completed) => {
+                // The per-instance events carry the detail and come first; the summary
+                // only fills in instances they did not mention, so a late summary
+                // never overrides a newer per-instance outcome.
+                let at = event.unix_micros as f64 / 1e6;
+                for name in &completed.summary.succeeded {
+                    if !inner.attempts.contains_key(name) {
+                        inner.deployed_once = true;
+                        inner.attempts.insert(name.clone(), Attempt::Succeeded);
+                    }
+                }
+                for name in &completed.summary.failed {
+                    inner
+                        .attempts
+                        .entry(name.clone())
+                        .or_insert_with(|| Attempt::Failed {
+                            error: "deployment failed".to_owned(),
+                            at,
+                        });
+                }
+            }
+            EventPayload::InstancesDiscovered(discovered) => {
+                let names: BTreeSet<String> = discovered
+                    .instances
+                    .iter()
+                    .map(|i| i.name.clone())
+                    .collect();
+                let gone: Vec<String> = inner
+                    .discovered
+                    .get(&discovered.source)
+                    .map(|old| old.difference(&names).cloned().collect())
+                    .unwrap_or_default();
+                inner.discovered.insert(discovered.source.clone(), names);
+                for name in gone {
+                    if !inner.knows(&name) {
+                        inner.attempts.remove(&name);
+                    }
+                }
             }
             _ => {}
         }
@@ -506,6 +770,12 @@ impl EventLog {
 impl Component for EventLog {
     fn name(&self) -> &str {
         "event-log"
+    }
+
+    /// The ring only serves `/debug/events`; losing it costs diagnostics, not
+    /// deployments, so it neither restarts the iteration nor fails `/healthz`.
+    fn mandatory(&self) -> bool {
+        false
     }
 
     fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {

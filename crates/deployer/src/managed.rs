@@ -12,16 +12,37 @@
 //! [claims](ManagedHaproxy::claim_start) each one exactly once, whether its own
 //! `ensure_started` brought the process up or the supervisor restarted it on its own
 //! (after a crash, or a failed start that later succeeds).
+//!
+//! # Leftovers: never two masters
+//!
+//! A managed HAProxy must not outlive its controller unnoticed, nor be duplicated
+//! when the controller starts again:
+//!
+//! - **Parent-death signal.** When `setpriv` (util-linux) is on `PATH`, HAProxy runs
+//!   as `setpriv --pdeathsig KILL haproxy …`, so the kernel kills the master when the
+//!   controller dies, even by SIGKILL (the workers follow their master). The signal
+//!   is tied to the thread that spawned the process, so every start goes through one
+//!   spawner thread that lives as long as the supervisor.
+//! - **Pidfile.** The master's PID is written to `<configDir>/.hapwright-haproxy.pid`
+//!   (a dot file: not part of the rendered layout) and removed when hapwright stops
+//!   HAProxy.
+//! - **Found at start.** Before its first start for an instance, the supervisor looks
+//!   for masters left by an earlier controller: the pidfile's PID and every
+//!   `haproxy -W … -f <configDir>/haproxy.cfg` master in `/proc`. One that answers
+//!   `show proc` on the instance's master socket is *adopted* — no downtime; it is
+//!   supervised by polling its PID, since it is not our child, and its output is not
+//!   captured. Any other is stopped (SIGUSR1 soft stop, SIGTERM after the stop grace,
+//!   then SIGKILL) before a new one starts.
 
-use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -31,6 +52,15 @@ use crate::socket::{CliClient, ClientConfig, InstanceConfig, SocketAddress};
 
 /// Lines of HAProxy output kept per instance.
 const LOG_LINES: usize = 400;
+
+/// Name of the pidfile in an instance's config directory: the PID of the master
+/// hapwright started (or adopted), so a later controller and operators can find it.
+pub const PIDFILE: &str = ".hapwright-haproxy.pid";
+
+/// Where the pidfile of `instance` is.
+pub fn pidfile_path(instance: &InstanceConfig) -> PathBuf {
+    instance.config_dir.join(PIDFILE)
+}
 
 /// The state of one managed HAProxy.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -156,8 +186,13 @@ pub struct SupervisorConfig {
     pub stable_after: Duration,
     /// Bound on waiting for the master CLI after a start.
     pub ready_timeout: Duration,
-    /// Grace between SIGTERM and SIGKILL on stop.
+    /// Grace between SIGTERM and SIGKILL on stop (and between SIGUSR1 and SIGTERM
+    /// for a leftover master that is stopped rather than adopted).
     pub stop_grace: Duration,
+    /// Start HAProxy under `setpriv --pdeathsig KILL` when `setpriv` is available,
+    /// so it dies with the controller. Off only to simulate an older controller in
+    /// tests.
+    pub parent_death_signal: bool,
 }
 
 impl Default for SupervisorConfig {
@@ -168,6 +203,7 @@ impl Default for SupervisorConfig {
             stable_after: Duration::from_secs(60),
             ready_timeout: Duration::from_secs(30),
             stop_grace: Duration::from_secs(5),
+            parent_death_signal: true,
         }
     }
 }
@@ -188,6 +224,8 @@ struct Inner {
     stopped: CancellationToken,
     /// Bumped whenever a start of any instance comes up.
     ready: Arc<watch::Sender<u64>>,
+    /// The thread every HAProxy is spawned from; started on first use.
+    spawner: OnceLock<Arc<Spawner>>,
 }
 
 /// Supervises the managed HAProxy processes of one controller process. Cheap to clone.
@@ -222,6 +260,7 @@ impl ManagedHaproxy {
                 processes: tokio::sync::Mutex::new(HashMap::new()),
                 stopped: CancellationToken::new(),
                 ready: Arc::new(watch::channel(0).0),
+                spawner: OnceLock::new(),
             }),
         }
     }
@@ -360,8 +399,14 @@ impl ManagedHaproxy {
             starts: starts.clone(),
             ready: self.inner.ready.clone(),
         };
+        let spawner = self
+            .inner
+            .spawner
+            .get_or_init(|| Arc::new(Spawner::start(self.inner.config.parent_death_signal)))
+            .clone();
         let task = tokio::spawn(
             supervise(
+                spawner,
                 self.inner.binary.clone(),
                 self.inner.config,
                 instance.clone(),
@@ -406,6 +451,7 @@ impl Reporter {
 }
 
 async fn supervise(
+    spawner: Arc<Spawner>,
     binary: PathBuf,
     config: SupervisorConfig,
     instance: InstanceConfig,
@@ -414,15 +460,24 @@ async fn supervise(
     cancel: CancellationToken,
 ) {
     let mut attempt: u32 = 0;
+    let mut adopt = find_leftover(&instance, &config).await;
     loop {
         state.send(ProcessState::Starting);
         let started = tokio::time::Instant::now();
-        let outcome = match spawn(&binary, &instance, &logs, &cancel) {
-            Ok(child) => run_once(child, &instance, &config, &state, &cancel).await,
-            Err(error) => Exit::Failed(format!("cannot run {}: {error}", binary.display())),
+        let outcome = if let Some(pid) = adopt.take() {
+            logs.push(format!(
+                "hapwright: adopted the HAProxy master (pid {pid}) left by an earlier controller; its output is not captured"
+            ));
+            run_adopted(pid, &instance, &config, &state, &cancel).await
+        } else {
+            match spawn(&spawner, &binary, &instance, &logs, &cancel).await {
+                Ok(child) => run_once(child, &instance, &config, &state, &cancel).await,
+                Err(error) => Exit::Failed(format!("cannot run {}: {error}", binary.display())),
+            }
         };
         let reason = match outcome {
             Exit::Cancelled => {
+                remove_pidfile(&instance);
                 state.send(ProcessState::Stopped);
                 tracing::info!("Managed HAProxy stopped");
                 return;
@@ -454,14 +509,22 @@ enum Exit {
     Failed(String),
 }
 
-fn spawn(
+async fn spawn(
+    spawner: &Spawner,
     binary: &PathBuf,
     instance: &InstanceConfig,
     logs: &LogBuffer,
     stopping: &CancellationToken,
 ) -> std::io::Result<Child> {
     let config_file = instance.config_dir.join("haproxy.cfg");
-    let mut command = Command::new(binary);
+    let mut command = match &spawner.setpriv {
+        Some(setpriv) => {
+            let mut command = Command::new(setpriv);
+            command.arg("--pdeathsig").arg("KILL").arg(binary);
+            command
+        }
+        None => Command::new(binary),
+    };
     command
         .arg("-W")
         .arg("-S")
@@ -479,7 +542,10 @@ fn spawn(
         // talk to nobody; HAProxy recreates it.
         let _ = std::fs::remove_file(path);
     }
-    let mut child = command.spawn()?;
+    let mut child = spawner.spawn(command).await?;
+    if let Some(pid) = child.id() {
+        write_pidfile(instance, pid);
+    }
     tracing::info!(pid = child.id(), config = %config_file.display(), "Started managed HAProxy");
     if let Some(stdout) = child.stdout.take() {
         tokio::spawn(pump_lines(stdout, logs.clone(), stopping.clone()));
@@ -562,6 +628,18 @@ fn describe(status: std::io::Result<std::process::ExitStatus>) -> String {
     }
 }
 
+/// Writes the pidfile; a failure only costs leftover detection by PID (the `/proc`
+/// scan still finds the master), so it is logged, not fatal.
+fn write_pidfile(instance: &InstanceConfig, pid: u32) {
+    if let Err(error) = std::fs::write(pidfile_path(instance), format!("{pid}\n")) {
+        tracing::warn!(%error, path = %pidfile_path(instance).display(), "Cannot write the HAProxy pidfile");
+    }
+}
+
+fn remove_pidfile(instance: &InstanceConfig) {
+    let _ = std::fs::remove_file(pidfile_path(instance));
+}
+
 async fn terminate(mut child: Child, grace: Duration) -> Exit {
     if let Some(pid) = child
         .id()
@@ -574,4 +652,239 @@ async fn terminate(mut child: Child, grace: Duration) -> Exit {
     }
     let _ = child.kill().await;
     Exit::Cancelled
+}
+
+// === impl Spawner ===
+
+/// A command to start and where to send the started child.
+type SpawnRequest = (Command, oneshot::Sender<std::io::Result<Child>>);
+
+/// Starts every managed HAProxy from one dedicated thread. The parent-death signal
+/// fires when the thread that spawned the process exits, not the process; Tokio's
+/// worker and blocking threads come and go, this one lives as long as the
+/// supervisor (its last [`Arc`] holder).
+struct Spawner {
+    /// `setpriv`, when found and wanted.
+    setpriv: Option<PathBuf>,
+    requests: std::sync::mpsc::Sender<SpawnRequest>,
+}
+
+impl Spawner {
+    /// Starts the thread. Must run inside a Tokio runtime: the children are
+    /// registered with it (for `wait` and kill-on-drop).
+    fn start(parent_death_signal: bool) -> Self {
+        let setpriv = if parent_death_signal {
+            let found = find_on_path("setpriv");
+            if found.is_none() {
+                tracing::warn!(
+                    "setpriv not found; a managed HAProxy outlives a killed controller and is adopted or stopped at the next start"
+                );
+            }
+            found
+        } else {
+            None
+        };
+        let (requests, receiver) = std::sync::mpsc::channel::<SpawnRequest>();
+        let runtime = tokio::runtime::Handle::current();
+        let spawned = std::thread::Builder::new()
+            .name("haproxy-spawner".to_owned())
+            .spawn(move || {
+                let _runtime = runtime.enter();
+                for (mut command, reply) in receiver {
+                    let _ = reply.send(command.spawn());
+                }
+            });
+        if let Err(error) = spawned {
+            tracing::warn!(%error, "Cannot start the HAProxy spawner thread; starts will fail");
+        }
+        Self { setpriv, requests }
+    }
+
+    async fn spawn(&self, command: Command) -> std::io::Result<Child> {
+        let (reply, answer) = oneshot::channel();
+        let gone = || std::io::Error::other("the HAProxy spawner thread is gone");
+        self.requests.send((command, reply)).map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(name))
+            .find(|candidate| candidate.is_file())
+    })
+}
+
+// === leftovers ===
+
+/// Looks for HAProxy masters an earlier controller left running on `instance`'s
+/// config. Returns the PID of the one to adopt (it answers `show proc` on the
+/// instance's master socket with a worker); stops every other one first.
+async fn find_leftover(instance: &InstanceConfig, config: &SupervisorConfig) -> Option<u32> {
+    let config_file = instance.config_dir.join("haproxy.cfg");
+    let mut candidates: BTreeSet<u32> = masters_of(&config_file).into_iter().collect();
+    if let Some(pid) = std::fs::read_to_string(pidfile_path(instance))
+        .ok()
+        .and_then(|text| text.trim().parse::<u32>().ok())
+        && runs_config(pid, &config_file)
+    {
+        candidates.insert(pid);
+    }
+    if candidates.is_empty() {
+        return None;
+    }
+    let master = MasterClient::from_cli(CliClient::new(instance.master.clone()).with_config(
+        ClientConfig {
+            attempts: 1,
+            io_timeout: Duration::from_secs(2),
+            ..ClientConfig::default()
+        },
+    ));
+    // The master CLI is down for up to ~1.5 s during a reload: ask for a while.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut adopted = None;
+    loop {
+        if let Ok(info) = master.try_show_proc().await
+            && !info.workers.is_empty()
+            && candidates.contains(&info.master_pid)
+        {
+            adopted = Some(info.master_pid);
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for pid in candidates
+        .iter()
+        .copied()
+        .filter(|pid| Some(*pid) != adopted)
+    {
+        tracing::warn!(
+            pid,
+            config = %config_file.display(),
+            "Stopping an HAProxy master left by an earlier controller: it does not answer on the master socket"
+        );
+        stop_pid(pid, config.stop_grace).await;
+    }
+    if let Some(pid) = adopted {
+        tracing::info!(
+            pid,
+            "Adopting the HAProxy master left by an earlier controller"
+        );
+        write_pidfile(instance, pid);
+    }
+    adopted
+}
+
+/// Supervises a master that is not our child: reports it running, then polls its PID
+/// until it exits or the supervisor stops it.
+async fn run_adopted(
+    pid: u32,
+    instance: &InstanceConfig,
+    config: &SupervisorConfig,
+    state: &Reporter,
+    cancel: &CancellationToken,
+) -> Exit {
+    let config_file = instance.config_dir.join("haproxy.cfg");
+    state.running(pid);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => {
+                stop_pid_with(pid, rustix::process::Signal::TERM, config.stop_grace).await;
+                return Exit::Cancelled;
+            }
+            () = tokio::time::sleep(Duration::from_millis(200)) => {
+                if !runs_config(pid, &config_file) {
+                    return Exit::Failed(format!("adopted HAProxy master (pid {pid}) exited"));
+                }
+            }
+        }
+    }
+}
+
+/// Stops a leftover master gently: SIGUSR1 (soft stop: the workers finish their
+/// connections), SIGTERM after `grace`, SIGKILL after another `grace`.
+async fn stop_pid(pid: u32, grace: Duration) {
+    stop_pid_with(pid, rustix::process::Signal::USR1, grace).await;
+}
+
+async fn stop_pid_with(pid: u32, first: rustix::process::Signal, grace: Duration) {
+    let Some(target) = rustix::process::Pid::from_raw(pid as i32) else {
+        return;
+    };
+    for signal in [
+        first,
+        rustix::process::Signal::TERM,
+        rustix::process::Signal::KILL,
+    ] {
+        if !is_alive(pid) {
+            return;
+        }
+        let _ = rustix::process::kill_process(target, signal);
+        let deadline = tokio::time::Instant::now() + grace;
+        while is_alive(pid) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Whether `pid` exists and is not a zombie.
+fn is_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesized command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// The arguments of a running process, `None` when it is gone.
+fn cmdline(pid: u32) -> Option<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|b| *b == 0)
+            .filter(|arg| !arg.is_empty())
+            .map(|arg| String::from_utf8_lossy(arg).into_owned())
+            .collect(),
+    )
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Whether `pid` is a live master-worker HAProxy (`-W`) on `config_file`.
+fn runs_config(pid: u32, config_file: &Path) -> bool {
+    is_alive(pid)
+        && cmdline(pid).is_some_and(|args| {
+            args.iter().any(|a| a == "-W")
+                && args
+                    .windows(2)
+                    .any(|w| w[0] == "-f" && Path::new(&w[1]) == config_file)
+        })
+}
+
+/// Every HAProxy master running `config_file` in master-worker mode: the matching
+/// processes whose parent is not a matching process (workers have the same command
+/// line as their master).
+pub fn masters_of(config_file: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let matching: BTreeSet<u32> = entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| runs_config(*pid, config_file))
+        .collect();
+    matching
+        .iter()
+        .copied()
+        .filter(|pid| parent_of(*pid).is_none_or(|parent| !matching.contains(&parent)))
+        .collect()
 }

@@ -1,7 +1,7 @@
 //! Component health: `Unknown → Healthy / Unhealthy / Exited`, with a reason and the
 //! time of the last change.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
@@ -95,21 +95,51 @@ impl fmt::Display for Health {
 }
 
 /// The health of every component of one kernel, readable at any time (by the HTTP
-/// server, tests, the status page).
+/// server, tests, the status page), plus which of them are mandatory — what liveness
+/// (`/healthz`) judges.
 #[derive(Clone, Debug, Default)]
 pub struct HealthTable {
-    inner: Arc<RwLock<BTreeMap<Arc<str>, Health>>>,
+    inner: Arc<RwLock<Table>>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    health: BTreeMap<Arc<str>, Health>,
+    /// Running components the controller cannot do without; emptied when the kernel
+    /// shuts down, since a component stopped on purpose is not a failure.
+    mandatory: BTreeSet<Arc<str>>,
 }
 
 impl HealthTable {
     /// The health of one component.
     pub fn get(&self, component: &str) -> Option<Health> {
-        self.read().get(component).cloned()
+        self.read().health.get(component).cloned()
     }
 
     /// Every component's health, by name.
     pub fn snapshot(&self) -> BTreeMap<Arc<str>, Health> {
-        self.read().clone()
+        self.read().health.clone()
+    }
+
+    /// The mandatory components of a running kernel with their health. Empty before
+    /// the kernel starts and after it shuts down.
+    pub fn mandatory(&self) -> BTreeMap<Arc<str>, Health> {
+        let table = self.read();
+        table
+            .mandatory
+            .iter()
+            .filter_map(|name| table.health.get(name).map(|h| (name.clone(), h.clone())))
+            .collect()
+    }
+
+    /// Marks a started component as mandatory.
+    pub(crate) fn set_mandatory(&self, component: &Arc<str>) {
+        self.write().mandatory.insert(component.clone());
+    }
+
+    /// Forgets which components are mandatory: the kernel is stopping them on purpose.
+    pub(crate) fn retire(&self) {
+        self.write().mandatory.clear();
     }
 
     /// Sets a component's health; returns the new value when it differed from the old
@@ -120,23 +150,26 @@ impl HealthTable {
         state: HealthState,
         reason: Option<String>,
     ) -> Option<Health> {
-        let mut table = self
-            .inner
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(current) = table.get(component.as_ref())
+        let mut table = self.write();
+        if let Some(current) = table.health.get(component.as_ref())
             && current.same_as(state, reason.as_deref())
         {
             return None;
         }
         let health = Health::new(state, reason);
-        table.insert(component.clone(), health.clone());
+        table.health.insert(component.clone(), health.clone());
         Some(health)
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<Arc<str>, Health>> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Table> {
         self.inner
             .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Table> {
+        self.inner
+            .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }

@@ -1,5 +1,16 @@
 //! The component kernel (DESIGN §3): registration, start order from
 //! requires/provides, health tracking, failure isolation and shutdown with a deadline.
+//!
+//! # Restarting failed components
+//!
+//! A component cannot be restarted on its own: [`Component::run`] consumes the
+//! component, and its subscriptions were registered before the bus started (a late
+//! subscriber would miss the replay, R1). So the kernel does not restart anything
+//! itself. When a [mandatory](Component::mandatory) component exits outside shutdown
+//! (returns, fails or panics), [`RunningKernel::failed`] reports it, and the owner —
+//! the app's reinit loop — rebuilds the whole iteration after a [`RestartBackoff`]
+//! delay, through the same path as a controller config reload. Optional components
+//! (observers such as the event log) only turn `Exited`.
 
 use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet};
@@ -9,7 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use prometheus::{IntGaugeVec, Opts, Registry};
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tracing::Instrument;
@@ -71,6 +83,15 @@ pub trait Component: Send + 'static {
         Vec::new()
     }
 
+    /// Whether the controller is broken without this component. A mandatory
+    /// component that exits outside shutdown is reported by
+    /// [`RunningKernel::failed`] (the app then rebuilds the iteration with backoff),
+    /// and `/healthz` fails when it stays `Exited` or `Unhealthy` too long. Observers
+    /// whose loss only costs diagnostics (the event log) say `false`.
+    fn mandatory(&self) -> bool {
+        true
+    }
+
     /// Registers the component's subscriptions. Runs before the bus starts, so the
     /// subscriptions see every event published since the bus was created.
     fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
@@ -80,7 +101,8 @@ pub trait Component: Send + 'static {
 
     /// Does the component's work until cancelled. Returning early, returning an error
     /// or panicking makes the component `Exited` with the reason; the others keep
-    /// running.
+    /// running, and for a [mandatory](Self::mandatory) component the kernel's owner
+    /// hears about it through [`RunningKernel::failed`].
     async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError>;
 }
 
@@ -127,10 +149,13 @@ fn provider_note(disabled: &[String]) -> String {
 // === impl KernelMetrics ===
 
 /// `hapwright_component_health{component,state}`: 1 for a component's current state,
-/// 0 for the others. Register once per process and share across kernels.
+/// 0 for the others; `hapwright_component_restarts_total{component}`: restarts caused
+/// by a mandatory component exiting. Register once per process and share across
+/// kernels.
 #[derive(Clone, Debug)]
 pub struct KernelMetrics {
     health: IntGaugeVec,
+    restarts: IntCounterVec,
 }
 
 impl KernelMetrics {
@@ -143,8 +168,21 @@ impl KernelMetrics {
             ),
             &["component", "state"],
         )?;
+        let restarts = IntCounterVec::new(
+            Opts::new(
+                "hapwright_component_restarts_total",
+                "Restarts of the controller's components after a mandatory component exited, by the component that exited.",
+            ),
+            &["component"],
+        )?;
         registry.register(Box::new(health.clone()))?;
-        Ok(Self { health })
+        registry.register(Box::new(restarts.clone()))?;
+        Ok(Self { health, restarts })
+    }
+
+    /// Counts one restart caused by `component` exiting.
+    pub fn record_restart(&self, component: &str) {
+        self.restarts.with_label_values(&[component]).inc();
     }
 
     fn set(&self, component: &str, state: HealthState) {
@@ -388,19 +426,21 @@ impl Kernel {
                 .expect("each component is planned once");
             let name: Arc<str> = component.name().into();
             reporter(&name).set(HealthState::Unknown, None);
+            let mandatory = component.mandatory();
             component
                 .subscribe(&bus)
                 .map_err(|source| KernelError::Subscribe {
                     component: name.to_string(),
                     source,
                 })?;
-            ordered.push((name, component));
+            ordered.push((name, mandatory, component));
         }
         bus.start().map_err(KernelError::Bus)?;
 
         let cancel = CancellationToken::new();
+        let (failures_tx, failures) = mpsc::unbounded_channel();
         let mut tasks = Vec::with_capacity(ordered.len());
-        for (name, component) in ordered {
+        for (name, mandatory, component) in ordered {
             let health = reporter(&name);
             let ctx = Context {
                 name: name.clone(),
@@ -410,7 +450,11 @@ impl Kernel {
             };
             let span = tracing::info_span!("component", component = %name, generation);
             health.healthy();
-            let handle = tokio::spawn(supervise(component, ctx).instrument(span));
+            if mandatory {
+                health_table_of(&health).set_mandatory(&name);
+            }
+            let failures = mandatory.then(|| failures_tx.clone());
+            let handle = tokio::spawn(supervise(component, ctx, failures).instrument(span));
             tasks.push((name, handle));
         }
         Ok(RunningKernel {
@@ -419,12 +463,32 @@ impl Kernel {
             cancel,
             health,
             reporters,
+            failures,
         })
     }
 }
 
-/// Runs one component and turns its end into an `Exited` health with the reason.
-async fn supervise(component: Box<dyn Component>, ctx: Context) {
+fn health_table_of(reporter: &HealthReporter) -> &HealthTable {
+    &reporter.table
+}
+
+/// A mandatory component that exited while the kernel was running.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ComponentFailure {
+    /// The component's name.
+    pub component: String,
+    /// How it ended: `returned before shutdown`, `failed: …` or `panicked: …`.
+    pub reason: String,
+}
+
+/// Runs one component and turns its end into an `Exited` health with the reason. A
+/// mandatory component (`failures` is set) that ends before cancellation is also
+/// reported there.
+async fn supervise(
+    component: Box<dyn Component>,
+    ctx: Context,
+    failures: Option<mpsc::UnboundedSender<ComponentFailure>>,
+) {
     let health = ctx.health.clone();
     let cancel = ctx.cancel.clone();
     let outcome = AssertUnwindSafe(component.run(ctx)).catch_unwind().await;
@@ -434,7 +498,15 @@ async fn supervise(component: Box<dyn Component>, ctx: Context) {
         Ok(Err(error)) => format!("failed: {}", error_chain(error.as_ref())),
         Err(panic) => format!("panicked: {}", panic_message(panic.as_ref())),
     };
-    health.set(HealthState::Exited, Some(reason));
+    health.set(HealthState::Exited, Some(reason.clone()));
+    if let Some(failures) = failures
+        && !cancel.is_cancelled()
+    {
+        let _ = failures.send(ComponentFailure {
+            component: health.component.to_string(),
+            reason,
+        });
+    }
 }
 
 fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
@@ -609,6 +681,72 @@ fn find_cycle(
     }
 }
 
+// === impl RestartBackoff ===
+
+/// Delays between restarts after mandatory component failures: 1 s, doubling up to
+/// 60 s; a run that lasted [`reset_after`](Self::reset_after) (2 min by default,
+/// longer than the longest delay) counts as healthy and starts over at 1 s. The
+/// doubling keeps a component that fails at once from spinning the controller; the
+/// reset keeps a rare failure from inheriting an old, long delay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestartBackoff {
+    initial: Duration,
+    max: Duration,
+    reset_after: Duration,
+    attempt: u32,
+}
+
+impl Default for RestartBackoff {
+    fn default() -> Self {
+        Self::new(
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            Duration::from_secs(120),
+        )
+    }
+}
+
+impl RestartBackoff {
+    /// A backoff starting at `initial`, doubling up to `max`, reset by a run of at
+    /// least `reset_after`.
+    pub fn new(initial: Duration, max: Duration, reset_after: Duration) -> Self {
+        Self {
+            initial,
+            max,
+            reset_after,
+            attempt: 0,
+        }
+    }
+
+    /// The delay before the next restart, given how long the failed run lasted.
+    pub fn next_delay(&mut self, ran_for: Duration) -> Duration {
+        if ran_for >= self.reset_after {
+            self.attempt = 0;
+        }
+        let delay = self
+            .initial
+            .saturating_mul(1u32 << self.attempt.min(16))
+            .min(self.max);
+        self.attempt = self.attempt.saturating_add(1);
+        delay
+    }
+
+    /// Restarts since the last reset (0 when the last run was healthy).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// How long a run must last to count as healthy.
+    pub fn reset_after(&self) -> Duration {
+        self.reset_after
+    }
+
+    /// Starts over at the initial delay (a run lasted long enough).
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
 // === impl RunningKernel ===
 
 /// Components of one kernel, running.
@@ -618,6 +756,7 @@ pub struct RunningKernel {
     cancel: CancellationToken,
     health: HealthTable,
     reporters: Reporters,
+    failures: mpsc::UnboundedReceiver<ComponentFailure>,
 }
 
 impl fmt::Debug for RunningKernel {
@@ -665,6 +804,16 @@ impl RunningKernel {
         }
     }
 
+    /// Completes when a [mandatory](Component::mandatory) component exits before
+    /// shutdown (returns, fails or panics), with its name and the reason; pending
+    /// forever while they all run. Cancel-safe: a failure not yet taken stays queued.
+    pub async fn failed(&mut self) -> ComponentFailure {
+        match self.failures.recv().await {
+            Some(failure) => failure,
+            None => std::future::pending().await,
+        }
+    }
+
     /// Cancels every component and waits up to `grace` for them to return; the ones
     /// still running are aborted and marked `Exited` with that reason. Closes the bus.
     pub async fn shutdown(self, grace: Duration) -> ShutdownReport {
@@ -673,8 +822,10 @@ impl RunningKernel {
             tasks,
             cancel,
             reporters,
+            health,
             ..
         } = self;
+        health.retire();
         cancel.cancel();
         let deadline = tokio::time::Instant::now() + grace;
         let mut report = ShutdownReport::default();

@@ -16,6 +16,6 @@ pub use bus::{Bus, BusConfig, BusError, BusMetrics, Delivery, Publisher, Subscri
 pub use event::*;
 pub use health::{Health, HealthState, HealthTable};
 pub use kernel::{
-    Component, ComponentError, Context, HealthReporter, Kernel, KernelError, KernelMetrics,
-    Requirement, RunningKernel, ShutdownReport,
+    Component, ComponentError, ComponentFailure, Context, HealthReporter, Kernel, KernelError,
+    KernelMetrics, Requirement, RestartBackoff, RunningKernel, ShutdownReport,
 };

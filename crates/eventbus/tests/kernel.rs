@@ -7,7 +7,7 @@ use std::time::Duration;
 use hapwright_eventbus::{
     Bus, BusConfig, BusMetrics, Component, ComponentError, Context, DriftDetected, EventKind,
     EventPayload, HealthState, Kernel, KernelError, KernelMetrics, KindSet, Requirement,
-    ResourceSyncComplete, Subscription,
+    ResourceSyncComplete, RestartBackoff, Subscription,
 };
 use prometheus::Registry;
 use tokio::time::timeout;
@@ -38,6 +38,8 @@ enum Behaviour {
     Stubborn,
     /// Walks through health states, then idles.
     Flapping,
+    /// Runs this long, then returns an error.
+    FailAfter(Duration),
 }
 
 /// A configurable test component that records when it subscribes.
@@ -46,6 +48,7 @@ struct Probe {
     requires: Vec<Requirement>,
     provides: Vec<String>,
     behaviour: Behaviour,
+    mandatory: bool,
     log: Arc<Mutex<Vec<String>>>,
 }
 
@@ -56,6 +59,7 @@ impl Probe {
             requires: Vec::new(),
             provides: Vec::new(),
             behaviour: Behaviour::Idle,
+            mandatory: true,
             log: log.clone(),
         }
     }
@@ -74,6 +78,11 @@ impl Probe {
         self.behaviour = behaviour;
         self
     }
+
+    fn optional(mut self) -> Self {
+        self.mandatory = false;
+        self
+    }
 }
 
 #[async_trait::async_trait]
@@ -88,6 +97,10 @@ impl Component for Probe {
 
     fn provides(&self) -> Vec<String> {
         self.provides.clone()
+    }
+
+    fn mandatory(&self) -> bool {
+        self.mandatory
     }
 
     fn subscribe(&mut self, _bus: &Bus) -> Result<(), hapwright_eventbus::BusError> {
@@ -112,6 +125,12 @@ impl Component for Probe {
                 ctx.health().healthy();
                 ctx.cancelled().await;
                 Ok(())
+            }
+            Behaviour::FailAfter(after) => {
+                tokio::select! {
+                    () = ctx.cancelled() => Ok(()),
+                    () = tokio::time::sleep(after) => Err("lost the watch stream".into()),
+                }
             }
         }
     }
@@ -553,4 +572,115 @@ async fn r3_publish_storm_with_cycles_does_not_deadlock() {
     .expect("the storm completes: no deadlock");
     assert_eq!(*done.lock().unwrap(), expected);
     running.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_mandatory_component_is_reported_and_an_optional_one_is_not() {
+    let (bus, registry) = new_bus(64);
+    let metrics = KernelMetrics::register(&registry).unwrap();
+    let calls = log();
+    let mut kernel = Kernel::new(bus).with_metrics(metrics);
+    kernel
+        .register(
+            Probe::new("observer", &calls)
+                .behaving(Behaviour::Panic)
+                .optional(),
+        )
+        .register(
+            Probe::new("renderer", &calls).behaving(Behaviour::FailAfter(Duration::from_secs(5))),
+        )
+        .register(Probe::new("deployer", &calls));
+    let health = kernel.health();
+    let mut running = kernel.start().unwrap();
+    assert_eq!(
+        health
+            .mandatory()
+            .keys()
+            .map(|k| k.to_string())
+            .collect::<Vec<_>>(),
+        ["deployer", "renderer"]
+    );
+
+    // The optional observer's panic is only a health state.
+    tokio::task::yield_now().await;
+    let before = tokio::time::Instant::now();
+    let failure = timeout(Duration::from_secs(30), running.failed())
+        .await
+        .expect("the renderer's failure is reported");
+    assert_eq!(failure.component, "renderer");
+    assert_eq!(failure.reason, "failed: lost the watch stream");
+    assert_eq!(before.elapsed(), Duration::from_secs(5));
+    let observer = health.get("observer").unwrap();
+    assert_eq!(observer.state, HealthState::Exited);
+    assert_eq!(
+        observer.reason.as_deref(),
+        Some("panicked: boom in observer")
+    );
+
+    // Nothing else is reported, and shutdown retires the mandatory set: components
+    // stopped on purpose are not failures.
+    assert!(
+        timeout(Duration::from_secs(600), running.failed())
+            .await
+            .is_err()
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+    assert!(health.mandatory().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_mandatory_panic_is_reported_with_its_message() {
+    let (bus, _registry) = new_bus(64);
+    let calls = log();
+    let mut kernel = Kernel::new(bus);
+    kernel.register(Probe::new("executor", &calls).behaving(Behaviour::Panic));
+    let mut running = kernel.start().unwrap();
+    let failure = timeout(Duration::from_secs(5), running.failed())
+        .await
+        .unwrap();
+    assert_eq!(failure.component, "executor");
+    assert_eq!(failure.reason, "panicked: boom in executor");
+    running.shutdown(Duration::from_secs(5)).await;
+}
+
+/// The restart loop the app runs: rebuild the kernel after each mandatory failure,
+/// waiting the backoff delay. A component that fails after 1 s is restarted after
+/// 1, 2, 4 … 60 s; once a run lasts past the reset period the delay is 1 s again.
+#[tokio::test(start_paused = true)]
+async fn mandatory_failures_are_restarted_with_doubling_backoff_and_reset() {
+    let registry = Registry::new();
+    let metrics = KernelMetrics::register(&registry).unwrap();
+    let calls = log();
+    let mut backoff = RestartBackoff::default();
+    // How long each generation runs before it fails.
+    let mut runs = vec![Duration::from_secs(1); 8];
+    runs.push(Duration::from_secs(150));
+    runs.push(Duration::from_secs(1));
+    let mut delays = Vec::new();
+    for run_for in runs {
+        let (bus, _bus_registry) = new_bus(64);
+        let mut kernel = Kernel::new(bus).with_metrics(metrics.clone());
+        kernel.register(Probe::new("watcher", &calls).behaving(Behaviour::FailAfter(run_for)));
+        let started = tokio::time::Instant::now();
+        let mut running = kernel.start().unwrap();
+        let failure = timeout(Duration::from_secs(3600), running.failed())
+            .await
+            .unwrap();
+        let ran_for = started.elapsed();
+        assert_eq!(ran_for, run_for);
+        metrics.record_restart(&failure.component);
+        running.shutdown(Duration::from_secs(5)).await;
+        let delay = backoff.next_delay(ran_for);
+        let waited = tokio::time::Instant::now();
+        tokio::time::sleep(delay).await;
+        delays.push(waited.elapsed().as_secs());
+    }
+    assert_eq!(delays, [1, 2, 4, 8, 16, 32, 60, 60, 1, 2]);
+    let text = prometheus::TextEncoder::new()
+        .encode_to_string(&registry.gather())
+        .unwrap();
+    assert!(
+        text.contains("hapwright_component_restarts_total{component=\"watcher\"} 10"),
+        "{text}"
+    );
 }

@@ -134,6 +134,11 @@ pub struct Controller {
     pub log_format: LogFormat,
     /// Leader election among controller replicas (Kubernetes).
     pub leader_election: LeaderElection,
+    /// How long a mandatory component may stay exited or unhealthy before
+    /// `/healthz` fails, so a liveness probe restarts a controller that stopped
+    /// working instead of one that is briefly restarting a component; `0s` turns the
+    /// check off (`/healthz` then only says the process answers).
+    pub liveness_grace: Duration,
 }
 
 /// The `controller.leaderElection` section: hot-standby replicas elect one leader
@@ -229,6 +234,7 @@ impl Default for Controller {
             log_level: "info".to_owned(),
             log_format: LogFormat::Text,
             leader_election: LeaderElection::default(),
+            liveness_grace: Duration::from_secs(300),
         }
     }
 }

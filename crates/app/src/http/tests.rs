@@ -337,3 +337,156 @@ fn pem_redaction_handles_several_and_unterminated_blocks() {
     assert_eq!(redact_pem("plain"), "plain");
     assert_eq!(redact_pem("-----BEGIN broken"), "<redacted PEM block>");
 }
+
+/// A mandatory component that stops: `/healthz` stays 200 during the grace, then
+/// answers 503 naming it, on both listeners.
+#[tokio::test]
+async fn healthz_fails_when_a_mandatory_component_stays_exited_past_the_grace() {
+    use hapwright_eventbus::{Component, ComponentError, Context, Kernel};
+
+    struct Deployer;
+    #[async_trait::async_trait]
+    impl Component for Deployer {
+        fn name(&self) -> &str {
+            "deployer"
+        }
+        async fn run(self: Box<Self>, _ctx: Context) -> Result<(), ComponentError> {
+            Err("lost the instance table".into())
+        }
+    }
+    struct EventLogLike;
+    #[async_trait::async_trait]
+    impl Component for EventLogLike {
+        fn name(&self) -> &str {
+            "event-log"
+        }
+        fn mandatory(&self) -> bool {
+            false
+        }
+        async fn run(self: Box<Self>, _ctx: Context) -> Result<(), ComponentError> {
+            panic!("ring overflow")
+        }
+    }
+
+    let h = Harness::start().await;
+    let (reload, _rx) = ReloadHandle::channel();
+    let scrape = HttpServer::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        metrics_router(HttpState {
+            store: h.store.clone(),
+            registry: Registry::new(),
+            reload,
+        }),
+    )
+    .await
+    .unwrap();
+    let grace = Duration::from_secs(1);
+    h.store.set_liveness_grace(grace);
+    let bus = hapwright_eventbus::Bus::new(
+        hapwright_eventbus::BusConfig::default(),
+        &hapwright_eventbus::BusMetrics::register(&Registry::new()).unwrap(),
+    );
+    let mut kernel = Kernel::new(bus);
+    kernel.register(Deployer).register(EventLogLike);
+    h.store.set_health(kernel.health());
+    let mut running = kernel.start().unwrap();
+    let exited_at = tokio::time::Instant::now();
+    running.failed().await;
+
+    // Within the grace: still live (the optional component's panic never counts).
+    let answer = h.get("/healthz").await;
+    if exited_at.elapsed() < grace {
+        assert_eq!(answer, (200, "ok\n".into()));
+    }
+
+    let deadline = exited_at + Duration::from_secs(10);
+    let body = loop {
+        let (status, body) = h.get("/healthz").await;
+        if status == 503 {
+            break serde_json::from_str::<serde_json::Value>(&body).unwrap();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/healthz still {status} long after the grace"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(exited_at.elapsed() >= grace);
+    assert_eq!(body["live"], false);
+    let reason = body["reason"].as_str().unwrap();
+    assert!(reason.contains("`deployer` has been exited"), "{reason}");
+    assert_eq!(body["components"].as_array().unwrap().len(), 1);
+    assert_eq!(body["components"][0]["component"], "deployer");
+    assert_eq!(body["components"][0]["state"], "exited");
+    assert_eq!(
+        body["components"][0]["reason"],
+        "failed: lost the instance table"
+    );
+    assert!(body["components"][0]["since"].as_f64().unwrap() > 1.7e9);
+
+    let on_scrape = reqwest::get(format!("http://{}/healthz", scrape.local_addr()))
+        .await
+        .unwrap();
+    assert_eq!(on_scrape.status().as_u16(), 503);
+
+    // Stopping the iteration on purpose (a reload) is not a failure.
+    running.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(h.get("/healthz").await.0, 200);
+    scrape.shutdown().await;
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn readyz_returns_to_503_when_an_instance_fails_and_back_when_it_recovers() {
+    let h = Harness::start().await;
+    h.store
+        .set_static_instances(["local".to_owned(), "edge-2".to_owned()]);
+    let deployed = |id, instance: &str| {
+        event(
+            id,
+            None,
+            InstanceDeployed {
+                instance: instance.into(),
+                hash: rendered().hash(),
+                strategy: DeployStrategy::Runtime,
+                reason: None,
+                duration: Duration::from_millis(2),
+            },
+        )
+    };
+    h.store.apply(&deployed(1, "local"), None);
+    h.store.apply(&deployed(2, "edge-2"), None);
+    assert_eq!(h.json("/readyz").await.0, 200);
+
+    h.store.apply(
+        &event(
+            3,
+            None,
+            hapwright_eventbus::InstanceDeploymentFailed {
+                instance: "edge-2".into(),
+                hash: rendered().hash(),
+                error: Diagnostic::error("reload failed: [ALERT] cannot bind socket"),
+            },
+        ),
+        None,
+    );
+    let (status, body) = h.json("/readyz").await;
+    assert_eq!(status, 503);
+    assert_eq!(body["ready"], false);
+    assert_eq!(
+        body["reason"],
+        "the last deployment attempt failed on edge-2"
+    );
+    assert_eq!(body["failing"][0]["instance"], "edge-2");
+    assert!(
+        body["failing"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("cannot bind socket"),
+        "{body}"
+    );
+
+    h.store.apply(&deployed(4, "edge-2"), None);
+    assert_eq!(h.json("/readyz").await, (200, json!({"ready": true})));
+    h.server.shutdown().await;
+}

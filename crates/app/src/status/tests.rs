@@ -1,11 +1,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use hapwright_eventbus::model::{InstanceDriver, InstanceRef};
 use hapwright_eventbus::model::{ReloadReason, SourceMap};
 use hapwright_eventbus::{
-    EventId, InstanceDeployed, InstanceDeploymentFailed, ReconciliationCompleted,
-    ReconciliationFailed, ReconciliationStarted, TemplateRenderFailed, TemplateRendered,
-    ValidationCompleted,
+    DeploymentCompleted, DeploymentSummary, EventId, InstanceDeployed, InstanceDeploymentFailed,
+    InstancesDiscovered, Kernel, ReconciliationCompleted, ReconciliationFailed,
+    ReconciliationStarted, TemplateRenderFailed, TemplateRendered, ValidationCompleted,
 };
 
 use super::*;
@@ -172,7 +173,19 @@ fn instances_readiness_and_errors() {
         ),
         None,
     );
-    assert!(store.ready());
+    // One instance took a config, but the last attempt to edge-2 failed.
+    match store.readiness() {
+        Readiness::NotReady { reason, failing } => {
+            assert_eq!(reason, "the last deployment attempt failed on edge-2");
+            assert_eq!(failing.len(), 1);
+            assert_eq!(failing[0].instance, "edge-2");
+            assert!(
+                failing[0].error.contains("connection refused"),
+                "{failing:?}"
+            );
+        }
+        Readiness::Ready => panic!("edge-2 failed"),
+    }
     let instances = store.instances();
     assert_eq!(instances.len(), 2);
     assert_eq!(instances[0].name, "edge-2");
@@ -286,4 +299,196 @@ fn resource_counts_are_exported_per_source() {
     );
     assert_eq!(metrics.resources.with_label_values(&["services"]).get(), 3);
     assert_eq!(store.resource_names(), ["services"]);
+}
+
+fn deployed(id: u64, instance: &str) -> Event {
+    event(
+        id,
+        None,
+        InstanceDeployed {
+            instance: instance.into(),
+            hash: rendered().hash(),
+            strategy: DeployStrategy::Runtime,
+            reason: None,
+            duration: Duration::from_millis(2),
+        },
+    )
+}
+
+fn failed(id: u64, instance: &str, error: &str) -> Event {
+    event(
+        id,
+        None,
+        InstanceDeploymentFailed {
+            instance: instance.into(),
+            hash: rendered().hash(),
+            error: Diagnostic::error(error),
+        },
+    )
+}
+
+fn failing_names(store: &StatusStore) -> Vec<String> {
+    match store.readiness() {
+        Readiness::Ready => Vec::new(),
+        Readiness::NotReady { failing, .. } => failing.into_iter().map(|f| f.instance).collect(),
+    }
+}
+
+#[test]
+fn readiness_follows_the_last_attempt_of_every_known_instance() {
+    let store = StatusStore::default();
+    store.set_static_instances(["a".to_owned(), "b".to_owned()]);
+    store.apply(&deployed(1, "a"), None);
+    store.apply(&deployed(2, "b"), None);
+    assert_eq!(store.readiness(), Readiness::Ready);
+
+    // b's next attempt fails: not ready, naming b and its error.
+    store.apply(&failed(3, "b", "master CLI refused the connection"), None);
+    assert_eq!(failing_names(&store), ["b"]);
+    let Readiness::NotReady { failing, .. } = store.readiness() else {
+        unreachable!()
+    };
+    assert!(
+        failing[0].error.contains("master CLI refused"),
+        "{failing:?}"
+    );
+
+    // It succeeds again: ready.
+    store.apply(&deployed(4, "b"), None);
+    assert_eq!(store.readiness(), Readiness::Ready);
+
+    // A summary never overrides a newer per-instance outcome; it only fills gaps.
+    store.apply(&failed(5, "a", "reload failed"), None);
+    store.apply(
+        &event(
+            6,
+            None,
+            DeploymentCompleted {
+                summary: DeploymentSummary {
+                    hash: rendered().hash(),
+                    succeeded: vec!["b".into()],
+                    failed: vec!["c".into()],
+                    duration: Duration::from_millis(5),
+                },
+            },
+        ),
+        None,
+    );
+    // c is not configured (nor discovered), so it does not count.
+    assert_eq!(failing_names(&store), ["a"]);
+
+    // An instance removed from the config no longer holds readiness back.
+    store.set_static_instances(["b".to_owned()]);
+    assert_eq!(store.readiness(), Readiness::Ready);
+}
+
+#[test]
+fn discovered_instances_count_until_discovery_drops_them() {
+    let store = StatusStore::default();
+    store.set_static_instances([]);
+    let discover = |id, names: &[&str]| {
+        event(
+            id,
+            None,
+            InstancesDiscovered {
+                source: "kubernetes".into(),
+                instances: names
+                    .iter()
+                    .map(|name| InstanceRef {
+                        name: (*name).to_owned(),
+                        driver: InstanceDriver::Dataplane,
+                        address: format!("http://{name}:5555"),
+                    })
+                    .collect(),
+            },
+        )
+    };
+    store.apply(&discover(1, &["pod-a", "pod-b"]), None);
+    store.apply(&deployed(2, "pod-a"), None);
+    store.apply(&failed(3, "pod-b", "connection refused"), None);
+    assert_eq!(failing_names(&store), ["pod-b"]);
+    store.apply(&discover(4, &["pod-a"]), None);
+    assert_eq!(store.readiness(), Readiness::Ready);
+}
+
+#[test]
+fn readiness_waits_for_the_first_success() {
+    let store = StatusStore::default();
+    store.apply(&failed(1, "a", "connection refused"), None);
+    let Readiness::NotReady { reason, failing } = store.readiness() else {
+        panic!("nothing succeeded yet");
+    };
+    assert_eq!(reason, "no deployment has succeeded on any instance yet");
+    assert_eq!(failing.len(), 1);
+}
+
+/// A mandatory component that keeps failing right after each restart is judged from
+/// its first failure; a recovery clears that; `0s` turns the check off.
+#[tokio::test]
+async fn liveness_counts_a_run_of_restarts_as_one_outage() {
+    struct Quits;
+    #[async_trait::async_trait]
+    impl Component for Quits {
+        fn name(&self) -> &str {
+            "renderer"
+        }
+        async fn run(self: Box<Self>, _ctx: Context) -> Result<(), ComponentError> {
+            Err("template cache corrupted".into())
+        }
+    }
+    let store = StatusStore::default();
+    store.set_liveness_grace(Duration::from_secs(60));
+    let start = |store: &StatusStore| {
+        let bus = Bus::new(
+            hapwright_eventbus::BusConfig::default(),
+            &hapwright_eventbus::BusMetrics::register(&Registry::new()).unwrap(),
+        );
+        let mut kernel = Kernel::new(bus);
+        kernel.register(Quits);
+        store.set_health(kernel.health());
+        kernel.start().unwrap()
+    };
+    let mut first = start(&store);
+    first.failed().await;
+    store.component_failed("renderer");
+    let now = SystemTime::now();
+    assert_eq!(store.liveness_at(now), Liveness::Live);
+    let Liveness::NotLive(dead) = store.liveness_at(now + Duration::from_secs(61)) else {
+        panic!("exited for longer than the grace");
+    };
+    assert_eq!(dead[0].component, "renderer");
+    assert_eq!(dead[0].state, HealthState::Exited);
+    assert_eq!(
+        dead[0].reason.as_deref(),
+        Some("failed: template cache corrupted")
+    );
+    first.shutdown(Duration::from_secs(1)).await;
+
+    // The rebuilt iteration fails again: still one outage, dated from the first.
+    let mut second = start(&store);
+    second.failed().await;
+    store.component_failed("renderer");
+    let Liveness::NotLive(dead) = store.liveness_at(now + Duration::from_secs(61)) else {
+        panic!("the restart does not reset the outage");
+    };
+    assert!((dead[0].since - unix_seconds(now)).abs() < 1.0, "{dead:?}");
+
+    store.set_liveness_grace(Duration::ZERO);
+    assert_eq!(
+        store.liveness_at(now + Duration::from_secs(3600)),
+        Liveness::Live
+    );
+    store.set_liveness_grace(Duration::from_secs(60));
+    store.components_recovered();
+    assert_eq!(
+        store.liveness_at(now + Duration::from_secs(30)),
+        Liveness::Live,
+        "after a recovery only the current exit counts"
+    );
+    second.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(
+        store.liveness_at(now + Duration::from_secs(3600)),
+        Liveness::Live,
+        "a stopped iteration is not a failure"
+    );
 }
