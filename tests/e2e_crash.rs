@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use hapwright_deployer::files::{ConfigDir, RecordCheck};
+use hapwright_deployer::haproxy::files::{ConfigDir, RecordCheck};
 use hapwright_e2e::{Controller, WAIT, master_command, poll, replace_once, service_manifest};
 
 const SHOP: &str = "shop.example.test";

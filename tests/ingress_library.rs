@@ -15,7 +15,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hapwright_deployer::plan::{self, RuntimeOp};
+use hapwright_deployer::haproxy::plan::{self, RuntimeOp};
 use hapwright_e2e::{
     Signal, WAIT, free_port, hapwright_binary, master_command, parse_show_proc, poll,
     processes_matching, send_signal,

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use hapwright_deployer::haproxy_config::{parse, parse_lenient, phase1, print};
+use hapwright_deployer::haproxy::config::{parse, parse_lenient, phase1, print};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

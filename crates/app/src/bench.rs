@@ -42,7 +42,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hapwright_deployer::validator;
+use hapwright_deployer::component::validator;
 use hapwright_eventbus::model::{Diagnostic, ObjectKey, ResourceSnapshot};
 use hapwright_reconciler::renderer::Resources;
 use serde::{Deserialize, Serialize};

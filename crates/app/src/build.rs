@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hapwright_deployer::socket::InstanceConfig;
-use hapwright_deployer::validator;
+use hapwright_deployer::client::socket::InstanceConfig;
+use hapwright_deployer::component::validator;
 use hapwright_eventbus::model::{Diagnostic, ResourceSnapshot};
 use hapwright_reconciler::renderer::{Renderer, Templates, TemplatingSettings};
 use hapwright_watchers::config::{FilesConfig, WatchedResource};

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hapwright_deployer::validator;
+use hapwright_deployer::component::validator;
 use hapwright_eventbus::model::Diagnostic;
 use hapwright_reconciler::renderer::Resources;
 
@@ -171,7 +171,7 @@ fn write_layout(
     dir: &Path,
     rendered: &hapwright_eventbus::model::RenderedConfig,
 ) -> std::io::Result<Vec<PathBuf>> {
-    let config_dir = hapwright_deployer::files::ConfigDir::new(dir);
+    let config_dir = hapwright_deployer::haproxy::files::ConfigDir::new(dir);
     config_dir.write_rendered(rendered)?;
     Ok(rendered
         .iter()

@@ -25,13 +25,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hapwright_deployer::dataplane;
-use hapwright_deployer::deployer::{self as deploy, Deployer, LastDeployedStore};
-use hapwright_deployer::fleet;
-use hapwright_deployer::managed::ManagedHaproxy;
+use hapwright_deployer::client::dataplane;
+use hapwright_deployer::component::deployer::{self as deploy, Deployer, LastDeployedStore};
+use hapwright_deployer::component::scheduler::{self, Scheduler};
+use hapwright_deployer::component::validator::{self, Validator};
+use hapwright_deployer::driver::fleet;
+use hapwright_deployer::driver::managed::ManagedHaproxy;
 use hapwright_deployer::metrics::Metrics as DeployerMetrics;
-use hapwright_deployer::scheduler::{self, Scheduler};
-use hapwright_deployer::validator::{self, Validator};
 use hapwright_eventbus::model::Diagnostic;
 use hapwright_eventbus::{
     Bus, BusConfig, BusMetrics, ComponentFailure, EventKind, EventPayload, Kernel, KernelMetrics,

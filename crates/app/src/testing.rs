@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use hapwright_deployer::validator::{self, Rejection};
+use hapwright_deployer::component::validator::{self, Rejection};
 use hapwright_eventbus::model::{
     Diagnostic, ObjectKey, RenderedConfig, ResourceSnapshot, StoredObject,
 };

@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use hapwright_deployer::client::socket::{InstanceConfig, SocketAddress};
 use hapwright_deployer::driver::{Deployed, SocketDriver};
-use hapwright_deployer::files::ConfigDir;
+use hapwright_deployer::haproxy::files::ConfigDir;
 use hapwright_deployer::metrics::Metrics;
-use hapwright_deployer::socket::{InstanceConfig, SocketAddress};
 use hapwright_eventbus::model::{DeployStrategy, RenderedConfig, SourceMap};
 
 fn render(port: u16, server_port: u16) -> Arc<RenderedConfig> {

@@ -21,9 +21,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use hapwright_deployer::dataplane::{DataplaneClient, DataplaneDriver, Endpoint, Settings};
-use hapwright_deployer::deployer::{Config, Deployer, LastDeployedStore};
+use hapwright_deployer::client::dataplane::{DataplaneClient, Endpoint, Settings};
+use hapwright_deployer::component::deployer::{Config, Deployer, LastDeployedStore};
 use hapwright_deployer::driver::SocketDriver;
+use hapwright_deployer::driver::dataplane::DataplaneDriver;
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::config::Secret;
 use hapwright_eventbus::model::RenderedConfig;

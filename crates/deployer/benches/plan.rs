@@ -8,8 +8,8 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use hapwright_deployer::haproxy_config;
-use hapwright_deployer::plan;
+use hapwright_deployer::haproxy::config as haproxy_config;
+use hapwright_deployer::haproxy::plan;
 use hapwright_eventbus::model::{RenderedConfig, SourceMap};
 
 /// N backends with 3 servers each, as in the HAProxy 2.6 lab, plus an N-entry map.

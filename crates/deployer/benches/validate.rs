@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use hapwright_deployer::validator;
+use hapwright_deployer::component::validator;
 use hapwright_eventbus::model::{RenderedConfig, SourceMap};
 
 fn haproxy() -> PathBuf {

@@ -853,10 +853,10 @@ instances:
         assert_eq!(socket(0).cert_group, Some(Group::Name("haproxy".into())));
         assert_eq!(socket(1).cert_group, Some(Group::Id(113)));
         assert_eq!(socket(2).cert_group, Some(Group::Id(114)));
-        let modes = crate::files::FileModes::from_config(&socket(0));
+        let modes = crate::haproxy::files::FileModes::from_config(&socket(0));
         assert_eq!(modes.cert_mode, 0o640);
         assert_eq!(
-            crate::files::FileModes::from_config(&socket(1)).cert_mode,
+            crate::haproxy::files::FileModes::from_config(&socket(1)).cert_mode,
             0o600
         );
         let json = serde_json::to_value(&config).unwrap();

@@ -1,24 +1,42 @@
-//! Everything in hapwright that talks to HAProxy: the configuration tokenizer and
-//! model, the two-phase validator, the deployment scheduler and the drivers that apply
-//! a rendered configuration to HAProxy instances.
+//! Everything in hapwright that talks to HAProxy: what a configuration means, how to
+//! reach an instance, how to deploy to it, and the components that do it on the bus.
+//!
+//! # Layout
+//!
+//! ```text
+//! haproxy/       what hapwright knows about HAProxy's configuration (no I/O but files)
+//!   config/        tokenizer, model, phase-1 checks of haproxy.cfg
+//!   plan           the change plan between two configs: runtime ops or a reload
+//!   files/         the config directory: safe writes, version marker, state record
+//! client/        talking to a HAProxy process
+//!   socket         unix/TCP CLI transport, retry policy
+//!   master         master CLI (show proc, reload, @1 show env)
+//!   runtime        runtime API (servers, maps, ACLs, certificates), typed errors
+//!   dataplane      HAProxy Data Plane API v3 HTTP client
+//! driver/        one `Driver` trait per instance, and the decision decide → execute
+//!   socket         SocketDriver: runtime API + files + confirmed reload
+//!   dataplane      DataplaneDriver: the same plan through the Data Plane API
+//!   managed        ManagedHaproxy: the supervisor of HAProxy processes hapwright runs
+//!   fleet          drivers for static Data Plane and discovered instances
+//! component/     the bus components
+//!   validator      TemplateRendered → ValidationCompleted (parsed model attached)
+//!   scheduler      ValidationCompleted → DeploymentScheduled (rate limit, latest wins)
+//!   deployer       DeploymentScheduled → a round over the fleet
+//!   instance       one worker per instance: plan, reload window, retries, drift
+//! config         the `haproxy:` section of the config file and controller timings
+//! metrics        deployment metrics
+//! ```
+//!
+//! Data moves one way: a render is validated (and parsed once), scheduled, handed to
+//! each instance's worker, which plans against what its instance runs and drives the
+//! instance through its [`Driver`]; the drivers use the clients and the config
+//! directory. Components never call each other: they meet on the bus.
 
+pub mod client;
+pub mod component;
 pub mod config;
-
-pub mod dataplane;
-pub mod deployer;
 pub mod driver;
-pub mod files;
-pub mod fleet;
-pub mod flow;
-pub mod haproxy_config;
-mod instance;
-pub mod managed;
-pub mod master;
+pub mod haproxy;
 pub mod metrics;
-pub mod plan;
-pub mod runtime;
-pub mod scheduler;
-pub mod socket;
-pub mod validator;
 
-pub use flow::Driver;
+pub use driver::Driver;

@@ -9,11 +9,10 @@ use hapwright_deployer::Driver;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hapwright_deployer::dataplane::{
-    DataplaneClient, DataplaneDriver, DataplaneError, Endpoint, Settings,
-};
+use hapwright_deployer::client::dataplane::{DataplaneClient, DataplaneError, Endpoint, Settings};
+use hapwright_deployer::driver::dataplane::DataplaneDriver;
 use hapwright_deployer::driver::{DeployError, Deployed};
-use hapwright_deployer::files::VERSION_VARIABLE;
+use hapwright_deployer::haproxy::files::VERSION_VARIABLE;
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::config::Secret;
 use hapwright_eventbus::model::{DeployStrategy, ReloadReason, RenderedConfig};

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hapwright_deployer::deployer::{self, Deployer, LastDeployedStore};
+use hapwright_deployer::component::deployer::{self, Deployer, LastDeployedStore};
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{RenderedConfig, SourceMap};
 use hapwright_eventbus::{
@@ -130,7 +130,7 @@ async fn a_reload_slower_than_the_deployment_timeout_restores_the_files_and_repo
 async fn files_that_differ_from_the_state_record_are_repaired_with_one_reload() {
     use hapwright_deployer::Driver;
     use hapwright_deployer::driver::SocketDriver;
-    use hapwright_deployer::files::{ConfigDir, RecordCheck};
+    use hapwright_deployer::haproxy::files::{ConfigDir, RecordCheck};
     use hapwright_eventbus::model::{DeployStrategy, ReloadReason};
     use std::os::unix::fs::PermissionsExt;
 

@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use hapwright_deployer::component::validator::{SCRATCH_PREFIX, sweep_scratch};
 use hapwright_deployer::config::Group;
-use hapwright_deployer::files::{
+use hapwright_deployer::haproxy::files::{
     ConfigDir, DeployRecord, Faults, FileModes, RECORD_FILE, RecordCheck, steps,
 };
-use hapwright_deployer::validator::{SCRATCH_PREFIX, sweep_scratch};
 use hapwright_eventbus::model::{RenderedConfig, SourceMap};
 
 fn rendered(main: &str, maps: &[(&str, &str)], certs: &[(&str, &str)]) -> RenderedConfig {

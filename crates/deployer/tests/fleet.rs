@@ -11,12 +11,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hapwright_deployer::dataplane::{DataplaneClient, DataplaneDriver, Endpoint, Settings};
-use hapwright_deployer::deployer::{Config, Deployer, LastDeployedStore};
+use hapwright_deployer::client::dataplane::{DataplaneClient, Endpoint, Settings};
+use hapwright_deployer::component::deployer::{Config, Deployer, LastDeployedStore};
+use hapwright_deployer::component::scheduler::{self, Scheduler};
 use hapwright_deployer::driver::SocketDriver;
-use hapwright_deployer::fleet::DiscoveredCredentials;
+use hapwright_deployer::driver::dataplane::DataplaneDriver;
+use hapwright_deployer::driver::fleet::DiscoveredCredentials;
 use hapwright_deployer::metrics::Metrics;
-use hapwright_deployer::scheduler::{self, Scheduler};
 use hapwright_eventbus::config::Secret;
 use hapwright_eventbus::model::{
     DeployStrategy, InstanceDriver, InstanceRef, ReloadReason, RenderedConfig,
@@ -408,7 +409,7 @@ backend be_app\n    balance roundrobin\n    server s1 127.0.0.1:{server_port}\n"
     assert_eq!(recovered, v3.hash());
     let marker = haproxies[2]
         .master()
-        .worker_env(hapwright_deployer::files::VERSION_VARIABLE)
+        .worker_env(hapwright_deployer::haproxy::files::VERSION_VARIABLE)
         .await
         .unwrap();
     assert_eq!(marker, Some(v3.hash().short()));

@@ -3,8 +3,9 @@
 
 use std::collections::BTreeSet;
 
-use hapwright_deployer::haproxy_config::{
-    self, Config, Directive, Section, SectionKind, check, parse, parse_lenient, phase1, print,
+use hapwright_deployer::haproxy::config::{
+    self as haproxy_config, Config, Directive, Section, SectionKind, check, parse, parse_lenient,
+    phase1, print,
 };
 use proptest::prelude::*;
 

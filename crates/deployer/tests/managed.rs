@@ -8,8 +8,8 @@ use hapwright_deployer::Driver;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hapwright_deployer::driver::managed::{ManagedHaproxy, ProcessState, SupervisorConfig};
 use hapwright_deployer::driver::{DeployError, SocketDriver};
-use hapwright_deployer::managed::{ManagedHaproxy, ProcessState, SupervisorConfig};
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{DeployStrategy, ReloadReason};
 use support::{Backend, Haproxy, bodies, config, free_port, http_get, rendered, wait_for_body};

@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use hapwright_deployer::managed::{
+use hapwright_deployer::client::socket::{InstanceConfig, SocketAddress};
+use hapwright_deployer::driver::managed::{
     ManagedHaproxy, PIDFILE, ProcessState, SupervisorConfig, masters_of,
 };
-use hapwright_deployer::socket::{InstanceConfig, SocketAddress};
 use support::{free_port, http_get};
 
 const CHILD_DIR: &str = "HAPWRIGHT_TEST_CONTROLLER_DIR";

@@ -11,8 +11,8 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hapwright_deployer::deployer::{self, Deployer, LastDeployedStore};
-use hapwright_deployer::managed::{ManagedHaproxy, SupervisorConfig};
+use hapwright_deployer::component::deployer::{self, Deployer, LastDeployedStore};
+use hapwright_deployer::driver::managed::{ManagedHaproxy, SupervisorConfig};
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{DeployStrategy, ReloadReason};
 use hapwright_eventbus::{

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use hapwright_deployer::plan::{RuntimeOp, compute};
+use hapwright_deployer::haproxy::plan::{RuntimeOp, compute};
 use hapwright_eventbus::model::{DeployStrategy, ReloadReason, RenderedConfig, SourceMap};
 
 fn render(backend: &str) -> RenderedConfig {

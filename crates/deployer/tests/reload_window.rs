@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hapwright_deployer::Driver;
-use hapwright_deployer::deployer::{Config, Deployer, LastDeployedStore};
+use hapwright_deployer::component::deployer::{Config, Deployer, LastDeployedStore};
 use hapwright_deployer::driver::{DeployError, Deployed};
-use hapwright_deployer::haproxy_config::Config as Model;
+use hapwright_deployer::haproxy::config::Config as Model;
+use hapwright_deployer::haproxy::plan::ChangePlan;
 use hapwright_deployer::metrics::Metrics;
-use hapwright_deployer::plan::ChangePlan;
 use hapwright_eventbus::model::{DeployStrategy, InstanceDriver, RenderedConfig, SourceMap};
 use hapwright_eventbus::{
     Bus, BusConfig, BusMetrics, DeploymentScheduled, EventKind, EventPayload, Kernel,
@@ -54,7 +54,7 @@ impl Driver for Fake {
     async fn apply_runtime_ops(
         &self,
         plan: &ChangePlan,
-    ) -> Result<usize, hapwright_deployer::flow::RuntimeOpsError> {
+    ) -> Result<usize, hapwright_deployer::driver::RuntimeOpsError> {
         self.calls
             .lock()
             .unwrap()

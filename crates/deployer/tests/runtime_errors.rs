@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use hapwright_deployer::client::runtime::{RuntimeClient, RuntimeError, RuntimeFailure};
+use hapwright_deployer::client::socket::{CliClient, ClientConfig, SocketAddress};
 use hapwright_deployer::driver::SocketDriver;
 use hapwright_deployer::metrics::Metrics;
-use hapwright_deployer::runtime::{RuntimeClient, RuntimeError, RuntimeFailure};
-use hapwright_deployer::socket::{CliClient, ClientConfig, SocketAddress};
 use hapwright_eventbus::model::{DeployStrategy, ReloadReason};
 use support::{Backend, Haproxy, config, free_port, rendered};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hapwright_deployer::scheduler::{Config, Scheduler};
+use hapwright_deployer::component::scheduler::{Config, Scheduler};
 use hapwright_eventbus::model::{InstanceDriver, InstanceRef, RenderedConfig, SourceMap};
 use hapwright_eventbus::{
     Bus, BusConfig, BusMetrics, CorrelationId, DeploymentCompleted, DeploymentSummary,

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use hapwright_deployer::deployer::{self, Deployer, LastDeployedStore};
+use hapwright_deployer::component::deployer::{self, Deployer, LastDeployedStore};
+use hapwright_deployer::component::scheduler::{self, Scheduler};
 use hapwright_deployer::driver::{DeployError, SocketDriver};
 use hapwright_deployer::metrics::Metrics;
-use hapwright_deployer::scheduler::{self, Scheduler};
 use hapwright_eventbus::model::{DeployStrategy, ReloadReason};
 use hapwright_eventbus::{
     Bus, BusConfig, BusMetrics, EventKind, EventPayload, Kernel, ValidationCompleted,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hapwright_deployer::validator::{self, Rejection, Validator};
+use hapwright_deployer::component::validator::{self, Rejection, Validator};
 use hapwright_eventbus::model::{
     FileKind, LineOrigin, RenderedConfig, RenderedFileRef, Severity, SourceLocation, SourceMap,
 };

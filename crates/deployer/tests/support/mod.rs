@@ -13,9 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hapwright_deployer::files::ConfigDir;
-use hapwright_deployer::master::MasterClient;
-use hapwright_deployer::socket::{InstanceConfig, SocketAddress};
+use hapwright_deployer::client::master::MasterClient;
+use hapwright_deployer::client::socket::{InstanceConfig, SocketAddress};
+use hapwright_deployer::haproxy::files::ConfigDir;
 use hapwright_eventbus::model::{RenderedConfig, SourceMap};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -198,7 +198,7 @@ impl Haproxy {
         let dir = ConfigDir::new(haproxy.dir.path());
         dir.write(config, marker, None).unwrap();
         // As hapwright leaves a directory it deployed: with its state record.
-        dir.write_record(&hapwright_deployer::files::DeployRecord::new(
+        dir.write_record(&hapwright_deployer::haproxy::files::DeployRecord::new(
             config, marker,
         ))
         .unwrap();

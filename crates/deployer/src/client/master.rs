@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::socket::{CliClient, SocketAddress, SocketError};
+use crate::client::socket::{CliClient, SocketAddress, SocketError};
 
 /// The master's view of its processes, parsed from `show proc`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

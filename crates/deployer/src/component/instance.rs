@@ -4,7 +4,7 @@
 //! The deployer hands every worker the desired config through a watch channel (the
 //! newest replaces a waiting one: latest wins) and hears back one [`Report`] per
 //! attempt. A worker:
-//! - plans once per deployment from the validator's parsed model ([`flow::decide`]);
+//! - plans once per deployment from the validator's parsed model ([`driver::decide`]);
 //! - applies a runtime-only plan at once, whatever other instances do — one instance
 //!   waiting for its reload window, unreachable or restarting never holds the others;
 //! - holds a plan that reloads until `minReloadInterval` has passed since this
@@ -34,13 +34,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::deployer::LastDeployedStore;
+use crate::component::deployer::LastDeployedStore;
+use crate::driver::managed::ManagedHaproxy;
+use crate::driver::{self, Driver, Executed};
 use crate::driver::{DeployError, Deployed};
-use crate::flow::{self, Driver, Executed};
-use crate::haproxy_config::Config as Model;
-use crate::managed::ManagedHaproxy;
+use crate::haproxy::config::Config as Model;
+use crate::haproxy::plan::ChangePlan;
 use crate::metrics::Metrics;
-use crate::plan::ChangePlan;
 
 /// Timings of one instance's worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -364,7 +364,7 @@ impl Worker {
                 .await
                 .map(Step::Done);
         }
-        let decision = flow::decide(
+        let decision = driver::decide(
             &*driver,
             &desired.config,
             &desired.model,
@@ -383,7 +383,7 @@ impl Worker {
             }
             return Ok(Step::Wait(at));
         }
-        match flow::execute(
+        match driver::execute(
             &*driver,
             &desired.config,
             &desired.model,

@@ -32,15 +32,15 @@ use hapwright_eventbus::{
 use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
 
-use crate::dataplane::DataplaneDriver;
+use crate::client::socket::InstanceConfig;
+use crate::component::instance::{self, Desired, Handle, Outcome, Report};
+use crate::driver::Driver;
+use crate::driver::dataplane::DataplaneDriver;
+use crate::driver::fleet::DiscoveredCredentials;
+use crate::driver::managed::ManagedHaproxy;
 use crate::driver::{Deployed, DriverConfig, SocketDriver};
-use crate::fleet::DiscoveredCredentials;
-use crate::flow::Driver;
-use crate::haproxy_config::{self, Config as Model};
-use crate::instance::{self, Desired, Handle, Outcome, Report};
-use crate::managed::ManagedHaproxy;
+use crate::haproxy::config::{self as haproxy_config, Config as Model};
 use crate::metrics::Metrics;
-use crate::socket::InstanceConfig;
 
 /// One instance's record in the [`LastDeployedStore`].
 #[derive(Clone, Debug, Default)]
@@ -183,7 +183,7 @@ impl Config {
     /// within its deadline (a change that does not drain in time falls back to a
     /// reload).
     pub fn drain_timeout(&self) -> Duration {
-        crate::runtime::DEFAULT_DRAIN_TIMEOUT.min(self.deployment_timeout / 3)
+        crate::client::runtime::DEFAULT_DRAIN_TIMEOUT.min(self.deployment_timeout / 3)
     }
 
     fn instance_settings(&self) -> instance::Settings {

@@ -17,7 +17,7 @@
 //! `fuzz/` hold it to that.
 //!
 //! ```
-//! use hapwright_deployer::haproxy_config::{self, SectionKind};
+//! use hapwright_deployer::haproxy::config::{self as haproxy_config, SectionKind};
 //!
 //! let config = haproxy_config::parse(
 //!     "backend be_web\n    balance roundrobin\n    server s1 10.0.0.1:8080 check\n",

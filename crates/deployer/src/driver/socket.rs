@@ -1,14 +1,14 @@
 //! The local-socket driver: one HAProxy instance reached through its master CLI, its
 //! runtime API and its config directory, as a [`Driver`].
 //!
-//! The steps it gives the deployment flow ([`crate::flow`]):
+//! The steps it gives the deployment flow ([`crate::driver`]):
 //! - what the instance runs after a controller restart ([`Driver::recover`]): the
 //!   files in the config directory, when they match the state record written after the
 //!   last deployment and the record's marker is the worker's
 //!   `HAPWRIGHT_CONFIG_VERSION`; anything else is unknown (one repair reload). The
 //!   first call sweeps temporary files an earlier, killed controller left behind;
 //! - runtime changes through the runtime API (address changes and removals drained,
-//!   see [`crate::runtime`]), then the files rewritten with the running marker;
+//!   see [`crate::client::runtime`]), then the files rewritten with the running marker;
 //! - a reload: snapshot the last good files, write the new ones (exclusive temporary
 //!   files, fsync, rename, directory fsync), dump the server state file (without the
 //!   lines of changed servers), then a confirmed reload — counter moved,
@@ -34,15 +34,17 @@ use hapwright_eventbus::model::{
 };
 use tokio::time::Instant;
 
-use crate::files::{ConfigDir, DeployRecord, RecordCheck, VERSION_VARIABLE, steps, write_atomic};
-use crate::flow::Driver;
-use crate::haproxy_config::{self, Config};
-use crate::managed::{LogBuffer, ManagedError, ManagedHaproxy};
-use crate::master::{MasterClient, MasterError, ProcInfo};
+use crate::client::master::{MasterClient, MasterError, ProcInfo};
+use crate::client::runtime::{PatternKind, RuntimeClient, RuntimeError};
+use crate::client::socket::{InstanceConfig, SocketError};
+use crate::driver::Driver;
+use crate::driver::managed::{LogBuffer, ManagedError, ManagedHaproxy};
+use crate::haproxy::config::{self as haproxy_config, Config};
+use crate::haproxy::files::{
+    ConfigDir, DeployRecord, RecordCheck, VERSION_VARIABLE, steps, write_atomic,
+};
+use crate::haproxy::plan::{ChangePlan, RuntimeOp};
 use crate::metrics::Metrics;
-use crate::plan::{ChangePlan, RuntimeOp};
-use crate::runtime::{PatternKind, RuntimeClient, RuntimeError};
-use crate::socket::{InstanceConfig, SocketError};
 
 /// What an instance runs after a successful deployment.
 #[derive(Clone, Debug)]
@@ -127,7 +129,7 @@ pub enum DeployError {
     Managed(#[from] ManagedError),
     /// A Data Plane API call failed.
     #[error(transparent)]
-    Dataplane(#[from] crate::dataplane::DataplaneError),
+    Dataplane(#[from] crate::client::dataplane::DataplaneError),
     /// A deployment failed after files were written, and putting the last good files
     /// back failed too: the config directory holds files HAProxy does not run, and
     /// the next reload or restart would load them. The instance is treated as
@@ -187,7 +189,7 @@ impl Default for DriverConfig {
             reload_timeout: Duration::from_secs(30),
             poll_interval: Duration::from_millis(25),
             lost_reload_after: Duration::from_secs(3),
-            drain_timeout: crate::runtime::DEFAULT_DRAIN_TIMEOUT,
+            drain_timeout: crate::client::runtime::DEFAULT_DRAIN_TIMEOUT,
         }
     }
 }
@@ -281,8 +283,8 @@ impl SocketDriver {
                 self.instance.config_dir.join("haproxy.cfg").display()
             )));
         };
-        let (expected_main, _) = crate::files::strip_version_marker(
-            &crate::files::with_version_marker(running.config.main(), &running.marker),
+        let (expected_main, _) = crate::haproxy::files::strip_version_marker(
+            &crate::haproxy::files::with_version_marker(running.config.main(), &running.marker),
         );
         let same = marker.as_deref() == Some(running.marker.as_str())
             && **config.main() == *expected_main
@@ -563,9 +565,9 @@ impl SocketDriver {
     async fn apply_runtime(
         &self,
         plan: &ChangePlan,
-    ) -> Result<usize, crate::flow::RuntimeOpsError> {
+    ) -> Result<usize, crate::driver::RuntimeOpsError> {
         let failed = |op: String, error: RuntimeError| {
-            crate::flow::RuntimeOpsError::new(op, error.class(), error)
+            crate::driver::RuntimeOpsError::new(op, error.class(), error)
         };
         let resolved = self
             .resolve_files(&plan.ops)
@@ -917,7 +919,7 @@ struct RestoreGuard {
     dir: ConfigDir,
     instance: String,
     metrics: Metrics,
-    backup: Option<crate::files::DirSnapshot>,
+    backup: Option<crate::haproxy::files::DirSnapshot>,
 }
 
 impl RestoreGuard {
@@ -1054,7 +1056,7 @@ impl Driver for SocketDriver {
     async fn apply_runtime_ops(
         &self,
         plan: &ChangePlan,
-    ) -> Result<usize, crate::flow::RuntimeOpsError> {
+    ) -> Result<usize, crate::driver::RuntimeOpsError> {
         let _serial = self.serial.lock().await;
         self.apply_runtime(plan).await
     }

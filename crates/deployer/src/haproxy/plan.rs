@@ -36,8 +36,8 @@ use std::net::IpAddr;
 
 use hapwright_eventbus::model::{DeployReason, DeployStrategy, ReloadReason, RenderedConfig};
 
-use crate::haproxy_config::{self, Config, Directive, Section, Server};
-use crate::runtime::MAX_PAYLOAD_BYTES;
+use crate::client::runtime::MAX_PAYLOAD_BYTES;
+use crate::haproxy::config::{self as haproxy_config, Config, Directive, Section, Server};
 
 /// Server parameters `add server` refuses in HAProxy 2.6.
 const DYNAMIC_REJECTED: &[&str] = &["cookie", "init-addr", "resolvers", "redir"];
@@ -87,7 +87,7 @@ pub enum RuntimeOp {
     /// Moves a server that takes traffic to a new address without failing requests
     /// in flight: a stand-in server at the new address, the server drained in
     /// maintenance, its address changed, the stand-in removed (see
-    /// [`RuntimeClient::move_server`](crate::runtime::RuntimeClient::move_server)).
+    /// [`RuntimeClient::move_server`](crate::client::runtime::RuntimeClient::move_server)).
     MoveServer {
         /// Backend.
         backend: String,

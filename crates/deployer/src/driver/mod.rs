@@ -22,23 +22,30 @@
 //! The instance's owner (the `instance` module) calls the two steps apart; [`Driver::deploy`]
 //! runs them back to back (tests, `hapwright bench`).
 
+pub mod dataplane;
+pub mod fleet;
+pub mod managed;
+pub mod socket;
+
+pub use dataplane::DataplaneDriver;
+pub use socket::{DeployError, Deployed, DriverConfig, SocketDriver};
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use hapwright_eventbus::model::{DeployStrategy, InstanceDriver, ReloadReason, RenderedConfig};
 
-use crate::driver::{DeployError, Deployed, SocketDriver};
-use crate::haproxy_config::Config;
-use crate::plan::{self, ChangePlan};
-use crate::runtime::RuntimeFailure;
+use crate::client::runtime::RuntimeFailure;
+use crate::haproxy::config::Config;
+use crate::haproxy::plan::{self, ChangePlan};
 
 /// A runtime change that failed, as both drivers report it: which change, how it
 /// failed, and the underlying error.
 #[derive(Debug, thiserror::Error)]
 #[error("{op}")]
 pub struct RuntimeOpsError {
-    /// The change ([`RuntimeOp::describe`](crate::plan::RuntimeOp::describe)).
+    /// The change ([`RuntimeOp::describe`](crate::haproxy::plan::RuntimeOp::describe)).
     pub op: String,
     /// How it failed; decides the reload fallback's wording.
     pub class: RuntimeFailure,
@@ -164,7 +171,7 @@ pub(crate) async fn deploy<D: Driver + ?Sized>(
     drift_check: bool,
 ) -> Result<Deployed, DeployError> {
     let desired_model = desired_model.unwrap_or_else(|| {
-        Arc::new(crate::haproxy_config::parse(desired.main()).unwrap_or_default())
+        Arc::new(crate::haproxy::config::parse(desired.main()).unwrap_or_default())
     });
     if let Some(started) = driver
         .start_if_stopped(&desired, &desired_model, running.as_ref())

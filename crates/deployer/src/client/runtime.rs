@@ -8,7 +8,7 @@
 //! command and returns [`RuntimeError::Refused`] with HAProxy's words otherwise.
 //!
 //! Commands that change something are sent once (see the retry policy in
-//! [`crate::socket`]); `show ...` reads go through [`CliClient::query`] and may be
+//! [`crate::client::socket`]); `show ...` reads go through [`CliClient::query`] and may be
 //! retried.
 //!
 //! # Moving and removing servers without failing requests
@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::socket::{CliClient, SocketAddress, SocketError};
+use crate::client::socket::{CliClient, SocketAddress, SocketError};
 
 /// Payload chunks stay below this many bytes: a `<<` payload must fit in one 16 KB
 /// buffer, and a larger one is silently dropped by HAProxy 2.6.

@@ -106,8 +106,8 @@ pub struct InstanceConfig {
     pub env: BTreeMap<String, String>,
     /// Permissions of the files written into `config_dir` (`socket.certMode`,
     /// `socket.certGroup`): give them to the instance's
-    /// [`ConfigDir`](crate::files::ConfigDir) with `with_modes`.
-    pub file_modes: crate::files::FileModes,
+    /// [`ConfigDir`](crate::haproxy::files::ConfigDir) with `with_modes`.
+    pub file_modes: crate::haproxy::files::FileModes,
 }
 
 impl InstanceConfig {
@@ -124,7 +124,7 @@ impl InstanceConfig {
             config_dir: config_dir.into(),
             managed: false,
             env: BTreeMap::new(),
-            file_modes: crate::files::FileModes::default(),
+            file_modes: crate::haproxy::files::FileModes::default(),
         }
     }
 }
@@ -150,7 +150,7 @@ impl InstanceConfig {
             config_dir: socket.config_dir.clone(),
             managed: instance.managed,
             env: instance.env.clone(),
-            file_modes: crate::files::FileModes::from_config(socket),
+            file_modes: crate::haproxy::files::FileModes::from_config(socket),
         })
     }
 }

@@ -2,7 +2,7 @@
 //! hapwright's own parser (phase 1, [`ValidationPhase::Parse`]) and then by
 //! `haproxy -c` (phase 2, [`ValidationPhase::Haproxy`]) before anything is deployed.
 //!
-//! - Phase 1 parses `haproxy.cfg` with [`crate::haproxy_config`] and runs its checks
+//! - Phase 1 parses `haproxy.cfg` with [`crate::haproxy::config`] and runs its checks
 //!   (duplicate proxy names, missing `use_backend`/`default_backend` targets,
 //!   references to files that were not rendered). It is fast and its errors are
 //!   precise; when it rejects, phase 2 does not run.
@@ -48,7 +48,7 @@ use tokio::io::AsyncReadExt;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::haproxy_config::{self, MAIN_FILE, SectionKind};
+use crate::haproxy::config::{self as haproxy_config, MAIN_FILE, SectionKind};
 
 /// Only one `haproxy -c` runs at a time in the process: a run over a large config
 /// needs hundreds of MB (haproxy-2.6.md §0), and several at once would only compete

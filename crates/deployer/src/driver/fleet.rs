@@ -8,8 +8,9 @@ use std::sync::Arc;
 use hapwright_eventbus::config::Secret;
 use hapwright_eventbus::model::{InstanceDriver, InstanceRef};
 
-use crate::dataplane::{DataplaneDriver, DataplaneError, Endpoint, Settings};
-use crate::flow::Driver;
+use crate::client::dataplane::{DataplaneError, Endpoint, Settings};
+use crate::driver::Driver;
+use crate::driver::dataplane::DataplaneDriver;
 use crate::metrics::Metrics;
 
 /// How discovered Data Plane API instances are reached: the credentials of

@@ -47,8 +47,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::master::MasterClient;
-use crate::socket::{CliClient, ClientConfig, InstanceConfig, SocketAddress};
+use crate::client::master::MasterClient;
+use crate::client::socket::{CliClient, ClientConfig, InstanceConfig, SocketAddress};
 
 /// Lines of HAProxy output kept per instance.
 const LOG_LINES: usize = 400;

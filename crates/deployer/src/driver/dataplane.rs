@@ -29,16 +29,16 @@ use hapwright_eventbus::model::{
     DeployReason, DeployStrategy, InstanceDriver, ReloadReason, RenderedConfig,
 };
 
-use super::client::{
+use crate::client::dataplane::{
     DataplaneClient, DataplaneError, Endpoint, RuntimeAddServer, Settings, Storage,
 };
+use crate::client::runtime::RuntimeFailure;
 use crate::driver::{DeployError, Deployed};
-use crate::files::{strip_version_marker, with_version_marker};
-use crate::flow::{Driver, RuntimeOpsError};
-use crate::haproxy_config::Config;
+use crate::driver::{Driver, RuntimeOpsError};
+use crate::haproxy::config::Config;
+use crate::haproxy::files::{strip_version_marker, with_version_marker};
+use crate::haproxy::plan::{ChangePlan, RuntimeOp};
 use crate::metrics::Metrics;
-use crate::plan::{ChangePlan, RuntimeOp};
-use crate::runtime::RuntimeFailure;
 
 /// Rendered files by name.
 type Files = BTreeMap<String, Arc<str>>;

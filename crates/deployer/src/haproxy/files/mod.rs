@@ -133,7 +133,7 @@ impl ConfigDir {
     /// The config directory of a socket instance, with its configured file modes
     /// (`socket.certMode`, `socket.certGroup`) and the faults of
     /// [`FAULTS_VARIABLE`].
-    pub fn for_instance(instance: &crate::socket::InstanceConfig) -> Self {
+    pub fn for_instance(instance: &crate::client::socket::InstanceConfig) -> Self {
         Self::new(&instance.config_dir).with_modes(instance.file_modes.clone())
     }
 

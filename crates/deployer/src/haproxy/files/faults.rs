@@ -29,7 +29,7 @@ pub const FAULTS_VARIABLE: &str = "HAPWRIGHT_FAULTS";
 /// The step names a deployment passes, for `pause=<step>:<file>`.
 pub mod steps {
     /// Maps, files and certificates are written; `haproxy.cfg` is not yet
-    /// (reached inside [`ConfigDir::write`](crate::files::ConfigDir::write)).
+    /// (reached inside [`ConfigDir::write`](crate::haproxy::files::ConfigDir::write)).
     pub const AFTER_SIDE_FILES: &str = "after-side-files";
     /// Every file is written; the reload is not sent yet (reached by the driver).
     pub const BEFORE_RELOAD: &str = "before-reload";
