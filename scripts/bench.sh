@@ -10,7 +10,8 @@
 #                                     target/criterion/ (the report lists what ran)
 #
 # The hand-written "Analysis" section of docs/benchmarks.md (between the
-# `analysis:begin` and `analysis:end` markers) is kept across runs.
+# `analysis:begin` and `analysis:end` markers) is kept across runs; the figures it
+# quotes between `figure` markers are filled in from each run.
 # Run it on a quiet machine: other builds on the same cores skew every number.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,7 @@ for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
     --skip-criterion) criterion=0 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg (see --help)" >&2; exit 2 ;;
   esac
 done

@@ -1,5 +1,7 @@
 //! Writes `docs/benchmarks.md` from the suite's results, keeping the hand-written
 //! analysis between [`ANALYSIS_BEGIN`] and [`ANALYSIS_END`] of the previous report.
+//! The analysis quotes current figures only between figure markers, which each run
+//! fills in ([`fill_figures`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -13,6 +15,12 @@ use crate::scenarios::{Churn, FILES_SETTLE_MS, Memory, Settings, SizeResult};
 pub const ANALYSIS_BEGIN: &str = "<!-- analysis:begin (hand-written, kept by scripts/bench.sh) -->";
 /// Closes it.
 pub const ANALYSIS_END: &str = "<!-- analysis:end -->";
+/// Opens a figure in the analysis: `<!-- figure:target ROW -->` for the measured value
+/// of the Targets row named ROW, `<!-- figure:criterion ID -->` for the median of a
+/// criterion benchmark. The text up to [`FIGURE_END`] is replaced on every run.
+const FIGURE_BEGIN: &str = "<!-- figure:";
+/// Closes a figure.
+const FIGURE_END: &str = "<!-- /figure -->";
 
 /// `hapwright bench --output json` and one of its scales, as the command writes them.
 pub use hapwright_app::bench::{BenchReport, ScaleReport};
@@ -112,6 +120,48 @@ pub fn preserved_analysis(previous: Option<&str>, fallback: &str) -> String {
         return text[start..start + end + ANALYSIS_END.len()].to_owned();
     }
     format!("{ANALYSIS_BEGIN}\n{}\n{ANALYSIS_END}", fallback.trim_end())
+}
+
+/// The analysis with each figure's value replaced by this run's (see [`FIGURE_BEGIN`]);
+/// a figure the run did not produce reads "not measured". `targets` are the rows of the
+/// Targets table. Text after a marker that is not closed is left as it is.
+pub fn fill_figures(
+    analysis: &str,
+    targets: &[[String; 3]],
+    criterion: &BTreeMap<String, Estimate>,
+) -> String {
+    let mut out = String::with_capacity(analysis.len());
+    let mut rest = analysis;
+    while let Some(begin) = rest.find(FIGURE_BEGIN) {
+        let after = &rest[begin + FIGURE_BEGIN.len()..];
+        let (Some(key_end), Some(end)) = (after.find(" -->"), after.find(FIGURE_END)) else {
+            break;
+        };
+        if key_end > end {
+            break;
+        }
+        let key = after[..key_end].trim();
+        let value = match key.split_once(' ') {
+            Some(("target", row)) => {
+                targets
+                    .iter()
+                    .find(|[what, ..]| what == row)
+                    .map(|[_, _, measured]| {
+                        measured.split(" — ").next().unwrap_or(measured).to_owned()
+                    })
+            }
+            Some(("criterion", id)) => {
+                estimate_ms(criterion, id).map(|v| format!("{} ms", fmt_num(v)))
+            }
+            _ => None,
+        };
+        out.push_str(&rest[..begin + FIGURE_BEGIN.len() + key_end + " -->".len()]);
+        out.push_str(value.as_deref().unwrap_or("not measured"));
+        out.push_str(FIGURE_END);
+        rest = &after[end + FIGURE_END.len()..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn estimate_ms(criterion: &BTreeMap<String, Estimate>, id: &str) -> Option<f64> {
@@ -514,7 +564,7 @@ pub fn markdown(results: &Results, analysis: &str) -> String {
         let _ = writeln!(out, "{command}");
     }
     let _ = writeln!(out, "```\n");
-    out.push_str(analysis);
+    out.push_str(&fill_figures(analysis, &summary, c));
     out.push('\n');
     out
 }
@@ -854,6 +904,45 @@ mod tests {
             preserved_analysis(None, "fresh"),
             format!("{ANALYSIS_BEGIN}\nfresh\n{ANALYSIS_END}")
         );
+    }
+
+    #[test]
+    fn figures_are_filled_from_the_run() {
+        let targets = vec![[
+            "controller RSS, 10000 objects".to_owned(),
+            "≤ 50 MiB".to_owned(),
+            "61.2 MiB — ✗ **missed** by 11.2 MiB (1.22× the target)".to_owned(),
+        ]];
+        let mut criterion = BTreeMap::new();
+        criterion.insert(
+            "render/1000".to_owned(),
+            Estimate {
+                median_ns: 3.5e6,
+                low_ns: 3.4e6,
+                high_ns: 3.6e6,
+                mean_ns: 3.5e6,
+            },
+        );
+        let analysis = "RSS <!-- figure:target controller RSS, 10000 objects -->68.0 MiB<!-- /figure -->, \
+             render <!-- figure:criterion render/1000 -->3.58 ms<!-- /figure -->, \
+             gone <!-- figure:criterion render/7 -->1 ms<!-- /figure -->, \
+             odd <!-- figure:other x -->2<!-- /figure -->.";
+        let filled = fill_figures(analysis, &targets, &criterion);
+        assert_eq!(
+            filled,
+            "RSS <!-- figure:target controller RSS, 10000 objects -->61.2 MiB<!-- /figure -->, \
+             render <!-- figure:criterion render/1000 -->3.50 ms<!-- /figure -->, \
+             gone <!-- figure:criterion render/7 -->not measured<!-- /figure -->, \
+             odd <!-- figure:other x -->not measured<!-- /figure -->."
+        );
+        assert_eq!(fill_figures(&filled, &targets, &criterion), filled);
+        for untouched in [
+            "no figures",
+            "unclosed <!-- figure:criterion render/1000 -->3 ms and more",
+            "no key end <!-- figure:criterion render/1000 <!-- /figure --> x",
+        ] {
+            assert_eq!(fill_figures(untouched, &targets, &criterion), untouched);
+        }
     }
 
     #[test]
