@@ -51,7 +51,7 @@ use serde_json::{Value, json};
 use crate::build;
 use crate::config::Config;
 use crate::run::exit;
-use crate::testing::{self, OutputFormat};
+use crate::validation_tests::{self, OutputFormat};
 
 /// Renders timed per scale after the warm-up render (the median is reported).
 const RENDER_REPEATS_SMALL: usize = 7;
@@ -155,8 +155,8 @@ pub fn generator(config: &Config) -> Result<Generator, String> {
     if kinds.values().any(|kind| kind != "Secret") {
         return Ok(Generator::Cluster { kinds });
     }
-    let cases = testing::cases(config, None).map_err(|error| error.to_string())?;
-    let mut merged = testing::TestCase {
+    let cases = validation_tests::cases(config, None).map_err(|error| error.to_string())?;
+    let mut merged = validation_tests::TestCase {
         name: "bench".to_owned(),
         description: None,
         fixture_layers: Vec::new(),
@@ -168,7 +168,8 @@ pub fn generator(config: &Config) -> Result<Generator, String> {
     }
     // `_global`'s layer comes again with every test; a later layer's object replaces
     // an earlier one with the same namespace/name, so repeating it is harmless.
-    let fixtures = testing::load_fixtures(config, &merged).map_err(|errors| errors.join("\n"))?;
+    let fixtures =
+        validation_tests::load_fixtures(config, &merged).map_err(|errors| errors.join("\n"))?;
     let mut objects = BTreeMap::new();
     let mut total = 0;
     if let Some(Value::Object(lists)) = fixtures.context.get("resources") {
