@@ -536,15 +536,10 @@ impl FilesSource {
         let Some(files) = &resource.files else {
             return Err(ConfigIssue::new(name, "not a `files` source"));
         };
-        let filter = Filter {
-            api_version: resource.api_version.clone(),
-            kind: resource.kind.clone(),
-            ignore_fields: resource.ignore_fields.clone(),
-        };
         Ok(Self::from_parts(
             name,
             files,
-            filter,
+            resource.filter(),
             resource.index_by.clone(),
         ))
     }

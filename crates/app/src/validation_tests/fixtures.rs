@@ -7,7 +7,7 @@ use std::sync::Arc;
 use hapwright_eventbus::model::{ObjectKey, ResourceSnapshot, StoredObject};
 use hapwright_reconciler::renderer::Resources;
 use hapwright_watchers::config::WatchedResource;
-use hapwright_watchers::manifest::{self, Filter};
+use hapwright_watchers::manifest;
 use hapwright_watchers::yaml::Limits;
 use serde_json::Value;
 
@@ -99,11 +99,7 @@ fn normalize(
     resource: &WatchedResource,
     at: &str,
 ) -> Result<Vec<(ObjectKey, Arc<Value>)>, String> {
-    let filter = Filter {
-        api_version: resource.api_version.clone(),
-        kind: resource.kind.clone(),
-        ignore_fields: resource.ignore_fields.clone(),
-    };
+    let filter = resource.filter();
     let bytes = serde_json::to_vec(item).map_err(|error| format!("{at}: {error}"))?;
     let manifest = manifest::parse(&bytes, at, &filter, &Limits::default())
         .map_err(|diagnostic| format!("{at}: {}", diagnostic.message))?;

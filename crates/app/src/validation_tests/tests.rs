@@ -1,27 +1,21 @@
 use super::excerpt::{excerpt, literals};
-use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use hapwright_eventbus::model::{Diagnostic, RenderedConfig};
 use hapwright_reconciler::config::Assertion;
 
 use super::*;
 use crate::config::Config;
-use hapwright_eventbus::model::SourceMap;
 use serde_json::json;
 
 fn rendered(main: &str, maps: &[(&str, &str)]) -> Outcome {
     Outcome::Rendered {
         context: json!({"resources": {"services": [{"metadata": {"name": "web"}}]}, "extraContext": {"port": 8080}}),
-        render: Ok(RenderedConfig::new(
-            main,
-            maps.iter()
-                .map(|(n, c)| ((*n).to_owned(), Arc::from(*c)))
-                .collect(),
-            BTreeMap::new(),
-            BTreeMap::new(),
-            SourceMap::default(),
-        )),
+        render: Ok(maps
+            .iter()
+            .fold(RenderedConfig::builder(main), |config, (name, content)| {
+                config.map(*name, *content)
+            })
+            .build()),
         validation: None,
     }
 }
