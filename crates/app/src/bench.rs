@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 use hapwright_deployer::validator;
 use hapwright_eventbus::model::{Diagnostic, ObjectKey, ResourceSnapshot};
 use hapwright_reconciler::renderer::Resources;
+use hapwright_reconciler::synthetic;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -132,8 +133,15 @@ pub enum Generator {
     },
 }
 
-/// Kinds the cluster generator produces.
-const CLUSTER_KINDS: [&str; 4] = ["Service", "EndpointSlice", "Ingress", "Secret"];
+/// The cluster `hapwright bench` generates: Services name their host in an
+/// annotation, EndpointSlices have an `addressType`, and the Secret holds a real
+/// certificate `haproxy -c` can load.
+const CLUSTER_SHAPE: synthetic::Shape = synthetic::Shape {
+    host_annotation: true,
+    address_type: true,
+    tls_crt: BENCH_TLS_CRT,
+    tls_key: BENCH_TLS_KEY,
+};
 
 /// Chooses the generator for `config` (see the module docs).
 ///
@@ -147,7 +155,7 @@ pub fn generator(config: &Config) -> Result<Generator, String> {
         .iter()
         .filter_map(|(name, resource)| {
             let kind = resource.kind.as_deref()?;
-            CLUSTER_KINDS
+            synthetic::KINDS
                 .contains(&kind)
                 .then(|| (name.clone(), kind.to_owned()))
         })
@@ -194,7 +202,12 @@ pub fn generate(generator: &Generator, scale: usize) -> BTreeMap<String, Vec<Val
     match generator {
         Generator::Cluster { kinds } => kinds
             .iter()
-            .map(|(name, kind)| (name.clone(), cluster_objects(kind, scale)))
+            .map(|(name, kind)| {
+                (
+                    name.clone(),
+                    synthetic::objects(kind, scale, &CLUSTER_SHAPE),
+                )
+            })
             .collect(),
         Generator::Fixtures { objects } => {
             let names: BTreeSet<String> = objects
@@ -229,78 +242,6 @@ fn rename(value: &mut Value, names: &BTreeSet<String>, suffix: &str) {
         Value::Array(items) => items.iter_mut().for_each(|v| rename(v, names, suffix)),
         Value::Object(map) => map.values_mut().for_each(|v| rename(v, names, suffix)),
         _ => {}
-    }
-}
-
-fn cluster_objects(kind: &str, n: usize) -> Vec<Value> {
-    let namespace = |i: usize| format!("team-{}", i % 10);
-    match kind {
-        "Service" => (0..n)
-            .map(|i| {
-                let mut annotations = json!({"hapwright.io/host": format!("svc-{i}.example.com")});
-                if i % 5 == 0 {
-                    annotations["haproxy.org/balance"] = json!("leastconn");
-                    annotations["haproxy.org/timeout-server"] = json!("1m");
-                }
-                json!({
-                    "apiVersion": "v1",
-                    "kind": "Service",
-                    "metadata": {"namespace": namespace(i), "name": format!("svc-{i}"), "annotations": annotations},
-                    "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
-                })
-            })
-            .collect(),
-        "EndpointSlice" => (0..n)
-            .map(|i| {
-                let endpoints: Vec<Value> = (0..3)
-                    .map(|e| {
-                        let ordinal = i * 3 + e;
-                        json!({
-                            "addresses": [format!("10.{}.{}.{}", ordinal / 65536 % 256, ordinal / 256 % 256, ordinal % 256)],
-                            "conditions": {"ready": ordinal % 7 != 6},
-                            "targetRef": {"kind": "Pod", "name": format!("svc-{i}-pod-{e}")},
-                        })
-                    })
-                    .collect();
-                json!({
-                    "apiVersion": "discovery.k8s.io/v1",
-                    "kind": "EndpointSlice",
-                    "metadata": {
-                        "namespace": namespace(i),
-                        "name": format!("svc-{i}-abcde"),
-                        "labels": {"kubernetes.io/service-name": format!("svc-{i}")},
-                    },
-                    "addressType": "IPv4",
-                    "endpoints": endpoints,
-                    "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-                })
-            })
-            .collect(),
-        "Ingress" => (0..n)
-            .map(|i| {
-                let backend = json!({"service": {"name": format!("svc-{i}"), "port": {"number": 80}}});
-                json!({
-                    "apiVersion": "networking.k8s.io/v1",
-                    "kind": "Ingress",
-                    "metadata": {"namespace": namespace(i), "name": format!("ing-{i}")},
-                    "spec": {"rules": [{
-                        "host": format!("Svc-{i}.Example.com"),
-                        "http": {"paths": [
-                            {"path": "/", "pathType": "Prefix", "backend": backend},
-                            {"path": "/api", "pathType": "Prefix", "backend": backend},
-                        ]},
-                    }]},
-                })
-            })
-            .collect(),
-        "Secret" => vec![json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"namespace": "default", "name": "tls"},
-            "type": "kubernetes.io/tls",
-            "data": {"tls.crt": BENCH_TLS_CRT, "tls.key": BENCH_TLS_KEY},
-        })],
-        _ => Vec::new(),
     }
 }
 
