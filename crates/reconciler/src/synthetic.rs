@@ -61,7 +61,7 @@ fn service(i: usize, shape: &Shape) -> Value {
             json!(format!("svc-{i}.example.com")),
         );
     }
-    if i % 5 == 0 {
+    if i.is_multiple_of(5) {
         annotations.insert("haproxy.org/balance".to_owned(), json!("leastconn"));
         annotations.insert("haproxy.org/timeout-server".to_owned(), json!("1m"));
     }

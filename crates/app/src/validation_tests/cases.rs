@@ -29,10 +29,11 @@ pub struct TestCase {
     pub assertions: Vec<Assertion>,
 }
 
-/// Why no test could be selected.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Why no test could be selected. Not retryable: `--test` must name another test.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SelectError {
     /// `--test NAME` names no test.
+    #[error("no test named `{name}`{}", available_tests(available))]
     NoSuchTest {
         /// The name asked for.
         name: String,
@@ -40,33 +41,21 @@ pub enum SelectError {
         available: Vec<String>,
     },
     /// `--test _global`: that one is merged into the others, not run.
+    #[error(
+        "`{GLOBAL_TEST}` is merged into every test and does not run on its own; name \
+         another test"
+    )]
     GlobalSelected,
 }
 
-impl std::fmt::Display for SelectError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SelectError::NoSuchTest { name, available } if available.is_empty() => {
-                write!(
-                    f,
-                    "no test named `{name}`: the config has no validationTests"
-                )
-            }
-            SelectError::NoSuchTest { name, available } => write!(
-                f,
-                "no test named `{name}` (validationTests has: {})",
-                available.join(", ")
-            ),
-            SelectError::GlobalSelected => write!(
-                f,
-                "`{GLOBAL_TEST}` is merged into every test and does not run on its own; name \
-                 another test"
-            ),
-        }
+/// The end of [`SelectError::NoSuchTest`]'s message: what the config has instead.
+fn available_tests(available: &[String]) -> String {
+    if available.is_empty() {
+        ": the config has no validationTests".to_owned()
+    } else {
+        format!(" (validationTests has: {})", available.join(", "))
     }
 }
-
-impl std::error::Error for SelectError {}
 
 /// Merges `over` into `base`: mappings merge key by key, recursively; any other value
 /// in `over` replaces the one in `base`.

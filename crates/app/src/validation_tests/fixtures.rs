@@ -14,6 +14,47 @@ use serde_json::Value;
 use super::cases::TestCase;
 use crate::config::Config;
 
+/// Why a fixture object cannot be loaded. Not retryable: the config's
+/// `validationTests` must be fixed. Every message starts with the config path of the
+/// object (`validationTests.t.fixtures.services[1]`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FixtureError {
+    /// The fixtures name a resource that `watchedResources` does not define.
+    #[error("{layer}.{resource}: `{resource}` is not a watched resource")]
+    NotWatched {
+        /// The fixture layer (`validationTests.t.fixtures`).
+        layer: String,
+        /// The unknown resource name.
+        resource: String,
+    },
+    /// The manifest parser rejects the object (no `metadata.name`, not a mapping, ...).
+    #[error("{at}: {message}")]
+    ParseFailed {
+        /// The object's config path.
+        at: String,
+        /// The parser's message.
+        message: String,
+    },
+    /// A `List` fixture defines the same namespace/name twice.
+    #[error("{at}: {message}")]
+    ListRepeatsObject {
+        /// The `List`'s config path.
+        at: String,
+        /// The parser's warning, naming the object.
+        message: String,
+    },
+    /// Two items of one layer define the same namespace/name.
+    #[error("{at}: object {key} is already defined by {first}")]
+    DuplicateObject {
+        /// The later item's config path.
+        at: String,
+        /// The repeated namespace/name.
+        key: ObjectKey,
+        /// The earlier item's config path.
+        first: String,
+    },
+}
+
 /// A test's resources: the snapshots the renderer reads and the context `jsonpath`
 /// assertions evaluate.
 #[derive(Clone, Debug)]
@@ -33,19 +74,20 @@ pub struct Fixtures {
 ///
 /// # Errors
 ///
-/// One message per bad fixture object (no `metadata.name`, not a mapping, the same
-/// namespace/name twice in one layer), each naming the object
+/// One [`FixtureError`] per bad fixture object (no `metadata.name`, not a mapping, the
+/// same namespace/name twice in one layer), each naming the object
 /// (`validationTests.t.fixtures.services[1]`).
-pub fn load_fixtures(config: &Config, case: &TestCase) -> Result<Fixtures, Vec<String>> {
+pub fn load_fixtures(config: &Config, case: &TestCase) -> Result<Fixtures, Vec<FixtureError>> {
     let watched = &config.watched_resources.resources;
     let mut objects: BTreeMap<&str, BTreeMap<ObjectKey, Arc<Value>>> = BTreeMap::new();
     let mut errors = Vec::new();
     for (label, layer) in &case.fixture_layers {
         for (name, items) in layer {
             let Some(resource) = watched.get(name) else {
-                errors.push(format!(
-                    "{label}.{name}: `{name}` is not a watched resource"
-                ));
+                errors.push(FixtureError::NotWatched {
+                    layer: label.clone(),
+                    resource: name.clone(),
+                });
                 continue;
             };
             let mut seen: BTreeMap<ObjectKey, usize> = BTreeMap::new();
@@ -56,15 +98,17 @@ pub fn load_fixtures(config: &Config, case: &TestCase) -> Result<Fixtures, Vec<S
                     Ok(found) => {
                         for (key, object) in found {
                             if let Some(first) = seen.insert(key.clone(), index) {
-                                errors.push(format!(
-                                    "{at}: object {key} is already defined by {label}.{name}[{first}]"
-                                ));
+                                errors.push(FixtureError::DuplicateObject {
+                                    at: at.clone(),
+                                    key,
+                                    first: format!("{label}.{name}[{first}]"),
+                                });
                                 continue;
                             }
                             merged.insert(key, object);
                         }
                     }
-                    Err(message) => errors.push(message),
+                    Err(error) => errors.push(error),
                 }
             }
         }
@@ -98,14 +142,20 @@ fn normalize(
     item: &Value,
     resource: &WatchedResource,
     at: &str,
-) -> Result<Vec<(ObjectKey, Arc<Value>)>, String> {
+) -> Result<Vec<(ObjectKey, Arc<Value>)>, FixtureError> {
     let filter = resource.filter();
-    let bytes = serde_json::to_vec(item).map_err(|error| format!("{at}: {error}"))?;
+    let parse_failed = |message: String| FixtureError::ParseFailed {
+        at: at.to_owned(),
+        message,
+    };
+    let bytes = serde_json::to_vec(item).map_err(|error| parse_failed(error.to_string()))?;
     let manifest = manifest::parse(&bytes, at, &filter, &Limits::default())
-        .map_err(|diagnostic| format!("{at}: {}", diagnostic.message))?;
+        .map_err(|diagnostic| parse_failed(diagnostic.message))?;
     if let Some(warning) = manifest.warnings.first() {
-        // A `List` defining the same object twice.
-        return Err(format!("{at}: {}", warning.message));
+        return Err(FixtureError::ListRepeatsObject {
+            at: at.to_owned(),
+            message: warning.message.clone(),
+        });
     }
     Ok(manifest.objects.into_iter().collect())
 }

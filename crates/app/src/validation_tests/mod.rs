@@ -41,7 +41,7 @@ mod runner;
 
 pub use assertions::{Outcome, check};
 pub use cases::{GLOBAL_TEST, SelectError, TestCase, cases, merge_json};
-pub use fixtures::{Fixtures, load_fixtures};
+pub use fixtures::{FixtureError, Fixtures, load_fixtures};
 pub use report::{AssertionReport, OutputFormat, SuiteReport, TestReport, describe, format_text};
 pub use runner::{default_parallelism, run};
 

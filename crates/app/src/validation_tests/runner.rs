@@ -114,7 +114,7 @@ async fn run_case(
     };
     let outcome = match prepared {
         Err(error) => Outcome::Setup(vec![format!("rendering failed unexpectedly: {error}")]),
-        Ok(Err(errors)) => Outcome::Setup(errors),
+        Ok(Err(errors)) => Outcome::Setup(errors.iter().map(ToString::to_string).collect()),
         Ok(Ok((render, context))) => {
             let validation = match &render {
                 Ok(rendered) if wants_validation => {
