@@ -1,6 +1,7 @@
 //! What every source test starts with: one component in a real kernel on a real
 //! bus, and a subscription to the events the test reads, each read bounded by a
-//! timeout.
+//! timeout ([`Harness`]). Each test file adds its own `start` and event readers in an
+//! `impl Harness` block.
 
 use std::time::Duration;
 
@@ -32,4 +33,40 @@ pub async fn next(events: &mut Subscription, wait: Duration) -> EventPayload {
         .expect("timed out waiting for an event")
         .expect("bus closed");
     event.payload.clone()
+}
+
+/// One component running alone in a kernel, the test's subscription, and how long
+/// one read may wait.
+pub struct Harness {
+    /// The running kernel; `None` once stopped.
+    pub kernel: Option<RunningKernel>,
+    /// The test's subscription, made before the kernel started.
+    pub events: Subscription,
+    wait: Duration,
+}
+
+impl Harness {
+    /// Starts `component` alone ([`start_alone`]); every [`Harness::next`] waits at
+    /// most `wait`.
+    pub fn alone(component: impl Component, kinds: impl Into<KindSet>, wait: Duration) -> Self {
+        let (kernel, events) = start_alone(component, kinds);
+        Self {
+            kernel: Some(kernel),
+            events,
+            wait,
+        }
+    }
+
+    /// The next event's payload.
+    pub async fn next(&mut self) -> EventPayload {
+        next(&mut self.events, self.wait).await
+    }
+
+    /// Shuts the kernel down and checks that no component had to be aborted.
+    pub async fn stop(mut self) {
+        if let Some(kernel) = self.kernel.take() {
+            let report = kernel.shutdown(Duration::from_secs(5)).await;
+            assert!(report.aborted.is_empty(), "{report:?}");
+        }
+    }
 }
