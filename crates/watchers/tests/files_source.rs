@@ -15,7 +15,7 @@ use hapwright_eventbus::config::{ByteSize, Duration as ConfigDuration};
 use hapwright_eventbus::model::{
     FieldPath, ObjectKey, ResourceChange, ResourceSnapshot, StoredObject,
 };
-use hapwright_eventbus::{EventKind, EventPayload, HealthState};
+use hapwright_eventbus::{EventPayload, HealthState};
 use hapwright_watchers::FilesSource;
 use hapwright_watchers::config::{FilesConfig, WatchedResource};
 use hapwright_watchers::files::{ScanMode, Scanner};
@@ -26,15 +26,7 @@ const WAIT: Duration = Duration::from_secs(10);
 
 impl Harness {
     fn start(source: FilesSource) -> Self {
-        Self::alone(
-            source,
-            [
-                EventKind::ResourceIndexUpdated,
-                EventKind::ResourceSyncComplete,
-                EventKind::ComponentHealthChanged,
-            ],
-            WAIT,
-        )
+        Self::source(source, WAIT)
     }
 
     /// The next `ResourceIndexUpdated`, skipping other events.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_eventbus::model::{ObjectKey, ResourceChange, ResourceSnapshot};
-use hapwright_eventbus::{EventKind, EventPayload, HealthState};
+use hapwright_eventbus::{EventPayload, HealthState};
 use hapwright_watchers::config::WatchedResource;
 use hapwright_watchers::kubernetes::{ClientFactory, KubernetesSource};
 use kubernetes_mock::{ApiServer, bookmark, error_event, event, list, pair, resource_list};
@@ -33,15 +33,7 @@ impl Harness {
         let source =
             KubernetesSource::new("backends", &resource, ClientFactory::with_client(client))
                 .unwrap();
-        Self::alone(
-            source,
-            [
-                EventKind::ResourceIndexUpdated,
-                EventKind::ResourceSyncComplete,
-                EventKind::ComponentHealthChanged,
-            ],
-            WAIT,
-        )
+        Self::source(source, WAIT)
     }
 
     /// The next `ResourceIndexUpdated`; fails on a `ResourceSyncComplete` before it.

@@ -240,11 +240,14 @@ impl RenderedConfig {
     /// does. Meant for tests and tools that assemble a render by hand.
     pub fn builder(main: impl Into<Arc<str>>) -> RenderedConfigBuilder {
         RenderedConfigBuilder {
-            main: main.into(),
-            maps: BTreeMap::new(),
-            files: BTreeMap::new(),
-            certificates: BTreeMap::new(),
-            source_map: SourceMap::default(),
+            config: Self {
+                main: main.into(),
+                maps: BTreeMap::new(),
+                files: BTreeMap::new(),
+                certificates: BTreeMap::new(),
+                hash: ContentHash::default(),
+                source_map: Arc::default(),
+            },
         }
     }
 
@@ -348,46 +351,51 @@ impl RenderedConfig {
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct RenderedConfigBuilder {
-    main: Arc<str>,
-    maps: BTreeMap<String, Arc<str>>,
-    files: BTreeMap<String, Arc<str>>,
-    certificates: BTreeMap<String, Arc<str>>,
-    source_map: SourceMap,
+    /// The files so far; its hash is computed by `build`.
+    config: RenderedConfig,
 }
 
 impl RenderedConfigBuilder {
     /// Adds (or replaces) the map file `maps/<name>`.
     pub fn map(mut self, name: impl Into<String>, content: impl Into<Arc<str>>) -> Self {
-        self.maps.insert(name.into(), content.into());
+        self.config.maps.insert(name.into(), content.into());
         self
     }
 
     /// Adds (or replaces) the general file `files/<name>`.
     pub fn file(mut self, name: impl Into<String>, content: impl Into<Arc<str>>) -> Self {
-        self.files.insert(name.into(), content.into());
+        self.config.files.insert(name.into(), content.into());
         self
     }
 
     /// Adds (or replaces) the certificate `certs/<name>`.
     pub fn certificate(mut self, name: impl Into<String>, content: impl Into<Arc<str>>) -> Self {
-        self.certificates.insert(name.into(), content.into());
+        self.config.certificates.insert(name.into(), content.into());
         self
     }
 
     /// Sets the source map (default: empty).
     pub fn source_map(mut self, source_map: SourceMap) -> Self {
-        self.source_map = source_map;
+        self.config.source_map = Arc::new(source_map);
         self
     }
 
     /// Hashes the files and returns the render.
     pub fn build(self) -> RenderedConfig {
+        let RenderedConfig {
+            main,
+            maps,
+            files,
+            certificates,
+            source_map,
+            ..
+        } = self.config;
         RenderedConfig::new(
-            self.main,
-            self.maps,
-            self.files,
-            self.certificates,
-            self.source_map,
+            main,
+            maps,
+            files,
+            certificates,
+            Arc::unwrap_or_clone(source_map),
         )
     }
 }

@@ -3,10 +3,13 @@
 //! timeout ([`Harness`]). Each test file adds its own `start` and event readers in an
 //! `impl Harness` block.
 
+// Each test file uses a part of it.
+#![allow(dead_code)]
+
 use std::time::Duration;
 
 use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, Component, EventPayload, Kernel, KindSet, RunningKernel,
+    Bus, BusConfig, BusMetrics, Component, EventKind, EventPayload, Kernel, KindSet, RunningKernel,
     Subscription,
 };
 use tokio::time::timeout;
@@ -55,6 +58,20 @@ impl Harness {
             events,
             wait,
         }
+    }
+
+    /// Starts a resource source alone, subscribed to what sources publish: index
+    /// updates, sync complete and health changes.
+    pub fn source(component: impl Component, wait: Duration) -> Self {
+        Self::alone(
+            component,
+            [
+                EventKind::ResourceIndexUpdated,
+                EventKind::ResourceSyncComplete,
+                EventKind::ComponentHealthChanged,
+            ],
+            wait,
+        )
     }
 
     /// The next event's payload.
