@@ -45,13 +45,14 @@ use std::time::{Duration, Instant};
 use hapwright_deployer::component::validator;
 use hapwright_eventbus::model::{Diagnostic, ObjectKey, ResourceSnapshot};
 use hapwright_reconciler::renderer::Resources;
+use hapwright_reconciler::synthetic;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::build;
 use crate::config::Config;
 use crate::run::exit;
-use crate::testing::{self, OutputFormat};
+use crate::validation_tests::{self, OutputFormat};
 
 /// Renders timed per scale after the warm-up render (the median is reported).
 const RENDER_REPEATS_SMALL: usize = 7;
@@ -93,26 +94,75 @@ pub struct BenchReport {
     pub scales: Vec<ScaleReport>,
 }
 
+/// Why `--scale` does not parse. Not retryable: the argument must be fixed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ScaleError {
+    /// An item is zero.
+    #[error("scale `{item}` must be at least 1")]
+    Zero {
+        /// The item as written.
+        item: String,
+    },
+    /// An item is empty or not a whole number.
+    #[error("scale `{item}` is not a positive whole number (expected e.g. 10,100,1000)")]
+    NotANumber {
+        /// The item as written.
+        item: String,
+    },
+}
+
 /// Parses `--scale`: comma-separated positive integers (`_` allowed as a digit
 /// separator), e.g. `10,100,1_000`.
 ///
 /// # Errors
 ///
-/// A message naming the first item that is empty, not a number or zero.
-pub fn parse_scales(text: &str) -> Result<Vec<usize>, String> {
+/// [`ScaleError`] for the first item that is empty, not a number or zero.
+pub fn parse_scales(text: &str) -> Result<Vec<usize>, ScaleError> {
     text.split(',')
         .map(|item| {
             let item = item.trim();
             let digits: String = item.chars().filter(|c| *c != '_').collect();
             match digits.parse::<usize>() {
-                Ok(0) => Err(format!("scale `{item}` must be at least 1")),
+                Ok(0) => Err(ScaleError::Zero {
+                    item: item.to_owned(),
+                }),
                 Ok(n) => Ok(n),
-                Err(_) => Err(format!(
-                    "scale `{item}` is not a positive whole number (expected e.g. 10,100,1000)"
-                )),
+                Err(_) => Err(ScaleError::NotANumber {
+                    item: item.to_owned(),
+                }),
             }
         })
         .collect()
+}
+
+/// Why no fixtures can be generated for a config. Not retryable: the config must
+/// change (a watched resource of a cluster kind, or `validationTests` fixtures).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GeneratorError {
+    /// The tests whose fixtures would be copied cannot be selected.
+    #[error(transparent)]
+    TestsUnselectable(#[from] validation_tests::SelectError),
+    /// Fixture mode: the `validationTests` fixtures do not load (one line each).
+    #[error("{}", lines(errors))]
+    FixturesInvalid {
+        /// Every bad fixture object.
+        errors: Vec<validation_tests::FixtureError>,
+    },
+    /// Fixture mode, but there are no fixture objects to copy.
+    #[error(
+        "nothing to generate fixtures from: no watched resource has kind Service, \
+         EndpointSlice or Ingress, and validationTests define no fixture objects"
+    )]
+    NothingToGenerate,
+}
+
+/// Items one per line.
+fn lines<T: std::fmt::Display>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// How fixtures are generated for a config.
@@ -132,22 +182,30 @@ pub enum Generator {
     },
 }
 
-/// Kinds the cluster generator produces.
-const CLUSTER_KINDS: [&str; 4] = ["Service", "EndpointSlice", "Ingress", "Secret"];
+/// The cluster `hapwright bench` generates: Services name their host in an
+/// annotation, EndpointSlices have an `addressType`, and the Secret holds a real
+/// certificate `haproxy -c` can load.
+const CLUSTER_SHAPE: synthetic::Shape = synthetic::Shape {
+    host_annotation: true,
+    address_type: true,
+    tls_crt: BENCH_TLS_CRT,
+    tls_key: BENCH_TLS_KEY,
+};
 
 /// Chooses the generator for `config` (see the module docs).
 ///
 /// # Errors
 ///
-/// Fixture mode without any fixture object, or fixtures that do not load.
-pub fn generator(config: &Config) -> Result<Generator, String> {
+/// [`GeneratorError`]: fixture mode without any fixture object, or fixtures that do
+/// not load.
+pub fn generator(config: &Config) -> Result<Generator, GeneratorError> {
     let kinds: BTreeMap<String, String> = config
         .watched_resources
         .resources
         .iter()
         .filter_map(|(name, resource)| {
             let kind = resource.kind.as_deref()?;
-            CLUSTER_KINDS
+            synthetic::KINDS
                 .contains(&kind)
                 .then(|| (name.clone(), kind.to_owned()))
         })
@@ -155,8 +213,8 @@ pub fn generator(config: &Config) -> Result<Generator, String> {
     if kinds.values().any(|kind| kind != "Secret") {
         return Ok(Generator::Cluster { kinds });
     }
-    let cases = testing::cases(config, None).map_err(|error| error.to_string())?;
-    let mut merged = testing::TestCase {
+    let cases = validation_tests::cases(config, None)?;
+    let mut merged = validation_tests::TestCase {
         name: "bench".to_owned(),
         description: None,
         fixture_layers: Vec::new(),
@@ -168,7 +226,8 @@ pub fn generator(config: &Config) -> Result<Generator, String> {
     }
     // `_global`'s layer comes again with every test; a later layer's object replaces
     // an earlier one with the same namespace/name, so repeating it is harmless.
-    let fixtures = testing::load_fixtures(config, &merged).map_err(|errors| errors.join("\n"))?;
+    let fixtures = validation_tests::load_fixtures(config, &merged)
+        .map_err(|errors| GeneratorError::FixturesInvalid { errors })?;
     let mut objects = BTreeMap::new();
     let mut total = 0;
     if let Some(Value::Object(lists)) = fixtures.context.get("resources") {
@@ -179,11 +238,7 @@ pub fn generator(config: &Config) -> Result<Generator, String> {
         }
     }
     if total == 0 {
-        return Err(
-            "nothing to generate fixtures from: no watched resource has kind Service, \
-             EndpointSlice or Ingress, and validationTests define no fixture objects"
-                .to_owned(),
-        );
+        return Err(GeneratorError::NothingToGenerate);
     }
     Ok(Generator::Fixtures { objects })
 }
@@ -193,7 +248,12 @@ pub fn generate(generator: &Generator, scale: usize) -> BTreeMap<String, Vec<Val
     match generator {
         Generator::Cluster { kinds } => kinds
             .iter()
-            .map(|(name, kind)| (name.clone(), cluster_objects(kind, scale)))
+            .map(|(name, kind)| {
+                (
+                    name.clone(),
+                    synthetic::objects(kind, scale, &CLUSTER_SHAPE),
+                )
+            })
             .collect(),
         Generator::Fixtures { objects } => {
             let names: BTreeSet<String> = objects
@@ -231,78 +291,6 @@ fn rename(value: &mut Value, names: &BTreeSet<String>, suffix: &str) {
     }
 }
 
-fn cluster_objects(kind: &str, n: usize) -> Vec<Value> {
-    let namespace = |i: usize| format!("team-{}", i % 10);
-    match kind {
-        "Service" => (0..n)
-            .map(|i| {
-                let mut annotations = json!({"hapwright.io/host": format!("svc-{i}.example.com")});
-                if i % 5 == 0 {
-                    annotations["haproxy.org/balance"] = json!("leastconn");
-                    annotations["haproxy.org/timeout-server"] = json!("1m");
-                }
-                json!({
-                    "apiVersion": "v1",
-                    "kind": "Service",
-                    "metadata": {"namespace": namespace(i), "name": format!("svc-{i}"), "annotations": annotations},
-                    "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
-                })
-            })
-            .collect(),
-        "EndpointSlice" => (0..n)
-            .map(|i| {
-                let endpoints: Vec<Value> = (0..3)
-                    .map(|e| {
-                        let ordinal = i * 3 + e;
-                        json!({
-                            "addresses": [format!("10.{}.{}.{}", ordinal / 65536 % 256, ordinal / 256 % 256, ordinal % 256)],
-                            "conditions": {"ready": ordinal % 7 != 6},
-                            "targetRef": {"kind": "Pod", "name": format!("svc-{i}-pod-{e}")},
-                        })
-                    })
-                    .collect();
-                json!({
-                    "apiVersion": "discovery.k8s.io/v1",
-                    "kind": "EndpointSlice",
-                    "metadata": {
-                        "namespace": namespace(i),
-                        "name": format!("svc-{i}-abcde"),
-                        "labels": {"kubernetes.io/service-name": format!("svc-{i}")},
-                    },
-                    "addressType": "IPv4",
-                    "endpoints": endpoints,
-                    "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-                })
-            })
-            .collect(),
-        "Ingress" => (0..n)
-            .map(|i| {
-                let backend = json!({"service": {"name": format!("svc-{i}"), "port": {"number": 80}}});
-                json!({
-                    "apiVersion": "networking.k8s.io/v1",
-                    "kind": "Ingress",
-                    "metadata": {"namespace": namespace(i), "name": format!("ing-{i}")},
-                    "spec": {"rules": [{
-                        "host": format!("Svc-{i}.Example.com"),
-                        "http": {"paths": [
-                            {"path": "/", "pathType": "Prefix", "backend": backend},
-                            {"path": "/api", "pathType": "Prefix", "backend": backend},
-                        ]},
-                    }]},
-                })
-            })
-            .collect(),
-        "Secret" => vec![json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"namespace": "default", "name": "tls"},
-            "type": "kubernetes.io/tls",
-            "data": {"tls.crt": BENCH_TLS_CRT, "tls.key": BENCH_TLS_KEY},
-        })],
-        _ => Vec::new(),
-    }
-}
-
 /// Turns generated objects into the renderer's input: one snapshot per watched
 /// resource (empty for those without objects), indexed by its `indexBy`. Returns the
 /// resources and the number of objects.
@@ -326,39 +314,56 @@ pub fn resources(config: &Config, objects: BTreeMap<String, Vec<Value>>) -> (Res
     (resources, count)
 }
 
-/// Why a scale could not be measured.
-#[derive(Debug)]
+/// Why a scale could not be measured. Not retryable: the config, its templates or
+/// its fixtures must change. The messages name the step and list every diagnostic
+/// with its source line.
+#[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    /// Templates did not compile, a render failed or validation rejected the result.
-    Diagnostics {
-        /// What was being done (`rendering`, `validation phase 2`, ...).
-        step: &'static str,
-        /// The errors.
+    /// No fixtures can be generated for the config.
+    #[error(transparent)]
+    GeneratorUnavailable(#[from] GeneratorError),
+    /// The templates do not compile.
+    #[error("compiling the templates failed:{}", diagnostics(errors))]
+    CompileFailed {
+        /// The compiler's diagnostics.
         errors: Vec<Diagnostic>,
     },
-    /// Anything else (no fixtures to generate from, a child process failed).
-    Other(String),
+    /// A render of the generated objects failed.
+    #[error("rendering failed:{}", diagnostics(errors))]
+    RenderFailed {
+        /// The renderer's diagnostics.
+        errors: Vec<Diagnostic>,
+    },
+    /// hapwright's parser rejects the render.
+    #[error(
+        "validation phase 1 (hapwright's parser) failed:{}",
+        diagnostics(errors)
+    )]
+    Phase1Rejected {
+        /// The parser's errors.
+        errors: Vec<Diagnostic>,
+    },
+    /// `haproxy -c` rejects the render.
+    #[error("validation phase 2 (haproxy -c) failed:{}", diagnostics(errors))]
+    Phase2Rejected {
+        /// HAProxy's errors.
+        errors: Vec<Diagnostic>,
+    },
 }
 
-impl std::fmt::Display for BenchError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Diagnostics { step, errors } => {
-                write!(f, "{step} failed:")?;
-                for error in errors {
-                    write!(f, "\n{error}")?;
-                    if let Some(line) = &error.source_line {
-                        write!(f, "\n    | {line}")?;
-                    }
-                }
-                Ok(())
-            }
-            Self::Other(message) => f.write_str(message),
+/// Each diagnostic on its own line, followed by its source line when it has one.
+fn diagnostics(errors: &[Diagnostic]) -> String {
+    let mut out = String::new();
+    for error in errors {
+        out.push('\n');
+        out.push_str(&error.to_string());
+        if let Some(line) = &error.source_line {
+            out.push_str("\n    | ");
+            out.push_str(line);
         }
     }
+    out
 }
-
-impl std::error::Error for BenchError {}
 
 fn millis(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1_000.0
@@ -395,19 +400,14 @@ pub fn parse_status_kb(status: &str, field: &str) -> Option<u64> {
 ///
 /// See [`BenchError`].
 pub async fn measure(config: &Config, scale: usize) -> Result<ScaleReport, BenchError> {
-    let generator = generator(config).map_err(BenchError::Other)?;
+    let generator = generator(config)?;
     let started = Instant::now();
-    let renderer = build::renderer(config).map_err(|errors| BenchError::Diagnostics {
-        step: "compiling the templates",
-        errors,
-    })?;
+    let renderer =
+        build::renderer(config).map_err(|errors| BenchError::CompileFailed { errors })?;
     let compile_ms = millis(started.elapsed());
 
     let (resources, objects) = resources(config, generate(&generator, scale));
-    let rendering = |errors| BenchError::Diagnostics {
-        step: "rendering",
-        errors,
-    };
+    let rendering = |errors| BenchError::RenderFailed { errors };
     let mut rendered = renderer.render(&resources).map_err(rendering)?;
     let repeats = if scale >= LARGE_SCALE {
         RENDER_REPEATS_LARGE
@@ -423,8 +423,7 @@ pub async fn measure(config: &Config, scale: usize) -> Result<ScaleReport, Bench
     let render_ms = median(times);
 
     let started = Instant::now();
-    validator::validate_phase1(&rendered).map_err(|rejection| BenchError::Diagnostics {
-        step: "validation phase 1 (hapwright's parser)",
+    validator::validate_phase1(&rendered).map_err(|rejection| BenchError::Phase1Rejected {
         errors: rejection.errors,
     })?;
     let phase1_ms = millis(started.elapsed());
@@ -432,8 +431,7 @@ pub async fn measure(config: &Config, scale: usize) -> Result<ScaleReport, Bench
     let started = Instant::now();
     validator::validate_phase2(&rendered, &build::validator_config(config))
         .await
-        .map_err(|rejection| BenchError::Diagnostics {
-            step: "validation phase 2 (haproxy -c)",
+        .map_err(|rejection| BenchError::Phase2Rejected {
             errors: rejection.errors,
         })?;
     let phase2_ms = millis(started.elapsed());
@@ -577,13 +575,35 @@ pub async fn command(path: &Path, scales: &[usize], output: OutputFormat, in_pro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn scales_parse_and_reject() {
         assert_eq!(parse_scales("10,100, 1_000").unwrap(), vec![10, 100, 1000]);
-        assert!(parse_scales("10,,100").unwrap_err().contains("``"));
-        assert!(parse_scales("0").unwrap_err().contains("at least 1"));
-        assert!(parse_scales("ten").unwrap_err().contains("`ten`"));
+        assert_eq!(
+            parse_scales("10,,100").unwrap_err(),
+            ScaleError::NotANumber {
+                item: String::new()
+            }
+        );
+        assert!(
+            parse_scales("10,,100")
+                .unwrap_err()
+                .to_string()
+                .contains("``")
+        );
+        assert!(
+            parse_scales("0")
+                .unwrap_err()
+                .to_string()
+                .contains("at least 1")
+        );
+        assert!(
+            parse_scales("ten")
+                .unwrap_err()
+                .to_string()
+                .contains("`ten`")
+        );
     }
 
     #[test]

@@ -13,7 +13,6 @@ use hapwright_eventbus::model::{Diagnostic, ResourceSnapshot};
 use hapwright_reconciler::renderer::{Renderer, Templates, TemplatingSettings};
 use hapwright_watchers::config::{FilesConfig, WatchedResource};
 use hapwright_watchers::files::{ScanMode, Scanner};
-use hapwright_watchers::manifest::Filter;
 use hapwright_watchers::yaml::Limits;
 
 use crate::config::Config;
@@ -83,15 +82,6 @@ pub fn socket_instances(config: &Config) -> Vec<InstanceConfig> {
         .collect()
 }
 
-/// Problems that stop `run` from serving this config although it is well-formed:
-/// parts of the contract this build does not implement. Every part is implemented
-/// now (Kubernetes sources, pod discovery and leader election included); this stays
-/// the one place for such checks.
-pub fn unsupported(config: &Config, file: &str) -> Vec<Diagnostic> {
-    let _ = (config, file);
-    Vec::new()
-}
-
 /// Reads one watched resource once: from `fixtures/<name>/` when given, otherwise from
 /// its configured `files` source.
 pub fn scan_once(
@@ -109,11 +99,7 @@ pub fn scan_once(
             ))]);
         }
     };
-    let filter = Filter {
-        api_version: resource.api_version.clone(),
-        kind: resource.kind.clone(),
-        ignore_fields: resource.ignore_fields.clone(),
-    };
+    let filter = resource.filter();
     let mut scanner = Scanner::new(
         name,
         &files,

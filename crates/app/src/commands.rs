@@ -10,7 +10,7 @@ use hapwright_reconciler::renderer::Resources;
 use crate::build;
 use crate::config;
 use crate::run::exit;
-use crate::testing::{self, OutputFormat};
+use crate::validation_tests::{self, OutputFormat};
 
 /// Prints diagnostics to stderr, one per line, each followed by its source line.
 pub(crate) fn print_errors(errors: &[Diagnostic]) {
@@ -122,7 +122,7 @@ pub async fn render(path: &Path, fixtures: Option<&Path>, out: Option<&Path>) ->
 }
 
 /// `test -c FILE [--test NAME] [--output text|json]`: runs the config's
-/// `validationTests` (see [`testing`]) and prints the results. Exit 0 when every test
+/// `validationTests` (see [`validation_tests`]) and prints the results. Exit 0 when every test
 /// passes, 1 when one fails or a template does not compile, 2 when the config file is
 /// invalid or `NAME` is not a test.
 pub async fn test(path: &Path, only: Option<&str>, output: OutputFormat) -> u8 {
@@ -131,7 +131,7 @@ pub async fn test(path: &Path, only: Option<&str>, output: OutputFormat) -> u8 {
         Err(code) => return code,
     };
     let config = &loaded.config;
-    let cases = match testing::cases(config, only) {
+    let cases = match validation_tests::cases(config, only) {
         Ok(cases) => cases,
         Err(error) => {
             eprintln!("{}: {error}", path.display());
@@ -141,7 +141,13 @@ pub async fn test(path: &Path, only: Option<&str>, output: OutputFormat) -> u8 {
     if cases.is_empty() {
         eprintln!("{}: no validationTests to run", path.display());
     }
-    let report = match testing::run(config, cases.clone(), testing::default_parallelism()).await {
+    let report = match validation_tests::run(
+        config,
+        cases.clone(),
+        validation_tests::default_parallelism(),
+    )
+    .await
+    {
         Ok(report) => report,
         Err(errors) => {
             print_errors(&errors);
@@ -149,7 +155,7 @@ pub async fn test(path: &Path, only: Option<&str>, output: OutputFormat) -> u8 {
         }
     };
     match output {
-        OutputFormat::Text => print!("{}", testing::format_text(&report, &cases)),
+        OutputFormat::Text => print!("{}", validation_tests::format_text(&report, &cases)),
         OutputFormat::Json => match serde_json::to_string_pretty(&report) {
             Ok(json) => println!("{json}"),
             Err(error) => {

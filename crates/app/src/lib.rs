@@ -11,4 +11,4 @@ pub mod run;
 pub mod status;
 pub mod status_page;
 pub mod telemetry;
-pub mod testing;
+pub mod validation_tests;

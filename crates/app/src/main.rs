@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use hapwright_app::testing::OutputFormat;
+use hapwright_app::validation_tests::OutputFormat;
 use hapwright_app::{bench, commands, run};
 
 /// `--scale`'s parsed value (a type alias so clap does not treat it as a list of

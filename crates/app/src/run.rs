@@ -176,8 +176,7 @@ struct Candidate {
 
 /// Loads and checks a config completely, without touching what runs.
 fn prepare(loaded: Loaded) -> Result<Candidate, Vec<Diagnostic>> {
-    let file = loaded.path.display().to_string();
-    let mut problems = build::unsupported(&loaded.config, &file);
+    let mut problems = Vec::new();
     let renderer = match build::renderer(&loaded.config) {
         Ok(renderer) => Some(renderer),
         Err(errors) => {

@@ -7,16 +7,37 @@ use tracing_subscriber::fmt::format::FmtSpan;
 
 pub use crate::config::LogFormat;
 
+/// Why logging could not be set up. Not retryable: the configured `logLevel` (or
+/// `RUST_LOG`) must be fixed.
+#[derive(Debug, thiserror::Error)]
+pub enum LoggingError {
+    /// The filter is not a level or a valid directive list.
+    #[error("invalid log filter `{filter}`: {error}")]
+    FilterInvalid {
+        /// The configured filter.
+        filter: String,
+        /// The parser's complaint (already in the message).
+        error: tracing_subscriber::filter::ParseError,
+    },
+}
+
 /// Installs the global tracing subscriber. `filter` is a level (`info`) or a
 /// `RUST_LOG`-style directive list (`info,hapwright_deployer=debug`); the `RUST_LOG`
 /// environment variable, when set, wins. Logs go to stderr. Calling it twice keeps
 /// the first subscriber.
-pub fn init_logging(filter: &str, format: LogFormat) -> Result<(), String> {
+///
+/// # Errors
+///
+/// [`LoggingError::FilterInvalid`] when the filter does not parse.
+pub fn init_logging(filter: &str, format: LogFormat) -> Result<(), LoggingError> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(env) if !env.trim().is_empty() => EnvFilter::try_new(env),
         _ => EnvFilter::try_new(filter),
     }
-    .map_err(|error| format!("invalid log filter `{filter}`: {error}"))?;
+    .map_err(|error| LoggingError::FilterInvalid {
+        filter: filter.to_owned(),
+        error,
+    })?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -2,11 +2,12 @@
 //! `haproxy -c` for phase 2. Only the shape of the report and the exit codes are
 //! checked, never how fast anything is.
 
-use std::process::{Command, Output};
+mod support;
+
+use std::process::Output;
 
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_hapwright");
+use support::{project, stderr, stdout};
 
 /// Cluster mode: `services` has `kind: Service`, `endpoints` `kind: EndpointSlice`.
 /// `extraContext.limit` makes the main template fail above that many Services.
@@ -92,29 +93,11 @@ validationTests:
       - { type: haproxy_valid }
 "#;
 
-fn project(config: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::create_dir(dir.path().join("resources")).expect("resources dir");
-    std::fs::write(dir.path().join("hapwright.yaml"), config).expect("write config");
-    dir
-}
-
 fn bench(dir: &tempfile::TempDir, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("bench")
-        .arg("-c")
-        .arg(dir.path().join("hapwright.yaml"))
-        .args(args)
-        .output()
-        .expect("run hapwright bench")
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    support::hapwright(
+        dir.path(),
+        &[&["bench", "-c", "hapwright.yaml"], args].concat(),
+    )
 }
 
 fn json(output: &Output) -> Value {

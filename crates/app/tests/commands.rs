@@ -1,10 +1,12 @@
 //! `hapwright check`, `render` and the start-up checks of `run`, through the real
 //! binary on real files (and the real `haproxy -c` for `render`).
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_hapwright");
+use support::{BIN, stderr};
 
 fn quickstart() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/quickstart")
@@ -28,16 +30,7 @@ fn project(edit: impl FnOnce(String) -> String) -> tempfile::TempDir {
 }
 
 fn hapwright(args: &[&str], dir: &Path) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .current_dir(dir)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run hapwright")
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    support::hapwright(dir, args)
 }
 
 #[test]

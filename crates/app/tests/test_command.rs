@@ -1,12 +1,13 @@
 //! `hapwright test`: the real binary on small configs in temp dirs, with the real
 //! `haproxy -c` behind `haproxy_valid`.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_hapwright");
+use support::{BIN, stderr, stdout};
 
 /// A config with one watched resource (`services`), a main template, a map and a file.
 /// `extraContext.fail` makes the main template call `fail()`; a Service with
@@ -61,32 +62,12 @@ fn project(tests: &str) -> tempfile::TempDir {
 }
 
 fn project_with(base: &str, tests: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("resources")).unwrap();
-    std::fs::write(
-        dir.path().join("hapwright.yaml"),
-        format!("{base}\n{tests}"),
-    )
-    .unwrap();
-    dir
+    support::project(&format!("{base}\n{tests}"))
 }
 
+/// `hapwright test -c hapwright.yaml EXTRA` in `dir`.
 fn hapwright(dir: &Path, extra: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(["test", "-c", "hapwright.yaml"])
-        .args(extra)
-        .current_dir(dir)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run hapwright")
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    support::hapwright(dir, &[&["test", "-c", "hapwright.yaml"], extra].concat())
 }
 
 fn json(output: &Output) -> Value {

@@ -25,7 +25,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use report::{BenchReport, Machine, Results};
+use report::{BenchReport, Machine, Results, ScenarioError};
 
 /// Where `scripts/bench.sh` installs the font (Debian `fonts-dejavu-core`).
 const DEFAULT_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
@@ -97,7 +97,7 @@ fn main() -> Result<()> {
     let changes = if args.quick { 5 } else { 20 };
     let (churn_count, churn_seconds) = if args.quick { (100, 5.0) } else { (1000, 30.0) };
     let mut latency = Vec::new();
-    let mut churn = Err("not run".to_owned());
+    let mut churn = Err(ScenarioError::NotRun);
     for backends in [100, 1000] {
         eprintln!("(b) latency at {backends} backends, {changes} changes per path");
         let with_churn = (backends == 1000).then_some((churn_count, churn_seconds));
@@ -114,7 +114,7 @@ fn main() -> Result<()> {
             Err(why) => {
                 eprintln!("    failed: {why}");
                 if backends == 1000 {
-                    churn = Err(format!("the 1,000-backend controller failed: {why}"));
+                    churn = Err(ScenarioError::ControllerFailed(Box::new(why.clone())));
                 }
                 latency.push(Err(why));
             }
@@ -198,18 +198,20 @@ fn main() -> Result<()> {
 }
 
 /// Runs a scenario, turning a panic (the harness panics on failures) into an error.
-fn catch<T>(scenario: impl FnOnce() -> T) -> Result<T, String> {
-    std::panic::catch_unwind(AssertUnwindSafe(scenario)).map_err(|panic| {
-        panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_else(|| "the scenario panicked".to_owned())
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .to_owned()
-    })
+fn catch<T>(scenario: impl FnOnce() -> T) -> std::result::Result<T, ScenarioError> {
+    std::panic::catch_unwind(AssertUnwindSafe(scenario))
+        .map_err(|panic| {
+            panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "the scenario panicked".to_owned())
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .map_err(ScenarioError::Failed)
 }
 
 /// Writes a config file for the routing example (`crates/reconciler/testdata/routing/`)
@@ -261,22 +263,29 @@ fn write_routing_config(repo: &Path, dir: &Path) -> Result<PathBuf> {
 }
 
 /// `hapwright bench -c CONFIG --scale SCALES --output json`.
-fn run_bench(hapwright: &Path, config: &Path, scales: &str) -> Result<BenchReport, String> {
+fn run_bench(
+    hapwright: &Path,
+    config: &Path,
+    scales: &str,
+) -> std::result::Result<BenchReport, ScenarioError> {
     let output = Command::new(hapwright)
         .args(["bench", "-c"])
         .arg(config)
         .args(["--scale", scales, "--output", "json"])
         .output()
-        .map_err(|e| format!("cannot run {}: {e}", hapwright.display()))?;
+        .map_err(|e| ScenarioError::BenchNotStarted {
+            path: hapwright.display().to_string(),
+            reason: e.to_string(),
+        })?;
     if !output.status.success() {
-        return Err(format!(
-            "`hapwright bench` exited with {}: {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
+        return Err(ScenarioError::BenchFailed {
+            status: output.status.to_string(),
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        });
     }
-    serde_json::from_slice(&output.stdout)
-        .map_err(|e| format!("`hapwright bench` printed no report: {e}"))
+    serde_json::from_slice(&output.stdout).map_err(|e| ScenarioError::BenchReportUnreadable {
+        reason: e.to_string(),
+    })
 }
 
 fn machine() -> Machine {

@@ -44,6 +44,50 @@ pub struct Machine {
     pub date: String,
 }
 
+/// Why a part of the run has no figures; the report prints the message where the
+/// figures would be (and serializes it as that text). Not retried: the suite records
+/// the failure and goes on with the next scenario.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ScenarioError {
+    /// The scenario did not run (churn runs only with the 1,000-backend controller).
+    #[error("not run")]
+    NotRun,
+    /// The scenario failed: the first line of the harness's panic message.
+    #[error("{0}")]
+    Failed(String),
+    /// Churn runs on the 1,000-backend controller, which failed.
+    #[error("the 1,000-backend controller failed: {0}")]
+    ControllerFailed(Box<ScenarioError>),
+    /// `hapwright bench` could not be started.
+    #[error("cannot run {path}: {reason}")]
+    BenchNotStarted {
+        /// The binary.
+        path: String,
+        /// The operating system's message.
+        reason: String,
+    },
+    /// `hapwright bench` exited with an error.
+    #[error("`hapwright bench` exited with {status}: {stderr}")]
+    BenchFailed {
+        /// Its exit status.
+        status: String,
+        /// Its standard error, trimmed.
+        stderr: String,
+    },
+    /// `hapwright bench` printed something that is not its JSON report.
+    #[error("`hapwright bench` printed no report: {reason}")]
+    BenchReportUnreadable {
+        /// The JSON parser's message.
+        reason: String,
+    },
+}
+
+impl Serialize for ScenarioError {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
 /// Everything one run measured; a missing part is `Err(why)`.
 #[derive(Clone, Debug, Serialize)]
 pub struct Results {
@@ -52,15 +96,15 @@ pub struct Results {
     /// Where it ran.
     pub machine: Machine,
     /// (a) `hapwright bench` on the routing config.
-    pub bench: Result<BenchReport, String>,
+    pub bench: Result<BenchReport, ScenarioError>,
     /// The controller settings the latency targets are relative to.
     pub settings: Option<Settings>,
     /// (b) per size.
-    pub latency: Vec<Result<SizeResult, String>>,
+    pub latency: Vec<Result<SizeResult, ScenarioError>>,
     /// (c).
-    pub churn: Result<Churn, String>,
+    pub churn: Result<Churn, ScenarioError>,
     /// (d).
-    pub memory: Result<Memory, String>,
+    pub memory: Result<Memory, ScenarioError>,
     /// (e) and (f): criterion ids → estimates.
     pub criterion: BTreeMap<String, Estimate>,
     /// The commands the script ran, in order.
@@ -1004,9 +1048,9 @@ mod tests {
                 }],
             }),
             settings: None,
-            latency: vec![Err("skipped".to_owned())],
-            churn: Err("skipped".to_owned()),
-            memory: Err("skipped".to_owned()),
+            latency: vec![Err(ScenarioError::Failed("skipped".to_owned()))],
+            churn: Err(ScenarioError::NotRun),
+            memory: Err(ScenarioError::Failed("skipped".to_owned())),
             criterion,
             commands: vec!["cargo build --release".to_owned()],
         };

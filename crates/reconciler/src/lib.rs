@@ -20,11 +20,13 @@
 //! - [`executor`]: one reconciliation at a time, latest wins, per-stage timings.
 //! - [`renderer`]: minijinja templates → [`RenderedConfig`](hapwright_eventbus::model::RenderedConfig)
 //!   with a source map; static checks at load time.
+//! - [`synthetic`]: generated clusters of any size for the benchmarks.
 
 pub mod config;
 pub mod debouncer;
 pub mod executor;
 pub mod renderer;
+pub mod synthetic;
 
 pub use debouncer::Debouncer;
 pub use executor::Executor;

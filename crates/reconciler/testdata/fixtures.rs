@@ -1,6 +1,6 @@
 //! Shared by the tests and the benchmark: the realistic routing templates under
-//! `testdata/routing/` and a generator of clusters of any size (services, endpoint
-//! slices, ingresses and a TLS secret), deterministic for a given size.
+//! `testdata/routing/` and clusters of any size (services, endpoint slices, ingresses
+//! and a TLS secret) from the crate's [`synthetic`] generator, as snapshots.
 
 #![allow(dead_code)]
 
@@ -10,7 +10,18 @@ use std::sync::Arc;
 
 use hapwright_eventbus::model::{FieldPath, ObjectKey, ResourceSnapshot};
 use hapwright_reconciler::renderer::{Resources, Templates, TemplatingSettings};
+use hapwright_reconciler::synthetic;
 use serde_json::{Value, json};
+
+/// The renderer benchmark's cluster: no host annotation, no `addressType`, and a
+/// placeholder certificate
+/// (`-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n` and a key).
+pub const SHAPE: synthetic::Shape = synthetic::Shape {
+    host_annotation: false,
+    address_type: false,
+    tls_crt: "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUIKLS0tLS1FTkQgQ0VSVElGSUNBVEUtLS0tLQo=",
+    tls_key: "LS0tLS1CRUdJTiBQUklWQVRFIEtFWS0tLS0tCk1JSUUKLS0tLS1FTkQgUFJJVkFURSBLRVktLS0tLQo=",
+};
 
 /// The watched resources of the routing example.
 pub const WATCHED: [&str; 4] = ["services", "endpoints", "ingresses", "secrets"];
@@ -68,77 +79,14 @@ fn snapshot(index_by: &[&str], objects: impl IntoIterator<Item = Value>) -> Arc<
     Arc::new(snap)
 }
 
-/// The snapshots of a cluster with `n` services, by watched resource name.
-///
-/// Service `i` lives in namespace `team-{i % 10}`, has one endpoint slice with three
-/// endpoints (every seventh endpoint is not ready) and one ingress routing
-/// `svc-{i}.example.com/` and `/api` to it. Every fifth service has annotations.
-/// One TLS secret `default/tls`.
+/// The snapshots of a cluster with `n` services, by watched resource name: the
+/// [`synthetic`] cluster in the renderer benchmark's [`SHAPE`].
 pub fn cluster(n: usize) -> BTreeMap<&'static str, Arc<ResourceSnapshot>> {
-    let namespace = |i: usize| format!("team-{}", i % 10);
-    let services = (0..n).map(|i| {
-        let mut metadata = json!({"namespace": namespace(i), "name": format!("svc-{i}")});
-        if i % 5 == 0 {
-            metadata["annotations"] = json!({
-                "haproxy.org/balance": "leastconn",
-                "haproxy.org/timeout-server": "1m",
-            });
-        }
-        json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": metadata,
-            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
-        })
-    });
-    let endpoints = (0..n).map(|i| {
-        let endpoints: Vec<Value> = (0..3)
-            .map(|e| {
-                let ordinal = i * 3 + e;
-                json!({
-                    "addresses": [format!("10.{}.{}.{}", ordinal / 65536 % 256, ordinal / 256 % 256, ordinal % 256)],
-                    "conditions": {"ready": ordinal % 7 != 6},
-                    "targetRef": {"kind": "Pod", "name": format!("svc-{i}-pod-{e}")},
-                })
-            })
-            .collect();
-        json!({
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "namespace": namespace(i),
-                "name": format!("svc-{i}-abcde"),
-                "labels": {"kubernetes.io/service-name": format!("svc-{i}")},
-            },
-            "endpoints": endpoints,
-            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-        })
-    });
-    let ingresses = (0..n).map(|i| {
-        json!({
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "Ingress",
-            "metadata": {"namespace": namespace(i), "name": format!("ing-{i}")},
-            "spec": {"rules": [{
-                "host": format!("Svc-{i}.Example.com"),
-                "http": {"paths": [
-                    {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": format!("svc-{i}"), "port": {"number": 80}}}},
-                    {"path": "/api", "pathType": "Prefix", "backend": {"service": {"name": format!("svc-{i}"), "port": {"number": 80}}}},
-                ]},
-            }]},
-        })
-    });
-    let secrets = std::iter::once(json!({
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"namespace": "default", "name": "tls"},
-        "type": "kubernetes.io/tls",
-        // "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n" and a key.
-        "data": {
-            "tls.crt": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUIKLS0tLS1FTkQgQ0VSVElGSUNBVEUtLS0tLQo=",
-            "tls.key": "LS0tLS1CRUdJTiBQUklWQVRFIEtFWS0tLS0tCk1JSUUKLS0tLS1FTkQgUFJJVkFURSBLRVktLS0tLQo=",
-        },
-    }));
+    let objects = |kind: &str| synthetic::objects(kind, n, &SHAPE);
+    let services = objects("Service");
+    let endpoints = objects("EndpointSlice");
+    let ingresses = objects("Ingress");
+    let secrets = objects("Secret");
     let mut out = BTreeMap::new();
     out.insert(
         "services",

@@ -4,11 +4,10 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hapwright_eventbus::model::{Diagnostic, RenderedConfig, SourceMap};
+use hapwright_eventbus::model::{Diagnostic, RenderedConfig};
 use hapwright_eventbus::{
     Bus, BusError, Component, ComponentError, Context, CorrelationId, Event, EventKind,
     EventPayload, ReconciliationTriggered, Stage, Subscription, TemplateRenderFailed,
@@ -150,13 +149,7 @@ async fn recv(rx: &mut mpsc::UnboundedReceiver<Arc<Event>>) -> Arc<Event> {
 }
 
 fn config(main: &str) -> Arc<RenderedConfig> {
-    Arc::new(RenderedConfig::new(
-        main,
-        BTreeMap::new(),
-        BTreeMap::new(),
-        BTreeMap::new(),
-        SourceMap::default(),
-    ))
+    Arc::new(RenderedConfig::main_only(main))
 }
 
 fn trigger(reason: &str) -> ReconciliationTriggered {

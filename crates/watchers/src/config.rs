@@ -9,6 +9,8 @@ use hapwright_eventbus::config::{ByteSize, ConfigIssue, Duration};
 use hapwright_eventbus::model::FieldPath;
 use serde::{Deserialize, Serialize};
 
+use crate::manifest::Filter;
+
 /// `watchedResources`: every watched resource, by name.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -133,6 +135,18 @@ impl WatchedResource {
             (Some(files), None) => Some(Source::Files(files)),
             (None, Some(kubernetes)) => Some(Source::Kubernetes(kubernetes)),
             _ => None,
+        }
+    }
+
+    /// The filter every object of this resource passes before it is stored: its
+    /// `apiVersion`, `kind` and `ignoreFields`. One constructor, so the `files` source,
+    /// `hapwright render` and the fixtures of `hapwright test` keep and trim exactly
+    /// the same objects.
+    pub fn filter(&self) -> Filter {
+        Filter {
+            api_version: self.api_version.clone(),
+            kind: self.kind.clone(),
+            ignore_fields: self.ignore_fields.clone(),
         }
     }
 }

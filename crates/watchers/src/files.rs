@@ -44,6 +44,36 @@ use crate::filewatch::{FileWatch, Wake, WatchOptions};
 use crate::manifest::{self, Filter};
 use crate::yaml::Limits;
 
+/// Why the `files` source could not list its manifests. Retryable: the source keeps
+/// its last good objects, reports itself `Unhealthy` with this message, and lists
+/// again on the next change or poll.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ListError {
+    /// The configured path does not exist (yet).
+    #[error("{} does not exist", path.display())]
+    PathMissing {
+        /// The configured path.
+        path: PathBuf,
+    },
+    /// The path exists but its metadata cannot be read (permissions, I/O).
+    #[error("cannot access {}: {reason}", path.display())]
+    AccessFailed {
+        /// The configured path.
+        path: PathBuf,
+        /// The operating system's message (kept as text so the error compares equal
+        /// across scans and a repeated failure is logged once).
+        reason: String,
+    },
+    /// The directory cannot be read.
+    #[error("cannot list directory {}: {reason}", path.display())]
+    ReadDirFailed {
+        /// The configured directory.
+        path: PathBuf,
+        /// The operating system's message.
+        reason: String,
+    },
+}
+
 /// File name extensions the directory listing picks up.
 pub const EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
 
@@ -144,7 +174,7 @@ pub struct Scanner {
     /// Files defining each object, in name order; the first one wins.
     owners: HashMap<ObjectKey, BTreeSet<Arc<str>>>,
     snapshot: ResourceSnapshot,
-    listing_error: Option<String>,
+    listing_error: Option<ListError>,
 }
 
 impl Scanner {
@@ -190,7 +220,7 @@ impl Scanner {
     /// (`file:line:column: cause`) and how many more files fail.
     pub fn health(&self) -> Result<(), String> {
         if let Some(reason) = &self.listing_error {
-            return Err(reason.clone());
+            return Err(reason.to_string());
         }
         let errors = self.file_errors();
         match errors.as_slice() {
@@ -346,10 +376,14 @@ impl Scanner {
     }
 
     /// The files to read, in name order.
-    fn list(&self) -> Result<Vec<(Arc<str>, PathBuf)>, String> {
+    fn list(&self) -> Result<Vec<(Arc<str>, PathBuf)>, ListError> {
+        let path = || self.path.clone();
         let meta = std::fs::metadata(&self.path).map_err(|error| match error.kind() {
-            std::io::ErrorKind::NotFound => format!("{} does not exist", self.path.display()),
-            _ => format!("cannot access {}: {error}", self.path.display()),
+            std::io::ErrorKind::NotFound => ListError::PathMissing { path: path() },
+            _ => ListError::AccessFailed {
+                path: path(),
+                reason: error.to_string(),
+            },
         })?;
         if !meta.is_dir() {
             let name = self.path.file_name().map_or_else(
@@ -358,13 +392,14 @@ impl Scanner {
             );
             return Ok(vec![(name.into(), self.path.clone())]);
         }
-        let entries = std::fs::read_dir(&self.path)
-            .map_err(|error| format!("cannot list directory {}: {error}", self.path.display()))?;
+        let read_dir_failed = |error: std::io::Error| ListError::ReadDirFailed {
+            path: path(),
+            reason: error.to_string(),
+        };
+        let entries = std::fs::read_dir(&self.path).map_err(read_dir_failed)?;
         let mut listing = Vec::new();
         for entry in entries {
-            let entry = entry.map_err(|error| {
-                format!("cannot list directory {}: {error}", self.path.display())
-            })?;
+            let entry = entry.map_err(read_dir_failed)?;
             let file_name = entry.file_name();
             let Some(name) = file_name.to_str() else {
                 tracing::warn!(source = %self.source, file = ?file_name, "Skipping a file whose name is not UTF-8");
@@ -536,15 +571,10 @@ impl FilesSource {
         let Some(files) = &resource.files else {
             return Err(ConfigIssue::new(name, "not a `files` source"));
         };
-        let filter = Filter {
-            api_version: resource.api_version.clone(),
-            kind: resource.kind.clone(),
-            ignore_fields: resource.ignore_fields.clone(),
-        };
         Ok(Self::from_parts(
             name,
             files,
-            filter,
+            resource.filter(),
             resource.index_by.clone(),
         ))
     }

@@ -74,7 +74,7 @@ pub fn parse(
                 continue;
             }
             let key = object_key(&object)
-                .map_err(|message| Diagnostic::error(message).at(location.clone()))?;
+                .map_err(|error| Diagnostic::error(error.to_string()).at(location.clone()))?;
             let mut object = object;
             // As kubectl does: an object without a namespace lives in `default`, and
             // says so, so `indexBy: [metadata.namespace, ...]` and templates agree
@@ -215,33 +215,75 @@ fn type_name(value: &Value) -> &'static str {
     }
 }
 
+/// Why an object has no usable `namespace/name`. Not retryable: the manifest must be
+/// fixed; the file's last good objects stay meanwhile.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ObjectKeyError {
+    /// `metadata.name` is missing.
+    #[error("{kind} has no metadata.name")]
+    NameMissing {
+        /// The object's `kind` (`object` when it has none).
+        kind: String,
+    },
+    /// `metadata.name` is the empty string.
+    #[error("{kind} has an empty metadata.name")]
+    NameEmpty {
+        /// The object's `kind`.
+        kind: String,
+    },
+    /// `metadata.name` is not a string.
+    #[error("{kind} has a metadata.name that is {found}, not a string")]
+    NameNotString {
+        /// The object's `kind`.
+        kind: String,
+        /// What it is instead (`a number`, `a mapping`, ...).
+        found: &'static str,
+    },
+    /// `metadata.namespace` is neither absent, null nor a string.
+    #[error("{kind} {name} has a metadata.namespace that is {found}, not a string")]
+    NamespaceNotString {
+        /// The object's `kind`.
+        kind: String,
+        /// The object's name.
+        name: String,
+        /// What the namespace is instead.
+        found: &'static str,
+    },
+}
+
 /// `namespace/name` of an object; namespace defaults to `default`.
-pub fn object_key(object: &Value) -> Result<ObjectKey, String> {
+///
+/// # Errors
+///
+/// The name is missing, empty or not a string, or the namespace is not a string.
+pub fn object_key(object: &Value) -> Result<ObjectKey, ObjectKeyError> {
     let metadata = object.get("metadata");
     let kind = object
         .get("kind")
         .and_then(Value::as_str)
-        .unwrap_or("object");
+        .unwrap_or("object")
+        .to_owned();
     let name = match metadata.and_then(|m| m.get("name")) {
         Some(Value::String(name)) if !name.is_empty() => name.clone(),
-        Some(Value::String(_)) => return Err(format!("{kind} has an empty metadata.name")),
+        Some(Value::String(_)) => return Err(ObjectKeyError::NameEmpty { kind }),
         Some(other) => {
-            return Err(format!(
-                "{kind} has a metadata.name that is {}, not a string",
-                type_name(other)
-            ));
+            return Err(ObjectKeyError::NameNotString {
+                kind,
+                found: type_name(other),
+            });
         }
-        None => return Err(format!("{kind} has no metadata.name")),
+        None => return Err(ObjectKeyError::NameMissing { kind }),
     };
     let namespace = match metadata.and_then(|m| m.get("namespace")) {
         None | Some(Value::Null) => DEFAULT_NAMESPACE.to_owned(),
         Some(Value::String(ns)) if ns.is_empty() => DEFAULT_NAMESPACE.to_owned(),
         Some(Value::String(ns)) => ns.clone(),
         Some(other) => {
-            return Err(format!(
-                "{kind} {name} has a metadata.namespace that is {}, not a string",
-                type_name(other)
-            ));
+            return Err(ObjectKeyError::NamespaceNotString {
+                kind,
+                name,
+                found: type_name(other),
+            });
         }
     };
     Ok(ObjectKey::new(namespace, name))

@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::Harness;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +15,7 @@ use hapwright_eventbus::config::{ByteSize, Duration as ConfigDuration};
 use hapwright_eventbus::model::{
     FieldPath, ObjectKey, ResourceChange, ResourceSnapshot, StoredObject,
 };
-use hapwright_eventbus::{EventKind, EventPayload, HealthState, RunningKernel, Subscription};
+use hapwright_eventbus::{EventPayload, HealthState};
 use hapwright_watchers::FilesSource;
 use hapwright_watchers::config::{FilesConfig, WatchedResource};
 use hapwright_watchers::files::{ScanMode, Scanner};
@@ -22,29 +24,9 @@ use hapwright_watchers::yaml::Limits;
 
 const WAIT: Duration = Duration::from_secs(10);
 
-struct Harness {
-    kernel: Option<RunningKernel>,
-    events: Subscription,
-}
-
 impl Harness {
     fn start(source: FilesSource) -> Self {
-        let (kernel, events) = common::start_alone(
-            source,
-            [
-                EventKind::ResourceIndexUpdated,
-                EventKind::ResourceSyncComplete,
-                EventKind::ComponentHealthChanged,
-            ],
-        );
-        Self {
-            kernel: Some(kernel),
-            events,
-        }
-    }
-
-    async fn next(&mut self) -> EventPayload {
-        common::next(&mut self.events, WAIT).await
+        Self::source(source, WAIT)
     }
 
     /// The next `ResourceIndexUpdated`, skipping other events.
@@ -98,13 +80,6 @@ impl Harness {
         let update = self.update().await;
         self.sync_complete().await;
         update
-    }
-
-    async fn stop(mut self) {
-        if let Some(kernel) = self.kernel.take() {
-            let report = kernel.shutdown(Duration::from_secs(5)).await;
-            assert!(report.aborted.is_empty(), "{report:?}");
-        }
     }
 }
 
@@ -176,12 +151,20 @@ async fn initial_sync_reads_every_format_and_ends_with_sync_complete() {
     h.stop().await;
 }
 
-#[tokio::test]
-async fn files_added_modified_and_deleted() {
+/// The set-up most tests share: a directory holding `a.yaml` (Service `a`, port 1),
+/// the source started on it, and its initial update and sync complete read. Returns
+/// the directory (deleted on drop), the path of `a.yaml` and the harness.
+async fn synced_with_a() -> (tempfile::TempDir, PathBuf, Harness) {
     let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), "a.yaml", &service("a", 1));
+    let a = write(dir.path(), "a.yaml", &service("a", 1));
     let mut h = Harness::start(source(dir.path()));
     h.synced().await;
+    (dir, a, h)
+}
+
+#[tokio::test]
+async fn files_added_modified_and_deleted() {
+    let (dir, _, mut h) = synced_with_a().await;
 
     write(dir.path(), "b.yaml", &service("b", 2));
     let (snapshot, change) = h.update().await;
@@ -230,10 +213,7 @@ async fn a_bad_file_keeps_its_objects_and_leaves_others_alone_until_fixed() {
 
 #[tokio::test]
 async fn fixing_a_file_back_to_its_last_good_content_is_healthy_without_an_update() {
-    let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), "a.yaml", &service("a", 1));
-    let mut h = Harness::start(source(dir.path()));
-    h.synced().await;
+    let (dir, _, mut h) = synced_with_a().await;
     write(dir.path(), "a.yaml", "{ not yaml");
     h.health(HealthState::Unhealthy).await;
     write(dir.path(), "a.yaml", &service("a", 1));
@@ -308,10 +288,7 @@ fn rescans_without_changes_report_nothing() {
 
 #[tokio::test]
 async fn touching_a_file_without_changing_it_publishes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let a = write(dir.path(), "a.yaml", &service("a", 1));
-    let mut h = Harness::start(source(dir.path()));
-    h.synced().await;
+    let (dir, a, mut h) = synced_with_a().await;
     std::fs::File::options()
         .write(true)
         .open(&a)
@@ -426,10 +403,7 @@ async fn configmap_symlink_swaps_are_seen_every_time() {
 
 #[tokio::test]
 async fn editor_save_patterns_publish_one_modification() {
-    let dir = tempfile::tempdir().unwrap();
-    let a = write(dir.path(), "a.yaml", &service("a", 1));
-    let mut h = Harness::start(source(dir.path()));
-    h.synced().await;
+    let (dir, a, mut h) = synced_with_a().await;
 
     // Write to a temp file and rename over the original (VS Code, Kate, sed -i).
     let tmp = write(dir.path(), ".a.yaml.tmp1234", &service("a", 2));
@@ -505,10 +479,7 @@ async fn ten_rapid_edits_coalesce_into_one_update() {
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn an_unreadable_file_keeps_its_objects_until_readable() {
-    let dir = tempfile::tempdir().unwrap();
-    let a = write(dir.path(), "a.yaml", &service("a", 1));
-    let mut h = Harness::start(source(dir.path()));
-    h.synced().await;
+    let (dir, a, mut h) = synced_with_a().await;
     // Reading /proc/self/mem at offset 0 fails (EIO) even for root, unlike chmod 000.
     std::fs::remove_file(&a).unwrap();
     std::os::unix::fs::symlink("/proc/self/mem", &a).unwrap();
@@ -533,10 +504,7 @@ async fn an_unreadable_file_keeps_its_objects_until_readable() {
 
 #[tokio::test]
 async fn invalid_utf8_is_located() {
-    let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), "a.yaml", &service("a", 1));
-    let mut h = Harness::start(source(dir.path()));
-    h.synced().await;
+    let (dir, _, mut h) = synced_with_a().await;
     let path = dir.path().join("a.yaml");
     std::fs::write(&path, b"metadata:\n  name: \xc3\x28\n").unwrap();
     let reason = h.health(HealthState::Unhealthy).await.unwrap();
@@ -549,10 +517,7 @@ async fn invalid_utf8_is_located() {
 
 #[tokio::test]
 async fn a_50_mb_file_is_rejected_by_the_size_limit() {
-    let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), "a.yaml", &service("a", 1));
-    let mut h = Harness::start(source(dir.path()));
-    h.synced().await;
+    let (dir, _, mut h) = synced_with_a().await;
     // Sparse: 50 MB long without writing 50 MB.
     let big = std::fs::File::create(dir.path().join("big.yaml")).unwrap();
     big.set_len(50 * 1024 * 1024).unwrap();
@@ -600,10 +565,7 @@ fn the_size_limit_is_configurable() {
 
 #[tokio::test]
 async fn deep_nesting_and_alias_bombs_are_rejected_by_budgets() {
-    let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), "a.yaml", &service("a", 1));
-    let mut h = Harness::start(source(dir.path()));
-    h.synced().await;
+    let (dir, _, mut h) = synced_with_a().await;
 
     let deep = format!(
         "metadata: {{name: a}}\nspec: {}{}\n",

@@ -3,12 +3,14 @@
 //! publication is proven by ordering: the next publication is the one expected.
 
 mod common;
+
+use common::Harness;
 mod kubernetes_mock;
 
 use std::time::Duration;
 
 use hapwright_eventbus::model::{InstanceDriver, InstanceRef};
-use hapwright_eventbus::{EventKind, EventPayload, HealthState, RunningKernel, Subscription};
+use hapwright_eventbus::{EventKind, EventPayload, HealthState};
 use hapwright_watchers::kubernetes::discovery::{SOURCE, instance_of};
 use hapwright_watchers::kubernetes::{ClientFactory, DiscoveryConfig, PodDiscovery};
 use k8s_openapi::api::core::v1::Pod;
@@ -17,11 +19,6 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(600);
 const PODS: &str = "/api/v1/namespaces/ingress/pods";
-
-struct Harness {
-    kernel: Option<RunningKernel>,
-    events: Subscription,
-}
 
 impl Harness {
     fn start(client: kube::Client) -> Self {
@@ -34,21 +31,14 @@ impl Harness {
             },
             ClientFactory::with_client(client),
         );
-        let (kernel, events) = common::start_alone(
+        Self::alone(
             discovery,
             [
                 EventKind::InstancesDiscovered,
                 EventKind::ComponentHealthChanged,
             ],
-        );
-        Self {
-            kernel: Some(kernel),
-            events,
-        }
-    }
-
-    async fn next(&mut self) -> EventPayload {
-        common::next(&mut self.events, WAIT).await
+            WAIT,
+        )
     }
 
     async fn discovered(&mut self) -> Vec<InstanceRef> {
@@ -72,13 +62,6 @@ impl Harness {
                 EventPayload::ComponentHealthChanged(_) => {}
                 other => panic!("unexpected event while waiting for {state:?}: {other:?}"),
             }
-        }
-    }
-
-    async fn stop(mut self) {
-        if let Some(kernel) = self.kernel.take() {
-            let report = kernel.shutdown(Duration::from_secs(5)).await;
-            assert!(report.aborted.is_empty(), "{report:?}");
         }
     }
 }

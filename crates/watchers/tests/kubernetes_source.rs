@@ -4,13 +4,15 @@
 //! every wait is a receive bounded by a (virtual) timeout.
 
 mod common;
+
+use common::Harness;
 mod kubernetes_mock;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_eventbus::model::{ObjectKey, ResourceChange, ResourceSnapshot};
-use hapwright_eventbus::{EventKind, EventPayload, HealthState, RunningKernel, Subscription};
+use hapwright_eventbus::{EventPayload, HealthState};
 use hapwright_watchers::config::WatchedResource;
 use hapwright_watchers::kubernetes::{ClientFactory, KubernetesSource};
 use kubernetes_mock::{ApiServer, bookmark, error_event, event, list, pair, resource_list};
@@ -25,33 +27,13 @@ fn in_namespace(namespace: &str) -> String {
     format!("/apis/example.com/v1/namespaces/{namespace}/backendpools")
 }
 
-struct Harness {
-    kernel: Option<RunningKernel>,
-    events: Subscription,
-}
-
 impl Harness {
     fn start(resource: Value, client: kube::Client) -> Self {
         let resource: WatchedResource = serde_json::from_value(resource).unwrap();
         let source =
             KubernetesSource::new("backends", &resource, ClientFactory::with_client(client))
                 .unwrap();
-        let (kernel, events) = common::start_alone(
-            source,
-            [
-                EventKind::ResourceIndexUpdated,
-                EventKind::ResourceSyncComplete,
-                EventKind::ComponentHealthChanged,
-            ],
-        );
-        Self {
-            kernel: Some(kernel),
-            events,
-        }
-    }
-
-    async fn next(&mut self) -> EventPayload {
-        common::next(&mut self.events, WAIT).await
+        Self::source(source, WAIT)
     }
 
     /// The next `ResourceIndexUpdated`; fails on a `ResourceSyncComplete` before it.
@@ -107,13 +89,6 @@ impl Harness {
             .get(COMPONENT)
             .expect("the source is registered");
         (health.state, health.reason)
-    }
-
-    async fn stop(mut self) {
-        if let Some(kernel) = self.kernel.take() {
-            let report = kernel.shutdown(Duration::from_secs(5)).await;
-            assert!(report.aborted.is_empty(), "{report:?}");
-        }
     }
 }
 

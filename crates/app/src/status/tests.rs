@@ -1,8 +1,6 @@
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use hapwright_eventbus::model::{InstanceDriver, InstanceRef};
-use hapwright_eventbus::model::{ReloadReason, SourceMap};
+use hapwright_eventbus::model::{InstanceDriver, InstanceRef, ReloadReason};
 use hapwright_eventbus::{
     DeploymentCompleted, DeploymentSummary, EventId, InstanceDeployed, InstanceDeploymentFailed,
     InstancesDiscovered, Kernel, ReconciliationCompleted, ReconciliationFailed,
@@ -27,23 +25,18 @@ pub(crate) fn event(
 }
 
 pub(crate) fn rendered() -> Arc<RenderedConfig> {
-    let mut certs = BTreeMap::new();
-    certs.insert(
-        "site.pem".to_owned(),
-        Arc::from("-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"),
-    );
-    let mut files = BTreeMap::new();
-    files.insert(
-        "inline.pem".to_owned(),
-        Arc::from("before\n-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\nafter\n"),
-    );
-    Arc::new(RenderedConfig::new(
-        "global\n",
-        BTreeMap::new(),
-        files,
-        certs,
-        SourceMap::default(),
-    ))
+    Arc::new(
+        RenderedConfig::builder("global\n")
+            .file(
+                "inline.pem",
+                "before\n-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\nafter\n",
+            )
+            .certificate(
+                "site.pem",
+                "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n",
+            )
+            .build(),
+    )
 }
 
 #[test]

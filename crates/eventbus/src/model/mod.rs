@@ -19,6 +19,7 @@ pub use object::{IndexedObject, StoredObject};
 pub use parsed::ParsedConfig;
 pub use path::{FieldPath, FieldPathError};
 pub use rendered::{
-    ContentHash, FileKind, HashedMain, LineOrigin, RenderedConfig, RenderedFileRef, SourceMap,
+    ContentHash, FileKind, HashedMain, LineOrigin, RenderedConfig, RenderedConfigBuilder,
+    RenderedFileRef, SourceMap,
 };
 pub use snapshot::{LookupError, ObjectKey, ResourceChange, ResourceSnapshot, UpsertOutcome};

@@ -229,6 +229,28 @@ impl RenderedConfig {
         Self::from_hashed_main(HashedMain::new(main), maps, files, certificates, source_map)
     }
 
+    /// A render of `haproxy.cfg` alone, with no maps, files, certificates or source
+    /// map: what most tests and benchmarks need, without four empty arguments.
+    pub fn main_only(main: impl Into<Arc<str>>) -> Self {
+        Self::builder(main).build()
+    }
+
+    /// Starts a render of `main` to which maps, files and certificates are added one
+    /// at a time; [`RenderedConfigBuilder::build`] hashes it as [`RenderedConfig::new`]
+    /// does. Meant for tests and tools that assemble a render by hand.
+    pub fn builder(main: impl Into<Arc<str>>) -> RenderedConfigBuilder {
+        RenderedConfigBuilder {
+            config: Self {
+                main: main.into(),
+                maps: BTreeMap::new(),
+                files: BTreeMap::new(),
+                certificates: BTreeMap::new(),
+                hash: ContentHash::default(),
+                source_map: Arc::default(),
+            },
+        }
+    }
+
     /// [`RenderedConfig::new`] with `haproxy.cfg` already hashed: the same config and
     /// the same hash.
     pub fn from_hashed_main(
@@ -324,20 +346,66 @@ impl RenderedConfig {
     }
 }
 
+/// A [`RenderedConfig`] assembled file by file (from [`RenderedConfig::builder`]), so
+/// a test names only the files it cares about.
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct RenderedConfigBuilder {
+    /// The files so far; its hash is computed by `build`.
+    config: RenderedConfig,
+}
+
+impl RenderedConfigBuilder {
+    /// Adds (or replaces) the map file `maps/<name>`.
+    pub fn map(mut self, name: impl Into<String>, content: impl Into<Arc<str>>) -> Self {
+        self.config.maps.insert(name.into(), content.into());
+        self
+    }
+
+    /// Adds (or replaces) the general file `files/<name>`.
+    pub fn file(mut self, name: impl Into<String>, content: impl Into<Arc<str>>) -> Self {
+        self.config.files.insert(name.into(), content.into());
+        self
+    }
+
+    /// Adds (or replaces) the certificate `certs/<name>`.
+    pub fn certificate(mut self, name: impl Into<String>, content: impl Into<Arc<str>>) -> Self {
+        self.config.certificates.insert(name.into(), content.into());
+        self
+    }
+
+    /// Sets the source map (default: empty).
+    pub fn source_map(mut self, source_map: SourceMap) -> Self {
+        self.config.source_map = Arc::new(source_map);
+        self
+    }
+
+    /// Hashes the files and returns the render.
+    pub fn build(self) -> RenderedConfig {
+        let RenderedConfig {
+            main,
+            maps,
+            files,
+            certificates,
+            source_map,
+            ..
+        } = self.config;
+        RenderedConfig::new(
+            main,
+            maps,
+            files,
+            certificates,
+            Arc::unwrap_or_clone(source_map),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn config(main: &str, map: &str) -> RenderedConfig {
-        let mut maps = BTreeMap::new();
-        maps.insert("hosts.map".to_owned(), Arc::from(map));
-        RenderedConfig::new(
-            main,
-            maps,
-            BTreeMap::new(),
-            BTreeMap::new(),
-            SourceMap::default(),
-        )
+        RenderedConfig::builder(main).map("hosts.map", map).build()
     }
 
     #[test]
@@ -403,15 +471,9 @@ mod tests {
 
     #[test]
     fn debug_never_prints_contents() {
-        let mut certs = BTreeMap::new();
-        certs.insert("a.pem".to_owned(), Arc::from("-----BEGIN PRIVATE KEY-----"));
-        let config = RenderedConfig::new(
-            "x",
-            BTreeMap::new(),
-            BTreeMap::new(),
-            certs,
-            SourceMap::default(),
-        );
+        let config = RenderedConfig::builder("x")
+            .certificate("a.pem", "-----BEGIN PRIVATE KEY-----")
+            .build();
         assert!(!format!("{config:?}").contains("PRIVATE"));
     }
 }

@@ -234,7 +234,7 @@ async fn run(discovery: PodDiscovery, ctx: Context) -> Result<(), ComponentError
         match discovery.client.get().await {
             Ok(client) => break client,
             Err(reason) => {
-                ctx.health().unhealthy(reason);
+                ctx.health().unhealthy(reason.to_string());
                 let delay = delays.next().unwrap_or(std::time::Duration::from_secs(60));
                 if !super::sleep_or_cancel(delay, ctx.cancellation_token()).await {
                     return Ok(());

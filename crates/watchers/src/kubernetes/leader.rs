@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{ClientFactory, describe_error, retry_delays};
+use super::{ClientError, ClientFactory, describe_error, retry_delays};
 
 /// How long releasing the Lease at shutdown may take.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -227,7 +227,7 @@ impl Elector {
         }
     }
 
-    async fn build(&self) -> Result<LeaseManager, String> {
+    async fn build(&self) -> Result<LeaseManager, LeaderError> {
         let client = self.client.get().await?;
         let namespace = self
             .config
@@ -241,12 +241,10 @@ impl Elector {
             .with_grace(self.config.grace_seconds)
             .build()
             .await
-            .map_err(|error| {
-                format!(
-                    "cannot use Lease {namespace}/{}: {}",
-                    self.config.lease_name,
-                    describe_lease_error(&error)
-                )
+            .map_err(|error| LeaderError::LeaseUnusable {
+                namespace,
+                lease: self.config.lease_name.clone(),
+                error,
             })
     }
 
@@ -308,6 +306,28 @@ impl Elector {
         }
         self.set(false);
     }
+}
+
+/// Why leader election cannot start. Retryable: this replica stays a follower (it
+/// does not deploy), logs the message and tries again with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderError {
+    /// No Kubernetes client could be built.
+    #[error(transparent)]
+    ClientUnavailable(#[from] ClientError),
+    /// The Lease cannot be read or created (RBAC, namespace missing, API down).
+    #[error(
+        "cannot use Lease {namespace}/{lease}: {}",
+        describe_lease_error(error)
+    )]
+    LeaseUnusable {
+        /// The Lease's namespace.
+        namespace: String,
+        /// The Lease's name.
+        lease: String,
+        /// The lease manager's error, whose causes the message already lists.
+        error: kube_lease_manager::LeaseManagerError,
+    },
 }
 
 fn describe_lease_error(error: &kube_lease_manager::LeaseManagerError) -> String {

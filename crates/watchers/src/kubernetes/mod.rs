@@ -28,8 +28,8 @@ use kube::runtime::watcher;
 use tokio::sync::Mutex;
 
 pub use discovery::{DiscoveryConfig, PodDiscovery};
-pub use leader::{LeaderElection, LeaderElectionConfig, LeaderMetrics};
-pub use source::KubernetesSource;
+pub use leader::{LeaderElection, LeaderElectionConfig, LeaderError, LeaderMetrics};
+pub use source::{KubernetesSource, ResolveError};
 
 /// Hands out the process's Kubernetes client, building it on first use.
 ///
@@ -60,23 +60,40 @@ impl ClientFactory {
         }
     }
 
-    /// The client, building it when it does not exist yet. The error is a one-line
-    /// reason for component health.
-    pub async fn get(&self) -> Result<kube::Client, String> {
+    /// The client, building it when it does not exist yet.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::BuildFailed`]; its message is a one-line reason for component
+    /// health.
+    pub async fn get(&self) -> Result<kube::Client, ClientError> {
         let mut slot = self.client.lock().await;
         if let Some(client) = slot.as_ref() {
             return Ok(client.clone());
         }
-        let client = kube::Client::try_default().await.map_err(|error| {
-            format!(
-                "cannot build a Kubernetes client (neither in-cluster service account nor \
-                 kubeconfig usable): {}",
-                describe_error(&error)
-            )
-        })?;
+        let client = kube::Client::try_default()
+            .await
+            .map_err(|error| ClientError::BuildFailed { error })?;
         *slot = Some(client.clone());
         Ok(client)
     }
+}
+
+/// Why no Kubernetes client is available. Retryable: the components that need a
+/// client report `Unhealthy` with this message and try again with backoff, since a
+/// service account token or kubeconfig may appear later.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Neither the in-cluster service account nor a kubeconfig gave a client.
+    #[error(
+        "cannot build a Kubernetes client (neither in-cluster service account nor \
+         kubeconfig usable): {}",
+        describe_error(error)
+    )]
+    BuildFailed {
+        /// kube's error, whose causes the message already lists ([`describe_error`]).
+        error: kube::Error,
+    },
 }
 
 /// A one-line description of a client error: for API errors the status code, the

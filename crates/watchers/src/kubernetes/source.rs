@@ -55,7 +55,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::{ClientFactory, describe_error, describe_watcher_error, is_gone, retry_delays};
+use super::{
+    ClientError, ClientFactory, describe_error, describe_watcher_error, is_gone, retry_delays,
+};
 use crate::config::{KubernetesConfig, WatchedResource};
 
 /// Most watch events applied in one batch before a snapshot is published.
@@ -411,25 +413,24 @@ impl KubernetesSource {
         format!("resources/{name}")
     }
 
-    /// The client, the kind's API resource and its capabilities; the error is the
-    /// reason for `Unhealthy`.
-    async fn resolve(&self) -> Result<(kube::Client, ApiResource, ApiCapabilities), String> {
+    /// The client, the kind's API resource and its capabilities; the error's message
+    /// is the reason for `Unhealthy`.
+    async fn resolve(&self) -> Result<(kube::Client, ApiResource, ApiCapabilities), ResolveError> {
         let client = self.client.get().await?;
         let gvk = group_version_kind(&self.config.api_version, &self.config.kind);
         match kube::discovery::pinned_kind(&client, &gvk).await {
             Ok((resource, capabilities)) => Ok((client, resource, capabilities)),
             Err(kube::Error::Discovery(kube::error::DiscoveryError::MissingKind(_))) => {
-                Err(format!(
-                    "the API server does not serve kind `{}` in `{}` (is the CRD installed?)",
-                    self.config.kind, self.config.api_version
-                ))
+                Err(ResolveError::KindNotServed {
+                    api_version: self.config.api_version.clone(),
+                    kind: self.config.kind.clone(),
+                })
             }
-            Err(error) => Err(format!(
-                "cannot resolve `{}` `{}` through API discovery: {}",
-                self.config.api_version,
-                self.config.kind,
-                describe_error(&error)
-            )),
+            Err(error) => Err(ResolveError::DiscoveryFailed {
+                api_version: self.config.api_version.clone(),
+                kind: self.config.kind.clone(),
+                error,
+            }),
         }
     }
 
@@ -485,6 +486,39 @@ impl Component for KubernetesSource {
     }
 }
 
+/// Why the source cannot start watching. Every variant is retryable: the source
+/// reports `Unhealthy` with the message and resolves again with backoff (a CRD may be
+/// installed, the API server may come back).
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// No Kubernetes client could be built.
+    #[error(transparent)]
+    ClientUnavailable(#[from] ClientError),
+    /// API discovery worked but does not list the configured kind.
+    #[error(
+        "the API server does not serve kind `{kind}` in `{api_version}` (is the CRD installed?)"
+    )]
+    KindNotServed {
+        /// The configured `apiVersion`.
+        api_version: String,
+        /// The configured `kind`.
+        kind: String,
+    },
+    /// API discovery itself failed (unreachable, forbidden, ...).
+    #[error(
+        "cannot resolve `{api_version}` `{kind}` through API discovery: {}",
+        describe_error(error)
+    )]
+    DiscoveryFailed {
+        /// The configured `apiVersion`.
+        api_version: String,
+        /// The configured `kind`.
+        kind: String,
+        /// kube's error, whose causes the message already lists.
+        error: kube::Error,
+    },
+}
+
 type Tagged = (usize, Result<watcher::Event<DynamicObject>, watcher::Error>);
 
 async fn run(source: KubernetesSource, ctx: Context) -> Result<(), ComponentError> {
@@ -494,7 +528,7 @@ async fn run(source: KubernetesSource, ctx: Context) -> Result<(), ComponentErro
             Ok(resolved) => break resolved,
             Err(reason) => {
                 tracing::warn!(%reason, "Cannot start the Kubernetes source; retrying");
-                ctx.health().unhealthy(reason);
+                ctx.health().unhealthy(reason.to_string());
                 let delay = delays.next().unwrap_or(std::time::Duration::from_secs(60));
                 if !super::sleep_or_cancel(delay, ctx.cancellation_token()).await {
                     return Ok(());

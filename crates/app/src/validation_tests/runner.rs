@@ -1,0 +1,141 @@
+//! Running the selected tests: one compiled renderer per distinct `extraContext`, the
+//! tests in parallel, each one rendered, validated when it asks for it, and checked
+//! ([`run`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use hapwright_deployer::component::validator;
+use hapwright_eventbus::model::Diagnostic;
+use hapwright_reconciler::config::AssertionType;
+use hapwright_reconciler::renderer::Renderer;
+use serde_json::Value;
+
+use super::assertions::{Outcome, check};
+use super::cases::TestCase;
+use super::fixtures::load_fixtures;
+use super::report::{AssertionReport, SuiteReport, TestReport};
+use crate::build;
+use crate::config::Config;
+
+/// Default number of tests run at once: the cores, at least 2.
+pub fn default_parallelism() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, std::num::NonZeroUsize::get)
+        .clamp(2, 16)
+}
+
+/// Runs `cases` against `config`, at most `parallelism` at a time.
+///
+/// # Errors
+///
+/// The templates do not compile (the diagnostics `check` would print).
+pub async fn run(
+    config: &Config,
+    cases: Vec<TestCase>,
+    parallelism: usize,
+) -> Result<SuiteReport, Vec<Diagnostic>> {
+    // One compiled renderer per distinct extraContext; the config's own first, so a
+    // template error is reported once, as `check` reports it.
+    let mut renderers: BTreeMap<String, Renderer> = BTreeMap::new();
+    let base = build::renderer(config)?;
+    renderers.insert(context_key(&config.templates.extra_context), base);
+    let watched = build::watched_names(config);
+    for case in &cases {
+        let key = context_key(&case.extra_context);
+        if let std::collections::btree_map::Entry::Vacant(entry) = renderers.entry(key) {
+            let mut templates = build::templates(config);
+            templates.extra_context = case.extra_context.clone();
+            entry.insert(Renderer::new(templates, &watched)?);
+        }
+    }
+    let config = Arc::new(config.clone());
+    let validator = Arc::new(build::validator_config(&config));
+    let tests: Vec<TestReport> = futures::stream::iter(cases)
+        .map(|case| {
+            let renderer = renderers[&context_key(&case.extra_context)].clone();
+            let config = config.clone();
+            let validator = validator.clone();
+            let name = case.name.clone();
+            let description = case.description.clone();
+            async move {
+                let handle = tokio::spawn(run_case(config, case, renderer, validator));
+                handle.await.unwrap_or_else(|error| TestReport {
+                    name,
+                    description,
+                    passed: false,
+                    duration_ms: 0,
+                    assertions: vec![AssertionReport {
+                        kind: "test",
+                        target: None,
+                        description: None,
+                        passed: false,
+                        message: format!("the test runner failed: {error}"),
+                    }],
+                })
+            }
+        })
+        .buffered(parallelism.max(1))
+        .collect()
+        .await;
+    let passed = tests.iter().filter(|t| t.passed).count();
+    Ok(SuiteReport {
+        failed: tests.len() - passed,
+        passed,
+        tests,
+    })
+}
+
+fn context_key(context: &Value) -> String {
+    context.to_string()
+}
+
+async fn run_case(
+    config: Arc<Config>,
+    case: TestCase,
+    renderer: Renderer,
+    validator: Arc<validator::Config>,
+) -> TestReport {
+    let started = Instant::now();
+    let wants_validation = case
+        .assertions
+        .iter()
+        .any(|a| a.kind == AssertionType::HaproxyValid);
+    let case = Arc::new(case);
+    let prepared = {
+        let case = case.clone();
+        tokio::task::spawn_blocking(move || {
+            load_fixtures(&config, &case)
+                .map(|fixtures| (renderer.render(&fixtures.resources), fixtures.context))
+        })
+        .await
+    };
+    let outcome = match prepared {
+        Err(error) => Outcome::Setup(vec![format!("rendering failed unexpectedly: {error}")]),
+        Ok(Err(errors)) => Outcome::Setup(errors.iter().map(ToString::to_string).collect()),
+        Ok(Ok((render, context))) => {
+            let validation = match &render {
+                Ok(rendered) if wants_validation => {
+                    Some(validator::validate(rendered, &validator).await)
+                }
+                _ => None,
+            };
+            Outcome::Rendered {
+                context,
+                render,
+                validation,
+            }
+        }
+    };
+    let assertions: Vec<AssertionReport> =
+        case.assertions.iter().map(|a| check(a, &outcome)).collect();
+    TestReport {
+        name: case.name.clone(),
+        description: case.description.clone(),
+        passed: assertions.iter().all(|a| a.passed),
+        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        assertions,
+    }
+}
