@@ -34,8 +34,8 @@ use hapwright_deployer::driver::managed::ManagedHaproxy;
 use hapwright_deployer::metrics::Metrics as DeployerMetrics;
 use hapwright_eventbus::model::Diagnostic;
 use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, ComponentFailure, EventKind, EventPayload, Kernel, KernelMetrics,
-    ReloadSource, RestartBackoff, RunningKernel, Subscription,
+    Bus, BusConfig, BusMetrics, ComponentFailure, Kernel, KernelMetrics, ReloadRequested,
+    ReloadSource, RestartBackoff, RunningKernel,
 };
 use hapwright_reconciler::debouncer::{self, Debouncer};
 use hapwright_reconciler::executor::{self, Executor};
@@ -193,7 +193,8 @@ fn prepare(loaded: Loaded) -> Result<Candidate, Vec<Diagnostic>> {
 /// One running iteration.
 struct Iteration {
     kernel: RunningKernel,
-    config_events: Subscription,
+    /// What the config watcher of this iteration found.
+    config_changes: tokio::sync::mpsc::UnboundedReceiver<config::ConfigChange>,
 }
 
 impl Iteration {
@@ -201,16 +202,13 @@ impl Iteration {
         let Candidate { loaded, renderer } = candidate;
         let config = &loaded.config;
         let bus = Bus::new(BusConfig::default(), &process.bus_metrics);
-        let config_events = bus.subscribe(
-            "reinit",
-            [EventKind::ConfigLoaded, EventKind::ConfigInvalid],
-        )?;
+        let (changes, config_changes) = tokio::sync::mpsc::unbounded_channel();
         let mut kernel = Kernel::new(bus)
             .with_metrics(process.kernel_metrics.clone())
             .with_generation(generation);
         process.store.set_health(kernel.health());
 
-        kernel.register(ConfigWatcher::new(&loaded));
+        kernel.register(ConfigWatcher::new(&loaded, changes));
         if config.controller.leader_election != process.leader_config {
             tracing::warn!(
                 "controller.leaderElection changed; the change takes effect when hapwright restarts"
@@ -307,7 +305,7 @@ impl Iteration {
         tracing::info!(generation, components = ?kernel.order(), "Controller iteration started");
         Ok(Self {
             kernel,
-            config_events,
+            config_changes,
         })
     }
 
@@ -542,26 +540,11 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
         // Wait for a valid replacement or a shutdown; invalid ones leave this running.
         let next = loop {
             let wake = tokio::select! {
-                event = iteration.config_events.recv() => match event {
-                    Some(event) => match &event.payload {
-                        EventPayload::ConfigLoaded(loaded) => match loaded.config.downcast::<config::Config>() {
-                            Some(config) => {
-                                let path = PathBuf::from(&loaded.path);
-                                Wake::Loaded(Box::new(Loaded {
-                                    watched_files: std::iter::once(path.clone())
-                                        .chain(config.haproxy.secret_files())
-                                        .collect(),
-                                    config: (*config).clone(),
-                                    path,
-                                    hash: loaded.hash,
-                                }))
-                            }
-                            None => Wake::Reload(ReloadSource::File),
-                        },
-                        EventPayload::ConfigInvalid(invalid) => Wake::Invalid(invalid.errors.clone()),
-                        _ => continue,
-                    },
-                    None => Wake::Shutdown("event bus closed"),
+                // The watcher gone (it failed): the kernel reports that; this branch
+                // just stops yielding.
+                Some(change) = iteration.config_changes.recv() => match change {
+                    config::ConfigChange::Loaded(loaded) => Wake::Loaded(loaded),
+                    config::ConfigChange::Invalid(errors) => Wake::Invalid(errors),
                 },
                 Some(source) = reload_requests.recv() => Wake::Reload(source),
                 _ = sighup.recv() => Wake::Reload(ReloadSource::Sighup),
@@ -629,6 +612,11 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
                 Wake::Loaded(loaded) => Ok(*loaded),
                 Wake::Reload(source) => {
                     tracing::info!(?source, "Reloading the controller config");
+                    iteration
+                        .kernel
+                        .bus()
+                        .publisher()
+                        .publish(ReloadRequested { source });
                     config::load(&config_path)
                 }
             }

@@ -705,17 +705,12 @@ impl StatusMetrics {
 pub struct StatusRecorder {
     store: StatusStore,
     metrics: Option<StatusMetrics>,
-    subscription: Option<Subscription>,
 }
 
 impl StatusRecorder {
     /// A recorder writing into `store`.
     pub fn new(store: StatusStore, metrics: Option<StatusMetrics>) -> Self {
-        Self {
-            store,
-            metrics,
-            subscription: None,
-        }
+        Self { store, metrics }
     }
 }
 
@@ -725,44 +720,27 @@ impl Component for StatusRecorder {
         "status"
     }
 
-    fn provides(&self) -> Vec<String> {
-        vec!["status".to_owned()]
+    fn consumes(&self) -> Interest {
+        Interest::pipeline(KindSet::all())
     }
 
-    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
-        self.subscription = Some(bus.subscribe("status", KindSet::all())?);
-        Ok(())
-    }
-
-    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
-        let Some(mut subscription) = self.subscription else {
-            return Err("status recorder started without subscribing".into());
-        };
-        loop {
-            tokio::select! {
-                () = ctx.cancelled() => return Ok(()),
-                event = subscription.recv() => match event {
-                    Some(event) => self.store.apply(&event, self.metrics.as_ref()),
-                    None => return Ok(()),
-                },
-            }
+    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
+        while let Some(event) = ctx.next_event().await {
+            self.store.apply(&event, self.metrics.as_ref());
         }
+        Ok(())
     }
 }
 
 /// Observer keeping the ring of recent events behind `/debug/events`.
 pub struct EventLog {
     store: StatusStore,
-    subscription: Option<Subscription>,
 }
 
 impl EventLog {
     /// An event log writing into `store`.
     pub fn new(store: StatusStore) -> Self {
-        Self {
-            store,
-            subscription: None,
-        }
+        Self { store }
     }
 }
 
@@ -778,32 +756,21 @@ impl Component for EventLog {
         false
     }
 
-    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
-        self.subscription = Some(bus.observe("event-log", KindSet::all())?);
-        Ok(())
+    fn consumes(&self) -> Interest {
+        Interest::observer(KindSet::all())
     }
 
-    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
-        let Some(mut subscription) = self.subscription else {
-            return Err("event log started without subscribing".into());
-        };
-        loop {
-            tokio::select! {
-                () = ctx.cancelled() => return Ok(()),
-                event = subscription.recv() => match event {
-                    Some(event) => {
-                        tracing::debug!(
-                            event = event.kind().as_str(),
-                            id = %event.id,
-                            correlation_id = ?event.correlation_id,
-                            "Event"
-                        );
-                        self.store.remember_event(event);
-                    }
-                    None => return Ok(()),
-                },
-            }
+    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
+        while let Some(event) = ctx.next_event().await {
+            tracing::debug!(
+                event = event.kind().as_str(),
+                id = %event.id,
+                correlation_id = ?event.correlation_id,
+                "Event"
+            );
+            self.store.remember_event(event);
         }
+        Ok(())
     }
 }
 

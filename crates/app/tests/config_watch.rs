@@ -1,10 +1,10 @@
 //! The config watcher with real files and real notify watching: every wait is a
-//! bounded receive from a bus subscription.
+//! bounded receive from a bus subscription and the typed change channel.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hapwright_app::config::{Config, ConfigWatcher, load};
+use hapwright_app::config::{Config, ConfigChange, ConfigWatcher, load};
 use hapwright_eventbus::{
     Bus, BusConfig, BusMetrics, EventKind, EventPayload, HealthState, Kernel, RunningKernel,
     Subscription,
@@ -16,6 +16,7 @@ const WAIT: Duration = Duration::from_secs(10);
 struct Harness {
     kernel: RunningKernel,
     events: Subscription,
+    changes: tokio::sync::mpsc::UnboundedReceiver<ConfigChange>,
 }
 
 impl Harness {
@@ -28,13 +29,15 @@ impl Harness {
             .subscribe("test", [EventKind::ConfigLoaded, EventKind::ConfigInvalid])
             .unwrap();
         let mut kernel = Kernel::new(bus);
+        let (sender, changes) = tokio::sync::mpsc::unbounded_channel();
         kernel.register(
-            ConfigWatcher::new(&loaded)
+            ConfigWatcher::new(&loaded, sender)
                 .with_timing(Duration::from_millis(30), Duration::from_secs(60)),
         );
         Self {
             kernel: kernel.start().unwrap(),
             events,
+            changes,
         }
     }
 
@@ -47,20 +50,37 @@ impl Harness {
             .clone()
     }
 
-    async fn loaded(&mut self) -> std::sync::Arc<Config> {
-        match self.next().await {
-            EventPayload::ConfigLoaded(loaded) => loaded.config.downcast::<Config>().unwrap(),
-            other => panic!("expected ConfigLoaded, got {other:?}"),
-        }
+    async fn change(&mut self) -> ConfigChange {
+        timeout(WAIT, self.changes.recv())
+            .await
+            .expect("timed out waiting for a config change")
+            .expect("watcher running")
     }
 
+    /// The next change is a valid config, announced on the bus with its hash.
+    async fn loaded(&mut self) -> Config {
+        let event = self.next().await;
+        let ConfigChange::Loaded(loaded) = self.change().await else {
+            panic!("expected a loaded config");
+        };
+        match event {
+            EventPayload::ConfigLoaded(announced) => assert_eq!(announced.hash, loaded.hash),
+            other => panic!("expected ConfigLoaded, got {other:?}"),
+        }
+        loaded.config
+    }
+
+    /// The next change is invalid, announced on the bus with the same errors.
     async fn invalid(&mut self) -> Vec<String> {
-        match self.next().await {
-            EventPayload::ConfigInvalid(invalid) => {
-                invalid.errors.iter().map(ToString::to_string).collect()
-            }
+        let event = self.next().await;
+        let ConfigChange::Invalid(errors) = self.change().await else {
+            panic!("expected an invalid config");
+        };
+        match event {
+            EventPayload::ConfigInvalid(announced) => assert_eq!(announced.errors, errors),
             other => panic!("expected ConfigInvalid, got {other:?}"),
         }
+        errors.iter().map(ToString::to_string).collect()
     }
 
     async fn stop(self) {

@@ -4,7 +4,6 @@
 //! (if any), the id of the event that caused it, and a monotonic timestamp. The names
 //! of the payload types are the contract for logs, `/debug/events` and metric labels.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -142,36 +141,6 @@ impl EventMeta {
             correlation_id: Some(correlation_id),
             caused_by: None,
         }
-    }
-}
-
-/// The controller configuration carried by [`ConfigLoaded`], type-erased because the
-/// config types live in the app crate, above this one. `Debug` and `Serialize` show
-/// only the type name, so secrets inside never reach logs.
-#[derive(Clone)]
-pub struct ConfigHandle(Arc<dyn Any + Send + Sync>);
-
-impl ConfigHandle {
-    /// Wraps a config value.
-    pub fn new<T: Any + Send + Sync>(config: T) -> Self {
-        Self(Arc::new(config))
-    }
-
-    /// The config, if it is a `T`.
-    pub fn downcast<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
-        self.0.clone().downcast::<T>().ok()
-    }
-}
-
-impl fmt::Debug for ConfigHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ConfigHandle(..)")
-    }
-}
-
-impl Serialize for ConfigHandle {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str("<config>")
     }
 }
 
@@ -343,8 +312,6 @@ catalogue! {
         path: String,
         /// Hash of the file's content.
         hash: ContentHash,
-        /// The parsed configuration.
-        config: ConfigHandle,
     }
     /// A controller configuration change was rejected; the running one stays.
     ConfigInvalid {
@@ -599,16 +566,5 @@ mod tests {
         assert_eq!(json["id"], 7);
         assert_eq!(json["correlation_id"], "00000000000000ff");
         assert_eq!(json["caused_by"], 3);
-    }
-
-    #[test]
-    fn config_handle_hides_contents() {
-        #[derive(Debug)]
-        #[allow(dead_code)]
-        struct Secret(&'static str);
-        let handle = ConfigHandle::new(Secret("hunter2"));
-        assert!(!format!("{handle:?}").contains("hunter2"));
-        assert_eq!(handle.downcast::<Secret>().unwrap().0, "hunter2");
-        assert!(handle.downcast::<String>().is_none());
     }
 }

@@ -1,5 +1,20 @@
-//! The component kernel (DESIGN §3): registration, start order from
-//! requires/provides, health tracking, failure isolation and shutdown with a deadline.
+//! The component kernel (DESIGN §3): registration, each component's interest set,
+//! health tracking, failure isolation and shutdown with a deadline.
+//!
+//! # Interest sets
+//!
+//! A component declares what it consumes ([`Component::consumes`], an [`Interest`]);
+//! the kernel subscribes it before the bus starts (so it sees every event published
+//! since the bus was created, R1) and hands the subscription over in its [`Context`].
+//! The run loop reads [`Context::next_event`], which ends (`None`) when the component
+//! should stop, so the loop holds the component's logic alone.
+//!
+//! # Start order
+//!
+//! Components start in registration order. The bus keeps every event published before
+//! it starts and delivers it to every subscriber registered before that, so the order
+//! in which components start has no effect on what they receive; an earlier version
+//! ordered start-up by declared requires/provides, which no component used.
 //!
 //! # Restarting failed components
 //!
@@ -26,61 +41,56 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tracing::Instrument;
 
-use crate::bus::{Bus, BusError, Publisher};
-use crate::event::ComponentHealthChanged;
+use crate::bus::{Bus, BusError, Delivery, Publisher, Subscription};
+use crate::event::{ComponentHealthChanged, Event, KindSet};
 use crate::health::{HealthState, HealthTable};
 
 /// The error a component's `run` may return. Anything that converts into a boxed
 /// error works, including `anyhow::Error`.
 pub type ComponentError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A capability a component needs before it can start.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Requirement {
-    /// Capability name, as another component's `provides` lists it.
-    pub capability: String,
-    /// When nobody provides it: `true` disables the component (a soft error),
-    /// `false` refuses to start the kernel.
-    pub optional: bool,
+/// What a component consumes from the bus: event kinds and how they are delivered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Interest {
+    kinds: Option<(KindSet, Delivery)>,
 }
 
-impl Requirement {
-    /// A requirement the kernel cannot start without.
-    pub fn mandatory(capability: impl Into<String>) -> Self {
+impl Interest {
+    /// Nothing: the component only publishes (sources) or works on its own.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// `kinds`, never lost (pipeline components).
+    pub fn pipeline(kinds: impl Into<KindSet>) -> Self {
         Self {
-            capability: capability.into(),
-            optional: false,
+            kinds: Some((kinds.into(), Delivery::Pipeline)),
         }
     }
 
-    /// A requirement whose absence disables only the requiring component.
-    pub fn optional(capability: impl Into<String>) -> Self {
+    /// `kinds`, possibly lost under overload, every loss counted (observers such as
+    /// the event log; `hapwright_events_dropped_total{subscriber}`).
+    pub fn observer(kinds: impl Into<KindSet>) -> Self {
         Self {
-            capability: capability.into(),
-            optional: true,
+            kinds: Some((kinds.into(), Delivery::Observer)),
         }
     }
 }
 
 /// A unit of the controller: built from config, talks to others only through the bus.
 ///
-/// Lifecycle: the kernel calls [`subscribe`](Self::subscribe) on every enabled
-/// component in start order, starts the bus, then spawns [`run`](Self::run) for each,
-/// again in start order. `run` drains the component's subscriptions until
-/// [`Context::cancelled`] fires.
+/// Lifecycle: the kernel subscribes every component to what it
+/// [`consumes`](Self::consumes), in registration order, starts the bus, then spawns
+/// [`run`](Self::run) for each. `run` reads [`Context::next_event`] until it returns
+/// `None` (the component should stop).
 #[async_trait::async_trait]
 pub trait Component: Send + 'static {
     /// Unique name; used in logs, metrics, health and subscriber names.
     fn name(&self) -> &str;
 
-    /// Capabilities this component needs from others.
-    fn requires(&self) -> Vec<Requirement> {
-        Vec::new()
-    }
-
-    /// Capabilities this component offers.
-    fn provides(&self) -> Vec<String> {
-        Vec::new()
+    /// The events this component consumes ([`Context::next_event`] yields them).
+    fn consumes(&self) -> Interest {
+        Interest::none()
     }
 
     /// Whether the controller is broken without this component. A mandatory
@@ -90,13 +100,6 @@ pub trait Component: Send + 'static {
     /// whose loss only costs diagnostics (the event log) say `false`.
     fn mandatory(&self) -> bool {
         true
-    }
-
-    /// Registers the component's subscriptions. Runs before the bus starts, so the
-    /// subscriptions see every event published since the bus was created.
-    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
-        let _ = bus;
-        Ok(())
     }
 
     /// Does the component's work until cancelled. Returning early, returning an error
@@ -112,19 +115,6 @@ pub enum KernelError {
     /// Two components with one name.
     #[error("two components are named `{0}`")]
     DuplicateName(String),
-    /// A mandatory requirement nobody provides.
-    #[error("component `{component}` requires `{capability}`, which {}", provider_note(.disabled_providers))]
-    UnmetRequirement {
-        /// The requiring component.
-        component: String,
-        /// The missing capability.
-        capability: String,
-        /// Providers that exist but were disabled.
-        disabled_providers: Vec<String>,
-    },
-    /// Requirements form a cycle.
-    #[error("components depend on each other in a cycle: {}", .0.join(" → "))]
-    Cycle(Vec<String>),
     /// A component's subscription failed.
     #[error("component `{component}` could not subscribe: {source}")]
     Subscribe {
@@ -138,13 +128,6 @@ pub enum KernelError {
     Bus(BusError),
 }
 
-fn provider_note(disabled: &[String]) -> String {
-    if disabled.is_empty() {
-        "no component provides".to_owned()
-    } else {
-        format!("only disabled components provide ({})", disabled.join(", "))
-    }
-}
 
 // === impl KernelMetrics ===
 
@@ -281,12 +264,13 @@ impl Reporters {
 // === impl Context ===
 
 /// What a running component gets from the kernel.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Context {
     name: Arc<str>,
     publisher: Publisher,
     cancel: CancellationToken,
     health: HealthReporter,
+    events: Option<Subscription>,
 }
 
 impl Context {
@@ -319,11 +303,32 @@ impl Context {
     pub fn cancellation_token(&self) -> &CancellationToken {
         &self.cancel
     }
+
+    /// The next event the component [consumes](Component::consumes), in publish
+    /// order; `None` once the component should stop (cancelled, or the bus closed).
+    /// Without an interest it waits for the stop. Cancellation-safe: use it as a
+    /// `select!` branch next to timers.
+    pub async fn next_event(&mut self) -> Option<Arc<Event>> {
+        let Some(events) = self.events.as_mut() else {
+            self.cancel.cancelled().await;
+            return None;
+        };
+        tokio::select! {
+            biased;
+            () = self.cancel.cancelled() => None,
+            event = events.recv() => event,
+        }
+    }
+
+    /// An event that is already waiting, if any (to coalesce a burst: latest wins).
+    pub fn try_next_event(&mut self) -> Option<Arc<Event>> {
+        self.events.as_mut()?.try_recv()
+    }
 }
 
 // === impl Kernel ===
 
-/// Collects components, then starts them in dependency order.
+/// Collects components, then starts them in registration order.
 pub struct Kernel {
     bus: Bus,
     components: Vec<Box<dyn Component>>,
@@ -391,7 +396,7 @@ impl Kernel {
         self.health.clone()
     }
 
-    /// Orders the components, subscribes them, starts the bus and spawns them.
+    /// Subscribes the components to what they consume, starts the bus and spawns them.
     /// Must run inside a Tokio runtime.
     pub fn start(self) -> Result<RunningKernel, KernelError> {
         let Kernel {
@@ -401,7 +406,12 @@ impl Kernel {
             metrics,
             generation,
         } = self;
-        let plan = plan(&components)?;
+        let mut seen = BTreeSet::new();
+        for component in &components {
+            if !seen.insert(component.name().to_owned()) {
+                return Err(KernelError::DuplicateName(component.name().to_owned()));
+            }
+        }
         let publisher = bus.publisher();
         let reporters = Reporters {
             table: health.clone(),
@@ -410,43 +420,39 @@ impl Kernel {
         };
         let reporter = |name: &Arc<str>| reporters.for_component(name);
 
-        let mut slots: Vec<Option<Box<dyn Component>>> = components.into_iter().map(Some).collect();
-        for (index, reason) in &plan.disabled {
-            let component = slots[*index]
-                .take()
-                .expect("each component is planned once");
-            let name: Arc<str> = component.name().into();
-            tracing::warn!(component = %name, %reason, "Component disabled");
-            reporter(&name).set(HealthState::Exited, Some(format!("disabled: {reason}")));
-        }
-        let mut ordered = Vec::with_capacity(plan.order.len());
-        for index in &plan.order {
-            let mut component = slots[*index]
-                .take()
-                .expect("each component is planned once");
+        let mut ordered = Vec::with_capacity(components.len());
+        for component in components {
             let name: Arc<str> = component.name().into();
             reporter(&name).set(HealthState::Unknown, None);
             let mandatory = component.mandatory();
-            component
-                .subscribe(&bus)
+            let subscribe = |(kinds, delivery): (KindSet, Delivery)| match delivery {
+                Delivery::Pipeline => bus.subscribe(name.clone(), kinds),
+                Delivery::Observer => bus.observe(name.clone(), kinds),
+            };
+            let events = component
+                .consumes()
+                .kinds
+                .map(subscribe)
+                .transpose()
                 .map_err(|source| KernelError::Subscribe {
                     component: name.to_string(),
                     source,
                 })?;
-            ordered.push((name, mandatory, component));
+            ordered.push((name, mandatory, component, events));
         }
         bus.start().map_err(KernelError::Bus)?;
 
         let cancel = CancellationToken::new();
         let (failures_tx, failures) = mpsc::unbounded_channel();
         let mut tasks = Vec::with_capacity(ordered.len());
-        for (name, mandatory, component) in ordered {
+        for (name, mandatory, component, events) in ordered {
             let health = reporter(&name);
             let ctx = Context {
                 name: name.clone(),
                 publisher: publisher.clone(),
                 cancel: cancel.child_token(),
                 health: health.clone(),
+                events,
             };
             let span = tracing::info_span!("component", component = %name, generation);
             health.healthy();
@@ -530,220 +536,6 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
         text.clone()
     } else {
         "unknown panic payload".to_owned()
-    }
-}
-
-struct Plan {
-    order: Vec<usize>,
-    disabled: Vec<(usize, String)>,
-}
-
-/// Resolves requirements: disables components with unmet optional requirements (to a
-/// fixed point, since a disabled component no longer provides anything), rejects unmet
-/// mandatory ones, and orders the rest topologically (registration order breaks ties).
-fn plan(components: &[Box<dyn Component>]) -> Result<Plan, KernelError> {
-    let names: Vec<String> = components.iter().map(|c| c.name().to_owned()).collect();
-    let mut seen = BTreeSet::new();
-    for name in &names {
-        if !seen.insert(name.as_str()) {
-            return Err(KernelError::DuplicateName(name.clone()));
-        }
-    }
-    let requires: Vec<Vec<Requirement>> = components.iter().map(|c| c.requires()).collect();
-    let mut providers: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    for (index, component) in components.iter().enumerate() {
-        for capability in component.provides() {
-            providers.entry(capability).or_default().push(index);
-        }
-    }
-
-    let count = components.len();
-    let mut disabled: Vec<Option<String>> = vec![None; count];
-    let provided_by =
-        |capability: &str, disabled: &[Option<String>], except: usize| -> Vec<usize> {
-            providers
-                .get(capability)
-                .map(|list| {
-                    list.iter()
-                        .copied()
-                        .filter(|p| *p != except && disabled[*p].is_none())
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-    loop {
-        let mut changed = false;
-        for index in 0..count {
-            if disabled[index].is_some() {
-                continue;
-            }
-            for requirement in requires[index].iter().filter(|r| r.optional) {
-                if provided_by(&requirement.capability, &disabled, index).is_empty() {
-                    disabled[index] = Some(format!(
-                        "optional requirement `{}` is not provided by any running component",
-                        requirement.capability
-                    ));
-                    changed = true;
-                    break;
-                }
-            }
-        }
-        if !changed {
-            break;
-        }
-    }
-    for index in (0..count).filter(|i| disabled[*i].is_none()) {
-        for requirement in requires[index].iter().filter(|r| !r.optional) {
-            if provided_by(&requirement.capability, &disabled, index).is_empty() {
-                let disabled_providers = providers
-                    .get(&requirement.capability)
-                    .into_iter()
-                    .flatten()
-                    .filter(|p| **p != index && disabled[**p].is_some())
-                    .map(|p| names[*p].clone())
-                    .collect();
-                return Err(KernelError::UnmetRequirement {
-                    component: names[index].clone(),
-                    capability: requirement.capability.clone(),
-                    disabled_providers,
-                });
-            }
-        }
-    }
-
-    // Edges provider → requirer among enabled components.
-    let enabled: Vec<usize> = (0..count).filter(|i| disabled[*i].is_none()).collect();
-    let mut before: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); count];
-    for &index in &enabled {
-        for requirement in &requires[index] {
-            before[index].extend(provided_by(&requirement.capability, &disabled, index));
-        }
-    }
-    let mut order = Vec::with_capacity(enabled.len());
-    let mut placed = vec![false; count];
-    while order.len() < enabled.len() {
-        let next = enabled
-            .iter()
-            .copied()
-            .find(|i| !placed[*i] && before[*i].iter().all(|p| placed[*p]));
-        match next {
-            Some(index) => {
-                placed[index] = true;
-                order.push(index);
-            }
-            None => {
-                let remaining: Vec<usize> =
-                    enabled.iter().copied().filter(|i| !placed[*i]).collect();
-                return Err(KernelError::Cycle(find_cycle(
-                    &remaining, &before, &placed, &names,
-                )));
-            }
-        }
-    }
-    Ok(Plan {
-        order,
-        disabled: disabled
-            .into_iter()
-            .enumerate()
-            .filter_map(|(index, reason)| reason.map(|r| (index, r)))
-            .collect(),
-    })
-}
-
-/// Walks unplaced predecessors from the first remaining component until a component
-/// repeats; the repeated stretch is a cycle (every remaining component has an
-/// unplaced predecessor, or it would have been placed).
-fn find_cycle(
-    remaining: &[usize],
-    before: &[BTreeSet<usize>],
-    placed: &[bool],
-    names: &[String],
-) -> Vec<String> {
-    let mut path = vec![remaining[0]];
-    loop {
-        let current = *path.last().expect("path starts non-empty");
-        let predecessor = before[current]
-            .iter()
-            .copied()
-            .find(|p| !placed[*p])
-            .expect("an unplaced component has an unplaced predecessor");
-        if let Some(start) = path.iter().position(|p| *p == predecessor) {
-            // `path` follows "requires" edges; print in start order (provider first).
-            let mut cycle: Vec<String> = path[start..]
-                .iter()
-                .rev()
-                .map(|i| names[*i].clone())
-                .collect();
-            cycle.push(cycle[0].clone());
-            return cycle;
-        }
-        path.push(predecessor);
-    }
-}
-
-// === impl RestartBackoff ===
-
-/// Delays between restarts after mandatory component failures: 1 s, doubling up to
-/// 60 s; a run that lasted [`reset_after`](Self::reset_after) (2 min by default,
-/// longer than the longest delay) counts as healthy and starts over at 1 s. The
-/// doubling keeps a component that fails at once from spinning the controller; the
-/// reset keeps a rare failure from inheriting an old, long delay.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RestartBackoff {
-    initial: Duration,
-    max: Duration,
-    reset_after: Duration,
-    attempt: u32,
-}
-
-impl Default for RestartBackoff {
-    fn default() -> Self {
-        Self::new(
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-            Duration::from_secs(120),
-        )
-    }
-}
-
-impl RestartBackoff {
-    /// A backoff starting at `initial`, doubling up to `max`, reset by a run of at
-    /// least `reset_after`.
-    pub fn new(initial: Duration, max: Duration, reset_after: Duration) -> Self {
-        Self {
-            initial,
-            max,
-            reset_after,
-            attempt: 0,
-        }
-    }
-
-    /// The delay before the next restart, given how long the failed run lasted.
-    pub fn next_delay(&mut self, ran_for: Duration) -> Duration {
-        if ran_for >= self.reset_after {
-            self.attempt = 0;
-        }
-        let delay = self
-            .initial
-            .saturating_mul(1u32 << self.attempt.min(16))
-            .min(self.max);
-        self.attempt = self.attempt.saturating_add(1);
-        delay
-    }
-
-    /// Restarts since the last reset (0 when the last run was healthy).
-    pub fn attempt(&self) -> u32 {
-        self.attempt
-    }
-
-    /// How long a run must last to count as healthy.
-    pub fn reset_after(&self) -> Duration {
-        self.reset_after
-    }
-
-    /// Starts over at the initial delay (a run lasted long enough).
-    pub fn reset(&mut self) {
-        self.attempt = 0;
     }
 }
 

@@ -17,5 +17,5 @@ pub use event::*;
 pub use health::{Health, HealthState, HealthTable};
 pub use kernel::{
     Component, ComponentError, ComponentFailure, Context, HealthReporter, Kernel, KernelError,
-    KernelMetrics, Requirement, RestartBackoff, RunningKernel, ShutdownReport,
+    Interest, KernelMetrics, RestartBackoff, RunningKernel, ShutdownReport,
 };

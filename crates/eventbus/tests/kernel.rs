@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use hapwright_eventbus::{
     Bus, BusConfig, BusMetrics, Component, ComponentError, Context, DriftDetected, EventKind,
-    EventPayload, HealthState, Kernel, KernelError, KernelMetrics, KindSet, Requirement,
+    EventPayload, HealthState, Interest, Kernel, KernelError, KernelMetrics, KindSet,
     ResourceSyncComplete, RestartBackoff, Subscription,
 };
 use prometheus::Registry;
@@ -42,11 +42,9 @@ enum Behaviour {
     FailAfter(Duration),
 }
 
-/// A configurable test component that records when it subscribes.
+/// A configurable test component that records when the kernel asks for its interest.
 struct Probe {
     name: String,
-    requires: Vec<Requirement>,
-    provides: Vec<String>,
     behaviour: Behaviour,
     mandatory: bool,
     log: Arc<Mutex<Vec<String>>>,
@@ -56,22 +54,10 @@ impl Probe {
     fn new(name: &str, log: &Arc<Mutex<Vec<String>>>) -> Self {
         Self {
             name: name.into(),
-            requires: Vec::new(),
-            provides: Vec::new(),
             behaviour: Behaviour::Idle,
             mandatory: true,
             log: log.clone(),
         }
-    }
-
-    fn requires(mut self, requirement: Requirement) -> Self {
-        self.requires.push(requirement);
-        self
-    }
-
-    fn provides(mut self, capability: &str) -> Self {
-        self.provides.push(capability.into());
-        self
     }
 
     fn behaving(mut self, behaviour: Behaviour) -> Self {
@@ -91,21 +77,13 @@ impl Component for Probe {
         &self.name
     }
 
-    fn requires(&self) -> Vec<Requirement> {
-        self.requires.clone()
-    }
-
-    fn provides(&self) -> Vec<String> {
-        self.provides.clone()
-    }
-
     fn mandatory(&self) -> bool {
         self.mandatory
     }
 
-    fn subscribe(&mut self, _bus: &Bus) -> Result<(), hapwright_eventbus::BusError> {
+    fn consumes(&self) -> Interest {
         self.log.lock().unwrap().push(self.name.clone());
-        Ok(())
+        Interest::none()
     }
 
     async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
@@ -141,92 +119,84 @@ fn log() -> Arc<Mutex<Vec<String>>> {
 }
 
 #[tokio::test]
-async fn start_order_follows_requires_and_provides() {
+async fn components_start_in_registration_order() {
     let (bus, _registry) = new_bus(64);
     let calls = log();
     let mut kernel = Kernel::new(bus);
     kernel
-        .register(
-            Probe::new("deployer", &calls)
-                .requires(Requirement::mandatory("validated-configs"))
-                .provides("deployments"),
-        )
-        .register(
-            Probe::new("validator", &calls)
-                .requires(Requirement::mandatory("rendered-configs"))
-                .provides("validated-configs"),
-        )
-        .register(Probe::new("status", &calls).requires(Requirement::optional("deployments")))
-        .register(Probe::new("renderer", &calls).provides("rendered-configs"));
+        .register(Probe::new("deployer", &calls))
+        .register(Probe::new("validator", &calls))
+        .register(Probe::new("status", &calls))
+        .register(Probe::new("renderer", &calls));
     let running = kernel.start().unwrap();
-    let expected = ["renderer", "validator", "deployer", "status"];
+    let expected = ["deployer", "validator", "status", "renderer"];
     assert_eq!(running.order(), expected);
     assert_eq!(
         *calls.lock().unwrap(),
         expected,
-        "subscribe runs in start order"
+        "interests are taken in registration order"
     );
     let report = running.shutdown(Duration::from_secs(5)).await;
     assert_eq!(report.stopped.len(), 4);
     assert!(report.aborted.is_empty());
 }
 
-#[tokio::test]
-async fn a_cycle_is_an_error_naming_the_cycle() {
-    let (bus, _registry) = new_bus(64);
-    let calls = log();
-    let mut kernel = Kernel::new(bus);
-    kernel
-        .register(
-            Probe::new("a", &calls)
-                .requires(Requirement::mandatory("from-b"))
-                .provides("from-a"),
-        )
-        .register(
-            Probe::new("b", &calls)
-                .requires(Requirement::mandatory("from-c"))
-                .provides("from-b"),
-        )
-        .register(
-            Probe::new("c", &calls)
-                .requires(Requirement::mandatory("from-a"))
-                .provides("from-c"),
-        )
-        .register(Probe::new("outside", &calls));
-    let error = kernel.start().unwrap_err();
-    let KernelError::Cycle(cycle) = &error else {
-        panic!("expected a cycle, got {error}");
-    };
-    assert_eq!(
-        cycle.len(),
-        4,
-        "three components and the first repeated: {cycle:?}"
-    );
-    assert_eq!(cycle.first(), cycle.last());
-    for name in ["a", "b", "c"] {
-        assert!(cycle.iter().any(|n| n == name), "{name} in {cycle:?}");
+/// Consumes `ResourceSyncComplete` through its interest set and records the sources.
+struct Listener {
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+#[async_trait::async_trait]
+impl Component for Listener {
+    fn name(&self) -> &str {
+        "listener"
     }
-    assert!(!cycle.iter().any(|n| n == "outside"));
-    assert!(error.to_string().contains(" → "));
-    assert!(calls.lock().unwrap().is_empty(), "nothing subscribed");
+
+    fn consumes(&self) -> Interest {
+        Interest::pipeline([EventKind::ResourceSyncComplete])
+    }
+
+    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
+        while let Some(event) = ctx.next_event().await {
+            if let EventPayload::ResourceSyncComplete(done) = &event.payload {
+                self.seen.lock().unwrap().push(done.source.to_string());
+            }
+        }
+        self.seen.lock().unwrap().push("stopped".to_owned());
+        Ok(())
+    }
 }
 
 #[tokio::test]
-async fn an_unmet_mandatory_requirement_is_an_error() {
+async fn the_interest_set_sees_events_published_before_start_and_next_event_ends_on_stop() {
     let (bus, _registry) = new_bus(64);
-    let calls = log();
+    let publisher = bus.publisher();
+    // Published before the kernel (and so the bus) starts: replayed (R1).
+    publisher.publish(ResourceSyncComplete {
+        source: Arc::from("early"),
+    });
+    // Not of interest: never delivered.
+    publisher.publish(DriftDetected {
+        instance: "x".into(),
+        detail: "y".into(),
+    });
+    let seen = log();
     let mut kernel = Kernel::new(bus);
-    kernel.register(
-        Probe::new("deployer", &calls).requires(Requirement::mandatory("validated-configs")),
-    );
-    assert_eq!(
-        kernel.start().unwrap_err(),
-        KernelError::UnmetRequirement {
-            component: "deployer".into(),
-            capability: "validated-configs".into(),
-            disabled_providers: vec![],
+    kernel.register(Listener { seen: seen.clone() });
+    let running = kernel.start().unwrap();
+    publisher.publish(ResourceSyncComplete {
+        source: Arc::from("late"),
+    });
+    timeout(Duration::from_secs(5), async {
+        while seen.lock().unwrap().len() < 2 {
+            tokio::task::yield_now().await;
         }
-    );
+    })
+    .await
+    .expect("both events delivered");
+    let report = running.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(report.stopped, ["listener"]);
+    assert_eq!(*seen.lock().unwrap(), ["early", "late", "stopped"]);
 }
 
 #[tokio::test]
@@ -240,67 +210,6 @@ async fn duplicate_names_are_an_error() {
     assert_eq!(
         kernel.start().unwrap_err(),
         KernelError::DuplicateName("x".into())
-    );
-}
-
-#[tokio::test]
-async fn an_unmet_optional_requirement_disables_only_that_component() {
-    let (bus, _registry) = new_bus(64);
-    let calls = log();
-    let mut kernel = Kernel::new(bus);
-    kernel
-        .register(
-            Probe::new("leader-election", &calls)
-                .requires(Requirement::optional("kubernetes"))
-                .provides("leadership"),
-        )
-        .register(Probe::new("status-extra", &calls).requires(Requirement::optional("leadership")))
-        .register(Probe::new("renderer", &calls));
-    let health = kernel.health();
-    let running = kernel.start().unwrap();
-    assert_eq!(running.order(), ["renderer"]);
-    let disabled = health.get("leader-election").unwrap();
-    assert_eq!(disabled.state, HealthState::Exited);
-    assert!(
-        disabled
-            .reason
-            .as_deref()
-            .unwrap()
-            .contains("disabled: optional requirement `kubernetes`")
-    );
-    // Disabling cascades through optional requirements.
-    let cascaded = health.get("status-extra").unwrap();
-    assert_eq!(cascaded.state, HealthState::Exited);
-    assert!(cascaded.reason.as_deref().unwrap().contains("`leadership`"));
-    assert_eq!(health.get("renderer").unwrap().state, HealthState::Healthy);
-    running.shutdown(Duration::from_secs(5)).await;
-}
-
-#[tokio::test]
-async fn a_mandatory_requirement_on_a_disabled_provider_names_it() {
-    let (bus, _registry) = new_bus(64);
-    let calls = log();
-    let mut kernel = Kernel::new(bus);
-    kernel
-        .register(
-            Probe::new("discovery", &calls)
-                .requires(Requirement::optional("kubernetes"))
-                .provides("instances"),
-        )
-        .register(Probe::new("deployer", &calls).requires(Requirement::mandatory("instances")));
-    let error = kernel.start().unwrap_err();
-    assert_eq!(
-        error,
-        KernelError::UnmetRequirement {
-            component: "deployer".into(),
-            capability: "instances".into(),
-            disabled_providers: vec!["discovery".into()],
-        }
-    );
-    assert!(
-        error
-            .to_string()
-            .contains("only disabled components provide (discovery)")
     );
 }
 
@@ -458,7 +367,6 @@ async fn shutdown_aborts_components_that_miss_the_deadline() {
 struct Relay {
     name: &'static str,
     input: EventKind,
-    subscription: Option<Subscription>,
     limit: u32,
     done: Arc<Mutex<u32>>,
 }
@@ -478,17 +386,14 @@ impl Component for Relay {
         self.name
     }
 
-    fn subscribe(&mut self, bus: &Bus) -> Result<(), hapwright_eventbus::BusError> {
-        self.subscription = Some(bus.subscribe(self.name, KindSet::of(&[self.input]))?);
-        Ok(())
+    fn consumes(&self) -> Interest {
+        Interest::pipeline(KindSet::of(&[self.input]))
     }
 
-    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
-        let mut subscription = self.subscription.expect("subscribed");
+    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
         loop {
-            let event = tokio::select! {
-                () = ctx.cancelled() => return Ok(()),
-                event = subscription.recv() => match event { Some(e) => e, None => return Ok(()) },
+            let Some(event) = ctx.next_event().await else {
+                return Ok(());
             };
             let hop = hop_of(&event.payload);
             let publisher = ctx.publisher();
@@ -549,7 +454,6 @@ async fn r3_publish_storm_with_cycles_does_not_deadlock() {
         kernel.register(Relay {
             name,
             input,
-            subscription: None,
             limit: HOPS,
             done: done.clone(),
         });

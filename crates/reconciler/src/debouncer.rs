@@ -48,7 +48,6 @@ impl Default for Settings {
 pub struct Debouncer {
     settings: Settings,
     sources: BTreeSet<Arc<str>>,
-    subscription: Option<Subscription>,
 }
 
 impl std::fmt::Debug for Debouncer {
@@ -73,7 +72,6 @@ impl Debouncer {
         Self {
             settings,
             sources: sources.into_iter().map(Into::into).collect(),
-            subscription: None,
         }
     }
 }
@@ -117,28 +115,16 @@ impl Component for Debouncer {
         Self::NAME
     }
 
-    fn provides(&self) -> Vec<String> {
-        vec!["debouncer".to_owned()]
+    fn consumes(&self) -> Interest {
+        Interest::pipeline([
+            EventKind::ResourceIndexUpdated,
+            EventKind::ResourceSyncComplete,
+        ])
     }
 
-    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
-        self.subscription = Some(bus.subscribe(
-            Self::NAME,
-            [
-                EventKind::ResourceIndexUpdated,
-                EventKind::ResourceSyncComplete,
-            ],
-        )?);
-        Ok(())
-    }
-
-    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
-        let Debouncer {
-            settings,
-            sources,
-            subscription,
-        } = *self;
-        let mut subscription = subscription.ok_or("debouncer: run() before subscribe()")?;
+    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
+        let Debouncer { settings, sources } = *self;
+        let publisher = ctx.publisher().clone();
         let started = Instant::now();
         let mut synced: BTreeSet<Arc<str>> = BTreeSet::new();
         let mut initial_done = false;
@@ -148,7 +134,7 @@ impl Component for Debouncer {
         let fire = |batch: &mut Batch, reason: String| {
             let batch = std::mem::take(batch);
             tracing::info!(%reason, "Reconciliation triggered");
-            ctx.publisher().publish_with(
+            publisher.publish_with(
                 ReconciliationTriggered {
                     reason,
                     sources: batch.sources.into_iter().collect(),
@@ -181,9 +167,8 @@ impl Component for Debouncer {
             };
             let event = tokio::select! {
                 biased;
-                () = ctx.cancelled() => return Ok(()),
                 () = sleep_until(deadline) => None,
-                event = subscription.recv() => match event {
+                event = ctx.next_event() => match event {
                     Some(event) => Some(event),
                     None => return Ok(()),
                 },

@@ -52,7 +52,6 @@ impl Default for Settings {
 /// The executor component. See the [module docs](self).
 pub struct Executor {
     settings: Settings,
-    subscription: Option<Subscription>,
 }
 
 impl std::fmt::Debug for Executor {
@@ -71,7 +70,6 @@ impl Executor {
     pub fn new(settings: Settings) -> Self {
         Self {
             settings,
-            subscription: None,
         }
     }
 }
@@ -106,14 +104,14 @@ enum Settled {
     Invalid(ContentHash, Vec<Diagnostic>),
 }
 
-struct State<'a> {
-    ctx: &'a Context,
+struct State {
+    publisher: Publisher,
     settings: Settings,
     in_flight: Option<InFlight>,
     settled: Option<Settled>,
 }
 
-impl State<'_> {
+impl State {
     fn meta(id: CorrelationId, cause: &Event) -> EventMeta {
         EventMeta {
             correlation_id: Some(id),
@@ -144,8 +142,7 @@ impl State<'_> {
             stages: Vec::new(),
             span,
         });
-        self.ctx
-            .publisher()
+        self.publisher
             .publish_with(ReconciliationStarted { reason }, Self::meta(id, trigger));
     }
 
@@ -176,7 +173,7 @@ impl State<'_> {
         flight.span.in_scope(|| {
             tracing::info!(?duration, stages = ?flight.stages, note, "Reconciliation completed");
         });
-        self.ctx.publisher().publish_with(
+        self.publisher.publish_with(
             ReconciliationCompleted {
                 duration,
                 stages: flight.stages,
@@ -193,7 +190,7 @@ impl State<'_> {
             let first = errors.first().map(ToString::to_string).unwrap_or_default();
             tracing::warn!(?stage, errors = errors.len(), first = %first, "Reconciliation failed");
         });
-        self.ctx.publisher().publish_with(
+        self.publisher.publish_with(
             ReconciliationFailed { stage, errors },
             Self::meta(flight.id, cause),
         );
@@ -251,7 +248,7 @@ impl State<'_> {
                 "Reconciliation completed: output unchanged, validation and deployment skipped"
             );
         });
-        self.ctx.publisher().publish_with(
+        self.publisher.publish_with(
             ReconciliationCompleted {
                 duration,
                 stages: flight.stages,
@@ -281,7 +278,7 @@ impl State<'_> {
                 .span
                 .in_scope(|| tracing::warn!(?stage, %message, "Reconciliation stage timed out"));
         }
-        self.ctx.publisher().publish_with(
+        self.publisher.publish_with(
             ReconciliationFailed {
                 stage,
                 errors: vec![Diagnostic::error(message)],
@@ -297,32 +294,20 @@ impl Component for Executor {
         Self::NAME
     }
 
-    fn provides(&self) -> Vec<String> {
-        vec!["executor".to_owned()]
+    fn consumes(&self) -> Interest {
+        Interest::pipeline([
+            EventKind::ReconciliationTriggered,
+            EventKind::TemplateRendered,
+            EventKind::TemplateRenderFailed,
+            EventKind::ValidationCompleted,
+            EventKind::ValidationFailed,
+        ])
     }
 
-    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
-        self.subscription = Some(bus.subscribe(
-            Self::NAME,
-            [
-                EventKind::ReconciliationTriggered,
-                EventKind::TemplateRendered,
-                EventKind::TemplateRenderFailed,
-                EventKind::ValidationCompleted,
-                EventKind::ValidationFailed,
-            ],
-        )?);
-        Ok(())
-    }
-
-    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
-        let Executor {
-            settings,
-            subscription,
-        } = *self;
-        let mut subscription = subscription.ok_or("executor: run() before subscribe()")?;
+    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
+        let Executor { settings } = *self;
         let mut state = State {
-            ctx: &ctx,
+            publisher: ctx.publisher().clone(),
             settings,
             in_flight: None,
             settled: None,
@@ -334,12 +319,11 @@ impl Component for Executor {
                 .map(|flight| flight.stage_started + settings.stage_timeout);
             let event = tokio::select! {
                 biased;
-                () = ctx.cancelled() => return Ok(()),
                 () = sleep_until(deadline) => {
                     state.time_out();
                     continue;
                 }
-                event = subscription.recv() => match event {
+                event = ctx.next_event() => match event {
                     Some(event) => event,
                     None => return Ok(()),
                 },
@@ -359,7 +343,7 @@ impl Component for Executor {
                 } else {
                     state.handle(&event);
                 }
-                next = subscription.try_recv();
+                next = ctx.try_next_event();
             }
             if let Some((event, reason)) = trigger {
                 state.start(&event, reason, coalesced);

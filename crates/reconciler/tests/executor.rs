@@ -24,7 +24,6 @@ struct Fake {
     name: &'static str,
     kind: EventKind,
     tx: mpsc::UnboundedSender<Arc<Event>>,
-    subscription: Option<Subscription>,
 }
 
 #[async_trait::async_trait]
@@ -33,29 +32,20 @@ impl Component for Fake {
         self.name
     }
 
-    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
-        self.subscription = Some(bus.subscribe(self.name, [self.kind])?);
-        Ok(())
+    fn consumes(&self) -> Interest {
+        Interest::pipeline([self.kind])
     }
 
-    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
-        let mut subscription = self.subscription.expect("subscribed");
-        loop {
-            tokio::select! {
-                () = ctx.cancelled() => return Ok(()),
-                event = subscription.recv() => match event {
-                    Some(event) => { let _ = self.tx.send(event); }
-                    None => return Ok(()),
-                },
-            }
+    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
+        while let Some(event) = ctx.next_event().await {
+            let _ = self.tx.send(event);
         }
+        Ok(())
     }
 }
 
 /// Validates automatically: rejects configs containing `INVALID`.
-struct AutoValidator {
-    subscription: Option<Subscription>,
-}
+struct AutoValidator;
 
 #[async_trait::async_trait]
 impl Component for AutoValidator {
@@ -63,14 +53,12 @@ impl Component for AutoValidator {
         "validator"
     }
 
-    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
-        self.subscription = Some(bus.subscribe("validator", [EventKind::TemplateRendered])?);
-        Ok(())
+    fn consumes(&self) -> Interest {
+        Interest::pipeline([EventKind::TemplateRendered])
     }
 
-    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
-        let mut subscription = self.subscription.expect("subscribed");
-        while let Some(event) = subscription.recv().await {
+    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
+        while let Some(event) = ctx.next_event().await {
             let EventPayload::TemplateRendered(rendered) = &event.payload else {
                 continue;
             };
@@ -123,13 +111,11 @@ fn pipeline(settings: Settings) -> Pipeline {
                 name: "fake-renderer",
                 kind: EventKind::ReconciliationStarted,
                 tx: render_tx,
-                subscription: None,
             }),
             Box::new(Fake {
                 name: "fake-validator",
                 kind: EventKind::TemplateRendered,
                 tx: validate_tx,
-                subscription: None,
             }),
         ],
         &OBSERVED,
@@ -446,7 +432,7 @@ async fn end_to_end_with_the_real_renderer() {
         vec![
             Box::new(Executor::new(Settings::default())),
             Box::new(RendererComponent::new(renderer)),
-            Box::new(AutoValidator { subscription: None }),
+            Box::new(AutoValidator),
         ],
         &OBSERVED,
     );
@@ -490,7 +476,7 @@ async fn end_to_end_render_errors_fail_the_reconciliation_and_mark_the_renderer_
         vec![
             Box::new(Executor::new(Settings::default())),
             Box::new(RendererComponent::new(renderer)),
-            Box::new(AutoValidator { subscription: None }),
+            Box::new(AutoValidator),
         ],
         &OBSERVED,
     );

@@ -605,21 +605,12 @@ impl FilesSource {
         self.scanner.limits = limits;
         self
     }
-
-    /// The capability this source provides: `resources/<name>`.
-    pub fn capability(name: &str) -> String {
-        format!("resources/{name}")
-    }
 }
 
 #[async_trait::async_trait]
 impl Component for FilesSource {
     fn name(&self) -> &str {
         &self.component
-    }
-
-    fn provides(&self) -> Vec<String> {
-        vec![Self::capability(&self.resource)]
     }
 
     async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {

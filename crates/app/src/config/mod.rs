@@ -24,7 +24,7 @@ use hapwright_watchers::yaml::{self, Limits};
 use serde::{Deserialize, Serialize};
 
 pub use locate::Locator;
-pub use watch::ConfigWatcher;
+pub use watch::{ConfigChange, ConfigWatcher};
 
 /// Config files larger than this are rejected before parsing.
 pub const MAX_CONFIG_SIZE: u64 = 10 * 1024 * 1024;

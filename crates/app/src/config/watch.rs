@@ -1,35 +1,51 @@
 //! The config-file watcher: notices changes of the config file and of every
 //! `passwordFile` (through their directories, like the files source, so ConfigMap
 //! and Secret volume swaps are seen), reloads and validates, and publishes
-//! `ConfigLoaded` or `ConfigInvalid` for the app's reinit loop.
+//! `ConfigLoaded` or `ConfigInvalid` (for the status page and `/debug/events`), and
+//! hands the typed result to the app's reinit loop ([`ConfigChange`]).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use hapwright_eventbus::model::{ContentHash, Diagnostic};
-use hapwright_eventbus::{
-    Component, ComponentError, ConfigHandle, ConfigInvalid, ConfigLoaded, Context,
-};
+use hapwright_eventbus::{Component, ComponentError, ConfigInvalid, ConfigLoaded, Context};
+use tokio::sync::mpsc;
 use hapwright_watchers::filewatch::{FileWatch, WatchOptions};
 use tracing::Instrument;
 
 use super::{Loaded, load};
 
+/// What the watcher found, for the reinit loop.
+#[derive(Debug)]
+pub enum ConfigChange {
+    /// A valid configuration with another hash than the one before (or the running
+    /// one again after an invalid spell).
+    Loaded(Box<Loaded>),
+    /// The files are invalid; every located error.
+    Invalid(Vec<Diagnostic>),
+}
+
 /// Watches the config file and its password files.
 ///
 /// It starts from the configuration the current iteration runs ([`Loaded`]), and
 /// publishes:
-/// - `ConfigLoaded` with the new [`Config`](super::Config) (in a [`ConfigHandle`])
-///   when the files changed and the result is valid with a different hash; also
+/// - `ConfigLoaded` (and [`ConfigChange::Loaded`] with the typed [`Loaded`] to its
+///   owner) when the files changed and the result is valid with a different hash; also
 ///   when the files return to the running configuration after an invalid spell, so
 ///   the app can clear the error (same hash: nothing to rebuild);
-/// - `ConfigInvalid` with every located error when the result is invalid, once per
-///   distinct set of errors. The running configuration stays.
+/// - `ConfigInvalid` (and [`ConfigChange::Invalid`]) with every located error when the
+///   result is invalid, once per distinct set of errors. The running configuration
+///   stays.
+///
+/// The configuration types live in this crate, above the event catalogue, so the
+/// events carry only the path and hash; the configuration itself travels to the reinit
+/// loop, the watcher's owner, over a typed channel.
 ///
 /// While the files on disk are invalid the component is `Unhealthy` with the first
 /// error as reason.
 #[derive(Debug)]
 pub struct ConfigWatcher {
+    changes: mpsc::UnboundedSender<ConfigChange>,
     path: PathBuf,
     files: Vec<PathBuf>,
     running: ContentHash,
@@ -40,9 +56,11 @@ impl ConfigWatcher {
     /// Component name.
     pub const NAME: &'static str = "config-watcher";
 
-    /// A watcher for the files of `loaded`, the configuration now running.
-    pub fn new(loaded: &Loaded) -> Self {
+    /// A watcher for the files of `loaded`, the configuration now running, that hands
+    /// every change to `changes`.
+    pub fn new(loaded: &Loaded, changes: mpsc::UnboundedSender<ConfigChange>) -> Self {
         Self {
+            changes,
             path: loaded.path.clone(),
             files: loaded.watched_files.clone(),
             running: loaded.hash,
@@ -78,6 +96,7 @@ impl Component for ConfigWatcher {
 
 async fn run(watcher: ConfigWatcher, ctx: Context) -> Result<(), ComponentError> {
     let ConfigWatcher {
+        changes,
         path,
         files,
         running,
@@ -112,8 +131,8 @@ async fn run(watcher: ConfigWatcher, ctx: Context) -> Result<(), ComponentError>
                 ctx.publisher().publish(ConfigLoaded {
                     path: path.display().to_string(),
                     hash: loaded.hash,
-                    config: ConfigHandle::new(loaded.config),
                 });
+                let _ = changes.send(ConfigChange::Loaded(Box::new(loaded)));
             }
             Err(errors) => {
                 if invalid.as_ref() == Some(&errors) {
@@ -133,8 +152,9 @@ async fn run(watcher: ConfigWatcher, ctx: Context) -> Result<(), ComponentError>
                 invalid = Some(errors.clone());
                 ctx.publisher().publish(ConfigInvalid {
                     path: path.display().to_string(),
-                    errors,
+                    errors: errors.clone(),
                 });
+                let _ = changes.send(ConfigChange::Invalid(errors));
             }
         }
     }

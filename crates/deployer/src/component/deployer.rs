@@ -218,7 +218,6 @@ pub struct Deployer {
     metrics: Metrics,
     credentials: Option<DiscoveredCredentials>,
     leader: Option<tokio::sync::watch::Receiver<bool>>,
-    subscription: Option<Subscription>,
 }
 
 impl std::fmt::Debug for Deployer {
@@ -277,7 +276,6 @@ impl Deployer {
             metrics,
             credentials: None,
             leader: None,
-            subscription: None,
         }
     }
 
@@ -594,25 +592,14 @@ impl Component for Deployer {
         Self::NAME
     }
 
-    fn provides(&self) -> Vec<String> {
-        vec![Self::NAME.to_owned()]
+    fn consumes(&self) -> Interest {
+        Interest::pipeline([
+            EventKind::DeploymentScheduled,
+            EventKind::InstancesDiscovered,
+        ])
     }
 
-    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
-        self.subscription = Some(bus.subscribe(
-            Self::NAME,
-            [
-                EventKind::DeploymentScheduled,
-                EventKind::InstancesDiscovered,
-            ],
-        )?);
-        Ok(())
-    }
-
-    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
-        let mut subscription = self
-            .subscription
-            .ok_or("deployer started without subscribing")?;
+    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
         let managed_names: Vec<String> = self
             .drivers
             .values()
@@ -654,9 +641,9 @@ impl Component for Deployer {
         loop {
             tokio::select! {
                 biased;
-                () = ctx.cancelled() => break,
-                // Events first: a config scheduled before a takeover is the one it deploys.
-                event = subscription.recv() => {
+                // Events first: a config scheduled before a takeover is the one it
+                // deploys. `None`: the deployer should stop.
+                event = ctx.next_event() => {
                     let Some(event) = event else { break };
                     match &event.payload {
                         EventPayload::DeploymentScheduled(_) => {

@@ -50,7 +50,6 @@ impl From<&crate::config::Timings> for Config {
 pub struct Scheduler {
     config: Config,
     static_instances: Vec<String>,
-    subscription: Option<Subscription>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -71,7 +70,6 @@ impl Scheduler {
         Self {
             config,
             static_instances,
-            subscription: None,
         }
     }
 }
@@ -188,26 +186,15 @@ impl Component for Scheduler {
         Self::NAME
     }
 
-    fn provides(&self) -> Vec<String> {
-        vec![Self::NAME.to_owned()]
+    fn consumes(&self) -> Interest {
+        Interest::pipeline([
+            EventKind::ValidationCompleted,
+            EventKind::InstancesDiscovered,
+            EventKind::DeploymentCompleted,
+        ])
     }
 
-    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
-        self.subscription = Some(bus.subscribe(
-            Self::NAME,
-            [
-                EventKind::ValidationCompleted,
-                EventKind::InstancesDiscovered,
-                EventKind::DeploymentCompleted,
-            ],
-        )?);
-        Ok(())
-    }
-
-    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
-        let mut subscription = self
-            .subscription
-            .ok_or("scheduler started without subscribing")?;
+    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
         let mut state = State {
             config: self.config,
             static_instances: self.static_instances,
@@ -222,8 +209,7 @@ impl Component for Scheduler {
             let ready_at = state.ready_at();
             tokio::select! {
                 biased;
-                () = ctx.cancelled() => return Ok(()),
-                event = subscription.recv() => match event {
+                event = ctx.next_event() => match event {
                     Some(event) => state.handle(event),
                     None => return Ok(()),
                 },

@@ -25,7 +25,6 @@ use super::{Renderer, Resources};
 /// validation.
 pub struct RendererComponent {
     renderer: Renderer,
-    subscription: Option<Subscription>,
 }
 
 impl std::fmt::Debug for RendererComponent {
@@ -42,10 +41,7 @@ impl RendererComponent {
 
     /// A renderer component over compiled templates.
     pub fn new(renderer: Renderer) -> Self {
-        Self {
-            renderer,
-            subscription: None,
-        }
+        Self { renderer }
     }
 }
 
@@ -55,40 +51,23 @@ impl Component for RendererComponent {
         Self::NAME
     }
 
-    fn provides(&self) -> Vec<String> {
-        vec!["renderer".to_owned()]
+    fn consumes(&self) -> Interest {
+        Interest::pipeline([
+            EventKind::ResourceIndexUpdated,
+            EventKind::ReconciliationStarted,
+        ])
     }
 
-    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
-        self.subscription = Some(bus.subscribe(
-            Self::NAME,
-            [
-                EventKind::ResourceIndexUpdated,
-                EventKind::ReconciliationStarted,
-            ],
-        )?);
-        Ok(())
-    }
-
-    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
-        let RendererComponent {
-            renderer,
-            subscription,
-        } = *self;
-        let mut subscription = subscription.ok_or("renderer: run() before subscribe()")?;
+    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
+        let RendererComponent { renderer } = *self;
         let mut resources = Resources::new();
         let mut last: Option<Arc<RenderedConfig>> = None;
         loop {
-            let event = tokio::select! {
-                biased;
-                () = ctx.cancelled() => return Ok(()),
-                event = subscription.recv() => match event {
-                    Some(event) => event,
-                    None => return Ok(()),
-                },
+            let Some(event) = ctx.next_event().await else {
+                return Ok(());
             };
             let mut request = take(&event, &mut resources);
-            while let Some(event) = subscription.try_recv() {
+            while let Some(event) = ctx.try_next_event() {
                 if let Some(older) =
                     take(&event, &mut resources).and_then(|newer| request.replace(newer))
                 {

@@ -214,10 +214,6 @@ impl Component for PodDiscovery {
         Self::NAME
     }
 
-    fn provides(&self) -> Vec<String> {
-        vec!["instances/kubernetes".to_owned()]
-    }
-
     async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
         let span = tracing::info_span!(
             "pod_discovery",

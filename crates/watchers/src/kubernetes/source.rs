@@ -408,11 +408,6 @@ impl KubernetesSource {
         .collect()
     }
 
-    /// The capability this source provides: `resources/<name>`.
-    pub fn capability(name: &str) -> String {
-        format!("resources/{name}")
-    }
-
     /// The client, the kind's API resource and its capabilities; the error's message
     /// is the reason for `Unhealthy`.
     async fn resolve(&self) -> Result<(kube::Client, ApiResource, ApiCapabilities), ResolveError> {
@@ -469,10 +464,6 @@ impl KubernetesSource {
 impl Component for KubernetesSource {
     fn name(&self) -> &str {
         &self.component
-    }
-
-    fn provides(&self) -> Vec<String> {
-        vec![Self::capability(&self.resource)]
     }
 
     async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {

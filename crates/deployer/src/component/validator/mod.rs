@@ -572,7 +572,6 @@ fn attribute(mut diagnostic: Diagnostic, rendered: &RenderedConfig) -> Diagnosti
 pub struct Validator {
     config: Config,
     metrics: Metrics,
-    subscription: Option<Subscription>,
 }
 
 impl fmt::Debug for Validator {
@@ -592,7 +591,6 @@ impl Validator {
         Self {
             config,
             metrics,
-            subscription: None,
         }
     }
 
@@ -660,20 +658,11 @@ impl Component for Validator {
         Self::NAME
     }
 
-    fn provides(&self) -> Vec<String> {
-        vec![Self::NAME.to_owned()]
+    fn consumes(&self) -> Interest {
+        Interest::pipeline([EventKind::TemplateRendered])
     }
 
-    fn subscribe(&mut self, bus: &Bus) -> Result<(), BusError> {
-        self.subscription = Some(bus.subscribe(Self::NAME, [EventKind::TemplateRendered])?);
-        Ok(())
-    }
-
-    async fn run(mut self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
-        let mut subscription = self
-            .subscription
-            .take()
-            .ok_or("validator started without subscribing")?;
+    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
         // Scratch directories of a controller that was killed before it could
         // remove them.
         let root = self.config.scratch_root.clone();
@@ -693,15 +682,7 @@ impl Component for Validator {
             }
         }
         ctx.health().healthy();
-        loop {
-            let event = tokio::select! {
-                biased;
-                () = ctx.cancelled() => return Ok(()),
-                event = subscription.recv() => match event {
-                    Some(event) => event,
-                    None => return Ok(()),
-                },
-            };
+        while let Some(event) = ctx.next_event().await {
             let span = tracing::info_span!(
                 "validation",
                 correlation_id = %event.correlation_id.map(|c| c.to_string()).unwrap_or_default(),
@@ -715,6 +696,7 @@ impl Component for Validator {
                 () = self.handle(&ctx, &event).instrument(span) => {}
             }
         }
+        Ok(())
     }
 }
 
