@@ -21,8 +21,8 @@ use hapwright_eventbus::model::{
     ContentHash, DeployReason, DeployStrategy, Diagnostic, RenderedConfig, ResourceSnapshot,
 };
 use hapwright_eventbus::{
-    Bus, BusError, Component, ComponentError, Context, CorrelationId, Event, EventPayload,
-    HealthState, HealthTable, KindSet, Stage, Subscription, ValidationPhase,
+    Component, ComponentError, Context, CorrelationId, Event, EventPayload, HealthState,
+    HealthTable, Interest, KindSet, Stage, ValidationPhase,
 };
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde::Serialize;

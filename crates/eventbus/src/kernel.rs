@@ -28,7 +28,7 @@
 //! (observers such as the event log) only turn `Exited`.
 
 use std::any::Any;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -127,7 +127,6 @@ pub enum KernelError {
     #[error("the bus could not start: {0}")]
     Bus(BusError),
 }
-
 
 // === impl KernelMetrics ===
 
@@ -536,6 +535,72 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
         text.clone()
     } else {
         "unknown panic payload".to_owned()
+    }
+}
+
+// === impl RestartBackoff ===
+
+/// Delays between restarts after mandatory component failures: 1 s, doubling up to
+/// 60 s; a run that lasted [`reset_after`](Self::reset_after) (2 min by default,
+/// longer than the longest delay) counts as healthy and starts over at 1 s. The
+/// doubling keeps a component that fails at once from spinning the controller; the
+/// reset keeps a rare failure from inheriting an old, long delay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestartBackoff {
+    initial: Duration,
+    max: Duration,
+    reset_after: Duration,
+    attempt: u32,
+}
+
+impl Default for RestartBackoff {
+    fn default() -> Self {
+        Self::new(
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            Duration::from_secs(120),
+        )
+    }
+}
+
+impl RestartBackoff {
+    /// A backoff starting at `initial`, doubling up to `max`, reset by a run of at
+    /// least `reset_after`.
+    pub fn new(initial: Duration, max: Duration, reset_after: Duration) -> Self {
+        Self {
+            initial,
+            max,
+            reset_after,
+            attempt: 0,
+        }
+    }
+
+    /// The delay before the next restart, given how long the failed run lasted.
+    pub fn next_delay(&mut self, ran_for: Duration) -> Duration {
+        if ran_for >= self.reset_after {
+            self.attempt = 0;
+        }
+        let delay = self
+            .initial
+            .saturating_mul(1u32 << self.attempt.min(16))
+            .min(self.max);
+        self.attempt = self.attempt.saturating_add(1);
+        delay
+    }
+
+    /// Restarts since the last reset (0 when the last run was healthy).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// How long a run must last to count as healthy.
+    pub fn reset_after(&self) -> Duration {
+        self.reset_after
+    }
+
+    /// Starts over at the initial delay (a run lasted long enough).
+    pub fn reset(&mut self) {
+        self.attempt = 0;
     }
 }
 

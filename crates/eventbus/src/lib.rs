@@ -16,6 +16,6 @@ pub use bus::{Bus, BusConfig, BusError, BusMetrics, Delivery, Publisher, Subscri
 pub use event::*;
 pub use health::{Health, HealthState, HealthTable};
 pub use kernel::{
-    Component, ComponentError, ComponentFailure, Context, HealthReporter, Kernel, KernelError,
-    Interest, KernelMetrics, RestartBackoff, RunningKernel, ShutdownReport,
+    Component, ComponentError, ComponentFailure, Context, HealthReporter, Interest, Kernel,
+    KernelError, KernelMetrics, RestartBackoff, RunningKernel, ShutdownReport,
 };

@@ -7,7 +7,7 @@ use std::time::Duration;
 use hapwright_eventbus::{
     Bus, BusConfig, BusMetrics, Component, ComponentError, Context, DriftDetected, EventKind,
     EventPayload, HealthState, Interest, Kernel, KernelError, KernelMetrics, KindSet,
-    ResourceSyncComplete, RestartBackoff, Subscription,
+    ResourceSyncComplete, RestartBackoff,
 };
 use prometheus::Registry;
 use tokio::time::timeout;

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_eventbus::{
-    Bus, BusError, Component, ComponentError, Context, EventId, EventKind, EventMeta, EventPayload,
-    ReconciliationTriggered, Subscription,
+    Component, ComponentError, Context, EventId, EventKind, EventMeta, EventPayload, Interest,
+    ReconciliationTriggered,
 };
 use tokio::time::Instant;
 

@@ -27,9 +27,9 @@ use std::time::Duration;
 
 use hapwright_eventbus::model::{ContentHash, Diagnostic};
 use hapwright_eventbus::{
-    Bus, BusError, Component, ComponentError, Context, CorrelationId, Event, EventKind, EventMeta,
-    EventPayload, ReconciliationCompleted, ReconciliationFailed, ReconciliationStarted, Stage,
-    Subscription,
+    Component, ComponentError, Context, CorrelationId, Event, EventKind, EventMeta, EventPayload,
+    Interest, Publisher, ReconciliationCompleted, ReconciliationFailed, ReconciliationStarted,
+    Stage,
 };
 use tokio::time::Instant;
 
@@ -68,9 +68,7 @@ impl Executor {
 
     /// A new executor.
     pub fn new(settings: Settings) -> Self {
-        Self {
-            settings,
-        }
+        Self { settings }
     }
 }
 

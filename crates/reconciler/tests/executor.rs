@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use hapwright_eventbus::model::{Diagnostic, RenderedConfig};
 use hapwright_eventbus::{
-    Bus, BusError, Component, ComponentError, Context, CorrelationId, Event, EventKind,
-    EventPayload, ReconciliationTriggered, Stage, Subscription, TemplateRenderFailed,
-    TemplateRendered, ValidationCompleted, ValidationFailed, ValidationPhase,
+    Component, ComponentError, Context, CorrelationId, Event, EventKind, EventPayload, Interest,
+    ReconciliationTriggered, Stage, TemplateRenderFailed, TemplateRendered, ValidationCompleted,
+    ValidationFailed, ValidationPhase,
 };
 use hapwright_reconciler::executor::{Executor, Settings};
 use hapwright_reconciler::renderer::{Renderer, RendererComponent, Templates};

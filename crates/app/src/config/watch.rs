@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use hapwright_eventbus::model::{ContentHash, Diagnostic};
 use hapwright_eventbus::{Component, ComponentError, ConfigInvalid, ConfigLoaded, Context};
-use tokio::sync::mpsc;
 use hapwright_watchers::filewatch::{FileWatch, WatchOptions};
+use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::{Loaded, load};

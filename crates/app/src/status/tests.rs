@@ -2,9 +2,10 @@ use std::time::Duration;
 
 use hapwright_eventbus::model::{InstanceDriver, InstanceRef, ReloadReason};
 use hapwright_eventbus::{
-    DeploymentCompleted, DeploymentSummary, EventId, InstanceDeployed, InstanceDeploymentFailed,
-    InstancesDiscovered, Kernel, ReconciliationCompleted, ReconciliationFailed,
-    ReconciliationStarted, TemplateRenderFailed, TemplateRendered, ValidationCompleted,
+    Bus, DeploymentCompleted, DeploymentSummary, EventId, InstanceDeployed,
+    InstanceDeploymentFailed, InstancesDiscovered, Kernel, ReconciliationCompleted,
+    ReconciliationFailed, ReconciliationStarted, TemplateRenderFailed, TemplateRendered,
+    ValidationCompleted,
 };
 
 use super::*;

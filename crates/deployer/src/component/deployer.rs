@@ -26,8 +26,8 @@ use std::time::{Duration, SystemTime};
 
 use hapwright_eventbus::model::{ContentHash, InstanceRef, RenderedConfig};
 use hapwright_eventbus::{
-    Bus, BusError, Component, ComponentError, Context, DeploymentCompleted, DeploymentStarted,
-    DeploymentSummary, Event, EventKind, EventPayload, Subscription,
+    Component, ComponentError, Context, DeploymentCompleted, DeploymentStarted, DeploymentSummary,
+    Event, EventKind, EventPayload, Interest,
 };
 use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;

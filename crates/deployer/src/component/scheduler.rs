@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use hapwright_eventbus::model::{ContentHash, ParsedConfig, RenderedConfig};
 use hapwright_eventbus::{
-    Bus, BusError, Component, ComponentError, Context, DeploymentScheduled, Event, EventKind,
-    EventPayload, Subscription,
+    Component, ComponentError, Context, DeploymentScheduled, Event, EventKind, EventPayload,
+    Interest,
 };
 use tokio::time::Instant;
 

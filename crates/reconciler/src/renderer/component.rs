@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use hapwright_eventbus::model::RenderedConfig;
 use hapwright_eventbus::{
-    Bus, BusError, Component, ComponentError, Context, Event, EventKind, EventPayload,
-    Subscription, TemplateRenderFailed, TemplateRendered,
+    Component, ComponentError, Context, Event, EventKind, EventPayload, Interest,
+    TemplateRenderFailed, TemplateRendered,
 };
 use tracing::Instrument;
 

@@ -40,8 +40,8 @@ use hapwright_eventbus::model::{
     Diagnostic, ParsedConfig, RenderedConfig, Severity, SourceLocation,
 };
 use hapwright_eventbus::{
-    Bus, BusError, Component, ComponentError, Context, Event, EventKind, EventPayload,
-    Subscription, ValidationCompleted, ValidationFailed, ValidationPhase,
+    Component, ComponentError, Context, Event, EventKind, EventPayload, Interest,
+    ValidationCompleted, ValidationFailed, ValidationPhase,
 };
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 use tokio::io::AsyncReadExt;
@@ -588,10 +588,7 @@ impl Validator {
 
     /// A validator with its settings and the process's metrics.
     pub fn new(config: Config, metrics: Metrics) -> Self {
-        Self {
-            config,
-            metrics,
-        }
+        Self { config, metrics }
     }
 
     async fn handle(&self, ctx: &Context, event: &Event) {
