@@ -447,15 +447,72 @@ pub async fn measure(config: &Config, scale: usize) -> Result<ScaleReport, Bench
     })
 }
 
+/// Why the child process measuring one scale gave no figures. Not retried: the
+/// command exits with [`ChildError::exit_code`].
+#[derive(Debug, thiserror::Error)]
+pub enum ChildError {
+    /// The path of this binary is unknown, so no child can be started.
+    #[error("cannot find this executable: {error}")]
+    ExecutableUnknown {
+        /// The operating system's error.
+        error: std::io::Error,
+    },
+    /// The child process could not be started.
+    #[error("cannot start the measuring process: {error}")]
+    SpawnFailed {
+        /// The operating system's error.
+        error: std::io::Error,
+    },
+    /// The child failed; it has already printed why on the inherited stderr, so the
+    /// parent prints nothing more and exits with the child's code.
+    #[error("the measuring process exited with code {code}")]
+    ChildFailed {
+        /// The child's exit code (1 when it has none, e.g. killed by a signal).
+        code: u8,
+    },
+    /// The child's output is not a JSON report.
+    #[error("the measuring process printed no report: {error}")]
+    ReportUnreadable {
+        /// The JSON parser's error.
+        error: serde_json::Error,
+    },
+    /// The child's report has no scale in it.
+    #[error("the measuring process measured nothing")]
+    NothingMeasured,
+    /// The task waiting for the child failed (panicked or was cancelled).
+    #[error("the benchmark failed: {error}")]
+    WaitFailed {
+        /// The task's error.
+        error: tokio::task::JoinError,
+    },
+}
+
+impl ChildError {
+    /// The exit code `hapwright bench` ends with: the child's own, or
+    /// [`exit::FAILURE`].
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::ChildFailed { code } => *code,
+            _ => exit::FAILURE,
+        }
+    }
+
+    /// Whether the parent should print the message (the child already printed its
+    /// own error).
+    fn should_print(&self) -> bool {
+        !matches!(self, Self::ChildFailed { .. })
+    }
+}
+
 /// Measures one scale in a child process of this binary (`bench --in-process`), so
 /// its peak memory is its own.
 ///
 /// # Errors
 ///
-/// The child failed (its stderr was passed through) or printed no report.
-pub fn measure_in_child(config_path: &Path, scale: usize) -> Result<ScaleReport, (u8, String)> {
-    let exe = std::env::current_exe()
-        .map_err(|e| (exit::FAILURE, format!("cannot find this executable: {e}")))?;
+/// [`ChildError`]: the child failed (its stderr was passed through) or printed no
+/// report.
+pub fn measure_in_child(config_path: &Path, scale: usize) -> Result<ScaleReport, ChildError> {
+    let exe = std::env::current_exe().map_err(|error| ChildError::ExecutableUnknown { error })?;
     let output = std::process::Command::new(exe)
         .arg("bench")
         .arg("-c")
@@ -466,32 +523,22 @@ pub fn measure_in_child(config_path: &Path, scale: usize) -> Result<ScaleReport,
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
-        .map_err(|e| {
-            (
-                exit::FAILURE,
-                format!("cannot start the measuring process: {e}"),
-            )
-        })?;
+        .map_err(|error| ChildError::SpawnFailed { error })?;
     if !output.status.success() {
         let code = output
             .status
             .code()
             .and_then(|c| u8::try_from(c).ok())
             .unwrap_or(exit::FAILURE);
-        return Err((code, String::new()));
+        return Err(ChildError::ChildFailed { code });
     }
-    let report: BenchReport = serde_json::from_slice(&output.stdout).map_err(|e| {
-        (
-            exit::FAILURE,
-            format!("the measuring process printed no report: {e}"),
-        )
-    })?;
-    report.scales.into_iter().next().ok_or_else(|| {
-        (
-            exit::FAILURE,
-            "the measuring process measured nothing".to_owned(),
-        )
-    })
+    let report: BenchReport = serde_json::from_slice(&output.stdout)
+        .map_err(|error| ChildError::ReportUnreadable { error })?;
+    report
+        .scales
+        .into_iter()
+        .next()
+        .ok_or(ChildError::NothingMeasured)
 }
 
 /// The text table of a report.
@@ -547,7 +594,15 @@ pub async fn command(path: &Path, scales: &[usize], output: OutputFormat, in_pro
             let path = path.to_owned();
             tokio::task::spawn_blocking(move || measure_in_child(&path, scale))
                 .await
-                .unwrap_or_else(|e| Err((exit::FAILURE, format!("the benchmark failed: {e}"))))
+                .unwrap_or_else(|error| Err(ChildError::WaitFailed { error }))
+                .map_err(|error| {
+                    let message = if error.should_print() {
+                        error.to_string()
+                    } else {
+                        String::new()
+                    };
+                    (error.exit_code(), message)
+                })
         };
         match measured {
             Ok(scale) => report.scales.push(scale),
