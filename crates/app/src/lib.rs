@@ -1,6 +1,32 @@
 //! The hapwright application: configuration assembly, the reinit loop that runs one
 //! kernel iteration per valid configuration, the HTTP surface (metrics, health, debug
 //! JSON, status page) and the command line.
+//!
+//! # Layout
+//!
+//! ```text
+//! main.rs          argument parsing, tracing set-up, exit codes (thin)
+//! commands         check, render, version: one function per subcommand
+//! config/          the config file: types, located errors (locate), load, the
+//!                  config-file watcher component (watch)
+//! build            a config → the components of one kernel iteration (sources,
+//!                  renderer, validator, scheduler, deployer)
+//! run              `hapwright run`: the process-wide parts (metrics registry, status
+//!                  store, managed HAProxy supervisor, last-deployed store), the reinit
+//!                  loop (config changes, SIGHUP, POST /-/reload, component failures
+//!                  → a new iteration), the HTTP listeners
+//! http             the HTTP surface: /metrics, /healthz, /readyz, /-/reload, /debug/*
+//! status           the status store fed by the status and event-log components
+//! status_page      the HTML status page
+//! telemetry        logging (text or JSON) and its filter
+//! validation_tests `hapwright test`: cases, fixtures, runner, assertions, report
+//! bench            `hapwright bench`: synthetic clusters rendered and validated at scale
+//! ```
+//!
+//! Data moves through `run`: a loaded config is built into a kernel iteration whose
+//! components meet on the bus; the status components turn events into the store that
+//! `http` and the status page read; a config change or a failed mandatory component
+//! ends the iteration and the loop builds the next.
 
 pub mod bench;
 pub mod build;

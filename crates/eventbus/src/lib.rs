@@ -2,8 +2,28 @@
 //! kernel with health tracking, and the model types every crate shares.
 //!
 //! Components never call each other: they publish and subscribe to [`Event`]s on a
-//! [`Bus`]. The [`Kernel`] starts them in dependency order, tracks their
-//! [`Health`], isolates their failures and stops them within a deadline.
+//! [`Bus`]. The [`Kernel`] subscribes each to its [`Interest`], starts them, tracks
+//! their [`Health`], isolates their failures and stops them within a deadline.
+//!
+//! # Layout
+//!
+//! ```text
+//! event    the catalogue: one payload type per event, EventKind, KindSet, metadata
+//!          (id, correlation id, caused-by), ReloadSource, Stage, ValidationPhase
+//! bus      buffered pub/sub over async-broadcast: pipeline (lossless) and observer
+//!          (counted losses) subscribers, the publisher's spill queue, bus metrics
+//! kernel   Component (name, consumes, mandatory, run), Context (publisher, health,
+//!          next_event, cancellation), Kernel → RunningKernel, restart backoff
+//! health   Health / HealthState per component and the shared HealthTable
+//! model    values carried inside events: ResourceSnapshot (imbl maps + indexes),
+//!          RenderedConfig (files, hash, source map), ParsedConfig, Diagnostic,
+//!          deploy strategies and reasons, InstanceRef
+//! config   config value types every crate shares (durations, secrets)
+//! ```
+//!
+//! Data moves as `Arc<Event>`: a publisher builds a payload from `model` values, the
+//! bus stamps it and fans it out to every subscription whose kinds match, and each
+//! component reads it from its [`Context`].
 
 pub mod bus;
 pub mod config;

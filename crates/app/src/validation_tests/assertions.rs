@@ -29,7 +29,7 @@ pub enum Outcome {
     Setup(Vec<String>),
     /// The fixtures loaded and the templates were rendered.
     Rendered {
-        /// The `jsonpath` context (see [`Fixtures::context`]).
+        /// The `jsonpath` context ([`Fixtures::context`](super::fixtures::Fixtures::context)).
         context: Value,
         /// The render, or its errors.
         render: Result<RenderedConfig, Vec<Diagnostic>>,
