@@ -12,19 +12,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use hapwright_deployer::haproxy::files::{ConfigDir, RecordCheck};
-use hapwright_e2e::{Controller, WAIT, master_command, poll, replace_once, service_manifest};
+use hapwright_e2e::{Controller, WAIT, master_command, poll, quick_pacing, service_manifest};
 
 const SHOP: &str = "shop.example.test";
 
 /// Faster pacing than the quickstart's, so a repair is not held by the windows.
 fn quick(config: &str) -> String {
-    let config = replace_once(config, "debounce: 200ms", "debounce: 50ms");
-    let config = replace_once(
-        &config,
-        "minDeploymentInterval: 500ms",
-        "minDeploymentInterval: 100ms",
-    );
-    replace_once(&config, "minReloadInterval: 2s", "minReloadInterval: 100ms")
+    quick_pacing(config, "100ms")
 }
 
 fn faults(dir: &Path, spec: &str) -> String {

@@ -1,5 +1,5 @@
 //! Drift prevention through the real binary: a map changed behind hapwright's back and
-//! loaded by a reload outside hapwright is found by the drift monitor
+//! loaded by a reload outside hapwright is found by the instance's drift check
 //! (`driftPreventionInterval`) and repaired with a `drift` reload.
 
 use hapwright_e2e::{Controller, WAIT, master_command, replace_once};

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use hapwright_e2e::{Controller, Reply, WAIT, accepts_connections, replace_once, service_manifest};
+use hapwright_e2e::{Controller, Reply, WAIT, accepts_connections, quick_pacing, service_manifest};
 
 const WEB: &str = "web.example.test";
 const API: &str = "api.example.test";
@@ -53,15 +53,7 @@ struct Traffic {
 fn no_request_fails_across_20_structural_changes() {
     const CHANGES: usize = 20;
     // Quicker pacing than the quickstart's, so 20 reloads take seconds.
-    let controller = Controller::start_with(|config| {
-        let config = replace_once(config, "debounce: 200ms", "debounce: 50ms");
-        let config = replace_once(
-            &config,
-            "minDeploymentInterval: 500ms",
-            "minDeploymentInterval: 100ms",
-        );
-        replace_once(&config, "minReloadInterval: 2s", "minReloadInterval: 200ms")
-    });
+    let controller = Controller::start_with(|config| quick_pacing(config, "200ms"));
     let ports = controller.ports();
     let expected = [
         (WEB, controller.body(WEB)),

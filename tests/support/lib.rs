@@ -780,6 +780,22 @@ impl Controller {
     }
 }
 
+/// The quickstart config with quicker pacing (debounce 50 ms, minDeploymentInterval
+/// 100 ms, minReloadInterval `reload`), so tests that make many changes take seconds.
+pub fn quick_pacing(config: &str, reload: &str) -> String {
+    let config = replace_once(config, "debounce: 200ms", "debounce: 50ms");
+    let config = replace_once(
+        &config,
+        "minDeploymentInterval: 500ms",
+        "minDeploymentInterval: 100ms",
+    );
+    replace_once(
+        &config,
+        "minReloadInterval: 2s",
+        &format!("minReloadInterval: {reload}"),
+    )
+}
+
 /// Starts `hapwright run -c <dir>/hapwright.yaml` in `dir`, appending to `log`.
 fn launch(dir: &Path, log: &Path, env: &[(&str, &str)]) -> Child {
     let out = fs::OpenOptions::new()

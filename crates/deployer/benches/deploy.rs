@@ -6,7 +6,6 @@
 
 use hapwright_deployer::Driver;
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +15,7 @@ use hapwright_deployer::client::socket::{InstanceConfig, SocketAddress};
 use hapwright_deployer::driver::{Deployed, SocketDriver};
 use hapwright_deployer::haproxy::files::ConfigDir;
 use hapwright_deployer::metrics::Metrics;
-use hapwright_eventbus::model::{DeployStrategy, RenderedConfig, SourceMap};
+use hapwright_eventbus::model::{DeployStrategy, RenderedConfig};
 
 fn render(port: u16, server_port: u16) -> Arc<RenderedConfig> {
     let main = format!(
@@ -24,13 +23,7 @@ fn render(port: u16, server_port: u16) -> Arc<RenderedConfig> {
 frontend fe_main\n    bind 127.0.0.1:{port}\n    default_backend be_app\n\n\
 backend be_app\n    balance roundrobin\n    server s1 127.0.0.1:{server_port}\n"
     );
-    Arc::new(RenderedConfig::new(
-        main,
-        BTreeMap::new(),
-        BTreeMap::new(),
-        BTreeMap::new(),
-        SourceMap::default(),
-    ))
+    Arc::new(RenderedConfig::main_only(main))
 }
 
 /// Kills and reaps HAProxy when the benchmark ends.

@@ -14,7 +14,7 @@ use hapwright_deployer::driver::{DeployError, Deployed};
 use hapwright_deployer::haproxy::config::Config as Model;
 use hapwright_deployer::haproxy::plan::ChangePlan;
 use hapwright_deployer::metrics::Metrics;
-use hapwright_eventbus::model::{DeployStrategy, InstanceDriver, RenderedConfig, SourceMap};
+use hapwright_eventbus::model::{DeployStrategy, InstanceDriver, RenderedConfig};
 use hapwright_eventbus::{
     Bus, BusConfig, BusMetrics, DeploymentScheduled, EventKind, EventPayload, Kernel,
 };
@@ -99,13 +99,7 @@ impl Driver for Fake {
 }
 
 fn config(text: &str) -> Arc<RenderedConfig> {
-    Arc::new(RenderedConfig::new(
-        text,
-        BTreeMap::new(),
-        BTreeMap::new(),
-        BTreeMap::new(),
-        SourceMap::default(),
-    ))
+    Arc::new(RenderedConfig::main_only(text))
 }
 
 const BACKEND: &str = "backend be\n    balance roundrobin\n";

@@ -1,11 +1,10 @@
 //! Scheduler rate limits, latest-wins and skip rules (DESIGN §3), under paused time.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_deployer::component::scheduler::{Config, Scheduler};
-use hapwright_eventbus::model::{InstanceDriver, InstanceRef, RenderedConfig, SourceMap};
+use hapwright_eventbus::model::{InstanceDriver, InstanceRef, RenderedConfig};
 use hapwright_eventbus::{
     Bus, BusConfig, BusMetrics, CorrelationId, DeploymentCompleted, DeploymentSummary,
     DriftDetected, Event, EventKind, EventMeta, EventPayload, InstancesDiscovered, Kernel,
@@ -15,13 +14,7 @@ use prometheus::Registry;
 use tokio::time::{Instant, timeout};
 
 fn config(text: &str) -> Arc<RenderedConfig> {
-    Arc::new(RenderedConfig::new(
-        text,
-        BTreeMap::new(),
-        BTreeMap::new(),
-        BTreeMap::new(),
-        SourceMap::default(),
-    ))
+    Arc::new(RenderedConfig::main_only(text))
 }
 
 struct Harness {

@@ -25,7 +25,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hapwright_eventbus::model::{DeployStrategy, Diagnostic, RenderedConfig};
+use hapwright_eventbus::model::{ContentHash, DeployStrategy, Diagnostic, RenderedConfig};
 use hapwright_eventbus::{
     DriftDetected, Event, EventPayload, InstanceDeployed, InstanceDeploymentFailed, Publisher,
 };
@@ -398,7 +398,6 @@ impl Worker {
     }
 
     fn succeeded(&mut self, desired: &Desired, deployed: Deployed, elapsed: Duration) {
-        let name = self.name().to_owned();
         tracing::info!(
             strategy = %deployed.strategy,
             reason = %deployed.reason.detail,
@@ -408,20 +407,7 @@ impl Worker {
         if deployed.strategy == DeployStrategy::Reload {
             self.last_reload = Some(Instant::now());
         }
-        self.shared
-            .metrics
-            .deployment(&name, deployed.strategy, true, elapsed.as_secs_f64());
-        let event = InstanceDeployed {
-            instance: name.clone(),
-            hash: desired.config.hash(),
-            strategy: deployed.strategy,
-            reason: Some(deployed.reason.clone()),
-            duration: elapsed,
-        };
-        // The record first: whoever reacts to the event finds it.
-        self.shared
-            .store
-            .record_success(&name, deployed, self.last_reload);
+        let event = self.record_deployed(desired.config.hash(), deployed, elapsed);
         self.shared.publisher.reply(&desired.cause, event);
         if let Some(current) = self.current.as_mut() {
             current.drift_check = false;
@@ -429,6 +415,31 @@ impl Worker {
         self.failures = 0;
         let round = self.unreported.take();
         self.report(round, Outcome::Deployed);
+    }
+
+    /// Counts and records a deployment of `hash`; returns its event, for the caller to
+    /// publish after the record is written (whoever reacts to the event finds it).
+    fn record_deployed(
+        &self,
+        hash: ContentHash,
+        deployed: Deployed,
+        elapsed: Duration,
+    ) -> InstanceDeployed {
+        let name = self.name().to_owned();
+        self.shared
+            .metrics
+            .deployment(&name, deployed.strategy, true, elapsed.as_secs_f64());
+        let event = InstanceDeployed {
+            instance: name.clone(),
+            hash,
+            strategy: deployed.strategy,
+            reason: Some(deployed.reason.clone()),
+            duration: elapsed,
+        };
+        self.shared
+            .store
+            .record_success(&name, deployed, self.last_reload);
+        event
     }
 
     /// Records a failed attempt; returns when to retry.
@@ -551,22 +562,7 @@ impl Worker {
                     "Managed HAProxy started; recorded as a deployment"
                 );
                 self.last_reload = Some(Instant::now());
-                self.shared.metrics.deployment(
-                    &name,
-                    deployed.strategy,
-                    true,
-                    elapsed.as_secs_f64(),
-                );
-                let event = InstanceDeployed {
-                    instance: name.clone(),
-                    hash,
-                    strategy: deployed.strategy,
-                    reason: Some(deployed.reason.clone()),
-                    duration: elapsed,
-                };
-                self.shared
-                    .store
-                    .record_success(&name, deployed, self.last_reload);
+                let event = self.record_deployed(hash, deployed, elapsed);
                 publish(event.into());
                 let behind = self
                     .current

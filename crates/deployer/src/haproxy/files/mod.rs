@@ -494,13 +494,7 @@ mod tests {
         config_dir.write(&first, "v1", None).unwrap();
         let good = config_dir.snapshot().unwrap();
         assert_eq!(good.files.len(), 2);
-        let second = RenderedConfig::new(
-            "global\n    maxconn 1\n",
-            BTreeMap::new(),
-            BTreeMap::new(),
-            BTreeMap::new(),
-            SourceMap::default(),
-        );
+        let second = RenderedConfig::main_only("global\n    maxconn 1\n");
         config_dir.write(&second, "v2", Some(&first)).unwrap();
         assert!(!dir.path().join("maps/hosts.map").exists());
         config_dir.restore(&good).unwrap();
