@@ -617,7 +617,15 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
                         .bus()
                         .publisher()
                         .publish(ReloadRequested { source });
-                    config::load(&config_path)
+                    // Reading and checking the files blocks: off the async workers.
+                    let path = config_path.clone();
+                    tokio::task::spawn_blocking(move || config::load(&path))
+                        .await
+                        .unwrap_or_else(|join| {
+                            Err(vec![Diagnostic::error(format!(
+                                "loading the config file failed: {join}"
+                            ))])
+                        })
                 }
             }
             .and_then(prepare);

@@ -194,3 +194,62 @@ async fn files_that_differ_from_the_state_record_are_repaired_with_one_reload() 
     assert_eq!(again.strategy, DeployStrategy::Noop);
     assert_eq!(haproxy.reloads().await, reloads + 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_that_fails_too_is_an_error_of_its_own_and_counted() {
+    use hapwright_deployer::Driver;
+    use hapwright_deployer::driver::{DeployError, SocketDriver};
+    use hapwright_deployer::haproxy::files::Faults;
+
+    let app = Backend::start("app").await;
+    let port = free_port();
+    let render = |extra: &str| {
+        Arc::new(RenderedConfig::new(
+            config(
+                port,
+                &format!(
+                    "backend be_app\n{extra}    server s1 127.0.0.1:{}\n",
+                    app.port
+                ),
+            ),
+            BTreeMap::from([("hosts.map".to_owned(), Arc::from(""))]),
+            BTreeMap::new(),
+            BTreeMap::new(),
+            SourceMap::default(),
+        ))
+    };
+    let v1 = render("");
+    let haproxy = Haproxy::start("broken-disk", &v1, &v1.hash().short()).await;
+    let before = std::fs::read(haproxy.path().join("haproxy.cfg")).unwrap();
+    let metrics = Metrics::unregistered().unwrap();
+    // HAProxy refuses the next config, and putting the last good files back fails
+    // (the disk filled up meanwhile).
+    let driver = SocketDriver::new(haproxy.instance.clone(), None, metrics.clone())
+        .with_faults(Faults::parse("fail-restore").unwrap());
+    let running = driver.deploy(v1.clone(), None, None, false).await.unwrap();
+
+    let v2 = render("    no-such-keyword here\n");
+    let error = driver
+        .deploy(v2, None, Some(Arc::new(running)), false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, DeployError::RestoreFailed { .. }),
+        "{error}"
+    );
+    let message = error.to_diagnostic().message;
+    assert!(
+        message.contains("HAProxy refused the new config")
+            && message.contains("putting the last good files back")
+            && message.contains("No space left"),
+        "{message}"
+    );
+    assert_eq!(metrics.restore_failure_count("broken-disk"), 1);
+    // The refused files stay on disk (that is what the error says), while the old
+    // worker keeps serving the old config.
+    assert_ne!(
+        std::fs::read(haproxy.path().join("haproxy.cfg")).unwrap(),
+        before
+    );
+    wait_for_body(port, "app.test", "app").await;
+}

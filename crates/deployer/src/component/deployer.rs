@@ -541,6 +541,13 @@ impl Fleet {
                     added.push(instance.name.clone());
                 }
                 Err(error) => {
+                    let error =
+                        std::iter::successors(Some(&error as &dyn std::error::Error), |e| {
+                            e.source()
+                        })
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(": ");
                     tracing::warn!(instance = %instance.name, %source, %error, "Discovered instance ignored");
                 }
             }

@@ -13,6 +13,26 @@ use crate::driver::Driver;
 use crate::driver::dataplane::DataplaneDriver;
 use crate::metrics::Metrics;
 
+/// Why a discovered instance cannot be driven.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    /// Only Data Plane API instances can be discovered.
+    #[error(
+        "discovered instance `{0}` is a socket instance; only Data Plane API instances can be \
+         discovered (a socket instance needs a configDir)"
+    )]
+    SocketInstance(String),
+    /// The Data Plane API client could not be built (e.g. an unreadable CA file).
+    #[error("discovered instance `{instance}`: the Data Plane API client cannot be built")]
+    ClientFailed {
+        /// The instance.
+        instance: String,
+        /// Why.
+        #[source]
+        source: DataplaneError,
+    },
+}
+
 /// How discovered Data Plane API instances are reached: the credentials of
 /// `haproxy.discovery.kubernetes` and the client settings.
 #[derive(Clone, Debug)]
@@ -45,11 +65,16 @@ impl DiscoveredCredentials {
     }
 
     /// A driver for a discovered instance.
+    ///
+    /// # Errors
+    ///
+    /// [`DiscoveryError`]: the instance cannot be driven (not retryable until the
+    /// instance or the credentials change).
     pub fn driver(
         &self,
         instance: &InstanceRef,
         metrics: &Metrics,
-    ) -> Result<Arc<dyn Driver>, String> {
+    ) -> Result<Arc<dyn Driver>, DiscoveryError> {
         match instance.driver {
             InstanceDriver::Dataplane => {
                 let url = if instance.address.contains("://") {
@@ -65,13 +90,12 @@ impl DiscoveredCredentials {
                 };
                 DataplaneDriver::connect(&instance.name, &endpoint, self.settings, metrics.clone())
                     .map(|driver| Arc::new(driver) as Arc<dyn Driver>)
-                    .map_err(|e| e.to_string())
+                    .map_err(|source| DiscoveryError::ClientFailed {
+                        instance: instance.name.clone(),
+                        source,
+                    })
             }
-            InstanceDriver::Socket => Err(format!(
-                "discovered instance `{}` is a socket instance; only Data Plane API \
-                 instances can be discovered (a socket instance needs a configDir)",
-                instance.name
-            )),
+            InstanceDriver::Socket => Err(DiscoveryError::SocketInstance(instance.name.clone())),
         }
     }
 }

@@ -249,6 +249,14 @@ impl SocketDriver {
         self
     }
 
+    /// Replaces the injected faults of the config directory (tests; the binary reads
+    /// them from `HAPWRIGHT_FAULTS`).
+    #[must_use]
+    pub fn with_faults(mut self, faults: crate::haproxy::files::Faults) -> Self {
+        self.dir = self.dir.clone().with_faults(faults);
+        self
+    }
+
     /// The instance.
     pub fn instance(&self) -> &InstanceConfig {
         &self.instance

@@ -12,6 +12,8 @@
 //!   disk would;
 //! - `pause=<step>:<marker file>` — when the deployment reaches `<step>` (see
 //!   [`steps`]), the marker file is created and the calling thread blocks forever;
+//! - `fail-restore` — putting the last good files back fails with ENOSPC, as a disk
+//!   that filled up during the deployment would;
 //! - `arm=<file>` — the other faults act only while this file exists, so a test can
 //!   let the controller start and deploy normally, then create the file before the
 //!   change it wants to break (and remove it to let the retries succeed).
@@ -45,7 +47,7 @@ pub mod steps {
 pub enum FaultsError {
     /// An entry is not `fail-write=<path>` or `pause=<step>:<file>`.
     #[error(
-        "`{0}` is not `fail-write=<relative path>`, `pause=<step>:<marker file>` or `arm=<file>`"
+        "`{0}` is not `fail-write=<relative path>`, `fail-restore`, `pause=<step>:<marker file>` or `arm=<file>`"
     )]
     ParseEntry(String),
     /// `pause=` names a step deployments do not have.
@@ -60,6 +62,8 @@ pub struct Faults {
     pub fail_write: Option<String>,
     /// At this step, create the marker file and block the thread forever.
     pub pause: Option<(String, PathBuf)>,
+    /// Restoring a snapshot fails with ENOSPC.
+    pub fail_restore: bool,
     /// When set, the faults act only while this file exists.
     pub arm: Option<PathBuf>,
 }
@@ -74,6 +78,7 @@ impl Faults {
                 Some(("fail-write", path)) if !path.is_empty() => {
                     faults.fail_write = Some(path.to_owned());
                 }
+                None if entry == "fail-restore" => faults.fail_restore = true,
                 Some(("arm", file)) if !file.is_empty() => {
                     faults.arm = Some(PathBuf::from(file));
                 }
@@ -116,7 +121,7 @@ impl Faults {
 
     /// Whether no fault is configured.
     pub fn is_empty(&self) -> bool {
-        self.fail_write.is_none() && self.pause.is_none()
+        self.fail_write.is_none() && self.pause.is_none() && !self.fail_restore
     }
 
     /// Whether the faults act now (no `arm=` file given, or it exists).
@@ -141,6 +146,16 @@ impl Faults {
         loop {
             std::thread::park();
         }
+    }
+
+    /// The injected error for restoring a snapshot, if any.
+    pub(crate) fn check_restore(&self) -> io::Result<()> {
+        if self.fail_restore && self.armed() {
+            return Err(io::Error::from_raw_os_error(
+                rustix::io::Errno::NOSPC.raw_os_error(),
+            ));
+        }
+        Ok(())
     }
 
     /// The injected error for writing `relative`, if any.

@@ -299,6 +299,7 @@ impl ConfigDir {
     /// rewrites the files that differ (side files first, `haproxy.cfg` last) with the
     /// layout's modes, and removes layout files the snapshot did not have.
     pub fn restore(&self, snapshot: &DirSnapshot) -> io::Result<()> {
+        self.faults.check_restore()?;
         let current = self.snapshot()?;
         let mut dirty = Dirs::default();
         let main = snapshot.files.get_key_value("haproxy.cfg");
