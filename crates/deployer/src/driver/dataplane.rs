@@ -351,7 +351,7 @@ impl DataplaneDriver {
                 health,
             } => {
                 let body = add_server_body(server, address, params, *enable, *health)
-                    .map_err(OpError::refused)?;
+                    .map_err(|e| OpError::refused(e.to_string()))?;
                 api.add_runtime_server(backend, &body).await.map_err(text)
             }
             RuntimeOp::DelServer { backend, server } => {
@@ -498,6 +498,21 @@ pub fn map_pairs(content: &str) -> BTreeMap<&str, String> {
     pairs
 }
 
+/// Why an `add server` change has no Data Plane runtime API body. The plan falls
+/// back to a reload; not retryable as it is.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+enum AddServerError {
+    /// The address's port is not a port number.
+    #[error("bad port in {0}")]
+    BadPort(String),
+    /// A parameter that takes a number has none.
+    #[error("`{0}` needs a number")]
+    MissingNumber(&'static str),
+    /// A parameter the API's server model has no field for.
+    #[error("server parameter `{0}` cannot be set through the Data Plane runtime API")]
+    Unsupported(String),
+}
+
 /// The `runtime_add_server` body for an `add server` change; parameters the model
 /// has no field for are refused (the plan then falls back to a raw push).
 fn add_server_body(
@@ -506,13 +521,13 @@ fn add_server_body(
     params: &[String],
     enable: bool,
     health: bool,
-) -> Result<RuntimeAddServer, String> {
+) -> Result<RuntimeAddServer, AddServerError> {
     let (host, port) = match address.rsplit_once(':') {
         Some((host, port)) => (
             host.trim_start_matches('[').trim_end_matches(']'),
             Some(
                 port.parse::<u16>()
-                    .map_err(|_| format!("bad port in {address}"))?,
+                    .map_err(|_| AddServerError::BadPort(address.to_owned()))?,
             ),
         ),
         None => (address, None),
@@ -527,11 +542,11 @@ fn add_server_body(
     };
     let mut words = params.iter();
     while let Some(word) = words.next() {
-        let mut number = |what: &str| -> Result<u64, String> {
+        let mut number = |what: &'static str| -> Result<u64, AddServerError> {
             words
                 .next()
                 .and_then(|v| v.trim_end_matches("ms").parse::<u64>().ok())
-                .ok_or_else(|| format!("`{what}` needs a number"))
+                .ok_or(AddServerError::MissingNumber(what))
         };
         match word.as_str() {
             "check" | "disabled" | "enabled" => {}
@@ -540,11 +555,7 @@ fn add_server_body(
             "rise" => body.rise = Some(number("rise")? as u32),
             "fall" => body.fall = Some(number("fall")? as u32),
             "maxconn" => body.maxconn = Some(number("maxconn")? as u32),
-            other => {
-                return Err(format!(
-                    "server parameter `{other}` cannot be set through the Data Plane runtime API"
-                ));
-            }
+            other => return Err(AddServerError::Unsupported(other.to_owned())),
         }
     }
     Ok(body)
@@ -628,7 +639,10 @@ mod tests {
         assert_eq!(body.check.as_deref(), Some("enabled"));
         assert_eq!(body.maintenance, None);
         let refused = add_server_body("s1", "10.0.0.1:8080", &["ssl".to_owned()], true, false);
-        assert!(refused.unwrap_err().contains("`ssl`"));
+        assert_eq!(
+            refused.unwrap_err(),
+            AddServerError::Unsupported("ssl".to_owned())
+        );
         let disabled = add_server_body("s1", "10.0.0.1", &[], false, false).unwrap();
         assert_eq!(disabled.maintenance.as_deref(), Some("enabled"));
         assert_eq!(disabled.port, None);
