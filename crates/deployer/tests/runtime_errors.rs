@@ -14,7 +14,7 @@ use hapwright_deployer::client::socket::{CliClient, ClientConfig, SocketAddress}
 use hapwright_deployer::driver::SocketDriver;
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{DeployStrategy, ReloadReason};
-use support::{Backend, Haproxy, config, free_port, rendered};
+use support::{Backend, Haproxy, config, free_port, rendered, wait_for_body};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
 
@@ -235,4 +235,62 @@ async fn the_reload_fallback_names_refused_and_unreachable() {
         unreachable.reason.detail
     );
     assert_eq!(haproxy.reloads().await, before + 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn separators_and_newlines_in_words_never_run_extra_admin_commands() {
+    let a = Backend::start("a").await;
+    let port = free_port();
+    let v1 = rendered(
+        &config(
+            port,
+            &format!(
+                "backend be_app\n    balance roundrobin\n    server s1 127.0.0.1:{}\n",
+                a.port
+            ),
+        ),
+        &[("hosts.map", "")],
+    );
+    let haproxy = Haproxy::start("hostile", &v1, &v1.hash().short()).await;
+    let driver = SocketDriver::new(
+        haproxy.instance.clone(),
+        None,
+        Metrics::unregistered().unwrap(),
+    );
+    let rt = driver.runtime();
+    let s1_state = || async {
+        let state = rt.show_servers_state(Some("be_app")).await.unwrap();
+        state
+            .lines()
+            .find(|l| l.split_whitespace().nth(3) == Some("s1"))
+            .and_then(|l| l.split_whitespace().nth(6).map(str::to_owned))
+            .unwrap()
+    };
+    let ready = s1_state().await;
+
+    // A `;` inside a parameter word stays inside that word: HAProxy refuses the odd
+    // parameter instead of running `set server be_app/s1 state maint` after it.
+    let error = rt
+        .add_server(
+            "be_app",
+            "s2",
+            "127.0.0.1:9",
+            &["check;set server be_app/s1 state maint".to_owned()],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(error.class(), RuntimeFailure::Refused, "{error}");
+    assert_eq!(s1_state().await, ready, "s1 was not put in maintenance");
+
+    // A newline never reaches the socket at all.
+    let error = rt
+        .set_server_weight("be_app", "s1\nset server be_app/s1 state maint", 5)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, RuntimeError::UnsafeCommand { .. }),
+        "{error}"
+    );
+    assert_eq!(s1_state().await, ready);
+    wait_for_body(port, "app.test", "a").await;
 }

@@ -66,6 +66,13 @@ pub enum RuntimeError {
         #[source]
         source: SocketError,
     },
+    /// A word of the command holds a control character: it was not sent (a newline
+    /// would end the command and run the rest as another admin command).
+    #[error("refusing to send `{command}`: it holds a control character")]
+    UnsafeCommand {
+        /// The command line, control characters escaped.
+        command: String,
+    },
     /// HAProxy answered and refused the command.
     #[error("HAProxy refused `{command}`: {}", answer.trim())]
     Refused {
@@ -133,9 +140,9 @@ impl RuntimeError {
     pub fn class(&self) -> RuntimeFailure {
         match self {
             RuntimeError::Unreachable { .. } => RuntimeFailure::Unreachable,
-            RuntimeError::Refused { .. } | RuntimeError::NotLoaded { .. } => {
-                RuntimeFailure::Refused
-            }
+            RuntimeError::Refused { .. }
+            | RuntimeError::NotLoaded { .. }
+            | RuntimeError::UnsafeCommand { .. } => RuntimeFailure::Refused,
             RuntimeError::Exchange { .. }
             | RuntimeError::Unexpected { .. }
             | RuntimeError::CountMismatch { .. } => RuntimeFailure::Protocol,
@@ -241,7 +248,13 @@ impl RuntimeClient {
 
     /// Sends one command that may change something (plus payload, if `request` has
     /// one) and returns the answer. Sent at most once unless connecting failed.
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::UnsafeCommand`] before anything is sent when the command line
+    /// holds a control character (a newline would start another admin command).
     pub async fn command(&self, request: &str) -> Result<String, RuntimeError> {
+        check_line(request)?;
         self.cli
             .exchange(&self.addressed(request))
             .await
@@ -250,6 +263,7 @@ impl RuntimeClient {
 
     /// Sends a read-only command (`show ...`), retried after a broken exchange too.
     pub async fn query(&self, request: &str) -> Result<String, RuntimeError> {
+        check_line(request)?;
         self.cli
             .query(&self.addressed(request))
             .await
@@ -260,6 +274,9 @@ impl RuntimeClient {
     /// when going through the master CLI (there a prefix applies to one command
     /// only); returns the concatenated answers.
     async fn chained(&self, commands: &[&str]) -> Result<String, RuntimeError> {
+        for command in commands {
+            check_line(command)?;
+        }
         let prefix = if self.via_master { "@1 " } else { "" };
         let line = commands
             .iter()
@@ -303,7 +320,11 @@ impl RuntimeClient {
         addr: &str,
         port: Option<u16>,
     ) -> Result<(), RuntimeError> {
-        let mut request = format!("set server {backend}/{server} addr {addr}");
+        let mut request = format!(
+            "set server {} addr {}",
+            target(backend, server),
+            cli_word(addr)
+        );
         if let Some(port) = port {
             request.push_str(&format!(" port {port}"));
         }
@@ -322,7 +343,7 @@ impl RuntimeClient {
         weight: u32,
     ) -> Result<(), RuntimeError> {
         self.expect(
-            &format!("set server {backend}/{server} weight {weight}"),
+            &format!("set server {} weight {weight}", target(backend, server)),
             is_empty,
         )
         .await
@@ -337,7 +358,11 @@ impl RuntimeClient {
         state: &str,
     ) -> Result<(), RuntimeError> {
         self.expect(
-            &format!("set server {backend}/{server} state {state}"),
+            &format!(
+                "set server {} state {}",
+                target(backend, server),
+                cli_word(state)
+            ),
             is_empty,
         )
         .await
@@ -352,10 +377,14 @@ impl RuntimeClient {
         address: &str,
         params: &[String],
     ) -> Result<(), RuntimeError> {
-        let mut request = format!("add server {backend}/{server} {address}");
+        let mut request = format!(
+            "add server {} {}",
+            target(backend, server),
+            cli_word(address)
+        );
         for param in params {
             request.push(' ');
-            request.push_str(param);
+            request.push_str(&cli_word(param));
         }
         self.expect(&request, |a| a.contains("New server registered"))
             .await
@@ -364,21 +393,27 @@ impl RuntimeClient {
 
     /// `enable server <be>/<srv>`.
     pub async fn enable_server(&self, backend: &str, server: &str) -> Result<(), RuntimeError> {
-        self.expect(&format!("enable server {backend}/{server}"), is_empty)
-            .await
-            .map(drop)
+        self.expect(
+            &format!("enable server {}", target(backend, server)),
+            is_empty,
+        )
+        .await
+        .map(drop)
     }
 
     /// `enable health <be>/<srv>`: starts the checks of a dynamic server.
     pub async fn enable_health(&self, backend: &str, server: &str) -> Result<(), RuntimeError> {
-        self.expect(&format!("enable health {backend}/{server}"), is_empty)
-            .await
-            .map(drop)
+        self.expect(
+            &format!("enable health {}", target(backend, server)),
+            is_empty,
+        )
+        .await
+        .map(drop)
     }
 
     /// `del server <be>/<srv>` (the server must be in maintenance without connections).
     pub async fn del_server(&self, backend: &str, server: &str) -> Result<(), RuntimeError> {
-        self.expect(&format!("del server {backend}/{server}"), |a| {
+        self.expect(&format!("del server {}", target(backend, server)), |a| {
             a.contains("Server deleted")
         })
         .await
@@ -392,7 +427,7 @@ impl RuntimeClient {
         backend: &str,
         server: &str,
     ) -> Result<Option<ServerConnections>, RuntimeError> {
-        let request = format!("show servers conn {backend}");
+        let request = format!("show servers conn {}", cli_word(backend));
         let answer = self.query(&request).await?;
         parse_server_connections(&answer, backend, server).map_err(|_| RuntimeError::Unexpected {
             command: request,
@@ -571,7 +606,7 @@ impl RuntimeClient {
         server: &str,
         restore: bool,
     ) -> Result<(), RuntimeError> {
-        let request = format!("show servers state {backend}");
+        let request = format!("show servers state {}", cli_word(backend));
         let state = self.query(&request).await?;
         let (addr, port) =
             parse_server_address(&state, server).ok_or_else(|| RuntimeError::Unexpected {
@@ -591,7 +626,7 @@ impl RuntimeClient {
     /// `show servers state [<be>]`, raw.
     pub async fn show_servers_state(&self, backend: Option<&str>) -> Result<String, RuntimeError> {
         let request = match backend {
-            Some(backend) => format!("show servers state {backend}"),
+            Some(backend) => format!("show servers state {}", cli_word(backend)),
             None => "show servers state".to_owned(),
         };
         self.query(&request).await
@@ -632,6 +667,8 @@ impl RuntimeClient {
         content: &str,
     ) -> Result<usize, RuntimeError> {
         let kind_name = kind.as_str();
+        let path = file;
+        let file = cli_word(file);
         let prepared = self
             .expect(&format!("prepare {kind_name} {file}"), |a| {
                 a.contains("New version created")
@@ -681,7 +718,7 @@ impl RuntimeClient {
         let actual = staged.lines().filter(|l| !l.trim().is_empty()).count();
         if actual != entries.len() {
             return Err(RuntimeError::CountMismatch {
-                file: file.to_owned(),
+                file: path.to_owned(),
                 version,
                 expected: entries.len(),
                 actual,
@@ -703,6 +740,7 @@ impl RuntimeClient {
                 out
             },
         );
+        let file = cli_word(file);
         let set = format!("set ssl cert {file} <<\n{body}\n");
         if let Err(error) = self
             .expect(&set, |a| {
@@ -780,6 +818,27 @@ pub fn pattern_lines(content: &str) -> impl Iterator<Item = &str> {
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
+}
+
+/// The command line of `request` (before a `<<` payload) has no control character:
+/// HAProxy ends a command at a newline, so one inside a word would run what follows it
+/// as another admin command. A payload is data and may span lines.
+fn check_line(request: &str) -> Result<(), RuntimeError> {
+    let line = match request.split_once("<<\n") {
+        Some((line, _)) => line,
+        None => request,
+    };
+    if line.chars().any(char::is_control) {
+        return Err(RuntimeError::UnsafeCommand {
+            command: line.escape_debug().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// `<backend>/<server>` with both names escaped as CLI words.
+fn target(backend: &str, server: &str) -> String {
+    format!("{}/{}", cli_word(backend), cli_word(server))
 }
 
 /// `word` as one CLI argument: HAProxy splits command lines at spaces and `;`, with
@@ -881,6 +940,27 @@ mod tests {
     fn cli_words_escape_separators() {
         assert_eq!(cli_word("a.test"), "a.test");
         assert_eq!(cli_word("with space;semi\\"), "with\\ space\\;semi\\\\");
+        assert_eq!(target("be;x", "s 1"), "be\\;x/s\\ 1");
+    }
+
+    #[test]
+    fn control_characters_never_reach_the_socket() {
+        assert!(check_line("set server be/s weight 5").is_ok());
+        // A payload is data and spans lines.
+        assert!(check_line("add map @1 maps/a.map <<\na b\nc d\n").is_ok());
+        for bad in [
+            "set server be/s\nshutdown sessions server be/s weight 5",
+            "add map @1 maps/a\r.map <<\na b\n",
+            "del server be/s\u{0}",
+        ] {
+            let error = check_line(bad).unwrap_err();
+            assert!(
+                matches!(error, RuntimeError::UnsafeCommand { .. }),
+                "{bad:?}"
+            );
+            assert_eq!(error.class(), RuntimeFailure::Refused);
+            assert!(!error.to_string().contains('\n'), "{error}");
+        }
     }
 
     #[test]
