@@ -335,6 +335,19 @@ fn file_name_problem(name: &str) -> Option<&'static str> {
         Some("`.` and `..` are not file names")
     } else if name.chars().any(char::is_control) {
         Some("file names must not contain control characters")
+    } else if name.starts_with('.') {
+        Some(
+            "file names must not start with `.` (hapwright keeps its state record and \
+             temporary files under such names)",
+        )
+    } else if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    {
+        Some(
+            "file names may only contain ASCII letters, digits, `.`, `_` and `-` (they are \
+             written into HAProxy's config and runtime commands)",
+        )
     } else {
         None
     }
@@ -379,6 +392,33 @@ mod tests {
 
     fn parse(text: &str) -> Config {
         serde_saphyr::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn file_names_are_restricted_to_a_safe_character_set() {
+        for good in ["hosts.map", "503.http", "default.pem", "a_b-c.crtlist"] {
+            assert_eq!(file_name_problem(good), None, "{good}");
+        }
+        for bad in [
+            "with space.map",
+            "semi;colon.map",
+            "new\nline.map",
+            ".hapwright-state.json",
+            "../escape",
+            "tab\t.map",
+            "ümlaut.map",
+        ] {
+            assert!(file_name_problem(bad).is_some(), "{bad:?}");
+        }
+        let config =
+            parse("haproxyConfig: { template: x }\nmaps: { \"a;b.map\": { template: x } }\n");
+        let issues = config.validate();
+        assert_eq!(issues.len(), 1, "{issues:?}");
+        assert!(
+            issues[0].to_string().contains("maps.a;b.map"),
+            "{}",
+            issues[0]
+        );
     }
 
     #[test]
