@@ -33,7 +33,7 @@ use hapwright_eventbus::{
     RunningKernel, Subscription,
 };
 use support::dataplane::{DataplaneServer, Faults, PASSWORD, USER};
-use support::{Haproxy, rendered};
+use support::{BlackHole, Haproxy, rendered};
 
 /// One render for every instance: the frontend binds a unix socket relative to the
 /// instance's config directory (HAProxy's working directory), so instances do not
@@ -56,7 +56,7 @@ struct Fleet {
     names: Vec<String>,
     _haproxies: Vec<Haproxy>,
     _servers: Vec<DataplaneServer>,
-    _holes: Vec<tokio_util::task::AbortOnDropHandle<()>>,
+    _holes: Vec<BlackHole>,
 }
 
 impl Fleet {
@@ -144,17 +144,7 @@ impl Fleet {
         fleet.deploy(first).await;
         for haproxy in haproxies.iter_mut().take(hanging) {
             haproxy.kill();
-            let listener = tokio::net::UnixListener::bind(haproxy.master_path()).unwrap();
-            fleet
-                ._holes
-                .push(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
-                    async move {
-                        let mut held = Vec::new();
-                        while let Ok((stream, _)) = listener.accept().await {
-                            held.push(stream);
-                        }
-                    },
-                )));
+            fleet._holes.push(BlackHole::bind(&haproxy.master_path()));
         }
         fleet._haproxies = haproxies;
         fleet

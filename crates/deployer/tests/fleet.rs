@@ -27,7 +27,7 @@ use hapwright_eventbus::{
     InstancesDiscovered, Kernel, Publisher, RunningKernel, Subscription, ValidationCompleted,
 };
 use support::dataplane::{DataplaneServer, PASSWORD, USER};
-use support::{Backend, Haproxy, config, free_port, rendered, wait_for_body};
+use support::{Backend, BlackHole, Haproxy, config, free_port, rendered, wait_for_body};
 use tokio::sync::watch;
 use tokio::time::timeout;
 
@@ -507,26 +507,6 @@ async fn drift_after_an_out_of_band_change_and_reload_is_repaired() {
     );
     assert!(metrics.drift_count("local") >= 1);
     harness.stop().await;
-}
-
-/// A unix socket that accepts connections and never answers: an instance that hangs.
-struct BlackHole {
-    _task: tokio_util::task::AbortOnDropHandle<()>,
-}
-
-impl BlackHole {
-    fn bind(path: &std::path::Path) -> Self {
-        let listener = tokio::net::UnixListener::bind(path).unwrap();
-        let task = tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((stream, _)) = listener.accept().await {
-                held.push(stream);
-            }
-        });
-        Self {
-            _task: tokio_util::task::AbortOnDropHandle::new(task),
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -73,8 +73,18 @@ async fn address_flips_and_removals_lose_no_request_and_never_reach_the_old_addr
             outcomes
         });
     }
-    // Let traffic reach every server (and fill HAProxy's idle connection pools).
-    tokio::time::sleep(DELAY * 6).await;
+    // Traffic reaches every server (and fills HAProxy's idle connection pools) before
+    // the first change.
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while std::iter::once(&flips[0])
+            .chain(&removables)
+            .any(|backend| backend.arrivals().len() < 2)
+        {
+            tokio::time::sleep(DELAY).await;
+        }
+    })
+    .await
+    .expect("traffic reaches every server");
 
     // (backend port that must see no new request, from when)
     let mut retired: Vec<(u16, Instant)> = Vec::new();

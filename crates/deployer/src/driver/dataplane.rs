@@ -1,7 +1,7 @@
 //! The Data Plane API driver: deploys a rendered config to one remote HAProxy through
 //! its Data Plane API v3, with the same change plan as the socket driver.
 //!
-//! Per deployment (serialized per instance):
+//! Per deployment (one at a time: the instance's worker is its only caller):
 //! 1. what the instance runs: the last deployment, or (after a controller restart)
 //!    the raw configuration when its `HAPWRIGHT_CONFIG_VERSION` marker is the desired
 //!    config's;
@@ -50,7 +50,6 @@ pub struct DataplaneDriver {
     url: String,
     client: DataplaneClient,
     metrics: Metrics,
-    serial: tokio::sync::Mutex<()>,
     /// The configuration version the API reported after the last deployment, with
     /// the marker it belongs to: a drift check with the same version needs no fetch.
     known_version: Mutex<Option<(String, i64)>>,
@@ -69,7 +68,6 @@ impl DataplaneDriver {
             url: url.into(),
             client,
             metrics,
-            serial: tokio::sync::Mutex::new(()),
             known_version: Mutex::new(None),
         }
     }
@@ -311,27 +309,23 @@ impl DataplaneDriver {
                 port,
                 ..
             } => {
-                let mut configured = api.configured_server(backend, server).await.map_err(text)?;
-                let object = configured
-                    .as_object_mut()
-                    .ok_or_else(|| OpError::protocol("the configured server is not an object"))?;
-                object.insert("address".into(), addr.clone().into());
-                if let Some(port) = port {
-                    object.insert("port".into(), (*port).into());
-                }
-                self.replace_server(backend, server, configured).await
+                self.update_server(backend, server, |object| {
+                    object.insert("address".into(), addr.clone().into());
+                    if let Some(port) = port {
+                        object.insert("port".into(), (*port).into());
+                    }
+                })
+                .await
             }
             RuntimeOp::SetWeight {
                 backend,
                 server,
                 weight,
             } => {
-                let mut configured = api.configured_server(backend, server).await.map_err(text)?;
-                let object = configured
-                    .as_object_mut()
-                    .ok_or_else(|| OpError::protocol("the configured server is not an object"))?;
-                object.insert("weight".into(), (*weight).into());
-                self.replace_server(backend, server, configured).await
+                self.update_server(backend, server, |object| {
+                    object.insert("weight".into(), (*weight).into());
+                })
+                .await
             }
             RuntimeOp::SetState {
                 backend,
@@ -382,6 +376,25 @@ impl DataplaneDriver {
                 }
             }
         }
+    }
+
+    /// Fetches the configured server, lets `change` edit its fields, and replaces it.
+    async fn update_server(
+        &self,
+        backend: &str,
+        server: &str,
+        change: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
+    ) -> Result<(), OpError> {
+        let mut configured = self
+            .client
+            .configured_server(backend, server)
+            .await
+            .map_err(OpError::from)?;
+        let object = configured
+            .as_object_mut()
+            .ok_or_else(|| OpError::protocol("the configured server is not an object"))?;
+        change(object);
+        self.replace_server(backend, server, configured).await
     }
 
     async fn replace_server(
@@ -575,19 +588,16 @@ impl Driver for DataplaneDriver {
         &self,
         desired: &Arc<RenderedConfig>,
     ) -> Result<Option<Arc<Deployed>>, DeployError> {
-        let _serial = self.serial.lock().await;
         self.running_from_remote(desired).await
     }
 
     /// Cheap when the configuration version did not move since the last deployment;
     /// otherwise the raw configuration is fetched and compared.
     async fn check_drift(&self, running: &Deployed) -> Result<Option<String>, DeployError> {
-        let _serial = self.serial.lock().await;
         self.drift_of(running).await
     }
 
     async fn apply_runtime_ops(&self, plan: &ChangePlan) -> Result<usize, RuntimeOpsError> {
-        let _serial = self.serial.lock().await;
         self.apply_runtime(plan).await
     }
 
@@ -597,7 +607,6 @@ impl Driver for DataplaneDriver {
         marker: &str,
         previous: &Arc<RenderedConfig>,
     ) -> Result<(), DeployError> {
-        let _serial = self.serial.lock().await;
         self.store_files(desired, marker, Some(previous)).await
     }
 
@@ -608,7 +617,6 @@ impl Driver for DataplaneDriver {
         running: Option<&Deployed>,
         plan: ChangePlan,
     ) -> Result<Deployed, DeployError> {
-        let _serial = self.serial.lock().await;
         self.reload(desired, desired_model, running, plan).await
     }
 }

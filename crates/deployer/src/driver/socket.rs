@@ -204,7 +204,6 @@ pub struct SocketDriver {
     managed: Option<ManagedHaproxy>,
     metrics: Metrics,
     config: DriverConfig,
-    serial: tokio::sync::Mutex<()>,
     /// Held by every blocking file operation until it ends, also when the deployment
     /// that started it was cancelled: the next operation on the directory waits for it.
     files_gate: Arc<tokio::sync::Mutex<()>>,
@@ -233,7 +232,6 @@ impl SocketDriver {
             runtime,
             metrics,
             config: DriverConfig::default(),
-            serial: tokio::sync::Mutex::new(()),
             files_gate: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
@@ -316,7 +314,6 @@ impl SocketDriver {
     ///
     /// The first call also sweeps temporary files a killed controller left behind.
     async fn running_from_disk(&self) -> Option<Arc<Deployed>> {
-        let _serial = self.serial.lock().await;
         if !self.swept.swap(true, std::sync::atomic::Ordering::AcqRel) {
             match self.on_files(ConfigDir::sweep).await {
                 Ok(removed) if !removed.is_empty() => {
@@ -460,7 +457,6 @@ impl SocketDriver {
         known: &[Arc<RenderedConfig>],
     ) -> Option<Result<Deployed, DeployError>> {
         let managed = self.managed.as_ref()?;
-        let _serial = self.serial.lock().await;
         let pid = managed.claim_start(&self.instance.name).await?;
         let reason = if deployed_before {
             ReloadReason::Restart
@@ -1037,7 +1033,6 @@ impl Driver for SocketDriver {
         running: Option<&Arc<Deployed>>,
     ) -> Option<Result<Deployed, DeployError>> {
         let managed = self.managed.as_ref()?;
-        let _serial = self.serial.lock().await;
         let up = managed
             .state(&self.instance.name)
             .await
@@ -1057,7 +1052,6 @@ impl Driver for SocketDriver {
     }
 
     async fn check_drift(&self, running: &Deployed) -> Result<Option<String>, DeployError> {
-        let _serial = self.serial.lock().await;
         self.drift_of(running).await
     }
 
@@ -1065,7 +1059,6 @@ impl Driver for SocketDriver {
         &self,
         plan: &ChangePlan,
     ) -> Result<usize, crate::driver::RuntimeOpsError> {
-        let _serial = self.serial.lock().await;
         self.apply_runtime(plan).await
     }
 
@@ -1075,7 +1068,6 @@ impl Driver for SocketDriver {
         marker: &str,
         previous: &Arc<RenderedConfig>,
     ) -> Result<(), DeployError> {
-        let _serial = self.serial.lock().await;
         self.write_files(desired, marker, Some(previous)).await?;
         self.record(desired, marker, false).await;
         Ok(())
@@ -1088,7 +1080,6 @@ impl Driver for SocketDriver {
         running: Option<&Deployed>,
         plan: ChangePlan,
     ) -> Result<Deployed, DeployError> {
-        let _serial = self.serial.lock().await;
         self.reload(desired, desired_model, running, plan).await
     }
 }

@@ -332,3 +332,24 @@ frontend fe_main\n    bind 127.0.0.1:{port}\n    use_backend %[req.hdr(host),low
 {backends}"
     )
 }
+
+/// A unix socket that accepts connections and never answers: an instance that hangs.
+pub struct BlackHole {
+    _task: tokio_util::task::AbortOnDropHandle<()>,
+}
+
+impl BlackHole {
+    /// Binds `path` (which must not exist) and holds every accepted connection.
+    pub fn bind(path: &std::path::Path) -> Self {
+        let listener = tokio::net::UnixListener::bind(path).unwrap();
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        Self {
+            _task: tokio_util::task::AbortOnDropHandle::new(task),
+        }
+    }
+}
