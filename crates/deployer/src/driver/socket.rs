@@ -778,12 +778,7 @@ impl SocketDriver {
                 });
             }
             let actual = self.master.worker_env(VERSION_VARIABLE).await?;
-            let on_disk = self
-                .on_files(ConfigDir::read_rendered)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|(_, version)| version);
+            let on_disk = self.on_files(ConfigDir::marker).await.ok().flatten();
             if actual.as_deref() == Some(marker) && on_disk.as_deref() == Some(marker) {
                 return Ok(());
             }

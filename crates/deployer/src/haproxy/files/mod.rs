@@ -340,6 +340,16 @@ impl ConfigDir {
         dirty.sync()
     }
 
+    /// The version marker of the `haproxy.cfg` on disk (reads that file only);
+    /// `None` when there is no file or no marker.
+    pub fn marker(&self) -> io::Result<Option<String>> {
+        match std::fs::read(self.path_of("haproxy.cfg")) {
+            Ok(bytes) => Ok(strip_version_marker(&String::from_utf8_lossy(&bytes)).1),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
     /// The state record, `None` when there is none.
     pub fn read_record(&self) -> io::Result<Option<DeployRecord>> {
         let bytes = match std::fs::read(self.path_of(RECORD_FILE)) {
