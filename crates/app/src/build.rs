@@ -62,7 +62,7 @@ pub fn validator_config(config: &Config) -> validator::Config {
         .haproxy
         .instances
         .iter()
-        .map(|instance| instance.env.clone())
+        .map(hapwright_deployer::config::Instance::environment)
         .collect();
     validator::Config {
         binary: config.haproxy.binary.clone(),

@@ -71,6 +71,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/debug/rendered", get(debug_rendered))
         .route("/debug/resources/{name}", get(debug_resources))
         .route("/debug/instances", get(debug_instances))
+        .layer(axum::middleware::map_response(redact_response))
         .with_state(state)
 }
 
@@ -81,6 +82,7 @@ pub fn metrics_router(state: HttpState) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .layer(axum::middleware::map_response(redact_response))
         .with_state(state)
 }
 
@@ -316,6 +318,32 @@ async fn status_page(State(state): State<HttpState>) -> Response {
             format!("status page failed to render: {error:#}"),
         )
             .into_response(),
+    }
+}
+
+/// The last line of defence for every response: every known secret value (see
+/// [`hapwright_eventbus::redact`]) in the body is replaced, whichever handler built
+/// it and whichever error, event or rendered file it came from. Bodies are small and
+/// already in memory; a body that cannot be read is replaced by an error.
+async fn redact_response(response: Response) -> Response {
+    let (mut parts, body) = response.into_parts();
+    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            tracing::warn!(%error, "Cannot read a response body to redact it");
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "response body unavailable",
+            )
+                .into_response();
+        }
+    };
+    match hapwright_eventbus::redact::global().redact_bytes(&bytes) {
+        std::borrow::Cow::Borrowed(_) => Response::from_parts(parts, axum::body::Body::from(bytes)),
+        std::borrow::Cow::Owned(redacted) => {
+            parts.headers.remove(header::CONTENT_LENGTH);
+            Response::from_parts(parts, axum::body::Body::from(redacted))
+        }
     }
 }
 

@@ -40,7 +40,7 @@ pub fn init_logging(filter: &str, format: LogFormat) -> Result<(), LoggingError>
     })?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| RedactingWriter(std::io::stderr()))
         .with_span_events(FmtSpan::NONE);
     let result = match format {
         LogFormat::Text => builder.try_init(),
@@ -49,6 +49,24 @@ pub fn init_logging(filter: &str, format: LogFormat) -> Result<(), LoggingError>
     // A second initialisation (tests, reinit) keeps the first subscriber.
     let _ = result;
     Ok(())
+}
+
+/// A log writer that replaces every known secret value (see
+/// [`hapwright_eventbus::redact`]) before the line leaves the process. The formatter
+/// writes each event with one `write_all`, so a secret is never split across calls.
+#[derive(Debug)]
+pub struct RedactingWriter<W>(pub W);
+
+impl<W: std::io::Write> std::io::Write for RedactingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let redacted = hapwright_eventbus::redact::global().redact_bytes(buf);
+        self.0.write_all(&redacted)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
 }
 
 /// The one registry of the process, with the process collector (`process_*`)
@@ -81,6 +99,21 @@ mod tests {
             names.iter().any(|n| n == "process_start_time_seconds"),
             "{names:?}"
         );
+    }
+
+    #[test]
+    fn log_lines_leave_without_secret_values() {
+        hapwright_eventbus::config::Secret::new("log-canary-0b5e2d91");
+        let mut out = Vec::new();
+        let mut writer = RedactingWriter(&mut out);
+        std::io::Write::write_all(
+            &mut writer,
+            b"ERROR error=\"line 12: user a password log-canary-0b5e2d91\"\n",
+        )
+        .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(!text.contains("log-canary"), "{text}");
+        assert!(text.contains("password [redacted]"), "{text}");
     }
 
     #[test]

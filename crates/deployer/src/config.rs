@@ -59,9 +59,106 @@ pub struct Instance {
     #[serde(default)]
     pub managed: bool,
     /// Environment of the HAProxy process (`${VAR}` in the config); also used for
-    /// phase-2 validation of this instance.
+    /// phase-2 validation of this instance. A value is a string, or `{ file: PATH }`
+    /// for a secret read from a file (never shown; see [`EnvValue`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub env: BTreeMap<String, String>,
+    pub env: BTreeMap<String, EnvValue>,
+}
+
+/// One value of an instance's `env`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EnvValue {
+    /// `NAME: "value"`: an ordinary value, shown in `/debug/config` and in
+    /// validation messages.
+    Plain(String),
+    /// `NAME: { file: /run/secrets/x }`: a secret, read by [`Config::load_secrets`]
+    /// (one trailing newline dropped) and watched like a `passwordFile`. It is
+    /// redacted wherever hapwright shows text: `/debug/config` shows the path only,
+    /// and the value is registered with the process-wide redaction set.
+    File {
+        /// Where the value is read from.
+        file: PathBuf,
+        /// The value; empty until loaded.
+        value: Secret,
+    },
+}
+
+impl EnvValue {
+    /// The value given to HAProxy.
+    pub fn value(&self) -> &str {
+        match self {
+            Self::Plain(value) => value,
+            Self::File { value, .. } => value.expose(),
+        }
+    }
+
+    /// Whether the value is a secret.
+    pub fn is_secret(&self) -> bool {
+        matches!(self, Self::File { .. })
+    }
+}
+
+impl From<&str> for EnvValue {
+    fn from(value: &str) -> Self {
+        Self::Plain(value.to_owned())
+    }
+}
+
+impl Serialize for EnvValue {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match self {
+            Self::Plain(value) => serializer.serialize_str(value),
+            Self::File { file, .. } => {
+                let mut map = serializer.serialize_map(Some(1))?;
+                map.serialize_entry("file", file)?;
+                map.end()
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EnvValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = EnvValue;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string, or `{ file: PATH }` for a secret read from a file")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<EnvValue, E> {
+                Ok(EnvValue::Plain(v.to_owned()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<EnvValue, E> {
+                Ok(EnvValue::Plain(v.to_string()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<EnvValue, E> {
+                Ok(EnvValue::Plain(v.to_string()))
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<EnvValue, E> {
+                Ok(EnvValue::Plain(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<EnvValue, A::Error> {
+                let mut file: Option<PathBuf> = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "file" if file.is_none() => file = Some(map.next_value()?),
+                        "file" => return Err(serde::de::Error::duplicate_field("file")),
+                        other => return Err(serde::de::Error::unknown_field(other, &["file"])),
+                    }
+                }
+                let file = file.ok_or_else(|| serde::de::Error::missing_field("file"))?;
+                Ok(EnvValue::File {
+                    file,
+                    value: Secret::default(),
+                })
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 /// How an instance is reached, once validated.
@@ -74,6 +171,15 @@ pub enum Driver<'a> {
 }
 
 impl Instance {
+    /// The environment HAProxy runs (and `haproxy -c` validates) with: every `env`
+    /// value resolved.
+    pub fn environment(&self) -> BTreeMap<String, String> {
+        self.env
+            .iter()
+            .map(|(name, value)| (name.clone(), value.value().to_owned()))
+            .collect()
+    }
+
     /// The instance's driver; `None` when neither or both are configured (see
     /// [`Config::validate`]).
     pub fn driver(&self) -> Option<Driver<'_>> {
@@ -487,6 +593,11 @@ impl Config {
                     }
                 }
             }
+            for value in instance.env.values_mut() {
+                if let EnvValue::File { file, .. } = value {
+                    resolve(file);
+                }
+            }
             if let Some(dataplane) = &mut instance.dataplane {
                 resolve(&mut dataplane.password_file);
                 if let Some(ca) = &mut dataplane.ca_file {
@@ -508,13 +619,20 @@ impl Config {
         }
     }
 
-    /// Every file whose content is part of the configuration (password files), for
-    /// the config watcher.
+    /// Every file whose content is part of the configuration (password files, `env`
+    /// values read from files), for the config watcher.
     pub fn secret_files(&self) -> Vec<PathBuf> {
+        let env_files = self.instances.iter().flat_map(|i| {
+            i.env.values().filter_map(|value| match value {
+                EnvValue::File { file, .. } => Some(file.clone()),
+                EnvValue::Plain(_) => None,
+            })
+        });
         self.instances
             .iter()
             .filter_map(|i| i.dataplane.as_ref())
             .map(|d| d.password_file.clone())
+            .chain(env_files)
             .chain(
                 self.discovery
                     .iter()
@@ -530,6 +648,14 @@ impl Config {
     pub fn load_secrets(&mut self) -> Vec<ConfigIssue> {
         let mut issues = Vec::new();
         for (index, instance) in self.instances.iter_mut().enumerate() {
+            for (name, env) in &mut instance.env {
+                if let EnvValue::File { file, value } = env {
+                    let at = format!("instances[{index}].env.{name}.file");
+                    if let Some(text) = read_secret_file(file, &at, &mut issues) {
+                        *value = Secret::new(text);
+                    }
+                }
+            }
             let Some(dataplane) = &mut instance.dataplane else {
                 continue;
             };
@@ -565,30 +691,15 @@ fn load_secret(
     issues: &mut Vec<ConfigIssue>,
 ) -> Option<Secret> {
     let at = |field: &str| format!("{at}.{field}");
-    let mut secret = None;
-    match std::fs::read(password_file) {
-        Ok(bytes) => match String::from_utf8(bytes) {
-            Ok(text) => {
-                let password = text.strip_suffix('\n').unwrap_or(&text);
-                let password = password.strip_suffix('\r').unwrap_or(password);
-                if password.is_empty() {
-                    issues.push(ConfigIssue::new(
-                        at("passwordFile"),
-                        format!("{} is empty", password_file.display()),
-                    ));
-                }
-                secret = Some(Secret::new(password));
-            }
-            Err(_) => issues.push(ConfigIssue::new(
+    let secret = read_secret_file(password_file, &at("passwordFile"), issues).map(|text| {
+        if text.is_empty() {
+            issues.push(ConfigIssue::new(
                 at("passwordFile"),
-                format!("{} is not UTF-8 text", password_file.display()),
-            )),
-        },
-        Err(error) => issues.push(ConfigIssue::new(
-            at("passwordFile"),
-            format!("cannot read {}: {error}", password_file.display()),
-        )),
-    }
+                format!("{} is empty", password_file.display()),
+            ));
+        }
+        Secret::new(text)
+    });
     if let Some(ca) = ca_file
         && let Err(error) = std::fs::File::open(ca)
     {
@@ -598,6 +709,34 @@ fn load_secret(
         ));
     }
     secret
+}
+
+/// Reads a secret from `file`: UTF-8 text, one trailing newline (`\n` or `\r\n`)
+/// dropped. Problems are pushed at `at`; the content never appears in them.
+fn read_secret_file(file: &Path, at: &str, issues: &mut Vec<ConfigIssue>) -> Option<String> {
+    match std::fs::read(file) {
+        Ok(bytes) => match String::from_utf8(bytes) {
+            Ok(text) => {
+                let value = text.strip_suffix('\n').unwrap_or(&text);
+                let value = value.strip_suffix('\r').unwrap_or(value);
+                Some(value.to_owned())
+            }
+            Err(_) => {
+                issues.push(ConfigIssue::new(
+                    at,
+                    format!("{} is not UTF-8 text", file.display()),
+                ));
+                None
+            }
+        },
+        Err(error) => {
+            issues.push(ConfigIssue::new(
+                at,
+                format!("cannot read {}: {error}", file.display()),
+            ));
+            None
+        }
+    }
 }
 
 /// Deploy timings from the `controller` section.
@@ -718,6 +857,50 @@ discovery: { kubernetes: { namespace: "", labelSelector: a, port: 0 } }
         assert!(Address::parse("host:x").is_err());
         assert!(Address::parse(":80").is_err());
         assert!(Address::parse("").is_err());
+    }
+
+    #[test]
+    fn env_values_read_from_files_are_secrets() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("token"), "env-s3cret-value\n").unwrap();
+        let mut config = parse(
+            r#"
+instances:
+  - name: local
+    socket: { master: run/master.sock, configDir: etc }
+    env: { PORT: 8080, TOKEN: { file: token }, MISSING: { file: nope } }
+"#,
+        );
+        config.resolve_paths(dir.path());
+        let issues: Vec<String> = config
+            .load_secrets()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(issues.len(), 1, "{issues:?}");
+        assert!(
+            issues[0].starts_with("instances[0].env.MISSING.file: cannot read"),
+            "{issues:?}"
+        );
+        let environment = config.instances[0].environment();
+        assert_eq!(environment["PORT"], "8080");
+        assert_eq!(environment["TOKEN"], "env-s3cret-value");
+        assert!(config.instances[0].env["TOKEN"].is_secret());
+        assert!(config.secret_files().contains(&dir.path().join("token")));
+        let json = serde_json::to_string(&config).unwrap();
+        assert!(!json.contains("env-s3cret-value"), "{json}");
+        assert!(json.contains("\"TOKEN\":{\"file\":"), "{json}");
+        assert_eq!(
+            hapwright_eventbus::redact::global().redact("x env-s3cret-value"),
+            "x [redacted]"
+        );
+
+        let error = serde_saphyr::from_str::<Config>(
+            "instances: [{ name: a, socket: { master: m, configDir: d }, env: { A: { path: x } } }]",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("unknown field `path`"), "{error}");
     }
 
     #[test]

@@ -262,8 +262,11 @@ impl<'de> Deserialize<'de> for ByteSize {
 
 // === impl Secret ===
 
-/// A secret value (a password read from a `passwordFile`). `Debug`, `Display` and
-/// `Serialize` print `<redacted>`; only [`expose`](Self::expose) gives the value.
+/// A secret value (a password read from a `passwordFile`, an `env` value read from a
+/// file). `Debug`, `Display` and `Serialize` print `<redacted>`; only
+/// [`expose`](Self::expose) gives the value. Every value is registered with the
+/// process-wide [`redact`](crate::redact) set when it is wrapped, so it is also hidden
+/// where it shows up inside other text (an error excerpt, a log line).
 /// Equality compares the values, so a changed password counts as a changed config.
 #[derive(Clone, PartialEq, Eq, Default)]
 pub struct Secret(Arc<str>);
@@ -271,7 +274,9 @@ pub struct Secret(Arc<str>);
 impl Secret {
     /// Wraps a secret value.
     pub fn new(value: impl Into<Arc<str>>) -> Self {
-        Self(value.into())
+        let value = value.into();
+        crate::redact::global().register([&*value]);
+        Self(value)
     }
 
     /// The secret value. Never log it.

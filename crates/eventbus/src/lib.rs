@@ -19,6 +19,7 @@
 //!          RenderedConfig (files, hash, source map), ParsedConfig, Diagnostic,
 //!          deploy strategies and reasons, InstanceRef
 //! config   config value types every crate shares (durations, secrets)
+//! redact   the process-wide set of secret values and their redaction
 //! ```
 //!
 //! Data moves as `Arc<Event>`: a publisher builds a payload from `model` values, the
@@ -31,6 +32,7 @@ pub mod event;
 pub mod health;
 pub mod kernel;
 pub mod model;
+pub mod redact;
 
 pub use bus::{Bus, BusConfig, BusError, BusMetrics, Delivery, Publisher, Subscription};
 pub use event::*;

@@ -149,7 +149,7 @@ impl InstanceConfig {
             runtime: socket.runtime.as_ref().map(SocketAddress::from),
             config_dir: socket.config_dir.clone(),
             managed: instance.managed,
-            env: instance.env.clone(),
+            env: instance.environment(),
             file_modes: crate::haproxy::files::FileModes::from_config(socket),
         })
     }

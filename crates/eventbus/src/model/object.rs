@@ -27,8 +27,11 @@ pub struct StoredObject {
 }
 
 impl StoredObject {
-    /// Serializes `value` compactly.
+    /// Serializes `value` compactly. A Kubernetes Secret's values are registered with
+    /// the process-wide [`redact`](crate::redact) set here, where every object enters
+    /// a snapshot, so they are hidden wherever hapwright shows rendered content.
     pub fn from_value(value: &Value) -> Self {
+        crate::redact::global().register_object(value);
         // A `Value` has string keys only, so serializing it cannot fail.
         let json = serde_json::to_string(value).expect("a JSON value always serializes");
         Self { json: json.into() }

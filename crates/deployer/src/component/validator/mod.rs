@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_eventbus::model::{
-    Diagnostic, ParsedConfig, RenderedConfig, Severity, SourceLocation,
+    Diagnostic, FileKind, ParsedConfig, RenderedConfig, Severity, SourceLocation,
 };
 use hapwright_eventbus::{
     Component, ComponentError, Context, Event, EventKind, EventPayload, Interest,
@@ -385,7 +385,12 @@ fn env_note(env: &BTreeMap<String, String>) -> String {
     if env.is_empty() {
         return " (with no instance environment)".to_owned();
     }
-    let pairs: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    // Values read from files are secrets: the process-wide redaction set knows them.
+    let redactor = hapwright_eventbus::redact::global();
+    let pairs: Vec<String> = env
+        .iter()
+        .map(|(k, v)| format!("{k}={}", redactor.redact(v)))
+        .collect();
     format!(" (with {})", pairs.join(", "))
 }
 
@@ -545,15 +550,21 @@ fn attribute(mut diagnostic: Diagnostic, rendered: &RenderedConfig) -> Diagnosti
         return diagnostic;
     };
     if diagnostic.source_line.is_none()
-        && let Some((_, content)) = rendered
+        && let Some((file, content)) = rendered
             .iter()
             .find(|(file, _)| file.relative_path() == location.file)
-        && let Some(text) = usize::try_from(line)
-            .ok()
-            .and_then(|l| l.checked_sub(1))
-            .and_then(|index| content.split('\n').nth(index))
+        && let Some(index) = usize::try_from(line).ok().and_then(|l| l.checked_sub(1))
+        && let Some(text) = content.split('\n').nth(index)
     {
-        diagnostic.source_line = Some(text.trim().to_owned());
+        // Certificate files and PEM blocks hold private keys: their lines are never
+        // copied into an error (which reaches logs, events and the status page).
+        diagnostic.source_line = Some(
+            if file.kind == FileKind::Certificate || inside_pem_block(content, index) {
+                "[certificate or key material not shown]".to_owned()
+            } else {
+                text.trim().to_owned()
+            },
+        );
     }
     if let Some(origin) = rendered.source_map().origin_by_path(&location.file, line) {
         diagnostic.origin = Some(SourceLocation::new(
@@ -563,6 +574,26 @@ fn attribute(mut diagnostic: Diagnostic, rendered: &RenderedConfig) -> Diagnosti
         ));
     }
     diagnostic
+}
+
+/// Whether line `index` (0-based) of `content` lies inside a PEM block
+/// (`-----BEGIN …-----` to `-----END …-----`, both included).
+fn inside_pem_block(content: &str, index: usize) -> bool {
+    let mut inside = false;
+    for (at, line) in content.split('\n').enumerate() {
+        let line = line.trim();
+        let begins = line.starts_with("-----BEGIN ");
+        let ends = line.starts_with("-----END ");
+        if at == index {
+            return inside || begins || ends;
+        }
+        if begins {
+            inside = true;
+        } else if ends {
+            inside = false;
+        }
+    }
+    false
 }
 
 // === impl Validator ===
@@ -725,6 +756,33 @@ mod tests {
             ": will not start"
         );
         assert_eq!(last_lines("", ""), "");
+    }
+
+    #[test]
+    fn key_material_is_never_copied_into_an_error() {
+        let key =
+            "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0B\n-----END PRIVATE KEY-----\n";
+        let rendered = RenderedConfig::builder("global\n")
+            .certificate("site.pem", format!("garbage\n{key}"))
+            .map("keys.map", format!("a b\n{key}"))
+            .build();
+        let at = |file: &str, line: u32| {
+            let mut diagnostic = Diagnostic::error("bad line");
+            diagnostic.location = Some(SourceLocation::new(file, Some(line), None));
+            attribute(diagnostic, &rendered).source_line.unwrap()
+        };
+        for (file, line) in [
+            ("certs/site.pem", 1),
+            ("certs/site.pem", 3),
+            ("maps/keys.map", 3),
+        ] {
+            assert_eq!(
+                at(file, line),
+                "[certificate or key material not shown]",
+                "{file}:{line}"
+            );
+        }
+        assert_eq!(at("maps/keys.map", 1), "a b");
     }
 
     #[test]

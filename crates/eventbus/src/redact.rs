@@ -1,0 +1,337 @@
+//! Redaction of secret values wherever hapwright shows content it did not write
+//! itself: log lines, every HTTP response (the debug endpoints, the status page) and
+//! error excerpts.
+//!
+//! Structural redaction (certificate files, PEM blocks, the `data` of Secret objects)
+//! only catches secrets where they are expected. A password read from a Secret and
+//! rendered into a `userlist`, a token in a map or an `Authorization` header in a file
+//! looks like any other text, so the [`Redactor`] also matches the *actual values*:
+//! every value of every Kubernetes Secret that enters a resource snapshot, every
+//! [`Secret`](crate::config::Secret) read from the config (Data Plane passwords, `env`
+//! values read from files), in the forms they can appear in (as is, base64 as stored
+//! in the Secret, each line of a multi-line value, JSON- and HTML-escaped).
+//!
+//! Values shorter than [`MIN_SECRET_LEN`] bytes are not matched: redacting every
+//! `admin` or `true` would garble the output and tell an attacker which short words
+//! are secrets. Values are remembered for the life of the process (a rotated password
+//! may still sit in an old error message), up to [`MAX_VALUES`]; beyond that the
+//! values registered longest ago are forgotten first.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, RwLock};
+
+use aho_corasick::{AhoCorasick, MatchKind};
+use base64::Engine as _;
+use serde_json::Value;
+
+/// What a secret value is replaced with. Plain ASCII without `<`, `>` or quotes, so
+/// it reads the same in JSON, HTML and log lines.
+pub const PLACEHOLDER: &str = "[redacted]";
+
+/// Shortest value (in bytes) that is matched.
+pub const MIN_SECRET_LEN: usize = 8;
+
+/// Most values remembered at once.
+pub const MAX_VALUES: usize = 65_536;
+
+static GLOBAL: LazyLock<Redactor> = LazyLock::new(Redactor::new);
+
+/// The process-wide redactor: sources register into it, log writers and the HTTP
+/// server redact through it.
+pub fn global() -> &'static Redactor {
+    &GLOBAL
+}
+
+/// A set of secret values and the matcher built from them.
+#[derive(Debug, Default)]
+pub struct Redactor {
+    inner: RwLock<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Every matched form, with the sequence number of its last registration.
+    forms: HashMap<Box<str>, u64>,
+    next_seq: u64,
+    /// Built lazily on the first redaction after a change; `None` when stale.
+    matcher: Option<Arc<AhoCorasick>>,
+}
+
+impl Redactor {
+    /// An empty redactor (tests; the process uses [`global`]).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Remembers `values` (and their other forms) as secrets.
+    pub fn register<S: AsRef<str>>(&self, values: impl IntoIterator<Item = S>) {
+        let mut forms = Vec::new();
+        for value in values {
+            forms_of(value.as_ref(), &mut forms);
+        }
+        if forms.is_empty() {
+            return;
+        }
+        let mut inner = self.write();
+        let mut added = false;
+        for form in forms {
+            let seq = inner.next_seq;
+            inner.next_seq += 1;
+            if inner.forms.insert(form.into_boxed_str(), seq).is_none() {
+                added = true;
+            }
+        }
+        if inner.forms.len() > MAX_VALUES {
+            // Forget the oldest tenth at once, so a steady stream of new values does
+            // not rebuild the matcher on every registration.
+            let mut seqs: Vec<u64> = inner.forms.values().copied().collect();
+            let cut = seqs.len() - MAX_VALUES + MAX_VALUES / 10;
+            let (_, threshold, _) = seqs.select_nth_unstable(cut);
+            let threshold = *threshold;
+            inner.forms.retain(|_, seq| *seq >= threshold);
+            added = true;
+        }
+        if added {
+            inner.matcher = None;
+        }
+    }
+
+    /// Registers the values of `object` when it is a Kubernetes Secret: every entry of
+    /// `data` (base64 as stored, and decoded when it is text) and of `stringData`.
+    pub fn register_object(&self, object: &Value) {
+        if object.get("kind").and_then(Value::as_str) != Some("Secret") {
+            return;
+        }
+        let mut values: Vec<String> = Vec::new();
+        if let Some(Value::Object(data)) = object.get("data") {
+            for encoded in data.values().filter_map(Value::as_str) {
+                values.push(encoded.to_owned());
+                let compact: String = encoded.split_whitespace().collect();
+                if let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(compact)
+                    && let Ok(text) = String::from_utf8(bytes)
+                {
+                    values.push(text);
+                }
+            }
+        }
+        if let Some(Value::Object(data)) = object.get("stringData") {
+            values.extend(data.values().filter_map(Value::as_str).map(str::to_owned));
+        }
+        self.register(values);
+    }
+
+    /// How many forms are matched (for tests and the debug output).
+    pub fn len(&self) -> usize {
+        self.read().forms.len()
+    }
+
+    /// No secret is known.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `text` with every known secret replaced by [`PLACEHOLDER`]; borrowed when
+    /// nothing matched.
+    pub fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        let Some(matcher) = self.matcher() else {
+            return Cow::Borrowed(text);
+        };
+        if !matcher.is_match(text) {
+            return Cow::Borrowed(text);
+        }
+        let mut out = String::with_capacity(text.len());
+        matcher.replace_all_with(text, &mut out, |_, _, out| {
+            out.push_str(PLACEHOLDER);
+            true
+        });
+        Cow::Owned(out)
+    }
+
+    /// Like [`redact`](Self::redact), for bytes that may not be UTF-8 (log writers).
+    pub fn redact_bytes<'a>(&self, bytes: &'a [u8]) -> Cow<'a, [u8]> {
+        let Some(matcher) = self.matcher() else {
+            return Cow::Borrowed(bytes);
+        };
+        if !matcher.is_match(bytes) {
+            return Cow::Borrowed(bytes);
+        }
+        let mut out = Vec::with_capacity(bytes.len());
+        matcher.replace_all_with_bytes(bytes, &mut out, |_, _, out| {
+            out.extend_from_slice(PLACEHOLDER.as_bytes());
+            true
+        });
+        Cow::Owned(out)
+    }
+
+    /// Whether `text` contains a known secret.
+    pub fn contains_secret(&self, text: &str) -> bool {
+        self.matcher().is_some_and(|m| m.is_match(text))
+    }
+
+    fn matcher(&self) -> Option<Arc<AhoCorasick>> {
+        {
+            let inner = self.read();
+            if inner.forms.is_empty() {
+                return None;
+            }
+            if let Some(matcher) = &inner.matcher {
+                return Some(matcher.clone());
+            }
+        }
+        let mut inner = self.write();
+        if inner.matcher.is_none() {
+            let patterns: Vec<&str> = inner.forms.keys().map(|form| &**form).collect();
+            // Leftmost-longest: when one secret contains another, the whole longer one
+            // is replaced, not a piece of it.
+            match AhoCorasick::builder()
+                .match_kind(MatchKind::LeftmostLongest)
+                .build(&patterns)
+            {
+                Ok(matcher) => inner.matcher = Some(Arc::new(matcher)),
+                Err(error) => {
+                    // Only a pattern set beyond aho-corasick's size limits fails;
+                    // MAX_VALUES keeps far below them. Without a matcher nothing would
+                    // be redacted, so drop the oldest half and let the next call retry.
+                    tracing::error!(%error, forms = patterns.len(), "Cannot build the secret matcher; forgetting the oldest secrets");
+                    let mut seqs: Vec<u64> = inner.forms.values().copied().collect();
+                    let middle = seqs.len() / 2;
+                    let (_, threshold, _) = seqs.select_nth_unstable(middle);
+                    let threshold = *threshold;
+                    inner.forms.retain(|_, seq| *seq >= threshold);
+                    return None;
+                }
+            }
+        }
+        inner.matcher.clone()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Appends the forms `value` can take in hapwright's output to `out`.
+fn forms_of(value: &str, out: &mut Vec<String>) {
+    let start = out.len();
+    let mut push = |form: String| {
+        if form.len() >= MIN_SECRET_LEN && !out[start..].contains(&form) {
+            out.push(form);
+        }
+    };
+    let trimmed = value.trim();
+    for candidate in [value, trimmed] {
+        push(candidate.to_owned());
+        push(json_escaped(candidate));
+        push(html_escaped(candidate));
+        push(html_escaped(&json_escaped(candidate)));
+    }
+    // A multi-line value (a private key, a kubeconfig) shows up one line at a time
+    // in error excerpts.
+    if trimmed.contains('\n') {
+        for line in trimmed.lines() {
+            let line = line.trim();
+            push(line.to_owned());
+            push(html_escaped(line));
+        }
+    }
+}
+
+fn json_escaped(value: &str) -> String {
+    let quoted = Value::String(value.to_owned()).to_string();
+    quoted[1..quoted.len() - 1].to_owned()
+}
+
+/// The escaping of the status page's template engine (minijinja's HTML escape).
+fn html_escaped(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#x27;"),
+            '/' => out.push_str("&#x2f;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn values_are_replaced_in_every_form_they_appear_in() {
+        let redactor = Redactor::new();
+        redactor.register(["p@ss\"w/rd<1>"]);
+        let raw = "user admin insecure-password p@ss\"w/rd<1> # end";
+        assert_eq!(
+            redactor.redact(raw),
+            "user admin insecure-password [redacted] # end"
+        );
+        let json = json!({ "line": raw }).to_string();
+        assert!(!redactor.redact(&json).contains("w/rd"), "{json}");
+        let html = html_escaped(raw);
+        assert!(!redactor.redact(&html).contains("rd&lt;1"), "{html}");
+        assert_eq!(
+            redactor.redact_bytes(raw.as_bytes()).as_ref(),
+            b"user admin insecure-password [redacted] # end"
+        );
+    }
+
+    #[test]
+    fn short_values_and_unrelated_text_are_left_alone() {
+        let redactor = Redactor::new();
+        redactor.register(["admin", "true"]);
+        assert!(redactor.is_empty());
+        let text = "stats socket /run/admin.sock level admin";
+        assert!(matches!(redactor.redact(text), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn secret_objects_register_decoded_and_stored_forms_and_each_key_line() {
+        let redactor = Redactor::new();
+        let key = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----\n";
+        let encoded = base64::engine::general_purpose::STANDARD.encode(key);
+        let token = base64::engine::general_purpose::STANDARD.encode("tok-4f9a8b7c6d");
+        redactor.register_object(&json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": "s" },
+            "data": { "tls.key": encoded, "token": token },
+            "stringData": { "plain": "plain-secret-value" },
+        }));
+        assert_eq!(
+            redactor.redact("Bearer tok-4f9a8b7c6d"),
+            "Bearer [redacted]"
+        );
+        assert_eq!(redactor.redact(&token), "[redacted]");
+        assert_eq!(redactor.redact("x plain-secret-value"), "x [redacted]");
+        assert_eq!(
+            redactor.redact("line 3: MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"),
+            "line 3: [redacted]"
+        );
+        // Other kinds are not secrets.
+        let other = Redactor::new();
+        other.register_object(&json!({"kind": "ConfigMap", "data": {"a": "not-a-secret-value"}}));
+        assert!(other.is_empty());
+    }
+
+    #[test]
+    fn the_oldest_values_are_forgotten_beyond_the_cap() {
+        let redactor = Redactor::new();
+        redactor.register((0..MAX_VALUES + 1).map(|i| format!("value-{i:08}")));
+        assert!(redactor.len() <= MAX_VALUES);
+        assert_eq!(redactor.redact("value-00000000"), "value-00000000");
+        let last = format!("value-{MAX_VALUES:08}");
+        assert_eq!(redactor.redact(&last), PLACEHOLDER);
+    }
+}
