@@ -244,6 +244,7 @@ impl Iteration {
             debouncer::Settings {
                 debounce: debounce.debounce.get(),
                 max_wait: debounce.max_wait.get(),
+                leading_edge: debounce.leading_edge,
                 ..debouncer::Settings::default()
             },
             build::watched_names(config),

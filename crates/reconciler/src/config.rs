@@ -361,6 +361,8 @@ pub struct Debounce {
     pub debounce: Duration,
     /// Longest time a constant stream of changes may delay a reconciliation.
     pub max_wait: Duration,
+    /// The first change after a quiet period reconciles at once.
+    pub leading_edge: bool,
 }
 
 impl Default for Debounce {
@@ -368,6 +370,7 @@ impl Default for Debounce {
         Self {
             debounce: Duration::from_millis(200),
             max_wait: Duration::from_secs(2),
+            leading_edge: true,
         }
     }
 }

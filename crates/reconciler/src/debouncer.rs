@@ -1,6 +1,10 @@
 //! The debouncer (DESIGN §3): turns bursts of `ResourceIndexUpdated` into one
 //! `ReconciliationTriggered`.
 //!
+//! - **Leading edge** (on by default): a change that follows at least `debounce`
+//!   without any change fires at once, so a lone change is not delayed. Changes
+//!   that follow it within the burst are coalesced as below. `leading_edge: false`
+//!   keeps the purely trailing behaviour.
 //! - **Quiet period**: a trigger fires `debounce` after the last change...
 //! - **Max wait**: ...but never later than `max_wait` after the first change of a
 //!   batch, so a constant stream of changes cannot starve deployment.
@@ -32,6 +36,9 @@ pub struct Settings {
     pub max_wait: Duration,
     /// How long the first trigger waits for every source's initial sync.
     pub sync_timeout: Duration,
+    /// Fire at once on the first change after a quiet period of at least `debounce`
+    /// (`controller.debounceLeadingEdge`).
+    pub leading_edge: bool,
 }
 
 impl Default for Settings {
@@ -40,6 +47,7 @@ impl Default for Settings {
             debounce: Duration::from_millis(200),
             max_wait: Duration::from_secs(2),
             sync_timeout: Duration::from_secs(30),
+            leading_edge: true,
         }
     }
 }
@@ -130,6 +138,8 @@ impl Component for Debouncer {
         let mut initial_done = false;
         let mut late: BTreeSet<Arc<str>> = BTreeSet::new();
         let mut batch = Batch::default();
+        // When the last change arrived, batched or fired.
+        let mut last_change: Option<Instant> = None;
 
         let fire = |batch: &mut Batch, reason: String| {
             let batch = std::mem::take(batch);
@@ -211,7 +221,16 @@ impl Component for Debouncer {
             };
             match &event.payload {
                 EventPayload::ResourceIndexUpdated(update) => {
+                    let quiet = last_change.is_none_or(|last| now >= last + settings.debounce);
+                    let nothing_pending = batch.first.is_none();
+                    last_change = Some(now);
                     batch.record(&update.source, event.id, now);
+                    if settings.leading_edge && initial_done && quiet && nothing_pending {
+                        // The first change after a quiet period: nothing to coalesce
+                        // it with yet, so it goes now; the rest of a burst waits.
+                        let reason = format!("resources changed: {} (leading edge)", batch.names());
+                        fire(&mut batch, reason);
+                    }
                 }
                 EventPayload::ResourceSyncComplete(sync) => {
                     if !sources.contains(&sync.source) {

@@ -17,6 +17,15 @@ fn settings() -> Settings {
         debounce: Duration::from_millis(200),
         max_wait: Duration::from_secs(2),
         sync_timeout: Duration::from_secs(30),
+        // The trailing-only behaviour; the leading edge has its own tests below.
+        leading_edge: false,
+    }
+}
+
+fn leading() -> Settings {
+    Settings {
+        leading_edge: true,
+        ..settings()
     }
 }
 
@@ -183,4 +192,112 @@ async fn sync_complete_from_unknown_sources_is_ignored() {
     assert!(h.next_within(Duration::from_secs(5)).await.is_none());
     h.synced("services");
     assert!(h.next_within(Duration::from_secs(1)).await.is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_change_after_a_quiet_period_fires_at_once() {
+    let mut h = synced(leading(), &["services"]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t0 = Instant::now();
+    h.update("services", snapshot("a"));
+    let event = h.next().await;
+    assert_eq!(event.at, t0);
+    assert_eq!(
+        trigger(&event).reason,
+        "resources changed: services (leading edge)"
+    );
+    assert!(event.caused_by.is_some());
+    assert!(h.next_within(Duration::from_secs(10)).await.is_none());
+
+    // Once more after another quiet period.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t1 = Instant::now();
+    h.update("services", snapshot("b"));
+    assert_eq!(h.next().await.at, t1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_a_hundred_changes_in_a_second_makes_at_most_three_triggers() {
+    let mut h = synced(leading(), &["services", "endpoints"]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t0 = Instant::now();
+    let burst = {
+        let publisher = h.publisher.clone();
+        tokio::spawn(async move {
+            for i in 0..100 {
+                publisher.publish(hapwright_eventbus::ResourceIndexUpdated {
+                    source: if i % 2 == 0 { "services" } else { "endpoints" }.into(),
+                    snapshot: snapshot(&format!("s{i}")),
+                    change: Default::default(),
+                });
+                tokio::time::sleep(10 * MS).await;
+            }
+        })
+    };
+    let mut triggers = Vec::new();
+    while let Some(event) = h.next_within(Duration::from_secs(5)).await {
+        triggers.push(event);
+    }
+    burst.await.unwrap();
+    assert!(triggers.len() <= 3, "{} triggers", triggers.len());
+    // The first change went at once; the rest were coalesced into what followed,
+    // the last one the quiet period after the burst's last change (990 ms).
+    assert_eq!(triggers[0].at, t0);
+    assert!(trigger(&triggers[0]).reason.ends_with("(leading edge)"));
+    let last = triggers.last().unwrap();
+    assert_eq!(last.at - t0, 1190 * MS);
+    assert_eq!(trigger(last).sources.len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_the_leading_edge_max_wait_still_bounds_a_constant_stream() {
+    let mut h = synced(leading(), &["services"]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t0 = Instant::now();
+    let stream = {
+        let publisher = h.publisher.clone();
+        tokio::spawn(async move {
+            for i in 0..60 {
+                publisher.publish(hapwright_eventbus::ResourceIndexUpdated {
+                    source: "services".into(),
+                    snapshot: snapshot(&format!("s{i}")),
+                    change: Default::default(),
+                });
+                tokio::time::sleep(100 * MS).await;
+            }
+        })
+    };
+    let first = h.next().await;
+    assert_eq!(first.at, t0);
+    // The change at 100 ms opens the next batch; max wait closes it at 2.1 s.
+    let second = h.next().await;
+    assert_eq!(second.at - t0, 2100 * MS);
+    assert!(trigger(&second).reason.ends_with("(max wait 2s reached)"));
+    let third = h.next().await;
+    assert_eq!(third.at - second.at, Duration::from_secs(2));
+    stream.await.unwrap();
+    // Changes never stopped for a debounce period: no second leading edge.
+    let mut rest = Vec::new();
+    while let Some(event) = h.next_within(Duration::from_secs(10)).await {
+        rest.push(event);
+    }
+    assert!(
+        rest.iter()
+            .all(|e| !trigger(e).reason.ends_with("(leading edge)")),
+        "{rest:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn changes_right_after_the_initial_sync_are_coalesced() {
+    // A change during the initial sync counts as recent: the next one is batched.
+    let mut h = start(leading(), &["services"]);
+    h.update("services", snapshot("a"));
+    h.synced("services");
+    let first = h.next().await;
+    assert!(trigger(&first).reason.starts_with("initial sync complete"));
+    let t0 = Instant::now();
+    h.update("services", snapshot("b"));
+    let event = h.next().await;
+    assert_eq!(event.at - t0, 200 * MS);
 }

@@ -115,6 +115,9 @@ pub struct Controller {
     pub debounce: Duration,
     /// Longest a constant stream of changes may delay rendering.
     pub max_wait: Duration,
+    /// The first change after a quiet period of at least `debounce` renders at once;
+    /// `false` waits the quiet period after every change.
+    pub debounce_leading_edge: bool,
     /// Minimum time between deployments.
     pub min_deployment_interval: Duration,
     /// Minimum time between reloads of one instance.
@@ -225,6 +228,7 @@ impl Default for Controller {
         Self {
             debounce: debounce.debounce,
             max_wait: debounce.max_wait,
+            debounce_leading_edge: debounce.leading_edge,
             min_deployment_interval: timings.min_deployment_interval,
             min_reload_interval: timings.min_reload_interval,
             drift_prevention_interval: timings.drift_prevention_interval,
@@ -245,6 +249,7 @@ impl Controller {
         reconciler::Debounce {
             debounce: self.debounce,
             max_wait: self.max_wait,
+            leading_edge: self.debounce_leading_edge,
         }
     }
 
