@@ -673,15 +673,12 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
                 }
             }
             .and_then(prepare);
-            // The verdict goes out before the listeners move: a listener that is
-            // rebound drains its connections, this request's among them.
-            if let Some(request) = asked.take() {
-                request.answer(match &loaded {
-                    Ok(_) => ReloadOutcome::Accepted,
-                    Err(errors) => {
-                        ReloadOutcome::Rejected(errors.iter().map(ToString::to_string).collect())
-                    }
-                });
+            // A positive verdict goes out before the listeners move: a listener that
+            // is rebound drains its connections, this request's among them.
+            if loaded.is_ok()
+                && let Some(request) = asked.take()
+            {
+                request.answer(ReloadOutcome::Accepted);
             }
             // The new listeners are bound while the old iteration still runs: an
             // address that cannot be bound rejects the config like any other error.
@@ -723,6 +720,11 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
                     process.reload_metrics.record(false);
                     for error in &errors {
                         tracing::error!(error = %error, "New controller config rejected; the running one stays");
+                    }
+                    if let Some(request) = asked.take() {
+                        request.answer(ReloadOutcome::Rejected(
+                            errors.iter().map(ToString::to_string).collect(),
+                        ));
                     }
                     process.store.config_rejected(errors);
                 }
