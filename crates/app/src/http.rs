@@ -206,7 +206,7 @@ impl Policy {
     pub fn allows_host(&self, host: &str) -> bool {
         let name = host_name(host).trim_end_matches('.').to_ascii_lowercase();
         matches!(name.as_str(), "localhost" | "127.0.0.1" | "[::1]")
-            || self.allowed_hosts.iter().any(|allowed| *allowed == name)
+            || self.allowed_hosts.contains(&name)
     }
 }
 

@@ -647,3 +647,61 @@ mod leader_election_tests {
         assert!(errors[0].contains("leaseDurationz"), "{errors:?}");
     }
 }
+
+#[cfg(test)]
+mod http_tests {
+    use super::*;
+
+    fn parse_controller(controller: &str) -> Result<Config, Vec<String>> {
+        let text = format!("haproxyConfig: {{ template: x }}\ncontroller:\n{controller}");
+        parse(
+            &text,
+            Path::new("/nonexistent/hapwright.yaml"),
+            "hapwright.yaml",
+        )
+        .map(|(config, _)| config)
+        .map_err(|ds| ds.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn http_keys_load_with_defaults_for_the_rest() {
+        let config = parse_controller(
+            "  lifecycleApi: false\n  allowedHosts: [hapwright.internal, 10.0.0.5]\n  http:\n    idleTimeout: 5s\n    maxConnections: 64\n",
+        )
+        .unwrap();
+        let controller = &config.controller;
+        assert!(!controller.lifecycle_api);
+        assert_eq!(controller.allowed_hosts, ["hapwright.internal", "10.0.0.5"]);
+        assert_eq!(controller.http.idle_timeout, Duration::from_secs(5));
+        assert_eq!(controller.http.max_connections, 64);
+        assert_eq!(
+            controller.http.header_read_timeout,
+            Http::default().header_read_timeout
+        );
+        assert!(Controller::default().lifecycle_api);
+    }
+
+    #[test]
+    fn bad_http_keys_are_located() {
+        let errors = parse_controller(
+            "  allowedHosts: [ok.example, 'http://bad.example:80']\n  http:\n    maxConnections: 0\n    writeTimeout: 0s\n",
+        )
+        .unwrap_err();
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        let all = errors.join("\n");
+        assert!(
+            all.contains("hapwright.yaml:5:") && all.contains("controller.http.maxConnections"),
+            "{all}"
+        );
+        assert!(
+            all.contains("hapwright.yaml:6:") && all.contains("controller.http.writeTimeout"),
+            "{all}"
+        );
+        assert!(
+            all.contains("hapwright.yaml:3:") && all.contains("controller.allowedHosts[1]"),
+            "{all}"
+        );
+        let unknown = parse_controller("  http:\n    idleTimout: 5s\n").unwrap_err();
+        assert!(unknown[0].contains("idleTimout"), "{unknown:?}");
+    }
+}
