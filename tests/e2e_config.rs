@@ -236,44 +236,53 @@ fn invalid_config_edit_keeps_the_service_running() {
 
 #[test]
 fn sighup_and_post_reload_reload_the_config() {
-    let controller = Controller::start();
-    let mut before = controller.wait_deployed();
+    let controller = Controller::start_with(|config| {
+        replace_once(
+            config,
+            "  logLevel: info\n",
+            "  logLevel: info\n  http: { reloadInterval: 2s }\n",
+        )
+    });
+    let before = controller.wait_deployed();
     let master = controller.master();
-    let mut successes = controller.metric(SUCCESSFUL_RELOADS);
+    let successes = controller.metric(SUCCESSFUL_RELOADS);
+    let iterations = || {
+        controller
+            .log_text()
+            .matches("Controller iteration started")
+            .count()
+    };
+    let started = iterations();
 
-    for trigger in ["SIGHUP", "POST /-/reload"] {
-        if trigger == "SIGHUP" {
-            controller.signal(Signal::HUP);
-        } else {
-            let (status, body) = controller.status_post("/-/reload");
-            assert_eq!(status, 202, "{body}");
-            assert!(body.contains("reload requested"), "{body}");
-        }
-        let after = controller.wait_until(&format!("{trigger} reinits"), WAIT, || {
-            let instance = controller.instance();
-            (controller.metric(SUCCESSFUL_RELOADS) == successes + 1.0
-                && instance.deployments > before.deployments)
-                .then_some(instance)
-        });
-        assert_eq!(
-            after.deployments,
-            before.deployments + 1,
-            "{trigger}: {after:?}"
-        );
-        assert_eq!(
-            after.last_strategy.as_deref(),
-            Some("noop"),
-            "{trigger}: {after:?}"
-        );
-        assert_eq!(after.reloads, before.reloads, "{trigger}: {after:?}");
-        assert_eq!(controller.master(), master, "{trigger}: HAProxy untouched");
-        assert_eq!(
-            controller.body(API),
-            controller.demo_body(controller.ports().api)
-        );
-        successes += 1.0;
-        before = after;
+    // POST with the file unchanged: answered at once, nothing rebuilt; a burst of
+    // further requests inside the window is refused.
+    let (status, body) = controller.status_post("/-/reload");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""status":"unchanged""#), "{body}");
+    for _ in 0..10 {
+        let (status, body) = controller.status_post("/-/reload");
+        assert_eq!(status, 429, "{body}");
     }
+    assert_eq!(controller.metric(SUCCESSFUL_RELOADS), successes + 1.0);
+
+    // SIGHUP always rebuilds (the way to force a full re-sync). It is handled after
+    // the requests above, so exactly one rebuild means they caused none.
+    controller.signal(Signal::HUP);
+    let after = controller.wait_until("SIGHUP reinits", WAIT, || {
+        let instance = controller.instance();
+        (controller.metric(SUCCESSFUL_RELOADS) == successes + 2.0
+            && instance.deployments > before.deployments)
+            .then_some(instance)
+    });
+    assert_eq!(iterations(), started + 1, "one rebuild: SIGHUP's");
+    assert_eq!(after.deployments, before.deployments + 1, "{after:?}");
+    assert_eq!(after.last_strategy.as_deref(), Some("noop"), "{after:?}");
+    assert_eq!(after.reloads, before.reloads, "{after:?}");
+    assert_eq!(controller.master(), master, "HAProxy untouched");
+    assert_eq!(
+        controller.body(API),
+        controller.demo_body(controller.ports().api)
+    );
     assert!(
         controller
             .log_text()
@@ -286,10 +295,13 @@ fn sighup_and_post_reload_reload_the_config() {
         (controller.metric(FAILED_RELOADS) >= 1.0).then_some(())
     });
     let failures = controller.metric(FAILED_RELOADS);
-    assert_eq!(controller.status_post("/-/reload").0, 202);
-    controller.wait_until("the reload request fails", WAIT, || {
-        (controller.metric(FAILED_RELOADS) == failures + 1.0).then_some(())
+    let (status, body) = controller.wait_until("the reload window passes", WAIT, || {
+        let (status, body) = controller.status_post("/-/reload");
+        (status != 429).then_some((status, body))
     });
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains(r#""status":"rejected""#), "{body}");
+    assert_eq!(controller.metric(FAILED_RELOADS), failures + 1.0);
     assert_eq!(controller.status_get("/readyz").0, 200);
     assert_eq!(
         controller.body(API),

@@ -2,16 +2,34 @@
 //! the `/debug/*` JSON endpoints and the status page at `/`.
 //!
 //! The server outlives reinit iterations: it reads everything through the
-//! process-wide [`StatusStore`] and the metrics [`Registry`]. Secrets never leave
-//! through it: the effective config is serialized with secrets redacted, certificates
-//! and PEM key material are replaced by a placeholder, and the `data` of Secret
-//! objects is hidden.
+//! process-wide [`StatusStore`] and the metrics [`Registry`], and the parts of the
+//! config it enforces per request through [`Policy`]. Secrets never leave through it:
+//! the effective config is serialized with secrets redacted, certificates and PEM key
+//! material are replaced by a placeholder, and the `data` of Secret objects is hidden.
+//!
+//! Hardening, because the controller holds TLS keys and HAProxy admin access:
+//! - every listener has header-read, idle and write timeouts, a connection and a
+//!   request concurrency limit, and a shutdown deadline ([`server`]);
+//! - `/`, `/debug/*` and `/-/*` answer only requests whose `Host` is a loopback name or
+//!   one of `controller.allowedHosts` (403 otherwise), so a web page that points its
+//!   own domain at 127.0.0.1 (DNS rebinding) cannot read them; `/metrics`, `/healthz`
+//!   and `/readyz` answer any `Host`, as probes and Prometheus use pod IPs;
+//! - `POST /-/reload` needs the [`RELOAD_HEADER`] (a web page cannot send a custom
+//!   header cross-origin without a CORS preflight, which hapwright never approves),
+//!   acts at most once per `controller.http.reloadInterval` (429 otherwise), and
+//!   reports whether the config was unchanged, rejected or is being switched to.
+
+pub mod server;
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use axum::Router;
-use axum::extract::{Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use hapwright_eventbus::model::{ContentHash, FileKind, StoredObject};
@@ -20,29 +38,187 @@ use prometheus::{Encoder, Registry, TextEncoder};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use server::Limits;
+
+use crate::config;
 use crate::status::{EVENT_RING, Liveness, Readiness, StatusStore};
+
+/// The request header `POST /-/reload` requires (any non-empty value; send `1`).
+/// A custom header makes the request non-simple in CORS terms, so a plain form
+/// POST from a web page on the same host cannot trigger a reload.
+pub const RELOAD_HEADER: &str = "x-hapwright-reload";
+
+/// How long `POST /-/reload` waits for the reinit loop's verdict before answering
+/// that the request was queued with an unknown outcome.
+const RELOAD_ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the reinit loop made of a reload request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReloadOutcome {
+    /// The config file (templates included) equals the running config: nothing
+    /// was rebuilt.
+    Unchanged,
+    /// The new config is valid; the controller is switching to it.
+    Accepted,
+    /// The new config is invalid; the running one stays. The located errors.
+    Rejected(Vec<String>),
+}
+
+/// A reload request as the reinit loop receives it.
+#[derive(Debug)]
+pub struct ReloadRequest {
+    /// Who asked.
+    pub source: ReloadSource,
+    reply: Option<oneshot::Sender<ReloadOutcome>>,
+}
+
+impl ReloadRequest {
+    /// A request nobody waits on (SIGHUP, tests).
+    pub fn new(source: ReloadSource) -> Self {
+        Self {
+            source,
+            reply: None,
+        }
+    }
+
+    /// Tells the requester what happened (if it still waits).
+    pub fn answer(self, outcome: ReloadOutcome) {
+        if let Some(reply) = self.reply {
+            let _ = reply.send(outcome);
+        }
+    }
+}
 
 /// Asks the reinit loop to reload the controller configuration.
 #[derive(Clone, Debug)]
 pub struct ReloadHandle {
-    sender: mpsc::Sender<ReloadSource>,
+    sender: mpsc::Sender<ReloadRequest>,
+    /// When the last HTTP reload was let through, for the rate limit.
+    last_http: Arc<Mutex<Option<tokio::time::Instant>>>,
+}
+
+/// Why an HTTP reload request was not passed on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReloadRefused {
+    /// One reload per window: retry after this long.
+    RateLimited(Duration),
+    /// The reinit loop is not taking requests (shutting down, or its queue is full).
+    Unavailable,
 }
 
 impl ReloadHandle {
     /// A handle and the receiving end the reinit loop listens on.
-    pub fn channel() -> (Self, mpsc::Receiver<ReloadSource>) {
+    pub fn channel() -> (Self, mpsc::Receiver<ReloadRequest>) {
         let (sender, receiver) = mpsc::channel(8);
-        (Self { sender }, receiver)
+        (
+            Self {
+                sender,
+                last_http: Arc::new(Mutex::new(None)),
+            },
+            receiver,
+        )
     }
 
-    /// Requests a reload. Requests that arrive while several are already queued are
-    /// merged into those (they would reload the same file).
+    /// Requests a reload without waiting for the outcome. Requests that arrive
+    /// while several are already queued are merged into those (they would reload
+    /// the same file).
     pub fn request(&self, source: ReloadSource) {
-        let _ = self.sender.try_send(source);
+        let _ = self.sender.try_send(ReloadRequest::new(source));
+    }
+
+    /// Passes a reload request on if none was let through within `interval`, and
+    /// waits (bounded) for the outcome; `Ok(None)` when no verdict came in time.
+    pub async fn request_limited(
+        &self,
+        source: ReloadSource,
+        interval: Duration,
+    ) -> Result<Option<ReloadOutcome>, ReloadRefused> {
+        {
+            let now = tokio::time::Instant::now();
+            let mut last = self
+                .last_http
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(at) = *last {
+                let next = at + interval;
+                if now < next {
+                    return Err(ReloadRefused::RateLimited(next - now));
+                }
+            }
+            *last = Some(now);
+        }
+        let (reply, answer) = oneshot::channel();
+        self.sender
+            .try_send(ReloadRequest {
+                source,
+                reply: Some(reply),
+            })
+            .map_err(|_| ReloadRefused::Unavailable)?;
+        match tokio::time::timeout(RELOAD_ANSWER_TIMEOUT, answer).await {
+            Ok(Ok(outcome)) => Ok(Some(outcome)),
+            Ok(Err(_)) => Err(ReloadRefused::Unavailable),
+            Err(_) => Ok(None),
+        }
+    }
+}
+
+/// The parts of the config the handlers enforce per request. They change with the
+/// config while the listeners stay bound.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// Host names besides the loopback ones that the guarded endpoints answer to,
+    /// lowercase.
+    pub allowed_hosts: Vec<String>,
+    /// Whether `POST /-/reload` exists.
+    pub lifecycle_api: bool,
+    /// `POST /-/reload` acts at most once per this window.
+    pub reload_interval: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self::from(&config::Controller::default())
+    }
+}
+
+impl From<&config::Controller> for Policy {
+    fn from(controller: &config::Controller) -> Self {
+        Self {
+            allowed_hosts: controller
+                .allowed_hosts
+                .iter()
+                .map(|h| h.trim_end_matches('.').to_ascii_lowercase())
+                .collect(),
+            lifecycle_api: controller.lifecycle_api,
+            reload_interval: controller.http.reload_interval.get(),
+        }
+    }
+}
+
+impl Policy {
+    /// Whether a request with this `Host` header may reach the guarded endpoints:
+    /// the host part (port removed, case and a trailing dot ignored) must be
+    /// `localhost`, `127.0.0.1`, `[::1]` or an allowed host.
+    pub fn allows_host(&self, host: &str) -> bool {
+        let name = host_name(host).trim_end_matches('.').to_ascii_lowercase();
+        matches!(name.as_str(), "localhost" | "127.0.0.1" | "[::1]")
+            || self.allowed_hosts.contains(&name)
+    }
+}
+
+/// The host part of a `Host` header value: `name:port` → `name`,
+/// `[v6]:port` → `[v6]`.
+fn host_name(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.find(']').map_or(host, |end| &host[..=end]);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
     }
 }
 
@@ -55,15 +231,26 @@ pub struct HttpState {
     pub registry: Registry,
     /// Where `POST /-/reload` goes.
     pub reload: ReloadHandle,
+    /// Host allow-list and lifecycle settings of the running config.
+    pub policy: Arc<ArcSwap<Policy>>,
+}
+
+impl HttpState {
+    /// State with the default [`Policy`].
+    pub fn new(store: StatusStore, registry: Registry, reload: ReloadHandle) -> Self {
+        Self {
+            store,
+            registry,
+            reload,
+            policy: Arc::new(ArcSwap::from_pointee(Policy::default())),
+        }
+    }
 }
 
 /// The full router for `controller.listen`.
 pub fn router(state: HttpState) -> Router {
-    Router::new()
+    let guarded = Router::new()
         .route("/", get(status_page))
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
         .route("/-/reload", post(reload))
         .route("/debug/components", get(debug_components))
         .route("/debug/events", get(debug_events))
@@ -71,6 +258,15 @@ pub fn router(state: HttpState) -> Router {
         .route("/debug/rendered", get(debug_rendered))
         .route("/debug/resources/{name}", get(debug_resources))
         .route("/debug/instances", get(debug_instances))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_known_host,
+        ));
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .merge(guarded)
         .layer(axum::middleware::map_response(redact_response))
         .with_state(state)
 }
@@ -86,29 +282,61 @@ pub fn metrics_router(state: HttpState) -> Router {
         .with_state(state)
 }
 
+/// Refuses guarded endpoints to requests whose `Host` is not expected
+/// (DNS-rebinding protection).
+async fn require_known_host(
+    State(state): State<HttpState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    if state.policy.load().allows_host(host) {
+        return next.run(request).await;
+    }
+    let shown: String = host.chars().take(100).collect();
+    (
+        StatusCode::FORBIDDEN,
+        axum::Json(json!({
+            "error": format!(
+                "host `{shown}` is not allowed here: {} answers only to localhost, \
+                 127.0.0.1, [::1] and the names in controller.allowedHosts",
+                request.uri().path()
+            ),
+        })),
+    )
+        .into_response()
+}
+
 /// A running HTTP listener.
 #[derive(Debug)]
 pub struct HttpServer {
     local_addr: SocketAddr,
+    limits: Limits,
     cancel: CancellationToken,
-    task: JoinHandle<std::io::Result<()>>,
+    task: JoinHandle<()>,
 }
 
 impl HttpServer {
-    /// Binds `addr` and serves `router` until [`shutdown`](Self::shutdown).
-    pub async fn bind(addr: SocketAddr, router: Router) -> std::io::Result<Self> {
+    /// Binds `addr` and serves `router` within `limits` until
+    /// [`shutdown`](Self::shutdown).
+    pub async fn bind(addr: SocketAddr, router: Router, limits: Limits) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
         let cancel = CancellationToken::new();
-        let stop = cancel.clone();
-        let task = tokio::spawn(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await
-        });
+        let task = tokio::spawn(server::serve(
+            listener,
+            router,
+            limits.clone(),
+            cancel.clone(),
+        ));
         tracing::info!(%local_addr, "HTTP listener bound");
         Ok(Self {
             local_addr,
+            limits,
             cancel,
             task,
         })
@@ -119,13 +347,17 @@ impl HttpServer {
         self.local_addr
     }
 
-    /// Stops accepting, lets in-flight requests finish, and waits for the server.
+    /// The limits it serves with.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Stops accepting, lets in-flight requests finish within the shutdown
+    /// deadline, drops the connections still open, and waits for all of it.
     pub async fn shutdown(self) {
         self.cancel.cancel();
-        match self.task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(%error, "HTTP server ended with an error"),
-            Err(error) => tracing::warn!(%error, "HTTP server task failed"),
+        if let Err(error) = self.task.await {
+            tracing::warn!(%error, "HTTP server task failed");
         }
     }
 }
@@ -193,13 +425,70 @@ async fn readyz(State(state): State<HttpState>) -> Response {
     }
 }
 
-async fn reload(State(state): State<HttpState>) -> Response {
-    state.reload.request(ReloadSource::Http);
-    (
-        StatusCode::ACCEPTED,
-        axum::Json(json!({"status": "reload requested"})),
-    )
-        .into_response()
+async fn reload(State(state): State<HttpState>, headers: HeaderMap) -> Response {
+    let policy = state.policy.load();
+    if !policy.lifecycle_api {
+        return (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({
+                "error": "the lifecycle API is off (controller.lifecycleApi: false)",
+            })),
+        )
+            .into_response();
+    }
+    if headers.get(RELOAD_HEADER).is_none_or(|v| v.is_empty()) {
+        return (
+            StatusCode::FORBIDDEN,
+            axum::Json(json!({
+                "error": "POST /-/reload needs the header `X-Hapwright-Reload: 1` \
+                          (this keeps web pages from triggering reloads)",
+            })),
+        )
+            .into_response();
+    }
+    let json = |status: StatusCode, body: Value| (status, axum::Json(body)).into_response();
+    match state
+        .reload
+        .request_limited(ReloadSource::Http, policy.reload_interval)
+        .await
+    {
+        Ok(Some(ReloadOutcome::Unchanged)) => json(
+            StatusCode::OK,
+            json!({"status": "unchanged", "detail": "the config file equals the running config; nothing was rebuilt"}),
+        ),
+        Ok(Some(ReloadOutcome::Accepted)) => json(
+            StatusCode::ACCEPTED,
+            json!({"status": "accepted", "detail": "the new config is valid; the controller is switching to it"}),
+        ),
+        Ok(Some(ReloadOutcome::Rejected(errors))) => json(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            json!({"status": "rejected", "detail": "the new config is invalid; the running one stays", "errors": errors}),
+        ),
+        Ok(None) => json(
+            StatusCode::ACCEPTED,
+            json!({"status": "requested", "detail": "the reload is queued; its outcome is not known yet (see /debug/config)"}),
+        ),
+        Err(ReloadRefused::RateLimited(wait)) => {
+            let seconds = wait.as_secs_f64().ceil().max(1.0) as u64;
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, seconds.to_string())],
+                axum::Json(json!({
+                    "status": "rate-limited",
+                    "detail": format!(
+                        "one reload per controller.http.reloadInterval ({:?}); retry in {seconds}s",
+                        policy.reload_interval
+                    ),
+                    "retryAfterSeconds": seconds,
+                })),
+            )
+                .into_response()
+        }
+        Err(ReloadRefused::Unavailable) => json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "unavailable", "detail": "the controller is not taking reload requests (shutting down or busy)"}),
+        ),
+    }
 }
 
 /// `/debug/components`: every component's health.

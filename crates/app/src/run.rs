@@ -52,7 +52,9 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::build;
 use crate::commands::print_errors;
 use crate::config::{self, ConfigWatcher, Loaded};
-use crate::http::{self, HttpServer, HttpState, ReloadHandle};
+use crate::http::{
+    self, HttpServer, HttpState, Limits, ReloadHandle, ReloadOutcome, ReloadRequest,
+};
 use crate::status::{ConfigStatus, EventLog, StatusMetrics, StatusRecorder, StatusStore};
 use crate::telemetry;
 
@@ -320,8 +322,8 @@ impl Iteration {
 
 /// What woke the loop up.
 enum Wake {
-    /// Load the config file again (SIGHUP, HTTP, file change without a parsed payload).
-    Reload(ReloadSource),
+    /// Load the config file again (SIGHUP, HTTP).
+    Reload(ReloadRequest),
     /// The config watcher parsed a valid new config.
     Loaded(Box<Loaded>),
     /// The config watcher found the new config invalid.
@@ -352,18 +354,20 @@ struct Listeners {
 }
 
 impl Listeners {
-    /// Makes the listeners serve `listen` and `metrics_listen`, binding the new
-    /// address before letting go of the old one, so a failure leaves the current
-    /// listeners as they were. (When the new address cannot be bound while the old
-    /// one holds the port, e.g. `0.0.0.0:9400` replacing `127.0.0.1:9400`, the old one
-    /// is released first and restored if the new bind still fails.)
+    /// Makes the listeners serve `listen` and `metrics_listen` within `limits`,
+    /// binding the new address before letting go of the old one, so a failure leaves
+    /// the current listeners as they were. (When the new address cannot be bound while
+    /// the old one holds the port, e.g. `0.0.0.0:9400` replacing `127.0.0.1:9400` or
+    /// the same address with new limits, the old one is released first and restored
+    /// if the new bind still fails.)
     async fn ensure(
         &mut self,
         state: &HttpState,
         listen: SocketAddr,
         metrics_listen: Option<SocketAddr>,
+        limits: &Limits,
     ) -> std::io::Result<()> {
-        let main = rebind(self.main.take(), Some(listen), || {
+        let main = rebind(self.main.take(), Some(listen), limits, || {
             http::router(state.clone())
         })
         .await;
@@ -375,7 +379,7 @@ impl Listeners {
             }
         };
         self.main = main;
-        let metrics = rebind(self.metrics.take(), metrics_listen, || {
+        let metrics = rebind(self.metrics.take(), metrics_listen, limits, || {
             http::metrics_router(state.clone())
         })
         .await;
@@ -408,14 +412,21 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
     }
 }
 
-/// Moves one listener from `current` to `wanted` (`None`: no listener). On failure
-/// returns the listener that is still serving (the old one) with the error.
+/// Moves one listener from `current` to `wanted` (`None`: no listener) served within
+/// `limits`. On failure returns the listener that is still serving (the old one) with
+/// the error.
 async fn rebind(
     current: Bound,
     wanted: Option<SocketAddr>,
+    limits: &Limits,
     router: impl Fn() -> axum::Router,
 ) -> Result<Bound, (Bound, std::io::Error)> {
-    if current.as_ref().map(|(addr, _)| *addr) == wanted {
+    let unchanged = match (&current, wanted) {
+        (Some((addr, server)), Some(wanted)) => *addr == wanted && server.limits() == limits,
+        (None, None) => true,
+        _ => false,
+    };
+    if unchanged {
         return Ok(current);
     }
     let Some(addr) = wanted else {
@@ -424,7 +435,7 @@ async fn rebind(
         }
         return Ok(None);
     };
-    match HttpServer::bind(addr, router()).await {
+    match HttpServer::bind(addr, router(), limits.clone()).await {
         Ok(server) => {
             if let Some((_, old)) = current {
                 old.shutdown().await;
@@ -439,10 +450,11 @@ async fn rebind(
             if old_addr.port() != addr.port() {
                 return Err((Some((old_addr, old)), first));
             }
+            let old_limits = old.limits().clone();
             old.shutdown().await;
-            match HttpServer::bind(addr, router()).await {
+            match HttpServer::bind(addr, router(), limits.clone()).await {
                 Ok(server) => Ok(Some((addr, server))),
-                Err(error) => match HttpServer::bind(old_addr, router()).await {
+                Err(error) => match HttpServer::bind(old_addr, router(), old_limits).await {
                     Ok(restored) => Err((Some((old_addr, restored)), error)),
                     Err(_) => Err((None, error)),
                 },
@@ -486,11 +498,14 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
     let process = Process::new(&candidate.loaded)?;
     let config_path = candidate.loaded.path.clone();
     let (reload, mut reload_requests) = ReloadHandle::channel();
-    let state = HttpState {
-        store: process.store.clone(),
-        registry: process.registry.clone(),
-        reload: reload.clone(),
-    };
+    let state = HttpState::new(
+        process.store.clone(),
+        process.registry.clone(),
+        reload.clone(),
+    );
+    state.policy.store(std::sync::Arc::new(http::Policy::from(
+        &candidate.loaded.config.controller,
+    )));
     let mut listeners = Listeners {
         main: None,
         metrics: None,
@@ -501,7 +516,12 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
 
     let first = &candidate.loaded.config.controller;
     if let Err(error) = listeners
-        .ensure(&state, first.listen, first.metrics_listen)
+        .ensure(
+            &state,
+            first.listen,
+            first.metrics_listen,
+            &Limits::from(&first.http),
+        )
         .await
     {
         process.managed.stop().await;
@@ -512,6 +532,9 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
     let outcome = loop {
         generation += 1;
         let controller = candidate.loaded.config.controller.clone();
+        state
+            .policy
+            .store(std::sync::Arc::new(http::Policy::from(&controller)));
         process.store.set_config(config_status(&candidate.loaded));
         process
             .store
@@ -547,14 +570,16 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
                     config::ConfigChange::Loaded(loaded) => Wake::Loaded(loaded),
                     config::ConfigChange::Invalid(errors) => Wake::Invalid(errors),
                 },
-                Some(source) = reload_requests.recv() => Wake::Reload(source),
-                _ = sighup.recv() => Wake::Reload(ReloadSource::Sighup),
+                Some(request) = reload_requests.recv() => Wake::Reload(request),
+                _ = sighup.recv() => Wake::Reload(ReloadRequest::new(ReloadSource::Sighup)),
                 _ = sigterm.recv() => Wake::Shutdown("SIGTERM"),
                 _ = sigint.recv() => Wake::Shutdown("SIGINT"),
                 failure = iteration.kernel.failed() => Wake::ComponentFailed(failure),
                 () = sleep_until_some(restart_at) => Wake::Restart,
                 () = tokio::time::sleep_until(recovered_at), if recovering => Wake::Recovered,
             };
+            // An HTTP reload request waiting for the verdict.
+            let mut asked: Option<ReloadRequest> = None;
             let loaded = match wake {
                 Wake::Shutdown(why) => {
                     tracing::info!(reason = why, "Shutting down");
@@ -611,7 +636,8 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
                     continue;
                 }
                 Wake::Loaded(loaded) => Ok(*loaded),
-                Wake::Reload(source) => {
+                Wake::Reload(request) => {
+                    let source = request.source;
                     tracing::info!(?source, "Reloading the controller config");
                     iteration
                         .kernel
@@ -620,23 +646,53 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
                         .publish(ReloadRequested { source });
                     // Reading and checking the files blocks: off the async workers.
                     let path = config_path.clone();
-                    tokio::task::spawn_blocking(move || config::load(&path))
+                    let loaded = tokio::task::spawn_blocking(move || config::load(&path))
                         .await
                         .unwrap_or_else(|join| {
                             Err(vec![Diagnostic::error(format!(
                                 "loading the config file failed: {join}"
                             ))])
-                        })
+                        });
+                    match loaded {
+                        // The file (templates are inline) equals the running config:
+                        // nothing to rebuild. SIGHUP still rebuilds: it is the
+                        // operator's way to force a full re-sync.
+                        Ok(loaded)
+                            if loaded.hash == running_hash && source != ReloadSource::Sighup =>
+                        {
+                            tracing::info!(?source, "Controller config unchanged; nothing to reload");
+                            process.reload_metrics.record(true);
+                            process.store.set_config(config_status(&loaded));
+                            request.answer(ReloadOutcome::Unchanged);
+                            continue;
+                        }
+                        other => {
+                            asked = Some(request);
+                            other
+                        }
+                    }
                 }
             }
             .and_then(prepare);
+            // A positive verdict goes out before the listeners move: a listener that
+            // is rebound drains its connections, this request's among them.
+            if loaded.is_ok()
+                && let Some(request) = asked.take()
+            {
+                request.answer(ReloadOutcome::Accepted);
+            }
             // The new listeners are bound while the old iteration still runs: an
             // address that cannot be bound rejects the config like any other error.
             let loaded = match loaded {
                 Ok(next) => {
                     let wanted = &next.loaded.config.controller;
                     listeners
-                        .ensure(&state, wanted.listen, wanted.metrics_listen)
+                        .ensure(
+                            &state,
+                            wanted.listen,
+                            wanted.metrics_listen,
+                            &Limits::from(&wanted.http),
+                        )
                         .await
                         .map(|()| next)
                         .map_err(|error| {
@@ -665,6 +721,11 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
                     process.reload_metrics.record(false);
                     for error in &errors {
                         tracing::error!(error = %error, "New controller config rejected; the running one stays");
+                    }
+                    if let Some(request) = asked.take() {
+                        request.answer(ReloadOutcome::Rejected(
+                            errors.iter().map(ToString::to_string).collect(),
+                        ));
                     }
                     process.store.config_rejected(errors);
                 }
@@ -710,16 +771,21 @@ mod tests {
 
     #[tokio::test]
     async fn a_listener_that_cannot_move_keeps_serving_where_it_was() {
-        let old = HttpServer::bind("127.0.0.1:0".parse().unwrap(), router())
+        let old = HttpServer::bind("127.0.0.1:0".parse().unwrap(), router(), Limits::default())
             .await
             .unwrap();
         let old_addr = old.local_addr();
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let taken_addr = taken.local_addr().unwrap();
 
-        let (kept, error) = rebind(Some((old_addr, old)), Some(taken_addr), router)
-            .await
-            .expect_err("the address is taken");
+        let (kept, error) = rebind(
+            Some((old_addr, old)),
+            Some(taken_addr),
+            &Limits::default(),
+            router,
+        )
+        .await
+        .expect_err("the address is taken");
         assert_eq!(error.kind(), std::io::ErrorKind::AddrInUse);
         let (kept_addr, kept) = kept.expect("the old listener is still there");
         assert_eq!(kept_addr, old_addr);
@@ -729,11 +795,16 @@ mod tests {
         let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let free_addr = free.local_addr().unwrap();
         drop(free);
-        let moved = rebind(Some((kept_addr, kept)), Some(free_addr), router)
-            .await
-            .map_err(|(_, e)| e)
-            .unwrap()
-            .unwrap();
+        let moved = rebind(
+            Some((kept_addr, kept)),
+            Some(free_addr),
+            &Limits::default(),
+            router,
+        )
+        .await
+        .map_err(|(_, e)| e)
+        .unwrap()
+        .unwrap();
         assert_eq!(moved.0, free_addr);
         assert!(serves(free_addr).await);
         assert!(!serves(old_addr).await);
@@ -743,16 +814,16 @@ mod tests {
 
     #[tokio::test]
     async fn an_unchanged_address_is_kept_and_none_closes_it() {
-        let server = HttpServer::bind("127.0.0.1:0".parse().unwrap(), router())
+        let server = HttpServer::bind("127.0.0.1:0".parse().unwrap(), router(), Limits::default())
             .await
             .unwrap();
         let addr = server.local_addr();
-        let same = rebind(Some((addr, server)), Some(addr), router)
+        let same = rebind(Some((addr, server)), Some(addr), &Limits::default(), router)
             .await
             .map_err(|(_, e)| e)
             .unwrap();
         assert_eq!(same.as_ref().map(|(a, _)| *a), Some(addr));
-        let closed = rebind(same, None, router)
+        let closed = rebind(same, None, &Limits::default(), router)
             .await
             .map_err(|(_, e)| e)
             .unwrap();

@@ -13,28 +13,32 @@ use hapwright_eventbus::{
 use serde_json::json;
 
 use super::*;
+
+mod hardening;
 use crate::status::tests::{event, rendered};
 
 struct Harness {
     server: HttpServer,
     store: StatusStore,
-    reloads: mpsc::Receiver<ReloadSource>,
+    reloads: mpsc::Receiver<ReloadRequest>,
+    policy: Arc<ArcSwap<Policy>>,
     client: reqwest::Client,
 }
 
 impl Harness {
     async fn start() -> Self {
+        Self::start_with(Limits::default()).await
+    }
+
+    async fn start_with(limits: Limits) -> Self {
         let registry = Registry::new();
         let counter = prometheus::IntCounter::new("hapwright_test_total", "test").unwrap();
         registry.register(Box::new(counter)).unwrap();
         let store = StatusStore::default();
         let (reload, reloads) = ReloadHandle::channel();
-        let state = HttpState {
-            store: store.clone(),
-            registry,
-            reload,
-        };
-        let server = HttpServer::bind("127.0.0.1:0".parse().unwrap(), router(state))
+        let state = HttpState::new(store.clone(), registry, reload);
+        let policy = state.policy.clone();
+        let server = HttpServer::bind("127.0.0.1:0".parse().unwrap(), router(state), limits)
             .await
             .unwrap();
         let client = reqwest::Client::builder()
@@ -45,8 +49,21 @@ impl Harness {
             server,
             store,
             reloads,
+            policy,
             client,
         }
+    }
+
+    fn set_policy(&self, edit: impl FnOnce(&mut Policy)) {
+        let mut policy = Policy::clone(&self.policy.load());
+        edit(&mut policy);
+        self.policy.store(Arc::new(policy));
+    }
+
+    /// One raw HTTP/1.1 request (so the `Host` header is exactly `host`) on a
+    /// fresh connection: status and body.
+    async fn raw(&self, method: &str, path: &str, host: &str, headers: &str) -> (u16, String) {
+        raw_request(self.server.local_addr(), method, path, host, headers).await
     }
 
     fn url(&self, path: &str) -> String {
@@ -96,9 +113,24 @@ async fn health_readiness_metrics_and_reload() {
     assert_eq!(status, 200);
     assert!(metrics.contains("hapwright_test_total 0"), "{metrics}");
 
-    let response = h.client.post(h.url("/-/reload")).send().await.unwrap();
+    let mut reloads = std::mem::replace(&mut h.reloads, ReloadHandle::channel().1);
+    let answered = tokio::spawn(async move {
+        let request = reloads.recv().await.unwrap();
+        let source = request.source;
+        request.answer(ReloadOutcome::Accepted);
+        source
+    });
+    let response = h
+        .client
+        .post(h.url("/-/reload"))
+        .header("X-Hapwright-Reload", "1")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status().as_u16(), 202);
-    assert_eq!(h.reloads.recv().await, Some(ReloadSource::Http));
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["status"], "accepted");
+    assert_eq!(answered.await.unwrap(), ReloadSource::Http);
     assert_eq!(
         h.client
             .get(h.url("/-/reload"))
@@ -274,14 +306,14 @@ async fn status_page_and_components_show_health_and_escape_html() {
 async fn the_metrics_listener_serves_only_scrape_and_probes() {
     let store = StatusStore::default();
     let (reload, _rx) = ReloadHandle::channel();
-    let state = HttpState {
-        store,
-        registry: Registry::new(),
-        reload,
-    };
-    let server = HttpServer::bind("127.0.0.1:0".parse().unwrap(), metrics_router(state))
-        .await
-        .unwrap();
+    let state = HttpState::new(store, Registry::new(), reload);
+    let server = HttpServer::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        metrics_router(state),
+        Limits::default(),
+    )
+    .await
+    .unwrap();
     let base = format!("http://{}", server.local_addr());
     let client = reqwest::Client::new();
     assert_eq!(
@@ -372,11 +404,8 @@ async fn healthz_fails_when_a_mandatory_component_stays_exited_past_the_grace() 
     let (reload, _rx) = ReloadHandle::channel();
     let scrape = HttpServer::bind(
         "127.0.0.1:0".parse().unwrap(),
-        metrics_router(HttpState {
-            store: h.store.clone(),
-            registry: Registry::new(),
-            reload,
-        }),
+        metrics_router(HttpState::new(h.store.clone(), Registry::new(), reload)),
+        Limits::default(),
     )
     .await
     .unwrap();
@@ -489,4 +518,36 @@ async fn readyz_returns_to_503_when_an_instance_fails_and_back_when_it_recovers(
     h.store.apply(&deployed(4, "edge-2"), None);
     assert_eq!(h.json("/readyz").await, (200, json!({"ready": true})));
     h.server.shutdown().await;
+}
+
+/// Sends one HTTP/1.1 request with exactly this `Host` on a fresh connection and
+/// reads the whole answer (the request asks the server to close): status and body.
+async fn raw_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    host: &str,
+    headers: &str,
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut answer))
+        .await
+        .expect("no answer within 10s")
+        .unwrap();
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
 }
