@@ -10,7 +10,7 @@ use std::time::Duration;
 use hapwright_deployer::client::socket::InstanceConfig;
 use hapwright_deployer::component::validator;
 use hapwright_eventbus::model::{Diagnostic, ResourceSnapshot};
-use hapwright_reconciler::renderer::{Renderer, Templates, TemplatingSettings};
+use hapwright_reconciler::renderer::{RenderLimits, Renderer, Templates, TemplatingSettings};
 use hapwright_watchers::config::{FilesConfig, WatchedResource};
 use hapwright_watchers::files::{ScanMode, Scanner};
 use hapwright_watchers::yaml::Limits;
@@ -40,7 +40,10 @@ pub fn templates(config: &Config) -> Templates {
             lstrip_blocks: section.templating.lstrip_blocks,
             strict_undefined: section.templating.strict_undefined,
         },
-        ..Templates::default()
+        limits: RenderLimits {
+            max_output_bytes: section.templating.max_output_bytes,
+            ..RenderLimits::default()
+        },
     }
 }
 

@@ -18,6 +18,7 @@ pub struct Metrics {
     in_sync: IntGaugeVec,
     drift: IntCounterVec,
     restore_failures: IntCounterVec,
+    state_file_refused: IntCounterVec,
 }
 
 fn result(ok: bool) -> &'static str {
@@ -36,6 +37,7 @@ impl Metrics {
         registry.register(Box::new(metrics.in_sync.clone()))?;
         registry.register(Box::new(metrics.drift.clone()))?;
         registry.register(Box::new(metrics.restore_failures.clone()))?;
+        registry.register(Box::new(metrics.state_file_refused.clone()))?;
         Ok(metrics)
     }
 
@@ -103,6 +105,14 @@ impl Metrics {
                 ),
                 &["instance"],
             )?,
+            state_file_refused: IntCounterVec::new(
+                Opts::new(
+                    "hapwright_server_state_file_refused_total",
+                    "Reloads whose server-state-file path lay outside the instance's config \
+                     directory (or could not be checked), so no server state was saved.",
+                ),
+                &["instance"],
+            )?,
         })
     }
 
@@ -154,6 +164,16 @@ impl Metrics {
         self.restore_failures.with_label_values(&[instance]).inc();
     }
 
+    /// Records a server state file not written because its path was refused.
+    pub fn state_file_refused(&self, instance: &str) {
+        self.state_file_refused.with_label_values(&[instance]).inc();
+    }
+
+    /// Refused server state file paths recorded for `instance` (tests, status).
+    pub fn state_file_refused_count(&self, instance: &str) -> u64 {
+        self.state_file_refused.with_label_values(&[instance]).get()
+    }
+
     /// Failed restores recorded for `instance` (tests, status).
     pub fn restore_failure_count(&self, instance: &str) -> u64 {
         self.restore_failures.with_label_values(&[instance]).get()
@@ -173,6 +193,7 @@ impl Metrics {
         let _ = self.last_success.remove(&labels);
         let _ = self.in_sync.remove(&labels);
         let _ = self.drift.remove(&labels);
+        let _ = self.state_file_refused.remove(&labels);
         let _ = self.restore_failures.remove(&labels);
         for vec in [&self.deployments, &self.reloads, &self.runtime_commands] {
             for family in prometheus::core::Collector::collect(vec) {

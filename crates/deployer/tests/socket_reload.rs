@@ -251,3 +251,59 @@ async fn quick_successive_changes_end_with_the_latest_live() {
     assert_eq!(store.deployed("local").unwrap().config.hash(), v3.hash());
     kernel.shutdown(Duration::from_secs(5)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_state_is_saved_only_inside_the_config_directory() {
+    let a = Backend::start("a").await;
+    let port = free_port();
+    let outside = tempfile::tempdir().unwrap();
+    let outside_file = outside.path().join("servers.state");
+    // `extra` backends force a reload on every step.
+    let with_state = |state_file: &str, extra: &str| {
+        let main = config(port, &backends(a.port, extra)).replacen(
+            "global\n",
+            &format!("global\n    server-state-file {state_file}\n"),
+            1,
+        );
+        rendered(&main, &[("hosts.map", "")])
+    };
+    let v1 = with_state(&outside_file.display().to_string(), "");
+    let haproxy = Haproxy::start("local", &v1, &v1.hash().short()).await;
+    let metrics = Metrics::unregistered().unwrap();
+    let driver = SocketDriver::new(haproxy.instance.clone(), None, metrics.clone());
+    let running = driver.deploy(v1, None, None, false).await.unwrap();
+    wait_for_body(port, "app.test", "a").await;
+
+    // A path outside the config directory: nothing is written there, the refusal
+    // is counted, and the reload still happens.
+    let before = haproxy.reloads().await;
+    let v2 = with_state(
+        &outside_file.display().to_string(),
+        "\nbackend be_two\n    server t1 127.0.0.1:1\n",
+    );
+    let d2 = driver
+        .deploy(v2, None, Some(running.into()), false)
+        .await
+        .unwrap();
+    assert_eq!(d2.strategy, DeployStrategy::Reload);
+    assert_eq!(haproxy.reloads().await, before + 1);
+    assert!(
+        std::fs::read_dir(outside.path()).unwrap().next().is_none(),
+        "nothing may be written outside the config directory"
+    );
+    assert_eq!(metrics.state_file_refused_count("local"), 1);
+
+    // Inside the config directory the state is saved before the reload.
+    let v3 = with_state(
+        "state/servers.state",
+        "\nbackend be_three\n    server t1 127.0.0.1:1\n",
+    );
+    let d3 = driver
+        .deploy(v3, None, Some(d2.into()), false)
+        .await
+        .unwrap();
+    assert_eq!(d3.strategy, DeployStrategy::Reload);
+    let saved = std::fs::read_to_string(haproxy.path().join("state/servers.state")).unwrap();
+    assert!(saved.contains("be_app"), "{saved}");
+    assert_eq!(metrics.state_file_refused_count("local"), 1);
+}

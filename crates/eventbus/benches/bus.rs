@@ -30,6 +30,7 @@ async fn through_bus(metrics: &BusMetrics, subscribers: usize, source: &Arc<str>
         BusConfig {
             pipeline_capacity: CAPACITY,
             observer_capacity: CAPACITY,
+            ..BusConfig::default()
         },
         metrics,
     );

@@ -19,10 +19,16 @@
 //! from inside its event handler, in a storm, with cycles between components, and
 //! never deadlock on its own subscription.
 //!
+//! **The spill queue is bounded** ([`BusConfig::spill_capacity`]): when it is full,
+//! the oldest pipeline event that a newer one of the same kind supersedes (a newer
+//! snapshot of the same source, a newer render, ...; the list is in the `spill`
+//! module) is dropped, counted in `hapwright_event_spill_dropped_total{kind}` and
+//! reported in a rate-limited warning. Events that no newer event replaces are never
+//! dropped; they stay queued, past the capacity if need be.
+//!
 //! Per-type publish counts, per-subscriber queue depth and delivery lag, drop counts
 //! and the spill depth are exported through [`BusMetrics`] (R4).
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -37,6 +43,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::event::{Event, EventId, EventKind, EventMeta, EventPayload, KindSet};
+use crate::spill::Spill;
 
 /// Sizes of the bus's channels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +52,11 @@ pub struct BusConfig {
     pub pipeline_capacity: usize,
     /// Events an observer may fall behind before it loses the oldest ones.
     pub observer_capacity: usize,
+    /// Pipeline events the spill queue holds (after the pipeline channel is full)
+    /// before it drops the oldest superseded one. Bounds the memory a stalled
+    /// pipeline subscriber can pin: a queued resource update keeps its whole snapshot
+    /// alive.
+    pub spill_capacity: usize,
 }
 
 impl Default for BusConfig {
@@ -52,6 +64,7 @@ impl Default for BusConfig {
         Self {
             pipeline_capacity: 1024,
             observer_capacity: 4096,
+            spill_capacity: 4096,
         }
     }
 }
@@ -97,6 +110,8 @@ impl Delivery {
 pub struct BusMetrics {
     published: Arc<[IntCounter]>,
     dropped: IntCounterVec,
+    /// Superseded pipeline events dropped from a full spill queue, by kind.
+    spill_dropped: Arc<[IntCounter]>,
     live: Arc<LiveCollector>,
 }
 
@@ -111,8 +126,8 @@ impl BusMetrics {
     /// `hapwright_events_published_total{type}`,
     /// `hapwright_events_dropped_total{subscriber}`,
     /// `hapwright_event_subscriber_depth{subscriber,delivery}`,
-    /// `hapwright_event_subscriber_lag_seconds{subscriber,delivery}` and
-    /// `hapwright_event_spill_depth`.
+    /// `hapwright_event_subscriber_lag_seconds{subscriber,delivery}`,
+    /// `hapwright_event_spill_depth` and `hapwright_event_spill_dropped_total{kind}`.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let published_vec = IntCounterVec::new(
             Opts::new(
@@ -128,17 +143,31 @@ impl BusMetrics {
             ),
             &["subscriber"],
         )?;
+        let spill_dropped_vec = IntCounterVec::new(
+            Opts::new(
+                "hapwright_event_spill_dropped_total",
+                "Pipeline events dropped from the full spill queue because a newer event \
+                 of the same kind supersedes them.",
+            ),
+            &["kind"],
+        )?;
         let live = Arc::new(LiveCollector::new()?);
         registry.register(Box::new(published_vec.clone()))?;
         registry.register(Box::new(dropped.clone()))?;
+        registry.register(Box::new(spill_dropped_vec.clone()))?;
         registry.register(Box::new(LiveCollectorHandle(live.clone())))?;
         let published = EventKind::ALL
             .iter()
             .map(|kind| published_vec.with_label_values(&[kind.as_str()]))
             .collect();
+        let spill_dropped = EventKind::ALL
+            .iter()
+            .map(|kind| spill_dropped_vec.with_label_values(&[kind.as_str()]))
+            .collect();
         Ok(Self {
             published,
             dropped,
+            spill_dropped,
             live,
         })
     }
@@ -230,9 +259,13 @@ struct State {
     /// Never-read receivers that every pre-start subscription clones; dropped at start.
     templates: Option<Templates>,
     /// Pipeline events waiting for room, in publish order.
-    spill: VecDeque<Arc<Event>>,
+    spill: Spill,
     /// Spill length at which the next warning is logged.
     spill_warn_at: usize,
+    /// Superseded events dropped since the last warning about it.
+    spill_dropped_unreported: u64,
+    /// When that warning was last logged.
+    spill_drop_warned_at: Option<Instant>,
     started: bool,
 }
 
@@ -325,8 +358,10 @@ impl Bus {
                     pipeline: pipeline_rx,
                     observer: observer_rx,
                 }),
-                spill: VecDeque::new(),
+                spill: Spill::new(config.spill_capacity),
                 spill_warn_at: 10_000,
+                spill_dropped_unreported: 0,
+                spill_drop_warned_at: None,
                 started: false,
             }),
             subscribers: Mutex::new(Vec::new()),
@@ -545,11 +580,11 @@ impl Publisher {
                     }
                     return id;
                 }
-                Err(TrySendError::Full(event)) => state.spill.push_back(event),
+                Err(TrySendError::Full(event)) => spill(shared, &mut state, event),
                 Err(TrySendError::Closed(_) | TrySendError::Inactive(_)) => return id,
             }
         } else {
-            state.spill.push_back(event);
+            spill(shared, &mut state, event);
         }
         let spilled = state.spill.len();
         if spilled >= state.spill_warn_at {
@@ -566,6 +601,35 @@ impl Publisher {
         }
         shared.spill_ready.notify_one();
         id
+    }
+}
+
+/// How often, at most, the warning about dropped superseded events is logged.
+const SPILL_DROP_WARN_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Queues `event` for the pump; counts and (rate-limited) reports a superseded event
+/// the full queue dropped for it.
+fn spill(shared: &Shared, state: &mut State, event: Arc<Event>) {
+    let Some(dropped) = state.spill.push(event) else {
+        return;
+    };
+    let kind = dropped.kind();
+    shared.metrics.spill_dropped[kind as usize].inc();
+    state.spill_dropped_unreported += 1;
+    let now = Instant::now();
+    let due = state
+        .spill_drop_warned_at
+        .is_none_or(|at| now.saturating_duration_since(at) >= SPILL_DROP_WARN_INTERVAL);
+    if due {
+        tracing::warn!(
+            dropped = state.spill_dropped_unreported,
+            kind = kind.as_str(),
+            spilled = state.spill.len(),
+            capacity = shared.config.spill_capacity,
+            "Pipeline subscribers are falling behind; superseded events were dropped from the full spill queue"
+        );
+        state.spill_dropped_unreported = 0;
+        state.spill_drop_warned_at = Some(now);
     }
 }
 

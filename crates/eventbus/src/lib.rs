@@ -12,6 +12,7 @@
 //!          (id, correlation id, caused-by), ReloadSource, Stage, ValidationPhase
 //! bus      buffered pub/sub over async-broadcast: pipeline (lossless) and observer
 //!          (counted losses) subscribers, the publisher's spill queue, bus metrics
+//! spill    the bounded spill queue: which events a newer one supersedes
 //! kernel   Component (name, consumes, mandatory, run), Context (publisher, health,
 //!          next_event, cancellation), Kernel → RunningKernel, restart backoff
 //! health   Health / HealthState per component and the shared HealthTable
@@ -33,6 +34,7 @@ pub mod health;
 pub mod kernel;
 pub mod model;
 pub mod redact;
+mod spill;
 
 pub use bus::{Bus, BusConfig, BusError, BusMetrics, Delivery, Publisher, Subscription};
 pub use event::*;

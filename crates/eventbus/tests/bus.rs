@@ -61,6 +61,7 @@ async fn r1_pre_start_events_are_replayed_in_order_to_every_early_subscriber() {
     let (bus, _registry) = bus_with(BusConfig {
         pipeline_capacity: 4,
         observer_capacity: 4,
+        ..BusConfig::default()
     });
     let publisher = bus.publisher();
     publisher.publish(sync("e0"));
@@ -153,6 +154,7 @@ async fn r2_slow_pipeline_subscriber_loses_nothing_and_observer_losses_are_count
     let (bus, registry) = bus_with(BusConfig {
         pipeline_capacity: 256,
         observer_capacity: 64,
+        ..BusConfig::default()
     });
     let mut slow = bus.subscribe("slow", KindSet::all()).unwrap();
     let mut observer = bus.observe("debug-ring", KindSet::all()).unwrap();
@@ -242,6 +244,7 @@ async fn r4_depth_lag_and_counts_are_exported() {
     let (bus, registry) = bus_with(BusConfig {
         pipeline_capacity: 8,
         observer_capacity: 8,
+        ..BusConfig::default()
     });
     let mut behind = bus.subscribe("behind", KindSet::all()).unwrap();
     let _observer = bus.observe("idle-observer", KindSet::all()).unwrap();
@@ -351,4 +354,130 @@ async fn subscription_stream_delivers_in_order() {
     bus.close();
     let got: Vec<String> = sub.into_stream().map(|e| source_of(&e)).collect().await;
     assert_eq!(got, ["0", "1", "2"]);
+}
+
+/// A flood with a stalled pipeline subscriber: the spill queue stays within its
+/// capacity by dropping superseded events (counted by kind), and the subscriber still
+/// gets every event nothing supersedes, the newest of each kind and every object any
+/// dropped resource update named, in publish order.
+#[tokio::test]
+async fn a_flood_keeps_the_spill_bounded_and_drops_only_superseded_events() {
+    use hapwright_eventbus::model::{ObjectKey, ResourceChange, ResourceSnapshot};
+    use hapwright_eventbus::{EventPayload, ReconciliationTriggered, ResourceIndexUpdated};
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+
+    const SPILL: usize = 64;
+    const TOTAL: u64 = 5_000;
+    let (bus, registry) = bus_with(BusConfig {
+        pipeline_capacity: 4,
+        observer_capacity: 4,
+        spill_capacity: SPILL,
+    });
+    let mut stalled = bus.subscribe("stalled", KindSet::all()).unwrap();
+    bus.start().unwrap();
+    let publisher = bus.publisher();
+    let snapshot = Arc::new(ResourceSnapshot::new(Vec::new()));
+
+    let mut published_keys: [BTreeSet<ObjectKey>; 2] = Default::default();
+    let mut drifts = Vec::new();
+    let mut last_trigger = String::new();
+    let mut last_id = 0;
+    for i in 0..TOTAL {
+        let id = if i % 100 == 0 {
+            // Fewer than SPILL of these: they are never dropped.
+            drifts.push(format!("i{i}"));
+            publisher.publish(DriftDetected {
+                instance: format!("i{i}"),
+                detail: String::new(),
+            })
+        } else if i % 3 == 0 {
+            let source = usize::from(i % 2 == 1);
+            let key = ObjectKey::new("default", format!("obj-{i}"));
+            published_keys[source].insert(key.clone());
+            publisher.publish(ResourceIndexUpdated {
+                source: ["a", "b"][source].into(),
+                snapshot: snapshot.clone(),
+                change: Arc::new(ResourceChange {
+                    added: vec![key],
+                    ..ResourceChange::default()
+                }),
+            })
+        } else {
+            last_trigger = format!("t{i}");
+            publisher.publish(ReconciliationTriggered {
+                reason: last_trigger.clone(),
+                sources: Vec::new(),
+            })
+        };
+        last_id = id.0;
+        let spilled = metric_value(&registry, "hapwright_event_spill_depth", None).unwrap();
+        assert!(
+            spilled as usize <= SPILL,
+            "spill grew to {spilled} after {i}"
+        );
+    }
+
+    let mut received = 0u64;
+    let mut seen_drifts = Vec::new();
+    let mut seen_keys: [BTreeSet<ObjectKey>; 2] = Default::default();
+    let mut newest_trigger = None;
+    let mut newest_update = [0u64; 2];
+    let mut previous = 0;
+    loop {
+        let event = timeout(Duration::from_secs(10), stalled.recv())
+            .await
+            .expect("every queued event arrives")
+            .expect("bus open");
+        assert!(event.id.0 > previous, "publish order");
+        previous = event.id.0;
+        received += 1;
+        match &event.payload {
+            EventPayload::DriftDetected(d) => seen_drifts.push(d.instance.clone()),
+            EventPayload::ReconciliationTriggered(t) => newest_trigger = Some(t.reason.clone()),
+            EventPayload::ResourceIndexUpdated(u) => {
+                let source = usize::from(u.source.as_ref() == "b");
+                newest_update[source] = event.id.0;
+                let change = &u.change;
+                for key in change.added.iter().chain(&change.modified) {
+                    seen_keys[source].insert(key.clone());
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        if event.id.0 == last_id {
+            break;
+        }
+    }
+
+    assert_eq!(
+        seen_drifts, drifts,
+        "no event that nothing supersedes is lost"
+    );
+    assert_eq!(
+        newest_trigger,
+        Some(last_trigger),
+        "the newest trigger arrives"
+    );
+    assert_eq!(
+        seen_keys, published_keys,
+        "the updates that arrive name every object the dropped ones named"
+    );
+    let dropped_of = |kind: &str| {
+        metric_value(
+            &registry,
+            "hapwright_event_spill_dropped_total",
+            Some(("kind", kind)),
+        )
+        .unwrap_or(0.0) as u64
+    };
+    let dropped = dropped_of("ReconciliationTriggered") + dropped_of("ResourceIndexUpdated");
+    assert!(dropped > 0, "the flood overflowed the spill");
+    assert_eq!(dropped_of("DriftDetected"), 0);
+    assert_eq!(
+        received + dropped,
+        TOTAL,
+        "every event is delivered or counted"
+    );
+    assert!(newest_update[0] > 0 && newest_update[1] > 0);
 }

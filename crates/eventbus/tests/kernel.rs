@@ -19,6 +19,7 @@ fn new_bus(capacity: usize) -> (Bus, Registry) {
         BusConfig {
             pipeline_capacity: capacity,
             observer_capacity: 1024,
+            ..BusConfig::default()
         },
         &metrics,
     );
@@ -375,7 +376,7 @@ fn hop_of(payload: &EventPayload) -> u32 {
     match payload {
         EventPayload::DriftDetected(e) => e.detail.parse().unwrap(),
         EventPayload::ResourceSyncComplete(e) => e.source.parse().unwrap(),
-        EventPayload::ReconciliationTriggered(e) => e.reason.parse().unwrap(),
+        EventPayload::ReconciliationStarted(e) => e.reason.parse().unwrap(),
         other => panic!("unexpected {other:?}"),
     }
 }
@@ -410,11 +411,12 @@ impl Component for Relay {
                     }
                 }
                 EventKind::ResourceSyncComplete => {
+                    // A kind the full spill queue never drops (a newer trigger
+                    // would replace an older one), so every chain is counted.
                     publisher.reply(
                         &event,
-                        hapwright_eventbus::ReconciliationTriggered {
+                        hapwright_eventbus::ReconciliationStarted {
                             reason: hop.to_string(),
-                            sources: vec![],
                         },
                     );
                 }
@@ -449,7 +451,7 @@ async fn r3_publish_storm_with_cycles_does_not_deadlock() {
     for (name, input) in [
         ("debouncer", EventKind::DriftDetected),
         ("executor", EventKind::ResourceSyncComplete),
-        ("scheduler", EventKind::ReconciliationTriggered),
+        ("scheduler", EventKind::ReconciliationStarted),
     ] {
         kernel.register(Relay {
             name,

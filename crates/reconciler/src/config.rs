@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use hapwright_eventbus::config::{ConfigIssue, Duration};
+use hapwright_eventbus::config::{ByteSize, ConfigIssue, Duration};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -52,8 +52,9 @@ pub struct Template {
     pub template: String,
 }
 
-/// Jinja environment settings, with Jinja2's defaults (all off).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Jinja environment settings, with Jinja2's defaults (all off), and the cap on
+/// rendered output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Templating {
     /// Remove the first newline after a block tag.
@@ -65,6 +66,26 @@ pub struct Templating {
     /// Fail on undefined variables instead of rendering them empty.
     #[serde(default)]
     pub strict_undefined: bool,
+    /// Bytes one rendered file may have, and all rendered files of one render
+    /// together; a render that grows past it stops with an error at the template line
+    /// that wrote last, so a runaway loop cannot fill the controller's memory.
+    #[serde(default = "default_max_output_bytes")]
+    pub max_output_bytes: ByteSize,
+}
+
+fn default_max_output_bytes() -> ByteSize {
+    crate::renderer::DEFAULT_MAX_OUTPUT_BYTES
+}
+
+impl Default for Templating {
+    fn default() -> Self {
+        Self {
+            trim_blocks: false,
+            lstrip_blocks: false,
+            strict_undefined: false,
+            max_output_bytes: default_max_output_bytes(),
+        }
+    }
 }
 
 /// One render test: fixtures stand in for the watched resources, then every
@@ -285,6 +306,12 @@ impl Config {
                 }
             }
         }
+        if self.templating.max_output_bytes.bytes() == 0 {
+            issues.push(ConfigIssue::new(
+                "templating.maxOutputBytes",
+                "must be more than 0 bytes (every rendered file would be refused)",
+            ));
+        }
         for name in self.template_snippets.keys() {
             if name.trim().is_empty() {
                 issues.push(ConfigIssue::new(
@@ -463,6 +490,23 @@ validationTests:
                 "certs/default.pem"
             ]
         );
+    }
+
+    #[test]
+    fn max_output_bytes_is_a_size_with_a_default() {
+        let config = parse("haproxyConfig: { template: x }\n");
+        assert_eq!(
+            config.templating.max_output_bytes,
+            crate::renderer::DEFAULT_MAX_OUTPUT_BYTES
+        );
+        let config =
+            parse("haproxyConfig: { template: x }\ntemplating: { maxOutputBytes: 64MiB }\n");
+        assert_eq!(config.templating.max_output_bytes, ByteSize::mib(64));
+        assert!(config.validate().is_empty());
+        let config = parse("haproxyConfig: { template: x }\ntemplating: { maxOutputBytes: 0 }\n");
+        let issues = config.validate();
+        assert_eq!(issues.len(), 1, "{issues:?}");
+        assert_eq!(issues[0].path, "templating.maxOutputBytes");
     }
 
     #[test]

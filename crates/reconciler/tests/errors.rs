@@ -5,6 +5,7 @@
 #[path = "../testdata/fixtures.rs"]
 mod fixtures;
 
+use hapwright_eventbus::config::ByteSize;
 use hapwright_eventbus::model::Diagnostic;
 use hapwright_reconciler::renderer::{self, RenderLimits, Renderer, Resources, Templates};
 
@@ -588,4 +589,69 @@ fn filter_argument_errors_are_located() {
 fn diagnostics_display_like_a_compiler() {
     let errors = render_errors(Templates::new("global\n  {{ fail('stop') }}"));
     assert_eq!(errors[0].to_string(), "haproxy.cfg:2:6: fail(): stop");
+}
+
+#[test]
+fn output_past_the_cap_stops_with_the_file_the_line_and_the_cap() {
+    // 1,000 pieces of 1 MB would be 1 GB; the cap stops the map after two.
+    let mut templates = Templates::new("global\n");
+    templates.maps.insert(
+        "big.map".into(),
+        "# header\n{% for i in range(1000) %}{{ 'x' * 1000000 }}{% endfor %}\n".into(),
+    );
+    templates.limits.max_output_bytes = ByteSize::mib(1);
+    let errors = render_errors(templates);
+    let message = located(
+        &errors,
+        "maps/big.map",
+        2,
+        "{% for i in range(1000) %}{{ 'x' * 1000000 }}{% endfor %}",
+    );
+    assert!(
+        message
+            .starts_with("the output of maps/big.map grew past templating.maxOutputBytes (1MiB)"),
+        "{message}"
+    );
+    assert!(
+        message.contains("raise templating.maxOutputBytes"),
+        "{message}"
+    );
+}
+
+#[test]
+fn output_of_all_files_together_is_capped_too() {
+    // Each file alone fits under the cap; together they do not.
+    let mut templates = Templates::new("global\n");
+    for name in ["a.map", "b.map", "c.map"] {
+        templates
+            .maps
+            .insert(name.into(), "{{ 'x' * 400000 }}\n".into());
+    }
+    templates.limits.max_output_bytes = ByteSize(1_000_000);
+    let errors = render_errors(templates);
+    assert!(!errors.is_empty());
+    for error in &errors {
+        assert!(
+            error
+                .message
+                .starts_with("all rendered files together grew past templating.maxOutputBytes"),
+            "{error}"
+        );
+        let location = error.location.as_ref().expect("located");
+        assert!(location.file.starts_with("maps/"), "{error}");
+        assert_eq!(location.line, Some(1), "{error}");
+    }
+
+    // Under the cap the same templates render, byte for byte.
+    let mut templates = Templates::new("global\n");
+    templates
+        .maps
+        .insert("a.map".into(), "{{ 'x' * 400000 }}\n".into());
+    templates.limits.max_output_bytes = ByteSize(1_000_000);
+    let renderer = Renderer::new(templates, &["services"]).expect("templates load");
+    let config = renderer.render(&Resources::new()).expect("renders");
+    assert_eq!(
+        config.maps()["a.map"].as_ref(),
+        format!("{}\n", "x".repeat(400_000))
+    );
 }

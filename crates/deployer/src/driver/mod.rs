@@ -26,6 +26,7 @@ pub mod dataplane;
 pub mod fleet;
 pub mod managed;
 pub mod socket;
+pub mod state_file;
 
 pub use dataplane::DataplaneDriver;
 pub use socket::{DeployError, Deployed, DriverConfig, SocketDriver};

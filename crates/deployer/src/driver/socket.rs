@@ -39,6 +39,7 @@ use crate::client::runtime::{PatternKind, RuntimeClient, RuntimeError};
 use crate::client::socket::{InstanceConfig, SocketError};
 use crate::driver::Driver;
 use crate::driver::managed::{LogBuffer, ManagedError, ManagedHaproxy};
+use crate::driver::state_file;
 use crate::haproxy::config::{self as haproxy_config, Config};
 use crate::haproxy::files::{
     ConfigDir, DeployRecord, RecordCheck, VERSION_VARIABLE, steps, write_atomic,
@@ -856,30 +857,40 @@ impl SocketDriver {
 
     /// Writes `show servers state` into the config's `server-state-file`, without the
     /// lines of servers the plan changes (their state-file port would override the
-    /// new config). Does nothing when the config has no `server-state-file`.
+    /// new config). Does nothing when the config has no `server-state-file`, and
+    /// writes nothing (counted and logged) when the path lies outside the config
+    /// directory ([`state_file::resolve`]); the reload goes ahead either way.
     async fn dump_server_state(&self, model: &Config, plan: &ChangePlan) {
         let Some(global) = model.global() else {
             return;
         };
-        let Some(file) = global
-            .last("server-state-file")
-            .and_then(|d| d.args.first())
-        else {
+        let Some(directive) = global.last("server-state-file") else {
+            return;
+        };
+        let Some(file) = directive.args.first() else {
             return;
         };
         let base = global
             .last("server-state-base")
-            .and_then(|d| d.args.first())
-            .map(PathBuf::from);
-        let mut path = PathBuf::from(file);
-        if path.is_relative() {
-            if let Some(base) = base {
-                path = base.join(path);
+            .and_then(|d| d.args.first());
+        let path = match state_file::resolve(
+            &self.instance.config_dir,
+            file,
+            base.map(String::as_str),
+        ) {
+            Ok(path) => path,
+            Err(error) => {
+                self.metrics.state_file_refused(&self.instance.name);
+                tracing::warn!(
+                    instance = %self.instance.name,
+                    file = "haproxy.cfg",
+                    line = directive.line,
+                    error = %error,
+                    "Server state not saved: server-state-file must stay inside the config directory"
+                );
+                return;
             }
-            if path.is_relative() {
-                path = self.instance.config_dir.join(path);
-            }
-        }
+        };
         let state = match self.runtime.show_servers_state(None).await {
             Ok(state) => state,
             Err(error) => {

@@ -26,12 +26,14 @@ mod component;
 mod context;
 mod functions;
 mod mapping;
+mod output;
 mod scan;
 pub mod source_map;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
 
+use hapwright_eventbus::config::ByteSize;
 use hapwright_eventbus::model::{
     Diagnostic, FileKind, HashedMain, LineOrigin, RenderedConfig, RenderedFileRef, SourceLocation,
     SourceMap,
@@ -67,13 +69,24 @@ pub struct RenderLimits {
     /// Nesting depth of includes, macro calls and `render_glob`s (an include costs
     /// 10, a macro call 4; capped at 500 by the engine).
     pub recursion_limit: usize,
+    /// Bytes one file may render to, and all files of one render together
+    /// (`templating.maxOutputBytes`). Checked while the engine writes, so a loop that
+    /// would print gigabytes stops at the cap.
+    pub max_output_bytes: ByteSize,
 }
+
+/// The default of [`RenderLimits::max_output_bytes`]: room for a very large
+/// cluster's `haproxy.cfg` (tens of thousands of backends take tens of MiB) plus
+/// maps and a few thousand certificates, while a runaway template is stopped long
+/// before it fills a controller's memory.
+pub const DEFAULT_MAX_OUTPUT_BYTES: ByteSize = ByteSize::mib(128);
 
 impl Default for RenderLimits {
     fn default() -> Self {
         Self {
             fuel: Some(50_000_000),
             recursion_limit: 200,
+            max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
         }
     }
 }
@@ -172,7 +185,7 @@ impl Entry {
 // === impl Renderer ===
 
 /// One file's render: its text and the origin of each line, or the error.
-type RenderResult = Result<(FileText, Vec<Option<LineOrigin>>), minijinja::Error>;
+type RenderResult = Result<(FileText, Vec<Option<LineOrigin>>), Diagnostic>;
 
 /// A rendered file's text; `haproxy.cfg` comes with its part of the content hash.
 enum FileText {
@@ -389,26 +402,32 @@ impl Renderer {
                 .as_ref()
                 .is_some_and(|f| f.kind == FileKind::Main)
         };
+        let budget = output::Budget::new(inner.limits.max_output_bytes);
         let render_one = |index: usize| {
             let entry = &inner.entries[index];
             // Everything per file happens here, in parallel where the file renders in
-            // parallel: marker stripping, the shared copy of the text and, for
-            // `haproxy.cfg` (the largest file), its part of the content hash, while the
-            // other files may still be rendering.
+            // parallel: marker stripping (while the engine writes), the shared copy of
+            // the text and, for `haproxy.cfg` (the largest file), its part of the
+            // content hash, while the other files may still be rendering.
+            let mut out = output::Output::new(&inner.markers, &budget, entry.source.len());
             let rendered = inner
                 .env
                 .get_template(&entry.name)
-                .and_then(|template| template.render(&context))
-                .map(|text| {
-                    let stripped = source_map::strip(&text, &inner.markers);
-                    drop(text);
+                .and_then(|template| template.render_captured_to(&context, &mut out))
+                .map(drop);
+            let rendered = match (rendered, out.exceeded()) {
+                (_, Some(exceeded)) => Err(self.output_cap_diagnostic(entry, exceeded, &budget)),
+                (Err(error), None) => Err(self.runtime_diagnostic(&error)),
+                (Ok(()), None) => {
+                    let stripped = out.finish();
                     let text = if is_main(entry) {
                         FileText::Main(HashedMain::new(stripped.text))
                     } else {
                         FileText::Other(Arc::from(stripped.text))
                     };
-                    (text, stripped.lines)
-                });
+                    Ok((text, stripped.lines))
+                }
+            };
             // Each index is rendered once.
             let _ = results[index].set(rendered);
         };
@@ -459,8 +478,8 @@ impl Renderer {
                         }
                     }
                 }
-                Err(error) => {
-                    diagnostics.push(self.runtime_diagnostic(&error));
+                Err(diagnostic) => {
+                    diagnostics.push(diagnostic);
                     if file.kind == FileKind::Main {
                         break;
                     }
@@ -542,6 +561,42 @@ impl Renderer {
                 }
                 diagnostic
             }
+        }
+    }
+
+    /// The error of a render stopped by `templating.maxOutputBytes`: at the template
+    /// line that wrote last, naming the file being rendered, the cap and how to raise
+    /// it.
+    fn output_cap_diagnostic(
+        &self,
+        file: &Entry,
+        exceeded: &output::Exceeded,
+        budget: &output::Budget,
+    ) -> Diagnostic {
+        let inner = &*self.inner;
+        let cap = budget.cap();
+        let what = match exceeded.scope {
+            output::Scope::File => format!(
+                "the output of {} grew past templating.maxOutputBytes ({cap})",
+                file.name
+            ),
+            output::Scope::Total => format!(
+                "all rendered files together grew past templating.maxOutputBytes ({cap}) \
+                 while {} was rendering",
+                file.name
+            ),
+        };
+        let message = format!(
+            "{what}: a loop or value produces far more output than expected \
+             (raise templating.maxOutputBytes if the config really is that large)"
+        );
+        let at = exceeded.origin.as_ref().and_then(|origin| {
+            let entry = &inner.entries[*inner.by_name.get(&origin.template)?];
+            Some((entry, origin.line))
+        });
+        match at {
+            Some((entry, line)) => entry.diagnostic(message, Some(line), None),
+            None => file.diagnostic(message, None, None),
         }
     }
 

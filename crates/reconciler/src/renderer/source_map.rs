@@ -146,59 +146,134 @@ pub(crate) struct Stripped {
 /// Removes markers from a rendered output, records each line's origin, and ends the
 /// text with a newline if it lacks one (HAProxy rejects a config whose last line has
 /// no LF). An empty output stays empty.
+#[cfg(test)]
+pub(crate) fn strip(rendered: &str, table: &MarkerTable) -> Stripped {
+    let mut stripper = Stripper::new(table, rendered.len());
+    stripper.push(rendered);
+    stripper.finish()
+}
+
+/// Strips markers from a render while it is being written, piece by piece, so only
+/// the final text is ever held (never the text with its markers as well).
 ///
 /// One pass over the bytes, stopping only at newlines and at the lead byte of a
 /// marker; the text between markers is copied in runs, and only a line without a
-/// marker of its own is looked at again (to tell content from blank).
-pub(crate) fn strip(rendered: &str, table: &MarkerTable) -> Stripped {
-    let bytes = rendered.as_bytes();
-    let mut text = String::with_capacity(rendered.len());
-    let mut lines = Vec::new();
-    let mut last_origin: Option<usize> = None;
-    let mut line_origin: Option<usize> = None;
-    let mut line_start = 0;
-    // `rendered[copied..]` is not yet in `text`.
-    let mut copied = 0;
-    let mut pos = 0;
-    let origin_of = |line_origin: Option<usize>, last_origin: Option<usize>, line: &[u8]| {
+/// marker of its own is looked at again (to tell content from blank). Pushing the
+/// output in pieces gives the same result as pushing it whole, as long as no piece
+/// ends inside a marker: the engine writes each piece of template data (which holds
+/// whole markers) in one go.
+pub(crate) struct Stripper<'t> {
+    table: &'t MarkerTable,
+    text: String,
+    lines: Vec<Option<LineOrigin>>,
+    /// The latest marker seen.
+    last_origin: Option<usize>,
+    /// The first marker of the current line.
+    line_origin: Option<usize>,
+    /// Where the current line starts in `text`.
+    line_start: usize,
+}
+
+impl<'t> Stripper<'t> {
+    /// An empty output; `capacity` is a guess of the final text's size.
+    pub(crate) fn new(table: &'t MarkerTable, capacity: usize) -> Self {
+        Self {
+            table,
+            text: String::with_capacity(capacity),
+            lines: Vec::new(),
+            last_origin: None,
+            line_origin: None,
+            line_start: 0,
+        }
+    }
+
+    /// Bytes of text so far, markers not counted.
+    pub(crate) fn len(&self) -> usize {
+        self.text.len()
+    }
+
+    /// The template line that produced the latest output.
+    pub(crate) fn last_origin(&self) -> Option<&LineOrigin> {
+        self.last_origin.and_then(|index| self.table.get(index))
+    }
+
+    fn origin_of(
+        &self,
+        line_origin: Option<usize>,
+        has_content: impl FnOnce() -> bool,
+    ) -> Option<LineOrigin> {
         line_origin
+            // No marker of its own: content lines inherit, blank lines do not.
             .or_else(|| {
-                // No marker of its own: content lines inherit, blank lines do not.
-                let has_content = line.iter().any(|b| !matches!(b, b' ' | b'\t' | b'\r'));
-                if has_content { last_origin } else { None }
+                if has_content() {
+                    self.last_origin
+                } else {
+                    None
+                }
             })
-            .and_then(|index| table.get(index).cloned())
-    };
-    while let Some(found) = find_newline_or_lead(&bytes[pos..]) {
-        let at = pos + found;
-        if bytes[at] == b'\n' {
-            lines.push(origin_of(
-                line_origin.take(),
-                last_origin,
-                &bytes[line_start..at],
-            ));
-            pos = at + 1;
-            line_start = pos;
-            continue;
-        }
-        match decode(&rendered[at..]) {
-            Some((index, len)) if table.get(index).is_some() => {
-                text.push_str(&rendered[copied..at]);
-                pos = at + len;
-                copied = pos;
-                line_origin.get_or_insert(index);
-                last_origin = Some(index);
+            .and_then(|index| self.table.get(index).cloned())
+    }
+
+    /// Appends the next piece of the rendered output.
+    pub(crate) fn push(&mut self, rendered: &str) {
+        let bytes = rendered.as_bytes();
+        let content = |line: &[u8]| line.iter().any(|b| !matches!(b, b' ' | b'\t' | b'\r'));
+        // `rendered[copied..]` is not yet in `text`.
+        let mut copied = 0;
+        let mut pos = 0;
+        // Where the current line starts in `rendered`, once a line starts in it.
+        let mut line_start = None;
+        while let Some(found) = find_newline_or_lead(&bytes[pos..]) {
+            let at = pos + found;
+            if bytes[at] == b'\n' {
+                let line_origin = self.line_origin.take();
+                // Without a marker on this line, nothing of it was removed: its bytes
+                // are what `text` has of it plus this piece up to here.
+                let origin = self.origin_of(line_origin, || match line_start {
+                    Some(start) => content(&bytes[start..at]),
+                    None => {
+                        content(&self.text.as_bytes()[self.line_start..]) || content(&bytes[..at])
+                    }
+                });
+                self.lines.push(origin);
+                pos = at + 1;
+                line_start = Some(pos);
+                // `rendered[copied..pos]` goes into `text` unchanged.
+                self.line_start = self.text.len() + (pos - copied);
+                continue;
             }
-            _ => pos = at + 1,
+            match decode(&rendered[at..]) {
+                Some((index, len)) if self.table.get(index).is_some() => {
+                    self.text.push_str(&rendered[copied..at]);
+                    pos = at + len;
+                    copied = pos;
+                    self.line_origin.get_or_insert(index);
+                    self.last_origin = Some(index);
+                }
+                _ => pos = at + 1,
+            }
+        }
+        self.text.push_str(&rendered[copied..]);
+    }
+
+    /// The text, ended with a newline unless empty, and each line's origin.
+    pub(crate) fn finish(mut self) -> Stripped {
+        // Markers after the last newline open no line of their own.
+        if !self.text.is_empty() && !self.text.ends_with('\n') {
+            let line_origin = self.line_origin.take();
+            let origin = self.origin_of(line_origin, || {
+                self.text.as_bytes()[self.line_start..]
+                    .iter()
+                    .any(|b| !matches!(b, b' ' | b'\t' | b'\r'))
+            });
+            self.lines.push(origin);
+            self.text.push('\n');
+        }
+        Stripped {
+            text: self.text,
+            lines: self.lines,
         }
     }
-    text.push_str(&rendered[copied..]);
-    // Markers after the last newline open no line of their own.
-    if !text.is_empty() && !text.ends_with('\n') {
-        text.push('\n');
-        lines.push(origin_of(line_origin, last_origin, &bytes[line_start..]));
-    }
-    Stripped { text, lines }
 }
 
 #[cfg(test)]
@@ -382,29 +457,40 @@ mod tests {
         ]
         .into();
         // Every sequence of up to four pieces, plus a few longer deterministic mixes.
-        let mut inputs = vec![String::new()];
+        let mut inputs: Vec<Vec<&str>> = vec![Vec::new()];
         for _ in 0..4 {
             let previous = inputs.clone();
             for text in previous {
                 for piece in &pieces {
-                    inputs.push(format!("{text}{piece}"));
+                    let mut longer = text.clone();
+                    longer.push(piece);
+                    inputs.push(longer);
                 }
             }
         }
         let mut seed = 7usize;
         for _ in 0..500 {
-            let mut text = String::new();
+            let mut text = Vec::new();
             for _ in 0..30 {
                 seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-                text.push_str(&pieces[(seed >> 33) % pieces.len()]);
+                text.push(pieces[(seed >> 33) % pieces.len()].as_str());
             }
             inputs.push(text);
         }
-        for input in &inputs {
-            let fast = strip(input, &table);
-            let slow = reference_strip(input, &table);
+        for parts in &inputs {
+            let input = parts.concat();
+            let fast = strip(&input, &table);
+            let slow = reference_strip(&input, &table);
             assert_eq!(fast.text, slow.text, "text of {input:?}");
             assert_eq!(fast.lines, slow.lines, "lines of {input:?}");
+            // Written piece by piece, as the engine writes, the result is the same.
+            let mut stripper = Stripper::new(&table, 0);
+            for part in parts {
+                stripper.push(part);
+            }
+            let streamed = stripper.finish();
+            assert_eq!(streamed.text, slow.text, "streamed text of {parts:?}");
+            assert_eq!(streamed.lines, slow.lines, "streamed lines of {parts:?}");
         }
     }
 

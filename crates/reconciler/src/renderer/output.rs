@@ -1,0 +1,114 @@
+//! Where a file's render is written: markers are stripped as the engine writes
+//! (see [`source_map`](super::source_map)), and the output is refused as soon as it
+//! grows past `templating.maxOutputBytes`, for this file alone or for all files of
+//! the render together, so a runaway loop stops early instead of filling memory.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hapwright_eventbus::config::ByteSize;
+use hapwright_eventbus::model::LineOrigin;
+
+use super::source_map::{MarkerTable, Stripped, Stripper};
+
+/// The output budget of one render, shared by every file rendering in parallel.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    cap: ByteSize,
+    used: AtomicU64,
+}
+
+impl Budget {
+    /// A budget of `cap` bytes for each file and for all files together.
+    pub(crate) fn new(cap: ByteSize) -> Self {
+        Self {
+            cap,
+            used: AtomicU64::new(0),
+        }
+    }
+
+    /// The cap, per file and in total.
+    pub(crate) fn cap(&self) -> ByteSize {
+        self.cap
+    }
+}
+
+/// Which limit a render ran into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Scope {
+    /// This file alone grew past the cap.
+    File,
+    /// All files of the render together grew past the cap.
+    Total,
+}
+
+/// A render stopped by the cap: which limit, and the template line that wrote last.
+#[derive(Clone, Debug)]
+pub(crate) struct Exceeded {
+    pub(crate) scope: Scope,
+    pub(crate) origin: Option<LineOrigin>,
+}
+
+/// One file's output: an [`io::Write`] for the engine that strips markers and
+/// refuses to grow past the [`Budget`].
+pub(crate) struct Output<'a> {
+    stripper: Stripper<'a>,
+    budget: &'a Budget,
+    exceeded: Option<Exceeded>,
+}
+
+impl<'a> Output<'a> {
+    /// An empty output; `capacity` is a guess of the file's size.
+    pub(crate) fn new(table: &'a MarkerTable, budget: &'a Budget, capacity: usize) -> Self {
+        Self {
+            stripper: Stripper::new(table, capacity),
+            budget,
+            exceeded: None,
+        }
+    }
+
+    /// Why the output was refused, if it was.
+    pub(crate) fn exceeded(&self) -> Option<&Exceeded> {
+        self.exceeded.as_ref()
+    }
+
+    /// The text and its line origins.
+    pub(crate) fn finish(self) -> Stripped {
+        self.stripper.finish()
+    }
+
+    fn refuse(&mut self, scope: Scope) -> io::Error {
+        self.exceeded = Some(Exceeded {
+            scope,
+            origin: self.stripper.last_origin().cloned(),
+        });
+        io::Error::other("rendered output is larger than templating.maxOutputBytes")
+    }
+}
+
+impl io::Write for Output<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.exceeded.is_some() {
+            return Err(io::Error::other("rendered output was refused before"));
+        }
+        // The engine writes whole strings, so every piece is valid UTF-8.
+        let piece =
+            std::str::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let before = self.stripper.len();
+        self.stripper.push(piece);
+        let grown = (self.stripper.len() - before) as u64;
+        let cap = self.budget.cap.bytes();
+        if self.stripper.len() as u64 > cap {
+            return Err(self.refuse(Scope::File));
+        }
+        let used = self.budget.used.fetch_add(grown, Ordering::Relaxed) + grown;
+        if used > cap {
+            return Err(self.refuse(Scope::Total));
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
