@@ -306,3 +306,100 @@ pub fn dataplane_driver(
         metrics.clone(),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn credentials(scheme: &str, allow_insecure_http: bool) -> DiscoveredCredentials {
+        DiscoveredCredentials {
+            username: "admin".to_owned(),
+            password: Secret::new("pw"),
+            ca_file: None,
+            scheme: scheme.to_owned(),
+            allow_insecure_http,
+            server_name: None,
+            resolve: Vec::new(),
+            settings: Settings::default(),
+        }
+    }
+
+    fn pod(address: &str) -> InstanceRef {
+        InstanceRef {
+            name: "pod".to_owned(),
+            driver: InstanceDriver::Dataplane,
+            address: address.to_owned(),
+        }
+    }
+
+    #[test]
+    fn only_loopback_ip_addresses_may_use_http_without_the_opt_in() {
+        let strict = credentials("http", false);
+        for loopback in [
+            "127.0.0.1:5555",
+            "127.9.9.9:5555",
+            "[::1]:5555",
+            "http://[::ffff:127.0.0.1]:5555",
+        ] {
+            assert_eq!(
+                strict.transport(&pod(loopback)).unwrap(),
+                Transport::LoopbackHttp,
+                "{loopback}"
+            );
+        }
+        for remote in [
+            "10.0.0.1:5555",
+            "[fd00::1]:5555",
+            "localhost:5555",
+            "http://haproxy.ingress.svc:5555",
+            "http://128.0.0.1:5555",
+        ] {
+            let error = strict.transport(&pod(remote)).unwrap_err();
+            assert!(
+                matches!(error, DiscoveryError::InsecureHttpRefused { .. }),
+                "{remote}: {error}"
+            );
+            assert_eq!(error.reason(), "insecure_http");
+        }
+        assert_eq!(
+            credentials("http", true)
+                .transport(&pod("10.0.0.1:5555"))
+                .unwrap(),
+            Transport::InsecureHttp
+        );
+        assert_eq!(
+            strict.transport(&pod("https://10.0.0.1:5555")).unwrap(),
+            Transport::Https
+        );
+        assert_eq!(
+            credentials("https", false)
+                .transport(&pod("10.0.0.1:5555"))
+                .unwrap(),
+            Transport::Https
+        );
+        let error = strict.transport(&pod("ftp://10.0.0.1:21")).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "discovered instance `pod`: address `ftp://10.0.0.1:21` is not usable: scheme `ftp` is not http or https"
+        );
+    }
+
+    #[test]
+    fn a_server_name_needs_an_ip_address_to_connect_to() {
+        let metrics = Metrics::unregistered().unwrap();
+        let mut named = credentials("https", false);
+        named.server_name = Some("haproxy.ingress.svc".to_owned());
+        let driver = named.driver(&pod("10.0.0.1:5555"), &metrics).unwrap();
+        assert_eq!(driver.name(), "pod");
+        let error = named
+            .driver(&pod("https://haproxy-0.example:5555"), &metrics)
+            .err()
+            .unwrap();
+        assert!(
+            error
+                .to_string()
+                .ends_with("serverName needs an IP address to connect to"),
+            "{error}"
+        );
+    }
+}
