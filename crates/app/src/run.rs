@@ -43,8 +43,8 @@ use hapwright_reconciler::renderer::{Renderer, RendererComponent};
 use hapwright_watchers::config::Source;
 use hapwright_watchers::files::FilesSource;
 use hapwright_watchers::kubernetes::{
-    ClientFactory, DiscoveryConfig, KubernetesSource, LeaderElection, LeaderElectionConfig,
-    LeaderMetrics, PodDiscovery,
+    ClientFactory, DiscoveryConfig, DiscoveryMetrics, KubernetesSource, LeaderElection,
+    LeaderElectionConfig, LeaderMetrics, PodDiscovery, Restriction,
 };
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 use tokio::signal::unix::{SignalKind, signal};
@@ -120,6 +120,7 @@ struct Process {
     validator_metrics: validator::Metrics,
     deployer_metrics: DeployerMetrics,
     reload_metrics: ReloadMetrics,
+    discovery_metrics: DiscoveryMetrics,
     deployed: LastDeployedStore,
     managed: ManagedHaproxy,
     /// The Kubernetes client, built on first use and shared by every iteration.
@@ -144,6 +145,7 @@ impl Process {
             validator_metrics: validator::Metrics::register(&registry)?,
             deployer_metrics: DeployerMetrics::register(&registry)?,
             reload_metrics: ReloadMetrics::register(&registry)?,
+            discovery_metrics: DiscoveryMetrics::register(&registry)?,
             store: StatusStore::default(),
             deployed: LastDeployedStore::new(),
             managed: ManagedHaproxy::new(loaded.config.haproxy.binary.clone()),
@@ -231,15 +233,23 @@ impl Iteration {
             .as_ref()
             .and_then(|d| d.kubernetes.as_ref())
         {
-            kernel.register(PodDiscovery::new(
-                DiscoveryConfig {
-                    namespace: discovery.namespace.clone(),
-                    label_selector: discovery.label_selector.clone(),
-                    port: discovery.port,
-                    scheme: discovery.scheme.clone(),
-                },
-                process.kube.clone(),
-            ));
+            kernel.register(
+                PodDiscovery::new(
+                    DiscoveryConfig {
+                        namespace: discovery.namespace.clone(),
+                        label_selector: discovery.label_selector.clone(),
+                        port: discovery.port,
+                        scheme: discovery.scheme.clone(),
+                        restriction: Restriction {
+                            service_account_name: discovery.service_account_name.clone(),
+                            owner_kind: discovery.owner_kind.clone(),
+                            owner_name: discovery.owner_name.clone(),
+                        },
+                    },
+                    process.kube.clone(),
+                )
+                .with_metrics(process.discovery_metrics.clone()),
+            );
         }
         let debounce = config.controller.debounce();
         kernel.register(Debouncer::new(

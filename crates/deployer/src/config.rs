@@ -434,9 +434,32 @@ pub struct KubernetesDiscovery {
     pub label_selector: String,
     /// Data Plane API port on each pod.
     pub port: u16,
-    /// URL scheme of the pods' Data Plane API (`http` or `https`).
+    /// URL scheme of the pods' Data Plane API. `https` by default, because every pod
+    /// receives the Data Plane password and every certificate with its private key;
+    /// `http` needs [`allow_insecure_http`](Self::allow_insecure_http).
     #[serde(default = "default_scheme")]
     pub scheme: String,
+    /// Opt-in for `scheme: http`: the password and private keys then cross the
+    /// network in clear text, so this is refused unless set (a warning is logged at
+    /// start and once per pod, and `hapwright_instance_insecure_transport` shows it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_insecure_http: bool,
+    /// With `https`: the name every pod's certificate must carry (a DNS SAN) and the
+    /// TLS server name sent, instead of the pod IP. Pods are addressed by IP, so
+    /// without it each pod's certificate needs its IP as an IP SAN.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+    /// Only pods running as this service account (`spec.serviceAccountName`) are
+    /// deploy targets; other pods matching the labels are skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    /// Only pods controlled by a workload of this kind (`DaemonSet`, `StatefulSet`,
+    /// `ReplicaSet`, or `Deployment` through its ReplicaSets) are deploy targets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_kind: Option<String>,
+    /// With [`owner_kind`](Self::owner_kind): the name of that workload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_name: Option<String>,
     /// Basic-auth user of the pods' Data Plane API.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
@@ -453,7 +476,26 @@ pub struct KubernetesDiscovery {
 }
 
 fn default_scheme() -> String {
-    "http".to_owned()
+    "https".to_owned()
+}
+
+/// The owner kinds `discovery.kubernetes.ownerKind` accepts: workloads that create
+/// HAProxy pods (a `Deployment` owns its pods through ReplicaSets).
+pub const OWNER_KINDS: [&str; 4] = ["DaemonSet", "Deployment", "ReplicaSet", "StatefulSet"];
+
+/// Whether `name` is a DNS name a certificate can carry (letters, digits, `-` and
+/// `.`; no IP address, port or scheme).
+fn is_dns_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.parse::<std::net::IpAddr>().is_err()
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        })
 }
 
 impl Config {
@@ -567,6 +609,68 @@ impl Config {
                     "discovery.kubernetes.caFile",
                     "caFile is only used with scheme `https`",
                 ));
+            }
+            if kubernetes.scheme == "http" && !kubernetes.allow_insecure_http {
+                issues.push(ConfigIssue::new(
+                    "discovery.kubernetes.scheme",
+                    "`http` sends the Data Plane password and private keys in clear text: \
+                     use `https` (the default), or set `allowInsecureHttp: true`",
+                ));
+            }
+            if kubernetes.allow_insecure_http && kubernetes.scheme != "http" {
+                issues.push(ConfigIssue::new(
+                    "discovery.kubernetes.allowInsecureHttp",
+                    "allowInsecureHttp is only used with scheme `http`",
+                ));
+            }
+            if let Some(name) = &kubernetes.server_name {
+                if kubernetes.scheme != "https" {
+                    issues.push(ConfigIssue::new(
+                        "discovery.kubernetes.serverName",
+                        "serverName is only used with scheme `https`",
+                    ));
+                }
+                if !is_dns_name(name) {
+                    issues.push(ConfigIssue::new(
+                        "discovery.kubernetes.serverName",
+                        format!(
+                            "`{name}` is not a DNS name (letters, digits, `-` and `.`; \
+                             no IP address, port or scheme)"
+                        ),
+                    ));
+                }
+            }
+            if kubernetes
+                .service_account_name
+                .as_deref()
+                .is_some_and(|name| name.trim().is_empty())
+            {
+                issues.push(ConfigIssue::new(
+                    "discovery.kubernetes.serviceAccountName",
+                    "serviceAccountName is empty",
+                ));
+            }
+            if let Some(kind) = &kubernetes.owner_kind
+                && !OWNER_KINDS.contains(&kind.as_str())
+            {
+                issues.push(ConfigIssue::new(
+                    "discovery.kubernetes.ownerKind",
+                    format!(
+                        "`{kind}` is not a workload kind hapwright can check: use one of {}",
+                        OWNER_KINDS.join(", ")
+                    ),
+                ));
+            }
+            match (&kubernetes.owner_kind, &kubernetes.owner_name) {
+                (None, Some(_)) => issues.push(ConfigIssue::new(
+                    "discovery.kubernetes.ownerName",
+                    "ownerName needs ownerKind (the kind of the workload it names)",
+                )),
+                (_, Some(name)) if name.trim().is_empty() => issues.push(ConfigIssue::new(
+                    "discovery.kubernetes.ownerName",
+                    "ownerName is empty",
+                )),
+                _ => {}
             }
         }
         issues
@@ -1016,6 +1120,95 @@ discovery:
                 "missing {wanted:?} in {issues:#?}"
             );
         }
+    }
+
+    #[test]
+    fn discovery_is_https_by_default_and_http_needs_an_explicit_opt_in() {
+        let config =
+            parse("discovery:\n  kubernetes: { namespace: x, labelSelector: a, port: 1 }\n");
+        let kubernetes = config
+            .discovery
+            .as_ref()
+            .unwrap()
+            .kubernetes
+            .clone()
+            .unwrap();
+        assert_eq!(kubernetes.scheme, "https");
+        assert!(!kubernetes.allow_insecure_http);
+        assert!(config.validate().is_empty(), "{:?}", config.validate());
+
+        let issues = |extra: &str| -> Vec<String> {
+            parse(&format!(
+                "discovery:\n  kubernetes: {{ namespace: x, labelSelector: a, port: 1, {extra} }}\n"
+            ))
+            .validate()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+        };
+        let refused = issues("scheme: http");
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert!(
+            refused[0]
+                .starts_with("discovery.kubernetes.scheme: `http` sends the Data Plane password"),
+            "{refused:?}"
+        );
+        assert!(
+            refused[0].contains("allowInsecureHttp: true"),
+            "{refused:?}"
+        );
+        assert!(issues("scheme: http, allowInsecureHttp: true").is_empty());
+        assert!(
+            issues("serverName: haproxy.ingress.svc, serviceAccountName: haproxy, ownerKind: DaemonSet, ownerName: haproxy")
+                .is_empty()
+        );
+        assert!(issues("ownerKind: Deployment").is_empty());
+        for (extra, wanted) in [
+            (
+                "allowInsecureHttp: true",
+                "discovery.kubernetes.allowInsecureHttp: allowInsecureHttp is only used with scheme `http`",
+            ),
+            (
+                "scheme: http, allowInsecureHttp: true, serverName: a.b",
+                "discovery.kubernetes.serverName: serverName is only used with scheme `https`",
+            ),
+            (
+                "serverName: \"10.0.0.1\"",
+                "discovery.kubernetes.serverName: `10.0.0.1` is not a DNS name",
+            ),
+            (
+                "serverName: \"https://a.b:5555\"",
+                "discovery.kubernetes.serverName: `https://a.b:5555` is not a DNS name",
+            ),
+            (
+                "serviceAccountName: \"\"",
+                "discovery.kubernetes.serviceAccountName: serviceAccountName is empty",
+            ),
+            (
+                "ownerKind: Pod",
+                "discovery.kubernetes.ownerKind: `Pod` is not a workload kind",
+            ),
+            (
+                "ownerName: haproxy",
+                "discovery.kubernetes.ownerName: ownerName needs ownerKind",
+            ),
+            (
+                "ownerKind: DaemonSet, ownerName: \" \"",
+                "discovery.kubernetes.ownerName: ownerName is empty",
+            ),
+        ] {
+            let found = issues(extra);
+            assert!(
+                found.iter().any(|i| i.starts_with(wanted)),
+                "{extra}: missing {wanted:?} in {found:#?}"
+            );
+        }
+        let unknown = serde_saphyr::from_str::<Config>(
+            "discovery:\n  kubernetes: { namespace: x, labelSelector: a, port: 1, allowInsecureHTTP: true }\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(unknown.contains("unknown field"), "{unknown}");
     }
 
     #[test]

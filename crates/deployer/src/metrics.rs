@@ -19,6 +19,8 @@ pub struct Metrics {
     drift: IntCounterVec,
     restore_failures: IntCounterVec,
     state_file_refused: IntCounterVec,
+    insecure: IntGaugeVec,
+    refused: IntCounterVec,
 }
 
 fn result(ok: bool) -> &'static str {
@@ -38,6 +40,16 @@ impl Metrics {
         registry.register(Box::new(metrics.drift.clone()))?;
         registry.register(Box::new(metrics.restore_failures.clone()))?;
         registry.register(Box::new(metrics.state_file_refused.clone()))?;
+        registry.register(Box::new(metrics.insecure.clone()))?;
+        registry.register(Box::new(metrics.refused.clone()))?;
+        for reason in [
+            "insecure_http",
+            "invalid_address",
+            "socket_instance",
+            "client_failed",
+        ] {
+            metrics.refused.with_label_values(&[reason]);
+        }
         Ok(metrics)
     }
 
@@ -113,6 +125,22 @@ impl Metrics {
                 ),
                 &["instance"],
             )?,
+            insecure: IntGaugeVec::new(
+                Opts::new(
+                    "hapwright_instance_insecure_transport",
+                    "1 for a discovered instance reached over plain http across the network \
+                     (allowInsecureHttp), 0 for https or loopback.",
+                ),
+                &["instance"],
+            )?,
+            refused: IntCounterVec::new(
+                Opts::new(
+                    "hapwright_discovered_instances_refused_total",
+                    "Discovered instances refused before anything was sent to them, by reason \
+                     (insecure_http, invalid_address, socket_instance, client_failed).",
+                ),
+                &["reason"],
+            )?,
         })
     }
 
@@ -184,6 +212,30 @@ impl Metrics {
         self.drift.with_label_values(&[instance]).get()
     }
 
+    /// Records how a discovered instance is reached: `insecure` when plain http
+    /// crosses the network.
+    pub fn transport(&self, instance: &str, insecure: bool) {
+        self.insecure
+            .with_label_values(&[instance])
+            .set(i64::from(insecure));
+    }
+
+    /// Whether `instance` is marked as reached over plain http across the network
+    /// (tests, status).
+    pub fn insecure_transport(&self, instance: &str) -> bool {
+        self.insecure.with_label_values(&[instance]).get() == 1
+    }
+
+    /// Counts one discovered instance refused for `reason`.
+    pub fn refused(&self, reason: &str) {
+        self.refused.with_label_values(&[reason]).inc();
+    }
+
+    /// Discovered instances refused for `reason` so far (tests, status).
+    pub fn refused_count(&self, reason: &str) -> u64 {
+        self.refused.with_label_values(&[reason]).get()
+    }
+
     /// Drops every series labelled with `instance` (a discovered instance that went
     /// away), so removed pods do not linger in `/metrics`.
     pub fn forget(&self, instance: &str) {
@@ -195,6 +247,7 @@ impl Metrics {
         let _ = self.drift.remove(&labels);
         let _ = self.state_file_refused.remove(&labels);
         let _ = self.restore_failures.remove(&labels);
+        let _ = self.insecure.remove(&labels);
         for vec in [&self.deployments, &self.reloads, &self.runtime_commands] {
             for family in prometheus::core::Collector::collect(vec) {
                 for metric in family.get_metric() {

@@ -1,5 +1,6 @@
 //! The deployer driving a fleet: the leadership gate (paused time), discovered
-//! instances joining and leaving, a mixed fleet of three real HAProxy 2.6 processes
+//! instances joining and leaving, plain-http discovered instances refused unless
+//! opted in, a mixed fleet of three real HAProxy 2.6 processes
 //! (socket driver) and two Data Plane API servers in one deployment, an instance
 //! killed mid-deployment recovering through retries, and drift repaired after an
 //! out-of-band change plus reload.
@@ -27,7 +28,9 @@ use hapwright_eventbus::{
     InstancesDiscovered, Kernel, Publisher, RunningKernel, Subscription, ValidationCompleted,
 };
 use support::dataplane::{DataplaneServer, PASSWORD, USER};
-use support::{Backend, BlackHole, Haproxy, config, free_port, rendered, wait_for_body};
+use support::{
+    Backend, BlackHole, Haproxy, config, free_port, rendered, rendered_with, wait_for_body,
+};
 use tokio::sync::watch;
 use tokio::time::timeout;
 
@@ -263,6 +266,9 @@ async fn discovered_instances_get_the_last_config_at_once_and_are_forgotten_when
         password: Secret::new(PASSWORD),
         ca_file: None,
         scheme: "http".to_owned(),
+        allow_insecure_http: false,
+        server_name: None,
+        resolve: Vec::new(),
         settings: fast_settings(),
     });
     let mut harness = Harness::start(|kernel| {
@@ -285,9 +291,16 @@ async fn discovered_instances_get_the_last_config_at_once_and_are_forgotten_when
         pod("pod-a", &a.url, InstanceDriver::Dataplane),
         pod("pod-sock", "/run/x.sock", InstanceDriver::Socket),
     ]));
+    // pod-a is on loopback: plain http needs no opt-in. pod-sock is refused, and
+    // the refusal shows on it.
     let (succeeded, failed) = harness.completed().await;
-    assert_eq!((succeeded, failed), (vec!["pod-a".to_owned()], vec![]));
+    assert_eq!(
+        (succeeded, failed),
+        (vec!["pod-a".to_owned()], vec!["pod-sock".to_owned()])
+    );
     assert!(a.state().running_raw.contains(&v1.hash().short()));
+    assert_eq!(metrics.refused_count("socket_instance"), 1);
+    assert!(!metrics.insecure_transport("pod-a"));
     assert!(
         store.get("pod-sock").is_none(),
         "socket instances are not discoverable"
@@ -637,4 +650,144 @@ backend be_app\n    balance roundrobin\n    server s1 127.0.0.1:{server_port}\n"
     assert_eq!(caught_up, v3.hash());
     assert_eq!(store.deployed("local-2").unwrap().config.hash(), v3.hash());
     harness.stop().await;
+}
+
+/// The outcome of discovering one Data Plane API server under a non-loopback name
+/// (`pod-remote.hapwright.test`, pinned to the server's 127.0.0.1 port by the
+/// client's resolver, so only the name decides) and one on 127.0.0.1, both over
+/// plain http, after a config with a certificate was scheduled.
+struct HttpDiscovery {
+    remote: DataplaneServer,
+    local: DataplaneServer,
+    metrics: Metrics,
+    succeeded: Vec<String>,
+    failures: BTreeMap<String, String>,
+    config: Arc<RenderedConfig>,
+}
+
+async fn discover_over_http(allow_insecure_http: bool) -> HttpDiscovery {
+    const REMOTE: &str = "pod-remote.hapwright.test";
+    let (remote, local) = (
+        DataplaneServer::start("global\n").await,
+        DataplaneServer::start("global\n").await,
+    );
+    let remote_addr: std::net::SocketAddr =
+        remote.url.trim_start_matches("http://").parse().unwrap();
+    let metrics = Metrics::unregistered().unwrap();
+    let deployer = Deployer::with_drivers(
+        fast_config(),
+        BTreeMap::new(),
+        LastDeployedStore::new(),
+        None,
+        metrics.clone(),
+    )
+    .with_discovery(DiscoveredCredentials {
+        username: USER.to_owned(),
+        password: Secret::new(PASSWORD),
+        ca_file: None,
+        scheme: "http".to_owned(),
+        allow_insecure_http,
+        server_name: None,
+        resolve: vec![(REMOTE.to_owned(), remote_addr)],
+        settings: fast_settings(),
+    });
+    let mut harness = Harness::start(|kernel| {
+        kernel.register(deployer);
+    });
+    let config = rendered_with(
+        "global\n    maxconn 100\n",
+        &[],
+        &[(
+            "site.pem",
+            "-----BEGIN PRIVATE KEY-----\nsecret\n-----END PRIVATE KEY-----\n",
+        )],
+    );
+    harness.schedule(&config, &[]);
+    harness.completed().await;
+    let pod = |name: &str, address: String| InstanceRef {
+        name: name.to_owned(),
+        driver: InstanceDriver::Dataplane,
+        address,
+    };
+    harness.publisher.publish(InstancesDiscovered {
+        source: Arc::from("kubernetes"),
+        instances: Arc::from(vec![
+            pod("pod-local", local.url.clone()),
+            // As the pod watcher builds it: no scheme, the credentials' one applies.
+            pod("pod-remote", format!("{REMOTE}:{}", remote_addr.port())),
+        ]),
+    });
+    let mut failures = BTreeMap::new();
+    let succeeded = loop {
+        let event = harness
+            .next(Duration::from_secs(30), |e| match &e.payload {
+                EventPayload::InstanceDeploymentFailed(f) => {
+                    Some(Err((f.instance.clone(), f.error.message.clone())))
+                }
+                EventPayload::DeploymentCompleted(done) => Some(Ok(done.summary.succeeded.clone())),
+                _ => None,
+            })
+            .await;
+        match event {
+            Err((instance, message)) => {
+                failures.insert(instance, message);
+            }
+            Ok(succeeded) => break succeeded,
+        }
+    };
+    harness.stop().await;
+    HttpDiscovery {
+        remote,
+        local,
+        metrics,
+        succeeded,
+        failures,
+        config,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_http_instance_across_the_network_is_refused_and_gets_nothing() {
+    let run = discover_over_http(false).await;
+    // The refused instance never saw a request: no password, no certificate.
+    assert_eq!(run.remote.state().log, Vec::<String>::new());
+    assert!(run.remote.state().storage.is_empty());
+    let error = &run.failures["pod-remote"];
+    assert!(
+        error.contains("plain http to a non-loopback address")
+            && error.contains("allowInsecureHttp: true"),
+        "{error}"
+    );
+    assert_eq!(run.metrics.refused_count("insecure_http"), 1);
+    // The others go on: the loopback instance got the config and its certificate.
+    assert_eq!(run.succeeded, ["pod-local"]);
+    assert!(
+        run.local
+            .state()
+            .running_raw
+            .contains(&run.config.hash().short())
+    );
+    assert!(run.local.state().storage["ssl_certificates"].contains_key("site.pem"));
+    assert!(!run.metrics.insecure_transport("pod-local"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_http_instance_across_the_network_is_deployed_when_opted_in() {
+    let run = discover_over_http(true).await;
+    assert!(run.failures.is_empty(), "{:?}", run.failures);
+    let mut succeeded = run.succeeded.clone();
+    succeeded.sort();
+    assert_eq!(succeeded, ["pod-local", "pod-remote"]);
+    // The password was accepted (the server answers 401 otherwise) and the
+    // certificate arrived.
+    assert!(
+        run.remote
+            .state()
+            .running_raw
+            .contains(&run.config.hash().short())
+    );
+    assert!(run.remote.state().storage["ssl_certificates"].contains_key("site.pem"));
+    assert!(run.metrics.insecure_transport("pod-remote"));
+    assert!(!run.metrics.insecure_transport("pod-local"));
+    assert_eq!(run.metrics.refused_count("insecure_http"), 0);
 }

@@ -1,6 +1,7 @@
 //! HAProxy pod discovery at the protocol level: a real `kube::Client` and watcher
 //! against a scripted API server (`tower-test`), a real kernel and bus. Absence of a
 //! publication is proven by ordering: the next publication is the one expected.
+//! Pods matching the labels but not the service account or owner are skipped.
 
 mod common;
 
@@ -12,7 +13,9 @@ use std::time::Duration;
 use hapwright_eventbus::model::{InstanceDriver, InstanceRef};
 use hapwright_eventbus::{EventKind, EventPayload, HealthState};
 use hapwright_watchers::kubernetes::discovery::{SOURCE, instance_of};
-use hapwright_watchers::kubernetes::{ClientFactory, DiscoveryConfig, PodDiscovery};
+use hapwright_watchers::kubernetes::{
+    ClientFactory, DiscoveryConfig, DiscoveryMetrics, PodDiscovery, Restriction,
+};
 use k8s_openapi::api::core::v1::Pod;
 use kubernetes_mock::{event, list, pair};
 use serde_json::{Value, json};
@@ -22,15 +25,27 @@ const PODS: &str = "/api/v1/namespaces/ingress/pods";
 
 impl Harness {
     fn start(client: kube::Client) -> Self {
-        let discovery = PodDiscovery::new(
+        Self::restricted(client, Restriction::default(), None)
+    }
+
+    fn restricted(
+        client: kube::Client,
+        restriction: Restriction,
+        metrics: Option<DiscoveryMetrics>,
+    ) -> Self {
+        let mut discovery = PodDiscovery::new(
             DiscoveryConfig {
                 namespace: "ingress".to_owned(),
                 label_selector: "app=haproxy".to_owned(),
                 port: 5555,
                 scheme: "http".to_owned(),
+                restriction,
             },
             ClientFactory::with_client(client),
         );
+        if let Some(metrics) = metrics {
+            discovery = discovery.with_metrics(metrics);
+        }
         Self::alone(
             discovery,
             [
@@ -39,6 +54,15 @@ impl Harness {
             ],
             WAIT,
         )
+    }
+
+    /// The next health note of a Healthy discovery (earlier changes skipped).
+    async fn healthy_note(&mut self) -> String {
+        loop {
+            if let Some(note) = self.health(HealthState::Healthy).await {
+                return note;
+            }
+        }
     }
 
     async fn discovered(&mut self) -> Vec<InstanceRef> {
@@ -258,6 +282,194 @@ async fn a_410_relist_replaces_the_pod_set() {
     );
     let watch = api.expect_watch(PODS).await;
     assert_eq!(watch.param("resourceVersion"), Some("200"));
+    api.hold(watch);
+    harness.stop().await;
+}
+
+/// A labelled, ready pod running as `account`, controlled by `owner` (kind, name),
+/// with a `pod-template-hash` label when given.
+fn workload_pod(
+    name: &str,
+    ip: &str,
+    account: &str,
+    owner: Option<(&str, &str)>,
+    hash: Option<&str>,
+    resource_version: &str,
+) -> Value {
+    let mut pod = pod(name, Some(ip), true, resource_version);
+    pod["spec"]["serviceAccountName"] = json!(account);
+    if let Some((kind, owner)) = owner {
+        pod["metadata"]["ownerReferences"] = json!([{
+            "apiVersion": "apps/v1", "kind": kind, "name": owner,
+            "uid": format!("uid-{owner}"), "controller": true, "blockOwnerDeletion": true,
+        }]);
+    }
+    if let Some(hash) = hash {
+        pod["metadata"]["labels"]["pod-template-hash"] = json!(hash);
+    }
+    pod
+}
+
+#[test]
+fn a_deployment_owns_its_pods_through_a_replicaset_named_after_it_and_the_pod_hash() {
+    let parse = |value: Value| -> Pod { serde_json::from_value(value).unwrap() };
+    let deployment = Restriction {
+        owner_kind: Some("Deployment".to_owned()),
+        owner_name: Some("haproxy".to_owned()),
+        ..Restriction::default()
+    };
+    let owned = |owner: &str, hash: Option<&str>| {
+        parse(workload_pod(
+            "p",
+            "10.0.0.1",
+            "haproxy",
+            Some(("ReplicaSet", owner)),
+            hash,
+            "1",
+        ))
+    };
+    assert_eq!(
+        deployment.skip_reason(&owned("haproxy-7d9f", Some("7d9f"))),
+        None
+    );
+    // Another Deployment whose name starts with the same prefix.
+    let reason = deployment
+        .skip_reason(&owned("haproxy-evil-7d9f", Some("7d9f")))
+        .unwrap();
+    assert_eq!(
+        reason,
+        "is controlled by ReplicaSet `haproxy-evil-7d9f`, not Deployment `haproxy`"
+    );
+    assert!(
+        deployment
+            .skip_reason(&owned("haproxy-7d9f", None))
+            .is_some(),
+        "without the hash label the ReplicaSet cannot be tied to the Deployment"
+    );
+    let bare = parse(pod("p", Some("10.0.0.1"), true, "1"));
+    assert_eq!(
+        deployment.skip_reason(&bare).unwrap(),
+        "has no controlling owner, not Deployment `haproxy`"
+    );
+    let any_daemonset = Restriction {
+        owner_kind: Some("DaemonSet".to_owned()),
+        ..Restriction::default()
+    };
+    assert_eq!(
+        any_daemonset.skip_reason(&parse(workload_pod(
+            "p",
+            "10.0.0.1",
+            "x",
+            Some(("DaemonSet", "whatever")),
+            None,
+            "1"
+        ))),
+        None
+    );
+    assert_eq!(Restriction::default().skip_reason(&bare), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn pods_of_another_service_account_or_owner_are_skipped_counted_and_named() {
+    let (client, mut api) = pair();
+    let metrics = DiscoveryMetrics::unregistered().unwrap();
+    let mut harness = Harness::restricted(
+        client,
+        Restriction {
+            service_account_name: Some("haproxy".to_owned()),
+            owner_kind: Some("DaemonSet".to_owned()),
+            owner_name: Some("haproxy".to_owned()),
+        },
+        Some(metrics.clone()),
+    );
+    let listing = api.expect_list(PODS).await;
+    assert_eq!(listing.param("labelSelector"), Some("app=haproxy"));
+    listing.respond(
+        200,
+        &list(
+            "Pod",
+            "100",
+            &[
+                workload_pod(
+                    "haproxy-a",
+                    "10.0.0.1",
+                    "haproxy",
+                    Some(("DaemonSet", "haproxy")),
+                    None,
+                    "90",
+                ),
+                // Same labels, another service account.
+                workload_pod(
+                    "intruder",
+                    "10.0.0.66",
+                    "default",
+                    Some(("DaemonSet", "haproxy")),
+                    None,
+                    "91",
+                ),
+                // Same labels and account, another workload.
+                workload_pod(
+                    "copycat",
+                    "10.0.0.67",
+                    "haproxy",
+                    Some(("DaemonSet", "copycat")),
+                    None,
+                    "92",
+                ),
+                // A bare pod.
+                workload_pod("bare", "10.0.0.68", "haproxy", None, None, "93"),
+            ],
+        ),
+    );
+    // Health first: the note names every skipped pod with its reason.
+    let note = harness.healthy_note().await;
+    assert!(note.starts_with("3 pod(s) skipped"), "{note}");
+    for wanted in [
+        "intruder runs as service account `default`, not `haproxy`",
+        "copycat is controlled by DaemonSet `copycat`, not DaemonSet `haproxy`",
+        "bare has no controlling owner, not DaemonSet `haproxy`",
+    ] {
+        assert!(note.contains(wanted), "missing {wanted:?} in {note}");
+    }
+    assert_eq!(
+        harness.discovered().await,
+        vec![target("haproxy-a", "http://10.0.0.1:5555")]
+    );
+    assert_eq!(metrics.skipped(), 3);
+
+    // The intruder switches to the right account: it becomes a target; the bare pod
+    // goes away.
+    api.expect_watch(PODS).await.respond_events(&[
+        event(
+            "MODIFIED",
+            &workload_pod(
+                "intruder",
+                "10.0.0.66",
+                "haproxy",
+                Some(("DaemonSet", "haproxy")),
+                None,
+                "101",
+            ),
+        ),
+        event(
+            "DELETED",
+            &workload_pod("bare", "10.0.0.68", "haproxy", None, None, "102"),
+        ),
+    ]);
+    let note = harness.healthy_note().await;
+    assert!(
+        note.starts_with("1 pod(s) skipped by serviceAccountName/owner: copycat"),
+        "{note}"
+    );
+    assert_eq!(
+        harness.discovered().await,
+        vec![
+            target("haproxy-a", "http://10.0.0.1:5555"),
+            target("intruder", "http://10.0.0.66:5555"),
+        ]
+    );
+    assert_eq!(metrics.skipped(), 1);
+    let watch = api.expect_watch(PODS).await;
     api.hold(watch);
     harness.stop().await;
 }

@@ -306,10 +306,25 @@ pub struct DataplaneClient {
 impl DataplaneClient {
     /// A client for `endpoint`. Fails when the CA file cannot be read or parsed.
     pub fn new(endpoint: &Endpoint, settings: Settings) -> Result<Self, DataplaneError> {
+        Self::with_resolve(endpoint, settings, &[])
+    }
+
+    /// A client for `endpoint` that connects to a fixed address for each host name in
+    /// `resolve` instead of asking DNS (like curl's `--resolve`). The URL keeps the
+    /// name, so TLS sends it and verifies the certificate against it: this is how a
+    /// pod addressed by IP is checked against a DNS name in its certificate.
+    pub fn with_resolve(
+        endpoint: &Endpoint,
+        settings: Settings,
+        resolve: &[(String, std::net::SocketAddr)],
+    ) -> Result<Self, DataplaneError> {
         let mut builder = reqwest::Client::builder()
             .timeout(settings.request_timeout)
             .connect_timeout(settings.connect_timeout)
             .user_agent(concat!("hapwright/", env!("CARGO_PKG_VERSION")));
+        for (host, address) in resolve {
+            builder = builder.resolve(host, *address);
+        }
         if let Some(ca) = &endpoint.ca_file {
             for cert in read_ca(ca)? {
                 builder = builder.add_root_certificate(cert);

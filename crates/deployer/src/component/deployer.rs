@@ -346,6 +346,9 @@ struct Fleet {
     next_round: u64,
     /// Instances whose last attempt failed, with the error.
     failing: BTreeMap<String, String>,
+    /// Discovered instances refused before anything was sent to them (plain http
+    /// across the network, an unusable address), with the reason.
+    refused: BTreeMap<String, String>,
 }
 
 impl Fleet {
@@ -375,9 +378,11 @@ impl Fleet {
                     pending.insert(name.clone());
                 }
                 None => {
-                    let error = hapwright_eventbus::model::Diagnostic::error(format!(
-                        "instance `{name}` has no driver in this deployer"
-                    ));
+                    let error = hapwright_eventbus::model::Diagnostic::error(
+                        self.refused.get(name).cloned().unwrap_or_else(|| {
+                            format!("instance `{name}` has no driver in this deployer")
+                        }),
+                    );
                     ctx.publisher().reply(
                         &latest.cause,
                         hapwright_eventbus::InstanceDeploymentFailed {
@@ -507,19 +512,21 @@ impl Fleet {
     }
 
     /// Applies one `InstancesDiscovered`: workers for new instances, forgets the
-    /// vanished ones. Returns the names added.
+    /// vanished ones. Returns the names added and the names newly refused (each
+    /// refusal is logged and counted once, until the instance or its reason changes).
     fn discovered(
         &mut self,
         ctx: &Context,
         source: &Arc<str>,
         instances: &[InstanceRef],
-    ) -> Vec<String> {
+    ) -> (Vec<String>, Vec<String>) {
         let now: BTreeSet<String> = instances.iter().map(|i| i.name.clone()).collect();
         let before = self
             .discovered
             .insert(source.clone(), now.clone())
             .unwrap_or_default();
         let mut added = Vec::new();
+        let mut refused = Vec::new();
         for instance in instances {
             if self.static_names.contains(&instance.name) {
                 tracing::warn!(instance = %instance.name, %source, "A discovered instance has the name of a static one; keeping the static one");
@@ -536,11 +543,13 @@ impl Fleet {
             match credentials.driver(instance, &self.shared.metrics) {
                 Ok(driver) => {
                     tracing::info!(instance = %instance.name, address = %instance.address, %source, "Instance discovered");
+                    self.refused.remove(&instance.name);
                     self.shared.metrics.out_of_sync(&instance.name);
                     self.add(driver);
                     added.push(instance.name.clone());
                 }
                 Err(error) => {
+                    let reason = error.reason();
                     let error =
                         std::iter::successors(Some(&error as &dyn std::error::Error), |e| {
                             e.source()
@@ -548,7 +557,12 @@ impl Fleet {
                         .map(ToString::to_string)
                         .collect::<Vec<_>>()
                         .join(": ");
-                    tracing::warn!(instance = %instance.name, %source, %error, "Discovered instance ignored");
+                    if self.refused.get(&instance.name) != Some(&error) {
+                        tracing::warn!(instance = %instance.name, %source, %error, "Discovered instance refused; nothing is sent to it");
+                        self.shared.metrics.refused(reason);
+                        self.refused.insert(instance.name.clone(), error);
+                        refused.push(instance.name.clone());
+                    }
                 }
             }
         }
@@ -562,9 +576,10 @@ impl Fleet {
                 continue;
             }
             tracing::info!(instance = %name, %source, "Instance gone; forgetting it");
+            self.refused.remove(name);
             self.remove(ctx, name);
         }
-        added
+        (added, refused)
     }
 
     async fn stop(self) {
@@ -635,7 +650,11 @@ impl Component for Deployer {
             rounds: BTreeMap::new(),
             next_round: 0,
             failing: BTreeMap::new(),
+            refused: BTreeMap::new(),
         };
+        if let Some(credentials) = &fleet.credentials {
+            credentials.warn_if_insecure();
+        }
         for driver in self.drivers.into_values() {
             fleet.add(driver);
         }
@@ -665,15 +684,18 @@ impl Component for Deployer {
                             fleet.start_round(&ctx, &latest, &instances, drift_check);
                         }
                         EventPayload::InstancesDiscovered(discovered) => {
-                            let added = fleet.discovered(&ctx, &discovered.source, &discovered.instances);
+                            let (mut added, refused) = fleet.discovered(&ctx, &discovered.source, &discovered.instances);
                             if let Some((latest, instances)) = last.as_mut() {
-                                instances.retain(|name| fleet.workers.contains_key(name));
+                                instances.retain(|name| fleet.workers.contains_key(name) || fleet.refused.contains_key(name));
+                                // A new instance gets the last good config at once; a
+                                // refused one fails in that round with its reason, so
+                                // the refusal shows on the instance.
+                                added.extend(refused);
                                 for name in &added {
                                     if !instances.contains(name) {
                                         instances.push(name.clone());
                                     }
                                 }
-                                // A new instance gets the last good config at once.
                                 if is_leader && !added.is_empty() {
                                     let latest = latest.clone();
                                     fleet.start_round(&ctx, &latest, &added, false);

@@ -10,7 +10,14 @@
 //! - A pod is a target when its `Ready` condition is `True`, it has a `status.podIP`
 //!   and it is not being deleted. It becomes
 //!   `InstanceRef { name: <pod name>, driver: Dataplane, address: <scheme>://<podIP>:<port> }`
-//!   (IPv6 addresses in brackets; `scheme` is `http` unless configured).
+//!   (IPv6 addresses in brackets; `scheme` is `https` unless configured).
+//! - With a [`Restriction`] (`serviceAccountName`, `ownerKind`/`ownerName`), a pod
+//!   matching the labels but running as another service account or controlled by
+//!   another workload is skipped: never a target, logged once (again only when its
+//!   reason changes), counted in `hapwright_discovery_skipped_pods` and named in the
+//!   component's health note. Labels are easy to copy; these fields narrow the match
+//!   to the workload that really runs HAProxy. (The pod's certificate, checked by the
+//!   deployer, is what proves its identity.)
 //! - After the initial list, and then whenever the set of targets changes (a pod
 //!   becomes ready, loses readiness, gets a new IP, goes away), the whole set is
 //!   published as one `InstancesDiscovered { source: "kubernetes", .. }`, sorted by
@@ -20,6 +27,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+use prometheus::{IntGauge, Registry};
 
 use futures::{FutureExt, StreamExt};
 use hapwright_eventbus::model::{InstanceDriver, InstanceRef};
@@ -48,6 +57,112 @@ pub struct DiscoveryConfig {
     pub port: u16,
     /// URL scheme of the pods' Data Plane API (`http` or `https`).
     pub scheme: String,
+    /// Which of the labelled pods may be targets.
+    pub restriction: Restriction,
+}
+
+/// Narrows the pods matching the label selector to those of the workload that runs
+/// HAProxy (`serviceAccountName`, `ownerKind`, `ownerName`). Empty: every labelled
+/// pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Restriction {
+    /// The pod's `spec.serviceAccountName` must be this.
+    pub service_account_name: Option<String>,
+    /// The pod's controlling owner must be of this kind. `Deployment` is matched
+    /// through the ReplicaSet it creates: a ReplicaSet named
+    /// `<ownerName>-<pod-template-hash>`, the hash taken from the pod's
+    /// `pod-template-hash` label, as the Deployment controller names them.
+    pub owner_kind: Option<String>,
+    /// With `owner_kind`: the owner's name.
+    pub owner_name: Option<String>,
+}
+
+impl Restriction {
+    /// Why `pod` is not a target under this restriction; `None` when it may be one.
+    pub fn skip_reason(&self, pod: &Pod) -> Option<String> {
+        if let Some(wanted) = &self.service_account_name {
+            let actual = pod
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.service_account_name.as_deref())
+                .unwrap_or("default");
+            if actual != wanted {
+                return Some(format!(
+                    "runs as service account `{actual}`, not `{wanted}`"
+                ));
+            }
+        }
+        let Some(kind) = &self.owner_kind else {
+            return None;
+        };
+        let wanted = match &self.owner_name {
+            Some(name) => format!("{kind} `{name}`"),
+            None => format!("a {kind}"),
+        };
+        let owner = pod
+            .metadata
+            .owner_references
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .find(|owner| owner.controller == Some(true));
+        let Some(owner) = owner else {
+            return Some(format!("has no controlling owner, not {wanted}"));
+        };
+        let matches = if kind == "Deployment" {
+            let hash = pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get("pod-template-hash"));
+            owner.kind == "ReplicaSet"
+                && match (&self.owner_name, hash) {
+                    (None, _) => true,
+                    (Some(name), Some(hash)) => owner.name == format!("{name}-{hash}"),
+                    (Some(_), None) => false,
+                }
+        } else {
+            owner.kind == *kind && self.owner_name.as_ref().is_none_or(|n| owner.name == *n)
+        };
+        (!matches).then(|| {
+            format!(
+                "is controlled by {} `{}`, not {wanted}",
+                owner.kind, owner.name
+            )
+        })
+    }
+}
+
+/// `hapwright_discovery_skipped_pods`: pods matching the label selector that the
+/// [`Restriction`] keeps from being targets. Register once per process.
+#[derive(Clone, Debug)]
+pub struct DiscoveryMetrics {
+    skipped: IntGauge,
+}
+
+impl DiscoveryMetrics {
+    /// Creates and registers the metric.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let metrics = Self::unregistered()?;
+        registry.register(Box::new(metrics.skipped.clone()))?;
+        Ok(metrics)
+    }
+
+    /// The metric registered nowhere (tests).
+    pub fn unregistered() -> prometheus::Result<Self> {
+        Ok(Self {
+            skipped: IntGauge::new(
+                "hapwright_discovery_skipped_pods",
+                "Pods matching the discovery label selector that are not deploy targets \
+                 because of serviceAccountName or ownerKind/ownerName.",
+            )?,
+        })
+    }
+
+    /// The current number of skipped pods (tests, status).
+    pub fn skipped(&self) -> i64 {
+        self.skipped.get()
+    }
 }
 
 /// The deploy target a pod stands for, when it is one: ready, with an IP, not being
@@ -80,14 +195,26 @@ pub fn instance_of(pod: &Pod, scheme: &str, port: u16) -> Option<InstanceRef> {
     })
 }
 
+/// What one labelled pod stands for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Entry {
+    /// A target, or `None` while it is not ready (no IP, not ready, terminating).
+    Pod(Option<InstanceRef>),
+    /// Skipped by the [`Restriction`], with the reason.
+    Skipped(String),
+}
+
 /// The synchronous core of discovery: pods by name, and the targets they stand for.
 #[derive(Debug, Default)]
 pub struct PodSet {
     scheme: String,
     port: u16,
+    restriction: Restriction,
     /// Every matching pod by name, with its target when it is one.
-    pods: BTreeMap<String, Option<InstanceRef>>,
-    relist: Option<BTreeMap<String, Option<InstanceRef>>>,
+    pods: BTreeMap<String, Entry>,
+    relist: Option<BTreeMap<String, Entry>>,
+    /// Skip reasons already logged, by pod name.
+    logged: BTreeMap<String, String>,
     synced: bool,
     error: Option<(String, Instant)>,
     note: Option<String>,
@@ -103,6 +230,41 @@ impl PodSet {
         }
     }
 
+    /// Skips the pods `restriction` rules out.
+    #[must_use]
+    pub fn with_restriction(mut self, restriction: Restriction) -> Self {
+        self.restriction = restriction;
+        self
+    }
+
+    /// What `pod` stands for; logs a skip the first time its reason is seen.
+    fn entry(&mut self, name: &str, pod: &Pod) -> Entry {
+        match self.restriction.skip_reason(pod) {
+            None => {
+                self.logged.remove(name);
+                Entry::Pod(instance_of(pod, &self.scheme, self.port))
+            }
+            Some(reason) => {
+                if self.logged.get(name) != Some(&reason) {
+                    tracing::warn!(pod = %name, %reason, "Pod matches the discovery labels but is skipped");
+                    self.logged.insert(name.to_owned(), reason.clone());
+                }
+                Entry::Skipped(reason)
+            }
+        }
+    }
+
+    /// The pods skipped by the restriction, by name, with the reason.
+    pub fn skipped(&self) -> BTreeMap<&str, &str> {
+        self.pods
+            .iter()
+            .filter_map(|(name, entry)| match entry {
+                Entry::Skipped(reason) => Some((name.as_str(), reason.as_str())),
+                Entry::Pod(_) => None,
+            })
+            .collect()
+    }
+
     /// True once the initial list finished.
     pub fn synced(&self) -> bool {
         self.synced
@@ -114,28 +276,31 @@ impl PodSet {
             Ok(watcher::Event::Init) => self.relist = Some(BTreeMap::new()),
             Ok(watcher::Event::InitApply(pod)) => {
                 if let Some(name) = pod.metadata.name.clone() {
-                    let target = instance_of(&pod, &self.scheme, self.port);
+                    let entry = self.entry(&name, &pod);
                     self.relist
                         .get_or_insert_with(BTreeMap::new)
-                        .insert(name, target);
+                        .insert(name, entry);
                 }
             }
             Ok(watcher::Event::InitDone) => {
                 self.pods = self.relist.take().unwrap_or_default();
+                let pods = &self.pods;
+                self.logged.retain(|name, _| pods.contains_key(name));
                 self.synced = true;
                 self.error = None;
                 self.note = None;
             }
             Ok(watcher::Event::Apply(pod)) => {
                 if let Some(name) = pod.metadata.name.clone() {
-                    let target = instance_of(&pod, &self.scheme, self.port);
-                    self.pods.insert(name, target);
+                    let entry = self.entry(&name, &pod);
+                    self.pods.insert(name, entry);
                 }
                 self.error = None;
             }
             Ok(watcher::Event::Delete(pod)) => {
                 if let Some(name) = &pod.metadata.name {
                     self.pods.remove(name);
+                    self.logged.remove(name);
                 }
                 self.error = None;
             }
@@ -154,15 +319,37 @@ impl PodSet {
 
     /// The current targets, sorted by name.
     pub fn instances(&self) -> Vec<InstanceRef> {
-        self.pods.values().flatten().cloned().collect()
+        self.pods
+            .values()
+            .filter_map(|entry| match entry {
+                Entry::Pod(target) => target.clone(),
+                Entry::Skipped(_) => None,
+            })
+            .collect()
     }
 
-    /// `Err(reason)` while the watch fails, `Ok(note)` otherwise.
+    /// `Err(reason)` while the watch fails, `Ok(note)` otherwise; the note names the
+    /// skipped pods.
     pub fn health(&self) -> Result<Option<String>, String> {
-        match &self.error {
-            Some((reason, _)) => Err(reason.clone()),
-            None => Ok(self.note.clone()),
+        if let Some((reason, _)) = &self.error {
+            return Err(reason.clone());
         }
+        let skipped = self.skipped();
+        let skipped = (!skipped.is_empty()).then(|| {
+            let pods: Vec<String> = skipped
+                .iter()
+                .map(|(name, reason)| format!("{name} {reason}"))
+                .collect();
+            format!(
+                "{} pod(s) skipped by serviceAccountName/owner: {}",
+                pods.len(),
+                pods.join("; ")
+            )
+        });
+        Ok(match (&self.note, skipped) {
+            (Some(note), Some(skipped)) => Some(format!("{note}; {skipped}")),
+            (note, skipped) => skipped.or_else(|| note.clone()),
+        })
     }
 
     /// When the last failure counts as recovered if nothing fails again.
@@ -188,6 +375,7 @@ impl PodSet {
 pub struct PodDiscovery {
     config: DiscoveryConfig,
     client: ClientFactory,
+    metrics: Option<DiscoveryMetrics>,
 }
 
 impl std::fmt::Debug for PodDiscovery {
@@ -204,7 +392,18 @@ impl PodDiscovery {
 
     /// Discovery of the pods `config` selects, through `client`.
     pub fn new(config: DiscoveryConfig, client: ClientFactory) -> Self {
-        Self { config, client }
+        Self {
+            config,
+            client,
+            metrics: None,
+        }
+    }
+
+    /// Reports skipped pods in `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: DiscoveryMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 }
 
@@ -241,7 +440,8 @@ async fn run(discovery: PodDiscovery, ctx: Context) -> Result<(), ComponentError
     let api: Api<Pod> = Api::namespaced(client, &discovery.config.namespace);
     let config = watcher::Config::default().labels(&discovery.config.label_selector);
     let mut events = watcher(api, config).default_backoff().boxed();
-    let mut pods = PodSet::new(discovery.config.scheme.clone(), discovery.config.port);
+    let mut pods = PodSet::new(discovery.config.scheme.clone(), discovery.config.port)
+        .with_restriction(discovery.config.restriction.clone());
     let mut published: Option<Vec<InstanceRef>> = None;
     loop {
         let expiry = pods.error_expiry();
@@ -276,6 +476,11 @@ async fn run(discovery: PodDiscovery, ctx: Context) -> Result<(), ComponentError
         }
         if !pods.synced() {
             continue;
+        }
+        if let Some(metrics) = &discovery.metrics {
+            metrics
+                .skipped
+                .set(i64::try_from(pods.skipped().len()).unwrap_or(i64::MAX));
         }
         let instances = pods.instances();
         if published.as_ref() != Some(&instances) {

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use kube::runtime::watcher;
 use tokio::sync::Mutex;
 
-pub use discovery::{DiscoveryConfig, PodDiscovery};
+pub use discovery::{DiscoveryConfig, DiscoveryMetrics, PodDiscovery, Restriction};
 pub use leader::{LeaderElection, LeaderElectionConfig, LeaderError, LeaderMetrics};
 pub use source::{KubernetesSource, ResolveError};
 
