@@ -8,10 +8,14 @@
 //! directory, otherwise the directory holding it, and, while either is missing, the
 //! nearest existing ancestor so the target's creation is noticed.
 //!
-//! Any notification (except our own reads) counts as "something changed". A burst of
-//! notifications is coalesced: [`FileWatch::next`] returns once no new notification
-//! arrived for the settle time (bounded by a maximum, so a file written continuously
-//! is still read). After each wake-up the watches are re-armed, which picks up
+//! Any notification (except our own reads) counts as "something changed". When the
+//! kernel says a change is complete — a file closed after writing, a rename (an
+//! editor's or `kubectl`'s write-to-temp-and-rename, a ConfigMap's `..data` swap), a
+//! removal, a new directory — and no write is still open, [`FileWatch::next`] returns
+//! at once. Only while a write may still be in progress (a file created or modified
+//! and not yet closed, or a notification whose meaning is unknown) does it wait for
+//! the settle time without notifications (bounded by a maximum, so a file written
+//! continuously is still read). After each wake-up the watches are re-armed, which picks up
 //! directories that appeared or were replaced. A slow periodic rescan is the safety
 //! net for anything the kernel did not report (network filesystems, overflowed event
 //! queues); callers re-read and compare hashes, so a rescan that finds nothing new
@@ -21,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use notify::event::{AccessKind, AccessMode};
+use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind};
 use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -29,7 +33,8 @@ use tokio::time::Instant;
 /// Timing of a [`FileWatch`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WatchOptions {
-    /// Quiet time after the last notification before [`FileWatch::next`] returns.
+    /// Quiet time after the last notification before [`FileWatch::next`] returns,
+    /// while a write may still be in progress (completed writes return at once).
     pub settle: Duration,
     /// Longest time [`FileWatch::next`] keeps waiting for quiet once a burst started.
     pub max_settle: Duration,
@@ -71,7 +76,7 @@ pub struct FileWatch {
     watcher: notify::RecommendedWatcher,
     /// Directories currently watched, with their identity when watched.
     watched: BTreeMap<PathBuf, Option<(u64, u64)>>,
-    events: mpsc::UnboundedReceiver<()>,
+    events: mpsc::UnboundedReceiver<Note>,
     options: WatchOptions,
     next_rescan: Instant,
 }
@@ -90,15 +95,15 @@ impl FileWatch {
     pub fn new(targets: Vec<PathBuf>, options: WatchOptions) -> Result<Self, WatchError> {
         let (tx, events) = mpsc::unbounded_channel();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            let relevant = match &event {
-                Ok(event) => is_change(&event.kind),
+            let note = match event {
+                Ok(event) => Note::of(event),
                 Err(error) => {
                     tracing::warn!(%error, "File notification error; rescanning");
-                    true
+                    Some(Note::unsure())
                 }
             };
-            if relevant {
-                let _ = tx.send(());
+            if let Some(note) = note {
+                let _ = tx.send(note);
             }
         })
         .map_err(WatchError::Init)?;
@@ -122,17 +127,31 @@ impl FileWatch {
     /// Waits until something changed (and the burst settled) or the rescan is due,
     /// then re-arms the watches.
     pub async fn next(&mut self) -> Wake {
-        let wake = tokio::select! {
+        let first = tokio::select! {
             biased;
-            Some(()) = self.events.recv() => Wake::Changed,
-            () = tokio::time::sleep_until(self.next_rescan) => Wake::Rescan,
+            Some(note) = self.events.recv() => Some(note),
+            () = tokio::time::sleep_until(self.next_rescan) => None,
         };
-        if wake == Wake::Changed {
+        let wake = if first.is_some() {
+            Wake::Changed
+        } else {
+            Wake::Rescan
+        };
+        if let Some(first) = first {
+            let mut burst = Burst::default();
+            burst.apply(first);
             let deadline = Instant::now() + self.options.max_settle;
             loop {
+                // Whatever the kernel already queued belongs to this burst.
+                while let Ok(note) = self.events.try_recv() {
+                    burst.apply(note);
+                }
+                if burst.complete() {
+                    break;
+                }
                 let quiet_until = (Instant::now() + self.options.settle).min(deadline);
                 match tokio::time::timeout_at(quiet_until, self.events.recv()).await {
-                    Ok(Some(())) if Instant::now() < deadline => continue,
+                    Ok(Some(note)) if Instant::now() < deadline => burst.apply(note),
                     _ => break,
                 }
             }
@@ -187,6 +206,89 @@ fn is_change(kind: &EventKind) -> bool {
         EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
         EventKind::Access(_) => false,
         _ => true,
+    }
+}
+
+/// What one notification says about the writes in a watched directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Step {
+    /// Content is being written to these paths (created or modified, not closed).
+    Writing,
+    /// Writes to these paths are complete: closed after writing, renamed away or
+    /// removed.
+    Done,
+    /// A complete change that involves no open write (a rename's target, a new
+    /// directory, a permission change).
+    Settled,
+    /// Unknown: wait for the settle time.
+    Unsure,
+}
+
+/// One change notification: what happened and to which paths.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Note {
+    step: Step,
+    paths: Vec<PathBuf>,
+}
+
+impl Note {
+    /// The note for a notify event; `None` when it is no change (a read).
+    fn of(event: notify::Event) -> Option<Self> {
+        if !is_change(&event.kind) {
+            return None;
+        }
+        let step = match event.kind {
+            EventKind::Access(AccessKind::Close(AccessMode::Write)) | EventKind::Remove(_) => {
+                Step::Done
+            }
+            // A rename moves a complete file into place; the old name is gone, so a
+            // write open under it is over as far as the directory is concerned.
+            EventKind::Modify(ModifyKind::Name(_)) => Step::Done,
+            EventKind::Create(CreateKind::Folder) | EventKind::Modify(ModifyKind::Metadata(_)) => {
+                Step::Settled
+            }
+            EventKind::Create(_) | EventKind::Modify(ModifyKind::Data(_)) => Step::Writing,
+            _ => Step::Unsure,
+        };
+        Some(Self {
+            step,
+            paths: event.paths,
+        })
+    }
+
+    fn unsure() -> Self {
+        Self {
+            step: Step::Unsure,
+            paths: Vec::new(),
+        }
+    }
+}
+
+/// The notifications of one burst: which writes are still open.
+#[derive(Debug, Default)]
+struct Burst {
+    open: BTreeSet<PathBuf>,
+    unsure: bool,
+}
+
+impl Burst {
+    fn apply(&mut self, note: Note) {
+        match note.step {
+            Step::Writing if note.paths.is_empty() => self.unsure = true,
+            Step::Writing => self.open.extend(note.paths),
+            Step::Done => {
+                for path in &note.paths {
+                    self.open.remove(path);
+                }
+            }
+            Step::Settled => {}
+            Step::Unsure => self.unsure = true,
+        }
+    }
+
+    /// Every write seen is complete and nothing unknown happened: read now.
+    fn complete(&self) -> bool {
+        self.open.is_empty() && !self.unsure
     }
 }
 
@@ -255,29 +357,136 @@ mod tests {
         assert!(is_change(&EventKind::Modify(ModifyKind::Any)));
     }
 
-    #[tokio::test]
-    async fn a_burst_of_writes_wakes_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut watch = FileWatch::new(
-            vec![dir.path().to_path_buf()],
-            WatchOptions {
-                settle: Duration::from_millis(50),
-                ..WatchOptions::default()
-            },
-        )
-        .unwrap();
-        for i in 0..10 {
-            std::fs::write(dir.path().join("a.yaml"), format!("v: {i}\n")).unwrap();
+    /// A settle time no test outlives: a wake-up before it proves the watch did not
+    /// wait for it.
+    fn waits_forever() -> WatchOptions {
+        WatchOptions {
+            settle: Duration::from_secs(3600),
+            max_settle: Duration::from_secs(7200),
+            ..WatchOptions::default()
         }
-        let wake = tokio::time::timeout(Duration::from_secs(5), watch.next())
+    }
+
+    #[tokio::test]
+    async fn a_completed_write_wakes_without_the_settle_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut watch = FileWatch::new(vec![dir.path().to_path_buf()], waits_forever()).unwrap();
+        std::fs::write(dir.path().join("a.yaml"), "v: 1\n").unwrap();
+        let wake = tokio::time::timeout(Duration::from_secs(10), watch.next())
             .await
-            .expect("a change is noticed");
+            .expect("a closed write wakes at once");
         assert_eq!(wake, Wake::Changed);
-        // Everything of the burst was consumed by the first wake-up.
+    }
+
+    #[tokio::test]
+    async fn a_write_to_a_temporary_file_and_a_rename_wake_without_the_settle_time() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), "v: 1\n").unwrap();
+        let mut watch = FileWatch::new(vec![dir.path().to_path_buf()], waits_forever()).unwrap();
+        let temp = dir.path().join(".a.yaml.tmp");
+        std::fs::write(&temp, "v: 2\n").unwrap();
+        std::fs::rename(&temp, dir.path().join("a.yaml")).unwrap();
+        // One or two wake-ups (the temporary file's close, the rename), none waiting.
+        tokio::time::timeout(Duration::from_secs(10), watch.next())
+            .await
+            .expect("the write wakes at once");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("a.yaml")).unwrap(),
+            "v: 2\n"
+        );
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_configmap_style_symlink_swap_wakes_without_the_settle_time() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("..v1")).unwrap();
+        std::fs::write(dir.path().join("..v1/a.yaml"), "v: 1\n").unwrap();
+        std::os::unix::fs::symlink("..v1", dir.path().join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/a.yaml", dir.path().join("a.yaml")).unwrap();
+        let mut watch = FileWatch::new(vec![dir.path().to_path_buf()], waits_forever()).unwrap();
+        // What the kubelet does: a new timestamped directory, a temporary link to it,
+        // renamed over `..data`.
+        std::fs::create_dir(dir.path().join("..v2")).unwrap();
+        std::fs::write(dir.path().join("..v2/a.yaml"), "v: 2\n").unwrap();
+        std::os::unix::fs::symlink("..v2", dir.path().join("..data_tmp")).unwrap();
+        std::fs::rename(dir.path().join("..data_tmp"), dir.path().join("..data")).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), watch.next())
+            .await
+            .expect("the swap wakes at once");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("a.yaml")).unwrap(),
+            "v: 2\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_write_still_open_waits_until_it_is_closed() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let mut watch = FileWatch::new(vec![dir.path().to_path_buf()], waits_forever()).unwrap();
+        let mut file = std::fs::File::create(dir.path().join("a.yaml")).unwrap();
+        file.write_all(b"v: ").unwrap();
+        file.flush().unwrap();
+        let next = watch.next();
+        tokio::pin!(next);
+        // Half a manifest is on disk and the writer still holds it: no wake-up.
         assert!(
-            tokio::time::timeout(Duration::from_millis(200), watch.next())
+            tokio::time::timeout(Duration::from_millis(300), &mut next)
                 .await
-                .is_err()
+                .is_err(),
+            "woke while a write was still open"
+        );
+        file.write_all(b"1\n").unwrap();
+        drop(file);
+        let wake = tokio::time::timeout(Duration::from_secs(10), &mut next)
+            .await
+            .expect("closing the file wakes at once");
+        assert_eq!(wake, Wake::Changed);
+    }
+
+    #[test]
+    fn a_burst_is_complete_once_every_write_is_closed_or_renamed() {
+        let note = |step: Step, path: &str| Note {
+            step,
+            paths: vec![PathBuf::from(path)],
+        };
+        let mut burst = Burst::default();
+        burst.apply(note(Step::Writing, "/d/a"));
+        burst.apply(note(Step::Writing, "/d/b"));
+        assert!(!burst.complete());
+        burst.apply(note(Step::Done, "/d/a"));
+        assert!(!burst.complete());
+        burst.apply(note(Step::Done, "/d/b"));
+        assert!(burst.complete());
+        burst.apply(note(Step::Settled, "/d/c"));
+        assert!(burst.complete());
+        burst.apply(Note::unsure());
+        assert!(!burst.complete());
+
+        use notify::event::{RemoveKind, RenameMode};
+        let kind = |kind: EventKind| Note::of(notify::Event::new(kind)).map(|n| n.step);
+        assert_eq!(
+            kind(EventKind::Access(AccessKind::Close(AccessMode::Write))),
+            Some(Step::Done)
+        );
+        assert_eq!(
+            kind(EventKind::Modify(ModifyKind::Name(RenameMode::Both))),
+            Some(Step::Done)
+        );
+        assert_eq!(kind(EventKind::Remove(RemoveKind::File)), Some(Step::Done));
+        assert_eq!(
+            kind(EventKind::Create(CreateKind::File)),
+            Some(Step::Writing)
+        );
+        assert_eq!(
+            kind(EventKind::Create(CreateKind::Folder)),
+            Some(Step::Settled)
+        );
+        assert_eq!(kind(EventKind::Any), Some(Step::Unsure));
+        assert_eq!(
+            kind(EventKind::Access(AccessKind::Open(AccessMode::Any))),
+            None
         );
     }
 

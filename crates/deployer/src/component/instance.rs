@@ -226,7 +226,9 @@ impl Worker {
                     }
                     let Some(next) = desired.borrow_and_update().clone() else { continue };
                     self.take(next);
-                    attempt_at = Some(Instant::now());
+                    // At once, not through a zero-length timer (which waits for the
+                    // timer wheel's next tick).
+                    attempt_at = self.attempt().await;
                 }
                 () = sleep_until(attempt_at) => {
                     attempt_at = self.attempt().await;

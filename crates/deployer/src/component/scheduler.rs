@@ -206,7 +206,17 @@ impl Component for Scheduler {
         };
         ctx.health().healthy();
         loop {
+            // Whatever already waits is part of the same burst: latest wins.
+            while let Some(event) = ctx.try_next_event() {
+                state.handle(event);
+            }
             let ready_at = state.ready_at();
+            if ready_at.is_some_and(|at| at <= Instant::now()) {
+                // Outside the minDeploymentInterval window: out now, with no timer
+                // (a zero-length sleep still waits for the timer wheel's next tick).
+                state.release(&ctx);
+                continue;
+            }
             tokio::select! {
                 biased;
                 event = ctx.next_event() => match event {
