@@ -922,6 +922,16 @@ discovery:
     }
 
     #[test]
+    fn phase2_equivalence_is_on_unless_switched_off() {
+        assert!(parse("binary: haproxy\n").phase2_equivalence);
+        assert!(!parse("phase2Equivalence: false\n").phase2_equivalence);
+        assert!(
+            serde_saphyr::from_str::<Config>("phase2Equivalence: maybe\n").is_err(),
+            "not a bool"
+        );
+    }
+
+    #[test]
     fn semantic_checks() {
         let config = parse(
             r#"

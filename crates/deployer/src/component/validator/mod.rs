@@ -14,6 +14,12 @@
 //!   one run at a time in the whole process (each run may need hundreds of MB for
 //!   large configs), each bounded by a timeout. `[ALERT]`/`[WARNING]` lines become
 //!   diagnostics.
+//! - The [`Validator`] component may record phase 2 as passed by [`equivalence`]
+//!   instead: when a render differs from the last one that passed `haproxy -c` only
+//!   in values phase 1 checks completely (server IP literals, ports, weights,
+//!   string-map entries), HAProxy would accept it too, and its start-up time is
+//!   saved. Each such decision is counted in
+//!   `hapwright_validation_phase2_skipped_total{reason}` and logged.
 //!
 //! Every diagnostic is located in a rendered file (`haproxy.cfg:12`,
 //! `files/ips.acl:2`), carries that rendered line, and names the template or
