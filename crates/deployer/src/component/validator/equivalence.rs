@@ -255,8 +255,14 @@ fn server_change_covered(
         return Err("server keywords changed".to_owned());
     }
     // [server, name, address, params…]
-    if old_words.len() < 3 || old_words[1] != new_words[1] {
-        return Err("server name changed".to_owned());
+    if old_words.len() < 3 {
+        return Err("a server line without a name and an address".to_owned());
+    }
+    if old_words[1] != new_words[1] {
+        return Err(format!(
+            "server '{}' renamed to '{}'",
+            old_words[1], new_words[1]
+        ));
     }
     if old_words[2] != new_words[2] {
         if ip_port(old_words[2]).is_none() {
