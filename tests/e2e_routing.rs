@@ -121,6 +121,18 @@ fn endpoint_change_moves_traffic_without_reload() {
         controller.demo_body(ports.api),
         "other routes unaffected"
     );
+    let (_, metrics) = controller.status_get("/metrics");
+    assert!(
+        metrics.contains(
+            r#"hapwright_validation_phase2_skipped_total{reason="equivalent_servers"} 1"#
+        ),
+        "only the server address changed, so haproxy -c was not run again:\n{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("validation"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 #[test]

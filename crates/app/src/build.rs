@@ -72,6 +72,7 @@ pub fn validator_config(config: &Config) -> validator::Config {
         envs: envs.into_iter().collect(),
         timeout: VALIDATION_TIMEOUT,
         scratch_root: None,
+        equivalence: config.haproxy.phase2_equivalence,
     }
 }
 

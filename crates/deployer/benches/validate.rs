@@ -84,6 +84,7 @@ fn bench(c: &mut Criterion) {
             envs: vec![env.clone()],
             timeout: Duration::from_secs(60),
             scratch_root: None,
+            equivalence: true,
         };
         // Bare haproxy -c on the same files, already on disk.
         let dir = tempfile::tempdir().expect("temp dir");

@@ -26,6 +26,13 @@ pub struct Config {
     /// Dynamic deploy targets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discovery: Option<Discovery>,
+    /// Whether phase 2 may pass by structural equivalence: a render that differs
+    /// from the last one that passed `haproxy -c` only in server addresses, ports,
+    /// weights or string-map entries is not given to `haproxy -c` again, which keeps
+    /// HAProxy's start-up time off the path of endpoint changes. `false` runs
+    /// `haproxy -c` for every render.
+    #[serde(default = "default_true")]
+    pub phase2_equivalence: bool,
 }
 
 impl Default for Config {
@@ -34,12 +41,17 @@ impl Default for Config {
             binary: default_binary(),
             instances: Vec::new(),
             discovery: None,
+            phase2_equivalence: true,
         }
     }
 }
 
 fn default_binary() -> PathBuf {
     PathBuf::from("haproxy")
+}
+
+fn default_true() -> bool {
+    true
 }
 
 /// One static deploy target, reached either through its local sockets or through the
@@ -907,6 +919,16 @@ discovery:
         );
         assert!(config.validate().is_empty(), "{:?}", config.validate());
         assert_eq!(config.secret_files(), [PathBuf::from("/run/secrets/dp")]);
+    }
+
+    #[test]
+    fn phase2_equivalence_is_on_unless_switched_off() {
+        assert!(parse("binary: haproxy\n").phase2_equivalence);
+        assert!(!parse("phase2Equivalence: false\n").phase2_equivalence);
+        assert!(
+            serde_saphyr::from_str::<Config>("phase2Equivalence: maybe\n").is_err(),
+            "not a bool"
+        );
     }
 
     #[test]

@@ -481,6 +481,7 @@ async fn drift_after_an_out_of_band_change_and_reload_is_repaired() {
         duration: Duration::ZERO,
         warnings: Vec::new(),
         parsed: Default::default(),
+        phase2_skipped: None,
     });
     let (succeeded, _) = harness.completed().await;
     assert_eq!(succeeded, ["local"]);

@@ -57,6 +57,7 @@ impl Harness {
                 duration: Duration::ZERO,
                 warnings: Vec::new(),
                 parsed: Default::default(),
+                phase2_skipped: None,
             },
             EventMeta::correlated(correlation),
         );

@@ -220,6 +220,7 @@ async fn quick_successive_changes_end_with_the_latest_live() {
         duration: Duration::ZERO,
         warnings: Vec::new(),
         parsed: Default::default(),
+        phase2_skipped: None,
     };
     publisher.publish(validated(v1.clone()));
     let v2 = render(2, b.port);

@@ -48,6 +48,7 @@ fn settings(scratch: &Path, envs: Vec<BTreeMap<String, String>>) -> validator::C
         envs,
         timeout: WAIT,
         scratch_root: Some(scratch.to_path_buf()),
+        equivalence: true,
     }
 }
 
@@ -388,6 +389,7 @@ async fn a_hanging_binary_is_killed_at_the_timeout() {
         envs: vec![],
         timeout: Duration::from_secs(2),
         scratch_root: Some(scratch.path().to_path_buf()),
+        equivalence: true,
     };
     let rejection = rejected(check(&valid(), &config).await);
     assert!(rejection.tool_failure);
@@ -452,6 +454,7 @@ async fn shutdown_during_validation_kills_haproxy() {
         envs: vec![],
         timeout: Duration::from_secs(120),
         scratch_root: Some(scratch.path().to_path_buf()),
+        equivalence: true,
     };
     let mut kernel = Kernel::new(bus.clone());
     kernel.register(Validator::new(
@@ -650,6 +653,7 @@ async fn the_component_sweeps_dead_scratch_dirs_and_names_its_own_with_its_pid()
         envs: vec![],
         timeout: Duration::from_secs(120),
         scratch_root: Some(scratch.path().to_path_buf()),
+        equivalence: true,
     };
     let mut kernel = Kernel::new(bus.clone());
     kernel.register(Validator::new(

@@ -397,6 +397,12 @@ catalogue! {
         /// The validator's parsed model of `haproxy.cfg`.
         #[serde(skip)]
         parsed: ParsedConfig,
+        /// Set when phase 2 passed by structural equivalence with a render that
+        /// passed `haproxy -c`, instead of running it: the reason
+        /// (`equivalent_servers`, `equivalent_maps`, ...), so `/debug/events` shows
+        /// which configs HAProxy itself never saw.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        phase2_skipped: Option<&'static str>,
     }
     /// A validation phase rejected a rendered config.
     ValidationFailed {

@@ -79,6 +79,7 @@ impl Component for AutoValidator {
                         duration: Duration::ZERO,
                         warnings: Vec::new(),
                         parsed: Default::default(),
+                        phase2_skipped: None,
                     },
                 );
             }
@@ -175,6 +176,7 @@ impl Pipeline {
                 duration: Duration::ZERO,
                 warnings: Vec::new(),
                 parsed: Default::default(),
+                phase2_skipped: None,
             },
         );
         request
@@ -265,6 +267,7 @@ async fn a_newer_trigger_during_validation_supersedes_and_stale_results_are_igno
             duration: Duration::ZERO,
             warnings: Vec::new(),
             parsed: Default::default(),
+            phase2_skipped: None,
         },
     );
     p.validate_ok().await;

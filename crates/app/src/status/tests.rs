@@ -233,6 +233,7 @@ fn the_last_pipeline_error_is_kept_until_a_render_validates() {
                 duration: Duration::from_millis(50),
                 warnings: vec![],
                 parsed: Default::default(),
+                phase2_skipped: None,
             },
         ),
         None,

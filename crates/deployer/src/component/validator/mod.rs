@@ -14,6 +14,12 @@
 //!   one run at a time in the whole process (each run may need hundreds of MB for
 //!   large configs), each bounded by a timeout. `[ALERT]`/`[WARNING]` lines become
 //!   diagnostics.
+//! - The [`Validator`] component may record phase 2 as passed by [`equivalence`]
+//!   instead: when a render differs from the last one that passed `haproxy -c` only
+//!   in values phase 1 checks completely (server IP literals, ports, weights,
+//!   string-map entries), HAProxy would accept it too, and its start-up time is
+//!   saved. Each such decision is counted in
+//!   `hapwright_validation_phase2_skipped_total{reason}` and logged.
 //!
 //! Every diagnostic is located in a rendered file (`haproxy.cfg:12`,
 //! `files/ips.acl:2`), carries that rendered line, and names the template or
@@ -24,6 +30,7 @@
 //! check as a plain function for the CLI.
 
 mod alerts;
+pub mod equivalence;
 mod scratch;
 
 use scratch::write_scratch;
@@ -49,6 +56,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::haproxy::config::{self as haproxy_config, MAIN_FILE, SectionKind};
+use equivalence::{Baseline, Equivalence, SkipReason};
 
 /// Only one `haproxy -c` runs at a time in the process: a run over a large config
 /// needs hundreds of MB (haproxy-2.6.md §0), and several at once would only compete
@@ -72,6 +80,12 @@ pub struct Config {
     pub timeout: Duration,
     /// Where scratch directories are created (the system temp dir when `None`).
     pub scratch_root: Option<PathBuf>,
+    /// Whether the [`Validator`] component may record phase 2 as passed by
+    /// structural equivalence ([`equivalence`]) instead of running `haproxy -c`
+    /// when a render differs from the last one that passed only in values phase 1
+    /// checks completely. Saves HAProxy's start-up time on every endpoint change;
+    /// off runs `haproxy -c` for every render.
+    pub equivalence: bool,
 }
 
 impl Default for Config {
@@ -81,6 +95,7 @@ impl Default for Config {
             envs: Vec::new(),
             timeout: Duration::from_secs(30),
             scratch_root: None,
+            equivalence: true,
         }
     }
 }
@@ -116,13 +131,15 @@ impl std::error::Error for Rejection {}
 
 // === impl Metrics ===
 
-/// `hapwright_validations_total{phase,result}` and
-/// `hapwright_validation_duration_seconds{phase}`. Register once per process and
+/// `hapwright_validations_total{phase,result}`,
+/// `hapwright_validation_duration_seconds{phase}` and
+/// `hapwright_validation_phase2_skipped_total{reason}`. Register once per process and
 /// hand clones to each generation's validator.
 #[derive(Clone, Debug)]
 pub struct Metrics {
     validations: IntCounterVec,
     duration: HistogramVec,
+    phase2_skipped: IntCounterVec,
 }
 
 impl Metrics {
@@ -143,11 +160,23 @@ impl Metrics {
             .buckets(prometheus::exponential_buckets(0.001, 2.0, 16)?),
             &["phase"],
         )?;
+        let phase2_skipped = IntCounterVec::new(
+            Opts::new(
+                "hapwright_validation_phase2_skipped_total",
+                "Renders whose phase 2 passed by structural equivalence instead of haproxy -c, by reason.",
+            ),
+            &["reason"],
+        )?;
+        for reason in SkipReason::ALL {
+            phase2_skipped.with_label_values(&[reason.as_str()]);
+        }
         registry.register(Box::new(validations.clone()))?;
         registry.register(Box::new(duration.clone()))?;
+        registry.register(Box::new(phase2_skipped.clone()))?;
         Ok(Self {
             validations,
             duration,
+            phase2_skipped,
         })
     }
 
@@ -600,10 +629,19 @@ fn inside_pem_block(content: &str, index: usize) -> bool {
 
 /// The validator component: validates every `TemplateRendered` and replies with
 /// `ValidationCompleted` or `ValidationFailed` (same correlation id).
+///
+/// It remembers the last render that passed `haproxy -c` (for its set of instance
+/// environments) so that a render differing from it only in values phase 1 checks
+/// completely passes phase 2 by [`equivalence`], without starting HAProxy.
 pub struct Validator {
     config: Config,
     metrics: Metrics,
+    /// The last render that passed `haproxy -c`, with the environments it ran with.
+    baseline: Option<(Envs, Baseline, Vec<Diagnostic>)>,
 }
+
+/// The distinct instance environments phase 2 runs with.
+type Envs = BTreeSet<BTreeMap<String, String>>;
 
 impl fmt::Debug for Validator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -613,29 +651,106 @@ impl fmt::Debug for Validator {
     }
 }
 
+/// How phase 2 ended for one render in the component.
+enum Phase2 {
+    /// `haproxy -c` ran and passed, with its warnings.
+    Ran(Vec<Diagnostic>),
+    /// Passed by equivalence with the baseline, whose warnings still apply.
+    Skipped(SkipReason, Vec<Diagnostic>),
+}
+
 impl Validator {
     /// The component's name and capability.
     pub const NAME: &'static str = "validator";
 
     /// A validator with its settings and the process's metrics.
     pub fn new(config: Config, metrics: Metrics) -> Self {
-        Self { config, metrics }
+        Self {
+            config,
+            metrics,
+            baseline: None,
+        }
     }
 
-    async fn handle(&self, ctx: &Context, event: &Event) {
+    /// Both phases, with phase 2 satisfied by equivalence when the rule allows it.
+    async fn validate(
+        &mut self,
+        rendered: &Arc<RenderedConfig>,
+    ) -> Result<(Vec<Diagnostic>, Phase2, Arc<haproxy_config::Config>), Rejection> {
+        let started = Instant::now();
+        let phase1 = validate_phase1_parsed(rendered);
+        self.metrics
+            .observe(ValidationPhase::Parse, phase1.is_ok(), started.elapsed());
+        let (warnings, model) = phase1?;
+        let model = Arc::new(model);
+        let envs: Envs = self.config.envs.iter().cloned().collect();
+        if self.config.equivalence
+            && let Some((baseline_envs, baseline, baseline_warnings)) = &self.baseline
+            && *baseline_envs == envs
+        {
+            match equivalence::compare(baseline, rendered, &model) {
+                Equivalence::Equivalent(reason) => {
+                    self.metrics
+                        .phase2_skipped
+                        .with_label_values(&[reason.as_str()])
+                        .inc();
+                    tracing::info!(
+                        reason = reason.as_str(),
+                        baseline = %baseline.rendered.hash().short(),
+                        "Phase 2 passed by structural equivalence, haproxy -c not run"
+                    );
+                    let carried = baseline_warnings
+                        .iter()
+                        .cloned()
+                        .map(|mut warning| {
+                            warning.source_line = None;
+                            warning.origin = None;
+                            attribute(warning, rendered)
+                        })
+                        .collect();
+                    return Ok((warnings, Phase2::Skipped(reason, carried), model));
+                }
+                Equivalence::Different(why) => {
+                    tracing::debug!(%why, "Not equivalent to the last render that passed haproxy -c");
+                }
+            }
+        }
+        let started = Instant::now();
+        let phase2 = validate_phase2(rendered, &self.config).await;
+        self.metrics
+            .observe(ValidationPhase::Haproxy, phase2.is_ok(), started.elapsed());
+        let phase2 = phase2?;
+        self.baseline = Some((
+            envs,
+            Baseline {
+                rendered: Arc::clone(rendered),
+                model: Arc::clone(&model),
+            },
+            phase2.clone(),
+        ));
+        Ok((warnings, Phase2::Ran(phase2), model))
+    }
+
+    async fn handle(&mut self, ctx: &Context, event: &Event) {
         let EventPayload::TemplateRendered(rendered) = &event.payload else {
             return;
         };
         let config = Arc::clone(&rendered.config);
         let started = Instant::now();
-        let outcome = validate_parsed(&config, &self.config, Some(&self.metrics)).await;
+        let outcome = self.validate(&config).await;
         let duration = started.elapsed();
         match outcome {
-            Ok((warnings, model)) => {
+            Ok((mut warnings, phase2, model)) => {
                 ctx.health().healthy();
+                let (phase2_warnings, skipped) = match phase2 {
+                    Phase2::Ran(found) => (found, None),
+                    Phase2::Skipped(reason, carried) => (carried, Some(reason.as_str())),
+                };
+                warnings.extend(phase2_warnings);
                 tracing::info!(
                     duration_ms = duration.as_millis() as u64,
                     warnings = warnings.len(),
+                    phase2 = skipped.map_or("haproxy -c", |_| "equivalent"),
                     "Configuration is valid"
                 );
                 for warning in &warnings {
@@ -648,6 +763,7 @@ impl Validator {
                         duration,
                         warnings,
                         parsed: ParsedConfig::new(model),
+                        phase2_skipped: skipped,
                     },
                 );
             }
@@ -690,7 +806,7 @@ impl Component for Validator {
         Interest::pipeline([EventKind::TemplateRendered])
     }
 
-    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
+    async fn run(mut self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
         // Scratch directories of a controller that was killed before it could
         // remove them.
         let root = self.config.scratch_root.clone();

@@ -1,0 +1,487 @@
+//! Phase 2 by structural equivalence: a conservative rule that decides, without
+//! running HAProxy, that a candidate render differs from a render that passed
+//! `haproxy -c` only in values that hapwright checks completely itself. Such a
+//! candidate would pass `haproxy -c` too, so the validator records phase 2 as passed
+//! and saves HAProxy's start-up time (tens of milliseconds even for a small config)
+//! on the path of every endpoint change.
+//!
+//! The rule (docs/validation.md, "Phase 2 by equivalence"):
+//!
+//! - the same maps, files and certificates by name; files and certificates
+//!   byte-identical;
+//! - `haproxy.cfg`: the same sections in the same order (header lines as written, on
+//!   the same line numbers) holding the same directives in the same order, each
+//!   written exactly as before, except `server` lines of backend and listen
+//!   sections, which may differ only in
+//!   - the address, when both are IPv4 or IPv6 literals with a numeric port
+//!     1–65535 (`10.0.0.1:8080`, `[2001:db8::1]:8080`),
+//!   - the value after `weight` (0–256),
+//!
+//!   with the same server name and the same other words, and no quoting, escapes,
+//!   `$` or `#` on either line (so the words are exactly the blank-separated parts);
+//! - a map whose content differs must be used only as the file of `map`,
+//!   `map_str`, `map_beg`, `map_sub`, `map_dir`, `map_dom` or `map_end` converters
+//!   (string keys, string values: loading it cannot fail), referenced as
+//!   `(maps/<name>` in `haproxy.cfg`, nowhere else (not in other rendered files),
+//!   with no `$` on a line that mentions maps, ACL files or Lua; and its lines hold
+//!   no control characters and stay under [`MAX_MAP_LINE`] bytes.
+//!
+//! Anything else is [`Equivalence::Different`], and `haproxy -c` runs.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+
+use hapwright_eventbus::model::RenderedConfig;
+
+use crate::haproxy::config::{Config as Model, Directive, Section};
+
+/// Longest map line (in bytes) the rule accepts; HAProxy reads pattern files line
+/// by line into a buffer, and a longer line is left to `haproxy -c`.
+pub const MAX_MAP_LINE: usize = 4096;
+
+/// Highest `weight` HAProxy 2.6 accepts on a `server` line.
+const MAX_WEIGHT: u32 = 256;
+
+/// Converters whose map file holds string keys and string values: HAProxy loads
+/// every line of such a file without parsing it, so a load cannot fail.
+const STRING_MAP_CONVERTERS: &[&str] = &[
+    "map", "map_str", "map_beg", "map_sub", "map_dir", "map_dom", "map_end",
+];
+
+/// Why phase 2 was satisfied without running `haproxy -c`: the label of
+/// `hapwright_validation_phase2_skipped_total{reason}` and of the log line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SkipReason {
+    /// No directive, map, file or certificate differs (only comments or spacing).
+    Identical,
+    /// Only `server` addresses, ports or weights differ.
+    Servers,
+    /// Only entries of string-keyed maps differ.
+    Maps,
+    /// Both of the above.
+    ServersAndMaps,
+}
+
+impl SkipReason {
+    /// Every reason, so the counters start at 0.
+    pub const ALL: [SkipReason; 4] = [
+        SkipReason::Identical,
+        SkipReason::Servers,
+        SkipReason::Maps,
+        SkipReason::ServersAndMaps,
+    ];
+
+    /// The metric label and log value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::Identical => "identical",
+            SkipReason::Servers => "equivalent_servers",
+            SkipReason::Maps => "equivalent_maps",
+            SkipReason::ServersAndMaps => "equivalent_servers_and_maps",
+        }
+    }
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The rule's answer for one candidate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Equivalence {
+    /// The candidate passes phase 2 because the baseline did.
+    Equivalent(SkipReason),
+    /// Outside the rule: `haproxy -c` must run. The text says what first differed,
+    /// for the debug log.
+    Different(String),
+}
+
+impl Equivalence {
+    /// Whether phase 2 may be skipped.
+    pub fn is_equivalent(&self) -> bool {
+        matches!(self, Equivalence::Equivalent(_))
+    }
+}
+
+/// A render that passed `haproxy -c`, with its parsed `haproxy.cfg`.
+#[derive(Clone, Debug)]
+pub struct Baseline {
+    /// The files that passed.
+    pub rendered: Arc<RenderedConfig>,
+    /// Phase 1's model of its `haproxy.cfg`.
+    pub model: Arc<Model>,
+}
+
+/// Applies the rule to `candidate` (with phase 1's model of its `haproxy.cfg`,
+/// which must have passed phase 1) against `baseline`.
+pub fn compare(baseline: &Baseline, candidate: &RenderedConfig, model: &Model) -> Equivalence {
+    match compare_inner(baseline, candidate, model) {
+        Ok(reason) => Equivalence::Equivalent(reason),
+        Err(why) => Equivalence::Different(why),
+    }
+}
+
+fn compare_inner(
+    baseline: &Baseline,
+    candidate: &RenderedConfig,
+    model: &Model,
+) -> Result<SkipReason, String> {
+    let old = &baseline.rendered;
+    same_names("maps", old.maps(), candidate.maps())?;
+    same_names("files", old.files(), candidate.files())?;
+    same_names("certs", old.certificates(), candidate.certificates())?;
+    for (dir, old_files, new_files) in [
+        ("files", old.files(), candidate.files()),
+        ("certs", old.certificates(), candidate.certificates()),
+    ] {
+        if let Some(name) = new_files
+            .iter()
+            .find(|(name, content)| old_files.get(*name) != Some(*content))
+            .map(|(name, _)| name)
+        {
+            return Err(format!("{dir}/{name} changed"));
+        }
+    }
+    let servers_changed = if old.main() == candidate.main() {
+        false
+    } else {
+        compare_main(old.main(), &baseline.model, candidate.main(), model)?
+    };
+    let mut maps_changed = false;
+    for (name, content) in candidate.maps() {
+        if old.maps().get(name) == Some(content) {
+            continue;
+        }
+        map_change_covered(name, content, candidate)?;
+        maps_changed = true;
+    }
+    Ok(match (servers_changed, maps_changed) {
+        (false, false) => SkipReason::Identical,
+        (true, false) => SkipReason::Servers,
+        (false, true) => SkipReason::Maps,
+        (true, true) => SkipReason::ServersAndMaps,
+    })
+}
+
+fn same_names(
+    dir: &str,
+    old: &BTreeMap<String, Arc<str>>,
+    new: &BTreeMap<String, Arc<str>>,
+) -> Result<(), String> {
+    if let Some(name) = new.keys().find(|name| !old.contains_key(*name)) {
+        return Err(format!("{dir}/{name} is new"));
+    }
+    if let Some(name) = old.keys().find(|name| !new.contains_key(*name)) {
+        return Err(format!("{dir}/{name} was removed"));
+    }
+    Ok(())
+}
+
+// === haproxy.cfg ===
+
+/// Compares the two `haproxy.cfg` models directive by directive; `Ok(true)` when a
+/// covered `server` change was found.
+fn compare_main(old_text: &str, old: &Model, new_text: &str, new: &Model) -> Result<bool, String> {
+    if old.sections.len() != new.sections.len() {
+        return Err("the number of sections changed".to_owned());
+    }
+    let mut servers_changed = false;
+    for (a, b) in old.sections.iter().zip(&new.sections) {
+        let header_a = line_text(old_text, a.line);
+        let header_b = line_text(new_text, b.line);
+        if a.kind != b.kind
+            || a.name != b.name
+            || a.args != b.args
+            || a.line != b.line
+            || header_a != header_b
+        {
+            return Err(format!(
+                "section header '{header_b}' at haproxy.cfg:{} differs",
+                b.line
+            ));
+        }
+        if a.directives.len() != b.directives.len() {
+            return Err(format!(
+                "{} {} has a different number of directives",
+                b.kind,
+                b.name.as_deref().unwrap_or_default()
+            ));
+        }
+        for (x, y) in a.directives.iter().zip(&b.directives) {
+            if x.line != y.line {
+                return Err(format!("haproxy.cfg:{}: lines moved", y.line));
+            }
+            if x.text == y.text {
+                continue;
+            }
+            server_change_covered(b, x, y)
+                .map_err(|why| format!("haproxy.cfg:{}: {why}", y.line))?;
+            servers_changed = true;
+        }
+    }
+    Ok(servers_changed)
+}
+
+/// The trimmed text of 1-based `line` (empty for line 0, the preamble).
+fn line_text(text: &str, line: u32) -> &str {
+    usize::try_from(line)
+        .ok()
+        .and_then(|l| l.checked_sub(1))
+        .and_then(|index| text.split('\n').nth(index))
+        .map_or("", str::trim)
+}
+
+/// Whether a `server` line changed only in covered values.
+fn server_change_covered(
+    section: &Section,
+    old: &Directive,
+    new: &Directive,
+) -> Result<(), String> {
+    if !section.kind.has_servers() {
+        return Err(format!("'{}' changed outside a backend", new.keyword));
+    }
+    if old.keyword != "server" || new.keyword != "server" {
+        return Err(format!("'{}' changed (only server lines may)", new.keyword));
+    }
+    let (Some(old_words), Some(new_words)) = (plain_words(&old.text), plain_words(&new.text))
+    else {
+        return Err("a changed server line uses quotes, escapes, '$' or '#'".to_owned());
+    };
+    if old_words.len() != new_words.len() {
+        return Err("server keywords changed".to_owned());
+    }
+    // [server, name, address, params…]
+    if old_words.len() < 3 {
+        return Err("a server line without a name and an address".to_owned());
+    }
+    if old_words[1] != new_words[1] {
+        return Err(format!(
+            "server '{}' renamed to '{}'",
+            old_words[1], new_words[1]
+        ));
+    }
+    if old_words[2] != new_words[2] {
+        if ip_port(old_words[2]).is_none() {
+            return Err(format!(
+                "old address '{}' is not an IP literal with a port",
+                old_words[2]
+            ));
+        }
+        if ip_port(new_words[2]).is_none() {
+            return Err(format!(
+                "address '{}' is not an IP literal with a port 1-65535",
+                new_words[2]
+            ));
+        }
+    }
+    for index in 3..new_words.len() {
+        let (a, b) = (old_words[index], new_words[index]);
+        if a == b {
+            continue;
+        }
+        let after_weight = old_words[index - 1] == "weight" && new_words[index - 1] == "weight";
+        if !(after_weight && weight(a).is_some() && weight(b).is_some()) {
+            return Err(format!("server word '{a}' became '{b}'"));
+        }
+    }
+    Ok(())
+}
+
+/// The words of a line that has no quoting, escapes, environment references or
+/// comments, so that splitting on blanks gives exactly HAProxy's words.
+fn plain_words(text: &str) -> Option<Vec<&str>> {
+    if text.contains(['"', '\'', '\\', '$', '#'])
+        || text.chars().any(|c| c.is_control() && c != '\t')
+    {
+        return None;
+    }
+    Some(text.split([' ', '\t']).filter(|w| !w.is_empty()).collect())
+}
+
+/// An IP literal with a port: `192.0.2.1:80`, `[2001:db8::1]:80` or
+/// `2001:db8::1:80` (the last colon starts the port, as in HAProxy). The port is
+/// 1-65535 written without a sign or leading zeros.
+pub fn ip_port(word: &str) -> Option<(IpAddr, u16)> {
+    let (host, port) = if let Some(rest) = word.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        (
+            IpAddr::V6(host.parse::<Ipv6Addr>().ok()?),
+            after.strip_prefix(':')?,
+        )
+    } else {
+        let (host, port) = word.rsplit_once(':')?;
+        let ip = match host.parse::<Ipv4Addr>() {
+            Ok(v4) => IpAddr::V4(v4),
+            Err(_) => IpAddr::V6(host.parse::<Ipv6Addr>().ok()?),
+        };
+        (ip, port)
+    };
+    let canonical = !port.is_empty()
+        && port.len() <= 5
+        && port.bytes().all(|b| b.is_ascii_digit())
+        && !port.starts_with('0');
+    if !canonical {
+        return None;
+    }
+    let port: u16 = port.parse().ok()?;
+    Some((host, port))
+}
+
+/// A server weight, 0-256, written without a sign or leading zeros.
+fn weight(word: &str) -> Option<u32> {
+    let canonical = !word.is_empty()
+        && word.len() <= 3
+        && word.bytes().all(|b| b.is_ascii_digit())
+        && (word == "0" || !word.starts_with('0'));
+    let value: u32 = word.parse().ok().filter(|_| canonical)?;
+    (value <= MAX_WEIGHT).then_some(value)
+}
+
+// === maps ===
+
+/// Whether a change of `maps/<name>` is covered: how `candidate` uses the map, and
+/// what the new content holds.
+fn map_change_covered(name: &str, content: &str, candidate: &RenderedConfig) -> Result<(), String> {
+    let path = format!("maps/{name}");
+    let mut uses = 0;
+    for line in candidate.main().split('\n') {
+        let mentions_patterns = line.contains("map") || line.contains("-f") || line.contains("lua");
+        if line.contains('$') && mentions_patterns {
+            return Err(format!(
+                "{path} changed and a line using maps or pattern files has a '$': {}",
+                line.trim()
+            ));
+        }
+        for at in mentions(line, name) {
+            if !string_map_use(line, at, name) {
+                return Err(format!(
+                    "{path} changed and is used other than by a string map converter: {}",
+                    line.trim()
+                ));
+            }
+            uses += 1;
+        }
+    }
+    if uses == 0 {
+        return Err(format!(
+            "{path} changed and its use in haproxy.cfg is unknown"
+        ));
+    }
+    if let Some(file) = candidate
+        .files()
+        .iter()
+        .find(|(_, text)| mentions(text, name).next().is_some())
+        .map(|(file, _)| file)
+    {
+        return Err(format!("{path} changed and files/{file} mentions it"));
+    }
+    for (index, line) in content.split('\n').enumerate() {
+        if line.len() > MAX_MAP_LINE {
+            return Err(format!(
+                "{path}:{}: line longer than {MAX_MAP_LINE} bytes",
+                index + 1
+            ));
+        }
+        if line.chars().any(|c| c.is_control() && c != '\t') {
+            return Err(format!("{path}:{}: control character", index + 1));
+        }
+    }
+    Ok(())
+}
+
+/// Where `text` names the file `name` as a whole word: occurrences inside a longer
+/// file name (`myhosts.map`, `hosts.map2`) are other files and do not count.
+fn mentions<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = usize> + 'a {
+    let part_of_name = |c: Option<char>| {
+        c.is_some_and(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    };
+    text.match_indices(name)
+        .map(|(at, _)| at)
+        .filter(move |&at| {
+            !part_of_name(text[..at].chars().next_back())
+                && !part_of_name(text[at + name.len()..].chars().next())
+        })
+}
+
+/// Whether the occurrence of `name` at byte `at` of `line` is `conv(maps/<name>)` or
+/// `conv(maps/<name>,…` with `conv` a string map converter.
+fn string_map_use(line: &str, at: usize, name: &str) -> bool {
+    let after = line[at + name.len()..].chars().next();
+    if !matches!(after, Some(')' | ',')) {
+        return false;
+    }
+    let Some(call) = line[..at].strip_suffix("(maps/") else {
+        return false;
+    };
+    let start = call
+        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .map_or(0, |i| i + 1);
+    let converter = &call[start..];
+    // A converter follows a comma (`req.hdr(host),map(…)`); `-` before it would make
+    // it part of another word (`set-map(`).
+    let before = call[..start].chars().next_back();
+    STRING_MAP_CONVERTERS.contains(&converter) && matches!(before, Some(','))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ip_literals_with_ports() {
+        assert!(ip_port("10.0.0.1:80").is_some());
+        assert!(ip_port("[2001:db8::1]:8080").is_some());
+        assert!(ip_port("2001:db8::1:8080").is_some());
+        for bad in [
+            "300.1.1.1:80",
+            "1.2.3:80",
+            "1.2.3.4",
+            "1.2.3.4:0",
+            "1.2.3.4:70000",
+            "1.2.3.4:080",
+            "1.2.3.4:+1",
+            "web.local:80",
+            "${IP}:80",
+            "[2001:db8::1]",
+            "unix@/x:80",
+            "ipv4@1.2.3.4:80",
+        ] {
+            assert!(ip_port(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn weights() {
+        assert_eq!(weight("0"), Some(0));
+        assert_eq!(weight("256"), Some(256));
+        assert_eq!(weight("257"), None);
+        assert_eq!(weight("010"), None);
+        assert_eq!(weight("-1"), None);
+        assert_eq!(weight("1k"), None);
+    }
+
+    #[test]
+    fn map_uses() {
+        let line = "    use_backend %[req.hdr(host),lower,map(maps/hosts.map,be_default)]";
+        let at = line.find("hosts.map").unwrap();
+        assert!(string_map_use(line, at, "hosts.map"));
+        assert_eq!(
+            mentions("map(maps/myhosts.map) hosts.map2 hosts.map", "hosts.map").count(),
+            1
+        );
+        for line in [
+            "    use_backend %[src,map_ip(maps/hosts.map,be_default)]",
+            "    http-request set-map(maps/hosts.map) %[src] x",
+            "    acl a hdr(host) -f maps/hosts.map",
+            "    use_backend %[req.hdr(host),map(./maps/hosts.map)]",
+            "    use_backend %[req.hdr(host),map(hosts.map)]",
+        ] {
+            let at = line.find("hosts.map").unwrap();
+            assert!(!string_map_use(line, at, "hosts.map"), "{line}");
+        }
+    }
+}
