@@ -96,15 +96,28 @@ fn main() -> Result<()> {
 
     let changes = if args.quick { 5 } else { 20 };
     let (churn_count, churn_seconds) = if args.quick { (100, 5.0) } else { (1000, 30.0) };
+    let (burst_count, burst_seconds) = (scenarios::CHURN_FILES, 1.0);
     let mut latency = Vec::new();
     let mut churn = Err(ScenarioError::NotRun);
-    for backends in [100, 1000] {
+    let mut burst = Err(ScenarioError::NotRun);
+    for backends in [100, 1000, 10_000] {
         eprintln!("(b) latency at {backends} backends, {changes} changes per path");
-        let with_churn = (backends == 1000).then_some((churn_count, churn_seconds));
-        match catch(|| scenarios::latency(backends, changes, with_churn)) {
-            Ok((size, churned)) => {
+        let extras = if backends == 1000 {
+            scenarios::Extras {
+                burst: Some((burst_count, burst_seconds)),
+                churn: Some((churn_count, churn_seconds)),
+            }
+        } else {
+            scenarios::Extras::default()
+        };
+        match catch(|| scenarios::latency(backends, changes, extras)) {
+            Ok((size, bursted, churned)) => {
                 eprintln!("    {}", scenarios::describe(&size.runtime));
                 eprintln!("    {}", scenarios::describe(&size.reload));
+                if let Some(b) = bursted {
+                    eprintln!("(c) burst: {b:?}");
+                    burst = Ok(b);
+                }
                 if let Some(c) = churned {
                     eprintln!("(c) churn: {c:?}");
                     churn = Ok(c);
@@ -115,6 +128,7 @@ fn main() -> Result<()> {
                 eprintln!("    failed: {why}");
                 if backends == 1000 {
                     churn = Err(ScenarioError::ControllerFailed(Box::new(why.clone())));
+                    burst = Err(ScenarioError::ControllerFailed(Box::new(why.clone())));
                 }
                 latency.push(Err(why));
             }
@@ -149,7 +163,7 @@ fn main() -> Result<()> {
             .display()
     ));
     commands.push(format!(
-        "#   in the suite: the end-to-end scenarios (b)–(d) through tests/support (`hapwright run` on a copy of examples/quickstart/), {changes} changes per path, churn {churn_count} changes over {churn_seconds} s"
+        "#   in the suite: the end-to-end scenarios (b)–(d) through tests/support (`hapwright run` on a copy of examples/quickstart/), {changes} changes per path, burst {burst_count} changes over {burst_seconds} s, churn {churn_count} changes over {churn_seconds} s"
     ));
     let results = Results {
         quick: args.quick,
@@ -157,6 +171,7 @@ fn main() -> Result<()> {
         bench,
         settings,
         latency,
+        burst,
         churn,
         memory,
         criterion,
@@ -182,14 +197,13 @@ fn main() -> Result<()> {
         .as_ref()
         .map(|b| b.scales.clone())
         .unwrap_or_default();
-    let debounce = results.settings.map_or(200.0, |s| s.debounce_ms);
     let mut bars = Vec::new();
     for size in results.latency.iter().flatten() {
-        bars.push((size.runtime.clone(), debounce + 20.0));
         bars.push((
-            size.reload.clone(),
-            debounce + size.haproxy_reload_ms + 50.0,
+            size.runtime.clone(),
+            report::runtime_target_ms(size.runtime.backends),
         ));
+        bars.push((size.reload.clone(), report::reload_target_ms(size)));
     }
     let png = docs.join("benchmarks.png");
     chart::draw(&png, &scales, &chart::bars(&bars))?;

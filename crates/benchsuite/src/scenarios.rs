@@ -94,46 +94,56 @@ pub fn quantile(samples: &[f64], q: f64) -> f64 {
     sorted[rank - 1]
 }
 
-/// The files source's default `settle` (the quickstart does not set it).
-pub const FILES_SETTLE_MS: f64 = 25.0;
-
 /// Mean time per change of each pipeline stage, from the controller's histograms
-/// (`_sum`/`_count` differences over a run of changes), milliseconds. A stage that
-/// did not run is 0.
+/// (`_sum` differences over a run of changes, divided by the number of changes),
+/// milliseconds. A stage that did not run for a change counts 0 for it, so the stages
+/// add up to hapwright's share of the mean latency.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct Stages {
     /// `hapwright_render_duration_seconds`.
     pub render_ms: f64,
     /// `hapwright_validation_duration_seconds{phase="parse"}`.
     pub phase1_ms: f64,
-    /// `hapwright_validation_duration_seconds{phase="haproxy"}`.
+    /// `hapwright_validation_duration_seconds{phase="haproxy"}`, per change.
     pub phase2_ms: f64,
+    /// Mean of one `haproxy -c` run (per run, not per change); 0 when none ran.
+    pub phase2_run_ms: f64,
+    /// How many times `haproxy -c` ran.
+    pub phase2_runs: f64,
+    /// How many renders passed phase 2 by structural equivalence instead
+    /// (`hapwright_validation_phase2_skipped_total`).
+    pub phase2_skipped: f64,
     /// `hapwright_deployment_duration_seconds`.
     pub deploy_ms: f64,
 }
 
 impl Stages {
-    /// The stage means between two `/metrics` texts.
-    pub fn between(before: &str, after: &str) -> Self {
-        let mean = |name: &str, filter: &str| {
-            let sum = metric_sum(after, &format!("{name}_sum"), filter)
-                - metric_sum(before, &format!("{name}_sum"), filter);
-            let count = metric_sum(after, &format!("{name}_count"), filter)
-                - metric_sum(before, &format!("{name}_count"), filter);
-            if count > 0.0 {
-                sum / count * 1_000.0
-            } else {
+    /// The stage means over `changes` changes between two `/metrics` texts.
+    pub fn between(before: &str, after: &str, changes: usize) -> Self {
+        let diff = |name: &str, filter: &str| {
+            metric_sum(after, name, filter) - metric_sum(before, name, filter)
+        };
+        let per_change = |name: &str, filter: &str| {
+            if changes == 0 {
                 0.0
+            } else {
+                diff(&format!("{name}_sum"), filter) / changes as f64 * 1_000.0
             }
         };
+        let phase = r#"phase="haproxy""#;
+        let runs = diff("hapwright_validation_duration_seconds_count", phase);
         Self {
-            render_ms: mean("hapwright_render_duration_seconds", ""),
-            phase1_ms: mean("hapwright_validation_duration_seconds", r#"phase="parse""#),
-            phase2_ms: mean(
-                "hapwright_validation_duration_seconds",
-                r#"phase="haproxy""#,
-            ),
-            deploy_ms: mean("hapwright_deployment_duration_seconds", ""),
+            render_ms: per_change("hapwright_render_duration_seconds", ""),
+            phase1_ms: per_change("hapwright_validation_duration_seconds", r#"phase="parse""#),
+            phase2_ms: per_change("hapwright_validation_duration_seconds", phase),
+            phase2_run_ms: if runs > 0.0 {
+                diff("hapwright_validation_duration_seconds_sum", phase) / runs * 1_000.0
+            } else {
+                0.0
+            },
+            phase2_runs: runs,
+            phase2_skipped: diff("hapwright_validation_phase2_skipped_total", ""),
+            deploy_ms: per_change("hapwright_deployment_duration_seconds", ""),
         }
     }
 
@@ -174,6 +184,10 @@ pub struct Churn {
     pub reloads: f64,
     /// Successful runtime-strategy deployments during the churn.
     pub runtime_deployments: f64,
+    /// Successful deployments of any strategy during the churn.
+    pub deployments: f64,
+    /// Services the changes went to (round-robin).
+    pub services: usize,
     /// Whether every churned route answered its last port afterwards.
     pub final_state_correct: bool,
     /// Milliseconds from the last write until every churned route answered its last
@@ -196,8 +210,8 @@ pub struct Memory {
     pub startup_s: f64,
 }
 
-/// How many extra Services the churn changes (each in its own file).
-const CHURN_FILES: usize = 10;
+/// How many extra Services the churn and the burst change (each in its own file).
+pub const CHURN_FILES: usize = 100;
 
 fn host(name: &str) -> String {
     format!("{name}.example.test")
@@ -337,12 +351,22 @@ fn haproxy_reload_ms(controller: &Controller, times: usize) -> f64 {
     quantile(&samples, 0.5)
 }
 
-/// The latency scenario (and, at the given size, churn) for one size.
+/// What else runs at one size: `(count, seconds)` of the burst (changes to as many
+/// different Services) and of the churn (round-robin over [`CHURN_FILES`] Services).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Extras {
+    /// The burst, if any.
+    pub burst: Option<(usize, f64)>,
+    /// The churn, if any.
+    pub churn: Option<(usize, f64)>,
+}
+
+/// The latency scenario (and, at the given size, the burst and the churn) for one size.
 pub fn latency(
     backends: usize,
     changes: usize,
-    churn: Option<(usize, f64)>,
-) -> (SizeResult, Option<Churn>) {
+    extras: Extras,
+) -> (SizeResult, Option<Churn>, Option<Churn>) {
     let (controller, settings) = start(backends);
     let ports = controller.ports();
     let web = host("web");
@@ -381,7 +405,7 @@ pub fn latency(
     let after = metrics(&controller);
     result.reloads_during_runtime =
         metric_sum(&after, "hapwright_reloads_total", "") - reloads_before;
-    result.runtime_stages = Stages::between(&before, &after);
+    result.runtime_stages = Stages::between(&before, &after, changes);
     result.runtime = runtime;
     let before = after;
 
@@ -407,12 +431,19 @@ pub fn latency(
         wait_deployed(&controller);
         pause(settings.min_reload_interval_ms + settings.debounce_ms);
     }
-    result.reload_stages = Stages::between(&before, &metrics(&controller));
+    result.reload_stages = Stages::between(&before, &metrics(&controller), changes);
     result.reload = reload;
 
-    let churned = churn.map(|(count, seconds)| run_churn(&controller, backends, count, seconds));
+    let burst = extras.burst.map(|(count, seconds)| {
+        pause(settings.min_reload_interval_ms + settings.debounce_ms);
+        run_churn(&controller, backends, count, seconds)
+    });
+    let churned = extras.churn.map(|(count, seconds)| {
+        pause(settings.min_reload_interval_ms + settings.debounce_ms);
+        run_churn(&controller, backends, count, seconds)
+    });
     result.haproxy_reload_ms = haproxy_reload_ms(&controller, 5);
-    (result, churned)
+    (result, burst, churned)
 }
 
 /// `count` endpoint changes spread evenly over `seconds`, round-robin over the
@@ -426,11 +457,27 @@ fn run_churn(controller: &Controller, backends: usize, count: usize, seconds: f6
         "hapwright_deployments_total",
         r#"result="success",strategy="runtime""#,
     );
-    let mut port_of: BTreeMap<usize, u16> = (0..CHURN_FILES).map(|j| (j, ports.web_v1)).collect();
+    let deployments_before = metric_sum(
+        &before,
+        "hapwright_deployments_total",
+        r#"result="success""#,
+    );
+    // Where each Service's endpoint points now (an earlier run may have moved it).
+    let mut port_of: BTreeMap<usize, u16> = (0..CHURN_FILES.min(count))
+        .map(|j| {
+            let text = controller.read_resource(&format!("churn-{j}.yaml"));
+            let port = if text.contains(&format!("{{ port: {} }}", ports.web_v2)) {
+                ports.web_v2
+            } else {
+                ports.web_v1
+            };
+            (j, port)
+        })
+        .collect();
     let interval = Duration::from_secs_f64(seconds / count as f64);
     let started = Instant::now();
     for k in 0..count {
-        let j = k % CHURN_FILES;
+        let j = k % port_of.len();
         let to = if port_of[&j] == ports.web_v1 {
             ports.web_v2
         } else {
@@ -480,6 +527,9 @@ fn run_churn(controller: &Controller, backends: usize, count: usize, seconds: f6
             "hapwright_deployments_total",
             r#"result="success",strategy="runtime""#,
         ) - runtime_before,
+        deployments: metric_sum(&after, "hapwright_deployments_total", r#"result="success""#)
+            - deployments_before,
+        services: count.min(CHURN_FILES),
         final_state_correct,
         settle_ms,
     }
