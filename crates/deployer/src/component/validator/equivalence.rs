@@ -190,9 +190,12 @@ fn compare_main(old_text: &str, old: &Model, new_text: &str, new: &Model) -> Res
         return Err("the number of sections changed".to_owned());
     }
     let mut servers_changed = false;
+    // Header lines are looked up by number once per section: index the lines once,
+    // or a config with thousands of backends is compared in quadratic time.
+    let (old_lines, new_lines) = (Lines::new(old_text), Lines::new(new_text));
     for (a, b) in old.sections.iter().zip(&new.sections) {
-        let header_a = line_text(old_text, a.line);
-        let header_b = line_text(new_text, b.line);
+        let header_a = old_lines.get(a.line);
+        let header_b = new_lines.get(b.line);
         if a.kind != b.kind
             || a.name != b.name
             || a.args != b.args
@@ -226,13 +229,22 @@ fn compare_main(old_text: &str, old: &Model, new_text: &str, new: &Model) -> Res
     Ok(servers_changed)
 }
 
-/// The trimmed text of 1-based `line` (empty for line 0, the preamble).
-fn line_text(text: &str, line: u32) -> &str {
-    usize::try_from(line)
-        .ok()
-        .and_then(|l| l.checked_sub(1))
-        .and_then(|index| text.split('\n').nth(index))
-        .map_or("", str::trim)
+/// The lines of a text, for lookups by number.
+struct Lines<'a>(Vec<&'a str>);
+
+impl<'a> Lines<'a> {
+    fn new(text: &'a str) -> Self {
+        Self(text.split('\n').collect())
+    }
+
+    /// The trimmed text of 1-based `line` (empty for line 0, the preamble).
+    fn get(&self, line: u32) -> &'a str {
+        usize::try_from(line)
+            .ok()
+            .and_then(|l| l.checked_sub(1))
+            .and_then(|index| self.0.get(index))
+            .map_or("", |line| line.trim())
+    }
 }
 
 /// Whether a `server` line changed only in covered values.
