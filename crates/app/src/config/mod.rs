@@ -403,11 +403,8 @@ impl Controller {
                 "metricsListen is the same address as listen",
             ));
         }
-        if let Err(error) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
-            issues.push(ConfigIssue::new(
-                "logLevel",
-                format!("not a log level or RUST_LOG filter: {error}"),
-            ));
+        if let Err(message) = check_log_level(&self.log_level) {
+            issues.push(ConfigIssue::new("logLevel", message));
         }
         issues.extend(
             self.leader_election
@@ -429,6 +426,44 @@ impl Controller {
         }
         issues
     }
+}
+
+/// The levels `logLevel` accepts on their own.
+const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
+/// Checks `controller.logLevel`: a level, or a `RUST_LOG`-style filter whose every
+/// directive names a level (`info,hapwright_deployer=debug`). A bare word that is not
+/// a level is refused even though `EnvFilter` would take it as a target name: `inf` or
+/// `verbose` would otherwise silently switch off every log line.
+fn check_log_level(value: &str) -> Result<(), String> {
+    const HINT: &str = "use one of trace, debug, info, warn, error, off, or a filter such \
+                        as `info,hapwright_deployer=debug`";
+    if value.trim().is_empty() {
+        return Err(format!("logLevel is empty; {HINT}"));
+    }
+    for directive in value.split(',').map(str::trim) {
+        let bare_word = !directive.contains(['=', ':', '[']);
+        if bare_word && !LOG_LEVELS.iter().any(|l| l.eq_ignore_ascii_case(directive)) {
+            let suggestion = hapwright_eventbus::config::did_you_mean(
+                directive,
+                LOG_LEVELS.iter().copied().chain(["warning", "verbose"]),
+            )
+            .map(|s| match s {
+                "warning" => "warn",
+                "verbose" => "debug",
+                other => other,
+            });
+            return Err(match suggestion {
+                Some(level) => {
+                    format!("`{directive}` is not a log level, did you mean {level}? ({HINT})")
+                }
+                None => format!("`{directive}` is not a log level; {HINT}"),
+            });
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(value)
+        .map(drop)
+        .map_err(|error| format!("not a log level or filter ({error}); {HINT}"))
 }
 
 impl Config {
@@ -708,5 +743,57 @@ mod http_tests {
         );
         let unknown = parse_controller("  http:\n    idleTimout: 5s\n").unwrap_err();
         assert!(unknown[0].contains("idleTimout"), "{unknown:?}");
+    }
+}
+
+#[cfg(test)]
+mod log_level_tests {
+    use super::check_log_level;
+
+    #[test]
+    fn levels_and_filters_are_accepted() {
+        for value in [
+            "info",
+            "DEBUG",
+            "warn",
+            "off",
+            "info,hapwright_deployer=debug",
+            "hapwright_app::http=trace",
+            "error,[reconcile]=debug",
+        ] {
+            assert_eq!(check_log_level(value), Ok(()), "{value}");
+        }
+    }
+
+    #[test]
+    fn words_that_are_not_levels_are_refused_with_a_suggestion() {
+        let err = |value: &str| check_log_level(value).unwrap_err();
+        assert!(
+            err("inf").contains("`inf` is not a log level, did you mean info?"),
+            "{}",
+            err("inf")
+        );
+        assert!(
+            err("debugg").contains("did you mean debug?"),
+            "{}",
+            err("debugg")
+        );
+        assert!(
+            err("verbose").contains("did you mean debug?"),
+            "{}",
+            err("verbose")
+        );
+        assert!(
+            err("warning").contains("did you mean warn?"),
+            "{}",
+            err("warning")
+        );
+        assert!(
+            err("chatty").contains("use one of trace, debug, info"),
+            "{}",
+            err("chatty")
+        );
+        assert!(err("info,loud").contains("`loud`"), "{}", err("info,loud"));
+        assert!(err("").contains("empty"));
     }
 }
