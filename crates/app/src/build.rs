@@ -42,7 +42,8 @@ pub fn templates(config: &Config) -> Templates {
         },
         limits: RenderLimits {
             max_output_bytes: section.templating.max_output_bytes,
-            ..RenderLimits::default()
+            fuel: Some(section.templating.fuel).filter(|fuel| *fuel > 0),
+            recursion_limit: section.templating.recursion_limit,
         },
     }
 }
