@@ -576,6 +576,18 @@ pub fn parse(
     path: &Path,
     display: &str,
 ) -> Result<(Config, ContentHash), Vec<Diagnostic>> {
+    let blank = text.lines().all(|line| {
+        let line = line.trim();
+        line.is_empty() || line.starts_with('#') || line == "---" || line == "..."
+    });
+    if blank {
+        return Err(vec![
+            Diagnostic::error(
+                "the config file is empty (it needs at least `haproxyConfig: { template: … }`)",
+            )
+            .at(SourceLocation::new(display, None, None)),
+        ]);
+    }
     let mut config: Config =
         yaml::parse_typed(text, display, &Limits::default()).map_err(|d| vec![d])?;
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
@@ -795,5 +807,64 @@ mod log_level_tests {
         );
         assert!(err("info,loud").contains("`loud`"), "{}", err("info,loud"));
         assert!(err("").contains("empty"));
+    }
+}
+
+#[cfg(test)]
+mod wording_tests {
+    use super::*;
+
+    fn error(text: &str) -> String {
+        let errors = parse(
+            text,
+            Path::new("/nonexistent/hapwright.yaml"),
+            "hapwright.yaml",
+        )
+        .unwrap_err();
+        errors[0].to_string()
+    }
+
+    #[test]
+    fn parser_jargon_reads_as_plain_words_with_the_fix() {
+        let cases = [
+            (
+                "haproxyConfig: { template: x }\nwatchedResources:\n  s:\n    files: { path: . }\n    indexBy: metadata.name\n",
+                "hapwright.yaml:5:14: watchedResources.s.indexBy: expected a list (e.g. `[metadata.name]`)",
+            ),
+            (
+                "haproxyConfig: x\n",
+                "hapwright.yaml:1:16: haproxyConfig: expected `{ template: … }`",
+            ),
+            (
+                "haproxyConfig: { template: x }\nmaps:\n  hosts.map: x\n",
+                "hapwright.yaml:3:14: maps.hosts.map: expected `{ template: … }`",
+            ),
+            (
+                "haproxyConfig: { template: x }\ntemplating: { fuel: lots }\n",
+                "hapwright.yaml:2:21: templating.fuel: expected a whole number",
+            ),
+            (
+                "haproxyConfig: { template: x }\ntemplating: { trimBlocks: maybe }\n",
+                "hapwright.yaml:2:27: templating.trimBlocks: expected true or false",
+            ),
+            (
+                "haproxyConfig: { template: x }\ncontroller:\n  listen: localhost:9400\n",
+                "hapwright.yaml:3:11: controller.listen: expected ip:port (host names are not accepted)",
+            ),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(error(text), expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn an_empty_file_says_so() {
+        for text in ["", "\n\n", "# nothing yet\n---\n"] {
+            let message = error(text);
+            assert!(
+                message.starts_with("hapwright.yaml: the config file is empty"),
+                "{message}"
+            );
+        }
     }
 }
