@@ -30,6 +30,15 @@ fn load(path: &Path) -> Result<config::Loaded, u8> {
     })
 }
 
+/// `n` and `noun`, with an `s` unless `n` is 1 (`1 instance`, `2 instances`).
+pub fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 /// `check -c FILE`: the config file is valid (exit 2 otherwise) and every template
 /// compiles with its references resolved (exit 1 otherwise).
 pub fn check(path: &Path) -> u8 {
@@ -41,14 +50,20 @@ pub fn check(path: &Path) -> u8 {
         Ok(_) => {
             let templates = &loaded.config.templates;
             println!(
-                "{}: ok ({} templates, {} watched resources, {} instances)",
+                "{}: ok ({}, {}, {})",
                 path.display(),
-                1 + templates.template_snippets.len()
-                    + templates.maps.len()
-                    + templates.files.len()
-                    + templates.ssl_certificates.len(),
-                loaded.config.watched_resources.resources.len(),
-                loaded.config.haproxy.instances.len(),
+                count(
+                    1 + templates.template_snippets.len()
+                        + templates.maps.len()
+                        + templates.files.len()
+                        + templates.ssl_certificates.len(),
+                    "template"
+                ),
+                count(
+                    loaded.config.watched_resources.resources.len(),
+                    "watched resource"
+                ),
+                count(loaded.config.haproxy.instances.len(), "instance"),
             );
             exit::OK
         }
@@ -183,4 +198,16 @@ fn write_layout(
         .iter()
         .map(|(file, _)| config_dir.path_of(&file.relative_path()))
         .collect())
+}
+
+#[cfg(test)]
+mod count_tests {
+    use super::count;
+
+    #[test]
+    fn counts_read_right_in_the_singular() {
+        assert_eq!(count(1, "instance"), "1 instance");
+        assert_eq!(count(0, "instance"), "0 instances");
+        assert_eq!(count(2, "watched resource"), "2 watched resources");
+    }
 }

@@ -1,4 +1,4 @@
-//! The HTTP surface (DESIGN §4): `/metrics`, `/healthz`, `/readyz`, `POST /-/reload`,
+//! The HTTP surface: `/metrics`, `/healthz`, `/readyz`, `POST /-/reload`,
 //! the `/debug/*` JSON endpoints and the status page at `/`.
 //!
 //! The server outlives reinit iterations: it reads everything through the

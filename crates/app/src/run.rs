@@ -1,4 +1,4 @@
-//! `hapwright run`: the reinit loop (DESIGN §1, §4).
+//! `hapwright run`: the reinit loop.
 //!
 //! Each valid configuration runs as one *iteration*: a fresh bus, fresh components,
 //! one kernel. A new configuration (the file or a password file changed, SIGHUP,
@@ -58,7 +58,7 @@ use crate::http::{
 use crate::status::{ConfigStatus, EventLog, StatusMetrics, StatusRecorder, StatusStore};
 use crate::telemetry;
 
-/// Exit codes (DESIGN §4).
+/// Exit codes.
 pub mod exit {
     /// Success.
     pub const OK: u8 = 0;

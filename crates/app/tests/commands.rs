@@ -40,8 +40,19 @@ fn check_accepts_the_quickstart() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert!(
         String::from_utf8_lossy(&output.stdout)
-            .contains("ok (4 templates, 2 watched resources, 1 instances)")
+            .contains("ok (4 templates, 2 watched resources, 1 instance)")
     );
+}
+
+#[test]
+fn every_command_help_lists_its_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    for command in ["check", "render", "test", "bench"] {
+        let output = hapwright(&[command, "--help"], dir.path());
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        let help = String::from_utf8_lossy(&output.stdout);
+        assert!(help.contains("exit"), "{command} --help: {help}");
+    }
 }
 
 #[test]

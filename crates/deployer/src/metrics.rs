@@ -1,4 +1,4 @@
-//! Deployment metrics (DESIGN §4). Registered once per process with
+//! Deployment metrics. Registered once per process with
 //! [`Metrics::register`] and shared by every deployer iteration.
 
 use prometheus::{

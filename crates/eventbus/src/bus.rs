@@ -1,4 +1,4 @@
-//! The buffered publish/subscribe bus (DESIGN §2).
+//! The buffered publish/subscribe bus.
 //!
 //! Two `async-broadcast` channels carry every event:
 //!

@@ -1,4 +1,4 @@
-//! The event envelope and the event catalogue of DESIGN §2.
+//! The event envelope and the event catalogue (see docs/architecture.md).
 //!
 //! Every event carries an id, the correlation id of the reconciliation it belongs to
 //! (if any), the id of the event that caused it, and a monotonic timestamp. The names

@@ -1,4 +1,4 @@
-//! Bus requirements R1–R4 (DESIGN §2), each proven against the real bus.
+//! Bus requirements R1–R4, each proven against the real bus.
 
 use std::time::Duration;
 

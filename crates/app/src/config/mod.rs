@@ -1,4 +1,4 @@
-//! The controller's config file (DESIGN §4): the whole-file [`Config`], the
+//! The controller's config file: the whole-file [`Config`], the
 //! [`Controller`] section, [`load`] with located errors, and the [`ConfigWatcher`]
 //! component that reloads it when the file or a password file changes.
 //!

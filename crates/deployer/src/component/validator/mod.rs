@@ -1,4 +1,4 @@
-//! The two-phase validator (DESIGN §3): every rendered configuration is checked by
+//! The two-phase validator: every rendered configuration is checked by
 //! hapwright's own parser (phase 1, [`ValidationPhase::Parse`]) and then by
 //! `haproxy -c` (phase 2, [`ValidationPhase::Haproxy`]) before anything is deployed.
 //!
