@@ -448,10 +448,15 @@ impl StatusStore {
         match &event.payload {
             EventPayload::ResourceIndexUpdated(update) => {
                 if let Some(metrics) = metrics {
+                    let objects = update.snapshot.len() as i64;
+                    metrics
+                        .watched_objects
+                        .with_label_values(&[update.source.as_ref()])
+                        .set(objects);
                     metrics
                         .resources
                         .with_label_values(&[update.source.as_ref()])
-                        .set(update.snapshot.len() as i64);
+                        .set(objects);
                 }
                 inner
                     .resources
@@ -640,6 +645,8 @@ fn instance<'a>(inner: &'a mut Inner, name: &str) -> &'a mut InstanceStatus {
 /// Reconciliation metrics derived from events. Register once per process.
 #[derive(Clone, Debug)]
 pub struct StatusMetrics {
+    watched_objects: IntGaugeVec,
+    /// The deprecated name of `watched_objects`, kept for one release.
     resources: IntGaugeVec,
     reconciliations: IntCounterVec,
     reconciliation_duration: Histogram,
@@ -647,7 +654,8 @@ pub struct StatusMetrics {
 }
 
 impl StatusMetrics {
-    /// Creates and registers `hapwright_resources{source}`,
+    /// Creates and registers `hapwright_watched_objects{resource}` (and its
+    /// deprecated former name `hapwright_resources{source}`),
     /// `hapwright_reconciliations_total{result}`,
     /// `hapwright_reconciliation_duration_seconds` and
     /// `hapwright_render_duration_seconds`.
@@ -676,13 +684,22 @@ impl StatusMetrics {
             )
             .buckets(buckets),
         )?;
+        let watched_objects = IntGaugeVec::new(
+            Opts::new(
+                "hapwright_watched_objects",
+                "Objects in the latest snapshot of each watched resource.",
+            ),
+            &["resource"],
+        )?;
         let resources = IntGaugeVec::new(
             Opts::new(
                 "hapwright_resources",
-                "Objects in the latest snapshot of each watched resource.",
+                "Deprecated, use hapwright_watched_objects{resource}; removed in the next \
+                 release. Objects in the latest snapshot of each watched resource.",
             ),
             &["source"],
         )?;
+        registry.register(Box::new(watched_objects.clone()))?;
         registry.register(Box::new(resources.clone()))?;
         registry.register(Box::new(reconciliations.clone()))?;
         registry.register(Box::new(reconciliation_duration.clone()))?;
@@ -691,6 +708,7 @@ impl StatusMetrics {
             reconciliations.with_label_values(&[result]);
         }
         Ok(Self {
+            watched_objects,
             resources,
             reconciliations,
             reconciliation_duration,

@@ -270,7 +270,7 @@ fn the_event_ring_keeps_the_newest_and_filters_by_correlation() {
 }
 
 #[test]
-fn resource_counts_are_exported_per_source() {
+fn watched_objects_are_exported_per_resource_and_under_the_deprecated_name() {
     use hapwright_eventbus::ResourceIndexUpdated;
     use hapwright_eventbus::model::{ObjectKey, ResourceChange};
     let registry = Registry::new();
@@ -292,7 +292,27 @@ fn resource_counts_are_exported_per_source() {
         ),
         Some(&metrics),
     );
+    assert_eq!(
+        metrics
+            .watched_objects
+            .with_label_values(&["services"])
+            .get(),
+        3
+    );
     assert_eq!(metrics.resources.with_label_values(&["services"]).get(), 3);
+    let help = |name: &str| {
+        registry
+            .gather()
+            .into_iter()
+            .find(|family| family.name() == name)
+            .map(|family| family.help().to_owned())
+            .unwrap_or_default()
+    };
+    assert!(
+        help("hapwright_resources").starts_with("Deprecated"),
+        "{}",
+        help("hapwright_resources")
+    );
     assert_eq!(store.resource_names(), ["services"]);
 }
 
