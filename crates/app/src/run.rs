@@ -549,6 +549,15 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
         process
             .store
             .set_liveness_grace(controller.liveness_grace.get());
+        process.store.set_watched_resources(
+            candidate
+                .loaded
+                .config
+                .watched_resources
+                .resources
+                .keys()
+                .cloned(),
+        );
         process.store.set_static_instances(
             candidate
                 .loaded

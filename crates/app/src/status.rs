@@ -58,6 +58,10 @@ pub struct ReconciliationRecord {
 pub struct InstanceStatus {
     /// Instance name.
     pub name: String,
+    /// `pending` before the first deployment attempt to it finished, `deployed` when
+    /// the last attempt succeeded, `failing` when it failed; so every configured
+    /// instance shows up from the start, not only after its first deployment.
+    pub state: &'static str,
     /// Hash of the config it runs, as far as hapwright knows.
     pub last_hash: Option<ContentHash>,
     /// Strategy of the last deployment.
@@ -183,6 +187,10 @@ struct Inner {
     discovered: BTreeMap<Arc<str>, BTreeSet<String>>,
     /// Instances of the running config (`haproxy.instances`); `None` until set.
     static_instances: Option<BTreeSet<String>>,
+    /// Watched resources of the running config; `None` until set.
+    watched: Option<BTreeSet<String>>,
+    /// Watched resources that completed their first sync (`ResourceSyncComplete`).
+    synced: BTreeSet<String>,
     /// `controller.livenessGrace`; `None` means the default.
     liveness_grace: Option<Duration>,
     restart_streak: Option<RestartStreak>,
@@ -405,9 +413,54 @@ impl StatusStore {
         self.read().reconciliations.iter().rev().cloned().collect()
     }
 
-    /// Per-instance deployment state.
+    /// Per-instance deployment state: every instance of the running config and every
+    /// discovered one, with those not deployed to yet as `pending`.
     pub fn instances(&self) -> Vec<InstanceStatus> {
-        self.read().instances.values().cloned().collect()
+        let inner = self.read();
+        let mut all = inner.instances.clone();
+        let known = inner
+            .static_instances
+            .iter()
+            .flatten()
+            .chain(inner.discovered.values().flatten());
+        for name in known {
+            all.entry(name.clone()).or_insert_with(|| InstanceStatus {
+                name: name.clone(),
+                ..InstanceStatus::default()
+            });
+        }
+        all.into_values()
+            .map(|mut status| {
+                status.state = if status.last_error.is_some() {
+                    "failing"
+                } else if status.deployments > 0 {
+                    "deployed"
+                } else {
+                    "pending"
+                };
+                status
+            })
+            .collect()
+    }
+
+    /// Sets the watched resources of the running config, so `/debug/resources/<name>`
+    /// answers for them before their first sync.
+    pub fn set_watched_resources(&self, names: impl IntoIterator<Item = String>) {
+        self.write().watched = Some(names.into_iter().collect());
+    }
+
+    /// Whether `name` is a watched resource of the running config (any name counts
+    /// before the config says which).
+    pub fn is_watched(&self, name: &str) -> bool {
+        self.read()
+            .watched
+            .as_ref()
+            .is_some_and(|names| names.contains(name))
+    }
+
+    /// Whether the watched resource `name` has completed its first sync.
+    pub fn is_synced(&self, name: &str) -> bool {
+        self.read().synced.contains(name)
     }
 
     /// The last render or validation failure, until a later render validates.
@@ -425,13 +478,17 @@ impl StatusStore {
         self.read().resources.get(name).cloned()
     }
 
-    /// Names of the watched resources seen so far.
+    /// Names of the watched resources: those of the running config and those seen
+    /// so far.
     pub fn resource_names(&self) -> Vec<String> {
-        self.read()
+        let inner = self.read();
+        let names: BTreeSet<String> = inner
             .resources
             .keys()
             .map(|k| k.to_string())
-            .collect()
+            .chain(inner.watched.iter().flatten().cloned())
+            .collect();
+        names.into_iter().collect()
     }
 
     pub(crate) fn remember_event(&self, event: Arc<Event>) {
@@ -539,6 +596,9 @@ impl StatusStore {
                 });
             }
             EventPayload::ValidationCompleted(_) => inner.last_error = None,
+            EventPayload::ResourceSyncComplete(sync) => {
+                inner.synced.insert(sync.source.to_string());
+            }
             EventPayload::InstanceDeployed(deployed) => {
                 inner.deployed_once = true;
                 inner
