@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use hapwright_deployer::component::validator;
-use hapwright_eventbus::model::Diagnostic;
+use hapwright_eventbus::model::{Diagnostic, SourceLocation};
 use hapwright_reconciler::renderer::Resources;
 
 use crate::build;
@@ -46,6 +46,19 @@ pub fn check(path: &Path) -> u8 {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
+    if let Err(message) = hapwright_deployer::config::resolve_binary(&loaded.config.haproxy.binary)
+    {
+        // Phase 2 (`haproxy -c`) and managed instances need it: the controller would
+        // fail at its first render.
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let (line, column) = config::Locator::new(&text).locate("haproxy.binary").unzip();
+        print_errors(&[Diagnostic::error(message).at(SourceLocation::new(
+            path.display().to_string(),
+            line,
+            column,
+        ))]);
+        return exit::FAILURE;
+    }
     match build::renderer(&loaded.config) {
         Ok(_) => {
             let templates = &loaded.config.templates;

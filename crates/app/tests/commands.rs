@@ -56,6 +56,40 @@ fn every_command_help_lists_its_exit_codes() {
 }
 
 #[test]
+fn check_exits_1_when_the_haproxy_binary_does_not_resolve() {
+    let dir = project(|t| t.replace("  binary: haproxy", "  binary: haproxy-not-installed"));
+    let output = hapwright(&["check", "-c", "hapwright.yaml"], dir.path());
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let err = stderr(&output);
+    assert!(
+        err.contains("hapwright.yaml:88:")
+            && err.contains("haproxy.binary `haproxy-not-installed` is not on PATH ("),
+        "{err}"
+    );
+
+    let dir = project(|t| t.replace("  binary: haproxy", "  binary: /nonexistent/haproxy"));
+    let output = hapwright(&["check", "-c", "hapwright.yaml"], dir.path());
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("haproxy.binary `/nonexistent/haproxy` is not an executable file"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn render_names_haproxy_binary_and_path_when_haproxy_is_missing() {
+    let dir = project(|t| t.replace("  binary: haproxy", "  binary: haproxy-not-installed"));
+    let output = hapwright(&["render", "-c", "hapwright.yaml"], dir.path());
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let err = stderr(&output);
+    assert!(
+        err.contains("haproxy.binary `haproxy-not-installed` is not on PATH"),
+        "{err}"
+    );
+}
+
+#[test]
 fn check_exits_2_on_a_config_error_with_location_and_suggestion() {
     let dir = project(|t| t.replace("  debounce: 200ms", "  debunce: 200ms"));
     let output = hapwright(&["check", "-c", "hapwright.yaml"], dir.path());

@@ -472,7 +472,7 @@ async fn supervise(
         } else {
             match spawn(&spawner, &binary, &instance, &logs, &cancel).await {
                 Ok(child) => run_once(child, &instance, &config, &state, &cancel).await,
-                Err(error) => Exit::Failed(format!("cannot run {}: {error}", binary.display())),
+                Err(error) => Exit::Failed(crate::config::spawn_error(&binary, &error)),
             }
         };
         let reason = match outcome {

@@ -494,7 +494,7 @@ async fn run_haproxy(
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| format!("cannot run {binary}: {e}"))?;
+        .map_err(|e| crate::config::spawn_error(&config.binary, &e))?;
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
     let outcome = tokio::time::timeout(config.timeout, async {
