@@ -34,8 +34,9 @@ enum Command {
         #[arg(short, long, value_name = "FILE", env = "HAPWRIGHT_CONFIG")]
         config: PathBuf,
     },
-    /// Validate the config file and compile every template (exit 2: invalid config
-    /// file, 1: a template or reference is wrong).
+    /// Validate the config file, compile every template and find the HAProxy binary
+    /// (exit 2: invalid config file, 1: a template or reference is wrong, or
+    /// haproxy.binary is not found).
     Check {
         /// The config file.
         #[arg(short, long, value_name = "FILE")]
