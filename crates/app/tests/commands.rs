@@ -215,6 +215,37 @@ fn render_out_reports_a_failed_write_and_leaves_no_temporary_file() {
 }
 
 #[test]
+fn render_treats_a_missing_fixtures_directory_as_no_objects() {
+    let dir = project(|t| t);
+    let fixtures = dir.path().join("fixtures");
+    std::fs::create_dir_all(fixtures.join("services")).unwrap();
+    std::fs::write(
+        fixtures.join("services/shop.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: shop, annotations: {hapwright.io/host: shop.test}}\n",
+    )
+    .unwrap();
+    // No fixtures/endpoints/: the shop backend renders without servers.
+    let output = hapwright(
+        &["render", "-c", "hapwright.yaml", "--fixtures", "fixtures"],
+        dir.path(),
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let cfg = String::from_utf8_lossy(&output.stdout);
+    assert!(cfg.contains("backend be_default_shop"), "{cfg}");
+
+    let output = hapwright(
+        &["render", "-c", "hapwright.yaml", "--fixtures", "nowhere"],
+        dir.path(),
+    );
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("--fixtures nowhere: not a directory"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
 fn render_reads_fixtures_per_watched_resource() {
     let dir = project(|t| t);
     let fixtures = dir.path().join("fixtures");
