@@ -81,7 +81,7 @@ pub fn check(path: &Path) -> u8 {
             exit::OK
         }
         Err(errors) => {
-            print_errors(&errors);
+            print_errors(&loaded.templates_at.locate(errors));
             exit::FAILURE
         }
     }
@@ -99,7 +99,7 @@ pub async fn render(path: &Path, fixtures: Option<&Path>, out: Option<&Path>) ->
     let renderer = match build::renderer(config) {
         Ok(renderer) => renderer,
         Err(errors) => {
-            print_errors(&errors);
+            print_errors(&loaded.templates_at.locate(errors));
             return exit::FAILURE;
         }
     };
@@ -118,14 +118,14 @@ pub async fn render(path: &Path, fixtures: Option<&Path>, out: Option<&Path>) ->
     let rendered = match renderer.render(&resources) {
         Ok(rendered) => rendered,
         Err(errors) => {
-            print_errors(&errors);
+            print_errors(&loaded.templates_at.locate(errors));
             return exit::FAILURE;
         }
     };
     match validator::validate(&rendered, &build::validator_config(config)).await {
-        Ok(warnings) => print_errors(&warnings),
+        Ok(warnings) => print_errors(&loaded.templates_at.locate(warnings)),
         Err(rejection) => {
-            print_errors(&rejection.errors);
+            print_errors(&loaded.templates_at.locate(rejection.errors));
             return exit::FAILURE;
         }
     }

@@ -184,7 +184,7 @@ fn prepare(loaded: Loaded) -> Result<Candidate, Vec<Diagnostic>> {
     let renderer = match build::renderer(&loaded.config) {
         Ok(renderer) => Some(renderer),
         Err(errors) => {
-            problems.extend(errors);
+            problems.extend(loaded.templates_at.locate(errors));
             None
         }
     };

@@ -106,9 +106,9 @@ fn check_exits_1_on_a_template_error_naming_template_and_line() {
     let output = hapwright(&["check", "-c", "hapwright.yaml"], dir.path());
     assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     let err = stderr(&output);
-    assert!(err.contains("backend:"), "the snippet is named: {err}");
+    // The config file's line and column (where users edit), then the snippet's line.
     assert!(
-        err.contains("backend:9:80: syntax error"),
+        err.contains("hapwright.yaml:58:86 (backend line 9): syntax error"),
         "line of the broken expression: {err}"
     );
 }
@@ -125,7 +125,7 @@ fn check_exits_1_on_an_unknown_filter_naming_snippet_and_line() {
     assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     let err = stderr(&output);
     assert!(
-        err.contains("backend:3:31: unknown filter `uper`; did you mean `upper`?"),
+        err.contains("hapwright.yaml:52:37 (backend line 3): unknown filter `uper`; did you mean `upper`?"),
         "the snippet, line and column of the filter: {err}"
     );
 }

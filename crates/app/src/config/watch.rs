@@ -123,7 +123,8 @@ async fn run(watcher: ConfigWatcher, ctx: Context) -> Result<(), ComponentError>
         // compile is a rejection like a YAML error, with the same health and events.
         let outcome = tokio::task::spawn_blocking(move || {
             let loaded = load(&load_path)?;
-            crate::build::renderer(&loaded.config)?;
+            crate::build::renderer(&loaded.config)
+                .map_err(|errors| loaded.templates_at.locate(errors))?;
             Ok(loaded)
         })
         .await?;
