@@ -125,7 +125,9 @@ fn check_exits_1_on_an_unknown_filter_naming_snippet_and_line() {
     assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     let err = stderr(&output);
     assert!(
-        err.contains("hapwright.yaml:52:37 (backend line 3): unknown filter `uper`; did you mean `upper`?"),
+        err.contains(
+            "hapwright.yaml:52:37 (backend line 3): unknown filter `uper`; did you mean `upper`?"
+        ),
         "the snippet, line and column of the filter: {err}"
     );
 }

@@ -761,7 +761,7 @@ async fn report_managed_health(
         if let Some(state) = managed.state(name).await
             && !state.is_running()
         {
-            down.push(format!("{name}: {state:?}"));
+            down.push(format!("{name}: {state}"));
         }
     }
     if !down.is_empty() {
