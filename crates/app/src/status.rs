@@ -45,12 +45,18 @@ pub struct ReconciliationRecord {
     pub result: &'static str,
     /// Total seconds, once finished.
     pub duration: Option<f64>,
-    /// Seconds per stage.
+    /// Seconds per stage: `render` and `validate` when it completes, then
+    /// `schedule` (validated until the scheduler lets the deployment go) and `deploy`
+    /// (until every instance has answered), which come later.
     pub stages: BTreeMap<&'static str, f64>,
     /// The stage that failed.
     pub failed_stage: Option<Stage>,
     /// Errors of a failed reconciliation.
     pub errors: Vec<Diagnostic>,
+    /// When the last stage so far ended (seconds since the Unix epoch), to time the
+    /// next one.
+    #[serde(skip)]
+    last_stage_end: Option<f64>,
 }
 
 /// Deployment state of one instance.
@@ -532,7 +538,17 @@ impl StatusStore {
                     stages: BTreeMap::new(),
                     failed_stage: None,
                     errors: Vec::new(),
+                    last_stage_end: None,
                 });
+            }
+            EventPayload::DeploymentScheduled(_) => {
+                let now = event.unix_micros as f64 / 1e6;
+                if let Some(record) = find_record(&mut inner, event.correlation_id)
+                    && let Some(validated) = record.last_stage_end
+                {
+                    record.stages.insert("schedule", (now - validated).max(0.0));
+                    record.last_stage_end = Some(now);
+                }
             }
             EventPayload::ReconciliationCompleted(done) => {
                 if let Some(metrics) = metrics {
@@ -552,6 +568,7 @@ impl StatusStore {
                         .iter()
                         .map(|(stage, d)| (stage_name(*stage), d.as_secs_f64()))
                         .collect();
+                    record.last_stage_end = Some(event.unix_micros as f64 / 1e6);
                 }
             }
             EventPayload::ReconciliationFailed(failed) => {
@@ -626,6 +643,13 @@ impl StatusStore {
                 instance(&mut inner, &failed.instance).last_error = Some(failed.error.clone());
             }
             EventPayload::DeploymentCompleted(completed) => {
+                if let Some(record) = find_record(&mut inner, event.correlation_id)
+                    && record.stages.contains_key("schedule")
+                {
+                    record
+                        .stages
+                        .insert("deploy", completed.summary.duration.as_secs_f64());
+                }
                 // The per-instance events carry the detail and come first; the summary
                 // only fills in instances they did not mention, so a late summary
                 // never overrides a newer per-instance outcome.

@@ -507,3 +507,67 @@ async fn liveness_counts_a_run_of_restarts_as_one_outage() {
         "a stopped iteration is not a failure"
     );
 }
+
+#[test]
+fn reconciliations_fill_schedule_and_deploy_timings_when_the_deployment_ends() {
+    use hapwright_eventbus::DeploymentScheduled;
+    let store = StatusStore::default();
+    let id = CorrelationId::new();
+    store.apply(
+        &event(
+            1,
+            Some(id),
+            ReconciliationStarted {
+                reason: "resources changed: services".into(),
+            },
+        ),
+        None,
+    );
+    store.apply(
+        &event(
+            2,
+            Some(id),
+            ReconciliationCompleted {
+                duration: Duration::from_millis(1),
+                stages: vec![
+                    (Stage::Render, Duration::from_millis(1)),
+                    (Stage::Validate, Duration::ZERO),
+                ],
+            },
+        ),
+        None,
+    );
+    // The scheduler lets it go 3 ms after validation (event times are 1 ms apart).
+    store.apply(
+        &event(
+            5,
+            Some(id),
+            DeploymentScheduled {
+                config: rendered(),
+                instances: vec!["a".into()],
+                drift_check: false,
+                parsed: Default::default(),
+            },
+        ),
+        None,
+    );
+    store.apply(
+        &event(
+            9,
+            Some(id),
+            DeploymentCompleted {
+                summary: DeploymentSummary {
+                    hash: rendered().hash(),
+                    succeeded: vec!["a".into()],
+                    failed: vec![],
+                    duration: Duration::from_millis(40),
+                },
+            },
+        ),
+        None,
+    );
+    let record = &store.reconciliations()[0];
+    let ms = |stage: &str| record.stages.get(stage).map(|s| (s * 1000.0).round());
+    assert_eq!(ms("schedule"), Some(3.0), "{:?}", record.stages);
+    assert_eq!(ms("deploy"), Some(40.0), "{:?}", record.stages);
+}
