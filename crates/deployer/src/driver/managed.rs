@@ -504,6 +504,8 @@ async fn supervise(
                 "hapwright: adopted the HAProxy master (pid {pid}) left by an earlier controller; its output is not captured"
             ));
             run_adopted(pid, &instance, &config, &state, &cancel).await
+        } else if let Err(conflict) = foreign_listeners(&instance).await {
+            Exit::Failed(conflict)
         } else {
             match spawn(&spawner, &binary, &instance, &logs, &cancel).await {
                 Ok(child) => run_once(child, &instance, &config, &state, &cancel).await,
@@ -589,6 +591,22 @@ async fn spawn(
         tokio::spawn(pump_lines(stderr, logs.clone(), stopping.clone()));
     }
     Ok(child)
+}
+
+/// Refuses a start while another process listens on one of the config's `bind`
+/// addresses (see [`super::listeners`]); processes running this instance's own config
+/// are not foreign.
+async fn foreign_listeners(instance: &InstanceConfig) -> Result<(), String> {
+    let config_file = instance.config_dir.join("haproxy.cfg");
+    let env = instance.env.clone();
+    tokio::task::spawn_blocking(move || {
+        super::listeners::check_foreign(&config_file, &env, |pid| {
+            runs_config(pid, &config_file)
+                || parent_of(pid).is_some_and(|parent| runs_config(parent, &config_file))
+        })
+    })
+    .await
+    .unwrap_or(Ok(()))
 }
 
 /// Forwards HAProxy's output to the log and the buffer. `stopping` is cancelled before
