@@ -567,6 +567,9 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
         process
             .store
             .set_liveness_grace(controller.liveness_grace.get());
+        process
+            .store
+            .set_template_places(candidate.loaded.templates_at.clone());
         process.store.set_watched_resources(
             candidate
                 .loaded

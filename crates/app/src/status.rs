@@ -193,6 +193,9 @@ struct Inner {
     discovered: BTreeMap<Arc<str>, BTreeSet<String>>,
     /// Instances of the running config (`haproxy.instances`); `None` until set.
     static_instances: Option<BTreeSet<String>>,
+    /// Where the running config's inline templates are, to name the config file
+    /// line in render and validation errors.
+    template_places: Arc<crate::config::TemplatePlaces>,
     /// Watched resources of the running config; `None` until set.
     watched: Option<BTreeSet<String>>,
     /// Watched resources that completed their first sync (`ResourceSyncComplete`).
@@ -449,6 +452,13 @@ impl StatusStore {
             .collect()
     }
 
+    /// Sets where the running config's inline templates are written, so render and
+    /// validation errors on the status page and `/debug/*` also name the config file
+    /// line.
+    pub fn set_template_places(&self, places: crate::config::TemplatePlaces) {
+        self.write().template_places = Arc::new(places);
+    }
+
     /// Sets the watched resources of the running config, so `/debug/resources/<name>`
     /// answers for them before their first sync.
     pub fn set_watched_resources(&self, names: impl IntoIterator<Item = String>) {
@@ -508,6 +518,7 @@ impl StatusStore {
     /// Applies one pipeline event to the status (and the metrics, when given).
     pub(crate) fn apply(&self, event: &Event, metrics: Option<&StatusMetrics>) {
         let mut inner = self.write();
+        let places = inner.template_places.clone();
         match &event.payload {
             EventPayload::ResourceIndexUpdated(update) => {
                 if let Some(metrics) = metrics {
@@ -581,7 +592,7 @@ impl StatusStore {
                 if let Some(record) = find_record(&mut inner, event.correlation_id) {
                     record.result = "failure";
                     record.failed_stage = Some(failed.stage);
-                    record.errors = failed.errors.clone();
+                    record.errors = places.locate(failed.errors.clone());
                     record.duration =
                         Some((event.unix_micros as f64 / 1e6 - record.started).max(0.0));
                 }
@@ -597,7 +608,7 @@ impl StatusStore {
             EventPayload::TemplateRenderFailed(failed) => {
                 inner.last_error = Some(PipelineError {
                     stage: "render".to_owned(),
-                    errors: failed.errors.clone(),
+                    errors: places.locate(failed.errors.clone()),
                     at: unix_now(),
                 });
             }
@@ -608,7 +619,7 @@ impl StatusStore {
                         ValidationPhase::Haproxy => "validation (phase 2: haproxy -c)",
                     }
                     .to_owned(),
-                    errors: failed.errors.clone(),
+                    errors: places.locate(failed.errors.clone()),
                     at: unix_now(),
                 });
             }

@@ -571,3 +571,37 @@ fn reconciliations_fill_schedule_and_deploy_timings_when_the_deployment_ends() {
     assert_eq!(ms("schedule"), Some(3.0), "{:?}", record.stages);
     assert_eq!(ms("deploy"), Some(40.0), "{:?}", record.stages);
 }
+
+#[test]
+fn render_errors_name_the_config_file_line_of_inline_templates() {
+    let text = "haproxyConfig:\n  template: |\n    global\n    {{ x | uper }}\n";
+    let (config, _) = crate::config::parse(
+        text,
+        std::path::Path::new("/nonexistent/hapwright.yaml"),
+        "hapwright.yaml",
+    )
+    .unwrap();
+    let store = StatusStore::default();
+    store.set_template_places(crate::config::TemplatePlaces::new(
+        text,
+        "hapwright.yaml",
+        &config,
+    ));
+    let error = Diagnostic::error("unknown filter `uper`").at(
+        hapwright_eventbus::model::SourceLocation::new("haproxy.cfg", Some(2), Some(8)),
+    );
+    store.apply(
+        &event(
+            1,
+            None,
+            TemplateRenderFailed {
+                errors: vec![error],
+            },
+        ),
+        None,
+    );
+    assert_eq!(
+        store.last_error().unwrap().errors[0].to_string(),
+        "hapwright.yaml:4:12 (haproxy.cfg line 2): unknown filter `uper`"
+    );
+}
