@@ -750,6 +750,7 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
             match loaded {
                 Ok(next) => {
                     process.reload_metrics.record(true);
+                    tracing::info!(hash = %next.loaded.hash.short(), "New controller config accepted");
                     break Some((next, "valid new config"));
                 }
                 Err(errors) => {

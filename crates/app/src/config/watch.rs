@@ -135,7 +135,9 @@ async fn run(watcher: ConfigWatcher, ctx: Context) -> Result<(), ComponentError>
                     continue;
                 }
                 ctx.health().healthy();
-                tracing::info!(hash = %loaded.hash.short(), "Config file changed and is valid; applying it");
+                // The controller logs the verdict (accepted or rejected) once it has
+                // also bound the listen addresses.
+                tracing::debug!(hash = %loaded.hash.short(), "Config file changed and passed the checks");
                 current = loaded.hash;
                 ctx.publisher().publish(ConfigLoaded {
                     path: path.display().to_string(),
