@@ -95,7 +95,8 @@ pub fn parse_typed<T: DeserializeOwned>(
         },
     );
     result.map_err(|error| {
-        let path = path.filter(|p| !p.is_empty() && p != ".");
+        // `?` is serde's "somewhere unknown": no path is better than that.
+        let path = path.filter(|p| !p.is_empty() && p != "." && p != "?");
         diagnostic(&error, file, path.as_deref())
     })
 }

@@ -1004,6 +1004,14 @@ mod wording_tests {
     }
 
     #[test]
+    fn a_duplicate_key_has_no_placeholder_path() {
+        let message = error("haproxyConfig: { template: x }\ncontroller: {}\ncontroller: {}\n");
+        assert!(message.starts_with("hapwright.yaml:3:"), "{message}");
+        assert!(!message.contains("?:"), "{message}");
+        assert!(message.contains("duplicate"), "{message}");
+    }
+
+    #[test]
     fn an_empty_file_says_so() {
         for text in ["", "\n\n", "# nothing yet\n---\n"] {
             let message = error(text);
