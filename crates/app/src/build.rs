@@ -42,7 +42,8 @@ pub fn templates(config: &Config) -> Templates {
         },
         limits: RenderLimits {
             max_output_bytes: section.templating.max_output_bytes,
-            ..RenderLimits::default()
+            fuel: Some(section.templating.fuel).filter(|fuel| *fuel > 0),
+            recursion_limit: section.templating.recursion_limit,
         },
     }
 }
@@ -87,13 +88,24 @@ pub fn socket_instances(config: &Config) -> Vec<InstanceConfig> {
 }
 
 /// Reads one watched resource once: from `fixtures/<name>/` when given, otherwise from
-/// its configured `files` source.
+/// its configured `files` source. A resource without a fixtures directory has no
+/// objects, as in `validationTests`, so fixtures need only the resources a render is
+/// about; a missing `fixtures` directory itself is an error.
 pub fn scan_once(
     name: &str,
     resource: &WatchedResource,
     fixtures: Option<&Path>,
 ) -> Result<Arc<ResourceSnapshot>, Vec<Diagnostic>> {
     let files = match (fixtures, &resource.files) {
+        (Some(dir), _) if !dir.is_dir() => {
+            return Err(vec![Diagnostic::error(format!(
+                "--fixtures {}: not a directory",
+                dir.display()
+            ))]);
+        }
+        (Some(dir), _) if !dir.join(name).exists() => {
+            return Ok(Arc::new(ResourceSnapshot::new(resource.index_by.clone())));
+        }
         (Some(dir), _) => FilesConfig::new(dir.join(name)),
         (None, Some(files)) => files.clone(),
         (None, None) => {

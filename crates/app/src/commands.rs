@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use hapwright_deployer::component::validator;
-use hapwright_eventbus::model::Diagnostic;
+use hapwright_eventbus::model::{Diagnostic, SourceLocation};
 use hapwright_reconciler::renderer::Resources;
 
 use crate::build;
@@ -30,6 +30,15 @@ fn load(path: &Path) -> Result<config::Loaded, u8> {
     })
 }
 
+/// `n` and `noun`, with an `s` unless `n` is 1 (`1 instance`, `2 instances`).
+pub fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 /// `check -c FILE`: the config file is valid (exit 2 otherwise) and every template
 /// compiles with its references resolved (exit 1 otherwise).
 pub fn check(path: &Path) -> u8 {
@@ -37,23 +46,42 @@ pub fn check(path: &Path) -> u8 {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
+    if let Err(message) = hapwright_deployer::config::resolve_binary(&loaded.config.haproxy.binary)
+    {
+        // Phase 2 (`haproxy -c`) and managed instances need it: the controller would
+        // fail at its first render.
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let (line, column) = config::Locator::new(&text).locate("haproxy.binary").unzip();
+        print_errors(&[Diagnostic::error(message).at(SourceLocation::new(
+            path.display().to_string(),
+            line,
+            column,
+        ))]);
+        return exit::FAILURE;
+    }
     match build::renderer(&loaded.config) {
         Ok(_) => {
             let templates = &loaded.config.templates;
             println!(
-                "{}: ok ({} templates, {} watched resources, {} instances)",
+                "{}: ok ({}, {}, {})",
                 path.display(),
-                1 + templates.template_snippets.len()
-                    + templates.maps.len()
-                    + templates.files.len()
-                    + templates.ssl_certificates.len(),
-                loaded.config.watched_resources.resources.len(),
-                loaded.config.haproxy.instances.len(),
+                count(
+                    1 + templates.template_snippets.len()
+                        + templates.maps.len()
+                        + templates.files.len()
+                        + templates.ssl_certificates.len(),
+                    "template"
+                ),
+                count(
+                    loaded.config.watched_resources.resources.len(),
+                    "watched resource"
+                ),
+                count(loaded.config.haproxy.instances.len(), "instance"),
             );
             exit::OK
         }
         Err(errors) => {
-            print_errors(&errors);
+            print_errors(&loaded.templates_at.locate(errors));
             exit::FAILURE
         }
     }
@@ -71,7 +99,7 @@ pub async fn render(path: &Path, fixtures: Option<&Path>, out: Option<&Path>) ->
     let renderer = match build::renderer(config) {
         Ok(renderer) => renderer,
         Err(errors) => {
-            print_errors(&errors);
+            print_errors(&loaded.templates_at.locate(errors));
             return exit::FAILURE;
         }
     };
@@ -90,14 +118,14 @@ pub async fn render(path: &Path, fixtures: Option<&Path>, out: Option<&Path>) ->
     let rendered = match renderer.render(&resources) {
         Ok(rendered) => rendered,
         Err(errors) => {
-            print_errors(&errors);
+            print_errors(&loaded.templates_at.locate(errors));
             return exit::FAILURE;
         }
     };
     match validator::validate(&rendered, &build::validator_config(config)).await {
-        Ok(warnings) => print_errors(&warnings),
+        Ok(warnings) => print_errors(&loaded.templates_at.locate(warnings)),
         Err(rejection) => {
-            print_errors(&rejection.errors);
+            print_errors(&loaded.templates_at.locate(rejection.errors));
             return exit::FAILURE;
         }
     }
@@ -183,4 +211,16 @@ fn write_layout(
         .iter()
         .map(|(file, _)| config_dir.path_of(&file.relative_path()))
         .collect())
+}
+
+#[cfg(test)]
+mod count_tests {
+    use super::count;
+
+    #[test]
+    fn counts_read_right_in_the_singular() {
+        assert_eq!(count(1, "instance"), "1 instance");
+        assert_eq!(count(0, "instance"), "0 instances");
+        assert_eq!(count(2, "watched resource"), "2 watched resources");
+    }
 }

@@ -1,4 +1,4 @@
-//! The HTTP surface (DESIGN §4): `/metrics`, `/healthz`, `/readyz`, `POST /-/reload`,
+//! The HTTP surface: `/metrics`, `/healthz`, `/readyz`, `POST /-/reload`,
 //! the `/debug/*` JSON endpoints and the status page at `/`.
 //!
 //! The server outlives reinit iterations: it reads everything through the
@@ -581,18 +581,25 @@ async fn debug_rendered(State(state): State<HttpState>) -> Response {
 }
 
 async fn debug_resources(State(state): State<HttpState>, Path(name): Path<String>) -> Response {
+    let synced = state.store.is_synced(&name);
     let Some(snapshot) = state.store.resources(&name) else {
+        if state.store.is_watched(&name) {
+            // Watched but not synced yet: an empty list, not "unknown".
+            return axum::Json(json!({"name": name, "count": 0, "objects": [], "synced": synced}))
+                .into_response();
+        }
         return (
             StatusCode::NOT_FOUND,
             axum::Json(json!({
-                "error": format!("no watched resource named `{name}` has published objects"),
+                "error": format!("`{name}` is not a watched resource"),
                 "known": state.store.resource_names(),
             })),
         )
             .into_response();
     };
     let objects: Vec<Value> = snapshot.list().map(redact_secret).collect();
-    axum::Json(json!({"name": name, "count": objects.len(), "objects": objects})).into_response()
+    axum::Json(json!({"name": name, "count": objects.len(), "objects": objects, "synced": synced}))
+        .into_response()
 }
 
 async fn debug_instances(State(state): State<HttpState>) -> axum::Json<Value> {

@@ -1,4 +1,4 @@
-//! The `hapwright` command line (DESIGN §4).
+//! The `hapwright` command line.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,14 +34,17 @@ enum Command {
         #[arg(short, long, value_name = "FILE", env = "HAPWRIGHT_CONFIG")]
         config: PathBuf,
     },
-    /// Validate the config file and compile every template (exit 2: invalid config
-    /// file, 1: a template or reference is wrong).
+    /// Validate the config file, compile every template and find the HAProxy binary
+    /// (exit 2: invalid config file, 1: a template or reference is wrong, or
+    /// haproxy.binary is not found).
     Check {
         /// The config file.
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
     },
-    /// Render once from the file sources (or fixtures) and validate the result.
+    /// Render once from the file sources (or fixtures) and validate the result (exit
+    /// 0: rendered and valid, 1: a manifest, template or validation error, 2: invalid
+    /// config file).
     Render {
         /// The config file.
         #[arg(short, long, value_name = "FILE")]
@@ -99,7 +102,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn main() -> ExitCode {
-    // clap exits 0 for --help/--version and 2 for usage errors, as DESIGN §4 asks.
+    // clap exits 0 for --help/--version and 2 for usage errors, as docs/cli.md documents.
     let cli = Cli::try_parse().unwrap_or_else(|error| error.exit());
     let code = match cli.command {
         Command::Run { config } => runtime().block_on(run::run(config)),

@@ -1,4 +1,4 @@
-//! `hapwright run`: the reinit loop (DESIGN §1, §4).
+//! `hapwright run`: the reinit loop.
 //!
 //! Each valid configuration runs as one *iteration*: a fresh bus, fresh components,
 //! one kernel. A new configuration (the file or a password file changed, SIGHUP,
@@ -58,7 +58,7 @@ use crate::http::{
 use crate::status::{ConfigStatus, EventLog, StatusMetrics, StatusRecorder, StatusStore};
 use crate::telemetry;
 
-/// Exit codes (DESIGN §4).
+/// Exit codes.
 pub mod exit {
     /// Success.
     pub const OK: u8 = 0;
@@ -184,7 +184,7 @@ fn prepare(loaded: Loaded) -> Result<Candidate, Vec<Diagnostic>> {
     let renderer = match build::renderer(&loaded.config) {
         Ok(renderer) => Some(renderer),
         Err(errors) => {
-            problems.extend(errors);
+            problems.extend(loaded.templates_at.locate(errors));
             None
         }
     };
@@ -357,6 +357,16 @@ fn config_status(loaded: &Loaded) -> ConfigStatus {
     }
 }
 
+/// Why a listener could not be (re)bound. Not retryable: the address is taken or not
+/// ours; the message names the config key and the address so users know what to edit.
+#[derive(Debug, thiserror::Error)]
+#[error("controller.{key}: cannot listen on {addr}: {error}")]
+struct ListenError {
+    key: &'static str,
+    addr: SocketAddr,
+    error: std::io::Error,
+}
+
 /// Listeners that outlive iterations, rebound when their address changes.
 struct Listeners {
     main: Option<(SocketAddr, HttpServer)>,
@@ -376,7 +386,7 @@ impl Listeners {
         listen: SocketAddr,
         metrics_listen: Option<SocketAddr>,
         limits: &Limits,
-    ) -> std::io::Result<()> {
+    ) -> Result<(), ListenError> {
         let main = rebind(self.main.take(), Some(listen), limits, || {
             http::router(state.clone())
         })
@@ -385,7 +395,11 @@ impl Listeners {
             Ok(main) => main,
             Err((old, error)) => {
                 self.main = old;
-                return Err(error);
+                return Err(ListenError {
+                    key: "listen",
+                    addr: listen,
+                    error,
+                });
             }
         };
         self.main = main;
@@ -400,7 +414,11 @@ impl Listeners {
             }
             Err((old, error)) => {
                 self.metrics = old;
-                Err(error)
+                Err(ListenError {
+                    key: "metricsListen",
+                    addr: metrics_listen.unwrap_or(listen),
+                    error,
+                })
             }
         }
     }
@@ -535,7 +553,7 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
         .await
     {
         process.managed.stop().await;
-        anyhow::bail!("cannot listen on {}: {error}", first.listen);
+        anyhow::bail!("{error}");
     }
     let mut generation = 0u64;
     let mut backoff = RestartBackoff::default();
@@ -549,6 +567,18 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
         process
             .store
             .set_liveness_grace(controller.liveness_grace.get());
+        process
+            .store
+            .set_template_places(candidate.loaded.templates_at.clone());
+        process.store.set_watched_resources(
+            candidate
+                .loaded
+                .config
+                .watched_resources
+                .resources
+                .keys()
+                .cloned(),
+        );
         process.store.set_static_instances(
             candidate
                 .loaded
@@ -706,18 +736,13 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
                         .await
                         .map(|()| next)
                         .map_err(|error| {
-                            vec![
-                                Diagnostic::error(format!(
-                                    "controller.listen/metricsListen: cannot listen: {error}"
-                                ))
-                                .at(
-                                    hapwright_eventbus::model::SourceLocation::new(
-                                        config_path.display().to_string(),
-                                        None,
-                                        None,
-                                    ),
+                            vec![Diagnostic::error(error.to_string()).at(
+                                hapwright_eventbus::model::SourceLocation::new(
+                                    config_path.display().to_string(),
+                                    None,
+                                    None,
                                 ),
-                            ]
+                            )]
                         })
                 }
                 Err(errors) => Err(errors),
@@ -725,6 +750,7 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
             match loaded {
                 Ok(next) => {
                     process.reload_metrics.record(true);
+                    tracing::info!(hash = %next.loaded.hash.short(), "New controller config accepted");
                     break Some((next, "valid new config"));
                 }
                 Err(errors) => {
@@ -819,6 +845,48 @@ mod tests {
         assert!(serves(free_addr).await);
         assert!(!serves(old_addr).await);
         moved.1.shutdown().await;
+        drop(taken);
+    }
+
+    #[tokio::test]
+    async fn a_listen_address_that_cannot_be_bound_names_its_key_and_address() {
+        let state = HttpState::new(
+            crate::status::StatusStore::default(),
+            Registry::new(),
+            crate::http::ReloadHandle::channel().0,
+        );
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken_addr = taken.local_addr().unwrap();
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let free_addr = free.local_addr().unwrap();
+        drop(free);
+        let mut listeners = Listeners {
+            main: None,
+            metrics: None,
+        };
+        let error = listeners
+            .ensure(&state, free_addr, Some(taken_addr), &Limits::default())
+            .await
+            .expect_err("the metrics address is taken")
+            .to_string();
+        assert!(
+            error.starts_with(&format!(
+                "controller.metricsListen: cannot listen on {taken_addr}: "
+            )),
+            "{error}"
+        );
+        let error = listeners
+            .ensure(&state, taken_addr, None, &Limits::default())
+            .await
+            .expect_err("the main address is taken")
+            .to_string();
+        assert!(
+            error.starts_with(&format!(
+                "controller.listen: cannot listen on {taken_addr}: "
+            )),
+            "{error}"
+        );
+        listeners.shutdown().await;
         drop(taken);
     }
 

@@ -45,12 +45,18 @@ pub struct ReconciliationRecord {
     pub result: &'static str,
     /// Total seconds, once finished.
     pub duration: Option<f64>,
-    /// Seconds per stage.
+    /// Seconds per stage: `render` and `validate` when it completes, then
+    /// `schedule` (validated until the scheduler lets the deployment go) and `deploy`
+    /// (until every instance has answered), which come later.
     pub stages: BTreeMap<&'static str, f64>,
     /// The stage that failed.
     pub failed_stage: Option<Stage>,
     /// Errors of a failed reconciliation.
     pub errors: Vec<Diagnostic>,
+    /// When the last stage so far ended (seconds since the Unix epoch), to time the
+    /// next one.
+    #[serde(skip)]
+    last_stage_end: Option<f64>,
 }
 
 /// Deployment state of one instance.
@@ -58,6 +64,10 @@ pub struct ReconciliationRecord {
 pub struct InstanceStatus {
     /// Instance name.
     pub name: String,
+    /// `pending` before the first deployment attempt to it finished, `deployed` when
+    /// the last attempt succeeded, `failing` when it failed; so every configured
+    /// instance shows up from the start, not only after its first deployment.
+    pub state: &'static str,
     /// Hash of the config it runs, as far as hapwright knows.
     pub last_hash: Option<ContentHash>,
     /// Strategy of the last deployment.
@@ -183,6 +193,13 @@ struct Inner {
     discovered: BTreeMap<Arc<str>, BTreeSet<String>>,
     /// Instances of the running config (`haproxy.instances`); `None` until set.
     static_instances: Option<BTreeSet<String>>,
+    /// Where the running config's inline templates are, to name the config file
+    /// line in render and validation errors.
+    template_places: Arc<crate::config::TemplatePlaces>,
+    /// Watched resources of the running config; `None` until set.
+    watched: Option<BTreeSet<String>>,
+    /// Watched resources that completed their first sync (`ResourceSyncComplete`).
+    synced: BTreeSet<String>,
     /// `controller.livenessGrace`; `None` means the default.
     liveness_grace: Option<Duration>,
     restart_streak: Option<RestartStreak>,
@@ -405,9 +422,61 @@ impl StatusStore {
         self.read().reconciliations.iter().rev().cloned().collect()
     }
 
-    /// Per-instance deployment state.
+    /// Per-instance deployment state: every instance of the running config and every
+    /// discovered one, with those not deployed to yet as `pending`.
     pub fn instances(&self) -> Vec<InstanceStatus> {
-        self.read().instances.values().cloned().collect()
+        let inner = self.read();
+        let mut all = inner.instances.clone();
+        let known = inner
+            .static_instances
+            .iter()
+            .flatten()
+            .chain(inner.discovered.values().flatten());
+        for name in known {
+            all.entry(name.clone()).or_insert_with(|| InstanceStatus {
+                name: name.clone(),
+                ..InstanceStatus::default()
+            });
+        }
+        all.into_values()
+            .map(|mut status| {
+                status.state = if status.last_error.is_some() {
+                    "failing"
+                } else if status.deployments > 0 {
+                    "deployed"
+                } else {
+                    "pending"
+                };
+                status
+            })
+            .collect()
+    }
+
+    /// Sets where the running config's inline templates are written, so render and
+    /// validation errors on the status page and `/debug/*` also name the config file
+    /// line.
+    pub fn set_template_places(&self, places: crate::config::TemplatePlaces) {
+        self.write().template_places = Arc::new(places);
+    }
+
+    /// Sets the watched resources of the running config, so `/debug/resources/<name>`
+    /// answers for them before their first sync.
+    pub fn set_watched_resources(&self, names: impl IntoIterator<Item = String>) {
+        self.write().watched = Some(names.into_iter().collect());
+    }
+
+    /// Whether `name` is a watched resource of the running config (any name counts
+    /// before the config says which).
+    pub fn is_watched(&self, name: &str) -> bool {
+        self.read()
+            .watched
+            .as_ref()
+            .is_some_and(|names| names.contains(name))
+    }
+
+    /// Whether the watched resource `name` has completed its first sync.
+    pub fn is_synced(&self, name: &str) -> bool {
+        self.read().synced.contains(name)
     }
 
     /// The last render or validation failure, until a later render validates.
@@ -425,13 +494,17 @@ impl StatusStore {
         self.read().resources.get(name).cloned()
     }
 
-    /// Names of the watched resources seen so far.
+    /// Names of the watched resources: those of the running config and those seen
+    /// so far.
     pub fn resource_names(&self) -> Vec<String> {
-        self.read()
+        let inner = self.read();
+        let names: BTreeSet<String> = inner
             .resources
             .keys()
             .map(|k| k.to_string())
-            .collect()
+            .chain(inner.watched.iter().flatten().cloned())
+            .collect();
+        names.into_iter().collect()
     }
 
     pub(crate) fn remember_event(&self, event: Arc<Event>) {
@@ -445,13 +518,19 @@ impl StatusStore {
     /// Applies one pipeline event to the status (and the metrics, when given).
     pub(crate) fn apply(&self, event: &Event, metrics: Option<&StatusMetrics>) {
         let mut inner = self.write();
+        let places = inner.template_places.clone();
         match &event.payload {
             EventPayload::ResourceIndexUpdated(update) => {
                 if let Some(metrics) = metrics {
+                    let objects = update.snapshot.len() as i64;
+                    metrics
+                        .watched_objects
+                        .with_label_values(&[update.source.as_ref()])
+                        .set(objects);
                     metrics
                         .resources
                         .with_label_values(&[update.source.as_ref()])
-                        .set(update.snapshot.len() as i64);
+                        .set(objects);
                 }
                 inner
                     .resources
@@ -470,7 +549,17 @@ impl StatusStore {
                     stages: BTreeMap::new(),
                     failed_stage: None,
                     errors: Vec::new(),
+                    last_stage_end: None,
                 });
+            }
+            EventPayload::DeploymentScheduled(_) => {
+                let now = event.unix_micros as f64 / 1e6;
+                if let Some(record) = find_record(&mut inner, event.correlation_id)
+                    && let Some(validated) = record.last_stage_end
+                {
+                    record.stages.insert("schedule", (now - validated).max(0.0));
+                    record.last_stage_end = Some(now);
+                }
             }
             EventPayload::ReconciliationCompleted(done) => {
                 if let Some(metrics) = metrics {
@@ -490,6 +579,7 @@ impl StatusStore {
                         .iter()
                         .map(|(stage, d)| (stage_name(*stage), d.as_secs_f64()))
                         .collect();
+                    record.last_stage_end = Some(event.unix_micros as f64 / 1e6);
                 }
             }
             EventPayload::ReconciliationFailed(failed) => {
@@ -502,7 +592,7 @@ impl StatusStore {
                 if let Some(record) = find_record(&mut inner, event.correlation_id) {
                     record.result = "failure";
                     record.failed_stage = Some(failed.stage);
-                    record.errors = failed.errors.clone();
+                    record.errors = places.locate(failed.errors.clone());
                     record.duration =
                         Some((event.unix_micros as f64 / 1e6 - record.started).max(0.0));
                 }
@@ -518,7 +608,7 @@ impl StatusStore {
             EventPayload::TemplateRenderFailed(failed) => {
                 inner.last_error = Some(PipelineError {
                     stage: "render".to_owned(),
-                    errors: failed.errors.clone(),
+                    errors: places.locate(failed.errors.clone()),
                     at: unix_now(),
                 });
             }
@@ -529,11 +619,14 @@ impl StatusStore {
                         ValidationPhase::Haproxy => "validation (phase 2: haproxy -c)",
                     }
                     .to_owned(),
-                    errors: failed.errors.clone(),
+                    errors: places.locate(failed.errors.clone()),
                     at: unix_now(),
                 });
             }
             EventPayload::ValidationCompleted(_) => inner.last_error = None,
+            EventPayload::ResourceSyncComplete(sync) => {
+                inner.synced.insert(sync.source.to_string());
+            }
             EventPayload::InstanceDeployed(deployed) => {
                 inner.deployed_once = true;
                 inner
@@ -561,6 +654,13 @@ impl StatusStore {
                 instance(&mut inner, &failed.instance).last_error = Some(failed.error.clone());
             }
             EventPayload::DeploymentCompleted(completed) => {
+                if let Some(record) = find_record(&mut inner, event.correlation_id)
+                    && record.stages.contains_key("schedule")
+                {
+                    record
+                        .stages
+                        .insert("deploy", completed.summary.duration.as_secs_f64());
+                }
                 // The per-instance events carry the detail and come first; the summary
                 // only fills in instances they did not mention, so a late summary
                 // never overrides a newer per-instance outcome.
@@ -640,6 +740,8 @@ fn instance<'a>(inner: &'a mut Inner, name: &str) -> &'a mut InstanceStatus {
 /// Reconciliation metrics derived from events. Register once per process.
 #[derive(Clone, Debug)]
 pub struct StatusMetrics {
+    watched_objects: IntGaugeVec,
+    /// The deprecated name of `watched_objects`, kept for one release.
     resources: IntGaugeVec,
     reconciliations: IntCounterVec,
     reconciliation_duration: Histogram,
@@ -647,7 +749,8 @@ pub struct StatusMetrics {
 }
 
 impl StatusMetrics {
-    /// Creates and registers `hapwright_resources{source}`,
+    /// Creates and registers `hapwright_watched_objects{resource}` (and its
+    /// deprecated former name `hapwright_resources{source}`),
     /// `hapwright_reconciliations_total{result}`,
     /// `hapwright_reconciliation_duration_seconds` and
     /// `hapwright_render_duration_seconds`.
@@ -676,13 +779,22 @@ impl StatusMetrics {
             )
             .buckets(buckets),
         )?;
+        let watched_objects = IntGaugeVec::new(
+            Opts::new(
+                "hapwright_watched_objects",
+                "Objects in the latest snapshot of each watched resource.",
+            ),
+            &["resource"],
+        )?;
         let resources = IntGaugeVec::new(
             Opts::new(
                 "hapwright_resources",
-                "Objects in the latest snapshot of each watched resource.",
+                "Deprecated, use hapwright_watched_objects{resource}; removed in the next \
+                 release. Objects in the latest snapshot of each watched resource.",
             ),
             &["source"],
         )?;
+        registry.register(Box::new(watched_objects.clone()))?;
         registry.register(Box::new(resources.clone()))?;
         registry.register(Box::new(reconciliations.clone()))?;
         registry.register(Box::new(reconciliation_duration.clone()))?;
@@ -691,6 +803,7 @@ impl StatusMetrics {
             reconciliations.with_label_values(&[result]);
         }
         Ok(Self {
+            watched_objects,
             resources,
             reconciliations,
             reconciliation_duration,

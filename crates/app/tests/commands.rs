@@ -40,7 +40,52 @@ fn check_accepts_the_quickstart() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert!(
         String::from_utf8_lossy(&output.stdout)
-            .contains("ok (4 templates, 2 watched resources, 1 instances)")
+            .contains("ok (4 templates, 2 watched resources, 1 instance)")
+    );
+}
+
+#[test]
+fn every_command_help_lists_its_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    for command in ["check", "render", "test", "bench"] {
+        let output = hapwright(&[command, "--help"], dir.path());
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        let help = String::from_utf8_lossy(&output.stdout);
+        assert!(help.contains("exit"), "{command} --help: {help}");
+    }
+}
+
+#[test]
+fn check_exits_1_when_the_haproxy_binary_does_not_resolve() {
+    let dir = project(|t| t.replace("  binary: haproxy", "  binary: haproxy-not-installed"));
+    let output = hapwright(&["check", "-c", "hapwright.yaml"], dir.path());
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let err = stderr(&output);
+    assert!(
+        err.contains("hapwright.yaml:88:")
+            && err.contains("haproxy.binary `haproxy-not-installed` is not on PATH ("),
+        "{err}"
+    );
+
+    let dir = project(|t| t.replace("  binary: haproxy", "  binary: /nonexistent/haproxy"));
+    let output = hapwright(&["check", "-c", "hapwright.yaml"], dir.path());
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("haproxy.binary `/nonexistent/haproxy` is not an executable file"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn render_names_haproxy_binary_and_path_when_haproxy_is_missing() {
+    let dir = project(|t| t.replace("  binary: haproxy", "  binary: haproxy-not-installed"));
+    let output = hapwright(&["render", "-c", "hapwright.yaml"], dir.path());
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let err = stderr(&output);
+    assert!(
+        err.contains("haproxy.binary `haproxy-not-installed` is not on PATH"),
+        "{err}"
     );
 }
 
@@ -61,9 +106,9 @@ fn check_exits_1_on_a_template_error_naming_template_and_line() {
     let output = hapwright(&["check", "-c", "hapwright.yaml"], dir.path());
     assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     let err = stderr(&output);
-    assert!(err.contains("backend:"), "the snippet is named: {err}");
+    // The config file's line and column (where users edit), then the snippet's line.
     assert!(
-        err.contains("backend:9:80: syntax error"),
+        err.contains("hapwright.yaml:58:86 (backend line 9): syntax error"),
         "line of the broken expression: {err}"
     );
 }
@@ -80,7 +125,9 @@ fn check_exits_1_on_an_unknown_filter_naming_snippet_and_line() {
     assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     let err = stderr(&output);
     assert!(
-        err.contains("backend:3:31: unknown filter `uper`; did you mean `upper`?"),
+        err.contains(
+            "hapwright.yaml:52:37 (backend line 3): unknown filter `uper`; did you mean `upper`?"
+        ),
         "the snippet, line and column of the filter: {err}"
     );
 }
@@ -167,6 +214,37 @@ fn render_out_reports_a_failed_write_and_leaves_no_temporary_file() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert!(names.is_empty(), "{names:?}");
+}
+
+#[test]
+fn render_treats_a_missing_fixtures_directory_as_no_objects() {
+    let dir = project(|t| t);
+    let fixtures = dir.path().join("fixtures");
+    std::fs::create_dir_all(fixtures.join("services")).unwrap();
+    std::fs::write(
+        fixtures.join("services/shop.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: shop, annotations: {hapwright.io/host: shop.test}}\n",
+    )
+    .unwrap();
+    // No fixtures/endpoints/: the shop backend renders without servers.
+    let output = hapwright(
+        &["render", "-c", "hapwright.yaml", "--fixtures", "fixtures"],
+        dir.path(),
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let cfg = String::from_utf8_lossy(&output.stdout);
+    assert!(cfg.contains("backend be_default_shop"), "{cfg}");
+
+    let output = hapwright(
+        &["render", "-c", "hapwright.yaml", "--fixtures", "nowhere"],
+        dir.path(),
+    );
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("--fixtures nowhere: not a directory"),
+        "{}",
+        stderr(&output)
+    );
 }
 
 #[test]

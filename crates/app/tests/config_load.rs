@@ -1,4 +1,4 @@
-//! Loading the controller's config file: the DESIGN §4 example, located parse errors,
+//! Loading the controller's config file: the full example config, located parse errors,
 //! semantic checks, path resolution and secret handling.
 
 use std::path::{Path, PathBuf};

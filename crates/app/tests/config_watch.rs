@@ -146,6 +146,39 @@ async fn valid_invalid_and_fixed_again() {
     h.stop().await;
 }
 
+#[tokio::test]
+async fn a_template_that_does_not_compile_is_rejected_like_a_yaml_error() {
+    let (_dir, path) = setup();
+    let mut h = Harness::start(&path);
+
+    std::fs::write(
+        &path,
+        config_text("100ms").replace("template: x", "template: \"{% for %}\""),
+    )
+    .unwrap();
+    let errors = h.invalid().await;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].contains("haproxy.cfg"), "{errors:?}");
+    let health = h.kernel.health().get(ConfigWatcher::NAME).unwrap();
+    assert_eq!(health.state, HealthState::Unhealthy);
+    assert!(
+        health
+            .reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("haproxy.cfg"),
+        "{health:?}"
+    );
+
+    std::fs::write(&path, config_text("300ms")).unwrap();
+    h.loaded().await;
+    assert_eq!(
+        h.kernel.health().get(ConfigWatcher::NAME).unwrap().state,
+        HealthState::Healthy
+    );
+    h.stop().await;
+}
+
 fn config_text_with_typo() -> String {
     config_text("100ms").replace("  debounce:", "  debunce:")
 }

@@ -50,6 +50,49 @@ fn default_binary() -> PathBuf {
     PathBuf::from("haproxy")
 }
 
+/// Finds the program `binary` names, as the process spawner would: a path is used as
+/// is, a bare name is searched on `PATH`. `Err` says what was searched, naming
+/// `haproxy.binary` and `PATH`, so a missing HAProxy is found by `check`, not at the
+/// first render.
+pub fn resolve_binary(binary: &Path) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |path: &Path| {
+        std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if binary.components().count() > 1 {
+        return if runnable(binary) {
+            Ok(binary.to_path_buf())
+        } else {
+            Err(format!(
+                "haproxy.binary `{}` is not an executable file",
+                binary.display()
+            ))
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(binary))
+        .find(|candidate| runnable(candidate))
+        .ok_or_else(|| {
+            format!(
+                "haproxy.binary `{}` is not on PATH ({}); install HAProxy or set haproxy.binary to its full path",
+                binary.display(),
+                path.to_string_lossy()
+            )
+        })
+}
+
+/// The message for a failed start of `binary`: a missing program names
+/// `haproxy.binary` and `PATH` (what [`resolve_binary`] says), anything else the OS error.
+pub fn spawn_error(binary: &Path, error: &std::io::Error) -> String {
+    if error.kind() == std::io::ErrorKind::NotFound
+        && let Err(message) = resolve_binary(binary)
+    {
+        return format!("cannot run HAProxy: {message}");
+    }
+    format!("cannot run haproxy.binary `{}`: {error}", binary.display())
+}
+
 fn default_true() -> bool {
     true
 }

@@ -1,11 +1,25 @@
-//! Deployment metrics (DESIGN §4). Registered once per process with
+//! Deployment metrics. Registered once per process with
 //! [`Metrics::register`] and shared by every deployer iteration.
 
 use prometheus::{
     GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
-use hapwright_eventbus::model::DeployStrategy;
+use hapwright_eventbus::model::{DeployStrategy, ReloadReason};
+
+/// Every reload reason, so each instance's `reloads_total` series exist from the start.
+const RELOAD_REASONS: [ReloadReason; 7] = [
+    ReloadReason::FirstDeploy,
+    ReloadReason::Structure,
+    ReloadReason::ServerOptions,
+    ReloadReason::NewFile,
+    ReloadReason::Drift,
+    ReloadReason::Restart,
+    ReloadReason::RuntimeFailed,
+];
+
+/// The objects runtime commands change (the `object` label).
+const RUNTIME_OBJECTS: [&str; 4] = ["server", "map", "acl", "certificate"];
 
 /// The deployer's metrics.
 #[derive(Clone, Debug)]
@@ -84,7 +98,8 @@ impl Metrics {
             runtime_commands: IntCounterVec::new(
                 Opts::new(
                     "hapwright_runtime_commands_total",
-                    "Runtime API changes per instance, by object and result.",
+                    "Runtime API commands sent per instance, by object and result (one \
+                     change can take several commands: a server address change counts 2).",
                 ),
                 &["instance", "object", "result"],
             )?,
@@ -142,6 +157,34 @@ impl Metrics {
                 &["reason"],
             )?,
         })
+    }
+
+    /// Creates every counter series of `instance` at 0 (deployments by strategy and
+    /// result, reloads by result and reason, runtime commands by object and result,
+    /// drift, restore failures, refused state files), so `increase()` and `rate()`
+    /// alerts see the first event instead of a series that appears already at 1.
+    pub fn instance_known(&self, instance: &str) {
+        for ok in [true, false] {
+            for strategy in [
+                DeployStrategy::Noop,
+                DeployStrategy::Runtime,
+                DeployStrategy::Reload,
+            ] {
+                self.deployments
+                    .with_label_values(&[instance, strategy.as_str(), result(ok)]);
+            }
+            for reason in RELOAD_REASONS {
+                self.reloads
+                    .with_label_values(&[instance, result(ok), reason.as_str()]);
+            }
+            for object in RUNTIME_OBJECTS {
+                self.runtime_commands
+                    .with_label_values(&[instance, object, result(ok)]);
+            }
+        }
+        self.drift.with_label_values(&[instance]);
+        self.restore_failures.with_label_values(&[instance]);
+        self.state_file_refused.with_label_values(&[instance]);
     }
 
     /// Records one deployment's outcome and duration.
@@ -269,6 +312,57 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counters_of_a_known_instance_start_at_zero() {
+        let registry = Registry::new();
+        let metrics = Metrics::register(&registry).unwrap();
+        metrics.instance_known("edge");
+        let series = |name: &str, labels: &[(&str, &str)]| -> Option<f64> {
+            registry
+                .gather()
+                .into_iter()
+                .filter(|family| family.name() == name)
+                .flat_map(|family| family.get_metric().to_vec())
+                .find(|metric| {
+                    labels.iter().all(|(k, v)| {
+                        metric
+                            .get_label()
+                            .iter()
+                            .any(|p| p.name() == *k && p.value() == *v)
+                    })
+                })
+                .map(|metric| metric.get_counter().get_value())
+        };
+        let edge = ("instance", "edge");
+        let failure = ("result", "failure");
+        assert_eq!(series("hapwright_drift_detected_total", &[edge]), Some(0.0));
+        assert_eq!(
+            series(
+                "hapwright_deployments_total",
+                &[edge, ("strategy", "reload"), failure]
+            ),
+            Some(0.0)
+        );
+        assert_eq!(
+            series(
+                "hapwright_reloads_total",
+                &[edge, ("reason", "structure"), failure]
+            ),
+            Some(0.0)
+        );
+        assert_eq!(
+            series(
+                "hapwright_runtime_commands_total",
+                &[edge, ("object", "server"), failure]
+            ),
+            Some(0.0)
+        );
+        assert_eq!(
+            series("hapwright_file_restore_failures_total", &[edge]),
+            Some(0.0)
+        );
+    }
 
     #[test]
     fn forgetting_an_instance_drops_its_series() {

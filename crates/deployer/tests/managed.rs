@@ -168,3 +168,55 @@ async fn managed_instances_start_restart_report_alerts_and_stop() {
     assert!(http_get(*port_one, "app.test").await.is_err());
     drop(guard);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_served_by_another_haproxy_is_refused_with_its_owner() {
+    let a = Backend::start("a").await;
+    let port = free_port();
+    let main = config(
+        port,
+        &format!("backend be_app\n    server s1 127.0.0.1:{}\n", a.port),
+    );
+    let v1 = rendered(&main, &[("hosts.map", "")]);
+    // Another HAProxy, not hapwright's, already serves the port. With SO_REUSEPORT
+    // a second one would start next to it and take half the connections.
+    let foreign = Haproxy::start("foreign", &v1, "foreign").await;
+    wait_for_body(port, "app.test", "a").await;
+
+    let managed = ManagedHaproxy::with_config(
+        "haproxy",
+        SupervisorConfig {
+            min_backoff: Duration::from_millis(50),
+            ready_timeout: Duration::from_secs(10),
+            ..SupervisorConfig::default()
+        },
+    );
+    let guard = StopOnDrop(managed.clone());
+    let mut dir = Haproxy::dir_only("mine");
+    dir.instance.managed = true;
+    let driver = SocketDriver::new(
+        dir.instance.clone(),
+        Some(managed.clone()),
+        Metrics::unregistered().unwrap(),
+    );
+    let error = driver
+        .deploy(v1.clone(), None, None, false)
+        .await
+        .expect_err("the port is taken by a foreign HAProxy")
+        .to_string();
+    assert!(
+        error.contains(&format!(
+            "127.0.0.1:{port} is already served by haproxy (pid "
+        )),
+        "{error}"
+    );
+    // Nothing of ours runs on the instance's config.
+    assert!(
+        hapwright_deployer::driver::managed::masters_of(
+            &dir.instance.config_dir.join("haproxy.cfg")
+        )
+        .is_empty()
+    );
+    drop(guard);
+    drop(foreign);
+}

@@ -118,8 +118,11 @@ async fn late_and_restarted_managed_haproxy_are_recorded_as_reloads() {
     tracing::subscriber::set_global_default(Capture(captured.clone())).unwrap();
 
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
-    // HAProxy binds with SO_REUSEPORT, so the port must be held by a plain socket.
-    let blocker = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    // HAProxy binds with SO_REUSEPORT, so the port must be held by a plain socket;
+    // bound but not listening, so that HAProxy itself tries and fails (a listening
+    // socket is refused by hapwright before HAProxy starts).
+    let blocker = tokio::net::TcpSocket::new_v4().unwrap();
+    blocker.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let port = blocker.local_addr().unwrap().port();
     let main = config(
         port,

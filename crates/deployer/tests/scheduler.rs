@@ -1,4 +1,4 @@
-//! Scheduler rate limits, latest-wins and skip rules (DESIGN §3), under paused time.
+//! Scheduler rate limits, latest-wins and skip rules, under paused time.
 
 use std::sync::Arc;
 use std::time::Duration;

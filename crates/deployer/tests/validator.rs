@@ -499,9 +499,9 @@ async fn a_missing_binary_is_a_tool_failure() {
     let rejection = rejected(check(&valid(), &config).await);
     assert!(rejection.tool_failure);
     assert!(
-        rejection.errors[0]
-            .message
-            .starts_with("cannot run /nonexistent/haproxy"),
+        rejection.errors[0].message.starts_with(
+            "cannot run HAProxy: haproxy.binary `/nonexistent/haproxy` is not an executable file"
+        ),
         "{:?}",
         rejection.errors
     );

@@ -1,4 +1,4 @@
-//! The buffered publish/subscribe bus (DESIGN §2).
+//! The buffered publish/subscribe bus.
 //!
 //! Two `async-broadcast` channels carry every event:
 //!
@@ -113,6 +113,10 @@ pub struct BusMetrics {
     /// Superseded pipeline events dropped from a full spill queue, by kind.
     spill_dropped: Arc<[IntCounter]>,
     live: Arc<LiveCollector>,
+    /// The next event id. Shared by every bus built with these metrics (one per
+    /// process), so ids stay unique across config reloads and `/debug/events` never
+    /// shows two events with the same id.
+    next_id: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for BusMetrics {
@@ -169,6 +173,7 @@ impl BusMetrics {
             dropped,
             spill_dropped,
             live,
+            next_id: Arc::new(AtomicU64::new(1)),
         })
     }
 }
@@ -289,7 +294,7 @@ struct Shared {
     config: BusConfig,
     state: Mutex<State>,
     subscribers: Mutex<Vec<Arc<SubscriberStats>>>,
-    next_id: AtomicU64,
+    next_id: Arc<AtomicU64>,
     /// Events put into each channel so far.
     pipeline_seq: AtomicU64,
     observer_seq: AtomicU64,
@@ -342,7 +347,7 @@ impl std::fmt::Debug for Bus {
 
 impl Bus {
     /// A new bus, not started. Its live metrics replace those of any earlier bus that
-    /// used the same `metrics`.
+    /// used the same `metrics`, and it continues their event id sequence.
     pub fn new(config: BusConfig, metrics: &BusMetrics) -> Self {
         let (pipeline, pipeline_rx) = async_broadcast::broadcast(config.pipeline_capacity.max(1));
         let (observer, observer_rx) = async_broadcast::broadcast(config.observer_capacity.max(1));
@@ -365,7 +370,7 @@ impl Bus {
                 started: false,
             }),
             subscribers: Mutex::new(Vec::new()),
-            next_id: AtomicU64::new(1),
+            next_id: metrics.next_id.clone(),
             pipeline_seq: AtomicU64::new(0),
             observer_seq: AtomicU64::new(0),
             spill_ready: Arc::new(Notify::new()),

@@ -1,4 +1,4 @@
-//! The event envelope and the event catalogue of DESIGN §2.
+//! The event envelope and the event catalogue (see docs/architecture.md).
 //!
 //! Every event carries an id, the correlation id of the reconciliation it belongs to
 //! (if any), the id of the event that caused it, and a monotonic timestamp. The names
@@ -17,7 +17,8 @@ use crate::model::{
     RenderedConfig, ResourceChange, ResourceSnapshot,
 };
 
-/// Position of an event in its bus: unique per bus, increasing in publish order.
+/// Position of an event: increasing in publish order, unique across every bus built
+/// with the same [`crate::BusMetrics`] (the whole process, across config reloads).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct EventId(pub u64);
 
@@ -92,13 +93,11 @@ impl Serialize for CorrelationId {
 /// One published event: the envelope fields plus the payload.
 #[derive(Clone, Debug, Serialize)]
 pub struct Event {
-    /// Unique, increasing id within the bus.
+    /// Unique, increasing id (process-wide).
     pub id: EventId,
-    /// The reconciliation this event belongs to.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The reconciliation this event belongs to (`null` in JSON when none).
     pub correlation_id: Option<CorrelationId>,
-    /// The event whose handling produced this one.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The event whose handling produced this one (`null` in JSON when none).
     pub caused_by: Option<EventId>,
     /// Monotonic publish time (follows `tokio::time::pause()` in tests).
     #[serde(skip)]
@@ -572,5 +571,24 @@ mod tests {
         assert_eq!(json["id"], 7);
         assert_eq!(json["correlation_id"], "00000000000000ff");
         assert_eq!(json["caused_by"], 3);
+    }
+
+    #[test]
+    fn empty_envelope_fields_serialize_as_null() {
+        let event = Event {
+            id: EventId(1),
+            correlation_id: None,
+            caused_by: None,
+            at: tokio::time::Instant::now(),
+            unix_micros: 1,
+            payload: ResourceSyncComplete {
+                source: "services".into(),
+            }
+            .into(),
+        };
+        let json = serde_json::to_value(&event).unwrap();
+        let object = json.as_object().unwrap();
+        assert_eq!(object.get("correlation_id"), Some(&serde_json::Value::Null));
+        assert_eq!(object.get("caused_by"), Some(&serde_json::Value::Null));
     }
 }

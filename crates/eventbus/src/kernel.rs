@@ -1,4 +1,4 @@
-//! The component kernel (DESIGN §3): registration, each component's interest set,
+//! The component kernel: registration, each component's interest set,
 //! health tracking, failure isolation and shutdown with a deadline.
 //!
 //! # Interest sets

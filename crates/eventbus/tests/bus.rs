@@ -1,4 +1,4 @@
-//! Bus requirements R1–R4 (DESIGN §2), each proven against the real bus.
+//! Bus requirements R1–R4, each proven against the real bus.
 
 use std::time::Duration;
 
@@ -480,4 +480,34 @@ async fn a_flood_keeps_the_spill_bounded_and_drops_only_superseded_events() {
         "every event is delivered or counted"
     );
     assert!(newest_update[0] > 0 && newest_update[1] > 0);
+}
+
+#[tokio::test]
+async fn event_ids_continue_across_buses_sharing_metrics() {
+    // One set of metrics per process; every config reload builds a new bus with it.
+    let registry = Registry::new();
+    let metrics = BusMetrics::register(&registry).unwrap();
+    let mut last = 0;
+    for generation in 0..3 {
+        let bus = Bus::new(BusConfig::default(), &metrics);
+        let mut sub = bus.subscribe("test", KindSet::all()).unwrap();
+        bus.start().unwrap();
+        let publisher = bus.publisher();
+        for _ in 0..2 {
+            publisher.publish(sync("s"));
+        }
+        for _ in 0..2 {
+            let event = timeout(Duration::from_secs(5), sub.recv())
+                .await
+                .expect("event arrives")
+                .expect("bus open");
+            assert!(
+                event.id.0 > last,
+                "generation {generation}: id {} after {last}",
+                event.id
+            );
+            last = event.id.0;
+        }
+    }
+    assert_eq!(last, 6);
 }

@@ -1,4 +1,4 @@
-//! Kernel behaviour (DESIGN §3) and bus requirement R3 (no deadlock in a publish storm
+//! Kernel behaviour and bus requirement R3 (no deadlock in a publish storm
 //! with cycles), with real components on a real bus.
 
 use std::sync::{Arc, Mutex};

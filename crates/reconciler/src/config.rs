@@ -71,11 +71,34 @@ pub struct Templating {
     /// that wrote last, so a runaway loop cannot fill the controller's memory.
     #[serde(default = "default_max_output_bytes")]
     pub max_output_bytes: ByteSize,
+    /// Instructions one file's render may execute (0: unlimited), so a runaway loop
+    /// fails with its template line instead of hanging the controller. Raise it for
+    /// a very large config that legitimately does more work.
+    #[serde(default = "default_fuel")]
+    pub fuel: u64,
+    /// How deep includes (cost 10), macro calls (cost 4) and `render_glob`s may
+    /// nest, so a self-including snippet fails instead of overflowing the stack
+    /// (at most 500, the engine's own cap).
+    #[serde(default = "default_recursion_limit")]
+    pub recursion_limit: usize,
 }
 
 fn default_max_output_bytes() -> ByteSize {
     crate::renderer::DEFAULT_MAX_OUTPUT_BYTES
 }
+
+fn default_fuel() -> u64 {
+    crate::renderer::RenderLimits::default()
+        .fuel
+        .unwrap_or_default()
+}
+
+fn default_recursion_limit() -> usize {
+    crate::renderer::RenderLimits::default().recursion_limit
+}
+
+/// The engine's own cap on [`Templating::recursion_limit`].
+const MAX_RECURSION_LIMIT: usize = 500;
 
 impl Default for Templating {
     fn default() -> Self {
@@ -84,6 +107,8 @@ impl Default for Templating {
             lstrip_blocks: false,
             strict_undefined: false,
             max_output_bytes: default_max_output_bytes(),
+            fuel: default_fuel(),
+            recursion_limit: default_recursion_limit(),
         }
     }
 }
@@ -312,6 +337,12 @@ impl Config {
                 "must be more than 0 bytes (every rendered file would be refused)",
             ));
         }
+        if !(1..=MAX_RECURSION_LIMIT).contains(&self.templating.recursion_limit) {
+            issues.push(ConfigIssue::new(
+                "templating.recursionLimit",
+                format!("must be between 1 and {MAX_RECURSION_LIMIT}"),
+            ));
+        }
         for name in self.template_snippets.keys() {
             if name.trim().is_empty() {
                 issues.push(ConfigIssue::new(
@@ -490,6 +521,21 @@ validationTests:
                 "certs/default.pem"
             ]
         );
+    }
+
+    #[test]
+    fn fuel_and_recursion_limit_have_defaults_and_load() {
+        let config = parse("haproxyConfig: { template: x }\n");
+        assert_eq!(config.templating.fuel, 50_000_000);
+        assert_eq!(config.templating.recursion_limit, 200);
+        let config =
+            parse("haproxyConfig: { template: x }\ntemplating: { fuel: 0, recursionLimit: 300 }\n");
+        assert_eq!(config.templating.fuel, 0);
+        assert_eq!(config.templating.recursion_limit, 300);
+        let config = parse("haproxyConfig: { template: x }\ntemplating: { recursionLimit: 501 }\n");
+        let issues = config.validate();
+        assert_eq!(issues.len(), 1, "{issues:?}");
+        assert_eq!(issues[0].path, "templating.recursionLimit");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The debouncer (DESIGN §3): turns bursts of `ResourceIndexUpdated` into one
+//! The debouncer: turns bursts of `ResourceIndexUpdated` into one
 //! `ReconciliationTriggered`.
 //!
 //! - **Leading edge** (on by default): a change that follows at least `debounce`

@@ -1,4 +1,4 @@
-//! The executor (DESIGN §3): runs one reconciliation at a time.
+//! The executor: runs one reconciliation at a time.
 //!
 //! A reconciliation is: trigger → render → validation outcome.
 //!

@@ -382,7 +382,8 @@ fn out_of_fuel_fails_with_a_clear_error() {
     assert_eq!(location.file, "haproxy.cfg");
     assert!(matches!(location.line, Some(2..=3)), "{:?}", location.line);
     assert!(
-        errors[0].message.contains("ran out of fuel after 100000"),
+        errors[0].message.contains("ran out of fuel after 100000")
+            && errors[0].message.contains("raise templating.fuel"),
         "{}",
         errors[0]
     );
@@ -403,7 +404,8 @@ fn runaway_recursion_hits_the_recursion_limit() {
     assert_eq!(location.file, "loop");
     assert_eq!(location.line, Some(2));
     assert!(
-        errors[0].message.contains("recursion limit"),
+        errors[0].message.contains("recursion limit")
+            && errors[0].message.contains("templating.recursionLimit (50)"),
         "{}",
         errors[0]
     );

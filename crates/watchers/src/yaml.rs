@@ -95,7 +95,8 @@ pub fn parse_typed<T: DeserializeOwned>(
         },
     );
     result.map_err(|error| {
-        let path = path.filter(|p| !p.is_empty() && p != ".");
+        // `?` is serde's "somewhere unknown": no path is better than that.
+        let path = path.filter(|p| !p.is_empty() && p != "." && p != "?");
         diagnostic(&error, file, path.as_deref())
     })
 }
@@ -149,7 +150,7 @@ pub fn diagnostic(error: &serde_saphyr::Error, file: &str, path: Option<&str>) -
                 text = "input rejected by parse limits: nesting is too deep (recursion limit exceeded)"
                     .to_owned();
             }
-            with_path(path, &text)
+            with_path(path, &plain_words(&text, path))
         }
     };
     let location = match location {
@@ -175,6 +176,59 @@ pub fn unknown_field_message(path: &str, expected: &[&str]) -> String {
             expected.join(", ")
         ),
     }
+}
+
+/// Keys whose value is one template, written `{ template: … }` (file names may
+/// contain dots, so everything under those sections counts).
+fn is_template_key(path: &str) -> bool {
+    path == "haproxyConfig"
+        || ["templateSnippets.", "maps.", "files.", "sslCertificates."]
+            .iter()
+            .any(|section| path.starts_with(section))
+}
+
+/// The parser's wording for a value of the wrong shape, in the words of someone
+/// editing the file, with the fix. Anything not listed passes through unchanged.
+fn plain_words(text: &str, path: Option<&str>) -> String {
+    let path = path.unwrap_or_default();
+    let last_key = path.rsplit('.').next().unwrap_or(path);
+    if text.contains("expected sequence start") {
+        return if matches!(last_key, "indexBy" | "ignoreFields") {
+            "expected a list (e.g. `[metadata.name]`)".to_owned()
+        } else {
+            "expected a list (e.g. `[a, b]`, or one `- item` per line)".to_owned()
+        };
+    }
+    if text.contains("expected mapping start") {
+        return if is_template_key(path) {
+            "expected `{ template: … }`".to_owned()
+        } else if ["templateSnippets", "maps", "files", "sslCertificates"].contains(&path) {
+            "expected names, each with `{ template: … }`".to_owned()
+        } else {
+            "expected keys and values (`key: value` lines, or `{ key: value }`)".to_owned()
+        };
+    }
+    let integer = [
+        "u8", "u16", "u32", "u64", "usize", "i8", "i16", "i32", "i64", "isize",
+    ]
+    .iter()
+    .any(|kind| text.trim() == format!("invalid {kind}"));
+    if integer {
+        return "expected a whole number".to_owned();
+    }
+    if ["invalid f32", "invalid f64"].contains(&text.trim()) {
+        return "expected a number".to_owned();
+    }
+    if text.trim() == "invalid boolean" {
+        return "expected true or false".to_owned();
+    }
+    if text.contains("invalid socket address syntax") {
+        return "expected ip:port (host names are not accepted)".to_owned();
+    }
+    if text.contains("expected string scalar") {
+        return "expected a single value, not a list or keys".to_owned();
+    }
+    text.to_owned()
 }
 
 fn with_path(path: Option<&str>, message: &str) -> String {

@@ -11,6 +11,8 @@ use serde_saphyr::granit_parser::{Event, Parser};
 #[derive(Debug, Default)]
 pub struct Locator {
     positions: HashMap<String, (u32, u32)>,
+    /// Where each scalar value starts (a block scalar at its `|` or `>`).
+    values: HashMap<String, (u32, u32)>,
 }
 
 enum MapState {
@@ -44,6 +46,7 @@ impl Locator {
     /// Indexes `text`. Input that does not parse yields a partial index.
     pub fn new(text: &str) -> Self {
         let mut positions: HashMap<String, (u32, u32)> = HashMap::new();
+        let mut values: HashMap<String, (u32, u32)> = HashMap::new();
         let mut frames: Vec<Frame> = Vec::new();
         let mut record = |path: String, line: usize, col: usize| {
             let position = (
@@ -67,7 +70,12 @@ impl Locator {
                             *state = MapState::Value(value.into_owned());
                         }
                         MapState::Value(key) => {
-                            record(child(path, key), line, col);
+                            let path = child(path, key);
+                            values.entry(path.clone()).or_insert((
+                                u32::try_from(line).unwrap_or(u32::MAX),
+                                u32::try_from(col + 1).unwrap_or(u32::MAX),
+                            ));
+                            record(path, line, col);
                             *state = MapState::Key;
                         }
                     },
@@ -151,7 +159,13 @@ impl Locator {
                 _ => {}
             }
         }
-        Self { positions }
+        Self { positions, values }
+    }
+
+    /// Line and column where the scalar value of exactly `path` starts (for a block
+    /// scalar, its `|` or `>` indicator).
+    pub fn value_at(&self, path: &str) -> Option<(u32, u32)> {
+        self.values.get(path).copied()
     }
 
     /// Line and column of `path`, or of its nearest ancestor that exists in the file

@@ -1,4 +1,4 @@
-//! The controller's config file (DESIGN §4): the whole-file [`Config`], the
+//! The controller's config file: the whole-file [`Config`], the
 //! [`Controller`] section, [`load`] with located errors, and the [`ConfigWatcher`]
 //! component that reloads it when the file or a password file changes.
 //!
@@ -403,11 +403,8 @@ impl Controller {
                 "metricsListen is the same address as listen",
             ));
         }
-        if let Err(error) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
-            issues.push(ConfigIssue::new(
-                "logLevel",
-                format!("not a log level or RUST_LOG filter: {error}"),
-            ));
+        if let Err(message) = check_log_level(&self.log_level) {
+            issues.push(ConfigIssue::new("logLevel", message));
         }
         issues.extend(
             self.leader_election
@@ -429,6 +426,44 @@ impl Controller {
         }
         issues
     }
+}
+
+/// The levels `logLevel` accepts on their own.
+const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
+/// Checks `controller.logLevel`: a level, or a `RUST_LOG`-style filter whose every
+/// directive names a level (`info,hapwright_deployer=debug`). A bare word that is not
+/// a level is refused even though `EnvFilter` would take it as a target name: `inf` or
+/// `verbose` would otherwise silently switch off every log line.
+fn check_log_level(value: &str) -> Result<(), String> {
+    const HINT: &str = "use one of trace, debug, info, warn, error, off, or a filter such \
+                        as `info,hapwright_deployer=debug`";
+    if value.trim().is_empty() {
+        return Err(format!("logLevel is empty; {HINT}"));
+    }
+    for directive in value.split(',').map(str::trim) {
+        let bare_word = !directive.contains(['=', ':', '[']);
+        if bare_word && !LOG_LEVELS.iter().any(|l| l.eq_ignore_ascii_case(directive)) {
+            let suggestion = hapwright_eventbus::config::did_you_mean(
+                directive,
+                LOG_LEVELS.iter().copied().chain(["warning", "verbose"]),
+            )
+            .map(|s| match s {
+                "warning" => "warn",
+                "verbose" => "debug",
+                other => other,
+            });
+            return Err(match suggestion {
+                Some(level) => {
+                    format!("`{directive}` is not a log level, did you mean {level}? ({HINT})")
+                }
+                None => format!("`{directive}` is not a log level; {HINT}"),
+            });
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(value)
+        .map(drop)
+        .map_err(|error| format!("not a log level or filter ({error}); {HINT}"))
 }
 
 impl Config {
@@ -487,6 +522,149 @@ impl Config {
     }
 }
 
+/// Where one inline template is written in the config file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TemplatePlace {
+    /// Line of the template's first line.
+    line: u32,
+    /// Column where the template's text starts on its lines.
+    column: u32,
+    /// A block scalar (`|`, `>`): template line N is config line `line + N - 1`. A
+    /// flow scalar is mapped for its first line only.
+    block: bool,
+}
+
+/// Where each inline template (`haproxyConfig`, snippets, maps, files,
+/// certificates) is written in the config file, so an error in a template also names
+/// the config file line users edit: `hapwright.yaml:87:47 (maps/hosts.map line 4)`.
+#[derive(Clone, Debug, Default)]
+pub struct TemplatePlaces {
+    file: String,
+    places: std::collections::BTreeMap<String, TemplatePlace>,
+}
+
+impl TemplatePlaces {
+    /// Finds every template of `config` in `text`, the file shown as `display`.
+    pub fn new(text: &str, display: &str, config: &Config) -> Self {
+        let locator = Locator::new(text);
+        let lines: Vec<&str> = text.lines().collect();
+        let templates = &config.templates;
+        let names = std::iter::once(("haproxy.cfg".to_owned(), "haproxyConfig".to_owned()))
+            .chain(
+                templates
+                    .template_snippets
+                    .keys()
+                    .map(|n| (n.clone(), format!("templateSnippets.{n}"))),
+            )
+            .chain(
+                templates
+                    .maps
+                    .keys()
+                    .map(|n| (format!("maps/{n}"), format!("maps.{n}"))),
+            )
+            .chain(
+                templates
+                    .files
+                    .keys()
+                    .map(|n| (format!("files/{n}"), format!("files.{n}"))),
+            )
+            .chain(
+                templates
+                    .ssl_certificates
+                    .keys()
+                    .map(|n| (format!("certs/{n}"), format!("sslCertificates.{n}"))),
+            );
+        let mut places = std::collections::BTreeMap::new();
+        for (name, key) in names {
+            let path = format!("{key}.template");
+            let (Some((key_line, key_column)), Some((line, column))) =
+                (locator.locate(&path), locator.value_at(&path))
+            else {
+                continue;
+            };
+            let Some(text_line) = lines.get(key_line as usize - 1) else {
+                continue;
+            };
+            // After `template:` on the key's line: a block indicator, or the value.
+            let after_key: String = text_line
+                .chars()
+                .skip(key_column as usize - 1)
+                .skip_while(|c| *c != ':')
+                .skip(1)
+                .collect();
+            let first = match after_key.trim_start().chars().next() {
+                Some(c @ ('|' | '>')) => Some(c),
+                _ => lines
+                    .get(line as usize - 1)
+                    .and_then(|l| l.chars().nth(column as usize - 1)),
+            };
+            let place = match first {
+                Some('|' | '>') => {
+                    // The content starts on the next line, at the indent of its first
+                    // non-blank line.
+                    let indent = lines
+                        .iter()
+                        .skip(key_line as usize)
+                        .find(|l| !l.trim().is_empty())
+                        .map_or(0, |l| l.len() - l.trim_start().len());
+                    TemplatePlace {
+                        line: key_line + 1,
+                        column: u32::try_from(indent).unwrap_or(0) + 1,
+                        block: true,
+                    }
+                }
+                Some('"' | '\'') => TemplatePlace {
+                    line,
+                    column: column + 1,
+                    block: false,
+                },
+                _ => TemplatePlace {
+                    line,
+                    column,
+                    block: false,
+                },
+            };
+            places.insert(name, place);
+        }
+        Self {
+            file: display.to_owned(),
+            places,
+        }
+    }
+
+    /// Adds the config file place to every diagnostic that points at a line of an
+    /// inline template.
+    pub fn locate(&self, errors: Vec<Diagnostic>) -> Vec<Diagnostic> {
+        errors
+            .into_iter()
+            .map(|error| match self.config_place(&error) {
+                Some(place) => error.in_config(place),
+                None => error,
+            })
+            .collect()
+    }
+
+    fn config_place(&self, error: &Diagnostic) -> Option<SourceLocation> {
+        let template = error.template_location()?;
+        let place = self.places.get(&template.file)?;
+        let line = template.line?;
+        let (line, column) = if place.block {
+            (
+                place.line + line - 1,
+                Some(place.column + template.column.unwrap_or(1) - 1),
+            )
+        } else if line == 1 {
+            (
+                place.line,
+                Some(place.column + template.column.unwrap_or(1) - 1),
+            )
+        } else {
+            (place.line, None)
+        };
+        Some(SourceLocation::new(self.file.clone(), Some(line), column))
+    }
+}
+
 /// A loaded, valid configuration.
 #[derive(Clone, Debug)]
 pub struct Loaded {
@@ -500,6 +678,8 @@ pub struct Loaded {
     /// Files whose change means the configuration may have changed: the config file
     /// and every `passwordFile`.
     pub watched_files: Vec<PathBuf>,
+    /// Where each inline template is written, to locate template errors in the file.
+    pub templates_at: TemplatePlaces,
 }
 
 /// Loads and validates the config file at `path`: read (at most
@@ -528,6 +708,7 @@ pub fn load(path: &Path) -> Result<Loaded, Vec<Diagnostic>> {
         watched_files: std::iter::once(path.to_path_buf())
             .chain(config.haproxy.secret_files())
             .collect(),
+        templates_at: TemplatePlaces::new(text, &display, &config),
         config,
         path: path.to_path_buf(),
         hash,
@@ -541,6 +722,18 @@ pub fn parse(
     path: &Path,
     display: &str,
 ) -> Result<(Config, ContentHash), Vec<Diagnostic>> {
+    let blank = text.lines().all(|line| {
+        let line = line.trim();
+        line.is_empty() || line.starts_with('#') || line == "---" || line == "..."
+    });
+    if blank {
+        return Err(vec![
+            Diagnostic::error(
+                "the config file is empty (it needs at least `haproxyConfig: { template: … }`)",
+            )
+            .at(SourceLocation::new(display, None, None)),
+        ]);
+    }
     let mut config: Config =
         yaml::parse_typed(text, display, &Limits::default()).map_err(|d| vec![d])?;
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
@@ -708,5 +901,184 @@ mod http_tests {
         );
         let unknown = parse_controller("  http:\n    idleTimout: 5s\n").unwrap_err();
         assert!(unknown[0].contains("idleTimout"), "{unknown:?}");
+    }
+}
+
+#[cfg(test)]
+mod log_level_tests {
+    use super::check_log_level;
+
+    #[test]
+    fn levels_and_filters_are_accepted() {
+        for value in [
+            "info",
+            "DEBUG",
+            "warn",
+            "off",
+            "info,hapwright_deployer=debug",
+            "hapwright_app::http=trace",
+            "error,[reconcile]=debug",
+        ] {
+            assert_eq!(check_log_level(value), Ok(()), "{value}");
+        }
+    }
+
+    #[test]
+    fn words_that_are_not_levels_are_refused_with_a_suggestion() {
+        let err = |value: &str| check_log_level(value).unwrap_err();
+        assert!(
+            err("inf").contains("`inf` is not a log level, did you mean info?"),
+            "{}",
+            err("inf")
+        );
+        assert!(
+            err("debugg").contains("did you mean debug?"),
+            "{}",
+            err("debugg")
+        );
+        assert!(
+            err("verbose").contains("did you mean debug?"),
+            "{}",
+            err("verbose")
+        );
+        assert!(
+            err("warning").contains("did you mean warn?"),
+            "{}",
+            err("warning")
+        );
+        assert!(
+            err("chatty").contains("use one of trace, debug, info"),
+            "{}",
+            err("chatty")
+        );
+        assert!(err("info,loud").contains("`loud`"), "{}", err("info,loud"));
+        assert!(err("").contains("empty"));
+    }
+}
+
+#[cfg(test)]
+mod wording_tests {
+    use super::*;
+
+    fn error(text: &str) -> String {
+        let errors = parse(
+            text,
+            Path::new("/nonexistent/hapwright.yaml"),
+            "hapwright.yaml",
+        )
+        .unwrap_err();
+        errors[0].to_string()
+    }
+
+    #[test]
+    fn parser_jargon_reads_as_plain_words_with_the_fix() {
+        let cases = [
+            (
+                "haproxyConfig: { template: x }\nwatchedResources:\n  s:\n    files: { path: . }\n    indexBy: metadata.name\n",
+                "hapwright.yaml:5:14: watchedResources.s.indexBy: expected a list (e.g. `[metadata.name]`)",
+            ),
+            (
+                "haproxyConfig: x\n",
+                "hapwright.yaml:1:16: haproxyConfig: expected `{ template: … }`",
+            ),
+            (
+                "haproxyConfig: { template: x }\nmaps:\n  hosts.map: x\n",
+                "hapwright.yaml:3:14: maps.hosts.map: expected `{ template: … }`",
+            ),
+            (
+                "haproxyConfig: { template: x }\ntemplating: { fuel: lots }\n",
+                "hapwright.yaml:2:21: templating.fuel: expected a whole number",
+            ),
+            (
+                "haproxyConfig: { template: x }\ntemplating: { trimBlocks: maybe }\n",
+                "hapwright.yaml:2:27: templating.trimBlocks: expected true or false",
+            ),
+            (
+                "haproxyConfig: { template: x }\ncontroller:\n  listen: localhost:9400\n",
+                "hapwright.yaml:3:11: controller.listen: expected ip:port (host names are not accepted)",
+            ),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(error(text), expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_duplicate_key_has_no_placeholder_path() {
+        let message = error("haproxyConfig: { template: x }\ncontroller: {}\ncontroller: {}\n");
+        assert!(message.starts_with("hapwright.yaml:3:"), "{message}");
+        assert!(!message.contains("?:"), "{message}");
+        assert!(message.contains("duplicate"), "{message}");
+    }
+
+    #[test]
+    fn an_empty_file_says_so() {
+        for text in ["", "\n\n", "# nothing yet\n---\n"] {
+            let message = error(text);
+            assert!(
+                message.starts_with("hapwright.yaml: the config file is empty"),
+                "{message}"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod template_places_tests {
+    use super::*;
+
+    fn places(text: &str) -> TemplatePlaces {
+        let (config, _) = parse(
+            text,
+            Path::new("/nonexistent/hapwright.yaml"),
+            "hapwright.yaml",
+        )
+        .unwrap();
+        TemplatePlaces::new(text, "hapwright.yaml", &config)
+    }
+
+    fn shown(places: &TemplatePlaces, error: Diagnostic) -> String {
+        places.locate(vec![error])[0].to_string()
+    }
+
+    #[test]
+    fn template_errors_name_the_config_file_line_and_column() {
+        let text = "\
+haproxyConfig:
+  template: |
+    global
+        bogus on
+maps:
+  hosts.map: { template: \"{{ x | uper }}\" }
+templateSnippets:
+  be:
+    template: >-
+      backend {{ y }}
+";
+        let places = places(text);
+        let at = |file: &str, line, column| {
+            Diagnostic::error("oops").at(SourceLocation::new(file, Some(line), column))
+        };
+        assert_eq!(
+            shown(&places, at("maps/hosts.map", 1, Some(8))),
+            "hapwright.yaml:6:34 (maps/hosts.map line 1): oops"
+        );
+        assert_eq!(
+            shown(&places, at("be", 1, None)),
+            "hapwright.yaml:10:7 (be line 1): oops"
+        );
+        // A rendered line names its template line and where that is in the file.
+        let rendered = Diagnostic::error("unknown keyword 'bogus'")
+            .at(SourceLocation::new("haproxy.cfg", Some(2), None))
+            .from_origin(SourceLocation::new("haproxy.cfg", Some(2), None));
+        assert_eq!(
+            shown(&places, rendered),
+            "haproxy.cfg:2: unknown keyword 'bogus' (from haproxy.cfg:2, hapwright.yaml:4:5)"
+        );
+        // Anything else is left alone.
+        assert_eq!(
+            shown(&places, at("services.yaml", 3, None)),
+            "services.yaml:3: oops"
+        );
     }
 }

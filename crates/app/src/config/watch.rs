@@ -34,7 +34,8 @@ pub enum ConfigChange {
 ///   when the files return to the running configuration after an invalid spell, so
 ///   the app can clear the error (same hash: nothing to rebuild);
 /// - `ConfigInvalid` (and [`ConfigChange::Invalid`]) with every located error when the
-///   result is invalid, once per distinct set of errors. The running configuration
+///   result is invalid (as `check` judges it: the file, then every template
+///   compiled), once per distinct set of errors. The running configuration
 ///   stays.
 ///
 /// The configuration types live in this crate, above the event catalogue, so the
@@ -118,7 +119,15 @@ async fn run(watcher: ConfigWatcher, ctx: Context) -> Result<(), ComponentError>
         }
         first = false;
         let load_path = path.clone();
-        let outcome = tokio::task::spawn_blocking(move || load(&load_path)).await?;
+        // The verdict covers everything `check` checks: a template that does not
+        // compile is a rejection like a YAML error, with the same health and events.
+        let outcome = tokio::task::spawn_blocking(move || {
+            let loaded = load(&load_path)?;
+            crate::build::renderer(&loaded.config)
+                .map_err(|errors| loaded.templates_at.locate(errors))?;
+            Ok(loaded)
+        })
+        .await?;
         match outcome {
             Ok(loaded) => {
                 let recovered = invalid.take().is_some();
@@ -126,7 +135,9 @@ async fn run(watcher: ConfigWatcher, ctx: Context) -> Result<(), ComponentError>
                     continue;
                 }
                 ctx.health().healthy();
-                tracing::info!(hash = %loaded.hash.short(), "Config file changed; new configuration loaded");
+                // The controller logs the verdict (accepted or rejected) once it has
+                // also bound the listen addresses.
+                tracing::debug!(hash = %loaded.hash.short(), "Config file changed and passed the checks");
                 current = loaded.hash;
                 ctx.publisher().publish(ConfigLoaded {
                     path: path.display().to_string(),

@@ -8,7 +8,7 @@ use hapwright_eventbus::model::{
 };
 use hapwright_eventbus::{
     CorrelationId, HealthState, InstanceDeployed, ReconciliationStarted, ResourceIndexUpdated,
-    TemplateRenderFailed, TemplateRendered,
+    ResourceSyncComplete, TemplateRenderFailed, TemplateRendered,
 };
 use serde_json::json;
 
@@ -212,6 +212,99 @@ async fn resources_are_listed_with_secret_data_hidden() {
     assert_eq!(body["count"], 1);
     assert_eq!(body["objects"][0]["data"]["tls.key"], "<redacted>");
     assert_eq!(body["objects"][0]["metadata"]["name"], "tls");
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_watched_resource_answers_before_its_first_sync() {
+    let h = Harness::start().await;
+    h.store
+        .set_watched_resources(["services".to_owned(), "endpoints".to_owned()]);
+    let (status, body) = h.json("/debug/resources/services").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({"name": "services", "count": 0, "objects": [], "synced": false})
+    );
+    h.store.apply(
+        &event(
+            1,
+            None,
+            ResourceIndexUpdated {
+                source: "services".into(),
+                snapshot: Arc::new(ResourceSnapshot::new(vec![])),
+                change: Arc::new(ResourceChange::default()),
+            },
+        ),
+        None,
+    );
+    h.store.apply(
+        &event(
+            2,
+            None,
+            ResourceSyncComplete {
+                source: "services".into(),
+            },
+        ),
+        None,
+    );
+    let (status, body) = h.json("/debug/resources/services").await;
+    assert_eq!((status, &body["synced"]), (200, &json!(true)), "{body}");
+    let (status, body) = h.json("/debug/resources/nope").await;
+    assert_eq!(status, 404);
+    assert_eq!(body["known"], json!(["endpoints", "services"]));
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn every_configured_instance_is_listed_from_the_start() {
+    let h = Harness::start().await;
+    h.store
+        .set_static_instances(["edge-1".to_owned(), "edge-2".to_owned()]);
+    let (_, body) = h.json("/debug/instances").await;
+    let states: Vec<(String, String)> = body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["name"].as_str().unwrap().to_owned(),
+                i["state"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("edge-1".to_owned(), "pending".to_owned()),
+            ("edge-2".to_owned(), "pending".to_owned())
+        ]
+    );
+    h.store.apply(
+        &event(
+            1,
+            None,
+            InstanceDeployed {
+                instance: "edge-1".into(),
+                hash: rendered().hash(),
+                strategy: DeployStrategy::Runtime,
+                reason: Some(hapwright_eventbus::model::DeployReason {
+                    reload: None,
+                    detail: "server be/s1: weight 10 → 20".into(),
+                }),
+                duration: Duration::from_millis(2),
+            },
+        ),
+        None,
+    );
+    let (_, body) = h.json("/debug/instances").await;
+    assert_eq!(body[0]["state"], "deployed");
+    // One shape for every strategy: `reload` is there, null when not a reload.
+    assert_eq!(
+        body[0]["last_reason"],
+        json!({"reload": null, "detail": "server be/s1: weight 10 → 20"})
+    );
+    assert_eq!(body[1]["state"], "pending");
     h.server.shutdown().await;
 }
 

@@ -270,7 +270,7 @@ fn the_event_ring_keeps_the_newest_and_filters_by_correlation() {
 }
 
 #[test]
-fn resource_counts_are_exported_per_source() {
+fn watched_objects_are_exported_per_resource_and_under_the_deprecated_name() {
     use hapwright_eventbus::ResourceIndexUpdated;
     use hapwright_eventbus::model::{ObjectKey, ResourceChange};
     let registry = Registry::new();
@@ -292,7 +292,27 @@ fn resource_counts_are_exported_per_source() {
         ),
         Some(&metrics),
     );
+    assert_eq!(
+        metrics
+            .watched_objects
+            .with_label_values(&["services"])
+            .get(),
+        3
+    );
     assert_eq!(metrics.resources.with_label_values(&["services"]).get(), 3);
+    let help = |name: &str| {
+        registry
+            .gather()
+            .into_iter()
+            .find(|family| family.name() == name)
+            .map(|family| family.help().to_owned())
+            .unwrap_or_default()
+    };
+    assert!(
+        help("hapwright_resources").starts_with("Deprecated"),
+        "{}",
+        help("hapwright_resources")
+    );
     assert_eq!(store.resource_names(), ["services"]);
 }
 
@@ -485,5 +505,103 @@ async fn liveness_counts_a_run_of_restarts_as_one_outage() {
         store.liveness_at(now + Duration::from_secs(3600)),
         Liveness::Live,
         "a stopped iteration is not a failure"
+    );
+}
+
+#[test]
+fn reconciliations_fill_schedule_and_deploy_timings_when_the_deployment_ends() {
+    use hapwright_eventbus::DeploymentScheduled;
+    let store = StatusStore::default();
+    let id = CorrelationId::new();
+    store.apply(
+        &event(
+            1,
+            Some(id),
+            ReconciliationStarted {
+                reason: "resources changed: services".into(),
+            },
+        ),
+        None,
+    );
+    store.apply(
+        &event(
+            2,
+            Some(id),
+            ReconciliationCompleted {
+                duration: Duration::from_millis(1),
+                stages: vec![
+                    (Stage::Render, Duration::from_millis(1)),
+                    (Stage::Validate, Duration::ZERO),
+                ],
+            },
+        ),
+        None,
+    );
+    // The scheduler lets it go 3 ms after validation (event times are 1 ms apart).
+    store.apply(
+        &event(
+            5,
+            Some(id),
+            DeploymentScheduled {
+                config: rendered(),
+                instances: vec!["a".into()],
+                drift_check: false,
+                parsed: Default::default(),
+            },
+        ),
+        None,
+    );
+    store.apply(
+        &event(
+            9,
+            Some(id),
+            DeploymentCompleted {
+                summary: DeploymentSummary {
+                    hash: rendered().hash(),
+                    succeeded: vec!["a".into()],
+                    failed: vec![],
+                    duration: Duration::from_millis(40),
+                },
+            },
+        ),
+        None,
+    );
+    let record = &store.reconciliations()[0];
+    let ms = |stage: &str| record.stages.get(stage).map(|s| (s * 1000.0).round());
+    assert_eq!(ms("schedule"), Some(3.0), "{:?}", record.stages);
+    assert_eq!(ms("deploy"), Some(40.0), "{:?}", record.stages);
+}
+
+#[test]
+fn render_errors_name_the_config_file_line_of_inline_templates() {
+    let text = "haproxyConfig:\n  template: |\n    global\n    {{ x | uper }}\n";
+    let (config, _) = crate::config::parse(
+        text,
+        std::path::Path::new("/nonexistent/hapwright.yaml"),
+        "hapwright.yaml",
+    )
+    .unwrap();
+    let store = StatusStore::default();
+    store.set_template_places(crate::config::TemplatePlaces::new(
+        text,
+        "hapwright.yaml",
+        &config,
+    ));
+    let error = Diagnostic::error("unknown filter `uper`").at(
+        hapwright_eventbus::model::SourceLocation::new("haproxy.cfg", Some(2), Some(8)),
+    );
+    store.apply(
+        &event(
+            1,
+            None,
+            TemplateRenderFailed {
+                errors: vec![error],
+            },
+        ),
+        None,
+    );
+    assert_eq!(
+        store.last_error().unwrap().errors[0].to_string(),
+        "hapwright.yaml:4:12 (haproxy.cfg line 2): unknown filter `uper`"
     );
 }

@@ -492,6 +492,7 @@ impl Fleet {
 
     fn add(&mut self, driver: Arc<dyn Driver>) {
         let name = driver.name().to_owned();
+        self.shared.metrics.instance_known(&name);
         let handle = Handle::spawn(driver, self.shared.clone(), &self.cancel);
         self.workers.insert(name, handle);
     }
@@ -760,7 +761,7 @@ async fn report_managed_health(
         if let Some(state) = managed.state(name).await
             && !state.is_running()
         {
-            down.push(format!("{name}: {state:?}"));
+            down.push(format!("{name}: {state}"));
         }
     }
     if !down.is_empty() {

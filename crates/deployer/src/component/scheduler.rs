@@ -1,4 +1,4 @@
-//! The deployment scheduler (DESIGN §3): turns `ValidationCompleted` into
+//! The deployment scheduler: turns `ValidationCompleted` into
 //! `DeploymentScheduled`, rate-limited and latest-wins.
 //!
 //! - At most one deployment per `minDeploymentInterval`.

@@ -83,6 +83,22 @@ pub enum ProcessState {
     Stopped,
 }
 
+impl std::fmt::Display for ProcessState {
+    /// In words, for health reasons and logs: `restarting after 6 failed starts
+    /// (exited with status 1)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProcessState::Starting => f.write_str("starting"),
+            ProcessState::Running { pid } => write!(f, "running (pid {pid})"),
+            ProcessState::Restarting { attempt, reason } => {
+                let starts = if *attempt == 1 { "start" } else { "starts" };
+                write!(f, "restarting after {attempt} failed {starts} ({reason})")
+            }
+            ProcessState::Stopped => f.write_str("stopped"),
+        }
+    }
+}
+
 impl ProcessState {
     /// Whether HAProxy is up.
     pub fn is_running(&self) -> bool {
@@ -157,14 +173,33 @@ impl LogBuffer {
             .collect()
     }
 
-    /// `[ALERT]` lines pushed after `position`, without the timestamp/pid prefix noise.
+    /// `[ALERT]` lines pushed after `position`, without the pid, each distinct line
+    /// once: HAProxy repeats the same alert from the master and each worker, and
+    /// again on every failed start.
     pub fn alerts_since(&self, position: u64) -> Vec<String> {
+        let mut seen = std::collections::HashSet::new();
         self.since(position)
             .into_iter()
             .filter(|line| line.contains("[ALERT]"))
-            .map(|line| line.trim().to_owned())
+            .map(|line| without_pid(line.trim()))
+            .filter(|line| seen.insert(line.clone()))
             .collect()
     }
+}
+
+/// `[ALERT]    (12345) : config : …` → `[ALERT] config : …`: the pid differs between
+/// otherwise identical lines and says nothing to the reader.
+fn without_pid(line: &str) -> String {
+    let Some(rest) = line.strip_prefix("[ALERT]") else {
+        return line.to_owned();
+    };
+    let rest = rest.trim_start();
+    let rest = match rest.strip_prefix('(').and_then(|r| r.split_once(')')) {
+        Some((pid, after)) if pid.chars().all(|c| c.is_ascii_digit()) => after.trim_start(),
+        _ => rest,
+    };
+    let rest = rest.strip_prefix(':').map_or(rest, str::trim_start);
+    format!("[ALERT] {rest}")
 }
 
 /// Starts of one supervised process that came up, and how many of them a deployment
@@ -469,10 +504,12 @@ async fn supervise(
                 "hapwright: adopted the HAProxy master (pid {pid}) left by an earlier controller; its output is not captured"
             ));
             run_adopted(pid, &instance, &config, &state, &cancel).await
+        } else if let Err(conflict) = foreign_listeners(&instance).await {
+            Exit::Failed(conflict)
         } else {
             match spawn(&spawner, &binary, &instance, &logs, &cancel).await {
                 Ok(child) => run_once(child, &instance, &config, &state, &cancel).await,
-                Err(error) => Exit::Failed(format!("cannot run {}: {error}", binary.display())),
+                Err(error) => Exit::Failed(crate::config::spawn_error(&binary, &error)),
             }
         };
         let reason = match outcome {
@@ -554,6 +591,22 @@ async fn spawn(
         tokio::spawn(pump_lines(stderr, logs.clone(), stopping.clone()));
     }
     Ok(child)
+}
+
+/// Refuses a start while another process listens on one of the config's `bind`
+/// addresses (see [`super::listeners`]); processes running this instance's own config
+/// are not foreign.
+async fn foreign_listeners(instance: &InstanceConfig) -> Result<(), String> {
+    let config_file = instance.config_dir.join("haproxy.cfg");
+    let env = instance.env.clone();
+    tokio::task::spawn_blocking(move || {
+        super::listeners::check_foreign(&config_file, &env, |pid| {
+            runs_config(pid, &config_file)
+                || parent_of(pid).is_some_and(|parent| runs_config(parent, &config_file))
+        })
+    })
+    .await
+    .unwrap_or(Ok(()))
 }
 
 /// Forwards HAProxy's output to the log and the buffer. `stopping` is cancelled before
@@ -887,4 +940,44 @@ pub fn masters_of(config_file: &Path) -> Vec<u32> {
         .copied()
         .filter(|pid| parent_of(*pid).is_none_or(|parent| !matching.contains(&parent)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_read_as_words_not_debug_text() {
+        let state = ProcessState::Restarting {
+            attempt: 6,
+            reason: "exited with status 1".into(),
+        };
+        assert_eq!(
+            state.to_string(),
+            "restarting after 6 failed starts (exited with status 1)"
+        );
+        assert_eq!(
+            ProcessState::Running { pid: 42 }.to_string(),
+            "running (pid 42)"
+        );
+    }
+
+    #[test]
+    fn repeated_alerts_are_shown_once_without_pids() {
+        let logs = LogBuffer::default();
+        for pid in [100, 101, 100] {
+            logs.push(format!(
+                "[ALERT]    ({pid}) : Starting frontend fe: cannot bind socket (Address already in use) [0.0.0.0:80]"
+            ));
+        }
+        logs.push("[NOTICE]   (100) : haproxy version is 2.6".into());
+        logs.push("[ALERT]    (100) : Fatal errors found in configuration.".into());
+        assert_eq!(
+            logs.alerts_since(0),
+            [
+                "[ALERT] Starting frontend fe: cannot bind socket (Address already in use) [0.0.0.0:80]",
+                "[ALERT] Fatal errors found in configuration.",
+            ]
+        );
+    }
 }

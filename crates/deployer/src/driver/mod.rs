@@ -24,6 +24,7 @@
 
 pub mod dataplane;
 pub mod fleet;
+pub mod listeners;
 pub mod managed;
 pub mod socket;
 pub mod state_file;

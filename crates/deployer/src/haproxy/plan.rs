@@ -1,4 +1,4 @@
-//! The change plan (DESIGN §3): what it takes to move an instance from the config it
+//! The change plan: what it takes to move an instance from the config it
 //! runs to the desired one, computed from the parsed models without any I/O.
 //!
 //! Runtime API, no reload: server address/port, weight and admin state; servers added

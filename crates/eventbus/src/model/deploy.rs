@@ -74,8 +74,8 @@ impl ReloadReason {
 /// Why a deployment used the strategy it used: the answer to "why did it reload?".
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DeployReason {
-    /// The reload class, when the strategy is `reload`.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The reload class, when the strategy is `reload` (`null` in JSON otherwise, so
+    /// the reason has one shape for every strategy).
     pub reload: Option<ReloadReason>,
     /// The exact cause, e.g. "backend be_x: new keyword `option httpchk`".
     pub detail: String,

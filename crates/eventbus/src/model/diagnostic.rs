@@ -71,6 +71,11 @@ pub struct Diagnostic {
     /// The offending source line, as written.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source_line: Option<String>,
+    /// Where the template behind `origin` (or `location`, for a template error) is
+    /// written in the controller's config file, for templates written inline: the
+    /// place users edit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config: Option<SourceLocation>,
 }
 
 impl Diagnostic {
@@ -82,6 +87,7 @@ impl Diagnostic {
             location: None,
             origin: None,
             source_line: None,
+            config: None,
         }
     }
 
@@ -107,6 +113,19 @@ impl Diagnostic {
         self
     }
 
+    /// Sets where the template is written in the config file.
+    #[must_use]
+    pub fn in_config(mut self, config: SourceLocation) -> Self {
+        self.config = Some(config);
+        self
+    }
+
+    /// The template place this diagnostic points at: the origin of a rendered line,
+    /// otherwise the location itself (a template error).
+    pub fn template_location(&self) -> Option<&SourceLocation> {
+        self.origin.as_ref().or(self.location.as_ref())
+    }
+
     /// Attaches the offending source line.
     #[must_use]
     pub fn with_source_line(mut self, line: impl Into<String>) -> Self {
@@ -116,17 +135,31 @@ impl Diagnostic {
 }
 
 impl fmt::Display for Diagnostic {
-    /// `file:line:col: message (from template:line)`, the form compilers use.
+    /// `file:line:col: message (from template:line)`, the form compilers use. With a
+    /// config file place, a template error reads `hapwright.yaml:87:47 (maps/hosts.map
+    /// line 4): message` and a rendered line's origin `(from snippet:3,
+    /// hapwright.yaml:40:9)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(location) = &self.location {
-            write!(f, "{location}: ")?;
+        match (&self.location, &self.config) {
+            (Some(location), Some(config)) if self.origin.is_none() => {
+                write!(f, "{config} ({}", location.file)?;
+                if let Some(line) = location.line {
+                    write!(f, " line {line}")?;
+                }
+                f.write_str("): ")?;
+            }
+            (Some(location), _) => write!(f, "{location}: ")?,
+            (None, _) => {}
         }
         if self.severity == Severity::Warning {
             f.write_str("warning: ")?;
         }
         f.write_str(&self.message)?;
         if let Some(origin) = &self.origin {
-            write!(f, " (from {origin})")?;
+            match &self.config {
+                Some(config) => write!(f, " (from {origin}, {config})")?,
+                None => write!(f, " (from {origin})")?,
+            }
         }
         Ok(())
     }
@@ -137,6 +170,25 @@ impl std::error::Error for Diagnostic {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inline_templates_name_the_config_file_line() {
+        let d = Diagnostic::error("unknown filter `uper`")
+            .at(SourceLocation::new("maps/hosts.map", Some(4), Some(12)))
+            .in_config(SourceLocation::new("hapwright.yaml", Some(87), Some(16)));
+        assert_eq!(
+            d.to_string(),
+            "hapwright.yaml:87:16 (maps/hosts.map line 4): unknown filter `uper`"
+        );
+        let d = Diagnostic::error("unknown keyword 'bnd'")
+            .at(SourceLocation::new("haproxy.cfg", Some(12), None))
+            .from_origin(SourceLocation::new("frontend-http", Some(3), None))
+            .in_config(SourceLocation::new("hapwright.yaml", Some(40), Some(7)));
+        assert_eq!(
+            d.to_string(),
+            "haproxy.cfg:12: unknown keyword 'bnd' (from frontend-http:3, hapwright.yaml:40:7)"
+        );
+    }
 
     #[test]
     fn display_reads_like_a_compiler_message() {

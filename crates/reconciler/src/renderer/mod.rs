@@ -605,7 +605,7 @@ impl Renderer {
         match error.kind() {
             ErrorKind::OutOfFuel => format!(
                 "template ran out of fuel after {} instructions: a loop or recursion does too much work \
-                 (raise limits.fuel if the config really is that large)",
+                 (raise templating.fuel if the config really is that large)",
                 self.inner.limits.fuel.unwrap_or_default()
             ),
             ErrorKind::UndefinedError => match detail {
@@ -620,7 +620,7 @@ impl Renderer {
             }
             kind => match detail {
                 Some(detail) if detail.contains("recursion limit") => format!(
-                    "{detail}: includes, macros or render_glob nest deeper than limits.recursionLimit ({})",
+                    "{detail}: includes, macros or render_glob nest deeper than templating.recursionLimit ({})",
                     self.inner.limits.recursion_limit
                 ),
                 Some(detail) => format!("{kind}: {detail}"),

@@ -1,4 +1,4 @@
-//! Everything that talks to the Kubernetes API (DESIGN §1): the `kubernetes` source,
+//! Everything that talks to the Kubernetes API: the `kubernetes` source,
 //! HAProxy pod discovery and leader election.
 //!
 //! # Layout

@@ -1,4 +1,4 @@
-//! The two-phase validator (DESIGN §3): every rendered configuration is checked by
+//! The two-phase validator: every rendered configuration is checked by
 //! hapwright's own parser (phase 1, [`ValidationPhase::Parse`]) and then by
 //! `haproxy -c` (phase 2, [`ValidationPhase::Haproxy`]) before anything is deployed.
 //!
@@ -169,6 +169,11 @@ impl Metrics {
         )?;
         for reason in SkipReason::ALL {
             phase2_skipped.with_label_values(&[reason.as_str()]);
+        }
+        for phase in [ValidationPhase::Parse, ValidationPhase::Haproxy] {
+            for result in ["success", "failure"] {
+                validations.with_label_values(&[phase_label(phase), result]);
+            }
         }
         registry.register(Box::new(validations.clone()))?;
         registry.register(Box::new(duration.clone()))?;
@@ -489,7 +494,7 @@ async fn run_haproxy(
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| format!("cannot run {binary}: {e}"))?;
+        .map_err(|e| crate::config::spawn_error(&config.binary, &e))?;
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
     let outcome = tokio::time::timeout(config.timeout, async {
@@ -847,6 +852,34 @@ impl Component for Validator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn validation_failures_exist_at_zero_from_the_start() {
+        let registry = Registry::new();
+        Metrics::register(&registry).unwrap();
+        let failures: Vec<String> = registry
+            .gather()
+            .into_iter()
+            .filter(|family| family.name() == "hapwright_validations_total")
+            .flat_map(|family| family.get_metric().to_vec())
+            .filter(|metric| {
+                metric
+                    .get_label()
+                    .iter()
+                    .any(|p| p.name() == "result" && p.value() == "failure")
+            })
+            .map(|metric| {
+                assert_eq!(metric.get_counter().get_value(), 0.0);
+                metric
+                    .get_label()
+                    .iter()
+                    .find(|p| p.name() == "phase")
+                    .map(|p| p.value().to_owned())
+                    .unwrap_or_default()
+            })
+            .collect();
+        assert_eq!(failures, ["haproxy", "parse"]);
+    }
 
     #[test]
     fn plain_relative_paths() {

@@ -4,7 +4,7 @@
 //! successful deployment ([`record`]), sweeping of leftovers, and fault injection for
 //! tests ([`faults`]).
 //!
-//! Layout (DESIGN §4): `haproxy.cfg`, `maps/<name>`, `files/<name>`, `certs/<name>`,
+//! Layout: `haproxy.cfg`, `maps/<name>`, `files/<name>`, `certs/<name>`,
 //! plus hapwright's own `.hapwright-state.json`. Files under `certs/` are written with
 //! mode 0600 (or `socket.certMode` / `socket.certGroup`), everything else 0644 so
 //! HAProxy can read it whatever user it runs as.
