@@ -94,7 +94,15 @@ fn broken_template_keeps_serving_and_fixing_it_recovers() {
             "no last-error section on the status page:\n{page}"
         ))
     });
-    assert!(error.contains(&location), "{error}");
+    // The page leads with where users edit: the config file's line, then the
+    // template's.
+    let page_location = format!("hapwright.yaml:{}:", fail_at + 1);
+    let template_location = format!("(haproxy.cfg line {})", fail_at - (header + 1));
+    assert!(error.contains(&page_location), "{page_location} in {error}");
+    assert!(
+        error.contains(&template_location),
+        "{template_location} in {error}"
+    );
     assert!(
         error.contains("| {{ fail(&quot;broken on purpose&quot;) }}"),
         "the page quotes the template line: {error}"
