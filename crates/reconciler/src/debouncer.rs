@@ -3,8 +3,14 @@
 //!
 //! - **Leading edge** (on by default): a change that follows at least `debounce`
 //!   without any change fires at once, so a lone change is not delayed. Changes
-//!   that follow it within the burst are coalesced as below. `leading_edge: false`
-//!   keeps the purely trailing behaviour.
+//!   that follow it within the burst are coalesced as below. One change often
+//!   reaches several sources a few milliseconds apart (a file holding a Service and
+//!   its EndpointSlice feeds two watched resources; `kubectl apply` of several
+//!   objects): changes within `leading_group` of the leading trigger are gathered into
+//!   one more trigger at the end of that short window, so the incomplete first render
+//!   is superseded within milliseconds instead of after the quiet period. Later
+//!   changes of the burst are coalesced as below. `leading_edge: false` keeps the
+//!   purely trailing behaviour.
 //! - **Quiet period**: a trigger fires `debounce` after the last change...
 //! - **Max wait**: ...but never later than `max_wait` after the first change of a
 //!   batch, so a constant stream of changes cannot starve deployment.
@@ -39,6 +45,9 @@ pub struct Settings {
     /// Fire at once on the first change after a quiet period of at least `debounce`
     /// (`controller.debounceLeadingEdge`).
     pub leading_edge: bool,
+    /// How long after a leading trigger changes still count as part of the same
+    /// change (gathered into one trigger at the end of this window).
+    pub leading_group: Duration,
 }
 
 impl Default for Settings {
@@ -48,6 +57,7 @@ impl Default for Settings {
             max_wait: Duration::from_secs(2),
             sync_timeout: Duration::from_secs(30),
             leading_edge: true,
+            leading_group: Duration::from_millis(10),
         }
     }
 }
@@ -140,6 +150,8 @@ impl Component for Debouncer {
         let mut batch = Batch::default();
         // When the last change arrived, batched or fired.
         let mut last_change: Option<Instant> = None;
+        // End of the window after a leading trigger whose changes go out together.
+        let mut group_until: Option<Instant> = None;
 
         let fire = |batch: &mut Batch, reason: String| {
             let batch = std::mem::take(batch);
@@ -168,8 +180,10 @@ impl Component for Debouncer {
             let deadline = if !initial_done {
                 Some(started + settings.sync_timeout)
             } else {
-                match (batch.first, batch.last) {
-                    (Some(first), Some(last)) => {
+                match (batch.first, batch.last, group_until) {
+                    // Changes that arrived right after a leading trigger.
+                    (Some(first), Some(_), Some(group)) if first < group => Some(group),
+                    (Some(first), Some(last), _) => {
                         Some((last + settings.debounce).min(first + settings.max_wait))
                     }
                     _ => None,
@@ -207,6 +221,15 @@ impl Component for Debouncer {
                         let _ = write!(reason, "; changed: {}", batch.names());
                     }
                     fire(&mut batch, reason);
+                } else if group_until
+                    .take()
+                    .is_some_and(|group| batch.first.is_some_and(|first| first < group))
+                {
+                    let reason = format!(
+                        "resources changed: {} (with the leading change)",
+                        batch.names()
+                    );
+                    fire(&mut batch, reason);
                 } else {
                     let mut reason = format!("resources changed: {}", batch.names());
                     if batch
@@ -230,6 +253,7 @@ impl Component for Debouncer {
                         // it with yet, so it goes now; the rest of a burst waits.
                         let reason = format!("resources changed: {} (leading edge)", batch.names());
                         fire(&mut batch, reason);
+                        group_until = Some(now + settings.leading_group);
                     }
                 }
                 EventPayload::ResourceSyncComplete(sync) => {

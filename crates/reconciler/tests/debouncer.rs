@@ -19,6 +19,7 @@ fn settings() -> Settings {
         sync_timeout: Duration::from_secs(30),
         // The trailing-only behaviour; the leading edge has its own tests below.
         leading_edge: false,
+        leading_group: Duration::from_millis(10),
     }
 }
 
@@ -300,4 +301,25 @@ async fn changes_right_after_the_initial_sync_are_coalesced() {
     h.update("services", snapshot("b"));
     let event = h.next().await;
     assert_eq!(event.at - t0, 200 * MS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_change_reaching_two_sources_goes_out_complete_right_after_the_leading_edge() {
+    // One file holding a Service and its EndpointSlice: two sources, 2 ms apart.
+    let mut h = synced(leading(), &["services", "endpoints"]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t0 = Instant::now();
+    h.update("services", snapshot("a"));
+    tokio::time::sleep(2 * MS).await;
+    h.update("endpoints", snapshot("b"));
+    let first = h.next().await;
+    assert_eq!(first.at, t0);
+    let second = h.next().await;
+    // At the end of the leading group, not after the quiet period.
+    assert_eq!(second.at - t0, 10 * MS);
+    assert_eq!(
+        trigger(&second).reason,
+        "resources changed: endpoints (with the leading change)"
+    );
+    assert!(h.next_within(Duration::from_secs(10)).await.is_none());
 }
