@@ -70,14 +70,36 @@ async fn closed_by_server(stream: &mut TcpStream, within: Duration) -> usize {
     .unwrap_or_else(|_| panic!("the server kept the connection open ({total} bytes read)"))
 }
 
+/// Raises this process's open-file limit towards its hard limit and returns how many
+/// idle connections the test can open (both ends live in this process), at most 1,000.
+fn idle_connection_budget() -> usize {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if let Some(hard) = limit.maximum {
+        let wanted = hard.min(8192);
+        if limit.current.is_some_and(|soft| soft < wanted) {
+            limit.current = Some(wanted);
+            let _ = setrlimit(Resource::Nofile, limit);
+        }
+    }
+    let soft = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
+    // Two descriptors per connection, and room for the runtime and the test.
+    usize::try_from(soft.saturating_sub(256) / 2).map_or(1000, |n| n.min(1000))
+}
+
 #[tokio::test]
 async fn idle_connections_and_a_stuck_reader_neither_block_healthz_nor_shutdown() {
-    let h = Harness::start_with(limits(1100)).await;
+    let connections = idle_connection_budget();
+    assert!(
+        connections >= 200,
+        "too few file descriptors for the test: {connections}"
+    );
+    let h = Harness::start_with(limits(connections + 100)).await;
     let addr = h.server.local_addr();
     large_render(&h.store, 32 << 20);
 
     let mut idle = Vec::new();
-    for _ in 0..1000 {
+    for _ in 0..connections {
         idle.push(TcpStream::connect(addr).await.unwrap());
     }
     let mut stuck = stuck_reader(addr, "/debug/rendered").await;
