@@ -637,19 +637,22 @@ pub fn markdown(results: &Results, analysis: &str) -> String {
         "`cargo bench -p hapwright-deployer --bench validate`: configs with N backends of \
          3 servers and an N-entry map. `bare` is `haproxy -c -f haproxy.cfg` in a \
          directory that already holds the files; `hapwright` is `validator::validate` \
-         (phase 1, a fresh scratch directory, `haproxy -c`, cleanup); `overhead` runs \
+         (phase 1, a fresh scratch directory, `haproxy -c`, cleanup); `equivalence check` \
+         is the structural comparison that replaces phase 2 when one server of the last \
+         backend moves (an endpoint change); `overhead` runs \
          interleaved pairs and times only the difference, so both sides see the same \
          load. The ratio is (bare + overhead) / bare.\n"
     );
     let _ = writeln!(
         section,
-        "| backends | bare `haproxy -c` | hapwright `validate` | overhead (pairs) | phase 1 | ratio | target | verdict |\n|---:|---:|---:|---:|---:|---:|---|---|"
+        "| backends | bare `haproxy -c` | hapwright `validate` | overhead (pairs) | phase 1 | equivalence check | ratio | target | verdict |\n|---:|---:|---:|---:|---:|---:|---:|---|---|"
     );
     for n in [100, 1000, 10_000] {
         let bare = estimate_ms(c, &format!("validate/haproxy_c/{n}"));
         let own = estimate_ms(c, &format!("validate/hapwright/{n}"));
         let overhead = estimate_ms(c, &format!("validate/overhead/{n}"));
         let phase1 = estimate_ms(c, &format!("validate/phase1/{n}"));
+        let equivalence = estimate_ms(c, &format!("validate/equivalence/{n}"));
         let ratio = match (bare, overhead) {
             (Some(b), Some(o)) if b > 0.0 => Some((b + o) / b),
             _ => None,
@@ -657,11 +660,12 @@ pub fn markdown(results: &Results, analysis: &str) -> String {
         let v = ratio.map_or_else(|| "–".to_owned(), |r| verdict(r, 1.2, "×"));
         let _ = writeln!(
             section,
-            "| {n} | {} | {} | {} | {} | {} | ≤ 1.2× | {v} |",
+            "| {n} | {} | {} | {} | {} | {} | {} | ≤ 1.2× | {v} |",
             ms_cell(bare),
             ms_cell(own),
             ms_cell(overhead),
             ms_cell(phase1),
+            ms_cell(equivalence),
             ratio.map_or_else(|| "–".to_owned(), |r| format!("{r:.2}×")),
         );
         if let Some(r) = ratio {

@@ -1,5 +1,6 @@
 //! Validation time against bare `haproxy -c` on the same files (target: at most
-//! 1.2× the bare run), plus phase 1 alone.
+//! 1.2× the bare run), plus phase 1 alone and the structural-equivalence check that
+//! replaces phase 2 for an endpoint change.
 //!
 //! Configs have N backends with 3 servers each and an N-entry host map used through
 //! a relative path, as in shared/reference/haproxy-2.6.md §0.
@@ -132,6 +133,47 @@ fn bench(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("phase1", backends), &backends, |b, _| {
             b.iter(|| black_box(validator::validate_phase1(&rendered).expect("phase 1 passes")));
         });
+        // An endpoint change: one server of the last backend moves. The check runs on
+        // every such change instead of `haproxy -c`.
+        let (_, baseline_model) =
+            validator::validate_phase1_parsed(&rendered).expect("phase 1 passes");
+        let baseline = validator::equivalence::Baseline {
+            rendered: Arc::new(rendered.clone()),
+            model: Arc::new(baseline_model),
+        };
+        let last = "    server s2 127.0.0.1:9003\n\n";
+        let at = main.rfind(&last).expect("the last server line");
+        let moved = format!(
+            "{}    server s2 127.0.0.2:9003\n\n{}",
+            &main[..at],
+            &main[at + last.len()..]
+        );
+        let candidate = RenderedConfig::new(
+            moved.as_str(),
+            [("hosts.map".to_owned(), Arc::<str>::from(map.as_str()))].into(),
+            BTreeMap::new(),
+            BTreeMap::new(),
+            SourceMap::default(),
+        );
+        let (_, candidate_model) =
+            validator::validate_phase1_parsed(&candidate).expect("phase 1 passes");
+        assert!(
+            validator::equivalence::compare(&baseline, &candidate, &candidate_model)
+                .is_equivalent()
+        );
+        group.bench_with_input(
+            BenchmarkId::new("equivalence", backends),
+            &backends,
+            |b, _| {
+                b.iter(|| {
+                    black_box(validator::equivalence::compare(
+                        &baseline,
+                        &candidate,
+                        &candidate_model,
+                    ))
+                });
+            },
+        );
     }
     group.finish();
 }
