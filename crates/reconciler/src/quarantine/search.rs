@@ -56,6 +56,13 @@ pub trait Probe {
         &mut self,
         applied: &[usize],
     ) -> impl Future<Output = Result<Self::Output, Self::Error>>;
+
+    /// True when `error` says nothing about the objects (the validating tool itself
+    /// failed: missing binary, timeout): the search then stops at once.
+    fn is_tool_failure(&self, error: &Self::Error) -> bool {
+        let _ = error;
+        false
+    }
 }
 
 /// Why the search gave up: the caller rejects the whole change, as without
@@ -71,6 +78,9 @@ pub enum Rejection {
     BoundReached,
     /// There were no changes to search (the failing state equals the last good one).
     NothingChanged,
+    /// A probe failed for a reason unrelated to the objects (see
+    /// [`Probe::is_tool_failure`]).
+    ToolFailure,
 }
 
 impl Rejection {
@@ -81,6 +91,7 @@ impl Rejection {
             Self::EveryChangeFails => "every_change_fails",
             Self::BoundReached => "bound_reached",
             Self::NothingChanged => "nothing_changed",
+            Self::ToolFailure => "tool_failure",
         }
     }
 }
@@ -161,11 +172,13 @@ pub async fn search<P: Probe>(
         probes += 1;
         match probe.probe(&[]).await {
             Ok(baseline) => output = Some(baseline),
-            Err(_) => {
-                return Outcome::Rejected {
-                    reason: Rejection::BaselineFails,
-                    probes,
+            Err(error) => {
+                let reason = if probe.is_tool_failure(&error) {
+                    Rejection::ToolFailure
+                } else {
+                    Rejection::BaselineFails
                 };
+                return Outcome::Rejected { reason, probes };
             }
         }
     }
@@ -206,6 +219,12 @@ pub async fn search<P: Probe>(
                         accepted = candidate;
                         output = Some(passed);
                         continue;
+                    }
+                    Err(failed) if probe.is_tool_failure(&failed) => {
+                        return Outcome::Rejected {
+                            reason: Rejection::ToolFailure,
+                            probes,
+                        };
                     }
                     Err(failed) => Some(failed),
                 }

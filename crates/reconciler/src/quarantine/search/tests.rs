@@ -285,7 +285,9 @@ fn random_culprits_and_interactions_always_deploy_a_valid_maximal_set() {
                     Rejection::BaselineFails => assert!(fake.broken, "case {case}"),
                     Rejection::BoundReached => assert_eq!(probes, settings.max_probes),
                     Rejection::EveryChangeFails => assert!(changes > 1, "case {case}"),
-                    Rejection::NothingChanged => panic!("case {case}: there were changes"),
+                    Rejection::NothingChanged | Rejection::ToolFailure => {
+                        panic!("case {case}: unexpected {reason:?}")
+                    }
                 }
             }
         }
