@@ -403,6 +403,7 @@ async fn identical_output_after_a_validation_failure_fails_again_without_validat
 async fn a_stage_that_never_finishes_times_out() {
     let mut p = pipeline(Settings {
         stage_timeout: Duration::from_secs(45),
+        ..Settings::default()
     });
     p.trigger("x");
     let request = p.render("cfg\n").await;
