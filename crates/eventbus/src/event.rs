@@ -584,7 +584,7 @@ mod tests {
         for kind in EventKind::ALL {
             assert_eq!(EventKind::from_name(kind.as_str()), Some(*kind));
         }
-        assert_eq!(EventKind::ALL.len(), 21);
+        assert_eq!(EventKind::ALL.len(), 22);
         assert_eq!(EventKind::from_name("Nope"), None);
     }
 
