@@ -39,7 +39,7 @@ use hapwright_eventbus::{
 };
 use hapwright_reconciler::debouncer::{self, Debouncer};
 use hapwright_reconciler::executor::{self, Executor};
-use hapwright_reconciler::renderer::{Renderer, RendererComponent};
+use hapwright_reconciler::renderer::{QuarantineSettings, Renderer, RendererComponent};
 use hapwright_watchers::config::Source;
 use hapwright_watchers::files::FilesSource;
 use hapwright_watchers::kubernetes::{
@@ -261,8 +261,19 @@ impl Iteration {
             },
             build::watched_names(config),
         ));
-        kernel.register(Executor::new(executor::Settings::default()));
-        kernel.register(RendererComponent::new(renderer));
+        let quarantine = config.controller.quarantine.max_validations;
+        kernel.register(Executor::new(executor::Settings {
+            quarantine: quarantine > 0,
+            ..executor::Settings::default()
+        }));
+        let mut renderer = RendererComponent::new(renderer);
+        if quarantine > 0 {
+            renderer = renderer.with_quarantine(QuarantineSettings {
+                validate: build::quarantine_validate(build::validator_config(config)),
+                max_validations: quarantine,
+            });
+        }
+        kernel.register(renderer);
         kernel.register(Validator::new(
             build::validator_config(config),
             process.validator_metrics.clone(),
