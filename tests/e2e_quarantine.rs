@@ -88,3 +88,57 @@ fn a_bad_new_object_is_left_out_and_the_rest_deploys() {
         "the bad new object is left out: {reply:?}"
     );
 }
+
+/// Every `probes` field of the `QuarantineSearched` events on `/debug/events`.
+fn search_probes(value: &serde_json::Value, out: &mut Vec<(u64, String)>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            if let Some(probes) = map.get("probes").and_then(serde_json::Value::as_u64) {
+                let gave_up = map
+                    .get("gave_up")
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or("")
+                    .to_owned();
+                out.push((probes, gave_up));
+            }
+            map.values().for_each(|v| search_probes(v, out));
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| search_probes(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn a_template_broken_for_every_object_is_rejected_as_before_within_the_bound() {
+    let controller = Controller::start();
+    controller.wait_deployed();
+    let web = controller.body("web.example.test");
+    let before = controller.instance();
+    let failed = r#"hapwright_reconciliations_total{result="failure"}"#;
+
+    // A template error that every service hits (and an empty resource set does not).
+    let broken = hapwright_e2e::replace_once(
+        &controller.read_config(),
+        "      backend be_{{ ns }}_{{ name }}\n",
+        "      backend be_{{ ns }}_{{ name }}\n      {{ fail('broken for every service') }}\n",
+    );
+    controller.write_config(&broken);
+    controller.wait_until("the broken render is reported", WAIT, || {
+        (controller.metric(failed) >= 1.0).then_some(())
+    });
+    let events = controller.json("/debug/events?limit=1000");
+    let mut searches = Vec::new();
+    search_probes(&events, &mut searches);
+    assert!(!searches.is_empty(), "the search ran: {events}");
+    for (probes, gave_up) in &searches {
+        assert!(*probes <= 16, "{probes} extra validations over the bound");
+        assert_eq!(gave_up, "most_changes_fail", "{events}");
+    }
+    assert_eq!(controller.json("/debug/quarantine")["count"], 0);
+    assert_eq!(
+        controller.body("web.example.test"),
+        web,
+        "the old config serves"
+    );
+    assert_eq!(controller.instance().deployments, before.deployments);
+}

@@ -463,7 +463,7 @@ catalogue! {
         /// Extra renders and validations made.
         probes: usize,
         /// Set when the search gave up and the whole change is rejected: why
-        /// (`baseline_fails`, `every_change_fails`, `bound_reached`,
+        /// (`baseline_fails`, `most_changes_fail`, `bound_reached`,
         /// `nothing_changed`, `tool_failure`).
         gave_up: Option<&'static str>,
     }

@@ -34,10 +34,12 @@
 //! At most `max_probes` probes per search, the baseline included. One culprit among
 //! `n` changes costs about `log2(n)` probes; `k` culprits about `k·(log2(n) + 1)`.
 //! When the bound is hit, the search gives up ([`Rejection::BoundReached`]) and the
-//! caller falls back to rejecting the whole change, as without quarantine. When every
-//! change of a set of more than one fails on its own, the problem is most likely not
-//! in the objects either, and the search gives up too
-//! ([`Rejection::EveryChangeFails`]).
+//! caller falls back to rejecting the whole change, as without quarantine. When at
+//! least half of a set of more than one change fails, the problem is most likely not
+//! in the objects either (a template bug that only objects of one kind hit, such as a
+//! broken snippet included once per service), and the search gives up too
+//! ([`Rejection::MostChangesFail`]): quarantine is for the odd bad object, not for
+//! deploying a config that lost most of a change.
 
 use std::future::Future;
 
@@ -72,8 +74,8 @@ pub enum Rejection {
     /// The baseline (no change applied) fails too: the error does not depend on the
     /// changed objects.
     BaselineFails,
-    /// Every change fails on its own: most likely not a problem of the objects.
-    EveryChangeFails,
+    /// At least half of the changes fail: most likely not a problem of the objects.
+    MostChangesFail,
     /// The search needed more probes than allowed.
     BoundReached,
     /// There were no changes to search (the failing state equals the last good one).
@@ -88,7 +90,7 @@ impl Rejection {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::BaselineFails => "baseline_fails",
-            Self::EveryChangeFails => "every_change_fails",
+            Self::MostChangesFail => "most_changes_fail",
             Self::BoundReached => "bound_reached",
             Self::NothingChanged => "nothing_changed",
             Self::ToolFailure => "tool_failure",
@@ -259,9 +261,9 @@ pub async fn search<P: Probe>(
             items: left.to_vec(),
         });
     }
-    if accepted.is_empty() && changes > 1 {
+    if changes > 1 && culprits.len() * 2 >= changes {
         return Outcome::Rejected {
-            reason: Rejection::EveryChangeFails,
+            reason: Rejection::MostChangesFail,
             probes,
         };
     }

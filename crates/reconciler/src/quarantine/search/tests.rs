@@ -131,9 +131,9 @@ fn a_broken_template_is_rejected_after_one_probe() {
 }
 
 #[test]
-fn every_change_failing_on_its_own_is_rejected() {
+fn half_or_more_of_the_changes_failing_is_rejected() {
     let mut fake = Fake {
-        bad: (0..4).collect(),
+        bad: BTreeSet::from([1, 2]),
         ..Fake::default()
     };
     let outcome = run(&mut fake, 4, BOUNDED);
@@ -141,7 +141,7 @@ fn every_change_failing_on_its_own_is_rejected() {
         matches!(
             outcome,
             Outcome::Rejected {
-                reason: Rejection::EveryChangeFails,
+                reason: Rejection::MostChangesFail,
                 ..
             }
         ),
@@ -261,6 +261,10 @@ fn random_culprits_and_interactions_always_deploy_a_valid_maximal_set() {
                 let culprit_set: BTreeSet<usize> = culprits.iter().map(|c| c.0).collect();
                 let accepted_set: BTreeSet<usize> = accepted.iter().copied().collect();
                 assert!(culprit_set.is_disjoint(&accepted_set), "case {case}");
+                assert!(
+                    changes == 1 || culprit_set.len() * 2 < changes,
+                    "case {case}: culprits are a minority"
+                );
                 assert_eq!(
                     culprit_set.len() + accepted_set.len(),
                     changes,
@@ -284,7 +288,7 @@ fn random_culprits_and_interactions_always_deploy_a_valid_maximal_set() {
                 match reason {
                     Rejection::BaselineFails => assert!(fake.broken, "case {case}"),
                     Rejection::BoundReached => assert_eq!(probes, settings.max_probes),
-                    Rejection::EveryChangeFails => assert!(changes > 1, "case {case}"),
+                    Rejection::MostChangesFail => assert!(changes > 1, "case {case}"),
                     Rejection::NothingChanged | Rejection::ToolFailure => {
                         panic!("case {case}: unexpected {reason:?}")
                     }
