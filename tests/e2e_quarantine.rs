@@ -142,3 +142,66 @@ fn a_template_broken_for_every_object_is_rejected_as_before_within_the_bound() {
     );
     assert_eq!(controller.instance().deployments, before.deployments);
 }
+
+#[test]
+fn a_bad_object_among_a_thousand_at_start_up_does_not_keep_the_rest_out() {
+    const COUNT: usize = 1000;
+    const BAD_AT_START: usize = 617;
+    let resources = tempfile::tempdir().expect("a resources directory");
+    let dir = resources.path().to_owned();
+    let controller = Controller::start_with(|config| {
+        // The api demo app's port, as the harness rewrote it.
+        let api: u16 = config
+            .split("name: \"api (port ")
+            .nth(1)
+            .and_then(|rest| rest.split(')').next())
+            .and_then(|port| port.parse().ok())
+            .expect("the api demo app's port");
+        let many = (0..COUNT)
+            .map(|i| {
+                let manifest = service_manifest(&format!("svc-{i:04}"), &big_host(i), api);
+                if i == BAD_AT_START {
+                    manifest.replace("\"127.0.0.1\"", "\"300.1.2.3\"")
+                } else {
+                    manifest
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("---\n");
+        std::fs::write(dir.join("many.yaml"), many).expect("write the manifests");
+        config.replace(
+            "files: { path: ./resources }",
+            &format!("files: {{ path: {} }}", dir.display()),
+        )
+    });
+    let api = controller.demo_body(controller.ports().api);
+    controller.wait_for_body(&big_host(0), &api);
+    controller.wait_for_body(&big_host(COUNT - 1), &api);
+    let reply = controller
+        .route(&big_host(BAD_AT_START))
+        .expect("HAProxy answers");
+    assert_ne!(reply.status, 200, "the bad object is held back: {reply:?}");
+    let quarantine = controller.json("/debug/quarantine");
+    assert_eq!(quarantine["count"], 1, "{quarantine}");
+    // The bad EndpointSlice only fails together with its Service (a slice alone
+    // renders nothing): whichever of the two the search adds last is held back.
+    let object = &quarantine["objects"][0];
+    assert!(
+        object["name"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("svc-0617"),
+        "{quarantine}"
+    );
+    let resource = object["resource"].as_str().expect("a resource");
+    assert_eq!(
+        controller.metric(&format!(
+            r#"hapwright_quarantined_objects{{resource="{resource}"}}"#
+        )),
+        1.0
+    );
+}
+
+fn big_host(i: usize) -> String {
+    format!("svc-{i:04}.example.test")
+}
