@@ -130,9 +130,11 @@ fn a_template_broken_for_every_object_is_rejected_as_before_within_the_bound() {
     let mut searches = Vec::new();
     search_probes(&events, &mut searches);
     assert!(!searches.is_empty(), "the search ran: {events}");
+    // The objects are the ones that validated before the config change: nothing
+    // changed that could be quarantined, so no extra validation is spent.
     for (probes, gave_up) in &searches {
-        assert!(*probes <= 16, "{probes} extra validations over the bound");
-        assert_eq!(gave_up, "most_changes_fail", "{events}");
+        assert_eq!(*probes, 0, "{events}");
+        assert_eq!(gave_up, "nothing_changed", "{events}");
     }
     assert_eq!(controller.json("/debug/quarantine")["count"], 0);
     assert_eq!(

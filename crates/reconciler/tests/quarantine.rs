@@ -122,6 +122,7 @@ fn harness(quarantine: bool) -> Harness {
         component = component.with_quarantine(QuarantineSettings {
             validate,
             max_validations: 16,
+            last_good: Default::default(),
         });
     }
     Harness::start(

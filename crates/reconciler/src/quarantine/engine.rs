@@ -164,6 +164,33 @@ impl Probe for RenderProbe<'_> {
     }
 }
 
+// === impl LastGood ===
+
+/// The snapshots of the last render that validated, shared across controller config
+/// reloads: after a reload, a failing change is searched against the objects that
+/// last validated (rendered with the new templates), not against an empty state, so
+/// a template edit that breaks every object of a kind is rejected as a whole instead
+/// of quarantining those objects. Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct LastGood(Arc<std::sync::Mutex<Snapshots>>);
+
+impl LastGood {
+    /// Nothing validated yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The snapshots last stored.
+    pub fn get(&self) -> Snapshots {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Stores the snapshots of a render that validated.
+    pub fn set(&self, snapshots: Snapshots) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = snapshots;
+    }
+}
+
 // === impl Quarantine ===
 
 /// One quarantined object.

@@ -16,7 +16,7 @@ pub mod search;
 
 pub use changes::{Change, ChangeSet};
 pub use engine::{
-    Culprit, Entry, Failure, GaveUp, Isolated, Quarantine, Settled, Validate, ValidateFuture,
-    isolate,
+    Culprit, Entry, Failure, GaveUp, Isolated, LastGood, Quarantine, Settled, Validate,
+    ValidateFuture, isolate,
 };
 pub use search::{Outcome, Probe, Rejection, Settings};

@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use super::{Renderer, Resources};
 use crate::quarantine::changes::Snapshots;
-use crate::quarantine::{self, ChangeSet, Culprit, Quarantine, Validate};
+use crate::quarantine::{self, ChangeSet, Culprit, LastGood, Quarantine, Validate};
 
 /// Renders the templates for every reconciliation.
 ///
@@ -49,6 +49,9 @@ pub struct QuarantineSettings {
     /// Most extra renders and validations per reconciliation
     /// (`controller.quarantine.maxValidations`).
     pub max_validations: usize,
+    /// The last validated snapshots, kept by the application across config
+    /// reloads (a fresh [`LastGood`] starts from nothing validated).
+    pub last_good: LastGood,
 }
 
 impl std::fmt::Debug for QuarantineSettings {
@@ -270,12 +273,14 @@ struct Pending {
 impl Guard {
     fn new(settings: QuarantineSettings) -> Self {
         Self {
-            settings,
             quarantine: Quarantine::new(),
             current: Snapshots::new(),
-            last_good: Snapshots::new(),
+            last_good: settings.last_good.get(),
+            // Objects that validated under other templates are the best baseline,
+            // but it must be rendered and validated again.
             validated: false,
             pending: None,
+            settings,
         }
     }
 
@@ -343,6 +348,7 @@ impl Guard {
                         );
                     }
                 }
+                self.settings.last_good.set(pending.candidate.clone());
                 self.last_good = pending.candidate;
                 self.validated = true;
             }
