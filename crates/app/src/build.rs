@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use hapwright_deployer::client::socket::InstanceConfig;
 use hapwright_deployer::component::validator;
-use hapwright_eventbus::model::{Diagnostic, ResourceSnapshot};
+use hapwright_eventbus::model::{Diagnostic, RenderedConfig, ResourceSnapshot};
+use hapwright_reconciler::quarantine;
 use hapwright_reconciler::renderer::{RenderLimits, Renderer, Templates, TemplatingSettings};
 use hapwright_watchers::config::{FilesConfig, WatchedResource};
 use hapwright_watchers::files::{ScanMode, Scanner};
@@ -75,6 +76,35 @@ pub fn validator_config(config: &Config) -> validator::Config {
         scratch_root: None,
         equivalence: config.haproxy.phase2_equivalence,
     }
+}
+
+/// The validation step of the quarantine search: both phases, as the validator
+/// component runs them, called directly for each candidate.
+pub fn quarantine_validate(config: validator::Config) -> quarantine::Validate {
+    let config = Arc::new(config);
+    Arc::new(move |rendered: Arc<RenderedConfig>| {
+        let config = config.clone();
+        Box::pin(async move {
+            let failure = |rejection: validator::Rejection| quarantine::Failure {
+                errors: rejection.errors,
+                tool_failure: rejection.tool_failure,
+            };
+            let phase1 = {
+                let rendered = rendered.clone();
+                tokio::task::spawn_blocking(move || validator::validate_phase1(&rendered))
+                    .await
+                    .map_err(|join| quarantine::Failure {
+                        errors: vec![Diagnostic::error(format!("phase 1 crashed: {join}"))],
+                        tool_failure: true,
+                    })?
+            };
+            phase1.map_err(failure)?;
+            validator::validate_phase2(&rendered, &config)
+                .await
+                .map_err(failure)?;
+            Ok(())
+        })
+    })
 }
 
 /// The instances reached through local sockets.

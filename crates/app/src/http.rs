@@ -258,6 +258,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/debug/rendered", get(debug_rendered))
         .route("/debug/resources/{name}", get(debug_resources))
         .route("/debug/instances", get(debug_instances))
+        .route("/debug/quarantine", get(debug_quarantine))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_known_host,
@@ -604,6 +605,11 @@ async fn debug_resources(State(state): State<HttpState>, Path(name): Path<String
 
 async fn debug_instances(State(state): State<HttpState>) -> axum::Json<Value> {
     axum::Json(json!(state.store.instances()))
+}
+
+async fn debug_quarantine(State(state): State<HttpState>) -> axum::Json<Value> {
+    let objects = state.store.quarantine();
+    axum::Json(json!({"count": objects.len(), "objects": objects}))
 }
 
 async fn status_page(State(state): State<HttpState>) -> Response {

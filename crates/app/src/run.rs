@@ -39,7 +39,8 @@ use hapwright_eventbus::{
 };
 use hapwright_reconciler::debouncer::{self, Debouncer};
 use hapwright_reconciler::executor::{self, Executor};
-use hapwright_reconciler::renderer::{Renderer, RendererComponent};
+use hapwright_reconciler::quarantine;
+use hapwright_reconciler::renderer::{QuarantineSettings, Renderer, RendererComponent};
 use hapwright_watchers::config::Source;
 use hapwright_watchers::files::FilesSource;
 use hapwright_watchers::kubernetes::{
@@ -122,6 +123,8 @@ struct Process {
     reload_metrics: ReloadMetrics,
     discovery_metrics: DiscoveryMetrics,
     deployed: LastDeployedStore,
+    /// The last validated snapshots, for the quarantine search after a reload.
+    last_good: quarantine::LastGood,
     managed: ManagedHaproxy,
     /// The Kubernetes client, built on first use and shared by every iteration.
     kube: ClientFactory,
@@ -148,6 +151,7 @@ impl Process {
             discovery_metrics: DiscoveryMetrics::register(&registry)?,
             store: StatusStore::default(),
             deployed: LastDeployedStore::new(),
+            last_good: quarantine::LastGood::new(),
             managed: ManagedHaproxy::new(loaded.config.haproxy.binary.clone()),
             kube: kube.clone(),
             leader: if election.enabled {
@@ -261,8 +265,20 @@ impl Iteration {
             },
             build::watched_names(config),
         ));
-        kernel.register(Executor::new(executor::Settings::default()));
-        kernel.register(RendererComponent::new(renderer));
+        let quarantine = config.controller.quarantine.max_validations;
+        kernel.register(Executor::new(executor::Settings {
+            quarantine: quarantine > 0,
+            ..executor::Settings::default()
+        }));
+        let mut renderer = RendererComponent::new(renderer);
+        if quarantine > 0 {
+            renderer = renderer.with_quarantine(QuarantineSettings {
+                validate: build::quarantine_validate(build::validator_config(config)),
+                max_validations: quarantine,
+                last_good: process.last_good.clone(),
+            });
+        }
+        kernel.register(renderer);
         kernel.register(Validator::new(
             build::validator_config(config),
             process.validator_metrics.clone(),

@@ -22,7 +22,7 @@ use hapwright_eventbus::model::{
 };
 use hapwright_eventbus::{
     Component, ComponentError, Context, CorrelationId, Event, EventPayload, HealthState,
-    HealthTable, Interest, KindSet, Stage, ValidationPhase,
+    HealthTable, Interest, KindSet, QuarantinedObject, Stage, ValidationPhase,
 };
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde::Serialize;
@@ -203,6 +203,8 @@ struct Inner {
     /// `controller.livenessGrace`; `None` means the default.
     liveness_grace: Option<Duration>,
     restart_streak: Option<RestartStreak>,
+    /// The objects quarantined now (from the latest `QuarantineSearched`).
+    quarantine: Vec<QuarantinedObject>,
 }
 
 impl Inner {
@@ -247,6 +249,11 @@ impl StatusStore {
 
     fn write(&self) -> RwLockWriteGuard<'_, Inner> {
         self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The objects quarantined now, with their errors (`/debug/quarantine`).
+    pub fn quarantine(&self) -> Vec<QuarantinedObject> {
+        self.read().quarantine.clone()
     }
 
     /// Points the store at the health table of the running kernel iteration.
@@ -624,6 +631,31 @@ impl StatusStore {
                 });
             }
             EventPayload::ValidationCompleted(_) => inner.last_error = None,
+            EventPayload::QuarantineSearched(searched) => {
+                if let Some(metrics) = metrics {
+                    metrics.quarantined_objects.reset();
+                    for resource in inner.watched.iter().flatten() {
+                        metrics
+                            .quarantined_objects
+                            .with_label_values(&[resource.as_str()])
+                            .set(0);
+                    }
+                    for object in &searched.objects {
+                        metrics
+                            .quarantined_objects
+                            .with_label_values(&[object.resource.as_ref()])
+                            .inc();
+                    }
+                }
+                inner.quarantine = searched
+                    .objects
+                    .iter()
+                    .map(|object| QuarantinedObject {
+                        errors: places.locate(object.errors.clone()),
+                        ..object.clone()
+                    })
+                    .collect();
+            }
             EventPayload::ResourceSyncComplete(sync) => {
                 inner.synced.insert(sync.source.to_string());
             }
@@ -746,6 +778,7 @@ pub struct StatusMetrics {
     reconciliations: IntCounterVec,
     reconciliation_duration: Histogram,
     render_duration: Histogram,
+    quarantined_objects: IntGaugeVec,
 }
 
 impl StatusMetrics {
@@ -794,6 +827,15 @@ impl StatusMetrics {
             ),
             &["source"],
         )?;
+        let quarantined_objects = IntGaugeVec::new(
+            Opts::new(
+                "hapwright_quarantined_objects",
+                "Objects held back by the quarantine, per watched resource: their change \
+                 made the config fail and waits for a fix (see /debug/quarantine).",
+            ),
+            &["resource"],
+        )?;
+        registry.register(Box::new(quarantined_objects.clone()))?;
         registry.register(Box::new(watched_objects.clone()))?;
         registry.register(Box::new(resources.clone()))?;
         registry.register(Box::new(reconciliations.clone()))?;
@@ -808,6 +850,7 @@ impl StatusMetrics {
             reconciliations,
             reconciliation_duration,
             render_duration,
+            quarantined_objects,
         })
     }
 }

@@ -61,6 +61,21 @@ pub fn render(store: &StatusStore) -> Result<String, minijinja::Error> {
             None => d.to_string(),
         })
         .collect();
+    let quarantine: Vec<Value> = store
+        .quarantine()
+        .into_iter()
+        .map(|object| {
+            let error: Vec<String> = object.errors.iter().map(ToString::to_string).collect();
+            context! {
+                resource => object.resource.as_ref(),
+                kind => object.kind,
+                namespace => object.namespace,
+                name => object.name,
+                change => object.change,
+                error => error.join("\n"),
+            }
+        })
+        .collect();
     let mut events = store.events(30, None);
     events.reverse();
     ENV.get_template("status.html")?.render(context! {
@@ -71,6 +86,7 @@ pub fn render(store: &StatusStore) -> Result<String, minijinja::Error> {
         last_error => Value::from(Serde(&last_error)),
         last_error_text,
         components,
+        quarantine,
         instances => Value::from(Serde(store.instances())),
         reconciliations => Value::from(Serde(store.reconciliations())),
         events => Value::from(Serde(&events)),

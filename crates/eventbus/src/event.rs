@@ -157,6 +157,40 @@ pub enum Stage {
     Deploy,
 }
 
+/// One object held back by the quarantine: a changed object whose change makes
+/// the render or validation fail.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct QuarantinedObject {
+    /// Watched resource name.
+    pub resource: Arc<str>,
+    /// The object's `kind`, when it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The object's namespace (empty for cluster-scoped and namespace-less objects).
+    pub namespace: String,
+    /// The object's name.
+    pub name: String,
+    /// `added`, `modified` or `removed`: the change held back.
+    pub change: &'static str,
+    /// Why the config with this change failed: template file and line, or
+    /// HAProxy's message.
+    pub errors: Vec<Diagnostic>,
+    /// When it was quarantined.
+    #[serde(serialize_with = "unix_seconds")]
+    pub since: std::time::SystemTime,
+}
+
+fn unix_seconds<S: serde::Serializer>(
+    time: &std::time::SystemTime,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    let seconds = time
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default();
+    serializer.serialize_f64(seconds)
+}
+
 /// The validation phase that rejected a config.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -412,6 +446,27 @@ catalogue! {
         /// Errors, mapped back to template lines where possible.
         errors: Vec<Diagnostic>,
     }
+    /// After a failed render or validation, the renderer searched which changed
+    /// objects cause the failure (quarantine). Published in the failed
+    /// reconciliation's correlation; when the search found the culprits, a
+    /// `TemplateRendered` of the largest set of changes that validates follows in
+    /// the same correlation, otherwise the reconciliation fails as it would without
+    /// quarantine.
+    QuarantineSearched {
+        /// Every object quarantined now (held back at its last good version, or left
+        /// out when new), with its error.
+        objects: Vec<QuarantinedObject>,
+        /// Objects released by this reconciliation.
+        released: Vec<QuarantinedObject>,
+        /// Changes that go live.
+        accepted: usize,
+        /// Extra renders and validations made.
+        probes: usize,
+        /// Set when the search gave up and the whole change is rejected: why
+        /// (`baseline_fails`, `most_changes_fail`, `bound_reached`,
+        /// `nothing_changed`, `tool_failure`).
+        gave_up: Option<&'static str>,
+    }
     /// The scheduler released a deployment.
     DeploymentScheduled {
         /// Config to deploy.
@@ -529,7 +584,7 @@ mod tests {
         for kind in EventKind::ALL {
             assert_eq!(EventKind::from_name(kind.as_str()), Some(*kind));
         }
-        assert_eq!(EventKind::ALL.len(), 21);
+        assert_eq!(EventKind::ALL.len(), 22);
         assert_eq!(EventKind::from_name("Nope"), None);
     }
 

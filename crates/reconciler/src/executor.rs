@@ -19,6 +19,14 @@
 //! `ReconciliationStarted` to abandon superseded work early). Triggers that are
 //! already queued together start one reconciliation, for the newest.
 //!
+//! **Quarantine.** With [`Settings::quarantine`] on (the renderer then searches for
+//! culprits), a failed render or validation does not fail the reconciliation at
+//! once: the executor waits for the renderer's `QuarantineSearched` in the same
+//! correlation. When the search gave up, the reconciliation fails with the original
+//! errors; otherwise the `TemplateRendered` of the reduced change that follows goes
+//! through validation as usual. A second failure in the same reconciliation fails
+//! it.
+//!
 //! A stage that takes longer than `stage_timeout` (a validator that never answers)
 //! fails the reconciliation with that stage, so the executor never wedges.
 
@@ -39,12 +47,16 @@ pub struct Settings {
     /// Longest time one stage (render, validation) may take before the
     /// reconciliation fails with that stage.
     pub stage_timeout: Duration,
+    /// The renderer searches for culprits after a failure (see the
+    /// [module docs](self)): wait for its `QuarantineSearched` before failing.
+    pub quarantine: bool,
 }
 
 impl Default for Settings {
     fn default() -> Self {
         Self {
             stage_timeout: Duration::from_secs(120),
+            quarantine: false,
         }
     }
 }
@@ -81,6 +93,10 @@ struct InFlight {
     stage_started: Instant,
     stages: Vec<(Stage, Duration)>,
     span: tracing::Span,
+    /// The failure the quarantine search is running for.
+    failure: Option<(Stage, Vec<Diagnostic>)>,
+    /// The quarantine search already ran once in this reconciliation.
+    searched: bool,
 }
 
 impl InFlight {
@@ -139,6 +155,8 @@ impl State {
             stage_started: now,
             stages: Vec::new(),
             span,
+            failure: None,
+            searched: false,
         });
         self.publisher
             .publish_with(ReconciliationStarted { reason }, Self::meta(id, trigger));
@@ -214,7 +232,14 @@ impl State {
             EventPayload::TemplateRenderFailed(failed)
                 if self.current(event, Stage::Render).is_some() =>
             {
-                self.fail(event, Stage::Render, failed.errors.clone());
+                if self.await_quarantine(Stage::Render, &failed.errors) {
+                    if let Some(flight) = &mut self.in_flight {
+                        // The search gets a stage time of its own.
+                        flight.stage_started = Instant::now();
+                    }
+                } else {
+                    self.fail(event, Stage::Render, failed.errors.clone());
+                }
             }
             EventPayload::ValidationCompleted(done)
                 if self.current(event, Stage::Validate).is_some() =>
@@ -226,10 +251,61 @@ impl State {
                 if self.current(event, Stage::Validate).is_some() =>
             {
                 self.settled = Some(Settled::Invalid(failed.hash, failed.errors.clone()));
-                self.fail(event, Stage::Validate, failed.errors.clone());
+                if self.await_quarantine(Stage::Validate, &failed.errors) {
+                    if let Some(flight) = &mut self.in_flight {
+                        flight.advance(Instant::now(), Stage::Render);
+                    }
+                } else {
+                    self.fail(event, Stage::Validate, failed.errors.clone());
+                }
+            }
+            EventPayload::QuarantineSearched(searched) => {
+                let Some(flight) = &mut self.in_flight else {
+                    return;
+                };
+                if event.correlation_id != Some(flight.id) || flight.failure.is_none() {
+                    return;
+                }
+                if let Some(reason) = searched.gave_up {
+                    flight.span.in_scope(|| {
+                        tracing::info!(
+                            reason,
+                            probes = searched.probes,
+                            "Quarantine search gave up: the whole change is rejected"
+                        );
+                    });
+                    if let Some((stage, errors)) = flight.failure.take() {
+                        self.fail(event, stage, errors);
+                    }
+                } else {
+                    flight.span.in_scope(|| {
+                        tracing::info!(
+                            accepted = searched.accepted,
+                            quarantined = searched.objects.len(),
+                            probes = searched.probes,
+                            "Quarantine search done: rendering the change without the culprits"
+                        );
+                    });
+                    flight.failure = None;
+                }
             }
             _ => {}
         }
+    }
+
+    /// With quarantine on, keeps a first failure for the renderer's search instead of
+    /// failing; returns false when the reconciliation should fail now.
+    fn await_quarantine(&mut self, stage: Stage, errors: &[Diagnostic]) -> bool {
+        let quarantine = self.settings.quarantine;
+        let Some(flight) = &mut self.in_flight else {
+            return false;
+        };
+        if !quarantine || flight.searched {
+            return false;
+        }
+        flight.searched = true;
+        flight.failure = Some((stage, errors.to_vec()));
+        true
     }
 
     /// Completes a reconciliation whose output equals the last validated config: the
@@ -299,6 +375,7 @@ impl Component for Executor {
             EventKind::TemplateRenderFailed,
             EventKind::ValidationCompleted,
             EventKind::ValidationFailed,
+            EventKind::QuarantineSearched,
         ])
     }
 

@@ -20,11 +20,14 @@
 //! - [`executor`]: one reconciliation at a time, latest wins, per-stage timings.
 //! - [`renderer`]: minijinja templates → [`RenderedConfig`](hapwright_eventbus::model::RenderedConfig)
 //!   with a source map; static checks at load time.
+//! - [`quarantine`]: which changed objects make a reconciliation fail, and the
+//!   largest part of the change that still validates.
 //! - [`synthetic`]: generated clusters of any size for the benchmarks.
 
 pub mod config;
 pub mod debouncer;
 pub mod executor;
+pub mod quarantine;
 pub mod renderer;
 pub mod synthetic;
 

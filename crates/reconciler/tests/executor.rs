@@ -403,6 +403,7 @@ async fn identical_output_after_a_validation_failure_fails_again_without_validat
 async fn a_stage_that_never_finishes_times_out() {
     let mut p = pipeline(Settings {
         stage_timeout: Duration::from_secs(45),
+        ..Settings::default()
     });
     p.trigger("x");
     let request = p.render("cfg\n").await;
@@ -524,4 +525,110 @@ async fn the_renderer_renders_only_the_newest_of_queued_starts() {
         "rendered with the newest data"
     );
     assert!(h.next_within(Duration::from_secs(10)).await.is_none());
+}
+
+// === quarantine ===
+
+fn searched(gave_up: Option<&'static str>) -> hapwright_eventbus::QuarantineSearched {
+    hapwright_eventbus::QuarantineSearched {
+        objects: Vec::new(),
+        released: Vec::new(),
+        accepted: 3,
+        probes: 4,
+        gave_up,
+    }
+}
+
+impl Pipeline {
+    /// Waits for the validation request and rejects it.
+    async fn validate_fail(&mut self, message: &str) -> Arc<Event> {
+        let request = recv(&mut self.validations).await;
+        let EventPayload::TemplateRendered(rendered) = &request.payload else {
+            unreachable!()
+        };
+        self.h.publisher.reply(
+            &request,
+            ValidationFailed {
+                hash: rendered.config.hash(),
+                phase: ValidationPhase::Haproxy,
+                errors: vec![Diagnostic::error(message)],
+            },
+        );
+        request
+    }
+}
+
+fn quarantine_pipeline() -> Pipeline {
+    pipeline(Settings {
+        quarantine: true,
+        ..Settings::default()
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_quarantine_a_failure_waits_for_the_search_and_the_rest_completes() {
+    let mut p = quarantine_pipeline();
+    p.trigger("x");
+    let request = p.render("all\n").await;
+    p.validate_fail("bad object").await;
+    // No outcome yet: the search runs.
+    while let Some(event) = p.h.next_within(Duration::from_secs(1)).await {
+        assert!(
+            !matches!(
+                event.kind(),
+                EventKind::ReconciliationCompleted | EventKind::ReconciliationFailed
+            ),
+            "the executor waits for the search: {event:?}"
+        );
+    }
+    p.h.publisher.reply(&request, searched(None));
+    p.h.publisher.reply(
+        &request,
+        TemplateRendered {
+            config: config("the rest\n"),
+            duration: Duration::from_millis(1),
+        },
+    );
+    p.validate_ok().await;
+    let outcome = p.outcome().await;
+    assert_eq!(outcome.kind(), EventKind::ReconciliationCompleted);
+    assert_eq!(outcome.correlation_id, request.correlation_id);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_quarantine_a_search_that_gives_up_fails_with_the_original_errors() {
+    let mut p = quarantine_pipeline();
+    p.trigger("x");
+    let request = p.render("all\n").await;
+    p.validate_fail("template bug").await;
+    p.h.publisher
+        .reply(&request, searched(Some("baseline_fails")));
+    let outcome = p.outcome().await;
+    let EventPayload::ReconciliationFailed(failed) = &outcome.payload else {
+        panic!("fails: {outcome:?}");
+    };
+    assert_eq!(failed.stage, Stage::Validate);
+    assert_eq!(failed.errors[0].message, "template bug");
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_quarantine_a_second_failure_fails_at_once() {
+    let mut p = quarantine_pipeline();
+    p.trigger("x");
+    let request = p.render("all\n").await;
+    p.validate_fail("first").await;
+    p.h.publisher.reply(&request, searched(None));
+    p.h.publisher.reply(
+        &request,
+        TemplateRendered {
+            config: config("the rest\n"),
+            duration: Duration::from_millis(1),
+        },
+    );
+    p.validate_fail("second").await;
+    let outcome = p.outcome().await;
+    let EventPayload::ReconciliationFailed(failed) = &outcome.payload else {
+        panic!("fails: {outcome:?}");
+    };
+    assert_eq!(failed.errors[0].message, "second");
 }

@@ -153,6 +153,30 @@ pub struct Controller {
     /// Whether `POST /-/reload` exists. Off: the endpoint answers 404 and only a
     /// file change or SIGHUP reloads the config.
     pub lifecycle_api: bool,
+    /// When a change fails to render or validate, find the objects that cause it
+    /// and let the rest of the change go live.
+    pub quarantine: Quarantine,
+}
+
+/// The `controller.quarantine` section: how hard hapwright looks for the objects
+/// that make a change fail, so one bad object does not block everyone else's
+/// changes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Quarantine {
+    /// Extra renders and validations one failed reconciliation may spend on the
+    /// search (one bad object among `n` changes costs about `log2(n) + 1`). When
+    /// the search needs more, the whole change is rejected as it would be without
+    /// quarantine. `0` turns quarantine off.
+    pub max_validations: usize,
+}
+
+impl Default for Quarantine {
+    fn default() -> Self {
+        Self {
+            max_validations: 16,
+        }
+    }
 }
 
 /// The `controller.http` section: timeouts and limits of the HTTP listeners
@@ -342,6 +366,7 @@ impl Default for Controller {
             http: Http::default(),
             allowed_hosts: Vec::new(),
             lifecycle_api: true,
+            quarantine: Quarantine::default(),
         }
     }
 }

@@ -644,3 +644,81 @@ async fn raw_request(
         .unwrap_or_default();
     (status, body)
 }
+
+#[tokio::test]
+async fn quarantined_objects_are_listed_counted_and_shown_on_the_status_page() {
+    let h = Harness::start().await;
+    let (_, body) = h.json("/debug/quarantine").await;
+    assert_eq!(body, json!({"count": 0, "objects": []}));
+
+    let registry = Registry::new();
+    let metrics = crate::status::StatusMetrics::register(&registry).unwrap();
+    let object = hapwright_eventbus::QuarantinedObject {
+        resource: Arc::from("services"),
+        kind: Some("Service".to_owned()),
+        namespace: "default".to_owned(),
+        name: "web".to_owned(),
+        change: "modified",
+        errors: vec![
+            Diagnostic::error("could not resolve address '300.1.2.3'").at(
+                hapwright_eventbus::model::SourceLocation::new("backend", Some(9), None),
+            ),
+        ],
+        since: std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+    };
+    let searched = |objects: Vec<hapwright_eventbus::QuarantinedObject>| {
+        hapwright_eventbus::QuarantineSearched {
+            objects,
+            released: Vec::new(),
+            accepted: 50,
+            probes: 7,
+            gave_up: None,
+        }
+    };
+    h.store
+        .apply(&event(1, None, searched(vec![object])), Some(&metrics));
+    let (_, body) = h.json("/debug/quarantine").await;
+    assert_eq!(body["count"], 1);
+    let listed = &body["objects"][0];
+    assert_eq!(
+        (
+            &listed["resource"],
+            &listed["kind"],
+            &listed["namespace"],
+            &listed["name"]
+        ),
+        (
+            &json!("services"),
+            &json!("Service"),
+            &json!("default"),
+            &json!("web")
+        )
+    );
+    assert_eq!(listed["errors"][0]["location"]["file"], "backend");
+    assert_eq!(listed["errors"][0]["location"]["line"], 9);
+    assert_eq!(listed["since"], 1_700_000_000.0);
+    let text = prometheus::TextEncoder::new()
+        .encode_to_string(&registry.gather())
+        .unwrap();
+    assert!(
+        text.contains(r#"hapwright_quarantined_objects{resource="services"} 1"#),
+        "{text}"
+    );
+    let (_, page) = h.get("/").await;
+    assert!(page.contains(r#"<table id="quarantine">"#), "{page}");
+    assert!(page.contains("Service default&#x2f;web"), "{page}");
+    assert!(page.contains("could not resolve address"), "{page}");
+
+    // Released: the list, the gauge and the page section empty again.
+    h.store
+        .apply(&event(2, None, searched(Vec::new())), Some(&metrics));
+    let (_, body) = h.json("/debug/quarantine").await;
+    assert_eq!(body["count"], 0);
+    let text = prometheus::TextEncoder::new()
+        .encode_to_string(&registry.gather())
+        .unwrap();
+    assert!(!text.contains(r#"hapwright_quarantined_objects{resource="services"} 1"#));
+    let (_, page) = h.get("/").await;
+    assert!(!page.contains(r#"<table id="quarantine">"#));
+    h.server.shutdown().await;
+}

@@ -210,6 +210,15 @@ impl ResourceSnapshot {
         self.objects.get(key).map(|stored| &stored.object)
     }
 
+    /// The object stored under `key` with its `indexBy` values, ready to go back into
+    /// a snapshot with the same paths through
+    /// [`upsert_indexed`](Self::upsert_indexed) without serializing or indexing it
+    /// again (quarantine rebuilds snapshots from two versions of each object this
+    /// way).
+    pub fn get_indexed(&self, key: &ObjectKey) -> Option<&IndexedObject> {
+        self.objects.get(key)
+    }
+
     /// Every object with its key, in key order (namespace, then name).
     pub fn iter(&self) -> impl Iterator<Item = (&ObjectKey, &StoredObject)> + '_ {
         self.objects

@@ -1,15 +1,18 @@
 //! The renderer as a bus component.
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use hapwright_eventbus::model::RenderedConfig;
 use hapwright_eventbus::{
-    Component, ComponentError, Context, Event, EventKind, EventPayload, Interest,
-    TemplateRenderFailed, TemplateRendered,
+    Component, ComponentError, Context, CorrelationId, Event, EventKind, EventPayload, Interest,
+    QuarantineSearched, QuarantinedObject, TemplateRenderFailed, TemplateRendered,
 };
 use tracing::Instrument;
 
 use super::{Renderer, Resources};
+use crate::quarantine::changes::Snapshots;
+use crate::quarantine::{self, ChangeSet, Culprit, LastGood, Quarantine, Validate};
 
 /// Renders the templates for every reconciliation.
 ///
@@ -23,14 +26,47 @@ use super::{Renderer, Resources};
 /// identical to the previous render reuses the previous `Arc<RenderedConfig>` (same
 /// hash); the executor completes such a reconciliation without waiting for
 /// validation.
+///
+/// With [quarantine](RendererComponent::with_quarantine) on, it also follows the
+/// validation outcome of its renders: after a failed render or validation it
+/// searches which objects changed since the last validated snapshots cause the
+/// failure (direct render and validation calls, at most `max_validations`), then
+/// publishes `QuarantineSearched` and, when the culprits were found, a
+/// `TemplateRendered` of the largest set of changes that validates, both in the
+/// failed reconciliation's correlation. Quarantined objects are held back at their
+/// last good version (left out when new) in every later render until they change
+/// again.
 pub struct RendererComponent {
     renderer: Renderer,
+    quarantine: Option<QuarantineSettings>,
+}
+
+/// How the renderer component isolates culprits.
+#[derive(Clone)]
+pub struct QuarantineSettings {
+    /// Validates a candidate (both phases, as the validator does).
+    pub validate: Validate,
+    /// Most extra renders and validations per reconciliation
+    /// (`controller.quarantine.maxValidations`).
+    pub max_validations: usize,
+    /// The last validated snapshots, kept by the application across config
+    /// reloads (a fresh [`LastGood`] starts from nothing validated).
+    pub last_good: LastGood,
+}
+
+impl std::fmt::Debug for QuarantineSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuarantineSettings")
+            .field("max_validations", &self.max_validations)
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for RendererComponent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RendererComponent")
             .field("renderer", &self.renderer)
+            .field("quarantine", &self.quarantine)
             .finish()
     }
 }
@@ -41,7 +77,18 @@ impl RendererComponent {
 
     /// A renderer component over compiled templates.
     pub fn new(renderer: Renderer) -> Self {
-        Self { renderer }
+        Self {
+            renderer,
+            quarantine: None,
+        }
+    }
+
+    /// Turns quarantine on (see the type docs). The executor must be built with
+    /// `quarantine` on too, so it waits for the search before failing.
+    #[must_use]
+    pub fn with_quarantine(mut self, settings: QuarantineSettings) -> Self {
+        self.quarantine = Some(settings);
+        self
     }
 }
 
@@ -52,24 +99,42 @@ impl Component for RendererComponent {
     }
 
     fn consumes(&self) -> Interest {
-        Interest::pipeline([
+        let mut kinds = vec![
             EventKind::ResourceIndexUpdated,
             EventKind::ReconciliationStarted,
-        ])
+        ];
+        if self.quarantine.is_some() {
+            kinds.extend([
+                EventKind::TemplateRenderFailed,
+                EventKind::ValidationCompleted,
+                EventKind::ValidationFailed,
+            ]);
+        }
+        Interest::pipeline(kinds.as_slice())
     }
 
     async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
-        let RendererComponent { renderer } = *self;
+        let RendererComponent {
+            renderer,
+            quarantine,
+        } = *self;
         let mut resources = Resources::new();
         let mut last: Option<Arc<RenderedConfig>> = None;
+        let mut guard = quarantine.map(Guard::new);
         loop {
             let Some(event) = ctx.next_event().await else {
                 return Ok(());
             };
-            let mut request = take(&event, &mut resources);
+            let mut request = take(&event, &mut resources, guard.as_mut());
+            if let Some(guard) = &mut guard {
+                guard.outcome(&event, &renderer, &resources, &ctx).await;
+            }
             while let Some(event) = ctx.try_next_event() {
-                if let Some(older) =
-                    take(&event, &mut resources).and_then(|newer| request.replace(newer))
+                if let Some(guard) = &mut guard {
+                    guard.outcome(&event, &renderer, &resources, &ctx).await;
+                }
+                if let Some(older) = take(&event, &mut resources, guard.as_mut())
+                    .and_then(|newer| request.replace(newer))
                 {
                     tracing::debug!(
                         correlation_id = ?older.correlation_id,
@@ -88,7 +153,10 @@ impl Component for RendererComponent {
                     .unwrap_or_default()
             );
             let job_renderer = renderer.clone();
-            let job_resources = resources.clone();
+            let job_resources = match &mut guard {
+                Some(guard) => guard.start(&request, &resources),
+                None => resources.clone(),
+            };
             let job = tokio::task::spawn_blocking(move || {
                 let started = std::time::Instant::now();
                 let result = job_renderer.render(&job_resources);
@@ -151,7 +219,11 @@ impl Component for RendererComponent {
 }
 
 /// Applies a resource update, or returns a render request.
-fn take(event: &Arc<Event>, resources: &mut Resources) -> Option<Arc<Event>> {
+fn take(
+    event: &Arc<Event>,
+    resources: &mut Resources,
+    guard: Option<&mut Guard>,
+) -> Option<Arc<Event>> {
     match &event.payload {
         EventPayload::ResourceIndexUpdated(update) => {
             resources.update(
@@ -159,9 +231,295 @@ fn take(event: &Arc<Event>, resources: &mut Resources) -> Option<Arc<Event>> {
                 update.snapshot.clone(),
                 Some(&update.change),
             );
+            if let Some(guard) = guard {
+                guard
+                    .current
+                    .insert(update.source.clone(), update.snapshot.clone());
+            }
             None
         }
         EventPayload::ReconciliationStarted(_) => Some(event.clone()),
         _ => None,
+    }
+}
+
+// === impl Guard ===
+
+/// The quarantine state of the renderer component.
+struct Guard {
+    settings: QuarantineSettings,
+    quarantine: Quarantine,
+    /// The latest snapshot of every source.
+    current: Snapshots,
+    /// The snapshots of the last render that validated.
+    last_good: Snapshots,
+    /// `last_good` has validated (false until the first successful validation: the
+    /// empty state is then probed too).
+    validated: bool,
+    pending: Option<Pending>,
+}
+
+/// The render in flight, awaiting its validation outcome.
+struct Pending {
+    correlation: Option<CorrelationId>,
+    /// The snapshots when the render started.
+    at_start: Snapshots,
+    /// The snapshots actually rendered (quarantined changes held back).
+    candidate: Snapshots,
+    /// The culprit search already ran for this reconciliation.
+    searched: bool,
+}
+
+impl Guard {
+    fn new(settings: QuarantineSettings) -> Self {
+        Self {
+            quarantine: Quarantine::new(),
+            current: Snapshots::new(),
+            last_good: settings.last_good.get(),
+            // Objects that validated under other templates are the best baseline,
+            // but it must be rendered and validated again.
+            validated: false,
+            pending: None,
+            settings,
+        }
+    }
+
+    /// Starts a render: the resources to render, with quarantined changes held
+    /// back.
+    fn start(&mut self, request: &Arc<Event>, resources: &Resources) -> Resources {
+        let at_start = self.current.clone();
+        let (candidate, job) = if self.quarantine.is_empty() {
+            (at_start.clone(), resources.clone())
+        } else {
+            let mut set = ChangeSet::between(&self.last_good, &at_start);
+            let held = self.quarantine.hold_back(&mut set);
+            let all: Vec<usize> = (0..set.len()).collect();
+            let candidate = set.applied(&all);
+            let mut job = resources.clone();
+            for (source, snapshot) in &candidate {
+                job.update(source, snapshot.clone(), None);
+            }
+            tracing::debug!(held, "Holding quarantined objects back");
+            (candidate, job)
+        };
+        self.pending = Some(Pending {
+            correlation: request.correlation_id,
+            at_start,
+            candidate,
+            searched: false,
+        });
+        job
+    }
+
+    /// Follows the outcome of the pending render: a validated render becomes the
+    /// last good state; a failed one starts the culprit search.
+    async fn outcome(
+        &mut self,
+        event: &Arc<Event>,
+        renderer: &Renderer,
+        resources: &Resources,
+        ctx: &Context,
+    ) {
+        let Some(pending) = &mut self.pending else {
+            return;
+        };
+        if event.correlation_id != pending.correlation || pending.correlation.is_none() {
+            return;
+        }
+        match &event.payload {
+            EventPayload::ValidationCompleted(_) => {
+                let Some(pending) = self.pending.take() else {
+                    return;
+                };
+                if !self.quarantine.is_empty() {
+                    let full = ChangeSet::between(&self.last_good, &pending.at_start);
+                    let settled = self.quarantine.settle(&full, &[], SystemTime::now());
+                    if !settled.released.is_empty() {
+                        log_released(&settled.released);
+                        ctx.publisher().reply(
+                            event,
+                            QuarantineSearched {
+                                objects: self.objects(),
+                                released: objects(&settled.released, SystemTime::now()),
+                                accepted: 0,
+                                probes: 0,
+                                gave_up: None,
+                            },
+                        );
+                    }
+                }
+                self.settings.last_good.set(pending.candidate.clone());
+                self.last_good = pending.candidate;
+                self.validated = true;
+            }
+            EventPayload::TemplateRenderFailed(_) | EventPayload::ValidationFailed(_)
+                if !pending.searched =>
+            {
+                pending.searched = true;
+                let mut set = ChangeSet::between(&self.last_good, &pending.at_start);
+                let full = set.clone();
+                self.quarantine.hold_back(&mut set);
+                let settings = quarantine::Settings {
+                    max_probes: self.settings.max_validations,
+                    baseline_valid: self.validated,
+                };
+                let started = std::time::Instant::now();
+                let result = quarantine::isolate(
+                    renderer,
+                    resources,
+                    &set,
+                    &self.settings.validate,
+                    settings,
+                )
+                .await;
+                match result {
+                    Ok(isolated) => {
+                        let now = SystemTime::now();
+                        let settled = self.quarantine.settle(&full, &isolated.culprits, now);
+                        log_quarantined(&settled.quarantined);
+                        log_released(&settled.released);
+                        let config = match isolated.config {
+                            Some(config) => Some(config),
+                            None => render_snapshots(renderer, resources, &isolated.snapshots)
+                                .await
+                                .map(Arc::new),
+                        };
+                        if let Some(pending) = &mut self.pending {
+                            pending.candidate = isolated.snapshots;
+                        }
+                        tracing::info!(
+                            accepted = isolated.accepted,
+                            quarantined = self.quarantine.len(),
+                            probes = isolated.probes,
+                            duration = ?started.elapsed(),
+                            "Culprits isolated: the rest of the change goes on"
+                        );
+                        ctx.publisher().reply(
+                            event,
+                            QuarantineSearched {
+                                objects: self.objects(),
+                                released: objects(&settled.released, now),
+                                accepted: isolated.accepted,
+                                probes: isolated.probes,
+                                gave_up: None,
+                            },
+                        );
+                        match config {
+                            Some(config) => ctx.publisher().reply(
+                                event,
+                                TemplateRendered {
+                                    config,
+                                    duration: started.elapsed(),
+                                },
+                            ),
+                            None => ctx.publisher().reply(
+                                event,
+                                TemplateRenderFailed {
+                                    errors: vec![hapwright_eventbus::model::Diagnostic::error(
+                                        "the last good objects no longer render",
+                                    )],
+                                },
+                            ),
+                        };
+                    }
+                    Err(gave_up) => {
+                        tracing::info!(
+                            reason = gave_up.reason.as_str(),
+                            probes = gave_up.probes,
+                            "Culprit search gave up: the whole change is rejected"
+                        );
+                        ctx.publisher().reply(
+                            event,
+                            QuarantineSearched {
+                                objects: self.objects(),
+                                released: Vec::new(),
+                                accepted: 0,
+                                probes: gave_up.probes,
+                                gave_up: Some(gave_up.reason.as_str()),
+                            },
+                        );
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Every quarantined object, for the event.
+    fn objects(&self) -> Vec<QuarantinedObject> {
+        self.quarantine
+            .entries()
+            .map(|entry| object(&entry.culprit, entry.since))
+            .collect()
+    }
+}
+
+/// Renders a set of snapshots (the last good state) on the blocking pool.
+async fn render_snapshots(
+    renderer: &Renderer,
+    resources: &Resources,
+    snapshots: &Snapshots,
+) -> Option<RenderedConfig> {
+    let mut job = resources.clone();
+    for (source, snapshot) in snapshots {
+        job.update(source, snapshot.clone(), None);
+    }
+    let renderer = renderer.clone();
+    tokio::task::spawn_blocking(move || renderer.render(&job).ok())
+        .await
+        .ok()
+        .flatten()
+}
+
+fn object(culprit: &Culprit, since: SystemTime) -> QuarantinedObject {
+    let kind = culprit.content.as_ref().and_then(|content| {
+        content
+            .deserialize::<serde_json::Value>()
+            .ok()?
+            .get("kind")?
+            .as_str()
+            .map(str::to_owned)
+    });
+    QuarantinedObject {
+        resource: culprit.resource.clone(),
+        kind,
+        namespace: culprit.key.namespace.clone(),
+        name: culprit.key.name.clone(),
+        change: culprit.change,
+        errors: culprit.errors.clone(),
+        since,
+    }
+}
+
+fn objects(culprits: &[Culprit], since: SystemTime) -> Vec<QuarantinedObject> {
+    culprits.iter().map(|c| object(c, since)).collect()
+}
+
+fn log_quarantined(culprits: &[Culprit]) {
+    for culprit in culprits {
+        let error = culprit
+            .errors
+            .first()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        tracing::warn!(
+            resource = %culprit.resource,
+            namespace = %culprit.key.namespace,
+            name = %culprit.key.name,
+            change = culprit.change,
+            %error,
+            "Object quarantined: its change is held back"
+        );
+    }
+}
+
+fn log_released(culprits: &[Culprit]) {
+    for culprit in culprits {
+        tracing::info!(
+            resource = %culprit.resource,
+            namespace = %culprit.key.namespace,
+            name = %culprit.key.name,
+            "Object released from quarantine"
+        );
     }
 }

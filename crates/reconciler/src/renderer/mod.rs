@@ -41,7 +41,7 @@ use hapwright_eventbus::model::{
 use minijinja::value::Value;
 use minijinja::{Environment, ErrorKind, UndefinedBehavior};
 
-pub use component::RendererComponent;
+pub use component::{QuarantineSettings, RendererComponent};
 pub use context::{ResourceStore, Resources};
 
 use scan::{Instrumented, LineIndex};

@@ -1,0 +1,300 @@
+use std::collections::BTreeSet;
+
+use super::*;
+
+/// A fake validator: a set of changes fails when it contains a bad change, or both
+/// changes of an interacting pair, or always when `broken` (a template bug).
+#[derive(Clone, Debug, Default)]
+struct Fake {
+    bad: BTreeSet<usize>,
+    pairs: Vec<(usize, usize)>,
+    broken: bool,
+    probes: usize,
+}
+
+impl Fake {
+    fn valid(&self, applied: &[usize]) -> bool {
+        let set: BTreeSet<usize> = applied.iter().copied().collect();
+        !self.broken
+            && self.bad.is_disjoint(&set)
+            && !self
+                .pairs
+                .iter()
+                .any(|(a, b)| set.contains(a) && set.contains(b))
+    }
+}
+
+impl Probe for Fake {
+    type Output = Vec<usize>;
+    type Error = String;
+
+    async fn probe(&mut self, applied: &[usize]) -> Result<Vec<usize>, String> {
+        assert!(
+            applied.windows(2).all(|w| w[0] < w[1]),
+            "applied changes are ascending and distinct: {applied:?}"
+        );
+        self.probes += 1;
+        if self.valid(applied) {
+            Ok(applied.to_vec())
+        } else {
+            Err(format!("fails with {applied:?}"))
+        }
+    }
+}
+
+fn run(fake: &mut Fake, changes: usize, settings: Settings) -> Outcome<Vec<usize>, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(search(fake, changes, None, settings))
+}
+
+const BOUNDED: Settings = Settings {
+    max_probes: 16,
+    baseline_valid: true,
+};
+
+/// A small deterministic generator, so a failing case can be replayed by its seed.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+#[test]
+fn one_bad_change_among_fifty_one_is_isolated_in_a_few_probes() {
+    let mut max = 0;
+    for bad in 0..51 {
+        let mut fake = Fake {
+            bad: BTreeSet::from([bad]),
+            ..Fake::default()
+        };
+        let Outcome::Found {
+            accepted,
+            output,
+            culprits,
+            probes,
+        } = run(&mut fake, 51, BOUNDED)
+        else {
+            panic!("bad change {bad}: the search gave up");
+        };
+        let expected: Vec<usize> = (0..51).filter(|i| *i != bad).collect();
+        assert_eq!(accepted, expected, "bad change {bad}");
+        assert_eq!(output, Some(expected), "the output is the accepted set's");
+        assert_eq!(culprits.len(), 1);
+        assert_eq!(culprits[0].0, bad);
+        assert!(
+            culprits[0].1.contains(&bad.to_string()),
+            "the culprit's error comes from a probe that included it: {}",
+            culprits[0].1
+        );
+        // Bisection: one probe per level of a 51-wide split (6 levels), plus one
+        // for the rest once the culprit is known.
+        assert!(probes <= 7, "bad change {bad}: {probes} probes");
+        max = max.max(probes);
+        assert_eq!(probes, fake.probes);
+    }
+    eprintln!("most probes for one culprit among 51: {max}");
+}
+
+#[test]
+fn a_broken_template_is_rejected_after_one_probe() {
+    let mut fake = Fake {
+        broken: true,
+        ..Fake::default()
+    };
+    let settings = Settings {
+        max_probes: 16,
+        baseline_valid: false,
+    };
+    let outcome = run(&mut fake, 1000, settings);
+    assert!(
+        matches!(
+            outcome,
+            Outcome::Rejected {
+                reason: Rejection::BaselineFails,
+                probes: 1
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(fake.probes, 1);
+}
+
+#[test]
+fn half_or_more_of_the_changes_failing_is_rejected() {
+    let mut fake = Fake {
+        bad: BTreeSet::from([1, 2]),
+        ..Fake::default()
+    };
+    let outcome = run(&mut fake, 4, BOUNDED);
+    assert!(
+        matches!(
+            outcome,
+            Outcome::Rejected {
+                reason: Rejection::MostChangesFail,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+}
+
+#[test]
+fn a_single_failing_change_is_its_own_culprit() {
+    let mut fake = Fake {
+        bad: BTreeSet::from([0]),
+        ..Fake::default()
+    };
+    let Outcome::Found {
+        accepted,
+        output,
+        culprits,
+        probes,
+    } = run(&mut fake, 1, BOUNDED)
+    else {
+        panic!("the search gave up");
+    };
+    assert!(accepted.is_empty());
+    assert_eq!(output, None, "nothing new to deploy");
+    assert_eq!(culprits.len(), 1);
+    assert_eq!(probes, 1, "the single change is probed for its own error");
+}
+
+#[test]
+fn the_bound_is_never_exceeded_and_gives_up_cleanly() {
+    // 20 independent culprits among 1000 need far more than 16 probes.
+    let mut fake = Fake {
+        bad: (0..1000).step_by(50).collect(),
+        ..Fake::default()
+    };
+    let outcome = run(&mut fake, 1000, BOUNDED);
+    assert!(
+        matches!(
+            outcome,
+            Outcome::Rejected {
+                reason: Rejection::BoundReached,
+                probes: 16
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(fake.probes, 16);
+}
+
+#[test]
+fn a_bad_object_among_a_thousand_at_start_up_leaves_the_rest() {
+    // The initial sync: the last good state is empty and has not been validated.
+    let mut fake = Fake {
+        bad: BTreeSet::from([617]),
+        ..Fake::default()
+    };
+    let settings = Settings {
+        max_probes: 16,
+        baseline_valid: false,
+    };
+    let Outcome::Found {
+        accepted, culprits, ..
+    } = run(&mut fake, 1000, settings)
+    else {
+        panic!("the search gave up");
+    };
+    assert_eq!(accepted.len(), 999);
+    assert_eq!(culprits.iter().map(|c| c.0).collect::<Vec<_>>(), [617]);
+}
+
+#[test]
+fn random_culprits_and_interactions_always_deploy_a_valid_maximal_set() {
+    let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
+    let mut found = 0;
+    for case in 0..3000 {
+        let changes = 1 + rng.below(200);
+        let mut fake = Fake::default();
+        for _ in 0..rng.below(4) {
+            fake.bad.insert(rng.below(changes));
+        }
+        for _ in 0..rng.below(3) {
+            let (a, b) = (rng.below(changes), rng.below(changes));
+            if a != b {
+                fake.pairs.push((a, b));
+            }
+        }
+        fake.broken = rng.below(50) == 0;
+        let settings = Settings {
+            max_probes: 1 + rng.below(40),
+            baseline_valid: rng.below(2) == 0 && !fake.broken,
+        };
+        let all_fail = !fake.valid(&(0..changes).collect::<Vec<_>>());
+        if !all_fail {
+            // The search is only started for a failing change set.
+            continue;
+        }
+        let outcome = run(&mut fake, changes, settings);
+        assert!(
+            fake.probes <= settings.max_probes,
+            "case {case}: {} probes over a bound of {}",
+            fake.probes,
+            settings.max_probes
+        );
+        match outcome {
+            Outcome::Found {
+                accepted,
+                output,
+                culprits,
+                probes,
+            } => {
+                found += 1;
+                assert_eq!(probes, fake.probes, "case {case}");
+                assert!(fake.valid(&accepted), "case {case}: deployed set fails");
+                if !accepted.is_empty() {
+                    assert_eq!(output.as_ref(), Some(&accepted), "case {case}");
+                }
+                let culprit_set: BTreeSet<usize> = culprits.iter().map(|c| c.0).collect();
+                let accepted_set: BTreeSet<usize> = accepted.iter().copied().collect();
+                assert!(culprit_set.is_disjoint(&accepted_set), "case {case}");
+                assert!(
+                    changes == 1 || culprit_set.len() * 2 < changes,
+                    "case {case}: culprits are a minority"
+                );
+                assert_eq!(
+                    culprit_set.len() + accepted_set.len(),
+                    changes,
+                    "case {case}: every change is accepted or a culprit"
+                );
+                for culprit in &culprit_set {
+                    let mut with = accepted.clone();
+                    with.push(*culprit);
+                    with.sort_unstable();
+                    assert!(
+                        !fake.valid(&with),
+                        "case {case}: culprit {culprit} would have validated"
+                    );
+                }
+                if fake.pairs.is_empty() {
+                    assert_eq!(culprit_set, fake.bad, "case {case}");
+                }
+            }
+            Outcome::Rejected { reason, probes } => {
+                assert_eq!(probes, fake.probes, "case {case}");
+                match reason {
+                    Rejection::BaselineFails => assert!(fake.broken, "case {case}"),
+                    Rejection::BoundReached => assert_eq!(probes, settings.max_probes),
+                    Rejection::MostChangesFail => assert!(changes > 1, "case {case}"),
+                    Rejection::NothingChanged | Rejection::ToolFailure => {
+                        panic!("case {case}: unexpected {reason:?}")
+                    }
+                }
+            }
+        }
+    }
+    assert!(found > 500, "only {found} searches found culprits");
+}

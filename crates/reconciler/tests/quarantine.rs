@@ -1,0 +1,293 @@
+//! Quarantine on the bus: the executor, the real renderer with quarantine on and a
+//! validator that rejects `INVALID`. A bad object among good changes is held back,
+//! the good changes go through in the same reconciliation, and fixing the object
+//! releases it.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hapwright_eventbus::model::{Diagnostic, ObjectKey, RenderedConfig, ResourceSnapshot};
+use hapwright_eventbus::{
+    Component, ComponentError, Context, Event, EventKind, EventPayload, Interest,
+    ReconciliationTriggered, Stage, ValidationCompleted, ValidationFailed, ValidationPhase,
+};
+use hapwright_reconciler::executor::{Executor, Settings};
+use hapwright_reconciler::quarantine::{Failure, Validate};
+use hapwright_reconciler::renderer::{QuarantineSettings, Renderer, RendererComponent, Templates};
+use support::Harness;
+
+/// Validates automatically: rejects configs containing `INVALID`.
+struct AutoValidator;
+
+/// The error for a config the validator rejects.
+fn check(config: &RenderedConfig) -> Option<Diagnostic> {
+    config
+        .main()
+        .contains("INVALID")
+        .then(|| Diagnostic::error("unknown keyword 'INVALID'"))
+}
+
+#[async_trait::async_trait]
+impl Component for AutoValidator {
+    fn name(&self) -> &str {
+        "validator"
+    }
+
+    fn consumes(&self) -> Interest {
+        Interest::pipeline([EventKind::TemplateRendered])
+    }
+
+    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
+        while let Some(event) = ctx.next_event().await {
+            let EventPayload::TemplateRendered(rendered) = &event.payload else {
+                continue;
+            };
+            match check(&rendered.config) {
+                Some(error) => ctx.publisher().reply(
+                    &event,
+                    ValidationFailed {
+                        hash: rendered.config.hash(),
+                        phase: ValidationPhase::Haproxy,
+                        errors: vec![error],
+                    },
+                ),
+                None => ctx.publisher().reply(
+                    &event,
+                    ValidationCompleted {
+                        config: rendered.config.clone(),
+                        duration: Duration::ZERO,
+                        warnings: Vec::new(),
+                        parsed: Default::default(),
+                        phase2_skipped: None,
+                    },
+                ),
+            };
+        }
+        Ok(())
+    }
+}
+
+const OBSERVED: [EventKind; 5] = [
+    EventKind::ReconciliationCompleted,
+    EventKind::ReconciliationFailed,
+    EventKind::TemplateRendered,
+    EventKind::QuarantineSearched,
+    EventKind::ValidationFailed,
+];
+
+const TEMPLATE: &str = "\
+{% for s in resources.services %}backend {{ s.metadata.name }}
+  # {{ s.spec.note }}
+{% endfor %}";
+
+fn services(notes: &[(usize, &str)]) -> Arc<ResourceSnapshot> {
+    let mut snapshot = ResourceSnapshot::new(Vec::new());
+    for (i, note) in notes {
+        let name = format!("s{i:02}");
+        snapshot.upsert(
+            ObjectKey::new("default", name.clone()),
+            &serde_json::json!({
+                "kind": "Service",
+                "metadata": {"namespace": "default", "name": name},
+                "spec": {"note": note},
+            }),
+        );
+    }
+    Arc::new(snapshot)
+}
+
+fn trigger(reason: &str) -> ReconciliationTriggered {
+    ReconciliationTriggered {
+        reason: reason.into(),
+        sources: vec!["services".into()],
+    }
+}
+
+fn harness(quarantine: bool) -> Harness {
+    let renderer = Renderer::new(Templates::new(TEMPLATE), &["services"]).expect("loads");
+    let validate: Validate = Arc::new(|config: Arc<RenderedConfig>| {
+        let result = match check(&config) {
+            Some(error) => Err(Failure {
+                errors: vec![error],
+                tool_failure: false,
+            }),
+            None => Ok(()),
+        };
+        Box::pin(async move { result })
+    });
+    let mut component = RendererComponent::new(renderer);
+    if quarantine {
+        component = component.with_quarantine(QuarantineSettings {
+            validate,
+            max_validations: 16,
+            last_good: Default::default(),
+        });
+    }
+    Harness::start(
+        vec![
+            Box::new(Executor::new(Settings {
+                quarantine,
+                ..Settings::default()
+            })),
+            Box::new(component),
+            Box::new(AutoValidator),
+        ],
+        &OBSERVED,
+    )
+}
+
+fn main_of(event: &Event) -> String {
+    let EventPayload::TemplateRendered(rendered) = &event.payload else {
+        panic!("not a render: {event:?}");
+    };
+    rendered.config.main().to_string()
+}
+
+/// Waits for the end of the reconciliation, returning the last render seen and the
+/// quarantine searches.
+async fn settle(h: &mut Harness) -> (Arc<Event>, Option<String>, Vec<Arc<Event>>) {
+    let mut last_render = None;
+    let mut searches = Vec::new();
+    loop {
+        let event = h.next().await;
+        match event.kind() {
+            EventKind::TemplateRendered => last_render = Some(main_of(&event)),
+            EventKind::QuarantineSearched => searches.push(event),
+            EventKind::ReconciliationCompleted | EventKind::ReconciliationFailed => {
+                return (event, last_render, searches);
+            }
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn good_changes_go_live_and_the_bad_object_is_held_back_until_fixed() {
+    let mut h = harness(true);
+    let v1: Vec<(usize, &str)> = (0..51).map(|i| (i, "v1")).collect();
+    h.update("services", services(&v1));
+    h.publisher.publish(trigger("start"));
+    let (done, _, searches) = settle(&mut h).await;
+    assert_eq!(done.kind(), EventKind::ReconciliationCompleted);
+    assert!(searches.is_empty());
+
+    // 50 good changes and a bad one in one reconciliation.
+    let v2: Vec<(usize, &str)> = (0..51)
+        .map(|i| (i, if i == 50 { "INVALID" } else { "v2" }))
+        .collect();
+    h.update("services", services(&v2));
+    h.publisher.publish(trigger("burst"));
+    let (done, render, searches) = settle(&mut h).await;
+    assert_eq!(
+        done.kind(),
+        EventKind::ReconciliationCompleted,
+        "the good changes complete the reconciliation: {done:?}"
+    );
+    let render = render.expect("the reduced change was rendered");
+    assert_eq!(render.matches("# v2").count(), 50, "{render}");
+    assert!(render.contains("backend s50\n  # v1"), "{render}");
+    let [search] = &searches[..] else {
+        panic!("one search: {searches:?}");
+    };
+    assert_eq!(search.correlation_id, done.correlation_id);
+    let EventPayload::QuarantineSearched(found) = &search.payload else {
+        unreachable!()
+    };
+    assert_eq!(found.gave_up, None);
+    assert_eq!(found.accepted, 50);
+    assert!(found.probes <= 16);
+    assert_eq!(found.objects.len(), 1);
+    let object = &found.objects[0];
+    assert_eq!(
+        (
+            object.resource.as_ref(),
+            object.kind.as_deref(),
+            object.name.as_str()
+        ),
+        ("services", Some("Service"), "s50")
+    );
+    assert_eq!(object.errors[0].message, "unknown keyword 'INVALID'");
+
+    // Unchanged: the held-back object needs no new search and nothing fails.
+    h.publisher.publish(trigger("again"));
+    let (done, _, searches) = settle(&mut h).await;
+    assert_eq!(done.kind(), EventKind::ReconciliationCompleted);
+    assert!(searches.is_empty(), "{searches:?}");
+
+    // Fixed: the object goes live and is released.
+    let v3: Vec<(usize, &str)> = (0..51)
+        .map(|i| (i, if i == 50 { "v3" } else { "v2" }))
+        .collect();
+    h.update("services", services(&v3));
+    h.publisher.publish(trigger("fixed"));
+    let (done, render, searches) = settle(&mut h).await;
+    assert_eq!(done.kind(), EventKind::ReconciliationCompleted);
+    assert!(render.expect("rendered").contains("backend s50\n  # v3"));
+    // The release follows the validation, so it may come after the completion.
+    let released = match searches.last() {
+        Some(search) => search.clone(),
+        None => h.next_of(EventKind::QuarantineSearched).await,
+    };
+    let EventPayload::QuarantineSearched(released) = &released.payload else {
+        unreachable!()
+    };
+    assert!(released.objects.is_empty());
+    assert_eq!(released.released.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_quarantine_the_whole_change_is_rejected() {
+    let mut h = harness(false);
+    h.update("services", services(&[(0, "v1"), (1, "v1")]));
+    h.publisher.publish(trigger("start"));
+    settle(&mut h).await;
+    h.update("services", services(&[(0, "v2"), (1, "INVALID")]));
+    h.publisher.publish(trigger("bad"));
+    let (done, _, searches) = settle(&mut h).await;
+    let EventPayload::ReconciliationFailed(failed) = &done.payload else {
+        panic!("fails: {done:?}");
+    };
+    assert_eq!(failed.stage, Stage::Validate);
+    assert!(searches.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_most_changes_fail_the_reconciliation_fails_as_before() {
+    let mut h = harness(true);
+    h.update("services", services(&[(0, "v1"), (1, "v1")]));
+    h.publisher.publish(trigger("start"));
+    settle(&mut h).await;
+    h.update("services", services(&[(0, "INVALID"), (1, "INVALID")]));
+    h.publisher.publish(trigger("bad"));
+    let (done, _, searches) = settle(&mut h).await;
+    let EventPayload::ReconciliationFailed(failed) = &done.payload else {
+        panic!("fails: {done:?}");
+    };
+    assert_eq!(failed.stage, Stage::Validate);
+    assert_eq!(failed.errors[0].message, "unknown keyword 'INVALID'");
+    let [search] = &searches[..] else {
+        panic!("one search: {searches:?}");
+    };
+    let EventPayload::QuarantineSearched(search) = &search.payload else {
+        unreachable!()
+    };
+    assert_eq!(search.gave_up, Some("most_changes_fail"));
+    assert!(search.objects.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_object_at_start_up_does_not_keep_the_others_out() {
+    let mut h = harness(true);
+    let notes: Vec<(usize, &str)> = (0..99)
+        .map(|i| (i, if i == 42 { "INVALID" } else { "v1" }))
+        .collect();
+    h.update("services", services(&notes));
+    h.publisher.publish(trigger("start"));
+    let (done, render, _) = settle(&mut h).await;
+    assert_eq!(done.kind(), EventKind::ReconciliationCompleted);
+    let render = render.expect("rendered");
+    assert_eq!(render.matches("backend ").count(), 98);
+    assert!(!render.contains("s42"));
+}
