@@ -82,19 +82,20 @@ fn a_bad_new_object_is_left_out_and_the_rest_deploys() {
     let api = controller.demo_body(ports.api);
     controller.wait_for_body(&host(0), &api);
     controller.wait_for_body(&host(SERVICES - 1), &api);
-    // The bad object is svc-07's EndpointSlice: its Service is fine and deployed (with
-    // the leading edge, often before the slices arrive), so the route exists but has
-    // no server — never one at the bad address.
+    // svc-07's Service and its EndpointSlice are new together and bad only together
+    // (the slice's address is bad; without the Service it renders nothing). Which
+    // of them the search holds back depends on whether the leading edge deployed the
+    // Services before the slices arrived: either way the route never reaches the bad
+    // address (no route: 404, or a backend without servers: 503).
     let reply = controller.route(&host(7)).expect("HAProxy answers");
     assert!(
         reply.status == 503 || reply.status == 404,
         "the bad new object is left out: {reply:?}"
     );
-    let quarantine = controller.wait_until("the slice is quarantined", WAIT, || {
+    controller.wait_until("svc-07 is quarantined", WAIT, || {
         let (_, body) = controller.status_get("/debug/quarantine");
-        body.contains("svc-07-1").then_some(body)
+        body.contains("\"name\":\"svc-07").then_some(())
     });
-    assert!(quarantine.contains("EndpointSlice"), "{quarantine}");
 }
 
 /// Every `probes` field of the `QuarantineSearched` events on `/debug/events`.
