@@ -85,11 +85,8 @@ impl Redactor {
         if inner.forms.len() > MAX_VALUES {
             // Forget the oldest tenth at once, so a steady stream of new values does
             // not rebuild the matcher on every registration.
-            let mut seqs: Vec<u64> = inner.forms.values().copied().collect();
-            let cut = seqs.len() - MAX_VALUES + MAX_VALUES / 10;
-            let (_, threshold, _) = seqs.select_nth_unstable(cut);
-            let threshold = *threshold;
-            inner.forms.retain(|_, seq| *seq >= threshold);
+            let keep = MAX_VALUES - MAX_VALUES / 10;
+            inner.forget_oldest(keep);
             added = true;
         }
         if added {
@@ -194,11 +191,8 @@ impl Redactor {
                     // MAX_VALUES keeps far below them. Without a matcher nothing would
                     // be redacted, so drop the oldest half and let the next call retry.
                     tracing::error!(%error, forms = patterns.len(), "Cannot build the secret matcher; forgetting the oldest secrets");
-                    let mut seqs: Vec<u64> = inner.forms.values().copied().collect();
-                    let middle = seqs.len() / 2;
-                    let (_, threshold, _) = seqs.select_nth_unstable(middle);
-                    let threshold = *threshold;
-                    inner.forms.retain(|_, seq| *seq >= threshold);
+                    let keep = inner.forms.len() / 2;
+                    inner.forget_oldest(keep);
                     return None;
                 }
             }
@@ -212,6 +206,20 @@ impl Redactor {
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
         self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Inner {
+    /// Keeps the `keep` most recently registered forms.
+    fn forget_oldest(&mut self, keep: usize) {
+        if self.forms.len() <= keep {
+            return;
+        }
+        let mut seqs: Vec<u64> = self.forms.values().copied().collect();
+        let cut = seqs.len() - keep;
+        let (_, threshold, _) = seqs.select_nth_unstable(cut);
+        let threshold = *threshold;
+        self.forms.retain(|_, seq| *seq >= threshold);
     }
 }
 

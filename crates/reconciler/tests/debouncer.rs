@@ -44,6 +44,26 @@ fn trigger(event: &hapwright_eventbus::Event) -> &ReconciliationTriggered {
     }
 }
 
+/// Publishes `count` updates, `every` apart, alternating over `sources`, from a task.
+fn stream(
+    h: &Harness,
+    sources: &'static [&'static str],
+    count: usize,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let publisher = h.publisher.clone();
+    tokio::spawn(async move {
+        for i in 0..count {
+            publisher.publish(hapwright_eventbus::ResourceIndexUpdated {
+                source: sources[i % sources.len()].into(),
+                snapshot: snapshot(&format!("s{i}")),
+                change: Default::default(),
+            });
+            tokio::time::sleep(every).await;
+        }
+    })
+}
+
 /// Starts a debouncer over `sources` and completes their initial sync.
 async fn synced(settings: Settings, sources: &[&str]) -> Harness {
     let mut harness = start(settings, sources);
@@ -81,19 +101,7 @@ async fn fires_after_the_quiet_period_following_the_last_change() {
 async fn max_wait_bounds_a_constant_stream_of_changes() {
     let mut h = synced(settings(), &["services"]).await;
     let t0 = Instant::now();
-    let stream = {
-        let publisher = h.publisher.clone();
-        tokio::spawn(async move {
-            for i in 0..60 {
-                publisher.publish(hapwright_eventbus::ResourceIndexUpdated {
-                    source: "services".into(),
-                    snapshot: snapshot(&format!("s{i}")),
-                    change: Default::default(),
-                });
-                tokio::time::sleep(100 * MS).await;
-            }
-        })
-    };
+    let stream = stream(&h, &["services"], 60, 100 * MS);
     let first = h.next().await;
     assert_eq!(first.at - t0, Duration::from_secs(2));
     assert_eq!(
@@ -222,19 +230,7 @@ async fn a_burst_of_a_hundred_changes_in_a_second_makes_at_most_three_triggers()
     let mut h = synced(leading(), &["services", "endpoints"]).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let t0 = Instant::now();
-    let burst = {
-        let publisher = h.publisher.clone();
-        tokio::spawn(async move {
-            for i in 0..100 {
-                publisher.publish(hapwright_eventbus::ResourceIndexUpdated {
-                    source: if i % 2 == 0 { "services" } else { "endpoints" }.into(),
-                    snapshot: snapshot(&format!("s{i}")),
-                    change: Default::default(),
-                });
-                tokio::time::sleep(10 * MS).await;
-            }
-        })
-    };
+    let burst = stream(&h, &["services", "endpoints"], 100, 10 * MS);
     let mut triggers = Vec::new();
     while let Some(event) = h.next_within(Duration::from_secs(5)).await {
         triggers.push(event);
@@ -255,19 +251,7 @@ async fn with_the_leading_edge_max_wait_still_bounds_a_constant_stream() {
     let mut h = synced(leading(), &["services"]).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let t0 = Instant::now();
-    let stream = {
-        let publisher = h.publisher.clone();
-        tokio::spawn(async move {
-            for i in 0..60 {
-                publisher.publish(hapwright_eventbus::ResourceIndexUpdated {
-                    source: "services".into(),
-                    snapshot: snapshot(&format!("s{i}")),
-                    change: Default::default(),
-                });
-                tokio::time::sleep(100 * MS).await;
-            }
-        })
-    };
+    let stream = stream(&h, &["services"], 60, 100 * MS);
     let first = h.next().await;
     assert_eq!(first.at, t0);
     // The change at 100 ms opens the next batch; max wait closes it at 2.1 s.

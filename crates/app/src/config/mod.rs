@@ -806,7 +806,7 @@ pub fn parse(
 mod leader_election_tests {
     use super::*;
 
-    fn parse_controller(controller: &str) -> Result<Config, Vec<String>> {
+    pub(super) fn parse_controller(controller: &str) -> Result<Config, Vec<String>> {
         let text = format!("haproxyConfig: {{ template: x }}\ncontroller:\n{controller}");
         parse(
             &text,
@@ -873,18 +873,8 @@ mod leader_election_tests {
 
 #[cfg(test)]
 mod http_tests {
+    use super::leader_election_tests::parse_controller;
     use super::*;
-
-    fn parse_controller(controller: &str) -> Result<Config, Vec<String>> {
-        let text = format!("haproxyConfig: {{ template: x }}\ncontroller:\n{controller}");
-        parse(
-            &text,
-            Path::new("/nonexistent/hapwright.yaml"),
-            "hapwright.yaml",
-        )
-        .map(|(config, _)| config)
-        .map_err(|ds| ds.iter().map(ToString::to_string).collect())
-    }
 
     #[test]
     fn http_keys_load_with_defaults_for_the_rest() {
