@@ -179,7 +179,9 @@ impl fmt::Debug for RenderedConfig {
 
 /// `haproxy.cfg` with its part of the content hash already computed, so a renderer
 /// can hash it (the largest file) while the other files are still rendering; see
-/// [`RenderedConfig::from_hashed_main`].
+/// [`RenderedConfig::from_hashed_main`]. Cloning copies the hash state, so a
+/// renderer can keep a file it may hand out again unchanged.
+#[derive(Clone)]
 pub struct HashedMain {
     main: Arc<str>,
     hasher: Sha256,

@@ -118,13 +118,31 @@ pub(crate) fn check<'a>(
 }
 
 /// Which templates render on the pool at the same time as `haproxy.cfg`: for each
-/// entry, true when it is a map, file or certificate and neither it nor any template
-/// it reaches through `include`, `import`, `from`,
-/// `extends` or `render_glob` names `shared` (the per-render memo, whose contents
-/// depend on the order files render in) or references a template by a computed name
-/// (whose target cannot be known before rendering). `facts` are per entry, as
-/// [`names_and_facts`] returns them (`None`: the template did not parse).
+/// entry, true when it is a map, file or certificate and [self-contained](self_contained).
 pub(crate) fn independent(
+    entries: &[Entry],
+    edges: &Edges<'_>,
+    facts: &[Option<Facts>],
+) -> Vec<bool> {
+    self_contained(entries, edges, facts)
+        .into_iter()
+        .zip(entries)
+        .map(|(contained, e)| {
+            contained && e.output.as_ref().is_some_and(|f| f.kind != FileKind::Main)
+        })
+        .collect()
+}
+
+/// For each entry, true when it is an output template (`haproxy.cfg`, a map, file or
+/// certificate) and neither it nor any template it reaches through `include`,
+/// `import`, `from`, `extends` or `render_glob` names `shared` (the per-render memo,
+/// whose contents depend on the order files render in) or references a template by
+/// a computed name (whose target cannot be known before rendering). Such a file's
+/// output depends only on the templates, `extraContext` and the resources it reads:
+/// it may render in any order, and its last output may be reused when none of its
+/// reads changed. `facts` are per entry, as [`names_and_facts`] returns them (`None`:
+/// the template did not parse).
+pub(crate) fn self_contained(
     entries: &[Entry],
     edges: &Edges<'_>,
     facts: &[Option<Facts>],
@@ -136,10 +154,9 @@ pub(crate) fn independent(
         .collect();
     let self_contained =
         |i: usize| facts[i].is_some_and(|f| !f.reads_shared && !f.computed_reference);
-    let parallel_output = |e: &Entry| e.output.as_ref().is_some_and(|f| f.kind != FileKind::Main);
     (0..entries.len())
         .map(|root| {
-            if !parallel_output(&entries[root]) {
+            if entries[root].output.is_none() {
                 return false;
             }
             let mut seen = BTreeSet::from([root]);

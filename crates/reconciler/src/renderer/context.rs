@@ -29,8 +29,11 @@
 //! `slice.endpoints | sort_by(...)` sort once per change, not once per render.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use hapwright_eventbus::model::{ResourceChange, ResourceSnapshot, StoredObject};
@@ -233,6 +236,9 @@ impl Object for ResourceList {
 /// the store itself (`{% for s in resources.services %}`) is the same as `list()`.
 pub struct ResourceStore {
     name: Arc<str>,
+    /// Unique per store version in the process (0: the empty store, which never
+    /// changes), so two stores with the same generation hold the same objects.
+    generation: u64,
     snapshot: Option<Arc<ResourceSnapshot>>,
     values: imbl::HashMap<usize, Converted>,
     list: OnceLock<Value>,
@@ -290,6 +296,8 @@ impl NodeBuilder {
 
 impl fmt::Debug for ResourceStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // `debug()` and `pprint` show the object count, which depends on every object.
+        record(|| Read::List(self.name.clone()));
         f.debug_struct("ResourceStore")
             .field("name", &self.name)
             .field("objects", &self.len())
@@ -302,6 +310,7 @@ impl ResourceStore {
     pub fn empty(name: impl Into<Arc<str>>) -> Self {
         Self {
             name: name.into(),
+            generation: 0,
             snapshot: None,
             values: imbl::HashMap::new(),
             list: OnceLock::new(),
@@ -362,6 +371,7 @@ impl ResourceStore {
         }
         Self {
             name: self.name.clone(),
+            generation: next_generation(),
             snapshot: Some(snapshot),
             values,
             list: OnceLock::new(),
@@ -388,6 +398,7 @@ impl ResourceStore {
 
     /// `list()`: every object in the snapshot's order, one shared value per version.
     pub(crate) fn list_value(&self) -> Value {
+        record(|| Read::List(self.name.clone()));
         self.list
             .get_or_init(|| match &self.snapshot {
                 Some(snapshot) => {
@@ -425,6 +436,14 @@ impl ResourceStore {
     /// `fetch`/`get`: the index node of the keys (`None`: nothing matches), or the
     /// objects as a list when the index cannot answer (no keys, or too many).
     fn lookup(&self, method: &str, args: &[Value]) -> Result<Found<'_>, Error> {
+        record(|| match self.keys(method, args) {
+            Ok(keys) if !keys.is_empty() => Read::Lookup(
+                self.name.clone(),
+                keys.into_iter().map(Cow::into_owned).collect(),
+            ),
+            // Everything, or an error: depends on every object.
+            _ => Read::List(self.name.clone()),
+        });
         let Some(snapshot) = &self.snapshot else {
             self.keys(method, args)?;
             return Ok(Found::Node(None));
@@ -522,10 +541,12 @@ impl Object for ResourceStore {
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
+        record(|| Read::List(self.name.clone()));
         Enumerator::Seq(self.len())
     }
 
     fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        record(|| Read::List(self.name.clone()));
         Some(self.len())
     }
 
@@ -556,6 +577,116 @@ impl Object for ResourceStore {
                     self.name
                 ),
             )),
+        }
+    }
+}
+
+// === reads ===
+
+/// The source of [`ResourceStore`] generations.
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+fn next_generation() -> u64 {
+    GENERATIONS.fetch_add(1, Ordering::Relaxed)
+}
+
+/// One thing a template read from the resources while rendering: what its output
+/// can depend on.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Read {
+    /// Every object of a store: `list()`, iterating the store, its length, a
+    /// `fetch()` without keys.
+    List(Arc<str>),
+    /// The objects a `fetch(keys...)`/`get(keys...)` finds (the objects whose leading
+    /// index values are these keys).
+    Lookup(Arc<str>, Vec<String>),
+}
+
+thread_local! {
+    /// The reads of the file rendering on this thread (see [`Recording`]).
+    static READS: RefCell<Option<BTreeSet<Read>>> = const { RefCell::new(None) };
+}
+
+/// Notes a read when a [`Recording`] is active on this thread.
+fn record(read: impl FnOnce() -> Read) {
+    READS.with(|reads| {
+        if let Some(reads) = reads.borrow_mut().as_mut() {
+            reads.insert(read());
+        }
+    });
+}
+
+/// Collects every resource read on this thread while it lives: a file renders on
+/// one thread from start to end, so its reads are exactly those made between
+/// [`Recording::start`] and [`Recording::finish`]. Nests (the outer recording is
+/// put back when an inner one finishes).
+pub(crate) struct Recording {
+    outer: Option<BTreeSet<Read>>,
+}
+
+impl Recording {
+    /// Starts recording on this thread.
+    pub(crate) fn start() -> Self {
+        let outer = READS.with(|reads| reads.borrow_mut().replace(BTreeSet::new()));
+        Self { outer }
+    }
+
+    /// The reads since [`Recording::start`].
+    pub(crate) fn finish(mut self) -> Vec<Read> {
+        let outer = self.outer.take();
+        READS
+            .with(|reads| std::mem::replace(&mut *reads.borrow_mut(), outer))
+            .map(|reads| reads.into_iter().collect())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        if let Some(outer) = self.outer.take() {
+            READS.with(|reads| *reads.borrow_mut() = Some(outer));
+        }
+    }
+}
+
+/// The objects of a `fetch(keys...)` on one store version, as identities.
+fn lookup_identities(store: &ResourceStore, keys: &[String]) -> Option<Vec<usize>> {
+    let snapshot = store.snapshot.as_ref()?;
+    let found = snapshot.fetch(keys).ok()?;
+    Some(found.into_iter().map(address).collect())
+}
+
+impl Read {
+    /// Whether this read gives the same answer over `new` as it gave over `old`.
+    /// `old` must be kept alive while this is asked: an object of `new` with the
+    /// address of one in `old` is then that very object, unchanged.
+    pub(crate) fn unchanged(&self, old: &Resources, new: &Resources) -> bool {
+        let name = match self {
+            Self::List(name) | Self::Lookup(name, _) => name,
+        };
+        let (old, new) = (old.get(name), new.get(name));
+        let generation = |store: Option<&Arc<ResourceStore>>| store.map_or(0, |s| s.generation);
+        if generation(old) == generation(new) {
+            return true;
+        }
+        match self {
+            Self::List(_) => false,
+            Self::Lookup(_, keys) => {
+                let (Some(old), Some(new)) = (old, new) else {
+                    // A store without data answers nothing; the other might answer.
+                    let answer = old.or(new).and_then(|s| lookup_identities(s, keys));
+                    return answer.is_some_and(|found| found.is_empty());
+                };
+                let same_index = match (&old.snapshot, &new.snapshot) {
+                    (Some(a), Some(b)) => a.index_by() == b.index_by(),
+                    _ => false,
+                };
+                same_index
+                    && matches!(
+                        (lookup_identities(old, keys), lookup_identities(new, keys)),
+                        (Some(a), Some(b)) if a == b
+                    )
+            }
         }
     }
 }

@@ -31,7 +31,7 @@ mod scan;
 pub mod source_map;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use hapwright_eventbus::config::ByteSize;
 use hapwright_eventbus::model::{
@@ -43,6 +43,8 @@ use minijinja::{Environment, ErrorKind, UndefinedBehavior};
 
 pub use component::RendererComponent;
 pub use context::{ResourceStore, Resources};
+
+use context::{Read, Recording};
 
 use scan::{Instrumented, LineIndex};
 use source_map::MarkerTable;
@@ -188,6 +190,7 @@ impl Entry {
 type RenderResult = Result<(FileText, Vec<Option<LineOrigin>>), Diagnostic>;
 
 /// A rendered file's text; `haproxy.cfg` comes with its part of the content hash.
+#[derive(Clone)]
 enum FileText {
     Main(HashedMain),
     Other(Arc<str>),
@@ -211,6 +214,63 @@ struct Inner {
     /// Per entry: a map, file or certificate that renders on the pool at the same
     /// time as `haproxy.cfg` ([`check::independent`]).
     independent: Vec<bool>,
+    /// Per entry: an output whose last render may be reused when nothing it read
+    /// changed ([`check::self_contained`]).
+    reusable: Vec<bool>,
+    /// The files of the last render, for reuse by the next.
+    cache: Mutex<Option<Cache>>,
+}
+
+/// What the last render left for the next one: the resources it rendered from and,
+/// per entry, the file it produced with what it read.
+struct Cache {
+    resources: Resources,
+    files: Vec<Option<CachedFile>>,
+}
+
+/// One rendered file kept for reuse.
+struct CachedFile {
+    text: FileText,
+    /// Size of the text, charged to the output budget when the file is reused.
+    bytes: usize,
+    lines: Vec<Option<LineOrigin>>,
+    reads: Arc<[Read]>,
+}
+
+/// How a render went: how many files were rendered and how many reused from the
+/// previous render, and why it was a full render if it was one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RenderStats {
+    /// Files rendered by the template engine.
+    pub rendered: usize,
+    /// Files taken unchanged from the previous render because nothing they read
+    /// changed.
+    pub reused: usize,
+    /// Why nothing could be reused (`None`: the render was incremental).
+    pub full_reason: Option<FullReason>,
+}
+
+/// Why a render rendered every file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FullReason {
+    /// The first render after the templates were loaded (or after a failed render).
+    FirstRender,
+    /// An incremental render failed; every file was rendered again so the errors are
+    /// exactly those of a full render.
+    RenderFailed,
+    /// Every file was rendered again: each one names `shared`, references a
+    /// template by a computed name, or read something that changed.
+    EverythingChanged,
+}
+
+impl std::fmt::Display for FullReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::FirstRender => "first render",
+            Self::RenderFailed => "an incremental render failed",
+            Self::EverythingChanged => "every file depends on what changed",
+        })
+    }
 }
 
 impl std::fmt::Debug for Renderer {
@@ -339,6 +399,7 @@ impl Renderer {
         let (found, facts) = check::names_and_facts(&entries, &env);
         diagnostics.extend(found);
         let independent = check::independent(&entries, &edges, &facts);
+        let reusable = check::self_contained(&entries, &edges, &facts);
         for entry in &entries {
             if let Err(error) =
                 env.add_template_owned(entry.name.to_string(), entry.instrumented.source.clone())
@@ -359,6 +420,8 @@ impl Renderer {
                     extra_context,
                     limits,
                     independent,
+                    reusable,
+                    cache: Mutex::new(None),
                 }),
             })
         } else {
@@ -388,13 +451,100 @@ impl Renderer {
     /// `haproxy.cfg` fails only its error is reported (the files that depend on it
     /// are not rendered); otherwise every failing file is reported.
     pub fn render(&self, resources: &Resources) -> Result<RenderedConfig, Vec<Diagnostic>> {
+        self.render_with_stats(resources).0
+    }
+
+    /// [`Renderer::render`], incrementally: a file whose templates are
+    /// [self-contained](check::self_contained) is taken unchanged from the previous
+    /// render when every resource read it made then (`list()`, `fetch(keys...)`,
+    /// `get(keys...)`, iterating or measuring a store) gives the same objects now.
+    /// The output is byte for byte that of a full render; when an incremental render
+    /// fails, everything is rendered again so the errors are too. Also says how many
+    /// files were rendered and reused.
+    pub fn render_with_stats(
+        &self,
+        resources: &Resources,
+    ) -> (Result<RenderedConfig, Vec<Diagnostic>>, RenderStats) {
+        let previous = self
+            .inner
+            .cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        let had_previous = previous.is_some();
+        let (result, mut stats, cache) = self.render_once(resources, previous);
+        let (result, stats, cache) = match result {
+            Err(_) if stats.reused > 0 => {
+                let (result, mut full, cache) = self.render_once(resources, None);
+                full.full_reason = Some(FullReason::RenderFailed);
+                (result, full, cache)
+            }
+            result => {
+                if stats.reused == 0 {
+                    stats.full_reason = Some(if had_previous {
+                        FullReason::EverythingChanged
+                    } else {
+                        FullReason::FirstRender
+                    });
+                }
+                (result, stats, cache)
+            }
+        };
+        *self
+            .inner
+            .cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = cache;
+        (result, stats)
+    }
+
+    /// [`Renderer::render`] without reusing anything and without remembering the
+    /// result for the next incremental render: what an incremental render must
+    /// equal, byte for byte.
+    pub fn render_full(&self, resources: &Resources) -> Result<RenderedConfig, Vec<Diagnostic>> {
+        self.render_once(resources, None).0
+    }
+
+    /// One render, reusing files of `previous` whose reads did not change; returns
+    /// the cache for the next render (none after a failure).
+    fn render_once(
+        &self,
+        resources: &Resources,
+        previous: Option<Cache>,
+    ) -> (
+        Result<RenderedConfig, Vec<Diagnostic>>,
+        RenderStats,
+        Option<Cache>,
+    ) {
         let inner = &*self.inner;
         let context = Value::from(BTreeMap::from([
             ("resources", resources.context_value(&inner.watched)),
             ("extraContext", inner.extra_context.clone()),
             ("shared", Value::from_object(context::Shared::default())),
         ]));
+        // Files of the previous render whose reads give the same answers now.
+        let mut reused: Vec<Option<CachedFile>> = match previous {
+            Some(Cache {
+                resources: old,
+                files,
+            }) => files
+                .into_iter()
+                .enumerate()
+                .map(|(index, file)| {
+                    file.filter(|file| {
+                        inner.reusable[index]
+                            && file
+                                .reads
+                                .iter()
+                                .all(|read| read.unchanged(&old, resources))
+                    })
+                })
+                .collect(),
+            None => inner.entries.iter().map(|_| None).collect(),
+        };
         let results: Vec<OnceLock<RenderResult>> =
+            inner.entries.iter().map(|_| OnceLock::new()).collect();
+        let reads: Vec<OnceLock<Arc<[Read]>>> =
             inner.entries.iter().map(|_| OnceLock::new()).collect();
         let is_main = |entry: &Entry| {
             entry
@@ -403,18 +553,32 @@ impl Renderer {
                 .is_some_and(|f| f.kind == FileKind::Main)
         };
         let budget = output::Budget::new(inner.limits.max_output_bytes);
+        let mut stats = RenderStats::default();
+        for (index, file) in reused.iter_mut().enumerate() {
+            if let Some(file) = file.take() {
+                budget.charge(file.bytes);
+                let _ = results[index].set(Ok((file.text, file.lines)));
+                let _ = reads[index].set(file.reads);
+                stats.reused += 1;
+            }
+        }
         let render_one = |index: usize| {
+            if results[index].get().is_some() {
+                return;
+            }
             let entry = &inner.entries[index];
             // Everything per file happens here, in parallel where the file renders in
             // parallel: marker stripping (while the engine writes), the shared copy of
             // the text and, for `haproxy.cfg` (the largest file), its part of the
             // content hash, while the other files may still be rendering.
             let mut out = output::Output::new(&inner.markers, &budget, entry.source.len());
+            let recording = Recording::start();
             let rendered = inner
                 .env
                 .get_template(&entry.name)
                 .and_then(|template| template.render_captured_to(&context, &mut out))
                 .map(drop);
+            let _ = reads[index].set(recording.finish().into());
             let rendered = match (rendered, out.exceeded()) {
                 (_, Some(exceeded)) => Err(self.output_cap_diagnostic(entry, exceeded, &budget)),
                 (Err(error), None) => Err(self.runtime_diagnostic(&error)),
@@ -437,6 +601,9 @@ impl Renderer {
         // on one of them, the independent files on the others as they free up.
         rayon::scope(|scope| {
             for (index, _) in inner.independent.iter().enumerate().filter(|(_, p)| **p) {
+                if results[index].get().is_some() {
+                    continue;
+                }
                 let span = &span;
                 let render_one = &render_one;
                 scope.spawn(move |_| span.in_scope(|| render_one(index)));
@@ -458,12 +625,35 @@ impl Renderer {
         let mut main = None;
         let mut outputs: [BTreeMap<String, Arc<str>>; 3] = Default::default();
         let mut diagnostics = Vec::new();
-        for (entry, result) in inner.entries.iter().zip(results) {
+        let mut cached: Vec<Option<CachedFile>> = inner.entries.iter().map(|_| None).collect();
+        for ((((entry, result), reads), cached), &reusable) in inner
+            .entries
+            .iter()
+            .zip(results)
+            .zip(reads)
+            .zip(&mut cached)
+            .zip(&inner.reusable)
+        {
             let (Some(file), Some(result)) = (&entry.output, result.into_inner()) else {
                 continue;
             };
+            if result.is_ok() {
+                stats.rendered += 1;
+            }
             match result {
                 Ok((text, lines)) => {
+                    // Only a file that may be reused is kept (with a copy of its
+                    // line origins).
+                    *cached = reusable.then(|| CachedFile {
+                        bytes: match &text {
+                            // Set below, from the finished config.
+                            FileText::Main(_) => 0,
+                            FileText::Other(text) => text.len(),
+                        },
+                        text: text.clone(),
+                        lines: lines.clone(),
+                        reads: reads.into_inner().unwrap_or_default(),
+                    });
                     source_map.insert(file.clone(), lines);
                     match (text, file.kind) {
                         (FileText::Main(hashed), _) => main = Some(hashed),
@@ -486,17 +676,28 @@ impl Renderer {
                 }
             }
         }
+        stats.rendered -= stats.reused.min(stats.rendered);
         if !diagnostics.is_empty() {
-            return Err(diagnostics);
+            return (Err(diagnostics), stats, None);
         }
         let [maps, files, certificates] = outputs;
-        Ok(RenderedConfig::from_hashed_main(
+        let config = RenderedConfig::from_hashed_main(
             main.unwrap_or_else(|| HashedMain::new("")),
             maps,
             files,
             certificates,
             source_map,
-        ))
+        );
+        for (entry, cached) in inner.entries.iter().zip(&mut cached) {
+            if let (true, Some(cached)) = (is_main(entry), cached) {
+                cached.bytes = config.main().len();
+            }
+        }
+        let cache = Cache {
+            resources: resources.clone(),
+            files: cached,
+        };
+        (Ok(config), stats, Some(cache))
     }
 
     /// For each template, whether it renders in parallel with the others (see
