@@ -13,8 +13,12 @@ mod fixtures;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use hapwright_eventbus::model::{ObjectKey, RenderedConfig, ResourceChange, ResourceSnapshot};
-use hapwright_reconciler::renderer::{FullReason, Renderer, Resources, Templates};
+use hapwright_eventbus::model::{
+    FieldPath, ObjectKey, RenderedConfig, ResourceChange, ResourceSnapshot, UpsertOutcome,
+};
+use hapwright_reconciler::renderer::{
+    FullReason, Renderer, Resources, Templates, TemplatingSettings,
+};
 use serde_json::{Value, json};
 
 /// A small seeded generator (SplitMix64): the same seed gives the same changes.
@@ -119,8 +123,8 @@ impl Cluster {
         let snapshot = self.snapshots.get_mut(source).expect("watched");
         let mut change = ResourceChange::default();
         match snapshot.upsert(key.clone(), &object) {
-            Some(hapwright_eventbus::model::UpsertOutcome::Added) => change.added.push(key),
-            Some(hapwright_eventbus::model::UpsertOutcome::Modified) => {
+            Some(UpsertOutcome::Added) => change.added.push(key),
+            Some(UpsertOutcome::Modified) => {
                 change.modified.push(key);
             }
             None => {}
@@ -373,4 +377,206 @@ fn a_failing_incremental_render_reports_what_a_full_render_reports() {
     );
     assert_eq!(stats.full_reason, Some(FullReason::RenderFailed));
     assert_eq!(stats.reused, 0);
+}
+
+// === the examples shipped with hapwright ===
+
+/// An example config: its templates, watched resources with their `indexBy` paths,
+/// and every object its `validationTests` use, by watched resource.
+struct Example {
+    templates: Templates,
+    index_by: BTreeMap<String, Vec<FieldPath>>,
+    pool: BTreeMap<String, Vec<Value>>,
+}
+
+fn example(path: &str) -> Example {
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path);
+    let text = std::fs::read_to_string(&file).expect("example config");
+    let config: Value = serde_saphyr::from_str(&text).expect("valid YAML");
+    let template = |v: &Value| v["template"].as_str().expect("a template").to_owned();
+    let group = |key: &str| -> BTreeMap<String, String> {
+        config[key]
+            .as_object()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), template(v))).collect())
+            .unwrap_or_default()
+    };
+    let flag = |key: &str| config["templating"][key].as_bool().unwrap_or(false);
+    let templates = Templates {
+        main: template(&config["haproxyConfig"]),
+        snippets: group("templateSnippets"),
+        maps: group("maps"),
+        files: group("files"),
+        certificates: group("sslCertificates"),
+        extra_context: config.get("extraContext").cloned().unwrap_or(json!({})),
+        settings: TemplatingSettings {
+            trim_blocks: flag("trimBlocks"),
+            lstrip_blocks: flag("lstripBlocks"),
+            strict_undefined: flag("strictUndefined"),
+        },
+        ..Templates::default()
+    };
+    let index_by = config["watchedResources"]
+        .as_object()
+        .expect("watchedResources")
+        .iter()
+        .map(|(name, source)| {
+            let paths = source["indexBy"]
+                .as_array()
+                .map(|paths| {
+                    paths
+                        .iter()
+                        .map(|p| FieldPath::parse(p.as_str().expect("a path")).expect("valid path"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            (name.clone(), paths)
+        })
+        .collect();
+    let mut pool: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for test in config["validationTests"].as_object().into_iter().flatten() {
+        for (name, objects) in test.1["fixtures"].as_object().into_iter().flatten() {
+            let objects = objects.as_array().into_iter().flatten().cloned();
+            pool.entry(name.clone()).or_default().extend(objects);
+        }
+    }
+    assert!(!pool.is_empty(), "{path}: no fixtures");
+    Example {
+        templates,
+        index_by,
+        pool,
+    }
+}
+
+fn key_of(object: &Value) -> ObjectKey {
+    ObjectKey::new(
+        object["metadata"]["namespace"].as_str().unwrap_or_default(),
+        object["metadata"]["name"].as_str().unwrap_or_default(),
+    )
+}
+
+/// Random changes to an example's resources, built from its fixtures: objects
+/// swapped for another fixture of the same resource (a modification, or an addition
+/// under a new name), deleted, or moved to another index key.
+fn example_differential(example: &Example, changes: usize, rng: &mut Rng) -> usize {
+    let watched: Vec<&str> = example.index_by.keys().map(String::as_str).collect();
+    let load = |templates: Templates| {
+        Renderer::new(templates, &watched)
+            .unwrap_or_else(|errors| panic!("templates do not load: {errors:#?}"))
+    };
+    let incremental = load(example.templates.clone());
+    let full = load(example.templates.clone());
+    let mut snapshots: BTreeMap<String, ResourceSnapshot> = example
+        .index_by
+        .iter()
+        .map(|(name, paths)| (name.clone(), ResourceSnapshot::new(paths.clone())))
+        .collect();
+    let mut resources = Resources::new();
+    // Start from half of the fixtures.
+    for (name, objects) in &example.pool {
+        let Some(snapshot) = snapshots.get_mut(name) else {
+            continue;
+        };
+        for object in objects.iter().step_by(2) {
+            snapshot.upsert(key_of(object), object);
+        }
+        resources.update(&Arc::from(name.as_str()), Arc::new(snapshot.clone()), None);
+    }
+    let names: Vec<String> = example
+        .pool
+        .keys()
+        .filter(|n| snapshots.contains_key(*n))
+        .cloned()
+        .collect();
+    let mut reused = 0;
+    let mut succeeded = 0;
+    for step in 0..=changes {
+        if step > 0 {
+            let name = &names[rng.below(names.len())];
+            let snapshot = snapshots.get_mut(name).expect("watched");
+            let keys: Vec<ObjectKey> = snapshot.iter().map(|(k, _)| k.clone()).collect();
+            let pool = &example.pool[name];
+            let mut change = ResourceChange::default();
+            let mut upsert = |snapshot: &mut ResourceSnapshot, object: Value| {
+                let key = key_of(&object);
+                match snapshot.upsert(key.clone(), &object) {
+                    Some(UpsertOutcome::Added) => change.added.push(key),
+                    Some(UpsertOutcome::Modified) => change.modified.push(key),
+                    None => {}
+                }
+            };
+            match rng.below(5) {
+                // Delete.
+                0 if !keys.is_empty() => {
+                    let key = &keys[rng.below(keys.len())];
+                    snapshot.remove(key);
+                    change.removed.push(key.clone());
+                }
+                // Add a fixture under a new name.
+                1 => {
+                    let mut object = pool[rng.below(pool.len())].clone();
+                    let name = object["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or("x")
+                        .to_owned();
+                    object["metadata"]["name"] = json!(format!("{name}-{step}"));
+                    upsert(snapshot, object);
+                }
+                // Re-index: another object's index values (a slice to another
+                // service, an object to another namespace is a new key).
+                2 if !keys.is_empty() => {
+                    let key = &keys[rng.below(keys.len())];
+                    let mut object = snapshot.get_by_key(key).expect("exists").parse();
+                    let other = &pool[rng.below(pool.len())];
+                    let label = "kubernetes.io/service-name";
+                    if let Some(service) = other["metadata"]["labels"].get(label) {
+                        object["metadata"]["labels"][label] = service.clone();
+                    } else {
+                        object["metadata"]["labels"]["moved"] = json!(step.to_string());
+                    }
+                    upsert(snapshot, object);
+                }
+                // A fixture as it is: modifies the object of that name, or adds it.
+                _ => upsert(snapshot, pool[rng.below(pool.len())].clone()),
+            }
+            resources.update(
+                &Arc::from(name.as_str()),
+                Arc::new(snapshot.clone()),
+                Some(&change),
+            );
+        }
+        let (result, stats) = incremental.render_with_stats(&resources);
+        reused += stats.reused;
+        match (result, full.render_full(&resources)) {
+            (Ok(got), Ok(expected)) => {
+                succeeded += 1;
+                assert_same(step, &got, &expected);
+            }
+            (Err(got), Err(expected)) => {
+                assert_eq!(got, expected, "errors differ after change {step}");
+            }
+            (got, expected) => panic!(
+                "after change {step}: incremental {:?}, full {:?}",
+                got.map(|c| c.hash()),
+                expected.map(|c| c.hash())
+            ),
+        }
+    }
+    assert!(
+        succeeded > changes / 2,
+        "only {succeeded} of {changes} renders succeeded: the changes test little"
+    );
+    reused
+}
+
+#[test]
+fn the_quickstart_and_the_ingress_library_render_incrementally_as_in_full() {
+    let mut rng = Rng(seed());
+    let quickstart = example("examples/quickstart/hapwright.yaml");
+    let reused = example_differential(&quickstart, 300, &mut rng);
+    println!("quickstart: {reused} files reused");
+    let library = example("examples/kubernetes-ingress/hapwright.yaml");
+    let reused = example_differential(&library, 300, &mut rng);
+    println!("ingress library: {reused} files reused");
 }
