@@ -91,8 +91,8 @@ impl Component for RendererComponent {
             let job_resources = resources.clone();
             let job = tokio::task::spawn_blocking(move || {
                 let started = std::time::Instant::now();
-                let result = job_renderer.render(&job_resources);
-                (result, started.elapsed())
+                let (result, stats) = job_renderer.render_with_stats(&job_resources);
+                (result, stats, started.elapsed())
             });
             let outcome = tokio::select! {
                 biased;
@@ -101,7 +101,7 @@ impl Component for RendererComponent {
             };
             async {
                 match outcome {
-                    Ok((Ok(config), duration)) => {
+                    Ok((Ok(config), stats, duration)) => {
                         let unchanged = last.as_ref().is_some_and(|l| l.hash() == config.hash());
                         let config = match &last {
                             Some(last) if unchanged => last.clone(),
@@ -113,6 +113,9 @@ impl Component for RendererComponent {
                             files = config.iter().count(),
                             ?duration,
                             unchanged,
+                            rendered_files = stats.rendered,
+                            reused_files = stats.reused,
+                            full_because = stats.full_reason.map(|r| r.to_string()),
                             "Rendered configuration"
                         );
                         last = Some(config.clone());
@@ -120,7 +123,7 @@ impl Component for RendererComponent {
                         ctx.publisher()
                             .reply(&request, TemplateRendered { config, duration });
                     }
-                    Ok((Err(errors), duration)) => {
+                    Ok((Err(errors), _, duration)) => {
                         for error in &errors {
                             tracing::warn!(%error, "Template render failed");
                         }
