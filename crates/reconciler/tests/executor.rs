@@ -159,6 +159,7 @@ impl Pipeline {
             TemplateRendered {
                 config: config(main),
                 duration: Duration::from_millis(1),
+                render: Default::default(),
             },
         );
         request
@@ -306,6 +307,7 @@ async fn a_newer_trigger_during_render_restarts_with_the_newest_data() {
         TemplateRendered {
             config: config("new\n"),
             duration: Duration::ZERO,
+            render: Default::default(),
         },
     );
     p.validate_ok().await;

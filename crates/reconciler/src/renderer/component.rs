@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use hapwright_eventbus::model::RenderedConfig;
+use hapwright_eventbus::model::{RenderSummary, RenderedConfig};
 use hapwright_eventbus::{
     Component, ComponentError, Context, Event, EventKind, EventPayload, Interest,
     TemplateRenderFailed, TemplateRendered,
@@ -120,8 +120,19 @@ impl Component for RendererComponent {
                         );
                         last = Some(config.clone());
                         ctx.health().healthy();
-                        ctx.publisher()
-                            .reply(&request, TemplateRendered { config, duration });
+                        let render = RenderSummary {
+                            rendered: stats.rendered,
+                            reused: stats.reused,
+                            full_reason: stats.full_reason.map(|r| r.to_string()),
+                        };
+                        ctx.publisher().reply(
+                            &request,
+                            TemplateRendered {
+                                config,
+                                duration,
+                                render,
+                            },
+                        );
                     }
                     Ok((Err(errors), _, duration)) => {
                         for error in &errors {
