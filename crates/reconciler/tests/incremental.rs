@@ -255,8 +255,9 @@ fn assert_same(step: usize, incremental: &RenderedConfig, full: &RenderedConfig)
     assert!(incremental == full, "configs differ after change {step}");
 }
 
-/// Runs `changes` random changes; returns how many files were reused in total.
-fn differential(templates: Templates, changes: usize, rng: &mut Rng) -> usize {
+/// Runs `changes` random changes; returns how many files and snippet outputs were
+/// reused in total.
+fn differential(templates: Templates, changes: usize, rng: &mut Rng) -> (usize, usize) {
     let incremental = renderer(templates.clone());
     let full = renderer(templates);
     let mut cluster = Cluster::new(12);
@@ -267,11 +268,12 @@ fn differential(templates: Templates, changes: usize, rng: &mut Rng) -> usize {
         &first.expect("renders"),
         &full.render_full(&cluster.resources).expect("renders"),
     );
-    let mut reused = 0;
+    let mut reused = (0, 0);
     for step in 1..=changes {
         cluster.random_change(rng);
         let (result, stats) = incremental.render_with_stats(&cluster.resources);
-        reused += stats.reused;
+        reused.0 += stats.reused;
+        reused.1 += stats.snippets_reused;
         let expected = full.render_full(&cluster.resources);
         match (result, expected) {
             (Ok(got), Ok(expected)) => assert_same(step, &got, &expected),
@@ -291,15 +293,23 @@ fn differential(templates: Templates, changes: usize, rng: &mut Rng) -> usize {
 #[test]
 fn incremental_renders_equal_full_renders_over_random_changes() {
     let mut rng = Rng(seed());
-    let reused = differential(fixtures::routing_templates(), 600, &mut rng);
+    let (files, snippets) = differential(fixtures::routing_templates(), 600, &mut rng);
     assert!(
-        reused > 0,
+        files > 0,
         "the routing example reused no file in 600 changes"
     );
-    let reused = differential(routing_without_shared(), 600, &mut rng);
     assert!(
-        reused > 0,
+        snippets > 0,
+        "the routing example reused no snippet in 600 changes"
+    );
+    let (files, snippets) = differential(routing_without_shared(), 600, &mut rng);
+    assert!(
+        files > 0,
         "routing without shared reused no file in 600 changes"
+    );
+    assert!(
+        snippets > 0,
+        "routing without shared reused no snippet in 600 changes"
     );
 }
 
@@ -324,6 +334,8 @@ fn only_files_that_read_what_changed_render_again() {
     cluster.upsert("endpoints", slice);
     let (config, stats) = renderer.render_with_stats(&cluster.resources);
     assert_eq!((stats.rendered, stats.reused), (1, 4));
+    // Inside `haproxy.cfg`, only that service's backend snippet renders again.
+    assert_eq!((stats.snippets_rendered, stats.snippets_reused), (1, 4));
     assert_eq!(
         config.expect("renders"),
         renderer.render_full(&cluster.resources).expect("renders")
@@ -579,4 +591,63 @@ fn the_quickstart_and_the_ingress_library_render_incrementally_as_in_full() {
     let library = example("examples/kubernetes-ingress/hapwright.yaml");
     let reused = example_differential(&library, 300, &mut rng);
     println!("ingress library: {reused} files reused");
+}
+
+#[test]
+fn snippets_print_the_same_through_the_cache_as_when_included() {
+    let snippets: BTreeMap<String, String> = [
+        ("sets", "{% set x = 'inner' %}[{{ x }}]"),
+        ("reads-loop", "{{ loop.index }}:{{ svc.metadata.name }}"),
+        ("reads-parent", "{{ prefix }}-{{ svc.metadata.name }}-{{ n }}"),
+        ("nested", "<{% include 'reads-parent' %}|{% include \"sets\" -%}\n>"),
+        ("with-macro", "{% from 'macros' import m %}{{ m(svc) }}"),
+        ("macros", "{% macro m(s) %}m({{ s.metadata.name }}){% endmacro %}"),
+        ("globbed-a", "ga"),
+        ("globbed-b", "gb {{ svc.metadata.name }}"),
+        ("globs", "{{ render_glob('globbed-*') }}"),
+        ("endpoints", "{% for s in resources.endpoints.fetch(svc.metadata.namespace, svc.metadata.name) %}{{ s.metadata.name }} {% endfor %}"),
+        ("trailing", "line\n"),
+    ]
+    .into_iter()
+    .map(|(n, s)| (n.to_owned(), s.to_owned()))
+    .collect();
+    let main = "{% set x = 'outer' %}{% set prefix = 'p' %}\
+        {% for svc in resources.services.list() %}{% set n = loop.index * 2 %}\n\
+        {% include 'sets' %}{{ x }}\n\
+        {%- include 'reads-loop' %}\n\
+        {% include 'reads-parent' -%}\n\
+        {%+ include 'nested' +%}\n\
+        {% include 'with-macro' %}\n  {% include 'globs' %}\n\
+        {% include 'endpoints' %}{% include 'trailing' %}{% include 'trailing' %}\n\
+        {% endfor %}";
+    for (trim_blocks, lstrip_blocks) in [(false, false), (true, true)] {
+        let templates = Templates {
+            main: main.to_owned(),
+            snippets: snippets.clone(),
+            settings: TemplatingSettings {
+                trim_blocks,
+                lstrip_blocks,
+                strict_undefined: false,
+            },
+            ..Templates::default()
+        };
+        let renderer = renderer(templates);
+        let mut cluster = Cluster::new(4);
+        for step in 0..3 {
+            let (got, stats) = renderer.render_with_stats(&cluster.resources);
+            let got = got.expect("renders");
+            assert_same(
+                step,
+                &got,
+                &renderer.render_full(&cluster.resources).expect("renders"),
+            );
+            if step > 0 {
+                assert!(stats.snippets_reused > 0, "{stats:?}");
+            }
+            let key = cluster.keys("endpoints")[step].clone();
+            let mut slice = cluster.object("endpoints", &key);
+            slice["metadata"]["labels"]["extra"] = json!(step);
+            cluster.upsert("endpoints", slice);
+        }
+    }
 }

@@ -115,14 +115,18 @@ impl Component for RendererComponent {
                             unchanged,
                             rendered_files = stats.rendered,
                             reused_files = stats.reused,
+                            rendered_snippets = stats.snippets_rendered,
+                            reused_snippets = stats.snippets_reused,
                             full_because = stats.full_reason.map(|r| r.to_string()),
                             "Rendered configuration"
                         );
                         last = Some(config.clone());
                         ctx.health().healthy();
+                        // Fragments: whole files and the snippet outputs inside
+                        // the files that rendered.
                         let render = RenderSummary {
-                            rendered: stats.rendered,
-                            reused: stats.reused,
+                            rendered: stats.rendered + stats.snippets_rendered,
+                            reused: stats.reused + stats.snippets_reused,
                             full_reason: stats.full_reason.map(|r| r.to_string()),
                         };
                         ctx.publisher().reply(

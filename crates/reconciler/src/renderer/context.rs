@@ -616,6 +616,16 @@ fn record(read: impl FnOnce() -> Read) {
     });
 }
 
+/// Notes reads made elsewhere (by a snippet whose cached output is used) when a
+/// [`Recording`] is active on this thread.
+pub(crate) fn record_all(found: &[Read]) {
+    READS.with(|reads| {
+        if let Some(reads) = reads.borrow_mut().as_mut() {
+            reads.extend(found.iter().cloned());
+        }
+    });
+}
+
 /// Collects every resource read on this thread while it lives: a file renders on
 /// one thread from start to end, so its reads are exactly those made between
 /// [`Recording::start`] and [`Recording::finish`]. Nests (the outer recording is

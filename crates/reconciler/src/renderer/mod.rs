@@ -24,6 +24,7 @@
 mod check;
 mod component;
 mod context;
+mod fragments;
 mod functions;
 mod mapping;
 mod output;
@@ -219,6 +220,13 @@ struct Inner {
     reusable: Vec<bool>,
     /// The files of the last render, for reuse by the next.
     cache: Mutex<Option<Cache>>,
+    /// The templates with cacheable `include`s rewritten into the fragment filter
+    /// ([`fragments`]); `None` when nothing is cached below the file level.
+    fragment_env: Option<Environment<'static>>,
+    /// Per cacheable snippet: the variables it names and does not set.
+    fragment_vars: Arc<BTreeMap<String, Vec<String>>>,
+    /// The environment's functions, by name.
+    globals: Arc<BTreeMap<String, Value>>,
 }
 
 /// What the last render left for the next one: the resources it rendered from and,
@@ -226,7 +234,11 @@ struct Inner {
 struct Cache {
     resources: Resources,
     files: Vec<Option<CachedFile>>,
+    fragments: fragments::Fragments,
 }
+
+/// What one file read from the resources, and the cached snippet outputs it used.
+type FileReads = (Arc<[Read]>, Arc<fragments::Used>);
 
 /// One rendered file kept for reuse.
 struct CachedFile {
@@ -235,6 +247,8 @@ struct CachedFile {
     bytes: usize,
     lines: Vec<Option<LineOrigin>>,
     reads: Arc<[Read]>,
+    /// The cached snippet outputs the file used, kept while the file is reused.
+    fragments: Arc<fragments::Used>,
 }
 
 /// How a render went: how many files were rendered and how many reused from the
@@ -248,6 +262,10 @@ pub struct RenderStats {
     pub reused: usize,
     /// Why nothing could be reused (`None`: the render was incremental).
     pub full_reason: Option<FullReason>,
+    /// Snippet outputs (`include`s) rendered by the template engine.
+    pub snippets_rendered: usize,
+    /// Snippet outputs taken from the previous render.
+    pub snippets_reused: usize,
 }
 
 /// Why a render rendered every file.
@@ -396,7 +414,7 @@ impl Renderer {
             }
         };
         let mut env = env;
-        let (found, facts) = check::names_and_facts(&entries, &env);
+        let (found, facts, variables) = check::names_and_facts(&entries, &env);
         diagnostics.extend(found);
         let independent = check::independent(&entries, &edges, &facts);
         let reusable = check::self_contained(&entries, &edges, &facts);
@@ -409,6 +427,15 @@ impl Renderer {
         }
 
         let extra_context = Value::from(minijinja::value::Serde(&extra_context));
+        let (fragment_env, fragment_vars) = if diagnostics.is_empty() {
+            fragment_environment(&env, &entries, &edges, &facts, &variables)
+        } else {
+            (None, BTreeMap::new())
+        };
+        let globals: BTreeMap<String, Value> = env
+            .globals()
+            .map(|(name, value)| (name.to_owned(), value))
+            .collect();
         if diagnostics.is_empty() {
             Ok(Self {
                 inner: Arc::new(Inner {
@@ -422,6 +449,9 @@ impl Renderer {
                     independent,
                     reusable,
                     cache: Mutex::new(None),
+                    fragment_env,
+                    fragment_vars: Arc::new(fragment_vars),
+                    globals: Arc::new(globals),
                 }),
             })
         } else {
@@ -472,15 +502,15 @@ impl Renderer {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .take();
         let had_previous = previous.is_some();
-        let (result, mut stats, cache) = self.render_once(resources, previous);
+        let (result, mut stats, cache) = self.render_once(resources, previous, true);
         let (result, stats, cache) = match result {
-            Err(_) if stats.reused > 0 => {
-                let (result, mut full, cache) = self.render_once(resources, None);
+            Err(_) if stats.reused > 0 || self.inner.fragment_env.is_some() => {
+                let (result, mut full, cache) = self.render_once(resources, None, false);
                 full.full_reason = Some(FullReason::RenderFailed);
                 (result, full, cache)
             }
             result => {
-                if stats.reused == 0 {
+                if stats.reused == 0 && stats.snippets_reused == 0 {
                     stats.full_reason = Some(if had_previous {
                         FullReason::EverythingChanged
                     } else {
@@ -502,7 +532,7 @@ impl Renderer {
     /// result for the next incremental render: what an incremental render must
     /// equal, byte for byte.
     pub fn render_full(&self, resources: &Resources) -> Result<RenderedConfig, Vec<Diagnostic>> {
-        self.render_once(resources, None).0
+        self.render_once(resources, None, false).0
     }
 
     /// One render, reusing files of `previous` whose reads did not change; returns
@@ -511,23 +541,48 @@ impl Renderer {
         &self,
         resources: &Resources,
         previous: Option<Cache>,
+        incremental: bool,
     ) -> (
         Result<RenderedConfig, Vec<Diagnostic>>,
         RenderStats,
         Option<Cache>,
     ) {
         let inner = &*self.inner;
-        let context = Value::from(BTreeMap::from([
-            ("resources", resources.context_value(&inner.watched)),
+        let resources_value = resources.context_value(&inner.watched);
+        let mut context = BTreeMap::from([
+            ("resources", resources_value.clone()),
             ("extraContext", inner.extra_context.clone()),
             ("shared", Value::from_object(context::Shared::default())),
-        ]));
-        // Files of the previous render whose reads give the same answers now.
-        let mut reused: Vec<Option<CachedFile>> = match previous {
+        ]);
+        let (previous_files, previous_fragments) = match previous {
             Some(Cache {
                 resources: old,
                 files,
-            }) => files
+                fragments,
+            }) => (Some((old.clone(), files)), Some((old, fragments))),
+            None => (None, None),
+        };
+        let env = match (&inner.fragment_env, incremental) {
+            (Some(fragment_env), true) => fragment_env,
+            _ => &inner.env,
+        };
+        let session = (incremental && inner.fragment_env.is_some()).then(|| {
+            Value::from_object(fragments::Session::new(
+                previous_fragments,
+                resources.clone(),
+                resources_value,
+                inner.extra_context.clone(),
+                inner.fragment_vars.clone(),
+                inner.globals.clone(),
+            ))
+        });
+        if let Some(session) = &session {
+            context.insert(fragments::SESSION_VAR, session.clone());
+        }
+        let context = Value::from(context);
+        // Files of the previous render whose reads give the same answers now.
+        let mut reused: Vec<Option<CachedFile>> = match previous_files {
+            Some((old, files)) => files
                 .into_iter()
                 .enumerate()
                 .map(|(index, file)| {
@@ -544,7 +599,7 @@ impl Renderer {
         };
         let results: Vec<OnceLock<RenderResult>> =
             inner.entries.iter().map(|_| OnceLock::new()).collect();
-        let reads: Vec<OnceLock<Arc<[Read]>>> =
+        let reads: Vec<OnceLock<FileReads>> =
             inner.entries.iter().map(|_| OnceLock::new()).collect();
         let is_main = |entry: &Entry| {
             entry
@@ -558,7 +613,7 @@ impl Renderer {
             if let Some(file) = file.take() {
                 budget.charge(file.bytes);
                 let _ = results[index].set(Ok((file.text, file.lines)));
-                let _ = reads[index].set(file.reads);
+                let _ = reads[index].set((file.reads, file.fragments));
                 stats.reused += 1;
             }
         }
@@ -573,12 +628,13 @@ impl Renderer {
             // content hash, while the other files may still be rendering.
             let mut out = output::Output::new(&inner.markers, &budget, entry.source.len());
             let recording = Recording::start();
-            let rendered = inner
-                .env
+            let used = fragments::UsedFragments::start();
+            let rendered = env
                 .get_template(&entry.name)
                 .and_then(|template| template.render_captured_to(&context, &mut out))
                 .map(drop);
-            let _ = reads[index].set(recording.finish().into());
+            let used = used.finish();
+            let _ = reads[index].set((recording.finish().into(), Arc::new(used)));
             let rendered = match (rendered, out.exceeded()) {
                 (_, Some(exceeded)) => Err(self.output_cap_diagnostic(entry, exceeded, &budget)),
                 (Err(error), None) => Err(self.runtime_diagnostic(&error)),
@@ -644,6 +700,7 @@ impl Renderer {
                 Ok((text, lines)) => {
                     // Only a file that may be reused is kept (with a copy of its
                     // line origins).
+                    let (reads, used) = reads.into_inner().unwrap_or_default();
                     *cached = reusable.then(|| CachedFile {
                         bytes: match &text {
                             // Set below, from the finished config.
@@ -652,7 +709,8 @@ impl Renderer {
                         },
                         text: text.clone(),
                         lines: lines.clone(),
-                        reads: reads.into_inner().unwrap_or_default(),
+                        reads,
+                        fragments: used,
                     });
                     source_map.insert(file.clone(), lines);
                     match (text, file.kind) {
@@ -693,9 +751,27 @@ impl Renderer {
                 cached.bytes = config.main().len();
             }
         }
+        let fragments = match session
+            .as_ref()
+            .and_then(|s| s.downcast_object_ref::<fragments::Session>())
+        {
+            Some(session) => {
+                let (mut fragments, rendered, reused) = session.finish();
+                // A reused file did not ask for its fragments; keep them for when
+                // it renders again.
+                for file in cached.iter().flatten() {
+                    fragments.extend(&file.fragments);
+                }
+                stats.snippets_rendered = rendered;
+                stats.snippets_reused = reused;
+                fragments
+            }
+            None => fragments::Fragments::default(),
+        };
         let cache = Cache {
             resources: resources.clone(),
             files: cached,
+            fragments,
         };
         (Ok(config), stats, Some(cache))
     }
@@ -828,6 +904,82 @@ impl Renderer {
                 None => kind.to_string(),
             },
         }
+    }
+}
+
+/// The environment for incremental renders: a copy of `env` whose templates print
+/// every cacheable snippet through the fragment cache ([`fragments`]), with the
+/// variables each cacheable snippet names and does not set. `None` when no template
+/// includes a cacheable snippet, or when any template names `debug` (which prints the
+/// whole context, the cache included).
+fn fragment_environment(
+    env: &Environment<'static>,
+    entries: &[Entry],
+    edges: &check::Edges<'_>,
+    facts: &[Option<check::Facts>],
+    variables: &[check::Variables],
+) -> (Option<Environment<'static>>, BTreeMap<String, Vec<String>>) {
+    let none = || (None, BTreeMap::new());
+    if facts.iter().any(|f| f.is_none_or(|f| f.names_debug)) {
+        return none();
+    }
+    let mut vars: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (index, entry) in entries.iter().enumerate() {
+        if !entry.is_snippet {
+            continue;
+        }
+        let Some(reach) = check::reach(entries, edges, index) else {
+            continue;
+        };
+        let contained = reach
+            .iter()
+            .all(|&i| facts[i].is_some_and(|f| !f.reads_shared && !f.computed_reference));
+        if !contained {
+            continue;
+        }
+        let mut names = BTreeSet::new();
+        for &i in &reach {
+            match env.get_template(&entries[i].name) {
+                Ok(template) => names.extend(template.undeclared_variables(false)),
+                Err(_) => return none(),
+            }
+        }
+        // An `include` leaves the names the snippet assigns set in the including
+        // template; the cache cannot, so only a snippet whose assigned names no other
+        // template uses, and that it does not read before assigning, is cached.
+        let assigned: BTreeSet<&String> =
+            reach.iter().flat_map(|&i| &variables[i].assigned).collect();
+        let leaks = assigned.iter().any(|name| {
+            names.contains(*name)
+                || variables
+                    .iter()
+                    .enumerate()
+                    .any(|(i, v)| !reach.contains(&i) && v.named.contains(*name))
+        });
+        if leaks {
+            continue;
+        }
+        vars.insert(entry.name.to_string(), names.into_iter().collect());
+    }
+    let mut fragment_env = env.clone();
+    fragment_env.add_filter(scan::FRAGMENT_FILTER, fragments::fragment);
+    let mut rewritten = false;
+    for entry in entries {
+        let cacheable = |name: &str| vars.contains_key(name);
+        if let Some(source) = scan::rewrite_includes(&entry.instrumented.source, &cacheable) {
+            if fragment_env
+                .add_template_owned(entry.name.to_string(), source)
+                .is_err()
+            {
+                return none();
+            }
+            rewritten = true;
+        }
+    }
+    if rewritten {
+        (Some(fragment_env), vars)
+    } else {
+        none()
     }
 }
 
