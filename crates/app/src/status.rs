@@ -820,8 +820,9 @@ impl StatusMetrics {
         let render_fragments = IntCounterVec::new(
             Opts::new(
                 "hapwright_render_fragments_total",
-                "Rendered files by result: rendered by the template engine, or reused \
-                 unchanged from the previous render because nothing they read changed.",
+                "Rendered files and cached snippet outputs by result: rendered by the \
+                 template engine, or reused unchanged from the previous render because \
+                 nothing they read changed.",
             ),
             &["result"],
         )?;
