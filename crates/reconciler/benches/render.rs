@@ -60,10 +60,14 @@ fn render_one_change(c: &mut Criterion) {
     let mut group = c.benchmark_group("render_one_change");
     group.sample_size(20);
     let n = 10_000;
-    let before = fixtures::resources(n);
+    let cluster = fixtures::cluster(n);
+    let mut before = Resources::new();
+    for (name, snapshot) in &cluster {
+        before.update(&Arc::from(*name), snapshot.clone(), None);
+    }
     // The same cluster with one endpoint of one slice no longer ready.
     let source: Arc<str> = Arc::from("endpoints");
-    let mut snapshot = (**fixtures::cluster(n).get("endpoints").expect("endpoints")).clone();
+    let mut snapshot = (**cluster.get("endpoints").expect("endpoints")).clone();
     let key = snapshot
         .iter()
         .map(|(k, _)| k.clone())

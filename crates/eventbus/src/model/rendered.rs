@@ -177,15 +177,16 @@ impl fmt::Debug for RenderedConfig {
     }
 }
 
-/// How one render went: how many files the template engine rendered and how many
-/// were taken unchanged from the previous render because nothing they read changed,
+/// How one render went: how many files and snippet outputs the template engine
+/// rendered and how many were taken unchanged from the previous render because
+/// nothing they read changed,
 /// and why everything was rendered when it was. Users ask "why did this render take
 /// so long?": the status page answers "incremental" or "full, because ...".
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct RenderSummary {
-    /// Files rendered by the template engine.
+    /// Files and cached snippet outputs rendered by the template engine.
     pub rendered: usize,
-    /// Files reused from the previous render.
+    /// Files and cached snippet outputs reused from the previous render.
     pub reused: usize,
     /// Why every file was rendered (`None`: the render was incremental).
     pub full_reason: Option<String>,

@@ -659,17 +659,23 @@ impl Drop for Recording {
     }
 }
 
-/// The objects of a `fetch(keys...)` on one store version, as identities.
-fn lookup_identities(store: &ResourceStore, keys: &[String]) -> Option<Vec<usize>> {
-    let snapshot = store.snapshot.as_ref()?;
-    let found = snapshot.fetch(keys).ok()?;
-    Some(found.into_iter().map(address).collect())
+/// The objects of a `fetch(keys...)` on one store version.
+fn lookup_objects<'a>(store: &'a ResourceStore, keys: &[String]) -> Option<Vec<&'a StoredObject>> {
+    store.snapshot.as_ref()?.fetch(keys).ok()
+}
+
+/// Whether two lookups found the same objects with the same content, in the same
+/// order (the same object, or an equal text).
+fn same_objects(a: &[&StoredObject], b: &[&StoredObject]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(a, b)| address(a) == address(b) || a.json() == b.json())
 }
 
 impl Read {
-    /// Whether this read gives the same answer over `new` as it gave over `old`.
-    /// `old` must be kept alive while this is asked: an object of `new` with the
-    /// address of one in `old` is then that very object, unchanged.
+    /// Whether this read gives the same answer over `new` as it gave over `old`:
+    /// the same objects, with the same content, in the same order.
     pub(crate) fn unchanged(&self, old: &Resources, new: &Resources) -> bool {
         let name = match self {
             Self::List(name) | Self::Lookup(name, _) => name,
@@ -684,7 +690,7 @@ impl Read {
             Self::Lookup(_, keys) => {
                 let (Some(old), Some(new)) = (old, new) else {
                     // A store without data answers nothing; the other might answer.
-                    let answer = old.or(new).and_then(|s| lookup_identities(s, keys));
+                    let answer = old.or(new).and_then(|s| lookup_objects(s, keys));
                     return answer.is_some_and(|found| found.is_empty());
                 };
                 let same_index = match (&old.snapshot, &new.snapshot) {
@@ -693,8 +699,8 @@ impl Read {
                 };
                 same_index
                     && matches!(
-                        (lookup_identities(old, keys), lookup_identities(new, keys)),
-                        (Some(a), Some(b)) if a == b
+                        (lookup_objects(old, keys), lookup_objects(new, keys)),
+                        (Some(a), Some(b)) if same_objects(&a, &b)
                     )
             }
         }
