@@ -239,6 +239,11 @@ pub struct ResourceStore {
     /// Unique per store version in the process (0: the empty store, which never
     /// changes), so two stores with the same generation hold the same objects.
     generation: u64,
+    /// The latest updates that led to this version, newest first (at most
+    /// [`HISTORY`]): from which generation, and the index values of every object they
+    /// added, changed or removed (before and after). Lets a lookup recorded on an
+    /// earlier version be checked without repeating it.
+    history: Arc<[Step]>,
     snapshot: Option<Arc<ResourceSnapshot>>,
     values: imbl::HashMap<usize, Converted>,
     list: OnceLock<Value>,
@@ -294,6 +299,16 @@ impl NodeBuilder {
     }
 }
 
+/// How many updates a store remembers (see [`ResourceStore::history`]).
+const HISTORY: usize = 16;
+
+/// One update of a store (see [`ResourceStore::history`]).
+#[derive(Debug)]
+struct Step {
+    from: u64,
+    touched: Vec<Arc<[String]>>,
+}
+
 impl fmt::Debug for ResourceStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // `debug()` and `pprint` show the object count, which depends on every object.
@@ -311,6 +326,7 @@ impl ResourceStore {
         Self {
             name: name.into(),
             generation: 0,
+            history: Arc::from([]),
             snapshot: None,
             values: imbl::HashMap::new(),
             list: OnceLock::new(),
@@ -354,6 +370,28 @@ impl ResourceStore {
             }
             _ => false,
         };
+        let history = match (change, &self.snapshot) {
+            (Some(change), Some(old)) if incremental && old.index_by() == snapshot.index_by() => {
+                let mut touched: Vec<Arc<[String]>> = Vec::new();
+                for key in change.removed.iter().chain(&change.modified) {
+                    touched.extend(old.index_key(key).map(Arc::from));
+                }
+                for key in change.added.iter().chain(&change.modified) {
+                    touched.extend(snapshot.index_key(key).map(Arc::from));
+                }
+                let step = Step {
+                    from: self.generation,
+                    touched,
+                };
+                std::iter::once(step)
+                    .chain(self.history.iter().take(HISTORY - 1).map(|s| Step {
+                        from: s.from,
+                        touched: s.touched.clone(),
+                    }))
+                    .collect()
+            }
+            _ => Arc::from([]),
+        };
         if !incremental {
             let mut rebuilt = imbl::HashMap::new();
             for object in snapshot.list() {
@@ -372,6 +410,7 @@ impl ResourceStore {
         Self {
             name: self.name.clone(),
             generation: next_generation(),
+            history,
             snapshot: Some(snapshot),
             values,
             list: OnceLock::new(),
@@ -688,6 +727,17 @@ impl Read {
         match self {
             Self::List(_) => false,
             Self::Lookup(_, keys) => {
+                // The updates since `old`, when remembered: the lookup is unchanged
+                // when none of them touched an object under its keys.
+                if let (Some(old), Some(new)) = (old, new)
+                    && let Some(position) =
+                        new.history.iter().position(|s| s.from == old.generation)
+                {
+                    return !new.history[..=position]
+                        .iter()
+                        .flat_map(|step| &step.touched)
+                        .any(|touched| touched.starts_with(keys));
+                }
                 let (Some(old), Some(new)) = (old, new) else {
                     // A store without data answers nothing; the other might answer.
                     let answer = old.or(new).and_then(|s| lookup_objects(s, keys));
