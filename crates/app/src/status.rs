@@ -49,6 +49,9 @@ pub struct ReconciliationRecord {
     /// `schedule` (validated until the scheduler lets the deployment go) and `deploy`
     /// (until every instance has answered), which come later.
     pub stages: BTreeMap<&'static str, f64>,
+    /// How the templates rendered: `incremental` (only the files that read what
+    /// changed), or `full, because ...`.
+    pub render_mode: Option<String>,
     /// The stage that failed.
     pub failed_stage: Option<Stage>,
     /// Errors of a failed reconciliation.
@@ -554,6 +557,7 @@ impl StatusStore {
                     result: "running",
                     duration: None,
                     stages: BTreeMap::new(),
+                    render_mode: None,
                     failed_stage: None,
                     errors: Vec::new(),
                     last_stage_end: None,
@@ -609,6 +613,18 @@ impl StatusStore {
                     metrics
                         .render_duration
                         .observe(rendered.duration.as_secs_f64());
+                    for (result, count) in [
+                        ("rendered", rendered.render.rendered),
+                        ("reused", rendered.render.reused),
+                    ] {
+                        metrics
+                            .render_fragments
+                            .with_label_values(&[result])
+                            .inc_by(count as u64);
+                    }
+                }
+                if let Some(record) = find_record(&mut inner, event.correlation_id) {
+                    record.render_mode = Some(rendered.render.mode());
                 }
                 inner.rendered = Some(rendered.config.clone());
             }
@@ -779,14 +795,16 @@ pub struct StatusMetrics {
     reconciliation_duration: Histogram,
     render_duration: Histogram,
     quarantined_objects: IntGaugeVec,
+    render_fragments: IntCounterVec,
 }
 
 impl StatusMetrics {
     /// Creates and registers `hapwright_watched_objects{resource}` (and its
     /// deprecated former name `hapwright_resources{source}`),
     /// `hapwright_reconciliations_total{result}`,
-    /// `hapwright_reconciliation_duration_seconds` and
-    /// `hapwright_render_duration_seconds`.
+    /// `hapwright_reconciliation_duration_seconds`,
+    /// `hapwright_render_duration_seconds` and
+    /// `hapwright_render_fragments_total{result}`.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let buckets = vec![
             0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -841,8 +859,21 @@ impl StatusMetrics {
         registry.register(Box::new(reconciliations.clone()))?;
         registry.register(Box::new(reconciliation_duration.clone()))?;
         registry.register(Box::new(render_duration.clone()))?;
+        let render_fragments = IntCounterVec::new(
+            Opts::new(
+                "hapwright_render_fragments_total",
+                "Rendered files and cached snippet outputs by result: rendered by the \
+                 template engine, or reused unchanged from the previous render because \
+                 nothing they read changed.",
+            ),
+            &["result"],
+        )?;
+        registry.register(Box::new(render_fragments.clone()))?;
         for result in ["success", "failure"] {
             reconciliations.with_label_values(&[result]);
+        }
+        for result in ["rendered", "reused"] {
+            render_fragments.with_label_values(&[result]);
         }
         Ok(Self {
             watched_objects,
@@ -851,6 +882,7 @@ impl StatusMetrics {
             reconciliation_duration,
             render_duration,
             quarantined_objects,
+            render_fragments,
         })
     }
 }

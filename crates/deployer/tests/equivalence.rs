@@ -728,6 +728,7 @@ impl Harness {
             TemplateRendered {
                 config: Arc::new(render.rendered()),
                 duration: Duration::ZERO,
+                render: Default::default(),
             },
             EventMeta::correlated(correlation),
         );

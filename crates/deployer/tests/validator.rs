@@ -465,6 +465,7 @@ async fn shutdown_during_validation_kills_haproxy() {
     bus.publisher().publish(TemplateRendered {
         config: Arc::new(valid()),
         duration: Duration::ZERO,
+        render: Default::default(),
     });
     // Bounded wait until the stand-in runs (it renames its pid file into place).
     let pid = timeout(WAIT, async {
@@ -560,6 +561,7 @@ async fn component_replies_on_the_bus_with_the_correlation_id() {
         TemplateRendered {
             config: Arc::new(valid()),
             duration: Duration::ZERO,
+            render: Default::default(),
         },
         EventMeta::correlated(good),
     );
@@ -574,6 +576,7 @@ async fn component_replies_on_the_bus_with_the_correlation_id() {
         TemplateRendered {
             config: Arc::new(broken.clone()),
             duration: Duration::ZERO,
+            render: Default::default(),
         },
         EventMeta::correlated(bad),
     );
@@ -664,6 +667,7 @@ async fn the_component_sweeps_dead_scratch_dirs_and_names_its_own_with_its_pid()
     bus.publisher().publish(TemplateRendered {
         config: Arc::new(valid()),
         duration: Duration::ZERO,
+        render: Default::default(),
     });
     let pid = timeout(WAIT, async {
         loop {

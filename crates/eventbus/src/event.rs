@@ -14,7 +14,7 @@ use serde::{Serialize, Serializer};
 use crate::health::Health;
 use crate::model::{
     ContentHash, DeployReason, DeployStrategy, Diagnostic, InstanceRef, ParsedConfig,
-    RenderedConfig, ResourceChange, ResourceSnapshot,
+    RenderSummary, RenderedConfig, ResourceChange, ResourceSnapshot,
 };
 
 /// Position of an event: increasing in publish order, unique across every bus built
@@ -411,6 +411,8 @@ catalogue! {
         /// Render time.
         #[serde(serialize_with = "seconds")]
         duration: Duration,
+        /// Files rendered and reused, and whether the render was incremental.
+        render: RenderSummary,
     }
     /// Rendering failed.
     TemplateRenderFailed {

@@ -4,6 +4,10 @@
 //! `maps/hosts.map`, `maps/paths.map`, `files/503.http` and `certs/default.pem`,
 //! markers stripped, source map and content hash built.
 //!
+//! `render` is a full render each time; `render_one_change` is the incremental
+//! render after one endpoint slice changed (alternating between two versions of it),
+//! at 10,000 services.
+//!
 //! Also measured: converting all four snapshots to template values from scratch (what
 //! happens once at start-up; later changes convert only the changed objects).
 //!
@@ -19,6 +23,7 @@ mod fixtures;
 use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use hapwright_eventbus::model::{ObjectKey, ResourceChange};
 use hapwright_reconciler::renderer::{Renderer, Resources};
 
 #[global_allocator]
@@ -42,10 +47,57 @@ fn render(c: &mut Criterion) {
             BenchmarkId::from_parameter(n),
             &resources,
             |b, resources| {
-                b.iter(|| renderer.render(resources).expect("renders"));
+                b.iter(|| renderer.render_full(resources).expect("renders"));
             },
         );
     }
+    group.finish();
+}
+
+fn render_one_change(c: &mut Criterion) {
+    let renderer = Renderer::new(fixtures::routing_templates(), &fixtures::WATCHED)
+        .expect("the routing example loads");
+    let mut group = c.benchmark_group("render_one_change");
+    group.sample_size(20);
+    let n = 10_000;
+    let cluster = fixtures::cluster(n);
+    let mut before = Resources::new();
+    for (name, snapshot) in &cluster {
+        before.update(&Arc::from(*name), snapshot.clone(), None);
+    }
+    // The same cluster with one endpoint of one slice no longer ready.
+    let source: Arc<str> = Arc::from("endpoints");
+    let mut snapshot = (**cluster.get("endpoints").expect("endpoints")).clone();
+    let key = snapshot
+        .iter()
+        .map(|(k, _)| k.clone())
+        .nth(n / 2)
+        .expect("a slice");
+    let mut slice = snapshot.get_by_key(&key).expect("exists").parse();
+    slice["endpoints"][0]["conditions"]["ready"] = serde_json::json!(false);
+    snapshot.upsert(key.clone(), &slice);
+    let mut after = before.clone();
+    after.update(
+        &source,
+        Arc::new(snapshot),
+        Some(&ResourceChange {
+            modified: vec![ObjectKey::new(key.namespace.clone(), key.name.clone())],
+            ..ResourceChange::default()
+        }),
+    );
+    let expected = renderer.render_full(&after).expect("renders");
+    renderer.render(&before).expect("renders");
+    assert_eq!(renderer.render(&after).expect("renders"), expected);
+    group.throughput(Throughput::Elements(1));
+    group.bench_function(BenchmarkId::from_parameter(n), |b| {
+        let mut flip = false;
+        b.iter(|| {
+            flip = !flip;
+            renderer
+                .render(if flip { &before } else { &after })
+                .expect("renders")
+        });
+    });
     group.finish();
 }
 
@@ -72,5 +124,5 @@ fn convert(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, render, convert);
+criterion_group!(benches, render, render_one_change, convert);
 criterion_main!(benches);

@@ -159,6 +159,7 @@ impl Pipeline {
             TemplateRendered {
                 config: config(main),
                 duration: Duration::from_millis(1),
+                render: Default::default(),
             },
         );
         request
@@ -306,6 +307,7 @@ async fn a_newer_trigger_during_render_restarts_with_the_newest_data() {
         TemplateRendered {
             config: config("new\n"),
             duration: Duration::ZERO,
+            render: Default::default(),
         },
     );
     p.validate_ok().await;
@@ -587,6 +589,7 @@ async fn with_quarantine_a_failure_waits_for_the_search_and_the_rest_completes()
         TemplateRendered {
             config: config("the rest\n"),
             duration: Duration::from_millis(1),
+            render: Default::default(),
         },
     );
     p.validate_ok().await;
@@ -623,6 +626,7 @@ async fn with_quarantine_a_second_failure_fails_at_once() {
         TemplateRendered {
             config: config("the rest\n"),
             duration: Duration::from_millis(1),
+            render: Default::default(),
         },
     );
     p.validate_fail("second").await;

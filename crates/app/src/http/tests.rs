@@ -159,6 +159,7 @@ async fn rendered_files_hide_certificates_and_pem_blocks() {
             TemplateRendered {
                 config: config.clone(),
                 duration: Duration::ZERO,
+                render: Default::default(),
             },
         ),
         None,

@@ -215,6 +215,7 @@ fn the_last_pipeline_error_is_kept_until_a_render_validates() {
             TemplateRendered {
                 config: config.clone(),
                 duration: Duration::from_millis(1),
+                render: Default::default(),
             },
         ),
         None,
@@ -603,5 +604,65 @@ fn render_errors_name_the_config_file_line_of_inline_templates() {
     assert_eq!(
         store.last_error().unwrap().errors[0].to_string(),
         "hapwright.yaml:4:12 (haproxy.cfg line 2): unknown filter `uper`"
+    );
+}
+
+#[test]
+fn the_reconciliation_table_says_how_the_templates_rendered() {
+    use hapwright_eventbus::model::RenderSummary;
+    let registry = Registry::new();
+    let metrics = StatusMetrics::register(&registry).unwrap();
+    let store = StatusStore::default();
+    let renders = [
+        RenderSummary {
+            rendered: 5,
+            reused: 0,
+            full_reason: Some("first render".into()),
+        },
+        RenderSummary {
+            rendered: 1,
+            reused: 4,
+            full_reason: None,
+        },
+    ];
+    for (i, render) in renders.into_iter().enumerate() {
+        let correlation = CorrelationId::new();
+        let id = 10 * i as u64;
+        store.apply(
+            &event(
+                id + 1,
+                Some(correlation),
+                ReconciliationStarted {
+                    reason: "resources changed: services".into(),
+                },
+            ),
+            Some(&metrics),
+        );
+        store.apply(
+            &event(
+                id + 2,
+                Some(correlation),
+                TemplateRendered {
+                    config: rendered(),
+                    duration: Duration::from_millis(2),
+                    render,
+                },
+            ),
+            Some(&metrics),
+        );
+    }
+    let records = store.reconciliations();
+    assert_eq!(records[0].render_mode.as_deref(), Some("incremental"));
+    assert_eq!(
+        records[1].render_mode.as_deref(),
+        Some("full, because first render")
+    );
+    let fragments = |result: &str| metrics.render_fragments.with_label_values(&[result]).get();
+    assert_eq!((fragments("rendered"), fragments("reused")), (6, 4));
+    let page = crate::status_page::render(&store).expect("the page renders");
+    assert!(page.contains("<td>incremental</td>"), "{page}");
+    assert!(
+        page.contains("<td>full, because first render</td>"),
+        "{page}"
     );
 }

@@ -19,7 +19,7 @@ pub use object::{IndexedObject, StoredObject};
 pub use parsed::ParsedConfig;
 pub use path::{FieldPath, FieldPathError};
 pub use rendered::{
-    ContentHash, FileKind, HashedMain, LineOrigin, RenderedConfig, RenderedConfigBuilder,
-    RenderedFileRef, SourceMap,
+    ContentHash, FileKind, HashedMain, LineOrigin, RenderSummary, RenderedConfig,
+    RenderedConfigBuilder, RenderedFileRef, SourceMap,
 };
 pub use snapshot::{LookupError, ObjectKey, ResourceChange, ResourceSnapshot, UpsertOutcome};

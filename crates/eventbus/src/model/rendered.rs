@@ -177,9 +177,36 @@ impl fmt::Debug for RenderedConfig {
     }
 }
 
+/// How one render went: how many files and snippet outputs the template engine
+/// rendered and how many were taken unchanged from the previous render because
+/// nothing they read changed,
+/// and why everything was rendered when it was. Users ask "why did this render take
+/// so long?": the status page answers "incremental" or "full, because ...".
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RenderSummary {
+    /// Files and cached snippet outputs rendered by the template engine.
+    pub rendered: usize,
+    /// Files and cached snippet outputs reused from the previous render.
+    pub reused: usize,
+    /// Why every file was rendered (`None`: the render was incremental).
+    pub full_reason: Option<String>,
+}
+
+impl RenderSummary {
+    /// `incremental`, or `full, because <reason>`.
+    pub fn mode(&self) -> String {
+        match &self.full_reason {
+            None => "incremental".to_owned(),
+            Some(reason) => format!("full, because {reason}"),
+        }
+    }
+}
+
 /// `haproxy.cfg` with its part of the content hash already computed, so a renderer
 /// can hash it (the largest file) while the other files are still rendering; see
-/// [`RenderedConfig::from_hashed_main`].
+/// [`RenderedConfig::from_hashed_main`]. Cloning copies the hash state, so a
+/// renderer can keep a file it may hand out again unchanged.
+#[derive(Clone)]
 pub struct HashedMain {
     main: Arc<str>,
     hasher: Sha256,

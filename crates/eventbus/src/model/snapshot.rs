@@ -219,6 +219,14 @@ impl ResourceSnapshot {
         self.objects.get(key)
     }
 
+    /// The `indexBy` values of the object stored under `key`: what a consumer needs
+    /// to tell which `fetch` lookups a change to that object can affect.
+    pub fn index_key(&self, key: &ObjectKey) -> Option<&[String]> {
+        self.objects
+            .get(key)
+            .map(|stored| stored.index_key.as_ref())
+    }
+
     /// Every object with its key, in key order (namespace, then name).
     pub fn iter(&self) -> impl Iterator<Item = (&ObjectKey, &StoredObject)> + '_ {
         self.objects

@@ -118,51 +118,70 @@ pub(crate) fn check<'a>(
 }
 
 /// Which templates render on the pool at the same time as `haproxy.cfg`: for each
-/// entry, true when it is a map, file or certificate and neither it nor any template
-/// it reaches through `include`, `import`, `from`,
-/// `extends` or `render_glob` names `shared` (the per-render memo, whose contents
-/// depend on the order files render in) or references a template by a computed name
-/// (whose target cannot be known before rendering). `facts` are per entry, as
-/// [`names_and_facts`] returns them (`None`: the template did not parse).
+/// entry, true when it is a map, file or certificate and [self-contained](self_contained).
 pub(crate) fn independent(
     entries: &[Entry],
     edges: &Edges<'_>,
     facts: &[Option<Facts>],
 ) -> Vec<bool> {
+    self_contained(entries, edges, facts)
+        .into_iter()
+        .zip(entries)
+        .map(|(contained, e)| {
+            contained && e.output.as_ref().is_some_and(|f| f.kind != FileKind::Main)
+        })
+        .collect()
+}
+
+/// For each entry, true when it is an output template (`haproxy.cfg`, a map, file or
+/// certificate) and neither it nor any template it reaches through `include`,
+/// `import`, `from`, `extends` or `render_glob` names `shared` (the per-render memo,
+/// whose contents depend on the order files render in) or references a template by
+/// a computed name (whose target cannot be known before rendering). Such a file's
+/// output depends only on the templates, `extraContext` and the resources it reads:
+/// it may render in any order, and its last output may be reused when none of its
+/// reads changed. `facts` are per entry, as [`names_and_facts`] returns them (`None`:
+/// the template did not parse).
+pub(crate) fn self_contained(
+    entries: &[Entry],
+    edges: &Edges<'_>,
+    facts: &[Option<Facts>],
+) -> Vec<bool> {
+    (0..entries.len())
+        .map(|root| {
+            entries[root].output.is_some()
+                && reach(entries, edges, root).is_some_and(|r| {
+                    r.iter().all(|&i| {
+                        facts[i].is_some_and(|f| !f.reads_shared && !f.computed_reference)
+                    })
+                })
+        })
+        .collect()
+}
+
+/// Every template `root` reaches through literal references (itself included), or
+/// `None` when a reference names no known template.
+pub(crate) fn reach(entries: &[Entry], edges: &Edges<'_>, root: usize) -> Option<Vec<usize>> {
     let index: BTreeMap<&str, usize> = entries
         .iter()
         .enumerate()
         .map(|(i, e)| (e.name.as_ref(), i))
         .collect();
-    let self_contained =
-        |i: usize| facts[i].is_some_and(|f| !f.reads_shared && !f.computed_reference);
-    let parallel_output = |e: &Entry| e.output.as_ref().is_some_and(|f| f.kind != FileKind::Main);
-    (0..entries.len())
-        .map(|root| {
-            if !parallel_output(&entries[root]) {
-                return false;
+    let mut seen = BTreeSet::from([root]);
+    let mut stack = vec![root];
+    while let Some(i) = stack.pop() {
+        let out = edges
+            .get(entries[i].name.as_ref())
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        for (target, _) in out {
+            let &t = index.get(target.as_str())?;
+            if seen.insert(t) {
+                stack.push(t);
             }
-            let mut seen = BTreeSet::from([root]);
-            let mut stack = vec![root];
-            while let Some(i) = stack.pop() {
-                if !self_contained(i) {
-                    return false;
-                }
-                let out = edges
-                    .get(entries[i].name.as_ref())
-                    .map(Vec::as_slice)
-                    .unwrap_or(&[]);
-                for (target, _) in out {
-                    if let Some(&t) = index.get(target.as_str())
-                        && seen.insert(t)
-                    {
-                        stack.push(t);
-                    }
-                }
-            }
-            true
-        })
-        .collect()
+        }
+    }
+    Some(seen.into_iter().collect())
 }
 
 /// Finds reference cycles by depth-first search; each distinct cycle is reported
@@ -340,6 +359,29 @@ enum NameKind {
 struct Uses<'a> {
     names: Vec<NameUse<'a>>,
     facts: Facts,
+    variables: Variables,
+}
+
+/// The variable names one template uses (see [`names_and_facts`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Variables {
+    /// Every variable name the template reads or assigns.
+    pub(crate) named: BTreeSet<String>,
+    /// The names it assigns with `set`, `macro`, `import` or `from ... import`
+    /// (which an `include` of it leaves set in the including template).
+    pub(crate) assigned: BTreeSet<String>,
+}
+
+/// Adds the variable names of an assignment target (`x`, `a, b`).
+fn assigned_names(target: &ast::Expr<'_>, out: &mut BTreeSet<String>) {
+    match target {
+        ast::Expr::Var(v) => {
+            out.insert(v.id.to_owned());
+        }
+        ast::Expr::Tuple(t) => t.items.iter().for_each(|e| assigned_names(e, out)),
+        ast::Expr::List(l) => l.items.iter().for_each(|e| assigned_names(e, out)),
+        _ => {}
+    }
 }
 
 /// What decides whether a template may render at the same time as others (see
@@ -348,6 +390,8 @@ struct Uses<'a> {
 pub(crate) struct Facts {
     /// The template names the variable `shared`.
     pub(crate) reads_shared: bool,
+    /// The template names `debug` (whose output shows the whole context).
+    pub(crate) names_debug: bool,
     /// The template references a template by a computed name: `include x`,
     /// `import x`, `render_glob(x)` with `x` not a string literal (or a list of
     /// them), or `render_glob` other than called with one literal.
@@ -371,11 +415,12 @@ struct NameUse<'a> {
 pub(crate) fn names_and_facts(
     entries: &[Entry],
     env: &Environment<'static>,
-) -> (Vec<Diagnostic>, Vec<Option<Facts>>) {
+) -> (Vec<Diagnostic>, Vec<Option<Facts>>, Vec<Variables>) {
     let mut diagnostics = Vec::new();
     let mut facts = vec![None; entries.len()];
+    let mut variables = vec![Variables::default(); entries.len()];
     let Ok(probe) = env.template_from_str("") else {
-        return (diagnostics, facts);
+        return (diagnostics, facts, variables);
     };
     let state = probe.new_state();
     let known = |kind: NameKind, name: &str| match kind {
@@ -397,7 +442,7 @@ pub(crate) fn names_and_facts(
     let filters = candidates(NameKind::Filter);
     let tests = candidates(NameKind::Test);
 
-    for (entry, facts) in entries.iter().zip(&mut facts) {
+    for ((entry, facts), variables) in entries.iter().zip(&mut facts).zip(&mut variables) {
         let Ok(template) =
             minijinja::machinery::parse(&entry.source, entry.name.as_ref(), env.syntax().clone())
         else {
@@ -406,6 +451,7 @@ pub(crate) fn names_and_facts(
         let mut uses = Uses::default();
         visit_stmt(&template, &mut uses);
         *facts = Some(uses.facts);
+        *variables = std::mem::take(&mut uses.variables);
         for found in uses.names {
             if known(found.kind, &found.name) {
                 continue;
@@ -421,7 +467,7 @@ pub(crate) fn names_and_facts(
             diagnostics.push(entry.diagnostic_at(message, found.offset));
         }
     }
-    (diagnostics, facts)
+    (diagnostics, facts, variables)
 }
 
 fn visit_stmts<'a>(stmts: &[ast::Stmt<'a>], uses: &mut Uses<'a>) {
@@ -458,10 +504,12 @@ fn visit_stmt<'a>(stmt: &ast::Stmt<'a>, uses: &mut Uses<'a>) {
             visit_stmts(&w.body, uses);
         }
         Stmt::Set(s) => {
+            assigned_names(&s.target, &mut uses.variables.assigned);
             visit_expr(&s.target, uses);
             visit_expr(&s.expr, uses);
         }
         Stmt::SetBlock(s) => {
+            assigned_names(&s.target, &mut uses.variables.assigned);
             visit_expr(&s.target, uses);
             if let Some(filter) = &s.filter {
                 visit_expr(filter, uses);
@@ -478,6 +526,7 @@ fn visit_stmt<'a>(stmt: &ast::Stmt<'a>, uses: &mut Uses<'a>) {
         }
         Stmt::Block(b) => visit_stmts(&b.body, uses),
         Stmt::Import(i) => {
+            assigned_names(&i.name, &mut uses.variables.assigned);
             template_name(&i.expr, uses);
             visit_expr(&i.expr, uses);
             visit_expr(&i.name, uses);
@@ -486,6 +535,7 @@ fn visit_stmt<'a>(stmt: &ast::Stmt<'a>, uses: &mut Uses<'a>) {
             template_name(&f.expr, uses);
             visit_expr(&f.expr, uses);
             for (name, alias) in &f.names {
+                assigned_names(alias.as_ref().unwrap_or(name), &mut uses.variables.assigned);
                 visit_expr(name, uses);
                 if let Some(alias) = alias {
                     visit_expr(alias, uses);
@@ -500,7 +550,11 @@ fn visit_stmt<'a>(stmt: &ast::Stmt<'a>, uses: &mut Uses<'a>) {
             template_name(&i.name, uses);
             visit_expr(&i.name, uses);
         }
-        Stmt::Macro(m) => visit_macro(m, uses),
+        Stmt::Macro(m) => {
+            uses.variables.assigned.insert(m.name.to_owned());
+            uses.variables.named.insert(m.name.to_owned());
+            visit_macro(m, uses);
+        }
         Stmt::CallBlock(c) => {
             visit_call(&c.call, uses);
             visit_macro(&c.macro_decl, uses);
@@ -561,7 +615,12 @@ fn visit_expr<'a>(expr: &ast::Expr<'a>, uses: &mut Uses<'a>) {
     use ast::Expr;
     match expr {
         Expr::Var(v) => match v.id {
+            id if !uses.variables.named.contains(id) => {
+                uses.variables.named.insert(id.to_owned());
+                visit_expr(expr, uses);
+            }
             "shared" => uses.facts.reads_shared = true,
+            "debug" => uses.facts.names_debug = true,
             "render_glob" => uses.facts.computed_reference = true,
             _ => {}
         },

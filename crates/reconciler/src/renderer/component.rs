@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use hapwright_eventbus::model::RenderedConfig;
+use hapwright_eventbus::model::{RenderSummary, RenderedConfig};
 use hapwright_eventbus::{
     Component, ComponentError, Context, CorrelationId, Event, EventKind, EventPayload, Interest,
     QuarantineSearched, QuarantinedObject, TemplateRenderFailed, TemplateRendered,
@@ -159,8 +159,8 @@ impl Component for RendererComponent {
             };
             let job = tokio::task::spawn_blocking(move || {
                 let started = std::time::Instant::now();
-                let result = job_renderer.render(&job_resources);
-                (result, started.elapsed())
+                let (result, stats) = job_renderer.render_with_stats(&job_resources);
+                (result, stats, started.elapsed())
             });
             let outcome = tokio::select! {
                 biased;
@@ -169,7 +169,7 @@ impl Component for RendererComponent {
             };
             async {
                 match outcome {
-                    Ok((Ok(config), duration)) => {
+                    Ok((Ok(config), stats, duration)) => {
                         let unchanged = last.as_ref().is_some_and(|l| l.hash() == config.hash());
                         let config = match &last {
                             Some(last) if unchanged => last.clone(),
@@ -181,14 +181,32 @@ impl Component for RendererComponent {
                             files = config.iter().count(),
                             ?duration,
                             unchanged,
+                            rendered_files = stats.rendered,
+                            reused_files = stats.reused,
+                            rendered_snippets = stats.snippets_rendered,
+                            reused_snippets = stats.snippets_reused,
+                            full_because = stats.full_reason.map(|r| r.to_string()),
                             "Rendered configuration"
                         );
                         last = Some(config.clone());
                         ctx.health().healthy();
-                        ctx.publisher()
-                            .reply(&request, TemplateRendered { config, duration });
+                        // Fragments: whole files and the snippet outputs inside
+                        // the files that rendered.
+                        let render = RenderSummary {
+                            rendered: stats.rendered + stats.snippets_rendered,
+                            reused: stats.reused + stats.snippets_reused,
+                            full_reason: stats.full_reason.map(|r| r.to_string()),
+                        };
+                        ctx.publisher().reply(
+                            &request,
+                            TemplateRendered {
+                                config,
+                                duration,
+                                render,
+                            },
+                        );
                     }
-                    Ok((Err(errors), duration)) => {
+                    Ok((Err(errors), _, duration)) => {
                         for error in &errors {
                             tracing::warn!(%error, "Template render failed");
                         }
@@ -410,6 +428,14 @@ impl Guard {
                                 TemplateRendered {
                                     config,
                                     duration: started.elapsed(),
+                                    render: RenderSummary {
+                                        rendered: 0,
+                                        reused: 0,
+                                        full_reason: Some(
+                                            "the culprit search rendered the accepted changes"
+                                                .to_owned(),
+                                        ),
+                                    },
                                 },
                             ),
                             None => ctx.publisher().reply(

@@ -29,8 +29,11 @@
 //! `slice.endpoints | sort_by(...)` sort once per change, not once per render.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use hapwright_eventbus::model::{ResourceChange, ResourceSnapshot, StoredObject};
@@ -233,6 +236,14 @@ impl Object for ResourceList {
 /// the store itself (`{% for s in resources.services %}`) is the same as `list()`.
 pub struct ResourceStore {
     name: Arc<str>,
+    /// Unique per store version in the process (0: the empty store, which never
+    /// changes), so two stores with the same generation hold the same objects.
+    generation: u64,
+    /// The latest updates that led to this version, newest first (at most
+    /// [`HISTORY`]): from which generation, and the index values of every object they
+    /// added, changed or removed (before and after). Lets a lookup recorded on an
+    /// earlier version be checked without repeating it.
+    history: Arc<[Step]>,
     snapshot: Option<Arc<ResourceSnapshot>>,
     values: imbl::HashMap<usize, Converted>,
     list: OnceLock<Value>,
@@ -288,8 +299,20 @@ impl NodeBuilder {
     }
 }
 
+/// How many updates a store remembers (see [`ResourceStore::history`]).
+const HISTORY: usize = 16;
+
+/// One update of a store (see [`ResourceStore::history`]).
+#[derive(Debug)]
+struct Step {
+    from: u64,
+    touched: Vec<Arc<[String]>>,
+}
+
 impl fmt::Debug for ResourceStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // `debug()` and `pprint` show the object count, which depends on every object.
+        record(|| Read::List(self.name.clone()));
         f.debug_struct("ResourceStore")
             .field("name", &self.name)
             .field("objects", &self.len())
@@ -302,6 +325,8 @@ impl ResourceStore {
     pub fn empty(name: impl Into<Arc<str>>) -> Self {
         Self {
             name: name.into(),
+            generation: 0,
+            history: Arc::from([]),
             snapshot: None,
             values: imbl::HashMap::new(),
             list: OnceLock::new(),
@@ -345,6 +370,28 @@ impl ResourceStore {
             }
             _ => false,
         };
+        let history = match (change, &self.snapshot) {
+            (Some(change), Some(old)) if incremental && old.index_by() == snapshot.index_by() => {
+                let mut touched: Vec<Arc<[String]>> = Vec::new();
+                for key in change.removed.iter().chain(&change.modified) {
+                    touched.extend(old.index_key(key).map(Arc::from));
+                }
+                for key in change.added.iter().chain(&change.modified) {
+                    touched.extend(snapshot.index_key(key).map(Arc::from));
+                }
+                let step = Step {
+                    from: self.generation,
+                    touched,
+                };
+                std::iter::once(step)
+                    .chain(self.history.iter().take(HISTORY - 1).map(|s| Step {
+                        from: s.from,
+                        touched: s.touched.clone(),
+                    }))
+                    .collect()
+            }
+            _ => Arc::from([]),
+        };
         if !incremental {
             let mut rebuilt = imbl::HashMap::new();
             for object in snapshot.list() {
@@ -362,6 +409,8 @@ impl ResourceStore {
         }
         Self {
             name: self.name.clone(),
+            generation: next_generation(),
+            history,
             snapshot: Some(snapshot),
             values,
             list: OnceLock::new(),
@@ -388,6 +437,7 @@ impl ResourceStore {
 
     /// `list()`: every object in the snapshot's order, one shared value per version.
     pub(crate) fn list_value(&self) -> Value {
+        record(|| Read::List(self.name.clone()));
         self.list
             .get_or_init(|| match &self.snapshot {
                 Some(snapshot) => {
@@ -425,6 +475,14 @@ impl ResourceStore {
     /// `fetch`/`get`: the index node of the keys (`None`: nothing matches), or the
     /// objects as a list when the index cannot answer (no keys, or too many).
     fn lookup(&self, method: &str, args: &[Value]) -> Result<Found<'_>, Error> {
+        record(|| match self.keys(method, args) {
+            Ok(keys) if !keys.is_empty() => Read::Lookup(
+                self.name.clone(),
+                keys.into_iter().map(Cow::into_owned).collect(),
+            ),
+            // Everything, or an error: depends on every object.
+            _ => Read::List(self.name.clone()),
+        });
         let Some(snapshot) = &self.snapshot else {
             self.keys(method, args)?;
             return Ok(Found::Node(None));
@@ -522,10 +580,12 @@ impl Object for ResourceStore {
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
+        record(|| Read::List(self.name.clone()));
         Enumerator::Seq(self.len())
     }
 
     fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        record(|| Read::List(self.name.clone()));
         Some(self.len())
     }
 
@@ -556,6 +616,143 @@ impl Object for ResourceStore {
                     self.name
                 ),
             )),
+        }
+    }
+}
+
+// === reads ===
+
+/// The source of [`ResourceStore`] generations.
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+fn next_generation() -> u64 {
+    GENERATIONS.fetch_add(1, Ordering::Relaxed)
+}
+
+/// One thing a template read from the resources while rendering: what its output
+/// can depend on.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Read {
+    /// Every object of a store: `list()`, iterating the store, its length, a
+    /// `fetch()` without keys.
+    List(Arc<str>),
+    /// The objects a `fetch(keys...)`/`get(keys...)` finds (the objects whose leading
+    /// index values are these keys).
+    Lookup(Arc<str>, Vec<String>),
+}
+
+thread_local! {
+    /// The reads of the file rendering on this thread (see [`Recording`]).
+    static READS: RefCell<Option<BTreeSet<Read>>> = const { RefCell::new(None) };
+}
+
+/// Notes a read when a [`Recording`] is active on this thread.
+fn record(read: impl FnOnce() -> Read) {
+    READS.with(|reads| {
+        if let Some(reads) = reads.borrow_mut().as_mut() {
+            reads.insert(read());
+        }
+    });
+}
+
+/// Notes reads made elsewhere (by a snippet whose cached output is used) when a
+/// [`Recording`] is active on this thread.
+pub(crate) fn record_all(found: &[Read]) {
+    READS.with(|reads| {
+        if let Some(reads) = reads.borrow_mut().as_mut() {
+            reads.extend(found.iter().cloned());
+        }
+    });
+}
+
+/// Collects every resource read on this thread while it lives: a file renders on
+/// one thread from start to end, so its reads are exactly those made between
+/// [`Recording::start`] and [`Recording::finish`]. Nests (the outer recording is
+/// put back when an inner one finishes).
+pub(crate) struct Recording {
+    outer: Option<BTreeSet<Read>>,
+}
+
+impl Recording {
+    /// Starts recording on this thread.
+    pub(crate) fn start() -> Self {
+        let outer = READS.with(|reads| reads.borrow_mut().replace(BTreeSet::new()));
+        Self { outer }
+    }
+
+    /// The reads since [`Recording::start`].
+    pub(crate) fn finish(mut self) -> Vec<Read> {
+        let outer = self.outer.take();
+        READS
+            .with(|reads| std::mem::replace(&mut *reads.borrow_mut(), outer))
+            .map(|reads| reads.into_iter().collect())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        if let Some(outer) = self.outer.take() {
+            READS.with(|reads| *reads.borrow_mut() = Some(outer));
+        }
+    }
+}
+
+/// The objects of a `fetch(keys...)` on one store version.
+fn lookup_objects<'a>(store: &'a ResourceStore, keys: &[String]) -> Option<Vec<&'a StoredObject>> {
+    store.snapshot.as_ref()?.fetch(keys).ok()
+}
+
+/// Whether two lookups found the same objects with the same content, in the same
+/// order (the same object, or an equal text).
+fn same_objects(a: &[&StoredObject], b: &[&StoredObject]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(a, b)| address(a) == address(b) || a.json() == b.json())
+}
+
+impl Read {
+    /// Whether this read gives the same answer over `new` as it gave over `old`:
+    /// the same objects, with the same content, in the same order.
+    pub(crate) fn unchanged(&self, old: &Resources, new: &Resources) -> bool {
+        let name = match self {
+            Self::List(name) | Self::Lookup(name, _) => name,
+        };
+        let (old, new) = (old.get(name), new.get(name));
+        let generation = |store: Option<&Arc<ResourceStore>>| store.map_or(0, |s| s.generation);
+        if generation(old) == generation(new) {
+            return true;
+        }
+        match self {
+            Self::List(_) => false,
+            Self::Lookup(_, keys) => {
+                // The updates since `old`, when remembered: the lookup is unchanged
+                // when none of them touched an object under its keys.
+                if let (Some(old), Some(new)) = (old, new)
+                    && let Some(position) =
+                        new.history.iter().position(|s| s.from == old.generation)
+                {
+                    return !new.history[..=position]
+                        .iter()
+                        .flat_map(|step| &step.touched)
+                        .any(|touched| touched.starts_with(keys));
+                }
+                let (Some(old), Some(new)) = (old, new) else {
+                    // A store without data answers nothing; the other might answer.
+                    let answer = old.or(new).and_then(|s| lookup_objects(s, keys));
+                    return answer.is_some_and(|found| found.is_empty());
+                };
+                let same_index = match (&old.snapshot, &new.snapshot) {
+                    (Some(a), Some(b)) => a.index_by() == b.index_by(),
+                    _ => false,
+                };
+                same_index
+                    && matches!(
+                        (lookup_objects(old, keys), lookup_objects(new, keys)),
+                        (Some(a), Some(b)) if same_objects(&a, &b)
+                    )
+            }
         }
     }
 }

@@ -367,6 +367,26 @@ impl Drop for MappingBuilder {
     }
 }
 
+/// The identity of a resource mapping (the address of its storage), `None` for any
+/// other value. Converted objects are immutable and kept while their object is
+/// unchanged, so while a clone of the value is held, the same identity means the
+/// same, unchanged content.
+pub(crate) fn identity(value: &Value) -> Option<usize> {
+    macro_rules! inline {
+        ($($n:literal)*) => {
+            $(
+                if let Some(mapping) = value.downcast_object_ref::<Mapping<[Entry; $n]>>() {
+                    return Some(std::ptr::from_ref(mapping) as usize);
+                }
+            )*
+        };
+    }
+    inline!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
+    value
+        .downcast_object_ref::<Mapping<Indexed>>()
+        .map(|mapping| std::ptr::from_ref(mapping) as usize)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

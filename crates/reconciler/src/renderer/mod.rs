@@ -24,6 +24,7 @@
 mod check;
 mod component;
 mod context;
+mod fragments;
 mod functions;
 mod mapping;
 mod output;
@@ -31,7 +32,7 @@ mod scan;
 pub mod source_map;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use hapwright_eventbus::config::ByteSize;
 use hapwright_eventbus::model::{
@@ -43,6 +44,8 @@ use minijinja::{Environment, ErrorKind, UndefinedBehavior};
 
 pub use component::{QuarantineSettings, RendererComponent};
 pub use context::{ResourceStore, Resources};
+
+use context::{Read, Recording};
 
 use scan::{Instrumented, LineIndex};
 use source_map::MarkerTable;
@@ -188,6 +191,7 @@ impl Entry {
 type RenderResult = Result<(FileText, Vec<Option<LineOrigin>>), Diagnostic>;
 
 /// A rendered file's text; `haproxy.cfg` comes with its part of the content hash.
+#[derive(Clone)]
 enum FileText {
     Main(HashedMain),
     Other(Arc<str>),
@@ -211,6 +215,80 @@ struct Inner {
     /// Per entry: a map, file or certificate that renders on the pool at the same
     /// time as `haproxy.cfg` ([`check::independent`]).
     independent: Vec<bool>,
+    /// Per entry: an output whose last render may be reused when nothing it read
+    /// changed ([`check::self_contained`]).
+    reusable: Vec<bool>,
+    /// The files of the last render, for reuse by the next.
+    cache: Mutex<Option<Cache>>,
+    /// The templates with cacheable `include`s rewritten into the fragment filter
+    /// ([`fragments`]); `None` when nothing is cached below the file level.
+    fragment_env: Option<Environment<'static>>,
+    /// Per cacheable snippet: the variables it names and does not set.
+    fragment_vars: Arc<BTreeMap<String, Vec<String>>>,
+    /// The environment's functions, by name.
+    globals: Arc<BTreeMap<String, Value>>,
+}
+
+/// What the last render left for the next one: the resources it rendered from and,
+/// per entry, the file it produced with what it read.
+struct Cache {
+    resources: Resources,
+    files: Vec<Option<CachedFile>>,
+    fragments: fragments::Fragments,
+}
+
+/// What one file read from the resources, and the cached snippet outputs it used.
+type FileReads = (Arc<[Read]>, Arc<fragments::Used>);
+
+/// One rendered file kept for reuse.
+struct CachedFile {
+    text: FileText,
+    /// Size of the text, charged to the output budget when the file is reused.
+    bytes: usize,
+    lines: Vec<Option<LineOrigin>>,
+    reads: Arc<[Read]>,
+    /// The cached snippet outputs the file used, kept while the file is reused.
+    fragments: Arc<fragments::Used>,
+}
+
+/// How a render went: how many files were rendered and how many reused from the
+/// previous render, and why it was a full render if it was one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RenderStats {
+    /// Files rendered by the template engine.
+    pub rendered: usize,
+    /// Files taken unchanged from the previous render because nothing they read
+    /// changed.
+    pub reused: usize,
+    /// Why nothing could be reused (`None`: the render was incremental).
+    pub full_reason: Option<FullReason>,
+    /// Snippet outputs (`include`s) rendered by the template engine.
+    pub snippets_rendered: usize,
+    /// Snippet outputs taken from the previous render.
+    pub snippets_reused: usize,
+}
+
+/// Why a render rendered every file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FullReason {
+    /// The first render after the templates were loaded (or after a failed render).
+    FirstRender,
+    /// An incremental render failed; every file was rendered again so the errors are
+    /// exactly those of a full render.
+    RenderFailed,
+    /// Every file was rendered again: each one names `shared`, references a
+    /// template by a computed name, or read something that changed.
+    EverythingChanged,
+}
+
+impl std::fmt::Display for FullReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::FirstRender => "first render",
+            Self::RenderFailed => "an incremental render failed",
+            Self::EverythingChanged => "every file depends on what changed",
+        })
+    }
 }
 
 impl std::fmt::Debug for Renderer {
@@ -336,9 +414,10 @@ impl Renderer {
             }
         };
         let mut env = env;
-        let (found, facts) = check::names_and_facts(&entries, &env);
+        let (found, facts, variables) = check::names_and_facts(&entries, &env);
         diagnostics.extend(found);
         let independent = check::independent(&entries, &edges, &facts);
+        let reusable = check::self_contained(&entries, &edges, &facts);
         for entry in &entries {
             if let Err(error) =
                 env.add_template_owned(entry.name.to_string(), entry.instrumented.source.clone())
@@ -348,6 +427,15 @@ impl Renderer {
         }
 
         let extra_context = Value::from(minijinja::value::Serde(&extra_context));
+        let (fragment_env, fragment_vars) = if diagnostics.is_empty() {
+            fragment_environment(&env, &entries, &edges, &facts, &variables)
+        } else {
+            (None, BTreeMap::new())
+        };
+        let globals: BTreeMap<String, Value> = env
+            .globals()
+            .map(|(name, value)| (name.to_owned(), value))
+            .collect();
         if diagnostics.is_empty() {
             Ok(Self {
                 inner: Arc::new(Inner {
@@ -359,6 +447,11 @@ impl Renderer {
                     extra_context,
                     limits,
                     independent,
+                    reusable,
+                    cache: Mutex::new(None),
+                    fragment_env,
+                    fragment_vars: Arc::new(fragment_vars),
+                    globals: Arc::new(globals),
                 }),
             })
         } else {
@@ -388,13 +481,125 @@ impl Renderer {
     /// `haproxy.cfg` fails only its error is reported (the files that depend on it
     /// are not rendered); otherwise every failing file is reported.
     pub fn render(&self, resources: &Resources) -> Result<RenderedConfig, Vec<Diagnostic>> {
+        self.render_with_stats(resources).0
+    }
+
+    /// [`Renderer::render`], incrementally: a file whose templates are
+    /// [self-contained](check::self_contained) is taken unchanged from the previous
+    /// render when every resource read it made then (`list()`, `fetch(keys...)`,
+    /// `get(keys...)`, iterating or measuring a store) gives the same objects now.
+    /// The output is byte for byte that of a full render; when an incremental render
+    /// fails, everything is rendered again so the errors are too. Also says how many
+    /// files were rendered and reused.
+    pub fn render_with_stats(
+        &self,
+        resources: &Resources,
+    ) -> (Result<RenderedConfig, Vec<Diagnostic>>, RenderStats) {
+        let previous = self
+            .inner
+            .cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        let had_previous = previous.is_some();
+        let (result, mut stats, cache) = self.render_once(resources, previous, true);
+        let (result, stats, cache) = match result {
+            Err(_) if stats.reused > 0 || self.inner.fragment_env.is_some() => {
+                let (result, mut full, cache) = self.render_once(resources, None, false);
+                full.full_reason = Some(FullReason::RenderFailed);
+                (result, full, cache)
+            }
+            result => {
+                if stats.reused == 0 && stats.snippets_reused == 0 {
+                    stats.full_reason = Some(if had_previous {
+                        FullReason::EverythingChanged
+                    } else {
+                        FullReason::FirstRender
+                    });
+                }
+                (result, stats, cache)
+            }
+        };
+        *self
+            .inner
+            .cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = cache;
+        (result, stats)
+    }
+
+    /// [`Renderer::render`] without reusing anything and without remembering the
+    /// result for the next incremental render: what an incremental render must
+    /// equal, byte for byte.
+    pub fn render_full(&self, resources: &Resources) -> Result<RenderedConfig, Vec<Diagnostic>> {
+        self.render_once(resources, None, false).0
+    }
+
+    /// One render, reusing files of `previous` whose reads did not change; returns
+    /// the cache for the next render (none after a failure).
+    fn render_once(
+        &self,
+        resources: &Resources,
+        previous: Option<Cache>,
+        incremental: bool,
+    ) -> (
+        Result<RenderedConfig, Vec<Diagnostic>>,
+        RenderStats,
+        Option<Cache>,
+    ) {
         let inner = &*self.inner;
-        let context = Value::from(BTreeMap::from([
-            ("resources", resources.context_value(&inner.watched)),
+        let resources_value = resources.context_value(&inner.watched);
+        let mut context = BTreeMap::from([
+            ("resources", resources_value.clone()),
             ("extraContext", inner.extra_context.clone()),
             ("shared", Value::from_object(context::Shared::default())),
-        ]));
+        ]);
+        let (previous_files, previous_fragments) = match previous {
+            Some(Cache {
+                resources: old,
+                files,
+                fragments,
+            }) => (Some((old.clone(), files)), Some((old, fragments))),
+            None => (None, None),
+        };
+        let env = match (&inner.fragment_env, incremental) {
+            (Some(fragment_env), true) => fragment_env,
+            _ => &inner.env,
+        };
+        let session = (incremental && inner.fragment_env.is_some()).then(|| {
+            Value::from_object(fragments::Session::new(
+                previous_fragments,
+                resources.clone(),
+                resources_value,
+                inner.extra_context.clone(),
+                inner.fragment_vars.clone(),
+                inner.globals.clone(),
+            ))
+        });
+        if let Some(session) = &session {
+            context.insert(fragments::SESSION_VAR, session.clone());
+        }
+        let context = Value::from(context);
+        // Files of the previous render whose reads give the same answers now.
+        let mut reused: Vec<Option<CachedFile>> = match previous_files {
+            Some((old, files)) => files
+                .into_iter()
+                .enumerate()
+                .map(|(index, file)| {
+                    file.filter(|file| {
+                        inner.reusable[index]
+                            && file
+                                .reads
+                                .iter()
+                                .all(|read| read.unchanged(&old, resources))
+                    })
+                })
+                .collect(),
+            None => inner.entries.iter().map(|_| None).collect(),
+        };
         let results: Vec<OnceLock<RenderResult>> =
+            inner.entries.iter().map(|_| OnceLock::new()).collect();
+        let reads: Vec<OnceLock<FileReads>> =
             inner.entries.iter().map(|_| OnceLock::new()).collect();
         let is_main = |entry: &Entry| {
             entry
@@ -403,18 +608,33 @@ impl Renderer {
                 .is_some_and(|f| f.kind == FileKind::Main)
         };
         let budget = output::Budget::new(inner.limits.max_output_bytes);
+        let mut stats = RenderStats::default();
+        for (index, file) in reused.iter_mut().enumerate() {
+            if let Some(file) = file.take() {
+                budget.charge(file.bytes);
+                let _ = results[index].set(Ok((file.text, file.lines)));
+                let _ = reads[index].set((file.reads, file.fragments));
+                stats.reused += 1;
+            }
+        }
         let render_one = |index: usize| {
+            if results[index].get().is_some() {
+                return;
+            }
             let entry = &inner.entries[index];
             // Everything per file happens here, in parallel where the file renders in
             // parallel: marker stripping (while the engine writes), the shared copy of
             // the text and, for `haproxy.cfg` (the largest file), its part of the
             // content hash, while the other files may still be rendering.
             let mut out = output::Output::new(&inner.markers, &budget, entry.source.len());
-            let rendered = inner
-                .env
+            let recording = Recording::start();
+            let used = fragments::UsedFragments::start();
+            let rendered = env
                 .get_template(&entry.name)
                 .and_then(|template| template.render_captured_to(&context, &mut out))
                 .map(drop);
+            let used = used.finish();
+            let _ = reads[index].set((recording.finish().into(), Arc::new(used)));
             let rendered = match (rendered, out.exceeded()) {
                 (_, Some(exceeded)) => Err(self.output_cap_diagnostic(entry, exceeded, &budget)),
                 (Err(error), None) => Err(self.runtime_diagnostic(&error)),
@@ -437,6 +657,9 @@ impl Renderer {
         // on one of them, the independent files on the others as they free up.
         rayon::scope(|scope| {
             for (index, _) in inner.independent.iter().enumerate().filter(|(_, p)| **p) {
+                if results[index].get().is_some() {
+                    continue;
+                }
                 let span = &span;
                 let render_one = &render_one;
                 scope.spawn(move |_| span.in_scope(|| render_one(index)));
@@ -458,12 +681,37 @@ impl Renderer {
         let mut main = None;
         let mut outputs: [BTreeMap<String, Arc<str>>; 3] = Default::default();
         let mut diagnostics = Vec::new();
-        for (entry, result) in inner.entries.iter().zip(results) {
+        let mut cached: Vec<Option<CachedFile>> = inner.entries.iter().map(|_| None).collect();
+        for ((((entry, result), reads), cached), &reusable) in inner
+            .entries
+            .iter()
+            .zip(results)
+            .zip(reads)
+            .zip(&mut cached)
+            .zip(&inner.reusable)
+        {
             let (Some(file), Some(result)) = (&entry.output, result.into_inner()) else {
                 continue;
             };
+            if result.is_ok() {
+                stats.rendered += 1;
+            }
             match result {
                 Ok((text, lines)) => {
+                    // Only a file that may be reused is kept (with a copy of its
+                    // line origins).
+                    let (reads, used) = reads.into_inner().unwrap_or_default();
+                    *cached = reusable.then(|| CachedFile {
+                        bytes: match &text {
+                            // Set below, from the finished config.
+                            FileText::Main(_) => 0,
+                            FileText::Other(text) => text.len(),
+                        },
+                        text: text.clone(),
+                        lines: lines.clone(),
+                        reads,
+                        fragments: used,
+                    });
                     source_map.insert(file.clone(), lines);
                     match (text, file.kind) {
                         (FileText::Main(hashed), _) => main = Some(hashed),
@@ -486,17 +734,46 @@ impl Renderer {
                 }
             }
         }
+        stats.rendered -= stats.reused.min(stats.rendered);
         if !diagnostics.is_empty() {
-            return Err(diagnostics);
+            return (Err(diagnostics), stats, None);
         }
         let [maps, files, certificates] = outputs;
-        Ok(RenderedConfig::from_hashed_main(
+        let config = RenderedConfig::from_hashed_main(
             main.unwrap_or_else(|| HashedMain::new("")),
             maps,
             files,
             certificates,
             source_map,
-        ))
+        );
+        for (entry, cached) in inner.entries.iter().zip(&mut cached) {
+            if let (true, Some(cached)) = (is_main(entry), cached) {
+                cached.bytes = config.main().len();
+            }
+        }
+        let fragments = match session
+            .as_ref()
+            .and_then(|s| s.downcast_object_ref::<fragments::Session>())
+        {
+            Some(session) => {
+                let (mut fragments, rendered, reused) = session.finish();
+                // A reused file did not ask for its fragments; keep them for when
+                // it renders again.
+                for file in cached.iter().flatten() {
+                    fragments.extend(&file.fragments);
+                }
+                stats.snippets_rendered = rendered;
+                stats.snippets_reused = reused;
+                fragments
+            }
+            None => fragments::Fragments::default(),
+        };
+        let cache = Cache {
+            resources: resources.clone(),
+            files: cached,
+            fragments,
+        };
+        (Ok(config), stats, Some(cache))
     }
 
     /// For each template, whether it renders in parallel with the others (see
@@ -627,6 +904,82 @@ impl Renderer {
                 None => kind.to_string(),
             },
         }
+    }
+}
+
+/// The environment for incremental renders: a copy of `env` whose templates print
+/// every cacheable snippet through the fragment cache ([`fragments`]), with the
+/// variables each cacheable snippet names and does not set. `None` when no template
+/// includes a cacheable snippet, or when any template names `debug` (which prints the
+/// whole context, the cache included).
+fn fragment_environment(
+    env: &Environment<'static>,
+    entries: &[Entry],
+    edges: &check::Edges<'_>,
+    facts: &[Option<check::Facts>],
+    variables: &[check::Variables],
+) -> (Option<Environment<'static>>, BTreeMap<String, Vec<String>>) {
+    let none = || (None, BTreeMap::new());
+    if facts.iter().any(|f| f.is_none_or(|f| f.names_debug)) {
+        return none();
+    }
+    let mut vars: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (index, entry) in entries.iter().enumerate() {
+        if !entry.is_snippet {
+            continue;
+        }
+        let Some(reach) = check::reach(entries, edges, index) else {
+            continue;
+        };
+        let contained = reach
+            .iter()
+            .all(|&i| facts[i].is_some_and(|f| !f.reads_shared && !f.computed_reference));
+        if !contained {
+            continue;
+        }
+        let mut names = BTreeSet::new();
+        for &i in &reach {
+            match env.get_template(&entries[i].name) {
+                Ok(template) => names.extend(template.undeclared_variables(false)),
+                Err(_) => return none(),
+            }
+        }
+        // An `include` leaves the names the snippet assigns set in the including
+        // template; the cache cannot, so only a snippet whose assigned names no other
+        // template uses, and that it does not read before assigning, is cached.
+        let assigned: BTreeSet<&String> =
+            reach.iter().flat_map(|&i| &variables[i].assigned).collect();
+        let leaks = assigned.iter().any(|name| {
+            names.contains(*name)
+                || variables
+                    .iter()
+                    .enumerate()
+                    .any(|(i, v)| !reach.contains(&i) && v.named.contains(*name))
+        });
+        if leaks {
+            continue;
+        }
+        vars.insert(entry.name.to_string(), names.into_iter().collect());
+    }
+    let mut fragment_env = env.clone();
+    fragment_env.add_filter(scan::FRAGMENT_FILTER, fragments::fragment);
+    let mut rewritten = false;
+    for entry in entries {
+        let cacheable = |name: &str| vars.contains_key(name);
+        if let Some(source) = scan::rewrite_includes(&entry.instrumented.source, &cacheable) {
+            if fragment_env
+                .add_template_owned(entry.name.to_string(), source)
+                .is_err()
+            {
+                return none();
+            }
+            rewritten = true;
+        }
+    }
+    if rewritten {
+        (Some(fragment_env), vars)
+    } else {
+        none()
     }
 }
 

@@ -27,6 +27,12 @@ impl Budget {
         }
     }
 
+    /// Counts `bytes` of a file that was not written through an [`Output`] (reused
+    /// from an earlier render) towards the total.
+    pub(crate) fn charge(&self, bytes: usize) {
+        self.used.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
     /// The cap, per file and in total.
     pub(crate) fn cap(&self) -> ByteSize {
         self.cap

@@ -523,6 +523,61 @@ pub(crate) fn instrument(
     }
 }
 
+/// The filter the fragment rewrite calls (see [`rewrite_includes`]).
+pub(crate) const FRAGMENT_FILTER: &str = "__fragment";
+
+/// Rewrites every `{% include "name" %}` (one literal name, nothing else in the tag)
+/// whose snippet `cacheable` accepts into `{% filter __fragment("name") %}{% endfilter %}`,
+/// which prints the snippet's output through the fragment cache. The rewrite keeps the
+/// tag's whitespace control (`-`, `+`), stays a block tag (so `trimBlocks` and
+/// `lstripBlocks` treat it as before) and keeps its line breaks, so every later line
+/// keeps its number. `None` when nothing was rewritten.
+pub(crate) fn rewrite_includes(source: &str, cacheable: &dyn Fn(&str) -> bool) -> Option<String> {
+    let mut out = String::with_capacity(source.len());
+    let mut pos = 0;
+    for piece in pieces(source) {
+        let Piece::Tag(tag) = piece else {
+            continue;
+        };
+        if tag.kind != TagKind::Block {
+            continue;
+        }
+        let toks = tokens(source, tag.inner.clone());
+        let [
+            Token {
+                kind: TokenKind::Ident("include"),
+                ..
+            },
+            Token {
+                kind: TokenKind::Str(name),
+                ..
+            },
+        ] = toks.as_slice()
+        else {
+            continue;
+        };
+        let plain = name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
+        if !plain || !cacheable(name) {
+            continue;
+        }
+        let open = &source[tag.range.start..tag.inner.start];
+        let close = &source[tag.inner.end..tag.range.end];
+        let breaks = "\n".repeat(source[tag.range.clone()].matches('\n').count());
+        out.push_str(&source[pos..tag.range.start]);
+        out.push_str(&format!(
+            "{open} filter {FRAGMENT_FILTER}(\"{name}\"){breaks} %}}{{% endfilter {close}"
+        ));
+        pos = tag.range.end;
+    }
+    if pos == 0 {
+        return None;
+    }
+    out.push_str(&source[pos..]);
+    Some(out)
+}
+
 /// `render_glob(...)` as the whole content of a `{{ }}` tag: the byte range of the
 /// arguments.
 fn glob_call(toks: &[Token<'_>]) -> Option<Range<usize>> {
@@ -829,6 +884,21 @@ mod tests {
                 ReferenceKind::Resource("services".into()),
                 ReferenceKind::Resource("endpoints".into()),
             ]
+        );
+    }
+
+    #[test]
+    fn cacheable_includes_become_fragment_filters_on_the_same_lines() {
+        let source = "a\n  {%- include 'x' +%}\n{% include 'y' %}{% include 'x' ignore missing %}{% include\n'x' %}";
+        let out = rewrite_includes(source, &|name| name == "x").expect("rewritten");
+        assert_eq!(
+            out,
+            "a\n  {%- filter __fragment(\"x\") %}{% endfilter +%}\n{% include 'y' %}\
+             {% include 'x' ignore missing %}{% filter __fragment(\"x\")\n %}{% endfilter %}"
+        );
+        assert_eq!(
+            rewrite_includes("{% include 'y' %}", &|name| name == "x"),
+            None
         );
     }
 

@@ -34,6 +34,7 @@ fn large_render(store: &StatusStore, size: usize) {
             TemplateRendered {
                 config,
                 duration: Duration::ZERO,
+                render: Default::default(),
             },
         ),
         None,

@@ -1,0 +1,653 @@
+//! Incremental rendering: after a change, only the files that read what changed are
+//! rendered again, and the output is byte for byte that of a full render.
+//!
+//! The differential test drives random changes (add, modify, delete, re-index)
+//! across every resource kind of the routing example and checks after each that the
+//! incremental render equals a full render of the same snapshots: every file, the
+//! source map and the content hash. The seed is printed; set `HAPWRIGHT_SEED` to
+//! replay a run.
+
+#[path = "../testdata/fixtures.rs"]
+mod fixtures;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use hapwright_eventbus::model::{
+    FieldPath, ObjectKey, RenderedConfig, ResourceChange, ResourceSnapshot, UpsertOutcome,
+};
+use hapwright_reconciler::renderer::{
+    FullReason, Renderer, Resources, Templates, TemplatingSettings,
+};
+use serde_json::{Value, json};
+
+/// A small seeded generator (SplitMix64): the same seed gives the same changes.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+}
+
+fn seed() -> u64 {
+    let seed = std::env::var("HAPWRIGHT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    println!("HAPWRIGHT_SEED={seed}");
+    seed
+}
+
+fn renderer(templates: Templates) -> Renderer {
+    Renderer::new(templates, &fixtures::WATCHED)
+        .unwrap_or_else(|errors| panic!("templates do not load: {errors:#?}"))
+}
+
+/// The routing example with `haproxy.cfg` not using `shared`, so `haproxy.cfg` can be
+/// reused too.
+fn routing_without_shared() -> Templates {
+    let mut templates = fixtures::routing_templates();
+    templates.main = templates
+        .main
+        .replace(
+            r#"{{ shared.setdefault("fallback", "default_fallback") }}"#,
+            "default_fallback",
+        )
+        .replace("{{ shared.fallback }}", "default_fallback");
+    assert!(!templates.main.contains("shared"));
+    templates
+}
+
+/// The watched snapshots, changed one object at a time, and the template view of
+/// them updated with each change.
+struct Cluster {
+    snapshots: BTreeMap<&'static str, ResourceSnapshot>,
+    resources: Resources,
+    next: usize,
+}
+
+impl Cluster {
+    fn new(n: usize) -> Self {
+        let snapshots: BTreeMap<&'static str, ResourceSnapshot> = fixtures::cluster(n)
+            .into_iter()
+            .map(|(name, snapshot)| (name, (*snapshot).clone()))
+            .collect();
+        let mut resources = Resources::new();
+        for (name, snapshot) in &snapshots {
+            resources.update(&Arc::from(*name), Arc::new(snapshot.clone()), None);
+        }
+        Self {
+            snapshots,
+            resources,
+            next: n,
+        }
+    }
+
+    fn keys(&self, source: &str) -> Vec<ObjectKey> {
+        self.snapshots[source]
+            .iter()
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    fn object(&self, source: &str, key: &ObjectKey) -> Value {
+        self.snapshots[source]
+            .get_by_key(key)
+            .expect("object exists")
+            .parse()
+    }
+
+    fn upsert(&mut self, source: &'static str, object: Value) {
+        let key = ObjectKey::new(
+            object["metadata"]["namespace"].as_str().unwrap_or_default(),
+            object["metadata"]["name"].as_str().unwrap_or_default(),
+        );
+        let snapshot = self.snapshots.get_mut(source).expect("watched");
+        let mut change = ResourceChange::default();
+        match snapshot.upsert(key.clone(), &object) {
+            Some(UpsertOutcome::Added) => change.added.push(key),
+            Some(UpsertOutcome::Modified) => {
+                change.modified.push(key);
+            }
+            None => {}
+        }
+        self.publish(source, change);
+    }
+
+    fn remove(&mut self, source: &'static str, key: &ObjectKey) {
+        let snapshot = self.snapshots.get_mut(source).expect("watched");
+        let mut change = ResourceChange::default();
+        if snapshot.remove(key).is_some() {
+            change.removed.push(key.clone());
+        }
+        self.publish(source, change);
+    }
+
+    fn publish(&mut self, source: &'static str, change: ResourceChange) {
+        let snapshot = Arc::new(self.snapshots[source].clone());
+        self.resources
+            .update(&Arc::from(source), snapshot, Some(&change));
+    }
+
+    /// One random change: add, modify, delete or re-index an object of a random kind.
+    fn random_change(&mut self, rng: &mut Rng) {
+        let id = self.next;
+        self.next += 1;
+        let source = ["services", "endpoints", "ingresses", "secrets"][rng.below(4)];
+        let keys = self.keys(source);
+        let pick = |rng: &mut Rng| (!keys.is_empty()).then(|| keys[rng.below(keys.len())].clone());
+        match (rng.below(4), pick(rng)) {
+            // Add: a new object, sometimes pointing at an existing service.
+            (0, _) | (_, None) => {
+                let existing = rng.below(id.max(1));
+                let object = match source {
+                    "services" => json!({
+                        "metadata": {"namespace": format!("team-{}", rng.below(3)), "name": format!("svc-{id}")},
+                        "spec": {"ports": [{"port": 80}]},
+                    }),
+                    "endpoints" => json!({
+                        "metadata": {
+                            "namespace": format!("team-{}", existing % 10),
+                            "name": format!("svc-{existing}-{id}"),
+                            "labels": {"kubernetes.io/service-name": format!("svc-{existing}")},
+                        },
+                        "endpoints": [{"addresses": [format!("10.9.{}.{}", id / 256 % 256, id % 256)], "conditions": {"ready": rng.chance(80)}, "targetRef": {"name": format!("pod-{id}")}}],
+                        "ports": [{"port": 8000 + rng.below(3)}],
+                    }),
+                    "ingresses" => json!({
+                        "metadata": {"namespace": format!("team-{}", existing % 10), "name": format!("ing-{id}")},
+                        "spec": {"rules": [{"host": format!("Host-{}.example.com", rng.below(20)), "http": {"paths": [
+                            {"path": (["/", "/api", "/v2"][rng.below(3)]), "backend": {"service": {"name": format!("svc-{existing}")}}},
+                        ]}}]},
+                    }),
+                    _ => json!({
+                        "metadata": {"namespace": "default", "name": (["tls", "other"][rng.below(2)])},
+                        "data": {"tls.crt": "Y3J0", "tls.key": format!("a2V5{}", ["", "MQ==", "Mg=="][rng.below(3)])},
+                    }),
+                };
+                self.upsert(source, object);
+            }
+            // Delete (never the TLS secret: the certificate template requires it).
+            (1, Some(key)) if !(source == "secrets" && key.name == "tls") => {
+                self.remove(source, &key);
+            }
+            // Re-index: move an object to another index key.
+            (2, Some(key)) => {
+                let mut object = self.object(source, &key);
+                match source {
+                    "endpoints" => {
+                        object["metadata"]["labels"]["kubernetes.io/service-name"] =
+                            json!(format!("svc-{}", rng.below(id.max(1))));
+                    }
+                    "services" | "ingresses" => {
+                        // The name is the object key: a rename is a delete and an add.
+                        self.remove(source, &key);
+                        object["metadata"]["name"] = json!(format!("{}-r{id}", key.name));
+                    }
+                    _ => object["data"]["tls.crt"] = json!(format!("Y3J0{id}")),
+                }
+                self.upsert(source, object);
+            }
+            // Modify a field a template reads (or one it does not).
+            (_, Some(key)) => {
+                let mut object = self.object(source, &key);
+                match (source, rng.below(2)) {
+                    ("services", 0) => {
+                        object["metadata"]["annotations"] =
+                            json!({"haproxy.org/balance": (["source", "leastconn"][rng.below(2)])});
+                    }
+                    ("endpoints", 0) => {
+                        object["endpoints"][0]["conditions"]["ready"] = json!(rng.chance(50));
+                    }
+                    ("ingresses", 0) => {
+                        object["spec"]["rules"][0]["host"] =
+                            json!(format!("Changed-{id}.example.com"));
+                    }
+                    ("secrets", 0) => object["data"]["tls.key"] = json!(format!("a2V5{id}")),
+                    _ => object["metadata"]["resourceVersion"] = json!(id.to_string()),
+                }
+                self.upsert(source, object);
+            }
+        }
+    }
+}
+
+/// Fails with the first difference between an incremental and a full render.
+fn assert_same(step: usize, incremental: &RenderedConfig, full: &RenderedConfig) {
+    let files = |c: &RenderedConfig| {
+        c.iter()
+            .map(|(file, text)| (file.relative_path(), text.clone()))
+            .collect::<BTreeMap<_, _>>()
+    };
+    assert_eq!(
+        files(incremental),
+        files(full),
+        "files differ after change {step}"
+    );
+    assert_eq!(
+        incremental.source_map(),
+        full.source_map(),
+        "source maps differ after change {step}"
+    );
+    assert_eq!(
+        incremental.hash(),
+        full.hash(),
+        "hash differs after change {step}"
+    );
+    assert!(incremental == full, "configs differ after change {step}");
+}
+
+/// Runs `changes` random changes; returns how many files and snippet outputs were
+/// reused in total.
+fn differential(templates: Templates, changes: usize, rng: &mut Rng) -> (usize, usize) {
+    let incremental = renderer(templates.clone());
+    let full = renderer(templates);
+    let mut cluster = Cluster::new(12);
+    let (first, stats) = incremental.render_with_stats(&cluster.resources);
+    assert_eq!(stats.full_reason, Some(FullReason::FirstRender));
+    assert_same(
+        0,
+        &first.expect("renders"),
+        &full.render_full(&cluster.resources).expect("renders"),
+    );
+    let mut reused = (0, 0);
+    for step in 1..=changes {
+        cluster.random_change(rng);
+        let (result, stats) = incremental.render_with_stats(&cluster.resources);
+        reused.0 += stats.reused;
+        reused.1 += stats.snippets_reused;
+        let expected = full.render_full(&cluster.resources);
+        match (result, expected) {
+            (Ok(got), Ok(expected)) => assert_same(step, &got, &expected),
+            (Err(got), Err(expected)) => {
+                assert_eq!(got, expected, "errors differ after change {step}")
+            }
+            (got, expected) => panic!(
+                "after change {step}: incremental {:?}, full {:?}",
+                got.map(|c| c.hash()),
+                expected.map(|c| c.hash())
+            ),
+        }
+    }
+    reused
+}
+
+#[test]
+fn incremental_renders_equal_full_renders_over_random_changes() {
+    let mut rng = Rng(seed());
+    let (files, snippets) = differential(fixtures::routing_templates(), 600, &mut rng);
+    assert!(
+        files > 0,
+        "the routing example reused no file in 600 changes"
+    );
+    assert!(
+        snippets > 0,
+        "the routing example reused no snippet in 600 changes"
+    );
+    let (files, snippets) = differential(routing_without_shared(), 600, &mut rng);
+    assert!(
+        files > 0,
+        "routing without shared reused no file in 600 changes"
+    );
+    assert!(
+        snippets > 0,
+        "routing without shared reused no snippet in 600 changes"
+    );
+}
+
+#[test]
+fn only_files_that_read_what_changed_render_again() {
+    let renderer = renderer(routing_without_shared());
+    let mut cluster = Cluster::new(5);
+    let (_, stats) = renderer.render_with_stats(&cluster.resources);
+    assert_eq!((stats.rendered, stats.reused), (5, 0));
+
+    // Nothing changed: every file is reused.
+    let (_, stats) = renderer.render_with_stats(&cluster.resources);
+    assert_eq!(
+        (stats.rendered, stats.reused, stats.full_reason),
+        (0, 5, None)
+    );
+
+    // An endpoint slice: only `haproxy.cfg` reads endpoints.
+    let key = cluster.keys("endpoints")[0].clone();
+    let mut slice = cluster.object("endpoints", &key);
+    slice["endpoints"][0]["conditions"]["ready"] = json!(false);
+    cluster.upsert("endpoints", slice);
+    let (config, stats) = renderer.render_with_stats(&cluster.resources);
+    assert_eq!((stats.rendered, stats.reused), (1, 4));
+    // Inside `haproxy.cfg`, only that service's backend snippet renders again.
+    assert_eq!((stats.snippets_rendered, stats.snippets_reused), (1, 4));
+    assert_eq!(
+        config.expect("renders"),
+        renderer.render_full(&cluster.resources).expect("renders")
+    );
+
+    // A field of a service that an ingress points at: `haproxy.cfg` lists services,
+    // the maps `get` that very service; the 503 page and the certificate read none.
+    let key = cluster.keys("services")[0].clone();
+    let mut service = cluster.object("services", &key);
+    service["metadata"]["labels"] = json!({"x": "y"});
+    cluster.upsert("services", service);
+    let (_, stats) = renderer.render_with_stats(&cluster.resources);
+    assert_eq!((stats.rendered, stats.reused), (3, 2));
+
+    // A service no ingress points at: the maps' lookups find the same objects.
+    cluster.upsert(
+        "services",
+        json!({"metadata": {"namespace": "team-0", "name": "lonely"}, "spec": {}}),
+    );
+    let (_, stats) = renderer.render_with_stats(&cluster.resources);
+    assert_eq!((stats.rendered, stats.reused), (1, 4));
+
+    // The secret: `haproxy.cfg` and the certificate read it.
+    let key = ObjectKey::new("default", "tls");
+    let mut secret = cluster.object("secrets", &key);
+    secret["data"]["tls.key"] = json!("bmV3");
+    cluster.upsert("secrets", secret);
+    let (config, stats) = renderer.render_with_stats(&cluster.resources);
+    assert_eq!((stats.rendered, stats.reused), (2, 3));
+    assert_eq!(
+        config.expect("renders").certificates()["default.pem"]
+            .as_ref()
+            .lines()
+            .nth(3),
+        Some("new")
+    );
+}
+
+#[test]
+fn a_failing_incremental_render_reports_what_a_full_render_reports() {
+    let renderer = renderer(routing_without_shared());
+    let mut cluster = Cluster::new(3);
+    renderer.render(&cluster.resources).expect("renders");
+    // The certificate fails without its secret; the other files could be reused.
+    cluster.remove("secrets", &ObjectKey::new("default", "tls"));
+    let (result, stats) = renderer.render_with_stats(&cluster.resources);
+    let errors = result.expect_err("the certificate needs the secret");
+    assert_eq!(
+        errors,
+        renderer.render_full(&cluster.resources).expect_err("fails")
+    );
+    assert_eq!(stats.full_reason, Some(FullReason::RenderFailed));
+    assert_eq!(stats.reused, 0);
+}
+
+// === the examples shipped with hapwright ===
+
+/// An example config: its templates, watched resources with their `indexBy` paths,
+/// and every object its `validationTests` use, by watched resource.
+struct Example {
+    templates: Templates,
+    index_by: BTreeMap<String, Vec<FieldPath>>,
+    pool: BTreeMap<String, Vec<Value>>,
+}
+
+fn example(path: &str) -> Example {
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path);
+    let text = std::fs::read_to_string(&file).expect("example config");
+    let config: Value = serde_saphyr::from_str(&text).expect("valid YAML");
+    let template = |v: &Value| v["template"].as_str().expect("a template").to_owned();
+    let group = |key: &str| -> BTreeMap<String, String> {
+        config[key]
+            .as_object()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), template(v))).collect())
+            .unwrap_or_default()
+    };
+    let flag = |key: &str| config["templating"][key].as_bool().unwrap_or(false);
+    let templates = Templates {
+        main: template(&config["haproxyConfig"]),
+        snippets: group("templateSnippets"),
+        maps: group("maps"),
+        files: group("files"),
+        certificates: group("sslCertificates"),
+        extra_context: config.get("extraContext").cloned().unwrap_or(json!({})),
+        settings: TemplatingSettings {
+            trim_blocks: flag("trimBlocks"),
+            lstrip_blocks: flag("lstripBlocks"),
+            strict_undefined: flag("strictUndefined"),
+        },
+        ..Templates::default()
+    };
+    let index_by = config["watchedResources"]
+        .as_object()
+        .expect("watchedResources")
+        .iter()
+        .map(|(name, source)| {
+            let paths = source["indexBy"]
+                .as_array()
+                .map(|paths| {
+                    paths
+                        .iter()
+                        .map(|p| FieldPath::parse(p.as_str().expect("a path")).expect("valid path"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            (name.clone(), paths)
+        })
+        .collect();
+    let mut pool: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for test in config["validationTests"].as_object().into_iter().flatten() {
+        for (name, objects) in test.1["fixtures"].as_object().into_iter().flatten() {
+            let objects = objects.as_array().into_iter().flatten().cloned();
+            pool.entry(name.clone()).or_default().extend(objects);
+        }
+    }
+    assert!(!pool.is_empty(), "{path}: no fixtures");
+    Example {
+        templates,
+        index_by,
+        pool,
+    }
+}
+
+fn key_of(object: &Value) -> ObjectKey {
+    ObjectKey::new(
+        object["metadata"]["namespace"].as_str().unwrap_or_default(),
+        object["metadata"]["name"].as_str().unwrap_or_default(),
+    )
+}
+
+/// Random changes to an example's resources, built from its fixtures: objects
+/// swapped for another fixture of the same resource (a modification, or an addition
+/// under a new name), deleted, or moved to another index key.
+fn example_differential(example: &Example, changes: usize, rng: &mut Rng) -> usize {
+    let watched: Vec<&str> = example.index_by.keys().map(String::as_str).collect();
+    let load = |templates: Templates| {
+        Renderer::new(templates, &watched)
+            .unwrap_or_else(|errors| panic!("templates do not load: {errors:#?}"))
+    };
+    let incremental = load(example.templates.clone());
+    let full = load(example.templates.clone());
+    let mut snapshots: BTreeMap<String, ResourceSnapshot> = example
+        .index_by
+        .iter()
+        .map(|(name, paths)| (name.clone(), ResourceSnapshot::new(paths.clone())))
+        .collect();
+    let mut resources = Resources::new();
+    // Start from half of the fixtures.
+    for (name, objects) in &example.pool {
+        let Some(snapshot) = snapshots.get_mut(name) else {
+            continue;
+        };
+        for object in objects.iter().step_by(2) {
+            snapshot.upsert(key_of(object), object);
+        }
+        resources.update(&Arc::from(name.as_str()), Arc::new(snapshot.clone()), None);
+    }
+    let names: Vec<String> = example
+        .pool
+        .keys()
+        .filter(|n| snapshots.contains_key(*n))
+        .cloned()
+        .collect();
+    let mut reused = 0;
+    let mut succeeded = 0;
+    for step in 0..=changes {
+        if step > 0 {
+            let name = &names[rng.below(names.len())];
+            let snapshot = snapshots.get_mut(name).expect("watched");
+            let keys: Vec<ObjectKey> = snapshot.iter().map(|(k, _)| k.clone()).collect();
+            let pool = &example.pool[name];
+            let mut change = ResourceChange::default();
+            let mut upsert = |snapshot: &mut ResourceSnapshot, object: Value| {
+                let key = key_of(&object);
+                match snapshot.upsert(key.clone(), &object) {
+                    Some(UpsertOutcome::Added) => change.added.push(key),
+                    Some(UpsertOutcome::Modified) => change.modified.push(key),
+                    None => {}
+                }
+            };
+            match rng.below(5) {
+                // Delete.
+                0 if !keys.is_empty() => {
+                    let key = &keys[rng.below(keys.len())];
+                    snapshot.remove(key);
+                    change.removed.push(key.clone());
+                }
+                // Add a fixture under a new name.
+                1 => {
+                    let mut object = pool[rng.below(pool.len())].clone();
+                    let name = object["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or("x")
+                        .to_owned();
+                    object["metadata"]["name"] = json!(format!("{name}-{step}"));
+                    upsert(snapshot, object);
+                }
+                // Re-index: another object's index values (a slice to another
+                // service, an object to another namespace is a new key).
+                2 if !keys.is_empty() => {
+                    let key = &keys[rng.below(keys.len())];
+                    let mut object = snapshot.get_by_key(key).expect("exists").parse();
+                    let other = &pool[rng.below(pool.len())];
+                    let label = "kubernetes.io/service-name";
+                    if let Some(service) = other["metadata"]["labels"].get(label) {
+                        object["metadata"]["labels"][label] = service.clone();
+                    } else {
+                        object["metadata"]["labels"]["moved"] = json!(step.to_string());
+                    }
+                    upsert(snapshot, object);
+                }
+                // A fixture as it is: modifies the object of that name, or adds it.
+                _ => upsert(snapshot, pool[rng.below(pool.len())].clone()),
+            }
+            resources.update(
+                &Arc::from(name.as_str()),
+                Arc::new(snapshot.clone()),
+                Some(&change),
+            );
+        }
+        let (result, stats) = incremental.render_with_stats(&resources);
+        reused += stats.reused;
+        match (result, full.render_full(&resources)) {
+            (Ok(got), Ok(expected)) => {
+                succeeded += 1;
+                assert_same(step, &got, &expected);
+            }
+            (Err(got), Err(expected)) => {
+                assert_eq!(got, expected, "errors differ after change {step}");
+            }
+            (got, expected) => panic!(
+                "after change {step}: incremental {:?}, full {:?}",
+                got.map(|c| c.hash()),
+                expected.map(|c| c.hash())
+            ),
+        }
+    }
+    assert!(
+        succeeded > changes / 2,
+        "only {succeeded} of {changes} renders succeeded: the changes test little"
+    );
+    reused
+}
+
+#[test]
+fn the_quickstart_and_the_ingress_library_render_incrementally_as_in_full() {
+    let mut rng = Rng(seed());
+    let quickstart = example("examples/quickstart/hapwright.yaml");
+    let reused = example_differential(&quickstart, 300, &mut rng);
+    println!("quickstart: {reused} files reused");
+    let library = example("examples/kubernetes-ingress/hapwright.yaml");
+    let reused = example_differential(&library, 300, &mut rng);
+    println!("ingress library: {reused} files reused");
+}
+
+#[test]
+fn snippets_print_the_same_through_the_cache_as_when_included() {
+    let snippets: BTreeMap<String, String> = [
+        ("sets", "{% set x = 'inner' %}[{{ x }}]"),
+        ("reads-loop", "{{ loop.index }}:{{ svc.metadata.name }}"),
+        ("reads-parent", "{{ prefix }}-{{ svc.metadata.name }}-{{ n }}"),
+        ("nested", "<{% include 'reads-parent' %}|{% include \"sets\" -%}\n>"),
+        ("with-macro", "{% from 'macros' import m %}{{ m(svc) }}"),
+        ("macros", "{% macro m(s) %}m({{ s.metadata.name }}){% endmacro %}"),
+        ("globbed-a", "ga"),
+        ("globbed-b", "gb {{ svc.metadata.name }}"),
+        ("globs", "{{ render_glob('globbed-*') }}"),
+        ("endpoints", "{% for s in resources.endpoints.fetch(svc.metadata.namespace, svc.metadata.name) %}{{ s.metadata.name }} {% endfor %}"),
+        ("trailing", "line\n"),
+    ]
+    .into_iter()
+    .map(|(n, s)| (n.to_owned(), s.to_owned()))
+    .collect();
+    let main = "{% set x = 'outer' %}{% set prefix = 'p' %}\
+        {% for svc in resources.services.list() %}{% set n = loop.index * 2 %}\n\
+        {% include 'sets' %}{{ x }}\n\
+        {%- include 'reads-loop' %}\n\
+        {% include 'reads-parent' -%}\n\
+        {%+ include 'nested' +%}\n\
+        {% include 'with-macro' %}\n  {% include 'globs' %}\n\
+        {% include 'endpoints' %}{% include 'trailing' %}{% include 'trailing' %}\n\
+        {% endfor %}";
+    for (trim_blocks, lstrip_blocks) in [(false, false), (true, true)] {
+        let templates = Templates {
+            main: main.to_owned(),
+            snippets: snippets.clone(),
+            settings: TemplatingSettings {
+                trim_blocks,
+                lstrip_blocks,
+                strict_undefined: false,
+            },
+            ..Templates::default()
+        };
+        let renderer = renderer(templates);
+        let mut cluster = Cluster::new(4);
+        for step in 0..3 {
+            let (got, stats) = renderer.render_with_stats(&cluster.resources);
+            let got = got.expect("renders");
+            assert_same(
+                step,
+                &got,
+                &renderer.render_full(&cluster.resources).expect("renders"),
+            );
+            if step > 0 {
+                assert!(stats.snippets_reused > 0, "{stats:?}");
+            }
+            let key = cluster.keys("endpoints")[step].clone();
+            let mut slice = cluster.object("endpoints", &key);
+            slice["metadata"]["labels"]["extra"] = json!(step);
+            cluster.upsert("endpoints", slice);
+        }
+    }
+}
