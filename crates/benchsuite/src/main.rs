@@ -100,27 +100,33 @@ fn main() -> Result<()> {
     let mut latency = Vec::new();
     let mut churn = Err(ScenarioError::NotRun);
     let mut burst = Err(ScenarioError::NotRun);
+    let mut quarantine = Err(ScenarioError::NotRun);
     for backends in [100, 1000, 10_000] {
         eprintln!("(b) latency at {backends} backends, {changes} changes per path");
         let extras = if backends == 1000 {
             scenarios::Extras {
                 burst: Some((burst_count, burst_seconds)),
                 churn: Some((churn_count, churn_seconds)),
+                quarantine: true,
             }
         } else {
             scenarios::Extras::default()
         };
         match catch(|| scenarios::latency(backends, changes, extras)) {
-            Ok((size, bursted, churned)) => {
+            Ok((size, extra)) => {
                 eprintln!("    {}", scenarios::describe(&size.runtime));
                 eprintln!("    {}", scenarios::describe(&size.reload));
-                if let Some(b) = bursted {
+                if let Some(b) = extra.burst {
                     eprintln!("(c) burst: {b:?}");
                     burst = Ok(b);
                 }
-                if let Some(c) = churned {
+                if let Some(c) = extra.churn {
                     eprintln!("(c) churn: {c:?}");
                     churn = Ok(c);
+                }
+                if let Some(q) = extra.quarantine {
+                    eprintln!("(g) quarantine: {q:?}");
+                    quarantine = Ok(q);
                 }
                 latency.push(Ok(size));
             }
@@ -129,6 +135,7 @@ fn main() -> Result<()> {
                 if backends == 1000 {
                     churn = Err(ScenarioError::ControllerFailed(Box::new(why.clone())));
                     burst = Err(ScenarioError::ControllerFailed(Box::new(why.clone())));
+                    quarantine = Err(ScenarioError::ControllerFailed(Box::new(why.clone())));
                 }
                 latency.push(Err(why));
             }
@@ -173,6 +180,7 @@ fn main() -> Result<()> {
         latency,
         burst,
         churn,
+        quarantine,
         memory,
         criterion,
         commands,

@@ -210,6 +210,32 @@ pub struct Memory {
     pub startup_s: f64,
 }
 
+/// The quarantine scenario's outcome: one write changes [`QUARANTINE_CHANGES`]
+/// Services, one of them so that HAProxy refuses it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Quarantine {
+    /// Backends served.
+    pub backends: usize,
+    /// Services changed by the write (one of them bad).
+    pub changes: usize,
+    /// Milliseconds from the write until every good change answered through HAProxy.
+    pub live_ms: f64,
+    /// The same write with every change good: milliseconds until all answered.
+    pub all_good_ms: f64,
+    /// One validation at this size (phase 1 and one `haproxy -c`, from the reload
+    /// path's runs), milliseconds: the unit of the target.
+    pub validation_ms: f64,
+    /// Extra validations the culprit search made (its `QuarantineSearched` event).
+    pub probes: u64,
+    /// Objects quarantined after the write (`/debug/quarantine`).
+    pub quarantined: u64,
+    /// Whether the bad Service kept answering from its last good state.
+    pub bad_kept_last_good: bool,
+}
+
+/// Services the quarantine scenario changes in one write.
+pub const QUARANTINE_CHANGES: usize = 50;
+
 /// How many extra Services the churn and the burst change (each in its own file).
 pub const CHURN_FILES: usize = 100;
 
@@ -359,14 +385,23 @@ pub struct Extras {
     pub burst: Option<(usize, f64)>,
     /// The churn, if any.
     pub churn: Option<(usize, f64)>,
+    /// Whether the quarantine scenario runs.
+    pub quarantine: bool,
+}
+
+/// What [`latency`] measured besides the latency itself.
+#[derive(Clone, Debug, Default)]
+pub struct ExtraResults {
+    /// The burst.
+    pub burst: Option<Churn>,
+    /// The churn.
+    pub churn: Option<Churn>,
+    /// The quarantine scenario.
+    pub quarantine: Option<Quarantine>,
 }
 
 /// The latency scenario (and, at the given size, the burst and the churn) for one size.
-pub fn latency(
-    backends: usize,
-    changes: usize,
-    extras: Extras,
-) -> (SizeResult, Option<Churn>, Option<Churn>) {
+pub fn latency(backends: usize, changes: usize, extras: Extras) -> (SizeResult, ExtraResults) {
     let (controller, settings) = start(backends);
     let ports = controller.ports();
     let web = host("web");
@@ -442,8 +477,128 @@ pub fn latency(
         pause(settings.min_reload_interval_ms + settings.debounce_ms);
         run_churn(&controller, backends, count, seconds)
     });
+    let validation_ms = result.reload_stages.phase1_ms + result.reload_stages.phase2_run_ms;
+    let quarantine = extras.quarantine.then(|| {
+        pause(settings.min_reload_interval_ms + settings.debounce_ms);
+        run_quarantine(&controller, &settings, backends, validation_ms)
+    });
     result.haproxy_reload_ms = haproxy_reload_ms(&controller, 5);
-    (result, burst, churned)
+    (
+        result,
+        ExtraResults {
+            burst,
+            churn: churned,
+            quarantine,
+        },
+    )
+}
+
+/// [`QUARANTINE_CHANGES`] Services `q-<i>` in one file, each routed to `port`; the
+/// one at `bad` gets an address HAProxy refuses (`300.1.2.3`).
+fn quarantine_file(port: u16, bad: Option<usize>) -> String {
+    (0..QUARANTINE_CHANGES)
+        .map(|i| {
+            let name = format!("q-{i}");
+            let manifest = service_manifest(&name, &host(&name), port);
+            if Some(i) == bad {
+                manifest.replace("\"127.0.0.1\"", "\"300.1.2.3\"")
+            } else {
+                manifest
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// Writes `text` as the quarantine file and returns the milliseconds until every
+/// Service but `skip` answers `body`.
+fn write_and_wait_all(controller: &Controller, text: &str, body: &str, skip: Option<usize>) -> f64 {
+    let started = Instant::now();
+    controller.write_resource("quarantine.yaml", text);
+    let mut last = 0.0;
+    for i in (0..QUARANTINE_CHANGES).filter(|i| Some(*i) != skip) {
+        last = first_answer(
+            controller,
+            &host(&format!("q-{i}")),
+            body,
+            started,
+            CHANGE_TIMEOUT,
+        );
+    }
+    last
+}
+
+/// The quarantine scenario: [`QUARANTINE_CHANGES`] Services change in one write, one
+/// of them bad; how long until the good ones are live, against the same write with
+/// every change good and against one validation.
+fn run_quarantine(
+    controller: &Controller,
+    settings: &Settings,
+    backends: usize,
+    validation_ms: f64,
+) -> Quarantine {
+    let ports = controller.ports();
+    let (v1, api) = (
+        controller.demo_body(ports.web_v1),
+        controller.demo_body(ports.api),
+    );
+    let settle = || {
+        wait_deployed(controller);
+        pause(settings.min_reload_interval_ms + settings.debounce_ms);
+    };
+    // The Services exist (a reload) before anything is measured.
+    write_and_wait_all(controller, &quarantine_file(ports.web_v1, None), &v1, None);
+    settle();
+    let all_good_ms = write_and_wait_all(controller, &quarantine_file(ports.api, None), &api, None);
+    settle();
+    let bad = QUARANTINE_CHANGES - 1;
+    let live_ms = write_and_wait_all(
+        controller,
+        &quarantine_file(ports.web_v1, Some(bad)),
+        &v1,
+        Some(bad),
+    );
+    let bad_kept_last_good = matches!(
+        controller.route(&host(&format!("q-{bad}"))),
+        Ok(Reply { status: 200, body }) if body == api
+    );
+    let quarantined = controller.status_get("/debug/quarantine").1;
+    let quarantined = serde_json::from_str::<serde_json::Value>(&quarantined)
+        .ok()
+        .and_then(|v| v["count"].as_u64())
+        .unwrap_or(0);
+    let events = controller.status_get("/debug/events?limit=1000").1;
+    let probes = serde_json::from_str::<serde_json::Value>(&events)
+        .ok()
+        .as_ref()
+        .and_then(last_probes)
+        .unwrap_or(0);
+    // Fixed again, so the controller is clean for what follows.
+    write_and_wait_all(controller, &quarantine_file(ports.web_v1, None), &v1, None);
+    settle();
+    Quarantine {
+        backends,
+        changes: QUARANTINE_CHANGES,
+        live_ms,
+        all_good_ms,
+        validation_ms,
+        probes,
+        quarantined,
+        bad_kept_last_good,
+    }
+}
+
+/// The `probes` of the last `QuarantineSearched` event in a `/debug/events` answer
+/// (events are listed oldest first).
+fn last_probes(value: &serde_json::Value) -> Option<u64> {
+    match value {
+        serde_json::Value::Object(map) => map
+            .get("probes")
+            .and_then(serde_json::Value::as_u64)
+            .or_else(|| map.values().rev().find_map(last_probes)),
+        serde_json::Value::Array(items) => items.iter().rev().find_map(last_probes),
+        _ => None,
+    }
 }
 
 /// `count` endpoint changes spread evenly over `seconds`, round-robin over the
