@@ -1218,7 +1218,9 @@ mod tests {
             &mut summary,
         );
         assert!(
-            text.contains("| 1000 | 50 | 500 ms | 40.0 ms | 100 ms | 7 | 1 | yes | ≤ 4 validations = 400 ms |"),
+            text.contains(
+                "| 1000 | 50 | 500 ms | 40.0 ms | 100 ms | 7 | 1 | yes | ≤ 4 validations = 400 ms |"
+            ),
             "{text}"
         );
         assert!(summary[0][2].contains("missed"), "{summary:?}");

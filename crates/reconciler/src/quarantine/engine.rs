@@ -77,7 +77,9 @@ pub struct GaveUp {
 
 /// Finds the changes of `set` that make the candidate fail, rendering with
 /// `renderer` from `current` (the renderer's latest resources, whose converted
-/// objects are reused) and validating with `validate`. At most
+/// objects are reused) and validating with `validate`. `errors` are those of the
+/// failed reconciliation: the changes whose new values they quote are tried as the
+/// culprits first ([`hints`](super::hints)). At most
 /// `settings.max_probes` renders and validations.
 ///
 /// # Errors
@@ -90,6 +92,7 @@ pub async fn isolate(
     set: &ChangeSet,
     validate: &Validate,
     settings: Settings,
+    errors: &[Diagnostic],
 ) -> Result<Isolated, GaveUp> {
     let mut probe = RenderProbe {
         renderer,
@@ -97,7 +100,8 @@ pub async fn isolate(
         set,
         validate,
     };
-    match search::search(&mut probe, set.len(), None, settings).await {
+    let suspects = super::hints::suspects(set, errors);
+    match search::search_with_suspects(&mut probe, set.len(), None, settings, &suspects).await {
         Outcome::Found {
             accepted,
             output,

@@ -6,12 +6,14 @@
 //! - [`changes`]: the changed set between the last good snapshots and the current
 //!   ones, per watched resource and object, and the snapshots with a subset of those
 //!   changes applied.
+//! - [`hints`]: a first guess at the culprits, from the values the error quotes.
 //! - [`engine`]: the search run against the real renderer and a validation step
 //!   passed in by the application, and the list of quarantined objects (held back
 //!   until they change again, released when they validate).
 
 pub mod changes;
 pub mod engine;
+pub mod hints;
 pub mod search;
 
 pub use changes::{Change, ChangeSet};
@@ -19,4 +21,4 @@ pub use engine::{
     Culprit, Entry, Failure, GaveUp, Isolated, LastGood, Quarantine, Settled, Validate,
     ValidateFuture, isolate,
 };
-pub use search::{Outcome, Probe, Rejection, Settings};
+pub use search::{Outcome, Probe, Rejection, Settings, search_with_suspects};

@@ -156,6 +156,35 @@ pub async fn search<P: Probe>(
     error: Option<P::Error>,
     settings: Settings,
 ) -> Outcome<P::Output, P::Error> {
+    search_with_suspects(probe, changes, error, settings, &[]).await
+}
+
+/// [`search`], starting from a guess: `suspects` are the changes the error most
+/// likely comes from (see [`super::hints`]). The first split puts every other change
+/// on the left, so a right guess of one culprit costs two probes (the others
+/// together, then the suspect alone for its own error) instead of about `log2(n)`;
+/// a wrong guess costs one probe more than no guess, after which the search goes on
+/// by halves. Suspects out of range, or a guess of half the changes or more, are
+/// ignored.
+pub async fn search_with_suspects<P: Probe>(
+    probe: &mut P,
+    changes: usize,
+    error: Option<P::Error>,
+    settings: Settings,
+    suspects: &[usize],
+) -> Outcome<P::Output, P::Error> {
+    let mut suspects: Vec<usize> = suspects.iter().copied().filter(|i| *i < changes).collect();
+    suspects.sort_unstable();
+    suspects.dedup();
+    if suspects.len() * 2 >= changes {
+        suspects.clear();
+    }
+    // The others first, then the suspects; the first split falls between them.
+    let mut first_split = (!suspects.is_empty()).then_some(changes - suspects.len());
+    let order: Vec<usize> = (0..changes)
+        .filter(|i| suspects.binary_search(i).is_err())
+        .chain(suspects.iter().copied())
+        .collect();
     let mut probes = 0;
     if changes == 0 {
         return Outcome::Rejected {
@@ -187,7 +216,7 @@ pub async fn search<P: Probe>(
     let mut accepted: Vec<usize> = Vec::new();
     let mut culprits: Vec<(usize, P::Error)> = Vec::new();
     let mut stack = vec![Task::Right {
-        items: (0..changes).collect(),
+        items: order,
         culprits_before: 0,
         error,
     }];
@@ -250,7 +279,7 @@ pub async fn search<P: Probe>(
             }
             continue;
         }
-        let mid = items.len() / 2;
+        let mid = first_split.take().unwrap_or(items.len() / 2);
         let (left, right) = items.split_at(mid);
         stack.push(Task::Right {
             items: right.to_vec(),

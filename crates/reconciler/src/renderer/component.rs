@@ -381,6 +381,11 @@ impl Guard {
                     max_probes: self.settings.max_validations,
                     baseline_valid: self.validated,
                 };
+                let errors: &[hapwright_eventbus::model::Diagnostic] = match &event.payload {
+                    EventPayload::TemplateRenderFailed(failed) => &failed.errors,
+                    EventPayload::ValidationFailed(failed) => &failed.errors,
+                    _ => &[],
+                };
                 let started = std::time::Instant::now();
                 let result = quarantine::isolate(
                     renderer,
@@ -388,6 +393,7 @@ impl Guard {
                     &set,
                     &self.settings.validate,
                     settings,
+                    errors,
                 )
                 .await;
                 match result {

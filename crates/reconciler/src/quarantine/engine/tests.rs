@@ -77,9 +77,16 @@ async fn fifty_good_changes_go_live_and_the_bad_one_keeps_its_last_good_version(
     let mut set = ChangeSet::between(&last_good, &current);
     let full = set.clone();
     assert_eq!(quarantine.hold_back(&mut set), 0);
-    let isolated = isolate(&renderer, &resources(&current), &set, &validate, SETTINGS)
-        .await
-        .expect("the culprit is isolated");
+    let isolated = isolate(
+        &renderer,
+        &resources(&current),
+        &set,
+        &validate,
+        SETTINGS,
+        &[],
+    )
+    .await
+    .expect("the culprit is isolated");
     let config = isolated.config.expect("a config for the accepted changes");
     for i in 0..50 {
         assert!(
@@ -168,6 +175,7 @@ async fn a_validation_failure_is_traced_to_its_object() {
         &set,
         &validate(runs),
         settings,
+        &[],
     )
     .await
     .expect("the culprit is isolated");
@@ -197,6 +205,7 @@ async fn a_broken_template_gives_up_after_one_render() {
         &set,
         &validate(runs.clone()),
         settings,
+        &[],
     )
     .await
     .expect_err("no quarantine for a template bug");
@@ -228,9 +237,48 @@ async fn a_failing_validation_tool_gives_up_at_once() {
         })
     });
     let set = ChangeSet::between(&last_good, &current);
-    let gave_up = isolate(&renderer, &resources(&current), &set, &validate, SETTINGS)
-        .await
-        .expect_err("a tool failure is not the objects' fault");
+    let gave_up = isolate(
+        &renderer,
+        &resources(&current),
+        &set,
+        &validate,
+        SETTINGS,
+        &[],
+    )
+    .await
+    .expect_err("a tool failure is not the objects' fault");
     assert_eq!(gave_up.reason, Rejection::ToolFailure);
     assert_eq!(gave_up.probes, 1);
+}
+
+#[tokio::test]
+async fn an_error_that_quotes_the_bad_value_isolates_it_in_two_probes() {
+    let renderer = renderer(TEMPLATE);
+    let last_good = services(&names(0..51, |i| 1000 + i as i64));
+    // 50 good changes and one HAProxy refuses (s17's port becomes 666).
+    let current = services(&names(
+        0..51,
+        |i| if i == 17 { 666 } else { 2000 + i as i64 },
+    ));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let set = ChangeSet::between(&last_good, &current);
+    let errors = [Diagnostic::error("port 666 is cursed")];
+    let isolated = isolate(
+        &renderer,
+        &resources(&current),
+        &set,
+        &validate(runs.clone()),
+        SETTINGS,
+        &errors,
+    )
+    .await
+    .expect("the culprit is isolated");
+    assert_eq!(isolated.accepted, 50);
+    let [culprit] = &isolated.culprits[..] else {
+        panic!("one culprit: {:?}", isolated.culprits);
+    };
+    assert_eq!(culprit.key, ObjectKey::new("default", "s17"));
+    // The other 50 together, then s17 alone for its own error.
+    assert_eq!(isolated.probes, 2);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
 }

@@ -298,3 +298,70 @@ fn random_culprits_and_interactions_always_deploy_a_valid_maximal_set() {
     }
     assert!(found > 500, "only {found} searches found culprits");
 }
+
+#[test]
+fn suspects_change_the_probes_never_the_result() {
+    // Random culprits and random guesses (right, wrong, partly right): the outcome
+    // is the same as without a guess; a right guess of one culprit costs two probes.
+    let mut rng = XorShift(0x5eed_cafe);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    for case in 0..2_000 {
+        let changes = 2 + rng.below(60);
+        let bad: BTreeSet<usize> = (0..1 + rng.below(3)).map(|_| rng.below(changes)).collect();
+        let suspects: Vec<usize> = match case % 3 {
+            0 => bad.iter().copied().collect(),
+            1 => (0..1 + rng.below(3)).map(|_| rng.below(changes)).collect(),
+            _ => Vec::new(),
+        };
+        let mut plain = Fake {
+            bad: bad.clone(),
+            ..Fake::default()
+        };
+        let mut guided = plain.clone();
+        let expected = runtime.block_on(search(&mut plain, changes, None, BOUNDED));
+        let got = runtime.block_on(search_with_suspects(
+            &mut guided,
+            changes,
+            None,
+            BOUNDED,
+            &suspects,
+        ));
+        match (&expected, &got) {
+            (
+                Outcome::Found {
+                    accepted: a,
+                    culprits: c,
+                    ..
+                },
+                Outcome::Found {
+                    accepted: b,
+                    culprits: d,
+                    probes,
+                    ..
+                },
+            ) => {
+                assert_eq!(a, b, "case {case}: accepted");
+                let c: Vec<usize> = c.iter().map(|(i, _)| *i).collect();
+                let d: Vec<usize> = d.iter().map(|(i, _)| *i).collect();
+                assert_eq!(c, d, "case {case}: culprits");
+                if bad.len() == 1 && suspects == bad.iter().copied().collect::<Vec<_>>() {
+                    assert_eq!(*probes, 2, "case {case}: a right guess");
+                }
+            }
+            (Outcome::Rejected { reason: r, .. }, Outcome::Rejected { reason: s, .. }) => {
+                // The bound may be hit at different points; both give up.
+                assert!(
+                    r == s || *r == Rejection::BoundReached || *s == Rejection::BoundReached,
+                    "case {case}: {r:?} vs {s:?}"
+                );
+            }
+            (Outcome::Found { .. }, Outcome::Rejected { reason, .. })
+            | (Outcome::Rejected { reason, .. }, Outcome::Found { .. }) => {
+                // Only the bound may differ between the two orders.
+                assert_eq!(*reason, Rejection::BoundReached, "case {case}");
+            }
+        }
+    }
+}
