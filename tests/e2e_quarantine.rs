@@ -61,6 +61,16 @@ fn fifty_good_changes_go_live_and_the_bad_object_keeps_its_last_good_state() {
     let (_, events) = controller.status_get("/debug/events?limit=1000");
     assert!(events.contains("QuarantineSearched"), "{events}");
     assert!(events.contains("300.1.2.3"), "HAProxy's message: {events}");
+    // The error quotes the bad address, so the first guess is right: the other 50
+    // together, then svc-50 alone.
+    let mut searches = Vec::new();
+    search_probes(&controller.json("/debug/events?limit=1000"), &mut searches);
+    assert!(
+        searches
+            .iter()
+            .any(|(probes, gave_up)| gave_up.is_empty() && *probes == 2),
+        "{searches:?}"
+    );
 
     // Fixing it releases it.
     controller.write_resource("many.yaml", &manifests(|_| ports.api, None));
