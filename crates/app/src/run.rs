@@ -125,6 +125,8 @@ struct Process {
     deployed: LastDeployedStore,
     /// The last validated snapshots, for the quarantine search after a reload.
     last_good: quarantine::LastGood,
+    /// What the safety valve measures against, across reloads.
+    safety: hapwright_deployer::safety::Memory,
     managed: ManagedHaproxy,
     /// The Kubernetes client, built on first use and shared by every iteration.
     kube: ClientFactory,
@@ -152,6 +154,7 @@ impl Process {
             store: StatusStore::default(),
             deployed: LastDeployedStore::new(),
             last_good: quarantine::LastGood::new(),
+            safety: hapwright_deployer::safety::Memory::new(),
             managed: ManagedHaproxy::new(loaded.config.haproxy.binary.clone()),
             kube: kube.clone(),
             leader: if election.enabled {
@@ -285,15 +288,18 @@ impl Iteration {
         ));
         let timings = config.controller.deploy_timings();
         let instances = build::socket_instances(config);
-        kernel.register(Scheduler::new(
-            scheduler::Config::from(&timings),
-            config
-                .haproxy
-                .instances
-                .iter()
-                .map(|i| i.name.clone())
-                .collect(),
-        ));
+        kernel.register(
+            Scheduler::new(
+                scheduler::Config::from(&timings),
+                config
+                    .haproxy
+                    .instances
+                    .iter()
+                    .map(|i| i.name.clone())
+                    .collect(),
+            )
+            .with_safety(config.controller.safety.clone(), process.safety.clone()),
+        );
         let dataplane = config
             .haproxy
             .instances
@@ -616,6 +622,9 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
             Ok(iteration) => iteration,
             Err(error) => break Err(error),
         };
+        state
+            .approve
+            .set_publisher(iteration.kernel.bus().publisher());
 
         // Wait for a valid replacement or a shutdown; invalid ones leave this running.
         let next = loop {

@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use hapwright_deployer::config as deployer;
+use hapwright_deployer::safety as deployer_safety;
 use hapwright_eventbus::config::{ConfigIssue, Duration};
 use hapwright_eventbus::model::{ContentHash, Diagnostic, SourceLocation};
 use hapwright_reconciler::config as reconciler;
@@ -156,6 +157,10 @@ pub struct Controller {
     /// When a change fails to render or validate, find the objects that cause it
     /// and let the rest of the change go live.
     pub quarantine: Quarantine,
+    /// A change that would remove more than a share of the running backends,
+    /// servers or map entries is held instead of deployed (an emptied source must
+    /// not take every route down).
+    pub safety: deployer_safety::Config,
 }
 
 /// The `controller.quarantine` section: how hard hapwright looks for the objects
@@ -367,6 +372,7 @@ impl Default for Controller {
             allowed_hosts: Vec::new(),
             lifecycle_api: true,
             quarantine: Quarantine::default(),
+            safety: deployer_safety::Config::default(),
         }
     }
 }
@@ -438,6 +444,12 @@ impl Controller {
                 .map(|i| i.under("leaderElection")),
         );
         issues.extend(self.http.validate().into_iter().map(|i| i.under("http")));
+        issues.extend(
+            self.safety
+                .validate()
+                .into_iter()
+                .map(|i| i.under("safety")),
+        );
         for (index, host) in self.allowed_hosts.iter().enumerate() {
             if !is_host_name(host) {
                 issues.push(ConfigIssue::new(
