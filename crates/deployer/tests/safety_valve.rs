@@ -178,7 +178,10 @@ async fn a_large_drop_is_held_until_it_has_lasted_confirm_after() {
     let out = h.deployed().await;
     assert_eq!(out.hash(), empty.hash());
     let released = h.released().await;
-    assert_eq!((released.hash, released.reason), (empty.hash(), "confirmed"));
+    assert_eq!(
+        (released.hash, released.reason),
+        (empty.hash(), "confirmed")
+    );
     assert_eq!(h.scheduler_health().0, HealthState::Healthy);
 
     // The emptied config is the new baseline: a later one is measured against it.
@@ -226,7 +229,10 @@ async fn sources_coming_back_drop_the_hold() {
     // deploying since the instances run it.
     h.validated(&running);
     let released = h.released().await;
-    assert_eq!((released.hash, released.reason), (running.hash(), "recovered"));
+    assert_eq!(
+        (released.hash, released.reason),
+        (running.hash(), "recovered")
+    );
     assert_eq!(h.scheduler_health().0, HealthState::Healthy);
     h.nothing_deployed_within(Duration::from_secs(400)).await;
 

@@ -1109,3 +1109,55 @@ templateSnippets:
         );
     }
 }
+
+#[cfg(test)]
+mod safety_tests {
+    use super::leader_election_tests::parse_controller;
+    use super::*;
+    use hapwright_deployer::safety::MaxRemoval;
+
+    #[test]
+    fn safety_keys_load_with_defaults_and_off() {
+        let defaults = parse_controller("  logLevel: info\n").unwrap();
+        assert_eq!(
+            defaults.controller.safety.max_removal,
+            MaxRemoval::Percent(50)
+        );
+        assert_eq!(
+            defaults.controller.safety.confirm_after,
+            Duration::from_secs(300)
+        );
+        let config =
+            parse_controller("  safety: { maxRemoval: 30%, confirmAfter: 10m }\n").unwrap();
+        assert_eq!(
+            config.controller.safety.max_removal,
+            MaxRemoval::Percent(30)
+        );
+        assert_eq!(
+            config.controller.safety.confirm_after,
+            Duration::from_secs(600)
+        );
+        let off = parse_controller("  safety: { maxRemoval: off }\n").unwrap();
+        assert_eq!(off.controller.safety.max_removal, MaxRemoval::Off);
+    }
+
+    #[test]
+    fn bad_safety_keys_are_located() {
+        let errors = parse_controller("  safety:\n    maxRemoval: 150%\n").unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].contains("hapwright.yaml:4:")
+                && errors[0].contains("controller.safety.maxRemoval")
+                && errors[0].contains("a percentage from 0% to 100%"),
+            "{errors:?}"
+        );
+        let errors = parse_controller("  safety:\n    confirmAfter: 0s\n").unwrap_err();
+        assert!(
+            errors[0].contains("hapwright.yaml:4:")
+                && errors[0].contains("controller.safety.confirmAfter"),
+            "{errors:?}"
+        );
+        let errors = parse_controller("  safety:\n    maxRemovel: 20%\n").unwrap_err();
+        assert!(errors[0].contains("maxRemovel"), "{errors:?}");
+    }
+}
