@@ -55,7 +55,10 @@ fn an_emptied_directory_is_held_until_the_files_return_or_an_approval() {
         "would remove 1 of 2 backends (50%), 1 of 1 servers (100%), 1 of 1 map entries (100%)",
         "{safety}"
     );
-    assert_eq!(safety["hold"]["removal"]["removedBackends"][0], "be_default_web");
+    assert_eq!(
+        safety["hold"]["removal"]["removedBackends"][0],
+        "be_default_web"
+    );
     // The running config keeps serving, and everything says why.
     assert_eq!(controller.body("web.example.test"), web);
     let (health, reason) = scheduler_health(&controller);

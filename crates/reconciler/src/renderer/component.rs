@@ -354,6 +354,7 @@ impl Guard {
                     let settled = self.quarantine.settle(&full, &[], SystemTime::now());
                     if !settled.released.is_empty() {
                         log_released(&settled.released);
+                        report_health(ctx, Some(self));
                         ctx.publisher().reply(
                             event,
                             QuarantineSearched {
