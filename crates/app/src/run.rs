@@ -45,7 +45,7 @@ use hapwright_watchers::config::Source;
 use hapwright_watchers::files::FilesSource;
 use hapwright_watchers::kubernetes::{
     ClientFactory, DiscoveryConfig, DiscoveryMetrics, KubernetesSource, LeaderElection,
-    LeaderElectionConfig, LeaderMetrics, PodDiscovery, Restriction,
+    LeaderElectionConfig, LeaderMetrics, PodDiscovery, QuarantineEvents, Restriction, WatchedKind,
 };
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 use tokio::signal::unix::{SignalKind, signal};
@@ -282,6 +282,30 @@ impl Iteration {
             });
         }
         kernel.register(renderer);
+        // Kubernetes Events on quarantined objects of Kubernetes sources.
+        let kubernetes_kinds: Vec<(std::sync::Arc<str>, WatchedKind)> = config
+            .watched_resources
+            .resources
+            .iter()
+            .filter_map(|(name, resource)| match resource.source() {
+                Some(Source::Kubernetes(kubernetes)) => Some((
+                    std::sync::Arc::from(name.as_str()),
+                    WatchedKind {
+                        api_version: kubernetes.api_version.clone(),
+                        kind: kubernetes.kind.clone(),
+                    },
+                )),
+                _ => None,
+            })
+            .collect();
+        if quarantine > 0 && !kubernetes_kinds.is_empty() {
+            let mut events = QuarantineEvents::new(process.kube.clone(), kubernetes_kinds)
+                .with_instance(LeaderElectionConfig::identity_from_environment());
+            if let Some(leader) = process.leadership() {
+                events = events.with_leadership(leader);
+            }
+            kernel.register(events);
+        }
         kernel.register(Validator::new(
             build::validator_config(config),
             process.validator_metrics.clone(),
