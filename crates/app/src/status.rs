@@ -58,7 +58,7 @@ pub struct SafetyHold {
 pub struct SafetyRelease {
     /// The config that went out.
     pub hash: ContentHash,
-    /// `confirmed`, `approved` or `recovered`.
+    /// `confirmed`, `approved`, `recovered` or `disabled`.
     pub reason: &'static str,
     /// When (seconds since the Unix epoch).
     pub at: f64,
@@ -883,8 +883,11 @@ impl StatusMetrics {
     /// deprecated former name `hapwright_resources{source}`),
     /// `hapwright_reconciliations_total{result}`,
     /// `hapwright_reconciliation_duration_seconds`,
-    /// `hapwright_render_duration_seconds` and
-    /// `hapwright_render_fragments_total{result}`.
+    /// `hapwright_render_duration_seconds`,
+    /// `hapwright_render_fragments_total{result}`, `hapwright_quarantined_objects`
+    /// and the safety valve's `hapwright_safety_valve_held`,
+    /// `hapwright_safety_valve_holds_total` and
+    /// `hapwright_safety_valve_releases_total{reason}`.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let buckets = vec![
             0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -969,14 +972,15 @@ impl StatusMetrics {
             Opts::new(
                 "hapwright_safety_valve_releases_total",
                 "Holds of the safety valve that ended, by how: confirmed (the drop lasted \
-                 confirmAfter), approved (POST /-/approve) or recovered (the sources came back).",
+                 confirmAfter), approved (POST /-/approve), recovered (the sources came back) \
+                 or disabled (a config reload turned the valve off).",
             ),
             &["reason"],
         )?;
         registry.register(Box::new(safety_held.clone()))?;
         registry.register(Box::new(safety_holds.clone()))?;
         registry.register(Box::new(safety_releases.clone()))?;
-        for reason in ["confirmed", "approved", "recovered"] {
+        for reason in ["confirmed", "approved", "recovered", "disabled"] {
             safety_releases.with_label_values(&[reason]);
         }
         Ok(Self {

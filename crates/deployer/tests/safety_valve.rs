@@ -283,3 +283,22 @@ async fn the_baseline_and_the_hold_survive_a_new_scheduler() {
     assert_eq!(h.deployed().await.hash(), config(0).hash());
     h.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn turning_the_valve_off_ends_a_hold_from_before_the_reload() {
+    let memory = Memory::new();
+    let mut h = start(settings(MaxRemoval::Percent(50)), memory.clone());
+    h.validated(&config(4));
+    h.deployed().await;
+    h.validated(&config(0));
+    h.held().await;
+    h.stop().await;
+
+    let mut h = start(settings(MaxRemoval::Off), memory);
+    h.validated(&config(0));
+    assert_eq!(h.deployed().await.hash(), config(0).hash());
+    let released = h.released().await;
+    assert_eq!(released.reason, "disabled");
+    assert_eq!(h.scheduler_health().0, HealthState::Healthy);
+    h.stop().await;
+}

@@ -554,12 +554,13 @@ catalogue! {
         release_at: std::time::SystemTime,
     }
     /// The safety valve stopped holding: the held render went out (`confirmed`: the
-    /// drop persisted for `confirmAfter`; `approved`: `POST /-/approve`), or a later
-    /// render under the threshold replaced it (`recovered`).
+    /// drop persisted for `confirmAfter`; `approved`: `POST /-/approve`), a later
+    /// render under the threshold replaced it (`recovered`), or a controller config
+    /// reload turned the valve off (`disabled`).
     SafetyValveReleased {
         /// Hash of the config that goes out now.
         hash: ContentHash,
-        /// `confirmed`, `approved` or `recovered`.
+        /// `confirmed`, `approved`, `recovered` or `disabled`.
         reason: &'static str,
     }
     /// An operator approved the change the safety valve holds (`POST /-/approve`).

@@ -21,7 +21,9 @@
 //! - a later config under the threshold arrives (`recovered`: it goes out instead),
 //! - the drop has lasted `confirmAfter` since the first held config (`confirmed`:
 //!   the newest held config goes out),
-//! - `SafetyValveApproved` arrives (`approved`: the held config goes out).
+//! - `SafetyValveApproved` arrives (`approved`: the held config goes out),
+//! - the valve was turned off by a controller config reload (`disabled`: the next
+//!   config goes out).
 //!
 //! The first config is never held: nothing runs that it could remove.
 
@@ -101,13 +103,12 @@ impl Scheduler {
     /// Turns the safety valve on (unless `config.max_removal` is off): a config that
     /// would remove too much of what the last released one serves is held (see the
     /// [module docs](self)). `memory` outlives the scheduler, so the config released
-    /// before a controller config reload is still the baseline after it.
+    /// before a controller config reload is still the baseline after it; with the
+    /// valve off the baseline is still kept, and a hold from before the reload ends
+    /// (`disabled`).
     #[must_use]
     pub fn with_safety(mut self, config: safety::Config, memory: safety::Memory) -> Self {
-        self.valve = config
-            .max_removal
-            .is_on()
-            .then_some(Valve { config, memory });
+        self.valve = Some(Valve { config, memory });
         self
     }
 }
@@ -215,15 +216,21 @@ impl State {
         let was_held = self.hold.take().is_some() || valve.memory.held_since().is_some();
         valve.memory.set_baseline(footprint);
         if was_held {
+            let reason = if valve.config.max_removal.is_on() {
+                "recovered"
+            } else {
+                "disabled"
+            };
             tracing::info!(
                 hash = %pending.config.hash().short(),
+                reason,
                 "Safety valve released: a new config is within maxRemoval"
             );
             ctx.publisher().reply(
                 &pending.cause,
                 SafetyValveReleased {
                     hash: pending.config.hash(),
-                    reason: "recovered",
+                    reason,
                 },
             );
             ctx.health().healthy();
