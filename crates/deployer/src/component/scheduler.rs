@@ -224,7 +224,7 @@ impl State {
             tracing::info!(
                 hash = %pending.config.hash().short(),
                 reason,
-                "Safety valve released: a new config is within maxRemoval"
+                "Safety valve released: a new config replaces the held one"
             );
             ctx.publisher().reply(
                 &pending.cause,
