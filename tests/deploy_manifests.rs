@@ -522,6 +522,23 @@ fn check_rbac(docs: &[Doc]) -> Vec<String> {
                 }
             }
         }
+        let quarantine_off = embedded
+            .config
+            .pointer("/controller/quarantine/maxValidations")
+            .and_then(Value::as_u64)
+            == Some(0);
+        let kubernetes_sources = embedded.config["watchedResources"]
+            .as_object()
+            .is_some_and(|all| all.values().any(|r| r.get("kubernetes").is_some()));
+        if kubernetes_sources
+            && !quarantine_off
+            && !grants.allow(None, "events.k8s.io", "events", &["create", "patch"])
+        {
+            problems.push(format!(
+                "{at}: may not create/patch events.events.k8s.io in all namespaces \
+                 (Events on quarantined objects)"
+            ));
+        }
         if let Some(discovery) = embedded.config.pointer("/haproxy/discovery/kubernetes") {
             let ns = discovery["namespace"].as_str();
             if !grants.allow(ns, "", "pods", &["list", "watch"]) {

@@ -588,11 +588,16 @@ impl Controller {
             .unwrap_or_else(|e| self.fail(&format!("GET {path}: {e}")))
     }
 
-    /// `POST` on the controller's listener, with the header the lifecycle endpoints
-    /// require (`X-Hapwright-Reload: 1`): status and body.
+    /// `POST` on the controller's listener, with the headers the lifecycle endpoints
+    /// require (`X-Hapwright-Reload: 1` for `/-/reload`, `X-Hapwright-Approve: 1`
+    /// for `/-/approve`): status and body.
     pub fn status_post(&self, path: &str) -> (u16, String) {
         let url = format!("http://127.0.0.1:{}{path}", self.ports.status);
-        let request = self.client.post(url).header("X-Hapwright-Reload", "1");
+        let request = self
+            .client
+            .post(url)
+            .header("X-Hapwright-Reload", "1")
+            .header("X-Hapwright-Approve", "1");
         let result = request.send().and_then(|r| {
             let status = r.status().as_u16();
             Ok((status, r.text()?))

@@ -17,7 +17,9 @@
 //! - `POST /-/reload` needs the [`RELOAD_HEADER`] (a web page cannot send a custom
 //!   header cross-origin without a CORS preflight, which hapwright never approves),
 //!   acts at most once per `controller.http.reloadInterval` (429 otherwise), and
-//!   reports whether the config was unchanged, rejected or is being switched to.
+//!   reports whether the config was unchanged, rejected or is being switched to;
+//! - `POST /-/approve` (release a change the safety valve holds) follows the same
+//!   rules with the [`APPROVE_HEADER`] and its own rate-limit window.
 
 pub mod server;
 
@@ -33,7 +35,7 @@ use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use hapwright_eventbus::model::{ContentHash, FileKind, StoredObject};
-use hapwright_eventbus::{CorrelationId, ReloadSource};
+use hapwright_eventbus::{CorrelationId, Publisher, ReloadSource, SafetyValveApproved};
 use prometheus::{Encoder, Registry, TextEncoder};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -51,6 +53,10 @@ use crate::status::{EVENT_RING, Liveness, Readiness, StatusStore};
 /// A custom header makes the request non-simple in CORS terms, so a plain form
 /// POST from a web page on the same host cannot trigger a reload.
 pub const RELOAD_HEADER: &str = "x-hapwright-reload";
+
+/// The request header `POST /-/approve` requires (any non-empty value; send `1`),
+/// for the same reason as [`RELOAD_HEADER`].
+pub const APPROVE_HEADER: &str = "x-hapwright-approve";
 
 /// How long `POST /-/reload` waits for the reinit loop's verdict before answering
 /// that the request was queued with an unknown outcome.
@@ -93,12 +99,39 @@ impl ReloadRequest {
     }
 }
 
+/// Lets one request through per window: the rate limit of the lifecycle endpoints.
+#[derive(Clone, Debug, Default)]
+struct RateLimit {
+    /// When the last request was let through.
+    last: Arc<Mutex<Option<tokio::time::Instant>>>,
+}
+
+impl RateLimit {
+    /// Lets a request through if none was within `interval`; otherwise how long to
+    /// wait.
+    fn admit(&self, interval: Duration) -> Result<(), Duration> {
+        let now = tokio::time::Instant::now();
+        let mut last = self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(at) = *last {
+            let next = at + interval;
+            if now < next {
+                return Err(next - now);
+            }
+        }
+        *last = Some(now);
+        Ok(())
+    }
+}
+
 /// Asks the reinit loop to reload the controller configuration.
 #[derive(Clone, Debug)]
 pub struct ReloadHandle {
     sender: mpsc::Sender<ReloadRequest>,
-    /// When the last HTTP reload was let through, for the rate limit.
-    last_http: Arc<Mutex<Option<tokio::time::Instant>>>,
+    /// The rate limit of HTTP reloads.
+    limit: RateLimit,
 }
 
 /// Why an HTTP reload request was not passed on.
@@ -117,7 +150,7 @@ impl ReloadHandle {
         (
             Self {
                 sender,
-                last_http: Arc::new(Mutex::new(None)),
+                limit: RateLimit::default(),
             },
             receiver,
         )
@@ -137,20 +170,9 @@ impl ReloadHandle {
         source: ReloadSource,
         interval: Duration,
     ) -> Result<Option<ReloadOutcome>, ReloadRefused> {
-        {
-            let now = tokio::time::Instant::now();
-            let mut last = self
-                .last_http
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(at) = *last {
-                let next = at + interval;
-                if now < next {
-                    return Err(ReloadRefused::RateLimited(next - now));
-                }
-            }
-            *last = Some(now);
-        }
+        self.limit
+            .admit(interval)
+            .map_err(ReloadRefused::RateLimited)?;
         let (reply, answer) = oneshot::channel();
         self.sender
             .try_send(ReloadRequest {
@@ -166,6 +188,47 @@ impl ReloadHandle {
     }
 }
 
+/// Passes `POST /-/approve` on to the running controller iteration's bus, where the
+/// scheduler releases the change its safety valve holds.
+#[derive(Clone, Default)]
+pub struct ApproveHandle {
+    publisher: Arc<Mutex<Option<Publisher>>>,
+    limit: RateLimit,
+}
+
+impl std::fmt::Debug for ApproveHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApproveHandle").finish_non_exhaustive()
+    }
+}
+
+impl ApproveHandle {
+    /// Points approvals at the bus of the iteration that runs now.
+    pub fn set_publisher(&self, publisher: Publisher) {
+        *self
+            .publisher
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(publisher);
+    }
+
+    /// Publishes an approval for the held config `hash`; false when no iteration
+    /// runs.
+    fn approve(&self, hash: Option<ContentHash>) -> bool {
+        let publisher = self
+            .publisher
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        match publisher {
+            Some(publisher) => {
+                publisher.publish(SafetyValveApproved { hash });
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// The parts of the config the handlers enforce per request. They change with the
 /// config while the listeners stay bound.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -173,9 +236,10 @@ pub struct Policy {
     /// Host names besides the loopback ones that the guarded endpoints answer to,
     /// lowercase.
     pub allowed_hosts: Vec<String>,
-    /// Whether `POST /-/reload` exists.
+    /// Whether `POST /-/reload` and `POST /-/approve` exist.
     pub lifecycle_api: bool,
-    /// `POST /-/reload` acts at most once per this window.
+    /// `POST /-/reload` (and, separately, `POST /-/approve`) acts at most once per
+    /// this window.
     pub reload_interval: Duration,
 }
 
@@ -231,6 +295,8 @@ pub struct HttpState {
     pub registry: Registry,
     /// Where `POST /-/reload` goes.
     pub reload: ReloadHandle,
+    /// Where `POST /-/approve` goes.
+    pub approve: ApproveHandle,
     /// Host allow-list and lifecycle settings of the running config.
     pub policy: Arc<ArcSwap<Policy>>,
 }
@@ -242,6 +308,7 @@ impl HttpState {
             store,
             registry,
             reload,
+            approve: ApproveHandle::default(),
             policy: Arc::new(ArcSwap::from_pointee(Policy::default())),
         }
     }
@@ -252,6 +319,7 @@ pub fn router(state: HttpState) -> Router {
     let guarded = Router::new()
         .route("/", get(status_page))
         .route("/-/reload", post(reload))
+        .route("/-/approve", post(approve))
         .route("/debug/components", get(debug_components))
         .route("/debug/events", get(debug_events))
         .route("/debug/config", get(debug_config))
@@ -259,6 +327,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/debug/resources/{name}", get(debug_resources))
         .route("/debug/instances", get(debug_instances))
         .route("/debug/quarantine", get(debug_quarantine))
+        .route("/debug/safety", get(debug_safety))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_known_host,
@@ -426,26 +495,73 @@ async fn readyz(State(state): State<HttpState>) -> Response {
     }
 }
 
+/// The checks every `/-/*` endpoint makes before acting: the lifecycle API is on
+/// (404 otherwise) and the request carries the endpoint's custom header (403
+/// otherwise). `header` is the lowercase name, `shown` how the error spells it.
+fn lifecycle_refusal(
+    policy: &Policy,
+    headers: &HeaderMap,
+    header: &str,
+    shown: &str,
+    endpoint: &str,
+    purpose: &str,
+) -> Option<Response> {
+    if !policy.lifecycle_api {
+        return Some(
+            (
+                StatusCode::NOT_FOUND,
+                axum::Json(json!({
+                    "error": "the lifecycle API is off (controller.lifecycleApi: false)",
+                })),
+            )
+                .into_response(),
+        );
+    }
+    if headers.get(header).is_none_or(|v| v.is_empty()) {
+        return Some(
+            (
+                StatusCode::FORBIDDEN,
+                axum::Json(json!({
+                    "error": format!(
+                        "POST {endpoint} needs the header `{shown}: 1` (this keeps web pages \
+                         from {purpose})"
+                    ),
+                })),
+            )
+                .into_response(),
+        );
+    }
+    None
+}
+
+/// The 429 answer of a rate-limited lifecycle request.
+fn rate_limited(wait: Duration, what: &str, interval: Duration) -> Response {
+    let seconds = wait.as_secs_f64().ceil().max(1.0) as u64;
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, seconds.to_string())],
+        axum::Json(json!({
+            "status": "rate-limited",
+            "detail": format!(
+                "one {what} per controller.http.reloadInterval ({interval:?}); retry in {seconds}s"
+            ),
+            "retryAfterSeconds": seconds,
+        })),
+    )
+        .into_response()
+}
+
 async fn reload(State(state): State<HttpState>, headers: HeaderMap) -> Response {
     let policy = state.policy.load();
-    if !policy.lifecycle_api {
-        return (
-            StatusCode::NOT_FOUND,
-            axum::Json(json!({
-                "error": "the lifecycle API is off (controller.lifecycleApi: false)",
-            })),
-        )
-            .into_response();
-    }
-    if headers.get(RELOAD_HEADER).is_none_or(|v| v.is_empty()) {
-        return (
-            StatusCode::FORBIDDEN,
-            axum::Json(json!({
-                "error": "POST /-/reload needs the header `X-Hapwright-Reload: 1` \
-                          (this keeps web pages from triggering reloads)",
-            })),
-        )
-            .into_response();
+    if let Some(refusal) = lifecycle_refusal(
+        &policy,
+        &headers,
+        RELOAD_HEADER,
+        "X-Hapwright-Reload",
+        "/-/reload",
+        "triggering reloads",
+    ) {
+        return refusal;
     }
     let json = |status: StatusCode, body: Value| (status, axum::Json(body)).into_response();
     match state
@@ -470,25 +586,54 @@ async fn reload(State(state): State<HttpState>, headers: HeaderMap) -> Response 
             json!({"status": "requested", "detail": "the reload is queued; its outcome is not known yet (see /debug/config)"}),
         ),
         Err(ReloadRefused::RateLimited(wait)) => {
-            let seconds = wait.as_secs_f64().ceil().max(1.0) as u64;
-            (
-                StatusCode::TOO_MANY_REQUESTS,
-                [(header::RETRY_AFTER, seconds.to_string())],
-                axum::Json(json!({
-                    "status": "rate-limited",
-                    "detail": format!(
-                        "one reload per controller.http.reloadInterval ({:?}); retry in {seconds}s",
-                        policy.reload_interval
-                    ),
-                    "retryAfterSeconds": seconds,
-                })),
-            )
-                .into_response()
+            rate_limited(wait, "reload", policy.reload_interval)
         }
         Err(ReloadRefused::Unavailable) => json(
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"status": "unavailable", "detail": "the controller is not taking reload requests (shutting down or busy)"}),
         ),
+    }
+}
+
+/// `POST /-/approve`: releases the change the safety valve holds. 200 with
+/// `nothing-held` when nothing is held (nothing happens), 202 `approved` when the
+/// approval went to the scheduler.
+async fn approve(State(state): State<HttpState>, headers: HeaderMap) -> Response {
+    let policy = state.policy.load();
+    if let Some(refusal) = lifecycle_refusal(
+        &policy,
+        &headers,
+        APPROVE_HEADER,
+        "X-Hapwright-Approve",
+        "/-/approve",
+        "approving held changes",
+    ) {
+        return refusal;
+    }
+    let json = |status: StatusCode, body: Value| (status, axum::Json(body)).into_response();
+    let Some(hold) = state.store.safety_hold() else {
+        return json(
+            StatusCode::OK,
+            json!({"status": "nothing-held", "detail": "the safety valve holds no change; nothing was done"}),
+        );
+    };
+    if let Err(wait) = state.approve.limit.admit(policy.reload_interval) {
+        return rate_limited(wait, "approval", policy.reload_interval);
+    }
+    if state.approve.approve(Some(hold.hash)) {
+        json(
+            StatusCode::ACCEPTED,
+            json!({
+                "status": "approved",
+                "detail": format!("the held change goes out now: it {}", hold.removal),
+                "hash": hold.hash,
+            }),
+        )
+    } else {
+        json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "unavailable", "detail": "the controller is not running an iteration (starting or shutting down)"}),
+        )
     }
 }
 
@@ -610,6 +755,15 @@ async fn debug_instances(State(state): State<HttpState>) -> axum::Json<Value> {
 async fn debug_quarantine(State(state): State<HttpState>) -> axum::Json<Value> {
     let objects = state.store.quarantine();
     axum::Json(json!({"count": objects.len(), "objects": objects}))
+}
+
+async fn debug_safety(State(state): State<HttpState>) -> axum::Json<Value> {
+    let hold = state.store.safety_hold();
+    axum::Json(json!({
+        "held": hold.is_some(),
+        "hold": hold,
+        "lastRelease": state.store.safety_release(),
+    }))
 }
 
 async fn status_page(State(state): State<HttpState>) -> Response {

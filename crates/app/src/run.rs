@@ -45,7 +45,7 @@ use hapwright_watchers::config::Source;
 use hapwright_watchers::files::FilesSource;
 use hapwright_watchers::kubernetes::{
     ClientFactory, DiscoveryConfig, DiscoveryMetrics, KubernetesSource, LeaderElection,
-    LeaderElectionConfig, LeaderMetrics, PodDiscovery, Restriction,
+    LeaderElectionConfig, LeaderMetrics, PodDiscovery, QuarantineEvents, Restriction, WatchedKind,
 };
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 use tokio::signal::unix::{SignalKind, signal};
@@ -125,6 +125,8 @@ struct Process {
     deployed: LastDeployedStore,
     /// The last validated snapshots, for the quarantine search after a reload.
     last_good: quarantine::LastGood,
+    /// What the safety valve measures against, across reloads.
+    safety: hapwright_deployer::safety::Memory,
     managed: ManagedHaproxy,
     /// The Kubernetes client, built on first use and shared by every iteration.
     kube: ClientFactory,
@@ -152,6 +154,7 @@ impl Process {
             store: StatusStore::default(),
             deployed: LastDeployedStore::new(),
             last_good: quarantine::LastGood::new(),
+            safety: hapwright_deployer::safety::Memory::new(),
             managed: ManagedHaproxy::new(loaded.config.haproxy.binary.clone()),
             kube: kube.clone(),
             leader: if election.enabled {
@@ -279,21 +282,48 @@ impl Iteration {
             });
         }
         kernel.register(renderer);
+        // Kubernetes Events on quarantined objects of Kubernetes sources.
+        let kubernetes_kinds: Vec<(std::sync::Arc<str>, WatchedKind)> = config
+            .watched_resources
+            .resources
+            .iter()
+            .filter_map(|(name, resource)| match resource.source() {
+                Some(Source::Kubernetes(kubernetes)) => Some((
+                    std::sync::Arc::from(name.as_str()),
+                    WatchedKind {
+                        api_version: kubernetes.api_version.clone(),
+                        kind: kubernetes.kind.clone(),
+                    },
+                )),
+                _ => None,
+            })
+            .collect();
+        if quarantine > 0 && !kubernetes_kinds.is_empty() {
+            let mut events = QuarantineEvents::new(process.kube.clone(), kubernetes_kinds)
+                .with_instance(LeaderElectionConfig::identity_from_environment());
+            if let Some(leader) = process.leadership() {
+                events = events.with_leadership(leader);
+            }
+            kernel.register(events);
+        }
         kernel.register(Validator::new(
             build::validator_config(config),
             process.validator_metrics.clone(),
         ));
         let timings = config.controller.deploy_timings();
         let instances = build::socket_instances(config);
-        kernel.register(Scheduler::new(
-            scheduler::Config::from(&timings),
-            config
-                .haproxy
-                .instances
-                .iter()
-                .map(|i| i.name.clone())
-                .collect(),
-        ));
+        kernel.register(
+            Scheduler::new(
+                scheduler::Config::from(&timings),
+                config
+                    .haproxy
+                    .instances
+                    .iter()
+                    .map(|i| i.name.clone())
+                    .collect(),
+            )
+            .with_safety(config.controller.safety.clone(), process.safety.clone()),
+        );
         let dataplane = config
             .haproxy
             .instances
@@ -616,6 +646,9 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
             Ok(iteration) => iteration,
             Err(error) => break Err(error),
         };
+        state
+            .approve
+            .set_publisher(iteration.kernel.bus().publisher());
 
         // Wait for a valid replacement or a shutdown; invalid ones leave this running.
         let next = loop {

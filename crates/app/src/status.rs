@@ -22,15 +22,47 @@ use hapwright_eventbus::model::{
 };
 use hapwright_eventbus::{
     Component, ComponentError, Context, CorrelationId, Event, EventPayload, HealthState,
-    HealthTable, Interest, KindSet, QuarantinedObject, Stage, ValidationPhase,
+    HealthTable, Interest, KindSet, QuarantinedObject, SafetyRemoval, Stage, ValidationPhase,
 };
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 use serde::Serialize;
 
 /// How many recent events `/debug/events` can show.
 pub const EVENT_RING: usize = 1000;
 /// How many recent reconciliations the status page shows.
 pub const RECONCILIATION_RING: usize = 50;
+
+/// A change the safety valve holds, as `/debug/safety` and the status page show it.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SafetyHold {
+    /// Hash of the held config.
+    pub hash: ContentHash,
+    /// What it would remove.
+    pub removal: SafetyRemoval,
+    /// The same as one sentence (`would remove 2 of 3 backends (67%)`).
+    pub summary: String,
+    /// `controller.safety.maxRemoval` as configured.
+    pub max_removal: String,
+    /// Since when (seconds since the Unix epoch).
+    pub since: f64,
+    /// When it goes out by itself if the drop persists (seconds since the Unix epoch).
+    pub release_at: f64,
+}
+
+/// How the last hold of the safety valve ended.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SafetyRelease {
+    /// The config that went out.
+    pub hash: ContentHash,
+    /// `confirmed`, `approved`, `recovered` or `disabled`.
+    pub reason: &'static str,
+    /// When (seconds since the Unix epoch).
+    pub at: f64,
+}
 
 /// One reconciliation as the status page shows it.
 #[derive(Clone, Debug, Serialize)]
@@ -208,6 +240,10 @@ struct Inner {
     restart_streak: Option<RestartStreak>,
     /// The objects quarantined now (from the latest `QuarantineSearched`).
     quarantine: Vec<QuarantinedObject>,
+    /// The change the safety valve holds now.
+    safety_hold: Option<SafetyHold>,
+    /// How the last hold ended.
+    safety_release: Option<SafetyRelease>,
 }
 
 impl Inner {
@@ -257,6 +293,16 @@ impl StatusStore {
     /// The objects quarantined now, with their errors (`/debug/quarantine`).
     pub fn quarantine(&self) -> Vec<QuarantinedObject> {
         self.read().quarantine.clone()
+    }
+
+    /// The change the safety valve holds now (`/debug/safety`, `POST /-/approve`).
+    pub fn safety_hold(&self) -> Option<SafetyHold> {
+        self.read().safety_hold.clone()
+    }
+
+    /// How the last hold of the safety valve ended.
+    pub fn safety_release(&self) -> Option<SafetyRelease> {
+        self.read().safety_release.clone()
     }
 
     /// Points the store at the health table of the running kernel iteration.
@@ -672,6 +718,37 @@ impl StatusStore {
                     })
                     .collect();
             }
+            EventPayload::SafetyValveHeld(held) => {
+                if let Some(metrics) = metrics {
+                    if inner.safety_hold.is_none() {
+                        metrics.safety_holds.inc();
+                    }
+                    metrics.safety_held.set(1);
+                }
+                inner.safety_hold = Some(SafetyHold {
+                    hash: held.hash,
+                    summary: held.removal.to_string(),
+                    removal: held.removal.clone(),
+                    max_removal: held.max_removal.clone(),
+                    since: unix_seconds(held.since),
+                    release_at: unix_seconds(held.release_at),
+                });
+            }
+            EventPayload::SafetyValveReleased(released) => {
+                if let Some(metrics) = metrics {
+                    metrics.safety_held.set(0);
+                    metrics
+                        .safety_releases
+                        .with_label_values(&[released.reason])
+                        .inc();
+                }
+                inner.safety_hold = None;
+                inner.safety_release = Some(SafetyRelease {
+                    hash: released.hash,
+                    reason: released.reason,
+                    at: event.unix_micros as f64 / 1e6,
+                });
+            }
             EventPayload::ResourceSyncComplete(sync) => {
                 inner.synced.insert(sync.source.to_string());
             }
@@ -796,6 +873,9 @@ pub struct StatusMetrics {
     render_duration: Histogram,
     quarantined_objects: IntGaugeVec,
     render_fragments: IntCounterVec,
+    safety_held: IntGauge,
+    safety_holds: IntCounter,
+    safety_releases: IntCounterVec,
 }
 
 impl StatusMetrics {
@@ -803,8 +883,11 @@ impl StatusMetrics {
     /// deprecated former name `hapwright_resources{source}`),
     /// `hapwright_reconciliations_total{result}`,
     /// `hapwright_reconciliation_duration_seconds`,
-    /// `hapwright_render_duration_seconds` and
-    /// `hapwright_render_fragments_total{result}`.
+    /// `hapwright_render_duration_seconds`,
+    /// `hapwright_render_fragments_total{result}`, `hapwright_quarantined_objects`
+    /// and the safety valve's `hapwright_safety_valve_held`,
+    /// `hapwright_safety_valve_holds_total` and
+    /// `hapwright_safety_valve_releases_total{reason}`.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let buckets = vec![
             0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -875,7 +958,35 @@ impl StatusMetrics {
         for result in ["rendered", "reused"] {
             render_fragments.with_label_values(&[result]);
         }
+        let safety_held = IntGauge::new(
+            "hapwright_safety_valve_held",
+            "1 while the safety valve holds a change that would remove more than \
+             controller.safety.maxRemoval of the running backends, servers or map entries \
+             (see /debug/safety; release it with POST /-/approve).",
+        )?;
+        let safety_holds = IntCounter::new(
+            "hapwright_safety_valve_holds_total",
+            "Times the safety valve started holding a change.",
+        )?;
+        let safety_releases = IntCounterVec::new(
+            Opts::new(
+                "hapwright_safety_valve_releases_total",
+                "Holds of the safety valve that ended, by how: confirmed (the drop lasted \
+                 confirmAfter), approved (POST /-/approve), recovered (the sources came back) \
+                 or disabled (a config reload turned the valve off).",
+            ),
+            &["reason"],
+        )?;
+        registry.register(Box::new(safety_held.clone()))?;
+        registry.register(Box::new(safety_holds.clone()))?;
+        registry.register(Box::new(safety_releases.clone()))?;
+        for reason in ["confirmed", "approved", "recovered", "disabled"] {
+            safety_releases.with_label_values(&[reason]);
+        }
         Ok(Self {
+            safety_held,
+            safety_holds,
+            safety_releases,
             watched_objects,
             resources,
             reconciliations,

@@ -35,6 +35,24 @@ fn ago(time: SystemTime) -> String {
     }
 }
 
+/// How long until `time`, as `in 4m 10s` (`now` once past).
+fn until(time: SystemTime) -> String {
+    let secs = time
+        .duration_since(SystemTime::now())
+        .map_or(0, |d| d.as_secs());
+    match secs {
+        0 => "now".to_owned(),
+        1..60 => format!("in {secs}s"),
+        60..3600 => format!("in {}m {}s", secs / 60, secs % 60),
+        _ => format!("in {}h {}m", secs / 3600, secs % 3600 / 60),
+    }
+}
+
+/// A time given in seconds since the Unix epoch.
+fn unix_time(seconds: f64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + std::time::Duration::from_secs_f64(seconds.max(0.0))
+}
+
 /// Renders the page from the current status.
 pub fn render(store: &StatusStore) -> Result<String, minijinja::Error> {
     let components: Vec<Value> = store
@@ -76,6 +94,22 @@ pub fn render(store: &StatusStore) -> Result<String, minijinja::Error> {
             }
         })
         .collect();
+    let safety = store.safety_hold().map(|hold| {
+        let more_backends = hold
+            .removal
+            .backends
+            .removed
+            .saturating_sub(hold.removal.removed_backends.len());
+        context! {
+            hash => hold.hash.short(),
+            summary => hold.summary,
+            max_removal => hold.max_removal,
+            removed_backends => hold.removal.removed_backends,
+            more_backends,
+            since_text => ago(unix_time(hold.since)),
+            release_in => until(unix_time(hold.release_at)),
+        }
+    });
     let mut events = store.events(30, None);
     events.reverse();
     ENV.get_template("status.html")?.render(context! {
@@ -87,6 +121,7 @@ pub fn render(store: &StatusStore) -> Result<String, minijinja::Error> {
         last_error_text,
         components,
         quarantine,
+        safety,
         instances => Value::from(Serde(store.instances())),
         reconciliations => Value::from(Serde(store.reconciliations())),
         events => Value::from(Serde(&events)),

@@ -23,6 +23,7 @@
 //!   scheduler      ValidationCompleted → DeploymentScheduled (rate limit, latest wins)
 //!   deployer       DeploymentScheduled → a round over the fleet
 //!   instance       one worker per instance: plan, reload window, retries, drift
+//! safety         the safety valve: what a render would remove, and the threshold
 //! config         the `haproxy:` section of the config file and controller timings
 //! metrics        deployment metrics
 //! ```
@@ -38,5 +39,6 @@ pub mod config;
 pub mod driver;
 pub mod haproxy;
 pub mod metrics;
+pub mod safety;
 
 pub use driver::Driver;

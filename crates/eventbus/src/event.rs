@@ -191,6 +191,71 @@ fn unix_seconds<S: serde::Serializer>(
     serializer.serialize_f64(seconds)
 }
 
+/// Removed out of the total of one thing the safety valve counts (backends, servers,
+/// map entries) between the running config and a new render.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RemovalCount {
+    /// How many the new render no longer has.
+    pub removed: usize,
+    /// How many the running config has.
+    pub total: usize,
+}
+
+impl RemovalCount {
+    /// The removed share in percent (0 when the running config has none).
+    pub fn percent(self) -> f64 {
+        if self.total == 0 {
+            0.0
+        } else {
+            self.removed as f64 * 100.0 / self.total as f64
+        }
+    }
+}
+
+/// What a new render would remove from the running config: the safety valve's
+/// measure (see docs/validation.md, "Safety valve").
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SafetyRemoval {
+    /// `backend` and `listen` sections, by name.
+    pub backends: RemovalCount,
+    /// `server` lines: the net drop per backend, so replacing one server by another
+    /// is not a removal.
+    pub servers: RemovalCount,
+    /// Map file entries: the net drop per map file.
+    pub map_entries: RemovalCount,
+    /// Names of the removed backends (the first few), for the status page.
+    pub removed_backends: Vec<String>,
+}
+
+impl fmt::Display for SafetyRemoval {
+    /// `would remove 2 of 3 backends (67%), 100 of 120 servers (83%)`: every count
+    /// with a removal.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = [
+            ("backends", self.backends),
+            ("servers", self.servers),
+            ("map entries", self.map_entries),
+        ]
+        .into_iter()
+        .filter(|(_, count)| count.removed > 0)
+        .map(|(what, count)| {
+            format!(
+                "{} of {} {what} ({:.0}%)",
+                count.removed,
+                count.total,
+                count.percent()
+            )
+        })
+        .collect();
+        if parts.is_empty() {
+            f.write_str("would remove nothing")
+        } else {
+            write!(f, "would remove {}", parts.join(", "))
+        }
+    }
+}
+
 /// The validation phase that rejected a config.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -469,6 +534,41 @@ catalogue! {
         /// `nothing_changed`, `tool_failure`).
         gave_up: Option<&'static str>,
     }
+    /// The safety valve holds a validated render instead of deploying it: it would
+    /// remove more than `controller.safety.maxRemoval` of the running backends,
+    /// servers or map entries. Published for every new render held; the hold ends
+    /// with `SafetyValveReleased`.
+    SafetyValveHeld {
+        /// Hash of the held config.
+        hash: ContentHash,
+        /// What it would remove.
+        removal: SafetyRemoval,
+        /// The configured threshold, as written (`50%`).
+        max_removal: String,
+        /// Since when a render over the threshold has been held (the first of them).
+        #[serde(serialize_with = "unix_seconds")]
+        since: std::time::SystemTime,
+        /// When the hold releases itself if the drop persists
+        /// (`controller.safety.confirmAfter` after `since`).
+        #[serde(serialize_with = "unix_seconds")]
+        release_at: std::time::SystemTime,
+    }
+    /// The safety valve stopped holding: the held render went out (`confirmed`: the
+    /// drop persisted for `confirmAfter`; `approved`: `POST /-/approve`), a later
+    /// render under the threshold replaced it (`recovered`), or a controller config
+    /// reload turned the valve off (`disabled`).
+    SafetyValveReleased {
+        /// Hash of the config that goes out now.
+        hash: ContentHash,
+        /// `confirmed`, `approved`, `recovered` or `disabled`.
+        reason: &'static str,
+    }
+    /// An operator approved the change the safety valve holds (`POST /-/approve`).
+    SafetyValveApproved {
+        /// Hash of the held config the operator saw, when known; the scheduler
+        /// releases whatever it holds.
+        hash: Option<ContentHash>,
+    }
     /// The scheduler released a deployment.
     DeploymentScheduled {
         /// Config to deploy.
@@ -586,7 +686,7 @@ mod tests {
         for kind in EventKind::ALL {
             assert_eq!(EventKind::from_name(kind.as_str()), Some(*kind));
         }
-        assert_eq!(EventKind::ALL.len(), 22);
+        assert_eq!(EventKind::ALL.len(), 25);
         assert_eq!(EventKind::from_name("Nope"), None);
     }
 

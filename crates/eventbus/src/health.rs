@@ -1,5 +1,5 @@
-//! Component health: `Unknown → Healthy / Unhealthy / Exited`, with a reason and the
-//! time of the last change.
+//! Component health: `Unknown → Healthy / Degraded / Unhealthy / Exited`, with a
+//! reason and the time of the last change.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -16,6 +16,10 @@ pub enum HealthState {
     Unknown,
     /// Running and doing its job.
     Healthy,
+    /// Running and doing its job in part, on purpose: something is held back and the
+    /// reason says what (quarantined objects, a change held by the safety valve). Not
+    /// a failure: liveness ignores it, but an operator should look.
+    Degraded,
     /// Running, but something is wrong (a source directory is missing, a file does
     /// not parse); the reason says what.
     Unhealthy,
@@ -25,9 +29,10 @@ pub enum HealthState {
 
 impl HealthState {
     /// Every state, for metrics that export one series per state.
-    pub const ALL: [HealthState; 4] = [
+    pub const ALL: [HealthState; 5] = [
         HealthState::Unknown,
         HealthState::Healthy,
+        HealthState::Degraded,
         HealthState::Unhealthy,
         HealthState::Exited,
     ];
@@ -37,6 +42,7 @@ impl HealthState {
         match self {
             HealthState::Unknown => "unknown",
             HealthState::Healthy => "healthy",
+            HealthState::Degraded => "degraded",
             HealthState::Unhealthy => "unhealthy",
             HealthState::Exited => "exited",
         }

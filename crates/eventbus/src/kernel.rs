@@ -208,6 +208,12 @@ impl HealthReporter {
         self.set(HealthState::Healthy, Some(note.into()));
     }
 
+    /// Reports `Degraded` with the reason: the component works, but holds something
+    /// back that an operator should look at.
+    pub fn degraded(&self, reason: impl Into<String>) {
+        self.set(HealthState::Degraded, Some(reason.into()));
+    }
+
     /// Reports `Unhealthy` with the reason.
     pub fn unhealthy(&self, reason: impl Into<String>) {
         self.set(HealthState::Unhealthy, Some(reason.into()));
@@ -223,11 +229,13 @@ impl HealthReporter {
         }
         let expected = health.reason.as_deref() == Some("stopped");
         match state {
-            HealthState::Unhealthy | HealthState::Exited if !expected => tracing::warn!(
-                component = %self.component,
-                health = %health,
-                "Component health changed"
-            ),
+            HealthState::Degraded | HealthState::Unhealthy | HealthState::Exited if !expected => {
+                tracing::warn!(
+                    component = %self.component,
+                    health = %health,
+                    "Component health changed"
+                )
+            }
             _ => tracing::info!(
                 component = %self.component,
                 health = %health,

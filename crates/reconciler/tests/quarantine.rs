@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hapwright_eventbus::model::{Diagnostic, ObjectKey, RenderedConfig, ResourceSnapshot};
 use hapwright_eventbus::{
-    Component, ComponentError, Context, Event, EventKind, EventPayload, Interest,
+    Component, ComponentError, Context, Event, EventKind, EventPayload, HealthState, Interest,
     ReconciliationTriggered, Stage, ValidationCompleted, ValidationFailed, ValidationPhase,
 };
 use hapwright_reconciler::executor::{Executor, Settings};
@@ -106,7 +106,11 @@ fn trigger(reason: &str) -> ReconciliationTriggered {
 }
 
 fn harness(quarantine: bool) -> Harness {
-    let renderer = Renderer::new(Templates::new(TEMPLATE), &["services"]).expect("loads");
+    harness_with(TEMPLATE, quarantine)
+}
+
+fn harness_with(template: &str, quarantine: bool) -> Harness {
+    let renderer = Renderer::new(Templates::new(template), &["services"]).expect("loads");
     let validate: Validate = Arc::new(|config: Arc<RenderedConfig>| {
         let result = match check(&config) {
             Some(error) => Err(Failure {
@@ -290,4 +294,68 @@ async fn a_bad_object_at_start_up_does_not_keep_the_others_out() {
     let render = render.expect("rendered");
     assert_eq!(render.matches("backend ").count(), 98);
     assert!(!render.contains("s42"));
+}
+
+/// The renderer's health in the running kernel.
+fn renderer_health(h: &Harness) -> (HealthState, String) {
+    let health = h
+        .kernel
+        .health()
+        .get(RendererComponent::NAME)
+        .expect("the renderer reports its health");
+    (health.state, health.reason.unwrap_or_default())
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_renderer_is_degraded_while_objects_are_quarantined_and_healthy_after() {
+    // A note `BROKEN` makes the render itself fail (not only the validation).
+    let template = "\
+{% for s in resources.services %}{% if s.spec.note == 'BROKEN' %}{{ fail('broken note in ' ~ s.metadata.name) }}{% endif %}backend {{ s.metadata.name }}
+  # {{ s.spec.note }}
+{% endfor %}";
+    let mut h = harness_with(template, true);
+    let v1: Vec<(usize, &str)> = (0..8).map(|i| (i, "v1")).collect();
+    h.update("services", services(&v1));
+    h.publisher.publish(trigger("start"));
+    let (done, _, _) = settle(&mut h).await;
+    assert_eq!(done.kind(), EventKind::ReconciliationCompleted);
+    assert_eq!(renderer_health(&h).0, HealthState::Healthy);
+
+    // s03 breaks the render; the search isolates it and the rest goes live.
+    let v2: Vec<(usize, &str)> = (0..8)
+        .map(|i| (i, if i == 3 { "BROKEN" } else { "v2" }))
+        .collect();
+    h.update("services", services(&v2));
+    h.publisher.publish(trigger("burst"));
+    let (done, render, searches) = settle(&mut h).await;
+    assert_eq!(done.kind(), EventKind::ReconciliationCompleted, "{done:?}");
+    assert_eq!(searches.len(), 1, "{searches:?}");
+    assert!(render.expect("rendered").contains("backend s03\n  # v1"));
+    let (state, reason) = renderer_health(&h);
+    assert_eq!(state, HealthState::Degraded, "not failing: {reason}");
+    assert!(
+        reason.contains("1 object quarantined") && reason.contains("services default/s03"),
+        "{reason}"
+    );
+
+    // Later renders keep it held back: still degraded, not healthy.
+    let v3: Vec<(usize, &str)> = (0..8)
+        .map(|i| (i, if i == 3 { "BROKEN" } else { "v3" }))
+        .collect();
+    h.update("services", services(&v3));
+    h.publisher.publish(trigger("more"));
+    let (done, _, _) = settle(&mut h).await;
+    assert_eq!(done.kind(), EventKind::ReconciliationCompleted);
+    assert_eq!(renderer_health(&h).0, HealthState::Degraded);
+
+    // Fixed: released, and the renderer is healthy again.
+    let fixed: Vec<(usize, &str)> = (0..8).map(|i| (i, "v3")).collect();
+    h.update("services", services(&fixed));
+    h.publisher.publish(trigger("fixed"));
+    let (done, _, searches) = settle(&mut h).await;
+    assert_eq!(done.kind(), EventKind::ReconciliationCompleted);
+    if searches.is_empty() {
+        h.next_of(EventKind::QuarantineSearched).await;
+    }
+    assert_eq!(renderer_health(&h), (HealthState::Healthy, String::new()));
 }

@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use hapwright_deployer::config as deployer;
+use hapwright_deployer::safety as deployer_safety;
 use hapwright_eventbus::config::{ConfigIssue, Duration};
 use hapwright_eventbus::model::{ContentHash, Diagnostic, SourceLocation};
 use hapwright_reconciler::config as reconciler;
@@ -156,6 +157,10 @@ pub struct Controller {
     /// When a change fails to render or validate, find the objects that cause it
     /// and let the rest of the change go live.
     pub quarantine: Quarantine,
+    /// A change that would remove more than a share of the running backends,
+    /// servers or map entries is held instead of deployed (an emptied source must
+    /// not take every route down).
+    pub safety: deployer_safety::Config,
 }
 
 /// The `controller.quarantine` section: how hard hapwright looks for the objects
@@ -367,6 +372,7 @@ impl Default for Controller {
             allowed_hosts: Vec::new(),
             lifecycle_api: true,
             quarantine: Quarantine::default(),
+            safety: deployer_safety::Config::default(),
         }
     }
 }
@@ -438,6 +444,12 @@ impl Controller {
                 .map(|i| i.under("leaderElection")),
         );
         issues.extend(self.http.validate().into_iter().map(|i| i.under("http")));
+        issues.extend(
+            self.safety
+                .validate()
+                .into_iter()
+                .map(|i| i.under("safety")),
+        );
         for (index, host) in self.allowed_hosts.iter().enumerate() {
             if !is_host_name(host) {
                 issues.push(ConfigIssue::new(
@@ -1095,5 +1107,57 @@ templateSnippets:
             shown(&places, at("services.yaml", 3, None)),
             "services.yaml:3: oops"
         );
+    }
+}
+
+#[cfg(test)]
+mod safety_tests {
+    use super::leader_election_tests::parse_controller;
+    use super::*;
+    use hapwright_deployer::safety::MaxRemoval;
+
+    #[test]
+    fn safety_keys_load_with_defaults_and_off() {
+        let defaults = parse_controller("  logLevel: info\n").unwrap();
+        assert_eq!(
+            defaults.controller.safety.max_removal,
+            MaxRemoval::Percent(50)
+        );
+        assert_eq!(
+            defaults.controller.safety.confirm_after,
+            Duration::from_secs(300)
+        );
+        let config =
+            parse_controller("  safety: { maxRemoval: 30%, confirmAfter: 10m }\n").unwrap();
+        assert_eq!(
+            config.controller.safety.max_removal,
+            MaxRemoval::Percent(30)
+        );
+        assert_eq!(
+            config.controller.safety.confirm_after,
+            Duration::from_secs(600)
+        );
+        let off = parse_controller("  safety: { maxRemoval: off }\n").unwrap();
+        assert_eq!(off.controller.safety.max_removal, MaxRemoval::Off);
+    }
+
+    #[test]
+    fn bad_safety_keys_are_located() {
+        let errors = parse_controller("  safety:\n    maxRemoval: 150%\n").unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].contains("hapwright.yaml:4:")
+                && errors[0].contains("controller.safety.maxRemoval")
+                && errors[0].contains("a percentage from 0% to 100%"),
+            "{errors:?}"
+        );
+        let errors = parse_controller("  safety:\n    confirmAfter: 0s\n").unwrap_err();
+        assert!(
+            errors[0].contains("hapwright.yaml:4:")
+                && errors[0].contains("controller.safety.confirmAfter"),
+            "{errors:?}"
+        );
+        let errors = parse_controller("  safety:\n    maxRemovel: 20%\n").unwrap_err();
+        assert!(errors[0].contains("maxRemovel"), "{errors:?}");
     }
 }

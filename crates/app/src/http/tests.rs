@@ -14,6 +14,7 @@ use serde_json::json;
 
 use super::*;
 
+mod approve;
 mod hardening;
 use crate::status::tests::{event, rendered};
 
@@ -22,6 +23,7 @@ struct Harness {
     store: StatusStore,
     reloads: mpsc::Receiver<ReloadRequest>,
     policy: Arc<ArcSwap<Policy>>,
+    approve: ApproveHandle,
     client: reqwest::Client,
 }
 
@@ -38,6 +40,7 @@ impl Harness {
         let (reload, reloads) = ReloadHandle::channel();
         let state = HttpState::new(store.clone(), registry, reload);
         let policy = state.policy.clone();
+        let approve = state.approve.clone();
         let server = HttpServer::bind("127.0.0.1:0".parse().unwrap(), router(state), limits)
             .await
             .unwrap();
@@ -50,6 +53,7 @@ impl Harness {
             store,
             reloads,
             policy,
+            approve,
             client,
         }
     }

@@ -11,6 +11,21 @@
 //! - A changed instance set (`InstancesDiscovered`) re-deploys the last config.
 //! - A round with failed instances (`DeploymentCompleted`) forgets the last released
 //!   hash, so the same config is not skipped when it comes again.
+//!
+//! **Safety valve** ([`Scheduler::with_safety`], see [`crate::safety`]). The scheduler
+//! is the last step before a config reaches the instances and the one component that
+//! knows which config it let through last, so the valve lives here. A validated
+//! config that would remove more than `maxRemoval` of what the last config let
+//! through serves is held: it is not scheduled, the scheduler reports `Degraded` and
+//! publishes `SafetyValveHeld`. The hold ends, with `SafetyValveReleased`, when
+//! - a later config under the threshold arrives (`recovered`: it goes out instead),
+//! - the drop has lasted `confirmAfter` since the first held config (`confirmed`:
+//!   the newest held config goes out),
+//! - `SafetyValveApproved` arrives (`approved`: the held config goes out),
+//! - the valve was turned off by a controller config reload (`disabled`: the next
+//!   config goes out).
+//!
+//! The first config is never held: nothing runs that it could remove.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -19,9 +34,12 @@ use std::time::Duration;
 use hapwright_eventbus::model::{ContentHash, ParsedConfig, RenderedConfig};
 use hapwright_eventbus::{
     Component, ComponentError, Context, DeploymentScheduled, Event, EventKind, EventPayload,
-    Interest,
+    Interest, SafetyRemoval, SafetyValveHeld, SafetyValveReleased,
 };
 use tokio::time::Instant;
+
+use crate::haproxy::config::{self as haproxy_config, Config as Model};
+use crate::safety::{self, Footprint};
 
 /// Rate limits of the scheduler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +68,14 @@ impl From<&crate::config::Timings> for Config {
 pub struct Scheduler {
     config: Config,
     static_instances: Vec<String>,
+    valve: Option<Valve>,
+}
+
+/// The safety valve's settings and process-wide memory.
+#[derive(Clone, Debug)]
+struct Valve {
+    config: safety::Config,
+    memory: safety::Memory,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -70,8 +96,29 @@ impl Scheduler {
         Self {
             config,
             static_instances,
+            valve: None,
         }
     }
+
+    /// Turns the safety valve on (unless `config.max_removal` is off): a config that
+    /// would remove too much of what the last released one serves is held (see the
+    /// [module docs](self)). `memory` outlives the scheduler, so the config released
+    /// before a controller config reload is still the baseline after it; with the
+    /// valve off the baseline is still kept, and a hold from before the reload ends
+    /// (`disabled`).
+    #[must_use]
+    pub fn with_safety(mut self, config: safety::Config, memory: safety::Memory) -> Self {
+        self.valve = Some(Valve { config, memory });
+        self
+    }
+}
+
+/// A config the safety valve holds.
+struct Hold {
+    held: Pending,
+    footprint: Arc<Footprint>,
+    /// When it goes out by itself (`confirmAfter` after the first held config).
+    release_at: Instant,
 }
 
 struct Pending {
@@ -88,6 +135,8 @@ struct State {
     pending: Option<Pending>,
     last_release: Option<Instant>,
     last_released: Option<(ContentHash, Vec<String>)>,
+    valve: Option<Valve>,
+    hold: Option<Hold>,
 }
 
 impl State {
@@ -100,15 +149,23 @@ impl State {
         set.into_iter().cloned().collect()
     }
 
-    fn handle(&mut self, event: Arc<Event>) {
+    fn handle(&mut self, event: Arc<Event>, ctx: &Context) {
         match &event.payload {
             EventPayload::ValidationCompleted(validated) => {
-                self.latest = Some((validated.config.clone(), validated.parsed.clone()));
-                self.pending = Some(Pending {
+                let pending = Pending {
                     config: validated.config.clone(),
                     parsed: validated.parsed.clone(),
                     cause: event.clone(),
-                });
+                };
+                self.offer(pending, ctx);
+            }
+            EventPayload::SafetyValveApproved(_) => {
+                if self.hold.is_some() {
+                    tracing::info!("Safety valve release approved");
+                    self.release_hold("approved", ctx);
+                } else {
+                    tracing::info!("Safety valve approval ignored: nothing is held");
+                }
             }
             EventPayload::InstancesDiscovered(discovered) => {
                 let before = self.instances();
@@ -136,6 +193,115 @@ impl State {
             }
             _ => {}
         }
+    }
+
+    /// A validated config: held by the safety valve, or pending for release.
+    fn offer(&mut self, pending: Pending, ctx: &Context) {
+        let Some(valve) = self.valve.clone() else {
+            self.accept(pending);
+            return;
+        };
+        let model = pending
+            .parsed
+            .get::<Model>()
+            .unwrap_or_else(|| Arc::new(haproxy_config::parse_lenient(pending.config.main()).0));
+        let footprint = Arc::new(Footprint::of(&pending.config, &model));
+        if let Some(baseline) = valve.memory.baseline() {
+            let removal = safety::assess(&baseline, &footprint);
+            if safety::exceeds(&removal, valve.config.max_removal) {
+                self.hold(&valve, pending, footprint, removal, ctx);
+                return;
+            }
+        }
+        let was_held = self.hold.take().is_some() || valve.memory.held_since().is_some();
+        valve.memory.set_baseline(footprint);
+        if was_held {
+            let reason = if valve.config.max_removal.is_on() {
+                "recovered"
+            } else {
+                "disabled"
+            };
+            tracing::info!(
+                hash = %pending.config.hash().short(),
+                reason,
+                "Safety valve released: a new config replaces the held one"
+            );
+            ctx.publisher().reply(
+                &pending.cause,
+                SafetyValveReleased {
+                    hash: pending.config.hash(),
+                    reason,
+                },
+            );
+            ctx.health().healthy();
+        }
+        self.accept(pending);
+    }
+
+    fn accept(&mut self, pending: Pending) {
+        self.latest = Some((pending.config.clone(), pending.parsed.clone()));
+        self.pending = Some(pending);
+    }
+
+    fn hold(
+        &mut self,
+        valve: &Valve,
+        held: Pending,
+        footprint: Arc<Footprint>,
+        removal: SafetyRemoval,
+        ctx: &Context,
+    ) {
+        let (since, since_wall) = valve
+            .memory
+            .held_since()
+            .unwrap_or_else(|| (Instant::now(), std::time::SystemTime::now()));
+        valve.memory.set_held_since((since, since_wall));
+        let confirm_after = valve.config.confirm_after.get();
+        let max = valve.config.max_removal;
+        tracing::warn!(
+            hash = %held.config.hash().short(),
+            removal = %removal,
+            max_removal = %max,
+            confirm_after = %valve.config.confirm_after,
+            "Safety valve holds a config that would remove too much; the running config stays"
+        );
+        ctx.health().degraded(format!(
+            "safety valve holds a change that {removal} (maxRemoval {max}); it goes out by \
+             itself once the drop has lasted {} (controller.safety.confirmAfter), at once \
+             with POST /-/approve, or is dropped when the sources come back",
+            valve.config.confirm_after
+        ));
+        ctx.publisher().reply(
+            &held.cause,
+            SafetyValveHeld {
+                hash: held.config.hash(),
+                removal,
+                max_removal: max.to_string(),
+                since: since_wall,
+                release_at: since_wall + confirm_after,
+            },
+        );
+        self.hold = Some(Hold {
+            held,
+            footprint,
+            release_at: since + confirm_after,
+        });
+    }
+
+    /// Lets the held config out (`confirmed` or `approved`).
+    fn release_hold(&mut self, reason: &'static str, ctx: &Context) {
+        let Some(hold) = self.hold.take() else {
+            return;
+        };
+        if let Some(valve) = &self.valve {
+            valve.memory.set_baseline(hold.footprint);
+        }
+        let hash = hold.held.config.hash();
+        tracing::warn!(hash = %hash.short(), reason, "Safety valve released the held config");
+        ctx.publisher()
+            .reply(&hold.held.cause, SafetyValveReleased { hash, reason });
+        ctx.health().healthy();
+        self.accept(hold.held);
     }
 
     /// When the pending deployment may go out; `None` when nothing is pending (a
@@ -191,6 +357,7 @@ impl Component for Scheduler {
             EventKind::ValidationCompleted,
             EventKind::InstancesDiscovered,
             EventKind::DeploymentCompleted,
+            EventKind::SafetyValveApproved,
         ])
     }
 
@@ -203,12 +370,14 @@ impl Component for Scheduler {
             pending: None,
             last_release: None,
             last_released: None,
+            valve: self.valve,
+            hold: None,
         };
         ctx.health().healthy();
         loop {
             // Whatever already waits is part of the same burst: latest wins.
             while let Some(event) = ctx.try_next_event() {
-                state.handle(event);
+                state.handle(event, &ctx);
             }
             let ready_at = state.ready_at();
             if ready_at.is_some_and(|at| at <= Instant::now()) {
@@ -217,12 +386,14 @@ impl Component for Scheduler {
                 state.release(&ctx);
                 continue;
             }
+            let confirm_at = state.hold.as_ref().map(|hold| hold.release_at);
             tokio::select! {
                 biased;
                 event = ctx.next_event() => match event {
-                    Some(event) => state.handle(event),
+                    Some(event) => state.handle(event, &ctx),
                     None => return Ok(()),
                 },
+                () = sleep_until(confirm_at) => state.release_hold("confirmed", &ctx),
                 () = sleep_until(ready_at) => state.release(&ctx),
             }
         }

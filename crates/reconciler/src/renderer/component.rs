@@ -189,7 +189,7 @@ impl Component for RendererComponent {
                             "Rendered configuration"
                         );
                         last = Some(config.clone());
-                        ctx.health().healthy();
+                        report_health(&ctx, guard.as_ref());
                         // Fragments: whole files and the snippet outputs inside
                         // the files that rendered.
                         let render = RenderSummary {
@@ -354,6 +354,7 @@ impl Guard {
                     let settled = self.quarantine.settle(&full, &[], SystemTime::now());
                     if !settled.released.is_empty() {
                         log_released(&settled.released);
+                        report_health(ctx, Some(self));
                         ctx.publisher().reply(
                             event,
                             QuarantineSearched {
@@ -369,6 +370,7 @@ impl Guard {
                 self.settings.last_good.set(pending.candidate.clone());
                 self.last_good = pending.candidate;
                 self.validated = true;
+                report_health(ctx, Some(self));
             }
             EventPayload::TemplateRenderFailed(_) | EventPayload::ValidationFailed(_)
                 if !pending.searched =>
@@ -410,6 +412,11 @@ impl Guard {
                         };
                         if let Some(pending) = &mut self.pending {
                             pending.candidate = isolated.snapshots;
+                        }
+                        if config.is_some() {
+                            // The rest of the change rendered: the renderer works,
+                            // holding the culprits back.
+                            report_health(ctx, Some(self));
                         }
                         tracing::info!(
                             accepted = isolated.accepted,
@@ -484,6 +491,42 @@ impl Guard {
             .map(|entry| object(&entry.culprit, entry.since))
             .collect()
     }
+}
+
+/// Quarantined objects named in the health reason; the count covers the rest.
+const NAMED_IN_HEALTH: usize = 5;
+
+/// Reports the renderer `Healthy` after a successful render, or `Degraded` while
+/// objects are quarantined (naming them): it renders, but holds their changes back.
+fn report_health(ctx: &Context, guard: Option<&Guard>) {
+    let Some(guard) = guard.filter(|g| !g.quarantine.is_empty()) else {
+        ctx.health().healthy();
+        return;
+    };
+    let count = guard.quarantine.len();
+    let mut names: Vec<String> = guard
+        .quarantine
+        .entries()
+        .take(NAMED_IN_HEALTH)
+        .map(|entry| {
+            let key = &entry.culprit.key;
+            if key.namespace.is_empty() {
+                format!("{} {}", entry.culprit.resource, key.name)
+            } else {
+                format!("{} {}/{}", entry.culprit.resource, key.namespace, key.name)
+            }
+        })
+        .collect();
+    if count > NAMED_IN_HEALTH {
+        names.push(format!("and {} more", count - NAMED_IN_HEALTH));
+    }
+    ctx.health().degraded(format!(
+        "{count} object{} quarantined, {} changes held back until {} again: {} (see /debug/quarantine)",
+        if count == 1 { "" } else { "s" },
+        if count == 1 { "its" } else { "their" },
+        if count == 1 { "it changes" } else { "they change" },
+        names.join(", ")
+    ));
 }
 
 /// Renders a set of snapshots (the last good state) on the blocking pool.

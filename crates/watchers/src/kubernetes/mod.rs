@@ -11,6 +11,8 @@
 //!   discovery, feeding the same snapshot/`indexBy` machinery as the files source.
 //! - [`discovery`]: the pod discovery component ([`PodDiscovery`]): ready HAProxy pods
 //!   become Data Plane API deploy targets (`InstancesDiscovered`).
+//! - [`events`]: Kubernetes Events on quarantined objects ([`QuarantineEvents`]),
+//!   written by the leader through the `events.k8s.io/v1` API.
 //! - [`leader`]: process-level leader election on a `coordination.k8s.io/v1` Lease
 //!   ([`LeaderElection`]), publishing is-leader on a `tokio::sync::watch` channel.
 //!
@@ -19,6 +21,7 @@
 //! component health and logs.
 
 pub mod discovery;
+pub mod events;
 pub mod leader;
 pub mod source;
 
@@ -28,6 +31,7 @@ use kube::runtime::watcher;
 use tokio::sync::Mutex;
 
 pub use discovery::{DiscoveryConfig, DiscoveryMetrics, PodDiscovery, Restriction};
+pub use events::{QuarantineEvents, WatchedKind};
 pub use leader::{LeaderElection, LeaderElectionConfig, LeaderError, LeaderMetrics};
 pub use source::{KubernetesSource, ResolveError};
 

@@ -1,0 +1,183 @@
+use super::*;
+use crate::haproxy::config::parse;
+
+fn footprint(main: &str, maps: &[(&str, &str)]) -> Footprint {
+    let mut builder = RenderedConfig::builder(main);
+    for (name, text) in maps {
+        builder = builder.map(*name, *text);
+    }
+    let config = builder.build();
+    Footprint::of(&config, &parse(main).unwrap())
+}
+
+/// `backends` backends of `servers` servers each, plus a frontend that has none.
+fn fleet(backends: usize, servers: usize) -> String {
+    let mut text = String::from("frontend http\n    bind :80\n");
+    for b in 0..backends {
+        text.push_str(&format!("backend be_{b}\n"));
+        for s in 0..servers {
+            text.push_str(&format!("    server s{s} 10.0.{b}.{s}:80\n"));
+        }
+    }
+    text
+}
+
+#[test]
+fn counts_backends_listens_servers_and_map_entries() {
+    let f = footprint(
+        "frontend f\n    bind :80\nbackend a\n    server a1 1.1.1.1:80\n    server a2 1.1.1.2:80\n\
+         listen l\n    bind :81\n    server l1 1.1.1.3:80\nbackend empty\n",
+        &[("hosts.map", "# comment\n\na.test be_a\nb.test be_b\n")],
+    );
+    assert_eq!(f.backends(), 3);
+    assert_eq!(f.servers(), 3);
+    assert_eq!(f.map_entries(), 2);
+}
+
+#[test]
+fn an_emptied_source_removes_everything_and_says_so() {
+    let running = footprint(&fleet(3, 40), &[("hosts.map", "a be_0\nb be_1\nc be_2\n")]);
+    let next = footprint(&fleet(0, 0), &[("hosts.map", "")]);
+    let removal = assess(&running, &next);
+    assert_eq!(
+        removal.backends,
+        RemovalCount {
+            removed: 3,
+            total: 3
+        }
+    );
+    assert_eq!(
+        removal.servers,
+        RemovalCount {
+            removed: 120,
+            total: 120
+        }
+    );
+    assert_eq!(
+        removal.map_entries,
+        RemovalCount {
+            removed: 3,
+            total: 3
+        }
+    );
+    assert_eq!(removal.removed_backends, ["be_0", "be_1", "be_2"]);
+    assert_eq!(
+        removal.to_string(),
+        "would remove 3 of 3 backends (100%), 120 of 120 servers (100%), 3 of 3 map entries (100%)"
+    );
+    assert!(exceeds(&removal, MaxRemoval::Percent(50)));
+    assert!(!exceeds(&removal, MaxRemoval::Off));
+}
+
+#[test]
+fn servers_count_as_the_net_drop_per_backend() {
+    // 100 of 120 servers go; a backend whose servers are renamed loses none.
+    let mut before = String::from("backend big\n");
+    let mut after = String::from("backend big\n");
+    for s in 0..120 {
+        before.push_str(&format!("    server old{s} 10.0.0.{s}:80\n"));
+    }
+    for s in 0..20 {
+        after.push_str(&format!("    server new{s} 10.0.1.{s}:80\n"));
+    }
+    let removal = assess(&footprint(&before, &[]), &footprint(&after, &[]));
+    assert_eq!(
+        removal.servers,
+        RemovalCount {
+            removed: 100,
+            total: 120
+        }
+    );
+    assert_eq!(removal.backends.removed, 0);
+    assert_eq!(removal.to_string(), "would remove 100 of 120 servers (83%)");
+
+    let renamed = before.replace("server old", "server renamed");
+    let removal = assess(&footprint(&before, &[]), &footprint(&renamed, &[]));
+    assert_eq!(removal.servers.removed, 0);
+    assert_eq!(removal.to_string(), "would remove nothing");
+}
+
+#[test]
+fn the_threshold_is_more_than_the_share() {
+    let running = footprint(&fleet(4, 1), &[]);
+    // Two of four backends: exactly 50% is not more than 50%.
+    let half = assess(&running, &footprint(&fleet(2, 1), &[]));
+    assert_eq!(
+        half.backends,
+        RemovalCount {
+            removed: 2,
+            total: 4
+        }
+    );
+    assert!(!exceeds(&half, MaxRemoval::Percent(50)));
+    assert!(exceeds(&half, MaxRemoval::Percent(49)));
+    // Three of four.
+    let most = assess(&running, &footprint(&fleet(1, 1), &[]));
+    assert!(exceeds(&most, MaxRemoval::Percent(50)));
+    assert!(!exceeds(&most, MaxRemoval::Percent(100)));
+    // Growing never exceeds, nor does anything measured against an empty config.
+    assert!(!exceeds(
+        &assess(&running, &footprint(&fleet(8, 2), &[])),
+        MaxRemoval::Percent(1)
+    ));
+    assert!(!exceeds(
+        &assess(&Footprint::default(), &footprint(&fleet(0, 0), &[])),
+        MaxRemoval::Percent(1)
+    ));
+}
+
+#[test]
+fn max_removal_parses_percentages_and_off() {
+    for (text, want) in [
+        ("50%", MaxRemoval::Percent(50)),
+        ("50", MaxRemoval::Percent(50)),
+        (" 100 % ", MaxRemoval::Percent(100)),
+        ("1%", MaxRemoval::Percent(1)),
+        ("0%", MaxRemoval::Off),
+        ("0", MaxRemoval::Off),
+        ("off", MaxRemoval::Off),
+        ("OFF", MaxRemoval::Off),
+    ] {
+        assert_eq!(text.parse::<MaxRemoval>(), Ok(want), "{text}");
+    }
+    assert_eq!(
+        "150%".parse::<MaxRemoval>().unwrap_err().to_string(),
+        "invalid maxRemoval `150%`: a percentage from 0% to 100%"
+    );
+    assert!(matches!(
+        "half".parse::<MaxRemoval>(),
+        Err(Error::ParsePercent(_))
+    ));
+    assert_eq!(MaxRemoval::Percent(50).to_string(), "50%");
+}
+
+#[test]
+fn the_section_deserializes_with_defaults_and_yaml_forms() {
+    let parse = |text: &str| serde_saphyr::from_str::<Config>(text);
+    assert_eq!(parse("{}").unwrap(), Config::default());
+    let config = parse("maxRemoval: 30%\nconfirmAfter: 1m\n").unwrap();
+    assert_eq!(config.max_removal, MaxRemoval::Percent(30));
+    assert_eq!(config.confirm_after, Duration::from_secs(60));
+    assert_eq!(
+        parse("maxRemoval: 25\n").unwrap().max_removal,
+        MaxRemoval::Percent(25)
+    );
+    assert_eq!(
+        parse("maxRemoval: off\n").unwrap().max_removal,
+        MaxRemoval::Off
+    );
+    assert_eq!(
+        parse("maxRemoval: 0\n").unwrap().max_removal,
+        MaxRemoval::Off
+    );
+    assert!(parse("maxRemoval: 200%\n").is_err());
+    assert!(parse("maxRemovel: 20%\n").is_err());
+    let zero = parse("confirmAfter: 0s\n").unwrap();
+    assert_eq!(zero.validate()[0].path, "confirmAfter");
+    assert!(
+        parse("maxRemoval: off\nconfirmAfter: 0s\n")
+            .unwrap()
+            .validate()
+            .is_empty()
+    );
+}

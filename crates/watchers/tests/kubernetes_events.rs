@@ -1,0 +1,239 @@
+//! Kubernetes Events on quarantined objects, at the protocol level: a scripted API
+//! server (`tower-test`) behind a real `kube::Client` sees exactly the Events the
+//! leader writes through `events.k8s.io/v1`.
+
+mod kubernetes_mock;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use hapwright_eventbus::model::{
+    Diagnostic, ObjectKey, ResourceChange, ResourceSnapshot, SourceLocation,
+};
+use hapwright_eventbus::{
+    Bus, BusConfig, BusMetrics, EventKind, EventPayload, HealthState, Kernel, Publisher,
+    QuarantineSearched, QuarantinedObject, ResourceIndexUpdated, RunningKernel, Subscription,
+};
+use hapwright_watchers::kubernetes::events::{QUARANTINED_REASON, RELEASED_REASON};
+use hapwright_watchers::kubernetes::{ClientFactory, QuarantineEvents, WatchedKind};
+use kubernetes_mock::{ApiServer, Exchange, pair};
+use prometheus::Registry;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio::time::timeout;
+
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/shop/events";
+
+struct Harness {
+    kernel: RunningKernel,
+    publisher: Publisher,
+    health: Subscription,
+    api: ApiServer,
+}
+
+fn start(leader: Option<watch::Receiver<bool>>) -> Harness {
+    let (client, api) = pair();
+    let registry = Registry::new();
+    let bus = Bus::new(
+        BusConfig::default(),
+        &BusMetrics::register(&registry).unwrap(),
+    );
+    let health = bus
+        .subscribe("test", [EventKind::ComponentHealthChanged])
+        .unwrap();
+    let publisher = bus.publisher();
+    let mut component = QuarantineEvents::new(
+        ClientFactory::with_client(client),
+        [(
+            Arc::from("ingresses"),
+            WatchedKind {
+                api_version: "networking.k8s.io/v1".into(),
+                kind: "Ingress".into(),
+            },
+        )],
+    )
+    .with_instance("hapwright-0");
+    if let Some(leader) = leader {
+        component = component.with_leadership(leader);
+    }
+    let mut kernel = Kernel::new(bus);
+    kernel.register(component);
+    Harness {
+        kernel: kernel.start().unwrap(),
+        publisher,
+        health,
+        api,
+    }
+}
+
+/// A quarantined object of `resource`.
+fn object(resource: &str, name: &str) -> QuarantinedObject {
+    QuarantinedObject {
+        resource: resource.into(),
+        kind: None,
+        namespace: "shop".into(),
+        name: name.into(),
+        change: "modified",
+        errors: vec![
+            Diagnostic::error("'server web-1' : could not resolve address '300.1.2.3'.")
+                .at(SourceLocation::new("haproxy.cfg", Some(41), None))
+                .from_origin(SourceLocation::new("backend", Some(7), None)),
+        ],
+        since: SystemTime::now(),
+    }
+}
+
+fn searched(
+    objects: Vec<QuarantinedObject>,
+    released: Vec<QuarantinedObject>,
+) -> QuarantineSearched {
+    QuarantineSearched {
+        objects,
+        released,
+        accepted: 3,
+        probes: 2,
+        gave_up: None,
+    }
+}
+
+impl Harness {
+    /// Publishes the `ingresses` snapshot holding `names` (with uids).
+    fn ingresses(&self, names: &[&str]) {
+        let mut snapshot = ResourceSnapshot::new(Vec::new());
+        for name in names {
+            snapshot.upsert(
+                ObjectKey::new("shop", *name),
+                &json!({
+                    "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                    "metadata": {"namespace": "shop", "name": name, "uid": format!("uid-{name}")},
+                }),
+            );
+        }
+        self.publisher.publish(ResourceIndexUpdated {
+            source: "ingresses".into(),
+            snapshot: Arc::new(snapshot),
+            change: Arc::new(ResourceChange::default()),
+        });
+    }
+
+    /// The next Event the component creates; answers it as the API server would.
+    async fn created(&mut self) -> Value {
+        let exchange = self.api.next().await;
+        assert_eq!(exchange.method, http::Method::POST, "{exchange:?}");
+        assert_eq!(exchange.path, EVENTS, "{exchange:?}");
+        let body = exchange.json();
+        exchange.respond(201, &body);
+        body
+    }
+
+    async fn health(&mut self, state: HealthState) -> String {
+        loop {
+            let event = timeout(Duration::from_secs(60), self.health.recv())
+                .await
+                .expect("a health change")
+                .expect("bus open");
+            if let EventPayload::ComponentHealthChanged(changed) = &event.payload
+                && changed.component.as_ref() == QuarantineEvents::NAME
+                && changed.health.state == state
+            {
+                return changed.health.reason.clone().unwrap_or_default();
+            }
+        }
+    }
+
+    async fn stop(self) {
+        self.kernel.shutdown(Duration::from_secs(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_quarantined_kubernetes_object_gets_a_warning_and_its_release_a_normal_event() {
+    let mut h = start(None);
+    h.ingresses(&["web", "api"]);
+    // `services` comes from files: no Event for it, only for the Ingress.
+    h.publisher.publish(searched(
+        vec![object("services", "web"), object("ingresses", "web")],
+        Vec::new(),
+    ));
+    let event = h.created().await;
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["reason"], QUARANTINED_REASON);
+    assert_eq!(event["reportingController"], "hapwright");
+    assert_eq!(event["reportingInstance"], "hapwright-0");
+    assert_eq!(
+        event["regarding"],
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "namespace": "shop", "name": "web", "uid": "uid-web",
+        })
+    );
+    let note = event["note"].as_str().unwrap();
+    assert!(note.contains("(modified)"), "{note}");
+    assert!(
+        note.contains("haproxy.cfg:41: 'server web-1' : could not resolve address '300.1.2.3'. (from backend:7)"),
+        "the template line and HAProxy's message: {note}"
+    );
+
+    // The next search still lists it: nothing new is written. The next request is
+    // the release's Normal Event, not a repeated warning.
+    h.publisher
+        .publish(searched(vec![object("ingresses", "web")], Vec::new()));
+    h.publisher
+        .publish(searched(Vec::new(), vec![object("ingresses", "web")]));
+    let event = h.created().await;
+    assert_eq!(event["type"], "Normal");
+    assert_eq!(event["reason"], RELEASED_REASON);
+    assert_eq!(event["regarding"]["name"], "web");
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_the_leader_writes_events() {
+    let (leader, follower) = watch::channel(false);
+    let mut h = start(Some(follower));
+    h.ingresses(&["web", "api"]);
+    // While following: nothing is written for web, quarantined and released.
+    h.publisher
+        .publish(searched(vec![object("ingresses", "web")], Vec::new()));
+    h.publisher
+        .publish(searched(Vec::new(), vec![object("ingresses", "web")]));
+    // With paused time this returns once every task is idle: the component has
+    // handled both searches as a follower.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Leading: the first Event the API server sees is api's.
+    leader.send_replace(true);
+    h.publisher
+        .publish(searched(vec![object("ingresses", "api")], Vec::new()));
+    let event = h.created().await;
+    assert_eq!(event["regarding"]["name"], "api", "{event}");
+    assert_eq!(event["type"], "Warning");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_write_degrades_the_component_and_is_retried() {
+    let mut h = start(None);
+    h.ingresses(&["web"]);
+    h.health(HealthState::Healthy).await;
+    h.publisher
+        .publish(searched(vec![object("ingresses", "web")], Vec::new()));
+    let exchange: Exchange = h.api.next().await;
+    assert_eq!(exchange.path, EVENTS);
+    exchange.respond_status(
+        403,
+        "Forbidden",
+        "events.events.k8s.io is forbidden: User \"system:serviceaccount:ingress:hapwright\" cannot create resource \"events\"",
+    );
+    let reason = h.health(HealthState::Degraded).await;
+    assert!(
+        reason.starts_with("cannot write Kubernetes Events:") && reason.contains("Forbidden"),
+        "{reason}"
+    );
+    // Not announced, so the next search tries again; success makes it healthy.
+    h.publisher
+        .publish(searched(vec![object("ingresses", "web")], Vec::new()));
+    let event = h.created().await;
+    assert_eq!(event["reason"], QUARANTINED_REASON);
+    h.health(HealthState::Healthy).await;
+    h.stop().await;
+}
