@@ -1251,3 +1251,74 @@ templateSnippets:
         );
     }
 }
+
+#[cfg(test)]
+mod webhook_tests {
+    use super::*;
+
+    fn parse_text(text: &str) -> Result<Config, Vec<String>> {
+        parse(
+            text,
+            Path::new("/etc/hapwright/hapwright.yaml"),
+            "hapwright.yaml",
+        )
+        .map(|(config, _)| config)
+        .map_err(|ds| ds.iter().map(ToString::to_string).collect())
+    }
+
+    const WATCHED: &str = "watchedResources:\n  services:\n    kubernetes: { apiVersion: v1, kind: Service }\nhaproxyConfig: { template: x }\n";
+
+    #[test]
+    fn webhook_keys_load_with_defaults_and_paths_resolved() {
+        let config = parse_text(&format!(
+            "{WATCHED}controller:\n  webhook:\n    certFile: tls/tls.crt\n    keyFile: /run/tls/tls.key\n    resources: [services]\n"
+        ))
+        .unwrap();
+        let webhook = config.controller.webhook.unwrap();
+        assert_eq!(webhook.listen, "0.0.0.0:9443".parse().unwrap());
+        assert_eq!(webhook.cert_file, Path::new("/etc/hapwright/tls/tls.crt"));
+        assert_eq!(webhook.key_file, Path::new("/run/tls/tls.key"));
+        assert_eq!(webhook.failure_policy, FailurePolicy::Fail);
+        assert_eq!(webhook.timeout, Duration::from_secs(8));
+        assert_eq!(webhook.max_request_bytes, ByteSize::mib(4));
+    }
+
+    #[test]
+    fn webhook_resources_must_name_watched_resources_at_their_line() {
+        let errors = parse_text(&format!(
+            "{WATCHED}controller:\n  webhook:\n    certFile: a\n    keyFile: b\n    resources:\n      - services\n      - servics\n    timeout: 40s\n    failurePolicy: Ignore\n"
+        ))
+        .unwrap_err();
+        let all = errors.join("\n");
+        assert!(
+            all.contains("hapwright.yaml:11:")
+                && all.contains("controller.webhook.resources[1]")
+                && all.contains("`servics` is not a watched resource; did you mean services?"),
+            "{all}"
+        );
+        assert!(
+            all.contains("hapwright.yaml:12:") && all.contains("controller.webhook.timeout"),
+            "{all}"
+        );
+        let unknown = parse_text(&format!(
+            "{WATCHED}controller:\n  webhook:\n    certFile: a\n    keyFile: b\n    resources: [services]\n    failurePolicy: Deny\n"
+        ))
+        .unwrap_err()
+        .join("\n");
+        assert!(unknown.contains("failurePolicy"), "{unknown}");
+    }
+
+    #[test]
+    fn a_label_selector_the_webhook_cannot_evaluate_is_a_config_error() {
+        let errors = parse_text(
+            "watchedResources:\n  services:\n    kubernetes: { apiVersion: v1, kind: Service, labelSelector: 'app in web' }\nhaproxyConfig: { template: x }\ncontroller:\n  webhook: { certFile: a, keyFile: b, resources: [services] }\n",
+        )
+        .unwrap_err()
+        .join("\n");
+        assert!(
+            errors.contains("hapwright.yaml:3:")
+                && errors.contains("watchedResources.services.kubernetes.labelSelector"),
+            "{errors}"
+        );
+    }
+}
