@@ -661,7 +661,7 @@ impl Config {
                     && let Err(error) = crate::webhook::Target::new(name, resource)
                 {
                     issues.push(ConfigIssue::new(
-                        format!("watchedResources.{name}.kubernetes.labelSelector"),
+                        format!("watchedResources.{name}.kubernetes.{}", error.field()),
                         format!("{} (the webhook evaluates it)", error.reason()),
                     ));
                 }

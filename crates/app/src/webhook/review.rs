@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::Metrics;
 use super::feed::Current;
-use super::select::{Target, labels_of};
+use super::select::Target;
 use crate::config::FailurePolicy;
 
 /// Most validation errors quoted in one denial; the rest are counted.
@@ -198,9 +198,9 @@ impl Engine {
             request.name.clone()
         };
         let selects = |target: &Target, object: &Option<Value>| {
-            object.as_ref().is_some_and(|o| {
-                target.selects(&api_version, &request.kind.kind, &namespace, &labels_of(o))
-            })
+            object
+                .as_ref()
+                .is_some_and(|o| target.selects(&api_version, &request.kind.kind, &namespace, o))
         };
         self.targets
             .iter()

@@ -2,10 +2,10 @@
 //! in: the same rules the sources apply, so the webhook's candidate snapshot holds
 //! exactly what the source would store once the object is in the cluster.
 //!
-//! A `kubernetes` entry selects by group, version and kind, its `namespaces` and its
-//! `labelSelector` (equality and set-based forms); a `fieldSelector` is not
-//! evaluated (the object counts as selected). A `files` entry selects by its
-//! `apiVersion` and `kind` filters.
+//! A `kubernetes` entry selects by group, version and kind, its `namespaces`, its
+//! `labelSelector` (equality and set-based forms) and its `fieldSelector`
+//! (`path=value`, `path==value`, `path!=value` over the object's fields). A `files`
+//! entry selects by its `apiVersion` and `kind` filters.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,6 +29,9 @@ pub struct Target {
     namespaces: Vec<String>,
     /// The parsed `labelSelector`.
     labels: Vec<Requirement>,
+    /// The parsed `fieldSelector`: a field, its wanted value, and whether it must
+    /// equal (`true`) or differ.
+    fields: Vec<(FieldPath, String, bool)>,
     /// Fields the source strips before storing.
     ignore_fields: Vec<FieldPath>,
     /// A `files` entry keys a namespace-less object under `default`; a `kubernetes`
@@ -38,18 +41,23 @@ pub struct Target {
     pub index_by: Vec<FieldPath>,
 }
 
-/// Why a `labelSelector` cannot be used.
+/// Why a `labelSelector` or `fieldSelector` cannot be evaluated. Not retryable: the
+/// config must be fixed.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "watchedResources.{resource}.kubernetes.labelSelector: cannot parse `{selector}`: {reason}"
-)]
+#[error("watchedResources.{resource}.kubernetes.{field}: cannot parse `{selector}`: {reason}")]
 pub struct SelectorError {
     resource: String,
+    field: &'static str,
     selector: String,
     reason: String,
 }
 
 impl SelectorError {
+    /// The key of the selector (`labelSelector`, `fieldSelector`).
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+
     /// What is wrong with the selector, without the key it is written under.
     pub fn reason(&self) -> String {
         format!("cannot parse `{}`: {}", self.selector, self.reason)
@@ -69,6 +77,7 @@ impl Target {
             kind: resource.kind.clone(),
             namespaces: Vec::new(),
             labels: Vec::new(),
+            fields: Vec::new(),
             ignore_fields: resource.ignore_fields.clone(),
             files: true,
             index_by: resource.index_by.clone(),
@@ -84,6 +93,15 @@ impl Target {
             if let Some(selector) = &kubernetes.label_selector {
                 target.labels = parse_selector(selector).map_err(|reason| SelectorError {
                     resource: name.to_owned(),
+                    field: "labelSelector",
+                    selector: selector.clone(),
+                    reason,
+                })?;
+            }
+            if let Some(selector) = &kubernetes.field_selector {
+                target.fields = parse_field_selector(selector).map_err(|reason| SelectorError {
+                    resource: name.to_owned(),
+                    field: "fieldSelector",
                     selector: selector.clone(),
                     reason,
                 })?;
@@ -92,20 +110,21 @@ impl Target {
         Ok(target)
     }
 
-    /// Whether this entry keeps an object of `api_version`/`kind` in `namespace`
-    /// with `labels`.
-    pub fn selects(
-        &self,
-        api_version: &str,
-        kind: &str,
-        namespace: &str,
-        labels: &BTreeMap<String, String>,
-    ) -> bool {
+    /// Whether this entry keeps `object` (of `api_version`/`kind` in `namespace`).
+    pub fn selects(&self, api_version: &str, kind: &str, namespace: &str, object: &Value) -> bool {
         let same = |wanted: &Option<String>, got: &str| wanted.as_deref().is_none_or(|w| w == got);
+        let labels = labels_of(object);
         same(&self.api_version, api_version)
             && same(&self.kind, kind)
             && (self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace))
-            && self.labels.iter().all(|r| r.matches(labels))
+            && self.labels.iter().all(|r| r.matches(&labels))
+            && self.fields.iter().all(|(path, value, equal)| {
+                let found = path.lookup(object).map(|v| match v {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                });
+                (found.as_deref() == Some(value.as_str())) == *equal
+            })
     }
 
     /// The key the source stores an object under.
@@ -200,6 +219,27 @@ fn parse_selector(text: &str) -> Result<Vec<Requirement>, String> {
     Ok(requirements)
 }
 
+/// Parses a field selector (`type=kubernetes.io/tls,metadata.name!=x`).
+fn parse_field_selector(text: &str) -> Result<Vec<(FieldPath, String, bool)>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|part| {
+            let (path, value, equal) = if let Some((p, v)) = part.split_once("!=") {
+                (p, v, false)
+            } else if let Some((p, v)) = part.split_once("==") {
+                (p, v, true)
+            } else if let Some((p, v)) = part.split_once('=') {
+                (p, v, true)
+            } else {
+                return Err(format!("`{part}` is not `field=value` or `field!=value`"));
+            };
+            let path = FieldPath::parse(path.trim()).map_err(|e| format!("`{part}`: {e}"))?;
+            Ok((path, value.trim().to_owned(), equal))
+        })
+        .collect()
+}
+
 /// The labels of an object (`metadata.labels`; string values only).
 pub fn labels_of(object: &Value) -> BTreeMap<String, String> {
     object
@@ -242,5 +282,21 @@ mod tests {
             ("env", "dev")
         ])));
         assert!(parse_selector("app in web").is_err());
+    }
+
+    #[test]
+    fn field_selectors_compare_the_object_fields() {
+        let fields = parse_field_selector("type=kubernetes.io/tls,metadata.name!=skip").unwrap();
+        let all = |o: &Value| {
+            fields
+                .iter()
+                .all(|(p, v, eq)| (p.lookup(o).and_then(Value::as_str) == Some(v.as_str())) == *eq)
+        };
+        let secret =
+            |t: &str, name: &str| serde_json::json!({"type": t, "metadata": {"name": name}});
+        assert!(all(&secret("kubernetes.io/tls", "a")));
+        assert!(!all(&secret("Opaque", "a")));
+        assert!(!all(&secret("kubernetes.io/tls", "skip")));
+        assert!(parse_field_selector("type").is_err());
     }
 }
