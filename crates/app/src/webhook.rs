@@ -89,6 +89,14 @@ impl Metrics {
         Ok(Self { requests, duration })
     }
 
+    /// Makes the counters of `resource` exist at 0, so an alert on the first
+    /// denial sees it.
+    pub fn start_at_zero(&self, resource: &str) {
+        for decision in ["allowed", "denied"] {
+            self.requests.with_label_values(&[resource, decision]);
+        }
+    }
+
     /// Counts one answer and its duration.
     pub fn record(&self, resource: &str, decision: &str, duration: Duration) {
         self.requests.with_label_values(&[resource, decision]).inc();

@@ -94,6 +94,11 @@ impl Engine {
         current: Current,
         metrics: Option<Metrics>,
     ) -> Self {
+        if let Some(metrics) = &metrics {
+            for target in &targets {
+                metrics.start_at_zero(&target.name);
+            }
+        }
         Self {
             renderer,
             validate,
@@ -181,22 +186,20 @@ impl Engine {
             .old_object
             .as_ref()
             .map(|o| object_value(o, &api_version, &request.kind.kind, &namespace));
-        let name = [new.as_ref(), old.as_ref()]
-            .into_iter()
-            .flatten()
-            .find_map(|o| o.pointer("/metadata/name").and_then(Value::as_str))
+        let name = Some(request.name.as_str())
             .filter(|n| !n.is_empty())
+            .or_else(|| {
+                [new.as_ref(), old.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .find_map(|o| o.pointer("/metadata/name").and_then(Value::as_str))
+                    .filter(|n| !n.is_empty())
+            })
             .map_or_else(
-                // A create relying on generateName: any name not taken stands in.
+                // A create relying on generateName: a name no object has stands in.
                 || format!("{}-pending-admission", request.kind.kind.to_lowercase()),
                 str::to_owned,
-            )
-            .clone();
-        let name = if request.name.is_empty() {
-            name
-        } else {
-            request.name.clone()
-        };
+            );
         let selects = |target: &Target, object: &Option<Value>| {
             object
                 .as_ref()
