@@ -506,10 +506,16 @@ impl Listeners {
                 Ok(())
             }
             Err(first) => {
-                // The old listener may hold the port.
+                // The old listener may hold the port (same port, or a new certificate
+                // or limit on the same address).
                 let Some((old_listen, old)) = self.webhook.take() else {
                     return Err(first);
                 };
+                let certificate = matches!(first, webhook::ListenError::CertificateFailed { .. });
+                if certificate || old_listen.addr.port() != wanted.addr.port() {
+                    self.webhook = Some((old_listen, old));
+                    return Err(first);
+                }
                 old.shutdown().await;
                 match wanted.bind(slot.clone()).await {
                     Ok(server) => {
