@@ -164,3 +164,54 @@ fn hapwright_run_refuses_a_breaking_object_and_admits_a_good_one() {
         2.0
     );
 }
+
+#[test]
+fn a_reload_with_an_unusable_certificate_is_rejected_and_the_webhook_keeps_serving() {
+    let certs = tempfile::tempdir().unwrap();
+    let ca = certificate(certs.path());
+    let port = free_port();
+    let controller = Controller::start_with(|config| {
+        config.replace(
+            "controller:\n",
+            &format!(
+                "controller:\n  webhook:\n    listen: 127.0.0.1:{port}\n    certFile: {}\n    keyFile: {}\n    resources: [services]\n",
+                certs.path().join("tls.crt").display(),
+                certs.path().join("tls.key").display()
+            ),
+        )
+    });
+    let client = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .tls_certs_only([reqwest::Certificate::from_pem(&ca).unwrap()])
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let allowed = || -> bool {
+        let response = client
+            .post(format!("https://127.0.0.1:{port}/validate"))
+            .json(&review(
+                "svc",
+                json!({
+                    "apiVersion": "v1", "kind": "Service",
+                    "metadata": { "name": "other", "namespace": "default" },
+                    "spec": { "ports": [{ "port": 80 }] },
+                }),
+            ))
+            .send()
+            .unwrap_or_else(|e| controller.fail(&format!("webhook request: {e}")));
+        let body: Value = response.json().unwrap();
+        body["response"]["allowed"].as_bool().unwrap()
+    };
+    assert!(allowed());
+
+    // The key file of the new config does not exist.
+    let config = controller.read_config();
+    controller.write_config(&config.replace("tls.key", "missing.key"));
+    let (status, body) = controller.status_post("/-/reload");
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.contains("controller.webhook") && body.contains("missing.key"),
+        "the error names the key and the file: {body}"
+    );
+    assert!(allowed(), "the running webhook listener keeps serving");
+}

@@ -202,6 +202,22 @@ fn prepare(loaded: Loaded) -> Result<Candidate, Vec<Diagnostic>> {
             None
         }
     };
+    // The webhook's certificate must load: a config that cannot serve it is
+    // rejected before it replaces the running one (and before a reload request is
+    // answered).
+    if let Some(settings) = &loaded.config.controller.webhook
+        && let Err(reason) = webhook::tls::acceptor(&settings.cert_file, &settings.key_file)
+    {
+        problems.push(
+            Diagnostic::error(format!("controller.webhook: {reason}")).at(
+                hapwright_eventbus::model::SourceLocation::new(
+                    loaded.path.display().to_string(),
+                    None,
+                    None,
+                ),
+            ),
+        );
+    }
     match renderer {
         Some(renderer) if problems.is_empty() => Ok(Candidate { loaded, renderer }),
         _ => Err(problems),
