@@ -3,6 +3,8 @@
 //! does not give.
 //!
 //! Per connection:
+//! - *TLS handshake* (the webhook listener, [`serve_tls`]): complete within
+//!   [`Limits::header_read_timeout`] of the accept;
 //! - *header read*: a client must send a complete request head within
 //!   [`Limits::header_read_timeout`] — on a new connection counted from the accept,
 //!   otherwise from the head's first byte;
