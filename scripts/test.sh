@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 
 missing=()
 command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
+# The webhook tests make their TLS certificates with the openssl command.
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 # Headless browser for tests/browser.rs (Debian's package; the test expects this path).
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then

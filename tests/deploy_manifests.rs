@@ -28,6 +28,7 @@ const CLUSTER_SCOPED: &[&str] = &[
     "IngressClass",
     "ClusterRole",
     "ClusterRoleBinding",
+    "ValidatingWebhookConfiguration",
 ];
 
 /// Keys of a hapwright config that must be the Ingress library's.
@@ -1278,7 +1279,8 @@ fn round_trip<T: k8s_openapi::serde::de::DeserializeOwned + k8s_openapi::serde::
 /// crate does not have (ServiceMonitor) are left out.
 fn check_schema(docs: &[Doc]) -> Vec<String> {
     use k8s_openapi::api::{
-        apps::v1 as apps, core::v1 as core, networking::v1 as networking, rbac::v1 as rbac,
+        admissionregistration::v1 as admission, apps::v1 as apps, core::v1 as core,
+        networking::v1 as networking, rbac::v1 as rbac,
     };
     let mut problems = Vec::new();
     for doc in docs {
@@ -1294,6 +1296,9 @@ fn check_schema(docs: &[Doc]) -> Vec<String> {
             "ClusterRoleBinding" => round_trip::<rbac::ClusterRoleBinding>(&doc.value),
             "Role" => round_trip::<rbac::Role>(&doc.value),
             "RoleBinding" => round_trip::<rbac::RoleBinding>(&doc.value),
+            "ValidatingWebhookConfiguration" => {
+                round_trip::<admission::ValidatingWebhookConfiguration>(&doc.value)
+            }
             _ => continue,
         };
         match result {
@@ -1359,4 +1364,141 @@ fn schema_problems_are_reported() {
         ".spec.template.spec.containers[0].readinessprobe is not a field of the API type",
     );
     assert_reported(&problems, "Service s: invalid type");
+}
+
+// === the admission webhook add-on ===
+
+/// What `deploy/webhook/` must agree on with itself and with the controller mode it
+/// is applied on top of: the webhook configuration calls the add-on's Service on
+/// `/validate`, the Service reaches the controller pods on the webhook's default
+/// port, dry runs are allowed (no side effects), the API server waits longer than
+/// hapwright's default budget, and every rule names a resource the controller
+/// watches (so `controller.webhook.resources` can name it).
+fn check_webhook(webhook: &[Doc], controller: &[Doc]) -> Vec<String> {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    let mut problems = Vec::new();
+    let configs: Vec<ValidatingWebhookConfiguration> = webhook
+        .iter()
+        .filter(|d| d.kind() == "ValidatingWebhookConfiguration")
+        .map(|d| serde_json::from_value(d.value.clone()).expect("checked by the schema test"))
+        .collect();
+    if configs.is_empty() {
+        problems.push("deploy/webhook has no ValidatingWebhookConfiguration".to_owned());
+    }
+    let watched: Vec<(String, String)> = embedded_configs(controller)
+        .iter()
+        .flat_map(|e| {
+            e.config["watchedResources"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter_map(|(_, r)| {
+                    let k = &r["kubernetes"];
+                    Some(resource_of(k["apiVersion"].as_str()?, k["kind"].as_str()?))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for config in &configs {
+        for hook in config.webhooks.iter().flatten() {
+            let at = format!("webhook {}", hook.name);
+            if !hook.admission_review_versions.iter().any(|v| v == "v1") {
+                problems.push(format!("{at}: admissionReviewVersions lacks v1"));
+            }
+            if !matches!(hook.side_effects.as_str(), "None" | "NoneOnDryRun") {
+                problems.push(format!(
+                    "{at}: sideEffects must be None (dry runs are answered)"
+                ));
+            }
+            if hook.timeout_seconds.unwrap_or(10) <= 8 {
+                problems.push(format!(
+                    "{at}: timeoutSeconds must exceed controller.webhook.timeout's default (8s)"
+                ));
+            }
+            let Some(service) = &hook.client_config.service else {
+                problems.push(format!("{at}: clientConfig names no Service"));
+                continue;
+            };
+            if service.path.as_deref() != Some("/validate") {
+                problems.push(format!("{at}: clientConfig.service.path is not /validate"));
+            }
+            let target = webhook.iter().find(|d| {
+                d.kind() == "Service"
+                    && d.name() == service.name
+                    && d.namespace() == service.namespace
+            });
+            let Some(target) = target else {
+                problems.push(format!(
+                    "{at}: Service {}/{} is not in deploy/webhook",
+                    service.namespace, service.name
+                ));
+                continue;
+            };
+            let port = service.port.unwrap_or(443);
+            let service_port = array(&target.value["spec"], "ports")
+                .iter()
+                .find(|p| p["port"].as_i64() == Some(i64::from(port)));
+            if service_port.and_then(|p| p["targetPort"].as_u64()) != Some(9443) {
+                problems.push(format!(
+                    "{at}: Service port {port} does not lead to 9443 (controller.webhook.listen)"
+                ));
+            }
+            let selector = string_map(&target.value["spec"]["selector"]);
+            if !workloads(controller).any(|(doc, _)| {
+                let labels = pod_labels(doc);
+                !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+            }) {
+                problems.push(format!("{at}: the Service selects no controller pod"));
+            }
+            for rule in hook.rules.iter().flatten() {
+                for group in rule.api_groups.iter().flatten() {
+                    for resource in rule.resources.iter().flatten() {
+                        if !watched.contains(&(group.clone(), resource.clone())) {
+                            problems.push(format!(
+                                "{at}: rule for {group}/{resource}, which the controller \
+                                 does not watch"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn the_webhook_add_on_agrees_with_the_controller_mode() {
+    let webhook = load(&repo().join("deploy/webhook"));
+    assert_no_problems("deploy/webhook", check_metadata(&webhook));
+    assert_no_problems(
+        "deploy/webhook",
+        check_webhook(&webhook, &load(&repo().join("deploy/controller"))),
+    );
+}
+
+#[test]
+fn webhook_problems_are_reported() {
+    let webhook = parse_docs(
+        "broken-webhook.yaml",
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\n\
+         metadata: { name: w }\nwebhooks:\n  - name: v.example.io\n    admissionReviewVersions: [v1beta1]\n\
+         \x20   sideEffects: Some\n    timeoutSeconds: 5\n\
+         \x20   clientConfig: { service: { namespace: hapwright, name: hapwright-webhook, path: /check } }\n\
+         \x20   rules: [ { apiGroups: [apps], apiVersions: [v1], resources: [deployments], operations: [CREATE] } ]\n\
+         ---\napiVersion: v1\nkind: Service\nmetadata: { name: hapwright-webhook, namespace: hapwright }\n\
+         spec: { selector: { app: nothing }, ports: [ { port: 443, targetPort: 8443 } ] }\n",
+    );
+    let problems = check_webhook(&webhook, &load(&repo().join("deploy/controller")));
+    for needle in [
+        "lacks v1",
+        "sideEffects",
+        "timeoutSeconds",
+        "not /validate",
+        "does not lead to 9443",
+        "selects no controller pod",
+        "apps/deployments",
+    ] {
+        assert_reported(&problems, needle);
+    }
 }

@@ -107,6 +107,61 @@ pub fn quarantine_validate(config: validator::Config) -> quarantine::Validate {
     })
 }
 
+/// The validation step of the admission webhook: phase 1, then phase 2 — satisfied
+/// by structural equivalence with the last candidate that passed `haproxy -c` when
+/// `haproxy.phase2Equivalence` allows it, as the validator component does. Most
+/// reviews differ from the last one only in an object's values (an endpoint
+/// address, a port), so most are answered without starting HAProxy.
+pub fn webhook_validate(config: validator::Config) -> quarantine::Validate {
+    use hapwright_deployer::component::validator::equivalence::{self, Baseline, Equivalence};
+    let config = Arc::new(config);
+    let baseline: Arc<std::sync::Mutex<Option<Baseline>>> = Arc::default();
+    Arc::new(move |rendered: Arc<RenderedConfig>| {
+        let config = config.clone();
+        let baseline = baseline.clone();
+        Box::pin(async move {
+            let failure = |rejection: validator::Rejection| quarantine::Failure {
+                errors: rejection.errors,
+                tool_failure: rejection.tool_failure,
+            };
+            let phase1 = {
+                let rendered = rendered.clone();
+                tokio::task::spawn_blocking(move || validator::validate_phase1_parsed(&rendered))
+                    .await
+                    .map_err(|join| quarantine::Failure {
+                        errors: vec![Diagnostic::error(format!("phase 1 crashed: {join}"))],
+                        tool_failure: true,
+                    })?
+            };
+            let model = Arc::new(phase1.map_err(failure)?.1);
+            if config.equivalence {
+                let last = baseline
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+                if let Some(last) = last
+                    && let Equivalence::Equivalent(reason) =
+                        equivalence::compare(&last, &rendered, &model)
+                {
+                    tracing::debug!(
+                        reason = reason.as_str(),
+                        "Webhook phase 2 passed by structural equivalence"
+                    );
+                    return Ok(());
+                }
+            }
+            validator::validate_phase2(&rendered, &config)
+                .await
+                .map_err(failure)?;
+            *baseline
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some(Baseline { rendered, model });
+            Ok(())
+        })
+    })
+}
+
 /// The instances reached through local sockets.
 pub fn socket_instances(config: &Config) -> Vec<InstanceConfig> {
     config

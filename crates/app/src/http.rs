@@ -412,6 +412,33 @@ impl HttpServer {
         })
     }
 
+    /// Like [`bind`](Self::bind), serving HTTPS: every connection first completes a
+    /// TLS handshake with `tls` (the admission webhook's listener).
+    pub async fn bind_tls(
+        addr: SocketAddr,
+        router: Router,
+        limits: Limits,
+        tls: tokio_rustls::TlsAcceptor,
+    ) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        let local_addr = listener.local_addr()?;
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(server::serve_tls(
+            listener,
+            router,
+            limits.clone(),
+            tls,
+            cancel.clone(),
+        ));
+        tracing::info!(%local_addr, "HTTPS listener bound");
+        Ok(Self {
+            local_addr,
+            limits,
+            cancel,
+            task,
+        })
+    }
+
     /// The bound address (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr

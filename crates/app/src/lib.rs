@@ -20,6 +20,8 @@
 //! status_page      the HTML status page
 //! telemetry        logging (text or JSON) and its filter
 //! validation_tests `hapwright test`: cases, fixtures, runner, assertions, report
+//! webhook          the validating admission webhook: its HTTPS listener, the
+//!                  current objects it validates against, one review's decision
 //! bench            `hapwright bench`: synthetic clusters rendered and validated at scale
 //! ```
 //!
@@ -38,3 +40,4 @@ pub mod status;
 pub mod status_page;
 pub mod telemetry;
 pub mod validation_tests;
+pub mod webhook;

@@ -58,6 +58,7 @@ use crate::http::{
 };
 use crate::status::{ConfigStatus, EventLog, StatusMetrics, StatusRecorder, StatusStore};
 use crate::telemetry;
+use crate::webhook;
 
 /// Exit codes.
 pub mod exit {
@@ -122,6 +123,12 @@ struct Process {
     deployer_metrics: DeployerMetrics,
     reload_metrics: ReloadMetrics,
     discovery_metrics: DiscoveryMetrics,
+    webhook_metrics: webhook::Metrics,
+    /// The latest snapshots the admission webhook validates against, kept across
+    /// iterations so a config reload does not leave it without objects.
+    webhook_current: webhook::Current,
+    /// The webhook engine of the running iteration, read by the webhook listener.
+    webhook_slot: webhook::Slot,
     deployed: LastDeployedStore,
     /// The last validated snapshots, for the quarantine search after a reload.
     last_good: quarantine::LastGood,
@@ -151,6 +158,9 @@ impl Process {
             deployer_metrics: DeployerMetrics::register(&registry)?,
             reload_metrics: ReloadMetrics::register(&registry)?,
             discovery_metrics: DiscoveryMetrics::register(&registry)?,
+            webhook_metrics: webhook::Metrics::register(&registry)?,
+            webhook_current: webhook::Current::new(),
+            webhook_slot: webhook::Slot::default(),
             store: StatusStore::default(),
             deployed: LastDeployedStore::new(),
             last_good: quarantine::LastGood::new(),
@@ -195,6 +205,22 @@ fn prepare(loaded: Loaded) -> Result<Candidate, Vec<Diagnostic>> {
             None
         }
     };
+    // The webhook's certificate must load: a config that cannot serve it is
+    // rejected before it replaces the running one (and before a reload request is
+    // answered).
+    if let Some(settings) = &loaded.config.controller.webhook
+        && let Err(reason) = webhook::tls::acceptor(&settings.cert_file, &settings.key_file)
+    {
+        problems.push(
+            Diagnostic::error(format!("controller.webhook: {reason}")).at(
+                hapwright_eventbus::model::SourceLocation::new(
+                    loaded.path.display().to_string(),
+                    None,
+                    None,
+                ),
+            ),
+        );
+    }
     match renderer {
         Some(renderer) if problems.is_empty() => Ok(Candidate { loaded, renderer }),
         _ => Err(problems),
@@ -305,6 +331,36 @@ impl Iteration {
                 events = events.with_leadership(leader);
             }
             kernel.register(events);
+        }
+        match &config.controller.webhook {
+            Some(settings) => {
+                kernel.register(webhook::Feed::new(process.webhook_current.clone()));
+                let targets = settings
+                    .resources
+                    .iter()
+                    .filter_map(|name| {
+                        let resource = config.watched_resources.resources.get(name)?;
+                        Some(webhook::Target::new(name, resource))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let engine = webhook::Engine::new(
+                    build::renderer(config).map_err(|errors| {
+                        anyhow::anyhow!("the webhook's templates do not compile: {errors:?}")
+                    })?,
+                    build::webhook_validate(build::validator_config(config)),
+                    targets,
+                    webhook::Settings {
+                        timeout: settings.timeout.get(),
+                        failure_policy: settings.failure_policy,
+                    },
+                    process.webhook_current.clone(),
+                    Some(process.webhook_metrics.clone()),
+                );
+                process
+                    .webhook_slot
+                    .store(Some(std::sync::Arc::new(engine)));
+            }
+            None => process.webhook_slot.store(None),
         }
         kernel.register(Validator::new(
             build::validator_config(config),
@@ -417,6 +473,8 @@ struct ListenError {
 struct Listeners {
     main: Option<(SocketAddr, HttpServer)>,
     metrics: Option<(SocketAddr, HttpServer)>,
+    /// The admission webhook's HTTPS listener, when `controller.webhook` is set.
+    webhook: Option<(webhook::Listen, HttpServer)>,
 }
 
 impl Listeners {
@@ -469,8 +527,66 @@ impl Listeners {
         }
     }
 
+    /// Makes the webhook listener serve `wanted` (`None`: no listener), binding the
+    /// new one before letting go of the old one when it can; on failure the old
+    /// listener keeps serving.
+    async fn ensure_webhook(
+        &mut self,
+        wanted: Option<webhook::Listen>,
+        slot: &webhook::Slot,
+    ) -> Result<(), webhook::ListenError> {
+        if self.webhook.as_ref().map(|(listen, _)| listen) == wanted.as_ref() {
+            return Ok(());
+        }
+        let Some(wanted) = wanted else {
+            if let Some((_, old)) = self.webhook.take() {
+                old.shutdown().await;
+            }
+            return Ok(());
+        };
+        match wanted.bind(slot.clone()).await {
+            Ok(server) => {
+                if let Some((_, old)) = self.webhook.replace((wanted, server)) {
+                    old.shutdown().await;
+                }
+                Ok(())
+            }
+            Err(first) => {
+                // The old listener may hold the port (same port, or a new certificate
+                // or limit on the same address).
+                let Some((old_listen, old)) = self.webhook.take() else {
+                    return Err(first);
+                };
+                let certificate = matches!(first, webhook::ListenError::CertificateFailed { .. });
+                if certificate || old_listen.addr.port() != wanted.addr.port() {
+                    self.webhook = Some((old_listen, old));
+                    return Err(first);
+                }
+                old.shutdown().await;
+                match wanted.bind(slot.clone()).await {
+                    Ok(server) => {
+                        self.webhook = Some((wanted, server));
+                        Ok(())
+                    }
+                    Err(error) => {
+                        if let Ok(restored) = old_listen.bind(slot.clone()).await {
+                            self.webhook = Some((old_listen, restored));
+                        }
+                        Err(error)
+                    }
+                }
+            }
+        }
+    }
+
     async fn shutdown(self) {
-        for (_, server) in self.main.into_iter().chain(self.metrics) {
+        for server in self
+            .main
+            .into_iter()
+            .chain(self.metrics)
+            .map(|(_, server)| server)
+            .chain(self.webhook.map(|(_, server)| server))
+        {
             server.shutdown().await;
         }
     }
@@ -537,6 +653,14 @@ async fn rebind(
     }
 }
 
+/// The webhook listener's settings of a `controller` section (`None`: no webhook).
+fn webhook_listen(controller: &config::Controller) -> Option<webhook::Listen> {
+    controller
+        .webhook
+        .as_ref()
+        .map(|w| webhook::Listen::new(w, Limits::from(&controller.http)))
+}
+
 /// Runs the controller until SIGTERM/SIGINT. Returns the process exit code.
 pub async fn run(path: PathBuf) -> u8 {
     let loaded = match config::load(&path) {
@@ -583,6 +707,7 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
     let mut listeners = Listeners {
         main: None,
         metrics: None,
+        webhook: None,
     };
     let mut sighup = signal(SignalKind::hangup())?;
     let mut sigterm = signal(SignalKind::terminate())?;
@@ -599,6 +724,14 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
         .await
     {
         process.managed.stop().await;
+        anyhow::bail!("{error}");
+    }
+    if let Err(error) = listeners
+        .ensure_webhook(webhook_listen(first), &process.webhook_slot)
+        .await
+    {
+        process.managed.stop().await;
+        listeners.shutdown().await;
         anyhow::bail!("{error}");
     }
     let mut generation = 0u64;
@@ -775,7 +908,7 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
             let loaded = match loaded {
                 Ok(next) => {
                     let wanted = &next.loaded.config.controller;
-                    listeners
+                    let main = listeners
                         .ensure(
                             &state,
                             wanted.listen,
@@ -783,16 +916,23 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
                             &Limits::from(&wanted.http),
                         )
                         .await
-                        .map(|()| next)
-                        .map_err(|error| {
-                            vec![Diagnostic::error(error.to_string()).at(
-                                hapwright_eventbus::model::SourceLocation::new(
-                                    config_path.display().to_string(),
-                                    None,
-                                    None,
-                                ),
-                            )]
-                        })
+                        .map_err(|error| error.to_string());
+                    let main = match main {
+                        Ok(()) => listeners
+                            .ensure_webhook(webhook_listen(wanted), &process.webhook_slot)
+                            .await
+                            .map_err(|error| error.to_string()),
+                        Err(error) => Err(error),
+                    };
+                    main.map(|()| next).map_err(|error| {
+                        vec![Diagnostic::error(error).at(
+                            hapwright_eventbus::model::SourceLocation::new(
+                                config_path.display().to_string(),
+                                None,
+                                None,
+                            ),
+                        )]
+                    })
                 }
                 Err(errors) => Err(errors),
             };
@@ -912,6 +1052,7 @@ mod tests {
         let mut listeners = Listeners {
             main: None,
             metrics: None,
+            webhook: None,
         };
         let error = listeners
             .ensure(&state, free_addr, Some(taken_addr), &Limits::default())

@@ -3,6 +3,8 @@
 //! does not give.
 //!
 //! Per connection:
+//! - *TLS handshake* (the webhook listener, [`serve_tls`]): complete within
+//!   [`Limits::header_read_timeout`] of the accept;
 //! - *header read*: a client must send a complete request head within
 //!   [`Limits::header_read_timeout`] — on a new connection counted from the accept,
 //!   otherwise from the head's first byte;
@@ -93,6 +95,30 @@ pub fn limit_concurrency(router: Router, max: usize) -> Router {
 /// Accepts connections on `listener` and serves `router` on them until `stop`
 /// fires, then drains within the shutdown deadline.
 pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: CancellationToken) {
+    serve_with(listener, router, limits, None, stop).await;
+}
+
+/// [`serve`] over TLS: each connection completes its TLS handshake within
+/// [`Limits::header_read_timeout`] (a client that stalls the handshake holds a
+/// connection slot no longer than one that trickles its request head), then is
+/// served as in [`serve`].
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    tls: tokio_rustls::TlsAcceptor,
+    stop: CancellationToken,
+) {
+    serve_with(listener, router, limits, Some(tls), stop).await;
+}
+
+async fn serve_with(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    stop: CancellationToken,
+) {
     let router = limit_concurrency(router, limits.max_concurrent_requests);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let connections = TaskTracker::new();
@@ -126,6 +152,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: 
         let _ = stream.set_nodelay(true);
         connections.spawn(serve_connection(
             stream,
+            tls.clone(),
             router.clone(),
             limits.clone(),
             Shutdown {
@@ -162,13 +189,50 @@ struct Shutdown {
 
 async fn serve_connection(
     stream: TcpStream,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    router: Router,
+    limits: Limits,
+    shutdown: Shutdown,
+    slot: OwnedSemaphorePermit,
+) {
+    let activity = Arc::new(Activity::new());
+    let io = TimedIo::new(stream, activity.clone(), limits.write_timeout);
+    let Some(tls) = tls else {
+        drive(TokioIo::new(io), activity, router, limits, shutdown, slot).await;
+        return;
+    };
+    let handshake = tokio::select! {
+        handshake = tokio::time::timeout(limits.header_read_timeout, tls.accept(io)) => handshake,
+        () = shutdown.graceful.cancelled() => return,
+    };
+    match handshake {
+        Ok(Ok(stream)) => {
+            drive(
+                TokioIo::new(stream),
+                activity,
+                router,
+                limits,
+                shutdown,
+                slot,
+            )
+            .await;
+        }
+        Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+        Err(_) => tracing::debug!("TLS handshake not complete within the header read timeout"),
+    }
+}
+
+/// Serves HTTP/1 on one established connection (plain or TLS).
+async fn drive<I>(
+    io: TokioIo<I>,
+    activity: Arc<Activity>,
     router: Router,
     limits: Limits,
     shutdown: Shutdown,
     _slot: OwnedSemaphorePermit,
-) {
-    let activity = Arc::new(Activity::new());
-    let io = TokioIo::new(TimedIo::new(stream, activity.clone(), limits.write_timeout));
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let service = {
         let activity = activity.clone();
         hyper::service::service_fn(move |request: axum::http::Request<Incoming>| {

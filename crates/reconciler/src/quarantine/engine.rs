@@ -130,6 +130,35 @@ pub async fn isolate(
     }
 }
 
+/// Renders `resources` with `renderer` (on the blocking pool, as the renderer
+/// component does) and validates the result with `validate`: the check of one
+/// candidate state, shared by the culprit search and the admission webhook, so both
+/// judge a candidate exactly as a reconciliation would.
+///
+/// # Errors
+///
+/// The render errors (not a tool failure), or what `validate` found.
+pub async fn render_and_validate(
+    renderer: &Renderer,
+    resources: Resources,
+    validate: &Validate,
+) -> Result<Arc<RenderedConfig>, Failure> {
+    let renderer = renderer.clone();
+    let rendered = tokio::task::spawn_blocking(move || renderer.render(&resources))
+        .await
+        .map_err(|join| Failure {
+            errors: vec![Diagnostic::error(format!("the renderer crashed: {join}"))],
+            tool_failure: true,
+        })?
+        .map_err(|errors| Failure {
+            errors,
+            tool_failure: false,
+        })?;
+    let rendered = Arc::new(rendered);
+    validate(rendered.clone()).await?;
+    Ok(rendered)
+}
+
 /// Renders and validates candidates.
 struct RenderProbe<'a> {
     renderer: &'a Renderer,
@@ -147,20 +176,7 @@ impl Probe for RenderProbe<'_> {
         for (source, snapshot) in self.set.applied(applied) {
             resources.update(&source, snapshot, None);
         }
-        let renderer = self.renderer.clone();
-        let rendered = tokio::task::spawn_blocking(move || renderer.render(&resources))
-            .await
-            .map_err(|join| Failure {
-                errors: vec![Diagnostic::error(format!("the renderer crashed: {join}"))],
-                tool_failure: true,
-            })?
-            .map_err(|errors| Failure {
-                errors,
-                tool_failure: false,
-            })?;
-        let rendered = Arc::new(rendered);
-        (self.validate)(rendered.clone()).await?;
-        Ok(rendered)
+        render_and_validate(self.renderer, resources, self.validate).await
     }
 
     fn is_tool_failure(&self, error: &Failure) -> bool {

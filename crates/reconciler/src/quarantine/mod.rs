@@ -19,6 +19,6 @@ pub mod search;
 pub use changes::{Change, ChangeSet};
 pub use engine::{
     Culprit, Entry, Failure, GaveUp, Isolated, LastGood, Quarantine, Settled, Validate,
-    ValidateFuture, isolate,
+    ValidateFuture, isolate, render_and_validate,
 };
 pub use search::{Outcome, Probe, Rejection, Settings, search_with_suspects};
