@@ -24,6 +24,25 @@ cargo fmt --all --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
+# The container image test (tests/e2e_image.rs) runs the image scripts/image.sh builds.
+# It is built here from the debug binary `cargo test` uses anyway: what the test checks
+# (root file system, user, entry point, default config path, HAProxy inside) does not
+# depend on the compile profile, and a release build would add 10+ minutes on 2 cores.
+if [ "${HAPWRIGHT_SKIP_IMAGE:-}" = 1 ]; then
+    echo "==> skipping the container image test (HAPWRIGHT_SKIP_IMAGE=1)"
+else
+    echo "==> container image (scripts/image.sh)"
+    cargo build -p hapwright-app --bin hapwright
+    if ! ./scripts/image.sh --binary "${CARGO_TARGET_DIR:-target}/debug/hapwright" \
+        --tag localhost/hapwright:test; then
+        echo "error: the container image could not be built or run on this machine (see above)." >&2
+        echo "       tests/e2e_image.rs needs podman (as root) able to run containers;" >&2
+        echo "       set HAPWRIGHT_SKIP_IMAGE=1 to run the other tests without it." >&2
+        exit 1
+    fi
+    export HAPWRIGHT_TEST_IMAGE=localhost/hapwright:test
+fi
+
 echo "==> cargo test"
 export CI="${CI:-true}"   # insta: never write snapshots, fail on mismatch
 export HAPWRIGHT_REQUIRE_BROWSER=1   # tests/browser.rs fails instead of skipping

@@ -1070,6 +1070,29 @@ fn the_readme_documents_the_secret_the_user_creates() {
     }
 }
 
+#[test]
+fn hapwright_containers_run_the_image_scripts_image_sh_builds() {
+    let script = fs::read_to_string(repo().join("scripts/image.sh")).expect("scripts/image.sh");
+    let default = "tag=\"ghcr.io/hapwright/hapwright:${version}\"";
+    assert!(
+        script.contains(default),
+        "scripts/image.sh no longer tags `{default}`: update this test and deploy/"
+    );
+    let image = format!("ghcr.io/hapwright/hapwright:{}", env!("CARGO_PKG_VERSION"));
+    let mut seen = 0;
+    for mode in modes() {
+        for (doc, spec) in workloads(&load(&mode)) {
+            for container in containers(spec) {
+                if container["name"] == "hapwright" {
+                    seen += 1;
+                    assert_eq!(container["image"], image.as_str(), "{}", doc.label());
+                }
+            }
+        }
+    }
+    assert_eq!(seen, 2, "one hapwright container per mode");
+}
+
 // === the checks report problems ===
 
 const BROKEN: &str = r#"

@@ -1,9 +1,10 @@
 //! The `hapwright` command line.
 
+use std::io::stdout;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use hapwright_app::validation_tests::OutputFormat;
 use hapwright_app::{bench, commands, run};
 
@@ -20,7 +21,12 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// and its map, certificate and other files from Jinja templates, validates them and
 /// deploys them without a reload whenever HAProxy allows it.
 #[derive(Debug, Parser)]
-#[command(name = "hapwright", version, about, long_about = None)]
+#[command(
+    name = "hapwright",
+    version,
+    about = "Keeps HAProxy configured from live data through Jinja templates",
+    long_about = None
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -92,6 +98,16 @@ enum Command {
     },
     /// Print the version of hapwright.
     Version,
+    /// Print a shell completion script for SHELL to stdout, e.g.
+    /// `hapwright completions bash > /etc/bash_completion.d/hapwright`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) to stdout, e.g.
+    /// `hapwright man > /usr/local/share/man/man1/hapwright.1`.
+    Man,
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -131,6 +147,17 @@ fn main() -> ExitCode {
             println!("hapwright {}", env!("CARGO_PKG_VERSION"));
             run::exit::OK
         }
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "hapwright", &mut stdout());
+            run::exit::OK
+        }
+        Command::Man => match clap_mangen::Man::new(Cli::command()).render(&mut stdout()) {
+            Ok(()) => run::exit::OK,
+            Err(error) => {
+                eprintln!("hapwright man: {error}");
+                run::exit::FAILURE
+            }
+        },
     };
     ExitCode::from(code)
 }

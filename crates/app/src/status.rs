@@ -1064,7 +1064,7 @@ impl Component for EventLog {
             tracing::debug!(
                 event = event.kind().as_str(),
                 id = %event.id,
-                correlation_id = ?event.correlation_id,
+                correlation_id = event.correlation_id.map(tracing::field::display),
                 "Event"
             );
             self.store.remember_event(event);

@@ -2,8 +2,16 @@
 
 use prometheus::Registry;
 use prometheus::process_collector::ProcessCollector;
+use std::io::IsTerminal;
+
+use serde_json::Map as JsonMap;
+use tracing::field::{Field, Visit};
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::fmt::format::FmtSpan;
+use tracing_subscriber::fmt::format::{FmtSpan, FormatEvent, FormatFields, JsonFields, Writer};
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+use tracing_subscriber::fmt::{FmtContext, FormattedFields, MakeWriter};
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
 
 pub use crate::config::LogFormat;
 
@@ -23,8 +31,9 @@ pub enum LoggingError {
 
 /// Installs the global tracing subscriber. `filter` is a level (`info`) or a
 /// `RUST_LOG`-style directive list (`info,hapwright_deployer=debug`); the `RUST_LOG`
-/// environment variable, when set, wins. Logs go to stderr. Calling it twice keeps
-/// the first subscriber.
+/// environment variable, when set, wins. Logs go to stderr, coloured only when stderr
+/// is a terminal (and `NO_COLOR` is unset), so files and pipes get plain text. Calling
+/// it twice keeps the first subscriber.
 ///
 /// # Errors
 ///
@@ -38,17 +47,128 @@ pub fn init_logging(filter: &str, format: LogFormat) -> Result<(), LoggingError>
         filter: filter.to_owned(),
         error,
     })?;
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    let ansi = std::io::stderr().is_terminal() && !no_color;
+    let subscriber = subscriber(filter, format, ansi, || RedactingWriter(std::io::stderr()));
+    // A second initialisation (tests, reinit) keeps the first subscriber.
+    let _ = subscriber.try_init();
+    Ok(())
+}
+
+/// The subscriber [`init_logging`] installs, writing to `writer` (a separate function
+/// so tests can capture what it writes).
+fn subscriber<W>(
+    filter: EnvFilter,
+    format: LogFormat,
+    ansi: bool,
+    writer: W,
+) -> Box<dyn tracing::Subscriber + Send + Sync>
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(|| RedactingWriter(std::io::stderr()))
+        .with_writer(writer)
         .with_span_events(FmtSpan::NONE);
-    let result = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-    };
-    // A second initialisation (tests, reinit) keeps the first subscriber.
-    let _ = result;
-    Ok(())
+    match format {
+        LogFormat::Text => Box::new(builder.with_ansi(ansi).finish()),
+        LogFormat::Json => Box::new(
+            builder
+                .with_ansi(false)
+                .fmt_fields(JsonFields::new())
+                .event_format(FlatJson)
+                .finish(),
+        ),
+    }
+}
+
+/// `logFormat: json`: one JSON object per line with flat, stable keys (documented in
+/// docs/cli.md, "Logs"): `timestamp` (RFC 3339, UTC), `level`, `target`, `message`,
+/// `span` (the enclosing spans' names, outermost first, joined by `:`), then the
+/// fields of the enclosing spans and of the event itself. Flat keys let a log shipper
+/// index `correlation_id` or `instance` without knowing which span carried them.
+#[derive(Debug, Clone, Copy)]
+struct FlatJson;
+
+impl<S, N> FormatEvent<S, N> for FlatJson
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let metadata = event.metadata();
+        let mut timestamp = String::new();
+        SystemTime.format_time(&mut Writer::new(&mut timestamp))?;
+        let mut fields = JsonMap::new();
+        event.record(&mut JsonVisitor(&mut fields));
+
+        let mut line = JsonMap::new();
+        line.insert("timestamp".into(), timestamp.into());
+        line.insert("level".into(), metadata.level().as_str().into());
+        line.insert("target".into(), metadata.target().into());
+        let message = fields.remove("message").unwrap_or_default();
+        line.insert("message".into(), message);
+        if let Some(scope) = ctx.event_scope() {
+            let mut names = Vec::new();
+            let mut span_fields = JsonMap::new();
+            for span in scope.from_root() {
+                names.push(span.name());
+                let extensions = span.extensions();
+                // The span's fields, formatted by `JsonFields` when it was created.
+                if let Some(formatted) = extensions.get::<FormattedFields<N>>()
+                    && let Ok(serde_json::Value::Object(recorded)) =
+                        serde_json::from_str::<serde_json::Value>(formatted.as_str())
+                {
+                    span_fields.extend(recorded);
+                }
+            }
+            line.insert("span".into(), names.join(":").into());
+            line.extend(span_fields);
+        }
+        line.extend(fields);
+        let text = serde_json::to_string(&line).map_err(|_| std::fmt::Error)?;
+        writeln!(writer, "{text}")
+    }
+}
+
+/// Records an event's fields as JSON values: numbers and booleans as such, everything
+/// else as its `Display` (`%`) or `Debug` (`?`) text.
+struct JsonVisitor<'a>(&'a mut JsonMap<String, serde_json::Value>);
+
+impl Visit for JsonVisitor<'_> {
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.0.insert(field.name().into(), value.to_string().into());
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0
+            .insert(field.name().into(), format!("{value:?}").into());
+    }
 }
 
 /// A log writer that replaces every known secret value (see
@@ -114,6 +234,109 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         assert!(!text.contains("log-canary"), "{text}");
         assert!(text.contains("password [redacted]"), "{text}");
+    }
+
+    /// A writer whose output a test reads back.
+    #[derive(Clone, Default)]
+    struct Capture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What the subscriber for `format` writes while `emit` runs.
+    fn captured(format: LogFormat, ansi: bool, emit: impl FnOnce()) -> String {
+        let capture = Capture::default();
+        let writer = capture.clone();
+        let subscriber = subscriber(EnvFilter::new("info"), format, ansi, move || writer.clone());
+        tracing::subscriber::with_default(subscriber, emit);
+        let bytes = capture.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    /// A deployment span with a correlation id, and an event inside it, recorded the
+    /// way the pipeline components record them.
+    fn emit_deployment() {
+        let id = Some(hapwright_eventbus::CorrelationId::from_raw(
+            0x0661_06ab_cdef_0001,
+        ));
+        let span = tracing::info_span!(
+            "deployment",
+            correlation_id = id.map(tracing::field::display),
+            hash = "3fa2",
+        );
+        span.in_scope(|| {
+            let inner = tracing::info_span!("deploy_instance", instance = "local");
+            inner.in_scope(|| {
+                tracing::info!(instances = 2u64, ready = true, duration = ?std::time::Duration::from_millis(5), "Deployment started");
+            });
+        });
+    }
+
+    #[test]
+    fn json_lines_are_flat_objects_with_documented_keys() {
+        let text = captured(LogFormat::Json, false, emit_deployment);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1, "{text}");
+        let line: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        let keys: Vec<&str> = line
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        // The fixed keys first, in this order; then span fields, then event fields.
+        assert_eq!(
+            keys[..7],
+            [
+                "timestamp",
+                "level",
+                "target",
+                "message",
+                "span",
+                "correlation_id",
+                "hash"
+            ],
+            "{text}"
+        );
+        let mut rest = keys[7..].to_vec();
+        rest.sort_unstable();
+        assert_eq!(
+            rest,
+            ["duration", "instance", "instances", "ready"],
+            "{text}"
+        );
+        assert_eq!(line["level"], "INFO");
+        assert_eq!(line["message"], "Deployment started");
+        assert_eq!(line["span"], "deployment:deploy_instance");
+        assert_eq!(line["correlation_id"], "066106abcdef0001");
+        assert_eq!(line["instance"], "local");
+        assert_eq!(line["instances"], 2);
+        assert_eq!(line["ready"], true);
+        assert_eq!(line["duration"], "5ms");
+        let timestamp = line["timestamp"].as_str().unwrap();
+        assert!(
+            timestamp.ends_with('Z') && timestamp.contains('T'),
+            "{timestamp}"
+        );
+    }
+
+    #[test]
+    fn text_lines_carry_plain_values_and_no_colour_when_off() {
+        let text = captured(LogFormat::Text, false, emit_deployment);
+        assert!(!text.contains('\x1b'), "{text:?}");
+        assert!(text.contains("correlation_id=066106abcdef0001"), "{text}");
+        assert!(!text.contains("Some("), "{text}");
+        // On a terminal the same line is coloured.
+        let coloured = captured(LogFormat::Text, true, emit_deployment);
+        assert!(coloured.contains("\x1b["), "{coloured:?}");
     }
 
     #[test]

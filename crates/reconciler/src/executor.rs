@@ -171,7 +171,7 @@ impl State {
             _ => {
                 tracing::debug!(
                     event = event.kind().as_str(),
-                    correlation_id = ?event.correlation_id,
+                    correlation_id = event.correlation_id.map(tracing::field::display),
                     "Ignoring a result of a superseded or finished reconciliation"
                 );
                 None

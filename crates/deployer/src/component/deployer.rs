@@ -397,7 +397,7 @@ impl Fleet {
         }
         let span = tracing::info_span!(
             "deployment",
-            correlation_id = ?latest.cause.correlation_id,
+            correlation_id = latest.cause.correlation_id.map(tracing::field::display),
             hash = %hash.short(),
         );
         span.in_scope(|| {

@@ -289,7 +289,7 @@ impl Worker {
         let span = tracing::info_span!(
             "deploy_instance",
             instance = %self.name(),
-            correlation_id = ?desired.cause.correlation_id,
+            correlation_id = desired.cause.correlation_id.map(tracing::field::display),
             hash = %desired.config.hash().short(),
         );
         let permit = self.shared.permits.clone().acquire_owned().await.ok();

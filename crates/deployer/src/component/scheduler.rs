@@ -329,7 +329,7 @@ impl State {
         self.last_released = Some((pending.config.hash(), instances.clone()));
         let span = tracing::info_span!(
             "schedule",
-            correlation_id = ?pending.cause.correlation_id,
+            correlation_id = pending.cause.correlation_id.map(tracing::field::display),
             hash = %pending.config.hash().short(),
         );
         let _entered = span.enter();

@@ -137,7 +137,7 @@ impl Component for RendererComponent {
                     .and_then(|newer| request.replace(newer))
                 {
                     tracing::debug!(
-                        correlation_id = ?older.correlation_id,
+                        correlation_id = older.correlation_id.map(tracing::field::display),
                         "Skipping render of a superseded reconciliation"
                     );
                 }
@@ -147,10 +147,7 @@ impl Component for RendererComponent {
             };
             let span = tracing::info_span!(
                 "render",
-                correlation_id = %request
-                    .correlation_id
-                    .map(|id| id.to_string())
-                    .unwrap_or_default()
+                correlation_id = request.correlation_id.map(tracing::field::display)
             );
             let job_renderer = renderer.clone();
             let job_resources = match &mut guard {

@@ -834,7 +834,7 @@ impl Component for Validator {
         while let Some(event) = ctx.next_event().await {
             let span = tracing::info_span!(
                 "validation",
-                correlation_id = %event.correlation_id.map(|c| c.to_string()).unwrap_or_default(),
+                correlation_id = event.correlation_id.map(tracing::field::display),
                 event_id = %event.id,
             );
             // Cancellation drops the validation: the haproxy child is killed on drop
