@@ -26,7 +26,7 @@ mod component;
 mod context;
 mod fragments;
 mod functions;
-mod mapping;
+mod lazy;
 mod output;
 mod scan;
 pub mod source_map;
