@@ -153,7 +153,7 @@ pub struct ResourceStore {
     history: Arc<[Step]>,
     snapshot: Option<Arc<ResourceSnapshot>>,
     /// The template value (a lazy document) of every object, by its address.
-    values: imbl::HashMap<usize, Value>,
+    values: imbl::OrdMap<usize, Value>,
     list: OnceLock<Value>,
     lookup: OnceLock<Lookup>,
 }
@@ -236,7 +236,7 @@ impl ResourceStore {
             generation: 0,
             history: Arc::from([]),
             snapshot: None,
-            values: imbl::HashMap::new(),
+            values: imbl::OrdMap::new(),
             list: OnceLock::new(),
             lookup: OnceLock::new(),
         }
@@ -296,7 +296,7 @@ impl ResourceStore {
             _ => Arc::from([]),
         };
         if !incremental {
-            let mut rebuilt = imbl::HashMap::new();
+            let mut rebuilt = imbl::OrdMap::new();
             for object in snapshot.list() {
                 let key = address(object);
                 let value = match values.get(&key) {
