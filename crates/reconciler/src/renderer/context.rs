@@ -940,6 +940,9 @@ mod tests {
         "{{ dict(obj.metadata.labels, extra=1) }}|{{ obj.metadata.labels|max }}|{{ obj.metadata.labels|min }}",
         "{% set ns = namespace(m=obj.metadata) %}{{ ns.m.name }}|{{ obj.spec.ports[0] }}|{{ obj.spec.ports|first|items|list }}|{{ obj.spec.ports|map('length')|list }}",
         "{{ obj.metadata.labels|batch(2)|list }}|{{ obj.metadata.labels|slice(2)|list }}",
+        "{{ obj.spec.ports|reverse|list }}|{{ obj.spec.ports|last }}|{{ obj.spec.ports[-1] }}|{{ obj.spec.ports[1:] }}|{{ obj.spec.ports[5] is undefined }}|{% for p in obj.spec.ports %}{{ loop.revindex }}{{ loop.last }}{{ loop.length }};{% endfor %}",
+        "{{ obj.spec.ports == other.spec.ports }}|{{ obj.spec.ports|first in other.spec.ports }}|{{ 443 in obj.spec.ports|map(attribute='port') }}|{{ obj.spec.ports|tojson }}|{{ obj.spec.ports|string }}|{{ obj.spec.ports|batch(2)|list }}|{{ obj.spec.ports|unique(attribute='port')|list|length }}",
+        "{{ obj.metadata.labels|dictsort|reverse|list }}|{{ obj.spec.ports|map(attribute='name')|select|list }}|{{ obj.spec.ports|sort(attribute='port', reverse=true)|map(attribute='port')|list }}|{{ obj.large.values()|sum }}",
     ];
 
     /// Templates that fail, and must fail the same way over mappings.

@@ -24,6 +24,15 @@
 //! `|tojson`, `==`, printing, `.get()`/`.items()` behave the same (the tests of
 //! [`super::context`] compare every one of them with the built-in values).
 //!
+//! Why a tape over the text: a tree of converted template values (what the renderer
+//! kept before) took over five times the memory of the text, for every object,
+//! read or not; scanning the text without an index would make every lookup step
+//! over the text of all earlier members, nested values included. The tape is the
+//! smallest structure that lets a lookup skip a nested value in one step. Its costs
+//! are on the read: a member lookup compares the member names of its object in turn
+//! (no hash or sorted index, which would cost memory for every object), and every
+//! container a template reaches is a small allocation.
+//!
 //! Arrays remember how `sort_by` ordered them, as [`ResourceList`]s do: the order
 //! is kept in the [`Doc`] as positions (never as values, which would hold the
 //! document and make a reference cycle), so a nested list such as an endpoint
