@@ -22,8 +22,8 @@
 //! - `compile_ms`: compiling every template with the load-time checks
 //!   ([`build::renderer`]).
 //! - `render_ms`: the median of several renders of every template (after one warm-up
-//!   render, which builds the lookup indexes once per change as the controller does);
-//!   converting the generated objects into template values is not included.
+//!   render, which builds the lookup indexes and the objects' structural indexes as
+//!   the controller does after a change).
 //! - `phase1_ms`: hapwright's parser and checks ([`validator::validate_phase1`]).
 //! - `phase2_ms`: `haproxy -c` on the rendered files in a scratch directory, once per
 //!   distinct instance environment ([`validator::validate_phase2`]).
@@ -31,7 +31,7 @@
 //!
 //! **Per-scale peak memory.** A high-water mark only grows, so each scale runs in a
 //! child process of the same binary (`hapwright bench --scale N --in-process`): its
-//! `VmHWM` is the peak of generating, converting, rendering and validating that scale
+//! `VmHWM` is the peak of generating, storing, rendering and validating that scale
 //! alone, the parent's memory not included (`haproxy -c` is its own process and is
 //! not counted either). Resetting the mark through `/proc/self/clear_refs` would keep
 //! the allocator's retained pages from the previous, larger scale in the figure.
