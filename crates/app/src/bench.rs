@@ -22,8 +22,8 @@
 //! - `compile_ms`: compiling every template with the load-time checks
 //!   ([`build::renderer`]).
 //! - `render_ms`: the median of several renders of every template (after one warm-up
-//!   render, which builds the lookup indexes once per change as the controller does);
-//!   converting the generated objects into template values is not included.
+//!   render, which builds the lookup indexes and the objects' structural indexes as
+//!   the controller does after a change).
 //! - `phase1_ms`: hapwright's parser and checks ([`validator::validate_phase1`]).
 //! - `phase2_ms`: `haproxy -c` on the rendered files in a scratch directory, once per
 //!   distinct instance environment ([`validator::validate_phase2`]).
@@ -31,7 +31,7 @@
 //!
 //! **Per-scale peak memory.** A high-water mark only grows, so each scale runs in a
 //! child process of the same binary (`hapwright bench --scale N --in-process`): its
-//! `VmHWM` is the peak of generating, converting, rendering and validating that scale
+//! `VmHWM` is the peak of generating, storing, rendering and validating that scale
 //! alone, the parent's memory not included (`haproxy -c` is its own process and is
 //! not counted either). Resetting the mark through `/proc/self/clear_refs` would keep
 //! the allocator's retained pages from the previous, larger scale in the figure.
@@ -245,36 +245,42 @@ pub fn generator(config: &Config) -> Result<Generator, GeneratorError> {
 
 /// The objects of one scale, by watched resource name.
 pub fn generate(generator: &Generator, scale: usize) -> BTreeMap<String, Vec<Value>> {
+    let names: Vec<&String> = match generator {
+        Generator::Cluster { kinds } => kinds.keys().collect(),
+        Generator::Fixtures { objects } => objects.keys().collect(),
+    };
+    names
+        .into_iter()
+        .map(|name| (name.clone(), generate_one(generator, name, scale)))
+        .collect()
+}
+
+/// The objects of one scale for one watched resource (none when the generator makes
+/// none for it). Generating one resource at a time keeps only its objects in their
+/// parsed form, not those of every resource at once.
+pub fn generate_one(generator: &Generator, name: &str, scale: usize) -> Vec<Value> {
     match generator {
         Generator::Cluster { kinds } => kinds
-            .iter()
-            .map(|(name, kind)| {
-                (
-                    name.clone(),
-                    synthetic::objects(kind, scale, &CLUSTER_SHAPE),
-                )
-            })
-            .collect(),
+            .get(name)
+            .map(|kind| synthetic::objects(kind, scale, &CLUSTER_SHAPE))
+            .unwrap_or_default(),
         Generator::Fixtures { objects } => {
+            let Some(list) = objects.get(name) else {
+                return Vec::new();
+            };
             let names: BTreeSet<String> = objects
                 .values()
                 .flatten()
                 .filter_map(|o| o.pointer("/metadata/name")?.as_str().map(str::to_owned))
                 .collect();
-            objects
-                .iter()
-                .map(|(resource, list)| {
-                    let copies = (0..scale)
-                        .flat_map(|k| {
-                            let names = &names;
-                            list.iter().map(move |object| {
-                                let mut copy = object.clone();
-                                rename(&mut copy, names, &format!("-{k}"));
-                                copy
-                            })
-                        })
-                        .collect();
-                    (resource.clone(), copies)
+            (0..scale)
+                .flat_map(|k| {
+                    let names = &names;
+                    list.iter().map(move |object| {
+                        let mut copy = object.clone();
+                        rename(&mut copy, names, &format!("-{k}"));
+                        copy
+                    })
                 })
                 .collect()
         }
@@ -291,16 +297,17 @@ fn rename(value: &mut Value, names: &BTreeSet<String>, suffix: &str) {
     }
 }
 
-/// Turns generated objects into the renderer's input: one snapshot per watched
-/// resource (empty for those without objects), indexed by its `indexBy`. Returns the
+/// Generates the objects of one scale and turns them into the renderer's input: one
+/// snapshot per watched resource (empty for those without objects), indexed by its
+/// `indexBy`. Resource by resource, so the parsed objects of only one are alive at a
+/// time (they take several times the memory of the stored objects). Returns the
 /// resources and the number of objects.
-pub fn resources(config: &Config, objects: BTreeMap<String, Vec<Value>>) -> (Resources, usize) {
-    let mut objects = objects;
+pub fn resources(config: &Config, generator: &Generator, scale: usize) -> (Resources, usize) {
     let mut resources = Resources::new();
     let mut count = 0;
     for (name, resource) in &config.watched_resources.resources {
         let mut snapshot = ResourceSnapshot::new(resource.index_by.clone());
-        for object in objects.remove(name).unwrap_or_default() {
+        for object in generate_one(generator, name, scale) {
             let metadata = &object["metadata"];
             let key = ObjectKey::new(
                 metadata["namespace"].as_str().unwrap_or("default"),
@@ -406,7 +413,7 @@ pub async fn measure(config: &Config, scale: usize) -> Result<ScaleReport, Bench
         build::renderer(config).map_err(|errors| BenchError::CompileFailed { errors })?;
     let compile_ms = millis(started.elapsed());
 
-    let (resources, objects) = resources(config, generate(&generator, scale));
+    let (resources, objects) = resources(config, &generator, scale);
     let rendering = |errors| BenchError::RenderFailed { errors };
     let mut rendered = renderer.render(&resources).map_err(rendering)?;
     let repeats = if scale >= LARGE_SCALE {

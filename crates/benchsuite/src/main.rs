@@ -35,6 +35,8 @@ const FRESH_ANALYSIS: &str = "## Analysis\n\nWrite here, by hand, what dominates
 
 struct Args {
     quick: bool,
+    /// Only scenario (d), printed: for comparing the controller's memory of two builds.
+    memory_only: bool,
     repo: PathBuf,
     hapwright: PathBuf,
     font: PathBuf,
@@ -45,6 +47,7 @@ fn parse_args() -> Result<Args> {
     let exe = std::env::current_exe().context("locating this executable")?;
     let mut args = Args {
         quick: false,
+        memory_only: false,
         repo: std::env::current_dir().context("current directory")?,
         // The binary the e2e harness runs too: `HAPWRIGHT_BIN`, else this one's sibling.
         hapwright: std::env::var_os("HAPWRIGHT_BIN")
@@ -61,12 +64,13 @@ fn parse_args() -> Result<Args> {
         };
         match arg.as_str() {
             "--quick" => args.quick = true,
+            "--memory-only" => args.memory_only = true,
             "--repo" => args.repo = value("--repo")?,
             "--font" => args.font = value("--font")?,
             "--commands" => args.commands = Some(value("--commands")?),
             "-h" | "--help" => {
                 println!(
-                    "usage: hapwright-benchsuite [--quick] [--repo DIR] [--font TTF] [--commands FILE]"
+                    "usage: hapwright-benchsuite [--quick] [--memory-only] [--repo DIR] [--font TTF] [--commands FILE]"
                 );
                 std::process::exit(0);
             }
@@ -78,6 +82,11 @@ fn parse_args() -> Result<Args> {
 
 fn main() -> Result<()> {
     let args = parse_args()?;
+    if args.memory_only {
+        let memory = catch(|| scenarios::memory(5_000));
+        println!("{memory:?}");
+        return Ok(());
+    }
     let machine = machine();
     eprintln!("machine: {machine:?}");
 

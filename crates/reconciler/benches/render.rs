@@ -8,8 +8,10 @@
 //! render after one endpoint slice changed (alternating between two versions of it),
 //! at 10,000 services.
 //!
-//! Also measured: converting all four snapshots to template values from scratch (what
-//! happens once at start-up; later changes convert only the changed objects).
+//! Also measured: building the template view of all four snapshots from scratch (what
+//! happens once at start-up; later changes wrap only the changed objects). Objects
+//! are read in place, so this no longer includes converting them; their structural
+//! indexes are built by the first render.
 //!
 //! Renders with mimalloc as the allocator, as the `hapwright` binary does, and with
 //! rayon's thread pool (one thread per core) for the files that render in parallel

@@ -15,10 +15,11 @@ use super::FieldPath;
 /// value always gives the same text).
 ///
 /// Text is about a seventh of the heap of a parsed `serde_json::Value` (no map or
-/// string allocation per key, no 80-byte value per node), and every consumer builds
-/// the working form it needs: [`deserialize`](Self::deserialize) goes straight from
-/// the text to any `Deserialize` type (the renderer builds `minijinja::Value`s this
-/// way), [`parse`](Self::parse) gives a `serde_json::Value`.
+/// string allocation per key, no 80-byte value per node), and every consumer reads
+/// it in the form it needs: the renderer reads the text in place through a
+/// structural index of its own, [`deserialize`](Self::deserialize) goes straight
+/// from the text to any `Deserialize` type, [`parse`](Self::parse) gives a
+/// `serde_json::Value`.
 ///
 /// Cloning is O(1) (the text is shared). Equality compares the text.
 #[derive(Clone)]

@@ -1,26 +1,17 @@
 //! Template context objects: `resources.<name>` stores over the latest snapshots and
 //! the per-render `shared` memo.
 //!
-//! Resource objects are converted to template values **once per change**, not once
-//! per render: [`Resources::update`] converts only the objects a
-//! `ResourceIndexUpdated` added or modified and keeps the values of the others. A
-//! conversion deserializes the snapshot's stored JSON text straight into a template
-//! value. The cache is keyed by the address of the stored text
-//! ([`StoredObject::address`]); the cache holds a clone of the object, so the address
-//! stays unique for as long as the entry exists. A lookup that misses (a change
-//! report that left something out) converts on the spot, so the values are always
-//! right, only slower.
-//!
-//! Every JSON object inside a resource becomes a [`Mapping`](super::mapping): to
-//! templates exactly `minijinja`'s own map (keys in the order written; attribute and
-//! item lookup, `in`, iteration, `|items`, `|dictsort`, `|tojson`, `==`, printing and
-//! the Python-style `.get()`/`.items()` methods behave the same), stored compactly:
-//! up to 16 pairs in one allocation with the reference counts (the built-in map is
-//! three, with a hash per entry and a hash table), larger ones with a sorted index
-//! for binary search. The pairs are gathered in a per-thread scratch buffer while the
-//! object is parsed, so a mapping is allocated once at its final size; keys of up to
-//! 22 bytes live inside the value, longer ones (label and annotation names such as
-//! `kubernetes.io/service-name`) are shared through a small bounded interner.
+//! Resource objects reach templates as lazy values over the snapshot's stored JSON
+//! text ([`super::lazy`]): nothing is converted ahead of time, a render allocates for
+//! what the template touches, and the controller keeps no second copy of the objects.
+//! [`Resources::update`] wraps only the objects a `ResourceIndexUpdated` added or
+//! modified in a new document and keeps the documents of the others, so an object's
+//! structural index (its tape, built on the first read) and the `sort_by` orders of
+//! its arrays are computed once per object version. The cache is keyed by the address
+//! of the stored text ([`StoredObject::address`]); the document holds a clone of the
+//! object, so the address stays unique for as long as the entry exists. A lookup that
+//! misses (a change report that left something out) wraps the object on the spot, so
+//! the values are always right, only slower.
 //!
 //! Every list a template gets from the resources — `list()`, `fetch()` and the arrays
 //! inside the objects — is a [`ResourceList`]: an ordinary sequence to templates that
@@ -40,101 +31,17 @@ use hapwright_eventbus::model::{ResourceChange, ResourceSnapshot, StoredObject};
 use minijinja::value::{Enumerator, Object, ObjectRepr, Value};
 use minijinja::{Error, ErrorKind, State};
 
-use super::mapping::{Key, MappingBuilder};
+use super::lazy::Doc;
 
 /// The address of a stored object, the key of the conversion cache.
 fn address(object: &StoredObject) -> usize {
     object.address()
 }
 
-/// Converts one stored object into a template value, straight from its JSON text:
-/// objects become compact maps (`Mapping`s, keys in the order written), arrays
-/// [`ResourceList`]s (so a nested list such as an endpoint slice's `endpoints` also
-/// remembers how `sort_by` ordered it), numbers, strings, booleans and `null` what `minijinja` makes of them.
+/// The template value of one stored object: a lazy view over its JSON text (see
+/// [`super::lazy`]).
 pub(crate) fn to_value(object: &StoredObject) -> Value {
-    object
-        .deserialize::<TemplateValue>()
-        .expect("a stored object is valid JSON")
-        .0
-}
-
-/// A template value deserialized from JSON (see [`to_value`]).
-struct TemplateValue(Value);
-
-impl<'de> serde::Deserialize<'de> for TemplateValue {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer
-            .deserialize_any(TemplateValueVisitor)
-            .map(TemplateValue)
-    }
-}
-
-struct TemplateValueVisitor;
-
-impl<'de> serde::de::Visitor<'de> for TemplateValueVisitor {
-    type Value = Value;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_string<E>(self, v: String) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::from(()))
-    }
-
-    fn visit_none<E>(self) -> Result<Value, E> {
-        Ok(Value::from(()))
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
-        while let Some(TemplateValue(item)) = seq.next_element()? {
-            items.push(item);
-        }
-        Ok(ResourceList::value(items))
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        // Straight into a compact `Mapping`: pairs are collected in a per-thread
-        // scratch buffer, keys interned (see `mapping::key`).
-        let mut builder = MappingBuilder::new();
-        while let Some(Key(key)) = map.next_key()? {
-            let TemplateValue(value) = map.next_value()?;
-            builder.push(key, value);
-        }
-        Ok(builder.finish())
-    }
-}
-
-#[derive(Clone)]
-struct Converted {
-    /// Keeps the address alive (and so unique) while the entry exists.
-    _object: StoredObject,
-    value: Value,
+    Doc::root(object.clone())
 }
 
 // === impl ResourceList ===
@@ -232,7 +139,7 @@ impl Object for ResourceList {
 // === impl ResourceStore ===
 
 /// The template view of one watched resource: `list()`, `fetch(keys...)` and
-/// `get(keys...)` over its latest snapshot, returning pre-converted values. Iterating
+/// `get(keys...)` over its latest snapshot, returning the objects' lazy values. Iterating
 /// the store itself (`{% for s in resources.services %}`) is the same as `list()`.
 pub struct ResourceStore {
     name: Arc<str>,
@@ -245,7 +152,8 @@ pub struct ResourceStore {
     /// earlier version be checked without repeating it.
     history: Arc<[Step]>,
     snapshot: Option<Arc<ResourceSnapshot>>,
-    values: imbl::HashMap<usize, Converted>,
+    /// The template value (a lazy document) of every object, by its address.
+    values: imbl::OrdMap<usize, Value>,
     list: OnceLock<Value>,
     lookup: OnceLock<Lookup>,
 }
@@ -328,20 +236,21 @@ impl ResourceStore {
             generation: 0,
             history: Arc::from([]),
             snapshot: None,
-            values: imbl::HashMap::new(),
+            values: imbl::OrdMap::new(),
             list: OnceLock::new(),
             lookup: OnceLock::new(),
         }
     }
 
-    /// A store over `snapshot`, converting every object.
+    /// A store over `snapshot`, with a lazy value for every object.
     pub fn from_snapshot(name: impl Into<Arc<str>>, snapshot: Arc<ResourceSnapshot>) -> Self {
         Self::empty(name).updated(snapshot, None)
     }
 
-    /// The store after an update: objects named in `change` are (re)converted, the
-    /// rest keep their values. Without a change report, or when the report does not
-    /// add up, every object is checked against the cache.
+    /// The store after an update: objects named in `change` get new lazy values, the
+    /// rest keep theirs (with their tapes and remembered sort orders). Without a
+    /// change report, or when the report does not add up, every object is checked
+    /// against the cache.
     pub fn updated(
         &self,
         snapshot: Arc<ResourceSnapshot>,
@@ -357,13 +266,7 @@ impl ResourceStore {
                 }
                 for key in change.added.iter().chain(&change.modified) {
                     if let Some(object) = snapshot.get_by_key(key) {
-                        values.insert(
-                            address(object),
-                            Converted {
-                                _object: object.clone(),
-                                value: to_value(object),
-                            },
-                        );
+                        values.insert(address(object), to_value(object));
                     }
                 }
                 values.len() == snapshot.len()
@@ -393,17 +296,14 @@ impl ResourceStore {
             _ => Arc::from([]),
         };
         if !incremental {
-            let mut rebuilt = imbl::HashMap::new();
+            let mut rebuilt = imbl::OrdMap::new();
             for object in snapshot.list() {
                 let key = address(object);
-                let converted = match values.get(&key) {
-                    Some(converted) => converted.clone(),
-                    None => Converted {
-                        _object: object.clone(),
-                        value: to_value(object),
-                    },
+                let value = match values.get(&key) {
+                    Some(value) => value.clone(),
+                    None => to_value(object),
                 };
-                rebuilt.insert(key, converted);
+                rebuilt.insert(key, value);
             }
             values = rebuilt;
         }
@@ -430,7 +330,7 @@ impl ResourceStore {
 
     fn value_of(&self, object: &StoredObject) -> Value {
         match self.values.get(&address(object)) {
-            Some(converted) => converted.value.clone(),
+            Some(value) => value.clone(),
             None => to_value(object),
         }
     }
@@ -771,7 +671,7 @@ impl Resources {
         Self::default()
     }
 
-    /// Applies a `ResourceIndexUpdated`: converts what changed, keeps the rest.
+    /// Applies a `ResourceIndexUpdated`: wraps what changed, keeps the rest.
     pub fn update(
         &mut self,
         source: &Arc<str>,
@@ -945,7 +845,7 @@ impl Object for Shared {
 
 #[cfg(test)]
 mod tests {
-    use super::super::mapping::{Entry, Mapping};
+    use super::super::lazy::View;
     use super::*;
     use serde_json::json;
 
@@ -990,7 +890,10 @@ mod tests {
         let list = to_value(&StoredObject::from_value(&json!({"a": [3, 1, 2]})))
             .get_attr("a")
             .expect("attribute");
-        assert!(list.downcast_object_ref::<ResourceList>().is_some());
+        assert!(
+            list.downcast_object_ref::<View>()
+                .is_some_and(View::is_array)
+        );
         assert_eq!(list.len(), Some(3));
         assert_eq!(list.get_item(&Value::from(-1)).ok(), Some(Value::from(2)));
         assert!(
@@ -1010,31 +913,6 @@ mod tests {
                 .map(|i| (format!("key-{i:02}"), json!(i)))
                 .collect(),
         )
-    }
-
-    #[test]
-    fn repeated_keys_keep_their_first_position_and_last_value() {
-        for text in [
-            r#"{"a": 1, "b": 2, "a": 3}"#,
-            &format!(
-                "{{{}, \"k3\": \"again\"}}",
-                (0..30)
-                    .map(|i| format!("\"k{i}\": {i}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        ] {
-            let ours = serde_json::from_str::<TemplateValue>(text)
-                .expect("valid JSON")
-                .0;
-            let theirs: Value = serde_json::from_str(text).expect("valid JSON");
-            assert_eq!(ours.to_string(), theirs.to_string(), "{text}");
-            assert_eq!(ours, theirs, "{text}");
-        }
-        assert!(serde_json::from_str::<TemplateValue>(r#"{"a": {"b": [1, }}"#).is_err());
-        // An error part-way leaves nothing behind for the next conversion.
-        let after = to_value(&StoredObject::from_value(&json!({"x": {"y": 1}})));
-        assert_eq!(after.to_string(), "{'x': {'y': 1}}");
     }
 
     /// The templates of [`templates_see_mappings_as_builtin_maps`], over `obj` (a
@@ -1062,6 +940,9 @@ mod tests {
         "{{ dict(obj.metadata.labels, extra=1) }}|{{ obj.metadata.labels|max }}|{{ obj.metadata.labels|min }}",
         "{% set ns = namespace(m=obj.metadata) %}{{ ns.m.name }}|{{ obj.spec.ports[0] }}|{{ obj.spec.ports|first|items|list }}|{{ obj.spec.ports|map('length')|list }}",
         "{{ obj.metadata.labels|batch(2)|list }}|{{ obj.metadata.labels|slice(2)|list }}",
+        "{{ obj.spec.ports|reverse|list }}|{{ obj.spec.ports|last }}|{{ obj.spec.ports[-1] }}|{{ obj.spec.ports[1:] }}|{{ obj.spec.ports[5] is undefined }}|{% for p in obj.spec.ports %}{{ loop.revindex }}{{ loop.last }}{{ loop.length }};{% endfor %}",
+        "{{ obj.spec.ports == other.spec.ports }}|{{ obj.spec.ports|first in other.spec.ports }}|{{ 443 in obj.spec.ports|map(attribute='port') }}|{{ obj.spec.ports|tojson }}|{{ obj.spec.ports|string }}|{{ obj.spec.ports|batch(2)|list }}|{{ obj.spec.ports|unique(attribute='port')|list|length }}",
+        "{{ obj.metadata.labels|dictsort|reverse|list }}|{{ obj.spec.ports|map(attribute='name')|select|list }}|{{ obj.spec.ports|sort(attribute='port', reverse=true)|map(attribute='port')|list }}|{{ obj.large.values()|sum }}",
     ];
 
     /// Templates that fail, and must fail the same way over mappings.
@@ -1120,11 +1001,11 @@ mod tests {
         };
         let (ours, theirs) = convert(&object);
         let (second_ours, second_theirs) = convert(&second);
-        // `metadata` (three keys) is one inline block.
+        // `metadata` is a view over the stored text, not a converted map.
         assert!(
             ours.get_attr("metadata")
                 .expect("attribute")
-                .downcast_object_ref::<Mapping<[Entry; 3]>>()
+                .downcast_object_ref::<View>()
                 .is_some()
         );
         let ours_ctx =

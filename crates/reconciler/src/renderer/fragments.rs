@@ -11,7 +11,7 @@
 //! (recorded, as for files) and on the variables it names but does not set
 //! (`undeclared_variables` of every template it reaches). Those variables are the
 //! cache key: numbers, strings, booleans and `none` by value, resource objects by
-//! identity (a converted object is kept while its object is unchanged), the
+//! identity (an object's lazy document is kept while its object is unchanged), the
 //! renderer's functions as themselves. When a variable holds anything else (a list
 //! the template built, a macro, `loop`) the snippet renders without the cache.
 //!
@@ -26,7 +26,7 @@ use minijinja::value::{Object, Value, ValueKind};
 use minijinja::{Error, State};
 
 use super::context::{Read, Recording, Resources, record_all};
-use super::mapping;
+use super::lazy;
 
 /// The context variable holding the render's [`Session`].
 pub(crate) const SESSION_VAR: &str = "__fragments";
@@ -38,8 +38,9 @@ enum Part {
     Missing,
     /// A number, string, boolean or `none`, in a form that tells kinds apart.
     Plain(String),
-    /// A resource object or list, by identity.
-    Object(usize),
+    /// A resource object or list, by identity: a document and a node inside it, or
+    /// a list (node 0).
+    Object(usize, u32),
     /// One of the renderer's functions.
     Global,
 }
@@ -219,10 +220,10 @@ pub(crate) fn fragment(state: &State, _body: Value, name: &str) -> Result<Value,
                 | ValueKind::Bool
                 | ValueKind::Number
                 | ValueKind::String => Part::Plain(format!("{value:?}")),
-                _ => match mapping::identity(&value).or_else(|| list_identity(&value)) {
-                    Some(identity) => {
+                _ => match lazy::identity(&value).or_else(|| list_identity(&value)) {
+                    Some((identity, node)) => {
                         keep.push(value.clone());
-                        Part::Object(identity)
+                        Part::Object(identity, node)
                     }
                     None => {
                         cacheable = false;
@@ -290,8 +291,8 @@ pub(crate) fn fragment(state: &State, _body: Value, name: &str) -> Result<Value,
 }
 
 /// The identity of a resource list (`list()`, `fetch()`, a list inside an object).
-fn list_identity(value: &Value) -> Option<usize> {
+fn list_identity(value: &Value) -> Option<(usize, u32)> {
     value
         .downcast_object_ref::<super::context::ResourceList>()
-        .map(|list| std::ptr::from_ref(list) as usize)
+        .map(|list| (std::ptr::from_ref(list) as usize, 0))
 }

@@ -14,6 +14,7 @@ use minijinja::value::{Kwargs, Rest, Value, ValueKind, ValueOrKwargs};
 use minijinja::{Environment, Error, ErrorKind, Output, State};
 
 use super::context::{ResourceList, ResourceStore};
+use super::lazy::View;
 use super::scan::GLOB_HELPER;
 
 /// The filters [`register`] adds (kept in step with it by a test in `check`).
@@ -371,6 +372,25 @@ fn sort_by(value: &Value, args: Rest<ValueOrKwargs>) -> Result<Value, Error> {
         let sorted = sorted_order(items, &keys, reverse).map(|order| reorder(items, order));
         list.remember_sorted(&paths, reverse, sorted.clone());
         return Ok(sorted.unwrap_or_else(|| value.clone()));
+    }
+    // Arrays inside resource objects: sorted once per object version.
+    if let Some(view) = value.downcast_object_ref::<View>()
+        && view.is_array()
+    {
+        if let Some(sorted) = view.sorted(&paths, reverse) {
+            return Ok(sorted.unwrap_or_else(|| value.clone()));
+        }
+        let keys = parse()?;
+        let items = view.items();
+        if items.len() <= 1 {
+            return Ok(value.clone());
+        }
+        let order = sorted_order(&items, &keys, reverse);
+        view.remember_sorted(&paths, reverse, order.as_deref());
+        return Ok(match order {
+            Some(order) => reorder(&items, order),
+            None => value.clone(),
+        });
     }
     let keys = parse()?;
     // Other lists are read in place, and handed back unchanged when already in order.

@@ -12,8 +12,8 @@
 //!   content hash and [source map](source_map); the same inputs always give the same
 //!   bytes.
 //! - [`RendererComponent`] runs it on the bus: it keeps the latest [`Resources`]
-//!   (converted to template values once per change) and renders for every
-//!   `ReconciliationStarted`.
+//!   (lazy template values over the snapshots' stored objects; see [`lazy`]) and
+//!   renders for every `ReconciliationStarted`.
 //!
 //! Jinja2 semantics: minijinja with minijinja-contrib's Python-compatible methods
 //! (`replace`, `format`, `split`, `startswith`, `get`, `items`, ...), `None`/`True`/
@@ -26,7 +26,7 @@ mod component;
 mod context;
 mod fragments;
 mod functions;
-mod mapping;
+mod lazy;
 mod output;
 mod scan;
 pub mod source_map;
