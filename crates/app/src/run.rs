@@ -295,6 +295,10 @@ impl Iteration {
             build::watched_names(config),
         ));
         let quarantine = config.controller.quarantine.max_validations;
+        // The last render that passed `haproxy -c`, shared by the validator and the
+        // quarantine's search, so each can skip phase 2 by equivalence after the
+        // other's pass.
+        let phase2_baseline = validator::SharedBaseline::default();
         kernel.register(Executor::new(executor::Settings {
             quarantine: quarantine > 0,
             ..executor::Settings::default()
@@ -302,7 +306,10 @@ impl Iteration {
         let mut renderer = RendererComponent::new(renderer);
         if quarantine > 0 {
             renderer = renderer.with_quarantine(QuarantineSettings {
-                validate: build::quarantine_validate(build::validator_config(config)),
+                validate: build::quarantine_validate(
+                    build::validator_config(config),
+                    phase2_baseline.clone(),
+                ),
                 max_validations: quarantine,
                 last_good: process.last_good.clone(),
             });
@@ -362,10 +369,13 @@ impl Iteration {
             }
             None => process.webhook_slot.store(None),
         }
-        kernel.register(Validator::new(
-            build::validator_config(config),
-            process.validator_metrics.clone(),
-        ));
+        kernel.register(
+            Validator::new(
+                build::validator_config(config),
+                process.validator_metrics.clone(),
+            )
+            .with_shared_baseline(phase2_baseline),
+        );
         let timings = config.controller.deploy_timings();
         let instances = build::socket_instances(config);
         kernel.register(

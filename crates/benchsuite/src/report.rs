@@ -133,8 +133,10 @@ fn quarantine_section(
         section,
         "The controller of (b) at 1,000 backends. One write to one file changes the \
          endpoints of {QUARANTINE_CHANGES} Services; one of them gets an address HAProxy \
-         refuses. Measured from the write until every good change answers through \
-         HAProxy: the culprit search finds the bad object, the rest deploys. For \
+         refuses. Measured from the write until the good changes answer through \
+         HAProxy (the first of them; one deployment applies them all, and every other \
+         one is then checked): the culprit search finds the bad object, the rest \
+         deploys. For \
          comparison the same write with every change good, and one validation at this \
          size (phase 1 and one `haproxy -c`, from the reload path of (b)).\n"
     );

@@ -698,6 +698,10 @@ struct Harness {
 
 impl Harness {
     fn start(config: validator::Config) -> Self {
+        Self::start_shared(config, None)
+    }
+
+    fn start_shared(config: validator::Config, shared: Option<validator::SharedBaseline>) -> Self {
         let registry = Registry::new();
         let bus = Bus::new(
             BusConfig::default(),
@@ -711,7 +715,11 @@ impl Harness {
             .unwrap();
         let metrics = validator::Metrics::register(&registry).unwrap();
         let mut kernel = Kernel::new(bus.clone());
-        kernel.register(Validator::new(config, metrics));
+        let mut component = Validator::new(config, metrics);
+        if let Some(shared) = shared {
+            component = component.with_shared_baseline(shared);
+        }
+        kernel.register(component);
         let running = kernel.start().unwrap();
         Self {
             registry,
@@ -856,5 +864,32 @@ async fn switched_off_every_render_runs_haproxy_c() {
     render.proxies[1].servers[0].address = "10.9.9.9:8443".to_owned();
     assert_eq!(skipped(&harness.validate(&render).await), None);
     assert_eq!(harness.haproxy_runs(), 2);
+    harness.stop().await;
+}
+
+#[tokio::test]
+async fn a_render_that_passed_elsewhere_is_the_baseline_and_the_component_publishes_its_own() {
+    let scratch = tempfile::tempdir().unwrap();
+    let shared = validator::SharedBaseline::default();
+    let mut harness = Harness::start_shared(settings(scratch.path(), true), Some(shared.clone()));
+
+    // Another step (the quarantine's search) passed `haproxy -c` with this render.
+    let mut render = Render::base();
+    *shared.lock().unwrap() = Some(baseline(&render));
+
+    // Only a server address differs from it: no haproxy -c in the component.
+    render.proxies[1].servers[0].address = "10.9.9.9:8443".to_owned();
+    assert_eq!(
+        skipped(&harness.validate(&render).await),
+        Some("equivalent_servers")
+    );
+    assert_eq!(harness.haproxy_runs(), 0);
+
+    // A render the component passes with haproxy -c is published for the others.
+    render.proxies[1].servers[0].after = "inter 2s backup".to_owned();
+    assert_eq!(skipped(&harness.validate(&render).await), None);
+    assert_eq!(harness.haproxy_runs(), 1);
+    let published = shared.lock().unwrap().clone().expect("published");
+    assert_eq!(published.rendered.hash(), render.rendered().hash());
     harness.stop().await;
 }

@@ -643,7 +643,15 @@ pub struct Validator {
     metrics: Metrics,
     /// The last render that passed `haproxy -c`, with the environments it ran with.
     baseline: Option<(Envs, Baseline, Vec<Diagnostic>)>,
+    /// Where the last render that passed `haproxy -c` is also published, for other
+    /// validation steps of the same config (the quarantine's search).
+    shared: Option<SharedBaseline>,
 }
+
+/// The last render that passed `haproxy -c` with one validator config, shared
+/// between the validator component and the quarantine's validation step so that
+/// either one's pass lets the other skip phase 2 by equivalence.
+pub type SharedBaseline = Arc<std::sync::Mutex<Option<Baseline>>>;
 
 /// The distinct instance environments phase 2 runs with.
 type Envs = BTreeSet<BTreeMap<String, String>>;
@@ -674,7 +682,16 @@ impl Validator {
             config,
             metrics,
             baseline: None,
+            shared: None,
         }
+    }
+
+    /// Also publishes every render that passes `haproxy -c` to `shared`, and takes
+    /// a render published there by another step (with the same config, so the same
+    /// environments) as its baseline when it has none of its own or an older one.
+    pub fn with_shared_baseline(mut self, shared: SharedBaseline) -> Self {
+        self.shared = Some(shared);
+        self
     }
 
     /// Both phases, with phase 2 satisfied by equivalence when the rule allows it.
@@ -689,6 +706,22 @@ impl Validator {
         let (warnings, model) = phase1?;
         let model = Arc::new(model);
         let envs: Envs = self.config.envs.iter().cloned().collect();
+        if let Some(shared) = &self.shared {
+            let published = shared
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            if let Some(published) = published
+                && self
+                    .baseline
+                    .as_ref()
+                    .is_none_or(|(_, own, _)| !Arc::ptr_eq(&own.rendered, &published.rendered))
+            {
+                // Passed `haproxy -c` after our own baseline (or we have none); its
+                // warnings are not known here.
+                self.baseline = Some((envs.clone(), published, Vec::new()));
+            }
+        }
         if self.config.equivalence
             && let Some((baseline_envs, baseline, baseline_warnings)) = &self.baseline
             && *baseline_envs == envs
@@ -725,14 +758,16 @@ impl Validator {
         self.metrics
             .observe(ValidationPhase::Haproxy, phase2.is_ok(), started.elapsed());
         let phase2 = phase2?;
-        self.baseline = Some((
-            envs,
-            Baseline {
-                rendered: Arc::clone(rendered),
-                model: Arc::clone(&model),
-            },
-            phase2.clone(),
-        ));
+        let baseline = Baseline {
+            rendered: Arc::clone(rendered),
+            model: Arc::clone(&model),
+        };
+        if let Some(shared) = &self.shared {
+            *shared
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(baseline.clone());
+        }
+        self.baseline = Some((envs, baseline, phase2.clone()));
         Ok((warnings, Phase2::Ran(phase2), model))
     }
 
