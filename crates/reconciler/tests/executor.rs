@@ -15,7 +15,7 @@ use hapwright_eventbus::{
 };
 use hapwright_reconciler::executor::{Executor, Settings};
 use hapwright_reconciler::renderer::{Renderer, RendererComponent, Templates};
-use support::{Harness, snapshot};
+use support::{AutoValidator, Harness, snapshot};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout};
 
@@ -39,50 +39,6 @@ impl Component for Fake {
     async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
         while let Some(event) = ctx.next_event().await {
             let _ = self.tx.send(event);
-        }
-        Ok(())
-    }
-}
-
-/// Validates automatically: rejects configs containing `INVALID`.
-struct AutoValidator;
-
-#[async_trait::async_trait]
-impl Component for AutoValidator {
-    fn name(&self) -> &str {
-        "validator"
-    }
-
-    fn consumes(&self) -> Interest {
-        Interest::pipeline([EventKind::TemplateRendered])
-    }
-
-    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
-        while let Some(event) = ctx.next_event().await {
-            let EventPayload::TemplateRendered(rendered) = &event.payload else {
-                continue;
-            };
-            if rendered.config.main().contains("INVALID") {
-                ctx.publisher().reply(
-                    &event,
-                    ValidationFailed {
-                        hash: rendered.config.hash(),
-                        phase: ValidationPhase::Haproxy,
-                        errors: vec![Diagnostic::error("unknown keyword 'INVALID'")],
-                    },
-                );
-            } else {
-                ctx.publisher().reply(
-                    &event,
-                    ValidationCompleted {
-                        config: rendered.config.clone(),
-                        duration: Duration::ZERO,
-                        warnings: Vec::new(),
-                        parsed: Default::default(),
-                        phase2_skipped: None,
-                    },
-                );
-            }
         }
         Ok(())
     }

@@ -6,68 +6,15 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use hapwright_eventbus::model::{Diagnostic, ObjectKey, RenderedConfig, ResourceSnapshot};
+use hapwright_eventbus::model::{ObjectKey, RenderedConfig, ResourceSnapshot};
 use hapwright_eventbus::{
-    Component, ComponentError, Context, Event, EventKind, EventPayload, HealthState, Interest,
-    ReconciliationTriggered, Stage, ValidationCompleted, ValidationFailed, ValidationPhase,
+    Event, EventKind, EventPayload, HealthState, ReconciliationTriggered, Stage,
 };
 use hapwright_reconciler::executor::{Executor, Settings};
 use hapwright_reconciler::quarantine::{Failure, Validate};
 use hapwright_reconciler::renderer::{QuarantineSettings, Renderer, RendererComponent, Templates};
-use support::Harness;
-
-/// Validates automatically: rejects configs containing `INVALID`.
-struct AutoValidator;
-
-/// The error for a config the validator rejects.
-fn check(config: &RenderedConfig) -> Option<Diagnostic> {
-    config
-        .main()
-        .contains("INVALID")
-        .then(|| Diagnostic::error("unknown keyword 'INVALID'"))
-}
-
-#[async_trait::async_trait]
-impl Component for AutoValidator {
-    fn name(&self) -> &str {
-        "validator"
-    }
-
-    fn consumes(&self) -> Interest {
-        Interest::pipeline([EventKind::TemplateRendered])
-    }
-
-    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
-        while let Some(event) = ctx.next_event().await {
-            let EventPayload::TemplateRendered(rendered) = &event.payload else {
-                continue;
-            };
-            match check(&rendered.config) {
-                Some(error) => ctx.publisher().reply(
-                    &event,
-                    ValidationFailed {
-                        hash: rendered.config.hash(),
-                        phase: ValidationPhase::Haproxy,
-                        errors: vec![error],
-                    },
-                ),
-                None => ctx.publisher().reply(
-                    &event,
-                    ValidationCompleted {
-                        config: rendered.config.clone(),
-                        duration: Duration::ZERO,
-                        warnings: Vec::new(),
-                        parsed: Default::default(),
-                        phase2_skipped: None,
-                    },
-                ),
-            };
-        }
-        Ok(())
-    }
-}
+use support::{AutoValidator, Harness, check};
 
 const OBSERVED: [EventKind; 5] = [
     EventKind::ReconciliationCompleted,

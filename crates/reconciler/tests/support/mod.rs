@@ -6,10 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hapwright_eventbus::model::{ObjectKey, ResourceChange, ResourceSnapshot};
+use hapwright_eventbus::model::{
+    Diagnostic, ObjectKey, RenderedConfig, ResourceChange, ResourceSnapshot,
+};
 use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, Component, Event, EventKind, EventMeta, EventPayload, Kernel,
-    Publisher, ResourceIndexUpdated, ResourceSyncComplete, RunningKernel, Subscription,
+    Bus, BusConfig, BusMetrics, Component, ComponentError, Context, Event, EventKind, EventMeta,
+    EventPayload, Interest, Kernel, Publisher, ResourceIndexUpdated, ResourceSyncComplete,
+    RunningKernel, Subscription, ValidationCompleted, ValidationFailed, ValidationPhase,
 };
 use prometheus::Registry;
 use tokio::time::timeout;
@@ -91,4 +94,55 @@ pub fn snapshot(name: &str) -> Arc<ResourceSnapshot> {
         &serde_json::json!({"metadata": {"namespace": "default", "name": name}}),
     );
     Arc::new(snap)
+}
+
+/// Validates automatically: rejects configs containing `INVALID`.
+pub struct AutoValidator;
+
+/// The error for a config the validator rejects.
+pub fn check(config: &RenderedConfig) -> Option<Diagnostic> {
+    config
+        .main()
+        .contains("INVALID")
+        .then(|| Diagnostic::error("unknown keyword 'INVALID'"))
+}
+
+#[async_trait::async_trait]
+impl Component for AutoValidator {
+    fn name(&self) -> &str {
+        "validator"
+    }
+
+    fn consumes(&self) -> Interest {
+        Interest::pipeline([EventKind::TemplateRendered])
+    }
+
+    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
+        while let Some(event) = ctx.next_event().await {
+            let EventPayload::TemplateRendered(rendered) = &event.payload else {
+                continue;
+            };
+            match check(&rendered.config) {
+                Some(error) => ctx.publisher().reply(
+                    &event,
+                    ValidationFailed {
+                        hash: rendered.config.hash(),
+                        phase: ValidationPhase::Haproxy,
+                        errors: vec![error],
+                    },
+                ),
+                None => ctx.publisher().reply(
+                    &event,
+                    ValidationCompleted {
+                        config: rendered.config.clone(),
+                        duration: Duration::ZERO,
+                        warnings: Vec::new(),
+                        parsed: Default::default(),
+                        phase2_skipped: None,
+                    },
+                ),
+            };
+        }
+        Ok(())
+    }
 }
