@@ -123,12 +123,14 @@ pub struct KubernetesConfig {
 }
 
 /// The `http` source: a document fetched at an interval, turned into objects by
-/// `format` (see [`crate::http`]).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// `format` (see [`crate::http`]). `Debug` and `Serialize` show the URL without
+/// user information or query ([`crate::http::fetch::display_url`]).
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct HttpConfig {
-    /// `http://` or `https://` URL. User information in it (`user:pass@`) is never
-    /// shown; put credentials in `headers` read from files instead.
+    /// `http://` or `https://` URL. User information in it (`user:pass@`) and its
+    /// query are never shown; put credentials in `headers` read from files instead.
+    #[serde(serialize_with = "serialize_url")]
     pub url: String,
     /// Time between two fetches of a healthy source; also the longest backoff after
     /// errors.
@@ -152,6 +154,31 @@ pub struct HttpConfig {
     /// content stays).
     #[serde(default = "HttpConfig::default_max_bytes")]
     pub max_bytes: ByteSize,
+}
+
+fn shown_url(url: &str) -> String {
+    reqwest::Url::parse(url).map_or_else(
+        |_| "<invalid URL>".to_owned(),
+        |url| crate::http::fetch::display_url(&url),
+    )
+}
+
+fn serialize_url<S: serde::Serializer>(url: &str, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&shown_url(url))
+}
+
+impl std::fmt::Debug for HttpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpConfig")
+            .field("url", &shown_url(&self.url))
+            .field("interval", &self.interval)
+            .field("headers", &self.headers)
+            .field("timeout", &self.timeout)
+            .field("ca_file", &self.ca_file)
+            .field("format", &self.format)
+            .field("max_bytes", &self.max_bytes)
+            .finish()
+    }
 }
 
 impl HttpConfig {

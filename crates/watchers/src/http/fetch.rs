@@ -135,6 +135,16 @@ fn sensitive(name: &str) -> bool {
         .any(|word| name.contains(word))
 }
 
+/// Registers a credential with the redactor: the whole value and, for
+/// `Scheme credentials` (`Bearer abc…`), the credentials alone, which may show up
+/// without the scheme.
+fn register(value: &str) -> Secret {
+    if let Some((_, credentials)) = value.split_once(' ') {
+        drop(Secret::new(credentials.trim()));
+    }
+    Secret::new(value)
+}
+
 /// The URL as shown in logs, health and errors: no user information, and `?…` in
 /// place of a query (which may carry an API key).
 pub fn display_url(url: &reqwest::Url) -> String {
@@ -167,7 +177,7 @@ impl Fetcher {
             if let HeaderValue::Literal(text) = value
                 && sensitive(name)
             {
-                drop(Secret::new(text.as_str()));
+                drop(register(text));
             }
         }
         Ok(Self {
@@ -226,7 +236,7 @@ impl Fetcher {
                             source,
                         }
                     })?;
-                    let secret = Secret::new(text.trim());
+                    let secret = register(text.trim());
                     header::HeaderValue::from_str(secret.expose()).map_err(|_| invalid())?
                 }
             };
