@@ -578,4 +578,127 @@ mod tests {
         let mut short = Backoff::new(Duration::from_millis(300));
         assert_eq!(short.next_delay(), Duration::from_millis(300));
     }
+
+    fn event(payload: impl Into<EventPayload>, correlation: Option<CorrelationId>) -> Event {
+        Event {
+            id: hapwright_eventbus::EventId(0),
+            correlation_id: correlation,
+            caused_by: None,
+            at: tokio::time::Instant::now(),
+            unix_micros: 0,
+            payload: payload.into(),
+        }
+    }
+
+    fn update(resource: &str, unit: ContentHash) -> Event {
+        let mut snapshot = ResourceSnapshot::new(Vec::new());
+        snapshot.set_unit(Some(unit));
+        event(
+            ResourceIndexUpdated {
+                source: resource.into(),
+                snapshot: Arc::new(snapshot),
+                change: Arc::default(),
+            },
+            None,
+        )
+    }
+
+    fn started(correlation: CorrelationId) -> Event {
+        event(
+            hapwright_eventbus::ReconciliationStarted {
+                reason: "test".into(),
+            },
+            Some(correlation),
+        )
+    }
+
+    fn searched(resource: &str, correlation: CorrelationId) -> Event {
+        event(
+            hapwright_eventbus::QuarantineSearched {
+                objects: vec![hapwright_eventbus::QuarantinedObject {
+                    resource: resource.into(),
+                    kind: None,
+                    namespace: String::new(),
+                    name: "payload".into(),
+                    change: "modified",
+                    errors: vec![hapwright_eventbus::model::Diagnostic::error(
+                        "invalid address",
+                    )],
+                    since: std::time::SystemTime::now(),
+                }],
+                released: Vec::new(),
+                accepted: 1,
+                probes: 2,
+                gave_up: None,
+            },
+            Some(correlation),
+        )
+    }
+
+    fn validated(correlation: CorrelationId) -> Event {
+        let config = Arc::new(hapwright_eventbus::model::RenderedConfig::builder("").build());
+        event(
+            hapwright_eventbus::ValidationCompleted {
+                config,
+                duration: Duration::ZERO,
+                warnings: Vec::new(),
+                parsed: Default::default(),
+                phase2_skipped: None,
+            },
+            Some(correlation),
+        )
+    }
+
+    #[test]
+    fn a_validation_that_started_after_the_update_accepts_the_payload() {
+        let v1 = ContentHash::of(b"v1");
+        let mut verdict = Verdict::new("allow".into());
+        verdict.published(v1);
+        // A reconciliation that started before the update reached the bus does not
+        // count: it may have rendered the old content.
+        let early = CorrelationId::new();
+        verdict.observe(&started(early));
+        verdict.observe(&validated(early));
+        assert_eq!(verdict.state().label(), "pending");
+        // Another resource's update is no marker either.
+        verdict.observe(&update("other", v1));
+        let other = CorrelationId::new();
+        verdict.observe(&started(other));
+        verdict.observe(&validated(other));
+        assert_eq!(verdict.state().label(), "pending");
+
+        verdict.observe(&update("allow", v1));
+        let late = CorrelationId::new();
+        verdict.observe(&started(late));
+        assert!(verdict.observe(&validated(late)));
+        assert_eq!(verdict.state(), &ContentState::Accepted);
+    }
+
+    #[test]
+    fn a_quarantined_payload_is_rejected_until_new_content_arrives() {
+        let v2 = ContentHash::of(b"v2");
+        let mut verdict = Verdict::new("allow".into());
+        verdict.published(v2);
+        verdict.observe(&update("allow", v2));
+        let id = CorrelationId::new();
+        verdict.observe(&started(id));
+        // Another resource held back does not reject this one.
+        verdict.observe(&searched("services", id));
+        assert_eq!(verdict.state().label(), "pending");
+        assert!(verdict.observe(&searched("allow", id)));
+        let ContentState::Rejected { reason } = verdict.state() else {
+            panic!("rejected expected: {:?}", verdict.state());
+        };
+        assert!(reason.contains("invalid address"), "{reason}");
+        // The render of the accepted rest validates in the same reconciliation, and
+        // later ones without the payload validate too: it stays rejected.
+        verdict.observe(&validated(id));
+        let later = CorrelationId::new();
+        verdict.observe(&started(later));
+        verdict.observe(&validated(later));
+        assert_eq!(verdict.state().label(), "rejected");
+        // New content starts over.
+        verdict.published(ContentHash::of(b"v3"));
+        assert_eq!(verdict.state().label(), "pending");
+    }
 }
