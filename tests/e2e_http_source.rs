@@ -8,7 +8,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use hapwright_e2e::{Controller, Value, WAIT, master_command, replace_once, service_manifest};
 
@@ -161,7 +160,11 @@ fn a_list_that_fails_validation_is_rejected_whole_and_the_accepted_one_stays_liv
         "{reason}"
     );
     assert_eq!(state(&controller, "rejected"), 1.0);
-    assert_eq!(status(&controller), 403, "the last accepted list stays live");
+    assert_eq!(
+        status(&controller),
+        403,
+        "the last accepted list stays live"
+    );
     let quarantine = controller.status_get("/debug/quarantine").1;
     assert!(
         quarantine.contains("\"allow\"") && quarantine.contains("payload"),
@@ -205,7 +208,10 @@ fn a_hundred_thousand_line_list_reaches_haproxy_without_a_reload() {
     server.serve(&list);
     wait_status(&controller, 403);
     let after = controller.wait_deployed();
-    assert_eq!(after.reloads, first.reloads, "100,000 entries need no reload");
+    assert_eq!(
+        after.reloads, first.reloads,
+        "100,000 entries need no reload"
+    );
     assert_eq!(after.last_strategy.as_deref(), Some("runtime"));
     let entries = master_command(&controller.master_socket(), "@1 show map maps/allow.map")
         .unwrap_or_else(|e| controller.fail(&format!("show map: {e}")));

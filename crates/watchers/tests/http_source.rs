@@ -195,7 +195,10 @@ async fn etag_and_last_modified_round_trip_and_304_changes_nothing() {
 async fn the_same_body_again_is_reported_as_same() {
     let server = Server::start(|_| Answer::ok("a\nb\n")).await;
     let mut fetcher = Fetcher::new(&config(&server.url)).unwrap();
-    assert!(matches!(fetcher.fetch().await.unwrap(), Fetched::Body { .. }));
+    assert!(matches!(
+        fetcher.fetch().await.unwrap(),
+        Fetched::Body { .. }
+    ));
     assert_eq!(fetcher.fetch().await.unwrap(), Fetched::Same);
 }
 
@@ -271,15 +274,21 @@ async fn credentials_from_files_are_sent_and_never_shown() {
     let token = "s3cr3t-t0ken-0f-the-http-source";
     std::fs::write(dir.path().join("token"), format!("Bearer {token}\n")).unwrap();
     let server = Server::start(|_| Answer::status(401)).await;
-    let mut http = config(&server.url.replace("http://", "http://user:hunter2-password@"));
+    let mut http = config(
+        &server
+            .url
+            .replace("http://", "http://user:hunter2-password@"),
+    );
     http.headers.insert(
         "Authorization".into(),
         HeaderValue::File {
             file: dir.path().join("token"),
         },
     );
-    http.headers
-        .insert("X-Api-Key".into(), HeaderValue::Literal("literal-api-key-123".into()));
+    http.headers.insert(
+        "X-Api-Key".into(),
+        HeaderValue::Literal("literal-api-key-123".into()),
+    );
     let mut fetcher = Fetcher::new(&http).unwrap();
     let error = fetcher.fetch().await.unwrap_err();
     let requests = server.requests();
@@ -287,7 +296,10 @@ async fn credentials_from_files_are_sent_and_never_shown() {
         header(&requests[0], "authorization"),
         Some(format!("Bearer {token}").as_str())
     );
-    assert_eq!(header(&requests[0], "x-api-key"), Some("literal-api-key-123"));
+    assert_eq!(
+        header(&requests[0], "x-api-key"),
+        Some("literal-api-key-123")
+    );
     // Nothing that is shown carries a credential.
     let shown = [
         error.chain(),
@@ -330,11 +342,24 @@ fn openssl(dir: &Path, args: &[&str]) {
 /// A test CA (`ca.crt`) and a server certificate for 127.0.0.1 it signed
 /// (`server.crt`, `server.key`) in `dir`.
 fn certificates(dir: &Path) {
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
     let mut args = vec!["req", "-x509"];
     args.extend(ec);
     args.extend([
-        "-days", "1", "-subj", "/CN=test-ca", "-keyout", "ca.key", "-out", "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
     ]);
     openssl(dir, &args);
     let mut args = vec!["req"];
@@ -356,8 +381,21 @@ fn certificates(dir: &Path) {
     openssl(
         dir,
         &[
-            "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-            "-CAcreateserial", "-days", "1", "-extfile", "san.ext", "-out", "server.crt",
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.crt",
         ],
     );
 }
@@ -384,7 +422,8 @@ fn acceptor(dir: &Path) -> tokio_rustls::TlsAcceptor {
 async fn https_with_a_private_ca_needs_ca_file() {
     let dir = tempfile::tempdir().unwrap();
     certificates(dir.path());
-    let server = Server::start_with(|_| Answer::ok("10.1.0.0/16\n"), Some(acceptor(dir.path()))).await;
+    let server =
+        Server::start_with(|_| Answer::ok("10.1.0.0/16\n"), Some(acceptor(dir.path()))).await;
     let url = server.url.replace("http://", "https://");
 
     let mut untrusted = Fetcher::new(&config(&url)).unwrap();
@@ -409,7 +448,10 @@ async fn https_with_a_private_ca_needs_ca_file() {
     })
     .unwrap();
     let error = broken.fetch().await.unwrap_err();
-    assert!(matches!(error, FetchError::CaFileInvalid { .. }), "{error:?}");
+    assert!(
+        matches!(error, FetchError::CaFileInvalid { .. }),
+        "{error:?}"
+    );
 }
 
 // === the component ===
@@ -499,7 +541,10 @@ async fn the_source_publishes_new_content_keeps_it_on_errors_and_recovers() {
     assert_eq!(second.len(), 2);
     assert_eq!(change.added, [ObjectKey::new("", "172.16.0.0/12")]);
     assert_eq!(change.removed, [ObjectKey::new("", "192.168.0.0/16")]);
-    assert!(change.modified.is_empty(), "unchanged lines keep their objects");
+    assert!(
+        change.modified.is_empty(),
+        "unchanged lines keep their objects"
+    );
     assert_ne!(first.unit(), second.unit());
     harness.stop().await;
 }

@@ -349,7 +349,10 @@ mod tests {
             (services.clone(), snapshot(&[("web", 1)])),
         ]);
         let current = Snapshots::from([
-            (list.clone(), payload(b"v2", &[("a", 1), ("c", 3), ("d", 4)])),
+            (
+                list.clone(),
+                payload(b"v2", &[("a", 1), ("c", 3), ("d", 4)]),
+            ),
             (services.clone(), snapshot(&[("web", 2)])),
         ]);
         let set = ChangeSet::between(&last_good, &current);

@@ -122,7 +122,9 @@ pub struct Fetcher {
 
 impl std::fmt::Debug for Fetcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fetcher").field("url", &self.display).finish()
+        f.debug_struct("Fetcher")
+            .field("url", &self.display)
+            .finish()
     }
 }
 
@@ -130,9 +132,17 @@ impl std::fmt::Debug for Fetcher {
 /// redactor, so they are hidden wherever they might show up.
 fn sensitive(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
-    ["authorization", "cookie", "token", "key", "secret", "password", "auth"]
-        .iter()
-        .any(|word| name.contains(word))
+    [
+        "authorization",
+        "cookie",
+        "token",
+        "key",
+        "secret",
+        "password",
+        "auth",
+    ]
+    .iter()
+    .any(|word| name.contains(word))
 }
 
 /// Registers a credential with the redactor: the whole value and, for
@@ -169,7 +179,8 @@ impl Fetcher {
     ///
     /// [`FetchError::UrlInvalid`].
     pub fn new(config: &HttpConfig) -> Result<Self, FetchError> {
-        let url = reqwest::Url::parse(&config.url).map_err(|error| FetchError::UrlInvalid(error.to_string()))?;
+        let url = reqwest::Url::parse(&config.url)
+            .map_err(|error| FetchError::UrlInvalid(error.to_string()))?;
         if let Some(password) = url.password() {
             drop(Secret::new(password));
         }
@@ -290,7 +301,10 @@ impl Fetcher {
             return Err(FetchError::StatusRejected(status));
         }
         let limit = self.config.max_bytes;
-        if response.content_length().is_some_and(|len| len > limit.bytes()) {
+        if response
+            .content_length()
+            .is_some_and(|len| len > limit.bytes())
+        {
             return Err(FetchError::BodyTooLarge(limit));
         }
         let etag = response.headers().get(header::ETAG).cloned();

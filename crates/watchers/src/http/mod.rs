@@ -41,8 +41,7 @@ use hapwright_eventbus::model::{
     UpsertOutcome,
 };
 use hapwright_eventbus::{
-    Component, ComponentError, Context, Event, Interest, ResourceIndexUpdated,
-    ResourceSyncComplete,
+    Component, ComponentError, Context, Event, Interest, ResourceIndexUpdated, ResourceSyncComplete,
 };
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use tracing::Instrument;
@@ -243,15 +242,13 @@ impl Verdict {
             .is_some_and(|id| self.including.contains(&id));
         let before = self.state.clone();
         match &event.payload {
-            EventPayload::ResourceIndexUpdated(update) => {
-                if update.source == self.resource && update.snapshot.unit() == Some(payload) {
-                    self.published = true;
-                }
+            EventPayload::ResourceIndexUpdated(update)
+                if update.source == self.resource && update.snapshot.unit() == Some(payload) =>
+            {
+                self.published = true;
             }
-            EventPayload::ReconciliationStarted(_) => {
-                if self.published
-                    && let Some(id) = event.correlation_id
-                {
+            EventPayload::ReconciliationStarted(_) if self.published => {
+                if let Some(id) = event.correlation_id {
                     self.including.insert(id);
                 }
             }
@@ -360,7 +357,8 @@ impl Component for HttpSource {
 
     async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
         let fetcher = Fetcher::new(&self.config)?;
-        let span = tracing::info_span!("http_source", source = %self.resource, url = %fetcher.display());
+        let span =
+            tracing::info_span!("http_source", source = %self.resource, url = %fetcher.display());
         run(*self, fetcher, ctx).instrument(span).await
     }
 }
@@ -447,7 +445,11 @@ impl State {
     }
 }
 
-async fn run(source: HttpSource, mut fetcher: Fetcher, mut ctx: Context) -> Result<(), ComponentError> {
+async fn run(
+    source: HttpSource,
+    mut fetcher: Fetcher,
+    mut ctx: Context,
+) -> Result<(), ComponentError> {
     let HttpSource {
         resource,
         config,

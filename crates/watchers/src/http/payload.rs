@@ -15,6 +15,9 @@
 //! by a hash of its content; a line by its text; the text object by `text`. Two items
 //! with one key (a repeated line) are one object.
 
+// `Diagnostic` is the located error every parser of this crate returns.
+#![allow(clippy::result_large_err)]
+
 use std::collections::BTreeMap;
 
 use hapwright_eventbus::model::{ContentHash, Diagnostic, ObjectKey, SourceLocation};
@@ -45,11 +48,10 @@ pub fn parse(
     limits: &Limits,
 ) -> Result<Parsed, Diagnostic> {
     let mut parsed = Parsed::default();
-    let mut add = |key: ObjectKey, value: Value| {
-        if parsed.objects.contains_key(&key) {
-            parsed.duplicates += 1;
-        } else {
-            parsed.objects.insert(key, value);
+    let mut add = |key: ObjectKey, value: Value| match parsed.objects.entry(key) {
+        std::collections::btree_map::Entry::Occupied(_) => parsed.duplicates += 1,
+        std::collections::btree_map::Entry::Vacant(slot) => {
+            slot.insert(value);
         }
     };
     match format {
@@ -160,7 +162,12 @@ mod tests {
         .unwrap();
         assert_eq!(parsed.objects.len(), 3);
         assert!(parsed.objects.contains_key(&ObjectKey::new("", "a")));
-        assert!(parsed.objects.values().any(|v| v == &json!({"value": "plain"})));
+        assert!(
+            parsed
+                .objects
+                .values()
+                .any(|v| v == &json!({"value": "plain"}))
+        );
         // The key of an unnamed item depends only on its content.
         let again = parse(br#"[{"x": 2}]"#, HttpFormat::Json, "u", &limits).unwrap();
         assert!(
@@ -190,15 +197,26 @@ mod tests {
         .unwrap();
         assert_eq!(names(&parsed), ["b", "a"]);
         let text = parse(b"hello\n", HttpFormat::Text, "u", &limits).unwrap();
-        assert_eq!(text.objects[&ObjectKey::new("", "text")], json!({"text": "hello\n"}));
+        assert_eq!(
+            text.objects[&ObjectKey::new("", "text")],
+            json!({"text": "hello\n"})
+        );
     }
 
     #[test]
     fn errors_are_located() {
-        let error = parse(b"[1,\n  2,,]", HttpFormat::Json, "https://example.test/x", &Limits::default())
-            .unwrap_err();
+        let error = parse(
+            b"[1,\n  2,,]",
+            HttpFormat::Json,
+            "https://example.test/x",
+            &Limits::default(),
+        )
+        .unwrap_err();
         assert_eq!(error.location.as_ref().unwrap().line, Some(2));
-        assert!(error.to_string().starts_with("https://example.test/x:2:"), "{error}");
+        assert!(
+            error.to_string().starts_with("https://example.test/x:2:"),
+            "{error}"
+        );
         let error = parse(b"a: [", HttpFormat::Yaml, "u", &Limits::default()).unwrap_err();
         assert!(error.location.is_some(), "{error}");
         assert!(parse(&[0xff, 0xfe], HttpFormat::Lines, "u", &Limits::default()).is_err());
