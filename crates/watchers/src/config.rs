@@ -345,15 +345,13 @@ impl Config {
                     "no source: set `files`, `kubernetes` or `http`",
                 )),
                 [_] => {}
+                [first, second] => issues.push(ConfigIssue::new(
+                    at(second),
+                    format!("a resource has one source, but both `{first}` and `{second}` are set"),
+                )),
                 [.., last] => issues.push(ConfigIssue::new(
                     at(last),
-                    format!(
-                        "a resource has one source, but {} are set",
-                        set.iter()
-                            .map(|s| format!("`{s}`"))
-                            .collect::<Vec<_>>()
-                            .join(" and ")
-                    ),
+                    "a resource has one source, but `files`, `kubernetes` and `http` are set",
                 )),
             }
             if resource.kubernetes.is_some() || resource.http.is_some() {
@@ -609,5 +607,71 @@ kube:
         .unwrap_err();
         assert!(err.message.starts_with("a.indexBy[0]: "), "{err}");
         assert_eq!(err.location.unwrap().line, Some(3));
+    }
+
+    #[test]
+    fn http_sources_parse_with_defaults_and_are_checked() {
+        let config = parse(
+            r#"
+allow:
+  http:
+    url: https://user:pw@lists.example.test/allow.txt?key=abc
+    format: lines
+    caFile: ca.pem
+    headers:
+      Authorization: { file: token }
+      X-Api-Key: literal-key-value
+  indexBy: [line]
+bad:
+  http: { url: "ftp://x/", interval: 100ms, timeout: 0s, maxBytes: 0, caFile: ca.pem, headers: { "bad header": x } }
+  kind: Service
+"#,
+        );
+        let allow = &config.resources["allow"];
+        let Some(Source::Http(http)) = allow.source() else {
+            panic!("http source expected");
+        };
+        assert_eq!(http.format, HttpFormat::Lines);
+        assert_eq!(http.interval, Duration::from_secs(60));
+        assert_eq!(http.timeout, Duration::from_secs(10));
+        assert_eq!(http.max_bytes, ByteSize::mib(16));
+        // Neither the URL's credentials and query nor header values are shown.
+        for shown in [format!("{http:?}"), serde_json::to_string(http).unwrap()] {
+            for secret in ["pw", "key=abc", "literal-key-value"] {
+                assert!(!shown.contains(secret), "{secret} in {shown}");
+            }
+            assert!(
+                shown.contains("https://lists.example.test/allow.txt?…"),
+                "{shown}"
+            );
+        }
+        let issues: Vec<String> = config.validate().iter().map(ToString::to_string).collect();
+        for expected in [
+            "bad.http.url: the scheme is `ftp`",
+            "bad.http.interval: interval must be at least 1s",
+            "bad.http.timeout: ",
+            "bad.http.maxBytes: ",
+            "bad.http.headers.bad header: not a valid HTTP header name",
+            "bad.kind: ",
+        ] {
+            assert!(
+                issues.iter().any(|i| i.starts_with(expected)),
+                "{expected} not in {issues:?}"
+            );
+        }
+        assert!(!issues.iter().any(|i| i.starts_with("allow")), "{issues:?}");
+        let mut config = config;
+        config.resolve_paths(Path::new("/etc/hapwright"));
+        let http = config.resources["allow"].http.as_ref().unwrap();
+        assert_eq!(
+            http.ca_file.as_deref(),
+            Some(Path::new("/etc/hapwright/ca.pem"))
+        );
+        assert_eq!(
+            http.headers["Authorization"],
+            HeaderValue::File {
+                file: "/etc/hapwright/token".into()
+            }
+        );
     }
 }
