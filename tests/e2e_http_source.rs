@@ -160,6 +160,11 @@ fn a_list_that_fails_validation_is_rejected_whole_and_the_accepted_one_stays_liv
         "{reason}"
     );
     assert_eq!(state(&controller, "rejected"), 1.0);
+    let page = controller.status_page();
+    assert!(
+        page.contains("failed validation and is not used"),
+        "the status page shows why"
+    );
     assert_eq!(
         status(&controller),
         403,
