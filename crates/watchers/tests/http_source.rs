@@ -14,7 +14,9 @@ use hapwright_eventbus::config::{ByteSize, Duration as ConfigDuration};
 use hapwright_eventbus::model::ObjectKey;
 use hapwright_eventbus::{EventPayload, HealthState};
 use hapwright_watchers::config::{HeaderValue, HttpConfig, HttpFormat, WatchedResource};
-use hapwright_watchers::http::{FetchError, Fetched, Fetcher, HttpSource};
+use hapwright_watchers::http::{
+    Fetch, FetchError, Fetched, Fetcher, HttpSource, HttpSourceMetrics,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -546,5 +548,103 @@ async fn the_source_publishes_new_content_keeps_it_on_errors_and_recovers() {
         "unchanged lines keep their objects"
     );
     assert_ne!(first.unit(), second.unit());
+    harness.stop().await;
+}
+
+/// Answers from a script, recording when each attempt was made.
+struct Scripted {
+    answers: std::collections::VecDeque<Result<Fetched, FetchError>>,
+    calls: tokio::sync::mpsc::UnboundedSender<tokio::time::Instant>,
+}
+
+#[async_trait::async_trait]
+impl Fetch for Scripted {
+    async fn fetch(&mut self) -> Result<Fetched, FetchError> {
+        let _ = self.calls.send(tokio::time::Instant::now());
+        self.answers.pop_front().unwrap_or(Ok(Fetched::NotModified))
+    }
+
+    fn display(&self) -> &str {
+        "scripted"
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn errors_back_off_exponentially_up_to_the_interval_then_the_interval_resumes() {
+    let unavailable = || {
+        Err(FetchError::StatusRejected(
+            reqwest::StatusCode::SERVICE_UNAVAILABLE,
+        ))
+    };
+    let body = b"10.0.0.0/8\n".to_vec();
+    let answers = vec![
+        unavailable(),
+        unavailable(),
+        unavailable(),
+        unavailable(),
+        unavailable(),
+        Ok(Fetched::Body {
+            hash: hapwright_eventbus::model::ContentHash::of(&body),
+            bytes: body,
+        }),
+        Ok(Fetched::NotModified),
+        unavailable(),
+    ];
+    let (calls, mut called) = tokio::sync::mpsc::unbounded_channel();
+    let http = HttpConfig {
+        interval: ConfigDuration::from_secs(10),
+        ..config("http://127.0.0.1:1/")
+    };
+    let registry = prometheus::Registry::new();
+    let metrics = HttpSourceMetrics::register(&registry).unwrap();
+    let source = HttpSource::new("allow", &resource(http))
+        .unwrap()
+        .with_metrics(metrics)
+        .with_fetch(Box::new(Scripted {
+            answers: answers.into(),
+            calls,
+        }));
+    let mut harness = Harness::source(source, Duration::from_secs(600));
+    let mut at = Vec::new();
+    for _ in 0..9 {
+        at.push(called.recv().await.expect("the source fetches"));
+    }
+    let gaps: Vec<u64> = at.windows(2).map(|w| (w[1] - w[0]).as_secs()).collect();
+    // Five failures: 1, 2, 4, 8, then the interval bounds the wait (10). After the
+    // success the interval (10); a 304 keeps it (10); a new failure starts the
+    // backoff over (1).
+    assert_eq!(gaps, [1, 2, 4, 8, 10, 10, 10, 1]);
+    let text = prometheus::TextEncoder::new()
+        .encode_to_string(&registry.gather())
+        .unwrap();
+    let metric = |name: &str, labels: &[(&str, &str)]| {
+        text.lines()
+            .filter(|line| line.starts_with(&format!("{name}{{")))
+            .find(|line| {
+                labels
+                    .iter()
+                    .all(|(k, v)| line.contains(&format!("{k}=\"{v}\"")))
+            })
+            .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    let fetches = "hapwright_http_source_fetches_total";
+    assert_eq!(metric(fetches, &[("result", "failure")]), Some(6.0));
+    assert_eq!(metric(fetches, &[("result", "success")]), Some(1.0));
+    // Nothing validates here: the content stays pending.
+    let state = "hapwright_http_source_state";
+    assert_eq!(metric(state, &[("state", "pending")]), Some(1.0));
+    assert_eq!(metric(state, &[("state", "accepted")]), Some(0.0));
+    // No sync before the first success; an update and a sync after it.
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        match harness.next().await {
+            EventPayload::ResourceIndexUpdated(update) => {
+                seen.push(format!("update {}", update.snapshot.len()))
+            }
+            EventPayload::ResourceSyncComplete(_) => seen.push("sync".to_owned()),
+            _ => {}
+        }
+    }
+    assert_eq!(seen, ["update 1", "sync"]);
     harness.stop().await;
 }

@@ -305,6 +305,29 @@ pub struct HttpSource {
     config: HttpConfig,
     index_by: Vec<FieldPath>,
     metrics: Option<HttpSourceMetrics>,
+    fetch: Option<Box<dyn Fetch>>,
+}
+
+/// One fetch of the source's document: [`Fetcher`] over HTTP, or a stand-in that
+/// lets tests drive the source's schedule (backoff, interval) under a paused clock.
+#[async_trait::async_trait]
+pub trait Fetch: Send {
+    /// One attempt.
+    async fn fetch(&mut self) -> Result<Fetched, FetchError>;
+
+    /// The document's address as shown in logs and errors.
+    fn display(&self) -> &str;
+}
+
+#[async_trait::async_trait]
+impl Fetch for Fetcher {
+    async fn fetch(&mut self) -> Result<Fetched, FetchError> {
+        Fetcher::fetch(self).await
+    }
+
+    fn display(&self) -> &str {
+        Fetcher::display(self)
+    }
 }
 
 impl std::fmt::Debug for HttpSource {
@@ -328,7 +351,15 @@ impl HttpSource {
             config: http.clone(),
             index_by: resource.index_by.clone(),
             metrics: None,
+            fetch: None,
         })
+    }
+
+    /// Fetches with `fetch` instead of over HTTP (tests of the schedule).
+    #[must_use]
+    pub fn with_fetch(mut self, fetch: Box<dyn Fetch>) -> Self {
+        self.fetch = Some(fetch);
+        self
     }
 
     /// Reports to these metrics.
@@ -356,10 +387,14 @@ impl Component for HttpSource {
     }
 
     async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
-        let fetcher = Fetcher::new(&self.config)?;
+        let mut source = *self;
+        let fetcher = match source.fetch.take() {
+            Some(fetch) => fetch,
+            None => Box::new(Fetcher::new(&source.config)?),
+        };
         let span =
-            tracing::info_span!("http_source", source = %self.resource, url = %fetcher.display());
-        run(*self, fetcher, ctx).instrument(span).await
+            tracing::info_span!("http_source", source = %source.resource, url = %fetcher.display());
+        run(source, fetcher, ctx).instrument(span).await
     }
 }
 
@@ -447,7 +482,7 @@ impl State {
 
 async fn run(
     source: HttpSource,
-    mut fetcher: Fetcher,
+    mut fetcher: Box<dyn Fetch>,
     mut ctx: Context,
 ) -> Result<(), ComponentError> {
     let HttpSource {
