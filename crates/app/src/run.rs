@@ -43,6 +43,7 @@ use hapwright_reconciler::quarantine;
 use hapwright_reconciler::renderer::{QuarantineSettings, Renderer, RendererComponent};
 use hapwright_watchers::config::Source;
 use hapwright_watchers::files::FilesSource;
+use hapwright_watchers::http::{HttpSource, HttpSourceMetrics};
 use hapwright_watchers::kubernetes::{
     ClientFactory, DiscoveryConfig, DiscoveryMetrics, KubernetesSource, LeaderElection,
     LeaderElectionConfig, LeaderMetrics, PodDiscovery, QuarantineEvents, Restriction, WatchedKind,
@@ -123,6 +124,7 @@ struct Process {
     deployer_metrics: DeployerMetrics,
     reload_metrics: ReloadMetrics,
     discovery_metrics: DiscoveryMetrics,
+    http_source_metrics: HttpSourceMetrics,
     webhook_metrics: webhook::Metrics,
     /// The latest snapshots the admission webhook validates against, kept across
     /// iterations so a config reload does not leave it without objects.
@@ -158,6 +160,7 @@ impl Process {
             deployer_metrics: DeployerMetrics::register(&registry)?,
             reload_metrics: ReloadMetrics::register(&registry)?,
             discovery_metrics: DiscoveryMetrics::register(&registry)?,
+            http_source_metrics: HttpSourceMetrics::register(&registry)?,
             webhook_metrics: webhook::Metrics::register(&registry)?,
             webhook_current: webhook::Current::new(),
             webhook_slot: webhook::Slot::default(),
@@ -256,6 +259,11 @@ impl Iteration {
             match resource.source() {
                 Some(Source::Kubernetes(_)) => kernel.register(
                     KubernetesSource::new(name, resource, process.kube.clone()).map_err(issue)?,
+                ),
+                Some(Source::Http(_)) => kernel.register(
+                    HttpSource::new(name, resource)
+                        .map_err(issue)?
+                        .with_metrics(process.http_source_metrics.clone()),
                 ),
                 _ => kernel.register(FilesSource::new(name, resource).map_err(issue)?),
             };
