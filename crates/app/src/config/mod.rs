@@ -1468,3 +1468,83 @@ mod webhook_tests {
         );
     }
 }
+
+#[cfg(test)]
+mod status_template_tests {
+    use super::*;
+
+    fn parse_text(text: &str) -> Result<(Config, TemplatePlaces), Vec<String>> {
+        parse(
+            text,
+            Path::new("/etc/hapwright/hapwright.yaml"),
+            "hapwright.yaml",
+        )
+        .map(|(config, _)| {
+            let places = TemplatePlaces::new(text, "hapwright.yaml", &config);
+            (config, places)
+        })
+        .map_err(|ds| ds.iter().map(ToString::to_string).collect())
+    }
+
+    const WATCHED: &str = "watchedResources:\n  ingresses:\n    kubernetes: { apiVersion: networking.k8s.io/v1, kind: Ingress }\nhaproxyConfig: { template: x }\n";
+
+    #[test]
+    fn status_keys_load_with_defaults() {
+        let (config, _) = parse_text(&format!(
+            "{WATCHED}statusTemplates:\n  ingresses:\n    template: 'a: 1'\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            config.templates.status_templates["ingresses"].template,
+            "a: 1"
+        );
+        assert_eq!(
+            config.controller.status,
+            StatusWrites { qps: 10, burst: 20 }
+        );
+        let (config, _) = parse_text(&format!(
+            "{WATCHED}controller:\n  status: {{ qps: 2, burst: 5 }}\n"
+        ))
+        .unwrap();
+        assert_eq!(config.controller.status.rate_limit().qps, 2.0);
+        assert_eq!(config.controller.status.rate_limit().burst, 5);
+    }
+
+    #[test]
+    fn a_status_template_for_an_unwatched_resource_and_a_zero_rate_are_located() {
+        let errors = parse_text(&format!(
+            "{WATCHED}statusTemplates:\n  ingress:\n    template: 'a: 1'\ncontroller:\n  status: {{ qps: 0 }}\n"
+        ))
+        .unwrap_err()
+        .join("\n");
+        assert!(
+            errors.contains("hapwright.yaml:6:")
+                && errors.contains("statusTemplates.ingress")
+                && errors.contains("`ingress` is not a watched resource; did you mean ingresses?"),
+            "{errors}"
+        );
+        assert!(
+            errors.contains("controller.status.qps: qps must be at least 1"),
+            "{errors}"
+        );
+    }
+
+    #[test]
+    fn status_template_errors_name_the_config_file_line() {
+        let text = format!(
+            "{WATCHED}statusTemplates:\n  ingresses:\n    template: |\n      a: 1\n      b: {{{{ object. }}}}\n"
+        );
+        let (config, places) = parse_text(&text).unwrap();
+        let errors = crate::build::renderer(&config).unwrap_err();
+        let shown: Vec<String> = places
+            .locate(errors)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert!(
+            shown.iter().any(|e| e.starts_with("hapwright.yaml:9:")
+                && e.contains("statusTemplates.ingresses line 2")),
+            "{shown:?}"
+        );
+    }
+}
