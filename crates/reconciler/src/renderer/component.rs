@@ -131,7 +131,10 @@ impl Component for RendererComponent {
         } = *self;
         let mut resources = Resources::new();
         let mut last: Option<Arc<RenderedConfig>> = None;
-        let mut guard = quarantine.map(Guard::new);
+        let mut guard = quarantine.map(|settings| Guard {
+            template_inputs,
+            ..Guard::new(settings)
+        });
         loop {
             let Some(event) = ctx.next_event().await else {
                 return Ok(());
@@ -293,6 +296,8 @@ struct Guard {
     /// empty state is then probed too).
     validated: bool,
     pending: Option<Pending>,
+    /// Publish `TemplateInputs` with the render of the accepted changes too.
+    template_inputs: bool,
 }
 
 /// The render in flight, awaiting its validation outcome.
@@ -316,6 +321,7 @@ impl Guard {
             // but it must be rendered and validated again.
             validated: false,
             pending: None,
+            template_inputs: false,
             settings,
         }
     }
@@ -428,6 +434,9 @@ impl Guard {
                                 .await
                                 .map(Arc::new),
                         };
+                        let inputs = self
+                            .template_inputs
+                            .then(|| Arc::new(isolated.snapshots.clone()));
                         if let Some(pending) = &mut self.pending {
                             pending.candidate = isolated.snapshots;
                         }
@@ -453,6 +462,15 @@ impl Guard {
                                 gave_up: None,
                             },
                         );
+                        if let (Some(config), Some(snapshots)) = (&config, inputs) {
+                            ctx.publisher().reply(
+                                event,
+                                TemplateInputs {
+                                    hash: config.hash(),
+                                    snapshots,
+                                },
+                            );
+                        }
                         match config {
                             Some(config) => ctx.publisher().reply(
                                 event,
