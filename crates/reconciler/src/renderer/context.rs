@@ -828,6 +828,15 @@ impl Resources {
         self.stores.insert(source.clone(), Arc::new(store));
     }
 
+    /// The snapshot behind every store, by watched resource name: the data a render
+    /// from these resources sees.
+    pub fn snapshots(&self) -> BTreeMap<Arc<str>, Arc<ResourceSnapshot>> {
+        self.stores
+            .iter()
+            .filter_map(|(name, store)| Some((name.clone(), store.snapshot.clone()?)))
+            .collect()
+    }
+
     /// The store of one source.
     pub fn get(&self, source: &str) -> Option<&Arc<ResourceStore>> {
         self.stores.get(source)
