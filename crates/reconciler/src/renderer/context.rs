@@ -678,8 +678,9 @@ pub(crate) enum Read {
     /// `fetch()` without keys.
     List(Arc<str>),
     /// The objects a `fetch(keys...)`/`get(keys...)` finds (the objects whose leading
-    /// index values are these keys).
-    Lookup(Arc<str>, Vec<String>),
+    /// index values are these keys). The keys are shared: a reused snippet output's
+    /// reads are copied into the reads of the file that includes it, once per render.
+    Lookup(Arc<str>, Arc<[String]>),
 }
 
 thread_local! {
