@@ -4,8 +4,8 @@
 //! and end to end the library routes real requests with the Gateway objects as
 //! manifest files: routing precedence, a redirect, a rewrite with header changes,
 //! weights (their distribution, and a weight change deployed without a reload), TLS
-//! with SNI, TLS passthrough by SNI, and a cross-namespace backendRef that is refused
-//! until a ReferenceGrant allows it.
+//! with SNI, TLS passthrough by SNI, a GRPCRoute over HTTP/2, and a cross-namespace
+//! backendRef that is refused until a ReferenceGrant allows it.
 
 mod library;
 
@@ -121,6 +121,7 @@ struct Ports {
     http: u16,
     https: u16,
     passthrough: u16,
+    grpc: u16,
 }
 
 fn service(namespace: &str, name: &str, port: u16) -> Value {
@@ -147,7 +148,9 @@ fn gateway(ports: &Ports) -> Value {
                   "allowedRoutes": { "namespaces": { "from": "All" } } },
                 { "name": "passthrough", "protocol": "TLS", "port": ports.passthrough,
                   "tls": { "mode": "Passthrough" },
-                  "allowedRoutes": { "namespaces": { "from": "All" } } }
+                  "allowedRoutes": { "namespaces": { "from": "All" } } },
+                { "name": "grpc", "protocol": "HTTP", "port": ports.grpc,
+                  "allowedRoutes": { "namespaces": { "from": "All" }, "kinds": [ { "kind": "GRPCRoute" } ] } }
             ]
         }
     }])
@@ -203,6 +206,16 @@ fn httproutes(split: (u32, u32)) -> Value {
                 "hostnames": [ "ledger.example.test" ],
                 "rules": [ { "backendRefs": [ { "name": "ledger", "namespace": "billing", "port": 80 } ] } ]
             }
+        },
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": { "name": "grpc-relay", "namespace": "shop" },
+            "spec": {
+                "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "http" } ],
+                "hostnames": [ "grpc.example.test" ],
+                "rules": [ { "backendRefs": to("api") } ]
+            }
         }
     ])
 }
@@ -232,6 +245,7 @@ fn the_library_routes_real_traffic() {
         http: free_port(),
         https: free_port(),
         passthrough: free_port(),
+        grpc: free_port(),
     };
     let upstreams: Vec<(&str, &str, u16)> = vec![
         ("shop", "web", upstream("web")),
@@ -242,6 +256,9 @@ fn the_library_routes_real_traffic() {
         // TLS passthrough goes to the Gateway's own HTTPS listener: only a listener
         // holding the certificate can complete the handshake.
         ("shop", "loopback-https", ports.https),
+        // gRPC goes over HTTP/2 (`proto h2`) to the Gateway's HTTP listener, which
+        // speaks cleartext HTTP/2 and relays to an HTTP/1.1 upstream.
+        ("shop", "loopback-http", ports.http),
     ];
 
     let mut config = library_value();
@@ -295,11 +312,24 @@ fn the_library_routes_real_traffic() {
             "rules": [ { "backendRefs": [ { "name": "loopback-https", "port": 80 } ] } ]
         }
     }]);
+    let grpcroutes = json!([{
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "GRPCRoute",
+        "metadata": { "name": "catalog", "namespace": "shop" },
+        "spec": {
+            "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "grpc" } ],
+            "hostnames": [ "grpc.example.test" ],
+            "rules": [ {
+                "matches": [ { "method": { "service": "shop.Catalog", "method": "GetItem" } } ],
+                "backendRefs": [ { "name": "loopback-http", "port": 80 } ]
+            } ]
+        }
+    }]);
     let resources = [
         ("gatewayclasses", global["gatewayclasses"].clone()),
         ("gateways", gateway(&ports)),
         ("httproutes", httproutes((3, 1))),
-        ("grpcroutes", json!([])),
+        ("grpcroutes", grpcroutes),
         ("tlsroutes", tlsroutes),
         ("referencegrants", referencegrants(false)),
         ("namespaces", global["namespaces"].clone()),
@@ -423,6 +453,38 @@ fn the_library_routes_real_traffic() {
         .get(format!("https://other.example.test:{}/", ports.passthrough))
         .send();
     assert!(refused.is_err(), "{refused:?}");
+
+    // GRPCRoute: the service and method route over HTTP/2 (cleartext, prior
+    // knowledge, as gRPC clients connect); another method of the service has no route.
+    let h2 = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .resolve("grpc.example.test", ([127, 0, 0, 1], ports.grpc).into())
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+        .expect("HTTP/2 client");
+    let grpc = |method: &str| {
+        sidecar.send(
+            h2.post(format!(
+                "http://grpc.example.test:{}/shop.Catalog/{method}",
+                ports.grpc
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(vec![0u8, 0, 0, 0, 0]),
+        )
+    };
+    match grpc("GetItem") {
+        Ok((200, _, body)) => assert!(
+            body.starts_with("api\nPOST /shop.Catalog/GetItem HTTP/1.1\r\n"),
+            "{body}"
+        ),
+        other => sidecar.fail(&format!("gRPC GetItem: {other:?}")),
+    }
+    match grpc("ListItems") {
+        Ok((404, _, _)) => {}
+        other => sidecar.fail(&format!("gRPC ListItems: expected 404, got {other:?}")),
+    }
 
     // A backendRef to another namespace: 500 without a ReferenceGrant, routed with.
     sidecar.expect(http, "ledger.example.test", "/", 500, "");
