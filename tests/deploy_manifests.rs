@@ -41,6 +41,7 @@ const LIBRARY_KEYS: &[&str] = &[
     "sslCertificates",
     "extraContext",
     "templating",
+    "statusTemplates",
 ];
 
 /// One YAML document and the file it came from.
@@ -539,6 +540,26 @@ fn check_rbac(docs: &[Doc]) -> Vec<String> {
                 "{at}: may not create/patch events.events.k8s.io in all namespaces \
                  (Events on quarantined objects)"
             ));
+        }
+        let status_templates = embedded.config["statusTemplates"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        for name in status_templates.keys() {
+            let Some(source) = embedded.config["watchedResources"][name].get("kubernetes") else {
+                continue;
+            };
+            let (group, plural) = resource_of(
+                source["apiVersion"].as_str().unwrap_or(""),
+                source["kind"].as_str().unwrap_or(""),
+            );
+            let status = format!("{plural}/status");
+            if !grants.allow(None, &group, &status, &["patch"]) {
+                problems.push(format!(
+                    "{at}: may not patch {status}.{group} in all namespaces \
+                     (statusTemplates.{name})"
+                ));
+            }
         }
         if let Some(discovery) = embedded.config.pointer("/haproxy/discovery/kubernetes") {
             let ns = discovery["namespace"].as_str();
@@ -1524,4 +1545,23 @@ fn webhook_problems_are_reported() {
     ] {
         assert_reported(&problems, needle);
     }
+}
+
+#[test]
+fn a_status_template_without_the_status_permission_is_reported() {
+    let mut docs = load(&repo().join("deploy/sidecar"));
+    assert_no_problems("deploy/sidecar", check_rbac(&docs));
+    for doc in docs.iter_mut().filter(|d| d.kind() == "ClusterRole") {
+        if let Some(rules) = doc.value["rules"].as_array_mut() {
+            rules.retain(|rule| {
+                !array(rule, "resources")
+                    .iter()
+                    .any(|r| r.as_str() == Some("ingresses/status"))
+            });
+        }
+    }
+    assert_reported(
+        &check_rbac(&docs),
+        "may not patch ingresses/status.networking.k8s.io in all namespaces (statusTemplates.ingresses)",
+    );
 }

@@ -40,6 +40,9 @@ const FEATURE_TESTS: &[&str] = &[
     "service-problems",
     "service-balance-annotation",
     "health-and-metrics-frontend",
+    "status-from-publish-service",
+    "status-from-publish-addresses",
+    "status-service-without-address",
 ];
 
 fn library_config() -> PathBuf {

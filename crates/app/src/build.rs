@@ -12,6 +12,7 @@ use hapwright_deployer::component::validator;
 use hapwright_eventbus::model::{Diagnostic, RenderedConfig, ResourceSnapshot};
 use hapwright_reconciler::quarantine;
 use hapwright_reconciler::renderer::{RenderLimits, Renderer, Templates, TemplatingSettings};
+use hapwright_reconciler::status::StatusTemplates;
 use hapwright_watchers::config::{FilesConfig, WatchedResource};
 use hapwright_watchers::files::{ScanMode, Scanner};
 use hapwright_watchers::yaml::Limits;
@@ -55,9 +56,31 @@ pub fn watched_names(config: &Config) -> Vec<String> {
 }
 
 /// Compiles every template and runs the load-time checks (references to watched
-/// resources, snippets, include cycles).
+/// resources, snippets, include cycles); the status templates are compiled too, so
+/// every caller (`check`, config reloads, `test`) rejects a broken one.
 pub fn renderer(config: &Config) -> Result<Renderer, Vec<Diagnostic>> {
-    Renderer::new(templates(config), &watched_names(config))
+    let renderer = Renderer::new(templates(config), &watched_names(config));
+    match (renderer, status_templates(config)) {
+        (Ok(renderer), Ok(_)) => Ok(renderer),
+        (renderer, status) => Err(renderer
+            .err()
+            .into_iter()
+            .flatten()
+            .chain(status.err().into_iter().flatten())
+            .collect()),
+    }
+}
+
+/// The status templates (`statusTemplates`), compiled in the environment of the
+/// other templates.
+pub fn status_templates(config: &Config) -> Result<StatusTemplates, Vec<Diagnostic>> {
+    let status: BTreeMap<String, String> = config
+        .templates
+        .status_templates
+        .iter()
+        .map(|(name, t)| (name.clone(), t.template.clone()))
+        .collect();
+    StatusTemplates::new(&templates(config), &status, &watched_names(config))
 }
 
 /// The validator's settings: the configured binary, one environment per distinct

@@ -69,7 +69,8 @@ pub fn check(path: &Path) -> u8 {
                     1 + templates.template_snippets.len()
                         + templates.maps.len()
                         + templates.files.len()
-                        + templates.ssl_certificates.len(),
+                        + templates.ssl_certificates.len()
+                        + templates.status_templates.len(),
                     "template"
                 ),
                 count(

@@ -327,6 +327,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/debug/resources/{name}", get(debug_resources))
         .route("/debug/instances", get(debug_instances))
         .route("/debug/quarantine", get(debug_quarantine))
+        .route("/debug/status", get(debug_status))
         .route("/debug/safety", get(debug_safety))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
@@ -782,6 +783,13 @@ async fn debug_instances(State(state): State<HttpState>) -> axum::Json<Value> {
 async fn debug_quarantine(State(state): State<HttpState>) -> axum::Json<Value> {
     let objects = state.store.quarantine();
     axum::Json(json!({"count": objects.len(), "objects": objects}))
+}
+
+async fn debug_status(State(state): State<HttpState>) -> axum::Json<Value> {
+    match state.store.statuses() {
+        Some(statuses) => axum::Json(json!(statuses)),
+        None => axum::Json(json!({"hash": null, "statuses": [], "errors": []})),
+    }
 }
 
 async fn debug_safety(State(state): State<HttpState>) -> axum::Json<Value> {

@@ -41,11 +41,14 @@ use hapwright_reconciler::debouncer::{self, Debouncer};
 use hapwright_reconciler::executor::{self, Executor};
 use hapwright_reconciler::quarantine;
 use hapwright_reconciler::renderer::{QuarantineSettings, Renderer, RendererComponent};
+use hapwright_reconciler::status::StatusComponent;
 use hapwright_watchers::config::Source;
 use hapwright_watchers::files::FilesSource;
+use hapwright_watchers::http::{HttpSource, HttpSourceMetrics};
 use hapwright_watchers::kubernetes::{
     ClientFactory, DiscoveryConfig, DiscoveryMetrics, KubernetesSource, LeaderElection,
-    LeaderElectionConfig, LeaderMetrics, PodDiscovery, QuarantineEvents, Restriction, WatchedKind,
+    LeaderElectionConfig, LeaderMetrics, PodDiscovery, QuarantineEvents, Restriction, StatusWriter,
+    WatchedKind,
 };
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 use tokio::signal::unix::{SignalKind, signal};
@@ -119,10 +122,12 @@ struct Process {
     bus_metrics: BusMetrics,
     kernel_metrics: KernelMetrics,
     status_metrics: StatusMetrics,
+    status_write_metrics: hapwright_watchers::kubernetes::StatusMetrics,
     validator_metrics: validator::Metrics,
     deployer_metrics: DeployerMetrics,
     reload_metrics: ReloadMetrics,
     discovery_metrics: DiscoveryMetrics,
+    http_source_metrics: HttpSourceMetrics,
     webhook_metrics: webhook::Metrics,
     /// The latest snapshots the admission webhook validates against, kept across
     /// iterations so a config reload does not leave it without objects.
@@ -154,10 +159,14 @@ impl Process {
             bus_metrics: BusMetrics::register(&registry)?,
             kernel_metrics: KernelMetrics::register(&registry)?,
             status_metrics: StatusMetrics::register(&registry)?,
+            status_write_metrics: hapwright_watchers::kubernetes::StatusMetrics::register(
+                &registry,
+            )?,
             validator_metrics: validator::Metrics::register(&registry)?,
             deployer_metrics: DeployerMetrics::register(&registry)?,
             reload_metrics: ReloadMetrics::register(&registry)?,
             discovery_metrics: DiscoveryMetrics::register(&registry)?,
+            http_source_metrics: HttpSourceMetrics::register(&registry)?,
             webhook_metrics: webhook::Metrics::register(&registry)?,
             webhook_current: webhook::Current::new(),
             webhook_slot: webhook::Slot::default(),
@@ -257,6 +266,11 @@ impl Iteration {
                 Some(Source::Kubernetes(_)) => kernel.register(
                     KubernetesSource::new(name, resource, process.kube.clone()).map_err(issue)?,
                 ),
+                Some(Source::Http(_)) => kernel.register(
+                    HttpSource::new(name, resource)
+                        .map_err(issue)?
+                        .with_metrics(process.http_source_metrics.clone()),
+                ),
                 _ => kernel.register(FilesSource::new(name, resource).map_err(issue)?),
             };
         }
@@ -304,6 +318,11 @@ impl Iteration {
             ..executor::Settings::default()
         }));
         let mut renderer = RendererComponent::new(renderer);
+        let status_templates = build::status_templates(config)
+            .map_err(|errors| anyhow::anyhow!("the status templates do not compile: {errors:?}"))?;
+        if !status_templates.is_empty() {
+            renderer = renderer.with_template_inputs();
+        }
         if quarantine > 0 {
             renderer = renderer.with_quarantine(QuarantineSettings {
                 validate: build::quarantine_validate(
@@ -331,6 +350,28 @@ impl Iteration {
                 _ => None,
             })
             .collect();
+        if !status_templates.is_empty() {
+            // Statuses are rendered for every object (files ones show on
+            // /debug/status) and written only for objects of Kubernetes sources.
+            let written: Vec<(std::sync::Arc<str>, WatchedKind)> = kubernetes_kinds
+                .iter()
+                .filter(|(name, _)| status_templates.resources().any(|r| r == name))
+                .cloned()
+                .collect();
+            kernel.register(StatusComponent::new(status_templates));
+            if !written.is_empty() {
+                let mut writer = StatusWriter::new(
+                    process.kube.clone(),
+                    written,
+                    process.status_write_metrics.clone(),
+                )
+                .with_rate_limit(config.controller.status.rate_limit());
+                if let Some(leader) = process.leadership() {
+                    writer = writer.with_leadership(leader);
+                }
+                kernel.register(writer);
+            }
+        }
         if quarantine > 0 && !kubernetes_kinds.is_empty() {
             let mut events = QuarantineEvents::new(process.kube.clone(), kubernetes_kinds)
                 .with_instance(LeaderElectionConfig::identity_from_environment());

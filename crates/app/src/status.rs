@@ -244,6 +244,22 @@ struct Inner {
     safety_hold: Option<SafetyHold>,
     /// How the last hold ended.
     safety_release: Option<SafetyRelease>,
+    /// The latest statuses rendered by `statusTemplates`.
+    statuses: Option<RenderedStatuses>,
+}
+
+/// The latest statuses rendered by `statusTemplates`, as `/debug/status` shows them.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RenderedStatuses {
+    /// Hash of the deployed render they come from.
+    pub hash: ContentHash,
+    /// When they were rendered (seconds since the Unix epoch).
+    pub at: f64,
+    /// Every non-empty status, with `current` telling whether the object shows it.
+    pub statuses: Arc<[hapwright_eventbus::RenderedStatus]>,
+    /// Template errors, one per failing object.
+    pub errors: Vec<Diagnostic>,
 }
 
 impl Inner {
@@ -288,6 +304,11 @@ impl StatusStore {
 
     fn write(&self) -> RwLockWriteGuard<'_, Inner> {
         self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The latest statuses rendered by `statusTemplates` (`/debug/status`).
+    pub fn statuses(&self) -> Option<RenderedStatuses> {
+        self.read().statuses.clone()
     }
 
     /// The objects quarantined now, with their errors (`/debug/quarantine`).
@@ -693,6 +714,14 @@ impl StatusStore {
                 });
             }
             EventPayload::ValidationCompleted(_) => inner.last_error = None,
+            EventPayload::StatusRendered(rendered) => {
+                inner.statuses = Some(RenderedStatuses {
+                    hash: rendered.hash,
+                    at: unix_now(),
+                    statuses: rendered.statuses.clone(),
+                    errors: places.locate(rendered.errors.clone()),
+                });
+            }
             EventPayload::QuarantineSearched(searched) => {
                 if let Some(metrics) = metrics {
                     metrics.quarantined_objects.reset();

@@ -4,6 +4,7 @@
 //! (if any), the id of the event that caused it, and a monotonic timestamp. The names
 //! of the payload types are the contract for logs, `/debug/events` and metric labels.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -191,6 +192,29 @@ fn unix_seconds<S: serde::Serializer>(
     serializer.serialize_f64(seconds)
 }
 
+/// The status one status template rendered for one object: what hapwright applies
+/// to the object's `status` subresource (objects of `kubernetes` resources only).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RenderedStatus {
+    /// Watched resource name (the key under `statusTemplates`).
+    pub resource: Arc<str>,
+    /// The object's `apiVersion`, needed in the apply patch.
+    pub api_version: String,
+    /// The object's `kind`, needed in the apply patch.
+    pub kind: String,
+    /// The object's namespace (empty for cluster-scoped objects).
+    pub namespace: String,
+    /// The object's name.
+    pub name: String,
+    /// The rendered content of `status`, with every condition's
+    /// `lastTransitionTime` filled in.
+    pub status: serde_json::Value,
+    /// True when the object already shows every rendered field with the same
+    /// value: nothing to write.
+    pub current: bool,
+}
+
 /// Removed out of the total of one thing the safety valve counts (backends, servers,
 /// map entries) between the running config and a new render.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -319,6 +343,18 @@ fn snapshot_summary<S: Serializer>(
     map.end()
 }
 
+fn snapshots_summary<S: Serializer>(
+    snapshots: &Arc<BTreeMap<Arc<str>, Arc<ResourceSnapshot>>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = serializer.serialize_map(Some(snapshots.len()))?;
+    for (name, snapshot) in snapshots.iter() {
+        map.serialize_entry(name.as_ref(), &snapshot.len())?;
+    }
+    map.end()
+}
+
 fn config_summary<S: Serializer>(
     config: &Arc<RenderedConfig>,
     serializer: S,
@@ -428,6 +464,17 @@ catalogue! {
         /// What changed since the previous snapshot.
         change: Arc<ResourceChange>,
     }
+    /// Statuses rendered by `statusTemplates` after a render was deployed (or when
+    /// a new render equals the deployed one), for the status writer and
+    /// `/debug/status`.
+    StatusRendered {
+        /// Hash of the deployed render whose snapshots the statuses come from.
+        hash: ContentHash,
+        /// Every non-empty rendered status.
+        statuses: Arc<[RenderedStatus]>,
+        /// Template errors, one per failing object (template, line, object).
+        errors: Vec<Diagnostic>,
+    }
     /// A source finished its initial full listing.
     ResourceSyncComplete {
         /// Watched resource name.
@@ -478,6 +525,17 @@ catalogue! {
         duration: Duration,
         /// Files rendered and reused, and whether the render was incremental.
         render: RenderSummary,
+    }
+    /// The resource snapshots a render used, published by the renderer just before
+    /// its `TemplateRendered` (same correlation) when status templates are
+    /// configured, so statuses are rendered from exactly the data of the deployed
+    /// render, not from whatever changed since.
+    TemplateInputs {
+        /// Hash of the render these snapshots produced.
+        hash: ContentHash,
+        /// Every watched resource's snapshot, by watched resource name.
+        #[serde(serialize_with = "snapshots_summary")]
+        snapshots: Arc<BTreeMap<Arc<str>, Arc<ResourceSnapshot>>>,
     }
     /// Rendering failed.
     TemplateRenderFailed {
@@ -686,7 +744,7 @@ mod tests {
         for kind in EventKind::ALL {
             assert_eq!(EventKind::from_name(kind.as_str()), Some(*kind));
         }
-        assert_eq!(EventKind::ALL.len(), 25);
+        assert_eq!(EventKind::ALL.len(), 27);
         assert_eq!(EventKind::from_name("Nope"), None);
     }
 

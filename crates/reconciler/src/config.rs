@@ -38,6 +38,11 @@ pub struct Config {
     /// Named render tests run by `hapwright test`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub validation_tests: BTreeMap<String, ValidationTest>,
+    /// Status templates by watched resource name: each renders, per object of that
+    /// resource, the content of the object's `status`, which the leader writes back
+    /// to Kubernetes after a deployment.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub status_templates: BTreeMap<String, Template>,
 }
 
 fn empty_object() -> Value {
@@ -222,6 +227,28 @@ pub struct Assertion {
 /// Name of the assertion target that holds the render error text.
 pub const RENDERING_ERROR_TARGET: &str = "rendering_error";
 
+/// The prefix of assertion targets that name a rendered status:
+/// `status/<resource>/<namespace>/<name>` (`status/<resource>/<name>` for objects
+/// without a namespace).
+pub const STATUS_TARGET_PREFIX: &str = "status/";
+
+/// The object a `status/...` assertion target names: watched resource, namespace
+/// (empty when the target has none) and name; `None` for other targets or a
+/// malformed one.
+pub fn status_target(target: &str) -> Option<(&str, &str, &str)> {
+    let rest = target.strip_prefix(STATUS_TARGET_PREFIX)?;
+    let parts: Vec<&str> = rest.split('/').collect();
+    match parts.as_slice() {
+        [resource, name] if !resource.is_empty() && !name.is_empty() => Some((resource, "", name)),
+        [resource, namespace, name]
+            if !resource.is_empty() && !namespace.is_empty() && !name.is_empty() =>
+        {
+            Some((resource, namespace, name))
+        }
+        _ => None,
+    }
+}
+
 /// An assertion target as a path relative to the config directory. Targets may be
 /// written as paths (`maps/hosts.map`) or with a kind prefix (`map:hosts.map`,
 /// `file:503.http`, `cert:site.pem`); both name the same file.
@@ -365,6 +392,35 @@ impl Config {
                 let at = format!("{at}.assertions[{index}]");
                 issues.extend(assertion.validate().into_iter().map(|i| i.under(&at)));
                 if let Some(target) = &assertion.target
+                    && target.starts_with(STATUS_TARGET_PREFIX)
+                {
+                    match status_target(target) {
+                        Some((resource, _, _)) if self.status_templates.contains_key(resource) => {}
+                        Some((resource, _, _)) => issues.push(ConfigIssue::new(
+                            format!("{at}.target"),
+                            format!(
+                                "`{target}`: `{resource}` has no status template (statusTemplates                                  has: {})",
+                                if self.status_templates.is_empty() {
+                                    "none".to_owned()
+                                } else {
+                                    self.status_templates
+                                        .keys()
+                                        .cloned()
+                                        .collect::<Vec<_>>()
+                                        .join(", ")
+                                }
+                            ),
+                        )),
+                        None => issues.push(ConfigIssue::new(
+                            format!("{at}.target"),
+                            format!(
+                                "`{target}` is not a status target: write                                  status/<resource>/<namespace>/<name> (status/<resource>/<name>                                  for objects without a namespace)"
+                            ),
+                        )),
+                    }
+                    continue;
+                }
+                if let Some(target) = &assertion.target
                     && target != RENDERING_ERROR_TARGET
                     && !targets.contains(&target_path(target))
                 {
@@ -373,7 +429,8 @@ impl Config {
                         format!(
                             "`{target}` is not a rendered file (one of: {}, {RENDERING_ERROR_TARGET}; \
                              maps, files and certificates may also be written `map:<name>`, \
-                             `file:<name>`, `cert:<name>`)",
+                             `file:<name>`, `cert:<name>`; statuses \
+                             `status/<resource>/<namespace>/<name>`)",
                             targets.join(", ")
                         ),
                     ));

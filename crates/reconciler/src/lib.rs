@@ -22,6 +22,8 @@
 //!   with a source map; static checks at load time.
 //! - [`quarantine`]: which changed objects make a reconciliation fail, and the
 //!   largest part of the change that still validates.
+//! - [`status`]: status templates, rendered after a deployment for the status
+//!   written back to Kubernetes objects.
 //! - [`synthetic`]: generated clusters of any size for the benchmarks.
 
 pub mod config;
@@ -29,6 +31,7 @@ pub mod debouncer;
 pub mod executor;
 pub mod quarantine;
 pub mod renderer;
+pub mod status;
 pub mod synthetic;
 
 pub use debouncer::Debouncer;

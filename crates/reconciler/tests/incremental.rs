@@ -651,3 +651,59 @@ fn snippets_print_the_same_through_the_cache_as_when_included() {
         }
     }
 }
+
+/// The quickstart writes each Service's backend through its `backend` snippet: after
+/// one endpoint change, only that Service's snippet renders again.
+#[test]
+fn the_quickstart_renders_only_the_changed_backend_again() {
+    let quickstart = example("examples/quickstart/hapwright.yaml");
+    let watched: Vec<&str> = quickstart.index_by.keys().map(String::as_str).collect();
+    let renderer = Renderer::new(quickstart.templates.clone(), &watched).expect("loads");
+    let mut services = ResourceSnapshot::new(quickstart.index_by["services"].clone());
+    let mut endpoints = ResourceSnapshot::new(quickstart.index_by["endpoints"].clone());
+    let slice = |i: usize, ready: bool| {
+        json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("svc-{i}-abc"), "namespace": "default",
+                         "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+            "ports": [{"port": 9101}],
+            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": ready}}],
+        })
+    };
+    for i in 0..20 {
+        let service = json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": format!("svc-{i}"), "namespace": "default",
+                         "annotations": {"hapwright.io/host": format!("svc-{i}.test")}},
+        });
+        services.upsert(key_of(&service), &service);
+        endpoints.upsert(key_of(&slice(i, true)), &slice(i, true));
+    }
+    let mut resources = Resources::new();
+    resources.update(&Arc::from("services"), Arc::new(services), None);
+    resources.update(&Arc::from("endpoints"), Arc::new(endpoints.clone()), None);
+    let (first, stats) = renderer.render_with_stats(&resources);
+    first.expect("renders");
+    assert_eq!(stats.snippets_rendered, 20, "{stats:?}");
+
+    let changed = slice(7, false);
+    endpoints.upsert(key_of(&changed), &changed);
+    resources.update(
+        &Arc::from("endpoints"),
+        Arc::new(endpoints),
+        Some(&ResourceChange {
+            modified: vec![key_of(&changed)],
+            ..ResourceChange::default()
+        }),
+    );
+    let (config, stats) = renderer.render_with_stats(&resources);
+    assert_eq!(
+        (stats.snippets_rendered, stats.snippets_reused),
+        (1, 19),
+        "{stats:?}"
+    );
+    assert_eq!(
+        config.expect("renders").main(),
+        renderer.render_full(&resources).expect("renders").main()
+    );
+}

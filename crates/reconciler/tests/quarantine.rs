@@ -57,6 +57,15 @@ fn harness(quarantine: bool) -> Harness {
 }
 
 fn harness_with(template: &str, quarantine: bool) -> Harness {
+    harness_full(template, quarantine, false, &OBSERVED)
+}
+
+fn harness_full(
+    template: &str,
+    quarantine: bool,
+    template_inputs: bool,
+    observed: &[EventKind],
+) -> Harness {
     let renderer = Renderer::new(Templates::new(template), &["services"]).expect("loads");
     let validate: Validate = Arc::new(|config: Arc<RenderedConfig>| {
         let result = match check(&config) {
@@ -69,6 +78,9 @@ fn harness_with(template: &str, quarantine: bool) -> Harness {
         Box::pin(async move { result })
     });
     let mut component = RendererComponent::new(renderer);
+    if template_inputs {
+        component = component.with_template_inputs();
+    }
     if quarantine {
         component = component.with_quarantine(QuarantineSettings {
             validate,
@@ -85,7 +97,7 @@ fn harness_with(template: &str, quarantine: bool) -> Harness {
             Box::new(component),
             Box::new(AutoValidator),
         ],
-        &OBSERVED,
+        observed,
     )
 }
 
@@ -305,4 +317,51 @@ async fn the_renderer_is_degraded_while_objects_are_quarantined_and_healthy_afte
         h.next_of(EventKind::QuarantineSearched).await;
     }
     assert_eq!(renderer_health(&h), (HealthState::Healthy, String::new()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_render_of_the_accepted_changes_carries_the_snapshots_it_used() {
+    let mut observed = OBSERVED.to_vec();
+    observed.push(EventKind::TemplateInputs);
+    let mut h = harness_full(TEMPLATE, true, true, &observed);
+    let v1: Vec<(usize, &str)> = (0..8).map(|i| (i, "v1")).collect();
+    h.update("services", services(&v1));
+    h.publisher.publish(trigger("start"));
+    let inputs = h.next_of(EventKind::TemplateInputs).await;
+    let rendered = h.next_of(EventKind::TemplateRendered).await;
+    let (EventPayload::TemplateInputs(inputs), EventPayload::TemplateRendered(rendered)) =
+        (&inputs.payload, &rendered.payload)
+    else {
+        unreachable!()
+    };
+    assert_eq!(inputs.hash, rendered.config.hash());
+    assert_eq!(inputs.snapshots["services"].len(), 8);
+    let (done, _, _) = settle(&mut h).await;
+    assert_eq!(done.kind(), EventKind::ReconciliationCompleted);
+
+    // s07 turns bad: the render of the accepted change (the others at v2, s07 held
+    // back at v1) comes with exactly the snapshots it was rendered from.
+    let v2: Vec<(usize, &str)> = (0..8)
+        .map(|i| (i, if i == 7 { "INVALID" } else { "v2" }))
+        .collect();
+    h.update("services", services(&v2));
+    h.publisher.publish(trigger("bad"));
+    let mut last_inputs = None;
+    loop {
+        let event = h.next().await;
+        match &event.payload {
+            EventPayload::TemplateInputs(inputs) => last_inputs = Some(inputs.clone()),
+            EventPayload::TemplateRendered(rendered) if !main_of(&event).contains("INVALID") => {
+                let inputs = last_inputs.take().expect("inputs before the render");
+                assert_eq!(inputs.hash, rendered.config.hash());
+                let notes: Vec<String> = inputs.snapshots["services"]
+                    .list()
+                    .map(|o| o.parse()["spec"]["note"].as_str().unwrap().to_owned())
+                    .collect();
+                assert_eq!(notes, ["v2", "v2", "v2", "v2", "v2", "v2", "v2", "v1"]);
+                break;
+            }
+            _ => {}
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! The `watchedResources` section of the config file: one entry per resource name
-//! that templates see as `resources.<name>`, each with exactly one source (`files` or
-//! `kubernetes`), an `indexBy` and optional `ignoreFields`.
+//! that templates see as `resources.<name>`, each with exactly one source (`files`,
+//! `kubernetes` or `http`), an `indexBy` and optional `ignoreFields`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,6 +29,10 @@ pub struct WatchedResource {
     /// Kubernetes objects from the API server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesConfig>,
+    /// A document downloaded over HTTP(S) at an interval (an allow list, a tenant
+    /// list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpConfig>,
     /// For `files`: keep only objects with this `apiVersion`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_version: Option<String>,
@@ -118,6 +122,159 @@ pub struct KubernetesConfig {
     pub field_selector: Option<String>,
 }
 
+/// The `http` source: a document fetched at an interval, turned into objects by
+/// `format` (see [`crate::http`]). `Debug` and `Serialize` show the URL without
+/// user information or query ([`crate::http::fetch::display_url`]).
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HttpConfig {
+    /// `http://` or `https://` URL. User information in it (`user:pass@`) and its
+    /// query are never shown; put credentials in `headers` read from files instead.
+    #[serde(serialize_with = "serialize_url")]
+    pub url: String,
+    /// Time between two fetches of a healthy source; also the longest backoff after
+    /// errors.
+    #[serde(default = "HttpConfig::default_interval")]
+    pub interval: Duration,
+    /// Request headers. A value is a literal string or `{ file: PATH }`, read before
+    /// every request (a rotated token is picked up). Values are never shown.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, HeaderValue>,
+    /// Limit for one whole request: connecting, the answer and its body.
+    #[serde(default = "HttpConfig::default_timeout")]
+    pub timeout: Duration,
+    /// PEM file with the certificate authorities that sign the server's certificate,
+    /// for servers with a private CA (added to the system roots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// How the body becomes objects.
+    #[serde(default)]
+    pub format: HttpFormat,
+    /// Largest body accepted; reading stops past it and the fetch fails (the last
+    /// content stays).
+    #[serde(default = "HttpConfig::default_max_bytes")]
+    pub max_bytes: ByteSize,
+}
+
+fn shown_url(url: &str) -> String {
+    reqwest::Url::parse(url).map_or_else(
+        |_| "<invalid URL>".to_owned(),
+        |url| crate::http::fetch::display_url(&url),
+    )
+}
+
+fn serialize_url<S: serde::Serializer>(url: &str, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&shown_url(url))
+}
+
+impl std::fmt::Debug for HttpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpConfig")
+            .field("url", &shown_url(&self.url))
+            .field("interval", &self.interval)
+            .field("headers", &self.headers)
+            .field("timeout", &self.timeout)
+            .field("ca_file", &self.ca_file)
+            .field("format", &self.format)
+            .field("max_bytes", &self.max_bytes)
+            .finish()
+    }
+}
+
+impl HttpConfig {
+    /// A config for `url` with every default.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            interval: Self::default_interval(),
+            headers: BTreeMap::new(),
+            timeout: Self::default_timeout(),
+            ca_file: None,
+            format: HttpFormat::default(),
+            max_bytes: Self::default_max_bytes(),
+        }
+    }
+
+    /// 60 s.
+    pub fn default_interval() -> Duration {
+        Duration::from_secs(60)
+    }
+
+    /// 10 s.
+    pub fn default_timeout() -> Duration {
+        Duration::from_secs(10)
+    }
+
+    /// 16 MiB.
+    pub fn default_max_bytes() -> ByteSize {
+        ByteSize::mib(16)
+    }
+}
+
+/// The format of an `http` source's body.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HttpFormat {
+    /// A JSON array of objects (one object per element), or one JSON object.
+    #[default]
+    Json,
+    /// Like `json`, written in YAML.
+    Yaml,
+    /// One object `{line: TEXT}` per non-empty line that does not start with `#`.
+    Lines,
+    /// One object `{text: BODY}`.
+    Text,
+}
+
+impl HttpFormat {
+    /// The name as written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Json => "json",
+            Self::Yaml => "yaml",
+            Self::Lines => "lines",
+            Self::Text => "text",
+        }
+    }
+}
+
+/// A request header value: literal, or read from a file (credentials). Neither form
+/// is ever shown: `Debug` and `Serialize` hide the literal text.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum HeaderValue {
+    /// The value as written.
+    Literal(String),
+    /// The trimmed content of a file, read before every request.
+    File {
+        /// The file; relative paths resolve against the config file's directory.
+        file: PathBuf,
+    },
+}
+
+impl std::fmt::Debug for HeaderValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Literal(_) => f.write_str("Literal(<redacted>)"),
+            Self::File { file } => f.debug_struct("File").field("file", file).finish(),
+        }
+    }
+}
+
+impl Serialize for HeaderValue {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match self {
+            Self::Literal(_) => serializer.serialize_str("<redacted>"),
+            Self::File { file } => {
+                let mut map = serializer.serialize_map(Some(1))?;
+                map.serialize_entry("file", file)?;
+                map.end()
+            }
+        }
+    }
+}
+
 /// The source of a watched resource, once validated.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Source<'a> {
@@ -125,15 +282,18 @@ pub enum Source<'a> {
     Files(&'a FilesConfig),
     /// Kubernetes objects.
     Kubernetes(&'a KubernetesConfig),
+    /// A document fetched over HTTP.
+    Http(&'a HttpConfig),
 }
 
 impl WatchedResource {
-    /// The configured source; `None` when none or both are set (see
+    /// The configured source; `None` when none or several are set (see
     /// [`Config::validate`]).
     pub fn source(&self) -> Option<Source<'_>> {
-        match (&self.files, &self.kubernetes) {
-            (Some(files), None) => Some(Source::Files(files)),
-            (None, Some(kubernetes)) => Some(Source::Kubernetes(kubernetes)),
+        match (&self.files, &self.kubernetes, &self.http) {
+            (Some(files), None, None) => Some(Source::Files(files)),
+            (None, Some(kubernetes), None) => Some(Source::Kubernetes(kubernetes)),
+            (None, None, Some(http)) => Some(Source::Http(http)),
             _ => None,
         }
     }
@@ -171,18 +331,30 @@ impl Config {
                      digits, `_` and `-`",
                 ));
             }
-            match (&resource.files, &resource.kubernetes) {
-                (None, None) => issues.push(ConfigIssue::new(
+            let set: Vec<&str> = [
+                ("files", resource.files.is_some()),
+                ("kubernetes", resource.kubernetes.is_some()),
+                ("http", resource.http.is_some()),
+            ]
+            .into_iter()
+            .filter_map(|(name, set)| set.then_some(name))
+            .collect();
+            match set.as_slice() {
+                [] => issues.push(ConfigIssue::new(
                     at(""),
-                    "no source: set `files` or `kubernetes`",
+                    "no source: set `files`, `kubernetes` or `http`",
                 )),
-                (Some(_), Some(_)) => issues.push(ConfigIssue::new(
-                    at("kubernetes"),
-                    "a resource has one source, but both `files` and `kubernetes` are set",
+                [_] => {}
+                [first, second] => issues.push(ConfigIssue::new(
+                    at(second),
+                    format!("a resource has one source, but both `{first}` and `{second}` are set"),
                 )),
-                _ => {}
+                [.., last] => issues.push(ConfigIssue::new(
+                    at(last),
+                    "a resource has one source, but `files`, `kubernetes` and `http` are set",
+                )),
             }
-            if resource.kubernetes.is_some() {
+            if resource.kubernetes.is_some() || resource.http.is_some() {
                 for (field, set) in [
                     ("apiVersion", resource.api_version.is_some()),
                     ("kind", resource.kind.is_some()),
@@ -191,7 +363,7 @@ impl Config {
                         issues.push(ConfigIssue::new(
                             at(field),
                             format!(
-                                "`{field}` here filters `files` sources; for `kubernetes` set it inside `kubernetes:`"
+                                "`{field}` here filters `files` sources; for `kubernetes` set it inside `kubernetes:`, `http` sources have no kinds"
                             ),
                         ));
                     }
@@ -221,6 +393,11 @@ impl Config {
                     ));
                 }
             }
+            if let Some(http) = &resource.http {
+                http_issues(http, &mut |field, message| {
+                    issues.push(ConfigIssue::new(at(&format!("http.{field}")), message));
+                });
+            }
             if let Some(kubernetes) = &resource.kubernetes {
                 if kubernetes.api_version.trim().is_empty() {
                     issues.push(ConfigIssue::new(
@@ -236,15 +413,73 @@ impl Config {
         issues
     }
 
-    /// Makes relative `files.path`s absolute against `base` (the config file's
-    /// directory).
+    /// Makes relative `files.path`s, `http.caFile`s and header files absolute
+    /// against `base` (the config file's directory).
     pub fn resolve_paths(&mut self, base: &Path) {
-        for resource in self.resources.values_mut() {
-            if let Some(files) = &mut resource.files
-                && files.path.is_relative()
-            {
-                files.path = base.join(&files.path);
+        let resolve = |path: &mut PathBuf| {
+            if path.is_relative() {
+                *path = base.join(&*path);
             }
+        };
+        for resource in self.resources.values_mut() {
+            if let Some(files) = &mut resource.files {
+                resolve(&mut files.path);
+            }
+            if let Some(http) = &mut resource.http {
+                if let Some(ca_file) = &mut http.ca_file {
+                    resolve(ca_file);
+                }
+                for value in http.headers.values_mut() {
+                    if let HeaderValue::File { file } = value {
+                        resolve(file);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn http_issues(http: &HttpConfig, issue: &mut dyn FnMut(&str, String)) {
+    match reqwest::Url::parse(&http.url) {
+        Ok(url) if url.scheme() == "http" || url.scheme() == "https" => {
+            if http.ca_file.is_some() && url.scheme() != "https" {
+                issue(
+                    "caFile",
+                    "caFile is set but the url is not https://".to_owned(),
+                );
+            }
+        }
+        Ok(url) => issue(
+            "url",
+            format!("the scheme is `{}`; use http:// or https://", url.scheme()),
+        ),
+        // The parser's message names no part of the URL, which may hold credentials.
+        Err(error) => issue("url", format!("not a valid URL: {error}")),
+    }
+    if http.interval.get() < std::time::Duration::from_secs(1) {
+        issue("interval", "interval must be at least 1s".to_owned());
+    }
+    if http.timeout.get().is_zero() {
+        issue("timeout", "timeout must be larger than 0".to_owned());
+    }
+    if http.max_bytes.bytes() == 0 {
+        issue("maxBytes", "maxBytes must be larger than 0".to_owned());
+    }
+    for (name, value) in &http.headers {
+        if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            issue(
+                &format!("headers.{name}"),
+                "not a valid HTTP header name".to_owned(),
+            );
+        }
+        if let HeaderValue::Literal(text) = value
+            && reqwest::header::HeaderValue::from_str(text).is_err()
+        {
+            issue(
+                &format!("headers.{name}"),
+                "the value has characters a header cannot carry (control characters or newlines)"
+                    .to_owned(),
+            );
         }
     }
 }
@@ -372,5 +607,71 @@ kube:
         .unwrap_err();
         assert!(err.message.starts_with("a.indexBy[0]: "), "{err}");
         assert_eq!(err.location.unwrap().line, Some(3));
+    }
+
+    #[test]
+    fn http_sources_parse_with_defaults_and_are_checked() {
+        let config = parse(
+            r#"
+allow:
+  http:
+    url: https://user:pw@lists.example.test/allow.txt?key=abc
+    format: lines
+    caFile: ca.pem
+    headers:
+      Authorization: { file: token }
+      X-Api-Key: literal-key-value
+  indexBy: [line]
+bad:
+  http: { url: "ftp://x/", interval: 100ms, timeout: 0s, maxBytes: 0, caFile: ca.pem, headers: { "bad header": x } }
+  kind: Service
+"#,
+        );
+        let allow = &config.resources["allow"];
+        let Some(Source::Http(http)) = allow.source() else {
+            panic!("http source expected");
+        };
+        assert_eq!(http.format, HttpFormat::Lines);
+        assert_eq!(http.interval, Duration::from_secs(60));
+        assert_eq!(http.timeout, Duration::from_secs(10));
+        assert_eq!(http.max_bytes, ByteSize::mib(16));
+        // Neither the URL's credentials and query nor header values are shown.
+        for shown in [format!("{http:?}"), serde_json::to_string(http).unwrap()] {
+            for secret in ["pw", "key=abc", "literal-key-value"] {
+                assert!(!shown.contains(secret), "{secret} in {shown}");
+            }
+            assert!(
+                shown.contains("https://lists.example.test/allow.txt?…"),
+                "{shown}"
+            );
+        }
+        let issues: Vec<String> = config.validate().iter().map(ToString::to_string).collect();
+        for expected in [
+            "bad.http.url: the scheme is `ftp`",
+            "bad.http.interval: interval must be at least 1s",
+            "bad.http.timeout: ",
+            "bad.http.maxBytes: ",
+            "bad.http.headers.bad header: not a valid HTTP header name",
+            "bad.kind: ",
+        ] {
+            assert!(
+                issues.iter().any(|i| i.starts_with(expected)),
+                "{expected} not in {issues:?}"
+            );
+        }
+        assert!(!issues.iter().any(|i| i.starts_with("allow")), "{issues:?}");
+        let mut config = config;
+        config.resolve_paths(Path::new("/etc/hapwright"));
+        let http = config.resources["allow"].http.as_ref().unwrap();
+        assert_eq!(
+            http.ca_file.as_deref(),
+            Some(Path::new("/etc/hapwright/ca.pem"))
+        );
+        assert_eq!(
+            http.headers["Authorization"],
+            HeaderValue::File {
+                file: "/etc/hapwright/token".into()
+            }
+        );
     }
 }

@@ -13,16 +13,20 @@
 //! - [`filewatch`]: watching files and directories with notify, surviving ConfigMap
 //!   symlink swaps and editor save patterns, plus a periodic rescan.
 //! - [`files`]: the `files` source component ([`FilesSource`]).
+//! - [`http`]: the `http` source ([`HttpSource`]): a document fetched at an
+//!   interval, its objects pending until a validation accepts them.
 //! - [`kubernetes`]: the Kubernetes client, the `kubernetes` source
 //!   ([`KubernetesSource`]), HAProxy pod discovery and leader election.
 
 pub mod config;
 pub mod files;
 pub mod filewatch;
+pub mod http;
 pub mod kubernetes;
 pub mod manifest;
 pub mod yaml;
 
 pub use config::Config;
 pub use files::FilesSource;
+pub use http::HttpSource;
 pub use kubernetes::KubernetesSource;

@@ -37,7 +37,7 @@ pub struct Config {
     /// `watchedResources`.
     pub watched_resources: hapwright_watchers::Config,
     /// `haproxyConfig`, `templateSnippets`, `maps`, `files`, `sslCertificates`,
-    /// `extraContext`, `templating`, `validationTests`.
+    /// `extraContext`, `templating`, `validationTests`, `statusTemplates`.
     #[serde(flatten)]
     pub templates: reconciler::Config,
     /// `haproxy`.
@@ -68,6 +68,8 @@ struct RawConfig {
     #[serde(default)]
     validation_tests: std::collections::BTreeMap<String, reconciler::ValidationTest>,
     #[serde(default)]
+    status_templates: std::collections::BTreeMap<String, reconciler::Template>,
+    #[serde(default)]
     haproxy: deployer::Config,
     #[serde(default)]
     controller: Controller,
@@ -90,6 +92,7 @@ impl From<RawConfig> for Config {
                 extra_context: raw.extra_context,
                 templating: raw.templating,
                 validation_tests: raw.validation_tests,
+                status_templates: raw.status_templates,
             },
             haproxy: raw.haproxy,
             controller: raw.controller,
@@ -157,6 +160,9 @@ pub struct Controller {
     /// When a change fails to render or validate, find the objects that cause it
     /// and let the rest of the change go live.
     pub quarantine: Quarantine,
+    /// How fast the leader writes statuses rendered by `statusTemplates` to the
+    /// Kubernetes API, so a full pass after a restart does not flood it.
+    pub status: StatusWrites,
     /// A change that would remove more than a share of the running backends,
     /// servers or map entries is held instead of deployed (an emptied source must
     /// not take every route down).
@@ -309,6 +315,50 @@ impl Default for Quarantine {
         Self {
             max_validations: 16,
         }
+    }
+}
+
+/// The `controller.status` section: the rate limit of status writes (a token
+/// bucket: `burst` writes at once, then `qps` per second).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct StatusWrites {
+    /// Status writes per second, sustained.
+    pub qps: u32,
+    /// Status writes allowed at once after a quiet period.
+    pub burst: u32,
+}
+
+impl Default for StatusWrites {
+    fn default() -> Self {
+        let rate = hapwright_watchers::kubernetes::RateLimit::default();
+        Self {
+            qps: rate.qps as u32,
+            burst: rate.burst,
+        }
+    }
+}
+
+impl StatusWrites {
+    /// The writer's rate limit.
+    pub fn rate_limit(&self) -> hapwright_watchers::kubernetes::RateLimit {
+        hapwright_watchers::kubernetes::RateLimit {
+            qps: f64::from(self.qps),
+            burst: self.burst,
+        }
+    }
+
+    fn validate(&self) -> Vec<ConfigIssue> {
+        let mut issues = Vec::new();
+        for (field, value) in [("qps", self.qps), ("burst", self.burst)] {
+            if value == 0 {
+                issues.push(ConfigIssue::new(
+                    field,
+                    format!("{field} must be at least 1"),
+                ));
+            }
+        }
+        issues
     }
 }
 
@@ -500,6 +550,7 @@ impl Default for Controller {
             allowed_hosts: Vec::new(),
             lifecycle_api: true,
             quarantine: Quarantine::default(),
+            status: StatusWrites::default(),
             safety: deployer_safety::Config::default(),
             webhook: None,
         }
@@ -573,6 +624,12 @@ impl Controller {
                 .map(|i| i.under("leaderElection")),
         );
         issues.extend(self.http.validate().into_iter().map(|i| i.under("http")));
+        issues.extend(
+            self.status
+                .validate()
+                .into_iter()
+                .map(|i| i.under("status")),
+        );
         issues.extend(
             self.safety
                 .validate()
@@ -679,6 +736,25 @@ impl Config {
                 }
             }
         }
+        for resource in self.templates.status_templates.keys() {
+            if !watched.contains(&resource.as_str()) {
+                let hint =
+                    hapwright_eventbus::config::did_you_mean(resource, watched.iter().copied())
+                        .map(|s| format!(" did you mean {s}?"))
+                        .unwrap_or_default();
+                issues.push(ConfigIssue::new(
+                    format!("statusTemplates.{resource}"),
+                    format!(
+                        "`{resource}` is not a watched resource;{hint} (watchedResources has: {})",
+                        if watched.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            watched.join(", ")
+                        }
+                    ),
+                ));
+            }
+        }
         for (test, spec) in &self.templates.validation_tests {
             for resource in spec.fixtures.keys() {
                 if !watched.contains(&resource.as_str()) {
@@ -764,7 +840,13 @@ impl TemplatePlaces {
                     .ssl_certificates
                     .keys()
                     .map(|n| (format!("certs/{n}"), format!("sslCertificates.{n}"))),
-            );
+            )
+            .chain(templates.status_templates.keys().map(|n| {
+                (
+                    hapwright_reconciler::status::template_name(n),
+                    format!("statusTemplates.{n}"),
+                )
+            }));
         let mut places = std::collections::BTreeMap::new();
         for (name, key) in names {
             let path = format!("{key}.template");
@@ -1383,6 +1465,86 @@ mod webhook_tests {
             errors.contains("hapwright.yaml:3:")
                 && errors.contains("watchedResources.services.kubernetes.labelSelector"),
             "{errors}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod status_template_tests {
+    use super::*;
+
+    fn parse_text(text: &str) -> Result<(Config, TemplatePlaces), Vec<String>> {
+        parse(
+            text,
+            Path::new("/etc/hapwright/hapwright.yaml"),
+            "hapwright.yaml",
+        )
+        .map(|(config, _)| {
+            let places = TemplatePlaces::new(text, "hapwright.yaml", &config);
+            (config, places)
+        })
+        .map_err(|ds| ds.iter().map(ToString::to_string).collect())
+    }
+
+    const WATCHED: &str = "watchedResources:\n  ingresses:\n    kubernetes: { apiVersion: networking.k8s.io/v1, kind: Ingress }\nhaproxyConfig: { template: x }\n";
+
+    #[test]
+    fn status_keys_load_with_defaults() {
+        let (config, _) = parse_text(&format!(
+            "{WATCHED}statusTemplates:\n  ingresses:\n    template: 'a: 1'\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            config.templates.status_templates["ingresses"].template,
+            "a: 1"
+        );
+        assert_eq!(
+            config.controller.status,
+            StatusWrites { qps: 10, burst: 20 }
+        );
+        let (config, _) = parse_text(&format!(
+            "{WATCHED}controller:\n  status: {{ qps: 2, burst: 5 }}\n"
+        ))
+        .unwrap();
+        assert_eq!(config.controller.status.rate_limit().qps, 2.0);
+        assert_eq!(config.controller.status.rate_limit().burst, 5);
+    }
+
+    #[test]
+    fn a_status_template_for_an_unwatched_resource_and_a_zero_rate_are_located() {
+        let errors = parse_text(&format!(
+            "{WATCHED}statusTemplates:\n  ingress:\n    template: 'a: 1'\ncontroller:\n  status: {{ qps: 0 }}\n"
+        ))
+        .unwrap_err()
+        .join("\n");
+        assert!(
+            errors.contains("hapwright.yaml:6:")
+                && errors.contains("statusTemplates.ingress")
+                && errors.contains("`ingress` is not a watched resource; did you mean ingresses?"),
+            "{errors}"
+        );
+        assert!(
+            errors.contains("controller.status.qps: qps must be at least 1"),
+            "{errors}"
+        );
+    }
+
+    #[test]
+    fn status_template_errors_name_the_config_file_line() {
+        let text = format!(
+            "{WATCHED}statusTemplates:\n  ingresses:\n    template: |\n      a: 1\n      b: {{{{ object. }}}}\n"
+        );
+        let (config, places) = parse_text(&text).unwrap();
+        let errors = crate::build::renderer(&config).unwrap_err();
+        let shown: Vec<String> = places
+            .locate(errors)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert!(
+            shown.iter().any(|e| e.starts_with("hapwright.yaml:9:")
+                && e.contains("statusTemplates.ingresses line 2")),
+            "{shown:?}"
         );
     }
 }

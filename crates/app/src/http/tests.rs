@@ -727,3 +727,57 @@ async fn quarantined_objects_are_listed_counted_and_shown_on_the_status_page() {
     assert!(!page.contains(r#"<table id="quarantine">"#));
     h.server.shutdown().await;
 }
+
+#[tokio::test]
+async fn rendered_statuses_and_their_errors_are_on_debug_status() {
+    let h = Harness::start().await;
+    let (_, body) = h.json("/debug/status").await;
+    assert_eq!(body, json!({"hash": null, "statuses": [], "errors": []}));
+
+    let rendered = hapwright_eventbus::StatusRendered {
+        hash: hapwright_eventbus::model::ContentHash::of(b"deployed"),
+        statuses: Arc::from(vec![hapwright_eventbus::RenderedStatus {
+            resource: Arc::from("ingresses"),
+            api_version: "networking.k8s.io/v1".to_owned(),
+            kind: "Ingress".to_owned(),
+            namespace: "shop".to_owned(),
+            name: "web".to_owned(),
+            status: json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.7"}]}}),
+            current: false,
+        }]),
+        errors: vec![Diagnostic::error("shop/bad: no address").at(
+            hapwright_eventbus::model::SourceLocation::new(
+                "statusTemplates.ingresses",
+                Some(3),
+                None,
+            ),
+        )],
+    };
+    h.store.apply(&event(1, None, rendered), None);
+    let (_, body) = h.json("/debug/status").await;
+    let status = &body["statuses"][0];
+    assert_eq!(
+        (
+            &status["kind"],
+            &status["namespace"],
+            &status["name"],
+            &status["current"]
+        ),
+        (
+            &json!("Ingress"),
+            &json!("shop"),
+            &json!("web"),
+            &json!(false)
+        )
+    );
+    assert_eq!(
+        status["status"]["loadBalancer"]["ingress"][0]["ip"],
+        "192.0.2.7"
+    );
+    assert_eq!(
+        body["errors"][0]["location"]["file"],
+        "statusTemplates.ingresses"
+    );
+    assert_eq!(body["errors"][0]["location"]["line"], 3);
+    assert!(body["hash"].is_string(), "{body}");
+}

@@ -36,7 +36,51 @@ pub enum Outcome {
         /// Both validation phases, when the render succeeded and an assertion is
         /// `haproxy_valid`: the warnings, or the rejection.
         validation: Option<Result<Vec<Diagnostic>, Rejection>>,
+        /// The statuses `statusTemplates` rendered from the fixtures, and the
+        /// template errors, when an assertion targets a status.
+        statuses: Option<RenderedStatuses>,
     },
+}
+
+/// What the status templates rendered for one test.
+#[derive(Clone, Debug, Default)]
+pub struct RenderedStatuses {
+    /// Every non-empty status.
+    pub statuses: Vec<hapwright_eventbus::RenderedStatus>,
+    /// One error per failing object.
+    pub errors: Vec<Diagnostic>,
+}
+
+impl RenderedStatuses {
+    /// The text of the `status/<resource>/<namespace>/<name>` target: the object's
+    /// rendered status as YAML, empty when its template renders nothing (the status
+    /// is left alone), or the template's error for it.
+    fn text(&self, target: &str) -> Result<String, String> {
+        let Some((resource, namespace, name)) = hapwright_reconciler::config::status_target(target)
+        else {
+            return Err(format!("{target} is not a status target"));
+        };
+        let object = if namespace.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{namespace}/{name}")
+        };
+        let template = hapwright_reconciler::status::template_name(resource);
+        if let Some(error) = self.errors.iter().find(|e| {
+            let text = e.to_string();
+            text.starts_with(&template) && text.contains(&format!(" {object}: "))
+        }) {
+            return Err(format!(
+                "not checked: the status template failed for {object}:\n  {error}"
+            ));
+        }
+        Ok(self
+            .statuses
+            .iter()
+            .find(|s| s.resource.as_ref() == resource && s.namespace == namespace && s.name == name)
+            .map(|s| serde_saphyr::to_string(&s.status).unwrap_or_else(|e| e.to_string()))
+            .unwrap_or_default())
+    }
 }
 
 /// Checks one assertion against a test's outcome.
@@ -62,7 +106,7 @@ pub fn check(assertion: &Assertion, outcome: &Outcome) -> AssertionReport {
 
 /// `Ok(what held)` or `Err(why not, with an excerpt)`.
 fn evaluate(assertion: &Assertion, outcome: &Outcome) -> Result<String, String> {
-    let (context, render, validation) = match outcome {
+    let (context, render, validation, statuses) = match outcome {
         Outcome::Setup(errors) => {
             return Err(format!(
                 "not checked: the test's fixtures are invalid:\n{}",
@@ -73,7 +117,8 @@ fn evaluate(assertion: &Assertion, outcome: &Outcome) -> Result<String, String> 
             context,
             render,
             validation,
-        } => (context, render, validation),
+            statuses,
+        } => (context, render, validation, statuses),
     };
     match assertion.kind {
         AssertionType::HaproxyValid => match (render, validation) {
@@ -106,7 +151,14 @@ fn evaluate(assertion: &Assertion, outcome: &Outcome) -> Result<String, String> 
         }
         _ => {
             let target = assertion.target.as_deref().unwrap_or_default();
-            let text = target_text(target, render)?;
+            let text = match statuses {
+                Some(statuses)
+                    if target.starts_with(hapwright_reconciler::config::STATUS_TARGET_PREFIX) =>
+                {
+                    statuses.text(target)?
+                }
+                _ => target_text(target, render)?,
+            };
             match assertion.kind {
                 AssertionType::Contains => {
                     contains(target, text, assertion.pattern.as_deref().unwrap_or(""))

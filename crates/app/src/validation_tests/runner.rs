@@ -10,10 +10,11 @@ use futures::StreamExt;
 use hapwright_deployer::component::validator;
 use hapwright_eventbus::model::Diagnostic;
 use hapwright_reconciler::config::AssertionType;
-use hapwright_reconciler::renderer::Renderer;
+use hapwright_reconciler::renderer::{Renderer, Resources};
+use hapwright_reconciler::status::StatusTemplates;
 use serde_json::Value;
 
-use super::assertions::{Outcome, check};
+use super::assertions::{Outcome, RenderedStatuses, check};
 use super::cases::TestCase;
 use super::fixtures::load_fixtures;
 use super::report::{AssertionReport, SuiteReport, TestReport};
@@ -88,6 +89,37 @@ pub async fn run(
     })
 }
 
+/// The time a test's statuses give new conditions (`lastTransitionTime`), fixed so
+/// `equals` assertions on statuses are stable.
+pub const STATUS_TEST_TIME: &str = "1970-01-01T00:00:00Z";
+
+/// Renders the status templates over a test's fixtures, with the test's
+/// `extraContext`.
+fn render_statuses(
+    config: &Config,
+    extra_context: &Value,
+    resources: &Resources,
+) -> RenderedStatuses {
+    let mut templates = build::templates(config);
+    templates.extra_context = extra_context.clone();
+    let status: BTreeMap<String, String> = config
+        .templates
+        .status_templates
+        .iter()
+        .map(|(name, t)| (name.clone(), t.template.clone()))
+        .collect();
+    match StatusTemplates::new(&templates, &status, &build::watched_names(config)) {
+        Ok(compiled) => {
+            let (statuses, errors) = compiled.render(&resources.snapshots(), STATUS_TEST_TIME);
+            RenderedStatuses { statuses, errors }
+        }
+        Err(errors) => RenderedStatuses {
+            statuses: Vec::new(),
+            errors,
+        },
+    }
+}
+
 fn context_key(context: &Value) -> String {
     context.to_string()
 }
@@ -103,19 +135,31 @@ async fn run_case(
         .assertions
         .iter()
         .any(|a| a.kind == AssertionType::HaproxyValid);
+    let wants_statuses = case.assertions.iter().any(|a| {
+        a.target
+            .as_deref()
+            .is_some_and(|t| t.starts_with(hapwright_reconciler::config::STATUS_TARGET_PREFIX))
+    });
     let case = Arc::new(case);
     let prepared = {
         let case = case.clone();
         tokio::task::spawn_blocking(move || {
-            load_fixtures(&config, &case)
-                .map(|fixtures| (renderer.render(&fixtures.resources), fixtures.context))
+            load_fixtures(&config, &case).map(|fixtures| {
+                let statuses = wants_statuses
+                    .then(|| render_statuses(&config, &case.extra_context, &fixtures.resources));
+                (
+                    renderer.render(&fixtures.resources),
+                    fixtures.context,
+                    statuses,
+                )
+            })
         })
         .await
     };
     let outcome = match prepared {
         Err(error) => Outcome::Setup(vec![format!("rendering failed unexpectedly: {error}")]),
         Ok(Err(errors)) => Outcome::Setup(errors.iter().map(ToString::to_string).collect()),
-        Ok(Ok((render, context))) => {
+        Ok(Ok((render, context, statuses))) => {
             let validation = match &render {
                 Ok(rendered) if wants_validation => {
                     Some(validator::validate(rendered, &validator).await)
@@ -126,6 +170,7 @@ async fn run_case(
                 context,
                 render,
                 validation,
+                statuses,
             }
         }
     };

@@ -17,6 +17,7 @@ fn rendered(main: &str, maps: &[(&str, &str)]) -> Outcome {
             })
             .build()),
         validation: None,
+        statuses: None,
     }
 }
 
@@ -27,6 +28,7 @@ fn failed_render() -> Outcome {
             hapwright_eventbus::model::SourceLocation::new("haproxy.cfg", Some(3), Some(4)),
         )]),
         validation: None,
+        statuses: None,
     }
 }
 
@@ -517,4 +519,94 @@ fn numbered_marks_gaps() {
     assert!(shown.contains(">  2 | b"), "{shown}");
     assert!(shown.contains("> 10 | j"), "{shown}");
     assert!(!shown.contains(" 6 | f"), "{shown}");
+}
+
+#[tokio::test]
+async fn status_targets_assert_on_the_rendered_status_of_one_object() {
+    let config: Config = serde_saphyr::from_str(
+        r#"
+watchedResources:
+  services:
+    files: { path: /nonexistent }
+    kind: Service
+haproxyConfig: { template: "global\n" }
+extraContext: { address: 192.0.2.7 }
+statusTemplates:
+  services:
+    template: |
+      {% if object.metadata.name == 'broken' %}{{ fail('no address') }}{% endif %}
+      {% if object.metadata.name != 'skipped' %}
+      loadBalancer:
+        ingress:
+        - ip: {{ extraContext.address }}
+      conditions:
+      - type: Ready
+        status: "True"
+      {% endif %}
+validationTests:
+  t:
+    fixtures:
+      services:
+        - { apiVersion: v1, kind: Service, metadata: { name: web, namespace: shop } }
+        - { apiVersion: v1, kind: Service, metadata: { name: skipped, namespace: shop } }
+        - { apiVersion: v1, kind: Service, metadata: { name: broken, namespace: shop } }
+    assertions:
+      - { type: contains, target: status/services/shop/web, pattern: 'ip: .?192\.0\.2\.7' }
+      - { type: contains, target: status/services/shop/web, pattern: 'lastTransitionTime: .?1970-01-01T00:00:00Z' }
+      - { type: equals, target: status/services/shop/skipped, expected: '' }
+      - { type: contains, target: status/services/shop/broken, pattern: 'ip:' }
+"#,
+    )
+    .unwrap();
+    assert!(config.validate().is_empty(), "{:?}", config.validate());
+    let all = cases(&config, None).unwrap();
+    let report = run(&config, all, 1).await.unwrap();
+    let results: Vec<(bool, &str)> = report.tests[0]
+        .assertions
+        .iter()
+        .map(|a| (a.passed, a.message.as_str()))
+        .collect();
+    assert!(results[0].0, "{results:?}");
+    assert!(results[1].0, "{results:?}");
+    assert!(results[2].0, "{results:?}");
+    // The object whose template failed: the error, named, instead of a status.
+    assert!(!results[3].0);
+    assert!(
+        results[3]
+            .1
+            .contains("the status template failed for shop/broken")
+            && results[3].1.contains("no address"),
+        "{results:?}"
+    );
+}
+
+#[test]
+fn status_targets_must_name_a_status_template() {
+    let config: Config = serde_saphyr::from_str(
+        r#"
+watchedResources:
+  services: { files: { path: /nonexistent }, kind: Service }
+haproxyConfig: { template: "global\n" }
+statusTemplates:
+  services: { template: "a: 1" }
+validationTests:
+  t:
+    assertions:
+      - { type: contains, target: status/endpoints/shop/web, pattern: x }
+      - { type: contains, target: status/services, pattern: x }
+"#,
+    )
+    .unwrap();
+    let issues: Vec<String> = config.validate().iter().map(|i| i.to_string()).collect();
+    assert!(
+        issues.iter().any(|i| i.contains("assertions[0].target")
+            && i.contains("`endpoints` has no status template")),
+        "{issues:?}"
+    );
+    assert!(
+        issues
+            .iter()
+            .any(|i| i.contains("assertions[1].target") && i.contains("not a status target")),
+        "{issues:?}"
+    );
 }

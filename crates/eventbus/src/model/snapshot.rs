@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::FieldPath;
-use super::{IndexedObject, StoredObject};
+use super::{ContentHash, IndexedObject, StoredObject};
 
 /// Identity of a stored object: its namespace and name. Objects without a namespace
 /// (cluster-scoped Kubernetes kinds) use the empty string as namespace.
@@ -102,6 +102,11 @@ pub struct ResourceSnapshot {
     /// One ordered set over (index values, object key): prefix lookups are a range
     /// scan, and an object costs one small entry instead of a bucket of its own.
     index: OrdSet<(Arc<[String]>, ObjectKey)>,
+    /// Set by sources whose objects come from one payload (an HTTP source): the
+    /// payload's hash. The quarantine then treats every change of this resource as
+    /// one unit, accepted or held back together, so templates never see half a
+    /// list. Not part of equality: two payloads giving the same objects are equal.
+    unit: Option<ContentHash>,
 }
 
 impl fmt::Debug for ResourceSnapshot {
@@ -132,7 +137,21 @@ impl ResourceSnapshot {
             index_by: index_by.into(),
             objects: OrdMap::new(),
             index: OrdSet::new(),
+            unit: None,
         }
+    }
+
+    /// The payload hash when this snapshot is one unit for the quarantine (see
+    /// [`set_unit`](Self::set_unit)); `None` for per-object sources.
+    pub fn unit(&self) -> Option<ContentHash> {
+        self.unit
+    }
+
+    /// Marks the snapshot as the objects of one payload with hash `unit`: a failing
+    /// change of it is quarantined as a whole (all its objects keep their last good
+    /// versions) instead of object by object.
+    pub fn set_unit(&mut self, unit: Option<ContentHash>) {
+        self.unit = unit;
     }
 
     /// The `indexBy` paths, in order.

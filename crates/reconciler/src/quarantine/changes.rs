@@ -9,6 +9,13 @@
 //! absent, when it is new; or stays present, when its removal is left out).
 //! Snapshots are persistent maps, so a candidate costs O(changes · log n), not a
 //! copy of every object.
+//!
+//! A resource whose snapshot is one payload ([`ResourceSnapshot::unit`], an HTTP
+//! source) changes as a whole: its changed objects form a single [`Change`] named
+//! [`PAYLOAD_NAME`], whose versions summarize the payloads (hash and object count)
+//! and which swaps the whole snapshot when applied. So the search accepts or holds
+//! back a downloaded list as one unit, and the quarantine lists it once, not once per
+//! line.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -30,7 +37,26 @@ pub struct Change {
     pub old: Option<IndexedObject>,
     /// The current version; `None` when the object was removed.
     pub new: Option<IndexedObject>,
+    /// For a payload change: the whole current snapshot of the resource, which
+    /// replaces the last good one when the change is applied.
+    pub whole: Option<Whole>,
 }
+
+/// The name of the single change of a payload resource (its namespace is empty).
+pub const PAYLOAD_NAME: &str = "payload";
+
+/// A whole snapshot carried by a payload change. Compared by identity: two payload
+/// changes are the same change when they carry the same snapshot.
+#[derive(Clone, Debug)]
+pub struct Whole(pub Arc<ResourceSnapshot>);
+
+impl PartialEq for Whole {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Whole {}
 
 impl Change {
     /// `added`, `modified` or `removed`, for logs and the debug endpoint.
@@ -64,7 +90,13 @@ impl ChangeSet {
                 Some(before) => before.clone(),
                 None => Arc::new(ResourceSnapshot::new(now.index_by().to_vec())),
             };
-            if !Arc::ptr_eq(&before, now) {
+            if Arc::ptr_eq(&before, now) {
+                // Unchanged.
+            } else if now.unit().is_some() || before.unit().is_some() {
+                if *before != **now {
+                    changes.push(payload_change(resource, &before, now));
+                }
+            } else {
                 diff(resource, &before, now, &mut changes);
             }
             base.insert(resource.clone(), before);
@@ -99,7 +131,12 @@ impl ChangeSet {
     pub fn applied(&self, indexes: &[usize]) -> Snapshots {
         let mut out = self.base.clone();
         let mut touched: BTreeMap<Arc<str>, ResourceSnapshot> = BTreeMap::new();
+        let mut wholes = Vec::new();
         for change in indexes.iter().filter_map(|i| self.changes.get(*i)) {
+            if let Some(whole) = &change.whole {
+                wholes.push((change.resource.clone(), whole.0.clone()));
+                continue;
+            }
             let snapshot = touched.entry(change.resource.clone()).or_insert_with(|| {
                 match self.base.get(&change.resource) {
                     Some(base) => (**base).clone(),
@@ -114,7 +151,39 @@ impl ChangeSet {
         for (resource, snapshot) in touched {
             out.insert(resource, Arc::new(snapshot));
         }
+        for (resource, snapshot) in wholes {
+            out.insert(resource, snapshot);
+        }
         out
+    }
+}
+
+/// The single change of a payload resource: its versions summarize each payload
+/// (hash and object count; `None` for an empty one), so the quarantine holds back
+/// and releases the payload by its hash.
+fn payload_change(
+    resource: &Arc<str>,
+    before: &Arc<ResourceSnapshot>,
+    now: &Arc<ResourceSnapshot>,
+) -> Change {
+    let summary = |snapshot: &ResourceSnapshot| {
+        (!snapshot.is_empty()).then(|| {
+            let hash = snapshot.unit().map(|h| h.to_string()).unwrap_or_default();
+            IndexedObject::new(
+                &serde_json::json!({
+                    "payload": hash,
+                    "objects": snapshot.len(),
+                }),
+                now.index_by(),
+            )
+        })
+    };
+    Change {
+        resource: resource.clone(),
+        key: ObjectKey::new("", PAYLOAD_NAME),
+        old: summary(before),
+        new: summary(now),
+        whole: Some(Whole(now.clone())),
     }
 }
 
@@ -133,6 +202,7 @@ fn diff(
         key: key.clone(),
         old: old.then(|| before.get_indexed(key).cloned()).flatten(),
         new: new.then(|| now.get_indexed(key).cloned()).flatten(),
+        whole: None,
     };
     loop {
         let order = match (old.peek(), new.peek()) {
@@ -263,5 +333,43 @@ mod tests {
             ports(&set.applied(&[0]), "services"),
             [("a".into(), 1), ("b".into(), 1)]
         );
+    }
+
+    #[test]
+    fn a_payload_resource_changes_as_one_unit() {
+        let list: Arc<str> = Arc::from("allow");
+        let services: Arc<str> = Arc::from("services");
+        let payload = |hash: &[u8], names: &[(&str, i64)]| {
+            let mut snapshot = (*snapshot(names)).clone();
+            snapshot.set_unit(Some(hapwright_eventbus::model::ContentHash::of(hash)));
+            Arc::new(snapshot)
+        };
+        let last_good = Snapshots::from([
+            (list.clone(), payload(b"v1", &[("a", 1), ("b", 2)])),
+            (services.clone(), snapshot(&[("web", 1)])),
+        ]);
+        let current = Snapshots::from([
+            (
+                list.clone(),
+                payload(b"v2", &[("a", 1), ("c", 3), ("d", 4)]),
+            ),
+            (services.clone(), snapshot(&[("web", 2)])),
+        ]);
+        let set = ChangeSet::between(&last_good, &current);
+        // Three changed lines of the payload are one change; the service is another.
+        assert_eq!(set.len(), 2, "{:?}", set.changes());
+        let unit = &set.changes()[0];
+        assert_eq!(unit.key, ObjectKey::new("", PAYLOAD_NAME));
+        assert_eq!(unit.kind(), "modified");
+        assert_eq!(unit.new.as_ref().unwrap().object().parse()["objects"], 3);
+        // Applying it swaps in the whole payload; leaving it out keeps the old one.
+        let with = set.applied(&[0]);
+        assert_eq!(with["allow"], current["allow"]);
+        let without = set.applied(&[1]);
+        assert_eq!(without["allow"], last_good["allow"]);
+        assert_eq!(without["services"], current["services"]);
+        // The same objects from another payload (hash) are no change.
+        let same = Snapshots::from([(list.clone(), payload(b"v3", &[("a", 1), ("b", 2)]))]);
+        assert!(ChangeSet::between(&last_good, &same).is_empty());
     }
 }

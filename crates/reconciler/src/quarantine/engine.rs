@@ -101,7 +101,15 @@ pub async fn isolate(
         validate,
     };
     let suspects = super::hints::suspects(set, errors);
-    match search::search_with_suspects(&mut probe, set.len(), None, settings, &suspects).await {
+    let units: Vec<usize> = set
+        .changes()
+        .iter()
+        .enumerate()
+        .filter(|(_, change)| change.whole.is_some())
+        .map(|(index, _)| index)
+        .collect();
+    match search::search_with_units(&mut probe, set.len(), None, settings, &suspects, &units).await
+    {
         Outcome::Found {
             accepted,
             output,

@@ -21,4 +21,4 @@ pub use engine::{
     Culprit, Entry, Failure, GaveUp, Isolated, LastGood, Quarantine, Settled, Validate,
     ValidateFuture, isolate, render_and_validate,
 };
-pub use search::{Outcome, Probe, Rejection, Settings, search_with_suspects};
+pub use search::{Outcome, Probe, Rejection, Settings, search_with_suspects, search_with_units};

@@ -173,6 +173,22 @@ pub async fn search_with_suspects<P: Probe>(
     settings: Settings,
     suspects: &[usize],
 ) -> Outcome<P::Output, P::Error> {
+    search_with_units(probe, changes, error, settings, suspects, &[]).await
+}
+
+/// [`search_with_suspects`] where the changes at `units` are whole payloads (an
+/// `http` source's download): they do not count for
+/// [`Rejection::MostChangesFail`], which is about objects of one kind failing
+/// together. A failing payload is the unit that goes back to its last accepted
+/// version while the other changes go on, even when it is one of only two changes.
+pub async fn search_with_units<P: Probe>(
+    probe: &mut P,
+    changes: usize,
+    error: Option<P::Error>,
+    settings: Settings,
+    suspects: &[usize],
+    units: &[usize],
+) -> Outcome<P::Output, P::Error> {
     let mut suspects: Vec<usize> = suspects.iter().copied().filter(|i| *i < changes).collect();
     suspects.sort_unstable();
     suspects.dedup();
@@ -290,7 +306,12 @@ pub async fn search_with_suspects<P: Probe>(
             items: left.to_vec(),
         });
     }
-    if changes > 1 && culprits.len() * 2 >= changes {
+    let objects = (0..changes).filter(|i| !units.contains(i)).count();
+    let object_culprits = culprits
+        .iter()
+        .filter(|(index, _)| !units.contains(index))
+        .count();
+    if objects > 1 && object_culprits * 2 >= objects {
         return Outcome::Rejected {
             reason: Rejection::MostChangesFail,
             probes,

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use hapwright_eventbus::model::{RenderSummary, RenderedConfig};
 use hapwright_eventbus::{
     Component, ComponentError, Context, CorrelationId, Event, EventKind, EventPayload, Interest,
-    QuarantineSearched, QuarantinedObject, TemplateRenderFailed, TemplateRendered,
+    QuarantineSearched, QuarantinedObject, TemplateInputs, TemplateRenderFailed, TemplateRendered,
 };
 use tracing::Instrument;
 
@@ -39,6 +39,7 @@ use crate::quarantine::{self, ChangeSet, Culprit, LastGood, Quarantine, Validate
 pub struct RendererComponent {
     renderer: Renderer,
     quarantine: Option<QuarantineSettings>,
+    template_inputs: bool,
 }
 
 /// How the renderer component isolates culprits.
@@ -80,7 +81,16 @@ impl RendererComponent {
         Self {
             renderer,
             quarantine: None,
+            template_inputs: false,
         }
+    }
+
+    /// Publishes `TemplateInputs` (the snapshots a render used) before each
+    /// `TemplateRendered`, for the status templates' component.
+    #[must_use]
+    pub fn with_template_inputs(mut self) -> Self {
+        self.template_inputs = true;
+        self
     }
 
     /// Turns quarantine on (see the type docs). The executor must be built with
@@ -117,10 +127,14 @@ impl Component for RendererComponent {
         let RendererComponent {
             renderer,
             quarantine,
+            template_inputs,
         } = *self;
         let mut resources = Resources::new();
         let mut last: Option<Arc<RenderedConfig>> = None;
-        let mut guard = quarantine.map(Guard::new);
+        let mut guard = quarantine.map(|settings| Guard {
+            template_inputs,
+            ..Guard::new(settings)
+        });
         loop {
             let Some(event) = ctx.next_event().await else {
                 return Ok(());
@@ -154,6 +168,7 @@ impl Component for RendererComponent {
                 Some(guard) => guard.start(&request, &resources),
                 None => resources.clone(),
             };
+            let inputs = template_inputs.then(|| Arc::new(job_resources.snapshots()));
             let job = tokio::task::spawn_blocking(move || {
                 let started = std::time::Instant::now();
                 let (result, stats) = job_renderer.render_with_stats(&job_resources);
@@ -194,6 +209,15 @@ impl Component for RendererComponent {
                             reused: stats.reused + stats.snippets_reused,
                             full_reason: stats.full_reason.map(|r| r.to_string()),
                         };
+                        if let Some(snapshots) = inputs {
+                            ctx.publisher().reply(
+                                &request,
+                                TemplateInputs {
+                                    hash: config.hash(),
+                                    snapshots,
+                                },
+                            );
+                        }
                         ctx.publisher().reply(
                             &request,
                             TemplateRendered {
@@ -272,6 +296,8 @@ struct Guard {
     /// empty state is then probed too).
     validated: bool,
     pending: Option<Pending>,
+    /// Publish `TemplateInputs` with the render of the accepted changes too.
+    template_inputs: bool,
 }
 
 /// The render in flight, awaiting its validation outcome.
@@ -295,6 +321,7 @@ impl Guard {
             // but it must be rendered and validated again.
             validated: false,
             pending: None,
+            template_inputs: false,
             settings,
         }
     }
@@ -407,6 +434,9 @@ impl Guard {
                                 .await
                                 .map(Arc::new),
                         };
+                        let inputs = self
+                            .template_inputs
+                            .then(|| Arc::new(isolated.snapshots.clone()));
                         if let Some(pending) = &mut self.pending {
                             pending.candidate = isolated.snapshots;
                         }
@@ -432,6 +462,15 @@ impl Guard {
                                 gave_up: None,
                             },
                         );
+                        if let (Some(config), Some(snapshots)) = (&config, inputs) {
+                            ctx.publisher().reply(
+                                event,
+                                TemplateInputs {
+                                    hash: config.hash(),
+                                    snapshots,
+                                },
+                            );
+                        }
                         match config {
                             Some(config) => ctx.publisher().reply(
                                 event,

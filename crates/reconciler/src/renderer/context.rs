@@ -22,7 +22,6 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -156,6 +155,18 @@ pub struct ResourceStore {
     values: imbl::OrdMap<usize, Value>,
     list: OnceLock<Value>,
     lookup: OnceLock<Lookup>,
+    /// Where this version's index comes from when it is first needed: the index of an
+    /// earlier version and the index values every update since then touched, so only
+    /// those paths are redone. `None`: built from all objects.
+    lookup_base: Mutex<Option<LookupBase>>,
+}
+
+/// An earlier version's index and what changed since (see
+/// [`ResourceStore::lookup_base`]).
+#[derive(Debug)]
+struct LookupBase {
+    root: Arc<LookupNode>,
+    touched: Vec<Arc<[String]>>,
 }
 
 /// A hash index over one snapshot for `fetch`/`get`: a trie over the `indexBy`
@@ -165,22 +176,112 @@ pub struct ResourceStore {
 /// then one hash probe per key, with no allocation.
 #[derive(Debug, Default)]
 struct Lookup {
-    root: LookupNode,
+    root: Arc<LookupNode>,
 }
 
+/// The children of an index node: a persistent map, so the next version's index
+/// shares every node an update did not touch.
+type Children = imbl::GenericHashMap<
+    Box<str>,
+    Arc<LookupNode>,
+    foldhash::fast::RandomState,
+    imbl::shared_ptr::DefaultSharedPtr,
+>;
+
+/// One node of the index: at the depth of `indexBy` the objects with exactly those
+/// index values; above it, the nodes one value further down.
 #[derive(Debug, Default)]
 struct LookupNode {
-    /// The matching objects as one shared list value.
-    list: Value,
-    /// The object when exactly one matches (for `get`), otherwise undefined.
-    single: Value,
     /// Number of matching objects.
     count: usize,
-    children: foldhash::HashMap<Box<str>, LookupNode>,
+    /// The objects of a node at full depth, in the snapshot's `fetch` order.
+    objects: Vec<Value>,
+    children: Children,
+    /// The matching objects as one shared list value, made on the first `fetch`.
+    list: OnceLock<Value>,
 }
 
-/// A node while the index is built: objects are collected before they become one
-/// list value.
+impl LookupNode {
+    /// A node at full depth.
+    fn leaf(objects: Vec<Value>) -> Self {
+        Self {
+            count: objects.len(),
+            objects,
+            ..Self::default()
+        }
+    }
+
+    /// A node above full depth.
+    fn inner(children: Children) -> Self {
+        Self {
+            count: children.values().map(|child| child.count).sum(),
+            children,
+            ..Self::default()
+        }
+    }
+
+    /// The matching objects, in the snapshot's `fetch` order (index values, then
+    /// object key): the children in the order of their index value.
+    fn collect(&self, out: &mut Vec<Value>) {
+        out.extend(self.objects.iter().cloned());
+        let mut children: Vec<(&Box<str>, &Arc<LookupNode>)> = self.children.iter().collect();
+        children.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (_, child) in children {
+            child.collect(out);
+        }
+    }
+
+    fn list(&self) -> Value {
+        self.list
+            .get_or_init(|| {
+                if self.children.is_empty() {
+                    return ResourceList::value(self.objects.clone());
+                }
+                let mut out = Vec::with_capacity(self.count);
+                self.collect(&mut out);
+                ResourceList::value(out)
+            })
+            .clone()
+    }
+
+    /// The object when exactly one matches (for `get`), otherwise undefined.
+    fn single(&self) -> Value {
+        match (self.count, self.objects.first()) {
+            (1, Some(only)) => only.clone(),
+            (1, None) => self
+                .children
+                .values()
+                .find(|child| child.count == 1)
+                .map_or(Value::UNDEFINED, |child| child.single()),
+            _ => Value::UNDEFINED,
+        }
+    }
+
+    /// This node with the node at `path` (below it) replaced by `leaf`, or with it
+    /// removed when `leaf` is `None`; `None` when nothing is left.
+    fn with(self: &Arc<Self>, path: &[String], leaf: Option<Arc<LookupNode>>) -> Option<Arc<Self>> {
+        let Some((first, rest)) = path.split_first() else {
+            return leaf;
+        };
+        let mut children = self.children.clone();
+        let child = match children.get(first.as_str()) {
+            Some(child) => child.with(rest, leaf),
+            None => Arc::new(LookupNode::default()).with(rest, leaf),
+        };
+        match child {
+            Some(child) => {
+                children.insert(Box::from(first.as_str()), child);
+            }
+            None => {
+                children.remove(first.as_str());
+            }
+        }
+        (!children.is_empty()).then(|| Arc::new(LookupNode::inner(children)))
+    }
+}
+
+/// A node while the index is built from all objects: objects are collected before
+/// the nodes become shared.
 #[derive(Default)]
 struct NodeBuilder {
     objects: Vec<Value>,
@@ -188,22 +289,15 @@ struct NodeBuilder {
 }
 
 impl NodeBuilder {
-    fn finish(self) -> LookupNode {
-        let count = self.objects.len();
-        let single = match self.objects.as_slice() {
-            [only] => only.clone(),
-            _ => Value::UNDEFINED,
-        };
-        LookupNode {
-            list: ResourceList::value(self.objects),
-            single,
-            count,
-            children: self
-                .children
-                .into_iter()
-                .map(|(key, child)| (key, child.finish()))
-                .collect(),
+    fn finish(self) -> Arc<LookupNode> {
+        if self.children.is_empty() {
+            return Arc::new(LookupNode::leaf(self.objects));
         }
+        let mut children = Children::default();
+        for (key, child) in self.children {
+            children.insert(key, child.finish());
+        }
+        Arc::new(LookupNode::inner(children))
     }
 }
 
@@ -239,6 +333,7 @@ impl ResourceStore {
             values: imbl::OrdMap::new(),
             list: OnceLock::new(),
             lookup: OnceLock::new(),
+            lookup_base: Mutex::new(None),
         }
     }
 
@@ -273,7 +368,7 @@ impl ResourceStore {
             }
             _ => false,
         };
-        let history = match (change, &self.snapshot) {
+        let touched_now = match (change, &self.snapshot) {
             (Some(change), Some(old)) if incremental && old.index_by() == snapshot.index_by() => {
                 let mut touched: Vec<Arc<[String]>> = Vec::new();
                 for key in change.removed.iter().chain(&change.modified) {
@@ -282,6 +377,28 @@ impl ResourceStore {
                 for key in change.added.iter().chain(&change.modified) {
                     touched.extend(snapshot.index_key(key).map(Arc::from));
                 }
+                Some(touched)
+            }
+            _ => None,
+        };
+        let lookup_base = touched_now.as_ref().and_then(|touched| {
+            let (root, mut all) = match self.lookup.get() {
+                Some(lookup) => (lookup.root.clone(), Vec::new()),
+                None => {
+                    let base = self
+                        .lookup_base
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    let base = base.as_ref()?;
+                    (base.root.clone(), base.touched.clone())
+                }
+            };
+            all.extend(touched.iter().cloned());
+            // Past a quarter of the objects, building from all of them is as cheap.
+            (all.len() <= snapshot.len() / 4 + 16).then_some(LookupBase { root, touched: all })
+        });
+        let history = match touched_now {
+            Some(touched) => {
                 let step = Step {
                     from: self.generation,
                     touched,
@@ -315,6 +432,7 @@ impl ResourceStore {
             values,
             list: OnceLock::new(),
             lookup: OnceLock::new(),
+            lookup_base: Mutex::new(lookup_base),
         }
     }
 
@@ -403,10 +521,10 @@ impl ResourceStore {
         // The common case: one hash probe per key, no allocation. Every key is
         // checked, also after a miss.
         let lookup = self.lookup.get_or_init(|| self.build_lookup(snapshot));
-        let mut node = Some(&lookup.root);
+        let mut node = Some(&*lookup.root);
         for arg in args {
             let key = self.key(method, arg)?;
-            node = node.and_then(|node| node.children.get(key.as_ref()));
+            node = node.and_then(|node| node.children.get(key.as_ref()).map(|n| &**n));
         }
         Ok(Found::Node(node))
     }
@@ -414,7 +532,7 @@ impl ResourceStore {
     /// The matching objects as one list value (shared, not copied).
     fn fetch(&self, args: &[Value]) -> Result<Value, Error> {
         Ok(match self.lookup("fetch", args)? {
-            Found::Node(Some(node)) => node.list.clone(),
+            Found::Node(Some(node)) => node.list(),
             Found::Node(None) => ResourceList::value(Vec::new()),
             Found::List(list) => ResourceList::value(list),
         })
@@ -423,7 +541,7 @@ impl ResourceStore {
     /// The one matching object, `none` when nothing matches, an error for several.
     fn get(&self, args: &[Value]) -> Result<Value, Error> {
         let (count, single) = match self.lookup("get", args)? {
-            Found::Node(Some(node)) => (node.count, node.single.clone()),
+            Found::Node(Some(node)) => (node.count, node.single()),
             Found::Node(None) => (0, Value::UNDEFINED),
             Found::List(list) => (list.len(), list.into_iter().next().unwrap_or_default()),
         };
@@ -448,14 +566,37 @@ impl ResourceStore {
     fn build_lookup(&self, snapshot: &ResourceSnapshot) -> Lookup {
         // The snapshot's index order (index values, then object key) is its fetch
         // order, and the index values were computed when the objects were stored.
+        let base = self
+            .lookup_base
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(LookupBase { root, touched }) = base {
+            // Redo only the paths an update touched, from this version's objects.
+            let mut root = Some(root);
+            let mut done: foldhash::HashSet<&[String]> = foldhash::HashSet::default();
+            for path in &touched {
+                if !done.insert(path) {
+                    continue;
+                }
+                let objects: Vec<Value> = snapshot
+                    .fetch(path)
+                    .map(|found| found.into_iter().map(|o| self.value_of(o)).collect())
+                    .unwrap_or_default();
+                let leaf = (!objects.is_empty()).then(|| Arc::new(LookupNode::leaf(objects)));
+                root = root.unwrap_or_default().with(path, leaf);
+            }
+            return Lookup {
+                root: root.unwrap_or_default(),
+            };
+        }
         let mut root = NodeBuilder::default();
         for (index, _, object) in snapshot.iter_indexed() {
-            let value = self.value_of(object);
             let mut node = &mut root;
             for key in index {
                 node = node.children.entry(Box::from(key.as_str())).or_default();
-                node.objects.push(value.clone());
             }
+            node.objects.push(self.value_of(object));
         }
         Lookup {
             root: root.finish(),
@@ -543,7 +684,9 @@ pub(crate) enum Read {
 
 thread_local! {
     /// The reads of the file rendering on this thread (see [`Recording`]).
-    static READS: RefCell<Option<BTreeSet<Read>>> = const { RefCell::new(None) };
+    // A hash set: a file of 10,000 backends makes over 100,000 lookups, and an
+    // ordered set spent more on comparing keys than the lookups themselves cost.
+    static READS: RefCell<Option<foldhash::HashSet<Read>>> = const { RefCell::new(None) };
 }
 
 /// Notes a read when a [`Recording`] is active on this thread.
@@ -570,13 +713,13 @@ pub(crate) fn record_all(found: &[Read]) {
 /// [`Recording::start`] and [`Recording::finish`]. Nests (the outer recording is
 /// put back when an inner one finishes).
 pub(crate) struct Recording {
-    outer: Option<BTreeSet<Read>>,
+    outer: Option<foldhash::HashSet<Read>>,
 }
 
 impl Recording {
     /// Starts recording on this thread.
     pub(crate) fn start() -> Self {
-        let outer = READS.with(|reads| reads.borrow_mut().replace(BTreeSet::new()));
+        let outer = READS.with(|reads| reads.borrow_mut().replace(foldhash::HashSet::default()));
         Self { outer }
     }
 
@@ -683,6 +826,15 @@ impl Resources {
             None => ResourceStore::from_snapshot(source.clone(), snapshot),
         };
         self.stores.insert(source.clone(), Arc::new(store));
+    }
+
+    /// The snapshot behind every store, by watched resource name: the data a render
+    /// from these resources sees.
+    pub fn snapshots(&self) -> BTreeMap<Arc<str>, Arc<ResourceSnapshot>> {
+        self.stores
+            .iter()
+            .filter_map(|(name, store)| Some((name.clone(), store.snapshot.clone()?)))
+            .collect()
     }
 
     /// The store of one source.
@@ -1092,5 +1244,98 @@ mod tests {
             list.remember_sorted(&[Cow::Owned(path)], false, None);
         }
         assert_eq!(list.memo().len(), SORT_MEMO_LIMIT);
+    }
+}
+
+#[cfg(test)]
+mod index_tests {
+    use hapwright_eventbus::model::{FieldPath, ObjectKey, UpsertOutcome};
+    use serde_json::json;
+
+    use super::*;
+
+    /// A small deterministic generator (xorshift), so failures repeat.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 % n as u64) as usize
+        }
+    }
+
+    /// Every `fetch`/`get` a template can make, answered as JSON text.
+    fn answers(store: &ResourceStore, namespaces: &[&str], services: &[&str]) -> Vec<String> {
+        let text = |result: Result<Value, Error>| match result {
+            Ok(value) => serde_json::to_string(&value).expect("serializes"),
+            Err(error) => format!("error: {error}"),
+        };
+        let mut out = Vec::new();
+        for ns in namespaces {
+            out.push(text(store.fetch(&[Value::from(*ns)])));
+            for service in services {
+                let args = [Value::from(*ns), Value::from(*service)];
+                out.push(text(store.fetch(&args)));
+                out.push(text(store.get(&args)));
+            }
+        }
+        out
+    }
+
+    /// An index updated along the changes answers every lookup as one built from all
+    /// objects of the same version does, over random additions, modifications, moves
+    /// to other index values and removals, read after one or several updates.
+    #[test]
+    fn an_updated_index_answers_as_one_built_from_all_objects() {
+        let index_by = vec![
+            FieldPath::parse("metadata.namespace").expect("path"),
+            FieldPath::parse("metadata.labels.svc").expect("path"),
+        ];
+        let namespaces = ["a", "b", "c", "none"];
+        let services = ["s0", "s1", "s2", "s3", "s4", "s5", "none"];
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut snapshot = ResourceSnapshot::new(index_by);
+        let mut store = ResourceStore::from_snapshot("slices", Arc::new(snapshot.clone()));
+        let mut from_base = 0;
+        for step in 0..600 {
+            let mut change = ResourceChange::default();
+            for _ in 0..1 + rng.below(3) {
+                let key = ObjectKey::new(namespaces[rng.below(3)], format!("o{}", rng.below(12)));
+                if rng.below(4) == 0 {
+                    if snapshot.remove(&key).is_some() {
+                        change.removed.push(key);
+                    }
+                    continue;
+                }
+                let object = json!({
+                    "metadata": {"namespace": key.namespace, "name": key.name,
+                                 "labels": {"svc": services[rng.below(6)]}},
+                    "v": step,
+                });
+                match snapshot.upsert(key.clone(), &object) {
+                    Some(UpsertOutcome::Added) => change.added.push(key),
+                    Some(UpsertOutcome::Modified) => change.modified.push(key),
+                    None => {}
+                }
+            }
+            store = store.updated(Arc::new(snapshot.clone()), Some(&change));
+            // Read after one to three updates, so bases also chain.
+            if rng.below(3) == 0 {
+                let based = store.lookup_base.lock().expect("not poisoned").is_some();
+                from_base += usize::from(based);
+                let fresh = ResourceStore::from_snapshot("slices", Arc::new(snapshot.clone()));
+                assert_eq!(
+                    answers(&store, &namespaces, &services),
+                    answers(&fresh, &namespaces, &services),
+                    "after step {step} (index from an earlier one: {based})"
+                );
+            }
+        }
+        assert!(
+            from_base > 50,
+            "only {from_base} indexes were updated rather than built"
+        );
     }
 }

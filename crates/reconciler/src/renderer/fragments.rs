@@ -19,7 +19,7 @@
 //! gives the bytes (source-map markers included) that including it gives.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use minijinja::value::{Object, Value, ValueKind};
@@ -64,7 +64,7 @@ pub(crate) struct Fragment {
 /// Fragments by key.
 #[derive(Debug, Default)]
 pub(crate) struct Fragments {
-    map: HashMap<Key, Arc<Fragment>>,
+    map: foldhash::HashMap<Key, Arc<Fragment>>,
 }
 
 impl Fragments {

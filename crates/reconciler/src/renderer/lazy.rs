@@ -122,6 +122,24 @@ fn string_end(b: &[u8], pos: usize) -> (usize, bool) {
     (b.len(), escaped)
 }
 
+/// Whether the string whose opening quote is at `pos` is `key`. `plain`: the key
+/// holds no backslash or quote, so the text of an equal name is the key's bytes unless the
+/// name holds an escape. Compares in place; unescapes only names with an escape.
+fn name_is(text: &str, pos: usize, key: &str, plain: bool) -> bool {
+    if !plain {
+        return string_at(text, pos) == key;
+    }
+    let name = &text.as_bytes()[pos + 1..];
+    let k = key.as_bytes();
+    let same = name.iter().zip(k).take_while(|(a, b)| a == b).count();
+    match name.get(same) {
+        // The name holds an escape from here on: compare it unescaped.
+        Some(b'\\') => string_at(text, pos) == key,
+        Some(b'"') => same == k.len(),
+        _ => false,
+    }
+}
+
 /// The end of the number or literal starting at `pos`.
 fn scalar_end(b: &[u8], mut pos: usize) -> usize {
     while pos < b.len() && !matches!(b[pos], b',' | b']' | b'}' | b' ' | b'\t' | b'\n' | b'\r') {
@@ -377,22 +395,34 @@ impl View {
         }
     }
 
-    fn key_is(&self, child: &Child, key: &str) -> bool {
-        match child.key {
-            Some((start, end, false)) => &self.doc.text()[start..end] == key,
-            Some((start, _, true)) => string_at(self.doc.text(), start - 1) == key,
-            None => false,
-        }
-    }
-
     fn value_of(&self, child: &Child) -> Value {
         value_at(&self.doc, child.node, child.start)
     }
 
+    /// The value of member `key`. The hottest path of rendering (every attribute a
+    /// template reads), so it walks the tape itself: a member name is compared in
+    /// place and only the matching member's value position is worked out.
     fn find(&self, key: &str) -> Option<Value> {
-        self.children()
-            .find(|child| self.key_is(child, key))
-            .map(|child| self.value_of(&child))
+        if !self.is_object() {
+            return None;
+        }
+        let tape = self.doc.tape();
+        let text = self.doc.text();
+        let b = text.as_bytes();
+        let plain = !key.bytes().any(|c| c == b'\\' || c == b'"');
+        let node = self.node as usize;
+        let end = node + tape.get(node).1;
+        let mut i = node + 1;
+        while i < end {
+            let (entry, size) = tape.get(i);
+            if name_is(text, entry, key, plain) {
+                let (key_end, _) = string_end(b, entry);
+                let colon = skip_ws(b, key_end);
+                return Some(value_at(&self.doc, i, skip_ws(b, colon + 1)));
+            }
+            i += size;
+        }
+        None
     }
 
     /// An array's items.
@@ -545,6 +575,29 @@ mod tests {
         );
         assert_eq!(entries("[]"), vec![(0, 1)]);
         assert_eq!(entries("-1.5e3"), vec![(0, 1)]);
+    }
+
+    #[test]
+    fn member_names_compare_in_place_and_through_escapes() {
+        let text = r#"{"ab":1,"a":2,"\u0061c":3,"a\\b":4,"x\"":5,"":6,"é":7,"a\"":8}"#;
+        let starts: Vec<usize> = entries(text)[1..].iter().map(|&(s, _)| s).collect();
+        let names: Vec<String> = starts
+            .iter()
+            .map(|&s| string_at(text, s).into_owned())
+            .collect();
+        assert_eq!(names[2], "ac");
+        for key in [
+            "ab", "a", "ac", "a\\b", "x\"", "", "é", "abc", "b", "a\"", "\u{e9}",
+        ] {
+            let plain = !key.bytes().any(|c| c == b'\\' || c == b'"');
+            for (&start, name) in starts.iter().zip(&names) {
+                assert_eq!(
+                    name_is(text, start, key, plain),
+                    name == key,
+                    "{key:?} against {name:?}"
+                );
+            }
+        }
     }
 
     #[test]

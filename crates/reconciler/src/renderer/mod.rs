@@ -153,6 +153,16 @@ pub fn check<S: AsRef<str>>(templates: &Templates, watched: &[S]) -> Result<(), 
     Renderer::new(templates.clone(), watched).map(|_| ())
 }
 
+/// The template value of one stored object (`object` in status templates).
+pub(crate) fn object_value(object: &hapwright_eventbus::model::StoredObject) -> Value {
+    context::to_value(object)
+}
+
+/// A fresh `shared` memo, for renders outside [`Renderer::render`].
+pub(crate) fn shared_value() -> Value {
+    Value::from_object(context::Shared::default())
+}
+
 // === impl Entry ===
 
 /// One template as compiled: its name, role, original source and instrumentation.
@@ -990,7 +1000,7 @@ fn strip_markers(text: &str) -> String {
         .collect()
 }
 
-fn build_environment(
+pub(crate) fn build_environment(
     settings: TemplatingSettings,
     limits: RenderLimits,
     snippets: Vec<String>,

@@ -13,6 +13,8 @@
 //!   become Data Plane API deploy targets (`InstancesDiscovered`).
 //! - [`events`]: Kubernetes Events on quarantined objects ([`QuarantineEvents`]),
 //!   written by the leader through the `events.k8s.io/v1` API.
+//! - [`status`]: statuses rendered by `statusTemplates` written to the objects'
+//!   status subresource by server-side apply ([`StatusWriter`]), by the leader.
 //! - [`leader`]: process-level leader election on a `coordination.k8s.io/v1` Lease
 //!   ([`LeaderElection`]), publishing is-leader on a `tokio::sync::watch` channel.
 //!
@@ -24,6 +26,7 @@ pub mod discovery;
 pub mod events;
 pub mod leader;
 pub mod source;
+pub mod status;
 
 use std::sync::Arc;
 
@@ -34,6 +37,7 @@ pub use discovery::{DiscoveryConfig, DiscoveryMetrics, PodDiscovery, Restriction
 pub use events::{QuarantineEvents, WatchedKind};
 pub use leader::{LeaderElection, LeaderElectionConfig, LeaderError, LeaderMetrics};
 pub use source::{KubernetesSource, ResolveError};
+pub use status::{RateLimit, StatusMetrics, StatusWriter};
 
 /// Hands out the process's Kubernetes client, building it on first use.
 ///

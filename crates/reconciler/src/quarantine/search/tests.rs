@@ -365,3 +365,37 @@ fn suspects_change_the_probes_never_the_result() {
         }
     }
 }
+
+#[test]
+fn a_failing_payload_is_held_back_even_as_one_of_two_changes() {
+    // Change 0 is a downloaded list that fails, change 1 an object that is fine.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    let mut fake = Fake {
+        bad: BTreeSet::from([0]),
+        ..Fake::default()
+    };
+    // As objects, one of two failing is "most changes fail": the whole change goes.
+    let objects = runtime.block_on(search(&mut fake.clone(), 2, None, BOUNDED));
+    assert!(
+        matches!(
+            objects,
+            Outcome::Rejected {
+                reason: Rejection::MostChangesFail,
+                ..
+            }
+        ),
+        "{objects:?}"
+    );
+    // As a payload unit, it is held back and the object goes on.
+    let outcome = runtime.block_on(search_with_units(&mut fake, 2, None, BOUNDED, &[], &[0]));
+    let Outcome::Found {
+        accepted, culprits, ..
+    } = outcome
+    else {
+        panic!("the payload is isolated: {outcome:?}");
+    };
+    assert_eq!(accepted, [1]);
+    assert_eq!(culprits.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0]);
+}

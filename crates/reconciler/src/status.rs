@@ -1,0 +1,558 @@
+//! Status templates: the `status` hapwright writes back to watched objects, rendered
+//! by user templates from the data of the deployed render.
+//!
+//! - [`StatusTemplates`] compiles one template per watched resource
+//!   (`statusTemplates.<resource>`) with the same environment as the other templates
+//!   (settings, limits, functions, filters and snippets), and renders it once per
+//!   object of that resource with `object`, `resources` and `extraContext` in
+//!   context. The output is YAML (or JSON): the content of the object's `status`.
+//!   Empty output leaves the object's status alone. An error for one object is
+//!   reported with the template, line and object, and the other objects still
+//!   render.
+//! - [`fill_transition_times`] gives every rendered condition without
+//!   `lastTransitionTime` the time the object already shows for the same condition
+//!   type and status, else now — so an unchanged status renders to the same value
+//!   and is not written again.
+//! - [`StatusComponent`] runs it on the bus: it keeps the snapshots of recent
+//!   renders (`TemplateInputs`) and renders statuses when a deployment of that render
+//!   succeeded (`DeploymentCompleted`), or at once when a new render equals the
+//!   deployed one, publishing `StatusRendered`. It runs beside the pipeline, never
+//!   on its latency path.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use hapwright_eventbus::model::{
+    ContentHash, Diagnostic, FileKind, ResourceSnapshot, SourceLocation,
+};
+use hapwright_eventbus::{
+    Component, ComponentError, Context, EventKind, EventPayload, Interest, RenderedStatus,
+    StatusRendered,
+};
+use minijinja::value::Value;
+use minijinja::{Environment, ErrorKind};
+use serde_json::Value as Json;
+
+use crate::renderer::{Resources, Templates};
+
+/// The name of a status template in errors: the config key that holds it.
+pub fn template_name(resource: &str) -> String {
+    format!("statusTemplates.{resource}")
+}
+
+/// Compiled status templates, ready to render. Cheap to clone.
+#[derive(Clone)]
+pub struct StatusTemplates {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    env: Environment<'static>,
+    /// Watched resource name → template name.
+    templates: BTreeMap<Arc<str>, String>,
+    watched: Vec<Arc<str>>,
+    extra_context: Value,
+}
+
+impl std::fmt::Debug for StatusTemplates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusTemplates")
+            .field(
+                "resources",
+                &self.inner.templates.keys().collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl StatusTemplates {
+    /// Compiles `status` (watched resource name → template source) in the
+    /// environment of `templates` (its snippets, settings, limits, `extraContext`
+    /// and file paths for `path()`). `watched` are the watched resource names.
+    ///
+    /// # Errors
+    ///
+    /// Every compile error, naming `statusTemplates.<resource>` (or the snippet), the
+    /// line and the offending source line; a key that names no watched resource.
+    pub fn new<S: AsRef<str>>(
+        templates: &Templates,
+        status: &BTreeMap<String, String>,
+        watched: &[S],
+    ) -> Result<Self, Vec<Diagnostic>> {
+        let watched: Vec<Arc<str>> = watched.iter().map(|w| Arc::from(w.as_ref())).collect();
+        let mut diagnostics = Vec::new();
+        let mut paths: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (kind, group) in [
+            (FileKind::Map, &templates.maps),
+            (FileKind::File, &templates.files),
+            (FileKind::Certificate, &templates.certificates),
+        ] {
+            for name in group.keys() {
+                paths
+                    .entry(name.clone())
+                    .or_default()
+                    .push(kind.relative_path(name));
+            }
+        }
+        let snippets: Vec<String> = templates.snippets.keys().cloned().collect();
+        let mut env = match crate::renderer::build_environment(
+            templates.settings,
+            templates.limits,
+            snippets,
+            paths,
+        ) {
+            Ok(env) => env,
+            Err(error) => {
+                return Err(vec![Diagnostic::error(format!(
+                    "invalid templating settings: {error}"
+                ))]);
+            }
+        };
+        let mut sources: Vec<(String, String)> = templates
+            .snippets
+            .iter()
+            .map(|(name, source)| (name.clone(), source.clone()))
+            .collect();
+        let mut names = BTreeMap::new();
+        for (resource, source) in status {
+            if !watched.iter().any(|w| w.as_ref() == resource) {
+                diagnostics.push(
+                    Diagnostic::error(format!(
+                        "`{resource}` is not a watched resource; status templates render the \
+                         objects of one of watchedResources ({})",
+                        watched
+                            .iter()
+                            .map(AsRef::as_ref)
+                            .collect::<Vec<&str>>()
+                            .join(", ")
+                    ))
+                    .at(SourceLocation::new(
+                        template_name(resource),
+                        None,
+                        None,
+                    )),
+                );
+                continue;
+            }
+            names.insert(Arc::<str>::from(resource.as_str()), template_name(resource));
+            sources.push((template_name(resource), source.clone()));
+        }
+        for (name, source) in sources {
+            if let Err(error) = env.add_template_owned(name.clone(), source.clone()) {
+                diagnostics.push(diagnostic(&name, &source, &error, None));
+            }
+        }
+        if !diagnostics.is_empty() {
+            return Err(diagnostics);
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                env,
+                templates: names,
+                watched,
+                extra_context: Value::from(minijinja::value::Serde(&templates.extra_context)),
+            }),
+        })
+    }
+
+    /// True when no status template is configured.
+    pub fn is_empty(&self) -> bool {
+        self.inner.templates.is_empty()
+    }
+
+    /// The watched resources that have a status template.
+    pub fn resources(&self) -> impl Iterator<Item = &Arc<str>> + '_ {
+        self.inner.templates.keys()
+    }
+
+    /// Renders the status of every object of every resource with a status template,
+    /// from `snapshots`; `now` (RFC 3339) is the `lastTransitionTime` of conditions
+    /// that are new or changed. Objects whose template renders nothing are left out.
+    /// Returns the statuses in resource, namespace, name order and one error per
+    /// failing object.
+    pub fn render(
+        &self,
+        snapshots: &BTreeMap<Arc<str>, Arc<ResourceSnapshot>>,
+        now: &str,
+    ) -> (Vec<RenderedStatus>, Vec<Diagnostic>) {
+        let inner = &*self.inner;
+        let mut resources = Resources::new();
+        for (source, snapshot) in snapshots {
+            resources.update(source, snapshot.clone(), None);
+        }
+        let resources_value = resources.context_value(&inner.watched);
+        let mut statuses = Vec::new();
+        let mut errors = Vec::new();
+        for (resource, name) in &inner.templates {
+            let Some(snapshot) = snapshots.get(resource) else {
+                continue;
+            };
+            let Ok(template) = inner.env.get_template(name) else {
+                continue;
+            };
+            for stored in snapshot.list() {
+                let object = stored.parse();
+                let namespace = object["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                let object_name = object["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                let label = if namespace.is_empty() {
+                    object_name.clone()
+                } else {
+                    format!("{namespace}/{object_name}")
+                };
+                let context = Value::from(BTreeMap::from([
+                    ("object", crate::renderer::object_value(stored)),
+                    ("resources", resources_value.clone()),
+                    ("extraContext", inner.extra_context.clone()),
+                    ("shared", crate::renderer::shared_value()),
+                ]));
+                let text = match template.render(&context) {
+                    Ok(text) => text,
+                    Err(error) => {
+                        let source = template.source().to_owned();
+                        errors.push(diagnostic(name, &source, &error, Some(&label)));
+                        continue;
+                    }
+                };
+                if text.trim().is_empty() {
+                    continue;
+                }
+                let mut status: Json =
+                    match serde_saphyr::from_str(&text) {
+                        Ok(status @ Json::Object(_)) => status,
+                        Ok(other) => {
+                            errors.push(
+                            Diagnostic::error(format!(
+                                "{resource} {label}: the status must be a mapping, the template \
+                                 rendered {}",
+                                kind_of(&other)
+                            ))
+                            .at(SourceLocation::new(name.clone(), None, None)),
+                        );
+                            continue;
+                        }
+                        Err(error) => {
+                            errors.push(
+                                Diagnostic::error(format!(
+                                    "{resource} {label}: the rendered status is not YAML: {error}"
+                                ))
+                                .at(SourceLocation::new(
+                                    name.clone(),
+                                    None,
+                                    None,
+                                )),
+                            );
+                            continue;
+                        }
+                    };
+                let shown = object.get("status").cloned().unwrap_or(Json::Null);
+                fill_transition_times(&mut status, &shown, now);
+                let current = is_subset(&status, &shown);
+                statuses.push(RenderedStatus {
+                    resource: resource.clone(),
+                    api_version: object["apiVersion"].as_str().unwrap_or_default().to_owned(),
+                    kind: object["kind"].as_str().unwrap_or_default().to_owned(),
+                    namespace,
+                    name: object_name,
+                    status,
+                    current,
+                });
+            }
+        }
+        (statuses, errors)
+    }
+}
+
+fn kind_of(value: &Json) -> &'static str {
+    match value {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "a list",
+        Json::Object(_) => "a mapping",
+    }
+}
+
+/// A located template error: the innermost template with a line, the object.
+fn diagnostic(
+    name: &str,
+    source: &str,
+    error: &minijinja::Error,
+    object: Option<&str>,
+) -> Diagnostic {
+    let mut innermost = error;
+    let mut current: &(dyn std::error::Error + 'static) = error;
+    while let Some(next) = current.source() {
+        match next.downcast_ref::<minijinja::Error>() {
+            Some(inner) => {
+                if inner.name().is_some() && inner.line().is_some() {
+                    innermost = inner;
+                }
+                current = inner;
+            }
+            None => break,
+        }
+    }
+    let detail = match innermost.detail() {
+        Some(detail) => format!("{}: {detail}", innermost.kind()),
+        None => innermost.kind().to_string(),
+    };
+    let message = match object {
+        Some(object) => format!("{object}: {detail}"),
+        None => detail,
+    };
+    let template = innermost.name().unwrap_or(name).to_owned();
+    let line = innermost.line().and_then(|l| u32::try_from(l).ok());
+    let mut diagnostic =
+        Diagnostic::error(message).at(SourceLocation::new(template.clone(), line, None));
+    let text = if template == name {
+        line.and_then(|l| source.lines().nth(l as usize - 1))
+    } else {
+        None
+    };
+    if let Some(text) = text {
+        diagnostic = diagnostic.with_source_line(text);
+    }
+    if innermost.kind() == ErrorKind::BadInclude && innermost.line().is_none() {
+        return Diagnostic::error(format!(
+            "{}{}",
+            object.map(|o| format!("{o}: ")).unwrap_or_default(),
+            error
+        ))
+        .at(SourceLocation::new(
+            name,
+            error.line().map(|l| l as u32),
+            None,
+        ));
+    }
+    diagnostic
+}
+
+/// Fills `lastTransitionTime` in every condition of `status` (an item of any
+/// `conditions` list) that has none: the time `shown` (the object's current status)
+/// gives the condition of the same `type` with the same `status` at the same place,
+/// else `now` (Kubernetes' `meta.SetStatusCondition` semantics).
+///
+/// Places match by key in mappings; list items match the item of the shown list
+/// with the same `name` (listeners), the same `parentRef` (route parents) or, failing
+/// both, the same position.
+pub fn fill_transition_times(status: &mut Json, shown: &Json, now: &str) {
+    match status {
+        Json::Object(map) => {
+            for (key, value) in map.iter_mut() {
+                let shown_value = shown.get(key).unwrap_or(&Json::Null);
+                if key == "conditions"
+                    && let Json::Array(conditions) = value
+                {
+                    for condition in conditions.iter_mut() {
+                        fill_condition(condition, shown_value, now);
+                    }
+                    continue;
+                }
+                fill_transition_times(value, shown_value, now);
+            }
+        }
+        Json::Array(items) => {
+            let shown_items = shown.as_array();
+            for (index, item) in items.iter_mut().enumerate() {
+                let counterpart = shown_items
+                    .and_then(|list| counterpart(item, index, list))
+                    .unwrap_or(&Json::Null);
+                fill_transition_times(item, counterpart, now);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn counterpart<'a>(item: &Json, index: usize, shown: &'a [Json]) -> Option<&'a Json> {
+    for key in ["name", "parentRef"] {
+        if let Some(identity) = item.get(key) {
+            return shown.iter().find(|s| s.get(key) == Some(identity));
+        }
+    }
+    shown.get(index)
+}
+
+fn fill_condition(condition: &mut Json, shown: &Json, now: &str) {
+    let Json::Object(map) = condition else {
+        return;
+    };
+    if map.contains_key("lastTransitionTime") {
+        return;
+    }
+    let previous = shown.as_array().and_then(|list| {
+        list.iter().find(|c| {
+            c.get("type") == map.get("type")
+                && c.get("status") == map.get("status")
+                && c.get("lastTransitionTime").is_some()
+        })
+    });
+    let time = previous
+        .and_then(|c| c.get("lastTransitionTime").cloned())
+        .unwrap_or_else(|| Json::String(now.to_owned()));
+    map.insert("lastTransitionTime".to_owned(), time);
+}
+
+/// True when every field of `rendered` is in `shown` with the same value (lists
+/// item by item, of the same length).
+pub fn is_subset(rendered: &Json, shown: &Json) -> bool {
+    match (rendered, shown) {
+        (Json::Object(a), Json::Object(b)) => a
+            .iter()
+            .all(|(key, value)| b.get(key).is_some_and(|other| is_subset(value, other))),
+        (Json::Array(a), Json::Array(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| is_subset(x, y))
+        }
+        (a, b) => a == b,
+    }
+}
+
+/// The current time as Kubernetes writes it (RFC 3339, whole seconds, UTC).
+pub fn now_rfc3339() -> String {
+    jiff::Timestamp::now()
+        .round(jiff::Unit::Second)
+        .unwrap_or_else(|_| jiff::Timestamp::now())
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+// === impl StatusComponent ===
+
+/// How many renders' snapshots the component keeps while their deployment is
+/// pending (the scheduler deploys the newest; older ones are dropped).
+const PENDING: usize = 8;
+
+/// Renders statuses after deployments. See the [module docs](self).
+pub struct StatusComponent {
+    templates: StatusTemplates,
+    clock: Arc<dyn Fn() -> String + Send + Sync>,
+}
+
+impl std::fmt::Debug for StatusComponent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusComponent")
+            .field("templates", &self.templates)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StatusComponent {
+    /// The component name.
+    pub const NAME: &'static str = "status-renderer";
+
+    /// A component over compiled status templates. The renderer component must
+    /// publish `TemplateInputs` (`RendererComponent::with_template_inputs`).
+    pub fn new(templates: StatusTemplates) -> Self {
+        Self {
+            templates,
+            clock: Arc::new(now_rfc3339),
+        }
+    }
+
+    /// Uses `clock` for the time of new conditions (tests pin it).
+    #[must_use]
+    pub fn with_clock(mut self, clock: impl Fn() -> String + Send + Sync + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+}
+
+type Snapshots = Arc<BTreeMap<Arc<str>, Arc<ResourceSnapshot>>>;
+
+#[async_trait::async_trait]
+impl Component for StatusComponent {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn consumes(&self) -> Interest {
+        Interest::pipeline([EventKind::TemplateInputs, EventKind::DeploymentCompleted])
+    }
+
+    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
+        let StatusComponent { templates, clock } = *self;
+        let mut pending: VecDeque<(ContentHash, Snapshots)> = VecDeque::new();
+        let mut deployed: Option<ContentHash> = None;
+        ctx.health().healthy();
+        while let Some(event) = ctx.next_event().await {
+            let ready = match &event.payload {
+                EventPayload::TemplateInputs(inputs) => {
+                    if deployed == Some(inputs.hash) {
+                        Some((inputs.hash, inputs.snapshots.clone()))
+                    } else {
+                        pending.retain(|(hash, _)| *hash != inputs.hash);
+                        pending.push_back((inputs.hash, inputs.snapshots.clone()));
+                        while pending.len() > PENDING {
+                            pending.pop_front();
+                        }
+                        None
+                    }
+                }
+                EventPayload::DeploymentCompleted(done) if !done.summary.succeeded.is_empty() => {
+                    deployed = Some(done.summary.hash);
+                    let found = pending
+                        .iter()
+                        .position(|(hash, _)| *hash == done.summary.hash);
+                    found.map(|position| {
+                        let ready = pending[position].clone();
+                        pending.drain(..=position);
+                        ready
+                    })
+                }
+                _ => None,
+            };
+            let Some((hash, snapshots)) = ready else {
+                continue;
+            };
+            let job_templates = templates.clone();
+            let now = clock();
+            let job = tokio::task::spawn_blocking(move || job_templates.render(&snapshots, &now));
+            let (statuses, errors) = tokio::select! {
+                biased;
+                () = ctx.cancelled() => return Ok(()),
+                outcome = job => match outcome {
+                    Ok(outcome) => outcome,
+                    Err(join) => (Vec::new(), vec![Diagnostic::error(format!("status rendering crashed: {join}"))]),
+                },
+            };
+            for error in &errors {
+                tracing::warn!(error = %error, "Status template failed for one object");
+            }
+            tracing::debug!(
+                hash = %hash.short(),
+                statuses = statuses.len(),
+                errors = errors.len(),
+                "Rendered statuses"
+            );
+            match errors.first() {
+                Some(first) if errors.len() == 1 => ctx
+                    .health()
+                    .degraded(format!("a status template failed: {first}")),
+                Some(first) => ctx.health().degraded(format!(
+                    "status templates failed for {} objects, first: {first}",
+                    errors.len()
+                )),
+                None => ctx.health().healthy(),
+            }
+            ctx.publisher().reply(
+                &event,
+                StatusRendered {
+                    hash,
+                    statuses: statuses.into(),
+                    errors,
+                },
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
