@@ -40,6 +40,9 @@ const FEATURE_TESTS: &[&str] = &[
     "unsafe-values-are-skipped",
     "grpcroute",
     "tlsroute-passthrough",
+    "status-gatewayclass",
+    "status-gateway",
+    "status-routes",
     "health-and-metrics-frontend",
 ];
 
