@@ -12,7 +12,7 @@ mod library;
 use std::path::PathBuf;
 
 use hapwright_deployer::haproxy::plan::{self, RuntimeOp};
-use hapwright_e2e::free_port;
+use hapwright_e2e::{WAIT, free_port, poll};
 use hapwright_eventbus::model::DeployStrategy;
 use library::{Sidecar, hapwright, library_path, render, rendered, test_fixtures, text, upstream};
 use serde_json::{Value, json};
@@ -489,8 +489,46 @@ fn the_library_routes_real_traffic() {
         other => sidecar.fail(&format!("gRPC ListItems: expected 404, got {other:?}")),
     }
 
-    // A backendRef to another namespace: 500 without a ReferenceGrant, routed with.
+    // A backendRef to another namespace: 500 without a ReferenceGrant, routed with;
+    // the route's status says why, then that its references resolve.
     sidecar.expect(http, "ledger.example.test", "/", 500, "");
+    assert_eq!(
+        resolved_refs(&sidecar, "ledger"),
+        ("False".to_owned(), "RefNotPermitted".to_owned())
+    );
     sidecar.change("referencegrants", &referencegrants(true));
     sidecar.expect(http, "ledger.example.test", "/", 200, "ledger\n");
+    let resolved = poll(WAIT, || {
+        let condition = resolved_refs(&sidecar, "ledger");
+        (condition.0 == "True").then_some(condition)
+    })
+    .unwrap_or_else(|_| sidecar.fail("the ledger route's ResolvedRefs never became True"));
+    assert_eq!(resolved.1, "ResolvedRefs");
+}
+
+/// The `ResolvedRefs` condition (status, reason) of HTTPRoute `shop/<route>`'s first
+/// parent, as `/debug/status` shows the last rendered statuses (objects of `files`
+/// sources are rendered, never written), waiting until it is rendered.
+fn resolved_refs(sidecar: &Sidecar, route: &str) -> (String, String) {
+    poll(WAIT, || {
+        let text = sidecar
+            .client
+            .get(format!("http://127.0.0.1:{}/debug/status", sidecar.status))
+            .send()
+            .and_then(|r| r.text())
+            .ok()?;
+        let all: Value = serde_json::from_str(&text).ok()?;
+        let status = all["statuses"].as_array()?.iter().find(|s| {
+            s["resource"] == "httproutes" && s["namespace"] == "shop" && s["name"] == route
+        })?;
+        let condition = status["status"]["parents"][0]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "ResolvedRefs")?;
+        Some((
+            condition["status"].as_str()?.to_owned(),
+            condition["reason"].as_str()?.to_owned(),
+        ))
+    })
+    .unwrap_or_else(|_| sidecar.fail(&format!("no status rendered for HTTPRoute shop/{route}")))
 }
