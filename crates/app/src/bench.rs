@@ -3,13 +3,15 @@
 //!
 //! For each scale the fixtures are generated ([`generate`]):
 //!
-//! - **Cluster mode**, when a watched resource has `kind: Service`, `EndpointSlice` or
-//!   `Ingress`: `scale` Services in ten namespaces (`team-0` … `team-9`), each with one
-//!   EndpointSlice of three endpoints (every seventh not ready) and one Ingress routing
-//!   `svc-<i>.example.com` `/` and `/api` to it, and one TLS Secret `default/tls` (a
-//!   real self-signed certificate, so `haproxy -c` can load it) for a watched resource
-//!   of `kind: Secret`. The same cluster as the renderer's criterion benchmark.
-//!   Watched resources of other kinds get no objects.
+//! - **Cluster mode**, when a watched resource has `kind: Service`, `EndpointSlice`,
+//!   `Ingress`, `GatewayClass`, `Gateway` or `HTTPRoute`: `scale` Services in ten
+//!   namespaces (`team-0` … `team-9`), each with one EndpointSlice of three endpoints
+//!   (every seventh not ready), one Ingress and one HTTPRoute routing
+//!   `svc-<i>.example.com` `/` and `/api` to it, one GatewayClass and one Gateway (HTTP
+//!   and HTTPS listeners) for the HTTPRoutes, and one TLS Secret `default/tls` (a real
+//!   self-signed certificate, so `haproxy -c` can load it) for a watched resource of
+//!   `kind: Secret`. The same cluster as the renderer's criterion benchmark (see
+//!   [`synthetic`]). Watched resources of other kinds get no objects.
 //! - **Fixture mode** otherwise: the objects of every `validationTests` fixture (all
 //!   tests with `_global` merged in, a later object with the same namespace/name
 //!   replacing an earlier one), copied `scale` times. Copy `k` appends `-<k>` to every
@@ -151,7 +153,8 @@ pub enum GeneratorError {
     /// Fixture mode, but there are no fixture objects to copy.
     #[error(
         "nothing to generate fixtures from: no watched resource has kind Service, \
-         EndpointSlice or Ingress, and validationTests define no fixture objects"
+         EndpointSlice, Ingress, GatewayClass, Gateway or HTTPRoute, and validationTests \
+         define no fixture objects"
     )]
     NothingToGenerate,
 }
@@ -168,8 +171,8 @@ fn lines<T: std::fmt::Display>(items: &[T]) -> String {
 /// How fixtures are generated for a config.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Generator {
-    /// Services, EndpointSlices, Ingresses and a TLS Secret, by the watched
-    /// resources' kinds.
+    /// Services, EndpointSlices, Ingresses, Gateway API objects and a TLS Secret, by
+    /// the watched resources' kinds.
     Cluster {
         /// Watched resource name → kind, for the kinds this generator produces.
         kinds: BTreeMap<String, String>,
@@ -204,7 +207,12 @@ pub fn generator(config: &Config) -> Result<Generator, GeneratorError> {
         .resources
         .iter()
         .filter_map(|(name, resource)| {
-            let kind = resource.kind.as_deref()?;
+            // A `files` source names its kind at the top level, a `kubernetes`
+            // source inside its own section.
+            let kind = resource
+                .kind
+                .as_deref()
+                .or(resource.kubernetes.as_ref().map(|k| k.kind.as_str()))?;
             synthetic::KINDS
                 .contains(&kind)
                 .then(|| (name.clone(), kind.to_owned()))

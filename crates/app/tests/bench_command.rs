@@ -274,3 +274,31 @@ fn fixture_mode_without_fixtures_exits_1() {
         stderr(&output)
     );
 }
+
+#[test]
+fn the_gateway_library_is_benched_with_a_generated_cluster() {
+    // `kubernetes` sources name their kind inside their section; the Gateway library
+    // watches GatewayClasses, Gateways and HTTPRoutes that way. Cluster mode gives
+    // it one GatewayClass, one Gateway and one HTTPRoute per Service, which it must
+    // render into a config `haproxy -c` accepts.
+    let library = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/gateway-api/hapwright.yaml");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = support::hapwright(
+        dir.path(),
+        &[
+            "bench",
+            "-c",
+            library.to_str().expect("UTF-8 path"),
+            "--scale",
+            "3",
+            "--output",
+            "json",
+        ],
+    );
+    let report = json(&output);
+    let scales = assert_schema(&report);
+    // Three Services, EndpointSlices and HTTPRoutes; one GatewayClass, Gateway and
+    // TLS Secret.
+    assert_eq!(scales[0]["objects"], 12, "{report}");
+}

@@ -5,7 +5,11 @@
 //! endpoints (every seventh endpoint is not ready) and one Ingress routing
 //! `svc-{i}.example.com` `/` and `/api` to it. Every fifth Service has the annotations
 //! `haproxy.org/balance` and `haproxy.org/timeout-server`. There is one TLS Secret,
-//! `default/tls`. The output is deterministic for a given size and [`Shape`].
+//! `default/tls`. For the Gateway API there is one GatewayClass `hapwright` (controller
+//! [`GATEWAY_CONTROLLER`]), one Gateway `default/gateway` with an HTTP listener on 8080
+//! and an HTTPS listener on 8443 (the Secret as certificate), both admitting routes from
+//! every namespace, and per Service one HTTPRoute routing the same host, `/` and `/api`,
+//! to it. The output is deterministic for a given size and [`Shape`].
 //!
 //! It lives here rather than in a test crate because `hapwright bench` (in the `app`
 //! crate) generates clusters at run time, and `app` may depend on the reconciler but
@@ -14,7 +18,19 @@
 use serde_json::{Map, Value, json};
 
 /// The kinds [`objects`] produces.
-pub const KINDS: [&str; 4] = ["Service", "EndpointSlice", "Ingress", "Secret"];
+pub const KINDS: [&str; 7] = [
+    "Service",
+    "EndpointSlice",
+    "Ingress",
+    "Secret",
+    "GatewayClass",
+    "Gateway",
+    "HTTPRoute",
+];
+
+/// The `controllerName` of the generated GatewayClass: the Gateway API library's
+/// default `extraContext.gatewayControllerName`, so the library serves the cluster.
+pub const GATEWAY_CONTROLLER: &str = "hapwright.io/gateway-controller";
 
 /// The few details in which the two benchmarks' clusters differ. Each keeps its own
 /// shape so its recorded figures stay comparable with earlier runs.
@@ -31,8 +47,8 @@ pub struct Shape {
     pub tls_key: &'static str,
 }
 
-/// `n` objects of `kind` (one of [`KINDS`]; the Secret is always one object, and any
-/// other kind gets none).
+/// `n` objects of `kind` (one of [`KINDS`]; the Secret, the GatewayClass and the
+/// Gateway are always one object, and any other kind gets none).
 pub fn objects(kind: &str, n: usize, shape: &Shape) -> Vec<Value> {
     match kind {
         "Service" => (0..n).map(|i| service(i, shape)).collect(),
@@ -45,6 +61,14 @@ pub fn objects(kind: &str, n: usize, shape: &Shape) -> Vec<Value> {
             "type": "kubernetes.io/tls",
             "data": {"tls.crt": shape.tls_crt, "tls.key": shape.tls_key},
         })],
+        "GatewayClass" => vec![json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "GatewayClass",
+            "metadata": {"name": "hapwright"},
+            "spec": {"controllerName": GATEWAY_CONTROLLER},
+        })],
+        "Gateway" => vec![gateway()],
+        "HTTPRoute" => (0..n).map(http_route).collect(),
         _ => Vec::new(),
     }
 }
@@ -126,6 +150,41 @@ fn ingress(i: usize) -> Value {
     })
 }
 
+fn gateway() -> Value {
+    let all = json!({"namespaces": {"from": "All"}});
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": {"namespace": "default", "name": "gateway"},
+        "spec": {
+            "gatewayClassName": "hapwright",
+            "listeners": [
+                {"name": "http", "protocol": "HTTP", "port": 8080, "allowedRoutes": all},
+                {"name": "https", "protocol": "HTTPS", "port": 8443, "allowedRoutes": all,
+                 "tls": {"certificateRefs": [{"name": "tls"}]}},
+            ],
+        },
+    })
+}
+
+fn http_route(i: usize) -> Value {
+    let to = json!([{"name": format!("svc-{i}"), "port": 80}]);
+    let prefix = |value: &str| json!([{"path": {"type": "PathPrefix", "value": value}}]);
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"namespace": namespace(i), "name": format!("route-{i}")},
+        "spec": {
+            "parentRefs": [{"name": "gateway", "namespace": "default"}],
+            "hostnames": [format!("svc-{i}.example.com")],
+            "rules": [
+                {"matches": prefix("/"), "backendRefs": to},
+                {"matches": prefix("/api"), "backendRefs": to},
+            ],
+        },
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,5 +228,28 @@ mod tests {
         assert_eq!(objects("Secret", 1, &SHAPE)[0]["data"]["tls.key"], "key");
         assert!(objects("ConfigMap", 5, &SHAPE).is_empty());
         assert_eq!(objects("Ingress", 3, &SHAPE), objects("Ingress", 3, &plain));
+    }
+
+    #[test]
+    fn gateway_api_objects_route_every_service() {
+        assert_eq!(objects("GatewayClass", 50, &SHAPE).len(), 1);
+        assert_eq!(
+            objects("GatewayClass", 1, &SHAPE)[0]["spec"]["controllerName"],
+            GATEWAY_CONTROLLER
+        );
+        let gateways = objects("Gateway", 50, &SHAPE);
+        assert_eq!(gateways.len(), 1);
+        assert_eq!(
+            gateways[0]["spec"]["listeners"][1]["tls"]["certificateRefs"][0]["name"],
+            objects("Secret", 1, &SHAPE)[0]["metadata"]["name"]
+        );
+        let routes = objects("HTTPRoute", 12, &SHAPE);
+        assert_eq!(routes.len(), 12);
+        assert_eq!(routes[11]["metadata"]["namespace"], "team-1");
+        assert_eq!(routes[11]["spec"]["hostnames"][0], "svc-11.example.com");
+        assert_eq!(
+            routes[11]["spec"]["rules"][1]["backendRefs"][0]["name"],
+            objects("Service", 12, &SHAPE)[11]["metadata"]["name"]
+        );
     }
 }

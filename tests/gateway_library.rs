@@ -1,0 +1,534 @@
+//! The Gateway API template library in `examples/gateway-api/`: `hapwright check` and
+//! every `validationTests` entry pass under the real HAProxy (`hapwright test`), every
+//! feature has its test, a backendRef weight change plans as `set server weight` only,
+//! and end to end the library routes real requests with the Gateway objects as
+//! manifest files: routing precedence, a redirect, a rewrite with header changes,
+//! weights (their distribution, and a weight change deployed without a reload), TLS
+//! with SNI, TLS passthrough by SNI, a GRPCRoute over HTTP/2, and a cross-namespace
+//! backendRef that is refused until a ReferenceGrant allows it.
+
+mod library;
+
+use std::path::PathBuf;
+
+use hapwright_deployer::haproxy::plan::{self, RuntimeOp};
+use hapwright_e2e::{WAIT, free_port, poll};
+use hapwright_eventbus::model::DeployStrategy;
+use library::{Sidecar, hapwright, library_path, render, rendered, test_fixtures, text, upstream};
+use serde_json::{Value, json};
+
+/// One test per feature of the library (docs/gateway-api.md).
+const FEATURE_TESTS: &[&str] = &[
+    "routing-basics",
+    "gatewayclass-selection",
+    "listeners-and-ports",
+    "listener-conflicts-and-unsupported",
+    "certificate-refs",
+    "hostnames-and-wildcards",
+    "attachment-section-and-port",
+    "allowed-routes-namespaces",
+    "allowed-routes-kinds",
+    "path-match-types",
+    "match-precedence",
+    "filter-header-modifiers",
+    "filter-request-redirect",
+    "filter-url-rewrite",
+    "filter-request-mirror-unsupported",
+    "backend-weights",
+    "cross-namespace-backend-refs",
+    "invalid-backend-refs",
+    "unsafe-values-are-skipped",
+    "grpcroute",
+    "tlsroute-passthrough",
+    "status-gatewayclass",
+    "status-gateway",
+    "status-routes",
+    "health-and-metrics-frontend",
+];
+
+fn library_config() -> PathBuf {
+    library_path("examples/gateway-api/hapwright.yaml")
+}
+
+fn library_value() -> Value {
+    library::library_value(&library_config())
+}
+
+#[test]
+fn the_library_passes_check() {
+    let output = hapwright(&["check"], &library_config());
+    assert!(output.status.success(), "{}", text(&output));
+}
+
+#[test]
+fn every_validation_test_passes_under_haproxy() {
+    library::assert_every_validation_test_passes(&library_config(), FEATURE_TESTS);
+}
+
+#[test]
+fn each_feature_test_checks_something_of_its_own() {
+    library::assert_each_feature_test_checks_something_of_its_own(&library_config(), FEATURE_TESTS);
+}
+
+#[test]
+fn a_weight_change_is_a_runtime_only_deployment() {
+    let before = test_fixtures(&library_value(), "backend-weights");
+    // The canary gets everything: 90/10 becomes 0/100.
+    let mut after = before.clone();
+    let rule = &mut after["httproutes"][0]["spec"]["rules"][0];
+    rule["backendRefs"][0]["weight"] = json!(0);
+    rule["backendRefs"][1]["weight"] = json!(100);
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let running = rendered(&render(
+        &library_config(),
+        &dir.path().join("before"),
+        &before,
+    ));
+    let desired = rendered(&render(
+        &library_config(),
+        &dir.path().join("after"),
+        &after,
+    ));
+    assert_ne!(running.hash(), desired.hash());
+    let plan = plan::compute(&running, &desired);
+    assert_eq!(plan.reload, None, "no reload for a weight change");
+    assert_eq!(plan.strategy(), DeployStrategy::Runtime);
+    let weights: Vec<(&str, &str, u32)> = plan
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            RuntimeOp::SetWeight {
+                backend,
+                server,
+                weight,
+            } => Some((backend.as_str(), server.as_str(), *weight)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        weights,
+        [
+            ("hr_shop_canary_0", "web-10.244.1.5-8080", 0),
+            ("hr_shop_canary_0", "web-10.244.2.7-8080", 0),
+            ("hr_shop_canary_0", "web-canary-10.244.5.1-8080", 100),
+        ]
+    );
+    assert_eq!(weights.len(), plan.ops.len(), "{:?}", plan.ops);
+}
+
+// === end to end: the library on an HAProxy started as in deploy/sidecar/ ===
+
+/// The Gateway's listener ports.
+struct Ports {
+    http: u16,
+    https: u16,
+    passthrough: u16,
+    grpc: u16,
+}
+
+fn service(namespace: &str, name: &str, port: u16) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": { "name": name, "namespace": namespace },
+        "spec": { "ports": [ { "port": port, "protocol": "TCP" } ] }
+    })
+}
+
+fn gateway(ports: &Ports) -> Value {
+    json!([{
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": { "name": "edge", "namespace": "infra" },
+        "spec": {
+            "gatewayClassName": "hapwright",
+            "listeners": [
+                { "name": "http", "protocol": "HTTP", "port": ports.http,
+                  "allowedRoutes": { "namespaces": { "from": "All" } } },
+                { "name": "https", "protocol": "HTTPS", "port": ports.https,
+                  "tls": { "certificateRefs": [ { "name": "shop-tls", "namespace": "shop" } ] },
+                  "allowedRoutes": { "namespaces": { "from": "All" } } },
+                { "name": "passthrough", "protocol": "TLS", "port": ports.passthrough,
+                  "tls": { "mode": "Passthrough" },
+                  "allowedRoutes": { "namespaces": { "from": "All" } } },
+                { "name": "grpc", "protocol": "HTTP", "port": ports.grpc,
+                  "allowedRoutes": { "namespaces": { "from": "All" }, "kinds": [ { "kind": "GRPCRoute" } ] } }
+            ]
+        }
+    }])
+}
+
+/// The HTTPRoutes: the storefront on every HTTP(S) listener, with `split` as the
+/// weights of web and canary on /split, and the ledger route across namespaces.
+fn httproutes(split: (u32, u32)) -> Value {
+    let prefix = |value: &str| json!({ "path": { "type": "PathPrefix", "value": value } });
+    let to = |name: &str| json!([ { "name": name, "port": 80 } ]);
+    json!([
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": { "name": "storefront", "namespace": "shop" },
+            "spec": {
+                "parentRefs": [ { "name": "edge", "namespace": "infra" } ],
+                "hostnames": [ "shop.example.test", "passthru.example.test" ],
+                "rules": [
+                    { "matches": [ prefix("/") ], "backendRefs": to("web") },
+                    { "matches": [ prefix("/api") ], "backendRefs": to("api") },
+                    { "matches": [ { "path": { "type": "PathPrefix", "value": "/api" },
+                                     "headers": [ { "name": "X-Version", "value": "2" } ] } ],
+                      "backendRefs": to("api-v2") },
+                    { "matches": [ { "path": { "type": "Exact", "value": "/api/health" } } ],
+                      "backendRefs": to("web") },
+                    { "matches": [ prefix("/old") ],
+                      "filters": [ { "type": "RequestRedirect", "requestRedirect": {
+                          "hostname": "new.example.test", "statusCode": 301,
+                          "path": { "type": "ReplacePrefixMatch", "replacePrefixMatch": "/new" } } } ] },
+                    { "matches": [ prefix("/shop-api") ],
+                      "filters": [
+                          { "type": "URLRewrite", "urlRewrite": {
+                              "path": { "type": "ReplacePrefixMatch", "replacePrefixMatch": "/" } } },
+                          { "type": "RequestHeaderModifier", "requestHeaderModifier": {
+                              "set": [ { "name": "X-Env", "value": "prod" } ], "remove": [ "X-Internal" ] } },
+                          { "type": "ResponseHeaderModifier", "responseHeaderModifier": {
+                              "set": [ { "name": "X-Served-By", "value": "hapwright" } ] } }
+                      ],
+                      "backendRefs": to("api") },
+                    { "matches": [ prefix("/split") ],
+                      "backendRefs": [ { "name": "web", "port": 80, "weight": split.0 },
+                                       { "name": "web-canary", "port": 80, "weight": split.1 } ] }
+                ]
+            }
+        },
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": { "name": "ledger", "namespace": "shop" },
+            "spec": {
+                "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "http" } ],
+                "hostnames": [ "ledger.example.test" ],
+                "rules": [ { "backendRefs": [ { "name": "ledger", "namespace": "billing", "port": 80 } ] } ]
+            }
+        },
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": { "name": "grpc-relay", "namespace": "shop" },
+            "spec": {
+                "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "http" } ],
+                "hostnames": [ "grpc.example.test" ],
+                "rules": [ { "backendRefs": to("api") } ]
+            }
+        }
+    ])
+}
+
+/// `_global`'s ReferenceGrants (the Gateway may use the shop's certificate), plus,
+/// with `ledger`, the one that lets shop's HTTPRoutes use billing/ledger.
+fn referencegrants(ledger: bool) -> Value {
+    let library = library_value();
+    let mut grants = library["validationTests"]["_global"]["fixtures"]["referencegrants"].clone();
+    if ledger {
+        grants.as_array_mut().expect("grants").push(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1beta1",
+            "kind": "ReferenceGrant",
+            "metadata": { "name": "shop-to-ledger", "namespace": "billing" },
+            "spec": {
+                "from": [ { "group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": "shop" } ],
+                "to": [ { "group": "", "kind": "Service", "name": "ledger" } ]
+            }
+        }));
+    }
+    grants
+}
+
+#[test]
+fn the_library_routes_real_traffic() {
+    let ports = Ports {
+        http: free_port(),
+        https: free_port(),
+        passthrough: free_port(),
+        grpc: free_port(),
+    };
+    let upstreams: Vec<(&str, &str, u16)> = vec![
+        ("shop", "web", upstream("web")),
+        ("shop", "web-canary", upstream("canary")),
+        ("shop", "api", upstream("api")),
+        ("shop", "api-v2", upstream("api-v2")),
+        ("billing", "ledger", upstream("ledger")),
+        // TLS passthrough goes to the Gateway's own HTTPS listener: only a listener
+        // holding the certificate can complete the handshake.
+        ("shop", "loopback-https", ports.https),
+        // gRPC goes over HTTP/2 (`proto h2`) to the Gateway's HTTP listener, which
+        // speaks cleartext HTTP/2 and relays to an HTTP/1.1 upstream.
+        ("shop", "loopback-http", ports.http),
+    ];
+
+    let mut config = library_value();
+    library::use_files_sources(
+        &mut config,
+        &[
+            (
+                "gatewayclasses",
+                "gateway.networking.k8s.io/v1",
+                "GatewayClass",
+            ),
+            ("gateways", "gateway.networking.k8s.io/v1", "Gateway"),
+            ("httproutes", "gateway.networking.k8s.io/v1", "HTTPRoute"),
+            ("grpcroutes", "gateway.networking.k8s.io/v1", "GRPCRoute"),
+            (
+                "tlsroutes",
+                "gateway.networking.k8s.io/v1alpha2",
+                "TLSRoute",
+            ),
+            (
+                "referencegrants",
+                "gateway.networking.k8s.io/v1beta1",
+                "ReferenceGrant",
+            ),
+            ("namespaces", "v1", "Namespace"),
+            ("services", "v1", "Service"),
+            ("endpointslices", "discovery.k8s.io/v1", "EndpointSlice"),
+            ("secrets", "v1", "Secret"),
+        ],
+    );
+    config["extraContext"]["statsPort"] = json!(free_port());
+    config["extraContext"]["maxconn"] = json!(1000);
+
+    let library = library_value();
+    let global = &library["validationTests"]["_global"]["fixtures"];
+    let services: Vec<Value> = upstreams
+        .iter()
+        .map(|(ns, name, _)| service(ns, name, 80))
+        .collect();
+    let slices: Vec<Value> = upstreams
+        .iter()
+        .map(|(ns, name, port)| library::loopback_slice(ns, name, "", &[*port]))
+        .collect();
+    let tlsroutes = json!([{
+        "apiVersion": "gateway.networking.k8s.io/v1alpha2",
+        "kind": "TLSRoute",
+        "metadata": { "name": "passthru", "namespace": "shop" },
+        "spec": {
+            "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "passthrough" } ],
+            "hostnames": [ "passthru.example.test" ],
+            "rules": [ { "backendRefs": [ { "name": "loopback-https", "port": 80 } ] } ]
+        }
+    }]);
+    let grpcroutes = json!([{
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "GRPCRoute",
+        "metadata": { "name": "catalog", "namespace": "shop" },
+        "spec": {
+            "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "grpc" } ],
+            "hostnames": [ "grpc.example.test" ],
+            "rules": [ {
+                "matches": [ { "method": { "service": "shop.Catalog", "method": "GetItem" } } ],
+                "backendRefs": [ { "name": "loopback-http", "port": 80 } ]
+            } ]
+        }
+    }]);
+    let resources = [
+        ("gatewayclasses", global["gatewayclasses"].clone()),
+        ("gateways", gateway(&ports)),
+        ("httproutes", httproutes((3, 1))),
+        ("grpcroutes", grpcroutes),
+        ("tlsroutes", tlsroutes),
+        ("referencegrants", referencegrants(false)),
+        ("namespaces", global["namespaces"].clone()),
+        ("services", Value::Array(services)),
+        ("endpointslices", Value::Array(slices)),
+        ("secrets", global["secrets"].clone()),
+    ];
+    let client = reqwest::blocking::Client::builder()
+        .resolve("shop.example.test", ([127, 0, 0, 1], ports.https).into())
+        .resolve(
+            "passthru.example.test",
+            ([127, 0, 0, 1], ports.passthrough).into(),
+        )
+        .resolve(
+            "other.example.test",
+            ([127, 0, 0, 1], ports.passthrough).into(),
+        );
+    let sidecar = Sidecar::start("hapwright-gateway-", config, &resources, ports.http, client);
+    let http = ports.http;
+    let send = |request: reqwest::blocking::RequestBuilder| {
+        sidecar
+            .send(request)
+            .unwrap_or_else(|e| sidecar.fail(&format!("request failed: {e}")))
+    };
+    let get = |path: &str| {
+        sidecar
+            .client
+            .get(format!("http://127.0.0.1:{http}{path}"))
+            .header(reqwest::header::HOST, "shop.example.test")
+    };
+
+    // Routing precedence: the longest prefix on path segments, a header match over
+    // the same prefix without one, an exact path over both.
+    sidecar.expect(http, "shop.example.test", "/", 200, "web\n");
+    sidecar.expect(http, "Shop.Example.Test:80", "/cart", 200, "web\n");
+    sidecar.expect(http, "shop.example.test", "/api/orders", 200, "api\n");
+    sidecar.expect(http, "shop.example.test", "/apis", 200, "web\n");
+    sidecar.expect(http, "unknown.example.test", "/", 404, "no route - 404");
+    let (status, _, body) = send(get("/api/orders").header("X-Version", "2"));
+    assert_eq!(
+        (status, body.lines().next()),
+        (200, Some("api-v2")),
+        "{body}"
+    );
+    let (status, _, body) = send(get("/api/health").header("X-Version", "2"));
+    assert_eq!((status, body.lines().next()), (200, Some("web")), "{body}");
+
+    // A redirect: new host, the matched prefix replaced, the query kept.
+    let (status, location, _) = send(get("/old/page?q=1"));
+    assert_eq!(status, 301);
+    assert_eq!(
+        location,
+        format!("http://new.example.test:{http}/new/page?q=1")
+    );
+
+    // A rewrite with header changes: the prefix is replaced by "/", X-Env is set,
+    // X-Internal removed, and the response gets X-Served-By.
+    let response = get("/shop-api/v1/items?q=2")
+        .header("X-Internal", "secret")
+        .send()
+        .unwrap_or_else(|e| sidecar.fail(&format!("{e:?}")));
+    assert_eq!(
+        response
+            .headers()
+            .get("x-served-by")
+            .and_then(|v| v.to_str().ok()),
+        Some("hapwright")
+    );
+    let body = response.text().expect("body").to_lowercase();
+    assert!(
+        body.starts_with("api\nget /v1/items?q=2 http/1.1\r\n"),
+        "{body}"
+    );
+    assert!(body.contains("\r\nx-env: prod\r\n"), "{body}");
+    assert!(!body.contains("x-internal"), "{body}");
+
+    // Weights 3:1 over web and canary (round robin: every cycle of 4 sends 3 to web).
+    let split = |n: usize| -> (usize, usize) {
+        let mut counts = (0, 0);
+        for _ in 0..n {
+            let (_, _, body) = send(get("/split"));
+            match body.lines().next() {
+                Some("web") => counts.0 += 1,
+                Some("canary") => counts.1 += 1,
+                other => sidecar.fail(&format!("/split answered by {other:?}")),
+            }
+        }
+        counts
+    };
+    let (web, canary) = split(40);
+    assert!(
+        web >= 2 * canary && canary >= 5,
+        "3:1 weights sent {web} to web and {canary} to canary"
+    );
+
+    // The weights change to 0:1: a runtime-only deployment, and the canary gets all.
+    let reloads = sidecar.master_reloads();
+    let deployed = sidecar.change("httproutes", &httproutes((0, 1)));
+    assert_eq!(deployed["last_strategy"], "runtime", "{deployed}");
+    assert_eq!(sidecar.master_reloads(), reloads, "HAProxy did not reload");
+    assert_eq!(split(12), (0, 12));
+
+    // TLS with SNI: the HTTPS listener serves the shop's certificate.
+    let (status, _, body) = send(
+        sidecar
+            .client
+            .get(format!("https://shop.example.test:{}/", ports.https)),
+    );
+    assert_eq!((status, body.lines().next()), (200, Some("web")), "{body}");
+
+    // TLS passthrough: the TLS listener holds no certificate and forwards the
+    // connection for the TLSRoute's SNI (here to the HTTPS listener, which completes
+    // the handshake and routes); an SNI without a TLSRoute is refused.
+    let (status, _, body) = send(sidecar.client.get(format!(
+        "https://passthru.example.test:{}/",
+        ports.passthrough
+    )));
+    assert_eq!((status, body.lines().next()), (200, Some("web")), "{body}");
+    let refused = sidecar
+        .client
+        .get(format!("https://other.example.test:{}/", ports.passthrough))
+        .send();
+    assert!(refused.is_err(), "{refused:?}");
+
+    // GRPCRoute: the service and method route over HTTP/2 (cleartext, prior
+    // knowledge, as gRPC clients connect); another method of the service has no route.
+    let h2 = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .resolve("grpc.example.test", ([127, 0, 0, 1], ports.grpc).into())
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+        .expect("HTTP/2 client");
+    let grpc = |method: &str| {
+        sidecar.send(
+            h2.post(format!(
+                "http://grpc.example.test:{}/shop.Catalog/{method}",
+                ports.grpc
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(vec![0u8, 0, 0, 0, 0]),
+        )
+    };
+    match grpc("GetItem") {
+        Ok((200, _, body)) => assert!(
+            body.starts_with("api\nPOST /shop.Catalog/GetItem HTTP/1.1\r\n"),
+            "{body}"
+        ),
+        other => sidecar.fail(&format!("gRPC GetItem: {other:?}")),
+    }
+    match grpc("ListItems") {
+        Ok((404, _, _)) => {}
+        other => sidecar.fail(&format!("gRPC ListItems: expected 404, got {other:?}")),
+    }
+
+    // A backendRef to another namespace: 500 without a ReferenceGrant, routed with;
+    // the route's status says why, then that its references resolve.
+    sidecar.expect(http, "ledger.example.test", "/", 500, "");
+    assert_eq!(
+        resolved_refs(&sidecar, "ledger"),
+        ("False".to_owned(), "RefNotPermitted".to_owned())
+    );
+    sidecar.change("referencegrants", &referencegrants(true));
+    sidecar.expect(http, "ledger.example.test", "/", 200, "ledger\n");
+    let resolved = poll(WAIT, || {
+        let condition = resolved_refs(&sidecar, "ledger");
+        (condition.0 == "True").then_some(condition)
+    })
+    .unwrap_or_else(|_| sidecar.fail("the ledger route's ResolvedRefs never became True"));
+    assert_eq!(resolved.1, "ResolvedRefs");
+}
+
+/// The `ResolvedRefs` condition (status, reason) of HTTPRoute `shop/<route>`'s first
+/// parent, as `/debug/status` shows the last rendered statuses (objects of `files`
+/// sources are rendered, never written), waiting until it is rendered.
+fn resolved_refs(sidecar: &Sidecar, route: &str) -> (String, String) {
+    poll(WAIT, || {
+        let text = sidecar
+            .client
+            .get(format!("http://127.0.0.1:{}/debug/status", sidecar.status))
+            .send()
+            .and_then(|r| r.text())
+            .ok()?;
+        let all: Value = serde_json::from_str(&text).ok()?;
+        let status = all["statuses"].as_array()?.iter().find(|s| {
+            s["resource"] == "httproutes" && s["namespace"] == "shop" && s["name"] == route
+        })?;
+        let condition = status["status"]["parents"][0]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "ResolvedRefs")?;
+        Some((
+            condition["status"].as_str()?.to_owned(),
+            condition["reason"].as_str()?.to_owned(),
+        ))
+    })
+    .unwrap_or_else(|_| sidecar.fail(&format!("no status rendered for HTTPRoute shop/{route}")))
+}

@@ -1,0 +1,543 @@
+//! Helpers shared by the tests of the template libraries in `examples/`
+//! (`ingress_library.rs`, `gateway_library.rs`): running the `hapwright` CLI on a
+//! library, rendering fixtures into files and reading them back as the deployer's
+//! render, loopback upstreams that say who answered, and a [`Sidecar`]: `hapwright
+//! run` with `files` sources standing in for the API server, deploying to an HAProxy
+//! started exactly as the `deploy/sidecar/` manifest starts it.
+//!
+//! Every wait is a bounded poll; every process a test starts is stopped when the
+//! value that owns it is dropped.
+
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hapwright_e2e::{
+    Signal, WAIT, free_port, hapwright_binary, master_command, parse_show_proc, poll,
+    processes_matching, send_signal,
+};
+use hapwright_eventbus::model::{RenderedConfig, SourceMap};
+use serde_json::{Value, json};
+
+/// A library's config file, relative to the repository root.
+pub fn library_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+/// A library's config as JSON (for its fixtures and to derive test configs).
+pub fn library_value(config: &Path) -> Value {
+    let text = fs::read_to_string(config).expect("read the library");
+    serde_saphyr::from_str(&text).expect("library YAML")
+}
+
+/// Runs `hapwright <args> -c <config>`.
+pub fn hapwright(args: &[&str], config: &Path) -> Output {
+    Command::new(hapwright_binary())
+        .args(args)
+        .arg("-c")
+        .arg(config)
+        .output()
+        .expect("run hapwright")
+}
+
+/// Exit code, stdout and stderr of a finished command, for assertion messages.
+pub fn text(output: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Runs `hapwright test --output json` on a library and asserts that every test
+/// passed, that every name of `features` is a test, and that each test's first
+/// assertion is `_global`'s `haproxy_valid`.
+pub fn assert_every_validation_test_passes(config: &Path, features: &[&str]) {
+    let output = hapwright(&["test", "--output", "json"], config);
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("the JSON report does not parse ({e}): {}", text(&output)));
+    let tests = report["tests"].as_array().expect("tests");
+    let failed: Vec<&Value> = tests
+        .iter()
+        .filter(|t| t["passed"] != Value::Bool(true))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "failing library tests:\n{}",
+        serde_json::to_string_pretty(&failed).unwrap_or_default()
+    );
+    assert_eq!(report["failed"], json!(0));
+    assert!(output.status.success(), "{}", text(&output));
+    for feature in features {
+        assert!(
+            tests.iter().any(|t| t["name"] == *feature),
+            "no library test named {feature}"
+        );
+    }
+    for test in tests {
+        assert_eq!(
+            test["assertions"][0]["type"], "haproxy_valid",
+            "{}: the first assertion is _global's haproxy_valid",
+            test["name"]
+        );
+    }
+}
+
+/// Asserts that each feature test has a description and assertions of its own (not
+/// only `_global`'s).
+pub fn assert_each_feature_test_checks_something_of_its_own(config: &Path, features: &[&str]) {
+    let library = library_value(config);
+    for feature in features {
+        let test = &library["validationTests"][feature];
+        let assertions = test["assertions"].as_array().map(Vec::len).unwrap_or(0);
+        assert!(assertions >= 1, "{feature} has no assertions of its own");
+        assert!(
+            test["description"].as_str().is_some_and(|d| !d.is_empty()),
+            "{feature} has no description"
+        );
+    }
+}
+
+/// A test's fixtures with `_global`'s: per resource, `_global`'s objects first, an
+/// object of the test with the same namespace/name replacing the global one (as
+/// `hapwright test` merges them).
+pub fn test_fixtures(library: &Value, test: &str) -> Value {
+    let mut merged = library["validationTests"]["_global"]["fixtures"].clone();
+    let own = library["validationTests"][test]["fixtures"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let key = |o: &Value| {
+        (
+            o["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_owned(),
+            o["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+        )
+    };
+    for (name, objects) in own {
+        let list = merged[&name].as_array().cloned().unwrap_or_default();
+        let mut list: Vec<Value> = list;
+        for object in objects.as_array().cloned().unwrap_or_default() {
+            match list.iter_mut().find(|o| key(o) == key(&object)) {
+                Some(slot) => *slot = object,
+                None => list.push(object),
+            }
+        }
+        merged[&name] = Value::Array(list);
+    }
+    merged
+}
+
+/// Writes `fixtures` (resource name → objects) as `DIR/fixtures/<name>/objects.json`
+/// and renders them with the library `config` into `DIR/out`.
+pub fn render(config: &Path, dir: &Path, fixtures: &Value) -> PathBuf {
+    let input = dir.join("fixtures");
+    for (name, objects) in fixtures.as_object().expect("fixtures") {
+        let resource = input.join(name);
+        fs::create_dir_all(&resource).expect("fixture dir");
+        fs::write(
+            resource.join("objects.json"),
+            serde_json::to_string_pretty(objects).expect("json"),
+        )
+        .expect("write fixtures");
+    }
+    let out = dir.join("out");
+    let output = Command::new(hapwright_binary())
+        .arg("render")
+        .arg("-c")
+        .arg(config)
+        .arg("--fixtures")
+        .arg(&input)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run hapwright render");
+    assert!(output.status.success(), "{}", text(&output));
+    out
+}
+
+/// A rendered directory (`haproxy.cfg`, `maps/`, `files/`, `certs/`) as the render
+/// the deployer plans with.
+pub fn rendered(dir: &Path) -> RenderedConfig {
+    let read = |sub: &str| -> BTreeMap<String, Arc<str>> {
+        let Ok(entries) = fs::read_dir(dir.join(sub)) else {
+            return BTreeMap::new();
+        };
+        entries
+            .map(|entry| {
+                let path = entry.expect("entry").path();
+                let content = fs::read_to_string(&path).expect("read rendered file");
+                (
+                    path.file_name().unwrap().to_string_lossy().into_owned(),
+                    Arc::from(content),
+                )
+            })
+            .collect()
+    };
+    let main = fs::read_to_string(dir.join("haproxy.cfg")).expect("haproxy.cfg");
+    RenderedConfig::new(
+        main,
+        read("maps"),
+        read("files"),
+        read("certs"),
+        SourceMap::default(),
+    )
+}
+
+/// An HTTP server on loopback that answers every request with 200 and a body of
+/// `name`, a newline, then the request's head as received (request line and
+/// headers), so a test sees who answered and what HAProxy sent. One thread, one
+/// connection at a time; it lives as long as the test process.
+pub fn upstream(name: &'static str) -> u16 {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind upstream");
+    let port = listener.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut request = Vec::new();
+            let mut buffer = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buffer) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&buffer[..n]),
+                }
+            }
+            let body = format!("{name}\n{}", String::from_utf8_lossy(&request));
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Upstream: {name}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    port
+}
+
+/// Replaces the `kubernetes` source of each watched resource `(name, apiVersion,
+/// kind)` with a `files` source reading `./resources/<name>`, and drops the
+/// library's `validationTests`.
+pub fn use_files_sources(config: &mut Value, resources: &[(&str, &str, &str)]) {
+    config
+        .as_object_mut()
+        .expect("config")
+        .remove("validationTests");
+    for (name, api_version, kind) in resources {
+        let resource = config["watchedResources"][*name]
+            .as_object_mut()
+            .unwrap_or_else(|| panic!("watched resource {name}"));
+        assert!(
+            resource.remove("kubernetes").is_some(),
+            "{name} is a kubernetes source"
+        );
+        resource.insert(
+            "files".into(),
+            json!({ "path": format!("./resources/{name}") }),
+        );
+        resource.insert("apiVersion".into(), json!(api_version));
+        resource.insert("kind".into(), json!(kind));
+    }
+}
+
+/// Writes `objects` as `DIR/resources/<name>/objects.json`, atomically.
+pub fn write_objects(dir: &Path, name: &str, objects: &Value) {
+    let resource = dir.join("resources").join(name);
+    fs::create_dir_all(&resource).expect("resource dir");
+    let path = resource.join("objects.json");
+    let temporary = resource.join(".objects.json.tmp");
+    fs::write(
+        &temporary,
+        serde_json::to_string_pretty(objects).expect("json"),
+    )
+    .expect("write");
+    fs::rename(&temporary, &path).expect("rename");
+}
+
+/// An EndpointSlice of Service `namespace/service` with one ready endpoint on
+/// 127.0.0.1 per port (the port named `port_name`).
+pub fn loopback_slice(namespace: &str, service: &str, port_name: &str, ports: &[u16]) -> Value {
+    json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": format!("{service}-abcde"),
+            "namespace": namespace,
+            "labels": { "kubernetes.io/service-name": service }
+        },
+        "addressType": "IPv4",
+        "ports": ports.iter().map(|port| json!({ "name": port_name, "port": port, "protocol": "TCP" })).collect::<Vec<_>>(),
+        "endpoints": [ { "addresses": ["127.0.0.1"], "conditions": { "ready": true } } ]
+    })
+}
+
+/// The sidecar manifest's haproxy container command and working directory, with the
+/// pod's paths (`/etc/haproxy`, `/run/haproxy`) moved into `dir`, and the bootstrap
+/// `haproxy.cfg` of its ConfigMap.
+fn sidecar_haproxy(dir: &Path) -> (Vec<String>, PathBuf, String) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/sidecar");
+    let docs = |file: &str| -> Vec<Value> {
+        serde_saphyr::from_multiple(&fs::read_to_string(root.join(file)).expect("manifest"))
+            .expect("manifest YAML")
+    };
+    let deployment = docs("deployment.yaml").remove(0);
+    let container = deployment
+        .pointer("/spec/template/spec/containers")
+        .and_then(Value::as_array)
+        .and_then(|c| c.iter().find(|c| c["name"] == "haproxy"))
+        .expect("haproxy container")
+        .clone();
+    let local = |path: &str| {
+        path.replace("/etc/haproxy", &dir.join("haproxy").display().to_string())
+            .replace("/run/haproxy", &dir.join("run").display().to_string())
+    };
+    let command = container["command"]
+        .as_array()
+        .expect("command")
+        .iter()
+        .map(|a| local(a.as_str().expect("string")))
+        .collect();
+    let working_dir = PathBuf::from(local(container["workingDir"].as_str().expect("workingDir")));
+    let bootstrap = docs("haproxy-bootstrap.yaml").remove(0)["data"]["haproxy.cfg"]
+        .as_str()
+        .expect("bootstrap haproxy.cfg")
+        .to_owned();
+    (command, working_dir, bootstrap)
+}
+
+/// `hapwright run` and the HAProxy it deploys to, stopped (and their leftovers
+/// killed) when dropped.
+pub struct Sidecar {
+    /// The temporary directory: config, `resources/`, HAProxy's files and logs.
+    pub dir: tempfile::TempDir,
+    haproxy: Option<Child>,
+    hapwright: Option<Child>,
+    /// Port of hapwright's status server (`controller.listen`).
+    pub status: u16,
+    /// An HTTP client without proxies, pooling or redirects, accepting any
+    /// certificate, with `resolve` entries added by [`Sidecar::start`]'s caller.
+    pub client: reqwest::blocking::Client,
+}
+
+impl Sidecar {
+    /// Starts HAProxy as the sidecar manifest does (its bootstrap config binding
+    /// `bootstrap_port` instead of `:8080`), then `hapwright run` with `config`
+    /// (whose `haproxy` and `controller` sections are set here) and the objects of
+    /// `resources` (name → objects) as files, and waits until hapwright is ready
+    /// (its first deployment done). `client` builds the HTTP client (add `resolve`
+    /// entries there).
+    pub fn start(
+        prefix: &str,
+        mut config: Value,
+        resources: &[(&str, Value)],
+        bootstrap_port: u16,
+        client: reqwest::blocking::ClientBuilder,
+    ) -> Sidecar {
+        let dir = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir()
+            .expect("temp dir");
+        let status = free_port();
+        config["haproxy"] = json!({
+            "binary": "haproxy",
+            "instances": [ { "name": "local", "socket": { "master": "./run/master.sock", "configDir": "./haproxy" } } ]
+        });
+        config["controller"] = json!({
+            "listen": format!("127.0.0.1:{status}"),
+            "debounce": "20ms", "maxWait": "200ms",
+            "minDeploymentInterval": "50ms", "minReloadInterval": "50ms"
+        });
+        fs::write(
+            dir.path().join("hapwright.yaml"),
+            serde_json::to_string_pretty(&config).expect("json"),
+        )
+        .expect("write config");
+        for (name, objects) in resources {
+            write_objects(dir.path(), name, objects);
+        }
+
+        // HAProxy as the pod starts it: the init container's bootstrap, then the
+        // manifest's command in the manifest's working directory.
+        let (command, working_dir, bootstrap) = sidecar_haproxy(dir.path());
+        for sub in ["haproxy/maps", "haproxy/files", "haproxy/certs", "run"] {
+            fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
+        }
+        fs::write(
+            dir.path().join("haproxy/haproxy.cfg"),
+            bootstrap.replace("bind :8080", &format!("bind 127.0.0.1:{bootstrap_port}")),
+        )
+        .expect("bootstrap config");
+        let log = |name: &str| fs::File::create(dir.path().join(name)).expect("log file");
+        let haproxy = Command::new(&command[0])
+            .args(&command[1..])
+            .current_dir(&working_dir)
+            .stdin(Stdio::null())
+            .stdout(log("haproxy.log"))
+            .stderr(log("haproxy.err"))
+            .spawn()
+            .expect("start haproxy");
+        let hapwright = Command::new(hapwright_binary())
+            .arg("run")
+            .arg("-c")
+            .arg(dir.path().join("hapwright.yaml"))
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(log("hapwright.log"))
+            .stderr(log("hapwright.err"))
+            .spawn()
+            .expect("start hapwright");
+        let client = client
+            .no_proxy()
+            .pool_max_idle_per_host(0)
+            .redirect(reqwest::redirect::Policy::none())
+            .danger_accept_invalid_certs(true)
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(10))
+            .build()
+            .expect("HTTP client");
+        let sidecar = Sidecar {
+            dir,
+            haproxy: Some(haproxy),
+            hapwright: Some(hapwright),
+            status,
+            client,
+        };
+        let ready = poll(WAIT, || {
+            let response = sidecar
+                .client
+                .get(format!("http://127.0.0.1:{status}/readyz"))
+                .send()
+                .ok()?;
+            (response.status().as_u16() == 200).then_some(())
+        });
+        if ready.is_err() {
+            sidecar.fail("hapwright never became ready (no deployment to the sidecar HAProxy)");
+        }
+        sidecar
+    }
+
+    /// hapwright's and HAProxy's logs.
+    pub fn log(&self) -> String {
+        let read = |name: &str| fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
+        format!(
+            "--- hapwright.log ---\n{}\n--- haproxy.log ---\n{}",
+            read("hapwright.log"),
+            read("haproxy.log")
+        )
+    }
+
+    /// Panics with `message` and the logs.
+    pub fn fail(&self, message: &str) -> ! {
+        panic!("{message}\n{}", self.log())
+    }
+
+    /// Sends `request` and returns its status, `Location` header and body.
+    pub fn send(
+        &self,
+        request: reqwest::blocking::RequestBuilder,
+    ) -> Result<(u16, String, String), String> {
+        let response = request.send().map_err(|e| format!("{e:?}"))?;
+        let status = response.status().as_u16();
+        let location = response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        Ok((
+            status,
+            location,
+            response.text().map_err(|e| format!("{e:?}"))?,
+        ))
+    }
+
+    /// `GET http://127.0.0.1:<port><path>` with `Host: host`: status and body.
+    pub fn get(&self, port: u16, host: &str, path: &str) -> Result<(u16, String), String> {
+        self.send(
+            self.client
+                .get(format!("http://127.0.0.1:{port}{path}"))
+                .header(reqwest::header::HOST, host),
+        )
+        .map(|(status, _, body)| (status, body))
+    }
+
+    /// Asserts that `GET host path` on `port` answers `status` with a body that
+    /// starts with `body`.
+    pub fn expect(&self, port: u16, host: &str, path: &str, status: u16, body: &str) {
+        match self.get(port, host, path) {
+            Ok((s, b)) if s == status && b.starts_with(body) => {}
+            other => self.fail(&format!(
+                "{host}{path} on :{port}: expected {status} {body:?}, got {other:?}"
+            )),
+        }
+    }
+
+    /// The `local` instance of `/debug/instances`.
+    pub fn instance(&self) -> Value {
+        let text = self
+            .client
+            .get(format!("http://127.0.0.1:{}/debug/instances", self.status))
+            .send()
+            .and_then(|r| r.text())
+            .unwrap_or_else(|e| self.fail(&format!("/debug/instances: {e}")));
+        let all: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| self.fail(&format!("{e}: {text}")));
+        all.as_array()
+            .and_then(|list| list.iter().find(|i| i["name"] == "local").cloned())
+            .unwrap_or_else(|| self.fail(&format!("no instance local: {text}")))
+    }
+
+    /// Writes `objects` for resource `name` and waits for the deployment that
+    /// follows: the instance's status after it.
+    pub fn change(&self, name: &str, objects: &Value) -> Value {
+        let deployments = self.instance()["deployments"]
+            .as_u64()
+            .expect("deployments");
+        write_objects(self.dir.path(), name, objects);
+        poll(WAIT, || {
+            let instance = self.instance();
+            (instance["deployments"].as_u64() > Some(deployments)).then_some(instance)
+        })
+        .unwrap_or_else(|_| self.fail(&format!("the change of {name} was never deployed")))
+    }
+
+    /// How often the HAProxy master reloaded (`show proc`).
+    pub fn master_reloads(&self) -> u64 {
+        let answer = master_command(&self.dir.path().join("run/master.sock"), "show proc")
+            .unwrap_or_else(|e| self.fail(&format!("show proc: {e}")));
+        parse_show_proc(&answer)
+            .unwrap_or_else(|| self.fail(&format!("show proc: {answer}")))
+            .reloads
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        for child in [self.hapwright.take(), self.haproxy.take()]
+            .into_iter()
+            .flatten()
+        {
+            let mut child = child;
+            send_signal(child.id(), Signal::TERM);
+            if poll(Duration::from_secs(10), || child.try_wait().ok().flatten()).is_err() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        let needle = format!("{}/", self.dir.path().display());
+        for pid in processes_matching("haproxy", &needle) {
+            send_signal(pid, Signal::KILL);
+        }
+        if std::thread::panicking() {
+            eprintln!("{}", self.log());
+        }
+    }
+}
