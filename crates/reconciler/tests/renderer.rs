@@ -389,6 +389,28 @@ fn extra_context_and_shared_memo_span_the_whole_render() {
     );
 }
 
+/// A list built with `shared.append` is a list like any other to templates, and a
+/// list read before an append keeps the items it had.
+#[test]
+fn shared_append_builds_a_plain_list_and_earlier_reads_keep_their_items() {
+    let templates = Templates::new(
+        "{% set _ = shared.set('l', ['a']) %}{{ shared.append('l', 'b') }}\
+         {% set before = shared.get('l') %}{{ shared.append('l', 'c') }}\
+         {{ before | join(',') }} {{ shared.l | join(',') }} {{ shared.l | length }} \
+         {{ shared.l[-1] }} {{ shared.l[0] }} {{ (shared.l | tojson) == (['a', 'b', 'c'] | tojson) }} {{ shared.l == ['a', 'b', 'c'] }} \
+         {% for x in shared.l %}{{ loop.index }}{{ x }}{% endfor %} {{ shared.l | reverse | join('') }} \
+         {{ 'b' in shared.l }}{% for i in range(1000) %}{{ shared.append('n', i) }}{% endfor %} \
+         {{ shared.n | length }} {{ shared.n | sum }}",
+    );
+    let config = renderer(templates, &[])
+        .render(&Resources::new())
+        .expect("renders");
+    assert_eq!(
+        config.main().as_ref(),
+        "a,b a,b,c 3 c a True True 1a2b3c cba True 1000 499500\n"
+    );
+}
+
 #[test]
 fn files_that_use_shared_render_after_haproxy_cfg_in_order_while_others_run_in_parallel() {
     // Maps render in name order, then files, then certificates; the ones that name

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use hapwright_eventbus::model::{ResourceChange, ResourceSnapshot, StoredObject};
-use minijinja::value::{Enumerator, Object, ObjectRepr, Value};
+use minijinja::value::{Enumerator, Object, ObjectExt, ObjectRepr, Value};
 use minijinja::{Error, ErrorKind, State};
 
 use super::lazy::Doc;
@@ -858,6 +858,39 @@ impl Resources {
     }
 }
 
+// === impl SharedList ===
+
+/// A list built with `shared.append`: a persistent vector, so an append shares the
+/// items already there instead of copying them (a template that appends once per
+/// object would otherwise copy the list once per object), while a list read earlier
+/// with `shared.get` keeps the items it had. To templates it is a plain list.
+#[derive(Debug)]
+struct SharedList(imbl::Vector<Value>);
+
+impl Object for SharedList {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Seq
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let index = i64::try_from(key.clone()).ok()?;
+        let index = if index < 0 {
+            index + self.0.len() as i64
+        } else {
+            index
+        };
+        self.0.get(usize::try_from(index).ok()?).cloned()
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        self.mapped_enumerator(|this| Box::new(this.0.iter().cloned()))
+    }
+
+    fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        Some(self.0.len())
+    }
+}
+
 // === impl Shared ===
 
 /// `shared`: a memo that lives for one render (`haproxy.cfg`, then every map, file
@@ -955,25 +988,28 @@ impl Object for Shared {
             "append" => {
                 let key = key_arg(method, args, 2..=2)?;
                 let mut values = self.lock();
-                let mut items: Vec<Value> = match values.get(&key) {
-                    None => Vec::new(),
-                    Some(existing) => match existing.try_iter() {
-                        Ok(iter) if existing.kind() == minijinja::value::ValueKind::Seq => {
-                            iter.collect()
-                        }
-                        _ => {
-                            return Err(Error::new(
-                                ErrorKind::InvalidOperation,
-                                format!(
-                                    "shared.append(): `{key}` holds a {}, not a list",
-                                    existing.kind()
-                                ),
-                            ));
-                        }
+                let mut items = match values.get(&key) {
+                    None => imbl::Vector::new(),
+                    Some(existing) => match existing.downcast_object_ref::<SharedList>() {
+                        Some(list) => list.0.clone(),
+                        None => match existing.try_iter() {
+                            Ok(iter) if existing.kind() == minijinja::value::ValueKind::Seq => {
+                                iter.collect()
+                            }
+                            _ => {
+                                return Err(Error::new(
+                                    ErrorKind::InvalidOperation,
+                                    format!(
+                                        "shared.append(): `{key}` holds a {}, not a list",
+                                        existing.kind()
+                                    ),
+                                ));
+                            }
+                        },
                     },
                 };
-                items.push(args[1].clone());
-                values.insert(key, Value::from(items));
+                items.push_back(args[1].clone());
+                values.insert(key, Value::from_object(SharedList(items)));
                 Ok(Value::from(""))
             }
             "has" => {
