@@ -681,10 +681,35 @@ pub async fn run(path: PathBuf) -> u8 {
         }
     };
     let controller = loaded.config.controller.clone();
-    if let Err(error) = telemetry::init_logging(&controller.log_level, controller.log_format) {
-        eprintln!("{}: controller.logLevel: {error}", path.display());
-        return exit::CONFIG;
+    let traces = match telemetry::init_logging(
+        &controller.log_level,
+        controller.log_format,
+        controller.tracing.as_ref(),
+    ) {
+        Ok(traces) => traces,
+        Err(error @ telemetry::LoggingError::FilterInvalid { .. }) => {
+            eprintln!("{}: controller.logLevel: {error}", path.display());
+            return exit::CONFIG;
+        }
+        Err(error) => {
+            eprintln!(
+                "{}: controller.tracing: {:#}",
+                path.display(),
+                anyhow::Error::from(error)
+            );
+            return exit::CONFIG;
+        }
+    };
+    let code = run_configured(loaded).await;
+    if let Some(traces) = traces {
+        // Flush the spans of the last reconciliations (a blocking export).
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
     }
+    code
+}
+
+/// [`run`] once logging (and traces) are set up.
+async fn run_configured(loaded: config::Loaded) -> u8 {
     let candidate = match prepare(loaded) {
         Ok(candidate) => candidate,
         Err(errors) => {

@@ -12,6 +12,9 @@ use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormattedFields, MakeWriter};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{Layer, layer::SubscriberExt as _};
+
+use crate::traces::Traces;
 
 pub use crate::config::LogFormat;
 
@@ -27,6 +30,9 @@ pub enum LoggingError {
         /// The parser's complaint (already in the message).
         error: tracing_subscriber::filter::ParseError,
     },
+    /// `controller.tracing` is set and its exporter could not be built.
+    #[error("cannot set up traces")]
+    TracesSetup(#[source] crate::traces::TracesError),
 }
 
 /// Installs the global tracing subscriber. `filter` is a level (`info`) or a
@@ -35,10 +41,19 @@ pub enum LoggingError {
 /// is a terminal (and `NO_COLOR` is unset), so files and pipes get plain text. Calling
 /// it twice keeps the first subscriber.
 ///
+/// With `traces` set, the reconciliation spans are also exported over OTLP (see
+/// [`crate::traces`]), whatever the log filter says; the returned [`Traces`] must be
+/// shut down at exit to flush them. Without it no trace layer exists at all.
+///
 /// # Errors
 ///
-/// [`LoggingError::FilterInvalid`] when the filter does not parse.
-pub fn init_logging(filter: &str, format: LogFormat) -> Result<(), LoggingError> {
+/// [`LoggingError::FilterInvalid`] when the filter does not parse,
+/// [`LoggingError::TracesSetup`] when the trace exporter cannot be built.
+pub fn init_logging(
+    filter: &str,
+    format: LogFormat,
+    traces: Option<&crate::config::Tracing>,
+) -> Result<Option<Traces>, LoggingError> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(env) if !env.trim().is_empty() => EnvFilter::try_new(env),
         _ => EnvFilter::try_new(filter),
@@ -49,37 +64,58 @@ pub fn init_logging(filter: &str, format: LogFormat) -> Result<(), LoggingError>
     })?;
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     let ansi = std::io::stderr().is_terminal() && !no_color;
-    let subscriber = subscriber(filter, format, ansi, || RedactingWriter(std::io::stderr()));
+    let (traces, trace_layer) = match traces {
+        Some(settings) => {
+            let (traces, layer) = Traces::new(settings).map_err(LoggingError::TracesSetup)?;
+            (Some(traces), Some(layer))
+        }
+        None => (None, None),
+    };
+    let subscriber = subscriber(
+        filter,
+        format,
+        ansi,
+        || RedactingWriter(std::io::stderr()),
+        trace_layer,
+    );
     // A second initialisation (tests, reinit) keeps the first subscriber.
-    let _ = subscriber.try_init();
-    Ok(())
+    if subscriber.try_init().is_err() {
+        return Ok(None);
+    }
+    Ok(traces)
 }
 
+/// A layer of the subscriber [`init_logging`] builds.
+pub type BoxedLayer = Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>;
+
 /// The subscriber [`init_logging`] installs, writing to `writer` (a separate function
-/// so tests can capture what it writes).
+/// so tests can capture what it writes). The log filter applies to the log lines
+/// only, so `logLevel: warn` does not switch the trace spans off.
 fn subscriber<W>(
     filter: EnvFilter,
     format: LogFormat,
     ansi: bool,
     writer: W,
+    traces: Option<BoxedLayer>,
 ) -> Box<dyn tracing::Subscriber + Send + Sync>
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let builder = tracing_subscriber::fmt::layer()
         .with_writer(writer)
         .with_span_events(FmtSpan::NONE);
-    match format {
-        LogFormat::Text => Box::new(builder.with_ansi(ansi).finish()),
-        LogFormat::Json => Box::new(
-            builder
-                .with_ansi(false)
-                .fmt_fields(JsonFields::new())
-                .event_format(FlatJson)
-                .finish(),
-        ),
-    }
+    let logs: BoxedLayer = match format {
+        LogFormat::Text => builder.with_ansi(ansi).with_filter(filter).boxed(),
+        LogFormat::Json => builder
+            .with_ansi(false)
+            .fmt_fields(JsonFields::new())
+            .event_format(FlatJson)
+            .with_filter(filter)
+            .boxed(),
+    };
+    let mut layers = vec![logs];
+    layers.extend(traces);
+    Box::new(tracing_subscriber::Registry::default().with(layers))
 }
 
 /// `logFormat: json`: one JSON object per line with flat, stable keys (documented in
@@ -255,7 +291,13 @@ mod tests {
     fn captured(format: LogFormat, ansi: bool, emit: impl FnOnce()) -> String {
         let capture = Capture::default();
         let writer = capture.clone();
-        let subscriber = subscriber(EnvFilter::new("info"), format, ansi, move || writer.clone());
+        let subscriber = subscriber(
+            EnvFilter::new("info"),
+            format,
+            ansi,
+            move || writer.clone(),
+            None,
+        );
         tracing::subscriber::with_default(subscriber, emit);
         let bytes = capture.0.lock().unwrap().clone();
         String::from_utf8(bytes).unwrap()
@@ -342,8 +384,8 @@ mod tests {
     #[test]
     fn invalid_filters_are_reported() {
         if std::env::var_os("RUST_LOG").is_none() {
-            assert!(init_logging("info,=[bad", LogFormat::Text).is_err());
+            assert!(init_logging("info,=[bad", LogFormat::Text, None).is_err());
         }
-        assert!(init_logging("info", LogFormat::Json).is_ok());
+        assert!(init_logging("info", LogFormat::Json, None).is_ok());
     }
 }
