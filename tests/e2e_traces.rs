@@ -9,7 +9,9 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 
-use hapwright_e2e::{Controller, WAIT, free_port, quick_pacing, replace_once};
+use hapwright_e2e::{
+    Controller, Value, WAIT, free_port, quick_pacing, replace_once, service_manifest,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 use prost::Message as _;
@@ -164,7 +166,7 @@ fn attributes(list: &[KeyValue]) -> BTreeMap<String, String> {
 
 /// The quickstart with quick pacing and `controller.tracing` set to `tracing`.
 fn with_tracing(config: &str, tracing: &str) -> String {
-    let config = quick_pacing(config, "2s");
+    let config = quick_pacing(config, "100ms");
     replace_once(
         &config,
         "controller:\n",
@@ -190,21 +192,25 @@ fn move_web(controller: &Controller) -> u16 {
     to
 }
 
-/// The correlation id and trace id of the reconciliation whose deployment used the
-/// runtime API, from `/debug/events`.
-fn runtime_reconciliation(controller: &Controller) -> (String, String) {
+/// The correlation id and trace id of the last reconciliation whose deployment had
+/// `strategy`, from `/debug/events`.
+fn reconciliation_of(controller: &Controller, strategy: &str) -> (String, String, Value) {
     let events = controller.json("/debug/events?limit=500");
     let deployed = events["events"]
         .as_array()
         .expect("events")
         .iter()
         .rev()
-        .find(|e| e["type"] == "InstanceDeployed" && e["data"]["strategy"] == "runtime")
-        .unwrap_or_else(|| controller.fail(&format!("no runtime deployment in {events}")))
+        .find(|e| e["type"] == "InstanceDeployed" && e["data"]["strategy"] == strategy)
+        .unwrap_or_else(|| controller.fail(&format!("no {strategy} deployment in {events}")))
         .clone();
     let correlation = deployed["correlation_id"].as_str().expect("correlated");
     let trace = deployed["trace_id"].as_str().expect("a trace id");
-    (correlation.to_owned(), trace.to_owned())
+    (
+        correlation.to_owned(),
+        trace.to_owned(),
+        deployed["data"].clone(),
+    )
 }
 
 fn one<'a>(spans: &'a [Span], name: &str) -> &'a Span {
@@ -225,7 +231,7 @@ fn a_change_arrives_as_one_trace_with_its_stages_under_the_root() {
     let to = move_web(&controller);
     let after = controller.wait_deployed();
     assert_eq!(after.last_strategy.as_deref(), Some("runtime"), "{after:?}");
-    let (correlation, trace) = runtime_reconciliation(&controller);
+    let (correlation, trace, _) = reconciliation_of(&controller, "runtime");
     assert_eq!(trace.len(), 32, "{trace}");
     assert!(
         trace.starts_with(&correlation),
@@ -238,6 +244,21 @@ fn a_change_arrives_as_one_trace_with_its_stages_under_the_root() {
         page.contains(&format!("href=\"http://traces.example/trace/{trace}\"")),
         "no link to trace {trace} on the status page:\n{page}"
     );
+
+    // A new route: a reload for the new backend (its endpoints may follow as a
+    // runtime change of their own).
+    let reloads = controller.instance().reloads;
+    let api = controller.ports().api;
+    controller.write_resource(
+        "extra.yaml",
+        &service_manifest("extra", "extra.example.test", api),
+    );
+    controller.wait_for_body("extra.example.test", &controller.demo_body(api));
+    controller.wait_until("the new route's reload", WAIT, || {
+        (controller.instance().reloads > reloads).then_some(())
+    });
+    controller.wait_deployed();
+    let (_, reload_trace, reloaded) = reconciliation_of(&controller, "reload");
 
     // Shutdown flushes what the batch processor still holds (its export interval
     // is five seconds, longer than this test waits).
@@ -298,6 +319,30 @@ fn a_change_arrives_as_one_trace_with_its_stages_under_the_root() {
     assert!(
         !spans.iter().any(|s| s.name == "reload"),
         "a runtime change has no reload: {spans:#?}"
+    );
+    // The reload of the new route: a `reload` span inside the instance's deployment.
+    let reload_spans: Vec<Span> = all
+        .iter()
+        .filter(|s| s.trace_id == reload_trace)
+        .cloned()
+        .collect();
+    let deploy = one(&reload_spans, "deploy_instance");
+    assert_eq!(deploy.attributes["strategy"], "reload", "{deploy:?}");
+    let reload = one(&reload_spans, "reload");
+    assert_eq!(reload.parent, deploy.span_id, "{reload_spans:#?}");
+    assert_eq!(
+        reload.attributes.get("reason").map(String::as_str),
+        reloaded["reason"]["reload"].as_str(),
+        "{reload:?} for {reloaded}"
+    );
+    assert_eq!(
+        reload.attributes.get("detail").map(String::as_str),
+        reloaded["reason"]["detail"].as_str(),
+        "{reload:?} for {reloaded}"
+    );
+    assert!(
+        !reload_spans.iter().any(|s| s.name == "runtime_batch"),
+        "{reload_spans:#?}"
     );
     // The first deployment (the managed HAProxy's start) is a trace of its own.
     assert!(
