@@ -89,8 +89,11 @@ pub fn init_logging(
 pub type BoxedLayer = Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>;
 
 /// The subscriber [`init_logging`] installs, writing to `writer` (a separate function
-/// so tests can capture what it writes). The log filter applies to the log lines
-/// only, so `logLevel: warn` does not switch the trace spans off.
+/// so tests can capture what it writes).
+///
+/// Without traces the log filter is global, as cheap as it gets: a disabled span or
+/// event is never even built. With traces it filters the log lines only, so
+/// `logLevel: warn` does not switch the trace spans off.
 fn subscriber<W>(
     filter: EnvFilter,
     format: LogFormat,
@@ -101,21 +104,33 @@ fn subscriber<W>(
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
+    let registry = tracing_subscriber::Registry::default();
+    match traces {
+        None => Box::new(registry.with(filter).with(log_layer(format, ansi, writer))),
+        Some(traces) => {
+            let logs = log_layer(format, ansi, writer).with_filter(filter).boxed();
+            Box::new(registry.with(vec![logs, traces]))
+        }
+    }
+}
+
+/// The layer that writes log lines in `format`.
+fn log_layer<S, W>(format: LogFormat, ansi: bool, writer: W) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
     let builder = tracing_subscriber::fmt::layer()
         .with_writer(writer)
         .with_span_events(FmtSpan::NONE);
-    let logs: BoxedLayer = match format {
-        LogFormat::Text => builder.with_ansi(ansi).with_filter(filter).boxed(),
+    match format {
+        LogFormat::Text => builder.with_ansi(ansi).boxed(),
         LogFormat::Json => builder
             .with_ansi(false)
             .fmt_fields(JsonFields::new())
             .event_format(FlatJson)
-            .with_filter(filter)
             .boxed(),
-    };
-    let mut layers = vec![logs];
-    layers.extend(traces);
-    Box::new(tracing_subscriber::Registry::default().with(layers))
+    }
 }
 
 /// `logFormat: json`: one JSON object per line with flat, stable keys (documented in
@@ -379,6 +394,42 @@ mod tests {
         // On a terminal the same line is coloured.
         let coloured = captured(LogFormat::Text, true, emit_deployment);
         assert!(coloured.contains("\x1b["), "{coloured:?}");
+    }
+
+    /// Counts the spans it sees: stands in for the trace layer.
+    struct CountSpans(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+    impl<S: tracing::Subscriber> Layer<S> for CountSpans {
+        fn on_new_span(
+            &self,
+            _: &tracing::span::Attributes<'_>,
+            _: &tracing::span::Id,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn trace_spans_do_not_depend_on_the_log_filter() {
+        let spans = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let capture = Capture::default();
+        let writer = capture.clone();
+        let subscriber = subscriber(
+            EnvFilter::new("warn"),
+            LogFormat::Text,
+            false,
+            move || writer.clone(),
+            Some(Box::new(CountSpans(spans.clone()))),
+        );
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info_span!("render").in_scope(|| tracing::info!("Rendered"));
+            tracing::warn!("Shown");
+        });
+        assert_eq!(spans.load(std::sync::atomic::Ordering::Relaxed), 1);
+        let text = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+        assert!(!text.contains("Rendered"), "{text}");
+        assert!(text.contains("Shown"), "{text}");
     }
 
     #[test]
