@@ -73,6 +73,8 @@ impl Receiver {
                             parent: hex(&span.parent_span_id),
                             name: span.name.clone(),
                             attributes: attributes(&span.attributes),
+                            start: span.start_time_unix_nano,
+                            end: span.end_time_unix_nano,
                         });
                     }
                 }
@@ -143,6 +145,9 @@ struct Span {
     parent: String,
     name: String,
     attributes: BTreeMap<String, String>,
+    /// Start and end, nanoseconds since the Unix epoch.
+    start: u64,
+    end: u64,
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -300,6 +305,21 @@ fn a_change_arrives_as_one_trace_with_its_stages_under_the_root() {
             "`{stage}` is a child of the root: {spans:#?}"
         );
     }
+    // The root and the debounce span start when the debouncer took the first
+    // change, before the trigger opened them; every stage starts inside the root.
+    let debounce = one(&spans, "debounce");
+    let wait_ns = root.attributes["wait_us"].parse::<u64>().expect("wait_us") * 1000;
+    assert_eq!(debounce.attributes["wait_us"], root.attributes["wait_us"]);
+    assert!(
+        debounce.end - debounce.start >= wait_ns,
+        "the debounce span lasts the wait: {debounce:?}"
+    );
+    assert!(
+        spans
+            .iter()
+            .all(|s| s.start >= root.start && s.end >= s.start),
+        "{spans:#?}"
+    );
     let validation = one(&spans, "validation");
     for phase in ["validate_phase1", "validate_phase2"] {
         assert_eq!(one(&spans, phase).parent, validation.span_id, "{spans:#?}");
@@ -316,6 +336,7 @@ fn a_change_arrives_as_one_trace_with_its_stages_under_the_root() {
     );
     let batch = one(&spans, "runtime_batch");
     assert_eq!(batch.parent, deploy.span_id, "{spans:#?}");
+    assert_eq!(batch.attributes["operations"], "1", "{batch:?}");
     assert!(
         !spans.iter().any(|s| s.name == "reload"),
         "a runtime change has no reload: {spans:#?}"

@@ -173,8 +173,9 @@ fn wait_of(builder: &SpanBuilder) -> Option<std::time::Duration> {
         .as_ref()?
         .iter()
         .find(|kv| kv.key.as_str() == "wait_us")
-        .and_then(|kv| match kv.value {
-            Value::I64(micros) => u64::try_from(micros).ok(),
+        .and_then(|kv| match &kv.value {
+            Value::I64(micros) => u64::try_from(*micros).ok(),
+            Value::String(text) => text.as_str().parse().ok(),
             _ => None,
         })
         .map(std::time::Duration::from_micros)

@@ -152,7 +152,8 @@ impl State {
         // `wait_us`: the debounce wait before the trigger. Trace exporters start the
         // span that long before it is created, so the reconciliation's trace begins
         // with the change that caused it.
-        let wait_us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+        // Signed: trace exporters keep i64 fields as numbers.
+        let wait_us = i64::try_from(waited.as_micros()).unwrap_or(i64::MAX);
         let span = tracing::info_span!(
             "reconciliation",
             correlation_id = %id,

@@ -309,7 +309,8 @@ pub async fn execute<D: Driver + ?Sized>(
             .apply_runtime_ops(&plan)
             .instrument(tracing::info_span!(
                 "runtime_batch",
-                operations = plan.ops.len()
+                // Signed: trace exporters keep i64 fields as numbers.
+                operations = i64::try_from(plan.ops.len()).unwrap_or(i64::MAX)
             ))
             .await
         {
