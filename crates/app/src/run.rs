@@ -142,6 +142,8 @@ struct Process {
     leader: Option<LeaderElection>,
     /// The `leaderElection` section the election was started with.
     leader_config: config::LeaderElection,
+    /// The `tracing` section the trace exporter was set up with (once per process).
+    tracing_config: Option<config::Tracing>,
 }
 
 impl Process {
@@ -178,6 +180,7 @@ impl Process {
                 None
             },
             leader_config: election.clone(),
+            tracing_config: loaded.config.controller.tracing.clone(),
             registry,
         })
     }
@@ -249,6 +252,11 @@ impl Iteration {
         if config.controller.leader_election != process.leader_config {
             tracing::warn!(
                 "controller.leaderElection changed; the change takes effect when hapwright restarts"
+            );
+        }
+        if config.controller.tracing != process.tracing_config {
+            tracing::warn!(
+                "controller.tracing changed; the change takes effect when hapwright restarts"
             );
         }
         for (name, resource) in &config.watched_resources.resources {
