@@ -714,6 +714,19 @@ async fn debug_events(
     };
     let limit = query.limit.unwrap_or(100).min(EVENT_RING);
     let events = state.store.events(limit, correlation);
+    let mut events = serde_json::to_value(events).unwrap_or_else(|_| json!([]));
+    // Each correlated event names its reconciliation's trace, to look it up in a
+    // tracing backend.
+    for event in events.as_array_mut().into_iter().flatten() {
+        let trace_id = event
+            .get("correlation_id")
+            .and_then(Value::as_str)
+            .and_then(CorrelationId::parse)
+            .map(CorrelationId::trace_id_hex);
+        if let (Some(trace_id), Some(object)) = (trace_id, event.as_object_mut()) {
+            object.insert("trace_id".to_owned(), trace_id.into());
+        }
+    }
     axum::Json(json!({ "events": events })).into_response()
 }
 

@@ -19,6 +19,7 @@
 //! status           the status store fed by the status and event-log components
 //! status_page      the HTML status page
 //! telemetry        logging (text or JSON) and its filter
+//! traces           OpenTelemetry traces of reconciliations over OTLP/HTTP
 //! validation_tests `hapwright test`: cases, fixtures, runner, assertions, report
 //! webhook          the validating admission webhook: its HTTPS listener, the
 //!                  current objects it validates against, one review's decision
@@ -39,5 +40,6 @@ pub mod run;
 pub mod status;
 pub mod status_page;
 pub mod telemetry;
+pub mod traces;
 pub mod validation_tests;
 pub mod webhook;

@@ -147,6 +147,8 @@ struct Process {
     leader: Option<LeaderElection>,
     /// The `leaderElection` section the election was started with.
     leader_config: config::LeaderElection,
+    /// The `tracing` section the trace exporter was set up with (once per process).
+    tracing_config: Option<config::Tracing>,
 }
 
 impl Process {
@@ -187,6 +189,7 @@ impl Process {
                 None
             },
             leader_config: election.clone(),
+            tracing_config: loaded.config.controller.tracing.clone(),
             registry,
         })
     }
@@ -258,6 +261,11 @@ impl Iteration {
         if config.controller.leader_election != process.leader_config {
             tracing::warn!(
                 "controller.leaderElection changed; the change takes effect when hapwright restarts"
+            );
+        }
+        if config.controller.tracing != process.tracing_config {
+            tracing::warn!(
+                "controller.tracing changed; the change takes effect when hapwright restarts"
             );
         }
         for (name, resource) in &config.watched_resources.resources {
@@ -722,10 +730,35 @@ pub async fn run(path: PathBuf) -> u8 {
         }
     };
     let controller = loaded.config.controller.clone();
-    if let Err(error) = telemetry::init_logging(&controller.log_level, controller.log_format) {
-        eprintln!("{}: controller.logLevel: {error}", path.display());
-        return exit::CONFIG;
+    let traces = match telemetry::init_logging(
+        &controller.log_level,
+        controller.log_format,
+        controller.tracing.as_ref(),
+    ) {
+        Ok(traces) => traces,
+        Err(error @ telemetry::LoggingError::FilterInvalid { .. }) => {
+            eprintln!("{}: controller.logLevel: {error}", path.display());
+            return exit::CONFIG;
+        }
+        Err(error) => {
+            eprintln!(
+                "{}: controller.tracing: {:#}",
+                path.display(),
+                anyhow::Error::from(error)
+            );
+            return exit::CONFIG;
+        }
+    };
+    let code = run_configured(loaded).await;
+    if let Some(traces) = traces {
+        // Flush the spans of the last reconciliations (a blocking export).
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
     }
+    code
+}
+
+/// [`run`] once logging (and traces) are set up.
+async fn run_configured(loaded: config::Loaded) -> u8 {
     let candidate = match prepare(loaded) {
         Ok(candidate) => candidate,
         Err(errors) => {

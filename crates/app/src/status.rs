@@ -69,6 +69,9 @@ pub struct SafetyRelease {
 pub struct ReconciliationRecord {
     /// Its correlation id.
     pub correlation_id: CorrelationId,
+    /// The id of its OpenTelemetry trace (derived from the correlation id; exported
+    /// when `controller.tracing` is on and the reconciliation was sampled).
+    pub trace_id: String,
     /// Why it ran.
     pub reason: String,
     /// When it started (seconds since the Unix epoch).
@@ -617,8 +620,10 @@ impl StatusStore {
                 if inner.reconciliations.len() == RECONCILIATION_RING {
                     inner.reconciliations.pop_front();
                 }
+                let correlation_id = event.correlation_id.unwrap_or_default();
                 inner.reconciliations.push_back(ReconciliationRecord {
-                    correlation_id: event.correlation_id.unwrap_or_default(),
+                    correlation_id,
+                    trace_id: correlation_id.trace_id_hex(),
                     reason: started.reason.clone(),
                     started: event.unix_micros as f64 / 1e6,
                     result: "running",

@@ -53,6 +53,12 @@ fn unix_time(seconds: f64) -> SystemTime {
     SystemTime::UNIX_EPOCH + std::time::Duration::from_secs_f64(seconds.max(0.0))
 }
 
+/// `controller.tracing` of the effective config, when traces are on.
+fn tracing_settings(effective: &serde_json::Value) -> Option<crate::config::Tracing> {
+    let section = effective.get("controller")?.get("tracing")?;
+    serde_json::from_value(section.clone()).ok()
+}
+
 /// Renders the page from the current status.
 pub fn render(store: &StatusStore) -> Result<String, minijinja::Error> {
     let components: Vec<Value> = store
@@ -110,6 +116,24 @@ pub fn render(store: &StatusStore) -> Result<String, minijinja::Error> {
             release_in => until(unix_time(hold.release_at)),
         }
     });
+    let traces = tracing_settings(&config.effective);
+    let reconciliations: Vec<Value> = store
+        .reconciliations()
+        .into_iter()
+        .map(|record| {
+            let trace = traces.as_ref().map(|settings| {
+                let sampled = crate::traces::ReconciliationSampler {
+                    ratio: settings.sample_ratio.get(),
+                }
+                .samples(record.correlation_id.trace_id());
+                context! {
+                    id => sampled.then(|| record.trace_id.clone()),
+                    link => sampled.then(|| settings.link(&record.trace_id)).flatten(),
+                }
+            });
+            context! { trace, ..Value::from(Serde(&record)) }
+        })
+        .collect();
     let mut events = store.events(30, None);
     events.reverse();
     ENV.get_template("status.html")?.render(context! {
@@ -123,7 +147,8 @@ pub fn render(store: &StatusStore) -> Result<String, minijinja::Error> {
         quarantine,
         safety,
         instances => Value::from(Serde(store.instances())),
-        reconciliations => Value::from(Serde(store.reconciliations())),
+        tracing => traces.is_some(),
+        reconciliations,
         events => Value::from(Serde(&events)),
     })
 }

@@ -12,6 +12,9 @@ use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormattedFields, MakeWriter};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{Layer, layer::SubscriberExt as _};
+
+use crate::traces::Traces;
 
 pub use crate::config::LogFormat;
 
@@ -27,6 +30,9 @@ pub enum LoggingError {
         /// The parser's complaint (already in the message).
         error: tracing_subscriber::filter::ParseError,
     },
+    /// `controller.tracing` is set and its exporter could not be built.
+    #[error("cannot set up traces")]
+    TracesSetup(#[source] crate::traces::TracesError),
 }
 
 /// Installs the global tracing subscriber. `filter` is a level (`info`) or a
@@ -35,10 +41,19 @@ pub enum LoggingError {
 /// is a terminal (and `NO_COLOR` is unset), so files and pipes get plain text. Calling
 /// it twice keeps the first subscriber.
 ///
+/// With `traces` set, the reconciliation spans are also exported over OTLP (see
+/// [`crate::traces`]), whatever the log filter says; the returned [`Traces`] must be
+/// shut down at exit to flush them. Without it no trace layer exists at all.
+///
 /// # Errors
 ///
-/// [`LoggingError::FilterInvalid`] when the filter does not parse.
-pub fn init_logging(filter: &str, format: LogFormat) -> Result<(), LoggingError> {
+/// [`LoggingError::FilterInvalid`] when the filter does not parse,
+/// [`LoggingError::TracesSetup`] when the trace exporter cannot be built.
+pub fn init_logging(
+    filter: &str,
+    format: LogFormat,
+    traces: Option<&crate::config::Tracing>,
+) -> Result<Option<Traces>, LoggingError> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(env) if !env.trim().is_empty() => EnvFilter::try_new(env),
         _ => EnvFilter::try_new(filter),
@@ -49,36 +64,72 @@ pub fn init_logging(filter: &str, format: LogFormat) -> Result<(), LoggingError>
     })?;
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     let ansi = std::io::stderr().is_terminal() && !no_color;
-    let subscriber = subscriber(filter, format, ansi, || RedactingWriter(std::io::stderr()));
+    let (traces, trace_layer) = match traces {
+        Some(settings) => {
+            let (traces, layer) = Traces::new(settings).map_err(LoggingError::TracesSetup)?;
+            (Some(traces), Some(layer))
+        }
+        None => (None, None),
+    };
+    let subscriber = subscriber(
+        filter,
+        format,
+        ansi,
+        || RedactingWriter(std::io::stderr()),
+        trace_layer,
+    );
     // A second initialisation (tests, reinit) keeps the first subscriber.
-    let _ = subscriber.try_init();
-    Ok(())
+    if subscriber.try_init().is_err() {
+        return Ok(None);
+    }
+    Ok(traces)
 }
+
+/// A layer of the subscriber [`init_logging`] builds.
+pub type BoxedLayer = Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>;
 
 /// The subscriber [`init_logging`] installs, writing to `writer` (a separate function
 /// so tests can capture what it writes).
+///
+/// Without traces the log filter is global, as cheap as it gets: a disabled span or
+/// event is never even built. With traces it filters the log lines only, so
+/// `logLevel: warn` does not switch the trace spans off.
 fn subscriber<W>(
     filter: EnvFilter,
     format: LogFormat,
     ansi: bool,
     writer: W,
+    traces: Option<BoxedLayer>,
 ) -> Box<dyn tracing::Subscriber + Send + Sync>
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let registry = tracing_subscriber::Registry::default();
+    match traces {
+        None => Box::new(registry.with(filter).with(log_layer(format, ansi, writer))),
+        Some(traces) => {
+            let logs = log_layer(format, ansi, writer).with_filter(filter).boxed();
+            Box::new(registry.with(vec![logs, traces]))
+        }
+    }
+}
+
+/// The layer that writes log lines in `format`.
+fn log_layer<S, W>(format: LogFormat, ansi: bool, writer: W) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let builder = tracing_subscriber::fmt::layer()
         .with_writer(writer)
         .with_span_events(FmtSpan::NONE);
     match format {
-        LogFormat::Text => Box::new(builder.with_ansi(ansi).finish()),
-        LogFormat::Json => Box::new(
-            builder
-                .with_ansi(false)
-                .fmt_fields(JsonFields::new())
-                .event_format(FlatJson)
-                .finish(),
-        ),
+        LogFormat::Text => builder.with_ansi(ansi).boxed(),
+        LogFormat::Json => builder
+            .with_ansi(false)
+            .fmt_fields(JsonFields::new())
+            .event_format(FlatJson)
+            .boxed(),
     }
 }
 
@@ -255,7 +306,13 @@ mod tests {
     fn captured(format: LogFormat, ansi: bool, emit: impl FnOnce()) -> String {
         let capture = Capture::default();
         let writer = capture.clone();
-        let subscriber = subscriber(EnvFilter::new("info"), format, ansi, move || writer.clone());
+        let subscriber = subscriber(
+            EnvFilter::new("info"),
+            format,
+            ansi,
+            move || writer.clone(),
+            None,
+        );
         tracing::subscriber::with_default(subscriber, emit);
         let bytes = capture.0.lock().unwrap().clone();
         String::from_utf8(bytes).unwrap()
@@ -339,11 +396,47 @@ mod tests {
         assert!(coloured.contains("\x1b["), "{coloured:?}");
     }
 
+    /// Counts the spans it sees: stands in for the trace layer.
+    struct CountSpans(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+    impl<S: tracing::Subscriber> Layer<S> for CountSpans {
+        fn on_new_span(
+            &self,
+            _: &tracing::span::Attributes<'_>,
+            _: &tracing::span::Id,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn trace_spans_do_not_depend_on_the_log_filter() {
+        let spans = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let capture = Capture::default();
+        let writer = capture.clone();
+        let subscriber = subscriber(
+            EnvFilter::new("warn"),
+            LogFormat::Text,
+            false,
+            move || writer.clone(),
+            Some(Box::new(CountSpans(spans.clone()))),
+        );
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info_span!("render").in_scope(|| tracing::info!("Rendered"));
+            tracing::warn!("Shown");
+        });
+        assert_eq!(spans.load(std::sync::atomic::Ordering::Relaxed), 1);
+        let text = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+        assert!(!text.contains("Rendered"), "{text}");
+        assert!(text.contains("Shown"), "{text}");
+    }
+
     #[test]
     fn invalid_filters_are_reported() {
         if std::env::var_os("RUST_LOG").is_none() {
-            assert!(init_logging("info,=[bad", LogFormat::Text).is_err());
+            assert!(init_logging("info,=[bad", LogFormat::Text, None).is_err());
         }
-        assert!(init_logging("info", LogFormat::Json).is_ok());
+        assert!(init_logging("info", LogFormat::Json, None).is_ok());
     }
 }

@@ -37,6 +37,9 @@ struct Args {
     quick: bool,
     /// Only scenario (d), printed: for comparing the controller's memory of two builds.
     memory_only: bool,
+    /// Only the runtime path of scenario (b), with traces off and on, printed: the
+    /// cost of `controller.tracing` at sample ratio 1.
+    tracing_overhead: bool,
     repo: PathBuf,
     hapwright: PathBuf,
     font: PathBuf,
@@ -48,6 +51,7 @@ fn parse_args() -> Result<Args> {
     let mut args = Args {
         quick: false,
         memory_only: false,
+        tracing_overhead: false,
         repo: std::env::current_dir().context("current directory")?,
         // The binary the e2e harness runs too: `HAPWRIGHT_BIN`, else this one's sibling.
         hapwright: std::env::var_os("HAPWRIGHT_BIN")
@@ -65,12 +69,13 @@ fn parse_args() -> Result<Args> {
         match arg.as_str() {
             "--quick" => args.quick = true,
             "--memory-only" => args.memory_only = true,
+            "--tracing-overhead" => args.tracing_overhead = true,
             "--repo" => args.repo = value("--repo")?,
             "--font" => args.font = value("--font")?,
             "--commands" => args.commands = Some(value("--commands")?),
             "-h" | "--help" => {
                 println!(
-                    "usage: hapwright-benchsuite [--quick] [--memory-only] [--repo DIR] [--font TTF] [--commands FILE]"
+                    "usage: hapwright-benchsuite [--quick] [--memory-only] [--tracing-overhead] [--repo DIR] [--font TTF] [--commands FILE]"
                 );
                 std::process::exit(0);
             }
@@ -85,6 +90,20 @@ fn main() -> Result<()> {
     if args.memory_only {
         let memory = catch(|| scenarios::memory(5_000));
         println!("{memory:?}");
+        return Ok(());
+    }
+    if args.tracing_overhead {
+        let (changes, rounds) = if args.quick { (5, 1) } else { (20, 2) };
+        for backends in [100, 1000] {
+            let (off, on) = catch(|| scenarios::tracing_overhead(backends, changes, rounds))?;
+            println!("{}", scenarios::describe(&off));
+            println!("{}", scenarios::describe(&on));
+            println!(
+                "{backends} backends: traces on / off: p50 {:+.1} %, mean {:+.1} %",
+                (on.quantile(0.5) / off.quantile(0.5) - 1.0) * 100.0,
+                (on.mean() / off.mean() - 1.0) * 100.0,
+            );
+        }
         return Ok(());
     }
     let machine = machine();

@@ -251,7 +251,12 @@ const BULK_PER_FILE: usize = 250;
 /// `bulk-<f>.yaml` files. Returns once HAProxy answers for the last of them and the
 /// instance runs the last render.
 fn start(backends: usize) -> (Controller, Settings) {
-    let controller = Controller::start();
+    start_with(backends, str::to_owned)
+}
+
+/// [`start`] with `edit` applied to the controller's config first.
+fn start_with(backends: usize, edit: impl FnOnce(&str) -> String) -> (Controller, Settings) {
+    let controller = Controller::start_with(edit);
     let settings = settings(&controller.read_config());
     let ports = controller.ports();
     let bulk = backends.saturating_sub(2 + CHURN_FILES);
@@ -404,39 +409,12 @@ pub struct ExtraResults {
 pub fn latency(backends: usize, changes: usize, extras: Extras) -> (SizeResult, ExtraResults) {
     let (controller, settings) = start(backends);
     let ports = controller.ports();
-    let web = host("web");
     let mut result = SizeResult::default();
 
     // Runtime path: web's endpoint flips between the two web demo apps.
     let before = metrics(&controller);
     let reloads_before = metric_sum(&before, "hapwright_reloads_total", "");
-    let mut runtime = Latency {
-        backends,
-        path: "runtime".to_owned(),
-        samples_ms: Vec::new(),
-    };
-    for k in 0..changes {
-        let (from, to) = if k % 2 == 0 {
-            (ports.web_v1, ports.web_v2)
-        } else {
-            (ports.web_v2, ports.web_v1)
-        };
-        let text = controller
-            .read_resource("web.yaml")
-            .replace(&format!("port: {from}"), &format!("port: {to}"));
-        let expected = controller.demo_body(to);
-        let started = Instant::now();
-        controller.write_resource("web.yaml", &text);
-        runtime.samples_ms.push(first_answer(
-            &controller,
-            &web,
-            &expected,
-            started,
-            CHANGE_TIMEOUT,
-        ));
-        wait_deployed(&controller);
-        pause(settings.min_deployment_interval_ms + settings.debounce_ms);
-    }
+    let runtime = runtime_path(&controller, &settings, backends, changes);
     let after = metrics(&controller);
     result.reloads_during_runtime =
         metric_sum(&after, "hapwright_reloads_total", "") - reloads_before;
@@ -491,6 +469,148 @@ pub fn latency(backends: usize, changes: usize, extras: Extras) -> (SizeResult, 
             quarantine,
         },
     )
+}
+
+/// `changes` runtime-path changes: `web`'s endpoint flips between the two web demo
+/// apps; each sample is the time from the file write to the first answer from the
+/// new app.
+fn runtime_path(
+    controller: &Controller,
+    settings: &Settings,
+    backends: usize,
+    changes: usize,
+) -> Latency {
+    let ports = controller.ports();
+    let web = host("web");
+    let mut runtime = Latency {
+        backends,
+        path: "runtime".to_owned(),
+        samples_ms: Vec::new(),
+    };
+    for k in 0..changes {
+        let (from, to) = if k % 2 == 0 {
+            (ports.web_v1, ports.web_v2)
+        } else {
+            (ports.web_v2, ports.web_v1)
+        };
+        let text = controller
+            .read_resource("web.yaml")
+            .replace(&format!("port: {from}"), &format!("port: {to}"));
+        let expected = controller.demo_body(to);
+        let started = Instant::now();
+        controller.write_resource("web.yaml", &text);
+        runtime.samples_ms.push(first_answer(
+            controller,
+            &web,
+            &expected,
+            started,
+            CHANGE_TIMEOUT,
+        ));
+        wait_deployed(controller);
+        pause(settings.min_deployment_interval_ms + settings.debounce_ms);
+    }
+    runtime
+}
+
+/// The runtime path with traces off and with every reconciliation traced
+/// (`controller.tracing`, `sampleRatio: 1`) to an OTLP receiver on loopback that
+/// accepts every export. Alternates `rounds` controllers of each kind, off first,
+/// so drift of a shared machine falls on both; returns (off, on).
+pub fn tracing_overhead(backends: usize, changes: usize, rounds: usize) -> (Latency, Latency) {
+    let sink = Sink::start();
+    let tracing = format!(
+        "controller:\n  tracing: {{ endpoint: 'http://127.0.0.1:{}', sampleRatio: 1.0 }}\n",
+        sink.port
+    );
+    let mut off = Latency {
+        backends,
+        path: "runtime, traces off".to_owned(),
+        samples_ms: Vec::new(),
+    };
+    let mut on = Latency {
+        backends,
+        path: "runtime, traces on (ratio 1)".to_owned(),
+        samples_ms: Vec::new(),
+    };
+    for _ in 0..rounds {
+        for (traced, into) in [(false, &mut off), (true, &mut on)] {
+            let (controller, settings) = start_with(backends, |config| {
+                if traced {
+                    config.replacen("controller:\n", &tracing, 1)
+                } else {
+                    config.to_owned()
+                }
+            });
+            let run = runtime_path(&controller, &settings, backends, changes);
+            into.samples_ms.extend(run.samples_ms);
+        }
+    }
+    assert!(
+        sink.exports() > 0,
+        "the traced controllers exported nothing: the comparison is void"
+    );
+    (off, on)
+}
+
+/// An OTLP/HTTP receiver that answers every request 200 and counts them.
+struct Sink {
+    port: u16,
+    exports: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Sink {
+    fn start() -> Self {
+        use std::io::{BufRead, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the sink");
+        let port = listener.local_addr().expect("address").port();
+        let exports = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = exports.clone();
+        // Ends with the process, like the connections it serves.
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let count = count.clone();
+                std::thread::spawn(move || {
+                    let Ok(mut writer) = stream.try_clone() else {
+                        return;
+                    };
+                    let mut reader = std::io::BufReader::new(stream);
+                    loop {
+                        let mut length = 0usize;
+                        let mut line = String::new();
+                        // The request line, then headers up to the empty line.
+                        loop {
+                            line.clear();
+                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if line.trim_end().is_empty() {
+                                break;
+                            }
+                            if let Some((name, value)) = line.split_once(':')
+                                && name.eq_ignore_ascii_case("content-length")
+                            {
+                                length = value.trim().parse().unwrap_or(0);
+                            }
+                        }
+                        let mut body = vec![0; length];
+                        if reader.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let reply = "HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n";
+                        if writer.write_all(reply.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self { port, exports }
+    }
+
+    fn exports(&self) -> usize {
+        self.exports.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// [`QUARANTINE_CHANGES`] Services `q-<i>` in one file, each routed to `port`; the

@@ -65,6 +65,37 @@ impl CorrelationId {
     pub fn parse(text: &str) -> Option<Self> {
         u64::from_str_radix(text, 16).ok().map(Self)
     }
+
+    /// The OpenTelemetry trace id of this reconciliation: the correlation id in the
+    /// upper 64 bits, a hash of it in the lower 64. Every component derives the same
+    /// trace id from the id its events carry, so the spans of one reconciliation form
+    /// one trace without passing trace context between tasks, and the trace id can
+    /// be found from the correlation id (its first 16 hex digits) and back. The
+    /// hashed half is what ratio samplers read, so sampling stays uniform although
+    /// correlation ids are sequential.
+    pub fn trace_id(self) -> u128 {
+        (u128::from(self.0) << 64) | u128::from(mix64(self.0))
+    }
+
+    /// [`Self::trace_id`] as 32 lowercase hex digits, as trace backends show it.
+    pub fn trace_id_hex(self) -> String {
+        format!("{:032x}", self.trace_id())
+    }
+
+    /// The correlation id whose [`Self::trace_id`] is `trace_id`, if it is one.
+    pub fn from_trace_id(trace_id: u128) -> Option<Self> {
+        let id = (trace_id >> 64) as u64;
+        (mix64(id) == trace_id as u64).then_some(Self(id))
+    }
+}
+
+/// The splitmix64 finaliser: a bijective mix of a 64-bit value whose output bits all
+/// depend on every input bit.
+pub fn mix64(value: u64) -> u64 {
+    let mut z = value.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 impl Default for CorrelationId {
@@ -493,6 +524,11 @@ catalogue! {
         reason: String,
         /// Sources that changed since the last trigger.
         sources: Vec<Arc<str>>,
+        /// How long the debouncer held the first of these changes before
+        /// triggering (zero for a leading-edge trigger): the `debounce` span of the
+        /// reconciliation's trace.
+        #[serde(serialize_with = "seconds")]
+        waited: Duration,
     }
     /// The executor started a reconciliation.
     ReconciliationStarted {
@@ -764,6 +800,11 @@ mod tests {
         let b = CorrelationId::new();
         assert_ne!(a, b);
         assert_eq!(CorrelationId::parse(&a.to_string()), Some(a));
+        let trace = a.trace_id_hex();
+        assert_eq!(trace.len(), 32);
+        assert!(trace.starts_with(&a.to_string()), "{trace}");
+        assert_eq!(CorrelationId::from_trace_id(a.trace_id()), Some(a));
+        assert_eq!(CorrelationId::from_trace_id(a.trace_id() ^ 1), None);
         assert_eq!(a.to_string().len(), 16);
     }
 

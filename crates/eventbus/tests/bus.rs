@@ -408,6 +408,7 @@ async fn a_flood_keeps_the_spill_bounded_and_drops_only_superseded_events() {
             publisher.publish(ReconciliationTriggered {
                 reason: last_trigger.clone(),
                 sources: Vec::new(),
+                waited: std::time::Duration::ZERO,
             })
         };
         last_id = id.0;

@@ -156,10 +156,12 @@ impl Component for Debouncer {
         let fire = |batch: &mut Batch, reason: String| {
             let batch = std::mem::take(batch);
             tracing::info!(%reason, "Reconciliation triggered");
+            let waited = batch.first.map_or(Duration::ZERO, |first| first.elapsed());
             publisher.publish_with(
                 ReconciliationTriggered {
                     reason,
                     sources: batch.sources.into_iter().collect(),
+                    waited,
                 },
                 EventMeta {
                     correlation_id: None,

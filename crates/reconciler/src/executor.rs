@@ -145,8 +145,24 @@ impl State {
     fn start(&mut self, trigger: &Arc<Event>, reason: String, coalesced: usize) {
         self.supersede();
         let id = CorrelationId::new();
-        let span = tracing::info_span!("reconciliation", correlation_id = %id);
-        span.in_scope(|| tracing::info!(%reason, coalesced, "Reconciliation started"));
+        let waited = match &trigger.payload {
+            EventPayload::ReconciliationTriggered(t) => t.waited,
+            _ => Duration::ZERO,
+        };
+        // `wait_us`: the debounce wait before the trigger. Trace exporters start the
+        // span that long before it is created, so the reconciliation's trace begins
+        // with the change that caused it.
+        // Signed: trace exporters keep i64 fields as numbers.
+        let wait_us = i64::try_from(waited.as_micros()).unwrap_or(i64::MAX);
+        let span = tracing::info_span!(
+            "reconciliation",
+            correlation_id = %id,
+            reason = %reason,
+            wait_us,
+        );
+        span.in_scope(|| tracing::info!(coalesced, "Reconciliation started"));
+        // The debounce wait as a stage of its own; it ended with the trigger.
+        drop(tracing::info_span!(parent: &span, "debounce", wait_us));
         let now = Instant::now();
         self.in_flight = Some(InFlight {
             id,

@@ -99,6 +99,7 @@ fn trigger(reason: &str) -> ReconciliationTriggered {
     ReconciliationTriggered {
         reason: reason.into(),
         sources: vec!["services".into()],
+        waited: std::time::Duration::ZERO,
     }
 }
 

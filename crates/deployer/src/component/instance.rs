@@ -291,6 +291,8 @@ impl Worker {
             instance = %self.name(),
             correlation_id = desired.cause.correlation_id.map(tracing::field::display),
             hash = %desired.config.hash().short(),
+            strategy = tracing::field::Empty,
+            reason = tracing::field::Empty,
         );
         let permit = self.shared.permits.clone().acquire_owned().await.ok();
         let started = Instant::now();
@@ -356,6 +358,7 @@ impl Worker {
                 return Ok(Step::Wait(at));
             }
             self.fallback = None;
+            let span = driver::reload_span(&fallback);
             return driver
                 .reload_with(
                     desired.config.clone(),
@@ -363,6 +366,7 @@ impl Worker {
                     running.as_deref(),
                     fallback,
                 )
+                .instrument(span)
                 .await
                 .map(Step::Done);
         }
@@ -400,6 +404,10 @@ impl Worker {
     }
 
     fn succeeded(&mut self, desired: &Desired, deployed: Deployed, elapsed: Duration) {
+        // On the `deploy_instance` span, so a trace of the deployment says how and why.
+        let span = tracing::Span::current();
+        span.record("strategy", deployed.strategy.as_str());
+        span.record("reason", deployed.reason.detail.as_str());
         tracing::info!(
             strategy = %deployed.strategy,
             reason = %deployed.reason.detail,

@@ -428,7 +428,9 @@ impl ManagedHaproxy {
         let logs = LogBuffer::default();
         let starts = Arc::new(Mutex::new(Starts::default()));
         let cancel = self.inner.stopped.child_token();
-        let span = tracing::info_span!("managed_haproxy", instance = %instance.name);
+        // A root span: the supervisor outlives the deployment that started it, and a
+        // child would keep that deployment's span (and its trace) open.
+        let span = tracing::info_span!(parent: None, "managed_haproxy", instance = %instance.name);
         let reporter = Reporter {
             state: tx,
             starts: starts.clone(),

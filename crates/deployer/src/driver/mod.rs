@@ -36,6 +36,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use tracing::Instrument;
+
 use hapwright_eventbus::model::{DeployStrategy, InstanceDriver, ReloadReason, RenderedConfig};
 
 use crate::client::runtime::RuntimeFailure;
@@ -278,8 +280,10 @@ pub async fn execute<D: Driver + ?Sized>(
     } = decision;
     let known = running.filter(|_| !running_unknown);
     let Some(running) = known else {
+        let span = reload_span(&plan);
         return driver
             .reload_with(desired.clone(), desired_model.clone(), None, plan)
+            .instrument(span)
             .await
             .map(Executed::Done);
     };
@@ -301,7 +305,15 @@ pub async fn execute<D: Driver + ?Sized>(
             }
             Ok(Executed::Done(unchanged(DeployStrategy::Noop, 0)))
         }
-        DeployStrategy::Runtime => match driver.apply_runtime_ops(&plan).await {
+        DeployStrategy::Runtime => match driver
+            .apply_runtime_ops(&plan)
+            .instrument(tracing::info_span!(
+                "runtime_batch",
+                // Signed: trace exporters keep i64 fields as numbers.
+                operations = i64::try_from(plan.ops.len()).unwrap_or(i64::MAX)
+            ))
+            .await
+        {
             Ok(count) => {
                 driver
                     .persist(desired, &running.marker, &running.config)
@@ -316,9 +328,24 @@ pub async fn execute<D: Driver + ?Sized>(
                 Ok(Executed::RuntimeFailed { fallback })
             }
         },
-        DeployStrategy::Reload => driver
-            .reload_with(desired.clone(), desired_model.clone(), Some(running), plan)
-            .await
-            .map(Executed::Done),
+        DeployStrategy::Reload => {
+            let span = reload_span(&plan);
+            driver
+                .reload_with(desired.clone(), desired_model.clone(), Some(running), plan)
+                .instrument(span)
+                .await
+                .map(Executed::Done)
+        }
     }
+}
+
+/// The span around one confirmed reload, named `reload` with the reload class and
+/// its exact cause: trace views (and logs) show why the instance reloaded.
+pub(crate) fn reload_span(plan: &ChangePlan) -> tracing::Span {
+    let reason = plan.reason();
+    tracing::info_span!(
+        "reload",
+        reason = reason.reload.map(ReloadReason::as_str),
+        detail = %reason.detail,
+    )
 }

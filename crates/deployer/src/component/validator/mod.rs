@@ -700,9 +700,13 @@ impl Validator {
         rendered: &Arc<RenderedConfig>,
     ) -> Result<(Vec<Diagnostic>, Phase2, Arc<haproxy_config::Config>), Rejection> {
         let started = Instant::now();
-        let phase1 = validate_phase1_parsed(rendered);
+        let phase1 =
+            tracing::info_span!("validate_phase1").in_scope(|| validate_phase1_parsed(rendered));
         self.metrics
             .observe(ValidationPhase::Parse, phase1.is_ok(), started.elapsed());
+        // `method`: `haproxy` when `haproxy -c` ran, `equivalence` when the rule
+        // passed it without running HAProxy.
+        let phase2_span = tracing::info_span!("validate_phase2", method = tracing::field::Empty);
         let (warnings, model) = phase1?;
         let model = Arc::new(model);
         let envs: Envs = self.config.envs.iter().cloned().collect();
@@ -728,6 +732,8 @@ impl Validator {
         {
             match equivalence::compare(baseline, rendered, &model) {
                 Equivalence::Equivalent(reason) => {
+                    phase2_span.record("method", "equivalence");
+                    let _entered = phase2_span.enter();
                     self.metrics
                         .phase2_skipped
                         .with_label_values(&[reason.as_str()])
@@ -754,7 +760,10 @@ impl Validator {
             }
         }
         let started = Instant::now();
-        let phase2 = validate_phase2(rendered, &self.config).await;
+        phase2_span.record("method", "haproxy");
+        let phase2 = validate_phase2(rendered, &self.config)
+            .instrument(phase2_span)
+            .await;
         self.metrics
             .observe(ValidationPhase::Haproxy, phase2.is_ok(), started.elapsed());
         let phase2 = phase2?;
