@@ -409,7 +409,10 @@ fn resource_of(api_version: &str, kind: &str) -> (String, String) {
     let lower = kind.to_ascii_lowercase();
     let plural = if lower.ends_with('s') || lower.ends_with("ch") || lower.ends_with("sh") {
         format!("{lower}es")
-    } else if let Some(stem) = lower.strip_suffix('y') {
+    } else if let Some(stem) = lower
+        .strip_suffix('y')
+        .filter(|stem| !stem.ends_with(['a', 'e', 'i', 'o', 'u']))
+    {
         format!("{stem}ies")
     } else {
         format!("{lower}s")
@@ -937,6 +940,10 @@ fn every_document_is_a_named_object() {
         "deploy/monitoring",
         check_metadata(&load(&repo().join("deploy/monitoring"))),
     );
+    assert_no_problems(
+        "deploy/gateway-api",
+        check_metadata(&load(&repo().join("deploy/gateway-api"))),
+    );
 }
 
 #[test]
@@ -979,6 +986,37 @@ fn rbac_covers_what_the_embedded_configs_watch() {
             .pointer("/controller/leaderElection/enabled"),
         Some(&Value::Bool(true))
     );
+}
+
+/// With the Gateway API library in a mode's ConfigMap, the mode's RBAC plus
+/// `deploy/gateway-api/` covers what the library watches and the statuses it writes;
+/// the mode's RBAC alone does not.
+#[test]
+fn the_gateway_api_add_on_grants_what_the_gateway_library_needs() {
+    let library = fs::read_to_string(repo().join("examples/gateway-api/hapwright.yaml"))
+        .expect("the Gateway API library");
+    let add_on = load(&repo().join("deploy/gateway-api"));
+    assert!(!add_on.is_empty(), "deploy/gateway-api/ has manifests");
+    for mode in modes() {
+        let mut docs = load(&mode);
+        for doc in docs.iter_mut().filter(|d| d.kind() == "ConfigMap") {
+            if doc.value["data"]["hapwright.yaml"].is_string() {
+                doc.value["data"]["hapwright.yaml"] = Value::String(library.clone());
+            }
+        }
+        let without = check_rbac(&docs);
+        assert!(
+            without.iter().any(|p| p.contains("httproutes"))
+                && without.iter().any(|p| p.contains("gateways/status")),
+            "{}: the mode's own RBAC should not cover the Gateway library: {without:#?}",
+            mode.display()
+        );
+        docs.extend(add_on.iter().cloned());
+        assert_no_problems(
+            &format!("{} + deploy/gateway-api", mode.display()),
+            check_rbac(&docs),
+        );
+    }
 }
 
 #[test]
@@ -1306,6 +1344,14 @@ fn resource_names_are_the_api_plurals() {
     assert_eq!(
         resource_of("networking.k8s.io/v1", "NetworkPolicy"),
         ("networking.k8s.io".into(), "networkpolicies".into())
+    );
+    assert_eq!(
+        resource_of("gateway.networking.k8s.io/v1", "Gateway"),
+        ("gateway.networking.k8s.io".into(), "gateways".into())
+    );
+    assert_eq!(
+        resource_of("gateway.networking.k8s.io/v1", "GatewayClass"),
+        ("gateway.networking.k8s.io".into(), "gatewayclasses".into())
     );
 }
 
