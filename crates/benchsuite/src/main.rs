@@ -93,7 +93,7 @@ fn main() -> Result<()> {
         return Ok(());
     }
     if args.tracing_overhead {
-        let (changes, rounds) = if args.quick { (5, 1) } else { (20, 2) };
+        let (changes, rounds) = if args.quick { (5, 1) } else { (20, 4) };
         for backends in [100, 1000] {
             let (off, on) = catch(|| scenarios::tracing_overhead(backends, changes, rounds))?;
             println!("{}", scenarios::describe(&off));
