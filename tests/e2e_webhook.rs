@@ -3,65 +3,19 @@
 //! admitted, and both are counted.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
+
+#[path = "support/certs.rs"]
+mod certs;
 
 use hapwright_e2e::{Controller, free_port};
 use serde_json::{Value, json};
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let output = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl (the webhook test makes its certificate with it)");
-    assert!(
-        output.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 /// A test CA and a server certificate for 127.0.0.1 it signed, in `dir`
 /// (`tls.crt`, `tls.key`); returns the CA certificate (PEM).
 fn certificate(dir: &Path) -> Vec<u8> {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let mut ca = vec!["req", "-x509", "-days", "1", "-subj", "/CN=e2e-ca"];
-    ca.extend(ec);
-    ca.extend(["-keyout", "ca.key", "-out", "ca.crt"]);
-    openssl(dir, &ca);
-    let mut csr = vec!["req", "-subj", "/CN=hapwright-webhook"];
-    csr.extend(ec);
-    csr.extend(["-keyout", "tls.key", "-out", "tls.csr"]);
-    openssl(dir, &csr);
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "tls.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            "san.ext",
-            "-out",
-            "tls.crt",
-        ],
-    );
-    std::fs::read(dir.join("ca.crt")).unwrap()
+    certs::leaf(dir, "ca", "tls");
+    certs::ca(dir, "ca")
 }
 
 fn review(uid: &str, object: Value) -> Value {

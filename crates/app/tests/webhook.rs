@@ -3,10 +3,13 @@
 //! phase 2 run by the real `haproxy`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[path = "../../../tests/support/certs.rs"]
+mod certs;
+
+use certs::{ca, leaf};
 use hapwright_app::build;
 use hapwright_app::config::{self, Config, FailurePolicy};
 use hapwright_app::http::{HttpServer, Limits};
@@ -49,109 +52,6 @@ controller:
     keyFile: tls.key
     resources: [services]
 "#;
-
-// === certificates ===
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let output = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl (the webhook tests make their certificates with it)");
-    assert!(
-        output.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-/// A test CA in `dir` (`<ca>.crt`, `<ca>.key`), generated once per name.
-fn ca(dir: &Path, ca: &str) -> Vec<u8> {
-    if !dir.join(format!("{ca}.crt")).exists() {
-        openssl(
-            dir,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-days",
-                "1",
-                "-subj",
-                &format!("/CN={ca}"),
-                "-keyout",
-                &format!("{ca}.key"),
-                "-out",
-                &format!("{ca}.crt"),
-            ],
-        );
-    }
-    std::fs::read(dir.join(format!("{ca}.crt"))).unwrap()
-}
-
-/// A server certificate for `localhost`/127.0.0.1 signed by `ca`, written as
-/// `<name>.crt`/`<name>.key`; returns the leaf's DER.
-fn leaf(dir: &Path, ca_name: &str, name: &str) -> Vec<u8> {
-    ca(dir, ca_name);
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
-    )
-    .unwrap();
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-subj",
-            "/CN=localhost",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            &format!("{ca_name}.crt"),
-            "-CAkey",
-            &format!("{ca_name}.key"),
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            "san.ext",
-            "-out",
-            &format!("{name}.crt"),
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-in",
-            &format!("{name}.crt"),
-            "-outform",
-            "DER",
-            "-out",
-            &format!("{name}.der"),
-        ],
-    );
-    std::fs::read(dir.join(format!("{name}.der"))).unwrap()
-}
 
 // === the webhook under test ===
 

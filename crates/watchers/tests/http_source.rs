@@ -5,9 +5,11 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+#[path = "../../../tests/support/certs.rs"]
+mod certs;
 
 use common::Harness;
 use hapwright_eventbus::config::{ByteSize, Duration as ConfigDuration};
@@ -328,80 +330,6 @@ async fn credentials_from_files_are_sent_and_never_shown() {
 
 // === TLS with a private CA ===
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let output = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl (the TLS test makes its certificates with it)");
-    assert!(
-        output.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-/// A test CA (`ca.crt`) and a server certificate for 127.0.0.1 it signed
-/// (`server.crt`, `server.key`) in `dir`.
-fn certificates(dir: &Path) {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let mut args = vec!["req", "-x509"];
-    args.extend(ec);
-    args.extend([
-        "-days",
-        "1",
-        "-subj",
-        "/CN=test-ca",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-    ]);
-    openssl(dir, &args);
-    let mut args = vec!["req"];
-    args.extend(ec);
-    args.extend([
-        "-subj",
-        "/CN=localhost",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-    ]);
-    openssl(dir, &args);
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
-    )
-    .unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            "san.ext",
-            "-out",
-            "server.crt",
-        ],
-    );
-}
-
 fn acceptor(dir: &Path) -> tokio_rustls::TlsAcceptor {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -423,7 +351,8 @@ fn acceptor(dir: &Path) -> tokio_rustls::TlsAcceptor {
 #[tokio::test]
 async fn https_with_a_private_ca_needs_ca_file() {
     let dir = tempfile::tempdir().unwrap();
-    certificates(dir.path());
+    // `ca.crt`, and `server.crt`/`server.key` for 127.0.0.1 signed by it.
+    certs::leaf(dir.path(), "ca", "server");
     let server =
         Server::start_with(|_| Answer::ok("10.1.0.0/16\n"), Some(acceptor(dir.path()))).await;
     let url = server.url.replace("http://", "https://");
