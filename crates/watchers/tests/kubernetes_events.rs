@@ -11,8 +11,8 @@ use hapwright_eventbus::model::{
     Diagnostic, ObjectKey, ResourceChange, ResourceSnapshot, SourceLocation,
 };
 use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, EventKind, EventPayload, HealthState, Kernel, Publisher,
-    QuarantineSearched, QuarantinedObject, ResourceIndexUpdated, RunningKernel, Subscription,
+    Bus, BusConfig, BusMetrics, EventKind, HealthState, Kernel, Publisher, QuarantineSearched,
+    QuarantinedObject, ResourceIndexUpdated, RunningKernel, Subscription,
 };
 use hapwright_watchers::kubernetes::events::{QUARANTINED_REASON, RELEASED_REASON};
 use hapwright_watchers::kubernetes::{ClientFactory, QuarantineEvents, WatchedKind};
@@ -20,7 +20,6 @@ use kubernetes_mock::{ApiServer, Exchange, pair};
 use prometheus::Registry;
 use serde_json::{Value, json};
 use tokio::sync::watch;
-use tokio::time::timeout;
 
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/shop/events";
 
@@ -127,18 +126,7 @@ impl Harness {
     }
 
     async fn health(&mut self, state: HealthState) -> String {
-        loop {
-            let event = timeout(Duration::from_secs(60), self.health.recv())
-                .await
-                .expect("a health change")
-                .expect("bus open");
-            if let EventPayload::ComponentHealthChanged(changed) = &event.payload
-                && changed.component.as_ref() == QuarantineEvents::NAME
-                && changed.health.state == state
-            {
-                return changed.health.reason.clone().unwrap_or_default();
-            }
-        }
+        kubernetes_mock::reported(&mut self.health, QuarantineEvents::NAME, state).await
     }
 
     async fn stop(self) {

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use hapwright_eventbus::model::ContentHash;
 use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, EventKind, EventPayload, HealthState, Kernel, Publisher,
-    RenderedStatus, RunningKernel, StatusRendered, Subscription,
+    Bus, BusConfig, BusMetrics, EventKind, HealthState, Kernel, Publisher, RenderedStatus,
+    RunningKernel, StatusRendered, Subscription,
 };
 use hapwright_watchers::kubernetes::status::FIELD_MANAGER;
 use hapwright_watchers::kubernetes::{
@@ -121,18 +121,7 @@ impl Harness {
     }
 
     async fn health(&mut self, state: HealthState) -> String {
-        loop {
-            let event = timeout(Duration::from_secs(60), self.health.recv())
-                .await
-                .expect("a health change")
-                .expect("bus open");
-            if let EventPayload::ComponentHealthChanged(changed) = &event.payload
-                && changed.component.as_ref() == StatusWriter::NAME
-                && changed.health.state == state
-            {
-                return changed.health.reason.clone().unwrap_or_default();
-            }
-        }
+        kubernetes_mock::reported(&mut self.health, StatusWriter::NAME, state).await
     }
 
     /// Lets every task run until idle (time is paused: returns once nothing is left

@@ -264,10 +264,12 @@ impl LookupNode {
             return leaf;
         };
         let mut children = self.children.clone();
-        let child = match children.get(first.as_str()) {
-            Some(child) => child.with(rest, leaf),
-            None => Arc::new(LookupNode::default()).with(rest, leaf),
+        let (before, child) = match children.get(first.as_str()) {
+            Some(child) => (child.count, child.with(rest, leaf)),
+            None => (0, Arc::new(LookupNode::default()).with(rest, leaf)),
         };
+        // The count changes by the replaced child's, without summing every child.
+        let count = self.count - before + child.as_ref().map_or(0, |child| child.count);
         match child {
             Some(child) => {
                 children.insert(Box::from(first.as_str()), child);
@@ -276,7 +278,13 @@ impl LookupNode {
                 children.remove(first.as_str());
             }
         }
-        (!children.is_empty()).then(|| Arc::new(LookupNode::inner(children)))
+        (!children.is_empty()).then(|| {
+            Arc::new(LookupNode {
+                count,
+                children,
+                ..LookupNode::default()
+            })
+        })
     }
 }
 

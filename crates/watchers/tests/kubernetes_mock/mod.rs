@@ -267,3 +267,24 @@ fn decode(text: &str) -> String {
     }
     String::from_utf8(out).unwrap()
 }
+
+/// Waits (up to a minute) until `component` reports `state` on the bus; returns the
+/// reason it gave (empty without one).
+pub async fn reported(
+    health: &mut hapwright_eventbus::Subscription,
+    component: &str,
+    state: hapwright_eventbus::HealthState,
+) -> String {
+    loop {
+        let event = timeout(std::time::Duration::from_secs(60), health.recv())
+            .await
+            .expect("a health change")
+            .expect("bus open");
+        if let hapwright_eventbus::EventPayload::ComponentHealthChanged(changed) = &event.payload
+            && changed.component.as_ref() == component
+            && changed.health.state == state
+        {
+            return changed.health.reason.clone().unwrap_or_default();
+        }
+    }
+}
