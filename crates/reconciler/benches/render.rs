@@ -25,7 +25,6 @@ mod fixtures;
 use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use hapwright_eventbus::model::{ObjectKey, ResourceChange};
 use hapwright_reconciler::renderer::{Renderer, Resources};
 
 #[global_allocator]
@@ -70,20 +69,7 @@ fn render_one_change(c: &mut Criterion) {
     // The same cluster with one endpoint of one slice no longer ready.
     let source: Arc<str> = Arc::from("endpoints");
     let unchanged = cluster.get("endpoints").expect("endpoints").clone();
-    let mut snapshot = (*unchanged).clone();
-    let key = snapshot
-        .iter()
-        .map(|(k, _)| k.clone())
-        .nth(n / 2)
-        .expect("a slice");
-    let mut slice = snapshot.get_by_key(&key).expect("exists").parse();
-    slice["endpoints"][0]["conditions"]["ready"] = serde_json::json!(false);
-    snapshot.upsert(key.clone(), &slice);
-    let changed = Arc::new(snapshot);
-    let change = ResourceChange {
-        modified: vec![ObjectKey::new(key.namespace.clone(), key.name.clone())],
-        ..ResourceChange::default()
-    };
+    let (changed, change) = fixtures::one_endpoint_change(&cluster, n);
     let mut after = before.clone();
     after.update(&source, changed.clone(), Some(&change));
     let expected = renderer.render_full(&after).expect("renders");

@@ -24,7 +24,7 @@ mod fixtures;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use hapwright_eventbus::model::{ObjectKey, ResourceChange, ResourceSnapshot};
+use hapwright_eventbus::model::{ResourceChange, ResourceSnapshot};
 use hapwright_reconciler::renderer::{Renderer, Resources};
 
 /// The allocator the `hapwright` binary uses.
@@ -106,23 +106,11 @@ struct Change {
 
 /// One endpoint of one slice (in the middle) no longer ready, and back.
 fn one_change(cluster: &BTreeMap<&'static str, Arc<ResourceSnapshot>>, services: usize) -> Change {
-    let before = cluster.get("endpoints").expect("endpoints").clone();
-    let mut snapshot = (*before).clone();
-    let key = snapshot
-        .iter()
-        .map(|(k, _)| k.clone())
-        .nth(services / 2)
-        .expect("a slice");
-    let mut slice = snapshot.get_by_key(&key).expect("exists").parse();
-    slice["endpoints"][0]["conditions"]["ready"] = serde_json::json!(false);
-    snapshot.upsert(key.clone(), &slice);
+    let (after, change) = fixtures::one_endpoint_change(cluster, services);
     Change {
         source: Arc::from("endpoints"),
-        before,
-        after: Arc::new(snapshot),
-        change: ResourceChange {
-            modified: vec![ObjectKey::new(key.namespace.clone(), key.name.clone())],
-            ..ResourceChange::default()
-        },
+        before: cluster.get("endpoints").expect("endpoints").clone(),
+        after,
+        change,
     }
 }

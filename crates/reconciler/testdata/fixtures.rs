@@ -121,3 +121,29 @@ pub fn resources(n: usize) -> Resources {
     }
     resources
 }
+
+/// The endpoint change the incremental benchmarks apply to [`cluster`]`(n)`: the
+/// slice in the middle with its first endpoint no longer ready. Returns the changed
+/// `endpoints` snapshot and the change report that leads to it.
+pub fn one_endpoint_change(
+    cluster: &BTreeMap<&'static str, Arc<ResourceSnapshot>>,
+    n: usize,
+) -> (
+    Arc<ResourceSnapshot>,
+    hapwright_eventbus::model::ResourceChange,
+) {
+    let mut snapshot = (**cluster.get("endpoints").expect("endpoints")).clone();
+    let key = snapshot
+        .iter()
+        .map(|(k, _)| k.clone())
+        .nth(n / 2)
+        .expect("a slice");
+    let mut slice = snapshot.get_by_key(&key).expect("exists").parse();
+    slice["endpoints"][0]["conditions"]["ready"] = json!(false);
+    snapshot.upsert(key.clone(), &slice);
+    let change = hapwright_eventbus::model::ResourceChange {
+        modified: vec![ObjectKey::new(key.namespace.clone(), key.name.clone())],
+        ..Default::default()
+    };
+    (Arc::new(snapshot), change)
+}
