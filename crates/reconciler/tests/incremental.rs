@@ -256,8 +256,8 @@ fn assert_same(step: usize, incremental: &RenderedConfig, full: &RenderedConfig)
 }
 
 /// Runs `changes` random changes; returns how many files and snippet outputs were
-/// reused in total.
-fn differential(templates: Templates, changes: usize, rng: &mut Rng) -> (usize, usize) {
+/// reused, and how many files spliced, in total.
+fn differential(templates: Templates, changes: usize, rng: &mut Rng) -> (usize, usize, usize) {
     let incremental = renderer(templates.clone());
     let full = renderer(templates);
     let mut cluster = Cluster::new(12);
@@ -268,12 +268,13 @@ fn differential(templates: Templates, changes: usize, rng: &mut Rng) -> (usize, 
         &first.expect("renders"),
         &full.render_full(&cluster.resources).expect("renders"),
     );
-    let mut reused = (0, 0);
+    let mut reused = (0, 0, 0);
     for step in 1..=changes {
         cluster.random_change(rng);
         let (result, stats) = incremental.render_with_stats(&cluster.resources);
         reused.0 += stats.reused;
         reused.1 += stats.snippets_reused;
+        reused.2 += stats.spliced;
         let expected = full.render_full(&cluster.resources);
         match (result, expected) {
             (Ok(got), Ok(expected)) => assert_same(step, &got, &expected),
@@ -293,7 +294,7 @@ fn differential(templates: Templates, changes: usize, rng: &mut Rng) -> (usize, 
 #[test]
 fn incremental_renders_equal_full_renders_over_random_changes() {
     let mut rng = Rng(seed());
-    let (files, snippets) = differential(fixtures::routing_templates(), 600, &mut rng);
+    let (files, snippets, spliced) = differential(fixtures::routing_templates(), 600, &mut rng);
     assert!(
         files > 0,
         "the routing example reused no file in 600 changes"
@@ -302,7 +303,16 @@ fn incremental_renders_equal_full_renders_over_random_changes() {
         snippets > 0,
         "the routing example reused no snippet in 600 changes"
     );
-    let (files, snippets) = differential(routing_without_shared(), 600, &mut rng);
+    // `haproxy.cfg` names `shared` and is still put together from its pieces.
+    assert!(
+        spliced > 0,
+        "the routing example spliced no file in 600 changes"
+    );
+    let (files, snippets, spliced) = differential(routing_without_shared(), 600, &mut rng);
+    assert!(
+        spliced > 0,
+        "routing without shared spliced no file in 600 changes"
+    );
     assert!(
         files > 0,
         "routing without shared reused no file in 600 changes"
@@ -706,4 +716,86 @@ fn the_quickstart_renders_only_the_changed_backend_again() {
         config.expect("renders").main(),
         renderer.render_full(&resources).expect("renders").main()
     );
+}
+
+/// A file is put together again from its pieces only when every snippet output it
+/// used went straight into it: one captured by `{% set %}`, a `{% filter %}` block
+/// or a macro may have been measured or changed, so such a file renders again.
+/// Either way the output is that of a full render.
+#[test]
+fn only_files_that_print_snippet_outputs_directly_are_spliced() {
+    let snippets: BTreeMap<String, String> = [(
+        "ready".to_owned(),
+        "{% for s in resources.endpoints.fetch(svc.metadata.namespace, svc.metadata.name) %}\
+         {% for e in s.endpoints %}{{ e.conditions.ready }},{% endfor %}{% endfor %}"
+            .to_owned(),
+    )]
+    .into_iter()
+    .collect();
+    let each =
+        |body: &str| format!("{{% for svc in resources.services.list() %}}{body}\n{{% endfor %}}");
+    let cases = [
+        (each("{% include 'ready' %}"), true),
+        (
+            each("[{% include 'ready' %}] {{ svc.metadata.name }}"),
+            true,
+        ),
+        (
+            each("{% set cap %}{% include 'ready' %}{% endset %}{{ cap | length }}"),
+            false,
+        ),
+        (
+            each("{% set cap %}{% include 'ready' %}{% endset %}{{ cap }}"),
+            false,
+        ),
+        (
+            each("{% filter upper %}{% include 'ready' %}{% endfilter %}"),
+            false,
+        ),
+        (
+            "{% macro m(svc) %}{% include 'ready' %}{% endmacro %}\
+             {% for svc in resources.services.list() %}{{ m(svc) | length }}\n{% endfor %}"
+                .to_owned(),
+            false,
+        ),
+        (
+            each("{% include 'ready' %} {% set cap %}{% include 'ready' %}{% endset %}"),
+            false,
+        ),
+    ];
+    for (main, direct) in cases {
+        let templates = Templates {
+            main: main.clone(),
+            snippets: snippets.clone(),
+            ..Templates::default()
+        };
+        let renderer = renderer(templates);
+        let mut cluster = Cluster::new(4);
+        renderer
+            .render_with_stats(&cluster.resources)
+            .0
+            .expect("renders");
+        for step in 0..4 {
+            let key = cluster.keys("endpoints")[step].clone();
+            let mut slice = cluster.object("endpoints", &key);
+            let ready = slice["endpoints"][0]["conditions"]["ready"] == json!(true);
+            slice["endpoints"][0]["conditions"]["ready"] = json!(!ready);
+            cluster.upsert("endpoints", slice);
+            let (got, stats) = renderer.render_with_stats(&cluster.resources);
+            let full = renderer.render_full(&cluster.resources).expect("renders");
+            assert_same(step, &got.expect("renders"), &full);
+            assert_eq!(
+                stats.spliced,
+                usize::from(direct),
+                "{main}: {stats:?} after change {step}"
+            );
+            if direct {
+                assert_eq!(
+                    (stats.snippets_rendered, stats.snippets_reused),
+                    (1, 3),
+                    "{main}"
+                );
+            }
+        }
+    }
 }

@@ -7,6 +7,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use hapwright_eventbus::config::did_you_mean;
 use hapwright_eventbus::model::{Diagnostic, FileKind};
@@ -155,6 +156,41 @@ pub(crate) fn self_contained(
                         facts[i].is_some_and(|f| !f.reads_shared && !f.computed_reference)
                     })
                 })
+        })
+        .collect()
+}
+
+/// For each entry, true when its output may be put together again from the pieces
+/// of its last render: an output that reaches a template whose `include`s go
+/// through the fragment cache (`rewritten`), and is [self-contained](self_contained)
+/// or is `haproxy.cfg` with neither it nor anything it reaches referencing a
+/// template by a computed name. `haproxy.cfg` renders before every file that names
+/// `shared`, so `shared` starts empty for it and what it does with `shared` depends
+/// only on what it reads.
+pub(crate) fn spliceable(
+    entries: &[Entry],
+    edges: &Edges<'_>,
+    facts: &[Option<Facts>],
+    reusable: &[bool],
+    rewritten: &BTreeSet<Arc<str>>,
+) -> Vec<bool> {
+    (0..entries.len())
+        .map(|root| {
+            let Some(reached) = reach(entries, edges, root) else {
+                return false;
+            };
+            let main = entries[root]
+                .output
+                .as_ref()
+                .is_some_and(|f| f.kind == FileKind::Main);
+            reached
+                .iter()
+                .any(|&i| rewritten.contains(&entries[i].name))
+                && (reusable[root]
+                    || (main
+                        && reached
+                            .iter()
+                            .all(|&i| facts[i].is_some_and(|f| !f.computed_reference))))
         })
         .collect()
 }

@@ -197,6 +197,7 @@ impl Component for RendererComponent {
                             reused_files = stats.reused,
                             rendered_snippets = stats.snippets_rendered,
                             reused_snippets = stats.snippets_reused,
+                            spliced_files = stats.spliced,
                             full_because = stats.full_reason.map(|r| r.to_string()),
                             "Rendered configuration"
                         );

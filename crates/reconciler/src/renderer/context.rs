@@ -914,6 +914,17 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// What `shared` holds now.
+    pub(crate) fn snapshot(&self) -> BTreeMap<String, Value> {
+        self.lock().clone()
+    }
+
+    /// Makes `shared` hold what it held when `snapshot` was taken (values are never
+    /// changed in place: `set` and `append` store new values).
+    pub(crate) fn restore(&self, snapshot: &BTreeMap<String, Value>) {
+        self.lock().clone_from(snapshot);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Value>> {
         self.values
             .lock()

@@ -17,6 +17,15 @@
 //!
 //! On a miss the snippet renders on its own with exactly those variables, which
 //! gives the bytes (source-map markers included) that including it gives.
+//!
+//! A file goes one step further when every snippet output it used went straight
+//! into it ([`track_use`]): it keeps its own text with the place of each output
+//! ([`Pieces`]). When nothing its own template read changed, the template would
+//! write the same text and ask for the same snippet outputs again, so the next
+//! render skips the template and puts the file together from the pieces, rendering
+//! again only the snippet outputs whose reads changed ([`Session::splice`]). The
+//! cost of a one-object change is then that object's snippets plus copying the
+//! file, not a loop over every object.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -45,8 +54,13 @@ enum Part {
     Global,
 }
 
+/// A fragment's key: the snippet and its variables. Shared, so the lists of
+/// fragments a file used (one entry per loop iteration) copy it cheaply.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Key {
+pub(crate) struct Key(Arc<KeyParts>);
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct KeyParts {
     snippet: Arc<str>,
     parts: Vec<Part>,
 }
@@ -57,8 +71,38 @@ pub(crate) struct Fragment {
     /// The output, markers included.
     text: Value,
     reads: Arc<[Read]>,
-    /// The values keyed by identity, kept alive so the identities stay unique.
-    _keep: Vec<Value>,
+    /// The value of each variable the snippet names (in the order of the session's
+    /// `vars`), to render it again with the same context. Also keeps the values
+    /// keyed by identity alive, so the identities stay unique.
+    values: Box<[Var]>,
+}
+
+/// A variable of a snippet's context.
+#[derive(Debug, Clone)]
+enum Var {
+    /// Not defined, or one of the renderer's functions (a global of every render).
+    Absent,
+    /// The render's own `resources` or `extraContext` (a later render gives its own).
+    Render,
+    Value(Value),
+}
+
+impl Fragment {
+    /// The output, markers included.
+    pub(crate) fn text(&self) -> &str {
+        self.text.as_str().unwrap_or_default()
+    }
+
+    /// Whether everything the snippet read gives the same answers over `new` as over
+    /// `old`.
+    pub(crate) fn unchanged(&self, old: &Resources, new: &Resources) -> bool {
+        self.reads.iter().all(|read| read.unchanged(old, new))
+    }
+
+    /// What the snippet read.
+    pub(crate) fn reads(&self) -> &[Read] {
+        &self.reads
+    }
 }
 
 /// Fragments by key.
@@ -68,15 +112,174 @@ pub(crate) struct Fragments {
 }
 
 impl Fragments {
-    /// Adds the fragments a file used, for a file reused unchanged (so everything
-    /// those fragments read is unchanged too).
-    pub(crate) fn extend(&mut self, used: &[(Key, Arc<Fragment>)]) {
-        for (key, fragment) in used {
-            self.map
-                .entry(key.clone())
-                .or_insert_with(|| fragment.clone());
+    /// The fragments files used, by key (the first one of a key wins; all of a key
+    /// are the same output).
+    fn from_used(used: &[Arc<Used>]) -> Self {
+        let mut map = foldhash::HashMap::default();
+        for (key, fragment) in used.iter().flat_map(|used| used.iter()) {
+            map.entry(key.clone()).or_insert_with(|| fragment.clone());
+        }
+        Self { map }
+    }
+}
+
+/// A file's output in pieces: the text the file's own template wrote (markers
+/// included) and, at positions in it, the fragments it printed there. When nothing
+/// the file's own template read changed, it would write the same text and print the
+/// same fragments again, so the file is the same pieces with changed fragments
+/// rendered again (see [`track_use`] for why that holds).
+#[derive(Debug)]
+pub(crate) struct Pieces {
+    /// The file's own text, markers included, fragments left out.
+    pub(crate) own: Arc<str>,
+    /// Each fragment printed, after `own[..at]`, in order.
+    pub(crate) fragments: Vec<Piece>,
+}
+
+/// One fragment printed directly into a file.
+#[derive(Debug, Clone)]
+pub(crate) struct Piece {
+    /// Where in [`Pieces::own`] it was printed.
+    pub(crate) at: usize,
+    pub(crate) key: Key,
+    pub(crate) fragment: Arc<Fragment>,
+}
+
+/// What is tracked while a file renders on this thread: the fragments its own
+/// template prints, and whether each went straight into the output.
+struct Track {
+    /// How many snippet renders deep the current `__fragment` call is (0: called by
+    /// the file's own template).
+    depth: u32,
+    /// The fragment returned last by a call at depth 0, not yet seen in the output:
+    /// where its text is in memory, and how long it is.
+    pending: Option<(usize, usize, Piece)>,
+    /// Every fragment printed so far went straight into the output.
+    direct: bool,
+    own: String,
+    printed: Vec<Piece>,
+    /// Every fragment returned at depth 0, printed directly or not.
+    used: Vec<Arc<Fragment>>,
+}
+
+thread_local! {
+    static TRACK: RefCell<Option<Track>> = const { RefCell::new(None) };
+}
+
+/// Tracks the fragments a file prints while it renders on this thread (the file's
+/// own template runs on one thread from start to end).
+pub(crate) struct FileTrack {
+    outer: Option<Track>,
+}
+
+/// How a file's fragments went: its pieces when every fragment went straight into
+/// the output, else the fragments used (whose reads are then the file's too).
+pub(crate) enum Tracked {
+    Pieces(Pieces),
+    NotDirect(Vec<Arc<Fragment>>),
+}
+
+impl FileTrack {
+    pub(crate) fn start() -> Self {
+        let track = Track {
+            depth: 0,
+            pending: None,
+            direct: true,
+            own: String::new(),
+            printed: Vec::new(),
+            used: Vec::new(),
+        };
+        Self {
+            outer: TRACK.with(|t| t.borrow_mut().replace(track)),
         }
     }
+
+    pub(crate) fn finish(mut self) -> Tracked {
+        let outer = self.outer.take();
+        let track = TRACK.with(|t| std::mem::replace(&mut *t.borrow_mut(), outer));
+        match track {
+            Some(track) if track.direct && track.pending.is_none() => Tracked::Pieces(Pieces {
+                own: Arc::from(track.own),
+                fragments: track.printed,
+            }),
+            Some(track) => Tracked::NotDirect(track.used),
+            None => Tracked::NotDirect(Vec::new()),
+        }
+    }
+}
+
+impl Drop for FileTrack {
+    fn drop(&mut self) {
+        if let Some(outer) = self.outer.take() {
+            TRACK.with(|t| *t.borrow_mut() = Some(outer));
+        }
+    }
+}
+
+/// Whether the current `__fragment` call comes from the file's own template (the
+/// file is tracked and no snippet is rendering).
+fn at_top() -> bool {
+    TRACK.with(|t| t.borrow().as_ref().is_some_and(|t| t.depth == 0))
+}
+
+/// Enters (`+1`) or leaves (`-1`) a snippet render.
+fn nest(step: i32) {
+    TRACK.with(|t| {
+        if let Some(track) = t.borrow_mut().as_mut() {
+            track.depth = track.depth.saturating_add_signed(step);
+        }
+    });
+}
+
+/// Notes a fragment returned to the file's own template. It counts as printed
+/// directly only when the very next write to the file's output is its text, at the
+/// same address: a fragment captured (`{% set %}` block, macro, `{% filter %}`) is
+/// written into a capture buffer instead, and whatever is written later comes from
+/// another string. A fragment printed directly cannot have influenced anything the
+/// template did, so when the template's own reads are unchanged it would print the
+/// same fragments (same keys) at the same places again. Empty or inline-stored
+/// (short) texts have no address of their own and are never taken as direct.
+fn track_use(key: &Key, fragment: &Arc<Fragment>) {
+    TRACK.with(|t| {
+        let mut t = t.borrow_mut();
+        let Some(track) = t.as_mut() else { return };
+        track.used.push(fragment.clone());
+        if track.pending.is_some() {
+            track.direct = false;
+        }
+        let text = fragment.text();
+        if text.is_empty() {
+            track.direct = false;
+            track.pending = None;
+            return;
+        }
+        track.pending = Some((
+            text.as_ptr() as usize,
+            text.len(),
+            Piece {
+                at: 0,
+                key: key.clone(),
+                fragment: fragment.clone(),
+            },
+        ));
+    });
+}
+
+/// Called by the file's output for every piece written, while a file is tracked.
+pub(crate) fn track_write(piece: &str) {
+    TRACK.with(|t| {
+        let mut t = t.borrow_mut();
+        let Some(track) = t.as_mut() else { return };
+        if let Some((address, len, mut printed)) = track.pending.take() {
+            if address == piece.as_ptr() as usize && len == piece.len() {
+                printed.at = track.own.len();
+                track.printed.push(printed);
+                return;
+            }
+            track.direct = false;
+        }
+        track.own.push_str(piece);
+    });
 }
 
 /// The fragments one file used, in the order used.
@@ -126,8 +329,11 @@ fn note_used(key: &Key, fragment: &Arc<Fragment>) {
 /// What the `__fragment` filter needs during one render.
 #[derive(Debug)]
 pub(crate) struct Session {
-    /// Fragments of the previous render, with the resources they were rendered from.
-    previous: Option<(Resources, Fragments)>,
+    /// The resources of the previous render and the fragments its files used.
+    previous: Option<(Resources, Vec<Arc<Used>>)>,
+    /// The previous render's fragments by key, built when first asked for (a render
+    /// that only reuses and splices files never asks).
+    previous_map: std::sync::OnceLock<Fragments>,
     /// Fragments used in this render (the next render's `previous`).
     current: Mutex<Fragments>,
     resources: Resources,
@@ -144,7 +350,7 @@ impl Object for Session {}
 
 impl Session {
     pub(crate) fn new(
-        previous: Option<(Resources, Fragments)>,
+        previous: Option<(Resources, Vec<Arc<Used>>)>,
         resources: Resources,
         resources_value: Value,
         extra_context: Value,
@@ -153,6 +359,7 @@ impl Session {
     ) -> Self {
         Self {
             previous,
+            previous_map: std::sync::OnceLock::new(),
             current: Mutex::new(Fragments::default()),
             resources,
             resources_value,
@@ -163,12 +370,104 @@ impl Session {
         }
     }
 
-    /// The fragments used in this render, and how many snippet outputs were
-    /// rendered and reused.
-    pub(crate) fn finish(&self) -> (Fragments, usize, usize) {
-        let fragments = std::mem::take(&mut *lock(&self.current));
-        let (rendered, reused) = *lock(&self.counts);
-        (fragments, rendered, reused)
+    /// How many snippet outputs were rendered and reused.
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        *lock(&self.counts)
+    }
+
+    /// The resources the previous render rendered from.
+    pub(crate) fn previous_resources(&self) -> Option<&Resources> {
+        self.previous.as_ref().map(|(old, _)| old)
+    }
+
+    /// `fragment` (of the previous render) if nothing it read changed, else its
+    /// snippet rendered again with the same variables, now.
+    pub(crate) fn refresh(
+        &self,
+        env: &minijinja::Environment<'_>,
+        session_value: &Value,
+        key: &Key,
+        fragment: &Arc<Fragment>,
+    ) -> Result<Arc<Fragment>, Error> {
+        let old = self.previous_resources();
+        if old.is_some_and(|old| fragment.unchanged(old, &self.resources)) {
+            note_used(key, fragment);
+            self.count(true);
+            return Ok(fragment.clone());
+        }
+        let names = self
+            .vars
+            .get(&*key.0.snippet)
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let mut context: BTreeMap<&str, Value> = BTreeMap::new();
+        for (name, var) in names.iter().zip(fragment.values.iter()) {
+            let value = match var {
+                Var::Absent => continue,
+                Var::Render if name == "resources" => self.resources_value.clone(),
+                Var::Render => self.extra_context.clone(),
+                Var::Value(value) => value.clone(),
+            };
+            context.insert(name, value);
+        }
+        context.insert(SESSION_VAR, session_value.clone());
+        let recording = Recording::start();
+        let rendered = env
+            .get_template(&key.0.snippet)
+            .and_then(|template| template.render(Value::from(context)));
+        let reads: Arc<[Read]> = recording.finish().into();
+        let fresh = Arc::new(Fragment {
+            text: Value::from(rendered?),
+            reads,
+            values: fragment.values.clone(),
+        });
+        note_used(key, &fresh);
+        self.count(false);
+        Ok(fresh)
+    }
+
+    /// A file put together again from its previous `pieces`: its own text as it
+    /// was, each fragment [refreshed](Self::refresh), written into `out` as the
+    /// engine would have written them. Returns the new pieces.
+    pub(crate) fn splice(
+        &self,
+        env: &minijinja::Environment<'_>,
+        session_value: &Value,
+        pieces: &Pieces,
+        out: &mut super::output::Output<'_>,
+    ) -> Result<Pieces, Error> {
+        let written = |result: std::io::Result<()>| {
+            result.map_err(|error| {
+                Error::new(minijinja::ErrorKind::WriteFailure, "could not write output")
+                    .with_source(error)
+            })
+        };
+        let mut fragments = Vec::with_capacity(pieces.fragments.len());
+        let mut from = 0;
+        for piece in &pieces.fragments {
+            written(out.put(&pieces.own[from..piece.at]))?;
+            from = piece.at;
+            let fragment = self.refresh(env, session_value, &piece.key, &piece.fragment)?;
+            written(out.put(fragment.text()))?;
+            fragments.push(Piece {
+                at: piece.at,
+                key: piece.key.clone(),
+                fragment,
+            });
+        }
+        written(out.put(&pieces.own[from..]))?;
+        Ok(Pieces {
+            own: pieces.own.clone(),
+            fragments,
+        })
+    }
+
+    fn previous_map(&self) -> Option<(&Resources, &Fragments)> {
+        let (old, used) = self.previous.as_ref()?;
+        Some((
+            old,
+            self.previous_map.get_or_init(|| Fragments::from_used(used)),
+        ))
     }
 
     fn count(&self, reused: bool) {
@@ -201,12 +500,13 @@ pub(crate) fn fragment(state: &State, _body: Value, name: &str) -> Result<Value,
     // The snippet's context and key.
     let mut context: BTreeMap<&str, Value> = BTreeMap::new();
     let mut parts = Vec::with_capacity(names.len());
-    let mut keep = Vec::new();
+    let mut values = Vec::with_capacity(names.len());
     let mut cacheable = true;
     for var in names {
         let value = state.lookup(var);
         let Some(value) = value.filter(|v| !v.is_undefined()) else {
             parts.push(Part::Missing);
+            values.push(Var::Absent);
             continue;
         };
         let same = |other: &Value| minijinja::tests::is_sameas(&value, other);
@@ -221,10 +521,7 @@ pub(crate) fn fragment(state: &State, _body: Value, name: &str) -> Result<Value,
                 | ValueKind::Number
                 | ValueKind::String => Part::Plain(format!("{value:?}")),
                 _ => match lazy::identity(&value).or_else(|| list_identity(&value)) {
-                    Some((identity, node)) => {
-                        keep.push(value.clone());
-                        Part::Object(identity, node)
-                    }
+                    Some((identity, node)) => Part::Object(identity, node),
                     None => {
                         cacheable = false;
                         Part::Missing
@@ -233,60 +530,74 @@ pub(crate) fn fragment(state: &State, _body: Value, name: &str) -> Result<Value,
             }),
         };
         if let Some(part) = part {
-            if part != Part::Global {
-                context.insert(var, value);
+            if part == Part::Global {
+                values.push(Var::Absent);
+            } else {
+                context.insert(var, value.clone());
+                values.push(Var::Value(value));
             }
             parts.push(part);
         } else {
             context.insert(var, value);
+            values.push(Var::Render);
         }
     }
     context.insert(SESSION_VAR, session_value.clone());
-    let key = Key {
+    let key = Key(Arc::new(KeyParts {
         snippet: Arc::from(name),
         parts,
+    }));
+    // Called by the file's own template: the fragment's reads stay with it (see
+    // [`track_use`]); called inside another snippet: they are that snippet's reads.
+    let top = at_top();
+    let used = |key: &Key, found: &Arc<Fragment>| {
+        if top {
+            track_use(key, found);
+        } else {
+            record_all(&found.reads);
+        }
+        note_used(key, found);
     };
     if cacheable {
         if let Some(found) = lock(&session.current).map.get(&key).cloned() {
-            record_all(&found.reads);
-            note_used(&key, &found);
+            used(&key, &found);
             session.count(true);
             return Ok(found.text.clone());
         }
-        let previous = session.previous.as_ref().and_then(|(old, fragments)| {
+        let previous = session.previous_map().and_then(|(old, fragments)| {
             let found = fragments.map.get(&key)?;
             found
-                .reads
-                .iter()
-                .all(|read| read.unchanged(old, &session.resources))
+                .unchanged(old, &session.resources)
                 .then(|| found.clone())
         });
         if let Some(found) = previous {
-            record_all(&found.reads);
-            note_used(&key, &found);
+            used(&key, &found);
             lock(&session.current).map.insert(key, found.clone());
             session.count(true);
             return Ok(found.text.clone());
         }
     }
     let recording = Recording::start();
+    nest(1);
     let rendered = state
         .env()
         .get_template(name)
         .and_then(|template| template.render(Value::from(context)));
+    nest(-1);
     let reads: Arc<[Read]> = recording.finish().into();
-    record_all(&reads);
     let text = Value::from(rendered?);
-    if cacheable {
-        session.count(false);
-        let fragment = Arc::new(Fragment {
-            text: text.clone(),
-            reads,
-            _keep: keep,
-        });
-        note_used(&key, &fragment);
-        lock(&session.current).map.insert(key, fragment);
+    if !cacheable {
+        record_all(&reads);
+        return Ok(text);
     }
+    session.count(false);
+    let fragment = Arc::new(Fragment {
+        text: text.clone(),
+        reads,
+        values: values.into_boxed_slice(),
+    });
+    used(&key, &fragment);
+    lock(&session.current).map.insert(key, fragment);
     Ok(text)
 }
 

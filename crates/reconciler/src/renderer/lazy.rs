@@ -131,12 +131,67 @@ fn name_is(text: &str, pos: usize, key: &str, plain: bool) -> bool {
     }
     let name = &text.as_bytes()[pos + 1..];
     let k = key.as_bytes();
+    // The common case first: the whole key, then the closing quote.
+    if let Some(after) = name.get(k.len())
+        && name[..k.len()] == *k
+    {
+        // After the whole key: the closing quote, or more name (an escape makes the
+        // name longer than the key).
+        return *after == b'"';
+    }
     let same = name.iter().zip(k).take_while(|(a, b)| a == b).count();
     match name.get(same) {
         // The name holds an escape from here on: compare it unescaped.
         Some(b'\\') => string_at(text, pos) == key,
         Some(b'"') => same == k.len(),
         _ => false,
+    }
+}
+
+/// The tape entry and key position of the member named `key` among the children of
+/// object entry `node`: the loop of [`View::find`], once per tape width so the
+/// entries are read without a branch on the width. Most member names differ from
+/// the key in their first byte, which is checked before anything else.
+fn find_member<T: Entry>(
+    entries: &[[T; 2]],
+    node: usize,
+    text: &str,
+    key: &str,
+    plain: bool,
+) -> Option<(usize, usize)> {
+    let b = text.as_bytes();
+    let end = node + entries[node][1].get();
+    let first = key.as_bytes().first().copied().unwrap_or(b'"');
+    let mut i = node + 1;
+    while i < end {
+        let [start, size] = entries[i];
+        let start = start.get();
+        // `start` is the member's opening quote; the name follows.
+        let lead = b.get(start + 1).copied();
+        if (lead == Some(first) || lead == Some(b'\\') || !plain)
+            && name_is(text, start, key, plain)
+        {
+            return Some((i, start));
+        }
+        i += size.get();
+    }
+    None
+}
+
+/// A tape number of either width.
+trait Entry: Copy {
+    fn get(self) -> usize;
+}
+
+impl Entry for u16 {
+    fn get(self) -> usize {
+        usize::from(self)
+    }
+}
+
+impl Entry for u32 {
+    fn get(self) -> usize {
+        self as usize
     }
 }
 
@@ -406,23 +461,16 @@ impl View {
         if !self.is_object() {
             return None;
         }
-        let tape = self.doc.tape();
-        let text = self.doc.text();
-        let b = text.as_bytes();
+        let b = self.doc.text().as_bytes();
         let plain = !key.bytes().any(|c| c == b'\\' || c == b'"');
         let node = self.node as usize;
-        let end = node + tape.get(node).1;
-        let mut i = node + 1;
-        while i < end {
-            let (entry, size) = tape.get(i);
-            if name_is(text, entry, key, plain) {
-                let (key_end, _) = string_end(b, entry);
-                let colon = skip_ws(b, key_end);
-                return Some(value_at(&self.doc, i, skip_ws(b, colon + 1)));
-            }
-            i += size;
-        }
-        None
+        let found = match self.doc.tape() {
+            Tape::Narrow(entries) => find_member(entries, node, self.doc.text(), key, plain),
+            Tape::Wide(entries) => find_member(entries, node, self.doc.text(), key, plain),
+        }?;
+        let (key_end, _) = string_end(b, found.1);
+        let colon = skip_ws(b, key_end);
+        Some(value_at(&self.doc, found.0, skip_ws(b, colon + 1)))
     }
 
     /// An array's items.

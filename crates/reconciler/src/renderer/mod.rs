@@ -228,6 +228,12 @@ struct Inner {
     /// Per entry: an output whose last render may be reused when nothing it read
     /// changed ([`check::self_contained`]).
     reusable: Vec<bool>,
+    /// Per entry: an output that may be put together again from its last render's
+    /// pieces when nothing its own template read changed ([`Renderer::render`]):
+    /// a reusable one, or `haproxy.cfg` when it references templates by literal
+    /// names only (it renders first, so `shared` starts empty for it, and what it
+    /// leaves in `shared` is kept for the files after it).
+    spliceable: Vec<bool>,
     /// The files of the last render, for reuse by the next.
     cache: Mutex<Option<Cache>>,
     /// The templates with cacheable `include`s rewritten into the fragment filter
@@ -244,11 +250,20 @@ struct Inner {
 struct Cache {
     resources: Resources,
     files: Vec<Option<CachedFile>>,
-    fragments: fragments::Fragments,
+    /// The snippet outputs used by files that are not kept.
+    used: Vec<Arc<fragments::Used>>,
 }
 
-/// What one file read from the resources, and the cached snippet outputs it used.
-type FileReads = (Arc<[Read]>, Arc<fragments::Used>);
+/// What one file read from the resources, the cached snippet outputs it used and,
+/// when it printed them directly, its pieces.
+#[derive(Default)]
+struct FileReads {
+    reads: Arc<[Read]>,
+    used: Arc<fragments::Used>,
+    pieces: Option<Arc<fragments::Pieces>>,
+    /// For `haproxy.cfg`: `shared` as it left it.
+    shared: Option<Arc<BTreeMap<String, Value>>>,
+}
 
 /// One rendered file kept for reuse.
 struct CachedFile {
@@ -256,9 +271,22 @@ struct CachedFile {
     /// Size of the text, charged to the output budget when the file is reused.
     bytes: usize,
     lines: Vec<Option<LineOrigin>>,
+    /// What the file read: everything, or, with `pieces`, what its own template
+    /// read (the fragments' reads stay with the fragments).
     reads: Arc<[Read]>,
     /// The cached snippet outputs the file used, kept while the file is reused.
     fragments: Arc<fragments::Used>,
+    pieces: Option<Arc<fragments::Pieces>>,
+    /// For `haproxy.cfg`: `shared` as it left it.
+    shared: Option<Arc<BTreeMap<String, Value>>>,
+}
+
+/// What to do with a file of the previous render.
+enum Plan {
+    /// Render it.
+    Render,
+    /// Put it together again from its pieces, rendering the changed fragments.
+    Splice(CachedFile),
 }
 
 /// How a render went: how many files were rendered and how many reused from the
@@ -276,6 +304,10 @@ pub struct RenderStats {
     pub snippets_rendered: usize,
     /// Snippet outputs taken from the previous render.
     pub snippets_reused: usize,
+    /// Files (among `rendered`) put together from the pieces of their previous
+    /// render: their own text as it was, with only the snippet outputs whose reads
+    /// changed rendered again.
+    pub spliced: usize,
 }
 
 /// Why a render rendered every file.
@@ -437,11 +469,12 @@ impl Renderer {
         }
 
         let extra_context = Value::from(minijinja::value::Serde(&extra_context));
-        let (fragment_env, fragment_vars) = if diagnostics.is_empty() {
+        let (fragment_env, fragment_vars, rewritten) = if diagnostics.is_empty() {
             fragment_environment(&env, &entries, &edges, &facts, &variables)
         } else {
-            (None, BTreeMap::new())
+            (None, BTreeMap::new(), BTreeSet::new())
         };
+        let spliceable = check::spliceable(&entries, &edges, &facts, &reusable, &rewritten);
         let globals: BTreeMap<String, Value> = env
             .globals()
             .map(|(name, value)| (name.to_owned(), value))
@@ -458,6 +491,7 @@ impl Renderer {
                     limits,
                     independent,
                     reusable,
+                    spliceable,
                     cache: Mutex::new(None),
                     fragment_env,
                     fragment_vars: Arc::new(fragment_vars),
@@ -568,8 +602,11 @@ impl Renderer {
             Some(Cache {
                 resources: old,
                 files,
-                fragments,
-            }) => (Some((old.clone(), files)), Some((old, fragments))),
+                mut used,
+            }) => {
+                used.extend(files.iter().flatten().map(|file| file.fragments.clone()));
+                (Some((old.clone(), files)), Some((old, used)))
+            }
             None => (None, None),
         };
         let env = match (&inner.fragment_env, incremental) {
@@ -589,24 +626,49 @@ impl Renderer {
         if let Some(session) = &session {
             context.insert(fragments::SESSION_VAR, session.clone());
         }
+        let shared = context.get("shared").cloned().unwrap_or_default();
+        let shared = shared
+            .downcast_object_ref::<context::Shared>()
+            .expect("shared is a Shared");
         let context = Value::from(context);
-        // Files of the previous render whose reads give the same answers now.
-        let mut reused: Vec<Option<CachedFile>> = match previous_files {
-            Some((old, files)) => files
-                .into_iter()
-                .enumerate()
-                .map(|(index, file)| {
-                    file.filter(|file| {
-                        inner.reusable[index]
-                            && file
-                                .reads
-                                .iter()
-                                .all(|read| read.unchanged(&old, resources))
+        // Files of the previous render whose reads give the same answers now, and
+        // files whose own template's reads do (put together again from pieces).
+        let mut plans: Vec<Plan> = inner.entries.iter().map(|_| Plan::Render).collect();
+        let mut reused: Vec<Option<CachedFile>> = inner.entries.iter().map(|_| None).collect();
+        if let Some((old, files)) = previous_files {
+            for (index, file) in files.into_iter().enumerate() {
+                let Some(file) = file else { continue };
+                let own_reads = || {
+                    file.reads
+                        .iter()
+                        .all(|read| read.unchanged(&old, resources))
+                };
+                let fragments = || {
+                    file.pieces.as_ref().is_none_or(|pieces| {
+                        pieces
+                            .fragments
+                            .iter()
+                            .all(|piece| piece.fragment.unchanged(&old, resources))
                     })
-                })
-                .collect(),
-            None => inner.entries.iter().map(|_| None).collect(),
-        };
+                };
+                let reusable = inner.reusable[index] || file.shared.is_some();
+                if reusable && own_reads() {
+                    if fragments() {
+                        if let Some(left) = &file.shared {
+                            shared.restore(left);
+                        }
+                        reused[index] = Some(file);
+                    } else if inner.spliceable[index] && file.pieces.is_some() && session.is_some()
+                    {
+                        if let Some(left) = &file.shared {
+                            shared.restore(left);
+                        }
+                        plans[index] = Plan::Splice(file);
+                    }
+                }
+            }
+        }
+        let plans: Vec<Mutex<Plan>> = plans.into_iter().map(Mutex::new).collect();
         let results: Vec<OnceLock<RenderResult>> =
             inner.entries.iter().map(|_| OnceLock::new()).collect();
         let reads: Vec<OnceLock<FileReads>> =
@@ -618,12 +680,18 @@ impl Renderer {
                 .is_some_and(|f| f.kind == FileKind::Main)
         };
         let budget = output::Budget::new(inner.limits.max_output_bytes);
+        let spliced_count = std::sync::atomic::AtomicUsize::new(0);
         let mut stats = RenderStats::default();
         for (index, file) in reused.iter_mut().enumerate() {
             if let Some(file) = file.take() {
                 budget.charge(file.bytes);
                 let _ = results[index].set(Ok((file.text, file.lines)));
-                let _ = reads[index].set((file.reads, file.fragments));
+                let _ = reads[index].set(FileReads {
+                    reads: file.reads,
+                    used: file.fragments,
+                    pieces: file.pieces,
+                    shared: file.shared,
+                });
                 stats.reused += 1;
             }
         }
@@ -636,15 +704,73 @@ impl Renderer {
             // parallel: marker stripping (while the engine writes), the shared copy of
             // the text and, for `haproxy.cfg` (the largest file), its part of the
             // content hash, while the other files may still be rendering.
+            let plan = std::mem::replace(
+                &mut *plans[index]
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()),
+                Plan::Render,
+            );
             let mut out = output::Output::new(&inner.markers, &budget, entry.source.len());
-            let recording = Recording::start();
-            let used = fragments::UsedFragments::start();
-            let rendered = env
-                .get_template(&entry.name)
-                .and_then(|template| template.render_captured_to(&context, &mut out))
-                .map(drop);
-            let used = used.finish();
-            let _ = reads[index].set((recording.finish().into(), Arc::new(used)));
+            let (rendered, file_reads) = match (plan, &session) {
+                (Plan::Splice(file), Some(session_value)) => {
+                    let session = session_value
+                        .downcast_object_ref::<fragments::Session>()
+                        .expect("the session is a Session");
+                    let pieces = file.pieces.as_deref().expect("a spliced file has pieces");
+                    let used = fragments::UsedFragments::start();
+                    spliced_count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let spliced = session.splice(env, session_value, pieces, &mut out);
+                    let used = used.finish();
+                    let (rendered, pieces) = match spliced {
+                        Ok(pieces) => (Ok(()), Some(Arc::new(pieces))),
+                        Err(error) => (Err(error), None),
+                    };
+                    let reads = FileReads {
+                        reads: file.reads,
+                        used: Arc::new(used),
+                        pieces,
+                        shared: file.shared,
+                    };
+                    (rendered, reads)
+                }
+                _ => {
+                    let recording = Recording::start();
+                    let used = fragments::UsedFragments::start();
+                    // Only a file that may be spliced keeps its own text apart.
+                    let track = (session.is_some() && inner.spliceable[index])
+                        .then(fragments::FileTrack::start);
+                    let rendered = env
+                        .get_template(&entry.name)
+                        .and_then(|template| template.render_captured_to(&context, &mut out))
+                        .map(drop);
+                    let pieces = match track.map(fragments::FileTrack::finish) {
+                        Some(fragments::Tracked::Pieces(pieces))
+                            if !pieces.fragments.is_empty() =>
+                        {
+                            Some(Arc::new(pieces))
+                        }
+                        Some(fragments::Tracked::NotDirect(used)) => {
+                            // The fragments' reads are the file's own.
+                            for fragment in used {
+                                context::record_all(fragment.reads());
+                            }
+                            None
+                        }
+                        Some(fragments::Tracked::Pieces(_)) | None => None,
+                    };
+                    let used = used.finish();
+                    let shared = (is_main(entry) && inner.spliceable[index])
+                        .then(|| Arc::new(shared.snapshot()));
+                    let reads = FileReads {
+                        reads: recording.finish().into(),
+                        used: Arc::new(used),
+                        pieces,
+                        shared,
+                    };
+                    (rendered, reads)
+                }
+            };
+            let _ = reads[index].set(file_reads);
             let rendered = match (rendered, out.exceeded()) {
                 (_, Some(exceeded)) => Err(self.output_cap_diagnostic(entry, exceeded, &budget)),
                 (Err(error), None) => Err(self.runtime_diagnostic(&error)),
@@ -687,18 +813,20 @@ impl Renderer {
             });
         });
 
+        stats.spliced = spliced_count.into_inner();
         let mut source_map = SourceMap::default();
         let mut main = None;
         let mut outputs: [BTreeMap<String, Arc<str>>; 3] = Default::default();
         let mut diagnostics = Vec::new();
         let mut cached: Vec<Option<CachedFile>> = inner.entries.iter().map(|_| None).collect();
-        for ((((entry, result), reads), cached), &reusable) in inner
+        let mut uncached_used = Vec::new();
+        for ((((entry, result), reads), cached), (&reusable, &spliceable)) in inner
             .entries
             .iter()
             .zip(results)
             .zip(reads)
             .zip(&mut cached)
-            .zip(&inner.reusable)
+            .zip(inner.reusable.iter().zip(&inner.spliceable))
         {
             let (Some(file), Some(result)) = (&entry.output, result.into_inner()) else {
                 continue;
@@ -710,8 +838,19 @@ impl Renderer {
                 Ok((text, lines)) => {
                     // Only a file that may be reused is kept (with a copy of its
                     // line origins).
-                    let (reads, used) = reads.into_inner().unwrap_or_default();
-                    *cached = reusable.then(|| CachedFile {
+                    let FileReads {
+                        reads,
+                        used,
+                        pieces,
+                        shared,
+                    } = reads.into_inner().unwrap_or_default();
+                    // A file kept for splicing only is kept with its pieces, or with
+                    // what it left in `shared` (so it may be reused as a whole).
+                    let keep = reusable || (spliceable && (pieces.is_some() || shared.is_some()));
+                    if !keep {
+                        uncached_used.push(used.clone());
+                    }
+                    *cached = keep.then(|| CachedFile {
                         bytes: match &text {
                             // Set below, from the finished config.
                             FileText::Main(_) => 0,
@@ -721,6 +860,8 @@ impl Renderer {
                         lines: lines.clone(),
                         reads,
                         fragments: used,
+                        pieces,
+                        shared,
                     });
                     source_map.insert(file.clone(), lines);
                     match (text, file.kind) {
@@ -761,27 +902,16 @@ impl Renderer {
                 cached.bytes = config.main().len();
             }
         }
-        let fragments = match session
+        if let Some(session) = session
             .as_ref()
             .and_then(|s| s.downcast_object_ref::<fragments::Session>())
         {
-            Some(session) => {
-                let (mut fragments, rendered, reused) = session.finish();
-                // A reused file did not ask for its fragments; keep them for when
-                // it renders again.
-                for file in cached.iter().flatten() {
-                    fragments.extend(&file.fragments);
-                }
-                stats.snippets_rendered = rendered;
-                stats.snippets_reused = reused;
-                fragments
-            }
-            None => fragments::Fragments::default(),
-        };
+            (stats.snippets_rendered, stats.snippets_reused) = session.counts();
+        }
         let cache = Cache {
             resources: resources.clone(),
             files: cached,
-            fragments,
+            used: uncached_used,
         };
         (Ok(config), stats, Some(cache))
     }
@@ -917,9 +1047,19 @@ impl Renderer {
     }
 }
 
+/// The fragment environment (`None`: nothing is cached below the file level), the
+/// variables of each cacheable snippet, and the templates whose `include`s were
+/// rewritten.
+type FragmentEnvironment = (
+    Option<Environment<'static>>,
+    BTreeMap<String, Vec<String>>,
+    BTreeSet<Arc<str>>,
+);
+
 /// The environment for incremental renders: a copy of `env` whose templates print
 /// every cacheable snippet through the fragment cache ([`fragments`]), with the
-/// variables each cacheable snippet names and does not set. `None` when no template
+/// variables each cacheable snippet names and does not set and the templates
+/// whose `include`s were rewritten. `None` when no template
 /// includes a cacheable snippet, or when any template names `debug` (which prints the
 /// whole context, the cache included).
 fn fragment_environment(
@@ -928,8 +1068,8 @@ fn fragment_environment(
     edges: &check::Edges<'_>,
     facts: &[Option<check::Facts>],
     variables: &[check::Variables],
-) -> (Option<Environment<'static>>, BTreeMap<String, Vec<String>>) {
-    let none = || (None, BTreeMap::new());
+) -> FragmentEnvironment {
+    let none = || (None, BTreeMap::new(), BTreeSet::new());
     if facts.iter().any(|f| f.is_none_or(|f| f.names_debug)) {
         return none();
     }
@@ -973,7 +1113,7 @@ fn fragment_environment(
     }
     let mut fragment_env = env.clone();
     fragment_env.add_filter(scan::FRAGMENT_FILTER, fragments::fragment);
-    let mut rewritten = false;
+    let mut rewritten = BTreeSet::new();
     for entry in entries {
         let cacheable = |name: &str| vars.contains_key(name);
         if let Some(source) = scan::rewrite_includes(&entry.instrumented.source, &cacheable) {
@@ -983,11 +1123,11 @@ fn fragment_environment(
             {
                 return none();
             }
-            rewritten = true;
+            rewritten.insert(entry.name.clone());
         }
     }
-    if rewritten {
-        (Some(fragment_env), vars)
+    if !rewritten.is_empty() {
+        (Some(fragment_env), vars, rewritten)
     } else {
         none()
     }

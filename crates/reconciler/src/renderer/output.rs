@@ -78,6 +78,15 @@ impl<'a> Output<'a> {
         self.exceeded.as_ref()
     }
 
+    /// Writes `text` as the engine would: a file put together again from its
+    /// pieces goes through the same marker stripping and budget.
+    pub(crate) fn put(&mut self, text: &str) -> io::Result<()> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        self.push(text)
+    }
+
     /// The text and its line origins.
     pub(crate) fn finish(self) -> Stripped {
         self.stripper.finish()
@@ -100,6 +109,21 @@ impl io::Write for Output<'_> {
         // The engine writes whole strings, so every piece is valid UTF-8.
         let piece =
             std::str::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        super::fragments::track_write(piece);
+        self.push(piece)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Output<'_> {
+    fn push(&mut self, piece: &str) -> io::Result<()> {
+        if self.exceeded.is_some() {
+            return Err(io::Error::other("rendered output was refused before"));
+        }
         let before = self.stripper.len();
         self.stripper.push(piece);
         let grown = (self.stripper.len() - before) as u64;
@@ -111,10 +135,6 @@ impl io::Write for Output<'_> {
         if used > cap {
             return Err(self.refuse(Scope::Total));
         }
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
 }
