@@ -739,6 +739,9 @@ impl Renderer {
                     // Only a file that may be spliced keeps its own text apart.
                     let track = (session.is_some() && inner.spliceable[index])
                         .then(fragments::FileTrack::start);
+                    if track.is_some() {
+                        out.track();
+                    }
                     let rendered = env
                         .get_template(&entry.name)
                         .and_then(|template| template.render_captured_to(&context, &mut out))

@@ -61,6 +61,8 @@ pub(crate) struct Output<'a> {
     stripper: Stripper<'a>,
     budget: &'a Budget,
     exceeded: Option<Exceeded>,
+    /// Tell the fragment tracking about every piece written ([`super::fragments`]).
+    tracked: bool,
 }
 
 impl<'a> Output<'a> {
@@ -70,7 +72,13 @@ impl<'a> Output<'a> {
             stripper: Stripper::new(table, capacity),
             budget,
             exceeded: None,
+            tracked: false,
         }
+    }
+
+    /// Tells the fragment tracking of this thread about every piece written.
+    pub(crate) fn track(&mut self) {
+        self.tracked = true;
     }
 
     /// Why the output was refused, if it was.
@@ -109,7 +117,9 @@ impl io::Write for Output<'_> {
         // The engine writes whole strings, so every piece is valid UTF-8.
         let piece =
             std::str::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        super::fragments::track_write(piece);
+        if self.tracked {
+            super::fragments::track_write(piece);
+        }
         self.push(piece)?;
         Ok(buf.len())
     }
