@@ -224,6 +224,11 @@ impl HashedMain {
         );
         Self { main, hasher }
     }
+
+    /// The text of `haproxy.cfg`.
+    pub fn text(&self) -> &str {
+        &self.main
+    }
 }
 
 impl fmt::Debug for HashedMain {

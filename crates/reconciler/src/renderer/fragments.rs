@@ -34,8 +34,12 @@ use std::sync::{Arc, Mutex};
 use minijinja::value::{Object, Value, ValueKind};
 use minijinja::{Error, State};
 
+use hapwright_eventbus::model::LineOrigin;
+
 use super::context::{Read, Recording, Resources, record_all};
 use super::lazy;
+use super::output::Output;
+use super::source_map::Mark;
 
 /// The context variable holding the render's [`Session`].
 pub(crate) const SESSION_VAR: &str = "__fragments";
@@ -112,15 +116,28 @@ pub(crate) struct Fragments {
 }
 
 impl Fragments {
-    /// The fragments files used, by key (the first one of a key wins; all of a key
-    /// are the same output).
-    fn from_used(used: &[Arc<Used>]) -> Self {
+    /// The fragments files used and printed, by key (the first one of a key wins;
+    /// all of a key are the same output).
+    fn from_used(previous: &Previous) -> Self {
         let mut map = foldhash::HashMap::default();
-        for (key, fragment) in used.iter().flat_map(|used| used.iter()) {
+        for (key, fragment) in previous.used.iter().flat_map(|used| used.iter()) {
             map.entry(key.clone()).or_insert_with(|| fragment.clone());
+        }
+        for piece in previous.pieces.iter().flat_map(|p| p.fragments.iter()) {
+            map.entry(piece.key.clone())
+                .or_insert_with(|| piece.fragment.clone());
         }
         Self { map }
     }
+}
+
+/// What the previous render leaves for the fragment cache: the resources it rendered
+/// from, the fragments its files used and the pieces of the files kept in pieces.
+#[derive(Debug)]
+pub(crate) struct Previous {
+    pub(crate) resources: Resources,
+    pub(crate) used: Vec<Arc<Used>>,
+    pub(crate) pieces: Vec<Arc<Pieces>>,
 }
 
 /// A file's output in pieces: the text the file's own template wrote (markers
@@ -134,6 +151,8 @@ pub(crate) struct Pieces {
     pub(crate) own: Arc<str>,
     /// Each fragment printed, after `own[..at]`, in order.
     pub(crate) fragments: Vec<Piece>,
+    /// Where the file's output was when its template finished.
+    pub(crate) end: Mark,
 }
 
 /// One fragment printed directly into a file.
@@ -143,6 +162,9 @@ pub(crate) struct Piece {
     pub(crate) at: usize,
     pub(crate) key: Key,
     pub(crate) fragment: Arc<Fragment>,
+    /// Where the file's output was before and after the fragment.
+    pub(crate) before: Mark,
+    pub(crate) after: Mark,
 }
 
 /// What is tracked while a file renders on this thread: the fragments its own
@@ -194,13 +216,15 @@ impl FileTrack {
         }
     }
 
-    pub(crate) fn finish(mut self) -> Tracked {
+    /// How the file's fragments went; `end`: where the file's output is now.
+    pub(crate) fn finish(mut self, end: Mark) -> Tracked {
         let outer = self.outer.take();
         let track = TRACK.with(|t| std::mem::replace(&mut *t.borrow_mut(), outer));
         match track {
             Some(track) if track.direct && track.pending.is_none() => Tracked::Pieces(Pieces {
                 own: Arc::from(track.own),
                 fragments: track.printed,
+                end,
             }),
             Some(track) => Tracked::NotDirect(track.used),
             None => Tracked::NotDirect(Vec::new()),
@@ -260,25 +284,46 @@ fn track_use(key: &Key, fragment: &Arc<Fragment>) {
                 at: 0,
                 key: key.clone(),
                 fragment: fragment.clone(),
+                before: Mark::default(),
+                after: Mark::default(),
             },
         ));
     });
 }
 
-/// Called by the file's output for every piece written, while a file is tracked.
-pub(crate) fn track_write(piece: &str) {
+/// Called by the file's output for every piece written, while a file is tracked;
+/// true when the piece is a fragment printed directly (the output then tells where
+/// it went, [`track_marks`]).
+pub(crate) fn track_write(piece: &str) -> bool {
     TRACK.with(|t| {
         let mut t = t.borrow_mut();
-        let Some(track) = t.as_mut() else { return };
+        let Some(track) = t.as_mut() else {
+            return false;
+        };
         if let Some((address, len, mut printed)) = track.pending.take() {
             if address == piece.as_ptr() as usize && len == piece.len() {
                 printed.at = track.own.len();
                 track.printed.push(printed);
-                return;
+                return true;
             }
             track.direct = false;
         }
         track.own.push_str(piece);
+        false
+    })
+}
+
+/// Where the file's output was before and after the fragment just printed.
+pub(crate) fn track_marks(before: Mark, after: Mark) {
+    TRACK.with(|t| {
+        if let Some(printed) = t
+            .borrow_mut()
+            .as_mut()
+            .and_then(|track| track.printed.last_mut())
+        {
+            printed.before = before;
+            printed.after = after;
+        }
     });
 }
 
@@ -329,8 +374,8 @@ fn note_used(key: &Key, fragment: &Arc<Fragment>) {
 /// What the `__fragment` filter needs during one render.
 #[derive(Debug)]
 pub(crate) struct Session {
-    /// The resources of the previous render and the fragments its files used.
-    previous: Option<(Resources, Vec<Arc<Used>>)>,
+    /// What the previous render left.
+    previous: Option<Previous>,
     /// The previous render's fragments by key, built when first asked for (a render
     /// that only reuses and splices files never asks).
     previous_map: std::sync::OnceLock<Fragments>,
@@ -350,7 +395,7 @@ impl Object for Session {}
 
 impl Session {
     pub(crate) fn new(
-        previous: Option<(Resources, Vec<Arc<Used>>)>,
+        previous: Option<Previous>,
         resources: Resources,
         resources_value: Value,
         extra_context: Value,
@@ -377,7 +422,7 @@ impl Session {
 
     /// The resources the previous render rendered from.
     pub(crate) fn previous_resources(&self) -> Option<&Resources> {
-        self.previous.as_ref().map(|(old, _)| old)
+        self.previous.as_ref().map(|previous| &previous.resources)
     }
 
     /// `fragment` (of the previous render) if nothing it read changed, else its
@@ -391,7 +436,7 @@ impl Session {
     ) -> Result<Arc<Fragment>, Error> {
         let old = self.previous_resources();
         if old.is_some_and(|old| fragment.unchanged(old, &self.resources)) {
-            note_used(key, fragment);
+            // Kept in the file's pieces, not in its list of fragments used.
             self.count(true);
             return Ok(fragment.clone());
         }
@@ -428,13 +473,16 @@ impl Session {
 
     /// A file put together again from its previous `pieces`: its own text as it
     /// was, each fragment [refreshed](Self::refresh), written into `out` as the
-    /// engine would have written them. Returns the new pieces.
+    /// engine would have written them. `text` and `lines` are the file's previous
+    /// output: a piece that is the same and starts in the same stripping state is
+    /// copied from there instead of stripped again. Returns the new pieces.
     pub(crate) fn splice(
         &self,
         env: &minijinja::Environment<'_>,
         session_value: &Value,
         pieces: &Pieces,
-        out: &mut super::output::Output<'_>,
+        (text, lines): (&str, &[Option<LineOrigin>]),
+        out: &mut Output<'_>,
     ) -> Result<Pieces, Error> {
         let written = |result: std::io::Result<()>| {
             result.map_err(|error| {
@@ -442,31 +490,45 @@ impl Session {
                     .with_source(error)
             })
         };
+        // Writes `raw`, which gave `text[from..to]` before, starting at `from`'s state.
+        let write = |out: &mut Output<'_>, raw: &str, same: bool, from: &Mark, to: &Mark| {
+            if same && out.same_state(from, text) {
+                written(out.copy(text, lines, from, to))
+            } else {
+                written(out.put(raw))
+            }
+        };
         let mut fragments = Vec::with_capacity(pieces.fragments.len());
-        let mut from = 0;
+        let (mut at, mut mark) = (0, Mark::default());
         for piece in &pieces.fragments {
-            written(out.put(&pieces.own[from..piece.at]))?;
-            from = piece.at;
+            write(out, &pieces.own[at..piece.at], true, &mark, &piece.before)?;
+            (at, mark) = (piece.at, piece.after);
             let fragment = self.refresh(env, session_value, &piece.key, &piece.fragment)?;
-            written(out.put(fragment.text()))?;
+            let before = out.mark();
+            let same = Arc::ptr_eq(&fragment, &piece.fragment);
+            write(out, fragment.text(), same, &piece.before, &piece.after)?;
             fragments.push(Piece {
                 at: piece.at,
                 key: piece.key.clone(),
                 fragment,
+                before,
+                after: out.mark(),
             });
         }
-        written(out.put(&pieces.own[from..]))?;
+        write(out, &pieces.own[at..], true, &mark, &pieces.end)?;
         Ok(Pieces {
             own: pieces.own.clone(),
             fragments,
+            end: out.mark(),
         })
     }
 
     fn previous_map(&self) -> Option<(&Resources, &Fragments)> {
-        let (old, used) = self.previous.as_ref()?;
+        let previous = self.previous.as_ref()?;
         Some((
-            old,
-            self.previous_map.get_or_init(|| Fragments::from_used(used)),
+            &previous.resources,
+            self.previous_map
+                .get_or_init(|| Fragments::from_used(previous)),
         ))
     }
 

@@ -207,6 +207,15 @@ enum FileText {
     Other(Arc<str>),
 }
 
+impl FileText {
+    fn as_str(&self) -> &str {
+        match self {
+            Self::Main(main) => main.text(),
+            Self::Other(text) => text,
+        }
+    }
+}
+
 /// Compiled templates, ready to render. Cheap to clone; rendering takes `&self` and
 /// may run on any thread.
 #[derive(Clone)]
@@ -605,7 +614,17 @@ impl Renderer {
                 mut used,
             }) => {
                 used.extend(files.iter().flatten().map(|file| file.fragments.clone()));
-                (Some((old.clone(), files)), Some((old, used)))
+                let pieces = files
+                    .iter()
+                    .flatten()
+                    .filter_map(|file| file.pieces.clone())
+                    .collect();
+                let previous = fragments::Previous {
+                    resources: old.clone(),
+                    used,
+                    pieces,
+                };
+                (Some((old, files)), Some(previous))
             }
             None => (None, None),
         };
@@ -719,7 +738,8 @@ impl Renderer {
                     let pieces = file.pieces.as_deref().expect("a spliced file has pieces");
                     let used = fragments::UsedFragments::start();
                     spliced_count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let spliced = session.splice(env, session_value, pieces, &mut out);
+                    let earlier = (file.text.as_str(), file.lines.as_slice());
+                    let spliced = session.splice(env, session_value, pieces, earlier, &mut out);
                     let used = used.finish();
                     let (rendered, pieces) = match spliced {
                         Ok(pieces) => (Ok(()), Some(Arc::new(pieces))),
@@ -746,7 +766,8 @@ impl Renderer {
                         .get_template(&entry.name)
                         .and_then(|template| template.render_captured_to(&context, &mut out))
                         .map(drop);
-                    let pieces = match track.map(fragments::FileTrack::finish) {
+                    let end = out.mark();
+                    let pieces = match track.map(|track| track.finish(end)) {
                         Some(fragments::Tracked::Pieces(pieces))
                             if !pieces.fragments.is_empty() =>
                         {

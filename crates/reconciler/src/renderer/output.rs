@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use hapwright_eventbus::config::ByteSize;
 use hapwright_eventbus::model::LineOrigin;
 
-use super::source_map::{MarkerTable, Stripped, Stripper};
+use super::source_map::{Mark, MarkerTable, Stripped, Stripper};
 
 /// The output budget of one render, shared by every file rendering in parallel.
 #[derive(Debug)]
@@ -95,6 +95,33 @@ impl<'a> Output<'a> {
         self.push(text)
     }
 
+    /// Where the output is now ([`super::source_map::Stripper::mark`]).
+    pub(crate) fn mark(&self) -> Mark {
+        self.stripper.mark()
+    }
+
+    /// Whether the next piece would be stripped as at `mark` of the earlier output
+    /// `text`.
+    pub(crate) fn same_state(&self, mark: &Mark, text: &str) -> bool {
+        self.stripper.same_state(mark, text)
+    }
+
+    /// Appends what the earlier output (`text`, `lines`) got between `from` and
+    /// `to` ([`super::source_map::Stripper::copy`]), within the budget.
+    pub(crate) fn copy(
+        &mut self,
+        text: &str,
+        lines: &[Option<LineOrigin>],
+        from: &Mark,
+        to: &Mark,
+    ) -> io::Result<()> {
+        if self.exceeded.is_some() {
+            return Err(io::Error::other("rendered output was refused before"));
+        }
+        self.stripper.copy(text, lines, from, to);
+        self.charge((to.text() - from.text()) as u64)
+    }
+
     /// The text and its line origins.
     pub(crate) fn finish(self) -> Stripped {
         self.stripper.finish()
@@ -117,10 +144,14 @@ impl io::Write for Output<'_> {
         // The engine writes whole strings, so every piece is valid UTF-8.
         let piece =
             std::str::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        if self.tracked {
-            super::fragments::track_write(piece);
+        if self.tracked && super::fragments::track_write(piece) {
+            // A snippet output printed directly: remember where it went.
+            let before = self.stripper.mark();
+            self.push(piece)?;
+            super::fragments::track_marks(before, self.stripper.mark());
+        } else {
+            self.push(piece)?;
         }
-        self.push(piece)?;
         Ok(buf.len())
     }
 
@@ -136,7 +167,11 @@ impl Output<'_> {
         }
         let before = self.stripper.len();
         self.stripper.push(piece);
-        let grown = (self.stripper.len() - before) as u64;
+        self.charge((self.stripper.len() - before) as u64)
+    }
+
+    /// Counts `grown` more bytes of text against this file's cap and the budget.
+    fn charge(&mut self, grown: u64) -> io::Result<()> {
         let cap = self.budget.cap.bytes();
         if self.stripper.len() as u64 > cap {
             return Err(self.refuse(Scope::File));

@@ -153,6 +153,24 @@ pub(crate) fn strip(rendered: &str, table: &MarkerTable) -> Stripped {
     stripper.finish()
 }
 
+/// A stripper's position in its output and the state it strips the next piece in
+/// ([`Stripper::mark`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Mark {
+    text: usize,
+    lines: usize,
+    last_origin: Option<usize>,
+    line_origin: Option<usize>,
+    line_start: usize,
+}
+
+impl Mark {
+    /// Bytes of text before the mark.
+    pub(crate) fn text(&self) -> usize {
+        self.text
+    }
+}
+
 /// Strips markers from a render while it is being written, piece by piece, so only
 /// the final text is ever held (never the text with its markers as well).
 ///
@@ -190,6 +208,46 @@ impl<'t> Stripper<'t> {
     /// Bytes of text so far, markers not counted.
     pub(crate) fn len(&self) -> usize {
         self.text.len()
+    }
+
+    /// Where the stripper is now, and the state the next piece is stripped in.
+    pub(crate) fn mark(&self) -> Mark {
+        Mark {
+            text: self.text.len(),
+            lines: self.lines.len(),
+            last_origin: self.last_origin,
+            line_origin: self.line_origin,
+            line_start: self.line_start,
+        }
+    }
+
+    /// Whether the next piece would be stripped now as it was at `mark` of an
+    /// earlier output whose text was `earlier`: the same markers seen, and the same
+    /// bytes of the current line so far.
+    pub(crate) fn same_state(&self, mark: &Mark, earlier: &str) -> bool {
+        self.last_origin == mark.last_origin
+            && self.line_origin == mark.line_origin
+            && earlier
+                .as_bytes()
+                .get(mark.line_start..mark.text)
+                .is_some_and(|line| line == &self.text.as_bytes()[self.line_start..])
+    }
+
+    /// Appends what an earlier output (`text`, `lines`) got from `from` to `to`, and
+    /// takes the state it had at `to`: what pushing the same pieces gives when
+    /// [`Self::same_state`] holds at `from`.
+    pub(crate) fn copy(
+        &mut self,
+        text: &str,
+        lines: &[Option<LineOrigin>],
+        from: &Mark,
+        to: &Mark,
+    ) {
+        self.text.push_str(&text[from.text..to.text]);
+        self.lines.extend_from_slice(&lines[from.lines..to.lines]);
+        self.last_origin = to.last_origin;
+        self.line_origin = to.line_origin;
+        self.line_start = self.text.len() - (to.text - to.line_start);
     }
 
     /// The template line that produced the latest output.
