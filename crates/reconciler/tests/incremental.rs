@@ -202,7 +202,7 @@ impl Cluster {
                         self.remove(source, &key);
                         object["metadata"]["name"] = json!(format!("{}-r{id}", key.name));
                     }
-                    _ => object["data"]["tls.crt"] = json!(format!("Y3J0{id}")),
+                    _ => object["data"]["tls.crt"] = json!(base64_value(rng, "Y3J0", id)),
                 }
                 self.upsert(source, object);
             }
@@ -221,13 +221,35 @@ impl Cluster {
                         object["spec"]["rules"][0]["host"] =
                             json!(format!("Changed-{id}.example.com"));
                     }
-                    ("secrets", 0) => object["data"]["tls.key"] = json!(format!("a2V5{id}")),
+                    ("secrets", 0) => {
+                        object["data"]["tls.key"] = json!(base64_value(rng, "a2V5", id))
+                    }
                     _ => object["metadata"]["resourceVersion"] = json!(id.to_string()),
                 }
                 self.upsert(source, object);
             }
         }
     }
+}
+
+/// A secret value: mostly valid base64 of text (`prefix`, itself valid, then three
+/// digits), three times in a hundred not (the render then fails until a later change
+/// repairs it, and the errors must be those of a full render too).
+fn base64_value(rng: &mut Rng, prefix: &str, id: usize) -> String {
+    if rng.chance(3) {
+        return format!("{prefix}{id}");
+    }
+    // Three digits of `id`, base64-encoded: decodes to text.
+    const CHARS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let digits = format!("{:03}", id % 1000);
+    let bits = digits
+        .bytes()
+        .fold(0usize, |bits, byte| (bits << 8) | usize::from(byte));
+    let quad: String = (0..4)
+        .rev()
+        .map(|i| char::from(CHARS[(bits >> (6 * i)) & 63]))
+        .collect();
+    format!("{prefix}{quad}")
 }
 
 /// Fails with the first difference between an incremental and a full render.
@@ -295,6 +317,9 @@ fn differential(templates: Templates, changes: usize, rng: &mut Rng) -> (usize, 
 fn incremental_renders_equal_full_renders_over_random_changes() {
     let mut rng = Rng(seed());
     let (files, snippets, spliced) = differential(fixtures::routing_templates(), 600, &mut rng);
+    println!(
+        "routing: {files} files and {snippets} snippet outputs reused, {spliced} files spliced"
+    );
     assert!(
         files > 0,
         "the routing example reused no file in 600 changes"
@@ -309,6 +334,9 @@ fn incremental_renders_equal_full_renders_over_random_changes() {
         "the routing example spliced no file in 600 changes"
     );
     let (files, snippets, spliced) = differential(routing_without_shared(), 600, &mut rng);
+    println!(
+        "routing without shared: {files} files and {snippets} snippet outputs reused, {spliced} files spliced"
+    );
     assert!(
         spliced > 0,
         "routing without shared spliced no file in 600 changes"
@@ -321,6 +349,68 @@ fn incremental_renders_equal_full_renders_over_random_changes() {
         snippets > 0,
         "routing without shared reused no snippet in 600 changes"
     );
+}
+
+/// Endpoint changes are what files put together from their pieces serve: each
+/// renders one backend again and copies the rest. Mostly such changes (a slice's
+/// endpoints made ready or not, moved, added or removed, so the backend's length and
+/// line count change), with other changes in between, each checked against a full
+/// render.
+#[test]
+fn spliced_renders_equal_full_renders_over_random_endpoint_changes() {
+    let mut rng = Rng(seed());
+    for templates in [fixtures::routing_templates(), routing_without_shared()] {
+        let incremental = renderer(templates.clone());
+        let full = renderer(templates);
+        let mut cluster = Cluster::new(40);
+        let (first, _) = incremental.render_with_stats(&cluster.resources);
+        first.expect("renders");
+        let mut spliced = 0;
+        for step in 1..=300 {
+            let slices = cluster.keys("endpoints");
+            if rng.chance(15) || slices.is_empty() {
+                cluster.random_change(&mut rng);
+            } else {
+                let key = slices[rng.below(slices.len())].clone();
+                let mut slice = cluster.object("endpoints", &key);
+                let endpoints = slice["endpoints"].as_array_mut().expect("endpoints");
+                match rng.below(4) {
+                    0 if !endpoints.is_empty() => {
+                        let ready = endpoints[0]["conditions"]["ready"] == json!(true);
+                        endpoints[0]["conditions"]["ready"] = json!(!ready);
+                    }
+                    1 if !endpoints.is_empty() => {
+                        endpoints[0]["addresses"] =
+                            json!([format!("10.8.{}.{}", step / 256, step % 256)]);
+                    }
+                    2 if endpoints.len() > 1 => {
+                        endpoints.pop();
+                    }
+                    _ => endpoints.push(json!({
+                        "addresses": [format!("10.7.{}.{}", step / 256, step % 256)],
+                        "conditions": {"ready": true},
+                        "targetRef": {"name": format!("pod-extra-{step}")},
+                    })),
+                }
+                cluster.upsert("endpoints", slice);
+            }
+            let (result, stats) = incremental.render_with_stats(&cluster.resources);
+            spliced += stats.spliced;
+            match (result, full.render_full(&cluster.resources)) {
+                (Ok(got), Ok(expected)) => assert_same(step, &got, &expected),
+                (Err(got), Err(expected)) => {
+                    assert_eq!(got, expected, "errors differ after change {step}")
+                }
+                (got, expected) => panic!(
+                    "after change {step}: incremental {:?}, full {:?}",
+                    got.map(|c| c.hash()),
+                    expected.map(|c| c.hash())
+                ),
+            }
+        }
+        println!("{spliced} of 300 renders spliced haproxy.cfg");
+        assert!(spliced > 100, "only {spliced} of 300 renders spliced");
+    }
 }
 
 #[test]

@@ -122,12 +122,18 @@ pub struct LineOrigin {
 /// For every rendered file, the origin of each of its lines (index 0 = line 1).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SourceMap {
-    files: BTreeMap<RenderedFileRef, Vec<Option<LineOrigin>>>,
+    files: BTreeMap<RenderedFileRef, Arc<[Option<LineOrigin>]>>,
 }
 
 impl SourceMap {
     /// Records the origins of a rendered file's lines.
     pub fn insert(&mut self, file: RenderedFileRef, lines: Vec<Option<LineOrigin>>) {
+        self.files.insert(file, lines.into());
+    }
+
+    /// [`SourceMap::insert`] with origins shared with their owner (a renderer keeps
+    /// the origins of the files it may reuse).
+    pub fn insert_shared(&mut self, file: RenderedFileRef, lines: Arc<[Option<LineOrigin>]>) {
         self.files.insert(file, lines);
     }
 

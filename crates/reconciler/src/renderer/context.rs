@@ -809,6 +809,85 @@ impl Read {
     }
 }
 
+/// Checks many reads against the same two resource versions
+/// ([`Read::unchanged`]), working out once per store what changed between them: a
+/// file in pieces checks the reads of every snippet output it holds, one per object.
+pub(crate) struct ReadCheck<'a> {
+    old: &'a Resources,
+    new: &'a Resources,
+    /// Per store name seen: what changed in it.
+    stores: std::cell::RefCell<Vec<(Arc<str>, StoreDiff)>>,
+}
+
+/// What changed in one store between the two versions.
+#[derive(Clone)]
+enum StoreDiff {
+    /// Nothing: every read of it is unchanged.
+    Same,
+    /// The objects under these index keys (from the store's history).
+    Touched(Arc<[Arc<[String]>]>),
+    /// Not known from the history: each read is checked on its own.
+    Unknown,
+}
+
+impl<'a> ReadCheck<'a> {
+    pub(crate) fn new(old: &'a Resources, new: &'a Resources) -> Self {
+        Self {
+            old,
+            new,
+            stores: std::cell::RefCell::new(Vec::new()),
+        }
+    }
+
+    /// [`Read::unchanged`] over the two versions.
+    pub(crate) fn unchanged(&self, read: &Read) -> bool {
+        let name = match read {
+            Read::List(name) | Read::Lookup(name, _) => name,
+        };
+        let diff = self.diff(name);
+        match (diff, read) {
+            (StoreDiff::Same, _) => true,
+            (StoreDiff::Touched(_), Read::List(_)) => false,
+            (StoreDiff::Touched(touched), Read::Lookup(_, keys)) => {
+                !touched.iter().any(|touched| touched.starts_with(keys))
+            }
+            (StoreDiff::Unknown, _) => read.unchanged(self.old, self.new),
+        }
+    }
+
+    fn diff(&self, name: &Arc<str>) -> StoreDiff {
+        let mut stores = self.stores.borrow_mut();
+        if let Some((_, diff)) = stores
+            .iter()
+            .find(|(seen, _)| Arc::ptr_eq(seen, name) || **seen == **name)
+        {
+            return diff.clone();
+        }
+        let (old, new) = (self.old.get(name), self.new.get(name));
+        let generation = |store: Option<&Arc<ResourceStore>>| store.map_or(0, |s| s.generation);
+        let diff = if generation(old) == generation(new) {
+            StoreDiff::Same
+        } else {
+            match (old, new) {
+                (Some(old), Some(new)) => {
+                    match new.history.iter().position(|s| s.from == old.generation) {
+                        Some(position) => StoreDiff::Touched(
+                            new.history[..=position]
+                                .iter()
+                                .flat_map(|step| step.touched.iter().cloned())
+                                .collect(),
+                        ),
+                        None => StoreDiff::Unknown,
+                    }
+                }
+                _ => StoreDiff::Unknown,
+            }
+        };
+        stores.push((name.clone(), diff.clone()));
+        diff
+    }
+}
+
 // === impl Resources ===
 
 /// The latest template view of every watched resource. Cheap to clone.

@@ -36,7 +36,7 @@ use minijinja::{Error, State};
 
 use hapwright_eventbus::model::LineOrigin;
 
-use super::context::{Read, Recording, Resources, record_all};
+use super::context::{Read, ReadCheck, Recording, Resources, record_all};
 use super::lazy;
 use super::output::Output;
 use super::source_map::Mark;
@@ -101,6 +101,11 @@ impl Fragment {
     /// `old`.
     pub(crate) fn unchanged(&self, old: &Resources, new: &Resources) -> bool {
         self.reads.iter().all(|read| read.unchanged(old, new))
+    }
+
+    /// [`Self::unchanged`] through a check shared by many fragments.
+    pub(crate) fn unchanged_in(&self, check: &ReadCheck<'_>) -> bool {
+        self.reads.iter().all(|read| check.unchanged(read))
     }
 
     /// What the snippet read.
@@ -420,22 +425,18 @@ impl Session {
         *lock(&self.counts)
     }
 
-    /// The resources the previous render rendered from.
-    pub(crate) fn previous_resources(&self) -> Option<&Resources> {
-        self.previous.as_ref().map(|previous| &previous.resources)
-    }
-
-    /// `fragment` (of the previous render) if nothing it read changed, else its
-    /// snippet rendered again with the same variables, now.
-    pub(crate) fn refresh(
+    /// `fragment` (of the previous render) when nothing it read changed
+    /// (`changed` false), else its snippet rendered again with the same variables,
+    /// now.
+    fn refresh(
         &self,
         env: &minijinja::Environment<'_>,
         session_value: &Value,
         key: &Key,
         fragment: &Arc<Fragment>,
+        changed: bool,
     ) -> Result<Arc<Fragment>, Error> {
-        let old = self.previous_resources();
-        if old.is_some_and(|old| fragment.unchanged(old, &self.resources)) {
+        if !changed {
             // Kept in the file's pieces, not in its list of fragments used.
             self.count(true);
             return Ok(fragment.clone());
@@ -473,14 +474,15 @@ impl Session {
 
     /// A file put together again from its previous `pieces`: its own text as it
     /// was, each fragment [refreshed](Self::refresh), written into `out` as the
-    /// engine would have written them. `text` and `lines` are the file's previous
-    /// output: a piece that is the same and starts in the same stripping state is
-    /// copied from there instead of stripped again. Returns the new pieces.
+    /// engine would have written them. `changed` lists (in order) the pieces whose
+    /// fragments read something that changed. `text` and `lines` are the file's
+    /// previous output: a piece that is the same and starts in the same stripping
+    /// state is copied from there instead of stripped again. Returns the new pieces.
     pub(crate) fn splice(
         &self,
         env: &minijinja::Environment<'_>,
         session_value: &Value,
-        pieces: &Pieces,
+        (pieces, changed): (&Pieces, &[usize]),
         (text, lines): (&str, &[Option<LineOrigin>]),
         out: &mut Output<'_>,
     ) -> Result<Pieces, Error> {
@@ -500,10 +502,12 @@ impl Session {
         };
         let mut fragments = Vec::with_capacity(pieces.fragments.len());
         let (mut at, mut mark) = (0, Mark::default());
-        for piece in &pieces.fragments {
+        let mut changed = changed.iter().peekable();
+        for (index, piece) in pieces.fragments.iter().enumerate() {
             write(out, &pieces.own[at..piece.at], true, &mark, &piece.before)?;
             (at, mark) = (piece.at, piece.after);
-            let fragment = self.refresh(env, session_value, &piece.key, &piece.fragment)?;
+            let this = changed.next_if_eq(&&index).is_some();
+            let fragment = self.refresh(env, session_value, &piece.key, &piece.fragment, this)?;
             let before = out.mark();
             let same = Arc::ptr_eq(&fragment, &piece.fragment);
             write(out, fragment.text(), same, &piece.before, &piece.after)?;

@@ -198,7 +198,7 @@ impl Entry {
 // === impl Renderer ===
 
 /// One file's render: its text and the origin of each line, or the error.
-type RenderResult = Result<(FileText, Vec<Option<LineOrigin>>), Diagnostic>;
+type RenderResult = Result<(FileText, Arc<[Option<LineOrigin>]>), Diagnostic>;
 
 /// A rendered file's text; `haproxy.cfg` comes with its part of the content hash.
 #[derive(Clone)]
@@ -279,7 +279,7 @@ struct CachedFile {
     text: FileText,
     /// Size of the text, charged to the output budget when the file is reused.
     bytes: usize,
-    lines: Vec<Option<LineOrigin>>,
+    lines: Arc<[Option<LineOrigin>]>,
     /// What the file read: everything, or, with `pieces`, what its own template
     /// read (the fragments' reads stay with the fragments).
     reads: Arc<[Read]>,
@@ -295,7 +295,7 @@ enum Plan {
     /// Render it.
     Render,
     /// Put it together again from its pieces, rendering the changed fragments.
-    Splice(CachedFile),
+    Splice(Box<CachedFile>, Vec<usize>),
 }
 
 /// How a render went: how many files were rendered and how many reused from the
@@ -655,35 +655,33 @@ impl Renderer {
         let mut plans: Vec<Plan> = inner.entries.iter().map(|_| Plan::Render).collect();
         let mut reused: Vec<Option<CachedFile>> = inner.entries.iter().map(|_| None).collect();
         if let Some((old, files)) = previous_files {
+            let check = context::ReadCheck::new(&old, resources);
             for (index, file) in files.into_iter().enumerate() {
                 let Some(file) = file else { continue };
-                let own_reads = || {
-                    file.reads
-                        .iter()
-                        .all(|read| read.unchanged(&old, resources))
-                };
-                let fragments = || {
-                    file.pieces.as_ref().is_none_or(|pieces| {
-                        pieces
-                            .fragments
-                            .iter()
-                            .all(|piece| piece.fragment.unchanged(&old, resources))
-                    })
-                };
                 let reusable = inner.reusable[index] || file.shared.is_some();
-                if reusable && own_reads() {
-                    if fragments() {
-                        if let Some(left) = &file.shared {
-                            shared.restore(left);
-                        }
-                        reused[index] = Some(file);
-                    } else if inner.spliceable[index] && file.pieces.is_some() && session.is_some()
-                    {
-                        if let Some(left) = &file.shared {
-                            shared.restore(left);
-                        }
-                        plans[index] = Plan::Splice(file);
+                if !reusable || !file.reads.iter().all(|read| check.unchanged(read)) {
+                    continue;
+                }
+                // The pieces whose snippet outputs read something that changed.
+                let changed: Vec<usize> = file.pieces.as_ref().map_or_else(Vec::new, |pieces| {
+                    pieces
+                        .fragments
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, piece)| !piece.fragment.unchanged_in(&check))
+                        .map(|(index, _)| index)
+                        .collect()
+                });
+                if changed.is_empty() {
+                    if let Some(left) = &file.shared {
+                        shared.restore(left);
                     }
+                    reused[index] = Some(file);
+                } else if inner.spliceable[index] && session.is_some() {
+                    if let Some(left) = &file.shared {
+                        shared.restore(left);
+                    }
+                    plans[index] = Plan::Splice(Box::new(file), changed);
                 }
             }
         }
@@ -731,15 +729,16 @@ impl Renderer {
             );
             let mut out = output::Output::new(&inner.markers, &budget, entry.source.len());
             let (rendered, file_reads) = match (plan, &session) {
-                (Plan::Splice(file), Some(session_value)) => {
+                (Plan::Splice(file, changed), Some(session_value)) => {
                     let session = session_value
                         .downcast_object_ref::<fragments::Session>()
                         .expect("the session is a Session");
                     let pieces = file.pieces.as_deref().expect("a spliced file has pieces");
                     let used = fragments::UsedFragments::start();
                     spliced_count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let earlier = (file.text.as_str(), file.lines.as_slice());
-                    let spliced = session.splice(env, session_value, pieces, earlier, &mut out);
+                    let earlier = (file.text.as_str(), &*file.lines);
+                    let spliced =
+                        session.splice(env, session_value, (pieces, &changed), earlier, &mut out);
                     let used = used.finish();
                     let (rendered, pieces) = match spliced {
                         Ok(pieces) => (Ok(()), Some(Arc::new(pieces))),
@@ -805,7 +804,7 @@ impl Renderer {
                     } else {
                         FileText::Other(Arc::from(stripped.text))
                     };
-                    Ok((text, stripped.lines))
+                    Ok((text, Arc::from(stripped.lines)))
                 }
             };
             // Each index is rendered once.
@@ -887,7 +886,7 @@ impl Renderer {
                         pieces,
                         shared,
                     });
-                    source_map.insert(file.clone(), lines);
+                    source_map.insert_shared(file.clone(), lines);
                     match (text, file.kind) {
                         (FileText::Main(hashed), _) => main = Some(hashed),
                         (FileText::Other(text), FileKind::Map) => {
