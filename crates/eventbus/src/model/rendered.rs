@@ -120,27 +120,60 @@ pub struct LineOrigin {
 }
 
 /// For every rendered file, the origin of each of its lines (index 0 = line 1).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+///
+/// A line's origin is kept as a number into a table of origins that a renderer
+/// shares between all its renders (one per template line that writes output), so a
+/// file of 60,000 lines costs four bytes a line and no reference counting.
+#[derive(Clone, Debug, Default)]
 pub struct SourceMap {
-    files: BTreeMap<RenderedFileRef, Arc<[Option<LineOrigin>]>>,
+    files: BTreeMap<RenderedFileRef, Arc<[Option<u32>]>>,
+    origins: Arc<[LineOrigin]>,
 }
 
 impl SourceMap {
-    /// Records the origins of a rendered file's lines.
-    pub fn insert(&mut self, file: RenderedFileRef, lines: Vec<Option<LineOrigin>>) {
-        self.files.insert(file, lines.into());
+    /// An empty map whose files' lines number into `origins`
+    /// ([`SourceMap::insert_indexed`]).
+    pub fn with_origins(origins: Arc<[LineOrigin]>) -> Self {
+        Self {
+            files: BTreeMap::new(),
+            origins,
+        }
     }
 
-    /// [`SourceMap::insert`] with origins shared with their owner (a renderer keeps
-    /// the origins of the files it may reuse).
-    pub fn insert_shared(&mut self, file: RenderedFileRef, lines: Arc<[Option<LineOrigin>]>) {
+    /// Records the origins of a rendered file's lines.
+    pub fn insert(&mut self, file: RenderedFileRef, lines: Vec<Option<LineOrigin>>) {
+        let mut origins = self.origins.to_vec();
+        let indexed: Vec<Option<u32>> = lines
+            .into_iter()
+            .map(|line| {
+                line.map(|origin| {
+                    let index = origins
+                        .iter()
+                        .position(|known| *known == origin)
+                        .unwrap_or_else(|| {
+                            origins.push(origin);
+                            origins.len() - 1
+                        });
+                    u32::try_from(index).unwrap_or(u32::MAX)
+                })
+            })
+            .collect();
+        self.origins = origins.into();
+        self.files.insert(file, indexed.into());
+    }
+
+    /// Records a rendered file's lines as numbers into the origins the map was made
+    /// with ([`SourceMap::with_origins`]); shared with their owner (a renderer keeps
+    /// the lines of the files it may reuse).
+    pub fn insert_indexed(&mut self, file: RenderedFileRef, lines: Arc<[Option<u32>]>) {
         self.files.insert(file, lines);
     }
 
     /// Where line `line` (1-based) of `file` came from, when known.
     pub fn origin(&self, file: &RenderedFileRef, line: u32) -> Option<&LineOrigin> {
         let index = usize::try_from(line).ok()?.checked_sub(1)?;
-        self.files.get(file)?.get(index)?.as_ref()
+        let origin = (*self.files.get(file)?.get(index)?)?;
+        self.origins.get(usize::try_from(origin).ok()?)
     }
 
     /// Looks a file up by its path relative to the config directory.
@@ -150,6 +183,64 @@ impl SourceMap {
             .keys()
             .find(|file| file.relative_path() == relative_path)?;
         self.origin(file, line)
+    }
+
+    /// Each line's origin, resolved.
+    fn resolved<'a>(
+        &'a self,
+        lines: &'a [Option<u32>],
+    ) -> impl Iterator<Item = Option<&'a LineOrigin>> + 'a {
+        lines
+            .iter()
+            .map(|line| line.and_then(|index| self.origins.get(usize::try_from(index).ok()?)))
+    }
+}
+
+/// Two maps are equal when they give every file's lines the same origins, however
+/// their tables are numbered.
+impl PartialEq for SourceMap {
+    fn eq(&self, other: &Self) -> bool {
+        self.files.len() == other.files.len()
+            && self
+                .files
+                .iter()
+                .zip(&other.files)
+                .all(|((a, la), (b, lb))| {
+                    a == b
+                        && la.len() == lb.len()
+                        && ((Arc::ptr_eq(&self.origins, &other.origins) && la == lb)
+                            || self.resolved(la).eq(other.resolved(lb)))
+                })
+    }
+}
+
+impl Eq for SourceMap {}
+
+/// Serialized as each file's list of origins: `{"files": {file: [origin or null]}}`.
+impl Serialize for SourceMap {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+
+        struct Lines<'a>(&'a SourceMap, &'a [Option<u32>]);
+        impl Serialize for Lines<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_seq(self.0.resolved(self.1))
+            }
+        }
+        struct Files<'a>(&'a SourceMap);
+        impl Serialize for Files<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_map(
+                    self.0
+                        .files
+                        .iter()
+                        .map(|(file, lines)| (file, Lines(self.0, lines))),
+                )
+            }
+        }
+        let mut state = serializer.serialize_struct("SourceMap", 1)?;
+        state.serialize_field("files", &Files(self))?;
+        state.end()
     }
 }
 

@@ -34,8 +34,6 @@ use std::sync::{Arc, Mutex};
 use minijinja::value::{Object, Value, ValueKind};
 use minijinja::{Error, State};
 
-use hapwright_eventbus::model::LineOrigin;
-
 use super::context::{Read, ReadCheck, Recording, Resources, record_all};
 use super::lazy;
 use super::output::Output;
@@ -483,7 +481,7 @@ impl Session {
         env: &minijinja::Environment<'_>,
         session_value: &Value,
         (pieces, changed): (&Pieces, &[usize]),
-        (text, lines): (&str, &[Option<LineOrigin>]),
+        (text, lines): (&str, &[Option<u32>]),
         out: &mut Output<'_>,
     ) -> Result<Pieces, Error> {
         let written = |result: std::io::Result<()>| {

@@ -198,7 +198,7 @@ impl Entry {
 // === impl Renderer ===
 
 /// One file's render: its text and the origin of each line, or the error.
-type RenderResult = Result<(FileText, Arc<[Option<LineOrigin>]>), Diagnostic>;
+type RenderResult = Result<(FileText, Arc<[Option<u32>]>), Diagnostic>;
 
 /// A rendered file's text; `haproxy.cfg` comes with its part of the content hash.
 #[derive(Clone)]
@@ -228,6 +228,8 @@ struct Inner {
     entries: Vec<Entry>,
     by_name: BTreeMap<Arc<str>, usize>,
     markers: MarkerTable,
+    /// The origin of every marker, shared by the source maps of all renders.
+    origins: Arc<[LineOrigin]>,
     watched: Vec<Arc<str>>,
     extra_context: Value,
     limits: RenderLimits,
@@ -279,7 +281,8 @@ struct CachedFile {
     text: FileText,
     /// Size of the text, charged to the output budget when the file is reused.
     bytes: usize,
-    lines: Arc<[Option<LineOrigin>]>,
+    /// Each line's origin, by index into the marker table.
+    lines: Arc<[Option<u32>]>,
     /// What the file read: everything, or, with `pieces`, what its own template
     /// read (the fragments' reads stay with the fragments).
     reads: Arc<[Read]>,
@@ -494,6 +497,7 @@ impl Renderer {
                     env,
                     entries,
                     by_name,
+                    origins: markers.origins(),
                     markers,
                     watched,
                     extra_context,
@@ -837,7 +841,7 @@ impl Renderer {
         });
 
         stats.spliced = spliced_count.into_inner();
-        let mut source_map = SourceMap::default();
+        let mut source_map = SourceMap::with_origins(inner.origins.clone());
         let mut main = None;
         let mut outputs: [BTreeMap<String, Arc<str>>; 3] = Default::default();
         let mut diagnostics = Vec::new();
@@ -886,7 +890,7 @@ impl Renderer {
                         pieces,
                         shared,
                     });
-                    source_map.insert_shared(file.clone(), lines);
+                    source_map.insert_indexed(file.clone(), lines);
                     match (text, file.kind) {
                         (FileText::Main(hashed), _) => main = Some(hashed),
                         (FileText::Other(text), FileKind::Map) => {

@@ -111,7 +111,7 @@ impl<'a> Output<'a> {
     pub(crate) fn copy(
         &mut self,
         text: &str,
-        lines: &[Option<LineOrigin>],
+        lines: &[Option<u32>],
         from: &Mark,
         to: &Mark,
     ) -> io::Result<()> {

@@ -63,6 +63,11 @@ impl MarkerTable {
     pub(crate) fn get(&self, index: usize) -> Option<&LineOrigin> {
         self.origins.get(index)
     }
+
+    /// Every origin, by index (what the numbers in [`Stripped::lines`] refer to).
+    pub(crate) fn origins(&self) -> Arc<[LineOrigin]> {
+        Arc::from(self.origins.as_slice())
+    }
 }
 
 fn encode(index: usize) -> String {
@@ -139,8 +144,9 @@ fn find_newline_or_lead(bytes: &[u8]) -> Option<usize> {
 pub(crate) struct Stripped {
     /// The file's content, ending with a newline unless empty.
     pub(crate) text: String,
-    /// The origin of each line (index 0 = line 1).
-    pub(crate) lines: Vec<Option<LineOrigin>>,
+    /// The origin of each line (index 0 = line 1), as an index into the marker
+    /// table.
+    pub(crate) lines: Vec<Option<u32>>,
 }
 
 /// Removes markers from a rendered output, records each line's origin, and ends the
@@ -183,7 +189,7 @@ impl Mark {
 pub(crate) struct Stripper<'t> {
     table: &'t MarkerTable,
     text: String,
-    lines: Vec<Option<LineOrigin>>,
+    lines: Vec<Option<u32>>,
     /// The latest marker seen.
     last_origin: Option<usize>,
     /// The first marker of the current line.
@@ -236,13 +242,7 @@ impl<'t> Stripper<'t> {
     /// Appends what an earlier output (`text`, `lines`) got from `from` to `to`, and
     /// takes the state it had at `to`: what pushing the same pieces gives when
     /// [`Self::same_state`] holds at `from`.
-    pub(crate) fn copy(
-        &mut self,
-        text: &str,
-        lines: &[Option<LineOrigin>],
-        from: &Mark,
-        to: &Mark,
-    ) {
+    pub(crate) fn copy(&mut self, text: &str, lines: &[Option<u32>], from: &Mark, to: &Mark) {
         self.text.push_str(&text[from.text..to.text]);
         self.lines.extend_from_slice(&lines[from.lines..to.lines]);
         self.last_origin = to.last_origin;
@@ -259,7 +259,7 @@ impl<'t> Stripper<'t> {
         &self,
         line_origin: Option<usize>,
         has_content: impl FnOnce() -> bool,
-    ) -> Option<LineOrigin> {
+    ) -> Option<u32> {
         line_origin
             // No marker of its own: content lines inherit, blank lines do not.
             .or_else(|| {
@@ -269,7 +269,8 @@ impl<'t> Stripper<'t> {
                     None
                 }
             })
-            .and_then(|index| self.table.get(index).cloned())
+            .filter(|&index| self.table.get(index).is_some())
+            .and_then(|index| u32::try_from(index).ok())
     }
 
     /// Appends the next piece of the rendered output.
@@ -345,12 +346,9 @@ mod tests {
         (table, markers)
     }
 
+    /// Each line's template line (marker `i` of [`table`] is line `i + 1`).
     fn lines(stripped: &Stripped) -> Vec<Option<u32>> {
-        stripped
-            .lines
-            .iter()
-            .map(|o| o.as_ref().map(|o| o.line))
-            .collect()
+        stripped.lines.iter().map(|o| o.map(|i| i + 1)).collect()
     }
 
     #[test]
@@ -456,7 +454,8 @@ mod tests {
             let origin = line_origin
                 .take()
                 .or(if *has_content { last_origin } else { None })
-                .and_then(|index| table.get(index).cloned());
+                .filter(|&index| table.get(index).is_some())
+                .and_then(|index| u32::try_from(index).ok());
             lines.push(origin);
             *has_content = false;
         };
