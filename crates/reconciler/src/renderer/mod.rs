@@ -863,8 +863,8 @@ impl Renderer {
             }
             match result {
                 Ok((text, lines)) => {
-                    // Only a file that may be reused is kept (with a copy of its
-                    // line origins).
+                    // Only a file that may be reused or spliced is kept (its line
+                    // origins shared with the source map).
                     let FileReads {
                         reads,
                         used,
