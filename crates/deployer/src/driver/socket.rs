@@ -174,7 +174,9 @@ impl DeployError {
 pub struct DriverConfig {
     /// Bound on one confirmed reload (counter moved and worker answering).
     pub reload_timeout: Duration,
-    /// Interval of `show proc` polls while waiting.
+    /// Interval of `show proc` polls while waiting. Short, since the poll's
+    /// granularity adds to every reload's latency; during the reload the master
+    /// refuses connections, so most polls are a refused connect.
     pub poll_interval: Duration,
     /// A reload counter that stays put this long while the master answers means the
     /// `reload` was lost; it is sent again.
@@ -188,7 +190,7 @@ impl Default for DriverConfig {
     fn default() -> Self {
         Self {
             reload_timeout: Duration::from_secs(30),
-            poll_interval: Duration::from_millis(25),
+            poll_interval: Duration::from_millis(10),
             lost_reload_after: Duration::from_secs(3),
             drain_timeout: crate::client::runtime::DEFAULT_DRAIN_TIMEOUT,
         }
