@@ -12,14 +12,13 @@ use std::time::Duration;
 
 use hapwright_eventbus::model::{ContentHash, FieldPath, ObjectKey, ResourceSnapshot};
 use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, DeploymentCompleted, DeploymentSummary, EventKind, EventPayload,
-    HealthState, Kernel, Publisher, RunningKernel, Subscription, TemplateInputs,
+    DeploymentCompleted, DeploymentSummary, EventPayload, HealthState, Kernel, Publisher,
+    RunningKernel, Subscription, TemplateInputs,
 };
 use hapwright_reconciler::renderer::Templates;
 use hapwright_reconciler::status::{StatusComponent, StatusTemplates};
-use hapwright_watchers::kubernetes::{ClientFactory, StatusMetrics, StatusWriter, WatchedKind};
+use hapwright_watchers::kubernetes::{ClientFactory, StatusMetrics, StatusWriter};
 use kubernetes_mock::{ApiServer, Exchange, pair, resource_list};
-use prometheus::Registry;
 use serde_json::{Value, json};
 use tokio::time::timeout;
 
@@ -47,14 +46,7 @@ struct Harness {
 
 fn start() -> Harness {
     let (client, api) = pair();
-    let registry = Registry::new();
-    let bus = Bus::new(
-        BusConfig::default(),
-        &BusMetrics::register(&registry).unwrap(),
-    );
-    let health = bus
-        .subscribe("test", [EventKind::ComponentHealthChanged])
-        .unwrap();
+    let (bus, health) = kubernetes_mock::bus_with_health();
     let publisher = bus.publisher();
     let mut templates = Templates::new("global\n");
     templates.extra_context = json!({"publishNamespace": "ingress", "publishName": "haproxy"});
@@ -70,13 +62,7 @@ fn start() -> Harness {
     kernel.register(StatusComponent::new(status).with_clock(move || now.lock().unwrap().clone()));
     kernel.register(StatusWriter::new(
         ClientFactory::with_client(client),
-        [(
-            Arc::from("ingresses"),
-            WatchedKind {
-                api_version: "networking.k8s.io/v1".into(),
-                kind: "Ingress".into(),
-            },
-        )],
+        kubernetes_mock::ingresses(),
         StatusMetrics::unregistered().unwrap(),
     ));
     Harness {

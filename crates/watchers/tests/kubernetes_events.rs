@@ -11,13 +11,12 @@ use hapwright_eventbus::model::{
     Diagnostic, ObjectKey, ResourceChange, ResourceSnapshot, SourceLocation,
 };
 use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, EventKind, HealthState, Kernel, Publisher, QuarantineSearched,
-    QuarantinedObject, ResourceIndexUpdated, RunningKernel, Subscription,
+    HealthState, Kernel, Publisher, QuarantineSearched, QuarantinedObject, ResourceIndexUpdated,
+    RunningKernel, Subscription,
 };
 use hapwright_watchers::kubernetes::events::{QUARANTINED_REASON, RELEASED_REASON};
-use hapwright_watchers::kubernetes::{ClientFactory, QuarantineEvents, WatchedKind};
+use hapwright_watchers::kubernetes::{ClientFactory, QuarantineEvents};
 use kubernetes_mock::{ApiServer, Exchange, pair};
-use prometheus::Registry;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -32,24 +31,11 @@ struct Harness {
 
 fn start(leader: Option<watch::Receiver<bool>>) -> Harness {
     let (client, api) = pair();
-    let registry = Registry::new();
-    let bus = Bus::new(
-        BusConfig::default(),
-        &BusMetrics::register(&registry).unwrap(),
-    );
-    let health = bus
-        .subscribe("test", [EventKind::ComponentHealthChanged])
-        .unwrap();
+    let (bus, health) = kubernetes_mock::bus_with_health();
     let publisher = bus.publisher();
     let mut component = QuarantineEvents::new(
         ClientFactory::with_client(client),
-        [(
-            Arc::from("ingresses"),
-            WatchedKind {
-                api_version: "networking.k8s.io/v1".into(),
-                kind: "Ingress".into(),
-            },
-        )],
+        kubernetes_mock::ingresses(),
     )
     .with_instance("hapwright-0");
     if let Some(leader) = leader {

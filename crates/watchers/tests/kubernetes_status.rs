@@ -4,20 +4,15 @@
 
 mod kubernetes_mock;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_eventbus::model::ContentHash;
 use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, EventKind, HealthState, Kernel, Publisher, RenderedStatus,
-    RunningKernel, StatusRendered, Subscription,
+    HealthState, Kernel, Publisher, RenderedStatus, RunningKernel, StatusRendered, Subscription,
 };
 use hapwright_watchers::kubernetes::status::FIELD_MANAGER;
-use hapwright_watchers::kubernetes::{
-    ClientFactory, RateLimit, StatusMetrics, StatusWriter, WatchedKind,
-};
+use hapwright_watchers::kubernetes::{ClientFactory, RateLimit, StatusMetrics, StatusWriter};
 use kubernetes_mock::{ApiServer, Exchange, pair, resource_list};
-use prometheus::Registry;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::time::timeout;
@@ -39,25 +34,12 @@ struct Harness {
 
 fn start(leader: Option<watch::Receiver<bool>>, rate: RateLimit) -> Harness {
     let (client, api) = pair();
-    let registry = Registry::new();
-    let bus = Bus::new(
-        BusConfig::default(),
-        &BusMetrics::register(&registry).unwrap(),
-    );
-    let health = bus
-        .subscribe("test", [EventKind::ComponentHealthChanged])
-        .unwrap();
+    let (bus, health) = kubernetes_mock::bus_with_health();
     let publisher = bus.publisher();
     let metrics = StatusMetrics::unregistered().unwrap();
     let mut component = StatusWriter::new(
         ClientFactory::with_client(client),
-        [(
-            Arc::from("ingresses"),
-            WatchedKind {
-                api_version: "networking.k8s.io/v1".into(),
-                kind: "Ingress".into(),
-            },
-        )],
+        kubernetes_mock::ingresses(),
         metrics.clone(),
     )
     .with_rate_limit(rate);

@@ -268,6 +268,36 @@ fn decode(text: &str) -> String {
     String::from_utf8(out).unwrap()
 }
 
+/// A bus for one test, and a subscription to its component health changes.
+pub fn bus_with_health() -> (hapwright_eventbus::Bus, hapwright_eventbus::Subscription) {
+    let registry = prometheus::Registry::new();
+    let bus = hapwright_eventbus::Bus::new(
+        hapwright_eventbus::BusConfig::default(),
+        &hapwright_eventbus::BusMetrics::register(&registry).unwrap(),
+    );
+    let health = bus
+        .subscribe(
+            "test",
+            [hapwright_eventbus::EventKind::ComponentHealthChanged],
+        )
+        .unwrap();
+    (bus, health)
+}
+
+/// The watched resource `ingresses`: `networking.k8s.io/v1` Ingresses.
+pub fn ingresses() -> [(
+    std::sync::Arc<str>,
+    hapwright_watchers::kubernetes::WatchedKind,
+); 1] {
+    [(
+        std::sync::Arc::from("ingresses"),
+        hapwright_watchers::kubernetes::WatchedKind {
+            api_version: "networking.k8s.io/v1".into(),
+            kind: "Ingress".into(),
+        },
+    )]
+}
+
 /// Waits (up to a minute) until `component` reports `state` on the bus; returns the
 /// reason it gave (empty without one).
 pub async fn reported(
