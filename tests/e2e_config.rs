@@ -10,22 +10,6 @@ const SUCCESSFUL_RELOADS: &str = r#"hapwright_config_reloads_total{result="succe
 const FAILED_RELOADS: &str = r#"hapwright_config_reloads_total{result="failure"}"#;
 const FAILED_RECONCILIATIONS: &str = r#"hapwright_reconciliations_total{result="failure"}"#;
 
-/// Moves the `web` EndpointSlice to the other web demo app; returns the new port.
-fn move_web(controller: &Controller) -> u16 {
-    let ports = controller.ports();
-    let manifest = controller.read_resource("web.yaml");
-    let (from, to) = if manifest.contains(&format!("port: {}", ports.web_v1)) {
-        (ports.web_v1, ports.web_v2)
-    } else {
-        (ports.web_v2, ports.web_v1)
-    };
-    controller.write_resource(
-        "web.yaml",
-        &replace_once(&manifest, &format!("port: {from}"), &format!("port: {to}")),
-    );
-    to
-}
-
 /// The health and reason of one component in `/debug/components`.
 fn component(controller: &Controller, name: &str) -> (String, String) {
     let all = controller.json("/debug/components");
@@ -114,7 +98,7 @@ fn broken_template_keeps_serving_and_fixing_it_recovers() {
     assert_eq!(controller.status_get("/readyz").0, 200);
     assert_eq!(controller.body(WEB), web_before);
     // A resource change while broken renders (and fails) again: nothing deploys.
-    let moved_to = move_web(&controller);
+    let moved_to = controller.move_web();
     controller.wait_until("the second render fails too", WAIT, || {
         (controller.metric(FAILED_RECONCILIATIONS) >= 2.0).then_some(())
     });
@@ -219,7 +203,7 @@ fn invalid_config_edit_keeps_the_service_running() {
     );
 
     // The running iteration is alive: it still follows resource changes.
-    let to = move_web(&controller);
+    let to = controller.move_web();
     controller.wait_for_body(WEB, &controller.demo_body(to));
     assert_eq!(controller.wait_deployed().reloads, before.reloads);
 

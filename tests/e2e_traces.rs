@@ -182,17 +182,7 @@ fn with_tracing(config: &str, tracing: &str) -> String {
 /// Moves the `web` service to the other demo app port (a runtime change); returns
 /// the new port once HAProxy serves it.
 fn move_web(controller: &Controller) -> u16 {
-    let ports = controller.ports();
-    let manifest = controller.read_resource("web.yaml");
-    let (from, to) = if manifest.contains(&format!("port: {}", ports.web_v1)) {
-        (ports.web_v1, ports.web_v2)
-    } else {
-        (ports.web_v2, ports.web_v1)
-    };
-    controller.write_resource(
-        "web.yaml",
-        &manifest.replace(&format!("port: {from}"), &format!("port: {to}")),
-    );
+    let to = controller.move_web();
     controller.wait_for_body(WEB, &controller.demo_body(to));
     to
 }

@@ -571,6 +571,23 @@ impl Controller {
         fs::read_to_string(self.resource_path(name)).expect("read resource")
     }
 
+    /// Moves the quickstart's `web` EndpointSlice to the other web demo app (a
+    /// runtime change); returns the new port.
+    pub fn move_web(&self) -> u16 {
+        let ports = self.ports();
+        let manifest = self.read_resource("web.yaml");
+        let (from, to) = if manifest.contains(&format!("port: {}", ports.web_v1)) {
+            (ports.web_v1, ports.web_v2)
+        } else {
+            (ports.web_v2, ports.web_v1)
+        };
+        self.write_resource(
+            "web.yaml",
+            &replace_once(&manifest, &format!("port: {from}"), &format!("port: {to}")),
+        );
+        to
+    }
+
     // --- HTTP ---
 
     fn try_status_get(&self, path: &str) -> Result<(u16, String), reqwest::Error> {
