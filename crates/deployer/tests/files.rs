@@ -4,6 +4,10 @@
 
 mod support;
 
+#[path = "../../../tests/support/certs.rs"]
+#[allow(dead_code)]
+mod certs;
+
 use hapwright_deployer::Driver;
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -558,30 +562,8 @@ fn scratch_sweep_removes_dead_controllers_dirs_and_keeps_live_ones() {
 
 /// A self-signed certificate and its key in one PEM, with `CN=<cn>`.
 fn certificate(dir: &Path, cn: &str) -> String {
-    let (crt, key) = (dir.join(format!("{cn}.crt")), dir.join(format!("{cn}.key")));
-    let status = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-days",
-            "1",
-        ])
-        .arg("-subj")
-        .arg(format!("/CN={cn}"))
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&crt)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("openssl runs");
-    assert!(status.success());
-    std::fs::read_to_string(crt).unwrap() + &std::fs::read_to_string(key).unwrap()
+    let crt = String::from_utf8(certs::ca(dir, cn)).unwrap();
+    crt + &std::fs::read_to_string(dir.join(format!("{cn}.key"))).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
