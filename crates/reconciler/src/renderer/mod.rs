@@ -265,8 +265,8 @@ struct Cache {
     used: Vec<Arc<fragments::Used>>,
 }
 
-/// What one file read from the resources, the cached snippet outputs it used and,
-/// when it printed them directly, its pieces.
+/// What one file read from the resources, the cached snippet outputs it used (kept
+/// while the file is reused) and, when it printed them directly, its pieces.
 #[derive(Default)]
 struct FileReads {
     reads: Arc<[Read]>,
@@ -283,14 +283,9 @@ struct CachedFile {
     bytes: usize,
     /// Each line's origin, by index into the marker table.
     lines: Arc<[Option<u32>]>,
-    /// What the file read: everything, or, with `pieces`, what its own template
-    /// read (the fragments' reads stay with the fragments).
-    reads: Arc<[Read]>,
-    /// The cached snippet outputs the file used, kept while the file is reused.
-    fragments: Arc<fragments::Used>,
-    pieces: Option<Arc<fragments::Pieces>>,
-    /// For `haproxy.cfg`: `shared` as it left it.
-    shared: Option<Arc<BTreeMap<String, Value>>>,
+    /// What the file read (everything, or, with pieces, what its own template read:
+    /// the fragments' reads stay with the fragments), and the rest of its render.
+    reads: FileReads,
 }
 
 /// What to do with a file of the previous render.
@@ -617,11 +612,11 @@ impl Renderer {
                 files,
                 mut used,
             }) => {
-                used.extend(files.iter().flatten().map(|file| file.fragments.clone()));
+                used.extend(files.iter().flatten().map(|file| file.reads.used.clone()));
                 let pieces = files
                     .iter()
                     .flatten()
-                    .filter_map(|file| file.pieces.clone())
+                    .filter_map(|file| file.reads.pieces.clone())
                     .collect();
                 let previous = fragments::Previous {
                     resources: old.clone(),
@@ -662,30 +657,32 @@ impl Renderer {
             let check = context::ReadCheck::new(&old, resources);
             for (index, file) in files.into_iter().enumerate() {
                 let Some(file) = file else { continue };
-                let reusable = inner.reusable[index] || file.shared.is_some();
-                if !reusable || !file.reads.iter().all(|read| check.unchanged(read)) {
+                let reusable = inner.reusable[index] || file.reads.shared.is_some();
+                if !reusable || !file.reads.reads.iter().all(|read| check.unchanged(read)) {
                     continue;
                 }
                 // The pieces whose snippet outputs read something that changed.
-                let changed: Vec<usize> = file.pieces.as_ref().map_or_else(Vec::new, |pieces| {
-                    pieces
-                        .fragments
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, piece)| !piece.fragment.unchanged_in(&check))
-                        .map(|(index, _)| index)
-                        .collect()
-                });
-                if changed.is_empty() {
-                    if let Some(left) = &file.shared {
-                        shared.restore(left);
-                    }
-                    reused[index] = Some(file);
-                } else if inner.spliceable[index] && session.is_some() {
-                    if let Some(left) = &file.shared {
-                        shared.restore(left);
-                    }
+                let changed: Vec<usize> =
+                    file.reads.pieces.as_ref().map_or_else(Vec::new, |pieces| {
+                        pieces
+                            .fragments
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, piece)| !piece.fragment.unchanged_in(&check))
+                            .map(|(index, _)| index)
+                            .collect()
+                    });
+                let splice = !changed.is_empty();
+                if splice && !(inner.spliceable[index] && session.is_some()) {
+                    continue;
+                }
+                if let Some(left) = &file.reads.shared {
+                    shared.restore(left);
+                }
+                if splice {
                     plans[index] = Plan::Splice(Box::new(file), changed);
+                } else {
+                    reused[index] = Some(file);
                 }
             }
         }
@@ -707,12 +704,7 @@ impl Renderer {
             if let Some(file) = file.take() {
                 budget.charge(file.bytes);
                 let _ = results[index].set(Ok((file.text, file.lines)));
-                let _ = reads[index].set(FileReads {
-                    reads: file.reads,
-                    used: file.fragments,
-                    pieces: file.pieces,
-                    shared: file.shared,
-                });
+                let _ = reads[index].set(file.reads);
                 stats.reused += 1;
             }
         }
@@ -737,7 +729,11 @@ impl Renderer {
                     let session = session_value
                         .downcast_object_ref::<fragments::Session>()
                         .expect("the session is a Session");
-                    let pieces = file.pieces.as_deref().expect("a spliced file has pieces");
+                    let pieces = file
+                        .reads
+                        .pieces
+                        .as_deref()
+                        .expect("a spliced file has pieces");
                     let used = fragments::UsedFragments::start();
                     spliced_count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let earlier = (file.text.as_str(), &*file.lines);
@@ -749,10 +745,9 @@ impl Renderer {
                         Err(error) => (Err(error), None),
                     };
                     let reads = FileReads {
-                        reads: file.reads,
                         used: Arc::new(used),
                         pieces,
-                        shared: file.shared,
+                        ..file.reads
                     };
                     (rendered, reads)
                 }
@@ -865,17 +860,13 @@ impl Renderer {
                 Ok((text, lines)) => {
                     // Only a file that may be reused or spliced is kept (its line
                     // origins shared with the source map).
-                    let FileReads {
-                        reads,
-                        used,
-                        pieces,
-                        shared,
-                    } = reads.into_inner().unwrap_or_default();
+                    let reads = reads.into_inner().unwrap_or_default();
                     // A file kept for splicing only is kept with its pieces, or with
                     // what it left in `shared` (so it may be reused as a whole).
-                    let keep = reusable || (spliceable && (pieces.is_some() || shared.is_some()));
+                    let keep = reusable
+                        || (spliceable && (reads.pieces.is_some() || reads.shared.is_some()));
                     if !keep {
-                        uncached_used.push(used.clone());
+                        uncached_used.push(reads.used.clone());
                     }
                     *cached = keep.then(|| CachedFile {
                         bytes: match &text {
@@ -886,9 +877,6 @@ impl Renderer {
                         text: text.clone(),
                         lines: lines.clone(),
                         reads,
-                        fragments: used,
-                        pieces,
-                        shared,
                     });
                     source_map.insert_indexed(file.clone(), lines);
                     match (text, file.kind) {
