@@ -765,46 +765,78 @@ fn same_objects(a: &[&StoredObject], b: &[&StoredObject]) -> bool {
 }
 
 impl Read {
+    fn store(&self) -> &Arc<str> {
+        match self {
+            Self::List(name) | Self::Lookup(name, _) => name,
+        }
+    }
+
     /// Whether this read gives the same answer over `new` as it gave over `old`:
     /// the same objects, with the same content, in the same order.
     pub(crate) fn unchanged(&self, old: &Resources, new: &Resources) -> bool {
-        let name = match self {
-            Self::List(name) | Self::Lookup(name, _) => name,
+        let (old, new) = (old.get(self.store()), new.get(self.store()));
+        self.unchanged_in(&StoreDiff::between(old, new), old, new)
+    }
+
+    /// [`Self::unchanged`], given what changed in its store (`old` to `new`).
+    fn unchanged_in(
+        &self,
+        diff: &StoreDiff<'_>,
+        old: Option<&Arc<ResourceStore>>,
+        new: Option<&Arc<ResourceStore>>,
+    ) -> bool {
+        let keys = match (diff, self) {
+            (StoreDiff::Same, _) => return true,
+            (_, Self::List(_)) => return false,
+            (_, Self::Lookup(_, keys)) => keys,
         };
-        let (old, new) = (old.get(name), new.get(name));
+        if let StoreDiff::Touched(steps) = diff {
+            // Unchanged when no update since `old` touched an object under its keys.
+            return !steps
+                .iter()
+                .flat_map(|step| &step.touched)
+                .any(|touched| touched.starts_with(keys));
+        }
+        let (Some(old), Some(new)) = (old, new) else {
+            // A store without data answers nothing; the other might answer.
+            let answer = old.or(new).and_then(|s| lookup_objects(s, keys));
+            return answer.is_some_and(|found| found.is_empty());
+        };
+        let same_index = match (&old.snapshot, &new.snapshot) {
+            (Some(a), Some(b)) => a.index_by() == b.index_by(),
+            _ => false,
+        };
+        same_index
+            && matches!(
+                (lookup_objects(old, keys), lookup_objects(new, keys)),
+                (Some(a), Some(b)) if same_objects(&a, &b)
+            )
+    }
+}
+
+/// What changed in one store between two versions.
+#[derive(Clone, Copy)]
+enum StoreDiff<'a> {
+    /// Nothing (the same generation): every read of it is unchanged.
+    Same,
+    /// The updates since the old version, from the new store's history.
+    Touched(&'a [Step]),
+    /// Not known from the history: each lookup compares what it finds.
+    Unknown,
+}
+
+impl<'a> StoreDiff<'a> {
+    fn between(old: Option<&Arc<ResourceStore>>, new: Option<&'a Arc<ResourceStore>>) -> Self {
         let generation = |store: Option<&Arc<ResourceStore>>| store.map_or(0, |s| s.generation);
         if generation(old) == generation(new) {
-            return true;
+            return Self::Same;
         }
-        match self {
-            Self::List(_) => false,
-            Self::Lookup(_, keys) => {
-                // The updates since `old`, when remembered: the lookup is unchanged
-                // when none of them touched an object under its keys.
-                if let (Some(old), Some(new)) = (old, new)
-                    && let Some(position) =
-                        new.history.iter().position(|s| s.from == old.generation)
-                {
-                    return !new.history[..=position]
-                        .iter()
-                        .flat_map(|step| &step.touched)
-                        .any(|touched| touched.starts_with(keys));
-                }
-                let (Some(old), Some(new)) = (old, new) else {
-                    // A store without data answers nothing; the other might answer.
-                    let answer = old.or(new).and_then(|s| lookup_objects(s, keys));
-                    return answer.is_some_and(|found| found.is_empty());
-                };
-                let same_index = match (&old.snapshot, &new.snapshot) {
-                    (Some(a), Some(b)) => a.index_by() == b.index_by(),
-                    _ => false,
-                };
-                same_index
-                    && matches!(
-                        (lookup_objects(old, keys), lookup_objects(new, keys)),
-                        (Some(a), Some(b)) if same_objects(&a, &b)
-                    )
-            }
+        let (Some(old), Some(new)) = (old, new) else {
+            return Self::Unknown;
+        };
+        match new.history.iter().position(|s| s.from == old.generation) {
+            Some(position) => Self::Touched(&new.history[..=position]),
+            None => Self::Unknown,
         }
     }
 }
@@ -815,20 +847,16 @@ impl Read {
 pub(crate) struct ReadCheck<'a> {
     old: &'a Resources,
     new: &'a Resources,
-    /// Per store name seen: what changed in it.
-    stores: std::cell::RefCell<Vec<(Arc<str>, StoreDiff)>>,
+    /// Per store name seen: its two versions and what changed between them.
+    stores: std::cell::RefCell<Vec<SeenStore<'a>>>,
 }
 
-/// What changed in one store between the two versions.
-#[derive(Clone)]
-enum StoreDiff {
-    /// Nothing: every read of it is unchanged.
-    Same,
-    /// The objects under these index keys (from the store's history).
-    Touched(Arc<[Arc<[String]>]>),
-    /// Not known from the history: each read is checked on its own.
-    Unknown,
-}
+type SeenStore<'a> = (
+    Arc<str>,
+    Option<&'a Arc<ResourceStore>>,
+    Option<&'a Arc<ResourceStore>>,
+    StoreDiff<'a>,
+);
 
 impl<'a> ReadCheck<'a> {
     pub(crate) fn new(old: &'a Resources, new: &'a Resources) -> Self {
@@ -841,50 +869,22 @@ impl<'a> ReadCheck<'a> {
 
     /// [`Read::unchanged`] over the two versions.
     pub(crate) fn unchanged(&self, read: &Read) -> bool {
-        let name = match read {
-            Read::List(name) | Read::Lookup(name, _) => name,
-        };
-        let diff = self.diff(name);
-        match (diff, read) {
-            (StoreDiff::Same, _) => true,
-            (StoreDiff::Touched(_), Read::List(_)) => false,
-            (StoreDiff::Touched(touched), Read::Lookup(_, keys)) => {
-                !touched.iter().any(|touched| touched.starts_with(keys))
-            }
-            (StoreDiff::Unknown, _) => read.unchanged(self.old, self.new),
-        }
-    }
-
-    fn diff(&self, name: &Arc<str>) -> StoreDiff {
-        let mut stores = self.stores.borrow_mut();
-        if let Some((_, diff)) = stores
+        let name = read.store();
+        let seen = self
+            .stores
+            .borrow()
             .iter()
-            .find(|(seen, _)| Arc::ptr_eq(seen, name) || **seen == **name)
-        {
-            return diff.clone();
-        }
-        let (old, new) = (self.old.get(name), self.new.get(name));
-        let generation = |store: Option<&Arc<ResourceStore>>| store.map_or(0, |s| s.generation);
-        let diff = if generation(old) == generation(new) {
-            StoreDiff::Same
-        } else {
-            match (old, new) {
-                (Some(old), Some(new)) => {
-                    match new.history.iter().position(|s| s.from == old.generation) {
-                        Some(position) => StoreDiff::Touched(
-                            new.history[..=position]
-                                .iter()
-                                .flat_map(|step| step.touched.iter().cloned())
-                                .collect(),
-                        ),
-                        None => StoreDiff::Unknown,
-                    }
-                }
-                _ => StoreDiff::Unknown,
-            }
-        };
-        stores.push((name.clone(), diff.clone()));
-        diff
+            .find(|(seen, ..)| Arc::ptr_eq(seen, name) || seen == name)
+            .map(|&(_, old, new, diff)| (old, new, diff));
+        let (old, new, diff) = seen.unwrap_or_else(|| {
+            let (old, new) = (self.old.get(name), self.new.get(name));
+            let diff = StoreDiff::between(old, new);
+            self.stores
+                .borrow_mut()
+                .push((name.clone(), old, new, diff));
+            (old, new, diff)
+        });
+        read.unchanged_in(&diff, old, new)
     }
 }
 
