@@ -17,6 +17,15 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 echo "==> $(haproxy -v | head -n 1)"
+# A clean run builds about 6.5 GB under target/ (dev profile: line tables only, no
+# debug info for dependencies; see Cargo.toml). Say so up front when the disk is short.
+target_dir="${CARGO_TARGET_DIR:-target}"
+mkdir -p "$target_dir"
+free_kb=$(df -Pk "$target_dir" | awk 'NR == 2 { print $4 }')
+echo "==> $((free_kb / 1024 / 1024)) GiB free for $target_dir"
+if [ "$free_kb" -lt $((8 * 1024 * 1024)) ]; then
+    echo "warning: a clean test run needs about 8 GiB free under $target_dir" >&2
+fi
 
 echo "==> cargo fmt --check"
 cargo fmt --all --check
