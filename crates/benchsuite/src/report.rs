@@ -553,7 +553,10 @@ pub fn markdown(results: &Results, analysis: &str) -> String {
              phase 2 by equivalence; the rest is the mean latency minus the stages: the \
              files source's notification and scan, event hand-offs, scheduling, the \
              request loop and, on a busy machine, waiting for a CPU; the reload path's \
-             deploy includes HAProxy's reload):\n"
+             deploy includes HAProxy's reload; a `haproxy -c` that started alongside \
+             phase 1 (docs/validation.md) overlaps it, and a render superseded by a \
+             newer one counts too, so the stages can add up to more than the latency \
+             and the rest can be negative):\n"
         );
         let _ = writeln!(
             section,

@@ -701,3 +701,96 @@ async fn the_component_sweeps_dead_scratch_dirs_and_names_its_own_with_its_pid()
     assert!(names[0].starts_with(&own), "{names:?}");
     assert!(is_empty_dir(scratch.path()), "scratch directory removed");
 }
+
+/// A render that is not close to the last one that passed starts `haproxy -c`
+/// alongside phase 1; when phase 1 then rejects it, that run is stopped: the
+/// rejection does not wait for it, its child is killed and its scratch directory
+/// removed. Whether the stand-in gets to start before phase 1 ends depends on the
+/// machine's load, so the scenario runs until it has (at most 5 times); every
+/// attempt must leave nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_phase1_rejection_stops_the_haproxy_run_started_alongside_it() {
+    let mut started = 0;
+    for _ in 0..5 {
+        if phase1_rejection_with_early_run().await {
+            started += 1;
+            break;
+        }
+    }
+    assert_eq!(
+        started, 1,
+        "the stand-in haproxy -c never started while phase 1 ran"
+    );
+}
+
+/// One attempt of the test above: whether the stand-in had started.
+async fn phase1_rejection_with_early_run() -> bool {
+    let scratch = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let (script, pid_file) = hanging_binary(bin.path());
+    let registry = Registry::new();
+    let bus = Bus::new(
+        BusConfig::default(),
+        &BusMetrics::register(&registry).unwrap(),
+    );
+    let mut probe = bus
+        .subscribe(
+            "probe",
+            [EventKind::ValidationCompleted, EventKind::ValidationFailed],
+        )
+        .unwrap();
+    let config = validator::Config {
+        binary: script,
+        envs: vec![],
+        // Far beyond WAIT: a validator that waited for the stand-in would time out
+        // this test.
+        timeout: Duration::from_secs(600),
+        scratch_root: Some(scratch.path().to_path_buf()),
+        equivalence: true,
+    };
+    let mut kernel = Kernel::new(bus.clone());
+    kernel.register(Validator::new(
+        config,
+        validator::Metrics::register(&registry).unwrap(),
+    ));
+    let running = kernel.start().unwrap();
+    // Many backends, so that phase 1 takes long enough for the stand-in to start,
+    // and a duplicate one at the end for phase 1 to reject.
+    let mut text = VALID.to_owned();
+    for i in 0..5_000 {
+        text.push_str(&format!("backend be_{i}\n    server s1 127.0.0.1:9001\n"));
+    }
+    text.push_str("backend be_default\n    server s1 127.0.0.1:9001\n");
+    let lines = u32::try_from(text.lines().count()).unwrap();
+    bus.publisher().publish(TemplateRendered {
+        config: Arc::new(render(&text, 14..=15, &[("hosts.map", "a b\n")], &[])),
+        duration: Duration::ZERO,
+        render: Default::default(),
+    });
+    let answer = timeout(WAIT, probe.recv()).await.unwrap().unwrap();
+    match &answer.payload {
+        EventPayload::ValidationFailed(failed) => {
+            assert_eq!(failed.phase, ValidationPhase::Parse);
+            assert_eq!(failed.errors[0].location, at("haproxy.cfg", lines - 1));
+        }
+        other => panic!("expected ValidationFailed, got {other:?}"),
+    }
+    let pid = std::fs::read_to_string(&pid_file).ok();
+    timeout(WAIT, async {
+        while pid.as_deref().is_some_and(|pid| !is_dead(pid)) || !is_empty_dir(scratch.path()) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the early run was killed and its scratch directory removed");
+    let text = metrics_text(&registry);
+    // A stopped run is no validation: nothing is counted for phase 2.
+    assert!(
+        text.contains(r#"hapwright_validations_total{phase="haproxy",result="failure"} 0"#)
+            && !text.contains(r#"hapwright_validation_duration_seconds_count{phase="haproxy"}"#),
+        "{text}"
+    );
+    let report = timeout(WAIT, running.shutdown(WAIT)).await.unwrap();
+    assert_eq!(report.stopped, ["validator"]);
+    pid.is_some()
+}

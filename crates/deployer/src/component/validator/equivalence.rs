@@ -125,6 +125,28 @@ pub fn compare(baseline: &Baseline, candidate: &RenderedConfig, model: &Model) -
     }
 }
 
+/// Whether `candidate` looks close enough to `baseline` for the rule to pass it,
+/// judged without phase 1's model: the same maps, files and certificates by name,
+/// files and certificates byte-identical, and `haproxy.cfg` with as many lines.
+///
+/// A guess, cheap enough to make before phase 1: the validator starts `haproxy -c`
+/// alongside phase 1 when it is `false` (phase 2 will almost certainly have to
+/// run) and waits for phase 1 and the rule when it is `true`. [`compare`] still
+/// decides, so a wrong guess costs time, never correctness.
+pub fn likely_equivalent(baseline: &Baseline, candidate: &RenderedConfig) -> bool {
+    let old = &baseline.rendered;
+    if same_names("maps", old.maps(), candidate.maps()).is_err()
+        || same_names("files", old.files(), candidate.files()).is_err()
+        || same_names("certs", old.certificates(), candidate.certificates()).is_err()
+        || old.files() != candidate.files()
+        || old.certificates() != candidate.certificates()
+    {
+        return false;
+    }
+    let lines = |text: &str| text.bytes().filter(|&b| b == b'\n').count();
+    lines(old.main()) == lines(candidate.main())
+}
+
 fn compare_inner(
     baseline: &Baseline,
     candidate: &RenderedConfig,

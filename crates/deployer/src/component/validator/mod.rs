@@ -630,6 +630,17 @@ fn inside_pem_block(content: &str, index: usize) -> bool {
     false
 }
 
+/// A task that is aborted when this handle is dropped: an early `haproxy -c` whose
+/// answer is no longer needed is stopped (its child killed, its scratch directory
+/// removed) instead of running on.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 // === impl Validator ===
 
 /// The validator component: validates every `TemplateRendered` and replies with
@@ -695,43 +706,82 @@ impl Validator {
     }
 
     /// Both phases, with phase 2 satisfied by equivalence when the rule allows it.
+    ///
+    /// When the render is unlikely to pass by equivalence
+    /// ([`equivalence::likely_equivalent`] is false, or there is no baseline),
+    /// `haproxy -c` starts at once in a task of its own and runs alongside phase 1,
+    /// on the other core: a new backend or map then waits for the longer of the two
+    /// phases, not for their sum. A phase 1 rejection stops that run (the child is
+    /// killed, the scratch directory removed) and is the answer, as before.
     async fn validate(
         &mut self,
         rendered: &Arc<RenderedConfig>,
     ) -> Result<(Vec<Diagnostic>, Phase2, Arc<haproxy_config::Config>), Rejection> {
-        let started = Instant::now();
-        let phase1 =
-            tracing::info_span!("validate_phase1").in_scope(|| validate_phase1_parsed(rendered));
-        self.metrics
-            .observe(ValidationPhase::Parse, phase1.is_ok(), started.elapsed());
+        let envs: Envs = self.config.envs.iter().cloned().collect();
+        self.adopt_shared_baseline(&envs);
+        // The baseline the rule compares with, when the rule applies.
+        let baseline = self
+            .baseline
+            .as_ref()
+            .filter(|(baseline_envs, _, _)| self.config.equivalence && *baseline_envs == envs);
         // `method`: `haproxy` when `haproxy -c` ran, `equivalence` when the rule
         // passed it without running HAProxy.
-        let phase2_span = tracing::info_span!("validate_phase2", method = tracing::field::Empty);
+        let phase2_span = tracing::info_span!(
+            "validate_phase2",
+            method = tracing::field::Empty,
+            early = tracing::field::Empty
+        );
+        let early = baseline
+            .is_none_or(|(_, baseline, _)| !equivalence::likely_equivalent(baseline, rendered))
+            .then(|| {
+                phase2_span.record("early", true);
+                let (rendered, config, metrics) = (
+                    Arc::clone(rendered),
+                    self.config.clone(),
+                    self.metrics.clone(),
+                );
+                tokio::spawn(
+                    async move {
+                        let started = Instant::now();
+                        let phase2 = validate_phase2(&rendered, &config).await;
+                        metrics.observe(
+                            ValidationPhase::Haproxy,
+                            phase2.is_ok(),
+                            started.elapsed(),
+                        );
+                        phase2
+                    }
+                    .instrument(phase2_span.clone()),
+                )
+            });
+        // Stops the early run if this validation ends (or is dropped) without it.
+        let early = early.map(AbortOnDrop);
+
+        let started = Instant::now();
+        // Off the async workers, so that the early run is spawned meanwhile (a task
+        // spawned from a busy worker waits for that worker).
+        let phase1 = {
+            let (rendered, span) = (Arc::clone(rendered), tracing::info_span!("validate_phase1"));
+            tokio::task::spawn_blocking(move || span.in_scope(|| validate_phase1_parsed(&rendered)))
+                .await
+                .map_err(|join| Rejection {
+                    phase: ValidationPhase::Parse,
+                    errors: vec![Diagnostic::error(format!("phase 1 crashed: {join}"))],
+                    tool_failure: true,
+                })?
+        };
+        self.metrics
+            .observe(ValidationPhase::Parse, phase1.is_ok(), started.elapsed());
         let (warnings, model) = phase1?;
         let model = Arc::new(model);
-        let envs: Envs = self.config.envs.iter().cloned().collect();
-        if let Some(shared) = &self.shared {
-            let published = shared
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone();
-            if let Some(published) = published
-                && self
-                    .baseline
-                    .as_ref()
-                    .is_none_or(|(_, own, _)| !Arc::ptr_eq(&own.rendered, &published.rendered))
-            {
-                // Passed `haproxy -c` after our own baseline (or we have none); its
-                // warnings are not known here.
-                self.baseline = Some((envs.clone(), published, Vec::new()));
-            }
-        }
-        if self.config.equivalence
-            && let Some((baseline_envs, baseline, baseline_warnings)) = &self.baseline
-            && *baseline_envs == envs
-        {
+        let baseline = self
+            .baseline
+            .as_ref()
+            .filter(|(baseline_envs, _, _)| self.config.equivalence && *baseline_envs == envs);
+        if let Some((_, baseline, baseline_warnings)) = baseline {
             match equivalence::compare(baseline, rendered, &model) {
                 Equivalence::Equivalent(reason) => {
+                    drop(early);
                     phase2_span.record("method", "equivalence");
                     let _entered = phase2_span.enter();
                     self.metrics
@@ -759,13 +809,26 @@ impl Validator {
                 }
             }
         }
-        let started = Instant::now();
         phase2_span.record("method", "haproxy");
-        let phase2 = validate_phase2(rendered, &self.config)
-            .instrument(phase2_span)
-            .await;
-        self.metrics
-            .observe(ValidationPhase::Haproxy, phase2.is_ok(), started.elapsed());
+        let phase2 = match early {
+            Some(mut early) => match (&mut early.0).await {
+                Ok(phase2) => phase2,
+                Err(join) => Err(Rejection {
+                    phase: ValidationPhase::Haproxy,
+                    errors: vec![Diagnostic::error(format!("haproxy -c crashed: {join}"))],
+                    tool_failure: true,
+                }),
+            },
+            None => {
+                let started = Instant::now();
+                let phase2 = validate_phase2(rendered, &self.config)
+                    .instrument(phase2_span)
+                    .await;
+                self.metrics
+                    .observe(ValidationPhase::Haproxy, phase2.is_ok(), started.elapsed());
+                phase2
+            }
+        };
         let phase2 = phase2?;
         let baseline = Baseline {
             rendered: Arc::clone(rendered),
@@ -778,6 +841,28 @@ impl Validator {
         }
         self.baseline = Some((envs, baseline, phase2.clone()));
         Ok((warnings, Phase2::Ran(phase2), model))
+    }
+
+    /// Takes a render another step published to the shared baseline as this
+    /// validator's baseline when it has none of its own or an older one.
+    fn adopt_shared_baseline(&mut self, envs: &Envs) {
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        let published = shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(published) = published
+            && self
+                .baseline
+                .as_ref()
+                .is_none_or(|(_, own, _)| !Arc::ptr_eq(&own.rendered, &published.rendered))
+        {
+            // Passed `haproxy -c` after our own baseline (or we have none); its
+            // warnings are not known here.
+            self.baseline = Some((envs.clone(), published, Vec::new()));
+        }
     }
 
     async fn handle(&mut self, ctx: &Context, event: &Event) {
