@@ -268,19 +268,29 @@ impl Iteration {
                 "controller.tracing changed; the change takes effect when hapwright restarts"
             );
         }
+        // Files sources of one directory share one watch and scan (FilesSource::share_scans).
+        let mut files_sources = Vec::new();
         for (name, resource) in &config.watched_resources.resources {
             let issue = |issue| anyhow::anyhow!("watchedResources.{name}: {issue}");
             match resource.source() {
-                Some(Source::Kubernetes(_)) => kernel.register(
-                    KubernetesSource::new(name, resource, process.kube.clone()).map_err(issue)?,
-                ),
-                Some(Source::Http(_)) => kernel.register(
-                    HttpSource::new(name, resource)
-                        .map_err(issue)?
-                        .with_metrics(process.http_source_metrics.clone()),
-                ),
-                _ => kernel.register(FilesSource::new(name, resource).map_err(issue)?),
-            };
+                Some(Source::Kubernetes(_)) => {
+                    kernel.register(
+                        KubernetesSource::new(name, resource, process.kube.clone())
+                            .map_err(issue)?,
+                    );
+                }
+                Some(Source::Http(_)) => {
+                    kernel.register(
+                        HttpSource::new(name, resource)
+                            .map_err(issue)?
+                            .with_metrics(process.http_source_metrics.clone()),
+                    );
+                }
+                _ => files_sources.push(FilesSource::new(name, resource).map_err(issue)?),
+            }
+        }
+        for source in FilesSource::share_scans(files_sources) {
+            kernel.register(source);
         }
         if let Some(discovery) = config
             .haproxy

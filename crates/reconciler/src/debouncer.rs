@@ -2,11 +2,12 @@
 //! `ReconciliationTriggered`.
 //!
 //! - **Leading edge** (on by default): a change that follows at least `debounce`
-//!   without any change fires at once, so a lone change is not delayed. Changes
-//!   that follow it within the burst are coalesced as below. One change often
-//!   reaches several sources a few milliseconds apart (a file holding a Service and
-//!   its EndpointSlice feeds two watched resources; `kubectl apply` of several
-//!   objects): changes within `leading_group` of the leading trigger are gathered into
+//!   without any change fires at once, so a lone change is not delayed; changes
+//!   already queued behind it go with it (files sources of one directory publish
+//!   the updates of one scan back to back). Changes that follow it within the burst
+//!   are coalesced as below. One change often reaches several sources a few
+//!   milliseconds apart (Kubernetes watches of a Service and its EndpointSlice;
+//!   `kubectl apply` of several objects): changes within `leading_group` of the leading trigger are gathered into
 //!   one more trigger at the end of that short window, so the incomplete first render
 //!   is superseded within milliseconds instead of after the quiet period. Later
 //!   changes of the burst are coalesced as below. `leading_edge: false` keeps the
@@ -152,6 +153,8 @@ impl Component for Debouncer {
         let mut last_change: Option<Instant> = None;
         // End of the window after a leading trigger whose changes go out together.
         let mut group_until: Option<Instant> = None;
+        // A leading trigger waits only for the events already queued.
+        let mut leading_pending = false;
 
         let fire = |batch: &mut Batch, reason: String| {
             let batch = std::mem::take(batch);
@@ -191,13 +194,28 @@ impl Component for Debouncer {
                     _ => None,
                 }
             };
-            let event = tokio::select! {
-                biased;
-                () = sleep_until(deadline) => None,
-                event = ctx.next_event() => match event {
+            let event = if leading_pending {
+                // A leading trigger is due: first take what is already queued, so
+                // updates published together (one scan of a directory) go together.
+                match ctx.try_next_event() {
                     Some(event) => Some(event),
-                    None => return Ok(()),
-                },
+                    None => {
+                        leading_pending = false;
+                        let reason = format!("resources changed: {} (leading edge)", batch.names());
+                        fire(&mut batch, reason);
+                        group_until = Some(Instant::now() + settings.leading_group);
+                        continue;
+                    }
+                }
+            } else {
+                tokio::select! {
+                    biased;
+                    () = sleep_until(deadline) => None,
+                    event = ctx.next_event() => match event {
+                        Some(event) => Some(event),
+                        None => return Ok(()),
+                    },
+                }
             };
             let now = Instant::now();
             let Some(event) = event else {
@@ -251,11 +269,12 @@ impl Component for Debouncer {
                     last_change = Some(now);
                     batch.record(&update.source, event.id, now);
                     if settings.leading_edge && initial_done && quiet && nothing_pending {
-                        // The first change after a quiet period: nothing to coalesce
-                        // it with yet, so it goes now; the rest of a burst waits.
-                        let reason = format!("resources changed: {} (leading edge)", batch.names());
-                        fire(&mut batch, reason);
-                        group_until = Some(now + settings.leading_group);
+                        // The first change after a quiet period: it goes now, with
+                        // whatever is already queued behind it (a moment's yield
+                        // lets a publisher on another thread finish its group); the
+                        // rest of a burst waits.
+                        tokio::task::yield_now().await;
+                        leading_pending = true;
                     }
                 }
                 EventPayload::ResourceSyncComplete(sync) => {

@@ -307,3 +307,25 @@ async fn a_change_reaching_two_sources_goes_out_complete_right_after_the_leading
     );
     assert!(h.next_within(Duration::from_secs(10)).await.is_none());
 }
+
+#[tokio::test(start_paused = true)]
+async fn updates_published_together_go_out_in_the_leading_trigger() {
+    // One shared scan of a directory publishes a Service's and its EndpointSlice's
+    // updates back to back: both are queued when the debouncer wakes.
+    let mut h = synced(leading(), &["services", "endpoints"]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t0 = Instant::now();
+    h.update("services", snapshot("a"));
+    h.update("endpoints", snapshot("b"));
+    let first = h.next().await;
+    assert_eq!(first.at, t0);
+    let t = trigger(&first);
+    assert_eq!(
+        t.reason,
+        "resources changed: endpoints, services (leading edge)"
+    );
+    let sources: Vec<&str> = t.sources.iter().map(AsRef::as_ref).collect();
+    assert_eq!(sources, ["endpoints", "services"]);
+    // Nothing left for the end of the leading group.
+    assert!(h.next_within(Duration::from_secs(10)).await.is_none());
+}

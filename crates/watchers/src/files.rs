@@ -551,15 +551,47 @@ fn refresh(entry: &mut FileEntry, mode: ScanMode, context: &ReadContext<'_>) -> 
 pub struct FilesSource {
     component: String,
     resource: Arc<str>,
+    work: Work,
+}
+
+/// What a [`FilesSource`] runs.
+enum Work {
+    /// Its own watch and scan.
+    Own(Box<Scanner>, WatchOptions),
+    /// One scan shared by the sources of one directory ([`FilesSource::share_scans`]).
+    Shared(Arc<SharedScan>),
+}
+
+/// The watch and scan shared by files sources that read the same path with the same
+/// timing. The member that runs first takes the work (one [`FileWatch`], every
+/// member's [`Scanner`]) and publishes for all of them; each member reports its own
+/// health, passed to it by that scan.
+struct SharedScan {
+    path: PathBuf,
+    /// Taken by the member that runs first.
+    work: std::sync::Mutex<Option<(Vec<Member>, WatchOptions)>>,
+    /// Each member's health as the scan last found it (`None` before the first scan).
+    health: BTreeMap<Arc<str>, tokio::sync::watch::Receiver<Option<Result<(), String>>>>,
+}
+
+/// One watched resource inside a scan.
+struct Member {
+    resource: Arc<str>,
     scanner: Scanner,
-    watch: WatchOptions,
+    health: tokio::sync::watch::Sender<Option<Result<(), String>>>,
+    synced: bool,
 }
 
 impl std::fmt::Debug for FilesSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let path = match &self.work {
+            Work::Own(scanner, _) => &scanner.path,
+            Work::Shared(shared) => &shared.path,
+        };
         f.debug_struct("FilesSource")
             .field("resource", &self.resource)
-            .field("path", &self.scanner.path)
+            .field("path", path)
+            .field("shared", &matches!(self.work, Work::Shared(_)))
             .finish()
     }
 }
@@ -594,16 +626,97 @@ impl FilesSource {
         Self {
             component: format!("source/{name}"),
             resource: name.into(),
-            scanner: Scanner::new(name, files, filter, index_by, Limits::default()),
-            watch,
+            work: Work::Own(
+                Box::new(Scanner::new(
+                    name,
+                    files,
+                    filter,
+                    index_by,
+                    Limits::default(),
+                )),
+                watch,
+            ),
         }
     }
 
-    /// Replaces the YAML input budgets.
+    /// Replaces the YAML input budgets. Call before [`share_scans`](Self::share_scans).
     #[must_use]
     pub fn with_limits(mut self, limits: Limits) -> Self {
-        self.scanner.limits = limits;
+        if let Work::Own(scanner, _) = &mut self.work {
+            scanner.limits = limits;
+        }
         self
+    }
+
+    /// Lets sources that read the same path with the same `settle` and
+    /// `rescanInterval` share one watch and one scan per wake-up. Each stays a
+    /// component of its own (name, health, objects), but one file write that
+    /// changes objects of several of them (a Service and its EndpointSlice in one
+    /// manifest) is published as back-to-back updates from one scan, not from scans
+    /// that finish milliseconds apart, so the debouncer gathers them into one
+    /// reconciliation. Sources alone on their path are returned unchanged, in order.
+    pub fn share_scans(sources: Vec<FilesSource>) -> Vec<FilesSource> {
+        let key = |source: &FilesSource| match &source.work {
+            Work::Own(scanner, watch) => Some((scanner.path.clone(), *watch)),
+            Work::Shared(_) => None,
+        };
+        let mut counts: HashMap<(PathBuf, WatchOptions), usize> = HashMap::new();
+        for source in &sources {
+            if let Some(key) = key(source) {
+                *counts.entry(key).or_default() += 1;
+            }
+        }
+        let mut groups: HashMap<(PathBuf, WatchOptions), Vec<Member>> = HashMap::new();
+        let mut order = Vec::with_capacity(sources.len());
+        for source in sources {
+            match key(&source).filter(|key| counts[key] > 1) {
+                Some(key) => {
+                    let FilesSource {
+                        component,
+                        resource,
+                        work,
+                    } = source;
+                    let Work::Own(scanner, _) = work else {
+                        unreachable!("only sources with their own scan have a key")
+                    };
+                    let (health, _) = tokio::sync::watch::channel(None);
+                    groups.entry(key.clone()).or_default().push(Member {
+                        resource: resource.clone(),
+                        scanner: *scanner,
+                        health,
+                        synced: false,
+                    });
+                    order.push(Err((component, resource, key)));
+                }
+                None => order.push(Ok(source)),
+            }
+        }
+        let shared: HashMap<(PathBuf, WatchOptions), Arc<SharedScan>> = groups
+            .into_iter()
+            .map(|(key, members)| {
+                let health = members
+                    .iter()
+                    .map(|member| (member.resource.clone(), member.health.subscribe()))
+                    .collect();
+                let scan = SharedScan {
+                    path: key.0.clone(),
+                    work: std::sync::Mutex::new(Some((members, key.1))),
+                    health,
+                };
+                (key, Arc::new(scan))
+            })
+            .collect();
+        order
+            .into_iter()
+            .map(|entry| match entry {
+                Ok(source) => source,
+                Err((component, resource, key)) => FilesSource {
+                    component,
+                    resource,
+                    work: Work::Shared(shared[&key].clone()),
+                },
+            })
+            .collect()
     }
 }
 
@@ -614,72 +727,115 @@ impl Component for FilesSource {
     }
 
     async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
-        let FilesSource {
-            resource,
-            scanner,
-            watch,
-            ..
-        } = *self;
-        let span =
-            tracing::info_span!("files_source", source = %resource, path = %scanner.path.display());
-        run(resource, scanner, watch, ctx).instrument(span).await
+        let FilesSource { resource, work, .. } = *self;
+        match work {
+            Work::Own(scanner, watch) => {
+                let span = tracing::info_span!("files_source", source = %resource, path = %scanner.path.display());
+                let (health, _) = tokio::sync::watch::channel(None);
+                let member = Member {
+                    resource: resource.clone(),
+                    scanner: *scanner,
+                    health,
+                    synced: false,
+                };
+                run(resource, vec![member], watch, ctx)
+                    .instrument(span)
+                    .await
+            }
+            Work::Shared(shared) => {
+                let span = tracing::info_span!("files_source", source = %resource, path = %shared.path.display());
+                let taken = shared
+                    .work
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
+                match taken {
+                    Some((members, watch)) => {
+                        run(resource, members, watch, ctx).instrument(span).await
+                    }
+                    None => follow(resource, &shared, ctx).instrument(span).await,
+                }
+            }
+        }
     }
 }
 
+/// Applies a scan's verdict to a component's health.
+fn report_health(ctx: &Context, health: &Result<(), String>) {
+    match health {
+        Ok(()) => ctx.health().healthy(),
+        Err(reason) => ctx.health().unhealthy(reason.clone()),
+    }
+}
+
+/// Watches the path and scans every member on each wake-up; publishes each member's
+/// update, all after the whole scan. `own` is the running component's resource,
+/// whose health goes to `ctx`; the other members get theirs through their channel.
 async fn run(
-    resource: Arc<str>,
-    scanner: Scanner,
+    own: Arc<str>,
+    mut members: Vec<Member>,
     options: WatchOptions,
     ctx: Context,
 ) -> Result<(), ComponentError> {
-    let mut watch = FileWatch::new(vec![scanner.path.clone()], options)?;
-    let mut scanner = Some(scanner);
+    let path = members
+        .first()
+        .map(|member| member.scanner.path.clone())
+        .unwrap_or_default();
+    let mut watch = FileWatch::new(vec![path], options)?;
     let mut mode = ScanMode::Full;
-    let mut synced = false;
     loop {
-        let mut current = scanner
-            .take()
-            .expect("the scanner is back after every scan");
         let started = std::time::Instant::now();
-        let (current, report) = tokio::task::spawn_blocking(move || {
-            let report = current.scan(mode);
-            (current, report)
+        let (scanned, reports) = tokio::task::spawn_blocking(move || {
+            let reports: Vec<ScanReport> = members
+                .iter_mut()
+                .map(|member| member.scanner.scan(mode))
+                .collect();
+            (members, reports)
         })
         .await?;
-        // Health first, so whoever sees the update also sees the matching health.
-        match current.health() {
-            Ok(()) => ctx.health().healthy(),
-            Err(reason) => ctx.health().unhealthy(reason),
+        members = scanned;
+        // Health first, so whoever sees an update also sees the matching health.
+        for member in &members {
+            let health = member.scanner.health();
+            if member.resource == own {
+                report_health(&ctx, &health);
+            } else {
+                member.health.send_replace(Some(health));
+            }
         }
-        let first = !synced && report.listed;
-        if !report.change.is_empty() || first {
-            tracing::debug!(
-                added = report.change.added.len(),
-                modified = report.change.modified.len(),
-                removed = report.change.removed.len(),
-                objects = current.snapshot.len(),
-                elapsed = ?started.elapsed(),
-                ?mode,
-                "Resources updated"
-            );
-            ctx.publisher().publish(ResourceIndexUpdated {
-                source: resource.clone(),
-                snapshot: Arc::new(current.snapshot.clone()),
-                change: Arc::new(report.change),
-            });
+        for (member, report) in members.iter_mut().zip(reports) {
+            let first = !member.synced && report.listed;
+            let current = &member.scanner;
+            if !report.change.is_empty() || first {
+                tracing::debug!(
+                    source = %member.resource,
+                    added = report.change.added.len(),
+                    modified = report.change.modified.len(),
+                    removed = report.change.removed.len(),
+                    objects = current.snapshot.len(),
+                    elapsed = ?started.elapsed(),
+                    ?mode,
+                    "Resources updated"
+                );
+                ctx.publisher().publish(ResourceIndexUpdated {
+                    source: member.resource.clone(),
+                    snapshot: Arc::new(current.snapshot.clone()),
+                    change: Arc::new(report.change),
+                });
+            }
+            if first {
+                member.synced = true;
+                tracing::info!(
+                    source = %member.resource,
+                    objects = current.snapshot.len(),
+                    files = current.files.len(),
+                    "Initial sync complete"
+                );
+                ctx.publisher().publish(ResourceSyncComplete {
+                    source: member.resource.clone(),
+                });
+            }
         }
-        if first {
-            synced = true;
-            tracing::info!(
-                objects = current.snapshot.len(),
-                files = current.files.len(),
-                "Initial sync complete"
-            );
-            ctx.publisher().publish(ResourceSyncComplete {
-                source: resource.clone(),
-            });
-        }
-        scanner = Some(current);
         tokio::select! {
             biased;
             () = ctx.cancelled() => return Ok(()),
@@ -688,6 +844,47 @@ async fn run(
                     Wake::Changed => ScanMode::Quick,
                     Wake::Rescan => ScanMode::Full,
                 };
+            }
+        }
+    }
+}
+
+/// A member of a shared scan that another member runs: reports the health that scan
+/// finds for it until shutdown. Ends with an error when the scan ends before that.
+async fn follow(
+    resource: Arc<str>,
+    shared: &SharedScan,
+    ctx: Context,
+) -> Result<(), ComponentError> {
+    let Some(health) = shared.health.get(&resource) else {
+        return Err(format!(
+            "{resource} is not a member of the scan of {}",
+            shared.path.display()
+        )
+        .into());
+    };
+    let mut health = health.clone();
+    loop {
+        if let Some(found) = health.borrow_and_update().clone() {
+            report_health(&ctx, &found);
+        }
+        tokio::select! {
+            biased;
+            () = ctx.cancelled() => return Ok(()),
+            changed = health.changed() => {
+                if changed.is_err() {
+                    // The scanning member ended; at shutdown this one is cancelled too.
+                    tokio::select! {
+                        biased;
+                        () = ctx.cancelled() => return Ok(()),
+                        () = std::future::ready(()) => {}
+                    }
+                    return Err(format!(
+                        "the scan of {} that this source shares with other sources stopped",
+                        shared.path.display()
+                    )
+                    .into());
+                }
             }
         }
     }

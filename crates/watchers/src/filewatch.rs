@@ -31,7 +31,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 /// Timing of a [`FileWatch`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct WatchOptions {
     /// Quiet time after the last notification before [`FileWatch::next`] returns,
     /// while a write may still be in progress (completed writes return at once).

@@ -715,3 +715,179 @@ fn many_files_are_read_in_parallel_with_the_same_result() {
     assert_eq!(report.change.modified, [key("s000")]);
     assert_eq!(port(scanner.snapshot(), "s000"), Some(999));
 }
+
+/// A watched resource of `kind` read from `dir` (the same timing for every kind).
+fn resource_of(dir: &Path, api_version: &str, kind: &str) -> WatchedResource {
+    hapwright_watchers::yaml::parse_typed(
+        &format!(
+            "files: {{ path: '{}', settle: 30ms }}\napiVersion: {api_version}\nkind: {kind}\n",
+            dir.display()
+        ),
+        "t.yaml",
+        &Limits::default(),
+    )
+    .unwrap()
+}
+
+fn endpoint_slice(name: &str) -> String {
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  labels:\n    kubernetes.io/service-name: {name}\n"
+    )
+}
+
+/// The next event, waiting at most [`WAIT`].
+async fn next(events: &mut hapwright_eventbus::Subscription) -> Arc<hapwright_eventbus::Event> {
+    tokio::time::timeout(WAIT, events.recv())
+        .await
+        .expect("timed out waiting for an event")
+        .expect("bus closed")
+}
+
+/// Two sources of one directory (Services and EndpointSlices) share one watch and
+/// scan: one write holding both kinds gives two updates published back to back (no
+/// event between them), so the debouncer sees them together; each source keeps its
+/// own health, both following the same bad file, and both stop cleanly.
+#[tokio::test]
+async fn sources_of_one_directory_share_one_scan_and_publish_together() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "a.yaml", &service("a", 1));
+    let sources = FilesSource::share_scans(vec![
+        FilesSource::new("services", &resource_of(dir.path(), "v1", "Service")).unwrap(),
+        FilesSource::new(
+            "endpoints",
+            &resource_of(dir.path(), "discovery.k8s.io/v1", "EndpointSlice"),
+        )
+        .unwrap(),
+    ]);
+    assert_eq!(sources.len(), 2);
+    let registry = prometheus::Registry::new();
+    let bus = hapwright_eventbus::Bus::new(
+        hapwright_eventbus::BusConfig::default(),
+        &hapwright_eventbus::BusMetrics::register(&registry).unwrap(),
+    );
+    let mut events = bus
+        .subscribe(
+            "test",
+            [
+                hapwright_eventbus::EventKind::ResourceIndexUpdated,
+                hapwright_eventbus::EventKind::ResourceSyncComplete,
+                hapwright_eventbus::EventKind::ComponentHealthChanged,
+            ],
+        )
+        .unwrap();
+    let mut kernel = hapwright_eventbus::Kernel::new(bus);
+    for source in sources {
+        kernel.register(source);
+    }
+    let kernel = kernel.start().unwrap();
+    let health = kernel.health();
+    // The initial sync of both: two updates, then two sync-completes.
+    let mut synced = Vec::new();
+    while synced.len() < 2 {
+        if let EventPayload::ResourceSyncComplete(sync) = &next(&mut events).await.payload {
+            synced.push(sync.source.to_string());
+        }
+    }
+    synced.sort();
+    assert_eq!(synced, ["endpoints", "services"]);
+
+    // One write with a Service and its EndpointSlice.
+    write(
+        dir.path(),
+        "b.yaml",
+        &format!("{}---\n{}", service("b", 2), endpoint_slice("b")),
+    );
+    let first = loop {
+        let event = next(&mut events).await;
+        if matches!(event.payload, EventPayload::ResourceIndexUpdated(_)) {
+            break event;
+        }
+    };
+    let second = next(&mut events).await;
+    assert_eq!(second.id.0, first.id.0 + 1, "published back to back");
+    let mut sources = Vec::new();
+    for event in [&first, &second] {
+        let EventPayload::ResourceIndexUpdated(update) = &event.payload else {
+            panic!("expected the second update, got {:?}", event.payload);
+        };
+        assert_eq!(update.change.added, [key("b")], "{}", update.source);
+        sources.push(update.source.to_string());
+    }
+    sources.sort();
+    assert_eq!(sources, ["endpoints", "services"]);
+
+    // A bad file: both sources report it, each under its own name.
+    write(dir.path(), "c.yaml", "kind: [unclosed\n");
+    let state = |name: &str| health.get(name).map(|h| (h.state, h.reason));
+    let mut unhealthy = Vec::new();
+    while unhealthy.len() < 2 {
+        if let EventPayload::ComponentHealthChanged(changed) = &next(&mut events).await.payload
+            && changed.health.state == HealthState::Unhealthy
+        {
+            assert!(
+                changed
+                    .health
+                    .reason
+                    .as_deref()
+                    .is_some_and(|r| r.contains("c.yaml")),
+                "{changed:?}"
+            );
+            unhealthy.push(changed.component.to_string());
+        }
+    }
+    unhealthy.sort();
+    assert_eq!(unhealthy, ["source/endpoints", "source/services"]);
+    std::fs::remove_file(dir.path().join("c.yaml")).unwrap();
+    let mut healthy = Vec::new();
+    while healthy.len() < 2 {
+        if let EventPayload::ComponentHealthChanged(changed) = &next(&mut events).await.payload
+            && changed.health.state == HealthState::Healthy
+        {
+            healthy.push(changed.component.to_string());
+        }
+    }
+    assert_eq!(state("source/services").unwrap().0, HealthState::Healthy);
+    assert_eq!(state("source/endpoints").unwrap().0, HealthState::Healthy);
+
+    let report = kernel.shutdown(Duration::from_secs(5)).await;
+    assert!(report.aborted.is_empty(), "{report:?}");
+    assert_eq!(report.stopped.len(), 2, "{report:?}");
+    for name in ["source/services", "source/endpoints"] {
+        let (state, reason) = state(name).unwrap();
+        assert_eq!(
+            (state, reason.as_deref()),
+            (HealthState::Exited, Some("stopped")),
+            "{name}"
+        );
+    }
+}
+
+/// Sources of different directories, or of one directory with different timing,
+/// keep their own scans.
+#[test]
+fn only_sources_of_one_path_and_timing_share_a_scan() {
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    let alone = |dir: &Path, name: &str, settle: u64| {
+        let mut config = files_config(dir);
+        config.settle = ConfigDuration::from_millis(settle);
+        FilesSource::from_parts(name, &config, Filter::default(), Vec::new())
+    };
+    let shared = |source: &FilesSource| format!("{source:?}").contains("shared: true");
+    let sources = FilesSource::share_scans(vec![
+        alone(a.path(), "one", 30),
+        alone(b.path(), "two", 30),
+        alone(a.path(), "three", 60),
+        alone(b.path(), "four", 30),
+    ]);
+    let names: Vec<String> = sources
+        .iter()
+        .map(|s| hapwright_eventbus::Component::name(s).to_owned())
+        .collect();
+    assert_eq!(
+        names,
+        ["source/one", "source/two", "source/three", "source/four"]
+    );
+    let flags: Vec<bool> = sources.iter().map(shared).collect();
+    assert_eq!(flags, [false, true, false, true]);
+}
