@@ -182,7 +182,7 @@ impl Footprint {
             .server_proxies()
             .filter_map(|section| {
                 let name = section.name.clone()?;
-                Some((name, section.servers().len()))
+                Some((name, section.server_count()))
             })
             .collect();
         let maps = config

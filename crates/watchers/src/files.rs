@@ -125,6 +125,33 @@ impl Stamp {
     }
 }
 
+/// The files defining one object, in name order: almost always exactly one, so a
+/// sorted vector (one small allocation) rather than a set (a tree node per object).
+#[derive(Debug, Default)]
+struct Owners(Vec<Arc<str>>);
+
+impl Owners {
+    fn insert(&mut self, name: Arc<str>) {
+        if let Err(at) = self.0.binary_search(&name) {
+            // Room for exactly the usual one (a plain push would make room for four).
+            self.0.reserve_exact(1);
+            self.0.insert(at, name);
+        }
+    }
+
+    /// Removes `name`; whether no file is left.
+    fn remove(&mut self, name: &Arc<str>) -> bool {
+        if let Ok(at) = self.0.binary_search(name) {
+            self.0.remove(at);
+        }
+        self.0.is_empty()
+    }
+
+    fn iter(&self) -> std::slice::Iter<'_, Arc<str>> {
+        self.0.iter()
+    }
+}
+
 #[derive(Debug)]
 struct FileEntry {
     path: PathBuf,
@@ -172,7 +199,7 @@ pub struct Scanner {
     limits: Limits,
     files: BTreeMap<Arc<str>, FileEntry>,
     /// Files defining each object, in name order; the first one wins.
-    owners: HashMap<ObjectKey, BTreeSet<Arc<str>>>,
+    owners: HashMap<ObjectKey, Owners>,
     snapshot: ResourceSnapshot,
     listing_error: Option<ListError>,
 }
@@ -301,11 +328,10 @@ impl Scanner {
                     let old = std::mem::replace(&mut entry.objects, objects);
                     for key in old.keys() {
                         if !entry.objects.contains_key(key) {
-                            if let Some(set) = self.owners.get_mut(key) {
-                                set.remove(&name);
-                                if set.is_empty() {
-                                    self.owners.remove(key);
-                                }
+                            if let Some(set) = self.owners.get_mut(key)
+                                && set.remove(&name)
+                            {
+                                self.owners.remove(key);
                             }
                             affected.insert(key.clone());
                         }
@@ -365,11 +391,10 @@ impl Scanner {
         };
         tracing::debug!(source = %self.source, file = %entry.display, "Manifest file removed");
         for key in entry.objects.into_keys() {
-            if let Some(set) = self.owners.get_mut(&key) {
-                set.remove(name);
-                if set.is_empty() {
-                    self.owners.remove(&key);
-                }
+            if let Some(set) = self.owners.get_mut(&key)
+                && set.remove(name)
+            {
+                self.owners.remove(&key);
             }
             affected.insert(key);
         }

@@ -177,6 +177,19 @@ impl Section {
             .collect()
     }
 
+    /// The `server` directives [`servers`](Self::servers) reads, without building
+    /// them: every `server` line with at least a name and an address.
+    pub fn server_directives(&self) -> impl Iterator<Item = &Directive> + '_ {
+        self.directives
+            .iter()
+            .filter(|d| d.keyword == "server" && d.args.len() >= 2)
+    }
+
+    /// How many servers [`servers`](Self::servers) returns.
+    pub fn server_count(&self) -> usize {
+        self.server_directives().count()
+    }
+
     /// The section's own `balance` (the last one wins, as in HAProxy), together with
     /// its own `hash-type`. Does not look at `defaults`; see
     /// [`Config::effective_balance`] for that.

@@ -351,3 +351,17 @@ fn phase1_collects_everything_in_line_order() {
     assert!(diagnostics[2].message.starts_with("Missing LF"));
     assert_eq!(phase1("", &paths(&[])), []);
 }
+
+#[test]
+fn server_directives_are_the_lines_servers_reads() {
+    let config = parse_lenient(
+        "backend be\n    server a 10.0.0.1:80 check\n    server lonely\n    balance roundrobin\n    server b [::1]:81\n",
+    )
+    .0;
+    let be = config.section(SectionKind::Backend, "be").unwrap();
+    let lines: Vec<u32> = be.server_directives().map(|d| d.line).collect();
+    let from_servers: Vec<u32> = be.servers().iter().map(|s| s.line).collect();
+    assert_eq!(lines, [2, 5]);
+    assert_eq!(lines, from_servers);
+    assert_eq!(be.server_count(), 2);
+}
