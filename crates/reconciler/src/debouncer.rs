@@ -7,11 +7,11 @@
 //!   the updates of one scan back to back). Changes that follow it within the burst
 //!   are coalesced as below. One change often reaches several sources a few
 //!   milliseconds apart (Kubernetes watches of a Service and its EndpointSlice;
-//!   `kubectl apply` of several objects): changes within `leading_group` of the leading trigger are gathered into
-//!   one more trigger at the end of that short window, so the incomplete first render
-//!   is superseded within milliseconds instead of after the quiet period. Later
-//!   changes of the burst are coalesced as below. `leading_edge: false` keeps the
-//!   purely trailing behaviour.
+//!   `kubectl apply` of several objects): changes within `leading_group` of the
+//!   leading trigger are gathered into one more trigger at the end of that short
+//!   window, so the incomplete first render is superseded within milliseconds
+//!   instead of after the quiet period. Later changes of the burst are coalesced as
+//!   below. `leading_edge: false` keeps the purely trailing behaviour.
 //! - **Quiet period**: a trigger fires `debounce` after the last change...
 //! - **Max wait**: ...but never later than `max_wait` after the first change of a
 //!   batch, so a constant stream of changes cannot starve deployment.
@@ -196,8 +196,12 @@ impl Component for Debouncer {
             };
             let event = if leading_pending {
                 // A leading trigger is due: first take what is already queued, so
-                // updates published together (one scan of a directory) go together.
-                match ctx.try_next_event() {
+                // updates published together (one scan of a directory) go together;
+                // a queue that never empties still fires it after `max_wait`.
+                let overdue = batch
+                    .first
+                    .is_some_and(|first| Instant::now() >= first + settings.max_wait);
+                match (!overdue).then(|| ctx.try_next_event()).flatten() {
                     Some(event) => Some(event),
                     None => {
                         leading_pending = false;

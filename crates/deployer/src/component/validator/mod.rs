@@ -774,10 +774,6 @@ impl Validator {
             .observe(ValidationPhase::Parse, phase1.is_ok(), started.elapsed());
         let (warnings, model) = phase1?;
         let model = Arc::new(model);
-        let baseline = self
-            .baseline
-            .as_ref()
-            .filter(|(baseline_envs, _, _)| self.config.equivalence && *baseline_envs == envs);
         if let Some((_, baseline, baseline_warnings)) = baseline {
             match equivalence::compare(baseline, rendered, &model) {
                 Equivalence::Equivalent(reason) => {
