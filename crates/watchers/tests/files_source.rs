@@ -891,3 +891,55 @@ fn only_sources_of_one_path_and_timing_share_a_scan() {
     let flags: Vec<bool> = sources.iter().map(shared).collect();
     assert_eq!(flags, [false, true, false, true]);
 }
+
+/// A source whose shared scan is run by another source ends with an error when that
+/// scan stops while it is still running (here: the other source's kernel shuts
+/// down), instead of reporting a health nobody updates any more.
+#[tokio::test]
+async fn a_member_whose_shared_scan_stops_ends_with_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "a.yaml", &service("a", 1));
+    let mut sources = FilesSource::share_scans(vec![
+        FilesSource::new("services", &resource_of(dir.path(), "v1", "Service")).unwrap(),
+        FilesSource::new(
+            "endpoints",
+            &resource_of(dir.path(), "discovery.k8s.io/v1", "EndpointSlice"),
+        )
+        .unwrap(),
+    ]);
+    let follower = sources.pop().unwrap();
+    let leader = sources.pop().unwrap();
+    // The services source runs first, alone in its kernel: it takes the scan.
+    let mut first = Harness::start(leader);
+    first.synced().await;
+    // The endpoints source runs in a second kernel and follows that scan.
+    let registry = prometheus::Registry::new();
+    let bus = hapwright_eventbus::Bus::new(
+        hapwright_eventbus::BusConfig::default(),
+        &hapwright_eventbus::BusMetrics::register(&registry).unwrap(),
+    );
+    let mut events = bus
+        .subscribe(
+            "test",
+            [hapwright_eventbus::EventKind::ComponentHealthChanged],
+        )
+        .unwrap();
+    let mut kernel = hapwright_eventbus::Kernel::new(bus);
+    kernel.register(follower);
+    let second = kernel.start().unwrap();
+    first.stop().await;
+    let reason = loop {
+        if let EventPayload::ComponentHealthChanged(changed) = &next(&mut events).await.payload
+            && changed.health.state == HealthState::Exited
+        {
+            assert_eq!(changed.component.as_ref(), "source/endpoints");
+            break changed.health.reason.clone().unwrap_or_default();
+        }
+    };
+    assert!(
+        reason.contains("failed") && reason.contains("shares with other sources stopped"),
+        "{reason}"
+    );
+    let report = second.shutdown(Duration::from_secs(5)).await;
+    assert!(report.aborted.is_empty(), "{report:?}");
+}
