@@ -439,54 +439,97 @@ fn is_dead(pid: &str) -> bool {
     }
 }
 
-#[tokio::test]
-async fn shutdown_during_validation_kills_haproxy() {
-    let scratch = tempfile::tempdir().unwrap();
-    let bin = tempfile::tempdir().unwrap();
-    let (script, pid_file) = hanging_binary(bin.path());
+/// The validator component alone in a kernel, with the test's subscription to its
+/// answers (made before the kernel started).
+struct Component {
+    registry: Registry,
+    bus: Bus,
+    running: hapwright_eventbus::RunningKernel,
+    answers: hapwright_eventbus::Subscription,
+}
+
+fn start_validator(config: validator::Config) -> Component {
     let registry = Registry::new();
     let bus = Bus::new(
         BusConfig::default(),
         &BusMetrics::register(&registry).unwrap(),
     );
-    let config = validator::Config {
-        binary: script,
-        envs: vec![],
-        timeout: Duration::from_secs(120),
-        scratch_root: Some(scratch.path().to_path_buf()),
-        equivalence: true,
-    };
+    let answers = bus
+        .subscribe(
+            "probe",
+            [EventKind::ValidationCompleted, EventKind::ValidationFailed],
+        )
+        .unwrap();
     let mut kernel = Kernel::new(bus.clone());
     kernel.register(Validator::new(
         config,
         validator::Metrics::register(&registry).unwrap(),
     ));
     let running = kernel.start().unwrap();
-    bus.publisher().publish(TemplateRendered {
-        config: Arc::new(valid()),
-        duration: Duration::ZERO,
-        render: Default::default(),
-    });
-    // Bounded wait until the stand-in runs (it renames its pid file into place).
-    let pid = timeout(WAIT, async {
+    Component {
+        registry,
+        bus,
+        running,
+        answers,
+    }
+}
+
+/// Settings that run the hanging stand-in `binary`, killed after `timeout`.
+fn hanging(binary: PathBuf, scratch: &Path, timeout: Duration) -> validator::Config {
+    validator::Config {
+        binary,
+        timeout,
+        ..settings(scratch, vec![])
+    }
+}
+
+/// The stand-in's pid, once it runs (it renames its pid file into place). A process
+/// has no event to wait on, so this polls, bounded by [`WAIT`].
+async fn started_pid(pid_file: &Path) -> String {
+    timeout(WAIT, async {
         loop {
-            if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+            if let Ok(pid) = std::fs::read_to_string(pid_file) {
                 return pid;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
     .await
-    .expect("the stand-in binary started");
-    let report = timeout(WAIT, running.shutdown(WAIT)).await.unwrap();
-    assert_eq!(report.stopped, ["validator"]);
+    .expect("the stand-in binary started")
+}
+
+/// Waits (polling, bounded by [`WAIT`]) until `done` holds.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     timeout(WAIT, async {
-        while !is_dead(&pid) {
+        while !done() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
     .await
-    .expect("the child was killed when the validation was dropped");
+    .unwrap_or_else(|_| panic!("{what}"));
+}
+
+#[tokio::test]
+async fn shutdown_during_validation_kills_haproxy() {
+    let scratch = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let (script, pid_file) = hanging_binary(bin.path());
+    let component = start_validator(hanging(script, scratch.path(), Duration::from_secs(120)));
+    component.bus.publisher().publish(TemplateRendered {
+        config: Arc::new(valid()),
+        duration: Duration::ZERO,
+        render: Default::default(),
+    });
+    let pid = started_pid(&pid_file).await;
+    let report = timeout(WAIT, component.running.shutdown(WAIT))
+        .await
+        .unwrap();
+    assert_eq!(report.stopped, ["validator"]);
+    eventually(
+        "the child was killed when the validation was dropped",
+        || is_dead(&pid),
+    )
+    .await;
     assert!(is_empty_dir(scratch.path()), "scratch directory removed");
 }
 
@@ -536,24 +579,12 @@ async fn unsafe_file_names_never_leave_the_scratch_directory() {
 #[tokio::test]
 async fn component_replies_on_the_bus_with_the_correlation_id() {
     let scratch = tempfile::tempdir().unwrap();
-    let registry = Registry::new();
-    let bus = Bus::new(
-        BusConfig::default(),
-        &BusMetrics::register(&registry).unwrap(),
-    );
-    let mut probe = bus
-        .subscribe(
-            "probe",
-            [EventKind::ValidationCompleted, EventKind::ValidationFailed],
-        )
-        .unwrap();
-    let metrics = validator::Metrics::register(&registry).unwrap();
-    let mut kernel = Kernel::new(bus.clone());
-    kernel.register(Validator::new(
-        settings(scratch.path(), http_port()),
-        metrics,
-    ));
-    let running = kernel.start().unwrap();
+    let Component {
+        registry,
+        bus,
+        running,
+        answers: mut probe,
+    } = start_validator(settings(scratch.path(), http_port()));
 
     let publisher = bus.publisher();
     let good = CorrelationId::new();
@@ -646,52 +677,22 @@ async fn the_component_sweeps_dead_scratch_dirs_and_names_its_own_with_its_pid()
 
     let bin = tempfile::tempdir().unwrap();
     let (script, pid_file) = hanging_binary(bin.path());
-    let registry = Registry::new();
-    let bus = Bus::new(
-        BusConfig::default(),
-        &BusMetrics::register(&registry).unwrap(),
-    );
-    let config = validator::Config {
-        binary: script,
-        envs: vec![],
-        timeout: Duration::from_secs(120),
-        scratch_root: Some(scratch.path().to_path_buf()),
-        equivalence: true,
-    };
-    let mut kernel = Kernel::new(bus.clone());
-    kernel.register(Validator::new(
-        config,
-        validator::Metrics::register(&registry).unwrap(),
-    ));
-    let running = kernel.start().unwrap();
-    bus.publisher().publish(TemplateRendered {
+    let component = start_validator(hanging(script, scratch.path(), Duration::from_secs(120)));
+    component.bus.publisher().publish(TemplateRendered {
         config: Arc::new(valid()),
         duration: Duration::ZERO,
         render: Default::default(),
     });
-    let pid = timeout(WAIT, async {
-        loop {
-            if let Ok(pid) = std::fs::read_to_string(&pid_file) {
-                return pid;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the stand-in binary started");
+    let pid = started_pid(&pid_file).await;
     let names: Vec<String> = std::fs::read_dir(scratch.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    let report = timeout(WAIT, running.shutdown(WAIT)).await.unwrap();
+    let report = timeout(WAIT, component.running.shutdown(WAIT))
+        .await
+        .unwrap();
     assert_eq!(report.stopped, ["validator"]);
-    timeout(WAIT, async {
-        while !is_dead(&pid) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the child was killed");
+    eventually("the child was killed", || is_dead(&pid)).await;
     assert!(
         !left.exists(),
         "the dead controller's scratch dir was swept"
@@ -728,32 +729,14 @@ async fn phase1_rejection_with_early_run() -> bool {
     let scratch = tempfile::tempdir().unwrap();
     let bin = tempfile::tempdir().unwrap();
     let (script, pid_file) = hanging_binary(bin.path());
-    let registry = Registry::new();
-    let bus = Bus::new(
-        BusConfig::default(),
-        &BusMetrics::register(&registry).unwrap(),
-    );
-    let mut probe = bus
-        .subscribe(
-            "probe",
-            [EventKind::ValidationCompleted, EventKind::ValidationFailed],
-        )
-        .unwrap();
-    let config = validator::Config {
-        binary: script,
-        envs: vec![],
-        // Far beyond WAIT: a validator that waited for the stand-in would time out
-        // this test.
-        timeout: Duration::from_secs(600),
-        scratch_root: Some(scratch.path().to_path_buf()),
-        equivalence: true,
-    };
-    let mut kernel = Kernel::new(bus.clone());
-    kernel.register(Validator::new(
-        config,
-        validator::Metrics::register(&registry).unwrap(),
-    ));
-    let running = kernel.start().unwrap();
+    // A timeout far beyond WAIT: a validator that waited for the stand-in would time
+    // out this test.
+    let Component {
+        registry,
+        bus,
+        running,
+        answers: mut probe,
+    } = start_validator(hanging(script, scratch.path(), Duration::from_secs(600)));
     // Many backends, so that phase 1 takes long enough for the stand-in to start,
     // and a duplicate one at the end for phase 1 to reject.
     let mut text = VALID.to_owned();
@@ -776,13 +759,11 @@ async fn phase1_rejection_with_early_run() -> bool {
         other => panic!("expected ValidationFailed, got {other:?}"),
     }
     let pid = std::fs::read_to_string(&pid_file).ok();
-    timeout(WAIT, async {
-        while pid.as_deref().is_some_and(|pid| !is_dead(pid)) || !is_empty_dir(scratch.path()) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the early run was killed and its scratch directory removed");
+    eventually(
+        "the early run was killed and its scratch directory removed",
+        || pid.as_deref().is_none_or(is_dead) && is_empty_dir(scratch.path()),
+    )
+    .await;
     let text = metrics_text(&registry);
     // A stopped run is no validation: nothing is counted for phase 2.
     assert!(

@@ -607,6 +607,17 @@ struct Member {
     synced: bool,
 }
 
+impl Member {
+    fn new(resource: Arc<str>, scanner: Scanner) -> Self {
+        Self {
+            resource,
+            scanner,
+            health: tokio::sync::watch::Sender::new(None),
+            synced: false,
+        }
+    }
+}
+
 impl std::fmt::Debug for FilesSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let path = match &self.work {
@@ -704,13 +715,10 @@ impl FilesSource {
                     let Work::Own(scanner, _) = work else {
                         unreachable!("only sources with their own scan have a key")
                     };
-                    let (health, _) = tokio::sync::watch::channel(None);
-                    groups.entry(key.clone()).or_default().push(Member {
-                        resource: resource.clone(),
-                        scanner: *scanner,
-                        health,
-                        synced: false,
-                    });
+                    groups
+                        .entry(key.clone())
+                        .or_default()
+                        .push(Member::new(resource.clone(), *scanner));
                     order.push(Err((component, resource, key)));
                 }
                 None => order.push(Ok(source)),
@@ -753,22 +761,19 @@ impl Component for FilesSource {
 
     async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
         let FilesSource { resource, work, .. } = *self;
+        let path = match &work {
+            Work::Own(scanner, _) => scanner.path.clone(),
+            Work::Shared(shared) => shared.path.clone(),
+        };
+        let span = tracing::info_span!("files_source", source = %resource, path = %path.display());
         match work {
             Work::Own(scanner, watch) => {
-                let span = tracing::info_span!("files_source", source = %resource, path = %scanner.path.display());
-                let (health, _) = tokio::sync::watch::channel(None);
-                let member = Member {
-                    resource: resource.clone(),
-                    scanner: *scanner,
-                    health,
-                    synced: false,
-                };
-                run(resource, vec![member], watch, ctx)
+                let member = Member::new(resource.clone(), *scanner);
+                run(resource, path, vec![member], watch, ctx)
                     .instrument(span)
                     .await
             }
             Work::Shared(shared) => {
-                let span = tracing::info_span!("files_source", source = %resource, path = %shared.path.display());
                 let taken = shared
                     .work
                     .lock()
@@ -776,7 +781,9 @@ impl Component for FilesSource {
                     .take();
                 match taken {
                     Some((members, watch)) => {
-                        run(resource, members, watch, ctx).instrument(span).await
+                        run(resource, path, members, watch, ctx)
+                            .instrument(span)
+                            .await
                     }
                     None => follow(resource, &shared, ctx).instrument(span).await,
                 }
@@ -798,14 +805,11 @@ fn report_health(ctx: &Context, health: &Result<(), String>) {
 /// whose health goes to `ctx`; the other members get theirs through their channel.
 async fn run(
     own: Arc<str>,
+    path: PathBuf,
     mut members: Vec<Member>,
     options: WatchOptions,
     ctx: Context,
 ) -> Result<(), ComponentError> {
-    let path = members
-        .first()
-        .map(|member| member.scanner.path.clone())
-        .unwrap_or_default();
     let mut watch = FileWatch::new(vec![path], options)?;
     let mut mode = ScanMode::Full;
     loop {

@@ -760,26 +760,14 @@ async fn sources_of_one_directory_share_one_scan_and_publish_together() {
         .unwrap(),
     ]);
     assert_eq!(sources.len(), 2);
-    let registry = prometheus::Registry::new();
-    let bus = hapwright_eventbus::Bus::new(
-        hapwright_eventbus::BusConfig::default(),
-        &hapwright_eventbus::BusMetrics::register(&registry).unwrap(),
+    let (kernel, mut events) = common::start_together(
+        sources,
+        [
+            hapwright_eventbus::EventKind::ResourceIndexUpdated,
+            hapwright_eventbus::EventKind::ResourceSyncComplete,
+            hapwright_eventbus::EventKind::ComponentHealthChanged,
+        ],
     );
-    let mut events = bus
-        .subscribe(
-            "test",
-            [
-                hapwright_eventbus::EventKind::ResourceIndexUpdated,
-                hapwright_eventbus::EventKind::ResourceSyncComplete,
-                hapwright_eventbus::EventKind::ComponentHealthChanged,
-            ],
-        )
-        .unwrap();
-    let mut kernel = hapwright_eventbus::Kernel::new(bus);
-    for source in sources {
-        kernel.register(source);
-    }
-    let kernel = kernel.start().unwrap();
     let health = kernel.health();
     // The initial sync of both: two updates, then two sync-completes.
     let mut synced = Vec::new();
@@ -913,20 +901,10 @@ async fn a_member_whose_shared_scan_stops_ends_with_an_error() {
     let mut first = Harness::start(leader);
     first.synced().await;
     // The endpoints source runs in a second kernel and follows that scan.
-    let registry = prometheus::Registry::new();
-    let bus = hapwright_eventbus::Bus::new(
-        hapwright_eventbus::BusConfig::default(),
-        &hapwright_eventbus::BusMetrics::register(&registry).unwrap(),
+    let (second, mut events) = common::start_alone(
+        follower,
+        [hapwright_eventbus::EventKind::ComponentHealthChanged],
     );
-    let mut events = bus
-        .subscribe(
-            "test",
-            [hapwright_eventbus::EventKind::ComponentHealthChanged],
-        )
-        .unwrap();
-    let mut kernel = hapwright_eventbus::Kernel::new(bus);
-    kernel.register(follower);
-    let second = kernel.start().unwrap();
     first.stop().await;
     let reason = loop {
         if let EventPayload::ComponentHealthChanged(changed) = &next(&mut events).await.payload

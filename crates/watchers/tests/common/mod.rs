@@ -20,12 +20,23 @@ pub fn start_alone(
     component: impl Component,
     kinds: impl Into<KindSet>,
 ) -> (RunningKernel, Subscription) {
+    start_together([component], kinds)
+}
+
+/// Starts `components` together in one kernel; returns the running kernel and a
+/// subscription to `kinds`, made before the kernel started so it sees everything.
+pub fn start_together<C: Component>(
+    components: impl IntoIterator<Item = C>,
+    kinds: impl Into<KindSet>,
+) -> (RunningKernel, Subscription) {
     let registry = prometheus::Registry::new();
     let metrics = BusMetrics::register(&registry).unwrap();
     let bus = Bus::new(BusConfig::default(), &metrics);
     let events = bus.subscribe("test", kinds).unwrap();
     let mut kernel = Kernel::new(bus);
-    kernel.register(component);
+    for component in components {
+        kernel.register(component);
+    }
     (kernel.start().unwrap(), events)
 }
 
