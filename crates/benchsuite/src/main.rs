@@ -40,6 +40,9 @@ struct Args {
     /// Only the runtime path of scenario (b), with traces off and on, printed: the
     /// cost of `controller.tracing` at sample ratio 1.
     tracing_overhead: bool,
+    /// Only scenario (b) at this many backends, printed with its stage means and the
+    /// reload target: for comparing the latency of two builds at one size.
+    latency_only: Option<usize>,
     repo: PathBuf,
     hapwright: PathBuf,
     font: PathBuf,
@@ -52,6 +55,7 @@ fn parse_args() -> Result<Args> {
         quick: false,
         memory_only: false,
         tracing_overhead: false,
+        latency_only: None,
         repo: std::env::current_dir().context("current directory")?,
         // The binary the e2e harness runs too: `HAPWRIGHT_BIN`, else this one's sibling.
         hapwright: std::env::var_os("HAPWRIGHT_BIN")
@@ -70,12 +74,19 @@ fn parse_args() -> Result<Args> {
             "--quick" => args.quick = true,
             "--memory-only" => args.memory_only = true,
             "--tracing-overhead" => args.tracing_overhead = true,
+            "--latency-only" => {
+                let size = value("--latency-only")?;
+                let size = size.to_string_lossy();
+                args.latency_only = Some(size.parse().with_context(|| {
+                    format!("--latency-only needs a number of backends, not `{size}`")
+                })?);
+            }
             "--repo" => args.repo = value("--repo")?,
             "--font" => args.font = value("--font")?,
             "--commands" => args.commands = Some(value("--commands")?),
             "-h" | "--help" => {
                 println!(
-                    "usage: hapwright-benchsuite [--quick] [--memory-only] [--tracing-overhead] [--repo DIR] [--font TTF] [--commands FILE]"
+                    "usage: hapwright-benchsuite [--quick] [--memory-only] [--tracing-overhead] [--latency-only BACKENDS] [--repo DIR] [--font TTF] [--commands FILE]"
                 );
                 std::process::exit(0);
             }
@@ -104,6 +115,21 @@ fn main() -> Result<()> {
                 (on.mean() / off.mean() - 1.0) * 100.0,
             );
         }
+        return Ok(());
+    }
+    if let Some(backends) = args.latency_only {
+        let changes = if args.quick { 5 } else { 20 };
+        let (size, _) =
+            catch(|| scenarios::latency(backends, changes, scenarios::Extras::default()))?;
+        println!("{}", scenarios::describe(&size.runtime));
+        println!("{}", scenarios::describe(&size.reload));
+        println!("runtime stages: {:?}", size.runtime_stages);
+        println!("reload stages: {:?}", size.reload_stages);
+        println!(
+            "HAProxy's own reload {:.1} ms; reload target {:.1} ms",
+            size.haproxy_reload_ms,
+            report::reload_target_ms(&size)
+        );
         return Ok(());
     }
     let machine = machine();

@@ -420,7 +420,10 @@ pub fn markdown(results: &Results, analysis: &str) -> String {
          windows, after a quiet period, so the debouncer's leading edge takes each \
          change at once (bursts are measured in (c)). Controller settings: {}. \
          HAProxy's own reload time is the master CLI `reload` until `show proc` reports \
-         the new reload count (median of 5).\n",
+         the new reload count, timed once after each reload-path change on the same \
+         config, polled as the controller polls, under the same requests (back to back, for a \
+         host with no route): \
+         interleaved, so both see the same state of the machine; the median.\n",
         results.settings.map_or_else(
             || "unknown".to_owned(),
             |s| format!(
@@ -936,6 +939,17 @@ fn criterion_sections(c: &BTreeMap<String, Estimate>, summary: &mut Vec<[String;
          incremental: only the output that read the changed slice renders again): {} — \
          target ≤ 5 ms, {one_v}.",
         one.map_or_else(
+            || "not measured".to_owned(),
+            |v| format!("{} ms", fmt_num(v))
+        )
+    );
+    let _ = writeln!(
+        s,
+        "\nAfter a new service with its endpoint slice and ingress, at 10,000 services \
+         (`render_new_service/10000`, what the reload path renders: the lists the \
+         templates loop over changed, so those files run again, reusing the snippet \
+         outputs of every other service): {}.",
+        estimate_ms(c, "render_new_service/10000").map_or_else(
             || "not measured".to_owned(),
             |v| format!("{} ms", fmt_num(v))
         )

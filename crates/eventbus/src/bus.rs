@@ -550,54 +550,67 @@ impl Publisher {
 
     /// Publishes an event with explicit envelope fields; returns its id.
     pub fn publish_with(&self, payload: impl Into<EventPayload>, meta: EventMeta) -> EventId {
+        let event = self.envelope(payload.into(), meta);
+        let id = event.id;
+        let mut state = lock(&self.shared.state);
+        let spilled = deliver(&self.shared, &mut state, event);
+        self.after_delivery(state, spilled);
+        id
+    }
+
+    /// Publishes events that belong together (the updates of one scan of a
+    /// directory), in order and under one hold of the bus: a subscriber never sees
+    /// the first without the others queued right behind it, even when the publishing
+    /// thread is preempted between two of them. Returns their ids.
+    pub fn publish_all(&self, payloads: impl IntoIterator<Item = EventPayload>) -> Vec<EventId> {
+        let events: Vec<Arc<Event>> = payloads
+            .into_iter()
+            .map(|payload| self.envelope(payload, EventMeta::default()))
+            .collect();
+        let ids = events.iter().map(|event| event.id).collect();
+        let mut state = lock(&self.shared.state);
+        let mut spilled = false;
+        for event in events {
+            spilled |= deliver(&self.shared, &mut state, event);
+        }
+        self.after_delivery(state, spilled);
+        ids
+    }
+
+    /// The event for `payload`, with the next id, counted as published.
+    fn envelope(&self, payload: EventPayload, meta: EventMeta) -> Arc<Event> {
         let shared = &*self.shared;
         let id = EventId(shared.next_id.fetch_add(1, Ordering::Relaxed));
         let at = Instant::now();
         let (base_at, base_micros) = shared.clock_base;
         let unix_micros = base_micros + at.saturating_duration_since(base_at).as_micros() as u64;
-        let payload = payload.into();
         let kind = payload.kind();
-        let event = Arc::new(Event {
+        shared.metrics.published[kind as usize].inc();
+        Arc::new(Event {
             id,
             correlation_id: meta.correlation_id,
             caused_by: meta.caused_by,
             at,
             unix_micros,
             payload,
-        });
-        shared.metrics.published[kind as usize].inc();
+        })
+    }
 
-        let mut state = lock(&shared.state);
-        let before_start = !state.started;
-        if send_growing(&mut state.observer, event.clone(), before_start) {
-            shared.observer_seq.fetch_add(1, Ordering::Relaxed);
+    /// After events were delivered: warns when the spill queue keeps growing and
+    /// wakes the pump when something was spilled.
+    fn after_delivery(&self, state: MutexGuard<'_, State>, spilled: bool) {
+        let shared = &*self.shared;
+        if !spilled {
+            return;
         }
-        if state.spill.is_empty() {
-            match state.pipeline.try_broadcast(event) {
-                Ok(_) => {
-                    shared.pipeline_seq.fetch_add(1, Ordering::Relaxed);
-                    return id;
-                }
-                Err(TrySendError::Full(event)) if before_start => {
-                    // Nobody drains before start: grow so the replay is complete.
-                    if send_growing(&mut state.pipeline, event, true) {
-                        shared.pipeline_seq.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return id;
-                }
-                Err(TrySendError::Full(event)) => spill(shared, &mut state, event),
-                Err(TrySendError::Closed(_) | TrySendError::Inactive(_)) => return id,
-            }
-        } else {
-            spill(shared, &mut state, event);
-        }
-        let spilled = state.spill.len();
-        if spilled >= state.spill_warn_at {
-            state.spill_warn_at = spilled * 2;
+        let mut state = state;
+        let queued = state.spill.len();
+        if queued >= state.spill_warn_at {
+            state.spill_warn_at = queued * 2;
             drop(state);
             let slowest = slowest_pipeline_subscriber(shared);
             tracing::warn!(
-                spilled,
+                spilled = queued,
                 slowest = slowest.as_deref().unwrap_or("none"),
                 "Pipeline subscribers are falling behind; events are queued, not lost"
             );
@@ -605,7 +618,38 @@ impl Publisher {
             drop(state);
         }
         shared.spill_ready.notify_one();
-        id
+    }
+}
+
+/// Sends one event to the observer and the pipeline (or the spill queue); true when
+/// it went to the spill queue.
+fn deliver(shared: &Shared, state: &mut State, event: Arc<Event>) -> bool {
+    let before_start = !state.started;
+    if send_growing(&mut state.observer, event.clone(), before_start) {
+        shared.observer_seq.fetch_add(1, Ordering::Relaxed);
+    }
+    if state.spill.is_empty() {
+        match state.pipeline.try_broadcast(event) {
+            Ok(_) => {
+                shared.pipeline_seq.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+            Err(TrySendError::Full(event)) if before_start => {
+                // Nobody drains before start: grow so the replay is complete.
+                if send_growing(&mut state.pipeline, event, true) {
+                    shared.pipeline_seq.fetch_add(1, Ordering::Relaxed);
+                }
+                false
+            }
+            Err(TrySendError::Full(event)) => {
+                spill(shared, state, event);
+                true
+            }
+            Err(TrySendError::Closed(_) | TrySendError::Inactive(_)) => false,
+        }
+    } else {
+        spill(shared, state, event);
+        true
     }
 }
 

@@ -512,3 +512,54 @@ async fn event_ids_continue_across_buses_sharing_metrics() {
     }
     assert_eq!(last, 6);
 }
+
+/// Events published together arrive together: once a subscriber has the first, the
+/// others are already queued behind it, in order, with consecutive ids — also when
+/// the group overflows the pipeline into the spill queue.
+#[tokio::test]
+async fn events_published_together_are_queued_together_in_order() {
+    let (bus, registry) = bus_with(BusConfig {
+        pipeline_capacity: 4,
+        ..BusConfig::default()
+    });
+    let publisher = bus.publisher();
+    let mut subscriber = bus.subscribe("debouncer", KindSet::all()).unwrap();
+    bus.start().unwrap();
+
+    let ids = publisher.publish_all(["services", "endpoints"].map(|s| sync(s).into()));
+    assert_eq!(ids.len(), 2);
+    assert_eq!(ids[1].0, ids[0].0 + 1);
+    let first = timeout(Duration::from_secs(5), subscriber.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (first.id, source_of(&first)),
+        (ids[0], "services".to_owned())
+    );
+    let second = subscriber.try_recv().expect("queued with the first");
+    assert_eq!(
+        (second.id, source_of(&second)),
+        (ids[1], "endpoints".to_owned())
+    );
+    assert!(subscriber.try_recv().is_none());
+
+    // More than the pipeline holds: the rest goes through the spill queue, in order.
+    let names: Vec<String> = (0..10).map(|i| format!("s{i}")).collect();
+    publisher.publish_all(names.iter().map(|n| sync(n).into()));
+    for name in &names {
+        let event = timeout(Duration::from_secs(5), subscriber.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&source_of(&event), name);
+    }
+    assert_eq!(
+        metric_value(
+            &registry,
+            "hapwright_events_published_total",
+            Some(("type", "ResourceSyncComplete"))
+        ),
+        Some(12.0)
+    );
+}

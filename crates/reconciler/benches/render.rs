@@ -7,6 +7,9 @@
 //! `render` is a full render each time; `render_one_change` is the incremental
 //! render after one endpoint slice changed (the change and its undoing applied in
 //! turn to the resources rendered last, the update included), at 10,000 services.
+//! `render_new_service` is the incremental render after a new service with its
+//! endpoint slice and ingress (added and removed in turn), at 10,000 services: what
+//! the controller's reload path renders.
 //!
 //! Also measured: building the template view of all four snapshots from scratch (what
 //! happens once at start-up; later changes wrap only the changed objects). Objects
@@ -25,6 +28,7 @@ mod fixtures;
 use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use hapwright_eventbus::model::ResourceChange;
 use hapwright_reconciler::renderer::{Renderer, Resources};
 
 #[global_allocator]
@@ -92,6 +96,62 @@ fn render_one_change(c: &mut Criterion) {
     group.finish();
 }
 
+/// A new service (with its endpoint slice and ingress) at 10,000 services: a new
+/// backend and map entries, what the controller's reload path renders. Each iteration
+/// adds the service or removes it again.
+fn render_new_service(c: &mut Criterion) {
+    let renderer = Renderer::new(fixtures::routing_templates(), &fixtures::WATCHED)
+        .expect("the routing example loads");
+    let mut group = c.benchmark_group("render_new_service");
+    group.sample_size(20);
+    let n = 10_000;
+    let cluster = fixtures::cluster(n);
+    let without = fixtures::one_service_removed(&cluster, n);
+    let mut resources = Resources::new();
+    for (name, snapshot) in &cluster {
+        resources.update(&Arc::from(*name), snapshot.clone(), None);
+    }
+    let full = resources.clone();
+    let expected_with = renderer.render_full(&full).expect("renders");
+    let apply = |resources: &mut Resources, add: bool| {
+        for (name, snapshot, key) in &without {
+            let (snapshot, change) = if add {
+                let change = ResourceChange {
+                    added: vec![key.clone()],
+                    ..ResourceChange::default()
+                };
+                (cluster.get(name).expect("watched").clone(), change)
+            } else {
+                let change = ResourceChange {
+                    removed: vec![key.clone()],
+                    ..ResourceChange::default()
+                };
+                (snapshot.clone(), change)
+            };
+            resources.update(&Arc::from(*name), snapshot, Some(&change));
+        }
+    };
+    renderer.render(&resources).expect("renders");
+    apply(&mut resources, false);
+    let expected_without = renderer.render_full(&resources).expect("renders");
+    assert_eq!(
+        renderer.render(&resources).expect("renders"),
+        expected_without
+    );
+    apply(&mut resources, true);
+    assert_eq!(renderer.render(&resources).expect("renders"), expected_with);
+    group.throughput(Throughput::Elements(1));
+    group.bench_function(BenchmarkId::from_parameter(n), |b| {
+        let mut add = true;
+        b.iter(|| {
+            add = !add;
+            apply(&mut resources, add);
+            renderer.render(&resources).expect("renders")
+        });
+    });
+    group.finish();
+}
+
 fn convert(c: &mut Criterion) {
     let mut group = c.benchmark_group("convert_snapshots");
     group.sample_size(20);
@@ -115,5 +175,11 @@ fn convert(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, render, render_one_change, convert);
+criterion_group!(
+    benches,
+    render,
+    render_one_change,
+    render_new_service,
+    convert
+);
 criterion_main!(benches);

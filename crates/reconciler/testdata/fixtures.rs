@@ -147,3 +147,30 @@ pub fn one_endpoint_change(
     };
     (Arc::new(snapshot), change)
 }
+
+/// One new service of [`cluster`]`(n)`: the service in the middle (`svc-{n/2}`) with
+/// its endpoint slice and ingress. Returns, per watched resource it touches, the
+/// snapshot without the service's object and the key of that object (the snapshots of
+/// `cluster` have it: adding it back is the change).
+pub fn one_service_removed(
+    cluster: &BTreeMap<&'static str, Arc<ResourceSnapshot>>,
+    n: usize,
+) -> Vec<(&'static str, Arc<ResourceSnapshot>, ObjectKey)> {
+    let i = n / 2;
+    let namespace = format!("team-{}", i % 10);
+    [
+        ("services", format!("svc-{i}")),
+        ("endpoints", format!("svc-{i}-abcde")),
+        ("ingresses", format!("ing-{i}")),
+    ]
+    .into_iter()
+    .map(|(resource, name)| {
+        let key = ObjectKey::new(namespace.clone(), name);
+        let mut snapshot = (**cluster.get(resource).expect("watched")).clone();
+        snapshot
+            .remove(&key)
+            .unwrap_or_else(|| panic!("{resource} has {key:?}"));
+        (resource, Arc::new(snapshot), key)
+    })
+    .collect()
+}

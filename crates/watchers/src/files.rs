@@ -35,7 +35,7 @@ use hapwright_eventbus::model::{
     SourceLocation, UpsertOutcome,
 };
 use hapwright_eventbus::{
-    Component, ComponentError, Context, ResourceIndexUpdated, ResourceSyncComplete,
+    Component, ComponentError, Context, EventPayload, ResourceIndexUpdated, ResourceSyncComplete,
 };
 use tracing::Instrument;
 
@@ -186,6 +186,122 @@ struct ReadContext<'a> {
     limits: &'a Limits,
     /// The snapshot's `indexBy` paths: objects are indexed where they are parsed.
     index_by: &'a [FieldPath],
+    /// What the other members of a shared scan saw in this round.
+    reads: Option<&'a RoundReads>,
+}
+
+/// One round of a shared scan: each file's metadata and content as the first member
+/// to look saw them, so that every member of the round sees the same files. Without
+/// it, a file written while the round runs could reach one member and not the next
+/// (a new Service without its EndpointSlice), and the two updates would go out one
+/// reconciliation apart.
+#[derive(Debug, Default)]
+struct RoundReads {
+    files: std::sync::Mutex<HashMap<PathBuf, Observed>>,
+}
+
+/// What one file looked like to the first member that looked.
+#[derive(Debug, Default)]
+struct Observed {
+    meta: Option<Result<(Stamp, u64), SeenError>>,
+    /// The whole content, kept only when it was read to its end.
+    bytes: Option<Result<Arc<[u8]>, SeenError>>,
+}
+
+/// An I/O error, kept to be given to every member of the round.
+#[derive(Clone, Debug)]
+struct SeenError {
+    kind: std::io::ErrorKind,
+    message: String,
+}
+
+impl SeenError {
+    fn of(error: &std::io::Error) -> Self {
+        Self {
+            kind: error.kind(),
+            message: error.to_string(),
+        }
+    }
+
+    fn to_error(&self) -> std::io::Error {
+        std::io::Error::new(self.kind, self.message.clone())
+    }
+}
+
+impl RoundReads {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Observed>> {
+        self.files
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The file's stamp and length: as seen earlier in the round, else now.
+    fn metadata(&self, path: &Path) -> std::io::Result<(Stamp, u64)> {
+        if let Some(seen) = self.lock().get(path).and_then(|o| o.meta.clone()) {
+            return seen.map_err(|e| e.to_error());
+        }
+        let now = std::fs::metadata(path)
+            .map(|meta| (Stamp::of(&meta), meta.len()))
+            .map_err(|e| SeenError::of(&e));
+        let mut files = self.lock();
+        let observed = files.entry(path.to_owned()).or_default();
+        observed
+            .meta
+            .get_or_insert(now)
+            .clone()
+            .map_err(|e| e.to_error())
+    }
+
+    /// The file's content, at most `limit + 1` bytes: as read earlier in the round
+    /// (when that read reached the end of the file), else now.
+    fn read(&self, path: &Path, limit: u64, expected: u64) -> std::io::Result<Arc<[u8]>> {
+        if let Some(seen) = self.lock().get(path).and_then(|o| o.bytes.clone()) {
+            return seen.map_err(|e| e.to_error());
+        }
+        let now = read_at_most(path, limit, expected)
+            .map(Arc::<[u8]>::from)
+            .map_err(|e| SeenError::of(&e));
+        // A read cut at this member's limit is not the whole file another member
+        // with a higher limit would read.
+        let complete = now
+            .as_ref()
+            .map_or(true, |bytes| bytes.len() as u64 <= limit);
+        if !complete {
+            return now.map_err(|e| e.to_error());
+        }
+        let mut files = self.lock();
+        let observed = files.entry(path.to_owned()).or_default();
+        observed
+            .bytes
+            .get_or_insert(now)
+            .clone()
+            .map_err(|e| e.to_error())
+    }
+}
+
+/// A file's content: read by this member, or shared by the members of a round.
+enum FileBytes {
+    Owned(Vec<u8>),
+    Shared(Arc<[u8]>),
+}
+
+impl std::ops::Deref for FileBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Owned(bytes) => bytes,
+            Self::Shared(bytes) => bytes,
+        }
+    }
+}
+
+/// At most `limit + 1` bytes of the file: enough to tell that it is over `limit`.
+/// `expected` is the length its metadata gave.
+fn read_at_most(path: &Path, limit: u64, expected: u64) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(usize::try_from(expected.min(limit)).unwrap_or(0));
+    std::fs::File::open(path).and_then(|file| file.take(limit + 1).read_to_end(&mut bytes))?;
+    Ok(bytes)
 }
 
 /// The synchronous core of the files source: keeps every file's last good objects,
@@ -264,8 +380,20 @@ impl Scanner {
     /// Lists the directory, re-reads what changed, and applies the differences to the
     /// snapshot.
     pub fn scan(&mut self, mode: ScanMode) -> ScanReport {
+        let listing = self.list();
+        self.scan_listed(mode, listing, None)
+    }
+
+    /// [`scan`](Self::scan) of the files in `listing`, with `reads` shared by the
+    /// members of a shared scan's round.
+    fn scan_listed(
+        &mut self,
+        mode: ScanMode,
+        listing: Result<Vec<(Arc<str>, PathBuf)>, ListError>,
+        reads: Option<&RoundReads>,
+    ) -> ScanReport {
         let mut report = ScanReport::default();
-        let listing = match self.list() {
+        let listing = match listing {
             Ok(listing) => listing,
             Err(reason) => {
                 if self.listing_error.as_ref() != Some(&reason) {
@@ -295,6 +423,7 @@ impl Scanner {
             filter: &self.filter,
             limits: &self.limits,
             index_by: self.snapshot.index_by(),
+            reads,
         };
         for (name, path) in listing {
             self.files.entry(name).or_insert_with(|| FileEntry {
@@ -494,8 +623,12 @@ fn refresh_all(
 /// Re-reads one file if needed. Read problems keep the last good objects.
 fn refresh(entry: &mut FileEntry, mode: ScanMode, context: &ReadContext<'_>) -> Refresh {
     let location = || SourceLocation::new(entry.display.clone(), None, None);
-    let meta = match std::fs::metadata(&entry.path) {
-        Ok(meta) => meta,
+    let metadata = match context.reads {
+        Some(reads) => reads.metadata(&entry.path),
+        None => std::fs::metadata(&entry.path).map(|meta| (Stamp::of(&meta), meta.len())),
+    };
+    let (stamp, len) = match metadata {
+        Ok(seen) => seen,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Refresh::Vanished,
         Err(error) => {
             entry.read_error =
@@ -504,7 +637,6 @@ fn refresh(entry: &mut FileEntry, mode: ScanMode, context: &ReadContext<'_>) -> 
             return Refresh::Unchanged;
         }
     };
-    let stamp = Stamp::of(&meta);
     if mode == ScanMode::Quick && entry.stamp == Some(stamp) {
         return Refresh::Unchanged;
     }
@@ -515,21 +647,24 @@ fn refresh(entry: &mut FileEntry, mode: ScanMode, context: &ReadContext<'_>) -> 
         ))
         .at(SourceLocation::new(entry.display.clone(), None, None))
     };
-    if meta.len() > context.max_file_size {
-        entry.read_error = Some(too_large(meta.len()));
+    if len > context.max_file_size {
+        entry.read_error = Some(too_large(len));
         entry.stamp = None;
         return Refresh::Unchanged;
     }
-    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-    let read = std::fs::File::open(&entry.path)
-        .and_then(|file| file.take(context.max_file_size + 1).read_to_end(&mut bytes));
-    match read {
-        Ok(_) if bytes.len() as u64 > context.max_file_size => {
+    let read = match context.reads {
+        Some(reads) => reads
+            .read(&entry.path, context.max_file_size, len)
+            .map(FileBytes::Shared),
+        None => read_at_most(&entry.path, context.max_file_size, len).map(FileBytes::Owned),
+    };
+    let bytes = match read {
+        Ok(bytes) if bytes.len() as u64 > context.max_file_size => {
             entry.read_error = Some(too_large(bytes.len() as u64));
             entry.stamp = None;
             return Refresh::Unchanged;
         }
-        Ok(_) => {}
+        Ok(bytes) => bytes,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Refresh::Vanished,
         Err(error) => {
             entry.read_error =
@@ -537,7 +672,7 @@ fn refresh(entry: &mut FileEntry, mode: ScanMode, context: &ReadContext<'_>) -> 
             entry.stamp = None;
             return Refresh::Unchanged;
         }
-    }
+    };
     entry.stamp = Some(stamp);
     entry.read_error = None;
     let hash = ContentHash::of(&bytes);
@@ -815,9 +950,22 @@ async fn run(
     loop {
         let started = std::time::Instant::now();
         let (scanned, reports) = tokio::task::spawn_blocking(move || {
+            // One listing for every member, and on a quick scan (one after a change)
+            // one read of each file: a file written while the round runs reaches
+            // every member or none. A full scan (the first, and the periodic one)
+            // reads for each member, so the round does not hold every file at once.
+            let Some(first) = members.first() else {
+                return (members, Vec::new());
+            };
+            let listing = first.scanner.list();
+            let reads = (mode == ScanMode::Quick && members.len() > 1).then(RoundReads::default);
             let reports: Vec<ScanReport> = members
                 .iter_mut()
-                .map(|member| member.scanner.scan(mode))
+                .map(|member| {
+                    member
+                        .scanner
+                        .scan_listed(mode, listing.clone(), reads.as_ref())
+                })
                 .collect();
             (members, reports)
         })
@@ -832,6 +980,8 @@ async fn run(
                 member.health.send_replace(Some(health));
             }
         }
+        // Every member's events go out together (see `Publisher::publish_all`).
+        let mut events: Vec<EventPayload> = Vec::new();
         for (member, report) in members.iter_mut().zip(reports) {
             let first = !member.synced && report.listed;
             let current = &member.scanner;
@@ -846,11 +996,14 @@ async fn run(
                     ?mode,
                     "Resources updated"
                 );
-                ctx.publisher().publish(ResourceIndexUpdated {
-                    source: member.resource.clone(),
-                    snapshot: Arc::new(current.snapshot.clone()),
-                    change: Arc::new(report.change),
-                });
+                events.push(
+                    ResourceIndexUpdated {
+                        source: member.resource.clone(),
+                        snapshot: Arc::new(current.snapshot.clone()),
+                        change: Arc::new(report.change),
+                    }
+                    .into(),
+                );
             }
             if first {
                 member.synced = true;
@@ -860,10 +1013,16 @@ async fn run(
                     files = current.files.len(),
                     "Initial sync complete"
                 );
-                ctx.publisher().publish(ResourceSyncComplete {
-                    source: member.resource.clone(),
-                });
+                events.push(
+                    ResourceSyncComplete {
+                        source: member.resource.clone(),
+                    }
+                    .into(),
+                );
             }
+        }
+        if !events.is_empty() {
+            ctx.publisher().publish_all(events);
         }
         tokio::select! {
             biased;
@@ -916,5 +1075,99 @@ async fn follow(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use hapwright_eventbus::model::ObjectKey;
+
+    use super::{RoundReads, ScanMode, Scanner};
+    use crate::config::{FilesConfig, default_index_by};
+    use crate::manifest::Filter;
+    use crate::yaml::Limits;
+
+    fn scanner(path: &Path) -> Scanner {
+        Scanner::new(
+            "services",
+            &FilesConfig::new(path),
+            Filter::default(),
+            default_index_by(),
+            Limits::default(),
+        )
+    }
+
+    fn service(name: &str, port: u16) -> String {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  ports:\n    - port: {port}\n"
+        )
+    }
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey::new("default", name)
+    }
+
+    /// The members of a shared scan see one listing and one read per file in a round:
+    /// a file written between two members' scans reaches the second member only in
+    /// the next round, together with the first.
+    #[test]
+    fn the_members_of_a_round_see_the_same_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), service("a", 1)).unwrap();
+        let (mut first, mut second) = (scanner(dir.path()), scanner(dir.path()));
+        for member in [&mut first, &mut second] {
+            let listing = member.list();
+            member.scan_listed(ScanMode::Full, listing, None);
+        }
+
+        // Round 1: `a.yaml` changes after the listing and after the first member
+        // read it; `b.yaml` appears after the listing.
+        let listing = first.list();
+        std::fs::write(dir.path().join("a.yaml"), service("a", 2)).unwrap();
+        let reads = RoundReads::default();
+        let one = first.scan_listed(ScanMode::Quick, listing.clone(), Some(&reads));
+        assert_eq!(one.change.modified, [key("a")]);
+        std::fs::write(dir.path().join("a.yaml"), service("a", 3)).unwrap();
+        std::fs::write(dir.path().join("b.yaml"), service("b", 1)).unwrap();
+        let two = second.scan_listed(ScanMode::Quick, listing, Some(&reads));
+        assert_eq!(two.change, one.change, "both members saw the same files");
+        assert_eq!(
+            first.snapshot().get_by_key(&key("a")).map(|o| o.parse()),
+            second.snapshot().get_by_key(&key("a")).map(|o| o.parse()),
+        );
+        assert!(second.snapshot().get_by_key(&key("b")).is_none());
+
+        // Round 2 picks up what came later, for both.
+        let listing = first.list();
+        let reads = RoundReads::default();
+        let one = first.scan_listed(ScanMode::Quick, listing.clone(), Some(&reads));
+        let two = second.scan_listed(ScanMode::Quick, listing, Some(&reads));
+        assert_eq!(one.change.added, [key("b")]);
+        assert_eq!(one.change.modified, [key("a")]);
+        assert_eq!(two.change, one.change);
+    }
+
+    /// A read cut at one member's `maxFileSize` is not handed to a member with a
+    /// higher limit.
+    #[test]
+    fn a_member_with_a_higher_size_limit_reads_the_whole_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = service("a", 1);
+        std::fs::write(dir.path().join("a.yaml"), &text).unwrap();
+        let reads = RoundReads::default();
+        let path = dir.path().join("a.yaml");
+        let len = text.len() as u64;
+        let cut = reads.read(&path, 10, len).unwrap();
+        assert_eq!(cut.len(), 11);
+        let whole = reads.read(&path, 1_000_000, len).unwrap();
+        assert_eq!(&whole[..], text.as_bytes());
+        let again = reads.read(&path, 10, len).unwrap();
+        assert_eq!(
+            again.len(),
+            text.len(),
+            "over the lower limit: too large for it"
+        );
     }
 }

@@ -723,10 +723,16 @@ impl SocketDriver {
         let reason = plan.reason();
         let label = reason.reload.unwrap_or(ReloadReason::Structure).as_str();
         let marker = desired.hash().short();
-        let guard = self
-            .write_guarded(&desired, &marker, running.map(|r| &r.config))
-            .await?;
-        self.dump_server_state(&desired_model, &plan).await;
+        // The running worker's server state is read while the files are written: the
+        // two do not depend on each other, and both come before the reload.
+        let (written, state) = tokio::join!(
+            self.write_guarded(&desired, &marker, running.map(|r| &r.config)),
+            self.read_server_state(&desired_model),
+        );
+        let guard = written?;
+        if let Some((path, state)) = state {
+            self.write_server_state(path, state, &plan).await;
+        }
         let _ = self
             .on_files(|dir| {
                 dir.faults().reached(steps::BEFORE_RELOAD);
@@ -857,21 +863,15 @@ impl SocketDriver {
         }
     }
 
-    /// Writes `show servers state` into the config's `server-state-file`, without the
-    /// lines of servers the plan changes (their state-file port would override the
-    /// new config). Does nothing when the config has no `server-state-file`, and
-    /// writes nothing (counted and logged) when the path lies outside the config
-    /// directory ([`state_file::resolve`]); the reload goes ahead either way.
-    async fn dump_server_state(&self, model: &Config, plan: &ChangePlan) {
-        let Some(global) = model.global() else {
-            return;
-        };
-        let Some(directive) = global.last("server-state-file") else {
-            return;
-        };
-        let Some(file) = directive.args.first() else {
-            return;
-        };
+    /// The running worker's `show servers state` and the path of the config's
+    /// `server-state-file` to save it in. `None` when the config has no
+    /// `server-state-file`, when the state cannot be read (logged), or when the path
+    /// lies outside the config directory ([`state_file::resolve`]; counted and
+    /// logged). The reload goes ahead either way.
+    async fn read_server_state(&self, model: &Config) -> Option<(PathBuf, String)> {
+        let global = model.global()?;
+        let directive = global.last("server-state-file")?;
+        let file = directive.args.first()?;
         let base = global
             .last("server-state-base")
             .and_then(|d| d.args.first());
@@ -890,36 +890,62 @@ impl SocketDriver {
                     error = %error,
                     "Server state not saved: server-state-file must stay inside the config directory"
                 );
-                return;
+                return None;
             }
         };
-        let state = match self.runtime.show_servers_state(None).await {
-            Ok(state) => state,
+        match self.runtime.show_servers_state(None).await {
+            Ok(state) => Some((path, state)),
             Err(error) => {
                 tracing::warn!(instance = %self.instance.name, %error, "Cannot dump the server state before reloading");
-                return;
+                None
             }
-        };
-        let filtered: String = state
-            .lines()
-            .filter(|line| {
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                if line.starts_with('#') || fields.len() < 4 {
-                    return true;
-                }
-                !plan
-                    .changed_servers
-                    .contains(&(fields[1].to_owned(), fields[3].to_owned()))
-            })
-            .fold(String::new(), |mut out, line| {
-                out.push_str(line);
-                out.push('\n');
-                out
-            });
-        if let Err(error) = write_atomic(&path, filtered.as_bytes()) {
-            tracing::warn!(instance = %self.instance.name, %error, path = %path.display(), "Cannot write the server state file");
         }
     }
+
+    /// Writes `state` to `path` without the lines of servers the plan changes (their
+    /// state-file port would override the new config), on the blocking pool.
+    async fn write_server_state(&self, path: PathBuf, state: String, plan: &ChangePlan) {
+        let changed = plan.changed_servers.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            let kept = without_servers(&state, &changed);
+            write_atomic(&path, kept.as_bytes()).map_err(|error| (path, error))
+        })
+        .await;
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err((path, error))) => {
+                tracing::warn!(instance = %self.instance.name, %error, path = %path.display(), "Cannot write the server state file");
+            }
+            Err(error) => {
+                tracing::warn!(instance = %self.instance.name, %error, "Cannot write the server state file");
+            }
+        }
+    }
+}
+
+/// `show servers state` output without the lines of `servers` (backend name, server
+/// name); comments and short lines stay.
+fn without_servers<'a>(
+    state: &'a str,
+    servers: &std::collections::HashSet<(String, String)>,
+) -> std::borrow::Cow<'a, str> {
+    if servers.is_empty() {
+        return std::borrow::Cow::Borrowed(state);
+    }
+    let mut kept = String::with_capacity(state.len());
+    for line in state.lines() {
+        let mut fields = line.split_whitespace();
+        let (backend, server) = (fields.nth(1), fields.nth(1));
+        let dropped = !line.starts_with('#')
+            && backend.zip(server).is_some_and(|(backend, server)| {
+                servers.contains(&(backend.to_owned(), server.to_owned()))
+            });
+        if !dropped {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    std::borrow::Cow::Owned(kept)
 }
 
 /// Puts a snapshot of a config directory back unless disarmed. Dropped armed — the
@@ -1089,5 +1115,42 @@ impl Driver for SocketDriver {
         plan: ChangePlan,
     ) -> Result<Deployed, DeployError> {
         self.reload(desired, desired_model, running, plan).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::without_servers;
+
+    /// `show servers state` as HAProxy 2.6 prints it (fields shortened after the port).
+    const STATE: &str = "1\n\
+        # be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state\n\
+        3 be_web 1 web-1 10.0.0.1 2 0\n\
+        3 be_web 2 web-2 10.0.0.2 2 0\n\
+        4 be_api 1 web-1 10.0.1.1 2 0\n\
+        \n";
+
+    #[test]
+    fn the_state_file_leaves_out_exactly_the_changed_servers() {
+        let changed: HashSet<(String, String)> = [("be_web".to_owned(), "web-1".to_owned())]
+            .into_iter()
+            .collect();
+        let kept = without_servers(STATE, &changed);
+        assert_eq!(
+            kept,
+            "1\n\
+             # be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state\n\
+             3 be_web 2 web-2 10.0.0.2 2 0\n\
+             4 be_api 1 web-1 10.0.1.1 2 0\n\
+             \n"
+        );
+    }
+
+    #[test]
+    fn with_no_changed_server_the_state_is_written_as_read() {
+        let kept = without_servers(STATE, &HashSet::new());
+        assert!(matches!(kept, std::borrow::Cow::Borrowed(text) if text == STATE));
     }
 }

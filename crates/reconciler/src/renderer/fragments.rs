@@ -29,6 +29,7 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use minijinja::value::{Object, Value, ValueKind};
@@ -391,7 +392,11 @@ pub(crate) struct Session {
     vars: Arc<BTreeMap<String, Vec<String>>>,
     /// The renderer's functions, by name.
     globals: Arc<BTreeMap<String, Value>>,
-    counts: Mutex<(usize, usize)>,
+    /// The names of the cacheable snippets, to share in their keys.
+    snippet_names: BTreeMap<String, Arc<str>>,
+    /// Snippet outputs rendered and reused.
+    rendered: AtomicUsize,
+    reused: AtomicUsize,
 }
 
 impl Object for Session {}
@@ -405,22 +410,72 @@ impl Session {
         vars: Arc<BTreeMap<String, Vec<String>>>,
         globals: Arc<BTreeMap<String, Value>>,
     ) -> Self {
+        // About as many outputs as last time: the map does not grow while it fills.
+        let expected = previous.as_ref().map_or(0, |previous| {
+            previous.used.iter().map(|used| used.len()).sum::<usize>()
+                + previous
+                    .pieces
+                    .iter()
+                    .map(|pieces| pieces.fragments.len())
+                    .sum::<usize>()
+        });
+        let snippet_names = vars
+            .keys()
+            .map(|name| (name.clone(), Arc::from(name.as_str())))
+            .collect();
         Self {
             previous,
             previous_map: std::sync::OnceLock::new(),
-            current: Mutex::new(Fragments::default()),
+            current: Mutex::new(Fragments {
+                map: foldhash::HashMap::with_capacity_and_hasher(expected, Default::default()),
+            }),
             resources,
             resources_value,
             extra_context,
             vars,
             globals,
-            counts: Mutex::new((0, 0)),
+            snippet_names,
+            rendered: AtomicUsize::new(0),
+            reused: AtomicUsize::new(0),
         }
     }
 
     /// How many snippet outputs were rendered and reused.
     pub(crate) fn counts(&self) -> (usize, usize) {
-        *lock(&self.counts)
+        (
+            self.rendered.load(Ordering::Relaxed),
+            self.reused.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The context a snippet renders in: the variables it names (`names`) with
+    /// their `values`, and the session.
+    fn context<'a>(
+        &self,
+        names: &'a [String],
+        values: &[Var],
+        session_value: &Value,
+    ) -> BTreeMap<&'a str, Value> {
+        let mut context: BTreeMap<&str, Value> = BTreeMap::new();
+        for (name, var) in names.iter().zip(values) {
+            let value = match var {
+                Var::Absent => continue,
+                Var::Render if name == "resources" => self.resources_value.clone(),
+                Var::Render => self.extra_context.clone(),
+                Var::Value(value) => value.clone(),
+            };
+            context.insert(name, value);
+        }
+        context.insert(SESSION_VAR, session_value.clone());
+        context
+    }
+
+    /// The snippet's name, shared by every key of its outputs.
+    fn snippet_name(&self, name: &str) -> Arc<str> {
+        self.snippet_names
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| Arc::from(name))
     }
 
     /// `fragment` (of the previous render) when nothing it read changed
@@ -444,17 +499,7 @@ impl Session {
             .get(&*key.0.snippet)
             .map(Vec::as_slice)
             .unwrap_or(&[]);
-        let mut context: BTreeMap<&str, Value> = BTreeMap::new();
-        for (name, var) in names.iter().zip(fragment.values.iter()) {
-            let value = match var {
-                Var::Absent => continue,
-                Var::Render if name == "resources" => self.resources_value.clone(),
-                Var::Render => self.extra_context.clone(),
-                Var::Value(value) => value.clone(),
-            };
-            context.insert(name, value);
-        }
-        context.insert(SESSION_VAR, session_value.clone());
+        let context = self.context(names, &fragment.values, session_value);
         let recording = Recording::start();
         let rendered = env
             .get_template(&key.0.snippet)
@@ -535,12 +580,8 @@ impl Session {
     }
 
     fn count(&self, reused: bool) {
-        let mut counts = lock(&self.counts);
-        if reused {
-            counts.1 += 1;
-        } else {
-            counts.0 += 1;
-        }
+        let counter = if reused { &self.reused } else { &self.rendered };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -561,8 +602,7 @@ pub(crate) fn fragment(state: &State, _body: Value, name: &str) -> Result<Value,
         ));
     };
     let names = session.vars.get(name).map(Vec::as_slice).unwrap_or(&[]);
-    // The snippet's context and key.
-    let mut context: BTreeMap<&str, Value> = BTreeMap::new();
+    // The snippet's key, and the values of its variables for its context.
     let mut parts = Vec::with_capacity(names.len());
     let mut values = Vec::with_capacity(names.len());
     let mut cacheable = true;
@@ -597,18 +637,15 @@ pub(crate) fn fragment(state: &State, _body: Value, name: &str) -> Result<Value,
             if part == Part::Global {
                 values.push(Var::Absent);
             } else {
-                context.insert(var, value.clone());
                 values.push(Var::Value(value));
             }
             parts.push(part);
         } else {
-            context.insert(var, value);
             values.push(Var::Render);
         }
     }
-    context.insert(SESSION_VAR, session_value.clone());
     let key = Key(Arc::new(KeyParts {
-        snippet: Arc::from(name),
+        snippet: session.snippet_name(name),
         parts,
     }));
     // Called by the file's own template: the fragment's reads stay with it (see
@@ -641,6 +678,7 @@ pub(crate) fn fragment(state: &State, _body: Value, name: &str) -> Result<Value,
             return Ok(found.text.clone());
         }
     }
+    let context = session.context(names, &values, &session_value);
     let recording = Recording::start();
     nest(1);
     let rendered = state

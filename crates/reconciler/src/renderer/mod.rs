@@ -928,6 +928,11 @@ impl Renderer {
             files: cached,
             used: uncached_used,
         };
+        // The session holds the previous render's snippet outputs and the maps over
+        // them: thousands of shared values to release. The render is done without
+        // waiting for that; the thread pool releases them.
+        let leftovers = (session, context);
+        rayon::spawn(move || drop(leftovers));
         (Ok(config), stats, Some(cache))
     }
 
