@@ -559,9 +559,8 @@ impl Publisher {
     }
 
     /// Publishes events that belong together (the updates of one scan of a
-    /// directory), in order and under one hold of the bus: a subscriber never sees
-    /// the first without the others queued right behind it, even when the publishing
-    /// thread is preempted between two of them. Returns their ids.
+    /// directory) in order, under one hold of the bus: they get consecutive ids and
+    /// no other publisher's event comes between them. Returns their ids.
     pub fn publish_all(&self, payloads: impl IntoIterator<Item = EventPayload>) -> Vec<EventId> {
         let events: Vec<Arc<Event>> = payloads
             .into_iter()
