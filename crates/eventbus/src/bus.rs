@@ -597,12 +597,11 @@ impl Publisher {
 
     /// After events were delivered: warns when the spill queue keeps growing and
     /// wakes the pump when something was spilled.
-    fn after_delivery(&self, state: MutexGuard<'_, State>, spilled: bool) {
+    fn after_delivery(&self, mut state: MutexGuard<'_, State>, spilled: bool) {
         let shared = &*self.shared;
         if !spilled {
             return;
         }
-        let mut state = state;
         let queued = state.spill.len();
         if queued >= state.spill_warn_at {
             state.spill_warn_at = queued * 2;

@@ -237,42 +237,47 @@ impl RoundReads {
 
     /// The file's stamp and length: as seen earlier in the round, else now.
     fn metadata(&self, path: &Path) -> std::io::Result<(Stamp, u64)> {
-        if let Some(seen) = self.lock().get(path).and_then(|o| o.meta.clone()) {
-            return seen.map_err(|e| e.to_error());
-        }
-        let now = std::fs::metadata(path)
-            .map(|meta| (Stamp::of(&meta), meta.len()))
-            .map_err(|e| SeenError::of(&e));
-        let mut files = self.lock();
-        let observed = files.entry(path.to_owned()).or_default();
-        observed
-            .meta
-            .get_or_insert(now)
-            .clone()
-            .map_err(|e| e.to_error())
+        self.observe(
+            path,
+            |observed| &mut observed.meta,
+            || std::fs::metadata(path).map(|meta| (Stamp::of(&meta), meta.len())),
+            |_| true,
+        )
     }
 
     /// The file's content, at most `limit + 1` bytes: as read earlier in the round
     /// (when that read reached the end of the file), else now.
     fn read(&self, path: &Path, limit: u64, expected: u64) -> std::io::Result<Arc<[u8]>> {
-        if let Some(seen) = self.lock().get(path).and_then(|o| o.bytes.clone()) {
+        self.observe(
+            path,
+            |observed| &mut observed.bytes,
+            || read_at_most(path, limit, expected).map(Arc::from),
+            // A read cut at this member's limit is not the whole file another
+            // member with a higher limit would read.
+            |bytes| bytes.len() as u64 <= limit,
+        )
+    }
+
+    /// One observation of `path`, in the field `slot` picks: the one made earlier in
+    /// the round, else `look`'s, kept for the other members unless `keep` refuses a
+    /// successful one.
+    fn observe<T: Clone>(
+        &self,
+        path: &Path,
+        slot: fn(&mut Observed) -> &mut Option<Result<T, SeenError>>,
+        look: impl FnOnce() -> std::io::Result<T>,
+        keep: impl FnOnce(&T) -> bool,
+    ) -> std::io::Result<T> {
+        if let Some(seen) = self.lock().get_mut(path).and_then(|o| slot(o).clone()) {
             return seen.map_err(|e| e.to_error());
         }
-        let now = read_at_most(path, limit, expected)
-            .map(Arc::<[u8]>::from)
-            .map_err(|e| SeenError::of(&e));
-        // A read cut at this member's limit is not the whole file another member
-        // with a higher limit would read.
-        let complete = now
-            .as_ref()
-            .map_or(true, |bytes| bytes.len() as u64 <= limit);
-        if !complete {
-            return now.map_err(|e| e.to_error());
+        let now = look();
+        if now.as_ref().is_ok_and(|value| !keep(value)) {
+            return now;
         }
+        let now = now.map_err(|e| SeenError::of(&e));
         let mut files = self.lock();
-        let observed = files.entry(path.to_owned()).or_default();
-        observed
-            .bytes
+        slot(files.entry(path.to_owned()).or_default())
             .get_or_insert(now)
             .clone()
             .map_err(|e| e.to_error())

@@ -906,19 +906,15 @@ impl SocketDriver {
     /// state-file port would override the new config), on the blocking pool.
     async fn write_server_state(&self, path: PathBuf, state: String, plan: &ChangePlan) {
         let changed = plan.changed_servers.clone();
+        let shown = path.display().to_string();
         let written = tokio::task::spawn_blocking(move || {
-            let kept = without_servers(&state, &changed);
-            write_atomic(&path, kept.as_bytes()).map_err(|error| (path, error))
+            write_atomic(&path, without_servers(&state, &changed).as_bytes())
         })
-        .await;
-        match written {
-            Ok(Ok(())) => {}
-            Ok(Err((path, error))) => {
-                tracing::warn!(instance = %self.instance.name, %error, path = %path.display(), "Cannot write the server state file");
-            }
-            Err(error) => {
-                tracing::warn!(instance = %self.instance.name, %error, "Cannot write the server state file");
-            }
+        .await
+        .map_err(|error| error.to_string())
+        .and_then(|written| written.map_err(|error| error.to_string()));
+        if let Err(error) = written {
+            tracing::warn!(instance = %self.instance.name, %error, path = %shown, "Cannot write the server state file");
         }
     }
 }
