@@ -769,7 +769,8 @@ fn the_quickstart_renders_only_the_changed_backend_again() {
     resources.update(&Arc::from("endpoints"), Arc::new(endpoints.clone()), None);
     let (first, stats) = renderer.render_with_stats(&resources);
     first.expect("renders");
-    assert_eq!(stats.snippets_rendered, 20, "{stats:?}");
+    // Each Service's backend and its `hosts.map` line.
+    assert_eq!(stats.snippets_rendered, 40, "{stats:?}");
 
     let changed = slice(7, false);
     endpoints.upsert(key_of(&changed), &changed);
@@ -889,5 +890,108 @@ fn only_files_that_print_snippet_outputs_directly_are_spliced() {
                 );
             }
         }
+    }
+}
+
+/// Loops over a resource list whose body is one `include` are put together again
+/// item by item: a Service added, removed or changed renders its own snippet
+/// outputs, not the loop. Sorted ascending, descending (with ties kept in list
+/// order) and not at all, with snippet outputs that are sometimes empty, checked
+/// against a full render after each random change.
+#[test]
+fn loops_put_together_again_equal_full_renders_over_random_changes() {
+    let mut templates = fixtures::routing_templates();
+    templates.main = "global\n\
+        {% for svc in resources.services.list() | sort_by(\"metadata.name\") %}\n\
+        {% include \"backend\" %}\n\n\
+        {% endfor %}\n\
+        # by namespace, descending\n\
+        {%- for svc in resources.services.list() | sort_by(\"-metadata.namespace\") -%}\n\
+        \x20 {% include \"line\" %}\n\
+        {%- endfor %}\n\
+        {% for svc in resources.services.list() %}{% include \"maybe\" %}{% endfor %}\n\
+        end\n"
+        .to_owned();
+    templates.snippets.insert(
+        "line".into(),
+        "{{ svc.metadata.name }}@{{ svc.metadata.namespace }}".into(),
+    );
+    templates.snippets.insert(
+        "maybe".into(),
+        "{% if (svc.metadata.annotations or {}).get(\"haproxy.org/balance\") %}\
+         {{ svc.metadata.name }};{% endif %}"
+            .into(),
+    );
+    let mut rng = Rng(seed());
+    let (_, snippets, spliced) = differential(templates, 600, &mut rng);
+    println!("loops: {snippets} snippet outputs reused, {spliced} files spliced");
+    assert!(spliced > 0, "no file was spliced in 600 changes");
+}
+
+/// The quickstart's `haproxy.cfg` and `hosts.map` loop over the Services through
+/// one snippet each: a Service added or removed renders its two snippet outputs (or
+/// none) and puts both files together again without running their loops.
+#[test]
+fn the_quickstart_adds_and_removes_a_service_without_running_its_loops() {
+    let quickstart = example("examples/quickstart/hapwright.yaml");
+    let watched: Vec<&str> = quickstart.index_by.keys().map(String::as_str).collect();
+    let renderer = Renderer::new(quickstart.templates.clone(), &watched).expect("loads");
+    let mut services = ResourceSnapshot::new(quickstart.index_by["services"].clone());
+    let service = |i: usize| {
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": format!("svc-{i:02}"), "namespace": "default",
+                         "annotations": {"hapwright.io/host": format!("svc-{i}.test")}},
+        })
+    };
+    for i in (0..40).step_by(2) {
+        services.upsert(key_of(&service(i)), &service(i));
+    }
+    let mut resources = Resources::new();
+    let endpoints = ResourceSnapshot::new(quickstart.index_by["endpoints"].clone());
+    resources.update(&Arc::from("endpoints"), Arc::new(endpoints), None);
+    resources.update(&Arc::from("services"), Arc::new(services.clone()), None);
+    renderer.render(&resources).expect("renders");
+
+    // A Service sorted into the middle of the list, then removed again.
+    let added = service(21);
+    for add in [true, false] {
+        let change = if add {
+            services.upsert(key_of(&added), &added);
+            ResourceChange {
+                added: vec![key_of(&added)],
+                ..ResourceChange::default()
+            }
+        } else {
+            services.remove(&key_of(&added));
+            ResourceChange {
+                removed: vec![key_of(&added)],
+                ..ResourceChange::default()
+            }
+        };
+        resources.update(
+            &Arc::from("services"),
+            Arc::new(services.clone()),
+            Some(&change),
+        );
+        let (config, stats) = renderer.render_with_stats(&resources);
+        let config = config.expect("renders");
+        assert_eq!(stats.spliced, 2, "add {add}: {stats:?}");
+        let rendered = if add { 2 } else { 0 };
+        assert_eq!(
+            (stats.snippets_rendered, stats.snippets_reused),
+            (rendered, 40),
+            "add {add}: {stats:?}"
+        );
+        assert_same(
+            0,
+            &config,
+            &renderer.render_full(&resources).expect("renders"),
+        );
+        assert_eq!(
+            config.main().contains("backend be_default_svc-21"),
+            add,
+            "add {add}"
+        );
     }
 }

@@ -128,8 +128,18 @@ impl Fragments {
             map.entry(key.clone()).or_insert_with(|| fragment.clone());
         }
         for piece in previous.pieces.iter().flat_map(|p| p.fragments.iter()) {
-            map.entry(piece.key.clone())
-                .or_insert_with(|| piece.fragment.clone());
+            match &piece.items {
+                None => {
+                    map.entry(piece.key.clone())
+                        .or_insert_with(|| piece.fragment.clone());
+                }
+                Some(items) => {
+                    for item in &items.items {
+                        map.entry(item.key.clone())
+                            .or_insert_with(|| item.fragment.clone());
+                    }
+                }
+            }
         }
         Self { map }
     }
@@ -169,6 +179,127 @@ pub(crate) struct Piece {
     /// Where the file's output was before and after the fragment.
     pub(crate) before: Mark,
     pub(crate) after: Mark,
+    /// For a rewritten loop ([`render_loop`]): its items. `fragment` is then the
+    /// loop's output as the template printed it (its reads are the list's and every
+    /// item's); the items are what later renders splice.
+    pub(crate) items: Option<Arc<Items>>,
+}
+
+/// The output of a rewritten loop, item by item: for each object of the list, in
+/// order, the loop's text before the snippet output, the output, and its text after.
+#[derive(Debug)]
+pub(crate) struct Items {
+    /// The loop's number ([`Session`]'s `loops`).
+    number: usize,
+    /// What evaluating the list read.
+    list_reads: Arc<[Read]>,
+    /// The values of the snippet's other variables (in the order of the session's
+    /// `vars`; the loop variable's place is [`Var::Absent`]).
+    scope: Box<[Var]>,
+    items: Vec<Item>,
+    /// Where the file's output was before each item and after the last one (empty
+    /// when not known).
+    marks: Vec<Mark>,
+    /// The loop's text before and after each snippet output.
+    head: Arc<str>,
+    tail: Arc<str>,
+}
+
+impl Items {
+    /// The length of each item's text.
+    fn lengths(&self) -> Vec<usize> {
+        let around = self.head.len() + self.tail.len();
+        self.items
+            .iter()
+            .map(|item| around + item.fragment.text().len())
+            .collect()
+    }
+}
+
+/// A loop of a file's own template rewritten into a call of [`render_loop`]
+/// ([`super::scan::LoopSite`]).
+#[derive(Debug)]
+pub(crate) struct LoopSpec {
+    /// The loop variable.
+    pub(crate) var: String,
+    /// The iterable, as written (it names only `resources`).
+    pub(crate) iter: String,
+    /// The snippet included for each item.
+    pub(crate) snippet: String,
+    /// The loop's text before and after each snippet output.
+    pub(crate) head: Arc<str>,
+    pub(crate) tail: Arc<str>,
+}
+
+impl LoopSpec {
+    /// The list the loop goes over, with `resources` as given, and what evaluating
+    /// it read.
+    fn list(
+        &self,
+        env: &minijinja::Environment<'_>,
+        resources: &Value,
+    ) -> (Result<Value, Error>, Arc<[Read]>) {
+        let recording = Recording::start();
+        let list = env.compile_expression(&self.iter).and_then(|expression| {
+            expression.eval(minijinja::context! { resources => resources.clone() })
+        });
+        (list, recording.finish().into())
+    }
+}
+
+/// One item of a loop: its snippet output.
+#[derive(Debug, Clone)]
+struct Item {
+    key: Key,
+    fragment: Arc<Fragment>,
+}
+
+/// What changed in a piece since the previous render.
+#[derive(Debug, Default)]
+pub(crate) struct PieceChange {
+    /// The piece's index.
+    pub(crate) piece: usize,
+    /// For a loop: whether what the list read changed, and the items whose
+    /// snippet outputs read something that changed (in order).
+    list: bool,
+    items: Vec<usize>,
+}
+
+impl Pieces {
+    /// The pieces that read something that changed, in order.
+    pub(crate) fn changes(&self, check: &ReadCheck<'_>) -> Vec<PieceChange> {
+        let mut changes = Vec::new();
+        for (index, piece) in self.fragments.iter().enumerate() {
+            match &piece.items {
+                None => {
+                    if !piece.fragment.unchanged_in(check) {
+                        changes.push(PieceChange {
+                            piece: index,
+                            ..PieceChange::default()
+                        });
+                    }
+                }
+                Some(items) => {
+                    let list = !items.list_reads.iter().all(|read| check.unchanged(read));
+                    let changed: Vec<usize> = items
+                        .items
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, item)| !item.fragment.unchanged_in(check))
+                        .map(|(index, _)| index)
+                        .collect();
+                    if list || !changed.is_empty() {
+                        changes.push(PieceChange {
+                            piece: index,
+                            list,
+                            items: changed,
+                        });
+                    }
+                }
+            }
+        }
+        changes
+    }
 }
 
 /// What is tracked while a file renders on this thread: the fragments its own
@@ -267,7 +398,7 @@ fn nest(step: i32) {
 /// template did, so when the template's own reads are unchanged it would print the
 /// same fragments (same keys) at the same places again. Empty or inline-stored
 /// (short) texts have no address of their own and are never taken as direct.
-fn track_use(key: &Key, fragment: &Arc<Fragment>) {
+fn track_use(key: &Key, fragment: &Arc<Fragment>, items: Option<Items>) {
     TRACK.with(|t| {
         let mut t = t.borrow_mut();
         let Some(track) = t.as_mut() else { return };
@@ -290,31 +421,63 @@ fn track_use(key: &Key, fragment: &Arc<Fragment>) {
                 fragment: fragment.clone(),
                 before: Mark::default(),
                 after: Mark::default(),
+                items: items.map(Arc::new),
             },
         ));
     });
 }
 
-/// Called by the file's output for every piece written, while a file is tracked;
-/// true when the piece is a fragment printed directly (the output then tells where
-/// it went, [`track_marks`]).
-pub(crate) fn track_write(piece: &str) -> bool {
+/// How a piece written to a tracked file's output went ([`track_write`]).
+pub(crate) enum Direct {
+    /// Part of the file's own text.
+    Own,
+    /// A snippet output printed directly.
+    Fragment,
+    /// A loop printed directly, made of items of these lengths.
+    Loop(Vec<usize>),
+}
+
+/// Called by the file's output for every piece written, while a file is tracked:
+/// whether the piece is a fragment or a loop printed directly (the output then tells
+/// where it went, [`track_marks`], and where each item of a loop went,
+/// [`track_item_marks`]).
+pub(crate) fn track_write(piece: &str) -> Direct {
     TRACK.with(|t| {
         let mut t = t.borrow_mut();
         let Some(track) = t.as_mut() else {
-            return false;
+            return Direct::Own;
         };
         if let Some((address, len, mut printed)) = track.pending.take() {
             if address == piece.as_ptr() as usize && len == piece.len() {
                 printed.at = track.own.len();
+                let direct = match &printed.items {
+                    None => Direct::Fragment,
+                    Some(items) => Direct::Loop(items.lengths()),
+                };
                 track.printed.push(printed);
-                return true;
+                return direct;
             }
             track.direct = false;
         }
         track.own.push_str(piece);
-        false
+        Direct::Own
     })
+}
+
+/// Where each item of the loop just printed went: `marks` before each item and
+/// after the last.
+pub(crate) fn track_item_marks(marks: Vec<Mark>) {
+    TRACK.with(|t| {
+        if let Some(items) = t
+            .borrow_mut()
+            .as_mut()
+            .and_then(|track| track.printed.last_mut())
+            .and_then(|printed| printed.items.as_mut())
+            .and_then(Arc::get_mut)
+        {
+            items.marks = marks;
+        }
+    });
 }
 
 /// Where the file's output was before and after the fragment just printed.
@@ -397,6 +560,10 @@ pub(crate) struct Session {
     /// Snippet outputs rendered and reused.
     rendered: AtomicUsize,
     reused: AtomicUsize,
+    /// The rewritten loops, by number.
+    loops: Arc<[LoopSpec]>,
+    /// `templating.maxOutputBytes`.
+    cap: u64,
 }
 
 impl Object for Session {}
@@ -409,6 +576,7 @@ impl Session {
         extra_context: Value,
         vars: Arc<BTreeMap<String, Vec<String>>>,
         globals: Arc<BTreeMap<String, Value>>,
+        (loops, cap): (Arc<[LoopSpec]>, u64),
     ) -> Self {
         // About as many outputs as last time: the map does not grow while it fills.
         let expected = previous.as_ref().map_or(0, |previous| {
@@ -437,7 +605,17 @@ impl Session {
             snippet_names,
             rendered: AtomicUsize::new(0),
             reused: AtomicUsize::new(0),
+            loops,
+            cap,
         }
+    }
+
+    /// The key of the `number`th loop's piece.
+    fn loop_key(&self, number: usize) -> Key {
+        Key(Arc::new(KeyParts {
+            snippet: Arc::from(format!("{}({number})", super::scan::LOOP_FILTER)),
+            parts: Vec::new(),
+        }))
     }
 
     /// How many snippet outputs were rendered and reused.
@@ -516,57 +694,225 @@ impl Session {
     }
 
     /// A file put together again from its previous `pieces`: its own text as it
-    /// was, each fragment [refreshed](Self::refresh), written into `out` as the
-    /// engine would have written them. `changed` lists (in order) the pieces whose
-    /// fragments read something that changed. `text` and `lines` are the file's
-    /// previous output: a piece that is the same and starts in the same stripping
-    /// state is copied from there instead of stripped again. Returns the new pieces.
+    /// was, each fragment [refreshed](Self::refresh) and each loop
+    /// [put together again](Self::splice_loop), written into `out` as the engine
+    /// would have written them. `changed` lists (in order) the pieces that read
+    /// something that changed. `text` and `lines` are the file's previous output: a
+    /// piece that is the same and starts in the same stripping state is copied from
+    /// there instead of stripped again. Returns the new pieces.
     pub(crate) fn splice(
         &self,
         env: &minijinja::Environment<'_>,
         session_value: &Value,
-        (pieces, changed): (&Pieces, &[usize]),
-        (text, lines): (&str, &[Option<u32>]),
+        (pieces, changed): (&Pieces, &[PieceChange]),
+        earlier: (&str, &[Option<u32>]),
         out: &mut Output<'_>,
     ) -> Result<Pieces, Error> {
-        let written = |result: std::io::Result<()>| {
-            result.map_err(|error| {
-                Error::new(minijinja::ErrorKind::WriteFailure, "could not write output")
-                    .with_source(error)
-            })
-        };
-        // Writes `raw`, which gave `text[from..to]` before, starting at `from`'s state.
-        let write = |out: &mut Output<'_>, raw: &str, same: bool, from: &Mark, to: &Mark| {
-            if same && out.same_state(from, text) {
-                written(out.copy(text, lines, from, to))
-            } else {
-                written(out.put(raw))
-            }
-        };
         let mut fragments = Vec::with_capacity(pieces.fragments.len());
         let (mut at, mut mark) = (0, Mark::default());
         let mut changed = changed.iter().peekable();
         for (index, piece) in pieces.fragments.iter().enumerate() {
-            write(out, &pieces.own[at..piece.at], true, &mark, &piece.before)?;
+            write(
+                out,
+                earlier,
+                &[&pieces.own[at..piece.at]],
+                true,
+                (&mark, &piece.before),
+            )?;
             (at, mark) = (piece.at, piece.after);
-            let this = changed.next_if_eq(&&index).is_some();
-            let fragment = self.refresh(env, session_value, &piece.key, &piece.fragment, this)?;
+            let change = changed.next_if(|change| change.piece == index);
+            if let Some(items) = &piece.items {
+                let before = out.mark();
+                let items = self.splice_loop(env, session_value, (items, change), earlier, out)?;
+                fragments.push(Piece {
+                    at: piece.at,
+                    key: piece.key.clone(),
+                    fragment: piece.fragment.clone(),
+                    before,
+                    after: out.mark(),
+                    items: Some(Arc::new(items)),
+                });
+                continue;
+            }
+            let fragment = self.refresh(
+                env,
+                session_value,
+                &piece.key,
+                &piece.fragment,
+                change.is_some(),
+            )?;
             let before = out.mark();
             let same = Arc::ptr_eq(&fragment, &piece.fragment);
-            write(out, fragment.text(), same, &piece.before, &piece.after)?;
+            write(
+                out,
+                earlier,
+                &[fragment.text()],
+                same,
+                (&piece.before, &piece.after),
+            )?;
             fragments.push(Piece {
                 at: piece.at,
                 key: piece.key.clone(),
                 fragment,
                 before,
                 after: out.mark(),
+                items: None,
             });
         }
-        write(out, &pieces.own[at..], true, &mark, &pieces.end)?;
+        write(
+            out,
+            earlier,
+            &[&pieces.own[at..]],
+            true,
+            (&mark, &pieces.end),
+        )?;
         Ok(Pieces {
             own: pieces.own.clone(),
             fragments,
             end: out.mark(),
+        })
+    }
+
+    /// A loop's items put together again and written into `out`. When what its
+    /// list read changed, the list is evaluated again: an item whose object was
+    /// there before keeps its snippet output (rendered again when it read something
+    /// that changed), a new object's is looked up or rendered. `earlier` is the
+    /// file's previous output, as in [`Self::splice`].
+    fn splice_loop(
+        &self,
+        env: &minijinja::Environment<'_>,
+        session_value: &Value,
+        (items, change): (&Items, Option<&PieceChange>),
+        earlier: (&str, &[Option<u32>]),
+        out: &mut Output<'_>,
+    ) -> Result<Items, Error> {
+        let spec = self.loops.get(items.number).ok_or_else(|| {
+            Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                "a kept loop names no rewritten loop",
+            )
+        })?;
+        let changed: &[usize] = change.map_or(&[], |change| &change.items);
+        let marks_known = items.marks.len() == items.items.len() + 1;
+        let mut marks = Vec::with_capacity(items.items.len() + 1);
+        let mut kept = Vec::with_capacity(items.items.len());
+        marks.push(out.mark());
+        // Writes an item's text; `old`: the earlier item it is the same as.
+        let mut put = |out: &mut Output<'_>, item: Item, old: Option<usize>| {
+            let raw = [&*items.head, item.fragment.text(), &*items.tail];
+            match old.filter(|_| marks_known) {
+                Some(old) => write(
+                    out,
+                    earlier,
+                    &raw,
+                    true,
+                    (&items.marks[old], &items.marks[old + 1]),
+                )?,
+                None => write(
+                    out,
+                    earlier,
+                    &raw,
+                    false,
+                    (&Mark::default(), &Mark::default()),
+                )?,
+            }
+            marks.push(out.mark());
+            kept.push(item);
+            Ok::<(), Error>(())
+        };
+        let list_reads = if change.is_some_and(|change| change.list) {
+            let (list, list_reads) = spec.list(env, &self.resources_value);
+            let list = list?;
+            let mut next = 0;
+            let mut by_key: Option<foldhash::HashMap<&Key, usize>> = None;
+            for object in list.try_iter()? {
+                let (key, values, cacheable) = self.key_of(&spec.snippet, |name| {
+                    if name == spec.var {
+                        Some(object.clone())
+                    } else {
+                        self.scope_value(&spec.snippet, &items.scope, name)
+                    }
+                });
+                let old = if items.items.get(next).is_some_and(|item| item.key == key) {
+                    next += 1;
+                    Some(next - 1)
+                } else {
+                    by_key
+                        .get_or_insert_with(|| {
+                            items
+                                .items
+                                .iter()
+                                .enumerate()
+                                .map(|(index, item)| (&item.key, index))
+                                .collect()
+                        })
+                        .get(&key)
+                        .copied()
+                };
+                let item = match old {
+                    Some(old) => {
+                        let fragment = self.refresh(
+                            env,
+                            session_value,
+                            &key,
+                            &items.items[old].fragment,
+                            changed.binary_search(&old).is_ok(),
+                        )?;
+                        Item { key, fragment }
+                    }
+                    // A new object's output: this render's, or rendered now (looking
+                    // through every output of the previous render for one that
+                    // some other file printed would cost more than rendering it).
+                    None => match self.find(
+                        env,
+                        session_value,
+                        (&spec.snippet, false),
+                        (key, values, cacheable),
+                    )? {
+                        Found::Cached(key, fragment) => Item { key, fragment },
+                        Found::Uncached(..) => {
+                            return Err(Error::new(
+                                minijinja::ErrorKind::InvalidOperation,
+                                "a kept loop's snippet cannot be cached any more",
+                            ));
+                        }
+                    },
+                };
+                let same =
+                    old.filter(|&old| Arc::ptr_eq(&item.fragment, &items.items[old].fragment));
+                put(out, item, same)?;
+                self.within_cap(out.mark().text())?;
+            }
+            list_reads
+        } else {
+            for (index, old) in items.items.iter().enumerate() {
+                let fragment = self.refresh(
+                    env,
+                    session_value,
+                    &old.key,
+                    &old.fragment,
+                    changed.binary_search(&index).is_ok(),
+                )?;
+                let same = Arc::ptr_eq(&fragment, &old.fragment).then_some(index);
+                put(
+                    out,
+                    Item {
+                        key: old.key.clone(),
+                        fragment,
+                    },
+                    same,
+                )?;
+            }
+            items.list_reads.clone()
+        };
+        Ok(Items {
+            number: items.number,
+            list_reads,
+            scope: items.scope.clone(),
+            items: kept,
+            marks,
+            head: items.head.clone(),
+            tail: items.tail.clone(),
         })
     }
 
@@ -585,122 +931,321 @@ impl Session {
     }
 }
 
+/// Writes `raw` (in parts), which gave `text[from..to]` of the earlier output
+/// (`text`, `lines`): copied from there when `same` and the output is in the
+/// stripping state it was in at `from`, else written (and stripped) again.
+fn write(
+    out: &mut Output<'_>,
+    (text, lines): (&str, &[Option<u32>]),
+    raw: &[&str],
+    same: bool,
+    (from, to): (&Mark, &Mark),
+) -> Result<(), Error> {
+    let result = if same && out.same_state(from, text) {
+        out.copy(text, lines, from, to)
+    } else {
+        raw.iter().try_for_each(|part| out.put(part))
+    };
+    result.map_err(|error| {
+        Error::new(minijinja::ErrorKind::WriteFailure, "could not write output").with_source(error)
+    })
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// A snippet output looked up or rendered ([`Session::find`]).
+enum Found {
+    /// Through the cache.
+    Cached(Key, Arc<Fragment>),
+    /// Rendered without the cache (a variable holds a value the key cannot name),
+    /// with what it read.
+    Uncached(Value, Arc<[Read]>),
+}
+
+/// The render's [`Session`], from the context.
+fn session_of(state: &State) -> Result<Value, Error> {
+    let session_value = state.lookup(SESSION_VAR).unwrap_or_default();
+    if session_value.downcast_object_ref::<Session>().is_none() {
+        return Err(Error::new(
+            minijinja::ErrorKind::InvalidOperation,
+            "__fragment and __loop are for hapwright's own use",
+        ));
+    }
+    Ok(session_value)
+}
+
+impl Session {
+    /// The key of snippet `name`'s output with its variables as `lookup` gives
+    /// them, their values (for its context), and whether the key names them all.
+    fn key_of(&self, name: &str, lookup: impl Fn(&str) -> Option<Value>) -> (Key, Vec<Var>, bool) {
+        let names = self.vars.get(name).map(Vec::as_slice).unwrap_or(&[]);
+        let mut parts = Vec::with_capacity(names.len());
+        let mut values = Vec::with_capacity(names.len());
+        let mut cacheable = true;
+        for var in names {
+            let Some(value) = lookup(var).filter(|v| !v.is_undefined()) else {
+                parts.push(Part::Missing);
+                values.push(Var::Absent);
+                continue;
+            };
+            let same = |other: &Value| minijinja::tests::is_sameas(&value, other);
+            let part = match var.as_str() {
+                "resources" if same(&self.resources_value) => None,
+                "extraContext" if same(&self.extra_context) => None,
+                _ if self.globals.get(var).is_some_and(same) => Some(Part::Global),
+                _ => Some(match value.kind() {
+                    ValueKind::Undefined
+                    | ValueKind::None
+                    | ValueKind::Bool
+                    | ValueKind::Number
+                    | ValueKind::String => Part::Plain(format!("{value:?}")),
+                    _ => match lazy::identity(&value).or_else(|| list_identity(&value)) {
+                        Some((identity, node)) => Part::Object(identity, node),
+                        None => {
+                            cacheable = false;
+                            Part::Missing
+                        }
+                    },
+                }),
+            };
+            if let Some(part) = part {
+                if part == Part::Global {
+                    values.push(Var::Absent);
+                } else {
+                    values.push(Var::Value(value));
+                }
+                parts.push(part);
+            } else {
+                values.push(Var::Render);
+            }
+        }
+        let key = Key(Arc::new(KeyParts {
+            snippet: self.snippet_name(name),
+            parts,
+        }));
+        (key, values, cacheable)
+    }
+
+    /// Snippet `name`'s output for `key` (with `values`, [`Self::key_of`]): this
+    /// render's, the previous render's when nothing it read changed (when `earlier`
+    /// says to look there), or rendered now.
+    fn find(
+        &self,
+        env: &minijinja::Environment<'_>,
+        session_value: &Value,
+        (name, earlier): (&str, bool),
+        (key, values, cacheable): (Key, Vec<Var>, bool),
+    ) -> Result<Found, Error> {
+        if cacheable {
+            if let Some(found) = lock(&self.current).map.get(&key).cloned() {
+                self.count(true);
+                return Ok(Found::Cached(key, found));
+            }
+            let previous = earlier.then(|| self.previous_map()).flatten();
+            let previous = previous.and_then(|(old, fragments)| {
+                let found = fragments.map.get(&key)?;
+                found.unchanged(old, &self.resources).then(|| found.clone())
+            });
+            if let Some(found) = previous {
+                lock(&self.current).map.insert(key.clone(), found.clone());
+                self.count(true);
+                return Ok(Found::Cached(key, found));
+            }
+        }
+        let names = self.vars.get(name).map(Vec::as_slice).unwrap_or(&[]);
+        let context = self.context(names, &values, session_value);
+        let recording = Recording::start();
+        nest(1);
+        let rendered = env
+            .get_template(name)
+            .and_then(|template| template.render(Value::from(context)));
+        nest(-1);
+        let reads: Arc<[Read]> = recording.finish().into();
+        let text = Value::from(rendered?);
+        if !cacheable {
+            return Ok(Found::Uncached(text, reads));
+        }
+        self.count(false);
+        let fragment = Arc::new(Fragment {
+            text,
+            reads,
+            values: values.into_boxed_slice(),
+        });
+        lock(&self.current)
+            .map
+            .insert(key.clone(), fragment.clone());
+        Ok(Found::Cached(key, fragment))
+    }
+
+    /// A variable of a loop's snippet other than the loop variable, as the loop saw
+    /// it (`scope`), for this render.
+    fn scope_value(&self, snippet: &str, scope: &[Var], name: &str) -> Option<Value> {
+        let names = self.vars.get(snippet)?;
+        let index = names.iter().position(|n| n == name)?;
+        match scope.get(index)? {
+            Var::Absent => None,
+            Var::Render if name == "resources" => Some(self.resources_value.clone()),
+            Var::Render => Some(self.extra_context.clone()),
+            Var::Value(value) => Some(value.clone()),
+        }
+    }
+
+    /// Refuses a loop's output past `templating.maxOutputBytes` while it is put
+    /// together (the render then runs again in full and reports it).
+    fn within_cap(&self, len: usize) -> Result<(), Error> {
+        if len as u64 > self.cap {
+            return Err(Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                "rendered output is larger than templating.maxOutputBytes",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// `{% filter __fragment("name") %}{% endfilter %}`: the output of
 /// `{% include "name" %}`, from the cache when possible.
 pub(crate) fn fragment(state: &State, _body: Value, name: &str) -> Result<Value, Error> {
-    let session_value = state.lookup(SESSION_VAR).unwrap_or_default();
-    let Some(session) = session_value.downcast_object_ref::<Session>() else {
-        return Err(Error::new(
-            minijinja::ErrorKind::InvalidOperation,
-            "__fragment is for hapwright's own use",
-        ));
-    };
-    let names = session.vars.get(name).map(Vec::as_slice).unwrap_or(&[]);
-    // The snippet's key, and the values of its variables for its context.
-    let mut parts = Vec::with_capacity(names.len());
-    let mut values = Vec::with_capacity(names.len());
-    let mut cacheable = true;
-    for var in names {
-        let value = state.lookup(var);
-        let Some(value) = value.filter(|v| !v.is_undefined()) else {
-            parts.push(Part::Missing);
-            values.push(Var::Absent);
-            continue;
-        };
-        let same = |other: &Value| minijinja::tests::is_sameas(&value, other);
-        let part = match var.as_str() {
-            "resources" if same(&session.resources_value) => None,
-            "extraContext" if same(&session.extra_context) => None,
-            _ if session.globals.get(var).is_some_and(same) => Some(Part::Global),
-            _ => Some(match value.kind() {
-                ValueKind::Undefined
-                | ValueKind::None
-                | ValueKind::Bool
-                | ValueKind::Number
-                | ValueKind::String => Part::Plain(format!("{value:?}")),
-                _ => match lazy::identity(&value).or_else(|| list_identity(&value)) {
-                    Some((identity, node)) => Part::Object(identity, node),
-                    None => {
-                        cacheable = false;
-                        Part::Missing
-                    }
-                },
-            }),
-        };
-        if let Some(part) = part {
-            if part == Part::Global {
-                values.push(Var::Absent);
+    let session_value = session_of(state)?;
+    let session = session_value
+        .downcast_object_ref::<Session>()
+        .expect("session_of checked the type");
+    let key = session.key_of(name, |var| state.lookup(var));
+    match session.find(state.env(), &session_value, (name, true), key)? {
+        Found::Cached(key, found) => {
+            // Called by the file's own template: the fragment's reads stay with it
+            // (see [`track_use`]); called inside another snippet: they are that
+            // snippet's reads.
+            if at_top() {
+                track_use(&key, &found, None);
             } else {
-                values.push(Var::Value(value));
+                record_all(&found.reads);
             }
-            parts.push(part);
-        } else {
-            values.push(Var::Render);
+            note_used(&key, &found);
+            Ok(found.text.clone())
+        }
+        Found::Uncached(text, reads) => {
+            record_all(&reads);
+            Ok(text)
         }
     }
-    let key = Key(Arc::new(KeyParts {
-        snippet: session.snippet_name(name),
-        parts,
-    }));
-    // Called by the file's own template: the fragment's reads stay with it (see
-    // [`track_use`]); called inside another snippet: they are that snippet's reads.
-    let top = at_top();
-    let used = |key: &Key, found: &Arc<Fragment>| {
-        if top {
-            track_use(key, found);
+}
+
+/// `{% filter __loop(n) %}{% endfilter %}`: the output of the `n`th rewritten loop
+/// ([`super::scan::LoopSite`]): for each object of its list, the loop's text around
+/// the output of its snippet for that object, through the cache. It is what the
+/// loop prints: the snippet does not name `loop`, so each iteration prints the same
+/// text around the snippet's output, and the snippet sees what the loop body would
+/// show it.
+///
+/// Printed directly by a file whose output is kept in pieces, the loop is kept as
+/// one piece of items, with what the list read apart from what the file's own
+/// template read: a change to the list (an object added, removed or changed) puts
+/// the loop together again without the template running ([`Session::splice`]).
+pub(crate) fn render_loop(state: &State, _body: Value, number: usize) -> Result<Value, Error> {
+    let session_value = session_of(state)?;
+    let session = session_value
+        .downcast_object_ref::<Session>()
+        .expect("session_of checked the type");
+    let spec = session.loops.get(number).ok_or_else(|| {
+        Error::new(
+            minijinja::ErrorKind::InvalidOperation,
+            "__loop is for hapwright's own use",
+        )
+    })?;
+    let resources = state.lookup("resources").unwrap_or_default();
+    let (list, list_reads) = spec.list(state.env(), &resources);
+    let list = list?;
+    let names = session
+        .vars
+        .get(&spec.snippet)
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    let lookup = |item: &Value, name: &str| {
+        if name == spec.var {
+            Some(item.clone())
         } else {
-            record_all(&found.reads);
+            state.lookup(name)
         }
-        note_used(key, found);
     };
-    if cacheable {
-        if let Some(found) = lock(&session.current).map.get(&key).cloned() {
-            used(&key, &found);
-            session.count(true);
-            return Ok(found.text.clone());
+    let mut text = String::new();
+    let mut items = Vec::new();
+    let mut uncached: Vec<Read> = Vec::new();
+    // Kept as a piece only when the list can be evaluated again the same way.
+    let mut pieces = minijinja::tests::is_sameas(&resources, &session.resources_value);
+    for item in list.try_iter()? {
+        let key = session.key_of(&spec.snippet, |name| lookup(&item, name));
+        text.push_str(&spec.head);
+        match session.find(state.env(), &session_value, (&spec.snippet, true), key)? {
+            Found::Cached(key, fragment) => {
+                text.push_str(fragment.text());
+                items.push(Item { key, fragment });
+            }
+            Found::Uncached(output, reads) => {
+                pieces = false;
+                text.push_str(output.as_str().unwrap_or_default());
+                uncached.extend(reads.iter().cloned());
+            }
         }
-        let previous = session.previous_map().and_then(|(old, fragments)| {
-            let found = fragments.map.get(&key)?;
-            found
-                .unchanged(old, &session.resources)
-                .then(|| found.clone())
+        text.push_str(&spec.tail);
+        session.within_cap(text.len())?;
+    }
+    for item in &items {
+        note_used(&item.key, &item.fragment);
+    }
+    if pieces && at_top() {
+        let scope = names
+            .iter()
+            .map(|name| {
+                let value = (name != &spec.var)
+                    .then(|| state.lookup(name))
+                    .flatten()
+                    .filter(|v| !v.is_undefined());
+                let same = |v: &Value, other: &Value| minijinja::tests::is_sameas(v, other);
+                match (name.as_str(), value) {
+                    (_, None) => Var::Absent,
+                    ("resources", Some(v)) if same(&v, &session.resources_value) => Var::Render,
+                    ("extraContext", Some(v)) if same(&v, &session.extra_context) => Var::Render,
+                    (_, Some(v)) => Var::Value(v),
+                }
+            })
+            .collect();
+        let reads: Vec<Read> = list_reads
+            .iter()
+            .cloned()
+            .chain(
+                items
+                    .iter()
+                    .flat_map(|item| item.fragment.reads.iter().cloned()),
+            )
+            .collect();
+        let fragment = Arc::new(Fragment {
+            text: Value::from(text),
+            reads: reads.into(),
+            values: Box::new([]),
         });
-        if let Some(found) = previous {
-            used(&key, &found);
-            lock(&session.current).map.insert(key, found.clone());
-            session.count(true);
-            return Ok(found.text.clone());
-        }
+        let items = Items {
+            number,
+            list_reads,
+            scope,
+            items,
+            marks: Vec::new(),
+            head: spec.head.clone(),
+            tail: spec.tail.clone(),
+        };
+        track_use(&session.loop_key(number), &fragment, Some(items));
+        return Ok(fragment.text.clone());
     }
-    let context = session.context(names, &values, &session_value);
-    let recording = Recording::start();
-    nest(1);
-    let rendered = state
-        .env()
-        .get_template(name)
-        .and_then(|template| template.render(Value::from(context)));
-    nest(-1);
-    let reads: Arc<[Read]> = recording.finish().into();
-    let text = Value::from(rendered?);
-    if !cacheable {
-        record_all(&reads);
-        return Ok(text);
+    record_all(&list_reads);
+    for item in &items {
+        record_all(&item.fragment.reads);
     }
-    session.count(false);
-    let fragment = Arc::new(Fragment {
-        text: text.clone(),
-        reads,
-        values: values.into_boxed_slice(),
-    });
-    used(&key, &fragment);
-    lock(&session.current).map.insert(key, fragment);
-    Ok(text)
+    record_all(&uncached);
+    Ok(Value::from(text))
 }
 
 /// The identity of a resource list (`list()`, `fetch()`, a list inside an object).

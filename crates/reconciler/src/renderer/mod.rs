@@ -31,6 +31,7 @@ mod output;
 mod scan;
 pub mod source_map;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -254,6 +255,9 @@ struct Inner {
     fragment_vars: Arc<BTreeMap<String, Vec<String>>>,
     /// The environment's functions, by name.
     globals: Arc<BTreeMap<String, Value>>,
+    /// The loops of files rewritten into calls of the loop filter, by number
+    /// ([`fragments::render_loop`]).
+    loops: Arc<[fragments::LoopSpec]>,
 }
 
 /// What the last render left for the next one: the resources it rendered from and,
@@ -293,7 +297,7 @@ enum Plan {
     /// Render it.
     Render,
     /// Put it together again from its pieces, rendering the changed fragments.
-    Splice(Box<CachedFile>, Vec<usize>),
+    Splice(Box<CachedFile>, Vec<fragments::PieceChange>),
 }
 
 /// How a render went: how many files were rendered and how many reused from the
@@ -476,10 +480,10 @@ impl Renderer {
         }
 
         let extra_context = Value::from(minijinja::value::Serde(&extra_context));
-        let (fragment_env, fragment_vars, rewritten) = if diagnostics.is_empty() {
+        let (fragment_env, fragment_vars, rewritten, loops) = if diagnostics.is_empty() {
             fragment_environment(&env, &entries, &edges, &facts, &variables)
         } else {
-            (None, BTreeMap::new(), BTreeSet::new())
+            (None, BTreeMap::new(), BTreeSet::new(), Vec::new())
         };
         let spliceable = check::spliceable(&entries, &edges, &facts, &reusable, &rewritten);
         let globals: BTreeMap<String, Value> = env
@@ -504,6 +508,7 @@ impl Renderer {
                     fragment_env,
                     fragment_vars: Arc::new(fragment_vars),
                     globals: Arc::new(globals),
+                    loops: loops.into(),
                 }),
             })
         } else {
@@ -639,6 +644,7 @@ impl Renderer {
                 inner.extra_context.clone(),
                 inner.fragment_vars.clone(),
                 inner.globals.clone(),
+                (inner.loops.clone(), inner.limits.max_output_bytes.bytes()),
             ))
         });
         if let Some(session) = &session {
@@ -661,17 +667,13 @@ impl Renderer {
                 if !reusable || !file.reads.reads.iter().all(|read| check.unchanged(read)) {
                     continue;
                 }
-                // The pieces whose snippet outputs read something that changed.
-                let changed: Vec<usize> =
-                    file.reads.pieces.as_ref().map_or_else(Vec::new, |pieces| {
-                        pieces
-                            .fragments
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, piece)| !piece.fragment.unchanged_in(&check))
-                            .map(|(index, _)| index)
-                            .collect()
-                    });
+                // The pieces whose snippet outputs or lists read something that
+                // changed.
+                let changed = file
+                    .reads
+                    .pieces
+                    .as_ref()
+                    .map_or_else(Vec::new, |pieces| pieces.changes(&check));
                 let splice = !changed.is_empty();
                 if splice && !(inner.spliceable[index] && session.is_some()) {
                     continue;
@@ -1068,12 +1070,13 @@ impl Renderer {
 }
 
 /// The fragment environment (`None`: nothing is cached below the file level), the
-/// variables of each cacheable snippet, and the templates whose `include`s were
-/// rewritten.
+/// variables of each cacheable snippet, the templates whose `include`s were
+/// rewritten, and the loops rewritten.
 type FragmentEnvironment = (
     Option<Environment<'static>>,
     BTreeMap<String, Vec<String>>,
     BTreeSet<Arc<str>>,
+    Vec<fragments::LoopSpec>,
 );
 
 /// The environment for incremental renders: a copy of `env` whose templates print
@@ -1089,7 +1092,7 @@ fn fragment_environment(
     facts: &[Option<check::Facts>],
     variables: &[check::Variables],
 ) -> FragmentEnvironment {
-    let none = || (None, BTreeMap::new(), BTreeSet::new());
+    let none = || (None, BTreeMap::new(), BTreeSet::new(), Vec::new());
     if facts.iter().any(|f| f.is_none_or(|f| f.names_debug)) {
         return none();
     }
@@ -1133,24 +1136,73 @@ fn fragment_environment(
     }
     let mut fragment_env = env.clone();
     fragment_env.add_filter(scan::FRAGMENT_FILTER, fragments::fragment);
+    fragment_env.add_filter(scan::LOOP_FILTER, fragments::render_loop);
+    fragment_env.add_filter(scan::LOOP_PROBE_FILTER, |_: Value| LOOP_PROBE);
     let mut rewritten = BTreeSet::new();
+    let mut loops = Vec::new();
     for entry in entries {
         let cacheable = |name: &str| vars.contains_key(name);
-        if let Some(source) = scan::rewrite_includes(&entry.instrumented.source, &cacheable) {
-            if fragment_env
-                .add_template_owned(entry.name.to_string(), source)
-                .is_err()
-            {
-                return none();
+        let mut source = Cow::Borrowed(entry.instrumented.source.as_str());
+        if entry.output.is_some() {
+            // Loops whose snippet does not name `loop` (the rewritten loop has none).
+            let loopable = |name: &str| {
+                vars.get(name)
+                    .is_some_and(|v| !v.iter().any(|v| v == "loop"))
+            };
+            let sites: Vec<(usize, scan::LoopSite)> = scan::find_loops(&source, &loopable)
+                .into_iter()
+                .filter_map(|site| {
+                    let spec = loop_spec(&fragment_env, &site)?;
+                    loops.push(spec);
+                    Some((loops.len() - 1, site))
+                })
+                .collect();
+            if !sites.is_empty() {
+                let sites: Vec<(usize, &scan::LoopSite)> =
+                    sites.iter().map(|(number, site)| (*number, site)).collect();
+                source = Cow::Owned(scan::rewrite_loops(&source, &sites));
             }
-            rewritten.insert(entry.name.clone());
         }
+        let loops_rewritten = matches!(source, Cow::Owned(_));
+        let source = match scan::rewrite_includes(&source, &cacheable) {
+            Some(rewritten) => rewritten,
+            None if loops_rewritten => source.into_owned(),
+            None => continue,
+        };
+        if fragment_env
+            .add_template_owned(entry.name.to_string(), source)
+            .is_err()
+        {
+            return none();
+        }
+        rewritten.insert(entry.name.clone());
     }
     if !rewritten.is_empty() {
-        (Some(fragment_env), vars, rewritten)
+        (Some(fragment_env), vars, rewritten, loops)
     } else {
         none()
     }
+}
+
+/// What the loop probe filter prints ([`scan::LoopSite::probe`]).
+const LOOP_PROBE: &str = "\u{FFFE}hapwright-loop-probe\u{FFFE}";
+
+/// A loop's spec: its probe rendered once tells the text each iteration prints
+/// before and after the snippet's output. `None` when the probe does not render
+/// to exactly that.
+fn loop_spec(env: &Environment<'static>, site: &scan::LoopSite) -> Option<fragments::LoopSpec> {
+    let probe = env.render_str(&site.probe, ()).ok()?;
+    let (head, tail) = probe.split_once(LOOP_PROBE)?;
+    if tail.contains(LOOP_PROBE) {
+        return None;
+    }
+    Some(fragments::LoopSpec {
+        var: site.var.clone(),
+        iter: site.iter.clone(),
+        snippet: site.snippet.clone(),
+        head: Arc::from(head),
+        tail: Arc::from(tail),
+    })
 }
 
 /// Removes source-map markers from text that ends up in a message.

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use hapwright_eventbus::config::ByteSize;
 use hapwright_eventbus::model::LineOrigin;
 
+use super::fragments::Direct;
 use super::source_map::{Mark, MarkerTable, Stripped, Stripper};
 
 /// The output budget of one render, shared by every file rendering in parallel.
@@ -144,13 +145,41 @@ impl io::Write for Output<'_> {
         // The engine writes whole strings, so every piece is valid UTF-8.
         let piece =
             std::str::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        if self.tracked && super::fragments::track_write(piece) {
-            // A snippet output printed directly: remember where it went.
-            let before = self.stripper.mark();
-            self.push(piece)?;
-            super::fragments::track_marks(before, self.stripper.mark());
+        let direct = if self.tracked {
+            super::fragments::track_write(piece)
         } else {
-            self.push(piece)?;
+            Direct::Own
+        };
+        match direct {
+            Direct::Own => self.push(piece)?,
+            Direct::Fragment => {
+                // A snippet output printed directly: remember where it went.
+                let before = self.stripper.mark();
+                self.push(piece)?;
+                super::fragments::track_marks(before, self.stripper.mark());
+            }
+            Direct::Loop(lengths) => {
+                // A loop printed directly: remember where it and each item went.
+                let before = self.stripper.mark();
+                let mut marks = Vec::with_capacity(lengths.len() + 1);
+                marks.push(before);
+                let mut rest = piece;
+                for length in lengths {
+                    let Some((item, after)) = rest.split_at_checked(length) else {
+                        marks.clear();
+                        break;
+                    };
+                    self.push(item)?;
+                    marks.push(self.stripper.mark());
+                    rest = after;
+                }
+                if !rest.is_empty() {
+                    marks.clear();
+                    self.push(rest)?;
+                }
+                super::fragments::track_marks(before, self.stripper.mark());
+                super::fragments::track_item_marks(marks);
+            }
         }
         Ok(buf.len())
     }

@@ -578,6 +578,283 @@ pub(crate) fn rewrite_includes(source: &str, cacheable: &dyn Fn(&str) -> bool) -
     Some(out)
 }
 
+/// The filter a rewritten loop calls (see [`rewrite_loops`]).
+pub(crate) const LOOP_FILTER: &str = "__loop";
+
+/// The filter of a loop's probe (see [`LoopSite::probe`]).
+pub(crate) const LOOP_PROBE_FILTER: &str = "__loop_probe";
+
+/// A loop of a file's own template, outside every other block, that includes one
+/// snippet for each object of a resource list:
+///
+/// ```jinja
+/// {% for svc in resources.services.list() | sort_by("metadata.name") %}
+/// {% include "backend" %}
+/// {% endfor %}
+/// ```
+///
+/// Its body holds nothing but template data around the `include` (no other tag, no
+/// comment, no `else`), and the iterable is `resources.<name>.list()`, sorted or not
+/// by `sort_by` with literal paths. Each iteration then prints the same text before
+/// and after the snippet's output, so the loop's output is, for each object in
+/// order, that text around the snippet's output for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LoopSite {
+    /// From the `for` tag to the end of the `endfor` tag.
+    range: Range<usize>,
+    /// The `for` tag's opening delimiter with its whitespace control (`{%-`).
+    open: String,
+    /// The `endfor` tag's closing delimiter with its whitespace control (`-%}`).
+    close: String,
+    /// The loop variable.
+    pub(crate) var: String,
+    /// The iterable, as written.
+    pub(crate) iter: String,
+    /// The included snippet.
+    pub(crate) snippet: String,
+    /// The loop over one item, with the `include` replaced by the probe filter:
+    /// renders to the text before the snippet's output, [`LOOP_PROBE_FILTER`]'s
+    /// output, and the text after it.
+    pub(crate) probe: String,
+}
+
+/// Finds the [loops](LoopSite) of `source` whose snippet `cacheable` accepts.
+pub(crate) fn find_loops(source: &str, cacheable: &dyn Fn(&str) -> bool) -> Vec<LoopSite> {
+    let pieces = pieces(source);
+    let mut found = Vec::new();
+    let mut depth = 0usize;
+    let mut index = 0;
+    while index < pieces.len() {
+        let Piece::Tag(tag) = &pieces[index] else {
+            index += 1;
+            continue;
+        };
+        if tag.kind != TagKind::Block {
+            index += 1;
+            continue;
+        }
+        if depth == 0
+            && let Some((site, next)) = loop_at(source, &pieces, index, cacheable)
+        {
+            found.push(site);
+            index = next;
+            continue;
+        }
+        let toks = tokens(source, tag.inner.clone());
+        match toks.first().map(|t| &t.kind) {
+            Some(TokenKind::Ident(
+                "for" | "if" | "macro" | "call" | "filter" | "block" | "with" | "autoescape",
+            )) => depth += 1,
+            Some(TokenKind::Ident("set")) if !has_assignment(&toks) => depth += 1,
+            Some(TokenKind::Ident(word)) if word.starts_with("end") => {
+                depth = depth.saturating_sub(1);
+            }
+            _ => {}
+        }
+        index += 1;
+    }
+    found
+}
+
+/// The loop starting at `pieces[start]`, if it is one, and the index after it.
+fn loop_at(
+    source: &str,
+    pieces: &[Piece],
+    start: usize,
+    cacheable: &dyn Fn(&str) -> bool,
+) -> Option<(LoopSite, usize)> {
+    let Piece::Tag(head) = &pieces[start] else {
+        return None;
+    };
+    let toks = tokens(source, head.inner.clone());
+    let (var, iter) = loop_head(source, &toks)?;
+    // The body: data, the include, data, then `endfor`.
+    let mut at = start + 1;
+    let data = |at: &mut usize| match pieces.get(*at) {
+        Some(Piece::Data(range)) => {
+            *at += 1;
+            range.clone()
+        }
+        _ => 0..0,
+    };
+    let before = data(&mut at);
+    let Some(Piece::Tag(include)) = pieces.get(at) else {
+        return None;
+    };
+    at += 1;
+    let include_toks = tokens(source, include.inner.clone());
+    let [
+        Token {
+            kind: TokenKind::Ident("include"),
+            ..
+        },
+        Token {
+            kind: TokenKind::Str(snippet),
+            ..
+        },
+    ] = include_toks.as_slice()
+    else {
+        return None;
+    };
+    let plain = snippet
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
+    if include.kind != TagKind::Block || !plain || !cacheable(snippet) {
+        return None;
+    }
+    let after = data(&mut at);
+    let Some(Piece::Tag(end)) = pieces.get(at) else {
+        return None;
+    };
+    let end_toks = tokens(source, end.inner.clone());
+    if end.kind != TagKind::Block
+        || !matches!(
+            end_toks.as_slice(),
+            [Token {
+                kind: TokenKind::Ident("endfor"),
+                ..
+            }]
+        )
+    {
+        return None;
+    }
+    let open = source[head.range.start..head.inner.start].to_string();
+    let close = source[end.inner.end..end.range.end].to_string();
+    let probe = format!(
+        "{open} for {var} in [0] {}{}{} filter {LOOP_PROBE_FILTER} %}}{{% endfilter {}{}{}",
+        &source[head.inner.end..head.range.end],
+        &source[before],
+        &source[include.range.start..include.inner.start],
+        &source[include.inner.end..include.range.end],
+        &source[after],
+        &source[end.range.clone()],
+    );
+    let site = LoopSite {
+        range: head.range.start..end.range.end,
+        open,
+        close,
+        var: var.to_string(),
+        iter: iter.to_string(),
+        snippet: snippet.clone(),
+        probe,
+    };
+    Some((site, at + 1))
+}
+
+/// `for <var> in resources.<name>.list()`, optionally followed by
+/// `| sort_by("path", ...)` with literal paths, and nothing else: the variable and
+/// the iterable as written.
+fn loop_head<'a>(source: &'a str, toks: &[Token<'a>]) -> Option<(&'a str, &'a str)> {
+    use TokenKind::{Ident, Punct, Str};
+    let [
+        Token {
+            kind: Ident("for"), ..
+        },
+        Token {
+            kind: Ident(var), ..
+        },
+        Token {
+            kind: Ident("in"), ..
+        },
+        iterable @ ..,
+    ] = toks
+    else {
+        return None;
+    };
+    if matches!(*var, "loop" | "resources" | "in" | "for") {
+        return None;
+    }
+    let (list, rest) = iterable.split_at_checked(6)?;
+    let [
+        Token {
+            kind: Ident("resources"),
+            ..
+        },
+        Token {
+            kind: Punct(b'.'), ..
+        },
+        Token { kind: Ident(_), .. },
+        Token {
+            kind: Punct(b'.'), ..
+        },
+        Token {
+            kind: Ident("list"),
+            ..
+        },
+        Token {
+            kind: Punct(b'('), ..
+        },
+    ] = list
+    else {
+        return None;
+    };
+    let rest = match rest {
+        [
+            Token {
+                kind: Punct(b')'), ..
+            },
+            rest @ ..,
+        ] => rest,
+        _ => return None,
+    };
+    match rest {
+        [] => {}
+        [
+            Token {
+                kind: Punct(b'|'), ..
+            },
+            Token {
+                kind: Ident("sort_by"),
+                ..
+            },
+            Token {
+                kind: Punct(b'('), ..
+            },
+            args @ ..,
+            Token {
+                kind: Punct(b')'), ..
+            },
+        ] => {
+            // "path" (, "path")*
+            let literal = |t: &Token<'_>| matches!(t.kind, Str(_));
+            let comma = |t: &Token<'_>| matches!(t.kind, Punct(b','));
+            let well_formed = !args.is_empty()
+                && args.len() % 2 == 1
+                && args
+                    .iter()
+                    .enumerate()
+                    .all(|(i, t)| if i % 2 == 0 { literal(t) } else { comma(t) });
+            if !well_formed {
+                return None;
+            }
+        }
+        _ => return None,
+    }
+    let first = iterable.first()?.range.start;
+    let last = toks.last()?.range.end;
+    Some((var, &source[first..last]))
+}
+
+/// Replaces each loop of `sites` (found in `source` by [`find_loops`], the `n`th
+/// with number `numbers[n]`) with `{% filter __loop(number) %}{% endfilter %}`,
+/// keeping the whitespace control of its `for` and `endfor` tags and its line
+/// breaks, so every later line keeps its number.
+pub(crate) fn rewrite_loops(source: &str, sites: &[(usize, &LoopSite)]) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut pos = 0;
+    for (number, site) in sites {
+        let breaks = "\n".repeat(source[site.range.clone()].matches('\n').count());
+        out.push_str(&source[pos..site.range.start]);
+        out.push_str(&format!(
+            "{} filter {LOOP_FILTER}({number}){breaks} %}}{{% endfilter {}",
+            site.open, site.close
+        ));
+        pos = site.range.end;
+    }
+    out.push_str(&source[pos..]);
+    out
+}
+
 /// `render_glob(...)` as the whole content of a `{{ }}` tag: the byte range of the
 /// arguments.
 fn glob_call(toks: &[Token<'_>]) -> Option<Range<usize>> {
@@ -900,6 +1177,58 @@ mod tests {
             rewrite_includes("{% include 'y' %}", &|name| name == "x"),
             None
         );
+    }
+
+    #[test]
+    fn loops_over_a_list_including_one_snippet_become_loop_filters_on_the_same_lines() {
+        let source = "a\n{%- for s in resources.services.list() | sort_by(\"metadata.name\", '-x') %}\n\n{% include 'x' %}\n{%- endfor +%}\nb";
+        let sites = find_loops(source, &|name| name == "x");
+        assert_eq!(sites.len(), 1);
+        let site = &sites[0];
+        assert_eq!(site.var, "s");
+        assert_eq!(
+            site.iter,
+            "resources.services.list() | sort_by(\"metadata.name\", '-x')"
+        );
+        assert_eq!(site.snippet, "x");
+        assert_eq!(
+            site.probe,
+            "{%- for s in [0] %}\n\n{% filter __loop_probe %}{% endfilter %}\n{%- endfor +%}"
+        );
+        let out = rewrite_loops(source, &[(7, site)]);
+        assert_eq!(out, "a\n{%- filter __loop(7)\n\n\n %}{% endfilter +%}\nb");
+        assert_eq!(out.matches('\n').count(), source.matches('\n').count());
+    }
+
+    #[test]
+    fn only_plain_top_level_loops_over_a_list_are_found() {
+        let found = |source: &str| find_loops(source, &|name| name == "x").len();
+        let plain = "{% for s in resources.a.list() %}{% include 'x' %}{% endfor %}";
+        assert_eq!(found(plain), 1);
+        for source in [
+            // Not cacheable, or more than the include in the body.
+            "{% for s in resources.a.list() %}{% include 'y' %}{% endfor %}",
+            "{% for s in resources.a.list() %}{{ s }}{% include 'x' %}{% endfor %}",
+            "{% for s in resources.a.list() %}{# c #}{% include 'x' %}{% endfor %}",
+            "{% for s in resources.a.list() %}{% include 'x' %}{% else %}{% endfor %}",
+            // Another iterable, a filter, a condition, `recursive`, unpacking.
+            "{% for s in resources.a.fetch('n') %}{% include 'x' %}{% endfor %}",
+            "{% for s in resources.a.list() | reverse %}{% include 'x' %}{% endfor %}",
+            "{% for s in resources.a.list() | sort_by(p) %}{% include 'x' %}{% endfor %}",
+            "{% for s in resources.a.list() if s %}{% include 'x' %}{% endfor %}",
+            "{% for s in resources.a.list() recursive %}{% include 'x' %}{% endfor %}",
+            "{% for k, v in resources.a.list() %}{% include 'x' %}{% endfor %}",
+            "{% for loop in resources.a.list() %}{% include 'x' %}{% endfor %}",
+            // Inside another block.
+            "{% if y %}{% for s in resources.a.list() %}{% include 'x' %}{% endfor %}{% endif %}",
+            "{% set c %}{% for s in resources.a.list() %}{% include 'x' %}{% endfor %}{% endset %}",
+            "{% macro m() %}{% for s in resources.a.list() %}{% include 'x' %}{% endfor %}{% endmacro %}",
+        ] {
+            assert_eq!(found(source), 0, "{source}");
+        }
+        // After a closed block, and after an assigning `set`, loops are found again.
+        let after = format!("{{% if y %}}{{% endif %}}{{% set z = 1 %}}{plain}");
+        assert_eq!(found(&after), 1);
     }
 
     #[test]
