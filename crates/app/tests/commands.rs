@@ -40,7 +40,7 @@ fn check_accepts_the_quickstart() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert!(
         String::from_utf8_lossy(&output.stdout)
-            .contains("ok (4 templates, 2 watched resources, 1 instance)")
+            .contains("ok (5 templates, 2 watched resources, 1 instance)")
     );
 }
 
@@ -62,7 +62,7 @@ fn check_exits_1_when_the_haproxy_binary_does_not_resolve() {
     assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     let err = stderr(&output);
     assert!(
-        err.contains("hapwright.yaml:88:")
+        err.contains("hapwright.yaml:93:")
             && err.contains("haproxy.binary `haproxy-not-installed` is not on PATH ("),
         "{err}"
     );
