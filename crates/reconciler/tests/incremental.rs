@@ -995,3 +995,65 @@ fn the_quickstart_adds_and_removes_a_service_without_running_its_loops() {
         );
     }
 }
+
+/// A loop put together item by item fails as a full render does: a new object whose
+/// snippet output fails to render, or items that grow the file past
+/// `templating.maxOutputBytes`, give exactly the full render's errors, and the next
+/// render after the cause is gone equals a full render again.
+#[test]
+fn a_loop_put_together_again_fails_as_a_full_render_does() {
+    let mut templates = fixtures::routing_templates();
+    templates.main = "{% for svc in resources.services.list() | sort_by(\"metadata.name\") %}\n\
+                      {% include \"item\" %}\n\
+                      {% endfor %}\n"
+        .to_owned();
+    templates.snippets.insert(
+        "item".into(),
+        "{% if svc.metadata.name == \"boom\" %}{{ no_such_function() }}{% endif %}\
+         {% if svc.metadata.name.startswith(\"big\") %}{{ \"x\" * 5000 }}{% endif %}\
+         item {{ svc.metadata.namespace }}/{{ svc.metadata.name }} of the loop"
+            .into(),
+    );
+    // Only `haproxy.cfg`, so the cap is its alone: the base fits with four big items
+    // (about 20 KiB), not with five (about 25 KiB).
+    templates.maps.clear();
+    templates.files.clear();
+    templates.certificates.clear();
+    templates.limits.max_output_bytes = "24KiB".parse().expect("a size");
+    let renderer = renderer(templates);
+    let mut cluster = Cluster::new(4);
+    let service = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": name, "namespace": "default"}})
+    };
+    renderer.render(&cluster.resources).expect("renders");
+    // `fails`: whether the render fails; else whether it is put together again (a
+    // render right after a failed one renders everything).
+    let check = |cluster: &Cluster, fails: bool, spliced: bool| {
+        let (result, stats) = renderer.render_with_stats(&cluster.resources);
+        let full = renderer.render_full(&cluster.resources);
+        assert_eq!(full.is_err(), fails, "{:?}", full.as_ref().err());
+        if fails {
+            assert_eq!(stats.full_reason, Some(FullReason::RenderFailed));
+        } else {
+            assert_eq!(stats.spliced, usize::from(spliced), "{stats:?}");
+        }
+        assert_same_outcome(0, result, full);
+    };
+    // A new object whose snippet output fails, then removed again.
+    cluster.upsert("services", service("boom"));
+    check(&cluster, true, false);
+    cluster.remove("services", &ObjectKey::new("default", "boom"));
+    check(&cluster, false, false);
+    // Big items until the file no longer fits, then one of them removed again.
+    for name in ["big-1", "big-2", "big-3", "big-4"] {
+        cluster.upsert("services", service(name));
+        check(&cluster, false, true);
+    }
+    cluster.upsert("services", service("big-5"));
+    check(&cluster, true, false);
+    cluster.remove("services", &ObjectKey::new("default", "big-5"));
+    check(&cluster, false, false);
+    cluster.remove("services", &ObjectKey::new("default", "big-4"));
+    check(&cluster, false, true);
+}
