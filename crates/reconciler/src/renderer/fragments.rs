@@ -179,9 +179,10 @@ pub(crate) struct Piece {
     /// Where the file's output was before and after the fragment.
     pub(crate) before: Mark,
     pub(crate) after: Mark,
-    /// For a rewritten loop ([`render_loop`]): its items. `fragment` is then the
-    /// loop's output as the template printed it (its reads are the list's and every
-    /// item's); the items are what later renders splice.
+    /// For a rewritten loop ([`render_loop`]): its items, which later renders
+    /// splice. `fragment` is then the loop's output until the template printed it
+    /// (its reads are the list's and every item's), and afterwards an empty text
+    /// with the list's reads: the file keeps its text, the items their outputs.
     pub(crate) items: Option<Arc<Items>>,
 }
 
@@ -452,7 +453,15 @@ pub(crate) fn track_write(piece: &str) -> Direct {
                 printed.at = track.own.len();
                 let direct = match &printed.items {
                     None => Direct::Fragment,
-                    Some(items) => Direct::Loop(items.lengths()),
+                    Some(items) => {
+                        // Printed: the loop's whole text is not kept twice.
+                        printed.fragment = Arc::new(Fragment {
+                            text: Value::from(""),
+                            reads: items.list_reads.clone(),
+                            values: Box::new([]),
+                        });
+                        Direct::Loop(items.lengths())
+                    }
                 };
                 track.printed.push(printed);
                 return direct;
