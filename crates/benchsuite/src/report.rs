@@ -946,9 +946,10 @@ fn criterion_sections(c: &BTreeMap<String, Estimate>, summary: &mut Vec<[String;
     let _ = writeln!(
         s,
         "\nAfter a new service with its endpoint slice and ingress, at 10,000 services \
-         (`render_new_service/10000`, what the reload path renders: the lists the \
-         templates loop over changed, so those files run again, reusing the snippet \
-         outputs of every other service): {}.",
+         (`render_new_service/10000`, what the reload path renders: `haproxy.cfg`'s \
+         loop over the services is put together item by item, rendering the new \
+         backend; the maps, whose loops over the ingresses are written inline, \
+         run again): {}.",
         estimate_ms(c, "render_new_service/10000").map_or_else(
             || "not measured".to_owned(),
             |v| format!("{} ms", fmt_num(v))
