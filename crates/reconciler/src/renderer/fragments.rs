@@ -706,9 +706,9 @@ impl Session {
     /// was, each fragment [refreshed](Self::refresh) and each loop
     /// [put together again](Self::splice_loop), written into `out` as the engine
     /// would have written them. `changed` lists (in order) the pieces that read
-    /// something that changed. `text` and `lines` are the file's previous output: a
-    /// piece that is the same and starts in the same stripping state is copied from
-    /// there instead of stripped again. Returns the new pieces.
+    /// something that changed. `earlier` is the file's previous output (its text and
+    /// line origins): a piece that is the same and starts in the same stripping
+    /// state is copied from there instead of stripped again. Returns the new pieces.
     pub(crate) fn splice(
         &self,
         env: &minijinja::Environment<'_>,
