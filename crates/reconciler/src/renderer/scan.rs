@@ -539,29 +539,9 @@ pub(crate) fn rewrite_includes(source: &str, cacheable: &dyn Fn(&str) -> bool) -
         let Piece::Tag(tag) = piece else {
             continue;
         };
-        if tag.kind != TagKind::Block {
-            continue;
-        }
-        let toks = tokens(source, tag.inner.clone());
-        let [
-            Token {
-                kind: TokenKind::Ident("include"),
-                ..
-            },
-            Token {
-                kind: TokenKind::Str(name),
-                ..
-            },
-        ] = toks.as_slice()
-        else {
+        let Some(name) = literal_include(source, &tag).filter(|name| cacheable(name)) else {
             continue;
         };
-        let plain = name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
-        if !plain || !cacheable(name) {
-            continue;
-        }
         let open = &source[tag.range.start..tag.inner.start];
         let close = &source[tag.inner.end..tag.range.end];
         let breaks = "\n".repeat(source[tag.range.clone()].matches('\n').count());
@@ -576,6 +556,32 @@ pub(crate) fn rewrite_includes(source: &str, cacheable: &dyn Fn(&str) -> bool) -
     }
     out.push_str(&source[pos..]);
     Some(out)
+}
+
+/// The snippet of `{% include "name" %}`: one literal, plain name (letters, digits,
+/// `-`, `_`, `.`, `/`) and nothing else in the tag.
+fn literal_include(source: &str, tag: &Tag) -> Option<String> {
+    if tag.kind != TagKind::Block {
+        return None;
+    }
+    let toks = tokens(source, tag.inner.clone());
+    let [
+        Token {
+            kind: TokenKind::Ident("include"),
+            ..
+        },
+        Token {
+            kind: TokenKind::Str(name),
+            ..
+        },
+    ] = toks.as_slice()
+    else {
+        return None;
+    };
+    let plain = name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
+    plain.then(|| name.clone())
 }
 
 /// The filter a rewritten loop calls (see [`rewrite_loops`]).
@@ -682,26 +688,7 @@ fn loop_at(
         return None;
     };
     at += 1;
-    let include_toks = tokens(source, include.inner.clone());
-    let [
-        Token {
-            kind: TokenKind::Ident("include"),
-            ..
-        },
-        Token {
-            kind: TokenKind::Str(snippet),
-            ..
-        },
-    ] = include_toks.as_slice()
-    else {
-        return None;
-    };
-    let plain = snippet
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
-    if include.kind != TagKind::Block || !plain || !cacheable(snippet) {
-        return None;
-    }
+    let snippet = literal_include(source, include).filter(|name| cacheable(name))?;
     let after = data(&mut at);
     let Some(Piece::Tag(end)) = pieces.get(at) else {
         return None;
@@ -735,7 +722,7 @@ fn loop_at(
         close,
         var: var.to_string(),
         iter: iter.to_string(),
-        snippet: snippet.clone(),
+        snippet,
         probe,
     };
     Some((site, at + 1))
