@@ -259,38 +259,42 @@ pub fn generate(generator: &Generator, scale: usize) -> BTreeMap<String, Vec<Val
     };
     names
         .into_iter()
-        .map(|name| (name.clone(), generate_one(generator, name, scale)))
+        .map(|name| (name.clone(), generate_one(generator, name, scale).collect()))
         .collect()
 }
 
 /// The objects of one scale for one watched resource (none when the generator makes
-/// none for it). Generating one resource at a time keeps only its objects in their
-/// parsed form, not those of every resource at once.
-pub fn generate_one(generator: &Generator, name: &str, scale: usize) -> Vec<Value> {
+/// none for it), made one at a time as the iterator is read: [`resources`] stores
+/// each as it comes, so no resource's objects are ever all held in their parsed form.
+pub fn generate_one<'a>(
+    generator: &'a Generator,
+    name: &str,
+    scale: usize,
+) -> Box<dyn Iterator<Item = Value> + 'a> {
     match generator {
-        Generator::Cluster { kinds } => kinds
-            .get(name)
-            .map(|kind| synthetic::objects(kind, scale, &CLUSTER_SHAPE))
-            .unwrap_or_default(),
+        Generator::Cluster { kinds } => match kinds.get(name) {
+            Some(kind) => synthetic::objects_iter(kind, scale, &CLUSTER_SHAPE),
+            None => Box::new(std::iter::empty()),
+        },
         Generator::Fixtures { objects } => {
             let Some(list) = objects.get(name) else {
-                return Vec::new();
+                return Box::new(std::iter::empty());
             };
             let names: BTreeSet<String> = objects
                 .values()
                 .flatten()
                 .filter_map(|o| o.pointer("/metadata/name")?.as_str().map(str::to_owned))
                 .collect();
-            (0..scale)
-                .flat_map(|k| {
-                    let names = &names;
-                    list.iter().map(move |object| {
-                        let mut copy = object.clone();
-                        rename(&mut copy, names, &format!("-{k}"));
-                        copy
-                    })
+            let names = std::rc::Rc::new(names);
+            Box::new((0..scale).flat_map(move |k| {
+                let suffix = format!("-{k}");
+                let names = names.clone();
+                list.iter().map(move |object| {
+                    let mut copy = object.clone();
+                    rename(&mut copy, &names, &suffix);
+                    copy
                 })
-                .collect()
+            }))
         }
     }
 }
@@ -423,7 +427,11 @@ pub async fn measure(config: &Config, scale: usize) -> Result<ScaleReport, Bench
 
     let (resources, objects) = resources(config, &generator, scale);
     let rendering = |errors| BenchError::RenderFailed { errors };
-    let mut rendered = renderer.render(&resources).map_err(rendering)?;
+    // The warm-up render (it builds the lookup indexes) is a full render too: an
+    // incremental render would leave its cache of snippet outputs in the renderer,
+    // which no full render needs (the controller's memory, cache included, is
+    // measured on the running controller).
+    let mut rendered = renderer.render_full(&resources).map_err(rendering)?;
     let repeats = if scale >= LARGE_SCALE {
         RENDER_REPEATS_LARGE
     } else {
@@ -431,6 +439,9 @@ pub async fn measure(config: &Config, scale: usize) -> Result<ScaleReport, Bench
     };
     let mut times = Vec::with_capacity(repeats);
     for _ in 0..repeats {
+        // The previous render is dropped first, outside the timing, so two renders
+        // are never held at once.
+        drop(rendered);
         let started = Instant::now();
         // A full render each time: with nothing changed, `render` would reuse every
         // file it may.

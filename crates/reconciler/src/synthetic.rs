@@ -50,10 +50,28 @@ pub struct Shape {
 /// `n` objects of `kind` (one of [`KINDS`]; the Secret, the GatewayClass and the
 /// Gateway are always one object, and any other kind gets none).
 pub fn objects(kind: &str, n: usize, shape: &Shape) -> Vec<Value> {
+    objects_iter(kind, n, shape).collect()
+}
+
+/// [`objects`], made one at a time as the iterator is read, so a caller that stores
+/// each object as it comes never holds them all in their parsed form.
+pub fn objects_iter<'a>(
+    kind: &str,
+    n: usize,
+    shape: &'a Shape,
+) -> Box<dyn Iterator<Item = Value> + 'a> {
     match kind {
-        "Service" => (0..n).map(|i| service(i, shape)).collect(),
-        "EndpointSlice" => (0..n).map(|i| endpoint_slice(i, shape)).collect(),
-        "Ingress" => (0..n).map(ingress).collect(),
+        "Service" => Box::new((0..n).map(move |i| service(i, shape))),
+        "EndpointSlice" => Box::new((0..n).map(move |i| endpoint_slice(i, shape))),
+        "Ingress" => Box::new((0..n).map(ingress)),
+        "HTTPRoute" => Box::new((0..n).map(http_route)),
+        _ => Box::new(one_object(kind, shape).into_iter()),
+    }
+}
+
+/// The kinds of which there is always one object, whatever the scale.
+fn one_object(kind: &str, shape: &Shape) -> Vec<Value> {
+    match kind {
         "Secret" => vec![json!({
             "apiVersion": "v1",
             "kind": "Secret",
@@ -68,7 +86,6 @@ pub fn objects(kind: &str, n: usize, shape: &Shape) -> Vec<Value> {
             "spec": {"controllerName": GATEWAY_CONTROLLER},
         })],
         "Gateway" => vec![gateway()],
-        "HTTPRoute" => (0..n).map(http_route).collect(),
         _ => Vec::new(),
     }
 }

@@ -283,7 +283,7 @@ pub(crate) struct Doc {
 /// sorted order (`None`: already in that order).
 struct ArrayMemo {
     node: u32,
-    paths: Vec<Box<str>>,
+    paths: Box<[Box<str>]>,
     reverse: bool,
     order: Option<Box<[u32]>>,
 }
@@ -518,6 +518,9 @@ impl View {
     ) {
         let mut memo = self.doc.memo();
         if memo.iter().filter(|m| m.node == self.node).count() < SORT_MEMO_LIMIT {
+            // One memo per document is usual (an endpoint slice's `endpoints`): no
+            // spare room, which every object would carry.
+            memo.reserve_exact(1);
             memo.push(ArrayMemo {
                 node: self.node,
                 paths: paths.iter().map(|p| Box::from(p.as_ref())).collect(),

@@ -478,7 +478,9 @@ pub fn parse_lenient(text: &str) -> (Config, Vec<ParseError>) {
         let Some(keyword) = words.next() else {
             continue;
         };
-        let args: Vec<String> = words.collect();
+        let mut args: Vec<String> = words.collect();
+        // Collected in place: the buffer of every word, keyword included.
+        args.shrink_to_fit();
         if let Some(kind) = SectionKind::from_keyword(&keyword) {
             let (name, args) = match (&kind, args.split_first()) {
                 (SectionKind::Global, _) | (_, None) => (None, args),
@@ -533,6 +535,11 @@ pub fn parse_lenient(text: &str) -> (Config, Vec<ParseError>) {
         });
     }
     errors.sort_by_key(|e| e.line);
+    // The model lives as long as the deployment it describes: no spare capacity.
+    for section in &mut sections {
+        section.directives.shrink_to_fit();
+    }
+    sections.shrink_to_fit();
     (Config { sections }, errors)
 }
 

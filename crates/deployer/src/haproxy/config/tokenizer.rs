@@ -221,10 +221,15 @@ pub(crate) fn split_words(line: &str) -> Result<Vec<String>, TokenError> {
     if words.first().is_some_and(Vec::is_empty) {
         return Ok(Vec::new());
     }
+    // Each word grew a byte at a time: keep only its bytes (the parsed model of a
+    // large config holds every word).
     Ok(words
         .into_iter()
         .map(|word| match String::from_utf8(word) {
-            Ok(text) => text,
+            Ok(mut text) => {
+                text.shrink_to_fit();
+                text
+            }
             Err(err) => String::from_utf8_lossy(err.as_bytes()).into_owned(),
         })
         .collect())
