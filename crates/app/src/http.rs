@@ -749,22 +749,45 @@ async fn debug_rendered(State(state): State<HttpState>) -> Response {
         )
             .into_response();
     };
-    let files: Vec<Value> = rendered
+    /// One file as the endpoint shows it. Serialized straight from the render: a
+    /// file without PEM blocks is not copied before it is written out.
+    #[derive(serde::Serialize)]
+    struct ShownFile<'a> {
+        path: String,
+        kind: FileKind,
+        content: std::borrow::Cow<'a, str>,
+    }
+    #[derive(serde::Serialize)]
+    struct Shown<'a> {
+        hash: ContentHash,
+        files: Vec<ShownFile<'a>>,
+    }
+    let files = rendered
         .iter()
         .map(|(file, content)| {
             let content = if file.kind == FileKind::Certificate {
-                format!(
+                std::borrow::Cow::Owned(format!(
                     "<redacted: {} bytes, sha256 {}>",
                     content.len(),
                     ContentHash::of(content.as_bytes())
-                )
+                ))
+            } else if content.contains("-----BEGIN ") {
+                std::borrow::Cow::Owned(redact_pem(content))
             } else {
-                redact_pem(content)
+                std::borrow::Cow::Borrowed(&**content)
             };
-            json!({"path": file.relative_path(), "kind": file.kind, "content": content})
+            ShownFile {
+                path: file.relative_path(),
+                kind: file.kind,
+                content,
+            }
         })
         .collect();
-    axum::Json(json!({"hash": rendered.hash(), "files": files})).into_response()
+    axum::Json(Shown {
+        hash: rendered.hash(),
+        files,
+    })
+    .into_response()
 }
 
 async fn debug_resources(State(state): State<HttpState>, Path(name): Path<String>) -> Response {
