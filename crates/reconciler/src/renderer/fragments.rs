@@ -914,6 +914,10 @@ impl Session {
             }
             items.list_reads.clone()
         };
+        // Kept until the next change: a list that grew past the earlier one's length
+        // left spare room.
+        marks.shrink_to_fit();
+        kept.shrink_to_fit();
         Ok(Items {
             number: items.number,
             list_reads,
