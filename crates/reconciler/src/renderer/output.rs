@@ -142,15 +142,15 @@ impl io::Write for Output<'_> {
         if self.exceeded.is_some() {
             return Err(io::Error::other("rendered output was refused before"));
         }
+        if !self.tracked {
+            // The engine writes whole strings: the stripper keeps the bytes and
+            // checks the whole text once, at the end.
+            return self.push_bytes(buf).map(|()| buf.len());
+        }
         // The engine writes whole strings, so every piece is valid UTF-8.
         let piece =
             std::str::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let direct = if self.tracked {
-            super::fragments::track_write(piece)
-        } else {
-            Direct::Own
-        };
-        match direct {
+        match super::fragments::track_write(piece) {
             Direct::Own => self.push(piece)?,
             Direct::Fragment => {
                 // A snippet output printed directly: remember where it went.
@@ -191,11 +191,16 @@ impl io::Write for Output<'_> {
 
 impl Output<'_> {
     fn push(&mut self, piece: &str) -> io::Result<()> {
+        self.push_bytes(piece.as_bytes())
+    }
+
+    /// [`Self::push`] of the bytes of a whole string.
+    fn push_bytes(&mut self, piece: &[u8]) -> io::Result<()> {
         if self.exceeded.is_some() {
             return Err(io::Error::other("rendered output was refused before"));
         }
         let before = self.stripper.len();
-        self.stripper.push(piece);
+        self.stripper.push_bytes(piece);
         self.charge((self.stripper.len() - before) as u64)
     }
 

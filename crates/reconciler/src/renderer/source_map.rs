@@ -86,11 +86,16 @@ fn encode(index: usize) -> String {
 ///
 /// Works on the UTF-8 bytes: every marker character is `EF B7 xx` (U+FDC0–U+FDFF),
 /// `xx` being `90` for the start, `91` for the end and `A0`–`AF` for the digits.
+#[cfg(test)]
 fn decode(text: &str) -> Option<(usize, usize)> {
+    decode_bytes(text.as_bytes())
+}
+
+/// [`decode`] over bytes.
+fn decode_bytes(bytes: &[u8]) -> Option<(usize, usize)> {
     const START_BYTE: u8 = 0x90;
     const END_BYTE: u8 = 0x91;
     const DIGIT_BYTES: std::ops::RangeInclusive<u8> = 0xA0..=0xAF;
-    let bytes = text.as_bytes();
     let char_at = |at: usize| match bytes.get(at..at + 3) {
         Some([LEAD, 0xB7, last]) => Some(*last),
         _ => None,
@@ -188,7 +193,9 @@ impl Mark {
 /// whole markers) in one go.
 pub(crate) struct Stripper<'t> {
     table: &'t MarkerTable,
-    text: String,
+    /// The text so far: whole strings the engine wrote, markers (whole UTF-8
+    /// characters) taken out, so always UTF-8; checked once, in [`Self::finish`].
+    text: Vec<u8>,
     lines: Vec<Option<u32>>,
     /// The latest marker seen.
     last_origin: Option<usize>,
@@ -203,7 +210,7 @@ impl<'t> Stripper<'t> {
     pub(crate) fn new(table: &'t MarkerTable, capacity: usize) -> Self {
         Self {
             table,
-            text: String::with_capacity(capacity),
+            text: Vec::with_capacity(capacity),
             lines: Vec::new(),
             last_origin: None,
             line_origin: None,
@@ -236,14 +243,15 @@ impl<'t> Stripper<'t> {
             && earlier
                 .as_bytes()
                 .get(mark.line_start..mark.text)
-                .is_some_and(|line| line == &self.text.as_bytes()[self.line_start..])
+                .is_some_and(|line| line == &self.text[self.line_start..])
     }
 
     /// Appends what an earlier output (`text`, `lines`) got from `from` to `to`, and
     /// takes the state it had at `to`: what pushing the same pieces gives when
     /// [`Self::same_state`] holds at `from`.
     pub(crate) fn copy(&mut self, text: &str, lines: &[Option<u32>], from: &Mark, to: &Mark) {
-        self.text.push_str(&text[from.text..to.text]);
+        self.text
+            .extend_from_slice(&text.as_bytes()[from.text..to.text]);
         self.lines.extend_from_slice(&lines[from.lines..to.lines]);
         self.last_origin = to.last_origin;
         self.line_origin = to.line_origin;
@@ -273,9 +281,15 @@ impl<'t> Stripper<'t> {
             .and_then(|index| u32::try_from(index).ok())
     }
 
-    /// Appends the next piece of the rendered output.
+    /// [`Self::push_bytes`] of a string.
+    #[cfg(test)]
     pub(crate) fn push(&mut self, rendered: &str) {
-        let bytes = rendered.as_bytes();
+        self.push_bytes(rendered.as_bytes());
+    }
+
+    /// Appends the next piece of the rendered output: the UTF-8 bytes of a whole
+    /// string (the engine writes strings only).
+    pub(crate) fn push_bytes(&mut self, bytes: &[u8]) {
         let content = |line: &[u8]| line.iter().any(|b| !matches!(b, b' ' | b'\t' | b'\r'));
         // `rendered[copied..]` is not yet in `text`.
         let mut copied = 0;
@@ -290,9 +304,7 @@ impl<'t> Stripper<'t> {
                 // are what `text` has of it plus this piece up to here.
                 let origin = self.origin_of(line_origin, || match line_start {
                     Some(start) => content(&bytes[start..at]),
-                    None => {
-                        content(&self.text.as_bytes()[self.line_start..]) || content(&bytes[..at])
-                    }
+                    None => content(&self.text[self.line_start..]) || content(&bytes[..at]),
                 });
                 self.lines.push(origin);
                 pos = at + 1;
@@ -301,9 +313,9 @@ impl<'t> Stripper<'t> {
                 self.line_start = self.text.len() + (pos - copied);
                 continue;
             }
-            match decode(&rendered[at..]) {
+            match decode_bytes(&bytes[at..]) {
                 Some((index, len)) if self.table.get(index).is_some() => {
-                    self.text.push_str(&rendered[copied..at]);
+                    self.text.extend_from_slice(&bytes[copied..at]);
                     pos = at + len;
                     copied = pos;
                     self.line_origin.get_or_insert(index);
@@ -312,24 +324,26 @@ impl<'t> Stripper<'t> {
                 _ => pos = at + 1,
             }
         }
-        self.text.push_str(&rendered[copied..]);
+        self.text.extend_from_slice(&bytes[copied..]);
     }
 
     /// The text, ended with a newline unless empty, and each line's origin.
     pub(crate) fn finish(mut self) -> Stripped {
         // Markers after the last newline open no line of their own.
-        if !self.text.is_empty() && !self.text.ends_with('\n') {
+        if !self.text.is_empty() && !self.text.ends_with(b"\n") {
             let line_origin = self.line_origin.take();
             let origin = self.origin_of(line_origin, || {
-                self.text.as_bytes()[self.line_start..]
+                self.text[self.line_start..]
                     .iter()
                     .any(|b| !matches!(b, b' ' | b'\t' | b'\r'))
             });
             self.lines.push(origin);
-            self.text.push('\n');
+            self.text.push(b'\n');
         }
         Stripped {
-            text: self.text,
+            // Whole strings with whole characters taken out: the check passes.
+            text: String::from_utf8(self.text)
+                .unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned()),
             lines: self.lines,
         }
     }
