@@ -291,7 +291,7 @@ impl<'t> Stripper<'t> {
     /// string (the engine writes strings only).
     pub(crate) fn push_bytes(&mut self, bytes: &[u8]) {
         let content = |line: &[u8]| line.iter().any(|b| !matches!(b, b' ' | b'\t' | b'\r'));
-        // `rendered[copied..]` is not yet in `text`.
+        // `bytes[copied..]` is not yet in `text`.
         let mut copied = 0;
         let mut pos = 0;
         // Where the current line starts in `rendered`, once a line starts in it.
@@ -309,7 +309,7 @@ impl<'t> Stripper<'t> {
                 self.lines.push(origin);
                 pos = at + 1;
                 line_start = Some(pos);
-                // `rendered[copied..pos]` goes into `text` unchanged.
+                // `bytes[copied..pos]` goes into `text` unchanged.
                 self.line_start = self.text.len() + (pos - copied);
                 continue;
             }
