@@ -251,18 +251,6 @@ pub fn generator(config: &Config) -> Result<Generator, GeneratorError> {
     Ok(Generator::Fixtures { objects })
 }
 
-/// The objects of one scale, by watched resource name.
-pub fn generate(generator: &Generator, scale: usize) -> BTreeMap<String, Vec<Value>> {
-    let names: Vec<&String> = match generator {
-        Generator::Cluster { kinds } => kinds.keys().collect(),
-        Generator::Fixtures { objects } => objects.keys().collect(),
-    };
-    names
-        .into_iter()
-        .map(|name| (name.clone(), generate_one(generator, name, scale).collect()))
-        .collect()
-}
-
 /// The objects of one scale for one watched resource (none when the generator makes
 /// none for it), made one at a time as the iterator is read: [`resources`] stores
 /// each as it comes, so no resource's objects are ever all held in their parsed form.

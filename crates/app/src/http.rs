@@ -23,6 +23,7 @@
 
 pub mod server;
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -755,7 +756,7 @@ async fn debug_rendered(State(state): State<HttpState>) -> Response {
     struct ShownFile<'a> {
         path: String,
         kind: FileKind,
-        content: std::borrow::Cow<'a, str>,
+        content: Cow<'a, str>,
     }
     #[derive(serde::Serialize)]
     struct Shown<'a> {
@@ -766,15 +767,15 @@ async fn debug_rendered(State(state): State<HttpState>) -> Response {
         .iter()
         .map(|(file, content)| {
             let content = if file.kind == FileKind::Certificate {
-                std::borrow::Cow::Owned(format!(
+                Cow::Owned(format!(
                     "<redacted: {} bytes, sha256 {}>",
                     content.len(),
                     ContentHash::of(content.as_bytes())
                 ))
             } else if content.contains("-----BEGIN ") {
-                std::borrow::Cow::Owned(redact_pem(content))
+                Cow::Owned(redact_pem(content))
             } else {
-                std::borrow::Cow::Borrowed(&**content)
+                Cow::Borrowed(&**content)
             };
             ShownFile {
                 path: file.relative_path(),
@@ -866,8 +867,8 @@ async fn redact_response(response: Response) -> Response {
         }
     };
     match hapwright_eventbus::redact::global().redact_bytes(&bytes) {
-        std::borrow::Cow::Borrowed(_) => Response::from_parts(parts, axum::body::Body::from(bytes)),
-        std::borrow::Cow::Owned(redacted) => {
+        Cow::Borrowed(_) => Response::from_parts(parts, axum::body::Body::from(bytes)),
+        Cow::Owned(redacted) => {
             parts.headers.remove(header::CONTENT_LENGTH);
             Response::from_parts(parts, axum::body::Body::from(redacted))
         }
