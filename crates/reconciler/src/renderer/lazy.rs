@@ -105,53 +105,76 @@ fn skip_ws(b: &[u8], mut pos: usize) -> usize {
 }
 
 /// The end (one past the closing quote) of the string starting at `pos` (its opening
-/// quote), and whether it contains an escape.
+/// quote), and whether it contains an escape. Reads eight bytes at a time where the
+/// text has them (strings are most of what lookups step over).
 fn string_end(b: &[u8], pos: usize) -> (usize, bool) {
     let mut i = pos + 1;
     let mut escaped = false;
-    while i < b.len() {
-        match b[i] {
-            b'"' => return (i + 1, escaped),
-            b'\\' => {
+    loop {
+        while let Some(chunk) = b.get(i..i + 8) {
+            let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
+            let found = quote_or_backslash(word);
+            if found == 0 {
+                i += 8;
+            } else {
+                i += (found.trailing_zeros() / 8) as usize;
+                break;
+            }
+        }
+        match b.get(i) {
+            Some(b'"') => return (i + 1, escaped),
+            Some(b'\\') => {
                 escaped = true;
                 i += 2;
             }
-            _ => i += 1,
+            Some(_) => i += 1,
+            None => return (b.len(), escaped),
         }
     }
-    (b.len(), escaped)
 }
 
-/// Whether the string whose opening quote is at `pos` is `key`. `plain`: the key
-/// holds no backslash or quote, so the text of an equal name is the key's bytes unless the
-/// name holds an escape. Compares in place; unescapes only names with an escape.
-fn name_is(text: &str, pos: usize, key: &str, plain: bool) -> bool {
+/// The bytes of `word` (eight bytes of text, the first in the lowest bits) that are a
+/// quote or a backslash, as their high bits; exact for the lowest one, which is all
+/// [`string_end`] reads (a byte after a match may be flagged too).
+fn quote_or_backslash(word: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let quote = word ^ (ONES * u64::from(b'"'));
+    let backslash = word ^ (ONES * u64::from(b'\\'));
+    ((quote.wrapping_sub(ONES) & !quote) | (backslash.wrapping_sub(ONES) & !backslash)) & HIGH
+}
+
+/// Where the string whose opening quote is at `pos` ends (one past its closing quote)
+/// when it is `key`. `plain`: the key holds no backslash or quote, so the text of an
+/// equal name is the key's bytes unless the name holds an escape. Compares in place;
+/// unescapes only names with an escape.
+#[inline]
+fn name_end(text: &str, pos: usize, key: &str, plain: bool) -> Option<usize> {
+    let b = text.as_bytes();
     if !plain {
-        return string_at(text, pos) == key;
+        return (string_at(text, pos) == key).then(|| string_end(b, pos).0);
     }
-    let name = &text.as_bytes()[pos + 1..];
+    let name = &b[pos + 1..];
     let k = key.as_bytes();
-    // The common case first: the whole key, then the closing quote.
-    if let Some(after) = name.get(k.len())
-        && name[..k.len()] == *k
-    {
-        // After the whole key: the closing quote, or more name (an escape makes the
-        // name longer than the key).
-        return *after == b'"';
+    // The common case first: a name as long as the key, then the same bytes. (A name
+    // written with an escape is longer than its text, and one with a different
+    // length is only compared below, byte by byte up to where it differs.)
+    if name.get(k.len()) == Some(&b'"') && name[..k.len()] == *k {
+        return Some(pos + k.len() + 2);
     }
     let same = name.iter().zip(k).take_while(|(a, b)| a == b).count();
     match name.get(same) {
         // The name holds an escape from here on: compare it unescaped.
-        Some(b'\\') => string_at(text, pos) == key,
-        Some(b'"') => same == k.len(),
-        _ => false,
+        Some(b'\\') => (string_at(text, pos) == key).then(|| string_end(b, pos).0),
+        Some(b'"') => (same == k.len()).then_some(pos + same + 2),
+        _ => None,
     }
 }
 
-/// The tape entry and key position of the member named `key` among the children of
-/// object entry `node`: the loop of [`View::find`], once per tape width so the
-/// entries are read without a branch on the width. Most member names differ from
-/// the key in their first byte, which is checked before anything else.
+/// The tape entry of the member named `key` among the children of object entry
+/// `node`, and where its name ends: the loop of [`View::find`], once per tape width
+/// so the entries are read without a branch on the width. Most member names differ
+/// from the key in their first byte, which is checked before anything else.
 fn find_member<T: Entry>(
     entries: &[[T; 2]],
     node: usize,
@@ -169,9 +192,9 @@ fn find_member<T: Entry>(
         // `start` is the member's opening quote; the name follows.
         let lead = b.get(start + 1).copied();
         if (lead == Some(first) || lead == Some(b'\\') || !plain)
-            && name_is(text, start, key, plain)
+            && let Some(name_end) = name_end(text, start, key, plain)
         {
-            return Some((i, start));
+            return Some((i, name_end));
         }
         i += size.get();
     }
@@ -464,13 +487,12 @@ impl View {
         let b = self.doc.text().as_bytes();
         let plain = !key.bytes().any(|c| c == b'\\' || c == b'"');
         let node = self.node as usize;
-        let found = match self.doc.tape() {
+        let (found, key_end) = match self.doc.tape() {
             Tape::Narrow(entries) => find_member(entries, node, self.doc.text(), key, plain),
             Tape::Wide(entries) => find_member(entries, node, self.doc.text(), key, plain),
         }?;
-        let (key_end, _) = string_end(b, found.1);
         let colon = skip_ws(b, key_end);
-        Some(value_at(&self.doc, found.0, skip_ws(b, colon + 1)))
+        Some(value_at(&self.doc, found, skip_ws(b, colon + 1)))
     }
 
     /// An array's items.
@@ -643,11 +665,50 @@ mod tests {
             let plain = !key.bytes().any(|c| c == b'\\' || c == b'"');
             for (&start, name) in starts.iter().zip(&names) {
                 assert_eq!(
-                    name_is(text, start, key, plain),
-                    name == key,
+                    name_end(text, start, key, plain),
+                    (name == key).then(|| string_end(text.as_bytes(), start).0),
                     "{key:?} against {name:?}"
                 );
             }
+        }
+    }
+
+    /// [`string_end`] one byte at a time, as it was before it read words.
+    fn string_end_bytewise(b: &[u8], pos: usize) -> (usize, bool) {
+        let mut i = pos + 1;
+        let mut escaped = false;
+        while i < b.len() {
+            match b[i] {
+                b'"' => return (i + 1, escaped),
+                b'\\' => {
+                    escaped = true;
+                    i += 2;
+                }
+                _ => i += 1,
+            }
+        }
+        (b.len(), escaped)
+    }
+
+    proptest::proptest! {
+        /// Strings of quotes, backslashes, multi-byte and plain characters, at every
+        /// offset against the eight-byte words, with or without text after them.
+        #[test]
+        fn string_ends_are_found_word_by_word_as_byte_by_byte(
+            chars in proptest::collection::vec(
+                proptest::sample::select(vec!['a', '"', '\\', '\u{e9}', '\u{20ac}', '\n', '/', '\u{1}']),
+                0..40,
+            ),
+            before in 0usize..9,
+            after in proptest::sample::select(vec!["", ",\"k\":1}", "\"\"\\\"x"]),
+        ) {
+            let string: String = chars.into_iter().collect();
+            let text = format!("{}{}{after}", " ".repeat(before), serde_json::to_string(&string).expect("a string"));
+            let b = text.as_bytes();
+            proptest::prop_assert_eq!(string_end(b, before), string_end_bytewise(b, before));
+            let (end, _) = string_end(b, before);
+            proptest::prop_assert_eq!(string_at(&text, before), string.as_str());
+            proptest::prop_assert_eq!(end, before + serde_json::to_string(&string).expect("a string").len());
         }
     }
 
