@@ -504,7 +504,7 @@ impl ResourceStore {
         record(|| match self.keys(method, args) {
             Ok(keys) if !keys.is_empty() => Read::Lookup(
                 self.name.clone(),
-                keys.into_iter().map(Cow::into_owned).collect(),
+                LookupKeys::new(keys.into_iter().map(Cow::into_owned).collect()),
             ),
             // Everything, or an error: depends on every object.
             _ => Read::List(self.name.clone()),
@@ -688,7 +688,34 @@ pub(crate) enum Read {
     /// The objects a `fetch(keys...)`/`get(keys...)` finds (the objects whose leading
     /// index values are these keys). The keys are shared: a reused snippet output's
     /// reads are copied into the reads of the file that includes it, once per render.
-    Lookup(Arc<str>, Arc<[String]>),
+    Lookup(Arc<str>, LookupKeys),
+}
+
+/// The keys of a [`Read::Lookup`], with a fingerprint of them ([`keys_print`]) kept
+/// beside them: a change to one object is checked against the reads of every object
+/// a file in pieces holds, and comparing fingerprints does not read the keys' text.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct LookupKeys {
+    keys: Arc<[String]>,
+    print: u64,
+}
+
+impl LookupKeys {
+    fn new(keys: Arc<[String]>) -> Self {
+        let print = keys_print(&keys);
+        Self { keys, print }
+    }
+}
+
+/// A fingerprint of a list of keys: equal lists have equal fingerprints.
+fn keys_print(keys: &[String]) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = foldhash::fast::FixedState::with_seed(0).build_hasher();
+    for key in keys {
+        hasher.write_usize(key.len());
+        hasher.write(key.as_bytes());
+    }
+    hasher.finish()
 }
 
 thread_local! {
@@ -788,7 +815,7 @@ impl Read {
         let keys = match (diff, self) {
             (StoreDiff::Same, _) => return true,
             (_, Self::List(_)) => return false,
-            (_, Self::Lookup(_, keys)) => keys,
+            (_, Self::Lookup(_, keys)) => &keys.keys,
         };
         if let StoreDiff::Touched(steps) = diff {
             // Unchanged when no update since `old` touched an object under its keys.
@@ -856,7 +883,28 @@ type SeenStore<'a> = (
     Option<&'a Arc<ResourceStore>>,
     Option<&'a Arc<ResourceStore>>,
     StoreDiff<'a>,
+    TouchedPrints,
 );
+
+/// For a store whose updates since the old version are known: the length and
+/// fingerprint of every leading part of every key they touched. A lookup whose keys'
+/// length and fingerprint are not among them cannot be a leading part of a touched
+/// key, so it is unchanged without comparing keys.
+type TouchedPrints = Option<Vec<(usize, u64)>>;
+
+fn touched_prints(diff: &StoreDiff<'_>) -> TouchedPrints {
+    let StoreDiff::Touched(steps) = diff else {
+        return None;
+    };
+    let mut prints: Vec<(usize, u64)> = steps
+        .iter()
+        .flat_map(|step| &step.touched)
+        .flat_map(|touched| (1..=touched.len()).map(|n| (n, keys_print(&touched[..n]))))
+        .collect();
+    prints.sort_unstable();
+    prints.dedup();
+    Some(prints)
+}
 
 impl<'a> ReadCheck<'a> {
     pub(crate) fn new(old: &'a Resources, new: &'a Resources) -> Self {
@@ -870,21 +918,29 @@ impl<'a> ReadCheck<'a> {
     /// [`Read::unchanged`] over the two versions.
     pub(crate) fn unchanged(&self, read: &Read) -> bool {
         let name = read.store();
-        let seen = self
-            .stores
-            .borrow()
+        let mut stores = self.stores.borrow_mut();
+        let index = match stores
             .iter()
-            .find(|(seen, ..)| Arc::ptr_eq(seen, name) || seen == name)
-            .map(|&(_, old, new, diff)| (old, new, diff));
-        let (old, new, diff) = seen.unwrap_or_else(|| {
-            let (old, new) = (self.old.get(name), self.new.get(name));
-            let diff = StoreDiff::between(old, new);
-            self.stores
-                .borrow_mut()
-                .push((name.clone(), old, new, diff));
-            (old, new, diff)
-        });
-        read.unchanged_in(&diff, old, new)
+            .position(|(seen, ..)| Arc::ptr_eq(seen, name) || seen == name)
+        {
+            Some(index) => index,
+            None => {
+                let (old, new) = (self.old.get(name), self.new.get(name));
+                let diff = StoreDiff::between(old, new);
+                let prints = touched_prints(&diff);
+                stores.push((name.clone(), old, new, diff, prints));
+                stores.len() - 1
+            }
+        };
+        let (_, old, new, diff, prints) = &stores[index];
+        if let (Some(prints), Read::Lookup(_, keys)) = (prints, read)
+            && prints
+                .binary_search(&(keys.keys.len(), keys.print))
+                .is_err()
+        {
+            return true;
+        }
+        read.unchanged_in(diff, *old, *new)
     }
 }
 
@@ -1471,6 +1527,79 @@ mod index_tests {
         assert!(
             from_base > 50,
             "only {from_base} indexes were updated rather than built"
+        );
+    }
+
+    /// A check of many reads against two versions ([`ReadCheck`], which skips
+    /// lookups by their keys' fingerprints) answers as each read's own check does,
+    /// for every lookup of one to three keys, across one to four updates of random
+    /// additions, modifications, moves and removals.
+    #[test]
+    fn a_read_check_answers_as_each_read_does() {
+        let index_by = vec![
+            FieldPath::parse("metadata.namespace").expect("path"),
+            FieldPath::parse("metadata.labels.svc").expect("path"),
+        ];
+        let namespaces = ["a", "b", "c"];
+        let services = ["s0", "s1", "s2", "s3"];
+        let name: Arc<str> = Arc::from("slices");
+        let mut reads = Vec::new();
+        for ns in namespaces {
+            reads.push(vec![ns.to_owned()]);
+            for service in services {
+                reads.push(vec![ns.to_owned(), service.to_owned()]);
+                reads.push(vec![ns.to_owned(), service.to_owned(), "x".to_owned()]);
+            }
+        }
+        let reads: Vec<Read> = reads
+            .into_iter()
+            .map(|keys| Read::Lookup(name.clone(), LookupKeys::new(keys.into())))
+            .chain([Read::List(name.clone())])
+            .collect();
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let mut snapshot = ResourceSnapshot::new(index_by);
+        let mut versions = vec![Resources::new()];
+        let (mut changed, mut unchanged) = (0, 0);
+        for step in 0..300 {
+            let mut change = ResourceChange::default();
+            for _ in 0..1 + rng.below(2) {
+                let key = ObjectKey::new(namespaces[rng.below(3)], format!("o{}", rng.below(6)));
+                if rng.below(4) == 0 {
+                    if snapshot.remove(&key).is_some() {
+                        change.removed.push(key);
+                    }
+                    continue;
+                }
+                let object = json!({
+                    "metadata": {"namespace": key.namespace, "name": key.name,
+                                 "labels": {"svc": services[rng.below(4)]}},
+                    "v": step,
+                });
+                match snapshot.upsert(key.clone(), &object) {
+                    Some(UpsertOutcome::Added) => change.added.push(key),
+                    Some(UpsertOutcome::Modified) => change.modified.push(key),
+                    None => {}
+                }
+            }
+            let mut next = versions.last().expect("a version").clone();
+            next.update(&name, Arc::new(snapshot.clone()), Some(&change));
+            versions.push(next);
+            let new = versions.last().expect("a version");
+            let old = &versions[versions.len().saturating_sub(2 + rng.below(4))];
+            let check = ReadCheck::new(old, new);
+            for read in &reads {
+                let expected = read.unchanged(old, new);
+                assert_eq!(check.unchanged(read), expected, "{read:?} at step {step}");
+                if expected {
+                    unchanged += 1;
+                } else {
+                    changed += 1;
+                }
+            }
+        }
+        assert!(
+            changed > 1_000 && unchanged > 1_000,
+            "{changed} changed, {unchanged} unchanged"
         );
     }
 }
