@@ -1457,6 +1457,42 @@ mod index_tests {
         }
     }
 
+    /// One random update of `snapshot` at `step`: one to `most` objects, each added,
+    /// modified, moved to another label value or removed, named `o0`..`o{names - 1}`
+    /// in one of `namespaces`, labelled with one of `services`.
+    fn random_change(
+        rng: &mut Rng,
+        snapshot: &mut ResourceSnapshot,
+        step: usize,
+        (most, names): (usize, usize),
+        (namespaces, services): (&[&str], &[&str]),
+    ) -> ResourceChange {
+        let mut change = ResourceChange::default();
+        for _ in 0..1 + rng.below(most) {
+            let key = ObjectKey::new(
+                namespaces[rng.below(namespaces.len())],
+                format!("o{}", rng.below(names)),
+            );
+            if rng.below(4) == 0 {
+                if snapshot.remove(&key).is_some() {
+                    change.removed.push(key);
+                }
+                continue;
+            }
+            let object = json!({
+                "metadata": {"namespace": key.namespace, "name": key.name,
+                             "labels": {"svc": services[rng.below(services.len())]}},
+                "v": step,
+            });
+            match snapshot.upsert(key.clone(), &object) {
+                Some(UpsertOutcome::Added) => change.added.push(key),
+                Some(UpsertOutcome::Modified) => change.modified.push(key),
+                None => {}
+            }
+        }
+        change
+    }
+
     /// Every `fetch`/`get` a template can make, answered as JSON text.
     fn answers(store: &ResourceStore, namespaces: &[&str], services: &[&str]) -> Vec<String> {
         let text = |result: Result<Value, Error>| match result {
@@ -1491,26 +1527,13 @@ mod index_tests {
         let mut store = ResourceStore::from_snapshot("slices", Arc::new(snapshot.clone()));
         let mut from_base = 0;
         for step in 0..600 {
-            let mut change = ResourceChange::default();
-            for _ in 0..1 + rng.below(3) {
-                let key = ObjectKey::new(namespaces[rng.below(3)], format!("o{}", rng.below(12)));
-                if rng.below(4) == 0 {
-                    if snapshot.remove(&key).is_some() {
-                        change.removed.push(key);
-                    }
-                    continue;
-                }
-                let object = json!({
-                    "metadata": {"namespace": key.namespace, "name": key.name,
-                                 "labels": {"svc": services[rng.below(6)]}},
-                    "v": step,
-                });
-                match snapshot.upsert(key.clone(), &object) {
-                    Some(UpsertOutcome::Added) => change.added.push(key),
-                    Some(UpsertOutcome::Modified) => change.modified.push(key),
-                    None => {}
-                }
-            }
+            let change = random_change(
+                &mut rng,
+                &mut snapshot,
+                step,
+                (3, 12),
+                (&namespaces[..3], &services[..6]),
+            );
             store = store.updated(Arc::new(snapshot.clone()), Some(&change));
             // Read after one to three updates, so bases also chain.
             if rng.below(3) == 0 {
@@ -1561,26 +1584,13 @@ mod index_tests {
         let mut versions = vec![Resources::new()];
         let (mut changed, mut unchanged) = (0, 0);
         for step in 0..300 {
-            let mut change = ResourceChange::default();
-            for _ in 0..1 + rng.below(2) {
-                let key = ObjectKey::new(namespaces[rng.below(3)], format!("o{}", rng.below(6)));
-                if rng.below(4) == 0 {
-                    if snapshot.remove(&key).is_some() {
-                        change.removed.push(key);
-                    }
-                    continue;
-                }
-                let object = json!({
-                    "metadata": {"namespace": key.namespace, "name": key.name,
-                                 "labels": {"svc": services[rng.below(4)]}},
-                    "v": step,
-                });
-                match snapshot.upsert(key.clone(), &object) {
-                    Some(UpsertOutcome::Added) => change.added.push(key),
-                    Some(UpsertOutcome::Modified) => change.modified.push(key),
-                    None => {}
-                }
-            }
+            let change = random_change(
+                &mut rng,
+                &mut snapshot,
+                step,
+                (2, 6),
+                (&namespaces, &services),
+            );
             let mut next = versions.last().expect("a version").clone();
             next.update(&name, Arc::new(snapshot.clone()), Some(&change));
             versions.push(next);

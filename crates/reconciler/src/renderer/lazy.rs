@@ -47,6 +47,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use hapwright_eventbus::model::StoredObject;
 use minijinja::value::{Enumerator, Object, ObjectExt, ObjectRepr, Value};
 
+use super::words::equal_bytes;
+
 /// At most this many `sort_by` orders are remembered per array (as for
 /// [`super::context::ResourceList`]).
 const SORT_MEMO_LIMIT: usize = 8;
@@ -133,15 +135,10 @@ fn string_end(b: &[u8], pos: usize) -> (usize, bool) {
     }
 }
 
-/// The bytes of `word` (eight bytes of text, the first in the lowest bits) that are a
-/// quote or a backslash, as their high bits; exact for the lowest one, which is all
-/// [`string_end`] reads (a byte after a match may be flagged too).
+/// The quotes and backslashes of `word` (eight bytes of text read little-endian), as
+/// [`equal_bytes`] flags them: exact for the first, which is all [`string_end`] reads.
 fn quote_or_backslash(word: u64) -> u64 {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    let quote = word ^ (ONES * u64::from(b'"'));
-    let backslash = word ^ (ONES * u64::from(b'\\'));
-    ((quote.wrapping_sub(ONES) & !quote) | (backslash.wrapping_sub(ONES) & !backslash)) & HIGH
+    equal_bytes(word, b'"') | equal_bytes(word, b'\\')
 }
 
 /// Where the string whose opening quote is at `pos` ends (one past its closing quote)

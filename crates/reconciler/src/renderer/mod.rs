@@ -30,6 +30,7 @@ mod lazy;
 mod output;
 mod scan;
 pub mod source_map;
+mod words;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};

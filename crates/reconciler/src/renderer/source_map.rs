@@ -37,6 +37,8 @@ use std::sync::Arc;
 
 use hapwright_eventbus::model::LineOrigin;
 
+use super::words::equal_bytes;
+
 const START: char = '\u{FDD0}';
 const END: char = '\u{FDD1}';
 const DIGIT_BASE: u32 = 0xFDE0;
@@ -124,16 +126,10 @@ fn decode_bytes(bytes: &[u8]) -> Option<(usize, usize)> {
 
 /// The position of the first newline or marker lead byte, eight bytes at a time.
 fn find_newline_or_lead(bytes: &[u8]) -> Option<usize> {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    const NEWLINES: u64 = u64::from_ne_bytes([b'\n'; 8]);
-    const LEADS: u64 = u64::from_ne_bytes([LEAD; 8]);
-    // Nonzero when some byte of `word` is zero (exact for the lowest such byte).
-    let has_zero = |word: u64| word.wrapping_sub(ONES) & !word & HIGHS != 0;
     let mut start = 0;
     for chunk in bytes.chunks_exact(8) {
-        let word = u64::from_ne_bytes(chunk.try_into().unwrap_or([0; 8]));
-        if has_zero(word ^ NEWLINES) || has_zero(word ^ LEADS) {
+        let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+        if equal_bytes(word, b'\n') | equal_bytes(word, LEAD) != 0 {
             break;
         }
         start += 8;
