@@ -100,6 +100,7 @@ impl StatusTemplates {
             templates.limits,
             snippets,
             paths,
+            crate::renderer::OutputSyntax::Plain,
         ) {
             Ok(env) => env,
             Err(error) => {

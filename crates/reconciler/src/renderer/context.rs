@@ -1314,7 +1314,12 @@ mod tests {
         let mut env = minijinja::Environment::new();
         env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        super::super::functions::register(&mut env, Arc::default(), Arc::default());
+        super::super::functions::register(
+            &mut env,
+            Arc::default(),
+            Arc::default(),
+            super::super::OutputSyntax::Plain,
+        );
         env
     }
 

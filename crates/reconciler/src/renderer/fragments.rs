@@ -693,7 +693,7 @@ impl Session {
             .and_then(|template| template.render(Value::from(context)));
         let reads: Arc<[Read]> = recording.finish().into();
         let fresh = Arc::new(Fragment {
-            text: Value::from(rendered?),
+            text: Value::from_safe_string(rendered?),
             reads,
             values: fragment.values.clone(),
         });
@@ -1015,7 +1015,11 @@ impl Session {
                     | ValueKind::None
                     | ValueKind::Bool
                     | ValueKind::Number
-                    | ValueKind::String => Part::Plain(format!("{value:?}")),
+                    | ValueKind::String => {
+                        // A trusted string prints differently from an untrusted one.
+                        let trust = if value.is_safe() { "trusted " } else { "" };
+                        Part::Plain(format!("{trust}{value:?}"))
+                    }
                     _ => match lazy::identity(&value).or_else(|| list_identity(&value)) {
                         Some((identity, node)) => Part::Object(identity, node),
                         None => {
@@ -1078,7 +1082,7 @@ impl Session {
             .and_then(|template| template.render(Value::from(context)));
         nest(-1);
         let reads: Arc<[Read]> = recording.finish().into();
-        let text = Value::from(rendered?);
+        let text = Value::from_safe_string(rendered?);
         if !cacheable {
             return Ok(Found::Uncached(text, reads));
         }
@@ -1237,7 +1241,7 @@ pub(crate) fn render_loop(state: &State, _body: Value, number: usize) -> Result<
             )
             .collect();
         let fragment = Arc::new(Fragment {
-            text: Value::from(text),
+            text: Value::from_safe_string(text),
             reads: reads.into(),
             values: Box::new([]),
         });
@@ -1258,7 +1262,7 @@ pub(crate) fn render_loop(state: &State, _body: Value, number: usize) -> Result<
         record_all(&item.fragment.reads);
     }
     record_all(&uncached);
-    Ok(Value::from(text))
+    Ok(Value::from_safe_string(text))
 }
 
 /// The identity of a resource list (`list()`, `fetch()`, a list inside an object).

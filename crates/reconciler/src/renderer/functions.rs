@@ -3,7 +3,8 @@
 //!
 //! Functions: `fail(msg)`, `path(name)`, `render_glob(pattern)` (rewritten at load,
 //! see [`super::scan`]). Filters: `b64decode`, `glob_match` (also a test),
-//! `regex_escape`, `sort_by`, `tojson` (Jinja2's: keys sorted, HTML-safe).
+//! `haproxy_escape`, `regex_escape`, `sort_by`, `tojson` (Jinja2's: keys sorted,
+//! HTML-safe), `trusted` (the opt-out of escaping, see [`super::escape`]).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -13,17 +14,21 @@ use base64::Engine;
 use minijinja::value::{Kwargs, Rest, Value, ValueKind, ValueOrKwargs};
 use minijinja::{Environment, Error, ErrorKind, Output, State};
 
+use super::OutputSyntax;
 use super::context::{ResourceList, ResourceStore};
+use super::escape;
 use super::lazy::View;
-use super::scan::GLOB_HELPER;
+use super::scan::{GLOB_HELPER, LITERAL_FILTER};
 
 /// The filters [`register`] adds (kept in step with it by a test in `check`).
 pub(crate) const FILTERS: &[&str] = &[
     "b64decode",
     "glob_match",
+    "haproxy_escape",
     "regex_escape",
     "sort_by",
     "tojson",
+    "trusted",
 ];
 
 /// The tests [`register`] adds.
@@ -34,8 +39,15 @@ pub(crate) fn register(
     env: &mut Environment<'static>,
     snippets: Arc<Vec<String>>,
     paths: Arc<BTreeMap<String, Vec<String>>>,
+    output: OutputSyntax,
 ) {
-    env.set_formatter(format_value);
+    match output {
+        OutputSyntax::Haproxy => env.set_formatter(format_haproxy),
+        OutputSyntax::Plain => env.set_formatter(format_value),
+    }
+    env.add_filter(LITERAL_FILTER, trust);
+    env.add_filter("trusted", trust);
+    env.add_filter("haproxy_escape", haproxy_escape);
     env.add_function("fail", fail);
     env.add_function("path", move |name: &str| path(&paths, name));
     let globs = GlobCache::new(snippets);
@@ -51,7 +63,118 @@ pub(crate) fn register(
     env.add_test("glob_match", glob_match_test);
     env.add_filter("regex_escape", |text: &str| regex::escape(text));
     env.add_filter("sort_by", sort_by);
-    env.add_filter("tojson", tojson);
+    env.add_filter(
+        "tojson",
+        move |value: &Value, indent: Option<Value>, kwargs: Kwargs| {
+            let json = tojson(value, indent, kwargs)?;
+            // In HAProxy files JSON is text like any other: a resource's value inside it
+            // is escaped where it lands.
+            Ok::<_, Error>(match output {
+                OutputSyntax::Haproxy => Value::from(json.as_str().unwrap_or_default()),
+                OutputSyntax::Plain => json,
+            })
+        },
+    );
+}
+
+/// `json` as a template value whose strings are trusted text (`extraContext`).
+pub(crate) fn trusted_value(json: &serde_json::Value) -> Value {
+    match json {
+        serde_json::Value::String(text) => Value::from_safe_string(text.clone()),
+        serde_json::Value::Array(items) => {
+            Value::from(items.iter().map(trusted_value).collect::<Vec<_>>())
+        }
+        serde_json::Value::Object(map) => Value::from_pairs(
+            map.iter()
+                .map(|(key, value)| (key.as_str(), trusted_value(value))),
+        ),
+        other => Value::from(minijinja::value::Serde(other)),
+    }
+}
+
+/// `value|trusted`: the value is written as it is, never escaped. For values the
+/// template's author vouches for; `hapwright check` warns where it is applied to a
+/// value that may come from a watched resource.
+fn trust(value: Value) -> Value {
+    if value.is_safe() {
+        return value;
+    }
+    match value.as_str() {
+        Some(text) => Value::from_safe_string(text.to_owned()),
+        None => Value::from_safe_string(value.to_string()),
+    }
+}
+
+/// `value|haproxy_escape("place")`: the value escaped for a place named by hand
+/// (`word`, `quoted`, `single-quoted`, `logformat`, `logformat-quoted`, `comment`,
+/// `map-key`, `map-value`), for text the template builds before printing it. Fails
+/// like an escaped value that lands there: on a control character, or whitespace
+/// in a map key.
+fn haproxy_escape(value: &Value, place: &str) -> Result<Value, Error> {
+    use super::escape::{MapPlace, Place, Quote};
+    let config = |quote, logformat| Place {
+        comment: false,
+        quote,
+        logformat,
+    };
+    let text = match value.as_str() {
+        Some(text) => Cow::Borrowed(text),
+        None => Cow::Owned(value.to_string()),
+    };
+    let mut out = Vec::with_capacity(text.len() + 8);
+    let written = match place {
+        "word" => escape::escape_config(&text, Place::WORD, &mut out),
+        "quoted" => escape::escape_config(&text, config(Quote::Double, false), &mut out),
+        "single-quoted" => escape::escape_config(&text, config(Quote::Single, false), &mut out),
+        "logformat" => escape::escape_config(&text, config(Quote::None, true), &mut out),
+        "logformat-quoted" => escape::escape_config(&text, config(Quote::Double, true), &mut out),
+        "comment" => escape::escape_config(
+            &text,
+            Place {
+                comment: true,
+                ..Place::WORD
+            },
+            &mut out,
+        ),
+        "map-key" => escape::escape_map(&text, MapPlace::KeyStart, &mut out),
+        "map-value" => escape::escape_map(&text, MapPlace::Value, &mut out),
+        other => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!(
+                    "haproxy_escape({other:?}): unknown place; use word, quoted, single-quoted, \
+                     logformat, logformat-quoted, comment, map-key or map-value"
+                ),
+            ));
+        }
+    };
+    written.map_err(|refusal| Error::new(ErrorKind::InvalidOperation, refusal.to_string()))?;
+    Ok(Value::from_safe_string(
+        String::from_utf8(out).expect("escaping keeps UTF-8"),
+    ))
+}
+
+/// [`format_value`] for HAProxy files: an untrusted value that HAProxy could read
+/// as syntax is written between value markers, to be escaped for where it lands
+/// ([`super::escape`]); every other value is written as [`format_value`] writes it.
+fn format_haproxy(out: &mut Output, state: &mut State, value: &Value) -> Result<(), Error> {
+    let text = match value.kind() {
+        ValueKind::String => match value.as_str() {
+            Some(text) if value.is_safe() || !escape::needs_escaping(text) => {
+                return out.write_str(text).map_err(Error::from);
+            }
+            Some(text) => Cow::Borrowed(text),
+            None => Cow::Owned(value.to_string()),
+        },
+        ValueKind::None | ValueKind::Bool => return format_value(out, state, value),
+        // Numbers, lists and maps as minijinja prints them without escaping.
+        _ => Cow::Owned(value.to_string()),
+    };
+    if escape::needs_escaping(&text) {
+        out.write_str(&escape::wrap(&text)).map_err(Error::from)
+    } else {
+        out.write_str(&text).map_err(Error::from)
+    }
 }
 
 /// Prints values the way Jinja2 does where minijinja differs: `None`, `True`,

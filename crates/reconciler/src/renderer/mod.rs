@@ -24,6 +24,7 @@
 mod check;
 mod component;
 mod context;
+pub mod escape;
 mod fragments;
 mod functions;
 mod lazy;
@@ -458,7 +459,13 @@ impl Renderer {
         diagnostics.extend(found);
 
         // Compile.
-        let env = match build_environment(settings, limits, snippet_names, paths) {
+        let env = match build_environment(
+            settings,
+            limits,
+            snippet_names,
+            paths,
+            OutputSyntax::Haproxy,
+        ) {
             Ok(env) => env,
             Err(error) => {
                 diagnostics.push(Diagnostic::error(format!(
@@ -473,14 +480,15 @@ impl Renderer {
         let independent = check::independent(&entries, &edges, &facts);
         let reusable = check::self_contained(&entries, &edges, &facts);
         for entry in &entries {
-            if let Err(error) =
-                env.add_template_owned(entry.name.to_string(), entry.instrumented.source.clone())
-            {
+            let source = scan::trust_literals(&entry.instrumented.source)
+                .unwrap_or_else(|| entry.instrumented.source.clone());
+            if let Err(error) = env.add_template_owned(entry.name.to_string(), source) {
                 diagnostics.push(compile_diagnostic(&env, entry, &error));
             }
         }
 
-        let extra_context = Value::from(minijinja::value::Serde(&extra_context));
+        // The config file's author wrote it: its strings are trusted text.
+        let extra_context = functions::trusted_value(&extra_context);
         let (fragment_env, fragment_vars, rewritten, loops) = if diagnostics.is_empty() {
             fragment_environment(&env, &entries, &edges, &facts, &variables)
         } else {
@@ -726,7 +734,11 @@ impl Renderer {
                     .unwrap_or_else(|poisoned| poisoned.into_inner()),
                 Plan::Render,
             );
-            let mut out = output::Output::new(&inner.markers, &budget, entry.source.len());
+            let escaping = entry.output.as_ref().map_or(escape::Escaping::Raw, |file| {
+                escape::Escaping::for_kind(file.kind)
+            });
+            let mut out =
+                output::Output::new(&inner.markers, &budget, entry.source.len(), escaping);
             let (rendered, file_reads) = match (plan, &session) {
                 (Plan::Splice(file, changed), Some(session_value)) => {
                     let session = session_value
@@ -798,6 +810,9 @@ impl Renderer {
             let _ = reads[index].set(file_reads);
             let rendered = match (rendered, out.exceeded()) {
                 (_, Some(exceeded)) => Err(self.output_cap_diagnostic(entry, exceeded, &budget)),
+                (_, None) if out.refused().is_some() => {
+                    Err(self.refused_diagnostic(entry, out.refused().expect("checked")))
+                }
                 (Err(error), None) => Err(self.runtime_diagnostic(&error)),
                 (Ok(()), None) => {
                     let stripped = out.finish();
@@ -1040,6 +1055,24 @@ impl Renderer {
         }
     }
 
+    /// A value refused where it landed: located at the template line that printed
+    /// it, with the rendered file and line it would have landed on.
+    fn refused_diagnostic(&self, file: &Entry, refused: &output::RefusedValue) -> Diagnostic {
+        let inner = &*self.inner;
+        let message = format!(
+            "{} (it would have landed on {} line {})",
+            refused.refusal, file.name, refused.line
+        );
+        let at = refused.origin.as_ref().and_then(|origin| {
+            let entry = &inner.entries[*inner.by_name.get(&origin.template)?];
+            Some((entry, origin.line))
+        });
+        match at {
+            Some((entry, line)) => entry.diagnostic(message, Some(line), None),
+            None => file.diagnostic(message, None, None),
+        }
+    }
+
     fn message(&self, error: &minijinja::Error) -> String {
         let detail = error.detail().map(strip_markers);
         match error.kind() {
@@ -1138,7 +1171,9 @@ fn fragment_environment(
     let mut fragment_env = env.clone();
     fragment_env.add_filter(scan::FRAGMENT_FILTER, fragments::fragment);
     fragment_env.add_filter(scan::LOOP_FILTER, fragments::render_loop);
-    fragment_env.add_filter(scan::LOOP_PROBE_FILTER, |_: Value| LOOP_PROBE);
+    fragment_env.add_filter(scan::LOOP_PROBE_FILTER, |_: Value| {
+        Value::from_safe_string(LOOP_PROBE.to_owned())
+    });
     let mut rewritten = BTreeSet::new();
     let mut loops = Vec::new();
     for entry in entries {
@@ -1170,6 +1205,7 @@ fn fragment_environment(
             None if loops_rewritten => source.into_owned(),
             None => continue,
         };
+        let source = scan::trust_literals(&source).unwrap_or(source);
         if fragment_env
             .add_template_owned(entry.name.to_string(), source)
             .is_err()
@@ -1213,11 +1249,21 @@ fn strip_markers(text: &str) -> String {
         .collect()
 }
 
+/// What an environment's templates render: HAProxy files, where untrusted values
+/// are escaped for where they land ([`escape`]), or plain text (status documents,
+/// serialized by their own code).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OutputSyntax {
+    Haproxy,
+    Plain,
+}
+
 pub(crate) fn build_environment(
     settings: TemplatingSettings,
     limits: RenderLimits,
     snippets: Vec<String>,
     paths: BTreeMap<String, Vec<String>>,
+    output: OutputSyntax,
 ) -> Result<Environment<'static>, minijinja::Error> {
     let mut env = Environment::new();
     env.set_syntax(
@@ -1231,12 +1277,17 @@ pub(crate) fn build_environment(
     } else {
         UndefinedBehavior::Lenient
     });
-    env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+    env.set_auto_escape_callback(move |_| match output {
+        // Captured output (macros, `{% set %}` blocks) is then trusted text whose
+        // untrusted values are already marked ([`escape`]).
+        OutputSyntax::Haproxy => minijinja::AutoEscape::Custom(escape::AUTO_ESCAPE.into()),
+        OutputSyntax::Plain => minijinja::AutoEscape::None,
+    });
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.set_fuel(limits.fuel);
     env.set_recursion_limit(limits.recursion_limit);
     env.set_debug(true);
-    functions::register(&mut env, Arc::new(snippets), Arc::new(paths));
+    functions::register(&mut env, Arc::new(snippets), Arc::new(paths), output);
     Ok(env)
 }
 

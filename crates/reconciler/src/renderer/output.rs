@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use hapwright_eventbus::config::ByteSize;
 use hapwright_eventbus::model::LineOrigin;
 
+use super::escape::{Escaping, Refusal};
 use super::fragments::Direct;
 use super::source_map::{Mark, MarkerTable, Stripped, Stripper};
 
@@ -56,23 +57,40 @@ pub(crate) struct Exceeded {
     pub(crate) origin: Option<LineOrigin>,
 }
 
-/// One file's output: an [`io::Write`] for the engine that strips markers and
-/// refuses to grow past the [`Budget`].
+/// A value refused where it landed ([`super::escape`]), and the template line that
+/// printed it.
+#[derive(Clone, Debug)]
+pub(crate) struct RefusedValue {
+    pub(crate) refusal: Refusal,
+    pub(crate) origin: Option<LineOrigin>,
+    /// The 1-based line of the rendered file the value would have landed on.
+    pub(crate) line: usize,
+}
+
+/// One file's output: an [`io::Write`] for the engine that strips markers, escapes
+/// untrusted values for where they land, and refuses to grow past the [`Budget`].
 pub(crate) struct Output<'a> {
     stripper: Stripper<'a>,
     budget: &'a Budget,
     exceeded: Option<Exceeded>,
+    refused: Option<RefusedValue>,
     /// Tell the fragment tracking about every piece written ([`super::fragments`]).
     tracked: bool,
 }
 
 impl<'a> Output<'a> {
     /// An empty output; `capacity` is a guess of the file's size.
-    pub(crate) fn new(table: &'a MarkerTable, budget: &'a Budget, capacity: usize) -> Self {
+    pub(crate) fn new(
+        table: &'a MarkerTable,
+        budget: &'a Budget,
+        capacity: usize,
+        escaping: Escaping,
+    ) -> Self {
         Self {
-            stripper: Stripper::new(table, capacity),
+            stripper: Stripper::new(table, capacity).escaping(escaping),
             budget,
             exceeded: None,
+            refused: None,
             tracked: false,
         }
     }
@@ -85,6 +103,11 @@ impl<'a> Output<'a> {
     /// Why the output was refused, if it was.
     pub(crate) fn exceeded(&self) -> Option<&Exceeded> {
         self.exceeded.as_ref()
+    }
+
+    /// The value refused where it landed, if one was.
+    pub(crate) fn refused(&self) -> Option<&RefusedValue> {
+        self.refused.as_ref()
     }
 
     /// Writes `text` as the engine would: a file put together again from its
@@ -116,7 +139,7 @@ impl<'a> Output<'a> {
         from: &Mark,
         to: &Mark,
     ) -> io::Result<()> {
-        if self.exceeded.is_some() {
+        if self.exceeded.is_some() || self.refused.is_some() {
             return Err(io::Error::other("rendered output was refused before"));
         }
         self.stripper.copy(text, lines, from, to);
@@ -139,7 +162,7 @@ impl<'a> Output<'a> {
 
 impl io::Write for Output<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if self.exceeded.is_some() {
+        if self.exceeded.is_some() || self.refused.is_some() {
             return Err(io::Error::other("rendered output was refused before"));
         }
         if !self.tracked {
@@ -196,11 +219,19 @@ impl Output<'_> {
 
     /// [`Self::push`] of the bytes of a whole string.
     fn push_bytes(&mut self, piece: &[u8]) -> io::Result<()> {
-        if self.exceeded.is_some() {
+        if self.exceeded.is_some() || self.refused.is_some() {
             return Err(io::Error::other("rendered output was refused before"));
         }
         let before = self.stripper.len();
         self.stripper.push_bytes(piece);
+        if let Some(refusal) = self.stripper.refused() {
+            self.refused = Some(RefusedValue {
+                refusal: refusal.clone(),
+                origin: self.stripper.last_origin().cloned(),
+                line: self.stripper.line_count() + 1,
+            });
+            return Err(io::Error::other("a value was refused where it landed"));
+        }
         self.charge((self.stripper.len() - before) as u64)
     }
 

@@ -523,6 +523,60 @@ pub(crate) fn instrument(
     }
 }
 
+/// The filter the literal rewrite calls (see [`trust_literals`]).
+pub(crate) const LITERAL_FILTER: &str = "__literal";
+
+/// Block tags whose string literals name templates or blocks, and stay literal.
+const NAMING_TAGS: &[&str] = &["include", "import", "extends", "from", "filter", "block"];
+
+/// Makes the string literals written in tags trusted text: every literal that holds
+/// a byte the escaping would change ([`super::escape::needs_escaping`]) becomes
+/// `("literal"|__literal)`, a string the engine prints as it is, so
+/// `{{ " proto h2" if grpc }}` and `hosts | join(" ")` print what the template's
+/// author wrote. Literals that name templates stay as they are, and the rewrite adds
+/// no line breaks (every line keeps its number). `None` when nothing was rewritten.
+pub(crate) fn trust_literals(source: &str) -> Option<String> {
+    let mut out = String::new();
+    let mut pos = 0;
+    for piece in pieces(source) {
+        let Piece::Tag(tag) = piece else {
+            continue;
+        };
+        let toks = tokens(source, tag.inner.clone());
+        if tag.kind == TagKind::Block
+            && matches!(
+                toks.first(),
+                Some(Token { kind: TokenKind::Ident(word), .. }) if NAMING_TAGS.contains(word)
+            )
+        {
+            continue;
+        }
+        for tok in &toks {
+            let TokenKind::Str(text) = &tok.kind else {
+                continue;
+            };
+            if !super::escape::needs_escaping(text) {
+                continue;
+            }
+            if out.is_empty() {
+                out.reserve(source.len() + 64);
+            }
+            out.push_str(&source[pos..tok.range.start]);
+            out.push('(');
+            out.push_str(&source[tok.range.clone()]);
+            out.push('|');
+            out.push_str(LITERAL_FILTER);
+            out.push(')');
+            pos = tok.range.end;
+        }
+    }
+    if pos == 0 {
+        return None;
+    }
+    out.push_str(&source[pos..]);
+    Some(out)
+}
+
 /// The filter the fragment rewrite calls (see [`rewrite_includes`]).
 pub(crate) const FRAGMENT_FILTER: &str = "__fragment";
 

@@ -37,6 +37,7 @@ use std::sync::Arc;
 
 use hapwright_eventbus::model::LineOrigin;
 
+use super::escape::{self, END_BYTES, Escaping, Refusal, START_BYTES};
 use super::words::equal_bytes;
 
 const START: char = '\u{FDD0}';
@@ -199,10 +200,15 @@ pub(crate) struct Stripper<'t> {
     line_origin: Option<usize>,
     /// Where the current line starts in `text`.
     line_start: usize,
+    /// How values between value markers are written ([`super::escape`]).
+    escaping: Escaping,
+    /// The first value refused, if any.
+    refused: Option<Refusal>,
 }
 
 impl<'t> Stripper<'t> {
-    /// An empty output; `capacity` is a guess of the final text's size.
+    /// An empty output; `capacity` is a guess of the final text's size. Marked
+    /// values are written as they are; see [`Self::escaping`].
     pub(crate) fn new(table: &'t MarkerTable, capacity: usize) -> Self {
         Self {
             table,
@@ -211,7 +217,25 @@ impl<'t> Stripper<'t> {
             last_origin: None,
             line_origin: None,
             line_start: 0,
+            escaping: Escaping::Raw,
+            refused: None,
         }
+    }
+
+    /// Escapes marked values for `escaping` (the kind of file this output is).
+    pub(crate) fn escaping(mut self, escaping: Escaping) -> Self {
+        self.escaping = escaping;
+        self
+    }
+
+    /// The first value refused, if any: the output is then incomplete.
+    pub(crate) fn refused(&self) -> Option<&Refusal> {
+        self.refused.as_ref()
+    }
+
+    /// Lines completed so far.
+    pub(crate) fn line_count(&self) -> usize {
+        self.lines.len()
     }
 
     /// Bytes of text so far, markers not counted.
@@ -309,6 +333,12 @@ impl<'t> Stripper<'t> {
                 self.line_start = self.text.len() + (pos - copied);
                 continue;
             }
+            if bytes[at..].starts_with(&START_BYTES) || bytes[at..].starts_with(&END_BYTES) {
+                self.text.extend_from_slice(&bytes[copied..at]);
+                pos = self.value(bytes, at);
+                copied = pos;
+                continue;
+            }
             match decode_bytes(&bytes[at..]) {
                 Some((index, len)) if self.table.get(index).is_some() => {
                     self.text.extend_from_slice(&bytes[copied..at]);
@@ -321,6 +351,33 @@ impl<'t> Stripper<'t> {
             }
         }
         self.text.extend_from_slice(&bytes[copied..]);
+    }
+
+    /// Writes the marked value that starts at `bytes[at]` (everything before it is
+    /// in `text`), escaped for where it lands; returns where the bytes after it
+    /// start. In a raw file the markers are dropped and the value's bytes are read
+    /// on as any others (they may hold line breaks); a stray end marker is dropped.
+    fn value(&mut self, bytes: &[u8], at: usize) -> usize {
+        let after_marker = at + START_BYTES.len();
+        if self.escaping == Escaping::Raw || bytes[at..].starts_with(&END_BYTES) {
+            return after_marker;
+        }
+        let Some(length) = bytes[after_marker..]
+            .windows(END_BYTES.len())
+            .position(|w| w == END_BYTES)
+        else {
+            self.refused.get_or_insert(Refusal::Unterminated);
+            return bytes.len();
+        };
+        let end = after_marker + length;
+        let value = String::from_utf8_lossy(&bytes[after_marker..end]);
+        let line = &self.text[self.line_start.min(self.text.len())..];
+        let mut escaped = Vec::with_capacity(value.len() + 8);
+        if let Err(refusal) = escape::escape_value(self.escaping, line, &value, &mut escaped) {
+            self.refused.get_or_insert(refusal);
+        }
+        self.text.extend_from_slice(&escaped);
+        end + END_BYTES.len()
     }
 
     /// The text, ended with a newline unless empty, and each line's origin.
