@@ -131,24 +131,25 @@ impl fmt::Display for Refusal {
                 };
                 write!(
                     f,
-                    "a value from a watched resource holds {what} (U+{:04X}), which would \
-                     change the file's lines; the value is refused",
+                    "a printed value holds {what} (U+{:04X}), which would change the file's \
+                     lines; the value is refused (an object's value never becomes \
+                     configuration)",
                     u32::from(*c)
                 )
             }
             Self::Noncharacter(c) => write!(
                 f,
-                "a value from a watched resource holds the Unicode noncharacter U+{:04X}; \
-                 the value is refused",
+                "a printed value holds the Unicode noncharacter U+{:04X}; the value is \
+                 refused",
                 u32::from(*c)
             ),
             Self::MapKeySpace => f.write_str(
-                "a value from a watched resource lands in a map key and holds a space or \
-                 tab, which would split the key; the value is refused",
+                "a printed value lands in a map key and holds a space, which would split \
+                 the key; the value is refused",
             ),
             Self::MapKeyComment => f.write_str(
-                "a value from a watched resource starts a map line with `#`, which would \
-                 make the line a comment; the value is refused",
+                "a printed value starts a map line with `#`, which would make the line a \
+                 comment; the value is refused",
             ),
             Self::Unterminated => f.write_str(
                 "a filter cut an escaped value apart (its end is missing), so it cannot be \
