@@ -60,7 +60,9 @@ pub fn check(path: &Path) -> u8 {
         return exit::FAILURE;
     }
     match build::renderer(&loaded.config) {
-        Ok(_) => {
+        Ok(renderer) => {
+            // Warnings do not fail the check: the templates load and render.
+            print_errors(&loaded.templates_at.locate(renderer.warnings().to_vec()));
             let templates = &loaded.config.templates;
             println!(
                 "{}: ok ({}, {}, {})",

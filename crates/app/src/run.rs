@@ -211,7 +211,12 @@ struct Candidate {
 fn prepare(loaded: Loaded) -> Result<Candidate, Vec<Diagnostic>> {
     let mut problems = Vec::new();
     let renderer = match build::renderer(&loaded.config) {
-        Ok(renderer) => Some(renderer),
+        Ok(renderer) => {
+            for warning in loaded.templates_at.locate(renderer.warnings().to_vec()) {
+                tracing::warn!(%warning, "Template warning");
+            }
+            Some(renderer)
+        }
         Err(errors) => {
             problems.extend(loaded.templates_at.locate(errors));
             None

@@ -396,6 +396,9 @@ struct Uses<'a> {
     names: Vec<NameUse<'a>>,
     facts: Facts,
     variables: Variables,
+    /// Where `|trusted` (or `|safe`) is applied to a value that may come from a
+    /// watched resource: byte offsets of the filter names.
+    trusted: Vec<usize>,
 }
 
 /// The variable names one template uses (see [`names_and_facts`]).
@@ -448,15 +451,44 @@ struct NameUse<'a> {
 /// Templates that do not parse are skipped: their compile error is reported.
 ///
 /// Also returns each entry's [`Facts`] (`None` for a template that does not parse).
+/// What [`names_and_facts`] finds besides errors: warnings, each template's facts
+/// and variables.
+pub(crate) struct Found {
+    pub(crate) warnings: Vec<Diagnostic>,
+    pub(crate) facts: Vec<Option<Facts>>,
+    pub(crate) variables: Vec<Variables>,
+}
+
 pub(crate) fn names_and_facts(
     entries: &[Entry],
     env: &Environment<'static>,
-) -> (Vec<Diagnostic>, Vec<Option<Facts>>, Vec<Variables>) {
+) -> (Vec<Diagnostic>, Found) {
+    let (diagnostics, warnings, facts, variables) = names_facts_and_warnings(entries, env);
+    (
+        diagnostics,
+        Found {
+            warnings,
+            facts,
+            variables,
+        },
+    )
+}
+
+fn names_facts_and_warnings(
+    entries: &[Entry],
+    env: &Environment<'static>,
+) -> (
+    Vec<Diagnostic>,
+    Vec<Diagnostic>,
+    Vec<Option<Facts>>,
+    Vec<Variables>,
+) {
     let mut diagnostics = Vec::new();
+    let mut warnings = Vec::new();
     let mut facts = vec![None; entries.len()];
     let mut variables = vec![Variables::default(); entries.len()];
     let Ok(probe) = env.template_from_str("") else {
-        return (diagnostics, facts, variables);
+        return (diagnostics, warnings, facts, variables);
     };
     let state = probe.new_state();
     let known = |kind: NameKind, name: &str| match kind {
@@ -488,6 +520,17 @@ pub(crate) fn names_and_facts(
         visit_stmt(&template, &mut uses);
         *facts = Some(uses.facts);
         *variables = std::mem::take(&mut uses.variables);
+        for offset in uses.trusted {
+            let mut warning = entry.diagnostic_at(
+                "`trusted` is applied to a value that may come from a watched resource: it is \
+                 written into the file unescaped, so whoever writes that object can add \
+                 HAProxy syntax; escape it with `haproxy_escape` or print it as it is"
+                    .to_owned(),
+                offset,
+            );
+            warning.severity = hapwright_eventbus::model::Severity::Warning;
+            warnings.push(warning);
+        }
         for found in uses.names {
             if known(found.kind, &found.name) {
                 continue;
@@ -503,7 +546,7 @@ pub(crate) fn names_and_facts(
             diagnostics.push(entry.diagnostic_at(message, found.offset));
         }
     }
-    (diagnostics, facts, variables)
+    (diagnostics, warnings, facts, variables)
 }
 
 fn visit_stmts<'a>(stmts: &[ast::Stmt<'a>], uses: &mut Uses<'a>) {
@@ -686,6 +729,13 @@ fn visit_expr<'a>(expr: &ast::Expr<'a>, uses: &mut Uses<'a>) {
             }
         }
         Expr::Filter(f) => {
+            if matches!(f.name, "trusted" | "safe")
+                && f.expr
+                    .as_ref()
+                    .is_some_and(|inner| may_hold_object_value(inner))
+            {
+                uses.trusted.push(f.span().start_offset as usize);
+            }
             // The span starts at the name (for `{% filter %}` chains too).
             uses.names.push(NameUse {
                 kind: NameKind::Filter,
@@ -719,6 +769,48 @@ fn visit_expr<'a>(expr: &ast::Expr<'a>, uses: &mut Uses<'a>) {
             visit_exprs(&m.keys, uses);
             visit_exprs(&m.values, uses);
         }
+    }
+}
+
+/// Whether `expr` may evaluate to text taken from a watched resource: it names a
+/// variable other than `extraContext` and `loop`, outside `haproxy_escape` (whose
+/// output is escaped) and `path()`. Conservative: what it cannot tell counts.
+fn may_hold_object_value(expr: &ast::Expr<'_>) -> bool {
+    use ast::Expr;
+    let any = |exprs: &[Expr<'_>]| exprs.iter().any(may_hold_object_value);
+    let args = |args: &[ast::CallArg<'_>]| {
+        args.iter().any(|arg| match arg {
+            ast::CallArg::Pos(e)
+            | ast::CallArg::Kwarg(_, e)
+            | ast::CallArg::PosSplat(e)
+            | ast::CallArg::KwargSplat(e) => may_hold_object_value(e),
+        })
+    };
+    match expr {
+        Expr::Const(_) | Expr::Test(_) | Expr::Compare(_) => false,
+        Expr::Var(v) => !matches!(v.id, "extraContext" | "loop"),
+        Expr::Filter(f) if f.name == "haproxy_escape" => false,
+        Expr::Filter(f) => {
+            f.expr.as_ref().is_some_and(|e| may_hold_object_value(e)) || args(&f.args)
+        }
+        Expr::Call(c) => match &c.expr {
+            Expr::Var(v) if v.id == "path" => false,
+            callee => may_hold_object_value(callee) || args(&c.args),
+        },
+        Expr::GetAttr(g) => may_hold_object_value(&g.expr),
+        Expr::GetItem(g) => may_hold_object_value(&g.expr),
+        Expr::Slice(s) => may_hold_object_value(&s.expr),
+        Expr::UnaryOp(u) => may_hold_object_value(&u.expr),
+        Expr::BinOp(b) => may_hold_object_value(&b.left) || may_hold_object_value(&b.right),
+        Expr::IfExpr(i) => {
+            may_hold_object_value(&i.true_expr)
+                || i.false_expr
+                    .as_ref()
+                    .is_some_and(|e| may_hold_object_value(e))
+        }
+        Expr::List(l) => any(&l.items),
+        Expr::Tuple(t) => any(&t.items),
+        Expr::Map(m) => any(&m.keys) || any(&m.values),
     }
 }
 

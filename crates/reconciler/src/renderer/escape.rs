@@ -92,12 +92,23 @@ pub(crate) fn needs_escaping(text: &str) -> bool {
     text.bytes().any(|b| SPECIAL[usize::from(b)])
 }
 
-/// `text` between the value markers, with any marker inside it dropped (a value
-/// built from an earlier marked output is escaped whole).
+/// Stands in for a value marker found inside a value: a noncharacter the escaping
+/// refuses, so a value can never end its own marking early.
+const INNER_MARKER: char = '\u{FDD4}';
+
+/// `text` between the value markers. A marker inside it (a value holding one, or
+/// built from a macro's output that marked a value) becomes [`INNER_MARKER`] and
+/// is refused where the value lands.
 pub(crate) fn wrap(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2 * VALUE_START.len_utf8());
     out.push(VALUE_START);
-    out.extend(text.chars().filter(|&c| c != VALUE_START && c != VALUE_END));
+    out.extend(text.chars().map(|c| {
+        if c == VALUE_START || c == VALUE_END {
+            INNER_MARKER
+        } else {
+            c
+        }
+    }));
     out.push(VALUE_END);
     out
 }
@@ -178,7 +189,8 @@ fn check_chars(value: &str) -> Result<(), Refusal> {
 /// The quoting a value lands in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Quote {
-    /// A bare word: whitespace separates words, `#` starts a comment.
+    /// A bare word: whitespace separates words, `#` starts a comment, quotes open
+    /// a quoted part; `${NAME}` is not expanded.
     None,
     /// Inside `"..."`: backslash escapes and `${}` expansion still apply.
     Double,
@@ -362,8 +374,9 @@ pub fn escape_config(value: &str, place: Place, out: &mut Vec<u8>) -> Result<(),
         match (place.quote, c) {
             (_, '%') if place.logformat => out.extend_from_slice(b"%%"),
             (Quote::Single, '\'') => out.extend_from_slice(b"'\\''"),
-            (Quote::Double, '"' | '\\' | '$')
-            | (Quote::None, ' ' | '"' | '\'' | '\\' | '#' | '$') => {
+            // HAProxy expands `${NAME}` only inside double quotes; in a bare word a
+            // `$` is plain text (and `\$` would stay two characters).
+            (Quote::Double, '"' | '\\' | '$') | (Quote::None, ' ' | '"' | '\'' | '\\' | '#') => {
                 out.push(b'\\');
                 out.push(c as u8);
             }

@@ -260,6 +260,8 @@ struct Inner {
     /// The loops of files rewritten into calls of the loop filter, by number
     /// ([`fragments::render_loop`]).
     loops: Arc<[fragments::LoopSpec]>,
+    /// What the static checks warn about (the templates still load).
+    warnings: Vec<Diagnostic>,
 }
 
 /// What the last render left for the next one: the resources it rendered from and,
@@ -475,7 +477,14 @@ impl Renderer {
             }
         };
         let mut env = env;
-        let (found, facts, variables) = check::names_and_facts(&entries, &env);
+        let (
+            found,
+            check::Found {
+                warnings,
+                facts,
+                variables,
+            },
+        ) = check::names_and_facts(&entries, &env);
         diagnostics.extend(found);
         let independent = check::independent(&entries, &edges, &facts);
         let reusable = check::self_contained(&entries, &edges, &facts);
@@ -518,11 +527,18 @@ impl Renderer {
                     fragment_vars: Arc::new(fragment_vars),
                     globals: Arc::new(globals),
                     loops: loops.into(),
+                    warnings,
                 }),
             })
         } else {
             Err(diagnostics)
         }
+    }
+
+    /// What the static checks warn about: `|trusted` on values that may come from
+    /// a watched resource. The templates load and render all the same.
+    pub fn warnings(&self) -> &[Diagnostic] {
+        &self.inner.warnings
     }
 
     /// The watched resource names this renderer was built for.

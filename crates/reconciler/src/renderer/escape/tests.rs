@@ -40,17 +40,23 @@ fn plain_values_are_left_alone() {
 }
 
 #[test]
-fn wrap_drops_markers_inside_the_value() {
-    let inner = wrap("a b");
-    let outer = wrap(&format!("x{inner}y"));
-    assert_eq!(outer, format!("{VALUE_START}xa by{VALUE_END}"));
+fn a_marker_inside_a_value_cannot_end_it_and_is_refused() {
+    let outer = wrap(&format!("x{VALUE_END}\nlisten evil"));
+    assert_eq!(
+        outer,
+        format!("{VALUE_START}x{INNER_MARKER}\nlisten evil{VALUE_END}")
+    );
+    assert_eq!(
+        config("    server ", &format!("x{INNER_MARKER}")),
+        Err(Refusal::Noncharacter(INNER_MARKER))
+    );
 }
 
 #[test]
 fn bare_words_escape_what_would_split_or_expand_them() {
     assert_eq!(
         config("    server ", "a b#c\"d'e\\f$g").unwrap(),
-        "    server a\\ b\\#c\\\"d\\'e\\\\f\\$g"
+        "    server a\\ b\\#c\\\"d\\'e\\\\f$g"
     );
     // `%` is plain text outside log-format arguments.
     assert_eq!(
