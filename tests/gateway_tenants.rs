@@ -12,7 +12,7 @@ mod library;
 use std::fs;
 use std::process::{Command, Stdio};
 
-use hapwright_e2e::free_port;
+use hapwright_e2e::{WAIT, free_port, poll};
 use library::{Sidecar, library_path, loopback_slice, upstream};
 use serde_json::{Value, json};
 
@@ -261,6 +261,36 @@ fn served_certificate(sidecar: &Sidecar, port: u16, name: &str) -> String {
         .unwrap_or_else(|| sidecar.fail(&format!("no certificate for SNI {name}: {text}")))
 }
 
+/// The `hapwright.io/Conflicted` condition (status, reason) of HTTPRoute
+/// `namespace/name`'s first parent, as rendered on `/debug/status`.
+fn conflicted(sidecar: &Sidecar, namespace: &str, name: &str) -> (String, String) {
+    poll(WAIT, || {
+        let text = sidecar
+            .client
+            .get(format!("http://127.0.0.1:{}/debug/status", sidecar.status))
+            .send()
+            .and_then(|r| r.text())
+            .ok()?;
+        let all: Value = serde_json::from_str(&text).ok()?;
+        let status = all["statuses"].as_array()?.iter().find(|s| {
+            s["resource"] == "httproutes" && s["namespace"] == namespace && s["name"] == name
+        })?;
+        let condition = status["status"]["parents"][0]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "hapwright.io/Conflicted")?;
+        Some((
+            condition["status"].as_str()?.to_owned(),
+            condition["reason"].as_str()?.to_owned(),
+        ))
+    })
+    .unwrap_or_else(|_| {
+        sidecar.fail(&format!(
+            "no status rendered for HTTPRoute {namespace}/{name}"
+        ))
+    })
+}
+
 fn deployed_config(sidecar: &Sidecar) -> String {
     fs::read_to_string(sidecar.dir.path().join("haproxy/haproxy.cfg")).expect("haproxy.cfg")
 }
@@ -315,6 +345,15 @@ fn a_tenant_cannot_take_another_tenants_hostname_paths_or_certificate() {
     ] {
         assert!(config.contains(conflict), "{conflict}\n{config}");
     }
+    // The attacker's route says what it lost; the victim's has no conflict.
+    assert_eq!(
+        conflicted(&sidecar, "aaa-evil", "grab"),
+        ("True".to_owned(), "MatchConflict".to_owned())
+    );
+    assert_eq!(
+        conflicted(&sidecar, "victim", "web"),
+        ("False".to_owned(), "NoConflicts".to_owned())
+    );
 }
 
 #[test]
@@ -330,4 +369,8 @@ fn with_host_ownership_other_namespaces_cannot_add_paths_to_a_hostname() {
     let config = deployed_config(&sidecar);
     let refused = "# conflict: HTTPRoute aaa-evil/grab: hostname victim.test is refused, it belongs to namespace victim (hostOwnership)";
     assert!(config.contains(refused), "{config}");
+    assert_eq!(
+        conflicted(&sidecar, "aaa-evil", "grab"),
+        ("True".to_owned(), "HostnameOwned".to_owned())
+    );
 }
