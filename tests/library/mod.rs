@@ -336,10 +336,23 @@ impl Sidecar {
     /// entries there).
     pub fn start(
         prefix: &str,
+        config: Value,
+        resources: &[(&str, Value)],
+        bootstrap_port: u16,
+        client: reqwest::blocking::ClientBuilder,
+    ) -> Sidecar {
+        Self::start_with_env(prefix, config, resources, bootstrap_port, client, &[])
+    }
+
+    /// [`Sidecar::start`] with `env` added to HAProxy's environment (what its
+    /// `%[env(NAME)]` and `${NAME}` would read).
+    pub fn start_with_env(
+        prefix: &str,
         mut config: Value,
         resources: &[(&str, Value)],
         bootstrap_port: u16,
         client: reqwest::blocking::ClientBuilder,
+        env: &[(&str, &str)],
     ) -> Sidecar {
         let dir = tempfile::Builder::new()
             .prefix(prefix)
@@ -378,6 +391,7 @@ impl Sidecar {
         let log = |name: &str| fs::File::create(dir.path().join(name)).expect("log file");
         let haproxy = Command::new(&command[0])
             .args(&command[1..])
+            .envs(env.iter().copied())
             .current_dir(&working_dir)
             .stdin(Stdio::null())
             .stdout(log("haproxy.log"))
@@ -428,8 +442,9 @@ impl Sidecar {
     pub fn log(&self) -> String {
         let read = |name: &str| fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
         format!(
-            "--- hapwright.log ---\n{}\n--- haproxy.log ---\n{}",
+            "--- hapwright.log ---\n{}\n--- hapwright.err ---\n{}\n--- haproxy.log ---\n{}",
             read("hapwright.log"),
+            read("hapwright.err"),
             read("haproxy.log")
         )
     }
