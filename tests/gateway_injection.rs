@@ -90,36 +90,7 @@ fn route_values_never_become_config_or_reach_haproxys_environment() {
     let http = free_port();
     let evil_port = free_port();
     let (victim, evil) = (upstream("victim"), upstream("evil"));
-    let mut config = library.clone();
-    library::use_files_sources(
-        &mut config,
-        &[
-            (
-                "gatewayclasses",
-                "gateway.networking.k8s.io/v1",
-                "GatewayClass",
-            ),
-            ("gateways", "gateway.networking.k8s.io/v1", "Gateway"),
-            ("httproutes", "gateway.networking.k8s.io/v1", "HTTPRoute"),
-            ("grpcroutes", "gateway.networking.k8s.io/v1", "GRPCRoute"),
-            (
-                "tlsroutes",
-                "gateway.networking.k8s.io/v1alpha2",
-                "TLSRoute",
-            ),
-            (
-                "referencegrants",
-                "gateway.networking.k8s.io/v1beta1",
-                "ReferenceGrant",
-            ),
-            ("namespaces", "v1", "Namespace"),
-            ("services", "v1", "Service"),
-            ("endpointslices", "discovery.k8s.io/v1", "EndpointSlice"),
-            ("secrets", "v1", "Secret"),
-        ],
-    );
-    config["extraContext"]["statsPort"] = json!(free_port());
-    config["extraContext"]["maxconn"] = json!(1000);
+    let config = library::gateway_config();
     let global = &library["validationTests"]["_global"]["fixtures"];
     let gateways = json!([ {
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
@@ -198,20 +169,7 @@ fn route_values_never_become_config_or_reach_haproxys_environment() {
     .unwrap_or_else(|_| sidecar.fail("the probing route never went live"));
     assert!(probed.ends_with(&format!("/to/{PROBE}")), "{probed}");
 
-    let quarantine: Value = poll(WAIT, || {
-        let text = sidecar
-            .client
-            .get(format!(
-                "http://127.0.0.1:{}/debug/quarantine",
-                sidecar.status
-            ))
-            .send()
-            .and_then(|r| r.text())
-            .ok()?;
-        let value: Value = serde_json::from_str(&text).ok()?;
-        (value["count"] == 1).then_some(value)
-    })
-    .unwrap_or_else(|_| sidecar.fail("the breaking route was never quarantined"));
+    let quarantine = sidecar.quarantine(1);
     let held = &quarantine["objects"][0];
     assert_eq!(held["resource"], "httproutes", "{quarantine}");
     assert_eq!(held["name"], "breakout", "{quarantine}");
@@ -225,8 +183,7 @@ fn route_values_never_become_config_or_reach_haproxys_environment() {
         TcpStream::connect(("127.0.0.1", evil_port)).is_err(),
         "the tenant's listen section is live"
     );
-    let deployed = std::fs::read_to_string(sidecar.dir.path().join("haproxy/haproxy.cfg"))
-        .expect("haproxy.cfg");
+    let deployed = sidecar.deployed_config();
     assert!(!deployed.contains("listen evil"), "{deployed}");
 
     // Every probe comes back as written.

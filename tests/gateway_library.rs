@@ -269,36 +269,7 @@ fn the_library_routes_real_traffic() {
         ("shop", "loopback-http", ports.http),
     ];
 
-    let mut config = library_value();
-    library::use_files_sources(
-        &mut config,
-        &[
-            (
-                "gatewayclasses",
-                "gateway.networking.k8s.io/v1",
-                "GatewayClass",
-            ),
-            ("gateways", "gateway.networking.k8s.io/v1", "Gateway"),
-            ("httproutes", "gateway.networking.k8s.io/v1", "HTTPRoute"),
-            ("grpcroutes", "gateway.networking.k8s.io/v1", "GRPCRoute"),
-            (
-                "tlsroutes",
-                "gateway.networking.k8s.io/v1alpha2",
-                "TLSRoute",
-            ),
-            (
-                "referencegrants",
-                "gateway.networking.k8s.io/v1beta1",
-                "ReferenceGrant",
-            ),
-            ("namespaces", "v1", "Namespace"),
-            ("services", "v1", "Service"),
-            ("endpointslices", "discovery.k8s.io/v1", "EndpointSlice"),
-            ("secrets", "v1", "Secret"),
-        ],
-    );
-    config["extraContext"]["statsPort"] = json!(free_port());
-    config["extraContext"]["maxconn"] = json!(1000);
+    let config = library::gateway_config();
 
     let library = library_value();
     let global = &library["validationTests"]["_global"]["fixtures"];

@@ -9,9 +9,6 @@
 
 mod library;
 
-use std::fs;
-use std::process::{Command, Stdio};
-
 use hapwright_e2e::{WAIT, free_port, poll};
 use library::{Sidecar, library_path, loopback_slice, upstream};
 use serde_json::{Value, json};
@@ -93,36 +90,7 @@ fn start(settings: Value) -> (Sidecar, Ports) {
         https: free_port(),
     };
     let (victim, evil, other) = (upstream("victim"), upstream("evil"), upstream("other"));
-    let mut config = library_value();
-    library::use_files_sources(
-        &mut config,
-        &[
-            (
-                "gatewayclasses",
-                "gateway.networking.k8s.io/v1",
-                "GatewayClass",
-            ),
-            ("gateways", "gateway.networking.k8s.io/v1", "Gateway"),
-            ("httproutes", "gateway.networking.k8s.io/v1", "HTTPRoute"),
-            ("grpcroutes", "gateway.networking.k8s.io/v1", "GRPCRoute"),
-            (
-                "tlsroutes",
-                "gateway.networking.k8s.io/v1alpha2",
-                "TLSRoute",
-            ),
-            (
-                "referencegrants",
-                "gateway.networking.k8s.io/v1beta1",
-                "ReferenceGrant",
-            ),
-            ("namespaces", "v1", "Namespace"),
-            ("services", "v1", "Service"),
-            ("endpointslices", "discovery.k8s.io/v1", "EndpointSlice"),
-            ("secrets", "v1", "Secret"),
-        ],
-    );
-    config["extraContext"]["statsPort"] = json!(free_port());
-    config["extraContext"]["maxconn"] = json!(1000);
+    let mut config = library::gateway_config();
     for (key, value) in settings.as_object().expect("settings") {
         config["extraContext"][key] = value.clone();
     }
@@ -246,21 +214,6 @@ fn start(settings: Value) -> (Sidecar, Ports) {
     (sidecar, ports)
 }
 
-/// The subject of the certificate HAProxy presents on `port` for SNI `name`.
-fn served_certificate(sidecar: &Sidecar, port: u16, name: &str) -> String {
-    let output = Command::new("openssl")
-        .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
-        .args(["-servername", name])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| sidecar.fail(&format!("run openssl s_client: {e}")));
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    text.lines()
-        .find_map(|l| l.strip_prefix("subject="))
-        .map(str::to_owned)
-        .unwrap_or_else(|| sidecar.fail(&format!("no certificate for SNI {name}: {text}")))
-}
-
 /// The `hapwright.io/Conflicted` condition (status, reason) of HTTPRoute
 /// `namespace/name`'s first parent, as rendered on `/debug/status`.
 fn conflicted(sidecar: &Sidecar, namespace: &str, name: &str) -> (String, String) {
@@ -289,10 +242,6 @@ fn conflicted(sidecar: &Sidecar, namespace: &str, name: &str) -> (String, String
             "no status rendered for HTTPRoute {namespace}/{name}"
         ))
     })
-}
-
-fn deployed_config(sidecar: &Sidecar) -> String {
-    fs::read_to_string(sidecar.dir.path().join("haproxy/haproxy.cfg")).expect("haproxy.cfg")
 }
 
 #[test]
@@ -332,11 +281,11 @@ fn a_tenant_cannot_take_another_tenants_hostname_paths_or_certificate() {
         ("other.test", "shop.example.test"),
         ("evil.test", "apps.example.test"),
     ] {
-        let subject = served_certificate(&sidecar, ports.https, name);
+        let subject = sidecar.served_certificate(ports.https, name);
         assert!(subject.contains(expected), "{name}: {subject}");
     }
 
-    let config = deployed_config(&sidecar);
+    let config = sidecar.deployed_config();
     for conflict in [
         "# conflict: HTTPRoute aaa-evil/grab: prefix path / on victim.test@",
         "# conflict: HTTPRoute aaa-evil/grab: exact path /login on victim.test@",
@@ -366,7 +315,7 @@ fn with_host_ownership_other_namespaces_cannot_add_paths_to_a_hostname() {
     sidecar.expect(http, "victim.test", "/admin", 200, "victim");
     sidecar.expect(http, "evil.test", "/x", 200, "evil");
     sidecar.expect(http, "other.test", "/", 200, "other");
-    let config = deployed_config(&sidecar);
+    let config = sidecar.deployed_config();
     let refused = "# conflict: HTTPRoute aaa-evil/grab: hostname victim.test is refused, it belongs to namespace victim (hostOwnership)";
     assert!(config.contains(refused), "{config}");
     assert_eq!(

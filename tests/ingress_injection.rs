@@ -10,7 +10,7 @@ mod library;
 use std::net::TcpStream;
 
 use hapwright_e2e::{WAIT, free_port, poll};
-use library::{Sidecar, library_path, loopback_slice, upstream};
+use library::{Sidecar, loopback_slice, upstream};
 use serde_json::{Value, json};
 
 const SECRET: &str = "s3cr3t-only-haproxy-knows";
@@ -51,21 +51,7 @@ fn object_values_never_become_config_or_reach_haproxys_environment() {
     let http = free_port();
     let (break_port, balance_port) = (free_port(), free_port());
     let (victim, evil) = (upstream("victim"), upstream("evil"));
-    let mut config =
-        library::library_value(&library_path("examples/kubernetes-ingress/hapwright.yaml"));
-    library::use_files_sources(
-        &mut config,
-        &[
-            ("ingresses", "networking.k8s.io/v1", "Ingress"),
-            ("services", "v1", "Service"),
-            ("endpointslices", "discovery.k8s.io/v1", "EndpointSlice"),
-            ("secrets", "v1", "Secret"),
-        ],
-    );
-    config["extraContext"]["httpPort"] = json!(http);
-    config["extraContext"]["httpsPort"] = json!(free_port());
-    config["extraContext"]["statsPort"] = json!(free_port());
-    config["extraContext"]["maxconn"] = json!(1000);
+    let config = library::ingress_config(http, free_port());
     let victim_ingress = ingress("victim", "web", "victim.test", "web");
     let mut grab = service("aaa-evil", "grab");
     grab["metadata"]["annotations"] =
@@ -115,20 +101,7 @@ fn object_values_never_become_config_or_reach_haproxys_environment() {
     .unwrap_or_else(|_| sidecar.fail("the good Ingresses never went live"));
     sidecar.expect(http, "more.test", "/", 200, "evil");
 
-    let quarantine: Value = poll(WAIT, || {
-        let text = sidecar
-            .client
-            .get(format!(
-                "http://127.0.0.1:{}/debug/quarantine",
-                sidecar.status
-            ))
-            .send()
-            .and_then(|r| r.text())
-            .ok()?;
-        let value: Value = serde_json::from_str(&text).ok()?;
-        (value["count"] == 1).then_some(value)
-    })
-    .unwrap_or_else(|_| sidecar.fail("the breaking Ingress was never quarantined"));
+    let quarantine = sidecar.quarantine(1);
     assert_eq!(
         quarantine["objects"][0]["resource"], "ingresses",
         "{quarantine}"
@@ -142,8 +115,7 @@ fn object_values_never_become_config_or_reach_haproxys_environment() {
             "a tenant's listen section is live on {port}"
         );
     }
-    let deployed = std::fs::read_to_string(sidecar.dir.path().join("haproxy/haproxy.cfg"))
-        .expect("haproxy.cfg");
+    let deployed = sidecar.deployed_config();
     for line in deployed.lines() {
         let line = line.trim_start();
         assert!(

@@ -246,20 +246,7 @@ fn start_sidecar(web: u16, api: u16) -> (Sidecar, Ports) {
     };
 
     // The config: the library with files sources standing in for the API server.
-    let mut config = library_value();
-    library::use_files_sources(
-        &mut config,
-        &[
-            ("ingresses", "networking.k8s.io/v1", "Ingress"),
-            ("services", "v1", "Service"),
-            ("endpointslices", "discovery.k8s.io/v1", "EndpointSlice"),
-            ("secrets", "v1", "Secret"),
-        ],
-    );
-    config["extraContext"]["httpPort"] = json!(ports.http);
-    config["extraContext"]["httpsPort"] = json!(ports.https);
-    config["extraContext"]["statsPort"] = json!(free_port());
-    config["extraContext"]["maxconn"] = json!(1000);
+    let config = library::ingress_config(ports.http, ports.https);
 
     let library = library_value();
     let fixtures = &library["validationTests"];

@@ -9,10 +9,6 @@
 
 mod library;
 
-use std::fs;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-
 use hapwright_e2e::free_port;
 use library::{Sidecar, library_path, loopback_slice, upstream};
 use serde_json::{Value, json};
@@ -76,20 +72,7 @@ fn start(settings: Value) -> (Sidecar, Ports) {
         https: free_port(),
     };
     let (victim, evil, other) = (upstream("victim"), upstream("evil"), upstream("other"));
-    let mut config = library_value();
-    library::use_files_sources(
-        &mut config,
-        &[
-            ("ingresses", "networking.k8s.io/v1", "Ingress"),
-            ("services", "v1", "Service"),
-            ("endpointslices", "discovery.k8s.io/v1", "EndpointSlice"),
-            ("secrets", "v1", "Secret"),
-        ],
-    );
-    config["extraContext"]["httpPort"] = json!(ports.http);
-    config["extraContext"]["httpsPort"] = json!(ports.https);
-    config["extraContext"]["statsPort"] = json!(free_port());
-    config["extraContext"]["maxconn"] = json!(1000);
+    let mut config = library::ingress_config(ports.http, ports.https);
     for (key, value) in settings.as_object().expect("settings") {
         config["extraContext"][key] = value.clone();
     }
@@ -195,26 +178,6 @@ fn start(settings: Value) -> (Sidecar, Ports) {
     (sidecar, ports)
 }
 
-/// The subject of the certificate HAProxy presents on `port` for SNI `name`.
-fn served_certificate(sidecar: &Sidecar, port: u16, name: &str) -> String {
-    let output = Command::new("openssl")
-        .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
-        .args(["-servername", name])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| sidecar.fail(&format!("run openssl s_client: {e}")));
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    text.lines()
-        .find_map(|l| l.strip_prefix("subject="))
-        .map(str::to_owned)
-        .unwrap_or_else(|| sidecar.fail(&format!("no certificate for SNI {name}: {text}")))
-}
-
-fn deployed_config(sidecar: &Sidecar) -> String {
-    let file: PathBuf = sidecar.dir.path().join("haproxy/haproxy.cfg");
-    fs::read_to_string(file).expect("deployed haproxy.cfg")
-}
-
 #[test]
 fn a_tenant_cannot_take_another_tenants_host_paths_default_backend_or_certificate() {
     let (sidecar, ports) = start(json!({}));
@@ -248,23 +211,23 @@ fn a_tenant_cannot_take_another_tenants_host_paths_default_backend_or_certificat
 
     // Certificates: the victim's for victim.test (shop-tls data), the bystander's
     // for other.test although the attacker's 17 Secrets are older.
-    let victim_cert = served_certificate(&sidecar, ports.https, "victim.test");
+    let victim_cert = sidecar.served_certificate(ports.https, "victim.test");
     assert!(
         victim_cert.contains("shop.example.test"),
         "victim.test: {victim_cert}"
     );
-    let other_cert = served_certificate(&sidecar, ports.https, "other.test");
+    let other_cert = sidecar.served_certificate(ports.https, "other.test");
     assert!(
         other_cert.contains("shop.example.test"),
         "other.test: {other_cert}"
     );
-    let evil_cert = served_certificate(&sidecar, ports.https, "evil.test");
+    let evil_cert = sidecar.served_certificate(ports.https, "evil.test");
     assert!(
         evil_cert.contains("apps.example.test"),
         "evil.test: {evil_cert}"
     );
 
-    let config = deployed_config(&sidecar);
+    let config = sidecar.deployed_config();
     for conflict in [
         "# conflict: Ingress aaa-evil/grab: prefix path victim.test/ is refused, it is served by the older Ingress victim/web",
         "# conflict: Ingress aaa-evil/grab: exact path victim.test/login is refused, it is served by the older Ingress victim/web",
@@ -286,12 +249,12 @@ fn with_host_ownership_other_namespaces_cannot_add_paths_to_a_host() {
     sidecar.expect(http, "victim.test", "/admin", 200, "victim");
     sidecar.expect(http, "evil.test", "/x", 200, "evil");
     sidecar.expect(http, "other.test", "/", 200, "other");
-    let victim_cert = served_certificate(&sidecar, ports.https, "victim.test");
+    let victim_cert = sidecar.served_certificate(ports.https, "victim.test");
     assert!(
         victim_cert.contains("shop.example.test"),
         "victim.test: {victim_cert}"
     );
-    let config = deployed_config(&sidecar);
+    let config = sidecar.deployed_config();
     let refused = "# conflict: Ingress aaa-evil/grab: the rules for host victim.test are refused, the host belongs to namespace victim (hostOwnership)";
     assert!(config.contains(refused), "{config}");
 }

@@ -223,6 +223,62 @@ pub fn upstream(name: &'static str) -> u16 {
     port
 }
 
+/// The Gateway API library's watched resources `(name, apiVersion, kind)`.
+pub const GATEWAY_SOURCES: &[(&str, &str, &str)] = &[
+    (
+        "gatewayclasses",
+        "gateway.networking.k8s.io/v1",
+        "GatewayClass",
+    ),
+    ("gateways", "gateway.networking.k8s.io/v1", "Gateway"),
+    ("httproutes", "gateway.networking.k8s.io/v1", "HTTPRoute"),
+    ("grpcroutes", "gateway.networking.k8s.io/v1", "GRPCRoute"),
+    (
+        "tlsroutes",
+        "gateway.networking.k8s.io/v1alpha2",
+        "TLSRoute",
+    ),
+    (
+        "referencegrants",
+        "gateway.networking.k8s.io/v1beta1",
+        "ReferenceGrant",
+    ),
+    ("namespaces", "v1", "Namespace"),
+    ("services", "v1", "Service"),
+    ("endpointslices", "discovery.k8s.io/v1", "EndpointSlice"),
+    ("secrets", "v1", "Secret"),
+];
+
+/// The Ingress library's watched resources `(name, apiVersion, kind)`.
+pub const INGRESS_SOURCES: &[(&str, &str, &str)] = &[
+    ("ingresses", "networking.k8s.io/v1", "Ingress"),
+    ("services", "v1", "Service"),
+    ("endpointslices", "discovery.k8s.io/v1", "EndpointSlice"),
+    ("secrets", "v1", "Secret"),
+];
+
+/// The Gateway API library with files sources standing in for the API server, a
+/// free stats port and a small `maxconn`.
+pub fn gateway_config() -> Value {
+    let mut config = library_value(&library_path("examples/gateway-api/hapwright.yaml"));
+    use_files_sources(&mut config, GATEWAY_SOURCES);
+    config["extraContext"]["statsPort"] = json!(free_port());
+    config["extraContext"]["maxconn"] = json!(1000);
+    config
+}
+
+/// The Ingress library with files sources standing in for the API server, its
+/// frontends on `http` and `https`, a free stats port and a small `maxconn`.
+pub fn ingress_config(http: u16, https: u16) -> Value {
+    let mut config = library_value(&library_path("examples/kubernetes-ingress/hapwright.yaml"));
+    use_files_sources(&mut config, INGRESS_SOURCES);
+    config["extraContext"]["httpPort"] = json!(http);
+    config["extraContext"]["httpsPort"] = json!(https);
+    config["extraContext"]["statsPort"] = json!(free_port());
+    config["extraContext"]["maxconn"] = json!(1000);
+    config
+}
+
 /// Replaces the `kubernetes` source of each watched resource `(name, apiVersion,
 /// kind)` with a `files` source reading `./resources/<name>`, and drops the
 /// library's `validationTests`.
@@ -522,6 +578,42 @@ impl Sidecar {
             (instance["deployments"].as_u64() > Some(deployments)).then_some(instance)
         })
         .unwrap_or_else(|_| self.fail(&format!("the change of {name} was never deployed")))
+    }
+
+    /// The `haproxy.cfg` deployed to the sidecar HAProxy.
+    pub fn deployed_config(&self) -> String {
+        fs::read_to_string(self.dir.path().join("haproxy/haproxy.cfg"))
+            .unwrap_or_else(|e| self.fail(&format!("the deployed haproxy.cfg: {e}")))
+    }
+
+    /// The subject of the certificate HAProxy presents on `port` for SNI `name`.
+    pub fn served_certificate(&self, port: u16, name: &str) -> String {
+        let output = Command::new("openssl")
+            .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
+            .args(["-servername", name])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| self.fail(&format!("run openssl s_client: {e}")));
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix("subject="))
+            .map(str::to_owned)
+            .unwrap_or_else(|| self.fail(&format!("no certificate for SNI {name}: {text}")))
+    }
+
+    /// `/debug/quarantine` once it holds `count` objects (bounded wait).
+    pub fn quarantine(&self, count: u64) -> Value {
+        poll(WAIT, || {
+            let text = self
+                .client
+                .get(format!("http://127.0.0.1:{}/debug/quarantine", self.status))
+                .send()
+                .and_then(|r| r.text())
+                .ok()?;
+            let value: Value = serde_json::from_str(&text).ok()?;
+            (value["count"] == count).then_some(value)
+        })
+        .unwrap_or_else(|_| self.fail(&format!("/debug/quarantine never held {count} objects")))
     }
 
     /// How often the HAProxy master reloaded (`show proc`).

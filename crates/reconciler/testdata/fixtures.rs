@@ -62,7 +62,11 @@ pub fn routing_templates() -> Templates {
     }
 }
 
-fn snapshot(index_by: &[&str], objects: impl IntoIterator<Item = Value>) -> Arc<ResourceSnapshot> {
+/// A snapshot of `objects` (keyed by namespace and name) indexed by `index_by`.
+pub fn snapshot(
+    index_by: &[&str],
+    objects: impl IntoIterator<Item = Value>,
+) -> Arc<ResourceSnapshot> {
     let mut snap = ResourceSnapshot::new(
         index_by
             .iter()

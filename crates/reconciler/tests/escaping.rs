@@ -8,6 +8,9 @@
 //! header or a map lookup), byte for byte, and never with the secret from its
 //! environment.
 
+#[path = "../testdata/fixtures.rs"]
+mod fixtures;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -15,9 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hapwright_eventbus::model::{
-    FieldPath, FileKind, ObjectKey, RenderedFileRef, ResourceSnapshot,
-};
+use hapwright_eventbus::model::{FileKind, RenderedFileRef};
 use hapwright_reconciler::renderer::{Renderer, Resources, Templates};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -62,21 +63,6 @@ fn refusable(value: &str) -> bool {
         .any(|c| c.is_control() || ('\u{FDD0}'..='\u{FDEF}').contains(&c))
 }
 
-fn snapshot(objects: impl IntoIterator<Item = serde_json::Value>) -> Arc<ResourceSnapshot> {
-    let mut snap = ResourceSnapshot::new(vec![
-        FieldPath::parse("metadata.namespace").expect("path"),
-        FieldPath::parse("metadata.name").expect("path"),
-    ]);
-    for object in objects {
-        let key = ObjectKey::new(
-            object["metadata"]["namespace"].as_str().unwrap_or_default(),
-            object["metadata"]["name"].as_str().unwrap_or_default(),
-        );
-        snap.upsert(key, &object);
-    }
-    Arc::new(snap)
-}
-
 /// The template view of one object per value, in order (`spec.value`, `spec.index`).
 fn resources(values: &[String]) -> Resources {
     let objects = values.iter().enumerate().map(|(index, value)| {
@@ -86,7 +72,8 @@ fn resources(values: &[String]) -> Resources {
         })
     });
     let mut resources = Resources::new();
-    resources.update(&Arc::from("values"), snapshot(objects), None);
+    let snapshot = fixtures::snapshot(&["metadata.namespace", "metadata.name"], objects);
+    resources.update(&Arc::from("values"), snapshot, None);
     resources
 }
 

@@ -1044,7 +1044,6 @@ impl Renderer {
         exceeded: &output::Exceeded,
         budget: &output::Budget,
     ) -> Diagnostic {
-        let inner = &*self.inner;
         let cap = budget.cap();
         let what = match exceeded.scope {
             output::Scope::File => format!(
@@ -1061,7 +1060,14 @@ impl Renderer {
             "{what}: a loop or value produces far more output than expected \
              (raise templating.maxOutputBytes if the config really is that large)"
         );
-        let at = exceeded.origin.as_ref().and_then(|origin| {
+        self.at_origin(file, exceeded.origin.as_ref(), message)
+    }
+
+    /// `message` located at the template line `origin` names, or at `file` when it
+    /// names none.
+    fn at_origin(&self, file: &Entry, origin: Option<&LineOrigin>, message: String) -> Diagnostic {
+        let inner = &*self.inner;
+        let at = origin.and_then(|origin| {
             let entry = &inner.entries[*inner.by_name.get(&origin.template)?];
             Some((entry, origin.line))
         });
@@ -1074,19 +1080,11 @@ impl Renderer {
     /// A value refused where it landed: located at the template line that printed
     /// it, with the rendered file and line it would have landed on.
     fn refused_diagnostic(&self, file: &Entry, refused: &output::RefusedValue) -> Diagnostic {
-        let inner = &*self.inner;
         let message = format!(
             "{} (it would have landed on {} line {})",
             refused.refusal, file.name, refused.line
         );
-        let at = refused.origin.as_ref().and_then(|origin| {
-            let entry = &inner.entries[*inner.by_name.get(&origin.template)?];
-            Some((entry, origin.line))
-        });
-        match at {
-            Some((entry, line)) => entry.diagnostic(message, Some(line), None),
-            None => file.diagnostic(message, None, None),
-        }
+        self.at_origin(file, refused.origin.as_ref(), message)
     }
 
     fn message(&self, error: &minijinja::Error) -> String {
