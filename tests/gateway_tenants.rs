@@ -287,10 +287,10 @@ fn a_tenant_cannot_take_another_tenants_hostname_paths_or_certificate() {
 
     let config = sidecar.deployed_config();
     for conflict in [
-        "# conflict: HTTPRoute aaa-evil/grab: prefix path / on victim.test@",
-        "# conflict: HTTPRoute aaa-evil/grab: exact path /login on victim.test@",
-        "# conflict: Gateway aaa-evil/grab listener victim: hostname victim.test on port",
-        "# conflict: Gateway aaa-evil/grab listener hoard-3: certificate Secret aaa-evil/hoard-3 is refused, namespace aaa-evil already has 4 certificate slots",
+        "# hapwright:Conflict HTTPRoute aaa-evil/grab: prefix path / on victim.test@",
+        "# hapwright:Conflict HTTPRoute aaa-evil/grab: exact path /login on victim.test@",
+        "# hapwright:Conflict Gateway aaa-evil/grab listener victim: hostname victim.test on port",
+        "# hapwright:Conflict Gateway aaa-evil/grab listener hoard-3: certificate Secret aaa-evil/hoard-3 is refused, namespace aaa-evil already has 4 certificate slots",
     ] {
         assert!(config.contains(conflict), "{conflict}\n{config}");
     }
@@ -316,7 +316,7 @@ fn with_host_ownership_other_namespaces_cannot_add_paths_to_a_hostname() {
     sidecar.expect(http, "evil.test", "/x", 200, "evil");
     sidecar.expect(http, "other.test", "/", 200, "other");
     let config = sidecar.deployed_config();
-    let refused = "# conflict: HTTPRoute aaa-evil/grab: hostname victim.test is refused, it belongs to namespace victim (hostOwnership)";
+    let refused = "# hapwright:Conflict HTTPRoute aaa-evil/grab: hostname victim.test is refused, it belongs to namespace victim (hostOwnership)";
     assert!(config.contains(refused), "{config}");
     assert_eq!(
         conflicted(&sidecar, "aaa-evil", "grab"),

@@ -229,11 +229,11 @@ fn a_tenant_cannot_take_another_tenants_host_paths_default_backend_or_certificat
 
     let config = sidecar.deployed_config();
     for conflict in [
-        "# conflict: Ingress aaa-evil/grab: prefix path victim.test/ is refused, it is served by the older Ingress victim/web",
-        "# conflict: Ingress aaa-evil/grab: exact path victim.test/login is refused, it is served by the older Ingress victim/web",
-        "# conflict: Ingress aaa-evil/grab: spec.defaultBackend refused, the default backend is that of the older Ingress victim/web",
-        "# conflict: Ingress aaa-evil/grab: TLS host victim.test is refused, Secret victim/victim-tls of an older Ingress serves it",
-        "# conflict: Ingress aaa-evil/hoard: Secret aaa-evil/hoard-4 is refused, namespace aaa-evil already has 4 certificate slots",
+        "# hapwright:Conflict Ingress aaa-evil/grab: prefix path victim.test/ is refused, it is served by the older Ingress victim/web",
+        "# hapwright:Conflict Ingress aaa-evil/grab: exact path victim.test/login is refused, it is served by the older Ingress victim/web",
+        "# hapwright:Conflict Ingress aaa-evil/grab: spec.defaultBackend refused, the default backend is that of the older Ingress victim/web",
+        "# hapwright:Conflict Ingress aaa-evil/grab: TLS host victim.test is refused, Secret victim/victim-tls of an older Ingress serves it",
+        "# hapwright:Conflict Ingress aaa-evil/hoard: Secret aaa-evil/hoard-4 is refused, namespace aaa-evil already has 4 certificate slots",
     ] {
         assert!(config.contains(conflict), "{conflict}\n{config}");
     }
@@ -255,6 +255,6 @@ fn with_host_ownership_other_namespaces_cannot_add_paths_to_a_host() {
         "victim.test: {victim_cert}"
     );
     let config = sidecar.deployed_config();
-    let refused = "# conflict: Ingress aaa-evil/grab: the rules for host victim.test are refused, the host belongs to namespace victim (hostOwnership)";
+    let refused = "# hapwright:Conflict Ingress aaa-evil/grab: the rules for host victim.test are refused, the host belongs to namespace victim (hostOwnership)";
     assert!(config.contains(refused), "{config}");
 }

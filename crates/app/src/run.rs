@@ -395,7 +395,9 @@ impl Iteration {
                 kernel.register(writer);
             }
         }
-        if quarantine > 0 && !kubernetes_kinds.is_empty() {
+        // Quarantines and the templates' notices (`# hapwright:<Reason> ...` lines)
+        // become Events on the objects of `kubernetes` resources.
+        if !kubernetes_kinds.is_empty() {
             let mut events = QuarantineEvents::new(process.kube.clone(), kubernetes_kinds)
                 .with_instance(LeaderElectionConfig::identity_from_environment());
             if let Some(leader) = process.leadership() {

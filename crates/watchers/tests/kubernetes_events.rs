@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hapwright_eventbus::model::{
-    Diagnostic, ObjectKey, ResourceChange, ResourceSnapshot, SourceLocation,
+    Diagnostic, ObjectKey, RenderedConfig, ResourceChange, ResourceSnapshot, SourceLocation,
 };
 use hapwright_eventbus::{
     HealthState, Kernel, Publisher, QuarantineSearched, QuarantinedObject, ResourceIndexUpdated,
-    RunningKernel, Subscription,
+    RunningKernel, Subscription, TemplateRendered,
 };
-use hapwright_watchers::kubernetes::events::{QUARANTINED_REASON, RELEASED_REASON};
+use hapwright_watchers::kubernetes::events::{QUARANTINED_REASON, RELEASED_REASON, notices};
 use hapwright_watchers::kubernetes::{ClientFactory, QuarantineEvents};
 use kubernetes_mock::{ApiServer, Exchange, pair};
 use serde_json::{Value, json};
@@ -109,6 +109,15 @@ impl Harness {
         let body = exchange.json();
         exchange.respond(201, &body);
         body
+    }
+
+    /// Publishes a render whose `haproxy.cfg` is `main`.
+    fn rendered(&self, main: &str) {
+        self.publisher.publish(TemplateRendered {
+            config: Arc::new(RenderedConfig::builder(main).build()),
+            duration: Duration::ZERO,
+            render: Default::default(),
+        });
     }
 
     async fn health(&mut self, state: HealthState) -> String {
@@ -209,5 +218,88 @@ async fn a_refused_write_degrades_the_component_and_is_retried() {
     let event = h.created().await;
     assert_eq!(event["reason"], QUARANTINED_REASON);
     h.health(HealthState::Healthy).await;
+    h.stop().await;
+}
+
+/// `haproxy.cfg` with a notice about Ingress `shop/<name>`.
+fn with_notice(name: &str) -> String {
+    format!(
+        "global\n    # a comment\n    # hapwright:Conflict Ingress shop/{name}: prefix path a.test/ is \
+         refused, it is served by the older Ingress other/web\n# hapwright:bad reason x/y\n"
+    )
+}
+
+#[test]
+fn notices_are_read_from_their_comment_lines_only() {
+    let found = notices(&with_notice("web"));
+    assert_eq!(found.len(), 1, "{found:?}");
+    let notice = found.iter().next().unwrap();
+    assert_eq!(
+        (
+            notice.reason.as_str(),
+            notice.kind.as_str(),
+            notice.namespace.as_str(),
+            notice.name.as_str()
+        ),
+        ("Conflict", "Ingress", "shop", "web")
+    );
+    assert_eq!(
+        notice.message,
+        "prefix path a.test/ is refused, it is served by the older Ingress other/web"
+    );
+    // A notice line's message may follow words after the object, and a value in
+    // the line cannot start another one (it cannot hold a line break).
+    let found = notices("# hapwright:Conflict Gateway shop/edge listener a: hostname taken\n");
+    assert_eq!(
+        found.iter().next().unwrap().message,
+        "listener a: hostname taken"
+    );
+    assert!(
+        notices("# hapwright:Conflict Ingress noslash: x\n# hapwright: Conflict Ingress a/b: x\n")
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_notice_in_the_rendered_config_becomes_a_warning_once_and_again_after_it_went_away() {
+    let mut h = start(None);
+    h.ingresses(&["web", "api"]);
+    h.rendered(&with_notice("web"));
+    let event = h.created().await;
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["reason"], "HapwrightConflict");
+    assert_eq!(event["action"], "Render");
+    assert_eq!(
+        event["regarding"],
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "namespace": "shop", "name": "web", "uid": "uid-web",
+        })
+    );
+    assert!(
+        event["note"]
+            .as_str()
+            .unwrap()
+            .starts_with("prefix path a.test/ is refused"),
+        "{event}"
+    );
+    // The same notice in the next render is not written again: the next request is
+    // api's new notice.
+    h.rendered(&format!("{}{}", with_notice("web"), with_notice("api")));
+    let event = h.created().await;
+    assert_eq!(event["regarding"]["name"], "api", "{event}");
+    // Once it went away and came back, it is written again. A notice about a kind
+    // no kubernetes resource watches (Service here) writes nothing.
+    h.rendered("global\n# hapwright:Conflict Service shop/web: not watched from Kubernetes\n");
+    h.rendered(&with_notice("web"));
+    // The Events API folds the repeat into the first Event's series.
+    let exchange = h.api.next().await;
+    assert_eq!(exchange.method, http::Method::PATCH, "{exchange:?}");
+    assert!(
+        exchange.path.starts_with(&format!("{EVENTS}/web.")),
+        "{exchange:?}"
+    );
+    let body = exchange.json();
+    exchange.respond(200, &body);
     h.stop().await;
 }

@@ -1,5 +1,14 @@
-//! Kubernetes Events on quarantined objects: the object's owner sees why hapwright
-//! holds the change back with `kubectl describe`, without access to hapwright.
+//! Kubernetes Events on quarantined objects, and on objects the templates report
+//! about: the object's owner sees why hapwright holds the change back, or what the
+//! templates refused of it, with `kubectl describe`, without access to hapwright.
+//!
+//! **Notices.** A `haproxy.cfg` comment line of the form
+//! `# hapwright:<Reason> <Kind> <namespace>/<name>: <message>` (for example
+//! `# hapwright:Conflict Ingress shop/web: prefix path a.test/ is refused, ...`) is a
+//! notice about that object ([`notices`]). After each render the leader writes a
+//! `Warning` Event `Hapwright<Reason>` with the message for every notice that is new
+//! since the last render, on the object of the `kubernetes` watched resource of that
+//! kind; a notice that disappears is forgotten, so it is written again if it returns.
 //!
 //! [`QuarantineEvents`] follows `QuarantineSearched`. For each newly quarantined
 //! object of a `kubernetes` watched resource it writes a `Warning` Event
@@ -32,6 +41,10 @@ use super::ClientFactory;
 pub const QUARANTINED_REASON: &str = "HapwrightQuarantined";
 /// The `reason` of the Event on a released object.
 pub const RELEASED_REASON: &str = "HapwrightReleased";
+/// The `reason` prefix of the Event for a notice (`HapwrightConflict`).
+pub const NOTICE_REASON_PREFIX: &str = "Hapwright";
+/// The comment that starts a notice line in `haproxy.cfg`.
+const NOTICE_MARK: &str = "# hapwright:";
 /// The `reportingController` of every Event.
 pub const REPORTING_CONTROLLER: &str = "hapwright";
 /// The Events API's limit on `note`, in bytes.
@@ -109,8 +122,61 @@ fn key(object: &QuarantinedObject) -> Announced {
     )
 }
 
+/// A notice the templates wrote about one object ([module docs](self)).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Notice {
+    /// `Conflict` in `# hapwright:Conflict ...`: letters and digits only.
+    pub reason: String,
+    /// The object's `kind`.
+    pub kind: String,
+    /// The object's namespace.
+    pub namespace: String,
+    /// The object's name.
+    pub name: String,
+    /// What the templates say about it (the Event's note).
+    pub message: String,
+}
+
+/// The notices of a rendered `haproxy.cfg`: every line
+/// `# hapwright:<Reason> <Kind> <namespace>/<name>[:] <message>` (leading blanks
+/// allowed; `Reason` and `Kind` CamelCase words). Lines that do not have this shape
+/// are ignored.
+pub fn notices(config: &str) -> BTreeSet<Notice> {
+    config
+        .lines()
+        .filter_map(|line| {
+            let rest = line.trim_start().strip_prefix(NOTICE_MARK)?;
+            let (reason, rest) = rest.split_once(' ')?;
+            let (kind, rest) = rest.trim_start().split_once(' ')?;
+            let (object, message) = rest.trim_start().split_once(' ').unwrap_or((rest, ""));
+            let object = object.strip_suffix(':').unwrap_or(object);
+            let (namespace, name) = object.split_once('/')?;
+            // `Conflict`, `Ingress`: CamelCase words, as Event reasons and kinds are.
+            let word = |w: &str| {
+                w.len() <= 64
+                    && w.starts_with(|c: char| c.is_ascii_uppercase())
+                    && w.chars().all(|c| c.is_ascii_alphanumeric())
+            };
+            if !word(reason) || !word(kind) || namespace.is_empty() || name.is_empty() {
+                return None;
+            }
+            let message = message.trim();
+            let message = message.strip_prefix(": ").unwrap_or(message);
+            Some(Notice {
+                reason: reason.to_owned(),
+                kind: kind.to_owned(),
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                message: message.to_owned(),
+            })
+        })
+        .collect()
+}
+
 struct State {
     kinds: BTreeMap<Arc<str>, WatchedKind>,
+    /// Notices of the last render already written as Events.
+    noticed: BTreeSet<Notice>,
     /// Latest snapshot per watched Kubernetes resource, for the objects' uids.
     snapshots: BTreeMap<Arc<str>, Arc<ResourceSnapshot>>,
     /// Quarantines already written as Events.
@@ -123,27 +189,78 @@ struct State {
 impl State {
     fn reference(&self, object: &QuarantinedObject) -> Option<ObjectReference> {
         let kind = self.kinds.get(&object.resource)?;
+        Some(self.object_reference(
+            &object.resource,
+            kind,
+            object.kind.clone(),
+            &object.namespace,
+            &object.name,
+        ))
+    }
+
+    /// The object a notice regards: of the first `kubernetes` watched resource of
+    /// its kind.
+    fn notice_reference(&self, notice: &Notice) -> Option<ObjectReference> {
+        let (resource, kind) = self.kinds.iter().find(|(_, k)| k.kind == notice.kind)?;
+        Some(self.object_reference(resource, kind, None, &notice.namespace, &notice.name))
+    }
+
+    fn object_reference(
+        &self,
+        resource: &Arc<str>,
+        kind: &WatchedKind,
+        object_kind: Option<String>,
+        namespace: &str,
+        name: &str,
+    ) -> ObjectReference {
         let uid = self
             .snapshots
-            .get(&object.resource)
-            .and_then(|snapshot| {
-                snapshot.get_by_key(&ObjectKey::new(
-                    object.namespace.clone(),
-                    object.name.clone(),
-                ))
-            })
+            .get(resource)
+            .and_then(|snapshot| snapshot.get_by_key(&ObjectKey::new(namespace, name)))
             .and_then(|stored| {
                 let value = stored.parse();
                 value["metadata"]["uid"].as_str().map(str::to_owned)
             });
-        Some(ObjectReference {
+        ObjectReference {
             api_version: Some(kind.api_version.clone()),
-            kind: Some(object.kind.clone().unwrap_or_else(|| kind.kind.clone())),
-            name: Some(object.name.clone()),
-            namespace: (!object.namespace.is_empty()).then(|| object.namespace.clone()),
+            kind: Some(object_kind.unwrap_or_else(|| kind.kind.clone())),
+            name: Some(name.to_owned()),
+            namespace: (!namespace.is_empty()).then(|| namespace.to_owned()),
             uid,
             ..ObjectReference::default()
-        })
+        }
+    }
+
+    /// Writes a Warning Event for each notice of a render that the last render did
+    /// not have; the first failure, if any (a notice whose Event failed is tried
+    /// again after the next render).
+    async fn notify(&mut self, current: BTreeSet<Notice>) -> Option<String> {
+        let mut failure = None;
+        self.noticed.retain(|notice| current.contains(notice));
+        for notice in current {
+            if self.noticed.contains(&notice) {
+                continue;
+            }
+            let Some(reference) = self.notice_reference(&notice) else {
+                continue;
+            };
+            let event = Event {
+                type_: EventType::Warning,
+                reason: format!("{NOTICE_REASON_PREFIX}{}", notice.reason),
+                note: Some(truncate(notice.message.clone(), MAX_NOTE)),
+                action: "Render".to_owned(),
+                secondary: None,
+            };
+            match self.write(&event, &reference).await {
+                Ok(()) => {
+                    self.noticed.insert(notice);
+                }
+                Err(error) => {
+                    failure.get_or_insert(error);
+                }
+            }
+        }
+        failure
     }
 
     async fn recorder(&mut self) -> Result<Recorder, super::ClientError> {
@@ -274,6 +391,7 @@ impl Component for QuarantineEvents {
         Interest::pipeline([
             EventKind::QuarantineSearched,
             EventKind::ResourceIndexUpdated,
+            EventKind::TemplateRendered,
         ])
     }
 
@@ -287,6 +405,7 @@ impl Component for QuarantineEvents {
         let mut state = State {
             kinds,
             snapshots: BTreeMap::new(),
+            noticed: BTreeSet::new(),
             announced: BTreeSet::new(),
             recorder: None,
             client,
@@ -304,6 +423,20 @@ impl Component for QuarantineEvents {
                     state
                         .snapshots
                         .insert(update.source.clone(), update.snapshot.clone());
+                }
+                EventPayload::TemplateRendered(rendered) => {
+                    let leader = leadership.as_ref().is_none_or(|l| *l.borrow());
+                    if !leader {
+                        // A new leader writes what is still noticed then.
+                        state.noticed.clear();
+                        continue;
+                    }
+                    match state.notify(notices(rendered.config.main())).await {
+                        Some(error) => ctx
+                            .health()
+                            .degraded(format!("cannot write Kubernetes Events: {error}")),
+                        None => ctx.health().healthy(),
+                    }
                 }
                 EventPayload::QuarantineSearched(searched) => {
                     let leader = leadership.as_ref().is_none_or(|l| *l.borrow());
