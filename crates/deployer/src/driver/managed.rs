@@ -177,29 +177,9 @@ impl LogBuffer {
     /// once: HAProxy repeats the same alert from the master and each worker, and
     /// again on every failed start.
     pub fn alerts_since(&self, position: u64) -> Vec<String> {
-        let mut seen = std::collections::HashSet::new();
-        self.since(position)
-            .into_iter()
-            .filter(|line| line.contains("[ALERT]"))
-            .map(|line| without_pid(line.trim()))
-            .filter(|line| seen.insert(line.clone()))
-            .collect()
+        let lines = self.since(position);
+        crate::client::master::alert_lines(lines.iter().map(String::as_str))
     }
-}
-
-/// `[ALERT]    (12345) : config : …` → `[ALERT] config : …`: the pid differs between
-/// otherwise identical lines and says nothing to the reader.
-fn without_pid(line: &str) -> String {
-    let Some(rest) = line.strip_prefix("[ALERT]") else {
-        return line.to_owned();
-    };
-    let rest = rest.trim_start();
-    let rest = match rest.strip_prefix('(').and_then(|r| r.split_once(')')) {
-        Some((pid, after)) if pid.chars().all(|c| c.is_ascii_digit()) => after.trim_start(),
-        _ => rest,
-    };
-    let rest = rest.strip_prefix(':').map_or(rest, str::trim_start);
-    format!("[ALERT] {rest}")
 }
 
 /// Starts of one supervised process that came up, and how many of them a deployment
@@ -647,9 +627,9 @@ async fn run_once(
     let ready = async {
         let deadline = tokio::time::Instant::now() + config.ready_timeout;
         loop {
-            if let Ok(info) = master.try_show_proc().await
-                && !info.workers.is_empty()
-            {
+            // Ready once the worker itself answers: from 3.1 on the master lists it
+            // in `show proc` before it loaded the config.
+            if master.worker_ready().await {
                 return true;
             }
             if tokio::time::Instant::now() >= deadline {
@@ -801,7 +781,7 @@ async fn find_leftover(instance: &InstanceConfig, config: &SupervisorConfig) -> 
     let mut adopted = None;
     loop {
         if let Ok(info) = master.try_show_proc().await
-            && !info.workers.is_empty()
+            && info.has_serving_worker()
             && candidates.contains(&info.master_pid)
         {
             adopted = Some(info.master_pid);
