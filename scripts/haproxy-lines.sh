@@ -8,6 +8,8 @@
 #   3.2   sid            target/haproxy-lines/3.2/usr/sbin/haproxy
 #   3.4   experimental   target/haproxy-lines/3.4/usr/sbin/haproxy
 #
+# (docs/haproxy-versions.md: what differs between the lines and how tests use them.)
+#
 # The newer packages need a newer libc than bookworm's, so they are not installed with
 # dpkg: a private apt configuration (its own sources.list, state and cache under the
 # lines directory) downloads the haproxy package of the line's suite and its library
@@ -22,7 +24,8 @@
 #
 # Usage: scripts/haproxy-lines.sh [--refresh] [LINE...]     (default: 3.0 3.2 3.4)
 # Prints, last, one line per installed line: "<line> <dir>/usr/sbin <version>".
-# Environment: HAPWRIGHT_HAPROXY_LINES_DIR (default: target/haproxy-lines).
+# Environment: HAPWRIGHT_HAPROXY_LINES_DIR (default: $CARGO_TARGET_DIR/haproxy-lines,
+# that is target/haproxy-lines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,7 +55,7 @@ suite_of() {
     esac
 }
 
-root="${HAPWRIGHT_HAPROXY_LINES_DIR:-target/haproxy-lines}"
+root="${HAPWRIGHT_HAPROXY_LINES_DIR:-${CARGO_TARGET_DIR:-target}/haproxy-lines}"
 mkdir -p "$root"
 root="$(cd "$root" && pwd)"
 
