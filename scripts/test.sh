@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need, then checks formatting, lints and
-# runs the whole test suite. CI runs exactly this (.ci/run).
+# runs the whole test suite on the system's HAProxy (2.6), then the test files that
+# start a real HAProxy on HAProxy 3.0, 3.2 and 3.4 (scripts/haproxy-lines.sh). CI runs
+# exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +19,22 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 echo "==> $(haproxy -v | head -n 1)"
+
+# The other supported HAProxy lines, from Debian's suites, side by side with the
+# system's 2.6 (docs/haproxy-versions.md). Installed first, so a failed download stops
+# the run before the long part; a second run finds them in place.
+# HAPWRIGHT_HAPROXY_LINES="3.4" tests only that line on top of 2.6; "" none.
+read -r -a haproxy_lines <<<"${HAPWRIGHT_HAPROXY_LINES-3.0 3.2 3.4}"
+declare -A haproxy_line_dir=()
+if [ ${#haproxy_lines[@]} -gt 0 ]; then
+    echo "==> HAProxy ${haproxy_lines[*]} (scripts/haproxy-lines.sh)"
+    lines_output="$(./scripts/haproxy-lines.sh "${haproxy_lines[@]}")"
+    echo "$lines_output"
+    # Its last lines are "<line> <directory of the haproxy binary> <version>".
+    while read -r line dir version; do
+        [ -n "$version" ] && [ -x "$dir/haproxy" ] && haproxy_line_dir[$line]="$dir"
+    done < <(grep -E '^[0-9]+\.[0-9]+ /' <<<"$lines_output")
+fi
 # A clean run builds about 6.5 GB under target/ (dev profile: line tables only, no
 # debug info for dependencies; see Cargo.toml). Say so up front when the disk is short.
 target_dir="${CARGO_TARGET_DIR:-target}"
@@ -55,4 +73,56 @@ fi
 echo "==> cargo test"
 export CI="${CI:-true}"   # insta: never write snapshots, fail on mismatch
 export HAPWRIGHT_REQUIRE_BROWSER=1   # tests/browser.rs fails instead of skipping
+suite_start=$SECONDS
 cargo test --workspace
+echo "==> whole suite on HAProxy $(haproxy -v | awk 'NR == 1 { print $3 }'): $((SECONDS - suite_start)) s"
+
+# Then every test file that starts a real HAProxy (or runs `haproxy -c`) again on each
+# other line, with that line's binary first on PATH: hapwright and the test harnesses
+# run `haproxy` from PATH. Left out: e2e_image (the container image brings its own
+# HAProxy) and browser (the status page in a browser; HAProxy plays no part in it).
+line_tests=(
+    # crates/deployer: socket and managed drivers against real HAProxy processes,
+    # reload confirmation, runtime changes, faults, fleets; `haproxy -c`.
+    deploy_faults equivalence files fleet lossless_runtime managed managed_leftovers
+    managed_restart reload_confirmation runtime_errors socket_reload socket_runtime
+    validator
+    # tests/: the hapwright binary with managed HAProxy.
+    e2e_config e2e_crash e2e_fleet e2e_http_source e2e_lifecycle e2e_logs e2e_quarantine
+    e2e_routing e2e_safety e2e_secrets e2e_status e2e_traces e2e_webhook
+)
+if [ ${#haproxy_lines[@]} -gt 0 ]; then
+    # The test executables `cargo test --workspace` just built, run as they are (from
+    # their package's directory, as cargo runs them): a `cargo test -p …` here could
+    # resolve features differently and build again.
+    artifacts="$(cargo test --workspace --no-run --message-format=json)"
+    failed_lines=()
+    for line in "${haproxy_lines[@]}"; do
+        dir="${haproxy_line_dir[$line]:-}"
+        if [ -z "$dir" ]; then
+            echo "error: HAProxy $line was not installed (see scripts/haproxy-lines.sh above)" >&2
+            exit 1
+        fi
+        echo "==> HAProxy $line: $("$dir/haproxy" -v | head -n 1)"
+        line_start=$SECONDS
+        for name in "${line_tests[@]}"; do
+            artifact="$(grep '"kind":\["test"\]' <<<"$artifacts" | grep -F "\"name\":\"$name\"" || true)"
+            executable="$(sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' <<<"$artifact")"
+            manifest="$(sed -n 's/.*"manifest_path":"\([^"]*\)".*/\1/p' <<<"$artifact")"
+            if [ -z "$executable" ] || [ -z "$manifest" ]; then
+                echo "error: no test executable named $name (scripts/test.sh lists it)" >&2
+                exit 1
+            fi
+            echo "    $name"
+            if ! (cd "$(dirname "$manifest")" && PATH="$dir:$PATH" "$executable" -q); then
+                failed_lines+=("HAProxy $line: $name")
+            fi
+        done
+        echo "==> HAProxy $line: ${#line_tests[@]} test files in $((SECONDS - line_start)) s"
+    done
+    if [ ${#failed_lines[@]} -gt 0 ]; then
+        echo "error: test files failed on other HAProxy lines:" >&2
+        printf '  %s\n' "${failed_lines[@]}" >&2
+        exit 1
+    fi
+fi

@@ -177,29 +177,9 @@ impl LogBuffer {
     /// once: HAProxy repeats the same alert from the master and each worker, and
     /// again on every failed start.
     pub fn alerts_since(&self, position: u64) -> Vec<String> {
-        let mut seen = std::collections::HashSet::new();
-        self.since(position)
-            .into_iter()
-            .filter(|line| line.contains("[ALERT]"))
-            .map(|line| without_pid(line.trim()))
-            .filter(|line| seen.insert(line.clone()))
-            .collect()
+        let lines = self.since(position);
+        crate::client::master::alert_lines(lines.iter().map(String::as_str))
     }
-}
-
-/// `[ALERT]    (12345) : config : …` → `[ALERT] config : …`: the pid differs between
-/// otherwise identical lines and says nothing to the reader.
-fn without_pid(line: &str) -> String {
-    let Some(rest) = line.strip_prefix("[ALERT]") else {
-        return line.to_owned();
-    };
-    let rest = rest.trim_start();
-    let rest = match rest.strip_prefix('(').and_then(|r| r.split_once(')')) {
-        Some((pid, after)) if pid.chars().all(|c| c.is_ascii_digit()) => after.trim_start(),
-        _ => rest,
-    };
-    let rest = rest.strip_prefix(':').map_or(rest, str::trim_start);
-    format!("[ALERT] {rest}")
 }
 
 /// Starts of one supervised process that came up, and how many of them a deployment
@@ -510,7 +490,9 @@ async fn supervise(
             Exit::Failed(conflict)
         } else {
             match spawn(&spawner, &binary, &instance, &logs, &cancel).await {
-                Ok(child) => run_once(child, &instance, &config, &state, &cancel).await,
+                Ok((child, output)) => {
+                    run_once(child, output, &instance, &config, &state, &cancel).await
+                }
                 Err(error) => Exit::Failed(crate::config::spawn_error(&binary, &error)),
             }
         };
@@ -554,7 +536,7 @@ async fn spawn(
     instance: &InstanceConfig,
     logs: &LogBuffer,
     stopping: &CancellationToken,
-) -> std::io::Result<Child> {
+) -> std::io::Result<(Child, Output)> {
     let config_file = instance.config_dir.join("haproxy.cfg");
     let mut command = match &spawner.setpriv {
         Some(setpriv) => {
@@ -586,13 +568,35 @@ async fn spawn(
         write_pidfile(instance, pid);
     }
     tracing::info!(pid = child.id(), config = %config_file.display(), "Started managed HAProxy");
+    let mut output = Output(Vec::new());
     if let Some(stdout) = child.stdout.take() {
-        tokio::spawn(pump_lines(stdout, logs.clone(), stopping.clone()));
+        output.0.push(tokio::spawn(pump_lines(
+            stdout,
+            logs.clone(),
+            stopping.clone(),
+        )));
     }
     if let Some(stderr) = child.stderr.take() {
-        tokio::spawn(pump_lines(stderr, logs.clone(), stopping.clone()));
+        output.0.push(tokio::spawn(pump_lines(
+            stderr,
+            logs.clone(),
+            stopping.clone(),
+        )));
     }
-    Ok(child)
+    Ok((child, output))
+}
+
+/// The tasks forwarding a process's stdout and stderr ([`pump_lines`]).
+struct Output(Vec<JoinHandle<()>>);
+
+impl Output {
+    /// Waits until both pipes reached their end, at most `within` (a worker that
+    /// outlives its master may hold them open): what HAProxy printed before it
+    /// exited, such as the ALERT lines of a failed start, is then in the log and
+    /// the buffer before the exit is reported.
+    async fn drained(self, within: Duration) {
+        let _ = tokio::time::timeout(within, futures::future::join_all(self.0)).await;
+    }
 }
 
 /// Refuses a start while another process listens on one of the config's `bind`
@@ -631,6 +635,7 @@ async fn pump_lines(stream: impl AsyncRead + Unpin, logs: LogBuffer, stopping: C
 
 async fn run_once(
     mut child: Child,
+    output: Output,
     instance: &InstanceConfig,
     config: &SupervisorConfig,
     state: &Reporter,
@@ -647,9 +652,9 @@ async fn run_once(
     let ready = async {
         let deadline = tokio::time::Instant::now() + config.ready_timeout;
         loop {
-            if let Ok(info) = master.try_show_proc().await
-                && !info.workers.is_empty()
-            {
+            // Ready once the worker itself answers: from 3.1 on the master lists it
+            // in `show proc` before it loaded the config.
+            if master.worker_ready().await {
                 return true;
             }
             if tokio::time::Instant::now() >= deadline {
@@ -660,7 +665,10 @@ async fn run_once(
     };
     tokio::select! {
         () = cancel.cancelled() => return terminate(child, config.stop_grace).await,
-        status = child.wait() => return Exit::Failed(describe(status)),
+        status = child.wait() => {
+            output.drained(Duration::from_millis(500)).await;
+            return Exit::Failed(describe(status));
+        }
         ready = ready => {
             if !ready {
                 let _ = terminate(child, config.stop_grace).await;
@@ -672,7 +680,10 @@ async fn run_once(
     tracing::info!(pid, "Managed HAProxy is ready");
     tokio::select! {
         () = cancel.cancelled() => terminate(child, config.stop_grace).await,
-        status = child.wait() => Exit::Failed(describe(status)),
+        status = child.wait() => {
+            output.drained(Duration::from_millis(500)).await;
+            Exit::Failed(describe(status))
+        }
     }
 }
 
@@ -801,7 +812,7 @@ async fn find_leftover(instance: &InstanceConfig, config: &SupervisorConfig) -> 
     let mut adopted = None;
     loop {
         if let Ok(info) = master.try_show_proc().await
-            && !info.workers.is_empty()
+            && info.has_serving_worker()
             && candidates.contains(&info.master_pid)
         {
             adopted = Some(info.master_pid);

@@ -30,7 +30,9 @@ pub mod socket;
 pub mod state_file;
 
 pub use dataplane::DataplaneDriver;
-pub use socket::{DeployError, Deployed, DriverConfig, SocketDriver};
+pub use socket::{
+    ConfirmedBy, DeployError, Deployed, DriverConfig, ReloadConfirmation, SocketDriver,
+};
 
 use std::fmt;
 use std::sync::Arc;

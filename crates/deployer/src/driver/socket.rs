@@ -11,8 +11,10 @@
 //!   see [`crate::client::runtime`]), then the files rewritten with the running marker;
 //! - a reload: snapshot the last good files, write the new ones (exclusive temporary
 //!   files, fsync, rename, directory fsync), dump the server state file (without the
-//!   lines of changed servers), then a confirmed reload — counter moved,
-//!   `[failed: 0]`, version marker read back — and the state record last. The last
+//!   lines of changed servers), then a confirmed reload — from HAProxy 2.7 on the
+//!   master CLI's answer `Success=1` (`Success=0` carries the ALERT lines), on 2.6
+//!   the `show proc` counter moved with `[failed: 0]`; then the version marker read
+//!   back — and the state record last. The last
 //!   good files are put back after every failure once files were written, also when
 //!   the deployment is cancelled (a restore guard); a failed restore is an error of
 //!   its own ([`DeployError::RestoreFailed`]).
@@ -34,7 +36,9 @@ use hapwright_eventbus::model::{
 };
 use tokio::time::Instant;
 
-use crate::client::master::{MasterClient, MasterError, ProcInfo};
+use crate::client::master::{
+    MasterClient, MasterError, ProcInfo, ReloadAnswer, Version, parse_reload_answer,
+};
 use crate::client::runtime::{PatternKind, RuntimeClient, RuntimeError};
 use crate::client::socket::{InstanceConfig, SocketError};
 use crate::driver::Driver;
@@ -169,6 +173,43 @@ impl DeployError {
     }
 }
 
+/// How a reload was confirmed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfirmedBy {
+    /// The master CLI's answer to `reload` (`Success=1` / `Success=0`; HAProxy 2.7
+    /// and later).
+    Answer,
+    /// The reload counter of `show proc` (HAProxy 2.6, or a later line whose answer
+    /// broke off).
+    Counter,
+}
+
+/// The last reload of an instance and how it was confirmed
+/// ([`SocketDriver::last_reload`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReloadConfirmation {
+    /// The HAProxy line the master reported before the reload (`None`: it could not
+    /// be told, and the counter was used).
+    pub version: Option<Version>,
+    /// What confirmed it.
+    pub by: ConfirmedBy,
+    /// `reload` commands sent again: after a busy answer (`Another reload is still
+    /// in progress`) or, on the counter path, after a lost one.
+    pub resent: u32,
+    /// Whether HAProxy loaded the new config.
+    pub succeeded: bool,
+    /// From the first `show proc` to the confirmation.
+    pub duration: Duration,
+}
+
+/// What one reload came to: how it was confirmed, and on failure `[failed: N]` with
+/// the ALERT lines the answer carried (none on the counter path).
+struct ReloadOutcome {
+    by: ConfirmedBy,
+    resent: u32,
+    failure: Option<(u64, Vec<String>)>,
+}
+
 /// Timeouts of the reload confirmation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DriverConfig {
@@ -179,7 +220,8 @@ pub struct DriverConfig {
     /// refuses connections, so most polls are a refused connect.
     pub poll_interval: Duration,
     /// A reload counter that stays put this long while the master answers means the
-    /// `reload` was lost; it is sent again.
+    /// `reload` was lost; it is sent again. Only on the counter path (HAProxy 2.6):
+    /// later lines answer `reload` with its outcome.
     pub lost_reload_after: Duration,
     /// How long an address change or a server removal waits for the requests in
     /// flight on the old server to finish ([`RuntimeClient::with_drain_timeout`]).
@@ -212,6 +254,8 @@ pub struct SocketDriver {
     files_gate: Arc<tokio::sync::Mutex<()>>,
     /// Whether the leftovers of an earlier, killed controller were swept.
     swept: std::sync::atomic::AtomicBool,
+    /// How the last reload was confirmed (diagnostics and tests).
+    last_reload: std::sync::Mutex<Option<ReloadConfirmation>>,
 }
 
 impl SocketDriver {
@@ -229,6 +273,7 @@ impl SocketDriver {
         Self {
             dir: ConfigDir::for_instance(&instance),
             swept: std::sync::atomic::AtomicBool::new(false),
+            last_reload: std::sync::Mutex::new(None),
             managed: managed.filter(|_| instance.managed),
             instance,
             master,
@@ -271,6 +316,11 @@ impl SocketDriver {
     /// The runtime API client.
     pub fn runtime(&self) -> &RuntimeClient {
         &self.runtime
+    }
+
+    /// How the last reload this driver sent was confirmed; `None` before the first.
+    pub fn last_reload(&self) -> Option<ReloadConfirmation> {
+        self.last_reload.lock().expect("last reload lock").clone()
     }
 
     async fn drift_of(&self, running: &Deployed) -> Result<Option<String>, DeployError> {
@@ -765,27 +815,15 @@ impl SocketDriver {
         }
     }
 
-    /// Sends `reload` and waits until the master confirms it; re-sends a lost one and
-    /// reloads again if the files changed while it ran.
+    /// Sends `reload` and waits until the master confirms it ([`Self::reload_once`]),
+    /// and reloads again if the files changed while it ran.
     async fn confirmed_reload(
         &self,
         marker: &str,
         logs: Option<&LogBuffer>,
     ) -> Result<(), DeployError> {
         for _round in 0..3 {
-            let before = self.master.show_proc().await?;
-            let log_position = logs.map(LogBuffer::position);
-            let after = self.reload_and_wait(&before).await?;
-            if after.failed > 0 {
-                let alerts = match (logs, log_position) {
-                    (Some(logs), Some(position)) => self.wait_for_alerts(logs, position).await,
-                    _ => Vec::new(),
-                };
-                return Err(DeployError::ReloadFailed {
-                    failed: after.failed,
-                    alerts,
-                });
-            }
+            self.reload_once(logs).await?;
             let actual = self.master.worker_env(VERSION_VARIABLE).await?;
             let on_disk = self.on_files(ConfigDir::marker).await.ok().flatten();
             if actual.as_deref() == Some(marker) && on_disk.as_deref() == Some(marker) {
@@ -814,6 +852,48 @@ impl SocketDriver {
         })
     }
 
+    /// One reload, confirmed the way the instance's HAProxy line offers it: from 2.7 on
+    /// by the master CLI's answer to `reload` ([`Self::reload_by_answer`]), on 2.6 by
+    /// the reload counter of `show proc` ([`Self::reload_by_counter`]). The line is
+    /// asked (`show version`) before every reload, so an HAProxy upgraded under a
+    /// running controller is confirmed the new way. `Err(ReloadFailed)` when HAProxy
+    /// refused the new config.
+    async fn reload_once(&self, logs: Option<&LogBuffer>) -> Result<(), DeployError> {
+        let started = Instant::now();
+        let before = self.master.show_proc().await?;
+        let version = match self.master.version().await {
+            Ok(version) => Some(version),
+            Err(error) => {
+                tracing::warn!(instance = %self.instance.name, %error, "Cannot tell the HAProxy line; confirming the reload by the reload counter");
+                None
+            }
+        };
+        let log_position = logs.map(LogBuffer::position);
+        let outcome = if version.is_some_and(Version::reload_answers) {
+            self.reload_by_answer(&before).await?
+        } else {
+            self.reload_by_counter(&before, false).await?
+        };
+        let confirmation = ReloadConfirmation {
+            version,
+            by: outcome.by,
+            resent: outcome.resent,
+            succeeded: outcome.failure.is_none(),
+            duration: started.elapsed(),
+        };
+        tracing::debug!(instance = %self.instance.name, version = ?confirmation.version.map(|v| v.to_string()), by = ?confirmation.by, resent = confirmation.resent, succeeded = confirmation.succeeded, duration = ?confirmation.duration, "Reload confirmed");
+        *self.last_reload.lock().expect("last reload lock") = Some(confirmation);
+        let Some((failed, mut alerts)) = outcome.failure else {
+            return Ok(());
+        };
+        if alerts.is_empty()
+            && let (Some(logs), Some(position)) = (logs, log_position)
+        {
+            alerts = self.wait_for_alerts(logs, position).await;
+        }
+        Err(DeployError::ReloadFailed { failed, alerts })
+    }
+
     /// The ALERT lines of a failed reload; the master prints them just before
     /// `[failed: N]` shows, so give the output pipe a moment.
     async fn wait_for_alerts(&self, logs: &LogBuffer, position: u64) -> Vec<String> {
@@ -827,11 +907,80 @@ impl SocketDriver {
         }
     }
 
-    async fn reload_and_wait(&self, before: &ProcInfo) -> Result<ProcInfo, DeployError> {
+    /// HAProxy 2.7 and later: `reload` answers once the new worker loaded
+    /// (`Success=1`) or failed to (`Success=0` and the startup log with its ALERT
+    /// lines), so nothing is polled and no timeout is waited out. A `Success=0` that
+    /// says another reload is still in progress (3.x, e.g. the master's own start
+    /// still loading the first worker) started nothing: `reload` is sent again after
+    /// [`DriverConfig::poll_interval`], within [`DriverConfig::reload_timeout`]. An
+    /// answer that breaks off or is not understood falls back to the reload counter.
+    async fn reload_by_answer(&self, before: &ProcInfo) -> Result<ReloadOutcome, DeployError> {
         let deadline = Instant::now() + self.config.reload_timeout;
-        self.master
-            .send_reload(40, Duration::from_millis(50))
-            .await?;
+        let mut busy = 0;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(DeployError::ReloadTimeout(self.config.reload_timeout));
+            }
+            let text = match self.master.reload_answered(remaining).await {
+                Ok(text) => text,
+                Err(SocketError::Timeout { .. }) => {
+                    return Err(DeployError::ReloadTimeout(self.config.reload_timeout));
+                }
+                Err(SocketError::Io { source, .. }) => {
+                    tracing::warn!(instance = %self.instance.name, error = %source, "The answer to reload broke off; confirming it by the reload counter");
+                    return self.reload_by_counter(before, true).await;
+                }
+                Err(error) => return Err(error.into()),
+            };
+            match parse_reload_answer(&text) {
+                Some(ReloadAnswer::Succeeded { .. }) => {
+                    return Ok(ReloadOutcome {
+                        by: ConfirmedBy::Answer,
+                        resent: busy,
+                        failure: None,
+                    });
+                }
+                Some(answer @ ReloadAnswer::Failed { .. }) => {
+                    let failed = match self.master.show_proc().await {
+                        Ok(info) => info.failed.max(1),
+                        Err(_) => 1,
+                    };
+                    return Ok(ReloadOutcome {
+                        by: ConfirmedBy::Answer,
+                        resent: busy,
+                        failure: Some((failed, answer.alerts())),
+                    });
+                }
+                Some(ReloadAnswer::Busy) => {
+                    busy += 1;
+                    tracing::debug!(instance = %self.instance.name, "Another reload is still in progress; sending reload again");
+                    tokio::time::sleep(self.config.poll_interval).await;
+                }
+                None => {
+                    tracing::warn!(instance = %self.instance.name, answer = %text.trim(), "The answer to reload was not understood; confirming it by the reload counter");
+                    return self.reload_by_counter(before, true).await;
+                }
+            }
+        }
+    }
+
+    /// HAProxy 2.6: `reload` answers nothing, so the reload counter of `show proc` is
+    /// polled until it moved past `before` with a worker up (or the failure counted).
+    /// A `reload` sent while the master CLI was down is lost: a counter that stays put
+    /// for [`DriverConfig::lost_reload_after`] while the master answers means it is
+    /// sent again. `sent`: the reload went out already (a fallback from the answer).
+    async fn reload_by_counter(
+        &self,
+        before: &ProcInfo,
+        sent: bool,
+    ) -> Result<ReloadOutcome, DeployError> {
+        let deadline = Instant::now() + self.config.reload_timeout;
+        if !sent {
+            self.master
+                .send_reload(40, Duration::from_millis(50))
+                .await?;
+        }
         let mut unchanged_since: Option<Instant> = None;
         let mut resent = 0;
         loop {
@@ -844,7 +993,11 @@ impl SocketDriver {
                     // The new worker must be up (or the failure recorded) before the
                     // version check.
                     if info.failed > 0 || !info.workers.is_empty() {
-                        return Ok(info);
+                        return Ok(ReloadOutcome {
+                            by: ConfirmedBy::Counter,
+                            resent,
+                            failure: (info.failed > 0).then(|| (info.failed, Vec::new())),
+                        });
                     }
                 }
                 Ok(_) => {

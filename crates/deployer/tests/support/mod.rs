@@ -192,8 +192,18 @@ impl Haproxy {
     }
 
     /// Writes `config` (with `marker`) into a new directory and starts HAProxy on it,
-    /// waiting until the master CLI reports a worker.
+    /// waiting until its worker answers through the master CLI.
     pub async fn start(name: &str, config: &RenderedConfig, marker: &str) -> Self {
+        let mut haproxy = Self::start_listed(name, config, marker).await;
+        haproxy.wait_worker().await;
+        haproxy
+    }
+
+    /// Like [`Haproxy::start`], but returns as soon as the master lists a worker in
+    /// `show proc`: from HAProxy 3.1 on that worker may still be loading its config
+    /// (`@1 …` reaches nobody yet), the state a controller finds right after HAProxy
+    /// was started next to it.
+    pub async fn start_listed(name: &str, config: &RenderedConfig, marker: &str) -> Self {
         let mut haproxy = Self::dir_only(name);
         let dir = ConfigDir::new(haproxy.dir.path());
         dir.write(config, marker, None).unwrap();
@@ -254,6 +264,7 @@ impl Haproxy {
             .expect("haproxy runs");
         self.child = Some(child);
         self.wait_ready().await;
+        self.wait_worker().await;
     }
 
     /// The master socket path.
@@ -279,6 +290,27 @@ impl Haproxy {
     /// HAProxy's own output (stdout and stderr).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("haproxy.log")).unwrap_or_default()
+    }
+
+    /// Waits until the worker answers `@1 show info` through the master CLI.
+    async fn wait_worker(&mut self) {
+        let master = self.master();
+        let ready = timeout(Duration::from_secs(10), async {
+            while !master.worker_ready().await {
+                if let Some(child) = self.child.as_mut()
+                    && let Ok(Some(status)) = child.try_wait()
+                {
+                    panic!("haproxy exited ({status}): {}", self.log());
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(
+            ready.is_ok(),
+            "haproxy's worker never answered: {}",
+            self.log()
+        );
     }
 
     async fn wait_ready(&mut self) {
@@ -331,6 +363,18 @@ defaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    tim
 frontend fe_main\n    bind 127.0.0.1:{port}\n    use_backend %[req.hdr(host),lower,word(1,:),map(maps/hosts.map,be_app)]\n    default_backend be_app\n\n\
 {backends}"
     )
+}
+
+/// The HAProxy line of the `haproxy` on `PATH` (what the tests start), from
+/// `haproxy -v`.
+pub fn haproxy_line() -> hapwright_deployer::client::master::Version {
+    let output = Command::new("haproxy")
+        .arg("-v")
+        .output()
+        .expect("haproxy -v runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    hapwright_deployer::client::master::Version::parse(&text)
+        .unwrap_or_else(|| panic!("no version in `haproxy -v`: {text}"))
 }
 
 /// A unix socket that accepts connections and never answers: an instance that hangs.
