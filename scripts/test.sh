@@ -87,9 +87,14 @@ line_tests=(
     deploy_faults equivalence files fleet lossless_runtime managed managed_leftovers
     managed_restart reload_confirmation runtime_errors socket_reload socket_runtime
     validator
+    # crates/reconciler: random values escaped for where they land, read back by HAProxy.
+    escaping
     # tests/: the hapwright binary with managed HAProxy.
     e2e_config e2e_crash e2e_fleet e2e_http_source e2e_lifecycle e2e_logs e2e_quarantine
     e2e_routing e2e_safety e2e_secrets e2e_status e2e_traces e2e_webhook
+    # tests/: the template libraries with a sidecar HAProxy: routing, tenants, injection.
+    gateway_library gateway_tenants gateway_injection
+    ingress_library ingress_tenants ingress_injection
 )
 if [ ${#haproxy_lines[@]} -gt 0 ]; then
     # The test executables `cargo test --workspace` just built, run as they are (from
