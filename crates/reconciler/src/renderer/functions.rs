@@ -167,6 +167,9 @@ fn format_haproxy(out: &mut Output, state: &mut State, value: &Value) -> Result<
             None => Cow::Owned(value.to_string()),
         },
         ValueKind::None | ValueKind::Bool => return format_value(out, state, value),
+        // A number prints as digits, sign, point and exponent (or inf/NaN): nothing
+        // to escape, so it is written without an intermediate string.
+        ValueKind::Number => return write!(out, "{value}").map_err(Error::from),
         // Numbers, lists and maps as minijinja prints them without escaping.
         _ => Cow::Owned(value.to_string()),
     };
