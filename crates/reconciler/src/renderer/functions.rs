@@ -170,7 +170,7 @@ fn format_haproxy(out: &mut Output, state: &mut State, value: &Value) -> Result<
         // A number prints as digits, sign, point and exponent (or inf/NaN): nothing
         // to escape, so it is written without an intermediate string.
         ValueKind::Number => return write!(out, "{value}").map_err(Error::from),
-        // Numbers, lists and maps as minijinja prints them without escaping.
+        // Lists, maps and the rest as minijinja prints them, checked like a string.
         _ => Cow::Owned(value.to_string()),
     };
     if escape::needs_escaping(&text) {

@@ -1294,4 +1294,17 @@ mod tests {
         assert_eq!(index.text(src, 2), Some("cdé"));
         assert_eq!(index.text(src, 9), None);
     }
+
+    #[test]
+    fn literals_with_special_bytes_become_trusted_and_template_names_stay_literal() {
+        let src = "{{ \" proto h2\" if g }}{{ 'plain' }}{% set s = \"%[path]\" %}\n\
+                   {% include \"a b\" %}{% from \"x y\" import m %}{# \" c\" #} \" d\"";
+        let out = trust_literals(src).expect("rewritten");
+        assert_eq!(
+            out,
+            "{{ (\" proto h2\"|__literal) if g }}{{ 'plain' }}{% set s = (\"%[path]\"|__literal) %}\n\
+             {% include \"a b\" %}{% from \"x y\" import m %}{# \" c\" #} \" d\""
+        );
+        assert_eq!(trust_literals("{{ 'a' ~ x }} plain text"), None);
+    }
 }
