@@ -52,9 +52,10 @@ echo "==> cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
 # The container image test (tests/e2e_image.rs) runs the image scripts/image.sh builds.
-# It is built here from the debug binary `cargo test` uses anyway: what the test checks
-# (root file system, user, entry point, default config path, HAProxy inside) does not
-# depend on the compile profile, and a release build would add 10+ minutes on 2 cores.
+# It is built here, the default image (Debian trixie, HAProxy 3.0), from the debug
+# binary `cargo test` uses anyway: what the test checks (root file system, user, entry
+# point, default config path, the HAProxy line inside) does not depend on the compile
+# profile, and a release build would add 10+ minutes on 2 cores.
 if [ "${HAPWRIGHT_SKIP_IMAGE:-}" = 1 ]; then
     echo "==> skipping the container image test (HAPWRIGHT_SKIP_IMAGE=1)"
 else

@@ -1,10 +1,14 @@
-//! The container image (`scripts/image.sh`) running the quickstart: the config is
-//! mounted at the image's default config path, the container's own HAProxy routes
-//! requests, an EndpointSlice edit on the mounted volume is applied through the
-//! runtime API without a reload, and stopping the container leaves nothing behind.
+//! The container image (`scripts/image.sh`) running the quickstart: the image carries
+//! the HAProxy line it was built for (`haproxy -v`, its label, and the HAProxy that
+//! hapwright starts), the config is mounted at the image's default config path, the
+//! container's own HAProxy routes requests, an EndpointSlice edit on the mounted volume
+//! is applied through the runtime API without a reload, and stopping the container
+//! leaves nothing behind.
 //!
-//! Runs when `HAPWRIGHT_TEST_IMAGE` names a built image: `scripts/test.sh` builds one
-//! with `scripts/image.sh` and sets it (or fails, unless `HAPWRIGHT_SKIP_IMAGE=1`).
+//! Runs when `HAPWRIGHT_TEST_IMAGE` names a built image: `scripts/test.sh` builds the
+//! default one (Debian trixie, HAProxy 3.0) with `scripts/image.sh` and sets it (or
+//! fails, unless `HAPWRIGHT_SKIP_IMAGE=1`). `HAPWRIGHT_TEST_IMAGE_HAPROXY_LINE` names
+//! the line expected in it when the image was built with another `--haproxy-line`.
 //! Without it the test says so and passes, so a plain `cargo test` needs no podman.
 //! Uses podman as root with `--network=host`, as containers run on these machines
 //! (scripts/image.sh configures podman for that).
@@ -24,6 +28,8 @@ use hapwright_e2e::{
 const START: Duration = Duration::from_secs(60);
 /// Bound for one change to reach HAProxy.
 const CHANGE: Duration = Duration::from_secs(30);
+/// The HAProxy line of the default image (`scripts/image.sh` without `--haproxy-line`).
+const DEFAULT_LINE: &str = "3.0";
 
 fn podman(args: &[&str]) -> Output {
     Command::new("podman")
@@ -205,6 +211,15 @@ impl Container {
             .reloads
     }
 
+    /// The version the running HAProxy's master reports (`show version`).
+    fn haproxy_version(&self) -> String {
+        let socket = self.dir.path().join("run/master.sock");
+        master_command(&socket, "show version")
+            .unwrap_or_else(|e| self.fail(&format!("show version on {}: {e}", socket.display())))
+            .trim()
+            .to_owned()
+    }
+
     /// Host pids of every process in the container.
     fn host_pids(&self) -> Vec<u32> {
         let output = podman(&["top", &self.name, "hpid"]);
@@ -239,6 +254,34 @@ fn image_serves_the_quickstart_and_applies_endpoint_changes_without_reload() {
         );
         return;
     };
+    let line = std::env::var("HAPWRIGHT_TEST_IMAGE_HAPROXY_LINE")
+        .unwrap_or_else(|_| DEFAULT_LINE.to_owned());
+
+    // The image's HAProxy is the line it was built for, by its binary and its label.
+    let version = podman(&[
+        "run",
+        "--rm",
+        "--network=none",
+        "--entrypoint",
+        "haproxy",
+        &image,
+        "-v",
+    ]);
+    assert!(version.status.success(), "{}", text(&version.stderr));
+    let version = text(&version.stdout);
+    assert!(
+        version.starts_with(&format!("HAProxy version {line}.")),
+        "HAProxy {line} in {image}: {version}"
+    );
+    let label = podman(&[
+        "image",
+        "inspect",
+        "--format",
+        "{{index .Labels \"io.hapwright.haproxy.line\"}}",
+        &image,
+    ]);
+    assert_eq!(text(&label.stdout).trim(), line, "{}", text(&label.stderr));
+
     let container = Container::start(&image);
     let body = |name: &str, port: u16| format!("{name} (port {port})\n");
 
@@ -247,6 +290,12 @@ fn image_serves_the_quickstart_and_applies_endpoint_changes_without_reload() {
     container.wait_for_body("api.example.test", &body("api", container.api));
     let reloads_before = container.haproxy_reloads();
     let before = container.instance();
+    // The HAProxy hapwright started (found on the image's PATH) is that line too.
+    let running = container.haproxy_version();
+    assert!(
+        running.starts_with(&format!("{line}.")),
+        "HAProxy {line} running in the container: {running:?}"
+    );
 
     // Move web to its v2 port on the mounted volume, as the quickstart suggests.
     let web = container.dir.path().join("resources/web.yaml");
