@@ -218,7 +218,36 @@ async fn without_quarantine_the_whole_change_is_rejected() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn when_most_changes_fail_the_reconciliation_fails_as_before() {
+async fn one_bad_object_beside_one_good_change_does_not_block_it() {
+    let mut h = harness(true);
+    h.update("services", services(&[(0, "v1"), (1, "v1")]));
+    h.publisher.publish(trigger("start"));
+    settle(&mut h).await;
+    h.update("services", services(&[(0, "v2"), (1, "INVALID")]));
+    h.publisher.publish(trigger("one good, one bad"));
+    let (done, render, searches) = settle(&mut h).await;
+    assert_eq!(
+        done.kind(),
+        EventKind::ReconciliationCompleted,
+        "the good change completes the reconciliation: {done:?}"
+    );
+    let render = render.expect("the good change was rendered");
+    assert!(render.contains("backend s00\n  # v2"), "{render}");
+    assert!(render.contains("backend s01\n  # v1"), "{render}");
+    let [search] = &searches[..] else {
+        panic!("one search: {searches:?}");
+    };
+    let EventPayload::QuarantineSearched(search) = &search.payload else {
+        unreachable!()
+    };
+    assert_eq!(search.gave_up, None);
+    assert_eq!(search.accepted, 1);
+    let names: Vec<&str> = search.objects.iter().map(|o| o.name.as_str()).collect();
+    assert_eq!(names, ["s01"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_every_changed_object_fails_each_is_held_back() {
     let mut h = harness(true);
     h.update("services", services(&[(0, "v1"), (1, "v1")]));
     h.publisher.publish(trigger("start"));
@@ -226,19 +255,23 @@ async fn when_most_changes_fail_the_reconciliation_fails_as_before() {
     h.update("services", services(&[(0, "INVALID"), (1, "INVALID")]));
     h.publisher.publish(trigger("bad"));
     let (done, _, searches) = settle(&mut h).await;
-    let EventPayload::ReconciliationFailed(failed) = &done.payload else {
-        panic!("fails: {done:?}");
-    };
-    assert_eq!(failed.stage, Stage::Validate);
-    assert_eq!(failed.errors[0].message, "unknown keyword 'INVALID'");
+    // The last good objects still validate, so the failure is the objects': both
+    // are held back and the last good config stays.
+    assert_eq!(done.kind(), EventKind::ReconciliationCompleted, "{done:?}");
     let [search] = &searches[..] else {
         panic!("one search: {searches:?}");
     };
     let EventPayload::QuarantineSearched(search) = &search.payload else {
         unreachable!()
     };
-    assert_eq!(search.gave_up, Some("most_changes_fail"));
-    assert!(search.objects.is_empty());
+    assert_eq!(search.gave_up, None);
+    assert_eq!(search.accepted, 0);
+    let names: Vec<&str> = search.objects.iter().map(|o| o.name.as_str()).collect();
+    assert_eq!(names, ["s00", "s01"]);
+    assert_eq!(
+        search.objects[0].errors[0].message,
+        "unknown keyword 'INVALID'"
+    );
 }
 
 #[tokio::test(start_paused = true)]
