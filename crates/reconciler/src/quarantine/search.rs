@@ -124,6 +124,10 @@ pub enum Outcome<O, E> {
         reason: Rejection,
         /// Probes made.
         probes: usize,
+        /// The error of the probe that made the search give up: the baseline's
+        /// for [`Rejection::BaselineFails`], the tool's for
+        /// [`Rejection::ToolFailure`]; `None` otherwise.
+        error: Option<E>,
     },
 }
 
@@ -211,6 +215,7 @@ pub async fn search_with_units<P: Probe>(
         return Outcome::Rejected {
             reason: Rejection::NothingChanged,
             probes,
+            error: None,
         };
     }
     let mut output = None;
@@ -219,6 +224,7 @@ pub async fn search_with_units<P: Probe>(
             return Outcome::Rejected {
                 reason: Rejection::BoundReached,
                 probes,
+                error: None,
             };
         }
         probes += 1;
@@ -230,7 +236,11 @@ pub async fn search_with_units<P: Probe>(
                 } else {
                     Rejection::BaselineFails
                 };
-                return Outcome::Rejected { reason, probes };
+                return Outcome::Rejected {
+                    reason,
+                    probes,
+                    error: Some(error),
+                };
             }
         }
     }
@@ -262,6 +272,7 @@ pub async fn search_with_units<P: Probe>(
                     return Outcome::Rejected {
                         reason: Rejection::BoundReached,
                         probes,
+                        error: None,
                     };
                 }
                 probes += 1;
@@ -276,6 +287,7 @@ pub async fn search_with_units<P: Probe>(
                         return Outcome::Rejected {
                             reason: Rejection::ToolFailure,
                             probes,
+                            error: Some(failed),
                         };
                     }
                     Err(failed) => Some(failed),
@@ -319,6 +331,7 @@ pub async fn search_with_units<P: Probe>(
             return Outcome::Rejected {
                 reason: Rejection::BoundReached,
                 probes,
+                error: None,
             };
         }
         probes += 1;
@@ -330,7 +343,11 @@ pub async fn search_with_units<P: Probe>(
                 } else {
                     Rejection::BaselineFails
                 };
-                return Outcome::Rejected { reason, probes };
+                return Outcome::Rejected {
+                    reason,
+                    probes,
+                    error: Some(error),
+                };
             }
         }
     }

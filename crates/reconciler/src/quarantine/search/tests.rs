@@ -122,7 +122,8 @@ fn a_broken_template_is_rejected_after_one_probe() {
             outcome,
             Outcome::Rejected {
                 reason: Rejection::BaselineFails,
-                probes: 1
+                probes: 1,
+                ..
             }
         ),
         "{outcome:?}"
@@ -217,6 +218,15 @@ fn every_change_failing_because_of_the_templates_gives_up_and_says_so() {
         Err(Rejection::BaselineFails),
         "{outcome:?}"
     );
+    let Outcome::Rejected { error, probes, .. } = &outcome else {
+        unreachable!()
+    };
+    assert_eq!(
+        error.as_deref(),
+        Some("fails with []"),
+        "the baseline's own error is reported"
+    );
+    assert_eq!(*probes, fake.probes);
     assert_eq!(Rejection::BaselineFails.as_str(), "baseline_fails");
     // Probed first when not known to validate: one probe.
     let mut fake = Fake {
@@ -233,7 +243,8 @@ fn every_change_failing_because_of_the_templates_gives_up_and_says_so() {
             outcome,
             Outcome::Rejected {
                 reason: Rejection::BaselineFails,
-                probes: 1
+                probes: 1,
+                ..
             }
         ),
         "{outcome:?}"
@@ -269,7 +280,8 @@ fn the_bound_is_never_exceeded_and_gives_up_cleanly() {
             outcome,
             Outcome::Rejected {
                 reason: Rejection::BoundReached,
-                probes: 16
+                probes: 16,
+                ..
             }
         ),
         "{outcome:?}"
@@ -363,7 +375,7 @@ fn random_culprits_and_interactions_always_deploy_a_valid_maximal_set() {
                     assert_eq!(culprit_set, fake.bad, "case {case}");
                 }
             }
-            Outcome::Rejected { reason, probes } => {
+            Outcome::Rejected { reason, probes, .. } => {
                 assert_eq!(probes, fake.probes, "case {case}");
                 match reason {
                     Rejection::BaselineFails => assert!(fake.broken, "case {case}"),
