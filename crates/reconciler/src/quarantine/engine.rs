@@ -53,8 +53,8 @@ pub struct Culprit {
 /// The result of a successful search.
 #[derive(Clone, Debug)]
 pub struct Isolated {
-    /// The config of the accepted changes, rendered and validated; `None` when no
-    /// change was accepted and the last good state was not rendered again.
+    /// The config of the accepted changes, rendered and validated (the last good
+    /// objects' when no change was accepted: the search validates them again then).
     pub config: Option<Arc<RenderedConfig>>,
     /// The snapshots the config was rendered from: the new last good state.
     pub snapshots: Snapshots,
