@@ -84,6 +84,53 @@ fn fifty_good_changes_go_live_and_the_bad_object_keeps_its_last_good_state() {
 }
 
 #[test]
+fn one_good_change_beside_one_bad_object_goes_live() {
+    let controller = Controller::start();
+    controller.wait_deployed();
+    let ports = controller.ports();
+    let (v1, api) = (
+        controller.demo_body(ports.web_v1),
+        controller.demo_body(ports.api),
+    );
+    let pair = |good_port: u16, bad: bool| {
+        let good = service_manifest("pair-good", "pair-good.example.test", good_port);
+        let other = service_manifest("pair-bad", "pair-bad.example.test", ports.web_v1);
+        let other = if bad {
+            other.replace("\"127.0.0.1\"", "\"300.1.2.3\"")
+        } else {
+            other
+        };
+        format!("{good}---\n{other}")
+    };
+    controller.write_resource("pair.yaml", &pair(ports.web_v1, false));
+    controller.wait_for_body("pair-good.example.test", &v1);
+    controller.wait_for_body("pair-bad.example.test", &v1);
+
+    // One write, two changes: one good (a new port), one bad (an address HAProxy
+    // refuses).
+    controller.write_resource("pair.yaml", &pair(ports.api, true));
+    controller.wait_for_body("pair-good.example.test", &api);
+    assert_eq!(
+        controller.body("pair-bad.example.test"),
+        v1,
+        "the bad object keeps its last good state"
+    );
+    let quarantine = controller.wait_until("pair-bad is quarantined", WAIT, || {
+        let quarantine = controller.json("/debug/quarantine");
+        (quarantine["count"] == 1).then_some(quarantine)
+    });
+    let object = &quarantine["objects"][0];
+    assert_eq!(object["name"], "pair-bad-1", "{quarantine}");
+    assert!(quarantine.to_string().contains("300.1.2.3"), "{quarantine}");
+    let mut searches = Vec::new();
+    search_probes(&controller.json("/debug/events?limit=1000"), &mut searches);
+    assert!(
+        searches.iter().all(|(_, gave_up)| gave_up.is_empty()),
+        "the search never gives up: {searches:?}"
+    );
+}
+
+#[test]
 fn a_bad_new_object_is_left_out_and_the_rest_deploys() {
     let controller = Controller::start();
     controller.wait_deployed();

@@ -624,8 +624,8 @@ catalogue! {
         /// Extra renders and validations made.
         probes: usize,
         /// Set when the search gave up and the whole change is rejected: why
-        /// (`baseline_fails`, `most_changes_fail`, `bound_reached`,
-        /// `nothing_changed`, `tool_failure`).
+        /// (`baseline_fails`, `bound_reached`, `nothing_changed`,
+        /// `tool_failure`).
         gave_up: Option<&'static str>,
     }
     /// The safety valve holds a validated render instead of deploying it: it would

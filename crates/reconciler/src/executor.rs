@@ -27,19 +27,35 @@
 //! through validation as usual. A second failure in the same reconciliation fails
 //! it.
 //!
+//! **Retry of a rejected change.** A change rejected whole because the search gave
+//! up for a reason that may pass (`tool_failure`: `haproxy -c` timed out or could
+//! not run; `bound_reached`; `baseline_fails` at validation: the last good objects
+//! fail `haproxy -c` too, an environment problem such as a server name that no
+//! longer resolves) is tried again on its own, without waiting for another change:
+//! the executor publishes a `ReconciliationTriggered` (reason `retry N after
+//! <reason>`) after a delay that doubles from [`Retry::first`] up to
+//! [`Retry::max`], at most [`Retry::attempts`] times in a row. Any reconciliation
+//! that starts cancels the pending retry; one that completes ends the series; one
+//! that fails otherwise (a template error) ends it too, since trying the same
+//! input again would fail the same way. A render equal to one rejected this way is
+//! validated again rather than failed by the short-circuit above.
+//!
 //! A stage that takes longer than `stage_timeout` (a validator that never answers)
 //! fails the reconciliation with that stage, so the executor never wedges.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use hapwright_eventbus::model::{ContentHash, Diagnostic};
 use hapwright_eventbus::{
     Component, ComponentError, Context, CorrelationId, Event, EventKind, EventMeta, EventPayload,
     Interest, Publisher, ReconciliationCompleted, ReconciliationFailed, ReconciliationStarted,
-    Stage,
+    ReconciliationTriggered, Stage,
 };
 use tokio::time::Instant;
+
+use crate::quarantine::Rejection;
 
 /// Executor settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +66,9 @@ pub struct Settings {
     /// The renderer searches for culprits after a failure (see the
     /// [module docs](self)): wait for its `QuarantineSearched` before failing.
     pub quarantine: bool,
+    /// Retries of a change rejected whole for a reason that may pass (see the
+    /// [module docs](self)).
+    pub retry: Retry,
 }
 
 impl Default for Settings {
@@ -57,7 +76,43 @@ impl Default for Settings {
         Self {
             stage_timeout: Duration::from_secs(120),
             quarantine: false,
+            retry: Retry::default(),
         }
+    }
+}
+
+/// The schedule of retries of a rejected change: `first`, then doubling up to
+/// `max`, at most `attempts` in a row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retry {
+    /// The delay before the first retry.
+    pub first: Duration,
+    /// The longest delay between two retries.
+    pub max: Duration,
+    /// Most retries after one rejection before waiting for a change again; 0 turns
+    /// retries off.
+    pub attempts: usize,
+}
+
+impl Default for Retry {
+    /// 5 s, 10 s, 20 s … up to 5 minutes, 10 times (about 25 minutes in all).
+    fn default() -> Self {
+        Self {
+            first: Duration::from_secs(5),
+            max: Duration::from_secs(300),
+            attempts: 10,
+        }
+    }
+}
+
+impl Retry {
+    fn backoff(&self) -> ExponentialBackoff {
+        ExponentialBuilder::new()
+            .with_min_delay(self.first)
+            .with_max_delay(self.max)
+            .with_factor(2.0)
+            .with_max_times(self.attempts)
+            .build()
     }
 }
 
@@ -118,11 +173,25 @@ enum Settled {
     Invalid(ContentHash, Vec<Diagnostic>),
 }
 
+/// The retries of a rejected change.
+#[derive(Debug)]
+struct Retrying {
+    /// The delays left in this series.
+    backoff: ExponentialBackoff,
+    /// Retries made in this series.
+    attempt: usize,
+    /// When the next retry fires; `None` while a reconciliation runs.
+    at: Option<Instant>,
+    /// Why the change was rejected.
+    reason: &'static str,
+}
+
 struct State {
     publisher: Publisher,
     settings: Settings,
     in_flight: Option<InFlight>,
     settled: Option<Settled>,
+    retrying: Option<Retrying>,
 }
 
 impl State {
@@ -144,6 +213,10 @@ impl State {
 
     fn start(&mut self, trigger: &Arc<Event>, reason: String, coalesced: usize) {
         self.supersede();
+        if let Some(retrying) = &mut self.retrying {
+            // This reconciliation decides whether another retry follows.
+            retrying.at = None;
+        }
         let id = CorrelationId::new();
         let waited = match &trigger.payload {
             EventPayload::ReconciliationTriggered(t) => t.waited,
@@ -199,6 +272,7 @@ impl State {
         let Some(mut flight) = self.in_flight.take() else {
             return;
         };
+        self.retrying = None;
         let now = Instant::now();
         flight.advance(now, flight.stage);
         let duration = now.saturating_duration_since(flight.started);
@@ -215,9 +289,32 @@ impl State {
     }
 
     fn fail(&mut self, cause: &Event, stage: Stage, errors: Vec<Diagnostic>) {
+        self.fail_retrying(cause, stage, errors, None);
+    }
+
+    /// Fails the reconciliation; `retry_after` names why the search gave up when
+    /// trying again later may pass, which schedules the next retry.
+    fn fail_retrying(
+        &mut self,
+        cause: &Event,
+        stage: Stage,
+        errors: Vec<Diagnostic>,
+        retry_after: Option<&'static str>,
+    ) {
         let Some(flight) = self.in_flight.take() else {
             return;
         };
+        match retry_after {
+            Some(reason) => {
+                // The rejection may not be the render's fault: the same render is
+                // validated again next time, not failed by the short-circuit.
+                if matches!(self.settled, Some(Settled::Invalid(..))) {
+                    self.settled = None;
+                }
+                self.schedule_retry(&flight.span, reason);
+            }
+            None => self.retrying = None,
+        }
         flight.span.in_scope(|| {
             let first = errors.first().map(ToString::to_string).unwrap_or_default();
             tracing::warn!(?stage, errors = errors.len(), first = %first, "Reconciliation failed");
@@ -291,7 +388,8 @@ impl State {
                         );
                     });
                     if let Some((stage, errors)) = flight.failure.take() {
-                        self.fail(event, stage, errors);
+                        let retry = retryable(reason, stage).then_some(reason);
+                        self.fail_retrying(event, stage, errors, retry);
                     }
                 } else {
                     flight.span.in_scope(|| {
@@ -307,6 +405,62 @@ impl State {
             }
             _ => {}
         }
+    }
+
+    /// Schedules the next retry of a change rejected for `reason`, or ends the
+    /// series when its attempts are used up.
+    fn schedule_retry(&mut self, span: &tracing::Span, reason: &'static str) {
+        let retry = self.settings.retry;
+        let retrying = self.retrying.get_or_insert_with(|| Retrying {
+            backoff: retry.backoff(),
+            attempt: 0,
+            at: None,
+            reason,
+        });
+        retrying.reason = reason;
+        match retrying.backoff.next() {
+            Some(delay) => {
+                retrying.at = Some(Instant::now() + delay);
+                span.in_scope(|| {
+                    tracing::info!(
+                        reason,
+                        ?delay,
+                        attempt = retrying.attempt + 1,
+                        of = retry.attempts,
+                        "Rejected change will be retried"
+                    );
+                });
+            }
+            None => {
+                span.in_scope(|| {
+                    tracing::warn!(
+                        reason,
+                        retries = retrying.attempt,
+                        "Rejected change not retried any more: waiting for a change"
+                    );
+                });
+                self.retrying = None;
+            }
+        }
+    }
+
+    /// When the pending retry fires.
+    fn retry_at(&self) -> Option<Instant> {
+        self.retrying.as_ref().and_then(|retrying| retrying.at)
+    }
+
+    /// Fires the pending retry: a trigger the executor starts like any other.
+    fn fire_retry(&mut self) {
+        let Some(retrying) = &mut self.retrying else {
+            return;
+        };
+        retrying.at = None;
+        retrying.attempt += 1;
+        self.publisher.publish(ReconciliationTriggered {
+            reason: format!("retry {} after {}", retrying.attempt, retrying.reason),
+            sources: Vec::new(),
+            waited: Duration::ZERO,
+        });
     }
 
     /// With quarantine on, keeps a first failure for the renderer's search instead of
@@ -363,6 +517,7 @@ impl State {
             },
             self.settings.stage_timeout
         );
+        self.retrying = None;
         if let Some(flight) = self.in_flight.take() {
             flight
                 .span
@@ -402,16 +557,22 @@ impl Component for Executor {
             settings,
             in_flight: None,
             settled: None,
+            retrying: None,
         };
         loop {
             let deadline = state
                 .in_flight
                 .as_ref()
                 .map(|flight| flight.stage_started + settings.stage_timeout);
+            let retry_at = state.retry_at();
             let event = tokio::select! {
                 biased;
                 () = sleep_until(deadline) => {
                     state.time_out();
+                    continue;
+                }
+                () = sleep_until(retry_at) => {
+                    state.fire_retry();
                     continue;
                 }
                 event = ctx.next_event() => match event {
@@ -441,6 +602,16 @@ impl Component for Executor {
             }
         }
     }
+}
+
+/// True when a change the search gave up on for `reason` (in `stage`) may pass when
+/// tried again unchanged: the validating tool failed, the bound was hit, or the
+/// last good objects no longer pass validation (the environment changed). A render
+/// error of the last good objects is the templates' and would fail again.
+fn retryable(reason: &str, stage: Stage) -> bool {
+    reason == Rejection::ToolFailure.as_str()
+        || reason == Rejection::BoundReached.as_str()
+        || (reason == Rejection::BaselineFails.as_str() && stage == Stage::Validate)
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

@@ -13,7 +13,7 @@ use hapwright_eventbus::{
     ReconciliationTriggered, Stage, TemplateRenderFailed, TemplateRendered, ValidationCompleted,
     ValidationFailed, ValidationPhase,
 };
-use hapwright_reconciler::executor::{Executor, Settings};
+use hapwright_reconciler::executor::{Executor, Retry, Settings};
 use hapwright_reconciler::renderer::{Renderer, RendererComponent, Templates};
 use support::{AutoValidator, Harness, snapshot};
 use tokio::sync::mpsc;
@@ -592,4 +592,132 @@ async fn with_quarantine_a_second_failure_fails_at_once() {
         panic!("fails: {outcome:?}");
     };
     assert_eq!(failed.errors[0].message, "second");
+}
+
+// === retries of a rejected change ===
+
+fn retrying_pipeline(attempts: usize) -> Pipeline {
+    pipeline(Settings {
+        quarantine: true,
+        retry: Retry {
+            first: Duration::from_secs(5),
+            max: Duration::from_secs(12),
+            attempts,
+        },
+        ..Settings::default()
+    })
+}
+
+impl Pipeline {
+    /// Renders `main`, fails its validation, and answers the search with
+    /// `gave_up`; returns the failed outcome.
+    async fn reject(&mut self, gave_up: &'static str) -> Arc<Event> {
+        let request = self.render("all\n").await;
+        self.validate_fail("haproxy -c timed out").await;
+        self.h.publisher.reply(&request, searched(Some(gave_up)));
+        let outcome = self.outcome().await;
+        assert_eq!(outcome.kind(), EventKind::ReconciliationFailed);
+        outcome
+    }
+
+    /// The reason of the next reconciliation started.
+    async fn started(&mut self) -> String {
+        let started = self.h.next_of(EventKind::ReconciliationStarted).await;
+        let EventPayload::ReconciliationStarted(s) = &started.payload else {
+            unreachable!()
+        };
+        s.reason.clone()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_change_rejected_for_a_tool_failure_is_retried_with_backoff_until_attempts_run_out() {
+    let mut p = retrying_pipeline(3);
+    p.trigger("x");
+    assert_eq!(p.started().await, "x");
+    let mut failed = p.reject("tool_failure").await;
+    // 5 s, 10 s, then 12 s (the longest delay), then no more.
+    for (attempt, delay) in [(1, 5), (2, 10), (3, 12)] {
+        assert_eq!(
+            p.started().await,
+            format!("retry {attempt} after tool_failure")
+        );
+        assert_eq!(
+            Instant::now() - failed.at,
+            Duration::from_secs(delay),
+            "retry {attempt}"
+        );
+        // The same render is validated again, not failed by the short-circuit.
+        failed = p.reject("tool_failure").await;
+    }
+    assert!(
+        timeout(Duration::from_secs(3600), p.renders.recv())
+            .await
+            .is_err(),
+        "no retry after the attempts ran out"
+    );
+    // A new change starts a new series.
+    p.trigger("y");
+    assert_eq!(p.started().await, "y");
+    let failed = p.reject("bound_reached").await;
+    assert_eq!(p.started().await, "retry 1 after bound_reached");
+    assert_eq!(Instant::now() - failed.at, Duration::from_secs(5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_that_validates_ends_the_retries() {
+    let mut p = retrying_pipeline(5);
+    p.trigger("x");
+    p.reject("baseline_fails").await;
+    assert_eq!(p.started().await, "retry 1 after baseline_fails");
+    p.render("all\n").await;
+    p.validate_ok().await;
+    assert_eq!(p.outcome().await.kind(), EventKind::ReconciliationCompleted);
+    assert!(
+        timeout(Duration::from_secs(3600), p.renders.recv())
+            .await
+            .is_err(),
+        "no retry after success"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_template_error_of_the_last_good_objects_is_not_retried() {
+    let mut p = retrying_pipeline(5);
+    p.trigger("x");
+    let request = recv(&mut p.renders).await;
+    p.h.publisher.reply(
+        &request,
+        TemplateRenderFailed {
+            errors: vec![Diagnostic::error("undefined value")],
+        },
+    );
+    p.h.publisher
+        .reply(&request, searched(Some("baseline_fails")));
+    assert_eq!(p.outcome().await.kind(), EventKind::ReconciliationFailed);
+    assert!(
+        timeout(Duration::from_secs(3600), p.renders.recv())
+            .await
+            .is_err(),
+        "a render error would fail again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_change_cancels_the_pending_retry() {
+    let mut p = retrying_pipeline(5);
+    p.trigger("x");
+    p.reject("tool_failure").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    p.trigger("y");
+    assert_eq!(p.started().await, "y");
+    p.render("new\n").await;
+    p.validate_ok().await;
+    assert_eq!(p.outcome().await.kind(), EventKind::ReconciliationCompleted);
+    assert!(
+        timeout(Duration::from_secs(3600), p.renders.recv())
+            .await
+            .is_err(),
+        "the retry was cancelled"
+    );
 }

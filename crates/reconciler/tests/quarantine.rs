@@ -7,9 +7,10 @@ mod support;
 
 use std::sync::Arc;
 
-use hapwright_eventbus::model::{ObjectKey, RenderedConfig, ResourceSnapshot};
+use hapwright_eventbus::model::{Diagnostic, ObjectKey, RenderedConfig, ResourceSnapshot};
 use hapwright_eventbus::{
-    Event, EventKind, EventPayload, HealthState, ReconciliationTriggered, Stage,
+    Component, ComponentError, Context, Event, EventKind, EventPayload, HealthState, Interest,
+    ReconciliationTriggered, Stage, ValidationCompleted, ValidationFailed, ValidationPhase,
 };
 use hapwright_reconciler::executor::{Executor, Settings};
 use hapwright_reconciler::quarantine::{Failure, Validate};
@@ -218,7 +219,36 @@ async fn without_quarantine_the_whole_change_is_rejected() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn when_most_changes_fail_the_reconciliation_fails_as_before() {
+async fn one_bad_object_beside_one_good_change_does_not_block_it() {
+    let mut h = harness(true);
+    h.update("services", services(&[(0, "v1"), (1, "v1")]));
+    h.publisher.publish(trigger("start"));
+    settle(&mut h).await;
+    h.update("services", services(&[(0, "v2"), (1, "INVALID")]));
+    h.publisher.publish(trigger("one good, one bad"));
+    let (done, render, searches) = settle(&mut h).await;
+    assert_eq!(
+        done.kind(),
+        EventKind::ReconciliationCompleted,
+        "the good change completes the reconciliation: {done:?}"
+    );
+    let render = render.expect("the good change was rendered");
+    assert!(render.contains("backend s00\n  # v2"), "{render}");
+    assert!(render.contains("backend s01\n  # v1"), "{render}");
+    let [search] = &searches[..] else {
+        panic!("one search: {searches:?}");
+    };
+    let EventPayload::QuarantineSearched(search) = &search.payload else {
+        unreachable!()
+    };
+    assert_eq!(search.gave_up, None);
+    assert_eq!(search.accepted, 1);
+    let names: Vec<&str> = search.objects.iter().map(|o| o.name.as_str()).collect();
+    assert_eq!(names, ["s01"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_every_changed_object_fails_each_is_held_back() {
     let mut h = harness(true);
     h.update("services", services(&[(0, "v1"), (1, "v1")]));
     h.publisher.publish(trigger("start"));
@@ -226,19 +256,23 @@ async fn when_most_changes_fail_the_reconciliation_fails_as_before() {
     h.update("services", services(&[(0, "INVALID"), (1, "INVALID")]));
     h.publisher.publish(trigger("bad"));
     let (done, _, searches) = settle(&mut h).await;
-    let EventPayload::ReconciliationFailed(failed) = &done.payload else {
-        panic!("fails: {done:?}");
-    };
-    assert_eq!(failed.stage, Stage::Validate);
-    assert_eq!(failed.errors[0].message, "unknown keyword 'INVALID'");
+    // The last good objects still validate, so the failure is the objects': both
+    // are held back and the last good config stays.
+    assert_eq!(done.kind(), EventKind::ReconciliationCompleted, "{done:?}");
     let [search] = &searches[..] else {
         panic!("one search: {searches:?}");
     };
     let EventPayload::QuarantineSearched(search) = &search.payload else {
         unreachable!()
     };
-    assert_eq!(search.gave_up, Some("most_changes_fail"));
-    assert!(search.objects.is_empty());
+    assert_eq!(search.gave_up, None);
+    assert_eq!(search.accepted, 0);
+    let names: Vec<&str> = search.objects.iter().map(|o| o.name.as_str()).collect();
+    assert_eq!(names, ["s00", "s01"]);
+    assert_eq!(
+        search.objects[0].errors[0].message,
+        "unknown keyword 'INVALID'"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -365,4 +399,152 @@ async fn the_render_of_the_accepted_changes_carries_the_snapshots_it_used() {
             _ => {}
         }
     }
+}
+
+// === an environment problem ===
+
+/// A validator that fails every config while `down` is set (a server name that
+/// does not resolve while DNS is down), and otherwise like [`check`].
+#[derive(Clone)]
+struct Environment {
+    down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Environment {
+    fn check(&self, config: &RenderedConfig) -> Option<Diagnostic> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Some(Diagnostic::error(
+                "could not resolve address 'db.example.test'",
+            ));
+        }
+        check(config)
+    }
+}
+
+#[async_trait::async_trait]
+impl Component for Environment {
+    fn name(&self) -> &str {
+        "validator"
+    }
+
+    fn consumes(&self) -> Interest {
+        Interest::pipeline([EventKind::TemplateRendered])
+    }
+
+    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
+        while let Some(event) = ctx.next_event().await {
+            let EventPayload::TemplateRendered(rendered) = &event.payload else {
+                continue;
+            };
+            match self.check(&rendered.config) {
+                Some(error) => ctx.publisher().reply(
+                    &event,
+                    ValidationFailed {
+                        hash: rendered.config.hash(),
+                        phase: ValidationPhase::Haproxy,
+                        errors: vec![error],
+                    },
+                ),
+                None => ctx.publisher().reply(
+                    &event,
+                    ValidationCompleted {
+                        config: rendered.config.clone(),
+                        duration: std::time::Duration::ZERO,
+                        warnings: Vec::new(),
+                        parsed: Default::default(),
+                        phase2_skipped: None,
+                    },
+                ),
+            };
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_change_rejected_while_the_environment_fails_goes_live_by_itself_once_it_recovers() {
+    let environment = Environment {
+        down: Arc::default(),
+    };
+    let renderer = Renderer::new(Templates::new(TEMPLATE), &["services"]).expect("loads");
+    let probe_environment = environment.clone();
+    let validate: Validate = Arc::new(move |config: Arc<RenderedConfig>| {
+        let result = match probe_environment.check(&config) {
+            Some(error) => Err(Failure {
+                errors: vec![error],
+                tool_failure: false,
+            }),
+            None => Ok(()),
+        };
+        Box::pin(async move { result })
+    });
+    let component = RendererComponent::new(renderer).with_quarantine(QuarantineSettings {
+        validate,
+        max_validations: 16,
+        last_good: Default::default(),
+    });
+    let mut h = Harness::start(
+        vec![
+            Box::new(Executor::new(Settings {
+                quarantine: true,
+                ..Settings::default()
+            })),
+            Box::new(component),
+            Box::new(environment.clone()),
+        ],
+        &[
+            EventKind::ReconciliationStarted,
+            EventKind::ReconciliationCompleted,
+            EventKind::ReconciliationFailed,
+            EventKind::TemplateRendered,
+            EventKind::QuarantineSearched,
+        ],
+    );
+    h.update("services", services(&[(0, "v1"), (1, "v1")]));
+    h.publisher.publish(trigger("start"));
+    let (done, _, _) = settle(&mut h).await;
+    assert_eq!(done.kind(), EventKind::ReconciliationCompleted);
+
+    // DNS goes down, then one object changes: everything fails, the last good
+    // objects too, so nothing is quarantined and the change is rejected whole.
+    environment
+        .down
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    h.update("services", services(&[(0, "v2"), (1, "v1")]));
+    h.publisher.publish(trigger("change"));
+    let (done, _, searches) = settle(&mut h).await;
+    assert_eq!(done.kind(), EventKind::ReconciliationFailed, "{done:?}");
+    let [search] = &searches[..] else {
+        panic!("one search: {searches:?}");
+    };
+    let EventPayload::QuarantineSearched(search) = &search.payload else {
+        unreachable!()
+    };
+    assert_eq!(search.gave_up, Some("baseline_fails"));
+    assert!(
+        search.objects.is_empty(),
+        "nothing is blamed on the objects"
+    );
+    let rejected_at = done.at;
+
+    // DNS comes back; nothing changes, yet the change goes live on the retry.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    environment
+        .down
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let started = h.next_of(EventKind::ReconciliationStarted).await;
+    let EventPayload::ReconciliationStarted(started) = &started.payload else {
+        unreachable!()
+    };
+    assert_eq!(started.reason, "retry 1 after baseline_fails");
+    assert_eq!(
+        tokio::time::Instant::now() - rejected_at,
+        std::time::Duration::from_secs(5)
+    );
+    let (done, render, _) = settle(&mut h).await;
+    assert_eq!(done.kind(), EventKind::ReconciliationCompleted, "{done:?}");
+    assert!(
+        render.expect("rendered").contains("backend s00\n  # v2"),
+        "the change went live"
+    );
 }

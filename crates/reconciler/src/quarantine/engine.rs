@@ -53,8 +53,8 @@ pub struct Culprit {
 /// The result of a successful search.
 #[derive(Clone, Debug)]
 pub struct Isolated {
-    /// The config of the accepted changes, rendered and validated; `None` when no
-    /// change was accepted and the last good state was not rendered again.
+    /// The config of the accepted changes, rendered and validated (the last good
+    /// objects' when no change was accepted: the search validates them again then).
     pub config: Option<Arc<RenderedConfig>>,
     /// The snapshots the config was rendered from: the new last good state.
     pub snapshots: Snapshots,
@@ -67,12 +67,32 @@ pub struct Isolated {
 }
 
 /// Why the search gave up; the caller rejects the whole change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GaveUp {
     /// Why.
     pub reason: Rejection,
     /// Renders (and validations) made.
     pub probes: usize,
+    /// The errors of the probe that made the search give up: the last good
+    /// objects' for [`Rejection::BaselineFails`] (compare them with the change's
+    /// to tell whether the change fails the same way), the tool's for
+    /// [`Rejection::ToolFailure`]; empty otherwise.
+    pub errors: Vec<Diagnostic>,
+}
+
+impl GaveUp {
+    /// True when the last good objects failed with the same errors as the change
+    /// (`change`): the failure does not depend on the changed objects at all. By
+    /// message, since the same error may point at other lines.
+    pub fn same_errors(&self, change: &[Diagnostic]) -> bool {
+        !self.errors.is_empty()
+            && self.errors.len() == change.len()
+            && self
+                .errors
+                .iter()
+                .zip(change)
+                .all(|(a, b)| a.message == b.message)
+    }
 }
 
 /// Finds the changes of `set` that make the candidate fail, rendering with
@@ -134,7 +154,15 @@ pub async fn isolate(
                 .collect(),
             probes,
         }),
-        Outcome::Rejected { reason, probes } => Err(GaveUp { reason, probes }),
+        Outcome::Rejected {
+            reason,
+            probes,
+            error,
+        } => Err(GaveUp {
+            reason,
+            probes,
+            errors: error.map(|failure| failure.errors).unwrap_or_default(),
+        }),
     }
 }
 

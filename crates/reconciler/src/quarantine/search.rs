@@ -22,6 +22,12 @@
 //!    probed again but split at once.
 //! 3. After each culprit, the changes still pending are probed together, once: with
 //!    a single culprit (the common case) they pass and the search ends.
+//! 4. When every change turned out a culprit and the baseline was not probed (the
+//!    caller knew it validated), it is probed now: a failure that every change hits
+//!    may be the environment's (a server name that no longer resolves) and not the
+//!    objects'. When the baseline fails too, the search gives up with
+//!    [`Rejection::BaselineFails`]; when it passes, every change is a culprit and
+//!    the baseline's output is returned.
 //!
 //! The accepted set only ever grows by a probe that passed with exactly the new
 //! accepted set, so the set the search returns is one that validated (its probe
@@ -29,17 +35,19 @@
 //! A+B not) are handled the same way: the one tried after the other was accepted is
 //! the culprit.
 //!
+//! There is no rule on how many changes may fail: one bad object beside one good
+//! change is isolated like one among fifty, and so are two bad objects beside one
+//! good change. A template bug that every new object hits is still told apart from a
+//! bad object: either the baseline, rendered with the new templates, fails (step 1
+//! or 4), or every object fails on its own and each is a culprit, reported with its
+//! error, while the last good state keeps serving.
+//!
 //! # Bound
 //!
 //! At most `max_probes` probes per search, the baseline included. One culprit among
 //! `n` changes costs about `log2(n)` probes; `k` culprits about `k·(log2(n) + 1)`.
 //! When the bound is hit, the search gives up ([`Rejection::BoundReached`]) and the
-//! caller falls back to rejecting the whole change, as without quarantine. When at
-//! least half of a set of more than one change fails, the problem is most likely not
-//! in the objects either (a template bug that only objects of one kind hit, such as a
-//! broken snippet included once per service), and the search gives up too
-//! ([`Rejection::MostChangesFail`]): quarantine is for the odd bad object, not for
-//! deploying a config that lost most of a change.
+//! caller falls back to rejecting the whole change, as without quarantine.
 
 use std::future::Future;
 
@@ -74,8 +82,6 @@ pub enum Rejection {
     /// The baseline (no change applied) fails too: the error does not depend on the
     /// changed objects.
     BaselineFails,
-    /// At least half of the changes fail: most likely not a problem of the objects.
-    MostChangesFail,
     /// The search needed more probes than allowed.
     BoundReached,
     /// There were no changes to search (the failing state equals the last good one).
@@ -90,7 +96,6 @@ impl Rejection {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::BaselineFails => "baseline_fails",
-            Self::MostChangesFail => "most_changes_fail",
             Self::BoundReached => "bound_reached",
             Self::NothingChanged => "nothing_changed",
             Self::ToolFailure => "tool_failure",
@@ -105,8 +110,8 @@ pub enum Outcome<O, E> {
     Found {
         /// The changes that validate together, ascending.
         accepted: Vec<usize>,
-        /// What the probe of exactly `accepted` produced; `None` when nothing was
-        /// accepted and the baseline was not probed (it is the state already live).
+        /// What the probe of exactly `accepted` produced (the baseline's when nothing
+        /// was accepted: it is always probed then).
         output: Option<O>,
         /// Each culprit with the error of the probe that singled it out, ascending.
         culprits: Vec<(usize, E)>,
@@ -119,6 +124,10 @@ pub enum Outcome<O, E> {
         reason: Rejection,
         /// Probes made.
         probes: usize,
+        /// The error of the probe that made the search give up: the baseline's
+        /// for [`Rejection::BaselineFails`], the tool's for
+        /// [`Rejection::ToolFailure`]; `None` otherwise.
+        error: Option<E>,
     },
 }
 
@@ -177,10 +186,10 @@ pub async fn search_with_suspects<P: Probe>(
 }
 
 /// [`search_with_suspects`] where the changes at `units` are whole payloads (an
-/// `http` source's download): they do not count for
-/// [`Rejection::MostChangesFail`], which is about objects of one kind failing
-/// together. A failing payload is the unit that goes back to its last accepted
-/// version while the other changes go on, even when it is one of only two changes.
+/// `http` source's download). A payload is one change like any object: accepted or
+/// held back whole, never item by item, so a failing download goes back to its last
+/// accepted version while the other changes go on, even when it is one of only two
+/// changes. `units` must be in range; they are searched like the other changes.
 pub async fn search_with_units<P: Probe>(
     probe: &mut P,
     changes: usize,
@@ -206,6 +215,7 @@ pub async fn search_with_units<P: Probe>(
         return Outcome::Rejected {
             reason: Rejection::NothingChanged,
             probes,
+            error: None,
         };
     }
     let mut output = None;
@@ -214,6 +224,7 @@ pub async fn search_with_units<P: Probe>(
             return Outcome::Rejected {
                 reason: Rejection::BoundReached,
                 probes,
+                error: None,
             };
         }
         probes += 1;
@@ -225,7 +236,11 @@ pub async fn search_with_units<P: Probe>(
                 } else {
                     Rejection::BaselineFails
                 };
-                return Outcome::Rejected { reason, probes };
+                return Outcome::Rejected {
+                    reason,
+                    probes,
+                    error: Some(error),
+                };
             }
         }
     }
@@ -257,6 +272,7 @@ pub async fn search_with_units<P: Probe>(
                     return Outcome::Rejected {
                         reason: Rejection::BoundReached,
                         probes,
+                        error: None,
                     };
                 }
                 probes += 1;
@@ -271,6 +287,7 @@ pub async fn search_with_units<P: Probe>(
                         return Outcome::Rejected {
                             reason: Rejection::ToolFailure,
                             probes,
+                            error: Some(failed),
                         };
                     }
                     Err(failed) => Some(failed),
@@ -306,16 +323,33 @@ pub async fn search_with_units<P: Probe>(
             items: left.to_vec(),
         });
     }
-    let objects = (0..changes).filter(|i| !units.contains(i)).count();
-    let object_culprits = culprits
-        .iter()
-        .filter(|(index, _)| !units.contains(index))
-        .count();
-    if objects > 1 && object_culprits * 2 >= objects {
-        return Outcome::Rejected {
-            reason: Rejection::MostChangesFail,
-            probes,
-        };
+    debug_assert!(units.iter().all(|unit| *unit < changes), "units in range");
+    if accepted.is_empty() && output.is_none() {
+        // Every change failed on its own and the baseline was taken on trust: make
+        // sure the failure is the changes' and not the environment's.
+        if probes >= settings.max_probes {
+            return Outcome::Rejected {
+                reason: Rejection::BoundReached,
+                probes,
+                error: None,
+            };
+        }
+        probes += 1;
+        match probe.probe(&[]).await {
+            Ok(baseline) => output = Some(baseline),
+            Err(error) => {
+                let reason = if probe.is_tool_failure(&error) {
+                    Rejection::ToolFailure
+                } else {
+                    Rejection::BaselineFails
+                };
+                return Outcome::Rejected {
+                    reason,
+                    probes,
+                    error: Some(error),
+                };
+            }
+        }
     }
     culprits.sort_by_key(|(index, _)| *index);
     Outcome::Found {

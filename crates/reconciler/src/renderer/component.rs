@@ -499,9 +499,18 @@ impl Guard {
                         };
                     }
                     Err(gave_up) => {
+                        // What the last good objects (`baseline_fails`) or the tool
+                        // (`tool_failure`) failed with, and for the former whether the
+                        // change fails the same way (then the failure does not depend
+                        // on the changed objects at all).
+                        let probe_error = gave_up.errors.first().map(ToString::to_string);
+                        let same_error = (gave_up.reason == quarantine::Rejection::BaselineFails)
+                            .then(|| gave_up.same_errors(errors));
                         tracing::info!(
                             reason = gave_up.reason.as_str(),
                             probes = gave_up.probes,
+                            probe_error,
+                            same_error,
                             "Culprit search gave up: the whole change is rejected"
                         );
                         ctx.publisher().reply(
