@@ -220,28 +220,9 @@ pub async fn search_with_units<P: Probe>(
     }
     let mut output = None;
     if !settings.baseline_valid {
-        if probes >= settings.max_probes {
-            return Outcome::Rejected {
-                reason: Rejection::BoundReached,
-                probes,
-                error: None,
-            };
-        }
-        probes += 1;
-        match probe.probe(&[]).await {
+        match probe_baseline(probe, settings, &mut probes).await {
             Ok(baseline) => output = Some(baseline),
-            Err(error) => {
-                let reason = if probe.is_tool_failure(&error) {
-                    Rejection::ToolFailure
-                } else {
-                    Rejection::BaselineFails
-                };
-                return Outcome::Rejected {
-                    reason,
-                    probes,
-                    error: Some(error),
-                };
-            }
+            Err(rejected) => return rejected,
         }
     }
     let mut accepted: Vec<usize> = Vec::new();
@@ -327,28 +308,9 @@ pub async fn search_with_units<P: Probe>(
     if accepted.is_empty() && output.is_none() {
         // Every change failed on its own and the baseline was taken on trust: make
         // sure the failure is the changes' and not the environment's.
-        if probes >= settings.max_probes {
-            return Outcome::Rejected {
-                reason: Rejection::BoundReached,
-                probes,
-                error: None,
-            };
-        }
-        probes += 1;
-        match probe.probe(&[]).await {
+        match probe_baseline(probe, settings, &mut probes).await {
             Ok(baseline) => output = Some(baseline),
-            Err(error) => {
-                let reason = if probe.is_tool_failure(&error) {
-                    Rejection::ToolFailure
-                } else {
-                    Rejection::BaselineFails
-                };
-                return Outcome::Rejected {
-                    reason,
-                    probes,
-                    error: Some(error),
-                };
-            }
+            Err(rejected) => return rejected,
         }
     }
     culprits.sort_by_key(|(index, _)| *index);
@@ -361,6 +323,36 @@ pub async fn search_with_units<P: Probe>(
 }
 
 /// The union of two ascending index lists, ascending.
+/// Probes the last good state alone (counted in `probes`, within the bound): its
+/// output, or the rejection to return when it fails (the failure does not depend
+/// on the changes) or the bound is reached.
+async fn probe_baseline<P: Probe>(
+    probe: &mut P,
+    settings: Settings,
+    probes: &mut usize,
+) -> Result<P::Output, Outcome<P::Output, P::Error>> {
+    if *probes >= settings.max_probes {
+        return Err(Outcome::Rejected {
+            reason: Rejection::BoundReached,
+            probes: *probes,
+            error: None,
+        });
+    }
+    *probes += 1;
+    probe.probe(&[]).await.map_err(|error| {
+        let reason = if probe.is_tool_failure(&error) {
+            Rejection::ToolFailure
+        } else {
+            Rejection::BaselineFails
+        };
+        Outcome::Rejected {
+            reason,
+            probes: *probes,
+            error: Some(error),
+        }
+    })
+}
+
 fn merged(a: &[usize], b: &[usize]) -> Vec<usize> {
     let mut out = Vec::with_capacity(a.len() + b.len());
     out.extend_from_slice(a);
