@@ -104,6 +104,17 @@ fn trigger(reason: &str) -> ReconciliationTriggered {
 }
 
 impl Pipeline {
+    /// Asserts that no render is asked for within an hour (of paused time): `why`
+    /// says what the test expects to have stopped.
+    async fn no_render_for_an_hour(&mut self, why: &str) {
+        assert!(
+            timeout(Duration::from_secs(3600), self.renders.recv())
+                .await
+                .is_err(),
+            "{why}"
+        );
+    }
+
     fn trigger(&self, reason: &str) {
         self.h.publisher.publish(trigger(reason));
     }
@@ -650,12 +661,8 @@ async fn a_change_rejected_for_a_tool_failure_is_retried_with_backoff_until_atte
         // The same render is validated again, not failed by the short-circuit.
         failed = p.reject("tool_failure").await;
     }
-    assert!(
-        timeout(Duration::from_secs(3600), p.renders.recv())
-            .await
-            .is_err(),
-        "no retry after the attempts ran out"
-    );
+    p.no_render_for_an_hour("no retry after the attempts ran out")
+        .await;
     // A new change starts a new series.
     p.trigger("y");
     assert_eq!(p.started().await, "y");
@@ -673,12 +680,7 @@ async fn a_retry_that_validates_ends_the_retries() {
     p.render("all\n").await;
     p.validate_ok().await;
     assert_eq!(p.outcome().await.kind(), EventKind::ReconciliationCompleted);
-    assert!(
-        timeout(Duration::from_secs(3600), p.renders.recv())
-            .await
-            .is_err(),
-        "no retry after success"
-    );
+    p.no_render_for_an_hour("no retry after success").await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -695,12 +697,8 @@ async fn a_template_error_of_the_last_good_objects_is_not_retried() {
     p.h.publisher
         .reply(&request, searched(Some("baseline_fails")));
     assert_eq!(p.outcome().await.kind(), EventKind::ReconciliationFailed);
-    assert!(
-        timeout(Duration::from_secs(3600), p.renders.recv())
-            .await
-            .is_err(),
-        "a render error would fail again"
-    );
+    p.no_render_for_an_hour("a render error would fail again")
+        .await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -714,10 +712,5 @@ async fn a_new_change_cancels_the_pending_retry() {
     p.render("new\n").await;
     p.validate_ok().await;
     assert_eq!(p.outcome().await.kind(), EventKind::ReconciliationCompleted);
-    assert!(
-        timeout(Duration::from_secs(3600), p.renders.recv())
-            .await
-            .is_err(),
-        "the retry was cancelled"
-    );
+    p.no_render_for_an_hour("the retry was cancelled").await;
 }
