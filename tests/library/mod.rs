@@ -580,6 +580,31 @@ impl Sidecar {
         .unwrap_or_else(|_| self.fail(&format!("the change of {name} was never deployed")))
     }
 
+    /// The tenant scenario both libraries' tests set up (victim.test the victim's,
+    /// `/admin` added by the attacker's newer object, its regex `/x|.*` on
+    /// evil.test): the Host spellings an attacker tries (trailing dot, case, port)
+    /// reach the victim's routes, the newer object only adds what nobody had, and the
+    /// regex serves its own host only.
+    pub fn expect_hosts_stay_their_owners(&self, http: u16) {
+        for host in [
+            "victim.test",
+            "victim.test.",
+            "VICTIM.TEST",
+            "victim.test:80",
+            "Victim.Test.:8080",
+        ] {
+            self.expect(http, host, "/", 200, "victim");
+            self.expect(http, host, "/grab", 200, "victim");
+            self.expect(http, host, "/login", 200, "victim");
+        }
+        // Objects of several namespaces share a host unless hostOwnership is on.
+        self.expect(http, "victim.test", "/admin", 200, "evil");
+        self.expect(http, "evil.test", "/x", 200, "evil");
+        self.expect(http, "evil.test.", "/anything", 200, "evil");
+        self.expect(http, "victim.test", "/x", 200, "victim");
+        self.expect(http, "other.test", "/x", 200, "other");
+    }
+
     /// The `haproxy.cfg` deployed to the sidecar HAProxy.
     pub fn deployed_config(&self) -> String {
         fs::read_to_string(self.dir.path().join("haproxy/haproxy.cfg"))

@@ -12,26 +12,10 @@ use hapwright_deployer::driver::managed::{ManagedHaproxy, ProcessState, Supervis
 use hapwright_deployer::driver::{DeployError, SocketDriver};
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{DeployStrategy, ReloadReason};
-use support::{Backend, Haproxy, bodies, config, free_port, http_get, rendered, wait_for_body};
+use support::{
+    Backend, Haproxy, StopOnDrop, bodies, config, free_port, http_get, rendered, wait_for_body,
+};
 use tokio::time::timeout;
-
-/// Stops the supervisor even when an assertion fails.
-struct StopOnDrop(ManagedHaproxy);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        let managed = self.0.clone();
-        // Runs on the test's runtime; `stop` kills and reaps the processes.
-        let _ = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(managed.stop());
-        })
-        .join();
-    }
-}
 
 fn alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()

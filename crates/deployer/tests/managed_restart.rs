@@ -19,26 +19,9 @@ use hapwright_eventbus::{
     Bus, BusConfig, BusMetrics, DeploymentScheduled, EventKind, EventPayload, InstanceDeployed,
     Kernel, Subscription,
 };
-use support::{Backend, Haproxy, config, rendered, wait_for_body};
+use support::{Backend, Haproxy, StopOnDrop, config, rendered, wait_for_body};
 use tokio::time::timeout;
 use tracing::{Level, span};
-
-/// Stops the supervisor even when an assertion fails.
-struct StopOnDrop(ManagedHaproxy);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        let managed = self.0.clone();
-        let _ = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(managed.stop());
-        })
-        .join();
-    }
-}
 
 /// The `haproxy` target's log events: level and message.
 type Captured = Arc<Mutex<Vec<(Level, String)>>>;

@@ -23,7 +23,8 @@ use hapwright_eventbus::{
     Bus, BusConfig, BusMetrics, DeploymentScheduled, EventKind, EventPayload, Kernel,
 };
 use support::{
-    Backend, BlackHole, Haproxy, config, free_port, haproxy_line, rendered, wait_for_body,
+    Backend, BlackHole, Haproxy, StopOnDrop, config, free_port, haproxy_line, rendered,
+    wait_for_body,
 };
 use tokio::time::timeout;
 
@@ -33,23 +34,6 @@ fn expected_confirmation() -> ConfirmedBy {
         ConfirmedBy::Answer
     } else {
         ConfirmedBy::Counter
-    }
-}
-
-/// Stops the supervisor even when an assertion fails.
-struct StopOnDrop(ManagedHaproxy);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        let managed = self.0.clone();
-        let _ = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(managed.stop());
-        })
-        .join();
     }
 }
 

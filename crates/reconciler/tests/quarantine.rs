@@ -10,7 +10,7 @@ use std::sync::Arc;
 use hapwright_eventbus::model::{Diagnostic, ObjectKey, RenderedConfig, ResourceSnapshot};
 use hapwright_eventbus::{
     Component, ComponentError, Context, Event, EventKind, EventPayload, HealthState, Interest,
-    ReconciliationTriggered, Stage, ValidationCompleted, ValidationFailed, ValidationPhase,
+    ReconciliationTriggered, Stage,
 };
 use hapwright_reconciler::executor::{Executor, Settings};
 use hapwright_reconciler::quarantine::{Failure, Validate};
@@ -431,33 +431,8 @@ impl Component for Environment {
         Interest::pipeline([EventKind::TemplateRendered])
     }
 
-    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
-        while let Some(event) = ctx.next_event().await {
-            let EventPayload::TemplateRendered(rendered) = &event.payload else {
-                continue;
-            };
-            match self.check(&rendered.config) {
-                Some(error) => ctx.publisher().reply(
-                    &event,
-                    ValidationFailed {
-                        hash: rendered.config.hash(),
-                        phase: ValidationPhase::Haproxy,
-                        errors: vec![error],
-                    },
-                ),
-                None => ctx.publisher().reply(
-                    &event,
-                    ValidationCompleted {
-                        config: rendered.config.clone(),
-                        duration: std::time::Duration::ZERO,
-                        warnings: Vec::new(),
-                        parsed: Default::default(),
-                        phase2_skipped: None,
-                    },
-                ),
-            };
-        }
-        Ok(())
+    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
+        support::validate_with(ctx, |config| self.check(config)).await
     }
 }
 

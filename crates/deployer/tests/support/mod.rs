@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use hapwright_deployer::client::master::MasterClient;
 use hapwright_deployer::client::socket::{InstanceConfig, SocketAddress};
+use hapwright_deployer::driver::managed::ManagedHaproxy;
 use hapwright_deployer::haproxy::files::ConfigDir;
 use hapwright_eventbus::model::{RenderedConfig, SourceMap};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -294,9 +295,29 @@ impl Haproxy {
 
     /// Waits until the worker answers `@1 show info` through the master CLI.
     async fn wait_worker(&mut self) {
+        self.wait_until("haproxy's worker never answered", async |master| {
+            master.worker_ready().await
+        })
+        .await;
+    }
+
+    /// Waits until the master lists a worker in `show proc`.
+    async fn wait_ready(&mut self) {
+        self.wait_until("haproxy never became ready", async |master| {
+            master
+                .try_show_proc()
+                .await
+                .is_ok_and(|info| !info.workers.is_empty())
+        })
+        .await;
+    }
+
+    /// Asks `ready` of the master CLI until it holds (10 s at most), failing at once
+    /// with the log if HAProxy exits, and with `failure` when the time is up.
+    async fn wait_until(&mut self, failure: &str, ready: impl AsyncFn(&MasterClient) -> bool) {
         let master = self.master();
-        let ready = timeout(Duration::from_secs(10), async {
-            while !master.worker_ready().await {
+        let done = timeout(Duration::from_secs(10), async {
+            while !ready(&master).await {
                 if let Some(child) = self.child.as_mut()
                     && let Ok(Some(status)) = child.try_wait()
                 {
@@ -306,32 +327,7 @@ impl Haproxy {
             }
         })
         .await;
-        assert!(
-            ready.is_ok(),
-            "haproxy's worker never answered: {}",
-            self.log()
-        );
-    }
-
-    async fn wait_ready(&mut self) {
-        let master = self.master();
-        let ready = timeout(Duration::from_secs(10), async {
-            loop {
-                if let Ok(info) = master.try_show_proc().await
-                    && !info.workers.is_empty()
-                {
-                    return;
-                }
-                if let Some(child) = self.child.as_mut()
-                    && let Ok(Some(status)) = child.try_wait()
-                {
-                    panic!("haproxy exited ({status}): {}", self.log());
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
-        assert!(ready.is_ok(), "haproxy never became ready: {}", self.log());
+        assert!(done.is_ok(), "{failure}: {}", self.log());
     }
 }
 
@@ -375,6 +371,24 @@ pub fn haproxy_line() -> hapwright_deployer::client::master::Version {
     let text = String::from_utf8_lossy(&output.stdout);
     hapwright_deployer::client::master::Version::parse(&text)
         .unwrap_or_else(|| panic!("no version in `haproxy -v`: {text}"))
+}
+
+/// Stops a managed HAProxy's supervisor when dropped, even when an assertion fails.
+pub struct StopOnDrop(pub ManagedHaproxy);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let managed = self.0.clone();
+        // Runs beside the test's runtime; `stop` kills and reaps the processes.
+        let _ = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(managed.stop());
+        })
+        .join();
+    }
 }
 
 /// A unix socket that accepts connections and never answers: an instance that hangs.

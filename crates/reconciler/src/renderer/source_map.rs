@@ -357,6 +357,10 @@ impl<'t> Stripper<'t> {
     /// in `text`), escaped for where it lands; returns where the bytes after it
     /// start. In a raw file the markers are dropped and the value's bytes are read
     /// on as any others (they may hold line breaks); a stray end marker is dropped.
+    /// Out of line: few values need escaping, and inlined it slowed the loop of
+    /// [`Self::push_bytes`] for every byte (callgrind, see docs/benchmarks.md).
+    #[cold]
+    #[inline(never)]
     fn value(&mut self, bytes: &[u8], at: usize) -> usize {
         let after_marker = at + START_BYTES.len();
         if self.escaping == Escaping::Raw || bytes[at..].starts_with(&END_BYTES) {

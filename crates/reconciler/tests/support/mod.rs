@@ -117,32 +117,41 @@ impl Component for AutoValidator {
         Interest::pipeline([EventKind::TemplateRendered])
     }
 
-    async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
-        while let Some(event) = ctx.next_event().await {
-            let EventPayload::TemplateRendered(rendered) = &event.payload else {
-                continue;
-            };
-            match check(&rendered.config) {
-                Some(error) => ctx.publisher().reply(
-                    &event,
-                    ValidationFailed {
-                        hash: rendered.config.hash(),
-                        phase: ValidationPhase::Haproxy,
-                        errors: vec![error],
-                    },
-                ),
-                None => ctx.publisher().reply(
-                    &event,
-                    ValidationCompleted {
-                        config: rendered.config.clone(),
-                        duration: Duration::ZERO,
-                        warnings: Vec::new(),
-                        parsed: Default::default(),
-                        phase2_skipped: None,
-                    },
-                ),
-            };
-        }
-        Ok(())
+    async fn run(self: Box<Self>, ctx: Context) -> Result<(), ComponentError> {
+        validate_with(ctx, check).await
     }
+}
+
+/// A validator's run loop: answers every `TemplateRendered` with
+/// `ValidationFailed` when `check` finds an error, `ValidationCompleted` otherwise.
+pub async fn validate_with(
+    mut ctx: Context,
+    check: impl Fn(&RenderedConfig) -> Option<Diagnostic>,
+) -> Result<(), ComponentError> {
+    while let Some(event) = ctx.next_event().await {
+        let EventPayload::TemplateRendered(rendered) = &event.payload else {
+            continue;
+        };
+        match check(&rendered.config) {
+            Some(error) => ctx.publisher().reply(
+                &event,
+                ValidationFailed {
+                    hash: rendered.config.hash(),
+                    phase: ValidationPhase::Haproxy,
+                    errors: vec![error],
+                },
+            ),
+            None => ctx.publisher().reply(
+                &event,
+                ValidationCompleted {
+                    config: rendered.config.clone(),
+                    duration: Duration::ZERO,
+                    warnings: Vec::new(),
+                    parsed: Default::default(),
+                    phase2_skipped: None,
+                },
+            ),
+        };
+    }
+    Ok(())
 }
