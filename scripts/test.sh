@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need, then checks formatting, lints and
 # runs the whole test suite on the system's HAProxy (2.6), then the test files that
-# start a real HAProxy on HAProxy 3.0, 3.2 and 3.4 (scripts/haproxy-lines.sh). CI runs
+# start a real HAProxy on HAProxy 3.0, 3.2 and 3.4 (scripts/haproxy-lines.sh), then
+# fuzzes every parser of outside input for a bounded time (scripts/fuzz.sh). CI runs
 # exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -132,3 +133,9 @@ if [ ${#haproxy_lines[@]} -gt 0 ]; then
         exit 1
     fi
 fi
+
+# Every parser of outside input fuzzed for a bounded time from the committed seeds
+# (fuzz/README.md; HAPWRIGHT_FUZZ_SECONDS per target, 0 skips).
+fuzz_start=$SECONDS
+./scripts/fuzz.sh
+echo "==> fuzzing: $((SECONDS - fuzz_start)) s"

@@ -331,6 +331,25 @@ async fn a_malformed_review_is_a_400_naming_the_field() {
         "{body}"
     );
 
+    // A whole review followed by anything but blanks (found by fuzzing).
+    let mut trailing = serde_json::to_vec(&review(
+        "CREATE",
+        "Service",
+        Some(service("api", None)),
+        None,
+    ))
+    .unwrap();
+    trailing.extend_from_slice(b"\xa3\x82}]");
+    let (status, body) = webhook.post_raw(trailing).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("trailing characters"),
+        "{body}"
+    );
+
     let (status, body) = webhook
         .post(
             &json!({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview",

@@ -352,7 +352,7 @@ enum Change {
 }
 
 /// Parses and checks an AdmissionReview body; the error says where it is wrong.
-fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
+pub fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     let review: AdmissionReview<DynamicObject> =
         serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
@@ -363,6 +363,11 @@ fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
                 format!("invalid AdmissionReview at {path}: {}", error.inner())
             }
         })?;
+    // Nothing but blanks may follow the review (found by fuzzing: the reader stopped
+    // at the review's closing brace and accepted whatever came after it).
+    deserializer
+        .end()
+        .map_err(|error| format!("invalid AdmissionReview: {error}"))?;
     if review.types.api_version != "admission.k8s.io/v1" || review.types.kind != "AdmissionReview" {
         return Err(format!(
             "expected apiVersion admission.k8s.io/v1 and kind AdmissionReview, got `{}` `{}`",

@@ -392,15 +392,11 @@ impl DataplaneClient {
         }
         let status = response.status().as_u16();
         let text = response.text().await.unwrap_or_default();
-        let message = serde_json::from_str::<ErrorBody>(&text)
-            .ok()
-            .and_then(|b| b.message)
-            .unwrap_or(text);
         Err(DataplaneError::Status {
             method: method.clone(),
             path: path.to_owned(),
             status,
-            message: message.trim().to_owned(),
+            message: error_message(&text),
         })
     }
 
@@ -434,10 +430,7 @@ impl DataplaneClient {
             path: path.to_owned(),
             detail: e.to_string(),
         })?;
-        serde_json::from_str(&text).map_err(|e| DataplaneError::Decode {
-            path: path.to_owned(),
-            detail: format!("{e} in {}", text.chars().take(200).collect::<String>()),
-        })
+        decode(path, &text)
     }
 
     /// `GET /v3/info`: API and system information.
@@ -467,21 +460,8 @@ impl DataplaneClient {
             path: path.to_owned(),
             detail: e.to_string(),
         })?;
-        // Older answers wrap the text: {"_version": N, "data": "..."}.
-        if let Ok(serde_json::Value::Object(object)) = serde_json::from_str(&text)
-            && let Some(data) = object.get("data").and_then(|d| d.as_str())
-        {
-            let version = object
-                .get("_version")
-                .and_then(serde_json::Value::as_i64)
-                .or(header);
-            let version = match version {
-                Some(version) => version,
-                None => self.configuration_version().await?,
-            };
-            return Ok((version, data.to_owned()));
-        }
-        let version = match header {
+        let (version, text) = raw_configuration_answer(text, header);
+        let version = match version {
             Some(version) => version,
             None => self.configuration_version().await?,
         };
@@ -762,6 +742,47 @@ impl DataplaneClient {
             .await
             .map(drop)
     }
+}
+
+/// Decodes a JSON answer of the Data Plane API; the error names the path and quotes
+/// the start of the answer.
+///
+/// # Errors
+///
+/// [`DataplaneError::Decode`] when the answer is not the JSON `T` reads.
+pub fn decode<T: for<'de> Deserialize<'de>>(path: &str, text: &str) -> Result<T, DataplaneError> {
+    serde_json::from_str(text).map_err(|e| DataplaneError::Decode {
+        path: path.to_owned(),
+        detail: format!("{e} in {}", text.chars().take(200).collect::<String>()),
+    })
+}
+
+/// The message of an error answer: its JSON `message` field, or the whole text.
+pub fn error_message(text: &str) -> String {
+    serde_json::from_str::<ErrorBody>(text)
+        .ok()
+        .and_then(|b| b.message)
+        .as_deref()
+        .unwrap_or(text)
+        .trim()
+        .to_owned()
+}
+
+/// The configuration text of a `GET .../configuration/raw` answer and its version
+/// when the answer gives one: older answers wrap the text as
+/// `{"_version": N, "data": "..."}`, newer ones send it plain with the version in the
+/// `Configuration-Version` header (`header`).
+pub fn raw_configuration_answer(text: String, header: Option<i64>) -> (Option<i64>, String) {
+    if let Ok(serde_json::Value::Object(object)) = serde_json::from_str(&text)
+        && let Some(data) = object.get("data").and_then(|d| d.as_str())
+    {
+        let version = object
+            .get("_version")
+            .and_then(serde_json::Value::as_i64)
+            .or(header);
+        return (version, data.to_owned());
+    }
+    (header, text)
 }
 
 fn reload_id(response: &reqwest::Response) -> Option<String> {
