@@ -154,10 +154,11 @@ impl Fleet {
     async fn deploy_to_healthy(&mut self, config: Arc<RenderedConfig>, healthy: usize) {
         let hash = config.hash();
         self.publisher.publish(DeploymentScheduled {
+            model: hapwright_eventbus::model::haproxy::parse_main(&config)
+                .expect("the test config parses"),
             config,
             instances: self.names.clone(),
             drift_check: false,
-            parsed: Default::default(),
         });
         let mut took = 0;
         while took < healthy {
@@ -172,10 +173,11 @@ impl Fleet {
 
     async fn deploy(&mut self, config: Arc<RenderedConfig>) {
         self.publisher.publish(DeploymentScheduled {
+            model: hapwright_eventbus::model::haproxy::parse_main(&config)
+                .expect("the test config parses"),
             config,
             instances: self.names.clone(),
             drift_check: false,
-            parsed: Default::default(),
         });
         self.wait().await;
     }

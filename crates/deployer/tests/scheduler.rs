@@ -13,8 +13,10 @@ use hapwright_eventbus::{
 use prometheus::Registry;
 use tokio::time::{Instant, timeout};
 
+/// A config told apart by `text`, after a `global` header so that it parses like
+/// every config the validator passes on.
 fn config(text: &str) -> Arc<RenderedConfig> {
-    Arc::new(RenderedConfig::main_only(text))
+    Arc::new(RenderedConfig::main_only(format!("global\n    # {text}")))
 }
 
 struct Harness {
@@ -53,10 +55,11 @@ impl Harness {
         let correlation = CorrelationId::new();
         self.publisher.publish_with(
             ValidationCompleted {
+                model: hapwright_eventbus::model::haproxy::parse_main(config)
+                    .expect("the test config parses"),
                 config: config.clone(),
                 duration: Duration::ZERO,
                 warnings: Vec::new(),
-                parsed: Default::default(),
                 phase2_skipped: None,
             },
             EventMeta::correlated(correlation),

@@ -17,8 +17,9 @@
 //!          next_event, cancellation), Kernel → RunningKernel, restart backoff
 //! health   Health / HealthState per component and the shared HealthTable
 //! model    values carried inside events: ResourceSnapshot (imbl maps + indexes),
-//!          RenderedConfig (files, hash, source map), ParsedConfig, Diagnostic,
-//!          deploy strategies and reasons, InstanceRef
+//!          RenderedConfig (files, hash, source map), haproxy (tokenizer and
+//!          parsed model of haproxy.cfg), Diagnostic, deploy strategies and
+//!          reasons, InstanceRef
 //! config   config value types every crate shares (durations, secrets)
 //! redact   the process-wide set of secret values and their redaction
 //! ```

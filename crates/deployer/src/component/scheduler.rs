@@ -31,14 +31,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hapwright_eventbus::model::{ContentHash, ParsedConfig, RenderedConfig};
+use hapwright_eventbus::model::{ContentHash, RenderedConfig};
 use hapwright_eventbus::{
     Component, ComponentError, Context, DeploymentScheduled, Event, EventKind, EventPayload,
     Interest, SafetyRemoval, SafetyValveHeld, SafetyValveReleased,
 };
 use tokio::time::Instant;
 
-use crate::haproxy::config::{self as haproxy_config, Config as Model};
+use crate::haproxy::config::Config as Model;
 use crate::safety::{self, Footprint};
 
 /// Rate limits of the scheduler.
@@ -123,7 +123,7 @@ struct Hold {
 
 struct Pending {
     config: Arc<RenderedConfig>,
-    parsed: ParsedConfig,
+    model: Arc<Model>,
     cause: Arc<Event>,
 }
 
@@ -131,7 +131,7 @@ struct State {
     config: Config,
     static_instances: Vec<String>,
     discovered: BTreeMap<Arc<str>, Vec<String>>,
-    latest: Option<(Arc<RenderedConfig>, ParsedConfig)>,
+    latest: Option<(Arc<RenderedConfig>, Arc<Model>)>,
     pending: Option<Pending>,
     last_release: Option<Instant>,
     last_released: Option<(ContentHash, Vec<String>)>,
@@ -154,7 +154,7 @@ impl State {
             EventPayload::ValidationCompleted(validated) => {
                 let pending = Pending {
                     config: validated.config.clone(),
-                    parsed: validated.parsed.clone(),
+                    model: validated.model.clone(),
                     cause: event.clone(),
                 };
                 self.offer(pending, ctx);
@@ -177,11 +177,11 @@ impl State {
                 self.discovered.insert(discovered.source.clone(), names);
                 if self.instances() != before
                     && self.pending.is_none()
-                    && let Some((config, parsed)) = &self.latest
+                    && let Some((config, model)) = &self.latest
                 {
                     self.pending = Some(Pending {
                         config: config.clone(),
-                        parsed: parsed.clone(),
+                        model: model.clone(),
                         cause: event.clone(),
                     });
                 }
@@ -201,11 +201,7 @@ impl State {
             self.accept(pending);
             return;
         };
-        let model = pending
-            .parsed
-            .get::<Model>()
-            .unwrap_or_else(|| Arc::new(haproxy_config::parse_lenient(pending.config.main()).0));
-        let footprint = Arc::new(Footprint::of(&pending.config, &model));
+        let footprint = Arc::new(Footprint::of(&pending.config, &pending.model));
         if let Some(baseline) = valve.memory.baseline() {
             let removal = safety::assess(&baseline, &footprint);
             if safety::exceeds(&removal, valve.config.max_removal) {
@@ -239,7 +235,7 @@ impl State {
     }
 
     fn accept(&mut self, pending: Pending) {
-        self.latest = Some((pending.config.clone(), pending.parsed.clone()));
+        self.latest = Some((pending.config.clone(), pending.model.clone()));
         self.pending = Some(pending);
     }
 
@@ -340,7 +336,7 @@ impl State {
                 config: pending.config,
                 instances,
                 drift_check: false,
-                parsed: pending.parsed,
+                model: pending.model,
             },
         );
     }

@@ -43,9 +43,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hapwright_eventbus::model::{
-    Diagnostic, FileKind, ParsedConfig, RenderedConfig, Severity, SourceLocation,
-};
+use hapwright_eventbus::model::{Diagnostic, FileKind, RenderedConfig, Severity, SourceLocation};
 use hapwright_eventbus::{
     Component, ComponentError, Context, Event, EventKind, EventPayload, Interest,
     ValidationCompleted, ValidationFailed, ValidationPhase,
@@ -892,7 +890,7 @@ impl Validator {
                         config,
                         duration,
                         warnings,
-                        parsed: ParsedConfig::new(model),
+                        model,
                         phase2_skipped: skipped,
                     },
                 );
