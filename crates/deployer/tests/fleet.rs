@@ -434,6 +434,107 @@ async fn an_instance_removed_mid_attempt_and_back_under_its_name_starts_clean() 
     );
 }
 
+/// The deployer alone owns fleet membership: a pod joining gets the last config in a
+/// round of its own, and the pod already running it sees no round, no attempt and no
+/// drop of `hapwright_instance_in_sync` (the scheduler schedules nothing for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_pod_leaves_the_others_alone() {
+    let (a, b) = (
+        DataplaneServer::start("global\n").await,
+        DataplaneServer::start("global\n").await,
+    );
+    let registry = prometheus::Registry::new();
+    let metrics = Metrics::register(&registry).unwrap();
+    let deployer = Deployer::with_drivers(
+        fast_config(),
+        BTreeMap::new(),
+        LastDeployedStore::new(),
+        None,
+        metrics.clone(),
+    )
+    .with_discovery(DiscoveredCredentials {
+        username: USER.to_owned(),
+        password: Secret::new(PASSWORD),
+        ca_file: None,
+        scheme: "http".to_owned(),
+        allow_insecure_http: false,
+        server_name: None,
+        resolve: Vec::new(),
+        settings: fast_settings(),
+    });
+    let scheduler = Scheduler::new(
+        scheduler::Config {
+            min_deployment_interval: Duration::from_millis(50),
+        },
+        Vec::new(),
+    );
+    let mut harness = Harness::start(|kernel| {
+        kernel.register(scheduler);
+        kernel.register(deployer);
+    });
+    let pods = |servers: &[(&str, &DataplaneServer)]| InstancesDiscovered {
+        source: Arc::from("kubernetes"),
+        instances: servers
+            .iter()
+            .map(|(name, server)| InstanceRef {
+                name: (*name).to_owned(),
+                driver: InstanceDriver::Dataplane,
+                address: server.url.clone(),
+            })
+            .collect(),
+    };
+    let validated = |config: &Arc<RenderedConfig>| ValidationCompleted {
+        model: hapwright_eventbus::model::haproxy::parse_main(config).expect("parses"),
+        config: config.clone(),
+        duration: Duration::ZERO,
+        warnings: Vec::new(),
+        phase2_skipped: None,
+    };
+    let started = |event: &Event| match &event.payload {
+        EventPayload::DeploymentStarted(started) => Some((started.hash, started.instances.clone())),
+        _ => None,
+    };
+    harness.publisher.publish(pods(&[("pod-a", &a)]));
+    let v1 = plain("global\n    maxconn 100\n");
+    harness.publisher.publish(validated(&v1));
+    assert_eq!(
+        harness.next(Duration::from_secs(30), started).await,
+        (v1.hash(), vec!["pod-a".to_owned()])
+    );
+    assert_eq!(harness.completed().await.0, ["pod-a"]);
+    let pod_a = ("instance", "pod-a");
+    assert_eq!(
+        counter(&registry, "hapwright_deployments_total", &[pod_a]),
+        1
+    );
+
+    // pod-b joins: a round for pod-b alone.
+    harness
+        .publisher
+        .publish(pods(&[("pod-a", &a), ("pod-b", &b)]));
+    assert_eq!(
+        harness.next(Duration::from_secs(30), started).await,
+        (v1.hash(), vec!["pod-b".to_owned()])
+    );
+    assert_eq!(harness.completed().await.0, ["pod-b"]);
+    // The next round is the next config's, for both; none came for pod-a between.
+    let v2 = plain("global\n    maxconn 200\n");
+    assert_eq!(
+        counter(&registry, "hapwright_deployments_total", &[pod_a]),
+        1
+    );
+    assert_eq!(
+        support::series(&registry, "hapwright_instance_in_sync", &[pod_a]),
+        [1.0]
+    );
+    harness.publisher.publish(validated(&v2));
+    assert_eq!(
+        harness.next(Duration::from_secs(30), started).await,
+        (v2.hash(), vec!["pod-a".to_owned(), "pod-b".to_owned()])
+    );
+    harness.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mixed_fleet_deploys_in_one_round_and_a_killed_instance_recovers() {
     let app = Backend::start("app").await;

@@ -11,8 +11,10 @@
 //! workers publish `InstanceDeployed` / `InstanceDeploymentFailed` themselves.
 //!
 //! Fleet: the static instances plus, per discovery source, the latest
-//! `InstancesDiscovered` set. A newly discovered instance gets the last scheduled
-//! config at once; a vanished one is forgotten: its worker stops and clears its record
+//! `InstancesDiscovered` set. The deployer is the one owner of that membership: a
+//! scheduled config goes to the instances it names (the static ones) and to every
+//! discovered one, and a discovery change touches only the instances that came or
+//! went. A newly discovered instance gets the last scheduled config at once; a vanished one is forgotten: its worker stops and clears its record
 //! and metric series, and an instance of the same name discovered again waits for
 //! that before it starts, clean.
 //!
@@ -475,6 +477,15 @@ impl Fleet {
         }
     }
 
+    /// The instances a scheduled config goes to: those it names (the static ones)
+    /// and every instance discovered now, this deployer being the one owner of
+    /// fleet membership.
+    fn targets(&self, named: &[String]) -> Vec<String> {
+        let mut targets: BTreeSet<String> = named.iter().cloned().collect();
+        targets.extend(self.discovered.values().flatten().cloned());
+        targets.into_iter().collect()
+    }
+
     /// Instances of the fleet whose last attempt failed, from the snapshots their
     /// workers publish.
     fn failing(&self) -> Vec<&str> {
@@ -704,25 +715,21 @@ impl Component for Deployer {
                                 tracing::debug!(hash = %latest.config.hash().short(), "Not the leader; keeping the config for when this replica leads");
                                 continue;
                             }
-                            fleet.start_round(&ctx, &latest, &instances, drift_check);
+                            let targets = fleet.targets(&instances);
+                            fleet.start_round(&ctx, &latest, &targets, drift_check);
                         }
                         EventPayload::InstancesDiscovered(discovered) => {
                             let (mut added, refused) = fleet.discovered(&ctx, &discovered.source, &discovered.instances).await;
-                            if let Some((latest, instances)) = last.as_mut() {
-                                instances.retain(|name| fleet.workers.contains_key(name) || fleet.refused.contains_key(name));
-                                // A new instance gets the last good config at once; a
-                                // refused one fails in that round with its reason, so
-                                // the refusal shows on the instance.
-                                added.extend(refused);
-                                for name in &added {
-                                    if !instances.contains(name) {
-                                        instances.push(name.clone());
-                                    }
-                                }
-                                if is_leader && !added.is_empty() {
-                                    let latest = latest.clone();
-                                    fleet.start_round(&ctx, &latest, &added, false);
-                                }
+                            // A new instance gets the last good config at once; a
+                            // refused one fails in that round with its reason, so the
+                            // refusal shows on the instance. The others run what they
+                            // ran: no round, no change to their state.
+                            added.extend(refused);
+                            if let Some((latest, _)) = &last
+                                && is_leader
+                                && !added.is_empty()
+                            {
+                                fleet.start_round(&ctx, latest, &added, false);
                             }
                         }
                         _ => {}
@@ -736,7 +743,8 @@ impl Component for Deployer {
                     }
                     tracing::info!("Leadership acquired; deploying the latest config");
                     if let Some((latest, instances)) = &last {
-                        fleet.start_round(&ctx, latest, instances, true);
+                        let targets = fleet.targets(instances);
+                        fleet.start_round(&ctx, latest, &targets, true);
                     }
                 }
                 Some(report) = report_rx.recv() => {

@@ -8,7 +8,11 @@
 //! Reloads are not the scheduler's business: the reload window (`minReloadInterval`)
 //! is kept per instance by the deployer, which alone knows what each instance runs,
 //! so runtime-only changes keep flowing to every instance that can take them.
-//! - A changed instance set (`InstancesDiscovered`) re-deploys the last config.
+//!
+//! Fleet membership is not the scheduler's business either: it names the static
+//! instances, and the deployer, the one owner of the fleet, adds the discovered ones
+//! and hands a newly discovered instance the last config itself. So a discovery
+//! change schedules nothing, and instances whose config did not change see no round.
 //! - A round with failed instances (`DeploymentCompleted`) forgets the last released
 //!   hash, so the same config is not skipped when it comes again.
 //!
@@ -27,7 +31,7 @@
 //!
 //! The first config is never held: nothing runs that it could remove.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,7 +95,8 @@ impl Scheduler {
     /// The component's name.
     pub const NAME: &'static str = "scheduler";
 
-    /// A scheduler deploying to `static_instances` plus every discovered instance.
+    /// A scheduler deploying to `static_instances` (the deployer adds the discovered
+    /// instances it owns).
     pub fn new(config: Config, static_instances: Vec<String>) -> Self {
         Self {
             config,
@@ -130,8 +135,6 @@ struct Pending {
 struct State {
     config: Config,
     static_instances: Vec<String>,
-    discovered: BTreeMap<Arc<str>, Vec<String>>,
-    latest: Option<(Arc<RenderedConfig>, Arc<Model>)>,
     pending: Option<Pending>,
     last_release: Option<Instant>,
     last_released: Option<(ContentHash, Vec<String>)>,
@@ -141,11 +144,7 @@ struct State {
 
 impl State {
     fn instances(&self) -> Vec<String> {
-        let set: BTreeSet<&String> = self
-            .static_instances
-            .iter()
-            .chain(self.discovered.values().flatten())
-            .collect();
+        let set: BTreeSet<&String> = self.static_instances.iter().collect();
         set.into_iter().cloned().collect()
     }
 
@@ -165,25 +164,6 @@ impl State {
                     self.release_hold("approved", ctx);
                 } else {
                     tracing::info!("Safety valve approval ignored: nothing is held");
-                }
-            }
-            EventPayload::InstancesDiscovered(discovered) => {
-                let before = self.instances();
-                let names = discovered
-                    .instances
-                    .iter()
-                    .map(|i| i.name.clone())
-                    .collect();
-                self.discovered.insert(discovered.source.clone(), names);
-                if self.instances() != before
-                    && self.pending.is_none()
-                    && let Some((config, model)) = &self.latest
-                {
-                    self.pending = Some(Pending {
-                        config: config.clone(),
-                        model: model.clone(),
-                        cause: event.clone(),
-                    });
                 }
             }
             EventPayload::DeploymentCompleted(completed)
@@ -235,7 +215,6 @@ impl State {
     }
 
     fn accept(&mut self, pending: Pending) {
-        self.latest = Some((pending.config.clone(), pending.model.clone()));
         self.pending = Some(pending);
     }
 
@@ -351,7 +330,6 @@ impl Component for Scheduler {
     fn consumes(&self) -> Interest {
         Interest::pipeline([
             EventKind::ValidationCompleted,
-            EventKind::InstancesDiscovered,
             EventKind::DeploymentCompleted,
             EventKind::SafetyValveApproved,
         ])
@@ -361,8 +339,6 @@ impl Component for Scheduler {
         let mut state = State {
             config: self.config,
             static_instances: self.static_instances,
-            discovered: BTreeMap::new(),
-            latest: None,
             pending: None,
             last_release: None,
             last_released: None,
