@@ -332,10 +332,11 @@ impl Iteration {
             build::watched_names(config),
         ));
         let quarantine = config.controller.quarantine.max_validations;
-        // The last render that passed `haproxy -c`, shared by the validator and the
-        // quarantine's search, so each can skip phase 2 by equivalence after the
-        // other's pass.
-        let phase2_baseline = validator::SharedBaseline::default();
+        // The one validation service of this config: the validator component and the
+        // quarantine's search validate through it, and share its baseline (the last
+        // render that passed `haproxy -c`), so each can skip phase 2 by equivalence
+        // after the other's pass.
+        let validation = validator::Service::new(build::validator_config(config));
         kernel.register(Executor::new(executor::Settings {
             quarantine: quarantine > 0,
             ..executor::Settings::default()
@@ -348,10 +349,7 @@ impl Iteration {
         }
         if quarantine > 0 {
             renderer = renderer.with_quarantine(QuarantineSettings {
-                validate: build::quarantine_validate(
-                    build::validator_config(config),
-                    phase2_baseline.clone(),
-                ),
+                validate: build::quarantine_validate(validation.clone()),
                 max_validations: quarantine,
                 last_good: process.last_good.clone(),
             });
@@ -435,13 +433,10 @@ impl Iteration {
             }
             None => process.webhook_slot.store(None),
         }
-        kernel.register(
-            Validator::new(
-                build::validator_config(config),
-                process.validator_metrics.clone(),
-            )
-            .with_shared_baseline(phase2_baseline),
-        );
+        kernel.register(Validator::with_service(
+            validation,
+            process.validator_metrics.clone(),
+        ));
         let timings = config.controller.deploy_timings();
         let instances = build::socket_instances(config);
         kernel.register(
