@@ -665,14 +665,6 @@ impl Listeners {
 
 type Bound = Option<(SocketAddr, HttpServer)>;
 
-/// Completes at `at`; never when `at` is `None`.
-async fn sleep_until_some(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// Moves one listener from `current` to `wanted` (`None`: no listener) served within
 /// `limits`. On failure returns the listener that is still serving (the old one) with
 /// the error.
@@ -893,7 +885,7 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
                 _ = sigterm.recv() => Wake::Shutdown("SIGTERM"),
                 _ = sigint.recv() => Wake::Shutdown("SIGINT"),
                 failure = iteration.kernel.failed() => Wake::ComponentFailed(failure),
-                () = sleep_until_some(restart_at) => Wake::Restart,
+                () = hapwright_eventbus::sleep_until(restart_at) => Wake::Restart,
                 () = tokio::time::sleep_until(recovered_at), if recovering => Wake::Recovered,
             };
             // An HTTP reload request waiting for the verdict.

@@ -713,3 +713,12 @@ impl RunningKernel {
         report
     }
 }
+
+/// Sleeps until `at`, and never completes for `None`: the `select!` branch of an
+/// optional deadline (a retry, a release window, a debounce) in a component's loop.
+pub async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

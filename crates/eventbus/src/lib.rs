@@ -42,5 +42,5 @@ pub use event::*;
 pub use health::{Health, HealthState, HealthTable};
 pub use kernel::{
     Component, ComponentError, ComponentFailure, Context, HealthReporter, Interest, Kernel,
-    KernelError, KernelMetrics, RestartBackoff, RunningKernel, ShutdownReport,
+    KernelError, KernelMetrics, RestartBackoff, RunningKernel, ShutdownReport, sleep_until,
 };

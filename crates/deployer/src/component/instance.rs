@@ -283,7 +283,7 @@ impl Worker {
                     // timer wheel's next tick).
                     attempt_at = self.attempt().await;
                 }
-                () = sleep_until(attempt_at) => {
+                () = hapwright_eventbus::sleep_until(attempt_at) => {
                     attempt_at = self.attempt().await;
                 }
                 _ = drift.tick() => {
@@ -667,13 +667,6 @@ async fn ready_changed(events: &mut Option<watch::Receiver<u64>>) {
                 std::future::pending::<()>().await;
             }
         }
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }

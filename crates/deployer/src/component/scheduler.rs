@@ -365,16 +365,9 @@ impl Component for Scheduler {
                     Some(event) => state.handle(event, &ctx),
                     None => return Ok(()),
                 },
-                () = sleep_until(confirm_at) => state.release_hold("confirmed", &ctx),
-                () = sleep_until(ready_at) => state.release(&ctx),
+                () = hapwright_eventbus::sleep_until(confirm_at) => state.release_hold("confirmed", &ctx),
+                () = hapwright_eventbus::sleep_until(ready_at) => state.release(&ctx),
             }
         }
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
