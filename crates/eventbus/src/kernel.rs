@@ -320,11 +320,10 @@ impl Context {
             self.cancel.cancelled().await;
             return None;
         };
-        tokio::select! {
-            biased;
-            () = self.cancel.cancelled() => None,
-            event = events.recv() => event,
-        }
+        self.cancel
+            .run_until_cancelled(events.recv())
+            .await
+            .flatten()
     }
 
     /// An event that is already waiting, if any (to coalesce a burst: latest wins).
