@@ -30,6 +30,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+
 use hapwright_eventbus::model::{ContentHash, DeployStrategy, Diagnostic, RenderedConfig};
 use hapwright_eventbus::{
     DriftDetected, Event, EventPayload, InstanceDeployed, InstanceDeploymentFailed, Publisher,
@@ -147,7 +149,7 @@ impl Handle {
             current: None,
             unreported: None,
             fallback: None,
-            failures: 0,
+            retry: None,
         };
         let task = tokio::spawn(worker.run(receiver, cancel.clone()).instrument(span));
         Self {
@@ -220,8 +222,9 @@ struct Worker {
     unreported: Option<u64>,
     /// The reload that replaces a refused runtime change of `current`.
     fallback: Option<ChangePlan>,
-    /// Consecutive failed attempts.
-    failures: u32,
+    /// The retry delays of the current run of failed attempts (1 s doubling to
+    /// 60 s by default); `None` after a success or a newer config.
+    retry: Option<ExponentialBackoff>,
 }
 
 /// What one attempt came to.
@@ -315,7 +318,7 @@ impl Worker {
                 .is_some_and(|c| c.drift_check && c.config.hash() == next.config.hash());
         self.unreported = Some(next.round);
         self.fallback = None;
-        self.failures = 0;
+        self.retry = None;
         self.current = Some(Desired {
             drift_check,
             ..next
@@ -472,7 +475,7 @@ impl Worker {
         if let Some(current) = self.current.as_mut() {
             current.drift_check = false;
         }
-        self.failures = 0;
+        self.retry = None;
         let round = self.unreported.take();
         self.report(round, Outcome::Deployed);
     }
@@ -531,12 +534,19 @@ impl Worker {
         );
         let round = self.unreported.take();
         self.report(round, Outcome::Failed);
-        self.failures = self.failures.saturating_add(1);
         let settings = self.shared.settings;
-        let delay = settings
-            .min_retry_delay
-            .saturating_mul(1 << (self.failures - 1).min(16))
-            .min(settings.max_retry_delay);
+        let delay = self
+            .retry
+            .get_or_insert_with(|| {
+                ExponentialBuilder::new()
+                    .with_min_delay(settings.min_retry_delay)
+                    .with_max_delay(settings.max_retry_delay)
+                    .with_factor(2.0)
+                    .without_max_times()
+                    .build()
+            })
+            .next()
+            .unwrap_or(settings.max_retry_delay);
         tracing::info!(?delay, "Retrying the instance");
         Instant::now() + delay
     }
@@ -628,7 +638,7 @@ impl Worker {
                     self.shared.metrics.out_of_sync(&name);
                 } else if self.current.is_some() {
                     let round = self.unreported.take();
-                    self.failures = 0;
+                    self.retry = None;
                     self.report(round, Outcome::Deployed);
                 }
                 behind
