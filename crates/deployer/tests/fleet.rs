@@ -255,23 +255,7 @@ async fn discovered_instances_get_the_last_config_at_once_and_are_forgotten_when
     );
     let store = LastDeployedStore::new();
     let metrics = Metrics::unregistered().unwrap();
-    let deployer = Deployer::with_drivers(
-        fast_config(),
-        BTreeMap::new(),
-        store.clone(),
-        None,
-        metrics.clone(),
-    )
-    .with_discovery(DiscoveredCredentials {
-        username: USER.to_owned(),
-        password: Secret::new(PASSWORD),
-        ca_file: None,
-        scheme: "http".to_owned(),
-        allow_insecure_http: false,
-        server_name: None,
-        resolve: Vec::new(),
-        settings: fast_settings(),
-    });
+    let deployer = discovering_deployer(store.clone(), &metrics);
     let mut harness = Harness::start(|kernel| {
         kernel.register(deployer);
     });
@@ -321,6 +305,22 @@ async fn discovered_instances_get_the_last_config_at_once_and_are_forgotten_when
     harness.stop().await;
 }
 
+/// A deployer without static instances that reaches discovered ones over plain http
+/// (the test servers are on loopback).
+fn discovering_deployer(store: LastDeployedStore, metrics: &Metrics) -> Deployer {
+    Deployer::with_drivers(fast_config(), BTreeMap::new(), store, None, metrics.clone())
+        .with_discovery(DiscoveredCredentials {
+            username: USER.to_owned(),
+            password: Secret::new(PASSWORD),
+            ca_file: None,
+            scheme: "http".to_owned(),
+            allow_insecure_http: false,
+            server_name: None,
+            resolve: Vec::new(),
+            settings: fast_settings(),
+        })
+}
+
 /// The next `InstanceDeployed` of `pod-0`: its hash and strategy.
 async fn pod_deployed(harness: &mut Harness) -> (ContentHash, DeployStrategy) {
     harness
@@ -343,23 +343,7 @@ async fn an_instance_removed_mid_attempt_and_back_under_its_name_starts_clean() 
     let store = LastDeployedStore::new();
     let registry = prometheus::Registry::new();
     let metrics = Metrics::register(&registry).unwrap();
-    let deployer = Deployer::with_drivers(
-        fast_config(),
-        BTreeMap::new(),
-        store.clone(),
-        None,
-        metrics.clone(),
-    )
-    .with_discovery(DiscoveredCredentials {
-        username: USER.to_owned(),
-        password: Secret::new(PASSWORD),
-        ca_file: None,
-        scheme: "http".to_owned(),
-        allow_insecure_http: false,
-        server_name: None,
-        resolve: Vec::new(),
-        settings: fast_settings(),
-    });
+    let deployer = discovering_deployer(store.clone(), &metrics);
     let mut harness = Harness::start(|kernel| {
         kernel.register(deployer);
     });
@@ -445,23 +429,7 @@ async fn a_joining_pod_leaves_the_others_alone() {
     );
     let registry = prometheus::Registry::new();
     let metrics = Metrics::register(&registry).unwrap();
-    let deployer = Deployer::with_drivers(
-        fast_config(),
-        BTreeMap::new(),
-        LastDeployedStore::new(),
-        None,
-        metrics.clone(),
-    )
-    .with_discovery(DiscoveredCredentials {
-        username: USER.to_owned(),
-        password: Secret::new(PASSWORD),
-        ca_file: None,
-        scheme: "http".to_owned(),
-        allow_insecure_http: false,
-        server_name: None,
-        resolve: Vec::new(),
-        settings: fast_settings(),
-    });
+    let deployer = discovering_deployer(LastDeployedStore::new(), &metrics);
     let scheduler = Scheduler::new(
         scheduler::Config {
             min_deployment_interval: Duration::from_millis(50),

@@ -414,20 +414,27 @@ async fn a_hanging_binary_is_killed_at_the_timeout() {
 /// A stand-in binary that records its pid and hangs, for the timeout and
 /// cancellation paths (real haproxy never hangs on `-c`).
 fn hanging_binary(dir: &Path) -> (PathBuf, PathBuf) {
-    let script = dir.join("slow-haproxy");
+    stand_in(
+        dir,
+        "slow-haproxy",
+        "#!/bin/sh\necho $$ > {pid}.tmp\nmv {pid}.tmp {pid}\nexec sleep 60\n",
+    )
+}
+
+/// Writes the executable shell script `name` into `dir`, `{pid}` in `script` being
+/// the pid file it may write; returns the script and the pid file.
+fn stand_in(dir: &Path, name: &str, script: &str) -> (PathBuf, PathBuf) {
+    let path = dir.join(name);
     let pid_file = dir.join("pid");
     std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\necho $$ > {}.tmp\nmv {0}.tmp {0}\nexec sleep 60\n",
-            pid_file.display()
-        ),
+        &path,
+        script.replace("{pid}", &pid_file.display().to_string()),
     )
     .unwrap();
-    let mut permissions = std::fs::metadata(&script).unwrap().permissions();
+    let mut permissions = std::fs::metadata(&path).unwrap().permissions();
     std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
-    std::fs::set_permissions(&script, permissions).unwrap();
-    (script, pid_file)
+    std::fs::set_permissions(&path, permissions).unwrap();
+    (path, pid_file)
 }
 
 /// Whether a process is gone or a zombie awaiting its reaper.
@@ -782,21 +789,14 @@ async fn phase1_rejection_with_early_run() -> bool {
 /// A stand-in for `haproxy` that hangs (recording its pid) on a config holding
 /// `# hang-here`, and runs the real binary on any other.
 fn hanging_on_marker(dir: &Path) -> (PathBuf, PathBuf) {
-    let script = dir.join("haproxy-hanging-on-marker");
-    let pid_file = dir.join("pid");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\nif grep -q '# hang-here' haproxy.cfg; then\n  echo $$ > {pid}.tmp\n  mv {pid}.tmp {pid}\n  exec sleep 60\nfi\nexec {real} \"$@\"\n",
-            pid = pid_file.display(),
-            real = haproxy().display(),
+    stand_in(
+        dir,
+        "haproxy-hanging-on-marker",
+        &format!(
+            "#!/bin/sh\nif grep -q '# hang-here' haproxy.cfg; then\n  echo $$ > {{pid}}.tmp\n  mv {{pid}}.tmp {{pid}}\n  exec sleep 60\nfi\nexec {} \"$@\"\n",
+            haproxy().display()
         ),
     )
-    .unwrap();
-    let mut permissions = std::fs::metadata(&script).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
-    std::fs::set_permissions(&script, permissions).unwrap();
-    (script, pid_file)
 }
 
 /// The next answer of the validator: the hash it is about, and whether it passed.
