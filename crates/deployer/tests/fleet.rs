@@ -305,6 +305,20 @@ async fn discovered_instances_get_the_last_config_at_once_and_are_forgotten_when
     harness.stop().await;
 }
 
+/// A socket driver for each of `haproxies`, by instance name.
+fn socket_drivers(haproxies: &[Haproxy], metrics: &Metrics) -> BTreeMap<String, Arc<dyn Driver>> {
+    haproxies
+        .iter()
+        .map(|h| {
+            (
+                h.instance.name.clone(),
+                Arc::new(SocketDriver::new(h.instance.clone(), None, metrics.clone()))
+                    as Arc<dyn Driver>,
+            )
+        })
+        .collect()
+}
+
 /// A deployer without static instances that reaches discovered ones over plain http
 /// (the test servers are on loopback).
 fn discovering_deployer(store: LastDeployedStore, metrics: &Metrics) -> Deployer {
@@ -530,16 +544,7 @@ backend be_app\n    balance roundrobin\n    server s1 127.0.0.1:{server_port}\n"
         DataplaneServer::start("global\n").await,
     );
     let metrics = Metrics::unregistered().unwrap();
-    let drivers: BTreeMap<String, Arc<dyn Driver>> = haproxies
-        .iter()
-        .map(|h| {
-            (
-                h.instance.name.clone(),
-                Arc::new(SocketDriver::new(h.instance.clone(), None, metrics.clone()))
-                    as Arc<dyn Driver>,
-            )
-        })
-        .collect();
+    let drivers = socket_drivers(&haproxies, &metrics);
     let store = LastDeployedStore::new();
     let deployer =
         Deployer::with_drivers(fast_config(), drivers, store.clone(), None, metrics.clone())
@@ -726,16 +731,7 @@ backend be_app\n    balance roundrobin\n    server s1 127.0.0.1:{server_port}\n"
         haproxies.push(Haproxy::start(&format!("local-{i}"), &v1, "boot").await);
     }
     let metrics = Metrics::unregistered().unwrap();
-    let drivers: BTreeMap<String, Arc<dyn Driver>> = haproxies
-        .iter()
-        .map(|h| {
-            (
-                h.instance.name.clone(),
-                Arc::new(SocketDriver::new(h.instance.clone(), None, metrics.clone()))
-                    as Arc<dyn Driver>,
-            )
-        })
-        .collect();
+    let drivers = socket_drivers(&haproxies, &metrics);
     let store = LastDeployedStore::new();
     let deployer = Deployer::with_drivers(
         Config {
