@@ -101,83 +101,38 @@ pub fn validator_config(config: &Config) -> validator::Config {
     }
 }
 
-/// The validation step of the quarantine search: both phases, as the validator
-/// component runs them, with phase 2 satisfied by structural equivalence against
-/// `shared`, the last render that passed `haproxy -c` in the validator component or
-/// in an earlier probe (see [`validate_with_baseline`]). A search's first probe,
-/// the changes other than the suspects, usually differs from the running config only
-/// in values phase 1 checks completely, so it costs no `haproxy -c`.
-pub fn quarantine_validate(
-    config: validator::Config,
-    shared: validator::SharedBaseline,
-) -> quarantine::Validate {
-    validate_with_baseline(config, shared, "Quarantine")
+/// The validation step of the quarantine search: the validator component's own
+/// [`validator::Service`], so phase 2 is satisfied by structural equivalence against
+/// the last render that passed `haproxy -c` in the component or in an earlier probe.
+/// A search's first probe, the changes other than the suspects, usually differs from
+/// the running config only in values phase 1 checks completely, so it costs no
+/// `haproxy -c`. Probes are not counted in the validation metrics.
+pub fn quarantine_validate(service: validator::Service) -> quarantine::Validate {
+    validate_through(service)
 }
 
-/// The validation step of the admission webhook: phase 1, then phase 2 — satisfied
-/// by structural equivalence with the last candidate that passed `haproxy -c` when
-/// `haproxy.phase2Equivalence` allows it, as the validator component does. Most
-/// reviews differ from the last one only in an object's values (an endpoint
-/// address, a port), so most are answered without starting HAProxy. The webhook
-/// keeps its own baseline: reviews are candidates, not what runs.
+/// The validation step of the admission webhook: a [`validator::Service`] of its
+/// own (reviews are candidates, not what runs, so they never become the running
+/// config's baseline). Most reviews differ from the last one only in an object's
+/// values (an endpoint address, a port), so most are answered without starting
+/// HAProxy.
 pub fn webhook_validate(config: validator::Config) -> quarantine::Validate {
-    validate_with_baseline(config, validator::SharedBaseline::default(), "Webhook")
+    validate_through(validator::Service::new(config))
 }
 
-/// Phase 1, then phase 2 unless the candidate is structurally equivalent to the
-/// render in `baseline` (when `haproxy.phase2Equivalence` allows it); a candidate
-/// that passes `haproxy -c` becomes the new baseline. `who` names the caller in
-/// the debug log.
-fn validate_with_baseline(
-    config: validator::Config,
-    baseline: validator::SharedBaseline,
-    who: &'static str,
-) -> quarantine::Validate {
-    use hapwright_deployer::component::validator::equivalence::{self, Baseline, Equivalence};
-    let config = Arc::new(config);
+/// A validation step answering through `service`.
+fn validate_through(service: validator::Service) -> quarantine::Validate {
     Arc::new(move |rendered: Arc<RenderedConfig>| {
-        let config = config.clone();
-        let baseline = baseline.clone();
+        let service = service.clone();
         Box::pin(async move {
-            let failure = |rejection: validator::Rejection| quarantine::Failure {
-                errors: rejection.errors,
-                tool_failure: rejection.tool_failure,
-            };
-            let phase1 = {
-                let rendered = rendered.clone();
-                tokio::task::spawn_blocking(move || validator::validate_phase1_parsed(&rendered))
-                    .await
-                    .map_err(|join| quarantine::Failure {
-                        errors: vec![Diagnostic::error(format!("phase 1 crashed: {join}"))],
-                        tool_failure: true,
-                    })?
-            };
-            let model = Arc::new(phase1.map_err(failure)?.1);
-            if config.equivalence {
-                let last = baseline
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .clone();
-                if let Some(last) = last
-                    && let Equivalence::Equivalent(reason) =
-                        equivalence::compare(&last, &rendered, &model)
-                {
-                    tracing::debug!(
-                        who,
-                        reason = reason.as_str(),
-                        "Phase 2 passed by structural equivalence"
-                    );
-                    return Ok(());
-                }
-            }
-            validator::validate_phase2(&rendered, &config)
+            service
+                .validate(&rendered, None)
                 .await
-                .map_err(failure)?;
-            *baseline
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                Some(Baseline { rendered, model });
-            Ok(())
+                .map(drop)
+                .map_err(|rejection| quarantine::Failure {
+                    errors: rejection.errors,
+                    tool_failure: rejection.tool_failure,
+                })
         })
     })
 }

@@ -7,7 +7,9 @@
 //! ```text
 //! main.rs          argument parsing, tracing set-up, exit codes (thin)
 //! commands         check, render, version: one function per subcommand
-//! config/          the config file: types, located errors (locate), load, the
+//! config/          the config file: one file per controller section (controller,
+//!                  http, leaderElection, quarantine, status, tracing, webhook),
+//!                  template places, load, located errors (locate), the
 //!                  config-file watcher component (watch)
 //! build            a config → the components of one kernel iteration (sources,
 //!                  renderer, validator, scheduler, deployer)

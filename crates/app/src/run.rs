@@ -332,10 +332,11 @@ impl Iteration {
             build::watched_names(config),
         ));
         let quarantine = config.controller.quarantine.max_validations;
-        // The last render that passed `haproxy -c`, shared by the validator and the
-        // quarantine's search, so each can skip phase 2 by equivalence after the
-        // other's pass.
-        let phase2_baseline = validator::SharedBaseline::default();
+        // The one validation service of this config: the validator component and the
+        // quarantine's search validate through it, and share its baseline (the last
+        // render that passed `haproxy -c`), so each can skip phase 2 by equivalence
+        // after the other's pass.
+        let validation = validator::Service::new(build::validator_config(config));
         kernel.register(Executor::new(executor::Settings {
             quarantine: quarantine > 0,
             ..executor::Settings::default()
@@ -348,10 +349,7 @@ impl Iteration {
         }
         if quarantine > 0 {
             renderer = renderer.with_quarantine(QuarantineSettings {
-                validate: build::quarantine_validate(
-                    build::validator_config(config),
-                    phase2_baseline.clone(),
-                ),
+                validate: build::quarantine_validate(validation.clone()),
                 max_validations: quarantine,
                 last_good: process.last_good.clone(),
             });
@@ -435,13 +433,10 @@ impl Iteration {
             }
             None => process.webhook_slot.store(None),
         }
-        kernel.register(
-            Validator::new(
-                build::validator_config(config),
-                process.validator_metrics.clone(),
-            )
-            .with_shared_baseline(phase2_baseline),
-        );
+        kernel.register(Validator::with_service(
+            validation,
+            process.validator_metrics.clone(),
+        ));
         let timings = config.controller.deploy_timings();
         let instances = build::socket_instances(config);
         kernel.register(
@@ -670,14 +665,6 @@ impl Listeners {
 
 type Bound = Option<(SocketAddr, HttpServer)>;
 
-/// Completes at `at`; never when `at` is `None`.
-async fn sleep_until_some(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// Moves one listener from `current` to `wanted` (`None`: no listener) served within
 /// `limits`. On failure returns the listener that is still serving (the old one) with
 /// the error.
@@ -898,7 +885,7 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
                 _ = sigterm.recv() => Wake::Shutdown("SIGTERM"),
                 _ = sigint.recv() => Wake::Shutdown("SIGINT"),
                 failure = iteration.kernel.failed() => Wake::ComponentFailed(failure),
-                () = sleep_until_some(restart_at) => Wake::Restart,
+                () = hapwright_eventbus::sleep_until(restart_at) => Wake::Restart,
                 () = tokio::time::sleep_until(recovered_at), if recovering => Wake::Recovered,
             };
             // An HTTP reload request waiting for the verdict.

@@ -150,15 +150,21 @@ impl Fleet {
         fleet
     }
 
-    /// Deploys `config` and returns once `healthy` instances took it.
-    async fn deploy_to_healthy(&mut self, config: Arc<RenderedConfig>, healthy: usize) {
-        let hash = config.hash();
+    /// Schedules `config` for every instance of the fleet.
+    fn schedule(&self, config: Arc<RenderedConfig>) {
         self.publisher.publish(DeploymentScheduled {
+            model: hapwright_eventbus::model::haproxy::parse_main(&config)
+                .expect("the benchmark config parses"),
             config,
             instances: self.names.clone(),
             drift_check: false,
-            parsed: Default::default(),
         });
+    }
+
+    /// Deploys `config` and returns once `healthy` instances took it.
+    async fn deploy_to_healthy(&mut self, config: Arc<RenderedConfig>, healthy: usize) {
+        let hash = config.hash();
+        self.schedule(config);
         let mut took = 0;
         while took < healthy {
             let event = self.completed.recv().await.expect("bus open");
@@ -171,12 +177,7 @@ impl Fleet {
     }
 
     async fn deploy(&mut self, config: Arc<RenderedConfig>) {
-        self.publisher.publish(DeploymentScheduled {
-            config,
-            instances: self.names.clone(),
-            drift_check: false,
-            parsed: Default::default(),
-        });
+        self.schedule(config);
         self.wait().await;
     }
 

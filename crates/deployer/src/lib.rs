@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! haproxy/       what hapwright knows about HAProxy's configuration (no I/O but files)
-//!   config/        tokenizer, model, phase-1 checks of haproxy.cfg
+//!   config/        phase-1 checks of haproxy.cfg; re-exports the bus's model
 //!   plan           the change plan between two configs: runtime ops or a reload
 //!   files/         the config directory: safe writes, version marker, state record
 //! client/        talking to a HAProxy process

@@ -79,10 +79,11 @@ async fn a_reload_slower_than_the_deployment_timeout_restores_the_files_and_repo
     let kernel = kernel.start().unwrap();
     let schedule = |config: &Arc<RenderedConfig>| {
         publisher.publish(DeploymentScheduled {
+            model: hapwright_eventbus::model::haproxy::parse_main(config)
+                .expect("the test config parses"),
             config: config.clone(),
             instances: vec!["slow".to_owned()],
             drift_check: false,
-            parsed: Default::default(),
         });
     };
     let mut outcome = async || {

@@ -707,7 +707,7 @@ impl Harness {
         Self::start_shared(config, None)
     }
 
-    fn start_shared(config: validator::Config, shared: Option<validator::SharedBaseline>) -> Self {
+    fn start_shared(config: validator::Config, shared: Option<validator::Service>) -> Self {
         let registry = Registry::new();
         let bus = Bus::new(
             BusConfig::default(),
@@ -721,10 +721,10 @@ impl Harness {
             .unwrap();
         let metrics = validator::Metrics::register(&registry).unwrap();
         let mut kernel = Kernel::new(bus.clone());
-        let mut component = Validator::new(config, metrics);
-        if let Some(shared) = shared {
-            component = component.with_shared_baseline(shared);
-        }
+        let component = match shared {
+            Some(service) => Validator::with_service(service, metrics),
+            None => Validator::new(config, metrics),
+        };
         kernel.register(component);
         let running = kernel.start().unwrap();
         Self {
@@ -876,12 +876,15 @@ async fn switched_off_every_render_runs_haproxy_c() {
 #[tokio::test]
 async fn a_render_that_passed_elsewhere_is_the_baseline_and_the_component_publishes_its_own() {
     let scratch = tempfile::tempdir().unwrap();
-    let shared = validator::SharedBaseline::default();
+    let shared = validator::Service::new(settings(scratch.path(), true));
     let mut harness = Harness::start_shared(settings(scratch.path(), true), Some(shared.clone()));
 
     // Another step (the quarantine's search) passed `haproxy -c` with this render.
     let mut render = Render::base();
-    *shared.lock().unwrap() = Some(baseline(&render));
+    shared
+        .validate(&Arc::new(render.rendered()), None)
+        .await
+        .expect("the quarantine's probe passes");
 
     // Only a server address differs from it: no haproxy -c in the component.
     render.proxies[1].servers[0].address = "10.9.9.9:8443".to_owned();
@@ -891,11 +894,11 @@ async fn a_render_that_passed_elsewhere_is_the_baseline_and_the_component_publis
     );
     assert_eq!(harness.haproxy_runs(), 0);
 
-    // A render the component passes with haproxy -c is published for the others.
+    // A render the component passes with haproxy -c is the shared baseline too.
     render.proxies[1].servers[0].after = "inter 2s backup".to_owned();
     assert_eq!(skipped(&harness.validate(&render).await), None);
     assert_eq!(harness.haproxy_runs(), 1);
-    let published = shared.lock().unwrap().clone().expect("published");
+    let published = shared.baseline().expect("published");
     assert_eq!(published.rendered.hash(), render.rendered().hash());
     harness.stop().await;
 }

@@ -21,15 +21,15 @@ use hapwright_deployer::driver::fleet::DiscoveredCredentials;
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::config::Secret;
 use hapwright_eventbus::model::{
-    DeployStrategy, InstanceDriver, InstanceRef, ReloadReason, RenderedConfig,
+    ContentHash, DeployStrategy, InstanceDriver, InstanceRef, ReloadReason, RenderedConfig,
 };
 use hapwright_eventbus::{
     Bus, BusConfig, BusMetrics, DeploymentScheduled, Event, EventKind, EventPayload,
     InstancesDiscovered, Kernel, Publisher, RunningKernel, Subscription, ValidationCompleted,
 };
-use support::dataplane::{DataplaneServer, PASSWORD, USER};
+use support::dataplane::{DataplaneServer, Faults, PASSWORD, USER};
 use support::{
-    Backend, BlackHole, Haproxy, config, free_port, rendered, rendered_with, wait_for_body,
+    Backend, BlackHole, Haproxy, config, counter, free_port, rendered, rendered_with, wait_for_body,
 };
 use tokio::sync::watch;
 use tokio::time::timeout;
@@ -106,10 +106,11 @@ impl Harness {
 
     fn schedule(&self, config: &Arc<RenderedConfig>, instances: &[&str]) {
         self.publisher.publish(DeploymentScheduled {
+            model: hapwright_eventbus::model::haproxy::parse_main(config)
+                .expect("the test config parses"),
             config: config.clone(),
             instances: instances.iter().map(|s| (*s).to_owned()).collect(),
             drift_check: false,
-            parsed: Default::default(),
         });
     }
 
@@ -254,23 +255,7 @@ async fn discovered_instances_get_the_last_config_at_once_and_are_forgotten_when
     );
     let store = LastDeployedStore::new();
     let metrics = Metrics::unregistered().unwrap();
-    let deployer = Deployer::with_drivers(
-        fast_config(),
-        BTreeMap::new(),
-        store.clone(),
-        None,
-        metrics.clone(),
-    )
-    .with_discovery(DiscoveredCredentials {
-        username: USER.to_owned(),
-        password: Secret::new(PASSWORD),
-        ca_file: None,
-        scheme: "http".to_owned(),
-        allow_insecure_http: false,
-        server_name: None,
-        resolve: Vec::new(),
-        settings: fast_settings(),
-    });
+    let deployer = discovering_deployer(store.clone(), &metrics);
     let mut harness = Harness::start(|kernel| {
         kernel.register(deployer);
     });
@@ -320,6 +305,218 @@ async fn discovered_instances_get_the_last_config_at_once_and_are_forgotten_when
     harness.stop().await;
 }
 
+/// A socket driver for each of `haproxies`, by instance name.
+fn socket_drivers(haproxies: &[Haproxy], metrics: &Metrics) -> BTreeMap<String, Arc<dyn Driver>> {
+    haproxies
+        .iter()
+        .map(|h| {
+            (
+                h.instance.name.clone(),
+                Arc::new(SocketDriver::new(h.instance.clone(), None, metrics.clone()))
+                    as Arc<dyn Driver>,
+            )
+        })
+        .collect()
+}
+
+/// A deployer without static instances that reaches discovered ones over plain http
+/// (the test servers are on loopback).
+fn discovering_deployer(store: LastDeployedStore, metrics: &Metrics) -> Deployer {
+    Deployer::with_drivers(fast_config(), BTreeMap::new(), store, None, metrics.clone())
+        .with_discovery(DiscoveredCredentials {
+            username: USER.to_owned(),
+            password: Secret::new(PASSWORD),
+            ca_file: None,
+            scheme: "http".to_owned(),
+            allow_insecure_http: false,
+            server_name: None,
+            resolve: Vec::new(),
+            settings: fast_settings(),
+        })
+}
+
+/// The next `InstanceDeployed` of `pod-0`: its hash and strategy.
+async fn pod_deployed(harness: &mut Harness) -> (ContentHash, DeployStrategy) {
+    harness
+        .next(Duration::from_secs(20), |event| match &event.payload {
+            EventPayload::InstanceDeployed(done) if done.instance == "pod-0" => {
+                Some((done.hash, done.strategy))
+            }
+            _ => None,
+        })
+        .await
+}
+
+/// A pod removed while its worker's attempt is in flight, and back under the same
+/// name at once (a StatefulSet pod replaced): the removal waits for the old worker,
+/// which finishes its attempt and then clears its record and metric series, so the
+/// new worker starts clean: its record and counters hold only its own deployment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_removed_mid_attempt_and_back_under_its_name_starts_clean() {
+    let server = DataplaneServer::start("global\n").await;
+    let store = LastDeployedStore::new();
+    let registry = prometheus::Registry::new();
+    let metrics = Metrics::register(&registry).unwrap();
+    let deployer = discovering_deployer(store.clone(), &metrics);
+    let mut harness = Harness::start(|kernel| {
+        kernel.register(deployer);
+    });
+    let discover = |present: bool| InstancesDiscovered {
+        source: Arc::from("kubernetes"),
+        instances: Arc::from(if present {
+            vec![InstanceRef {
+                name: "pod-0".to_owned(),
+                driver: InstanceDriver::Dataplane,
+                address: server.url.clone(),
+            }]
+        } else {
+            Vec::new()
+        }),
+    };
+    let v1 = plain("global\n    maxconn 100\n");
+    harness.schedule(&v1, &[]);
+    harness.completed().await;
+    harness.publisher.publish(discover(true));
+    assert_eq!(pod_deployed(&mut harness).await.0, v1.hash());
+    harness.completed().await;
+    assert!(store.get("pod-0").is_some());
+
+    // The next attempt is slow: every Data Plane API answer waits 100 ms.
+    server.faults(Faults {
+        delay: Some(Duration::from_millis(100)),
+        ..Faults::default()
+    });
+    let v2 = plain("global\n    maxconn 200\n");
+    let requests = server.state().log.len();
+    harness.schedule(&v2, &["pod-0"]);
+    server.wait_for_requests(requests + 1).await;
+    // Gone while its attempt runs, and back at once.
+    harness.publisher.publish(discover(false));
+    harness.publisher.publish(discover(true));
+
+    // The old worker's attempt ends first; then the new worker deploys v2.
+    let (old_hash, _) = pod_deployed(&mut harness).await;
+    assert_eq!(old_hash, v2.hash(), "the attempt in flight finished");
+    let (new_hash, new_strategy) = pod_deployed(&mut harness).await;
+    assert_eq!(new_hash, v2.hash());
+    let record = store.get("pod-0").expect("the new worker's record");
+    assert_eq!(
+        record.reloads,
+        u64::from(new_strategy == DeployStrategy::Reload),
+        "only the new worker's reloads: {record:?}"
+    );
+    assert!(record.last_error.is_none());
+    let pod = ("instance", "pod-0");
+    assert_eq!(
+        counter(&registry, "hapwright_deployments_total", &[pod]),
+        1,
+        "only the new worker's deployment is counted"
+    );
+    assert_eq!(
+        support::series(&registry, "hapwright_instance_in_sync", &[pod]),
+        [1.0]
+    );
+
+    assert_eq!(harness.completed().await.0, ["pod-0"]);
+
+    // Gone for good (a round after it tells the removal was handled): once the
+    // deployer stopped, nothing of it is left, and nothing wrote it back.
+    harness.publisher.publish(discover(false));
+    harness.schedule(&plain("global\n    maxconn 300\n"), &[]);
+    harness.completed().await;
+    harness.stop().await;
+    assert!(store.get("pod-0").is_none(), "the record is cleared");
+    assert!(
+        support::series(&registry, "hapwright_deployments_total", &[pod]).is_empty(),
+        "the metric series are gone"
+    );
+}
+
+/// The deployer alone owns fleet membership: a pod joining gets the last config in a
+/// round of its own, and the pod already running it sees no round, no attempt and no
+/// drop of `hapwright_instance_in_sync` (the scheduler schedules nothing for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_pod_leaves_the_others_alone() {
+    let (a, b) = (
+        DataplaneServer::start("global\n").await,
+        DataplaneServer::start("global\n").await,
+    );
+    let registry = prometheus::Registry::new();
+    let metrics = Metrics::register(&registry).unwrap();
+    let deployer = discovering_deployer(LastDeployedStore::new(), &metrics);
+    let scheduler = Scheduler::new(
+        scheduler::Config {
+            min_deployment_interval: Duration::from_millis(50),
+        },
+        Vec::new(),
+    );
+    let mut harness = Harness::start(|kernel| {
+        kernel.register(scheduler);
+        kernel.register(deployer);
+    });
+    let pods = |servers: &[(&str, &DataplaneServer)]| InstancesDiscovered {
+        source: Arc::from("kubernetes"),
+        instances: servers
+            .iter()
+            .map(|(name, server)| InstanceRef {
+                name: (*name).to_owned(),
+                driver: InstanceDriver::Dataplane,
+                address: server.url.clone(),
+            })
+            .collect(),
+    };
+    let validated = |config: &Arc<RenderedConfig>| ValidationCompleted {
+        model: hapwright_eventbus::model::haproxy::parse_main(config).expect("parses"),
+        config: config.clone(),
+        duration: Duration::ZERO,
+        warnings: Vec::new(),
+        phase2_skipped: None,
+    };
+    let started = |event: &Event| match &event.payload {
+        EventPayload::DeploymentStarted(started) => Some((started.hash, started.instances.clone())),
+        _ => None,
+    };
+    harness.publisher.publish(pods(&[("pod-a", &a)]));
+    let v1 = plain("global\n    maxconn 100\n");
+    harness.publisher.publish(validated(&v1));
+    assert_eq!(
+        harness.next(Duration::from_secs(30), started).await,
+        (v1.hash(), vec!["pod-a".to_owned()])
+    );
+    assert_eq!(harness.completed().await.0, ["pod-a"]);
+    let pod_a = ("instance", "pod-a");
+    assert_eq!(
+        counter(&registry, "hapwright_deployments_total", &[pod_a]),
+        1
+    );
+
+    // pod-b joins: a round for pod-b alone.
+    harness
+        .publisher
+        .publish(pods(&[("pod-a", &a), ("pod-b", &b)]));
+    assert_eq!(
+        harness.next(Duration::from_secs(30), started).await,
+        (v1.hash(), vec!["pod-b".to_owned()])
+    );
+    assert_eq!(harness.completed().await.0, ["pod-b"]);
+    // The next round is the next config's, for both; none came for pod-a between.
+    let v2 = plain("global\n    maxconn 200\n");
+    assert_eq!(
+        counter(&registry, "hapwright_deployments_total", &[pod_a]),
+        1
+    );
+    assert_eq!(
+        support::series(&registry, "hapwright_instance_in_sync", &[pod_a]),
+        [1.0]
+    );
+    harness.publisher.publish(validated(&v2));
+    assert_eq!(
+        harness.next(Duration::from_secs(30), started).await,
+        (v2.hash(), vec!["pod-a".to_owned(), "pod-b".to_owned()])
+    );
+    harness.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mixed_fleet_deploys_in_one_round_and_a_killed_instance_recovers() {
     let app = Backend::start("app").await;
@@ -347,16 +544,7 @@ backend be_app\n    balance roundrobin\n    server s1 127.0.0.1:{server_port}\n"
         DataplaneServer::start("global\n").await,
     );
     let metrics = Metrics::unregistered().unwrap();
-    let drivers: BTreeMap<String, Arc<dyn Driver>> = haproxies
-        .iter()
-        .map(|h| {
-            (
-                h.instance.name.clone(),
-                Arc::new(SocketDriver::new(h.instance.clone(), None, metrics.clone()))
-                    as Arc<dyn Driver>,
-            )
-        })
-        .collect();
+    let drivers = socket_drivers(&haproxies, &metrics);
     let store = LastDeployedStore::new();
     let deployer =
         Deployer::with_drivers(fast_config(), drivers, store.clone(), None, metrics.clone())
@@ -477,10 +665,10 @@ async fn drift_after_an_out_of_band_change_and_reload_is_repaired() {
         kernel.register(deployer);
     });
     harness.publisher.publish(ValidationCompleted {
+        model: hapwright_eventbus::model::haproxy::parse_main(&v1).expect("the test config parses"),
         config: v1.clone(),
         duration: Duration::ZERO,
         warnings: Vec::new(),
-        parsed: Default::default(),
         phase2_skipped: None,
     });
     let (succeeded, _) = harness.completed().await;
@@ -543,16 +731,7 @@ backend be_app\n    balance roundrobin\n    server s1 127.0.0.1:{server_port}\n"
         haproxies.push(Haproxy::start(&format!("local-{i}"), &v1, "boot").await);
     }
     let metrics = Metrics::unregistered().unwrap();
-    let drivers: BTreeMap<String, Arc<dyn Driver>> = haproxies
-        .iter()
-        .map(|h| {
-            (
-                h.instance.name.clone(),
-                Arc::new(SocketDriver::new(h.instance.clone(), None, metrics.clone()))
-                    as Arc<dyn Driver>,
-            )
-        })
-        .collect();
+    let drivers = socket_drivers(&haproxies, &metrics);
     let store = LastDeployedStore::new();
     let deployer = Deployer::with_drivers(
         Config {

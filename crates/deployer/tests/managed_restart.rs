@@ -19,7 +19,7 @@ use hapwright_eventbus::{
     Bus, BusConfig, BusMetrics, DeploymentScheduled, EventKind, EventPayload, InstanceDeployed,
     Kernel, Subscription,
 };
-use support::{Backend, Haproxy, StopOnDrop, config, rendered, wait_for_body};
+use support::{Backend, Haproxy, StopOnDrop, config, counter, rendered, wait_for_body};
 use tokio::time::timeout;
 use tracing::{Level, span};
 
@@ -74,25 +74,6 @@ fn deployed(payload: EventPayload) -> InstanceDeployed {
         EventPayload::InstanceDeployed(deployed) => deployed,
         other => panic!("expected InstanceDeployed, got {other:?}"),
     }
-}
-
-/// A counter's value from the registry (0 when absent).
-fn counter(registry: &prometheus::Registry, name: &str, labels: &[(&str, &str)]) -> u64 {
-    registry
-        .gather()
-        .iter()
-        .filter(|family| family.name() == name)
-        .flat_map(|family| family.get_metric())
-        .filter(|metric| {
-            labels.iter().all(|(key, value)| {
-                metric
-                    .get_label()
-                    .iter()
-                    .any(|l| l.name() == *key && l.value() == *value)
-            })
-        })
-        .map(|metric| metric.get_counter().get_value() as u64)
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,11 +142,12 @@ async fn late_and_restarted_managed_haproxy_are_recorded_as_reloads() {
         Metrics::register(&registry).unwrap(),
     ));
     let kernel = kernel.start().unwrap();
-    let schedule = |config| DeploymentScheduled {
+    let schedule = |config: Arc<hapwright_eventbus::model::RenderedConfig>| DeploymentScheduled {
+        model: hapwright_eventbus::model::haproxy::parse_main(&config)
+            .expect("the test config parses"),
         config,
         instances: vec!["late".to_owned()],
         drift_check: false,
-        parsed: Default::default(),
     };
 
     // The first deployment cannot start HAProxy: its port is held.

@@ -273,10 +273,10 @@ async fn healthy_instances_take_a_runtime_change_while_another_hangs() {
     let v2 = weighted(&app, 2);
     let started = Instant::now();
     publisher.publish(DeploymentScheduled {
+        model: hapwright_eventbus::model::haproxy::parse_main(&v2).expect("the test config parses"),
         config: v2.clone(),
         instances: names,
         drift_check: false,
-        parsed: Default::default(),
     });
     let mut healthy = Vec::new();
     timeout(Duration::from_secs(30), async {

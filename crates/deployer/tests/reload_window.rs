@@ -94,7 +94,7 @@ impl Driver for Fake {
             marker,
             DeployStrategy::Reload,
             plan.reason(),
-        ))
+        )?)
     }
 }
 
@@ -144,10 +144,11 @@ async fn one_instance_waiting_for_its_reload_window_holds_nobody_else() {
     let kernel = kernel.start().unwrap();
     let schedule = |config: &Arc<RenderedConfig>, instances: &[&str]| {
         publisher.publish(DeploymentScheduled {
+            model: hapwright_eventbus::model::haproxy::parse_main(config)
+                .expect("the test config parses"),
             config: config.clone(),
             instances: instances.iter().map(|s| (*s).to_owned()).collect(),
             drift_check: false,
-            parsed: Default::default(),
         });
     };
     let mut deployed = async |instance: &str| {
@@ -218,4 +219,44 @@ async fn one_instance_waiting_for_its_reload_window_holds_nobody_else() {
         "{b:?}"
     );
     kernel.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A config handed to `Driver::deploy` without a model is parsed there; one that does
+/// not parse fails the deployment with its parse error (line and cause), and the
+/// instance is never touched: no empty model is planned against.
+#[tokio::test(start_paused = true)]
+async fn a_config_that_does_not_parse_fails_with_its_cause_and_touches_nothing() {
+    let calls = Calls::default();
+    let fake = Fake {
+        name: "local".into(),
+        calls: calls.clone(),
+        t0: Instant::now(),
+    };
+    let broken =
+        config("global\n    log stderr format short\nbackend be\n    server s1 \"10.0.0.1:80\n");
+    let error = fake
+        .deploy(broken, None, None, false)
+        .await
+        .expect_err("an unparsable config cannot deploy");
+    let DeployError::Unparsable(cause) = &error else {
+        panic!("expected a parse error, got {error:?}");
+    };
+    assert_eq!(cause.line, 4, "{error}");
+    assert!(error.to_string().contains("line 4"), "{error}");
+    assert!(
+        calls.lock().unwrap().is_empty(),
+        "the driver was asked: {calls:?}"
+    );
+
+    let found = Deployed::new(
+        config("frontend fe\n    bind :80 ssl crt \"x\n"),
+        "v1".into(),
+        DeployStrategy::Noop,
+        hapwright_eventbus::model::DeployReason {
+            reload: None,
+            detail: "found running".into(),
+        },
+    )
+    .expect_err("a record of an unparsable config has no model");
+    assert_eq!(found.line, 2);
 }

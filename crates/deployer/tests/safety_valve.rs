@@ -79,10 +79,11 @@ fn start(safety: safety::Config, memory: Memory) -> Harness {
 impl Harness {
     fn validated(&self, config: &Arc<RenderedConfig>) {
         self.publisher.publish(ValidationCompleted {
+            model: hapwright_eventbus::model::haproxy::parse_main(config)
+                .expect("the test config parses"),
             config: config.clone(),
             duration: Duration::ZERO,
             warnings: Vec::new(),
-            parsed: Default::default(),
             phase2_skipped: None,
         });
     }

@@ -13,8 +13,10 @@ use hapwright_eventbus::{
 use prometheus::Registry;
 use tokio::time::{Instant, timeout};
 
+/// A config told apart by `text`, after a `global` header so that it parses like
+/// every config the validator passes on.
 fn config(text: &str) -> Arc<RenderedConfig> {
-    Arc::new(RenderedConfig::main_only(text))
+    Arc::new(RenderedConfig::main_only(format!("global\n    # {text}")))
 }
 
 struct Harness {
@@ -53,10 +55,11 @@ impl Harness {
         let correlation = CorrelationId::new();
         self.publisher.publish_with(
             ValidationCompleted {
+                model: hapwright_eventbus::model::haproxy::parse_main(config)
+                    .expect("the test config parses"),
                 config: config.clone(),
                 duration: Duration::ZERO,
                 warnings: Vec::new(),
-                parsed: Default::default(),
                 phase2_skipped: None,
             },
             EventMeta::correlated(correlation),
@@ -190,29 +193,35 @@ async fn unchanged_hash_and_instances_are_skipped_and_drift_is_left_to_the_deplo
     h.stop().await;
 }
 
+/// Fleet membership belongs to the deployer: a discovery change schedules nothing
+/// (the deployer hands a new instance the last config itself), and a config names
+/// the static instances only.
 #[tokio::test(start_paused = true)]
-async fn a_changed_instance_set_redeploys_the_last_config() {
+async fn a_discovery_change_schedules_nothing() {
     let mut h = start();
     let a = config("a\n");
     h.validated(&a);
-    h.next().await;
-    let discovered = |names: &[&str]| InstancesDiscovered {
-        source: "kubernetes".into(),
-        instances: names
-            .iter()
-            .map(|name| InstanceRef {
-                name: (*name).to_owned(),
-                driver: InstanceDriver::Dataplane,
-                address: format!("http://{name}:5555"),
-            })
-            .collect(),
-    };
-    h.publisher.publish(discovered(&["pod-a"]));
     let (_, got, instances, _) = h.next().await;
-    assert_eq!(got.hash(), a.hash());
-    assert_eq!(instances, vec!["local", "pod-a"]);
-    // The same set again changes nothing.
-    h.publisher.publish(discovered(&["pod-a"]));
+    assert_eq!(
+        (got.hash(), instances),
+        (a.hash(), vec!["local".to_owned()])
+    );
+    h.publisher.publish(InstancesDiscovered {
+        source: "kubernetes".into(),
+        instances: vec![InstanceRef {
+            name: "pod-a".to_owned(),
+            driver: InstanceDriver::Dataplane,
+            address: "http://pod-a:5555".to_owned(),
+        }]
+        .into(),
+    });
     h.nothing_within(Duration::from_secs(30)).await;
+    let b = config("b\n");
+    h.validated(&b);
+    let (_, got, instances, _) = h.next().await;
+    assert_eq!(
+        (got.hash(), instances),
+        (b.hash(), vec!["local".to_owned()])
+    );
     h.stop().await;
 }

@@ -215,11 +215,12 @@ async fn quick_successive_changes_end_with_the_latest_live() {
         metrics,
     ));
     let kernel = kernel.start().unwrap();
-    let validated = |config| ValidationCompleted {
+    let validated = |config: Arc<hapwright_eventbus::model::RenderedConfig>| ValidationCompleted {
+        model: hapwright_eventbus::model::haproxy::parse_main(&config)
+            .expect("the test config parses"),
         config,
         duration: Duration::ZERO,
         warnings: Vec::new(),
-        parsed: Default::default(),
         phase2_skipped: None,
     };
     publisher.publish(validated(v1.clone()));

@@ -2,6 +2,8 @@
 //! it): invalid output is rejected in phase 1 or 2 with the rendered line and the
 //! template line that produced it; valid output passes with HAProxy's warnings.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -412,20 +414,27 @@ async fn a_hanging_binary_is_killed_at_the_timeout() {
 /// A stand-in binary that records its pid and hangs, for the timeout and
 /// cancellation paths (real haproxy never hangs on `-c`).
 fn hanging_binary(dir: &Path) -> (PathBuf, PathBuf) {
-    let script = dir.join("slow-haproxy");
+    stand_in(
+        dir,
+        "slow-haproxy",
+        "#!/bin/sh\necho $$ > {pid}.tmp\nmv {pid}.tmp {pid}\nexec sleep 60\n",
+    )
+}
+
+/// Writes the executable shell script `name` into `dir`, `{pid}` in `script` being
+/// the pid file it may write; returns the script and the pid file.
+fn stand_in(dir: &Path, name: &str, script: &str) -> (PathBuf, PathBuf) {
+    let path = dir.join(name);
     let pid_file = dir.join("pid");
     std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\necho $$ > {}.tmp\nmv {0}.tmp {0}\nexec sleep 60\n",
-            pid_file.display()
-        ),
+        &path,
+        script.replace("{pid}", &pid_file.display().to_string()),
     )
     .unwrap();
-    let mut permissions = std::fs::metadata(&script).unwrap().permissions();
+    let mut permissions = std::fs::metadata(&path).unwrap().permissions();
     std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
-    std::fs::set_permissions(&script, permissions).unwrap();
-    (script, pid_file)
+    std::fs::set_permissions(&path, permissions).unwrap();
+    (path, pid_file)
 }
 
 /// Whether a process is gone or a zombie awaiting its reaper.
@@ -596,6 +605,8 @@ async fn component_replies_on_the_bus_with_the_correlation_id() {
         },
         EventMeta::correlated(good),
     );
+    // Answered before the next render arrives (a newer one would supersede it).
+    let first = timeout(WAIT, probe.recv()).await.unwrap().unwrap();
     let bad = CorrelationId::new();
     let broken = render(
         "frontend fe\n    bind :80\n    default_backend nope\n",
@@ -612,7 +623,6 @@ async fn component_replies_on_the_bus_with_the_correlation_id() {
         EventMeta::correlated(bad),
     );
 
-    let first = timeout(WAIT, probe.recv()).await.unwrap().unwrap();
     assert_eq!(first.correlation_id, Some(good));
     match &first.payload {
         EventPayload::ValidationCompleted(done) => {
@@ -774,4 +784,134 @@ async fn phase1_rejection_with_early_run() -> bool {
     let report = timeout(WAIT, running.shutdown(WAIT)).await.unwrap();
     assert_eq!(report.stopped, ["validator"]);
     pid.is_some()
+}
+
+/// A stand-in for `haproxy` that hangs (recording its pid) on a config holding
+/// `# hang-here`, and runs the real binary on any other.
+fn hanging_on_marker(dir: &Path) -> (PathBuf, PathBuf) {
+    stand_in(
+        dir,
+        "haproxy-hanging-on-marker",
+        &format!(
+            "#!/bin/sh\nif grep -q '# hang-here' haproxy.cfg; then\n  echo $$ > {{pid}}.tmp\n  mv {{pid}}.tmp {{pid}}\n  exec sleep 60\nfi\nexec {} \"$@\"\n",
+            haproxy().display()
+        ),
+    )
+}
+
+/// The next answer of the validator: the hash it is about, and whether it passed.
+async fn next_answer(component: &mut Component) -> (hapwright_eventbus::model::ContentHash, bool) {
+    let event = timeout(WAIT, component.answers.recv())
+        .await
+        .expect("an answer")
+        .expect("bus open");
+    match &event.payload {
+        EventPayload::ValidationCompleted(done) => (done.config.hash(), true),
+        EventPayload::ValidationFailed(failed) => (failed.hash, false),
+        other => panic!("not an answer: {other:?}"),
+    }
+}
+
+/// Latest wins down to the validation: a render that arrives while an older one is
+/// still in `haproxy -c` stops that run (the child is killed, the scratch directory
+/// removed, `hapwright_validations_superseded_total` counts it), and only the newer
+/// one is answered.
+#[tokio::test]
+async fn a_newer_render_stops_the_validation_of_the_superseded_one() {
+    let scratch = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let (script, pid_file) = hanging_on_marker(bin.path());
+    let mut component = start_validator(validator::Config {
+        binary: script,
+        ..settings(scratch.path(), http_port())
+    });
+    let superseded = Arc::new(render(
+        &format!("{VALID}# hang-here\n"),
+        14..=15,
+        &[("hosts.map", "example.com be_default\n")],
+        &[],
+    ));
+    let newer = Arc::new(valid());
+    let publisher = component.bus.publisher();
+    publisher.publish(TemplateRendered {
+        config: superseded.clone(),
+        duration: Duration::ZERO,
+        render: Default::default(),
+    });
+    let pid = started_pid(&pid_file).await;
+    publisher.publish(TemplateRendered {
+        config: newer.clone(),
+        duration: Duration::ZERO,
+        render: Default::default(),
+    });
+    assert_eq!(next_answer(&mut component).await, (newer.hash(), true));
+    eventually("the superseded haproxy -c was killed", || is_dead(&pid)).await;
+    assert_eq!(
+        support::counter(
+            &component.registry,
+            "hapwright_validations_superseded_total",
+            &[]
+        ),
+        1
+    );
+    assert!(
+        component.answers.try_recv().is_none(),
+        "the superseded render is never answered"
+    );
+    component.running.shutdown(WAIT).await;
+    assert!(is_empty_dir(scratch.path()), "scratch directories removed");
+}
+
+/// The render validated last, published again (an unchanged render), is answered
+/// from memory: the same answer, without phase 1 or `haproxy -c` running again.
+#[tokio::test]
+async fn an_unchanged_render_is_answered_from_memory() {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut component = start_validator(settings(scratch.path(), http_port()));
+    let config = Arc::new(valid());
+    let publish = |component: &Component| {
+        component.bus.publisher().publish(TemplateRendered {
+            config: config.clone(),
+            duration: Duration::ZERO,
+            render: Default::default(),
+        });
+    };
+    publish(&component);
+    assert_eq!(next_answer(&mut component).await, (config.hash(), true));
+    let runs = |component: &Component| {
+        support::counter(&component.registry, "hapwright_validations_total", &[])
+    };
+    let before = runs(&component);
+    assert!(before >= 2, "phase 1 and haproxy -c ran once each");
+    publish(&component);
+    assert_eq!(next_answer(&mut component).await, (config.hash(), true));
+    assert_eq!(runs(&component), before, "nothing ran again");
+    assert_eq!(
+        support::counter(
+            &component.registry,
+            "hapwright_validations_remembered_total",
+            &[]
+        ),
+        1
+    );
+
+    // A rejected render is remembered the same way.
+    let broken = Arc::new(RenderedConfig::main_only("backend be\n    server s1 \"x\n"));
+    for _ in 0..2 {
+        component.bus.publisher().publish(TemplateRendered {
+            config: broken.clone(),
+            duration: Duration::ZERO,
+            render: Default::default(),
+        });
+        assert_eq!(next_answer(&mut component).await, (broken.hash(), false));
+    }
+    assert_eq!(
+        support::counter(
+            &component.registry,
+            "hapwright_validations_remembered_total",
+            &[]
+        ),
+        2
+    );
+    component.running.shutdown(WAIT).await;
 }

@@ -497,16 +497,22 @@ async fn pump(
         drop(strong);
         match next {
             None => {
-                tokio::select! {
-                    () = ready.notified() => {}
-                    () = shutdown.cancelled() => return,
+                if shutdown
+                    .run_until_cancelled(ready.notified())
+                    .await
+                    .is_none()
+                {
+                    return;
                 }
             }
             Some(event) => {
-                let sent = tokio::select! {
-                    sent = sender.broadcast_direct(event) => sent.is_ok(),
-                    () = shutdown.cancelled() => return,
+                let Some(sent) = shutdown
+                    .run_until_cancelled(sender.broadcast_direct(event))
+                    .await
+                else {
+                    return;
                 };
+                let sent = sent.is_ok();
                 let Some(strong) = shared.upgrade() else {
                     return;
                 };

@@ -13,9 +13,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Serialize, Serializer};
 
 use crate::health::Health;
+use crate::model::haproxy::Config as HaproxyModel;
 use crate::model::{
-    ContentHash, DeployReason, DeployStrategy, Diagnostic, InstanceRef, ParsedConfig,
-    RenderSummary, RenderedConfig, ResourceChange, ResourceSnapshot,
+    ContentHash, DeployReason, DeployStrategy, Diagnostic, InstanceRef, RenderSummary,
+    RenderedConfig, ResourceChange, ResourceSnapshot,
 };
 
 /// Position of an event: increasing in publish order, unique across every bus built
@@ -588,9 +589,10 @@ catalogue! {
         duration: Duration,
         /// Warnings HAProxy printed.
         warnings: Vec<Diagnostic>,
-        /// The validator's parsed model of `haproxy.cfg`.
+        /// The validator's parsed model of `haproxy.cfg` (phase 1 parsed it; a
+        /// config that does not parse is never validated).
         #[serde(skip)]
-        parsed: ParsedConfig,
+        model: Arc<HaproxyModel>,
         /// Set when phase 2 passed by structural equivalence with a render that
         /// passed `haproxy -c`, instead of running it: the reason
         /// (`equivalent_servers`, `equivalent_maps`, ...), so `/debug/events` shows
@@ -672,9 +674,10 @@ catalogue! {
         instances: Vec<String>,
         /// True for drift re-checks, which deploy even when the hash is unchanged.
         drift_check: bool,
-        /// The validator's parsed model of `haproxy.cfg`.
+        /// The validator's parsed model of `haproxy.cfg`, handed on from
+        /// `ValidationCompleted`.
         #[serde(skip)]
-        parsed: ParsedConfig,
+        model: Arc<HaproxyModel>,
     }
     /// The deployer started a deployment round.
     DeploymentStarted {

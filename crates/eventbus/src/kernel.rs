@@ -320,11 +320,10 @@ impl Context {
             self.cancel.cancelled().await;
             return None;
         };
-        tokio::select! {
-            biased;
-            () = self.cancel.cancelled() => None,
-            event = events.recv() => event,
-        }
+        self.cancel
+            .run_until_cancelled(events.recv())
+            .await
+            .flatten()
     }
 
     /// An event that is already waiting, if any (to coalesce a burst: latest wins).
@@ -711,5 +710,14 @@ impl RunningKernel {
         }
         bus.close();
         report
+    }
+}
+
+/// Sleeps until `at`, and never completes for `None`: the `select!` branch of an
+/// optional deadline (a retry, a release window, a debounce) in a component's loop.
+pub async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }

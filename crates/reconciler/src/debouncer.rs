@@ -214,7 +214,7 @@ impl Component for Debouncer {
             } else {
                 tokio::select! {
                     biased;
-                    () = sleep_until(deadline) => None,
+                    () = hapwright_eventbus::sleep_until(deadline) => None,
                     event = ctx.next_event() => match event {
                         Some(event) => Some(event),
                         None => return Ok(()),
@@ -311,12 +311,5 @@ impl Component for Debouncer {
                 _ => {}
             }
         }
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
     }
 }

@@ -567,11 +567,11 @@ impl Component for Executor {
             let retry_at = state.retry_at();
             let event = tokio::select! {
                 biased;
-                () = sleep_until(deadline) => {
+                () = hapwright_eventbus::sleep_until(deadline) => {
                     state.time_out();
                     continue;
                 }
-                () = sleep_until(retry_at) => {
+                () = hapwright_eventbus::sleep_until(retry_at) => {
                     state.fire_retry();
                     continue;
                 }
@@ -612,11 +612,4 @@ fn retryable(reason: &str, stage: Stage) -> bool {
     reason == Rejection::ToolFailure.as_str()
         || reason == Rejection::BoundReached.as_str()
         || (reason == Rejection::BaselineFails.as_str() && stage == Stage::Validate)
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
 }

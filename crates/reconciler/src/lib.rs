@@ -16,6 +16,9 @@
 //!                                                      executor ─▶ ReconciliationCompleted / Failed
 //! ```
 //!
+//! - [`config`]: the template sections of the config file (`haproxyConfig`, snippets,
+//!   maps, files, certificates, `templating`, `validationTests`) and the debounce
+//!   timings.
 //! - [`debouncer`]: turns bursts of resource changes into one trigger.
 //! - [`executor`]: one reconciliation at a time, latest wins, per-stage timings.
 //! - [`renderer`]: minijinja templates → [`RenderedConfig`](hapwright_eventbus::model::RenderedConfig)

@@ -141,10 +141,10 @@ impl Pipeline {
         self.h.publisher.reply(
             &request,
             ValidationCompleted {
+                model: Default::default(),
                 config: rendered.config.clone(),
                 duration: Duration::ZERO,
                 warnings: Vec::new(),
-                parsed: Default::default(),
                 phase2_skipped: None,
             },
         );
@@ -232,10 +232,10 @@ async fn a_newer_trigger_during_validation_supersedes_and_stale_results_are_igno
     p.h.publisher.reply(
         &stale,
         ValidationCompleted {
+            model: Default::default(),
             config: old.config.clone(),
             duration: Duration::ZERO,
             warnings: Vec::new(),
-            parsed: Default::default(),
             phase2_skipped: None,
         },
     );

@@ -110,12 +110,14 @@ async fn run(watcher: ConfigWatcher, ctx: Context) -> Result<(), ComponentError>
     // that produced `running` and the moment the watch was set up.
     let mut first = true;
     loop {
-        if !first {
-            tokio::select! {
-                biased;
-                () = ctx.cancelled() => return Ok(()),
-                _ = watch.next() => {}
-            }
+        if !first
+            && ctx
+                .cancellation_token()
+                .run_until_cancelled(watch.next())
+                .await
+                .is_none()
+        {
+            return Ok(());
         }
         first = false;
         let load_path = path.clone();

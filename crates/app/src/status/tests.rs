@@ -230,10 +230,10 @@ fn the_last_pipeline_error_is_kept_until_a_render_validates() {
             3,
             None,
             ValidationCompleted {
+                model: Default::default(),
                 config,
                 duration: Duration::from_millis(50),
                 warnings: vec![],
-                parsed: Default::default(),
                 phase2_skipped: None,
             },
         ),
@@ -544,10 +544,10 @@ fn reconciliations_fill_schedule_and_deploy_timings_when_the_deployment_ends() {
             5,
             Some(id),
             DeploymentScheduled {
+                model: Default::default(),
                 config: rendered(),
                 instances: vec!["a".into()],
                 drift_check: false,
-                parsed: Default::default(),
             },
         ),
         None,

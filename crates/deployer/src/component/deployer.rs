@@ -11,9 +11,12 @@
 //! workers publish `InstanceDeployed` / `InstanceDeploymentFailed` themselves.
 //!
 //! Fleet: the static instances plus, per discovery source, the latest
-//! `InstancesDiscovered` set. A newly discovered instance gets the last scheduled
-//! config at once; a vanished one is forgotten (its worker stops, its store record and
-//! metric series go).
+//! `InstancesDiscovered` set. The deployer is the one owner of that membership: a
+//! scheduled config goes to the instances it names (the static ones) and to every
+//! discovered one, and a discovery change touches only the instances that came or
+//! went. A newly discovered instance gets the last scheduled config at once; a vanished one is forgotten: its worker stops and clears its record
+//! and metric series, and an instance of the same name discovered again waits for
+//! that before it starts, clean.
 //!
 //! Leadership (optional, [`Deployer::with_leadership`]): while the watched value is
 //! `false` the deployer only remembers the latest scheduled config (and workers skip
@@ -39,7 +42,7 @@ use crate::driver::dataplane::DataplaneDriver;
 use crate::driver::fleet::DiscoveredCredentials;
 use crate::driver::managed::ManagedHaproxy;
 use crate::driver::{Deployed, DriverConfig, SocketDriver};
-use crate::haproxy::config::{self as haproxy_config, Config as Model};
+use crate::haproxy::config::Config as Model;
 use crate::metrics::Metrics;
 
 /// One instance's record in the [`LastDeployedStore`].
@@ -57,10 +60,14 @@ pub struct InstanceRecord {
     pub last_reload: Option<Instant>,
 }
 
-/// Per-instance "last deployed" state: the deployer's memory across controller
-/// reinits. Create it once per process and hand a clone to each kernel iteration's
-/// deployer. Only the deployer's instance workers write it (each its own instance);
-/// tests and the benchmarks read it.
+/// Per-instance "last deployed" state: what each instance's worker published about
+/// its instance, and the deployer's memory across controller reinits. Create it once
+/// per process and hand a clone to each kernel iteration's deployer.
+///
+/// Each record has one writer: the worker of its instance, which owns the record
+/// while it runs (loading the previous one when it starts), publishes a snapshot
+/// after every change and clears it when its instance is removed. Everybody else
+/// (the deployer's health, `/debug/instances`, tests, benchmarks) reads snapshots.
 #[derive(Clone, Debug, Default)]
 pub struct LastDeployedStore {
     inner: Arc<Mutex<HashMap<String, InstanceRecord>>>,
@@ -90,40 +97,13 @@ impl LastDeployedStore {
             .collect()
     }
 
-    /// Records a successful deployment; `last_reload` is when the instance was last
-    /// reloaded.
-    pub fn record_success(&self, instance: &str, deployed: Deployed, last_reload: Option<Instant>) {
-        let mut inner = self.lock();
-        let record = inner.entry(instance.to_owned()).or_default();
-        if deployed.strategy == hapwright_eventbus::model::DeployStrategy::Reload {
-            record.reloads += 1;
-        }
-        record.last_reload = last_reload;
-        record.last_attempt = Some(deployed.at);
-        record.deployed = Some(Arc::new(deployed));
-        record.last_error = None;
+    /// Publishes `record` as `instance`'s snapshot (its worker only).
+    pub(crate) fn publish(&self, instance: &str, record: InstanceRecord) {
+        self.lock().insert(instance.to_owned(), record);
     }
 
-    /// Records a failed deployment (the instance keeps running what it ran).
-    pub fn record_failure(&self, instance: &str, error: String) {
-        let mut inner = self.lock();
-        let record = inner.entry(instance.to_owned()).or_default();
-        record.last_error = Some(error);
-        record.last_attempt = Some(SystemTime::now());
-    }
-
-    /// Records that what `instance` runs is unknown (e.g. a restarted HAProxy does not
-    /// run the files on disk); the next deployment works it out again.
-    pub fn record_unknown(&self, instance: &str, error: String) {
-        let mut inner = self.lock();
-        let record = inner.entry(instance.to_owned()).or_default();
-        record.deployed = None;
-        record.last_error = Some(error);
-        record.last_attempt = Some(SystemTime::now());
-    }
-
-    /// Forgets an instance (e.g. its HAProxy was replaced).
-    pub fn forget(&self, instance: &str) {
+    /// Drops `instance`'s record (its worker only, when the instance is removed).
+    pub(crate) fn clear(&self, instance: &str) {
         self.lock().remove(instance);
     }
 
@@ -131,6 +111,32 @@ impl LastDeployedStore {
         self.inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl InstanceRecord {
+    /// A successful deployment; `reloaded_at` is set when it reloaded the instance.
+    pub(crate) fn succeeded(&mut self, deployed: Deployed, reloaded_at: Option<Instant>) {
+        if let Some(at) = reloaded_at {
+            self.reloads += 1;
+            self.last_reload = Some(at);
+        }
+        self.last_attempt = Some(deployed.at);
+        self.deployed = Some(Arc::new(deployed));
+        self.last_error = None;
+    }
+
+    /// A failed deployment (the instance keeps running what it ran).
+    pub(crate) fn failed(&mut self, error: String) {
+        self.last_error = Some(error);
+        self.last_attempt = Some(SystemTime::now());
+    }
+
+    /// What the instance runs is unknown (e.g. a restarted HAProxy does not run the
+    /// files on disk); the next deployment works it out again.
+    pub(crate) fn unknown(&mut self, error: String) {
+        self.deployed = None;
+        self.failed(error);
     }
 }
 
@@ -344,8 +350,9 @@ struct Fleet {
     credentials: Option<DiscoveredCredentials>,
     rounds: BTreeMap<u64, Round>,
     next_round: u64,
-    /// Instances whose last attempt failed, with the error.
-    failing: BTreeMap<String, String>,
+    /// Workers of removed instances that are still stopping (finishing or
+    /// aborting their attempt in flight), by instance name.
+    stopping: BTreeMap<String, tokio::task::JoinHandle<()>>,
     /// Discovered instances refused before anything was sent to them (plain http
     /// across the network, an unusable address), with the reason.
     refused: BTreeMap<String, String>,
@@ -429,22 +436,12 @@ impl Fleet {
     }
 
     fn on_report(&mut self, ctx: &Context, report: Report) {
-        match &report.outcome {
-            Outcome::Deployed => {
-                self.failing.remove(&report.instance);
-            }
-            Outcome::Failed(error) => {
-                self.failing
-                    .insert(report.instance.clone(), error.message.clone());
-            }
-            Outcome::Superseded => {}
-        }
         if let Some(round) = report.round.and_then(|r| self.rounds.get_mut(&r))
             && round.pending.remove(&report.instance)
         {
             match report.outcome {
                 Outcome::Deployed => round.succeeded.push(report.instance),
-                Outcome::Failed(_) => round.failed.push(report.instance),
+                Outcome::Failed => round.failed.push(report.instance),
                 Outcome::Superseded => {}
             }
         }
@@ -480,13 +477,45 @@ impl Fleet {
         }
     }
 
+    /// The instances a scheduled config goes to: those it names (the static ones)
+    /// and every instance discovered now, this deployer being the one owner of
+    /// fleet membership.
+    fn targets(&self, named: &[String]) -> Vec<String> {
+        let mut targets: BTreeSet<String> = named.iter().cloned().collect();
+        targets.extend(self.discovered.values().flatten().cloned());
+        targets.into_iter().collect()
+    }
+
+    /// Instances of the fleet whose last attempt failed, from the snapshots their
+    /// workers publish.
+    fn failing(&self) -> Vec<&str> {
+        self.workers
+            .keys()
+            .filter(|name| {
+                self.shared
+                    .store
+                    .get(name)
+                    .is_some_and(|record| record.last_error.is_some())
+            })
+            .map(String::as_str)
+            .collect()
+    }
+
     fn report_health(&self, ctx: &Context) {
-        if self.failing.is_empty() {
+        let failing = self.failing();
+        if failing.is_empty() {
             ctx.health().healthy();
         } else {
-            let names: Vec<&str> = self.failing.keys().map(String::as_str).collect();
             ctx.health()
-                .unhealthy(format!("deployment failed on {}", names.join(", ")));
+                .unhealthy(format!("deployment failed on {}", failing.join(", ")));
+        }
+    }
+
+    /// Waits until the worker of a removed instance called `name` is gone (it
+    /// cleared its record and metric series), so that a new one starts clean.
+    async fn stopped(&mut self, name: &str) {
+        if let Some(stopping) = self.stopping.remove(name) {
+            let _ = stopping.await;
         }
     }
 
@@ -497,15 +526,18 @@ impl Fleet {
         self.workers.insert(name, handle);
     }
 
-    /// Forgets an instance: stops its worker, drops its record and metric series, and
-    /// takes it out of the rounds waiting for it.
+    /// Forgets an instance: removes its worker (which clears its record and metric
+    /// series once its attempt in flight ended) and takes it out of the rounds
+    /// waiting for it. The worker stops in the background; [`Fleet::stopped`] waits
+    /// for it before an instance of the same name is added again.
     fn remove(&mut self, ctx: &Context, name: &str) {
+        self.stopping.retain(|_, stopping| !stopping.is_finished());
         if let Some(worker) = self.workers.remove(name) {
-            tokio::spawn(worker.stop(Duration::from_secs(5)));
+            self.stopping.insert(
+                name.to_owned(),
+                tokio::spawn(worker.remove(Duration::from_secs(5))),
+            );
         }
-        self.shared.store.forget(name);
-        self.shared.metrics.forget(name);
-        self.failing.remove(name);
         for round in self.rounds.values_mut() {
             round.pending.remove(name);
         }
@@ -515,7 +547,7 @@ impl Fleet {
     /// Applies one `InstancesDiscovered`: workers for new instances, forgets the
     /// vanished ones. Returns the names added and the names newly refused (each
     /// refusal is logged and counted once, until the instance or its reason changes).
-    fn discovered(
+    async fn discovered(
         &mut self,
         ctx: &Context,
         source: &Arc<str>,
@@ -537,10 +569,11 @@ impl Fleet {
                 // Known already, from this source or another.
                 continue;
             }
-            let Some(credentials) = &self.credentials else {
+            let Some(credentials) = self.credentials.clone() else {
                 tracing::warn!(instance = %instance.name, %source, "Discovered an instance, but no discovery credentials are configured");
                 continue;
             };
+            self.stopped(&instance.name).await;
             match credentials.driver(instance, &self.shared.metrics) {
                 Ok(driver) => {
                     tracing::info!(instance = %instance.name, address = %instance.address, %source, "Instance discovered");
@@ -588,6 +621,9 @@ impl Fleet {
         for (_, worker) in self.workers {
             worker.stop(Duration::from_secs(5)).await;
         }
+        for (_, stopping) in self.stopping {
+            let _ = stopping.await;
+        }
     }
 }
 
@@ -595,13 +631,10 @@ fn latest_of(event: &Arc<Event>) -> Option<(Latest, Vec<String>, bool)> {
     let EventPayload::DeploymentScheduled(scheduled) = &event.payload else {
         return None;
     };
-    let model = scheduled.parsed.get::<Model>().unwrap_or_else(|| {
-        Arc::new(haproxy_config::parse(scheduled.config.main()).unwrap_or_default())
-    });
     Some((
         Latest {
             config: scheduled.config.clone(),
-            model,
+            model: scheduled.model.clone(),
             cause: event.clone(),
         },
         scheduled.instances.clone(),
@@ -650,7 +683,7 @@ impl Component for Deployer {
             credentials: self.credentials,
             rounds: BTreeMap::new(),
             next_round: 0,
-            failing: BTreeMap::new(),
+            stopping: BTreeMap::new(),
             refused: BTreeMap::new(),
         };
         if let Some(credentials) = &fleet.credentials {
@@ -682,25 +715,21 @@ impl Component for Deployer {
                                 tracing::debug!(hash = %latest.config.hash().short(), "Not the leader; keeping the config for when this replica leads");
                                 continue;
                             }
-                            fleet.start_round(&ctx, &latest, &instances, drift_check);
+                            let targets = fleet.targets(&instances);
+                            fleet.start_round(&ctx, &latest, &targets, drift_check);
                         }
                         EventPayload::InstancesDiscovered(discovered) => {
-                            let (mut added, refused) = fleet.discovered(&ctx, &discovered.source, &discovered.instances);
-                            if let Some((latest, instances)) = last.as_mut() {
-                                instances.retain(|name| fleet.workers.contains_key(name) || fleet.refused.contains_key(name));
-                                // A new instance gets the last good config at once; a
-                                // refused one fails in that round with its reason, so
-                                // the refusal shows on the instance.
-                                added.extend(refused);
-                                for name in &added {
-                                    if !instances.contains(name) {
-                                        instances.push(name.clone());
-                                    }
-                                }
-                                if is_leader && !added.is_empty() {
-                                    let latest = latest.clone();
-                                    fleet.start_round(&ctx, &latest, &added, false);
-                                }
+                            let (mut added, refused) = fleet.discovered(&ctx, &discovered.source, &discovered.instances).await;
+                            // A new instance gets the last good config at once; a
+                            // refused one fails in that round with its reason, so the
+                            // refusal shows on the instance. The others run what they
+                            // ran: no round, no change to their state.
+                            added.extend(refused);
+                            if let Some((latest, _)) = &last
+                                && is_leader
+                                && !added.is_empty()
+                            {
+                                fleet.start_round(&ctx, latest, &added, false);
                             }
                         }
                         _ => {}
@@ -714,7 +743,8 @@ impl Component for Deployer {
                     }
                     tracing::info!("Leadership acquired; deploying the latest config");
                     if let Some((latest, instances)) = &last {
-                        fleet.start_round(&ctx, latest, instances, true);
+                        let targets = fleet.targets(instances);
+                        fleet.start_round(&ctx, latest, &targets, true);
                     }
                 }
                 Some(report) = report_rx.recv() => {
@@ -722,7 +752,7 @@ impl Component for Deployer {
                 }
                 _ = health_tick.tick(), if !managed_names.is_empty() => {
                     if let Some(managed) = &managed {
-                        report_managed_health(&ctx, managed, &managed_names, fleet.failing.is_empty()).await;
+                        report_managed_health(&ctx, managed, &managed_names, fleet.failing().is_empty()).await;
                     }
                 }
             }

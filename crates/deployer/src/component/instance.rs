@@ -18,12 +18,19 @@
 //! - for a managed HAProxy, records starts that no deployment caused (the supervisor
 //!   restarted a crashed process) as deployments of the files on disk.
 //!
-//! What each instance runs is also written to the [`LastDeployedStore`], which
-//! outlives a controller reinit (an unchanged render after a reinit is a no-op); only
-//! the workers write it.
+//! The worker alone writes its instance's state (an [`InstanceRecord`]: what it runs,
+//! the last error, its reloads and reload window). It starts from the record the
+//! [`LastDeployedStore`] kept (which outlives a controller reinit, so an unchanged
+//! render after a reinit is a no-op) and publishes a snapshot there after every
+//! change; the deployer and the HTTP server only read those snapshots. Removing an
+//! instance ([`Handle::remove`]) waits for its worker to stop, and the worker clears
+//! its own record and metric series on the way out, even when its attempt in flight
+//! had to be aborted, so an instance re-added under the same name starts clean.
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 
 use hapwright_eventbus::model::{ContentHash, DeployStrategy, Diagnostic, RenderedConfig};
 use hapwright_eventbus::{
@@ -34,7 +41,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::component::deployer::LastDeployedStore;
+use crate::component::deployer::{InstanceRecord, LastDeployedStore};
 use crate::driver::managed::ManagedHaproxy;
 use crate::driver::{self, Driver, Executed};
 use crate::driver::{DeployError, Deployed};
@@ -79,8 +86,8 @@ pub(crate) struct Desired {
 pub(crate) enum Outcome {
     /// The instance runs the config.
     Deployed,
-    /// It does not; the error is in the event and the store.
-    Failed(Diagnostic),
+    /// It does not; the error is in the event and the worker's record.
+    Failed,
     /// A newer config replaced it before it was deployed.
     Superseded,
 }
@@ -115,6 +122,9 @@ pub(crate) struct Shared {
 pub(crate) struct Handle {
     desired: watch::Sender<Option<Desired>>,
     cancel: CancellationToken,
+    /// Cancelled before `cancel` when the instance is removed: the worker then
+    /// clears its record and metric series as it ends.
+    removed: CancellationToken,
     task: tokio_util::task::AbortOnDropHandle<()>,
 }
 
@@ -123,20 +133,29 @@ impl Handle {
     pub fn spawn(driver: Arc<dyn Driver>, shared: Shared, parent: &CancellationToken) -> Self {
         let (desired, receiver) = watch::channel(None);
         let cancel = parent.child_token();
+        let removed = CancellationToken::new();
         let span = tracing::info_span!("instance", instance = %driver.name());
+        let record = shared.store.get(driver.name()).unwrap_or_default();
         let worker = Worker {
+            _retire: Retire {
+                name: driver.name().to_owned(),
+                store: shared.store.clone(),
+                metrics: shared.metrics.clone(),
+                removed: removed.clone(),
+            },
             driver,
             shared,
+            record,
             current: None,
             unreported: None,
             fallback: None,
-            failures: 0,
-            last_reload: None,
+            retry: None,
         };
         let task = tokio::spawn(worker.run(receiver, cancel.clone()).instrument(span));
         Self {
             desired,
             cancel,
+            removed,
             task: tokio_util::task::AbortOnDropHandle::new(task),
         }
     }
@@ -146,12 +165,45 @@ impl Handle {
         self.desired.send_replace(Some(desired));
     }
 
-    /// Stops the worker and waits up to `grace` for it to finish its attempt.
+    /// Stops the worker, keeping its record (a controller reinit or shutdown): waits
+    /// up to `grace` for it to finish its attempt, then aborts it, and returns once
+    /// it is gone.
     pub async fn stop(self, grace: Duration) {
         self.cancel.cancel();
         let mut task = self.task;
         if tokio::time::timeout(grace, &mut task).await.is_err() {
             task.abort();
+            // Returns once the aborted worker is dropped (and has retired).
+            let _ = task.await;
+        }
+    }
+
+    /// Removes the instance: tells the worker at once that it is removed and to
+    /// stop, and returns the stop to wait for (like [`Handle::stop`]); the worker
+    /// clears its record and metric series as it ends. Once the returned future
+    /// completes nothing of the instance is left, and nothing writes it back.
+    pub fn remove(self, grace: Duration) -> impl Future<Output = ()> + Send + 'static {
+        self.removed.cancel();
+        self.cancel.cancel();
+        self.stop(grace)
+    }
+}
+
+/// Clears a removed instance's record and metric series when its worker ends,
+/// however it ends (returned, or aborted in the middle of an attempt).
+struct Retire {
+    name: String,
+    store: LastDeployedStore,
+    metrics: Metrics,
+    removed: CancellationToken,
+}
+
+impl Drop for Retire {
+    fn drop(&mut self) {
+        if self.removed.is_cancelled() {
+            self.store.clear(&self.name);
+            self.metrics.forget(&self.name);
+            tracing::debug!(instance = %self.name, "Instance removed; its record and metric series are gone");
         }
     }
 }
@@ -159,16 +211,20 @@ impl Handle {
 struct Worker {
     driver: Arc<dyn Driver>,
     shared: Shared,
+    /// The instance's state; this worker is its only writer, and publishes it to
+    /// the store after every change.
+    record: InstanceRecord,
+    /// Dropped last (declared last): clears the record of a removed instance.
+    _retire: Retire,
     /// What the instance should run.
     current: Option<Desired>,
     /// The round of `current` when no attempt has reported it yet.
     unreported: Option<u64>,
     /// The reload that replaces a refused runtime change of `current`.
     fallback: Option<ChangePlan>,
-    /// Consecutive failed attempts.
-    failures: u32,
-    /// When hapwright last reloaded this instance.
-    last_reload: Option<Instant>,
+    /// The retry delays of the current run of failed attempts (1 s doubling to
+    /// 60 s by default); `None` after a success or a newer config.
+    retry: Option<ExponentialBackoff>,
 }
 
 /// What one attempt came to.
@@ -189,16 +245,16 @@ impl Worker {
         self.shared.leader.as_ref().is_none_or(|l| *l.borrow())
     }
 
+    /// Publishes the record's snapshot for the deployer and the HTTP server.
+    fn publish_record(&self) {
+        self.shared.store.publish(self.name(), self.record.clone());
+    }
+
     async fn run(
         mut self,
         mut desired: watch::Receiver<Option<Desired>>,
         cancel: CancellationToken,
     ) {
-        self.last_reload = self
-            .shared
-            .store
-            .get(self.name())
-            .and_then(|record| record.last_reload);
         let settings = self.shared.settings;
         let mut drift = tokio::time::interval_at(
             Instant::now() + settings.drift_interval,
@@ -230,7 +286,7 @@ impl Worker {
                     // timer wheel's next tick).
                     attempt_at = self.attempt().await;
                 }
-                () = sleep_until(attempt_at) => {
+                () = hapwright_eventbus::sleep_until(attempt_at) => {
                     attempt_at = self.attempt().await;
                 }
                 _ = drift.tick() => {
@@ -262,7 +318,7 @@ impl Worker {
                 .is_some_and(|c| c.drift_check && c.config.hash() == next.config.hash());
         self.unreported = Some(next.round);
         self.fallback = None;
-        self.failures = 0;
+        self.retry = None;
         self.current = Some(Desired {
             drift_check,
             ..next
@@ -279,7 +335,7 @@ impl Worker {
     }
 
     fn reload_window(&self) -> Option<Instant> {
-        let at = self.last_reload? + self.shared.settings.min_reload_interval;
+        let at = self.record.last_reload? + self.shared.settings.min_reload_interval;
         (at > Instant::now()).then_some(at)
     }
 
@@ -342,7 +398,7 @@ impl Worker {
 
     async fn step(&mut self, desired: &Desired) -> Result<Step, DeployError> {
         let driver = self.driver.clone();
-        let running = self.shared.store.deployed(self.name());
+        let running = self.record.deployed.clone();
         if let Some(started) = driver
             .start_if_stopped(&desired.config, &desired.model, running.as_ref())
             .await
@@ -414,23 +470,20 @@ impl Worker {
             duration_ms = elapsed.as_millis() as u64,
             "Instance deployed"
         );
-        if deployed.strategy == DeployStrategy::Reload {
-            self.last_reload = Some(Instant::now());
-        }
         let event = self.record_deployed(desired.config.hash(), deployed, elapsed);
         self.shared.publisher.reply(&desired.cause, event);
         if let Some(current) = self.current.as_mut() {
             current.drift_check = false;
         }
-        self.failures = 0;
+        self.retry = None;
         let round = self.unreported.take();
         self.report(round, Outcome::Deployed);
     }
 
     /// Counts and records a deployment of `hash`; returns its event, for the caller to
-    /// publish after the record is written (whoever reacts to the event finds it).
+    /// publish after the record is published (whoever reacts to the event finds it).
     fn record_deployed(
-        &self,
+        &mut self,
         hash: ContentHash,
         deployed: Deployed,
         elapsed: Duration,
@@ -446,9 +499,9 @@ impl Worker {
             reason: Some(deployed.reason.clone()),
             duration: elapsed,
         };
-        self.shared
-            .store
-            .record_success(&name, deployed, self.last_reload);
+        let reloaded_at = (deployed.strategy == DeployStrategy::Reload).then(Instant::now);
+        self.record.succeeded(deployed, reloaded_at);
+        self.publish_record();
         event
     }
 
@@ -466,30 +519,34 @@ impl Worker {
             .metrics
             .deployment(&name, DeployStrategy::Reload, false, elapsed.as_secs_f64());
         if unknown {
-            self.shared
-                .store
-                .record_unknown(&name, error.message.clone());
+            self.record.unknown(error.message.clone());
         } else {
-            self.shared
-                .store
-                .record_failure(&name, error.message.clone());
+            self.record.failed(error.message.clone());
         }
+        self.publish_record();
         self.shared.publisher.reply(
             &desired.cause,
             InstanceDeploymentFailed {
                 instance: name,
                 hash: desired.config.hash(),
-                error: error.clone(),
+                error,
             },
         );
         let round = self.unreported.take();
-        self.report(round, Outcome::Failed(error));
-        self.failures = self.failures.saturating_add(1);
+        self.report(round, Outcome::Failed);
         let settings = self.shared.settings;
-        let delay = settings
-            .min_retry_delay
-            .saturating_mul(1 << (self.failures - 1).min(16))
-            .min(settings.max_retry_delay);
+        let delay = self
+            .retry
+            .get_or_insert_with(|| {
+                ExponentialBuilder::new()
+                    .with_min_delay(settings.min_retry_delay)
+                    .with_max_delay(settings.max_retry_delay)
+                    .with_factor(2.0)
+                    .without_max_times()
+                    .build()
+            })
+            .next()
+            .unwrap_or(settings.max_retry_delay);
         tracing::info!(?delay, "Retrying the instance");
         Instant::now() + delay
     }
@@ -498,7 +555,7 @@ impl Worker {
     /// the current config for a drift-checked redeployment and returns `true`.
     async fn drifted(&mut self) -> bool {
         let name = self.name().to_owned();
-        let Some(deployed) = self.shared.store.deployed(&name) else {
+        let Some(deployed) = self.record.deployed.clone() else {
             return false;
         };
         let check = tokio::time::timeout(
@@ -543,24 +600,24 @@ impl Worker {
             return false;
         };
         let name = self.name().to_owned();
-        let record = self.shared.store.get(&name);
-        let deployed_before = record.is_some_and(|r| r.deployed.is_some() || r.reloads > 0);
+        let deployed_before = self.record.deployed.is_some() || self.record.reloads > 0;
         let mut known: Vec<Arc<RenderedConfig>> = self
             .current
             .as_ref()
             .map(|c| c.config.clone())
             .into_iter()
             .collect();
-        known.extend(self.shared.store.deployed(&name).map(|d| d.config.clone()));
+        known.extend(self.record.deployed.as_ref().map(|d| d.config.clone()));
         let started = Instant::now();
         let Some(outcome) = socket.adopt_managed_start(deployed_before, &known).await else {
             return false;
         };
         let elapsed = started.elapsed();
         let cause = self.current.as_ref().map(|c| c.cause.clone());
-        let publish = |payload: EventPayload| match &cause {
-            Some(cause) => self.shared.publisher.reply(cause, payload),
-            None => self.shared.publisher.publish(payload),
+        let publisher = self.shared.publisher.clone();
+        let publish = move |payload: EventPayload| match &cause {
+            Some(cause) => publisher.reply(cause, payload),
+            None => publisher.publish(payload),
         };
         match outcome {
             Ok(deployed) => {
@@ -571,7 +628,6 @@ impl Worker {
                     hash = %hash.short(),
                     "Managed HAProxy started; recorded as a deployment"
                 );
-                self.last_reload = Some(Instant::now());
                 let event = self.record_deployed(hash, deployed, elapsed);
                 publish(event.into());
                 let behind = self
@@ -582,7 +638,7 @@ impl Worker {
                     self.shared.metrics.out_of_sync(&name);
                 } else if self.current.is_some() {
                     let round = self.unreported.take();
-                    self.failures = 0;
+                    self.retry = None;
                     self.report(round, Outcome::Deployed);
                 }
                 behind
@@ -593,9 +649,8 @@ impl Worker {
                     error = %diagnostic.message,
                     "Managed HAProxy started, but what it runs is unknown"
                 );
-                self.shared
-                    .store
-                    .record_unknown(&name, diagnostic.message.clone());
+                self.record.unknown(diagnostic.message.clone());
+                self.publish_record();
                 self.shared.metrics.out_of_sync(&name);
                 if let Some(current) = &self.current {
                     publish(
@@ -622,13 +677,6 @@ async fn ready_changed(events: &mut Option<watch::Receiver<u64>>) {
                 std::future::pending::<()>().await;
             }
         }
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }

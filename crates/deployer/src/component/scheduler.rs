@@ -8,7 +8,11 @@
 //! Reloads are not the scheduler's business: the reload window (`minReloadInterval`)
 //! is kept per instance by the deployer, which alone knows what each instance runs,
 //! so runtime-only changes keep flowing to every instance that can take them.
-//! - A changed instance set (`InstancesDiscovered`) re-deploys the last config.
+//!
+//! Fleet membership is not the scheduler's business either: it names the static
+//! instances, and the deployer, the one owner of the fleet, adds the discovered ones
+//! and hands a newly discovered instance the last config itself. So a discovery
+//! change schedules nothing, and instances whose config did not change see no round.
 //! - A round with failed instances (`DeploymentCompleted`) forgets the last released
 //!   hash, so the same config is not skipped when it comes again.
 //!
@@ -27,18 +31,18 @@
 //!
 //! The first config is never held: nothing runs that it could remove.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hapwright_eventbus::model::{ContentHash, ParsedConfig, RenderedConfig};
+use hapwright_eventbus::model::{ContentHash, RenderedConfig};
 use hapwright_eventbus::{
     Component, ComponentError, Context, DeploymentScheduled, Event, EventKind, EventPayload,
     Interest, SafetyRemoval, SafetyValveHeld, SafetyValveReleased,
 };
 use tokio::time::Instant;
 
-use crate::haproxy::config::{self as haproxy_config, Config as Model};
+use crate::haproxy::config::Config as Model;
 use crate::safety::{self, Footprint};
 
 /// Rate limits of the scheduler.
@@ -91,7 +95,8 @@ impl Scheduler {
     /// The component's name.
     pub const NAME: &'static str = "scheduler";
 
-    /// A scheduler deploying to `static_instances` plus every discovered instance.
+    /// A scheduler deploying to `static_instances` (the deployer adds the discovered
+    /// instances it owns).
     pub fn new(config: Config, static_instances: Vec<String>) -> Self {
         Self {
             config,
@@ -123,15 +128,13 @@ struct Hold {
 
 struct Pending {
     config: Arc<RenderedConfig>,
-    parsed: ParsedConfig,
+    model: Arc<Model>,
     cause: Arc<Event>,
 }
 
 struct State {
     config: Config,
     static_instances: Vec<String>,
-    discovered: BTreeMap<Arc<str>, Vec<String>>,
-    latest: Option<(Arc<RenderedConfig>, ParsedConfig)>,
     pending: Option<Pending>,
     last_release: Option<Instant>,
     last_released: Option<(ContentHash, Vec<String>)>,
@@ -141,11 +144,7 @@ struct State {
 
 impl State {
     fn instances(&self) -> Vec<String> {
-        let set: BTreeSet<&String> = self
-            .static_instances
-            .iter()
-            .chain(self.discovered.values().flatten())
-            .collect();
+        let set: BTreeSet<&String> = self.static_instances.iter().collect();
         set.into_iter().cloned().collect()
     }
 
@@ -154,7 +153,7 @@ impl State {
             EventPayload::ValidationCompleted(validated) => {
                 let pending = Pending {
                     config: validated.config.clone(),
-                    parsed: validated.parsed.clone(),
+                    model: validated.model.clone(),
                     cause: event.clone(),
                 };
                 self.offer(pending, ctx);
@@ -165,25 +164,6 @@ impl State {
                     self.release_hold("approved", ctx);
                 } else {
                     tracing::info!("Safety valve approval ignored: nothing is held");
-                }
-            }
-            EventPayload::InstancesDiscovered(discovered) => {
-                let before = self.instances();
-                let names = discovered
-                    .instances
-                    .iter()
-                    .map(|i| i.name.clone())
-                    .collect();
-                self.discovered.insert(discovered.source.clone(), names);
-                if self.instances() != before
-                    && self.pending.is_none()
-                    && let Some((config, parsed)) = &self.latest
-                {
-                    self.pending = Some(Pending {
-                        config: config.clone(),
-                        parsed: parsed.clone(),
-                        cause: event.clone(),
-                    });
                 }
             }
             EventPayload::DeploymentCompleted(completed)
@@ -201,11 +181,7 @@ impl State {
             self.accept(pending);
             return;
         };
-        let model = pending
-            .parsed
-            .get::<Model>()
-            .unwrap_or_else(|| Arc::new(haproxy_config::parse_lenient(pending.config.main()).0));
-        let footprint = Arc::new(Footprint::of(&pending.config, &model));
+        let footprint = Arc::new(Footprint::of(&pending.config, &pending.model));
         if let Some(baseline) = valve.memory.baseline() {
             let removal = safety::assess(&baseline, &footprint);
             if safety::exceeds(&removal, valve.config.max_removal) {
@@ -239,7 +215,6 @@ impl State {
     }
 
     fn accept(&mut self, pending: Pending) {
-        self.latest = Some((pending.config.clone(), pending.parsed.clone()));
         self.pending = Some(pending);
     }
 
@@ -340,7 +315,7 @@ impl State {
                 config: pending.config,
                 instances,
                 drift_check: false,
-                parsed: pending.parsed,
+                model: pending.model,
             },
         );
     }
@@ -355,7 +330,6 @@ impl Component for Scheduler {
     fn consumes(&self) -> Interest {
         Interest::pipeline([
             EventKind::ValidationCompleted,
-            EventKind::InstancesDiscovered,
             EventKind::DeploymentCompleted,
             EventKind::SafetyValveApproved,
         ])
@@ -365,8 +339,6 @@ impl Component for Scheduler {
         let mut state = State {
             config: self.config,
             static_instances: self.static_instances,
-            discovered: BTreeMap::new(),
-            latest: None,
             pending: None,
             last_release: None,
             last_released: None,
@@ -393,16 +365,9 @@ impl Component for Scheduler {
                     Some(event) => state.handle(event, &ctx),
                     None => return Ok(()),
                 },
-                () = sleep_until(confirm_at) => state.release_hold("confirmed", &ctx),
-                () = sleep_until(ready_at) => state.release(&ctx),
+                () = hapwright_eventbus::sleep_until(confirm_at) => state.release_hold("confirmed", &ctx),
+                () = hapwright_eventbus::sleep_until(ready_at) => state.release(&ctx),
             }
         }
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }

@@ -160,7 +160,7 @@ impl DataplaneDriver {
                 reload: None,
                 detail: "found running".to_owned(),
             },
-        ))))
+        )?)))
     }
 
     /// Stores maps, certificates and files that differ from `previous` (all of them

@@ -11,6 +11,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 
+use crate::haproxy::config as haproxy_config;
+
 /// A TCP address a `bind` line listens on; `ip: None` is every address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BindAddress {
@@ -30,18 +32,23 @@ impl std::fmt::Display for BindAddress {
     }
 }
 
-/// The TCP addresses of every `bind` line of `config` (a rendered `haproxy.cfg`),
-/// with `${VAR}` taken from `env` and then from hapwright's own environment, as
-/// HAProxy would. Unix sockets, `fd@`, QUIC, port ranges and host names are skipped.
+/// The TCP addresses of every `bind` line of `config` (a rendered `haproxy.cfg`,
+/// read by hapwright's HAProxy tokenizer, so quoting, escapes and comments are
+/// HAProxy's), with `${VAR}` taken from `env` and then from hapwright's own
+/// environment, as HAProxy would. Unix sockets, `fd@`, QUIC, port ranges and host
+/// names are skipped.
 pub fn bind_addresses(config: &str, env: &BTreeMap<String, String>) -> Vec<BindAddress> {
+    let (model, _) = haproxy_config::parse_lenient(config);
     let mut found = Vec::new();
-    for line in config.lines() {
-        let mut words = line.split_whitespace();
-        if words.next() != Some("bind") {
+    for bind in model
+        .sections
+        .iter()
+        .flat_map(|section| section.directives_named("bind"))
+    {
+        let Some(list) = bind.args.first() else {
             continue;
-        }
-        let Some(list) = words.next() else { continue };
-        let list = expand(list.trim_matches('"'), env);
+        };
+        let list = expand(list, env);
         for address in list.split(',') {
             if let Some(bind) = parse_address(address) {
                 found.push(bind);
@@ -245,6 +252,8 @@ frontend fe
     bind /run/y.sock
     bind quic4@:443
     bind 0.0.0.0:8443
+listen stats
+    bind 127.0.0.2:82# a comment ends the word, as in HAProxy
 ";
         let shown: Vec<String> = bind_addresses(config, &env)
             .iter()
@@ -257,7 +266,8 @@ frontend fe
                 "127.0.0.1:8080",
                 "10.0.0.1:81",
                 "[::1]:443",
-                "*:8443"
+                "*:8443",
+                "127.0.0.2:82"
             ]
         );
     }

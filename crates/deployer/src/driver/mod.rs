@@ -156,7 +156,8 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// Deploys `desired` at once: [`decide`] then [`execute`], a refused runtime
     /// change reloading straight away. `running` is what the last deployment left
     /// (`None`: [`Driver::recover`] is asked); `desired_model` is parsed when not
-    /// given.
+    /// given, and a `haproxy.cfg` that does not parse fails the deployment with
+    /// [`DeployError::Unparsable`].
     async fn deploy(
         &self,
         desired: Arc<RenderedConfig>,
@@ -176,9 +177,10 @@ pub(crate) async fn deploy<D: Driver + ?Sized>(
     running: Option<Arc<Deployed>>,
     drift_check: bool,
 ) -> Result<Deployed, DeployError> {
-    let desired_model = desired_model.unwrap_or_else(|| {
-        Arc::new(crate::haproxy::config::parse(desired.main()).unwrap_or_default())
-    });
+    let desired_model = match desired_model {
+        Some(model) => model,
+        None => hapwright_eventbus::model::haproxy::parse_main(&desired)?,
+    };
     if let Some(started) = driver
         .start_if_stopped(&desired, &desired_model, running.as_ref())
         .await

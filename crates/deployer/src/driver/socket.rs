@@ -44,7 +44,7 @@ use crate::client::socket::{InstanceConfig, SocketError};
 use crate::driver::Driver;
 use crate::driver::managed::{LogBuffer, ManagedError, ManagedHaproxy};
 use crate::driver::state_file;
-use crate::haproxy::config::{self as haproxy_config, Config};
+use crate::haproxy::config::{self as haproxy_config, Config, ParseError};
 use crate::haproxy::files::{
     ConfigDir, DeployRecord, RecordCheck, VERSION_VARIABLE, steps, write_atomic,
 };
@@ -71,15 +71,16 @@ pub struct Deployed {
 }
 
 impl Deployed {
-    /// A record for `config`, parsing it.
+    /// A record for `config`, parsing it. A `haproxy.cfg` that does not parse has
+    /// no model to plan against: the error, never an empty model.
     pub fn new(
         config: Arc<RenderedConfig>,
         marker: String,
         strategy: DeployStrategy,
         reason: DeployReason,
-    ) -> Self {
-        let model = Arc::new(haproxy_config::parse(config.main()).unwrap_or_default());
-        Self {
+    ) -> Result<Self, ParseError> {
+        let model = Arc::new(haproxy_config::parse(config.main())?);
+        Ok(Self {
             config,
             model,
             marker,
@@ -87,7 +88,7 @@ impl Deployed {
             reason,
             runtime_commands: 0,
             at: SystemTime::now(),
-        }
+        })
     }
 }
 
@@ -97,6 +98,10 @@ pub enum DeployError {
     /// The master CLI could not be reached or answered nonsense.
     #[error(transparent)]
     Master(#[from] MasterError),
+    /// A `haproxy.cfg` to deploy or found running does not parse, so there is no
+    /// model to plan against.
+    #[error("haproxy.cfg does not parse: {0}")]
+    Unparsable(#[from] ParseError),
     /// The master CLI socket failed.
     #[error(transparent)]
     Socket(#[from] SocketError),
@@ -401,7 +406,7 @@ impl SocketDriver {
             tracing::warn!(instance = %self.instance.name, recorded = %marker, running = actual.as_deref().unwrap_or("(none)"), "The worker does not run the recorded files; the first deployment reloads");
             return None;
         }
-        Some(Arc::new(Deployed::new(
+        match Deployed::new(
             Arc::new(config),
             marker,
             DeployStrategy::Noop,
@@ -409,7 +414,13 @@ impl SocketDriver {
                 reload: None,
                 detail: "found running".to_owned(),
             },
-        )))
+        ) {
+            Ok(deployed) => Some(Arc::new(deployed)),
+            Err(error) => {
+                tracing::warn!(instance = %self.instance.name, %error, "The recorded haproxy.cfg does not parse; the first deployment rewrites it and reloads");
+                None
+            }
+        }
     }
 
     /// Writes the state record: `config` with `marker` is what the instance runs.
@@ -519,7 +530,7 @@ impl SocketDriver {
         let outcome = self.files_in_use().await;
         self.metrics
             .reload(&self.instance.name, outcome.is_ok(), reason.as_str());
-        Some(outcome.map(|(config, marker)| {
+        Some(outcome.and_then(|(config, marker)| {
             let config = known
                 .iter()
                 .find(|k| k.hash() == config.hash())
@@ -541,6 +552,7 @@ impl SocketDriver {
                     ),
                 },
             )
+            .map_err(DeployError::from)
         }))
     }
 

@@ -1,5 +1,5 @@
-//! What hapwright knows about HAProxy's configuration: the [`config`] tokenizer, model
-//! and phase-1 checks, the change [`plan`] between two configurations, and the
+//! What hapwright knows about HAProxy's configuration: the [`config`] phase-1 checks
+//! (with the tokenizer and model the bus crate holds), the change [`plan`] between two configurations, and the
 //! [`files`] of an instance's config directory.
 
 pub mod config;

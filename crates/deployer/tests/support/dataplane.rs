@@ -71,6 +71,8 @@ pub struct DpState {
     pub faults: Faults,
     /// Every request as `METHOD path?query`.
     pub log: Vec<String>,
+    /// The length of `log`, for tests that wait for a request to arrive.
+    pub seen: tokio::sync::watch::Sender<usize>,
     /// Reloads performed (successful ones).
     pub reload_count: u64,
 }
@@ -148,6 +150,16 @@ impl DataplaneServer {
         s.raw = raw.to_owned();
         s.version += 1;
         load(&mut s);
+    }
+
+    /// Waits until the server has seen `count` requests in all (answered or not:
+    /// a request counts as it arrives, before any fault delays its answer).
+    pub async fn wait_for_requests(&self, count: usize) {
+        let mut seen = self.state().seen.subscribe();
+        tokio::time::timeout(Duration::from_secs(30), seen.wait_for(|n| *n >= count))
+            .await
+            .expect("the requests arrive")
+            .expect("the server runs");
     }
 
     /// Requests seen that start with `prefix` (`"POST /v3/services/haproxy/configuration/raw"`).
@@ -339,6 +351,7 @@ async fn handle(
             uri.path(),
             uri.query().map(|q| format!("?{q}")).unwrap_or_default()
         ));
+        s.seen.send_replace(s.log.len());
         s.faults.delay
     };
     if let Some(delay) = delay {

@@ -411,3 +411,37 @@ impl BlackHole {
         }
     }
 }
+
+/// The sum of the samples of metric `name` whose labels include `labels`: counters
+/// and gauges alike (0 when no series matches).
+pub fn counter(registry: &prometheus::Registry, name: &str, labels: &[(&str, &str)]) -> u64 {
+    series(registry, name, labels).into_iter().sum::<f64>() as u64
+}
+
+/// The value of every series of metric `name` whose labels include `labels`
+/// (counters and gauges), in the registry's order.
+pub fn series(registry: &prometheus::Registry, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
+    let mut values = Vec::new();
+    for family in registry.gather() {
+        if family.name() != name {
+            continue;
+        }
+        let gauge = family.get_field_type() == prometheus::proto::MetricType::GAUGE;
+        for metric in family.get_metric() {
+            let matches = labels.iter().all(|(key, value)| {
+                metric
+                    .get_label()
+                    .iter()
+                    .any(|l| l.name() == *key && l.value() == *value)
+            });
+            if matches {
+                values.push(if gauge {
+                    metric.get_gauge().get_value()
+                } else {
+                    metric.get_counter().get_value()
+                });
+            }
+        }
+    }
+    values
+}

@@ -7,8 +7,8 @@
 
 mod deploy;
 mod diagnostic;
+pub mod haproxy;
 mod object;
-mod parsed;
 mod path;
 mod rendered;
 mod snapshot;
@@ -16,7 +16,6 @@ mod snapshot;
 pub use deploy::{DeployReason, DeployStrategy, InstanceDriver, InstanceRef, ReloadReason};
 pub use diagnostic::{Diagnostic, Severity, SourceLocation};
 pub use object::{IndexedObject, StoredObject};
-pub use parsed::ParsedConfig;
 pub use path::{FieldPath, FieldPathError};
 pub use rendered::{
     ContentHash, FileKind, HashedMain, LineOrigin, RenderSummary, RenderedConfig,

@@ -174,10 +174,8 @@ impl Component for RendererComponent {
                 let (result, stats) = job_renderer.render_with_stats(&job_resources);
                 (result, stats, started.elapsed())
             });
-            let outcome = tokio::select! {
-                biased;
-                () = ctx.cancelled() => return Ok(()),
-                outcome = job => outcome,
+            let Some(outcome) = ctx.cancellation_token().run_until_cancelled(job).await else {
+                return Ok(());
             };
             async {
                 match outcome {

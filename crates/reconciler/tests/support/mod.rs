@@ -144,10 +144,10 @@ pub async fn validate_with(
             None => ctx.publisher().reply(
                 &event,
                 ValidationCompleted {
+                    model: Default::default(),
                     config: rendered.config.clone(),
                     duration: Duration::ZERO,
                     warnings: Vec::new(),
-                    parsed: Default::default(),
                     phase2_skipped: None,
                 },
             ),

@@ -676,10 +676,10 @@ mod tests {
         let config = Arc::new(hapwright_eventbus::model::RenderedConfig::builder("").build());
         event(
             hapwright_eventbus::ValidationCompleted {
+                model: Default::default(),
                 config,
                 duration: Duration::ZERO,
                 warnings: Vec::new(),
-                parsed: Default::default(),
                 phase2_skipped: None,
             },
             Some(correlation),

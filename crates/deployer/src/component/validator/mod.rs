@@ -27,7 +27,11 @@
 //!
 //! The [`Validator`] component does this for each `TemplateRendered` event and
 //! replies `ValidationCompleted` or `ValidationFailed`; [`validate`] is the same
-//! check as a plain function for the CLI.
+//! check as a plain function for the CLI. Latest wins down to the validation: a
+//! newer render (another hash) stops the validation in progress, which is never
+//! answered (`hapwright_validations_superseded_total`), and the render validated
+//! last, published again, is answered from memory without validating again
+//! (`hapwright_validations_remembered_total`).
 
 mod alerts;
 pub mod equivalence;
@@ -43,14 +47,13 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hapwright_eventbus::model::{
-    Diagnostic, FileKind, ParsedConfig, RenderedConfig, Severity, SourceLocation,
-};
+use hapwright_eventbus::model::ContentHash;
+use hapwright_eventbus::model::{Diagnostic, FileKind, RenderedConfig, Severity, SourceLocation};
 use hapwright_eventbus::{
-    Component, ComponentError, Context, Event, EventKind, EventPayload, Interest,
-    ValidationCompleted, ValidationFailed, ValidationPhase,
+    Component, ComponentError, Context, Event, EventKind, EventPayload, HealthReporter, Interest,
+    Publisher, ValidationCompleted, ValidationFailed, ValidationPhase,
 };
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
 use tokio::io::AsyncReadExt;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -140,6 +143,8 @@ pub struct Metrics {
     validations: IntCounterVec,
     duration: HistogramVec,
     phase2_skipped: IntCounterVec,
+    superseded: IntCounter,
+    remembered: IntCounter,
 }
 
 impl Metrics {
@@ -170,6 +175,14 @@ impl Metrics {
         for reason in SkipReason::ALL {
             phase2_skipped.with_label_values(&[reason.as_str()]);
         }
+        let superseded = IntCounter::new(
+            "hapwright_validations_superseded_total",
+            "Validations stopped because a newer render arrived before they finished.",
+        )?;
+        let remembered = IntCounter::new(
+            "hapwright_validations_remembered_total",
+            "Renders answered from the validation of the same render just before, without validating again.",
+        )?;
         for phase in [ValidationPhase::Parse, ValidationPhase::Haproxy] {
             for result in ["success", "failure"] {
                 validations.with_label_values(&[phase_label(phase), result]);
@@ -178,10 +191,14 @@ impl Metrics {
         registry.register(Box::new(validations.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(phase2_skipped.clone()))?;
+        registry.register(Box::new(superseded.clone()))?;
+        registry.register(Box::new(remembered.clone()))?;
         Ok(Self {
             validations,
             duration,
             phase2_skipped,
+            superseded,
+            remembered,
         })
     }
 
@@ -630,82 +647,79 @@ fn inside_pem_block(content: &str, index: usize) -> bool {
     false
 }
 
-/// A task that is aborted when this handle is dropped: an early `haproxy -c` whose
-/// answer is no longer needed is stopped (its child killed, its scratch directory
-/// removed) instead of running on.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+// === the validation service ===
 
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-// === impl Validator ===
-
-/// The validator component: validates every `TemplateRendered` and replies with
-/// `ValidationCompleted` or `ValidationFailed` (same correlation id).
+/// The one validation service of a validator config: both phases, with phase 2
+/// satisfied by structural [`equivalence`] with the last render that passed
+/// `haproxy -c` here, the baseline this service alone owns.
 ///
-/// It remembers the last render that passed `haproxy -c` (for its set of instance
-/// environments) so that a render differing from it only in values phase 1 checks
-/// completely passes phase 2 by [`equivalence`], without starting HAProxy.
-pub struct Validator {
-    config: Config,
-    metrics: Metrics,
-    /// The last render that passed `haproxy -c`, with the environments it ran with.
-    baseline: Option<(Envs, Baseline, Vec<Diagnostic>)>,
-    /// Where the last render that passed `haproxy -c` is also published, for other
-    /// validation steps of the same config (the quarantine's search).
-    shared: Option<SharedBaseline>,
+/// The [`Validator`] component, the quarantine's search and the admission webhook
+/// all validate through a service, so the decision is written once. The component
+/// and the quarantine share one (clones share the baseline: either one's pass lets
+/// the other skip phase 2 by equivalence); the webhook has one of its own, because
+/// reviews are candidates, not what runs.
+#[derive(Clone)]
+pub struct Service {
+    inner: Arc<ServiceInner>,
 }
 
-/// The last render that passed `haproxy -c` with one validator config, shared
-/// between the validator component and the quarantine's validation step so that
-/// either one's pass lets the other skip phase 2 by equivalence.
-pub type SharedBaseline = Arc<std::sync::Mutex<Option<Baseline>>>;
+struct ServiceInner {
+    config: Config,
+    /// The last render that passed `haproxy -c`, with the warnings it printed.
+    baseline: std::sync::Mutex<Option<(Baseline, Vec<Diagnostic>)>>,
+}
 
-/// The distinct instance environments phase 2 runs with.
-type Envs = BTreeSet<BTreeMap<String, String>>;
-
-impl fmt::Debug for Validator {
+impl fmt::Debug for Service {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Validator")
-            .field("config", &self.config)
-            .finish()
+        f.debug_struct("Service")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
     }
 }
 
-/// How phase 2 ended for one render in the component.
-enum Phase2 {
-    /// `haproxy -c` ran and passed, with its warnings.
-    Ran(Vec<Diagnostic>),
-    /// Passed by equivalence with the baseline, whose warnings still apply.
-    Skipped(SkipReason, Vec<Diagnostic>),
+/// What a passed validation found.
+#[derive(Clone, Debug)]
+pub struct Validated {
+    /// Warnings of both phases (phase 2's from the baseline when it was skipped).
+    pub warnings: Vec<Diagnostic>,
+    /// Why phase 2 passed by equivalence instead of `haproxy -c`, when it did.
+    pub phase2_skipped: Option<SkipReason>,
+    /// Phase 1's model of `haproxy.cfg`.
+    pub model: Arc<haproxy_config::Config>,
 }
 
-impl Validator {
-    /// The component's name and capability.
-    pub const NAME: &'static str = "validator";
-
-    /// A validator with its settings and the process's metrics.
-    pub fn new(config: Config, metrics: Metrics) -> Self {
+impl Service {
+    /// A service validating with `config`, without a baseline yet.
+    pub fn new(config: Config) -> Self {
         Self {
-            config,
-            metrics,
-            baseline: None,
-            shared: None,
+            inner: Arc::new(ServiceInner {
+                config,
+                baseline: std::sync::Mutex::new(None),
+            }),
         }
     }
 
-    /// Also publishes every render that passes `haproxy -c` to `shared`, and takes
-    /// a render published there by another step (with the same config, so the same
-    /// environments) as its baseline when it has none of its own or an older one.
-    pub fn with_shared_baseline(mut self, shared: SharedBaseline) -> Self {
-        self.shared = Some(shared);
-        self
+    /// The validator settings.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
     }
 
-    /// Both phases, with phase 2 satisfied by equivalence when the rule allows it.
+    /// The last render that passed `haproxy -c` here.
+    pub fn baseline(&self) -> Option<Baseline> {
+        self.lock().as_ref().map(|(baseline, _)| baseline.clone())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(Baseline, Vec<Diagnostic>)>> {
+        self.inner
+            .baseline
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Both phases, with phase 2 satisfied by equivalence when the rule allows it;
+    /// counted in `metrics` when given (the component's renders, not the
+    /// quarantine's probes or the webhook's reviews). A render that passes
+    /// `haproxy -c` becomes the baseline.
     ///
     /// When the render is unlikely to pass by equivalence
     /// ([`equivalence::likely_equivalent`] is false, or there is no baseline),
@@ -713,17 +727,18 @@ impl Validator {
     /// on the other core: a new backend or map then waits for the longer of the two
     /// phases, not for their sum. A phase 1 rejection stops that run (the child is
     /// killed, the scratch directory removed) and is the answer, as before.
-    async fn validate(
-        &mut self,
+    ///
+    /// # Errors
+    ///
+    /// A [`Rejection`] naming the phase and every error.
+    pub async fn validate(
+        &self,
         rendered: &Arc<RenderedConfig>,
-    ) -> Result<(Vec<Diagnostic>, Phase2, Arc<haproxy_config::Config>), Rejection> {
-        let envs: Envs = self.config.envs.iter().cloned().collect();
-        self.adopt_shared_baseline(&envs);
+        metrics: Option<&Metrics>,
+    ) -> Result<Validated, Rejection> {
+        let config = &self.inner.config;
         // The baseline the rule compares with, when the rule applies.
-        let baseline = self
-            .baseline
-            .as_ref()
-            .filter(|(baseline_envs, _, _)| self.config.equivalence && *baseline_envs == envs);
+        let baseline = self.lock().clone().filter(|_| config.equivalence);
         // `method`: `haproxy` when `haproxy -c` ran, `equivalence` when the rule
         // passed it without running HAProxy.
         let phase2_span = tracing::info_span!(
@@ -732,30 +747,30 @@ impl Validator {
             early = tracing::field::Empty
         );
         let early = baseline
-            .is_none_or(|(_, baseline, _)| !equivalence::likely_equivalent(baseline, rendered))
+            .as_ref()
+            .is_none_or(|(baseline, _)| !equivalence::likely_equivalent(baseline, rendered))
             .then(|| {
                 phase2_span.record("early", true);
-                let (rendered, config, metrics) = (
-                    Arc::clone(rendered),
-                    self.config.clone(),
-                    self.metrics.clone(),
-                );
+                let (rendered, config, metrics) =
+                    (Arc::clone(rendered), config.clone(), metrics.cloned());
                 tokio::spawn(
                     async move {
                         let started = Instant::now();
                         let phase2 = validate_phase2(&rendered, &config).await;
-                        metrics.observe(
-                            ValidationPhase::Haproxy,
-                            phase2.is_ok(),
-                            started.elapsed(),
-                        );
+                        if let Some(metrics) = metrics {
+                            metrics.observe(
+                                ValidationPhase::Haproxy,
+                                phase2.is_ok(),
+                                started.elapsed(),
+                            );
+                        }
                         phase2
                     }
                     .instrument(phase2_span.clone()),
                 )
             });
         // Stops the early run if this validation ends (or is dropped) without it.
-        let early = early.map(AbortOnDrop);
+        let early = early.map(tokio_util::task::AbortOnDropHandle::new);
 
         let started = Instant::now();
         // Off the async workers, so that the early run is spawned meanwhile (a task
@@ -770,35 +785,38 @@ impl Validator {
                     tool_failure: true,
                 })?
         };
-        self.metrics
-            .observe(ValidationPhase::Parse, phase1.is_ok(), started.elapsed());
-        let (warnings, model) = phase1?;
+        if let Some(metrics) = metrics {
+            metrics.observe(ValidationPhase::Parse, phase1.is_ok(), started.elapsed());
+        }
+        let (mut warnings, model) = phase1?;
         let model = Arc::new(model);
-        if let Some((_, baseline, baseline_warnings)) = baseline {
+        if let Some((baseline, baseline_warnings)) = &baseline {
             match equivalence::compare(baseline, rendered, &model) {
                 Equivalence::Equivalent(reason) => {
                     drop(early);
                     phase2_span.record("method", "equivalence");
                     let _entered = phase2_span.enter();
-                    self.metrics
-                        .phase2_skipped
-                        .with_label_values(&[reason.as_str()])
-                        .inc();
+                    if let Some(metrics) = metrics {
+                        metrics
+                            .phase2_skipped
+                            .with_label_values(&[reason.as_str()])
+                            .inc();
+                    }
                     tracing::info!(
                         reason = reason.as_str(),
                         baseline = %baseline.rendered.hash().short(),
                         "Phase 2 passed by structural equivalence, haproxy -c not run"
                     );
-                    let carried = baseline_warnings
-                        .iter()
-                        .cloned()
-                        .map(|mut warning| {
-                            warning.source_line = None;
-                            warning.origin = None;
-                            attribute(warning, rendered)
-                        })
-                        .collect();
-                    return Ok((warnings, Phase2::Skipped(reason, carried), model));
+                    warnings.extend(baseline_warnings.iter().cloned().map(|mut warning| {
+                        warning.source_line = None;
+                        warning.origin = None;
+                        attribute(warning, rendered)
+                    }));
+                    return Ok(Validated {
+                        warnings,
+                        phase2_skipped: Some(reason),
+                        model,
+                    });
                 }
                 Equivalence::Different(why) => {
                     tracing::debug!(%why, "Not equivalent to the last render that passed haproxy -c");
@@ -807,7 +825,7 @@ impl Validator {
         }
         phase2_span.record("method", "haproxy");
         let phase2 = match early {
-            Some(mut early) => match (&mut early.0).await {
+            Some(early) => match early.await {
                 Ok(phase2) => phase2,
                 Err(join) => Err(Rejection {
                     phase: ValidationPhase::Haproxy,
@@ -817,66 +835,119 @@ impl Validator {
             },
             None => {
                 let started = Instant::now();
-                let phase2 = validate_phase2(rendered, &self.config)
+                let phase2 = validate_phase2(rendered, config)
                     .instrument(phase2_span)
                     .await;
-                self.metrics
-                    .observe(ValidationPhase::Haproxy, phase2.is_ok(), started.elapsed());
+                if let Some(metrics) = metrics {
+                    metrics.observe(ValidationPhase::Haproxy, phase2.is_ok(), started.elapsed());
+                }
                 phase2
             }
         };
-        let phase2 = phase2?;
-        let baseline = Baseline {
-            rendered: Arc::clone(rendered),
-            model: Arc::clone(&model),
-        };
-        if let Some(shared) = &self.shared {
-            *shared
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(baseline.clone());
-        }
-        self.baseline = Some((envs, baseline, phase2.clone()));
-        Ok((warnings, Phase2::Ran(phase2), model))
+        let phase2_warnings = phase2?;
+        *self.lock() = Some((
+            Baseline {
+                rendered: Arc::clone(rendered),
+                model: Arc::clone(&model),
+            },
+            phase2_warnings.clone(),
+        ));
+        warnings.extend(phase2_warnings);
+        Ok(Validated {
+            warnings,
+            phase2_skipped: None,
+            model,
+        })
+    }
+}
+
+// === impl Validator ===
+
+/// The validator component: validates every `TemplateRendered` through its
+/// [`Service`] and replies with `ValidationCompleted` or `ValidationFailed` (same
+/// correlation id).
+pub struct Validator {
+    service: Service,
+    metrics: Metrics,
+    /// The answer for the last render validated (tool failures excepted), so that
+    /// the same render again is answered without validating it again.
+    last: Option<(ContentHash, Answer)>,
+}
+
+/// A validation's answer, as remembered for the same render.
+#[derive(Clone)]
+enum Answer {
+    Valid {
+        warnings: Vec<Diagnostic>,
+        model: Arc<haproxy_config::Config>,
+        phase2_skipped: Option<&'static str>,
+    },
+    Invalid {
+        phase: ValidationPhase,
+        errors: Vec<Diagnostic>,
+    },
+}
+
+impl fmt::Debug for Validator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Validator")
+            .field("service", &self.service)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Validator {
+    /// The component's name and capability.
+    pub const NAME: &'static str = "validator";
+
+    /// A validator with its settings (in a service of its own) and the process's
+    /// metrics.
+    pub fn new(config: Config, metrics: Metrics) -> Self {
+        Self::with_service(Service::new(config), metrics)
     }
 
-    /// Takes a render another step published to the shared baseline as this
-    /// validator's baseline when it has none of its own or an older one.
-    fn adopt_shared_baseline(&mut self, envs: &Envs) {
-        let Some(shared) = &self.shared else {
-            return;
-        };
-        let published = shared
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        if let Some(published) = published
-            && self
-                .baseline
-                .as_ref()
-                .is_none_or(|(_, own, _)| !Arc::ptr_eq(&own.rendered, &published.rendered))
-        {
-            // Passed `haproxy -c` after our own baseline (or we have none); its
-            // warnings are not known here.
-            self.baseline = Some((envs.clone(), published, Vec::new()));
+    /// A validator validating through `service` (shared with the quarantine's
+    /// search, so each one's pass is the other's baseline).
+    pub fn with_service(service: Service, metrics: Metrics) -> Self {
+        Self {
+            service,
+            metrics,
+            last: None,
         }
     }
 
-    async fn handle(&mut self, ctx: &Context, event: &Event) {
+    /// Validates one `TemplateRendered` (or answers it from memory when it is the
+    /// render validated last) and replies.
+    async fn handle(&mut self, publisher: &Publisher, health: &HealthReporter, event: &Event) {
         let EventPayload::TemplateRendered(rendered) = &event.payload else {
             return;
         };
         let config = Arc::clone(&rendered.config);
+        if let Some((_, answer)) = self
+            .last
+            .as_ref()
+            .filter(|(hash, _)| *hash == config.hash())
+        {
+            self.metrics.remembered.inc();
+            tracing::info!(
+                hash = %config.hash().short(),
+                "Render unchanged; answered from its last validation"
+            );
+            health.healthy();
+            reply(publisher, event, config, Duration::ZERO, answer.clone());
+            return;
+        }
         let started = Instant::now();
-        let outcome = self.validate(&config).await;
+        let outcome = self.service.validate(&config, Some(&self.metrics)).await;
         let duration = started.elapsed();
-        match outcome {
-            Ok((mut warnings, phase2, model)) => {
-                ctx.health().healthy();
-                let (phase2_warnings, skipped) = match phase2 {
-                    Phase2::Ran(found) => (found, None),
-                    Phase2::Skipped(reason, carried) => (carried, Some(reason.as_str())),
-                };
-                warnings.extend(phase2_warnings);
+        let answer = match outcome {
+            Ok(Validated {
+                warnings,
+                phase2_skipped,
+                model,
+            }) => {
+                health.healthy();
+                let skipped = phase2_skipped.map(SkipReason::as_str);
                 tracing::info!(
                     duration_ms = duration.as_millis() as u64,
                     warnings = warnings.len(),
@@ -886,16 +957,11 @@ impl Validator {
                 for warning in &warnings {
                     tracing::warn!(warning = %warning, "HAProxy warning");
                 }
-                ctx.publisher().reply(
-                    event,
-                    ValidationCompleted {
-                        config,
-                        duration,
-                        warnings,
-                        parsed: ParsedConfig::new(model),
-                        phase2_skipped: skipped,
-                    },
-                );
+                Answer::Valid {
+                    warnings,
+                    model,
+                    phase2_skipped: skipped,
+                }
             }
             Err(rejection) => {
                 if rejection.tool_failure {
@@ -903,9 +969,9 @@ impl Validator {
                         .errors
                         .first()
                         .map_or_else(|| "haproxy -c failed".to_owned(), ToString::to_string);
-                    ctx.health().unhealthy(reason);
+                    health.unhealthy(reason);
                 } else {
-                    ctx.health().healthy();
+                    health.healthy();
                 }
                 tracing::warn!(
                     phase = phase_label(rejection.phase),
@@ -913,16 +979,67 @@ impl Validator {
                     first = %rejection.errors.first().map(ToString::to_string).unwrap_or_default(),
                     "Configuration rejected"
                 );
-                ctx.publisher().reply(
-                    event,
-                    ValidationFailed {
-                        hash: config.hash(),
-                        phase: rejection.phase,
-                        errors: rejection.errors,
-                    },
-                );
+                let answer = Answer::Invalid {
+                    phase: rejection.phase,
+                    errors: rejection.errors,
+                };
+                if rejection.tool_failure {
+                    // The next try may find the tool working: not remembered.
+                    self.last = None;
+                    reply(publisher, event, config, duration, answer);
+                    return;
+                }
+                answer
             }
+        };
+        self.last = Some((config.hash(), answer.clone()));
+        reply(publisher, event, config, duration, answer);
+    }
+}
+
+/// Publishes `answer` for `config` as the reply to `event`.
+fn reply(
+    publisher: &Publisher,
+    event: &Event,
+    config: Arc<RenderedConfig>,
+    duration: Duration,
+    answer: Answer,
+) {
+    match answer {
+        Answer::Valid {
+            warnings,
+            model,
+            phase2_skipped,
+        } => {
+            publisher.reply(
+                event,
+                ValidationCompleted {
+                    config,
+                    duration,
+                    warnings,
+                    model,
+                    phase2_skipped,
+                },
+            );
         }
+        Answer::Invalid { phase, errors } => {
+            publisher.reply(
+                event,
+                ValidationFailed {
+                    hash: config.hash(),
+                    phase,
+                    errors,
+                },
+            );
+        }
+    }
+}
+
+/// The hash of a `TemplateRendered`.
+fn rendered_hash(event: &Event) -> Option<ContentHash> {
+    match &event.payload {
+        EventPayload::TemplateRendered(rendered) => Some(rendered.config.hash()),
+        _ => None,
     }
 }
 
@@ -939,7 +1056,7 @@ impl Component for Validator {
     async fn run(mut self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
         // Scratch directories of a controller that was killed before it could
         // remove them.
-        let root = self.config.scratch_root.clone();
+        let root = self.service.config().scratch_root.clone();
         match tokio::task::spawn_blocking(move || sweep_scratch(root.as_deref())).await {
             Ok(Ok(removed)) if !removed.is_empty() => {
                 tracing::info!(
@@ -956,21 +1073,54 @@ impl Component for Validator {
             }
         }
         ctx.health().healthy();
-        while let Some(event) = ctx.next_event().await {
+        let (publisher, health) = (ctx.publisher().clone(), ctx.health().clone());
+        let superseded = self.metrics.superseded.clone();
+        // Renders that arrived while one with the same hash was validated: answered
+        // from memory once it is done.
+        let mut waiting: std::collections::VecDeque<Arc<Event>> = Default::default();
+        loop {
+            let event = match waiting.pop_front() {
+                Some(event) => event,
+                None => match ctx.next_event().await {
+                    Some(event) => event,
+                    None => return Ok(()),
+                },
+            };
             let span = tracing::info_span!(
                 "validation",
                 correlation_id = event.correlation_id.map(tracing::field::display),
                 event_id = %event.id,
             );
-            // Cancellation drops the validation: the haproxy child is killed on drop
-            // and the scratch directory removed.
-            tokio::select! {
-                biased;
-                () = ctx.cancelled() => return Ok(()),
-                () = self.handle(&ctx, &event).instrument(span) => {}
+            let hash = rendered_hash(&event);
+            // Dropping the validation (a newer render, or the component stopping)
+            // kills the haproxy child and removes the scratch directory.
+            let validation = self.handle(&publisher, &health, &event).instrument(span);
+            tokio::pin!(validation);
+            loop {
+                tokio::select! {
+                    biased;
+                    () = &mut validation => break,
+                    newer = ctx.next_event() => {
+                        let Some(newer) = newer else { return Ok(()) };
+                        if rendered_hash(&newer) == hash {
+                            // The same render again: the answer is on its way.
+                            waiting.push_back(newer);
+                            continue;
+                        }
+                        // Latest wins: the validation of a superseded render stops.
+                        superseded.inc();
+                        tracing::info!(
+                            superseded = %hash.map(|h| h.short()).unwrap_or_default(),
+                            correlation_id = newer.correlation_id.map(tracing::field::display),
+                            "A newer render arrived; the validation in progress stops"
+                        );
+                        waiting.clear();
+                        waiting.push_back(newer);
+                        break;
+                    }
+                }
             }
         }
-        Ok(())
     }
 }
 

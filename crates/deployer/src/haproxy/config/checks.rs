@@ -5,10 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use hapwright_eventbus::model::{Diagnostic, SourceLocation};
 
-use super::model::{Config, Directive, SectionKind};
-
-/// The rendered file the checks report on.
-pub const MAIN_FILE: &str = "haproxy.cfg";
+use super::{Config, Directive, MAIN_FILE, SectionKind};
 
 /// Directories of the rendered layout whose files a config may reference.
 const LAYOUT_DIRS: &[&str] = &["maps/", "files/", "certs/"];

@@ -1,6 +1,8 @@
 //! HAProxy configuration tokenizer, model and phase-1 checks.
 //!
-//! [`parse`] turns `haproxy.cfg` text into a [`Config`]: the sections in file order,
+//! The tokenizer and the model live in the event bus crate
+//! (`hapwright_eventbus::model::haproxy`), so that events carry the parsed model
+//! typed; they are re-exported here beside the checks. [`parse`] turns `haproxy.cfg` text into a [`Config`]: the sections in file order,
 //! each with its directives (keyword, unquoted arguments, line number, text as
 //! written). It follows HAProxy 2.6's own line parser for quoting, escapes, comments
 //! and `${ENV}` references (kept as written, so one model serves every instance
@@ -31,38 +33,16 @@
 //! ```
 
 mod checks;
-mod model;
-mod tokenizer;
 
 use std::collections::BTreeSet;
 
 use hapwright_eventbus::model::{Diagnostic, SourceLocation};
 
-pub use checks::{MAIN_FILE, check};
-pub use model::{
-    Balance, Config, Directive, ParseError, Section, SectionKind, Server, parse, parse_lenient,
-    print, split_address,
+pub use checks::check;
+pub use hapwright_eventbus::model::haproxy::{
+    Balance, Config, Directive, MAIN_FILE, MAX_WORDS, ParseError, Section, SectionKind, Server,
+    parse, parse_lenient, print, split_address,
 };
-pub use tokenizer::MAX_WORDS;
-
-impl ParseError {
-    /// The error as a diagnostic located in the rendered [`MAIN_FILE`], with the
-    /// offending line's text taken from `text` (the parsed text).
-    pub fn to_diagnostic(&self, text: &str) -> Diagnostic {
-        let mut diagnostic = Diagnostic::error(self.message.clone()).at(SourceLocation::new(
-            MAIN_FILE,
-            Some(self.line),
-            self.column,
-        ));
-        let index = usize::try_from(self.line)
-            .unwrap_or(usize::MAX)
-            .saturating_sub(1);
-        if let Some(line) = text.split('\n').nth(index) {
-            diagnostic = diagnostic.with_source_line(line.trim());
-        }
-        diagnostic
-    }
-}
 
 /// The whole of phase 1 on one `haproxy.cfg` text: every parse error, the missing
 /// final newline HAProxy 2.6 rejects, and the [`check`] results (errors and

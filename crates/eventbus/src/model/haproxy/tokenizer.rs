@@ -22,8 +22,9 @@
 pub const MAX_WORDS: usize = 64;
 
 /// Why a line could not be split into words.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct TokenError {
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("column {column}: {message}")]
+pub struct TokenError {
     /// 1-based character column of the offending character.
     pub column: u32,
     /// What is wrong.
@@ -109,7 +110,7 @@ fn hex_value(byte: u8) -> Option<u8> {
 /// Splits one line (without its `\n`) into unquoted words.
 ///
 /// Returns an empty vector for blank and comment-only lines. Never panics.
-pub(crate) fn split_words(line: &str) -> Result<Vec<String>, TokenError> {
+pub fn split_words(line: &str) -> Result<Vec<String>, TokenError> {
     let bytes = line.as_bytes();
     let error = |at: usize, message: &str| TokenError {
         column: column(line, at),
