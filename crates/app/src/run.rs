@@ -263,6 +263,9 @@ impl Iteration {
         process.store.set_health(kernel.health());
 
         kernel.register(ConfigWatcher::new(&loaded, changes));
+        process
+            .managed
+            .set_hard_stop_after(config.haproxy.hard_stop_after.get());
         if config.controller.leader_election != process.leader_config {
             tracing::warn!(
                 "controller.leaderElection changed; the change takes effect when hapwright restarts"

@@ -165,18 +165,42 @@ pub struct FailingInstance {
 }
 
 /// Whether the controller is doing its job: `/readyz`.
+///
+/// Ready means serving: every watched resource of the running config finished its
+/// first sync (so the webhook answers from complete data) and some instance took a
+/// config hapwright deployed. Once reached it stays, for the life of the process: a
+/// later failed deployment leaves the instance serving its last good config, which
+/// the metrics, `/debug/instances` and the status page show, and taking every pod out
+/// of its Service for it would turn one bad change into an outage.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Readiness {
-    /// Some deployment succeeded and the last attempt to every known instance
-    /// succeeded.
-    Ready,
-    /// Not ready, with the reason and the instances whose last attempt failed.
+    /// Serving. `failing` names the known instances whose last deployment attempt
+    /// failed: they serve their last good config.
+    Ready {
+        /// Known instances whose last deployment attempt failed.
+        failing: Vec<FailingInstance>,
+    },
+    /// Not serving yet, with the reason and the instances whose last attempt failed.
     NotReady {
         /// Why, in one sentence.
         reason: String,
         /// Known instances whose last deployment attempt failed.
         failing: Vec<FailingInstance>,
     },
+}
+
+impl Readiness {
+    /// Whether this is [`Readiness::Ready`].
+    pub fn is_ready(&self) -> bool {
+        matches!(self, Readiness::Ready { .. })
+    }
+
+    /// The known instances whose last deployment attempt failed.
+    pub fn failing(&self) -> &[FailingInstance] {
+        match self {
+            Readiness::Ready { failing } | Readiness::NotReady { failing, .. } => failing,
+        }
+    }
 }
 
 /// A mandatory component that has been down longer than the liveness grace.
@@ -225,6 +249,8 @@ struct Inner {
     health: HealthTable,
     /// Some deployment succeeded on some instance since the process started.
     deployed_once: bool,
+    /// When readiness was first reached (seconds since the Unix epoch); it stays.
+    ready_since: Option<f64>,
     /// Last deployment attempt per instance.
     attempts: BTreeMap<String, Attempt>,
     /// Instance names per discovery source (`InstancesDiscovered`).
@@ -276,6 +302,25 @@ impl Inner {
                 .discovered
                 .values()
                 .any(|names| names.contains(instance))
+    }
+
+    /// Watched resources of the running config that have not finished their first
+    /// sync, in name order.
+    fn unsynced(&self) -> Vec<&str> {
+        self.watched
+            .iter()
+            .flatten()
+            .filter(|name| !self.synced.contains(*name))
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// Records the moment readiness is first reached: every watched resource synced
+    /// and some deployment succeeded. Never undone.
+    fn settle_readiness(&mut self, now: f64) {
+        if self.ready_since.is_none() && self.deployed_once && self.unsynced().is_empty() {
+            self.ready_since = Some(now);
+        }
     }
 }
 
@@ -358,12 +403,13 @@ impl StatusStore {
 
     /// Whether the controller is ready (see [`readiness`](Self::readiness)).
     pub fn ready(&self) -> bool {
-        self.readiness() == Readiness::Ready
+        self.readiness().is_ready()
     }
 
-    /// Ready when some deployment has succeeded and the last deployment attempt to
-    /// every known instance succeeded. Derived only from deployment events, so it
-    /// does not depend on how the deployer organizes its work.
+    /// Ready once every watched resource of the running config has synced and some
+    /// deployment has succeeded; from then on for the life of the process (see
+    /// [`Readiness`]). Derived only from events, so it does not depend on how the
+    /// deployer organizes its work.
     pub fn readiness(&self) -> Readiness {
         let inner = self.read();
         let failing: Vec<FailingInstance> = inner
@@ -379,20 +425,31 @@ impl StatusStore {
                 }),
             })
             .collect();
-        if !inner.deployed_once {
-            return Readiness::NotReady {
-                reason: "no deployment has succeeded on any instance yet".to_owned(),
-                failing,
-            };
+        if inner.ready_since.is_some() {
+            return Readiness::Ready { failing };
         }
-        if failing.is_empty() {
-            return Readiness::Ready;
-        }
-        let names: Vec<&str> = failing.iter().map(|f| f.instance.as_str()).collect();
-        Readiness::NotReady {
-            reason: format!("the last deployment attempt failed on {}", names.join(", ")),
-            failing,
-        }
+        let unsynced = inner.unsynced();
+        let reason = if !unsynced.is_empty() {
+            format!(
+                "waiting for the first sync of watched resource{} {}",
+                if unsynced.len() == 1 { "" } else { "s" },
+                unsynced.join(", ")
+            )
+        } else if failing.is_empty() {
+            "no deployment has succeeded on any instance yet".to_owned()
+        } else {
+            let names: Vec<&str> = failing.iter().map(|f| f.instance.as_str()).collect();
+            format!(
+                "no deployment has succeeded on any instance yet (failing: {})",
+                names.join(", ")
+            )
+        };
+        Readiness::NotReady { reason, failing }
+    }
+
+    /// When readiness was first reached (seconds since the Unix epoch).
+    pub fn ready_since(&self) -> Option<f64> {
+        self.read().ready_since
     }
 
     /// Sets the instances of the running config, so instances removed from it no
@@ -542,7 +599,9 @@ impl StatusStore {
     /// Sets the watched resources of the running config, so `/debug/resources/<name>`
     /// answers for them before their first sync.
     pub fn set_watched_resources(&self, names: impl IntoIterator<Item = String>) {
-        self.write().watched = Some(names.into_iter().collect());
+        let mut inner = self.write();
+        inner.watched = Some(names.into_iter().collect());
+        inner.settle_readiness(unix_now());
     }
 
     /// Whether `name` is a watched resource of the running config (any name counts
@@ -860,6 +919,7 @@ impl StatusStore {
             }
             _ => {}
         }
+        inner.settle_readiness(event.unix_micros as f64 / 1e6);
     }
 }
 
