@@ -282,10 +282,12 @@ impl Iteration {
             let issue = |issue| anyhow::anyhow!("watchedResources.{name}: {issue}");
             match resource.source() {
                 Some(Source::Kubernetes(_)) => {
-                    kernel.register(
-                        KubernetesSource::new(name, resource, process.kube.clone())
-                            .map_err(issue)?,
-                    );
+                    let mut source = KubernetesSource::new(name, resource, process.kube.clone())
+                        .map_err(issue)?;
+                    if let Some(location) = loaded.resources_at.get(name) {
+                        source = source.with_location(location.to_string());
+                    }
+                    kernel.register(source);
                 }
                 Some(Source::Http(_)) => {
                     kernel.register(
