@@ -55,6 +55,16 @@ fn a_deployment_that_fails_on_the_instance_leaves_readiness_up_while_the_old_con
     );
     let instances = controller.json("/debug/instances");
     assert_eq!(instances[0]["state"], "failing", "{instances}");
+    // The managed HAProxy runs haproxy.binary, the validator: the same line.
+    assert!(
+        instances[0]["haproxy_version"].is_string(),
+        "read after the first start: {instances}"
+    );
+    assert_eq!(instances[0]["haproxy_line_mismatch"], false, "{instances}");
+    assert_eq!(
+        controller.metric("hapwright_instance_haproxy_line_mismatch{instance=\"local\"}"),
+        0.0
+    );
     let page = controller.status_page();
     assert!(
         page.contains("last deployment failed on local: serving the last good config"),

@@ -120,6 +120,10 @@ pub struct InstanceStatus {
     pub last_error: Option<Diagnostic>,
     /// When it last took a config (seconds since the Unix epoch).
     pub last_success: Option<f64>,
+    /// Its HAProxy version and the validator's, once read (`haproxy_version`,
+    /// `validator_version`, `haproxy_line_mismatch`).
+    #[serde(flatten)]
+    pub haproxy: Option<hapwright_deployer::version_check::InstanceVersion>,
 }
 
 /// The last configuration problem found in the controller's own config file.
@@ -275,6 +279,8 @@ struct Inner {
     safety_release: Option<SafetyRelease>,
     /// The latest statuses rendered by `statusTemplates`.
     statuses: Option<RenderedStatuses>,
+    /// The instances' HAProxy versions against the validator's.
+    versions: Option<hapwright_deployer::version_check::VersionCheck>,
 }
 
 /// The latest statuses rendered by `statusTemplates`, as `/debug/status` shows them.
@@ -577,6 +583,10 @@ impl StatusStore {
         }
         all.into_values()
             .map(|mut status| {
+                status.haproxy = inner
+                    .versions
+                    .as_ref()
+                    .and_then(|versions| versions.instance(&status.name));
                 status.state = if status.last_error.is_some() {
                     "failing"
                 } else if status.deployments > 0 {
@@ -587,6 +597,11 @@ impl StatusStore {
                 status
             })
             .collect()
+    }
+
+    /// Sets where the instances' HAProxy versions come from (`/debug/instances`).
+    pub fn set_version_check(&self, versions: hapwright_deployer::version_check::VersionCheck) {
+        self.write().versions = Some(versions);
     }
 
     /// Sets where the running config's inline templates are written, so render and

@@ -109,6 +109,8 @@ pub(crate) struct Shared {
     pub reports: mpsc::UnboundedSender<Report>,
     /// Bounds the deployments running at the same time across the fleet.
     pub permits: Arc<Semaphore>,
+    /// Reads the instance's HAProxy version after each reload or start.
+    pub versions: Option<crate::version_check::VersionCheck>,
 }
 
 /// The deployer's handle on a running worker; dropping it stops the worker.
@@ -416,6 +418,9 @@ impl Worker {
         );
         if deployed.strategy == DeployStrategy::Reload {
             self.last_reload = Some(Instant::now());
+            if let Some(versions) = &self.shared.versions {
+                versions.spawn_check(self.driver.clone());
+            }
         }
         let event = self.record_deployed(desired.config.hash(), deployed, elapsed);
         self.shared.publisher.reply(&desired.cause, event);
