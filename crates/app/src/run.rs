@@ -865,6 +865,9 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
         process
             .store
             .set_template_places(candidate.loaded.templates_at.clone());
+        if let Some(leader) = process.leadership() {
+            process.store.set_leadership(leader);
+        }
         process.store.set_watched_resources(
             candidate
                 .loaded

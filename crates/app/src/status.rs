@@ -255,6 +255,10 @@ struct Inner {
     deployed_once: bool,
     /// When readiness was first reached (seconds since the Unix epoch); it stays.
     ready_since: Option<f64>,
+    /// Some render passed validation since the process started.
+    validated_once: bool,
+    /// Whether this replica leads (`None`: no leader election, it always deploys).
+    leader: Option<tokio::sync::watch::Receiver<bool>>,
     /// Last deployment attempt per instance.
     attempts: BTreeMap<String, Attempt>,
     /// Instance names per discovery source (`InstancesDiscovered`).
@@ -321,10 +325,22 @@ impl Inner {
             .collect()
     }
 
-    /// Records the moment readiness is first reached: every watched resource synced
-    /// and some deployment succeeded. Never undone.
+    /// A standby replica (leader election on, not the leader): it deploys nothing,
+    /// so it is ready once its config validates.
+    fn standby(&self) -> bool {
+        self.leader.as_ref().is_some_and(|leader| !*leader.borrow())
+    }
+
+    /// Whether readiness is reached now: every watched resource synced, and some
+    /// deployment succeeded (a standby replica: some render validated).
+    fn reaches_readiness(&self) -> bool {
+        self.unsynced().is_empty()
+            && (self.deployed_once || (self.standby() && self.validated_once))
+    }
+
+    /// Records the moment readiness is first reached. Never undone.
     fn settle_readiness(&mut self, now: f64) {
-        if self.ready_since.is_none() && self.deployed_once && self.unsynced().is_empty() {
+        if self.ready_since.is_none() && self.reaches_readiness() {
             self.ready_since = Some(now);
         }
     }
@@ -417,6 +433,14 @@ impl StatusStore {
     /// [`Readiness`]). Derived only from events, so it does not depend on how the
     /// deployer organizes its work.
     pub fn readiness(&self) -> Readiness {
+        {
+            // A standby replica's leadership changes without an event.
+            let inner = self.read();
+            if inner.ready_since.is_none() && inner.reaches_readiness() {
+                drop(inner);
+                self.write().settle_readiness(unix_now());
+            }
+        }
         let inner = self.read();
         let failing: Vec<FailingInstance> = inner
             .attempts
@@ -441,6 +465,8 @@ impl StatusStore {
                 if unsynced.len() == 1 { "" } else { "s" },
                 unsynced.join(", ")
             )
+        } else if inner.standby() {
+            "standby replica: no render has passed validation yet".to_owned()
         } else if failing.is_empty() {
             "no deployment has succeeded on any instance yet".to_owned()
         } else {
@@ -456,6 +482,13 @@ impl StatusStore {
     /// When readiness was first reached (seconds since the Unix epoch).
     pub fn ready_since(&self) -> Option<f64> {
         self.read().ready_since
+    }
+
+    /// Gives the store this replica's leadership (leader election on): a standby
+    /// replica deploys nothing, so it is ready once its sources synced and a render
+    /// validated (it answers admission reviews and is ready to take over).
+    pub fn set_leadership(&self, leader: tokio::sync::watch::Receiver<bool>) {
+        self.write().leader = Some(leader);
     }
 
     /// Sets the instances of the running config, so instances removed from it no
@@ -792,7 +825,10 @@ impl StatusStore {
                     at: unix_now(),
                 });
             }
-            EventPayload::ValidationCompleted(_) => inner.last_error = None,
+            EventPayload::ValidationCompleted(_) => {
+                inner.last_error = None;
+                inner.validated_once = true;
+            }
             EventPayload::StatusRendered(rendered) => {
                 inner.statuses = Some(RenderedStatuses {
                     hash: rendered.hash,

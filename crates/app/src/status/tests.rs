@@ -708,3 +708,70 @@ fn the_reconciliation_table_says_how_the_templates_rendered() {
         "{page}"
     );
 }
+
+/// With leader election, a standby replica deploys nothing: it is ready once its
+/// sources synced and a render validated, so the webhook Service and the disruption
+/// budget count it.
+#[test]
+fn a_standby_replica_is_ready_once_a_render_validates() {
+    let store = StatusStore::default();
+    let (leads, leader) = tokio::sync::watch::channel(false);
+    store.set_leadership(leader);
+    store.set_watched_resources(["ingresses".to_owned()]);
+    store.apply(
+        &event(
+            1,
+            None,
+            ResourceSyncComplete {
+                source: "ingresses".into(),
+            },
+        ),
+        None,
+    );
+    let Readiness::NotReady { reason, .. } = store.readiness() else {
+        panic!("nothing validated yet");
+    };
+    assert_eq!(
+        reason,
+        "standby replica: no render has passed validation yet"
+    );
+    store.apply(
+        &event(
+            2,
+            None,
+            ValidationCompleted {
+                config: rendered(),
+                duration: Duration::from_millis(50),
+                warnings: vec![],
+                parsed: Default::default(),
+                phase2_skipped: None,
+            },
+        ),
+        None,
+    );
+    assert!(store.ready());
+
+    // The leader's replica needs a deployment, not only a validated render.
+    let store = StatusStore::default();
+    let (_leads, leader) = tokio::sync::watch::channel(true);
+    store.set_leadership(leader);
+    store.set_watched_resources([]);
+    store.apply(
+        &event(
+            1,
+            None,
+            ValidationCompleted {
+                config: rendered(),
+                duration: Duration::from_millis(50),
+                warnings: vec![],
+                parsed: Default::default(),
+                phase2_skipped: None,
+            },
+        ),
+        None,
+    );
+    assert!(!store.ready());
+    store.apply(&deployed(2, "a"), None);
+    assert!(store.ready());
+    drop(leads);
+}
