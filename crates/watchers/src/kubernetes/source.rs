@@ -620,7 +620,11 @@ async fn run(source: KubernetesSource, ctx: Context) -> Result<(), ComponentErro
             Ok(resolved) => break resolved,
             Err(error) if source.optional && error.is_not_served() => {
                 let reason = source.absent(&error.to_string());
-                tracing::info!(%reason, "Optional Kubernetes resource not served; checking again with backoff");
+                if synced {
+                    tracing::debug!(%reason, "Optional Kubernetes resource still not served");
+                } else {
+                    tracing::info!(%reason, "Optional Kubernetes resource not served; checking again with backoff");
+                }
                 ctx.health().degraded(reason);
                 if !synced {
                     synced = true;
