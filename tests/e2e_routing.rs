@@ -45,7 +45,10 @@ fn quickstart_serves_its_routes() {
 
     assert_eq!(controller.status_get("/healthz"), (200, "ok\n".to_owned()));
     let (status, body) = controller.status_get("/readyz");
-    assert_eq!((status, body.as_str()), (200, r#"{"ready":true}"#));
+    assert_eq!(
+        (status, body.as_str()),
+        (200, r#"{"ready":true,"failing":[]}"#)
+    );
 
     // One deployment so far: the managed HAProxy's first start.
     let instance = controller.wait_deployed();

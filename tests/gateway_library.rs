@@ -282,7 +282,7 @@ fn the_library_routes_real_traffic() {
         .map(|(ns, name, port)| library::loopback_slice(ns, name, "", &[*port]))
         .collect();
     let tlsroutes = json!([{
-        "apiVersion": "gateway.networking.k8s.io/v1alpha2",
+        "apiVersion": "gateway.networking.k8s.io/v1",
         "kind": "TLSRoute",
         "metadata": { "name": "passthru", "namespace": "shop" },
         "spec": {

@@ -233,11 +233,7 @@ pub const GATEWAY_SOURCES: &[(&str, &str, &str)] = &[
     ("gateways", "gateway.networking.k8s.io/v1", "Gateway"),
     ("httproutes", "gateway.networking.k8s.io/v1", "HTTPRoute"),
     ("grpcroutes", "gateway.networking.k8s.io/v1", "GRPCRoute"),
-    (
-        "tlsroutes",
-        "gateway.networking.k8s.io/v1alpha2",
-        "TLSRoute",
-    ),
+    ("tlsroutes", "gateway.networking.k8s.io/v1", "TLSRoute"),
     (
         "referencegrants",
         "gateway.networking.k8s.io/v1beta1",
@@ -280,8 +276,8 @@ pub fn ingress_config(http: u16, https: u16) -> Value {
 }
 
 /// Replaces the `kubernetes` source of each watched resource `(name, apiVersion,
-/// kind)` with a `files` source reading `./resources/<name>`, and drops the
-/// library's `validationTests`.
+/// kind)` with a `files` source reading `./resources/<name>` (without `optional`,
+/// which only `kubernetes` sources take), and drops the library's `validationTests`.
 pub fn use_files_sources(config: &mut Value, resources: &[(&str, &str, &str)]) {
     config
         .as_object_mut()
@@ -295,6 +291,7 @@ pub fn use_files_sources(config: &mut Value, resources: &[(&str, &str, &str)]) {
             resource.remove("kubernetes").is_some(),
             "{name} is a kubernetes source"
         );
+        resource.remove("optional");
         resource.insert(
             "files".into(),
             json!({ "path": format!("./resources/{name}") }),

@@ -507,11 +507,16 @@ async fn healthz(State(state): State<HttpState>) -> Response {
     }
 }
 
-/// Readiness: 200 when the last deployment attempt to every known instance
-/// succeeded (and some deployment ever did); 503 with the failing instances otherwise.
+/// Readiness: 200 once serving (every watched resource synced and some deployment
+/// succeeded), and from then on; `failing` names instances whose last deployment
+/// attempt failed (they serve their last good config). 503 with the reason before.
 async fn readyz(State(state): State<HttpState>) -> Response {
     match state.store.readiness() {
-        Readiness::Ready => (StatusCode::OK, axum::Json(json!({"ready": true}))).into_response(),
+        Readiness::Ready { failing } => (
+            StatusCode::OK,
+            axum::Json(json!({"ready": true, "failing": failing})),
+        )
+            .into_response(),
         Readiness::NotReady { reason, failing } => (
             StatusCode::SERVICE_UNAVAILABLE,
             axum::Json(json!({

@@ -32,6 +32,7 @@ use hapwright_deployer::component::validator::{self, Validator};
 use hapwright_deployer::driver::fleet;
 use hapwright_deployer::driver::managed::ManagedHaproxy;
 use hapwright_deployer::metrics::Metrics as DeployerMetrics;
+use hapwright_deployer::version_check::VersionCheck;
 use hapwright_eventbus::model::Diagnostic;
 use hapwright_eventbus::{
     Bus, BusConfig, BusMetrics, ComponentFailure, Kernel, KernelMetrics, ReloadRequested,
@@ -140,6 +141,8 @@ struct Process {
     /// What the safety valve measures against, across reloads.
     safety: hapwright_deployer::safety::Memory,
     managed: ManagedHaproxy,
+    /// The instances' HAProxy versions against the validator's.
+    versions: VersionCheck,
     /// The Kubernetes client, built on first use and shared by every iteration.
     kube: ClientFactory,
     /// Leader election, when `controller.leaderElection.enabled`: set up once, so
@@ -166,6 +169,7 @@ impl Process {
             )?,
             validator_metrics: validator::Metrics::register(&registry)?,
             deployer_metrics: DeployerMetrics::register(&registry)?,
+            versions: VersionCheck::register(&registry)?,
             reload_metrics: ReloadMetrics::register(&registry)?,
             discovery_metrics: DiscoveryMetrics::register(&registry)?,
             http_source_metrics: HttpSourceMetrics::register(&registry)?,
@@ -263,6 +267,9 @@ impl Iteration {
         process.store.set_health(kernel.health());
 
         kernel.register(ConfigWatcher::new(&loaded, changes));
+        process
+            .managed
+            .set_hard_stop_after(config.haproxy.hard_stop_after.get());
         if config.controller.leader_election != process.leader_config {
             tracing::warn!(
                 "controller.leaderElection changed; the change takes effect when hapwright restarts"
@@ -279,10 +286,12 @@ impl Iteration {
             let issue = |issue| anyhow::anyhow!("watchedResources.{name}: {issue}");
             match resource.source() {
                 Some(Source::Kubernetes(_)) => {
-                    kernel.register(
-                        KubernetesSource::new(name, resource, process.kube.clone())
-                            .map_err(issue)?,
-                    );
+                    let mut source = KubernetesSource::new(name, resource, process.kube.clone())
+                        .map_err(issue)?;
+                    if let Some(location) = loaded.resources_at.get(name) {
+                        source = source.with_location(location.to_string());
+                    }
+                    kernel.register(source);
                 }
                 Some(Source::Http(_)) => {
                     kernel.register(
@@ -480,7 +489,13 @@ impl Iteration {
         if let Some(leader) = process.leadership() {
             deployer = deployer.with_leadership(leader);
         }
-        kernel.register(deployer);
+        kernel.register(deployer.with_version_check(process.versions.clone()));
+        process.store.set_version_check(process.versions.clone());
+        {
+            let versions = process.versions.clone();
+            let binary = config.haproxy.binary.clone();
+            tokio::spawn(async move { versions.read_validator(&binary).await });
+        }
         kernel.register(StatusRecorder::new(
             process.store.clone(),
             Some(process.status_metrics.clone()),
@@ -837,6 +852,9 @@ async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
         process
             .store
             .set_template_places(candidate.loaded.templates_at.clone());
+        if let Some(leader) = process.leadership() {
+            process.store.set_leadership(leader);
+        }
         process.store.set_watched_resources(
             candidate
                 .loaded

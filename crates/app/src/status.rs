@@ -120,6 +120,10 @@ pub struct InstanceStatus {
     pub last_error: Option<Diagnostic>,
     /// When it last took a config (seconds since the Unix epoch).
     pub last_success: Option<f64>,
+    /// Its HAProxy version and the validator's, once read (`haproxy_version`,
+    /// `validator_version`, `haproxy_line_mismatch`).
+    #[serde(flatten)]
+    pub haproxy: Option<hapwright_deployer::version_check::InstanceVersion>,
 }
 
 /// The last configuration problem found in the controller's own config file.
@@ -165,18 +169,42 @@ pub struct FailingInstance {
 }
 
 /// Whether the controller is doing its job: `/readyz`.
+///
+/// Ready means serving: every watched resource of the running config finished its
+/// first sync (so the webhook answers from complete data) and some instance took a
+/// config hapwright deployed. Once reached it stays, for the life of the process: a
+/// later failed deployment leaves the instance serving its last good config, which
+/// the metrics, `/debug/instances` and the status page show, and taking every pod out
+/// of its Service for it would turn one bad change into an outage.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Readiness {
-    /// Some deployment succeeded and the last attempt to every known instance
-    /// succeeded.
-    Ready,
-    /// Not ready, with the reason and the instances whose last attempt failed.
+    /// Serving. `failing` names the known instances whose last deployment attempt
+    /// failed: they serve their last good config.
+    Ready {
+        /// Known instances whose last deployment attempt failed.
+        failing: Vec<FailingInstance>,
+    },
+    /// Not serving yet, with the reason and the instances whose last attempt failed.
     NotReady {
         /// Why, in one sentence.
         reason: String,
         /// Known instances whose last deployment attempt failed.
         failing: Vec<FailingInstance>,
     },
+}
+
+impl Readiness {
+    /// Whether this is [`Readiness::Ready`].
+    pub fn is_ready(&self) -> bool {
+        matches!(self, Readiness::Ready { .. })
+    }
+
+    /// The known instances whose last deployment attempt failed.
+    pub fn failing(&self) -> &[FailingInstance] {
+        match self {
+            Readiness::Ready { failing } | Readiness::NotReady { failing, .. } => failing,
+        }
+    }
 }
 
 /// A mandatory component that has been down longer than the liveness grace.
@@ -225,6 +253,12 @@ struct Inner {
     health: HealthTable,
     /// Some deployment succeeded on some instance since the process started.
     deployed_once: bool,
+    /// When readiness was first reached (seconds since the Unix epoch); it stays.
+    ready_since: Option<f64>,
+    /// Some render passed validation since the process started.
+    validated_once: bool,
+    /// Whether this replica leads (`None`: no leader election, it always deploys).
+    leader: Option<tokio::sync::watch::Receiver<bool>>,
     /// Last deployment attempt per instance.
     attempts: BTreeMap<String, Attempt>,
     /// Instance names per discovery source (`InstancesDiscovered`).
@@ -249,6 +283,8 @@ struct Inner {
     safety_release: Option<SafetyRelease>,
     /// The latest statuses rendered by `statusTemplates`.
     statuses: Option<RenderedStatuses>,
+    /// The instances' HAProxy versions against the validator's.
+    versions: Option<hapwright_deployer::version_check::VersionCheck>,
 }
 
 /// The latest statuses rendered by `statusTemplates`, as `/debug/status` shows them.
@@ -276,6 +312,37 @@ impl Inner {
                 .discovered
                 .values()
                 .any(|names| names.contains(instance))
+    }
+
+    /// Watched resources of the running config that have not finished their first
+    /// sync, in name order.
+    fn unsynced(&self) -> Vec<&str> {
+        self.watched
+            .iter()
+            .flatten()
+            .filter(|name| !self.synced.contains(*name))
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// A standby replica (leader election on, not the leader): it deploys nothing,
+    /// so it is ready once its config validates.
+    fn standby(&self) -> bool {
+        self.leader.as_ref().is_some_and(|leader| !*leader.borrow())
+    }
+
+    /// Whether readiness is reached now: every watched resource synced, and some
+    /// deployment succeeded (a standby replica: some render validated).
+    fn reaches_readiness(&self) -> bool {
+        self.unsynced().is_empty()
+            && (self.deployed_once || (self.standby() && self.validated_once))
+    }
+
+    /// Records the moment readiness is first reached. Never undone.
+    fn settle_readiness(&mut self, now: f64) {
+        if self.ready_since.is_none() && self.reaches_readiness() {
+            self.ready_since = Some(now);
+        }
     }
 }
 
@@ -358,13 +425,22 @@ impl StatusStore {
 
     /// Whether the controller is ready (see [`readiness`](Self::readiness)).
     pub fn ready(&self) -> bool {
-        self.readiness() == Readiness::Ready
+        self.readiness().is_ready()
     }
 
-    /// Ready when some deployment has succeeded and the last deployment attempt to
-    /// every known instance succeeded. Derived only from deployment events, so it
-    /// does not depend on how the deployer organizes its work.
+    /// Ready once every watched resource of the running config has synced and some
+    /// deployment has succeeded; from then on for the life of the process (see
+    /// [`Readiness`]). Derived only from events, so it does not depend on how the
+    /// deployer organizes its work.
     pub fn readiness(&self) -> Readiness {
+        {
+            // A standby replica's leadership changes without an event.
+            let inner = self.read();
+            if inner.ready_since.is_none() && inner.reaches_readiness() {
+                drop(inner);
+                self.write().settle_readiness(unix_now());
+            }
+        }
         let inner = self.read();
         let failing: Vec<FailingInstance> = inner
             .attempts
@@ -379,20 +455,40 @@ impl StatusStore {
                 }),
             })
             .collect();
-        if !inner.deployed_once {
-            return Readiness::NotReady {
-                reason: "no deployment has succeeded on any instance yet".to_owned(),
-                failing,
-            };
+        if inner.ready_since.is_some() {
+            return Readiness::Ready { failing };
         }
-        if failing.is_empty() {
-            return Readiness::Ready;
-        }
-        let names: Vec<&str> = failing.iter().map(|f| f.instance.as_str()).collect();
-        Readiness::NotReady {
-            reason: format!("the last deployment attempt failed on {}", names.join(", ")),
-            failing,
-        }
+        let unsynced = inner.unsynced();
+        let reason = if !unsynced.is_empty() {
+            format!(
+                "waiting for the first sync of watched resource{} {}",
+                if unsynced.len() == 1 { "" } else { "s" },
+                unsynced.join(", ")
+            )
+        } else if inner.standby() {
+            "standby replica: no render has passed validation yet".to_owned()
+        } else if failing.is_empty() {
+            "no deployment has succeeded on any instance yet".to_owned()
+        } else {
+            let names: Vec<&str> = failing.iter().map(|f| f.instance.as_str()).collect();
+            format!(
+                "no deployment has succeeded on any instance yet (failing: {})",
+                names.join(", ")
+            )
+        };
+        Readiness::NotReady { reason, failing }
+    }
+
+    /// When readiness was first reached (seconds since the Unix epoch).
+    pub fn ready_since(&self) -> Option<f64> {
+        self.read().ready_since
+    }
+
+    /// Gives the store this replica's leadership (leader election on): a standby
+    /// replica deploys nothing, so it is ready once its sources synced and a render
+    /// validated (it answers admission reviews and is ready to take over).
+    pub fn set_leadership(&self, leader: tokio::sync::watch::Receiver<bool>) {
+        self.write().leader = Some(leader);
     }
 
     /// Sets the instances of the running config, so instances removed from it no
@@ -520,6 +616,10 @@ impl StatusStore {
         }
         all.into_values()
             .map(|mut status| {
+                status.haproxy = inner
+                    .versions
+                    .as_ref()
+                    .and_then(|versions| versions.instance(&status.name));
                 status.state = if status.last_error.is_some() {
                     "failing"
                 } else if status.deployments > 0 {
@@ -532,6 +632,11 @@ impl StatusStore {
             .collect()
     }
 
+    /// Sets where the instances' HAProxy versions come from (`/debug/instances`).
+    pub fn set_version_check(&self, versions: hapwright_deployer::version_check::VersionCheck) {
+        self.write().versions = Some(versions);
+    }
+
     /// Sets where the running config's inline templates are written, so render and
     /// validation errors on the status page and `/debug/*` also name the config file
     /// line.
@@ -542,7 +647,9 @@ impl StatusStore {
     /// Sets the watched resources of the running config, so `/debug/resources/<name>`
     /// answers for them before their first sync.
     pub fn set_watched_resources(&self, names: impl IntoIterator<Item = String>) {
-        self.write().watched = Some(names.into_iter().collect());
+        let mut inner = self.write();
+        inner.watched = Some(names.into_iter().collect());
+        inner.settle_readiness(unix_now());
     }
 
     /// Whether `name` is a watched resource of the running config (any name counts
@@ -718,7 +825,10 @@ impl StatusStore {
                     at: unix_now(),
                 });
             }
-            EventPayload::ValidationCompleted(_) => inner.last_error = None,
+            EventPayload::ValidationCompleted(_) => {
+                inner.last_error = None;
+                inner.validated_once = true;
+            }
             EventPayload::StatusRendered(rendered) => {
                 inner.statuses = Some(RenderedStatuses {
                     hash: rendered.hash,
@@ -860,6 +970,7 @@ impl StatusStore {
             }
             _ => {}
         }
+        inner.settle_readiness(event.unix_micros as f64 / 1e6);
     }
 }
 

@@ -140,7 +140,7 @@ pub fn render(store: &StatusStore) -> Result<String, minijinja::Error> {
         version => env!("CARGO_PKG_VERSION"),
         config => Value::from(Serde(&config)),
         config_errors,
-        ready => store.ready(),
+        readiness => readiness_view(&store.readiness()),
         last_error => Value::from(Serde(&last_error)),
         last_error_text,
         components,
@@ -151,4 +151,19 @@ pub fn render(store: &StatusStore) -> Result<String, minijinja::Error> {
         reconciliations,
         events => Value::from(Serde(&events)),
     })
+}
+
+/// Readiness as the status page shows it: `ready`, the reason when not, and the
+/// instances that serve their last good config because the last attempt failed.
+fn readiness_view(readiness: &crate::status::Readiness) -> Value {
+    let (ready, reason) = match readiness {
+        crate::status::Readiness::Ready { .. } => (true, None),
+        crate::status::Readiness::NotReady { reason, .. } => (false, Some(reason.clone())),
+    };
+    let failing: Vec<String> = readiness
+        .failing()
+        .iter()
+        .map(|f| f.instance.clone())
+        .collect();
+    context! { ready, reason, failing }
 }

@@ -33,6 +33,10 @@ pub struct Config {
     /// `haproxy -c` for every render.
     #[serde(default = "default_true")]
     pub phase2_equivalence: bool,
+    /// How long a managed HAProxy drains when hapwright stops it (soft stop: the
+    /// requests in flight finish) before the connections still open are closed.
+    #[serde(default = "default_hard_stop_after")]
+    pub hard_stop_after: Duration,
 }
 
 impl Default for Config {
@@ -42,8 +46,13 @@ impl Default for Config {
             instances: Vec::new(),
             discovery: None,
             phase2_equivalence: true,
+            hard_stop_after: default_hard_stop_after(),
         }
     }
+}
+
+fn default_hard_stop_after() -> Duration {
+    Duration::from_secs(crate::driver::managed::DEFAULT_HARD_STOP_AFTER.as_secs())
 }
 
 fn default_binary() -> PathBuf {
@@ -559,6 +568,13 @@ impl Config {
         let mut issues = Vec::new();
         if self.binary.as_os_str().is_empty() {
             issues.push(ConfigIssue::new("binary", "binary is empty"));
+        }
+        if self.hard_stop_after.get().is_zero() {
+            issues.push(ConfigIssue::new(
+                "hardStopAfter",
+                "hardStopAfter must be longer than 0s: it is how long a stopping managed \
+                 HAProxy may finish the requests in flight",
+            ));
         }
         let mut names = BTreeSet::new();
         for (index, instance) in self.instances.iter().enumerate() {

@@ -26,6 +26,7 @@
 //! safety         the safety valve: what a render would remove, and the threshold
 //! config         the `haproxy:` section of the config file and controller timings
 //! metrics        deployment metrics
+//! version_check  the instances' HAProxy line against the validator's (haproxy -v)
 //! ```
 //!
 //! Data moves one way: a render is validated (and parsed once), scheduled, handed to
@@ -40,5 +41,6 @@ pub mod driver;
 pub mod haproxy;
 pub mod metrics;
 pub mod safety;
+pub mod version_check;
 
 pub use driver::Driver;

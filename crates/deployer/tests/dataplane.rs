@@ -365,3 +365,17 @@ async fn drift_is_found_by_version_and_content_and_repaired() {
     let again = fresh.deploy(v1(), None, None, false).await.unwrap();
     assert_eq!(again.strategy, DeployStrategy::Noop);
 }
+
+/// The instance's HAProxy version for the line check comes from the API's runtime
+/// info (`show info` of its HAProxy); a failing API says why.
+#[tokio::test]
+async fn the_haproxy_version_comes_from_the_runtime_info() {
+    let server = DataplaneServer::start("global\n").await;
+    let driver = driver(&server);
+    assert_eq!(driver.haproxy_version().await.unwrap(), "3.2.4-1");
+    assert_eq!(server.requests("GET /v3/services/haproxy/runtime/info"), 1);
+
+    let refused = driver_with(&server, settings(), "wrong password");
+    let error = refused.haproxy_version().await.unwrap_err();
+    assert!(error.contains("401"), "{error}");
+}

@@ -204,3 +204,77 @@ async fn a_port_served_by_another_haproxy_is_refused_with_its_owner() {
     drop(guard);
     drop(foreign);
 }
+
+/// A stop drains: a request in flight finishes. A connection still open after
+/// `hard_stop_after` is closed and the stop ends (bounded), with HAProxy gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_drains_requests_in_flight_and_cuts_what_outlasts_hard_stop_after() {
+    use support::traffic;
+
+    for (delay, hard_stop_after, finishes) in [
+        // The request ends well within the bound: answered.
+        (Duration::from_millis(800), Duration::from_secs(20), true),
+        // The request outlasts the bound: cut.
+        (Duration::from_secs(60), Duration::from_millis(500), false),
+    ] {
+        let backend = traffic::SlowBackend::start(delay).await;
+        let managed = ManagedHaproxy::with_config(
+            "haproxy",
+            SupervisorConfig {
+                ready_timeout: Duration::from_secs(10),
+                stop_grace: Duration::from_secs(2),
+                hard_stop_after,
+                ..SupervisorConfig::default()
+            },
+        );
+        let guard = StopOnDrop(managed.clone());
+        let port = free_port();
+        let main = config(
+            port,
+            &format!("backend be_app\n    server s1 127.0.0.1:{}\n", backend.port),
+        );
+        let mut dir = Haproxy::dir_only("drain");
+        dir.instance.managed = true;
+        let driver = SocketDriver::new(
+            dir.instance.clone(),
+            Some(managed.clone()),
+            Metrics::unregistered().unwrap(),
+        );
+        driver
+            .deploy(rendered(&main, &[("hosts.map", "")]), None, None, false)
+            .await
+            .unwrap();
+        let pid = match managed.state("drain").await {
+            Some(ProcessState::Running { pid }) => pid,
+            other => panic!("not running: {other:?}"),
+        };
+
+        let mut client = traffic::Client::new(port, true);
+        let request = tokio::spawn(async move { client.get().await });
+        timeout(Duration::from_secs(10), async {
+            while backend.arrivals().is_empty() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the request reached the backend");
+        timeout(Duration::from_secs(30), managed.stop())
+            .await
+            .expect("the stop is bounded by hard_stop_after");
+        assert!(!alive(pid), "the master is gone");
+        let outcome = request.await.unwrap();
+        if finishes {
+            assert_eq!(
+                outcome.result,
+                Ok((200, backend.port.to_string())),
+                "answered during the drain"
+            );
+        } else {
+            assert!(
+                outcome.result.is_err(),
+                "cut after hard_stop_after: {outcome:?}"
+            );
+        }
+        drop(guard);
+    }
+}

@@ -46,6 +46,12 @@ pub struct WatchedResource {
     /// Fields removed from every stored object (e.g. `metadata.managedFields`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ignore_fields: Vec<FieldPath>,
+    /// For `kubernetes`: the kind may be missing from the cluster (an experimental
+    /// CRD). While the API server does not serve it, the resource is empty and the
+    /// source `degraded` with the reason, instead of holding back the first render;
+    /// when the kind appears, its objects are picked up.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
 }
 
 /// The default `indexBy`: namespace, then name.
@@ -368,6 +374,13 @@ impl Config {
                         ));
                     }
                 }
+            }
+            if resource.optional && resource.kubernetes.is_none() {
+                issues.push(ConfigIssue::new(
+                    at("optional"),
+                    "`optional` applies to `kubernetes` sources (a kind the API server may \
+                     not serve); `files` and `http` sources are always watched",
+                ));
             }
             if resource.index_by.is_empty() {
                 issues.push(ConfigIssue::new(

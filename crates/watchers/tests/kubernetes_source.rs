@@ -574,3 +574,174 @@ fn a_batch_reports_each_object_once_by_its_state_before_and_after() {
     assert!(store.take_change().is_empty());
     assert_eq!(store.health(), Ok(None));
 }
+
+// === optional and mandatory resources whose kind is missing ===
+
+impl Harness {
+    /// Events up to and including `ResourceSyncComplete`: the one update before it and
+    /// the health reported on the way (the last one).
+    async fn absent_sync(
+        &mut self,
+    ) -> (Arc<ResourceSnapshot>, Option<(HealthState, Option<String>)>) {
+        let mut update = None;
+        let mut health = None;
+        loop {
+            match self.next().await {
+                EventPayload::ResourceIndexUpdated(u) => {
+                    assert!(update.is_none(), "one update before sync complete");
+                    update = Some(u.snapshot);
+                }
+                EventPayload::ResourceSyncComplete(done) => {
+                    assert_eq!(&*done.source, "backends");
+                    return (update.expect("an update before sync complete"), health);
+                }
+                EventPayload::ComponentHealthChanged(changed)
+                    if &*changed.component == COMPONENT =>
+                {
+                    health = Some((changed.health.state, changed.health.reason));
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+const OPTIONAL: &str = "optional watchedResources.backends (hapwright.yaml:12:3) is empty";
+
+fn optional_source(client: kube::Client) -> Harness {
+    let resource: WatchedResource = serde_json::from_value(json!({
+        "kubernetes": {"apiVersion": "example.com/v1", "kind": "Backend"},
+        "optional": true,
+    }))
+    .unwrap();
+    let source = KubernetesSource::new("backends", &resource, ClientFactory::with_client(client))
+        .unwrap()
+        .with_location("hapwright.yaml:12:3");
+    Harness::source(source, WAIT)
+}
+
+/// An optional resource whose group the API server does not serve (404 on
+/// discovery) is empty and synced at once, degraded with the reason; when the CRD is
+/// installed later its objects come as an ordinary change, without a second sync.
+#[tokio::test(start_paused = true)]
+async fn an_optional_kind_that_is_not_served_is_empty_then_picked_up_when_it_appears() {
+    let (client, mut api) = pair();
+    let mut harness = optional_source(client);
+    api.expect_get(DISCOVERY).await.respond_status(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    );
+    let (snapshot, health) = harness.absent_sync().await;
+    assert!(snapshot.is_empty());
+    let (state, reason) = health.expect("health reported before the sync");
+    assert_eq!(state, HealthState::Degraded);
+    let reason = reason.unwrap();
+    assert!(reason.starts_with(OPTIONAL), "{reason}");
+    assert!(reason.contains("404 NotFound"), "{reason}");
+    assert!(
+        reason.contains("picked up when the kind appears"),
+        "{reason}"
+    );
+
+    // The group is served, but not this kind yet: still degraded, nothing published.
+    let absent_at = tokio::time::Instant::now();
+    api.expect_get(DISCOVERY).await.respond(
+        200,
+        &resource_list("example.com/v1", "frontends", "Frontend", true),
+    );
+    assert!(
+        tokio::time::Instant::now() > absent_at,
+        "checked again after a delay"
+    );
+    let reason = harness.health(HealthState::Degraded).await.unwrap();
+    assert!(reason.contains("does not serve kind `Backend`"), "{reason}");
+
+    // The CRD is installed: watched, its objects published as a change.
+    discover(&mut api, true).await;
+    api.expect_list(ALL).await.respond(
+        200,
+        &list("Backend", "7", &[backend(Some("web"), "a", "5", 80)]),
+    );
+    let (snapshot, change) = harness.update().await;
+    assert_eq!(change.added, keys(&[("web", "a")]));
+    assert_eq!(snapshot.len(), 1);
+    assert_eq!(harness.current(), (HealthState::Healthy, None));
+    let watch = api.expect_watch(ALL).await;
+    assert_eq!(watch.param("resourceVersion"), Some("7"));
+    api.hold(watch);
+    harness.stop().await;
+}
+
+/// Discovery lists the kind but the list answers 404 (the CRD was just removed, or
+/// discovery is stale): an optional resource renders without it, and the list that
+/// works later brings the objects.
+#[tokio::test(start_paused = true)]
+async fn an_optional_kind_whose_list_answers_404_is_empty_until_the_list_works() {
+    let (client, mut api) = pair();
+    let mut harness = optional_source(client);
+    discover(&mut api, true).await;
+    api.expect_list(ALL).await.respond_status(
+        404,
+        "NotFound",
+        "the server could not find the requested resource (get backendpools.example.com)",
+    );
+    let (snapshot, health) = harness.absent_sync().await;
+    assert!(snapshot.is_empty());
+    let (state, reason) = health.expect("health reported before the sync");
+    assert_eq!(state, HealthState::Degraded);
+    let reason = reason.unwrap();
+    assert!(reason.starts_with(OPTIONAL), "{reason}");
+    assert!(reason.contains("list failed: 404 NotFound"), "{reason}");
+
+    api.expect_list(ALL).await.respond(
+        200,
+        &list("Backend", "9", &[backend(Some("web"), "b", "8", 81)]),
+    );
+    let (snapshot, change) = harness.update().await;
+    assert_eq!(change.added, keys(&[("web", "b")]));
+    assert_eq!(snapshot.len(), 1);
+    assert_eq!(harness.current(), (HealthState::Healthy, None));
+    let watch = api.expect_watch(ALL).await;
+    api.hold(watch);
+    harness.stop().await;
+}
+
+/// A mandatory resource whose kind is not served publishes nothing (the first render
+/// waits for it) and says which config entry asks for it and how to run without it;
+/// a denied discovery is not taken for a missing kind, even for an optional one.
+#[tokio::test(start_paused = true)]
+async fn a_missing_mandatory_kind_is_a_located_error_and_a_denied_discovery_is_not_absence() {
+    let (client, mut api) = pair();
+    let resource: WatchedResource = serde_json::from_value(json!({
+        "kubernetes": {"apiVersion": "example.com/v1", "kind": "Backend"},
+    }))
+    .unwrap();
+    let source = KubernetesSource::new("backends", &resource, ClientFactory::with_client(client))
+        .unwrap()
+        .with_location("hapwright.yaml:12:3");
+    let mut harness = Harness::source(source, WAIT);
+    api.expect_get(DISCOVERY).await.respond(
+        200,
+        &resource_list("example.com/v1", "frontends", "Frontend", true),
+    );
+    // `health` fails on any resource event before the state: nothing is published.
+    let reason = harness.health(HealthState::Unhealthy).await.unwrap();
+    assert_eq!(
+        reason,
+        "watchedResources.backends (hapwright.yaml:12:3): the API server does not serve kind \
+         `Backend` in `example.com/v1` (is the CRD installed?); mark it `optional: true` to \
+         render without it"
+    );
+    harness.stop().await;
+
+    let (client, mut api) = pair();
+    let mut harness = optional_source(client);
+    api.expect_get(DISCOVERY)
+        .await
+        .respond_status(403, "Forbidden", "discovery is forbidden");
+    let reason = harness.health(HealthState::Unhealthy).await.unwrap();
+    assert!(reason.contains("403 Forbidden"), "{reason}");
+    assert!(!reason.contains("optional: true"), "{reason}");
+    harness.stop().await;
+}

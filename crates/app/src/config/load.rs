@@ -18,6 +18,29 @@ pub struct Loaded {
     pub watched_files: Vec<PathBuf>,
     /// Where each inline template is written, to locate template errors in the file.
     pub templates_at: TemplatePlaces,
+    /// Where each watched resource is configured, by name, for its source's errors.
+    pub resources_at: std::collections::BTreeMap<String, SourceLocation>,
+}
+
+/// Where each `watchedResources.<name>` entry of `config` is in `text`.
+fn resource_places(
+    text: &str,
+    display: &str,
+    config: &Config,
+) -> std::collections::BTreeMap<String, SourceLocation> {
+    let locator = Locator::new(text);
+    config
+        .watched_resources
+        .resources
+        .keys()
+        .filter_map(|name| {
+            let (line, column) = locator.locate(&format!("watchedResources.{name}"))?;
+            Some((
+                name.clone(),
+                SourceLocation::new(display, Some(line), Some(column)),
+            ))
+        })
+        .collect()
 }
 
 /// Loads and validates the config file at `path`: read (at most
@@ -47,6 +70,7 @@ pub fn load(path: &Path) -> Result<Loaded, Vec<Diagnostic>> {
             .chain(config.haproxy.secret_files())
             .collect(),
         templates_at: TemplatePlaces::new(text, &display, &config),
+        resources_at: resource_places(text, &display, &config),
         config,
         path: path.to_path_buf(),
         hash,

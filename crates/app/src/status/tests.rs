@@ -4,8 +4,8 @@ use hapwright_eventbus::model::{InstanceDriver, InstanceRef, ReloadReason};
 use hapwright_eventbus::{
     Bus, DeploymentCompleted, DeploymentSummary, EventId, InstanceDeployed,
     InstanceDeploymentFailed, InstancesDiscovered, Kernel, ReconciliationCompleted,
-    ReconciliationFailed, ReconciliationStarted, TemplateRenderFailed, TemplateRendered,
-    ValidationCompleted,
+    ReconciliationFailed, ReconciliationStarted, ResourceSyncComplete, TemplateRenderFailed,
+    TemplateRendered, ValidationCompleted,
 };
 
 use super::*;
@@ -167,10 +167,9 @@ fn instances_readiness_and_errors() {
         ),
         None,
     );
-    // One instance took a config, but the last attempt to edge-2 failed.
+    // One instance took a config: ready, naming edge-2 whose last attempt failed.
     match store.readiness() {
-        Readiness::NotReady { reason, failing } => {
-            assert_eq!(reason, "the last deployment attempt failed on edge-2");
+        Readiness::Ready { failing } => {
             assert_eq!(failing.len(), 1);
             assert_eq!(failing[0].instance, "edge-2");
             assert!(
@@ -178,7 +177,7 @@ fn instances_readiness_and_errors() {
                 "{failing:?}"
             );
         }
-        Readiness::Ready => panic!("edge-2 failed"),
+        Readiness::NotReady { reason, .. } => panic!("local serves: {reason}"),
     }
     let instances = store.instances();
     assert_eq!(instances.len(), 2);
@@ -344,34 +343,37 @@ fn failed(id: u64, instance: &str, error: &str) -> Event {
 }
 
 fn failing_names(store: &StatusStore) -> Vec<String> {
-    match store.readiness() {
-        Readiness::Ready => Vec::new(),
-        Readiness::NotReady { failing, .. } => failing.into_iter().map(|f| f.instance).collect(),
-    }
+    store
+        .readiness()
+        .failing()
+        .iter()
+        .map(|f| f.instance.clone())
+        .collect()
 }
 
 #[test]
-fn readiness_follows_the_last_attempt_of_every_known_instance() {
+fn readiness_stays_while_instances_fail_and_names_them() {
     let store = StatusStore::default();
     store.set_static_instances(["a".to_owned(), "b".to_owned()]);
     store.apply(&deployed(1, "a"), None);
     store.apply(&deployed(2, "b"), None);
-    assert_eq!(store.readiness(), Readiness::Ready);
+    assert_eq!(store.readiness(), Readiness::Ready { failing: vec![] });
 
-    // b's next attempt fails: not ready, naming b and its error.
+    // b's next attempt fails: b serves its last good config, so still ready, naming
+    // b and its error.
     store.apply(&failed(3, "b", "master CLI refused the connection"), None);
     assert_eq!(failing_names(&store), ["b"]);
-    let Readiness::NotReady { failing, .. } = store.readiness() else {
-        unreachable!()
+    let Readiness::Ready { failing } = store.readiness() else {
+        panic!("a failed attempt does not take readiness away")
     };
     assert!(
         failing[0].error.contains("master CLI refused"),
         "{failing:?}"
     );
 
-    // It succeeds again: ready.
+    // It succeeds again: nothing failing.
     store.apply(&deployed(4, "b"), None);
-    assert_eq!(store.readiness(), Readiness::Ready);
+    assert_eq!(store.readiness(), Readiness::Ready { failing: vec![] });
 
     // A summary never overrides a newer per-instance outcome; it only fills gaps.
     store.apply(&failed(5, "a", "reload failed"), None);
@@ -393,9 +395,9 @@ fn readiness_follows_the_last_attempt_of_every_known_instance() {
     // c is not configured (nor discovered), so it does not count.
     assert_eq!(failing_names(&store), ["a"]);
 
-    // An instance removed from the config no longer holds readiness back.
+    // An instance removed from the config is no longer listed.
     store.set_static_instances(["b".to_owned()]);
-    assert_eq!(store.readiness(), Readiness::Ready);
+    assert_eq!(store.readiness(), Readiness::Ready { failing: vec![] });
 }
 
 #[test]
@@ -424,7 +426,7 @@ fn discovered_instances_count_until_discovery_drops_them() {
     store.apply(&failed(3, "pod-b", "connection refused"), None);
     assert_eq!(failing_names(&store), ["pod-b"]);
     store.apply(&discover(4, &["pod-a"]), None);
-    assert_eq!(store.readiness(), Readiness::Ready);
+    assert_eq!(store.readiness(), Readiness::Ready { failing: vec![] });
 }
 
 #[test]
@@ -434,8 +436,48 @@ fn readiness_waits_for_the_first_success() {
     let Readiness::NotReady { reason, failing } = store.readiness() else {
         panic!("nothing succeeded yet");
     };
-    assert_eq!(reason, "no deployment has succeeded on any instance yet");
+    assert_eq!(
+        reason,
+        "no deployment has succeeded on any instance yet (failing: a)"
+    );
     assert_eq!(failing.len(), 1);
+}
+
+/// Replicas answer webhook reviews from their watched resources, so a pod is ready
+/// only once every watched resource finished its first sync, and a deployment
+/// succeeded; from then on readiness stays, also across a config that adds a
+/// resource that has not synced yet.
+#[test]
+fn readiness_waits_for_every_watched_resource_to_sync_once() {
+    let synced = |id, source: &str| {
+        event(
+            id,
+            None,
+            ResourceSyncComplete {
+                source: source.into(),
+            },
+        )
+    };
+    let store = StatusStore::default();
+    store.set_watched_resources(["ingresses".to_owned(), "services".to_owned()]);
+    store.apply(&synced(1, "services"), None);
+    store.apply(&deployed(2, "a"), None);
+    let Readiness::NotReady { reason, .. } = store.readiness() else {
+        panic!("ingresses has not synced");
+    };
+    assert_eq!(
+        reason,
+        "waiting for the first sync of watched resource ingresses"
+    );
+    store.apply(&synced(3, "ingresses"), None);
+    assert!(store.ready());
+    let since = store.ready_since().expect("ready");
+
+    // A reloaded config adds a resource: readiness stays.
+    store.set_watched_resources(["ingresses".to_owned(), "gateways".to_owned()]);
+    store.apply(&failed(4, "a", "reload failed"), None);
+    assert!(store.ready());
+    assert_eq!(store.ready_since(), Some(since));
 }
 
 /// A mandatory component that keeps failing right after each restart is judged from
@@ -665,4 +707,71 @@ fn the_reconciliation_table_says_how_the_templates_rendered() {
         page.contains("<td>full, because first render</td>"),
         "{page}"
     );
+}
+
+/// With leader election, a standby replica deploys nothing: it is ready once its
+/// sources synced and a render validated, so the webhook Service and the disruption
+/// budget count it.
+#[test]
+fn a_standby_replica_is_ready_once_a_render_validates() {
+    let store = StatusStore::default();
+    let (leads, leader) = tokio::sync::watch::channel(false);
+    store.set_leadership(leader);
+    store.set_watched_resources(["ingresses".to_owned()]);
+    store.apply(
+        &event(
+            1,
+            None,
+            ResourceSyncComplete {
+                source: "ingresses".into(),
+            },
+        ),
+        None,
+    );
+    let Readiness::NotReady { reason, .. } = store.readiness() else {
+        panic!("nothing validated yet");
+    };
+    assert_eq!(
+        reason,
+        "standby replica: no render has passed validation yet"
+    );
+    store.apply(
+        &event(
+            2,
+            None,
+            ValidationCompleted {
+                config: rendered(),
+                duration: Duration::from_millis(50),
+                warnings: vec![],
+                parsed: Default::default(),
+                phase2_skipped: None,
+            },
+        ),
+        None,
+    );
+    assert!(store.ready());
+
+    // The leader's replica needs a deployment, not only a validated render.
+    let store = StatusStore::default();
+    let (_leads, leader) = tokio::sync::watch::channel(true);
+    store.set_leadership(leader);
+    store.set_watched_resources([]);
+    store.apply(
+        &event(
+            1,
+            None,
+            ValidationCompleted {
+                config: rendered(),
+                duration: Duration::from_millis(50),
+                warnings: vec![],
+                parsed: Default::default(),
+                phase2_skipped: None,
+            },
+        ),
+        None,
+    );
+    assert!(!store.ready());
+    store.apply(&deployed(2, "a"), None);
+    assert!(store.ready());
+    drop(leads);
 }

@@ -439,6 +439,14 @@ impl DataplaneClient {
         self.json("/info", response).await
     }
 
+    /// `GET /v3/services/haproxy/runtime/info`: the HAProxy process's `show info`
+    /// (its `version` among them).
+    pub async fn runtime_info(&self) -> Result<serde_json::Value, DataplaneError> {
+        let path = "/services/haproxy/runtime/info";
+        let response = self.send(Method::GET, path, &[], Body::None).await?;
+        self.json(path, response).await
+    }
+
     /// `GET /v3/services/haproxy/configuration/version`.
     pub async fn configuration_version(&self) -> Result<i64, DataplaneError> {
         let path = "/services/haproxy/configuration/version";

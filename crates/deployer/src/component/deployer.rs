@@ -44,6 +44,7 @@ use crate::driver::managed::ManagedHaproxy;
 use crate::driver::{Deployed, DriverConfig, SocketDriver};
 use crate::haproxy::config::Config as Model;
 use crate::metrics::Metrics;
+use crate::version_check::VersionCheck;
 
 /// One instance's record in the [`LastDeployedStore`].
 #[derive(Clone, Debug, Default)]
@@ -224,6 +225,7 @@ pub struct Deployer {
     metrics: Metrics,
     credentials: Option<DiscoveredCredentials>,
     leader: Option<tokio::sync::watch::Receiver<bool>>,
+    versions: Option<VersionCheck>,
 }
 
 impl std::fmt::Debug for Deployer {
@@ -282,7 +284,16 @@ impl Deployer {
             metrics,
             credentials: None,
             leader: None,
+            versions: None,
         }
+    }
+
+    /// Reads each instance's HAProxy version after every reload or start and
+    /// compares its line with the validator's (see [`crate::version_check`]).
+    #[must_use]
+    pub fn with_version_check(mut self, versions: VersionCheck) -> Self {
+        self.versions = Some(versions);
+        self
     }
 
     /// Adds static Data Plane API instances.
@@ -538,6 +549,9 @@ impl Fleet {
                 tokio::spawn(worker.remove(Duration::from_secs(5))),
             );
         }
+        if let Some(versions) = &self.shared.versions {
+            versions.forget_instance(name);
+        }
         for round in self.rounds.values_mut() {
             round.pending.remove(name);
         }
@@ -675,6 +689,7 @@ impl Component for Deployer {
                 leader: self.leader,
                 reports,
                 permits: Arc::new(Semaphore::new(self.config.concurrency.max(1))),
+                versions: self.versions,
             },
             cancel: ctx.cancellation_token().child_token(),
             workers: BTreeMap::new(),

@@ -116,6 +116,8 @@ pub(crate) struct Shared {
     pub reports: mpsc::UnboundedSender<Report>,
     /// Bounds the deployments running at the same time across the fleet.
     pub permits: Arc<Semaphore>,
+    /// Reads the instance's HAProxy version after each reload or start.
+    pub versions: Option<crate::version_check::VersionCheck>,
 }
 
 /// The deployer's handle on a running worker; dropping it stops the worker.
@@ -470,6 +472,11 @@ impl Worker {
             duration_ms = elapsed.as_millis() as u64,
             "Instance deployed"
         );
+        if deployed.strategy == DeployStrategy::Reload
+            && let Some(versions) = &self.shared.versions
+        {
+            versions.spawn_check(self.driver.clone());
+        }
         let event = self.record_deployed(desired.config.hash(), deployed, elapsed);
         self.shared.publisher.reply(&desired.cause, event);
         if let Some(current) = self.current.as_mut() {

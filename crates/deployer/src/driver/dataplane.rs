@@ -580,6 +580,16 @@ impl Driver for DataplaneDriver {
         &self.name
     }
 
+    async fn haproxy_version(&self) -> Result<String, String> {
+        let info = self
+            .client
+            .runtime_info()
+            .await
+            .map_err(|error| error.to_string())?;
+        crate::version_check::dataplane_version(&info)
+            .ok_or_else(|| "the Data Plane API's runtime info has no HAProxy version".to_owned())
+    }
+
     fn kind(&self) -> InstanceDriver {
         InstanceDriver::Dataplane
     }

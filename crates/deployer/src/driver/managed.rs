@@ -13,6 +13,19 @@
 //! `ensure_started` brought the process up or the supervisor restarted it on its own
 //! (after a crash, or a failed start that later succeeds).
 //!
+//! # Stopping: a drain, not a cut
+//!
+//! When hapwright stops (or an instance leaves the config), its HAProxy is stopped
+//! the way HAProxy's own documentation stops it without dropping traffic: SIGUSR1 to
+//! the master, a *soft stop*. The workers close their listeners at once, answer the
+//! requests in flight (idle keep-alive connections are closed, busy ones get
+//! `Connection: close` on their last response) and exit when the last connection is
+//! done. Connections that are still open [`hard_stop_after`](SupervisorConfig::hard_stop_after)
+//! later (`haproxy.hardStopAfter`, default 30 s: long downloads, WebSockets) are cut
+//! by SIGTERM, and a master that still lives [`stop_grace`](SupervisorConfig::stop_grace)
+//! after that gets SIGKILL. A start that never came up is terminated at once: it
+//! serves nothing.
+//!
 //! # Leftovers: never two masters
 //!
 //! A managed HAProxy must not outlive its controller unnoticed, nor be duplicated
@@ -37,6 +50,7 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -49,6 +63,9 @@ use tracing::Instrument;
 
 use crate::client::master::MasterClient;
 use crate::client::socket::{CliClient, ClientConfig, InstanceConfig, SocketAddress};
+
+/// Default of `haproxy.hardStopAfter`: how long a stopping managed HAProxy drains.
+pub const DEFAULT_HARD_STOP_AFTER: Duration = Duration::from_secs(30);
 
 /// Lines of HAProxy output kept per instance.
 const LOG_LINES: usize = 400;
@@ -204,6 +221,10 @@ pub struct SupervisorConfig {
     /// Grace between SIGTERM and SIGKILL on stop (and between SIGUSR1 and SIGTERM
     /// for a leftover master that is stopped rather than adopted).
     pub stop_grace: Duration,
+    /// How long a stopping HAProxy may drain (soft stop, SIGUSR1) before the
+    /// connections still open are cut (SIGTERM); `haproxy.hardStopAfter`. Changed at
+    /// run time with [`ManagedHaproxy::set_hard_stop_after`].
+    pub hard_stop_after: Duration,
     /// Start HAProxy under `setpriv --pdeathsig KILL` when `setpriv` is available,
     /// so it dies with the controller. Off only to simulate an older controller in
     /// tests.
@@ -218,6 +239,7 @@ impl Default for SupervisorConfig {
             stable_after: Duration::from_secs(60),
             ready_timeout: Duration::from_secs(30),
             stop_grace: Duration::from_secs(5),
+            hard_stop_after: DEFAULT_HARD_STOP_AFTER,
             parent_death_signal: true,
         }
     }
@@ -241,6 +263,8 @@ struct Inner {
     ready: Arc<watch::Sender<u64>>,
     /// The thread every HAProxy is spawned from; started on first use.
     spawner: OnceLock<Arc<Spawner>>,
+    /// The drain bound in effect (milliseconds), shared with every supervisor.
+    hard_stop_after: Arc<AtomicU64>,
 }
 
 /// Supervises the managed HAProxy processes of one controller process. Cheap to clone.
@@ -276,6 +300,7 @@ impl ManagedHaproxy {
                 stopped: CancellationToken::new(),
                 ready: Arc::new(watch::channel(0).0),
                 spawner: OnceLock::new(),
+                hard_stop_after: Arc::new(AtomicU64::new(millis(config.hard_stop_after))),
             }),
         }
     }
@@ -374,7 +399,21 @@ impl ManagedHaproxy {
         processes.get(instance).map(|p| p.logs.clone())
     }
 
-    /// Stops one instance's HAProxy and forgets it.
+    /// Sets how long a stopping HAProxy drains before its open connections are cut
+    /// (`haproxy.hardStopAfter`); applies to every stop from now on, also of the
+    /// processes already running.
+    pub fn set_hard_stop_after(&self, bound: Duration) {
+        self.inner
+            .hard_stop_after
+            .store(millis(bound), Ordering::Relaxed);
+    }
+
+    /// The drain bound in effect.
+    pub fn hard_stop_after(&self) -> Duration {
+        Duration::from_millis(self.inner.hard_stop_after.load(Ordering::Relaxed))
+    }
+
+    /// Stops one instance's HAProxy (draining it, see the module docs) and forgets it.
     pub async fn stop_instance(&self, instance: &str) {
         let supervised = self.inner.processes.lock().await.remove(instance);
         if let Some(supervised) = supervised {
@@ -383,8 +422,9 @@ impl ManagedHaproxy {
         }
     }
 
-    /// Stops every managed HAProxy (SIGTERM, then SIGKILL after the grace period) and
-    /// waits for them to exit. Later [`ensure_started`](Self::ensure_started) calls fail.
+    /// Stops every managed HAProxy, draining them in parallel (SIGUSR1; SIGTERM after
+    /// `hard_stop_after`, SIGKILL after another `stop_grace`), and waits for them to
+    /// exit. Later [`ensure_started`](Self::ensure_started) calls fail.
     pub async fn stop(&self) {
         self.inner.stopped.cancel();
         let all: Vec<Supervised> = self
@@ -425,7 +465,10 @@ impl ManagedHaproxy {
             supervise(
                 spawner,
                 self.inner.binary.clone(),
-                self.inner.config,
+                Stopping {
+                    config: self.inner.config,
+                    hard_stop_after: self.inner.hard_stop_after.clone(),
+                },
                 instance.clone(),
                 reporter,
                 logs.clone(),
@@ -467,17 +510,34 @@ impl Reporter {
     }
 }
 
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The supervisor's settings plus the drain bound, which may change while it runs.
+struct Stopping {
+    config: SupervisorConfig,
+    hard_stop_after: Arc<AtomicU64>,
+}
+
+impl Stopping {
+    fn drain(&self) -> Duration {
+        Duration::from_millis(self.hard_stop_after.load(Ordering::Relaxed))
+    }
+}
+
 async fn supervise(
     spawner: Arc<Spawner>,
     binary: PathBuf,
-    config: SupervisorConfig,
+    stopping: Stopping,
     instance: InstanceConfig,
     state: Reporter,
     logs: LogBuffer,
     cancel: CancellationToken,
 ) {
+    let config = &stopping.config;
     let mut attempt: u32 = 0;
-    let mut adopt = find_leftover(&instance, &config).await;
+    let mut adopt = find_leftover(&instance, config).await;
     loop {
         state.send(ProcessState::Starting);
         let started = tokio::time::Instant::now();
@@ -485,13 +545,13 @@ async fn supervise(
             logs.push(format!(
                 "hapwright: adopted the HAProxy master (pid {pid}) left by an earlier controller; its output is not captured"
             ));
-            run_adopted(pid, &instance, &config, &state, &cancel).await
+            run_adopted(pid, &instance, &stopping, &state, &cancel).await
         } else if let Err(conflict) = foreign_listeners(&instance).await {
             Exit::Failed(conflict)
         } else {
             match spawn(&spawner, &binary, &instance, &logs, &cancel).await {
                 Ok((child, output)) => {
-                    run_once(child, output, &instance, &config, &state, &cancel).await
+                    run_once(child, output, &instance, &stopping, &state, &cancel).await
                 }
                 Err(error) => Exit::Failed(crate::config::spawn_error(&binary, &error)),
             }
@@ -637,10 +697,11 @@ async fn run_once(
     mut child: Child,
     output: Output,
     instance: &InstanceConfig,
-    config: &SupervisorConfig,
+    stopping: &Stopping,
     state: &Reporter,
     cancel: &CancellationToken,
 ) -> Exit {
+    let config = &stopping.config;
     let pid = child.id().unwrap_or_default();
     let master = MasterClient::from_cli(CliClient::new(instance.master.clone()).with_config(
         ClientConfig {
@@ -679,7 +740,7 @@ async fn run_once(
     state.running(pid);
     tracing::info!(pid, "Managed HAProxy is ready");
     tokio::select! {
-        () = cancel.cancelled() => terminate(child, config.stop_grace).await,
+        () = cancel.cancelled() => drain(child, stopping.drain(), config.stop_grace).await,
         status = child.wait() => {
             output.drained(Duration::from_millis(500)).await;
             Exit::Failed(describe(status))
@@ -704,6 +765,33 @@ fn write_pidfile(instance: &InstanceConfig, pid: u32) {
 
 fn remove_pidfile(instance: &InstanceConfig) {
     let _ = std::fs::remove_file(pidfile_path(instance));
+}
+
+/// Stops a serving HAProxy without dropping what it serves: SIGUSR1 (soft stop),
+/// SIGTERM once `bound` has passed with connections still open, SIGKILL after another
+/// `grace`.
+async fn drain(mut child: Child, bound: Duration, grace: Duration) -> Exit {
+    let Some(pid) = child
+        .id()
+        .and_then(|pid| rustix::process::Pid::from_raw(pid as i32))
+    else {
+        return Exit::Cancelled;
+    };
+    tracing::info!(hard_stop_after = ?bound, "Draining managed HAProxy (soft stop)");
+    let started = tokio::time::Instant::now();
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::USR1);
+    if tokio::time::timeout(bound, child.wait()).await.is_ok() {
+        tracing::info!(
+            drained_in = ?started.elapsed(),
+            "Managed HAProxy finished its connections"
+        );
+        return Exit::Cancelled;
+    }
+    tracing::warn!(
+        hard_stop_after = ?bound,
+        "Managed HAProxy still had open connections after hardStopAfter; closing them"
+    );
+    terminate(child, grace).await
 }
 
 async fn terminate(mut child: Child, grace: Duration) -> Exit {
@@ -850,7 +938,7 @@ async fn find_leftover(instance: &InstanceConfig, config: &SupervisorConfig) -> 
 async fn run_adopted(
     pid: u32,
     instance: &InstanceConfig,
-    config: &SupervisorConfig,
+    stopping: &Stopping,
     state: &Reporter,
     cancel: &CancellationToken,
 ) -> Exit {
@@ -859,7 +947,12 @@ async fn run_adopted(
     loop {
         tokio::select! {
             () = cancel.cancelled() => {
-                stop_pid_with(pid, rustix::process::Signal::TERM, config.stop_grace).await;
+                stop_pid_with(
+                    pid,
+                    (rustix::process::Signal::USR1, stopping.drain()),
+                    stopping.config.stop_grace,
+                )
+                .await;
                 return Exit::Cancelled;
             }
             () = tokio::time::sleep(Duration::from_millis(200)) => {
@@ -874,23 +967,25 @@ async fn run_adopted(
 /// Stops a leftover master gently: SIGUSR1 (soft stop: the workers finish their
 /// connections), SIGTERM after `grace`, SIGKILL after another `grace`.
 async fn stop_pid(pid: u32, grace: Duration) {
-    stop_pid_with(pid, rustix::process::Signal::USR1, grace).await;
+    stop_pid_with(pid, (rustix::process::Signal::USR1, grace), grace).await;
 }
 
-async fn stop_pid_with(pid: u32, first: rustix::process::Signal, grace: Duration) {
+/// Sends `first.0` and waits up to `first.1`, then SIGTERM and SIGKILL `grace` apart,
+/// until `pid` is gone.
+async fn stop_pid_with(pid: u32, first: (rustix::process::Signal, Duration), grace: Duration) {
     let Some(target) = rustix::process::Pid::from_raw(pid as i32) else {
         return;
     };
-    for signal in [
+    for (signal, wait) in [
         first,
-        rustix::process::Signal::TERM,
-        rustix::process::Signal::KILL,
+        (rustix::process::Signal::TERM, grace),
+        (rustix::process::Signal::KILL, grace),
     ] {
         if !is_alive(pid) {
             return;
         }
         let _ = rustix::process::kill_process(target, signal);
-        let deadline = tokio::time::Instant::now() + grace;
+        let deadline = tokio::time::Instant::now() + wait;
         while is_alive(pid) && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

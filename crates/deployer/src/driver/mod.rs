@@ -132,6 +132,13 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// `None` when the instance runs `running`, otherwise what differs.
     async fn check_drift(&self, running: &Deployed) -> Result<Option<String>, DeployError>;
 
+    /// The version of the HAProxy serving the instance (`3.0.11-1`), as its runtime
+    /// API's `show info` reports it, for [`crate::version_check`]. `Err` with the
+    /// reason when it cannot be asked.
+    async fn haproxy_version(&self) -> Result<String, String> {
+        Err("this driver cannot ask the instance for its HAProxy version".to_owned())
+    }
+
     /// Applies the plan's runtime operations in order: how many, or which one failed
     /// and how.
     async fn apply_runtime_ops(&self, plan: &ChangePlan) -> Result<usize, RuntimeOpsError>;

@@ -1206,6 +1206,17 @@ impl Driver for SocketDriver {
         &self.instance.name
     }
 
+    async fn haproxy_version(&self) -> Result<String, String> {
+        let info = self
+            .runtime
+            .query("show info")
+            .await
+            .map_err(|error| error.to_string())?;
+        crate::version_check::info_version(&info)
+            .map(str::to_owned)
+            .ok_or_else(|| "`show info` has no Version line".to_owned())
+    }
+
     fn kind(&self) -> InstanceDriver {
         InstanceDriver::Socket
     }

@@ -396,6 +396,11 @@ async fn handle(
             "system": { "hostname": "test" }
         }))
         .into_response(),
+        // As the Data Plane API v3 answers: one entry per HAProxy process.
+        ("GET", ["services", "haproxy", "runtime", "info"]) => axum::Json(json!([
+            { "info": { "version": "3.2.4-1", "release_date": "2025/08/20", "pid": 7 }, "runtimeAPI": "/run/haproxy/admin.sock" }
+        ]))
+        .into_response(),
         ("GET", ["services", "haproxy", "configuration", "version"]) => {
             axum::Json(json!(s.version)).into_response()
         }

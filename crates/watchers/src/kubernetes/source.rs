@@ -6,8 +6,15 @@
 //! - The kind is resolved through API discovery (`kube::discovery::pinned_kind`),
 //!   which gives the real plural and whether the kind is namespaced. A kind the
 //!   server does not serve, or a discovery request that is denied, makes the source
-//!   `Unhealthy` with the reason and is retried with backoff (a CRD may be installed
-//!   later); it never stops the controller.
+//!   `Unhealthy` with the reason (naming the config entry, `file:line` when known)
+//!   and is retried with backoff (a CRD may be installed later); it never stops the
+//!   controller, but the first render waits for every mandatory source.
+//! - An **optional** resource (`optional: true`) whose kind the server does not serve
+//!   (discovery has no such kind or group: 404, or the list answers 404) publishes an
+//!   empty snapshot and `ResourceSyncComplete` once, so the first render goes ahead,
+//!   and reports `Degraded` with the reason. Discovery is retried with the same
+//!   backoff (at most a minute apart): a kind installed later is watched and its
+//!   objects published as an ordinary change.
 //! - One `kube::runtime::watcher` per configured namespace (all namespaces when none
 //!   are listed, and always for cluster-scoped kinds), with the `labelSelector` and
 //!   `fieldSelector`, merged into one stream. Each watcher lists, then watches from the
@@ -99,6 +106,8 @@ struct StreamState {
     error: Option<(String, Instant)>,
     /// A routine condition worth showing (relisting after `410 Gone`).
     note: Option<String>,
+    /// The last list answered 404: the API server does not serve the kind (now).
+    missing: bool,
 }
 
 /// The synchronous core of the kubernetes source: applies watcher events of one or
@@ -138,6 +147,7 @@ impl Store {
                     synced: false,
                     error: None,
                     note: None,
+                    missing: false,
                 })
                 .collect(),
             touched: BTreeMap::new(),
@@ -152,6 +162,12 @@ impl Store {
     /// True once every stream finished its initial list.
     pub fn synced(&self) -> bool {
         self.streams.iter().all(|s| s.synced)
+    }
+
+    /// True when a stream's last list answered 404 Not Found: the API server does
+    /// not serve the kind (any more).
+    pub fn missing(&self) -> bool {
+        self.streams.iter().any(|s| s.missing)
     }
 
     /// Applies one item of stream `stream`.
@@ -200,6 +216,7 @@ impl Store {
                 state.synced = true;
                 state.error = None;
                 state.note = None;
+                state.missing = false;
             }
             watcher::Event::Apply(object) => {
                 if let Some((key, indexed)) = self.prepare(object) {
@@ -224,6 +241,10 @@ impl Store {
             "{}: {}",
             state.scope.describe(),
             describe_watcher_error(error)
+        );
+        state.missing = matches!(
+            error,
+            watcher::Error::InitialListFailed(kube::Error::Api(status)) if status.code == 404
         );
         if is_gone(error) {
             tracing::info!(%reason, "Watch expired; relisting");
@@ -357,6 +378,9 @@ pub struct KubernetesSource {
     index_by: Vec<FieldPath>,
     ignore_fields: Vec<FieldPath>,
     client: ClientFactory,
+    optional: bool,
+    /// Where the resource is configured (`hapwright.yaml:12`), for error messages.
+    location: Option<String>,
 }
 
 impl std::fmt::Debug for KubernetesSource {
@@ -392,7 +416,45 @@ impl KubernetesSource {
             index_by: resource.index_by.clone(),
             ignore_fields,
             client,
+            optional: resource.optional,
+            location: None,
         })
+    }
+
+    /// Names where the resource is configured (`hapwright.yaml:12`), so a kind the
+    /// API server does not serve is reported at the config entry that asks for it.
+    #[must_use]
+    pub fn with_location(mut self, location: impl Into<String>) -> Self {
+        self.location = Some(location.into());
+        self
+    }
+
+    /// `watchedResources.<name> (file:line)`: the config entry, for messages.
+    fn entry(&self) -> String {
+        match &self.location {
+            Some(location) => format!("watchedResources.{} ({location})", self.resource),
+            None => format!("watchedResources.{}", self.resource),
+        }
+    }
+
+    /// The health reason of a source that cannot resolve its kind.
+    fn unresolved(&self, error: &ResolveError) -> String {
+        if error.is_not_served() {
+            format!(
+                "{}: {error}; mark it `optional: true` to render without it",
+                self.entry()
+            )
+        } else {
+            format!("{}: {error}", self.entry())
+        }
+    }
+
+    /// The health reason of an optional source whose kind is not served.
+    fn absent(&self, why: &str) -> String {
+        format!(
+            "optional {} is empty: {why}; its objects are picked up when the kind appears",
+            self.entry()
+        )
     }
 
     /// Fields stripped from every object before `ignoreFields`: `metadata.managedFields`
@@ -510,16 +572,78 @@ pub enum ResolveError {
     },
 }
 
+impl ResolveError {
+    /// Whether the API server does not serve the kind: discovery has no such kind, or
+    /// no such group version (404). Denied or failed requests are not that.
+    pub fn is_not_served(&self) -> bool {
+        match self {
+            ResolveError::KindNotServed { .. } => true,
+            ResolveError::DiscoveryFailed {
+                error: kube::Error::Api(status),
+                ..
+            } => status.code == 404,
+            _ => false,
+        }
+    }
+}
+
+/// Publishes what an optional source holds while its kind is not served (nothing, or
+/// what it held before), then `ResourceSyncComplete`: the first render need not wait.
+fn publish_absent(
+    source: &KubernetesSource,
+    ctx: &Context,
+    snapshot: ResourceSnapshot,
+    change: ResourceChange,
+) {
+    tracing::info!(
+        objects = snapshot.len(),
+        "Optional resource's kind is not served; rendering without it"
+    );
+    ctx.publisher().publish(ResourceIndexUpdated {
+        source: source.resource.clone(),
+        snapshot: Arc::new(snapshot),
+        change: Arc::new(change),
+    });
+    ctx.publisher().publish(ResourceSyncComplete {
+        source: source.resource.clone(),
+    });
+}
+
 type Tagged = (usize, Result<watcher::Event<DynamicObject>, watcher::Error>);
 
 async fn run(source: KubernetesSource, ctx: Context) -> Result<(), ComponentError> {
     let mut delays = retry_delays();
+    // Whether the first snapshot and `ResourceSyncComplete` went out.
+    let mut synced = false;
     let (client, api_resource, capabilities) = loop {
         match source.resolve().await {
             Ok(resolved) => break resolved,
-            Err(reason) => {
+            Err(error) if source.optional && error.is_not_served() => {
+                let reason = source.absent(&error.to_string());
+                if synced {
+                    tracing::debug!(%reason, "Optional Kubernetes resource still not served");
+                } else {
+                    tracing::info!(%reason, "Optional Kubernetes resource not served; checking again with backoff");
+                }
+                ctx.health().degraded(reason);
+                if !synced {
+                    synced = true;
+                    publish_absent(
+                        &source,
+                        &ctx,
+                        ResourceSnapshot::new(source.index_by.clone()),
+                        ResourceChange::default(),
+                    );
+                }
+                let delay = delays.next().unwrap_or(std::time::Duration::from_secs(60));
+                if !super::sleep_or_cancel(delay, ctx.cancellation_token()).await {
+                    return Ok(());
+                }
+            }
+            Err(error) => {
+                let reason = source.unresolved(&error);
                 tracing::warn!(%reason, "Cannot start the Kubernetes source; retrying");
-                ctx.health().unhealthy(reason.to_string());
+                ctx.health().unhealthy(reason);
                 let delay = delays.next().unwrap_or(std::time::Duration::from_secs(60));
                 if !super::sleep_or_cancel(delay, ctx.cancellation_token()).await {
                     return Ok(());
@@ -552,7 +676,6 @@ async fn run(source: KubernetesSource, ctx: Context) -> Result<(), ComponentErro
         source.ignore_fields.clone(),
         source.index_by.clone(),
     );
-    let mut synced = false;
     loop {
         let expiry = store.error_expiry();
         let first = tokio::select! {
@@ -581,11 +704,21 @@ async fn run(source: KubernetesSource, ctx: Context) -> Result<(), ComponentErro
         }
         // Health first, so whoever sees the update also sees the matching health.
         // Healthy only once every namespace has been listed.
+        let missing = source.optional && store.missing();
         match store.health() {
+            Err(reason) if missing => ctx.health().degraded(source.absent(&reason)),
             Err(reason) => ctx.health().unhealthy(reason),
-            Ok(_) if !synced && !store.synced() => {}
+            Ok(_) if !store.synced() => {}
             Ok(None) => ctx.health().healthy(),
             Ok(Some(note)) => ctx.health().healthy_because(note),
+        }
+        if !synced && missing {
+            // The list answers 404 (the CRD went away after discovery, or discovery
+            // is stale): render without it; the watcher keeps retrying the list.
+            synced = true;
+            let change = store.take_change();
+            publish_absent(&source, &ctx, store.snapshot().clone(), change);
+            continue;
         }
         if !synced && !store.synced() {
             continue;
