@@ -33,6 +33,13 @@ pub struct Config {
     /// `haproxy -c` for every render.
     #[serde(default = "default_true")]
     pub phase2_equivalence: bool,
+    /// Whether added and removed backends of the form `backend NAME from PROFILE`
+    /// (only `server` lines in the body) are deployed through the runtime API
+    /// (`add backend`, `publish backend`, `unpublish backend`, `del backend`) instead of
+    /// a reload. Needs HAProxy 3.4 or later on the socket instances; on an older line
+    /// each instance warns once and reloads.
+    #[serde(default)]
+    pub dynamic_backends: bool,
 }
 
 impl Default for Config {
@@ -42,6 +49,7 @@ impl Default for Config {
             instances: Vec::new(),
             discovery: None,
             phase2_equivalence: true,
+            dynamic_backends: false,
         }
     }
 }
