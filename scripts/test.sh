@@ -88,6 +88,8 @@ line_tests=(
     deploy_faults equivalence files fleet lossless_runtime managed managed_leftovers
     managed_restart reload_confirmation runtime_errors socket_reload socket_runtime
     validator
+    # Dynamic backends: runtime changes on 3.4, the reload fallback on older lines.
+    dynamic_backends
     # crates/reconciler: random values escaped for where they land, read back by HAProxy.
     escaping
     # tests/: the hapwright binary with managed HAProxy.
