@@ -98,6 +98,8 @@ line_tests=(
     # tests/: the template libraries with a sidecar HAProxy: routing, tenants, injection.
     gateway_library gateway_tenants gateway_injection
     ingress_library ingress_tenants ingress_injection
+    # tests/: both libraries' new routes without a reload on 3.4 (a reload elsewhere).
+    library_dynamic_backends
 )
 if [ ${#haproxy_lines[@]} -gt 0 ]; then
     # The test executables `cargo test --workspace` just built, run as they are (from
