@@ -89,7 +89,7 @@ line_tests=(
     managed_restart reload_confirmation runtime_errors socket_reload socket_runtime
     validator
     # Dynamic backends: runtime changes on 3.4, the reload fallback on older lines.
-    dynamic_backends dynamic_backends_differential
+    dynamic_backends dynamic_backends_differential dynamic_backends_equivalence
     # crates/reconciler: random values escaped for where they land, read back by HAProxy.
     escaping
     # tests/: the hapwright binary with managed HAProxy.

@@ -236,3 +236,168 @@ pub fn operations(new: &Config, changes: &BackendChanges<'_>) -> (Vec<RuntimeOp>
         .collect();
     (added, removed)
 }
+
+/// Phase 2 by equivalence for added and removed backends (the validator's rule,
+/// `component::validator::equivalence`): `Ok` when `new` differs from `old` — a render
+/// that passed `haproxy -c` — only in
+///
+/// - added `backend NAME from PROFILE` sections: NAME and every server name of the
+///   characters HAProxy accepts in names (letters, digits, `-`, `_`, `.`, `:`),
+///   PROFILE a named `defaults` section declared before it that sets `mode` and that
+///   no proxy without `from` uses implicitly, and a body of plain `server NAME
+///   IP:PORT` lines (no quoting, `$` or `#`) with at most `weight 0-256`, `check` and
+///   `proto h2` after the address, server names unique;
+/// - removed backends of that form whose name appears nowhere in `new`'s text (no
+///   rule, `track` or sample fetch can still name them);
+/// - the other sections, which must be those of `old` in the same order, each
+///   written as before (moved by whole lines at most) apart from covered `server`
+///   changes.
+///
+/// Such a render passes `haproxy -c` because `old` did, so a new route is not held
+/// back by HAProxy's start-up time. `Err(None)`: no backend was added or removed (the
+/// caller's own reason stands); `Err(Some(why))`: outside the rule.
+pub(crate) fn equivalent(
+    old_text: &str,
+    old: &Config,
+    new_text: &str,
+    new: &Config,
+) -> Result<bool, Option<String>> {
+    use crate::component::validator::equivalence::{
+        ip_port, plain_words, server_change_covered, weight,
+    };
+    if old.sections.len() == new.sections.len()
+        && old
+            .sections
+            .iter()
+            .map(key)
+            .eq(new.sections.iter().map(key))
+    {
+        return Err(None);
+    }
+    let changes = split(old, new, &Capability::On).map_err(|(_, why)| Some(why))?;
+    let old_lines: Vec<&str> = old_text.split('\n').collect();
+    let new_lines: Vec<&str> = new_text.split('\n').collect();
+    let line_of = |lines: &[&'_ str], line: u32| -> String {
+        usize::try_from(line)
+            .ok()
+            .and_then(|l| l.checked_sub(1))
+            .and_then(|index| lines.get(index))
+            .map_or(String::new(), |text| text.trim().to_owned())
+    };
+    let name_ok = |name: &str| {
+        !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+    };
+    for section in &changes.added {
+        let name = section.name.as_deref().unwrap_or_default();
+        let profile = section.from_defaults().unwrap_or_default();
+        let header = line_of(&new_lines, section.line);
+        if !name_ok(name) || header != format!("backend {name} from {profile}") {
+            return Err(Some(format!(
+                "added section header '{header}' is not plain"
+            )));
+        }
+        let Some(index) = new
+            .sections
+            .iter()
+            .position(|s| s.kind == SectionKind::Defaults && s.name.as_deref() == Some(profile))
+        else {
+            return Err(Some(format!("no defaults section '{profile}'")));
+        };
+        if new.sections[index].line > section.line {
+            return Err(Some(format!(
+                "defaults '{profile}' is declared after backend {name}"
+            )));
+        }
+        let implicit = new.sections[index + 1..]
+            .iter()
+            .take_while(|s| s.kind != SectionKind::Defaults)
+            .find(|s| s.kind.is_proxy() && s.from_defaults().is_none());
+        if let Some(user) = implicit {
+            return Err(Some(format!(
+                "defaults '{profile}' is also used implicitly by {} {}",
+                user.kind,
+                user.name.as_deref().unwrap_or_default()
+            )));
+        }
+        let mut servers = HashSet::new();
+        for directive in &section.directives {
+            let words = plain_words(&directive.text)
+                .filter(|words| words.len() >= 3 && words[0] == "server")
+                .ok_or_else(|| {
+                    Some(format!(
+                        "haproxy.cfg:{}: not a plain server line",
+                        directive.line
+                    ))
+                })?;
+            if !name_ok(words[1]) || !servers.insert(words[1]) || ip_port(words[2]).is_none() {
+                return Err(Some(format!(
+                    "haproxy.cfg:{}: server name or address outside the rule",
+                    directive.line
+                )));
+            }
+            let mut params = words[3..].iter();
+            while let Some(word) = params.next() {
+                let covered = match *word {
+                    "check" => true,
+                    "weight" => params.next().is_some_and(|w| weight(w).is_some()),
+                    "proto" => params.next() == Some(&"h2"),
+                    _ => false,
+                };
+                if !covered {
+                    return Err(Some(format!(
+                        "haproxy.cfg:{}: server word '{word}' outside the rule",
+                        directive.line
+                    )));
+                }
+            }
+        }
+    }
+    for section in &changes.removed {
+        let name = section.name.as_deref().unwrap_or_default();
+        if names_word(new_text, name) {
+            return Err(Some(format!(
+                "removed backend {name} is still named in haproxy.cfg"
+            )));
+        }
+    }
+    let kept_old = old.sections.iter().filter(|s| !changes.is_removed(s));
+    let kept_new = new.sections.iter().filter(|s| !changes.is_added(s));
+    for (a, b) in kept_old.zip(kept_new) {
+        let header = line_of(&new_lines, b.line);
+        if a.kind != b.kind
+            || a.name != b.name
+            || a.args != b.args
+            || line_of(&old_lines, a.line) != header
+            || a.directives.len() != b.directives.len()
+        {
+            return Err(Some(format!(
+                "section '{header}' at haproxy.cfg:{} differs",
+                b.line
+            )));
+        }
+        for (x, y) in a.directives.iter().zip(&b.directives) {
+            if x.line.wrapping_sub(a.line) != y.line.wrapping_sub(b.line) {
+                return Err(Some(format!("haproxy.cfg:{}: lines moved", y.line)));
+            }
+            if x.text != y.text {
+                server_change_covered(b, x, y)
+                    .map_err(|why| Some(format!("haproxy.cfg:{}: {why}", y.line)))?;
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Whether `text` holds `name` as a whole word: not inside a longer name (`be_r1` in
+/// `be_r10`), whatever surrounds it otherwise (`nbsrv(be_r1)`, `be_r1/s1`).
+fn names_word(text: &str, name: &str) -> bool {
+    let name_byte = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':');
+    text.match_indices(name).any(|(at, _)| {
+        let before = text[..at].bytes().next_back();
+        let after = text[at + name.len()..].bytes().next();
+        !before.is_some_and(name_byte) && !after.is_some_and(name_byte)
+    })
+}
