@@ -39,6 +39,27 @@ fn assert_route_change(sidecar: &Sidecar, deployed: &Value, reloads_before: u64,
     }
 }
 
+/// How many validations passed phase 2 by equivalence (`ValidationCompleted` events
+/// with `phase2_skipped` on `/debug/events`): a new or removed route does not wait
+/// for `haproxy -c`.
+fn phase2_skipped(sidecar: &Sidecar) -> usize {
+    let text = sidecar
+        .client
+        .get(format!("http://127.0.0.1:{}/debug/events", sidecar.status))
+        .send()
+        .and_then(|r| r.text())
+        .unwrap_or_else(|e| sidecar.fail(&format!("/debug/events: {e}")));
+    let events: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| sidecar.fail(&format!("{e}: {text}")));
+    events
+        .as_array()
+        .or_else(|| events["events"].as_array())
+        .unwrap_or_else(|| sidecar.fail(&format!("no events: {text}")))
+        .iter()
+        .filter(|e| e["type"] == "ValidationCompleted" && e["data"]["phase2_skipped"].is_string())
+        .count()
+}
+
 fn service(name: &str) -> Value {
     json!({
         "apiVersion": "v1",
@@ -104,6 +125,11 @@ fn a_new_ingress_and_its_removal_need_no_reload_on_3_4() {
         ]),
     );
     assert_route_change(&sidecar, &deployed, reloads, dynamic);
+    assert_eq!(
+        phase2_skipped(&sidecar),
+        1,
+        "the new route did not wait for haproxy -c"
+    );
     sidecar.expect(http, "blog.example.test", "/", 200, "blog");
     sidecar.expect(http, "shop.example.test", "/", 200, "web");
     assert!(
@@ -120,6 +146,7 @@ fn a_new_ingress_and_its_removal_need_no_reload_on_3_4() {
         &json!([ingress("shop", "shop.example.test", "web")]),
     );
     assert_route_change(&sidecar, &deployed, reloads, dynamic);
+    assert_eq!(phase2_skipped(&sidecar), 2);
     sidecar.expect(http, "blog.example.test", "/", 404, "default backend - 404");
     sidecar.expect(http, "shop.example.test", "/", 200, "web");
 }
@@ -197,6 +224,11 @@ fn a_new_httproute_and_its_removal_need_no_reload_on_3_4() {
         ]),
     );
     assert_route_change(&sidecar, &deployed, reloads, dynamic);
+    assert_eq!(
+        phase2_skipped(&sidecar),
+        1,
+        "the new route did not wait for haproxy -c"
+    );
     sidecar.expect(http, "blog.example.test", "/", 200, "blog");
     sidecar.expect(http, "shop.example.test", "/", 200, "web");
 
@@ -206,6 +238,7 @@ fn a_new_httproute_and_its_removal_need_no_reload_on_3_4() {
         &json!([httproute("shop", "shop.example.test", "web")]),
     );
     assert_route_change(&sidecar, &deployed, reloads, dynamic);
+    assert_eq!(phase2_skipped(&sidecar), 2);
     assert_ne!(
         sidecar
             .get(http, "blog.example.test", "/")
