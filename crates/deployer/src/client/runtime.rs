@@ -859,8 +859,14 @@ impl RuntimeClient {
         for server in &servers {
             self.set_server_state(backend, server, "maint").await?;
         }
+        // One deadline for the whole backend: a server that drains late leaves the
+        // next one only what is left of it.
+        let deadline = Instant::now() + self.drain_timeout;
         for server in &servers {
-            if !self.delete_drained(backend, server).await? {
+            let bounded = self
+                .clone()
+                .with_drain_timeout(deadline.saturating_duration_since(Instant::now()));
+            if !bounded.delete_drained(backend, server).await? {
                 tracing::warn!(
                     backend,
                     server = %server,
