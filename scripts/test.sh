@@ -89,6 +89,8 @@ line_tests=(
     deploy_faults equivalence files fleet lossless_runtime managed managed_leftovers
     managed_restart reload_confirmation runtime_errors socket_reload socket_runtime
     validator
+    # Dynamic backends: runtime changes on 3.4, the reload fallback on older lines.
+    dynamic_backends dynamic_backends_differential dynamic_backends_equivalence
     # crates/reconciler: random values escaped for where they land, read back by HAProxy.
     escaping
     # tests/: the hapwright binary with managed HAProxy.
@@ -97,6 +99,8 @@ line_tests=(
     # tests/: the template libraries with a sidecar HAProxy: routing, tenants, injection.
     gateway_library gateway_tenants gateway_injection
     ingress_library ingress_tenants ingress_injection
+    # tests/: both libraries' new routes without a reload on 3.4 (a reload elsewhere).
+    library_dynamic_backends
 )
 if [ ${#haproxy_lines[@]} -gt 0 ]; then
     # The test executables `cargo test --workspace` just built, run as they are (from

@@ -412,8 +412,13 @@ impl Sidecar {
             .tempdir()
             .expect("temp dir");
         let status = free_port();
+        // `haproxy.dynamicBackends` given by the caller is kept.
+        let dynamic_backends = config["haproxy"]["dynamicBackends"]
+            .as_bool()
+            .unwrap_or(false);
         config["haproxy"] = json!({
             "binary": "haproxy",
+            "dynamicBackends": dynamic_backends,
             "instances": [ { "name": "local", "socket": { "master": "./run/master.sock", "configDir": "./haproxy" } } ]
         });
         config["controller"] = json!({

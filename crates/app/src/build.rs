@@ -144,6 +144,7 @@ pub fn socket_instances(config: &Config) -> Vec<InstanceConfig> {
         .instances
         .iter()
         .filter_map(InstanceConfig::from_config)
+        .map(|instance| instance.with_dynamic_backends(config.haproxy.dynamic_backends))
         .collect()
 }
 

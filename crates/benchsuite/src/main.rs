@@ -16,6 +16,7 @@
 mod chart;
 mod criterion;
 mod report;
+mod routes;
 mod scenarios;
 
 use std::panic::AssertUnwindSafe;
@@ -43,6 +44,10 @@ struct Args {
     /// Only scenario (b) at this many backends, printed with its stage means and the
     /// reload target: for comparing the latency of two builds at one size.
     latency_only: Option<usize>,
+    /// Only the route propagation of issue 37 at these sizes, printed: a new Service
+    /// to its first answer and its removal, with and without `dynamicBackends` (run
+    /// once with each HAProxy line first on `PATH`).
+    route_propagation: Option<Vec<usize>>,
     repo: PathBuf,
     hapwright: PathBuf,
     font: PathBuf,
@@ -56,6 +61,7 @@ fn parse_args() -> Result<Args> {
         memory_only: false,
         tracing_overhead: false,
         latency_only: None,
+        route_propagation: None,
         repo: std::env::current_dir().context("current directory")?,
         // The binary the e2e harness runs too: `HAPWRIGHT_BIN`, else this one's sibling.
         hapwright: std::env::var_os("HAPWRIGHT_BIN")
@@ -81,12 +87,28 @@ fn parse_args() -> Result<Args> {
                     format!("--latency-only needs a number of backends, not `{size}`")
                 })?);
             }
+            "--route-propagation" => {
+                let sizes = value("--route-propagation")?;
+                let sizes = sizes.to_string_lossy();
+                args.route_propagation = Some(
+                    sizes
+                        .split(',')
+                        .map(|size| {
+                            size.trim().parse().with_context(|| {
+                                format!(
+                                    "--route-propagation needs sizes like 100,1000, not `{size}`"
+                                )
+                            })
+                        })
+                        .collect::<Result<_>>()?,
+                );
+            }
             "--repo" => args.repo = value("--repo")?,
             "--font" => args.font = value("--font")?,
             "--commands" => args.commands = Some(value("--commands")?),
             "-h" | "--help" => {
                 println!(
-                    "usage: hapwright-benchsuite [--quick] [--memory-only] [--tracing-overhead] [--latency-only BACKENDS] [--repo DIR] [--font TTF] [--commands FILE]"
+                    "usage: hapwright-benchsuite [--quick] [--memory-only] [--tracing-overhead] [--latency-only BACKENDS] [--route-propagation SIZES] [--repo DIR] [--font TTF] [--commands FILE]"
                 );
                 std::process::exit(0);
             }
@@ -114,6 +136,32 @@ fn main() -> Result<()> {
                 (on.quantile(0.5) / off.quantile(0.5) - 1.0) * 100.0,
                 (on.mean() / off.mean() - 1.0) * 100.0,
             );
+        }
+        return Ok(());
+    }
+    if let Some(sizes) = &args.route_propagation {
+        let changes = if args.quick { 5 } else { 20 };
+        println!(
+            "| backends | HAProxy | change | dynamicBackends | p50 | p95 | max | reloads | runtime deployments |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|");
+        let line = haproxy_line();
+        for &backends in sizes {
+            for dynamic in [true, false] {
+                let result = catch(|| routes::route_propagation(backends, changes, dynamic))?;
+                for latency in [&result.add, &result.remove] {
+                    println!(
+                        "| {backends} | {line} | {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} |",
+                        latency.path.split(' ').next().unwrap_or_default(),
+                        if dynamic { "on" } else { "off" },
+                        latency.quantile(0.5),
+                        latency.quantile(0.95),
+                        latency.quantile(1.0),
+                        result.reloads,
+                        result.runtime_deployments,
+                    );
+                }
+            }
         }
         return Ok(());
     }
@@ -414,4 +462,19 @@ fn machine() -> Machine {
             .join(" "),
         date,
     }
+}
+
+/// The line of the `haproxy` on `PATH` (`haproxy -v`), for the route propagation rows.
+fn haproxy_line() -> String {
+    Command::new("haproxy")
+        .arg("-v")
+        .output()
+        .ok()
+        .and_then(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .nth(2)
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
 }

@@ -14,7 +14,7 @@ use hapwright_e2e::{Controller, Reply, master_command, parse_show_proc, service_
 use serde::Serialize;
 
 /// Longest wait for one change to show (a bound, not an expectation).
-const CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest wait for a large controller to be ready and deployed.
 const START_TIMEOUT: Duration = Duration::from_secs(180);
 
@@ -239,7 +239,7 @@ pub const QUARANTINE_CHANGES: usize = 50;
 /// How many extra Services the churn and the burst change (each in its own file).
 pub const CHURN_FILES: usize = 100;
 
-fn host(name: &str) -> String {
+pub(crate) fn host(name: &str) -> String {
     format!("{name}.example.test")
 }
 
@@ -255,7 +255,10 @@ fn start(backends: usize) -> (Controller, Settings) {
 }
 
 /// [`start`] with `edit` applied to the controller's config first.
-fn start_with(backends: usize, edit: impl FnOnce(&str) -> String) -> (Controller, Settings) {
+pub(crate) fn start_with(
+    backends: usize,
+    edit: impl FnOnce(&str) -> String,
+) -> (Controller, Settings) {
     let controller = Controller::start_with(edit);
     let settings = settings(&controller.read_config());
     let ports = controller.ports();
@@ -299,7 +302,7 @@ fn start_with(backends: usize, edit: impl FnOnce(&str) -> String) -> (Controller
 }
 
 /// Waits (bounded by [`START_TIMEOUT`]) until the instance runs the last render.
-fn wait_deployed(controller: &Controller) {
+pub(crate) fn wait_deployed(controller: &Controller) {
     controller.wait_until("the instance runs the last render", START_TIMEOUT, || {
         let rendered = controller.rendered_hash()?;
         let instance = controller.instance();
@@ -309,7 +312,7 @@ fn wait_deployed(controller: &Controller) {
 
 /// Sends requests for `host` back to back until one answers 200 with `body`; returns
 /// the time since `since`.
-fn first_answer(
+pub(crate) fn first_answer(
     controller: &Controller,
     host: &str,
     body: &str,
@@ -345,13 +348,13 @@ pub fn metric_sum(metrics: &str, name: &str, filter: &str) -> f64 {
         .sum()
 }
 
-fn metrics(controller: &Controller) -> String {
+pub(crate) fn metrics(controller: &Controller) -> String {
     controller.status_get("/metrics").1
 }
 
 /// Pauses for `ms` milliseconds: spacing between changes so that each starts from a
 /// settled controller, outside the min-interval windows (not a wait for a result).
-fn pause(ms: f64) {
+pub(crate) fn pause(ms: f64) {
     std::thread::sleep(Duration::from_secs_f64(ms / 1_000.0));
 }
 

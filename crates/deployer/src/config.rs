@@ -37,6 +37,13 @@ pub struct Config {
     /// requests in flight finish) before the connections still open are closed.
     #[serde(default = "default_hard_stop_after")]
     pub hard_stop_after: Duration,
+    /// Whether added and removed backends of the form `backend NAME from PROFILE`
+    /// (only `server` lines in the body) are deployed through the runtime API
+    /// (`add backend`, `publish backend`, `unpublish backend`, `del backend`) instead of
+    /// a reload. Needs HAProxy 3.4 or later on the socket instances; on an older line
+    /// each instance warns once and reloads.
+    #[serde(default)]
+    pub dynamic_backends: bool,
 }
 
 impl Default for Config {
@@ -47,6 +54,7 @@ impl Default for Config {
             discovery: None,
             phase2_equivalence: true,
             hard_stop_after: default_hard_stop_after(),
+            dynamic_backends: false,
         }
     }
 }

@@ -757,6 +757,145 @@ impl RuntimeClient {
         .await
         .map(drop)
     }
+
+    /// Sends one command of HAProxy's experimental set (the dynamic backend commands
+    /// of 3.4) after `experimental-mode on` on the same connection, and checks the
+    /// answer like [`Self::command`] callers do. Through the master CLI the mode is
+    /// set on the master, which hands it on with the `@1` command.
+    async fn experimental(
+        &self,
+        request: &str,
+        ok: impl Fn(&str) -> bool,
+    ) -> Result<String, RuntimeError> {
+        check_line(request)?;
+        let line = format!("experimental-mode on; {}", self.addressed(request));
+        let answer = self
+            .cli
+            .exchange(&line)
+            .await
+            .map_err(|e| RuntimeError::from_socket(request, e))?;
+        if ok(&answer) {
+            Ok(answer)
+        } else if answer.trim().is_empty() {
+            Err(RuntimeError::Unexpected {
+                command: first_line(request),
+                answer,
+            })
+        } else {
+            Err(RuntimeError::Refused {
+                command: first_line(request),
+                answer,
+            })
+        }
+    }
+
+    /// `add backend <be> from <profile>` (HAProxy 3.4): a new backend with the
+    /// settings of the named `defaults` section, unpublished (no rule reaches it yet).
+    pub async fn add_backend(&self, backend: &str, profile: &str) -> Result<(), RuntimeError> {
+        self.experimental(
+            &format!(
+                "add backend {} from {}",
+                cli_word(backend),
+                cli_word(profile)
+            ),
+            |a| a.contains("New backend registered"),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// `publish backend <be>`: `use_backend` rules may select it from now on.
+    pub async fn publish_backend(&self, backend: &str) -> Result<(), RuntimeError> {
+        self.experimental(&format!("publish backend {}", cli_word(backend)), |a| {
+            a.contains("Backend published")
+        })
+        .await
+        .map(drop)
+    }
+
+    /// `unpublish backend <be>`: no rule selects it any more; streams already in it
+    /// go on.
+    pub async fn unpublish_backend(&self, backend: &str) -> Result<(), RuntimeError> {
+        self.experimental(&format!("unpublish backend {}", cli_word(backend)), |a| {
+            a.contains("Backend unpublished")
+        })
+        .await
+        .map(drop)
+    }
+
+    /// `del backend <be>`: the backend must be unpublished and hold no server.
+    pub async fn del_backend(&self, backend: &str) -> Result<(), RuntimeError> {
+        self.experimental(&format!("del backend {}", cli_word(backend)), |a| {
+            a.contains("Backend deleted")
+        })
+        .await
+        .map(drop)
+    }
+
+    /// The names of a backend's servers as HAProxy runs them (`show servers conn`),
+    /// stand-ins included.
+    pub async fn backend_servers(&self, backend: &str) -> Result<Vec<String>, RuntimeError> {
+        let request = format!("show servers conn {}", cli_word(backend));
+        let answer = self.query(&request).await?;
+        parse_backend_servers(&answer, backend).ok_or(RuntimeError::Unexpected {
+            command: request,
+            answer,
+        })
+    }
+
+    /// Removes a whole backend without failing a request in flight: `unpublish
+    /// backend` (no new request selects it; the map entries that routed to it are
+    /// gone already), every server in maintenance, each deleted once its connections
+    /// are gone (the servers drain together, so the drain timeout bounds the whole
+    /// backend), then `del backend`.
+    ///
+    /// Returns `false` when the drain timeout passed first: the backend then stays
+    /// unpublished, its remaining servers in maintenance, until the next reload drops
+    /// it (it is no longer in the config); a warning says so. Adding a backend of the
+    /// same name later is refused by HAProxy, which falls back to that reload.
+    pub async fn remove_backend(&self, backend: &str) -> Result<bool, RuntimeError> {
+        self.unpublish_backend(backend).await?;
+        let servers = self.backend_servers(backend).await?;
+        for server in &servers {
+            self.set_server_state(backend, server, "maint").await?;
+        }
+        // One deadline for the whole backend: a server that drains late leaves the
+        // next one only what is left of it.
+        let deadline = Instant::now() + self.drain_timeout;
+        for server in &servers {
+            let bounded = self
+                .clone()
+                .with_drain_timeout(deadline.saturating_duration_since(Instant::now()));
+            if !bounded.delete_drained(backend, server).await? {
+                tracing::warn!(
+                    backend,
+                    server = %server,
+                    after = ?self.drain_timeout,
+                    "Removed backend still has requests in flight; it stays unpublished until the next reload"
+                );
+                return Ok(false);
+            }
+        }
+        self.del_backend(backend).await?;
+        Ok(true)
+    }
+}
+
+/// The server names of `backend` in a `show servers conn <be>` answer; `None` when
+/// the answer is not that table (HAProxy words an unknown backend in plain text).
+pub fn parse_backend_servers(answer: &str, backend: &str) -> Option<Vec<String>> {
+    let mut lines = answer.lines().filter(|l| !l.trim().is_empty());
+    if !lines.next()?.starts_with("# bkname/svname") {
+        return None;
+    }
+    Some(
+        lines
+            .filter_map(|line| line.split_whitespace().next())
+            .filter_map(|id| id.split_once('/'))
+            .filter(|(be, _)| *be == backend)
+            .map(|(_, server)| server.to_owned())
+            .collect(),
+    )
 }
 
 /// Parses `show servers conn <be>` for one server: `Ok(None)` when it is not listed,
@@ -991,6 +1130,26 @@ mod tests {
         assert!(chunks.len() > 1);
         assert!(chunks.iter().all(|c| c.len() <= MAX_PAYLOAD_BYTES));
         assert_eq!(chunks.concat().lines().count(), 2000);
+    }
+
+    #[test]
+    fn backend_server_lists_parse() {
+        // `show servers conn be_new` on HAProxy 3.4.7.
+        let answer = "# bkname/svname bkid/svid addr port - purge_delay served used_cur used_max need_est idle_sess unsafe_nb safe_nb idle_lim idle_cur idle_per_thr[2]\n\
+                      be_new/s1 4/1 127.0.0.1 18998 - 5000 0 0 1 1 0 0 0 -1 0 0 0\n\
+                      be_new/s2 4/2 127.0.0.1 18997 - 5000 0 0 1 1 0 0 0 -1 0 0 0\n\n";
+        assert_eq!(
+            super::parse_backend_servers(answer, "be_new"),
+            Some(vec!["s1".to_owned(), "s2".to_owned()])
+        );
+        assert_eq!(
+            super::parse_backend_servers("# bkname/svname bkid/svid addr\n\n", "be_new"),
+            Some(Vec::new())
+        );
+        assert_eq!(
+            super::parse_backend_servers("Can't find backend.\n", "be_new"),
+            None
+        );
     }
 
     #[test]

@@ -108,6 +108,9 @@ pub struct InstanceConfig {
     /// `socket.certGroup`): give them to the instance's
     /// [`ConfigDir`](crate::haproxy::files::ConfigDir) with `with_modes`.
     pub file_modes: crate::haproxy::files::FileModes,
+    /// `haproxy.dynamicBackends`: whether added and removed `backend NAME from
+    /// PROFILE` sections go through the runtime API (HAProxy 3.4 and later).
+    pub dynamic_backends: bool,
 }
 
 impl InstanceConfig {
@@ -125,7 +128,15 @@ impl InstanceConfig {
             managed: false,
             env: BTreeMap::new(),
             file_modes: crate::haproxy::files::FileModes::default(),
+            dynamic_backends: false,
         }
+    }
+
+    /// Sets [`InstanceConfig::dynamic_backends`] (`haproxy.dynamicBackends`).
+    #[must_use]
+    pub fn with_dynamic_backends(mut self, enabled: bool) -> Self {
+        self.dynamic_backends = enabled;
+        self
     }
 }
 
@@ -151,6 +162,7 @@ impl InstanceConfig {
             managed: instance.managed,
             env: instance.environment(),
             file_modes: crate::haproxy::files::FileModes::from_config(socket),
+            dynamic_backends: false,
         })
     }
 }

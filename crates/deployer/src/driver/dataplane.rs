@@ -356,6 +356,14 @@ impl DataplaneDriver {
                     .await
                     .map_err(text)
             }
+            // Never planned for this driver (it offers no dynamic backends); refused
+            // so a plan that holds one falls back to a reload.
+            RuntimeOp::AddBackend { .. } | RuntimeOp::DelBackend { .. } => {
+                Err(OpError::refused(format!(
+                    "{}: the Data Plane API cannot add or delete backends at runtime",
+                    op.describe()
+                )))
+            }
             RuntimeOp::ReplacePatterns { file, content } => {
                 let Some(name) = file.strip_prefix("maps/") else {
                     return Err(OpError::refused(format!(

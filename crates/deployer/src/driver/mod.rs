@@ -44,7 +44,7 @@ use hapwright_eventbus::model::{DeployStrategy, InstanceDriver, ReloadReason, Re
 
 use crate::client::runtime::RuntimeFailure;
 use crate::haproxy::config::Config;
-use crate::haproxy::plan::{self, ChangePlan};
+use crate::haproxy::plan::{self, ChangePlan, PlanOptions};
 
 /// A runtime change that failed, as both drivers report it: which change, how it
 /// failed, and the underlying error.
@@ -127,6 +127,12 @@ pub trait Driver: Send + Sync + fmt::Debug {
     ) -> Option<Result<Deployed, DeployError>> {
         let _ = (desired, desired_model, running);
         None
+    }
+
+    /// What the instance can do beyond the runtime changes every line offers (dynamic
+    /// backends); asked once per plan.
+    async fn plan_options(&self) -> PlanOptions {
+        PlanOptions::default()
     }
 
     /// `None` when the instance runs `running`, otherwise what differs.
@@ -257,8 +263,15 @@ pub async fn decide<D: Driver + ?Sized>(
             running_unknown: true,
         });
     }
+    let options = driver.plan_options().await;
     Ok(Decision {
-        plan: plan::plan(&running.config, &running.model, desired, desired_model),
+        plan: plan::plan_with(
+            &running.config,
+            &running.model,
+            desired,
+            desired_model,
+            &options,
+        ),
         running_unknown: false,
     })
 }

@@ -44,11 +44,12 @@ use crate::client::socket::{InstanceConfig, SocketError};
 use crate::driver::Driver;
 use crate::driver::managed::{LogBuffer, ManagedError, ManagedHaproxy};
 use crate::driver::state_file;
+use crate::haproxy::backends::Capability;
 use crate::haproxy::config::{self as haproxy_config, Config, ParseError};
 use crate::haproxy::files::{
     ConfigDir, DeployRecord, RecordCheck, VERSION_VARIABLE, steps, write_atomic,
 };
-use crate::haproxy::plan::{ChangePlan, RuntimeOp};
+use crate::haproxy::plan::{ChangePlan, PlanOptions, RuntimeOp};
 use crate::metrics::Metrics;
 
 /// What an instance runs after a successful deployment.
@@ -261,6 +262,12 @@ pub struct SocketDriver {
     swept: std::sync::atomic::AtomicBool,
     /// How the last reload was confirmed (diagnostics and tests).
     last_reload: std::sync::Mutex<Option<ReloadConfirmation>>,
+    /// The HAProxy line the master reported last (asked before every reload, and
+    /// when planning with `dynamicBackends` on and none is known).
+    line: std::sync::Mutex<Option<Version>>,
+    /// Whether the warning that this instance cannot add backends at runtime was
+    /// logged (once per instance).
+    warned_dynamic_backends: std::sync::atomic::AtomicBool,
 }
 
 impl SocketDriver {
@@ -279,6 +286,8 @@ impl SocketDriver {
             dir: ConfigDir::for_instance(&instance),
             swept: std::sync::atomic::AtomicBool::new(false),
             last_reload: std::sync::Mutex::new(None),
+            line: std::sync::Mutex::new(None),
+            warned_dynamic_backends: std::sync::atomic::AtomicBool::new(false),
             managed: managed.filter(|_| instance.managed),
             instance,
             master,
@@ -326,6 +335,40 @@ impl SocketDriver {
     /// How the last reload this driver sent was confirmed; `None` before the first.
     pub fn last_reload(&self) -> Option<ReloadConfirmation> {
         self.last_reload.lock().expect("last reload lock").clone()
+    }
+
+    /// What the instance can do beyond every line's runtime changes: with
+    /// `haproxy.dynamicBackends` on, whether its line has `add backend` (3.4 and
+    /// later). The line is the one the master reported last, asked once when none
+    /// is known. An instance that cannot logs one warning and reloads for added and
+    /// removed backends, the plan's reason saying why.
+    pub async fn dynamic_backends(&self) -> Capability {
+        if !self.instance.dynamic_backends {
+            return Capability::Off;
+        }
+        let known = *self.line.lock().expect("line lock");
+        let version = match known {
+            Some(version) => Some(version),
+            None => match self.master.version().await {
+                Ok(version) => {
+                    *self.line.lock().expect("line lock") = Some(version);
+                    Some(version)
+                }
+                Err(error) => {
+                    tracing::warn!(instance = %self.instance.name, %error, "Cannot tell the HAProxy line; added and removed backends reload this time");
+                    None
+                }
+            },
+        };
+        let capability = Capability::for_line(true, version);
+        if let (Capability::Unsupported(why), Some(_)) = (&capability, version)
+            && !self
+                .warned_dynamic_backends
+                .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            tracing::warn!(instance = %self.instance.name, reason = %why, "haproxy.dynamicBackends is on, but this instance cannot add backends at runtime; added and removed backends reload it");
+        }
+        capability
     }
 
     async fn drift_of(&self, running: &Deployed) -> Result<Option<String>, DeployError> {
@@ -763,6 +806,29 @@ impl SocketDriver {
                 // the client) until the next reload; no request is cut short.
                 rt.remove_server(backend, server).await.map(drop)
             }
+            RuntimeOp::AddBackend {
+                backend,
+                profile,
+                servers,
+            } => {
+                rt.add_backend(backend, profile).await?;
+                for new in servers {
+                    rt.add_server(backend, &new.server, &new.address, &new.params)
+                        .await?;
+                    if new.health {
+                        rt.enable_health(backend, &new.server).await?;
+                    }
+                    if new.enable {
+                        rt.enable_server(backend, &new.server).await?;
+                    }
+                }
+                rt.publish_backend(backend).await
+            }
+            RuntimeOp::DelBackend { backend } => {
+                // Past the drain timeout the backend stays unpublished (logged by the
+                // client) until the next reload; no request is cut short.
+                rt.remove_backend(backend).await.map(drop)
+            }
             RuntimeOp::ReplacePatterns { content, .. } => {
                 let (kind, path) = target.expect("resolved before applying");
                 rt.replace_patterns(kind, &path, content).await.map(drop)
@@ -880,6 +946,9 @@ impl SocketDriver {
                 None
             }
         };
+        if let Some(version) = version {
+            *self.line.lock().expect("line lock") = Some(version);
+        }
         let log_position = logs.map(LogBuffer::position);
         let outcome = if version.is_some_and(Version::reload_answers) {
             self.reload_by_answer(&before).await?
@@ -1259,6 +1328,12 @@ impl Driver for SocketDriver {
 
     async fn check_drift(&self, running: &Deployed) -> Result<Option<String>, DeployError> {
         self.drift_of(running).await
+    }
+
+    async fn plan_options(&self) -> PlanOptions {
+        PlanOptions {
+            dynamic_backends: self.dynamic_backends().await,
+        }
     }
 
     async fn apply_runtime_ops(

@@ -2,6 +2,7 @@
 //! (with the tokenizer and model the bus crate holds), the change [`plan`] between two configurations, and the
 //! [`files`] of an instance's config directory.
 
+pub mod backends;
 pub mod config;
 pub mod files;
 pub mod plan;

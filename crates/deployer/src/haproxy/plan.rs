@@ -30,6 +30,12 @@
 //! ([`RuntimeOp::SetAddr`]). A removal ([`RuntimeOp::DelServer`]) puts the server in
 //! maintenance and deletes it once its connections are gone, bounded by a drain
 //! timeout; past it the server stays in maintenance until the next reload.
+//!
+//! # Whole backends
+//!
+//! With [`PlanOptions::dynamic_backends`] on (HAProxy 3.4), added and removed backends
+//! of the form `backend NAME from PROFILE` are runtime changes too: see
+//! [`crate::haproxy::backends`].
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -37,7 +43,31 @@ use std::net::IpAddr;
 use hapwright_eventbus::model::{DeployReason, DeployStrategy, ReloadReason, RenderedConfig};
 
 use crate::client::runtime::MAX_PAYLOAD_BYTES;
+use crate::haproxy::backends::{self, Capability};
 use crate::haproxy::config::{self as haproxy_config, Config, Directive, Section, Server};
+
+/// What the instance can do beyond the runtime changes every line offers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// Whether added and removed backends can be runtime changes
+    /// (`haproxy.dynamicBackends` and a line with `add backend`).
+    pub dynamic_backends: Capability,
+}
+
+/// A server of a backend created at runtime ([`RuntimeOp::AddBackend`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewServer {
+    /// Server.
+    pub server: String,
+    /// `ip:port`.
+    pub address: String,
+    /// Explicit parameters (`default-server` ones first, then the server's).
+    pub params: Vec<String>,
+    /// Whether to `enable server` (not `disabled`).
+    pub enable: bool,
+    /// Whether to `enable health` (`check` present).
+    pub health: bool,
+}
 
 /// Server parameters `add server` refuses in HAProxy 2.6.
 const DYNAMIC_REJECTED: &[&str] = &["cookie", "init-addr", "resolvers", "redir"];
@@ -125,6 +155,25 @@ pub enum RuntimeOp {
         /// Server.
         server: String,
     },
+    /// `add backend <be> from <profile>`, its servers added (and enabled, health
+    /// checks started, as their lines ask), then `publish backend`. Planned before
+    /// every other change, so no map entry routes to it before it runs.
+    AddBackend {
+        /// Backend.
+        backend: String,
+        /// The named `defaults` section it is created from.
+        profile: String,
+        /// Its servers.
+        servers: Vec<NewServer>,
+    },
+    /// `unpublish backend`, every server drained in maintenance and deleted (bounded
+    /// by the drain timeout), `del backend`. Planned after every other change, so the
+    /// map entries that routed to it are gone first. Past the drain timeout the
+    /// backend stays unpublished until the next reload.
+    DelBackend {
+        /// Backend.
+        backend: String,
+    },
     /// Replace the contents of a map or ACL file (which one HAProxy uses it as is
     /// resolved at apply time with `show map` / `show acl`).
     ReplacePatterns {
@@ -149,6 +198,7 @@ impl RuntimeOp {
             RuntimeOp::ReplacePatterns { file, .. } if file.starts_with("maps/") => "map",
             RuntimeOp::ReplacePatterns { .. } => "pattern_file",
             RuntimeOp::ReplaceCertificate { .. } => "certificate",
+            RuntimeOp::AddBackend { .. } | RuntimeOp::DelBackend { .. } => "backend",
             _ => "server",
         }
     }
@@ -195,6 +245,10 @@ impl RuntimeOp {
             RuntimeOp::DelServer { backend, server } => {
                 format!("server {backend}/{server} removed")
             }
+            RuntimeOp::AddBackend {
+                backend, profile, ..
+            } => format!("backend {backend} added from {profile}"),
+            RuntimeOp::DelBackend { backend } => format!("backend {backend} removed"),
             RuntimeOp::ReplacePatterns { file, .. } => format!("{file} contents"),
             RuntimeOp::ReplaceCertificate { file, .. } => format!("{file} replaced"),
         }
@@ -271,11 +325,20 @@ impl ChangePlan {
 
 /// Plans from raw renders, parsing both (a parse failure plans a reload).
 pub fn compute(running: &RenderedConfig, desired: &RenderedConfig) -> ChangePlan {
+    compute_with(running, desired, &PlanOptions::default())
+}
+
+/// [`compute`] for an instance that can do what `options` say.
+pub fn compute_with(
+    running: &RenderedConfig,
+    desired: &RenderedConfig,
+    options: &PlanOptions,
+) -> ChangePlan {
     match (
         haproxy_config::parse(running.main()),
         haproxy_config::parse(desired.main()),
     ) {
-        (Ok(old), Ok(new)) => plan(running, &old, desired, &new),
+        (Ok(old), Ok(new)) => plan_with(running, &old, desired, &new, options),
         (_, Err(error)) | (Err(error), _) => ChangePlan::reload(
             ReloadReason::Structure,
             format!(
@@ -293,12 +356,35 @@ pub fn plan(
     desired: &RenderedConfig,
     desired_model: &Config,
 ) -> ChangePlan {
+    plan_with(
+        running,
+        running_model,
+        desired,
+        desired_model,
+        &PlanOptions::default(),
+    )
+}
+
+/// [`plan`] for an instance that can do what `options` say.
+pub fn plan_with(
+    running: &RenderedConfig,
+    running_model: &Config,
+    desired: &RenderedConfig,
+    desired_model: &Config,
+    options: &PlanOptions,
+) -> ChangePlan {
     let mut plan = ChangePlan::default();
     if running.hash() == desired.hash() {
         return plan;
     }
-    plan_sections(&mut plan, running_model, desired_model);
+    let (added, removed) = plan_sections(&mut plan, running_model, desired_model, options);
     plan_files(&mut plan, running, desired);
+    if !added.is_empty() || !removed.is_empty() {
+        // New backends run before any map entry routes to them; removed ones go after
+        // the map entries that routed to them.
+        let rest = std::mem::take(&mut plan.ops);
+        plan.ops = added.into_iter().chain(rest).chain(removed).collect();
+    }
     plan
 }
 
@@ -313,23 +399,35 @@ fn section_label(section: &Section) -> String {
     }
 }
 
-fn plan_sections(plan: &mut ChangePlan, old: &Config, new: &Config) {
-    let old_keys: Vec<_> = old.sections.iter().map(key).collect();
-    let new_keys: Vec<_> = new.sections.iter().map(key).collect();
-    if old_keys != new_keys {
-        let old_set: HashSet<_> = old_keys.iter().collect();
-        let new_set: HashSet<_> = new_keys.iter().collect();
-        let detail = if let Some(added) = new.sections.iter().find(|s| !old_set.contains(&key(s))) {
-            format!("{} added", section_label(added))
-        } else if let Some(removed) = old.sections.iter().find(|s| !new_set.contains(&key(s))) {
-            format!("{} removed", section_label(removed))
-        } else {
-            "sections reordered".to_owned()
-        };
-        plan.force(ReloadReason::Structure, detail);
-        return;
+/// Plans the sections; returns the runtime operations of added backends (to run first)
+/// and of removed ones (to run last) when the instance can deploy them at runtime.
+fn plan_sections(
+    plan: &mut ChangePlan,
+    old: &Config,
+    new: &Config,
+    options: &PlanOptions,
+) -> (Vec<RuntimeOp>, Vec<RuntimeOp>) {
+    let same_keys = old.sections.len() == new.sections.len()
+        && old
+            .sections
+            .iter()
+            .map(key)
+            .eq(new.sections.iter().map(key));
+    let mut changes = backends::BackendChanges::default();
+    let mut backend_ops = (Vec::new(), Vec::new());
+    if !same_keys {
+        match backends::split(old, new, &options.dynamic_backends) {
+            Ok(split) => changes = split,
+            Err((reason, detail)) => {
+                plan.force(reason, detail);
+                return backend_ops;
+            }
+        }
+        backend_ops = backends::operations(new, &changes);
     }
-    for (old_section, new_section) in old.sections.iter().zip(&new.sections) {
+    let kept_old = old.sections.iter().filter(|s| !changes.is_removed(s));
+    let kept_new = new.sections.iter().filter(|s| !changes.is_added(s));
+    for (old_section, new_section) in kept_old.zip(kept_new) {
         if old_section.args != new_section.args {
             plan.force(
                 ReloadReason::Structure,
@@ -357,6 +455,7 @@ fn plan_sections(plan: &mut ChangePlan, old: &Config, new: &Config) {
             );
         }
     }
+    backend_ops
 }
 
 /// Describes the first difference between two directive lists, if any.
@@ -619,6 +718,52 @@ fn dynamic_params(defaults: &[String], own: &[String]) -> Vec<String> {
         }
     }
     params
+}
+
+/// How `add server` creates `server` of `section` (a backend created at runtime):
+/// explicit parameters, enable and health check; `Err` says why it cannot.
+pub(crate) fn new_server(
+    config: &Config,
+    section: &Section,
+    server: &Server,
+) -> Result<NewServer, String> {
+    let name = &server.name;
+    let Some(port) = server.port.filter(|_| is_ip(&server.address)) else {
+        return Err(format!(
+            "server {name} address `{}` is not IP:port",
+            server.address
+        ));
+    };
+    if let Some(rejected) = server
+        .params
+        .iter()
+        .find(|w| DYNAMIC_REJECTED.contains(&w.as_str()))
+    {
+        return Err(format!(
+            "server {name} has `{rejected}`, which `add server` refuses"
+        ));
+    }
+    let defaults = default_server_params(config, section);
+    let split = split_params(
+        defaults
+            .iter()
+            .chain(&server.params)
+            .cloned()
+            .collect::<Vec<_>>()
+            .as_slice(),
+    );
+    let address = if server.address.contains(':') {
+        format!("[{}]:{port}", server.address)
+    } else {
+        format!("{}:{port}", server.address)
+    };
+    Ok(NewServer {
+        server: name.clone(),
+        address,
+        params: dynamic_params(&defaults, &server.params),
+        enable: !split.disabled,
+        health: split.other.iter().any(|w| w == "check"),
+    })
 }
 
 fn plan_added_server(

@@ -109,6 +109,7 @@ pub struct Outcome {
 pub struct Client {
     port: u16,
     keep_alive: bool,
+    host: String,
     stream: Option<BufReader<TcpStream>>,
 }
 
@@ -118,8 +119,14 @@ impl Client {
         Self {
             port,
             keep_alive,
+            host: "app.test".to_owned(),
             stream: None,
         }
+    }
+
+    /// The Host header of the next requests (`app.test` by default).
+    pub fn set_host(&mut self, host: &str) {
+        host.clone_into(&mut self.host);
     }
 
     /// Sends `GET /` and reads the answer (bounded by 5 s).
@@ -150,8 +157,11 @@ impl Client {
         stream
             .get_mut()
             .write_all(
-                format!("GET / HTTP/1.1\r\nHost: app.test\r\nConnection: {connection}\r\n\r\n")
-                    .as_bytes(),
+                format!(
+                    "GET / HTTP/1.1\r\nHost: {}\r\nConnection: {connection}\r\n\r\n",
+                    self.host
+                )
+                .as_bytes(),
             )
             .await?;
         let mut line = String::new();

@@ -26,6 +26,11 @@
 //!   with no `$` on a line that mentions maps, ACL files or Lua; and its lines hold
 //!   no control characters and stay under [`MAX_MAP_LINE`] bytes.
 //!
+//! - or, besides, added and removed `backend NAME from PROFILE` sections whose body
+//!   holds only plain `server NAME IP:PORT` lines with `weight`, `check` or `proto h2`
+//!   (see [`crate::haproxy::backends::equivalent`]), the other sections as above
+//!   except that they may have moved by whole lines.
+//!
 //! Anything else is [`Equivalence::Different`], and `haproxy -c` runs.
 
 use std::collections::BTreeMap;
@@ -171,7 +176,17 @@ fn compare_inner(
     let servers_changed = if old.main() == candidate.main() {
         false
     } else {
-        compare_main(old.main(), &baseline.model, candidate.main(), model)?
+        // Added or removed `backend NAME from PROFILE` sections that hold only plain
+        // server lines are covered too (crate::haproxy::backends::equivalent).
+        compare_main(old.main(), &baseline.model, candidate.main(), model).or_else(|why| {
+            crate::haproxy::backends::equivalent(
+                old.main(),
+                &baseline.model,
+                candidate.main(),
+                model,
+            )
+            .map_err(|other| other.unwrap_or(why))
+        })?
     };
     let mut maps_changed = false;
     for (name, content) in candidate.maps() {
@@ -270,7 +285,7 @@ impl<'a> Lines<'a> {
 }
 
 /// Whether a `server` line changed only in covered values.
-fn server_change_covered(
+pub(crate) fn server_change_covered(
     section: &Section,
     old: &Directive,
     new: &Directive,
@@ -327,7 +342,7 @@ fn server_change_covered(
 
 /// The words of a line that has no quoting, escapes, environment references or
 /// comments, so that splitting on blanks gives exactly HAProxy's words.
-fn plain_words(text: &str) -> Option<Vec<&str>> {
+pub(crate) fn plain_words(text: &str) -> Option<Vec<&str>> {
     if text.contains(['"', '\'', '\\', '$', '#'])
         || text.chars().any(|c| c.is_control() && c != '\t')
     {
@@ -366,7 +381,7 @@ pub fn ip_port(word: &str) -> Option<(IpAddr, u16)> {
 }
 
 /// A server weight, 0-256, written without a sign or leading zeros.
-fn weight(word: &str) -> Option<u32> {
+pub(crate) fn weight(word: &str) -> Option<u32> {
     let canonical = !word.is_empty()
         && word.len() <= 3
         && word.bytes().all(|b| b.is_ascii_digit())

@@ -149,6 +149,16 @@ pub fn check(config: &Config, rendered_paths: &BTreeSet<String>) -> Vec<Diagnost
                 branches: walker.stack.clone(),
             });
         }
+        if section.kind.is_proxy()
+            && let Some(profile) = section.from_defaults()
+            && config.section(SectionKind::Defaults, profile).is_none()
+        {
+            diagnostics.push(located(
+                unknown_profile(config, section, profile, !walker.stack.is_empty()),
+                section.line,
+                &section_header(section),
+            ));
+        }
         for directive in &section.directives {
             walker.step(directive);
             if matches!(
@@ -200,6 +210,49 @@ pub fn check(config: &Config, rendered_paths: &BTreeSet<String>) -> Vec<Diagnost
         }
     }
     diagnostics
+}
+
+/// `backend NAME from PROFILE` naming no `defaults PROFILE` section (HAProxy refuses
+/// the config; `add backend` would refuse it too): an error naming the section and the
+/// named defaults sections there are. A warning inside a `.if` block.
+fn unknown_profile(
+    config: &Config,
+    section: &super::model::Section,
+    profile: &str,
+    conditional: bool,
+) -> Diagnostic {
+    let named: Vec<&str> = config
+        .sections_of(SectionKind::Defaults)
+        .filter_map(|d| d.name.as_deref())
+        .collect();
+    let hint = match named.as_slice() {
+        [] => " (no defaults section has a name; name one `defaults NAME`)".to_owned(),
+        names => format!(
+            " (named defaults sections: {})",
+            names
+                .iter()
+                .map(|n| format!("'{n}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let message = format!(
+        "{} '{}' is declared from defaults section '{profile}', which does not exist{hint}.",
+        section.kind,
+        section.name.as_deref().unwrap_or_default()
+    );
+    if conditional {
+        Diagnostic::warning(message)
+    } else {
+        Diagnostic::error(message)
+    }
+}
+
+fn section_header(section: &super::model::Section) -> String {
+    let mut words = vec![section.kind.keyword().to_owned()];
+    words.extend(section.name.clone());
+    words.extend(section.args.iter().cloned());
+    words.join(" ")
 }
 
 fn rendered(path: &str, rendered_paths: &BTreeSet<String>) -> bool {

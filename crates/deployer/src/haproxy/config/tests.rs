@@ -311,6 +311,29 @@ fn missing_backend_targets_are_located() {
 }
 
 #[test]
+fn a_misspelled_profile_is_located() {
+    let text = "defaults routes\n    mode http\nfrontend fe\n    bind :80\nbackend be_shop from rotues\n    server s1 10.0.0.1:80\nbackend be_ok from routes\n";
+    assert_eq!(
+        messages(text, &[]),
+        [(
+            5,
+            Severity::Error,
+            "backend 'be_shop' is declared from defaults section 'rotues', which does not exist (named defaults sections: 'routes').".to_owned()
+        )]
+    );
+    let diagnostics = check(&parse(text).unwrap(), &paths(&[]));
+    assert_eq!(
+        diagnostics[0].source_line.as_deref(),
+        Some("backend be_shop from rotues")
+    );
+    let unnamed = "defaults\n    mode http\nbackend b from d\n";
+    assert_eq!(
+        messages(unnamed, &[])[0].2,
+        "backend 'b' is declared from defaults section 'd', which does not exist (no defaults section has a name; name one `defaults NAME`)."
+    );
+}
+
+#[test]
 fn unrendered_files_are_reported() {
     let text = "frontend fe\n    bind :443 ssl crt certs/\n    http-request set-header X %[src,map_ip(maps/ips.map)]\n    errorfile 503 ./files/503.http\n.if defined(X)\n    acl a src -f files/extra.acl\n.endif\nbackend b\n    server s /etc/haproxy/maps/elsewhere\n";
     let found = messages(text, &["maps/hosts.map"]);

@@ -1,0 +1,403 @@
+//! Dynamic backends (HAProxy 3.4 and later, `haproxy.dynamicBackends: true`): a render
+//! whose only structural change is added or removed backends of the form
+//!
+//! ```text
+//! backend be_shop from routes
+//!     server s1 10.0.0.7:8080 check
+//! ```
+//!
+//! (the profile a named `defaults` section the render leaves unchanged, the body
+//! only `server` lines) is deployed without a reload. An added backend becomes
+//! [`RuntimeOp::AddBackend`] — `add backend NAME from PROFILE`, its servers added and
+//! enabled, `publish backend` — placed before every other change of the plan, so the
+//! backend runs before a map entry routes to it. A removed backend becomes
+//! [`RuntimeOp::DelBackend`] — `unpublish backend`, its servers drained (bounded by
+//! the drain timeout), `del backend` — placed after every other change, so the map
+//! entries that routed to it are gone first.
+//!
+//! Anything else — a backend with other directives, a profile that is not a named
+//! `defaults` section or sets no `mode` (which `add backend` refuses), a server that
+//! `add server` cannot create, another section added or removed, sections reordered —
+//! reloads, and the plan says why. So does a line without `add backend`
+//! ([`Capability::Unsupported`]).
+
+use std::collections::HashSet;
+
+use hapwright_eventbus::model::ReloadReason;
+
+use crate::client::master::Version;
+use crate::haproxy::config::{Config, Section, SectionKind};
+use crate::haproxy::plan::{self, NewServer, RuntimeOp};
+
+/// The first HAProxy line with `add backend`.
+pub const FIRST_LINE: Version = Version { major: 3, minor: 4 };
+
+/// Whether an instance deploys added and removed backends at runtime.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Capability {
+    /// `haproxy.dynamicBackends` is off (or the driver has no such commands).
+    #[default]
+    Off,
+    /// It is on, but the instance cannot do it; the text says why (it ends up in
+    /// the reload's reason).
+    Unsupported(String),
+    /// It is on and the instance runs a line with `add backend`.
+    On,
+}
+
+impl Capability {
+    /// The capability of an instance running `version` (`None`: the line could not
+    /// be told) when `haproxy.dynamicBackends` is `enabled`.
+    pub fn for_line(enabled: bool, version: Option<Version>) -> Self {
+        match (enabled, version) {
+            (false, _) => Capability::Off,
+            (true, Some(version)) if version >= FIRST_LINE => Capability::On,
+            (true, Some(version)) => Capability::Unsupported(format!(
+                "HAProxy {version} has no `add backend` (dynamicBackends needs {FIRST_LINE} or later)"
+            )),
+            (true, None) => Capability::Unsupported(
+                "the HAProxy line could not be told, so `add backend` is not used".to_owned(),
+            ),
+        }
+    }
+}
+
+/// Backends a render adds and removes, when they can all be deployed at runtime.
+#[derive(Debug, Default)]
+pub struct BackendChanges<'a> {
+    /// Added backends, in the order of the new config.
+    pub added: Vec<&'a Section>,
+    /// Removed backends, in the order of the old config.
+    pub removed: Vec<&'a Section>,
+    /// The addresses of `added` and `removed` (sections of the config being walked),
+    /// so telling a section apart costs one lookup at 10,000 sections.
+    added_at: HashSet<*const Section>,
+    removed_at: HashSet<*const Section>,
+}
+
+impl<'a> BackendChanges<'a> {
+    fn new(added: Vec<&'a Section>, removed: Vec<&'a Section>) -> Self {
+        Self {
+            added_at: added.iter().map(|s| std::ptr::from_ref(*s)).collect(),
+            removed_at: removed.iter().map(|s| std::ptr::from_ref(*s)).collect(),
+            added,
+            removed,
+        }
+    }
+
+    /// Whether `section` of the old config is one of the removed backends.
+    pub fn is_removed(&self, section: &Section) -> bool {
+        !self.removed_at.is_empty() && self.removed_at.contains(&std::ptr::from_ref(section))
+    }
+
+    /// Whether `section` of the new config is one of the added backends.
+    pub fn is_added(&self, section: &Section) -> bool {
+        !self.added_at.is_empty() && self.added_at.contains(&std::ptr::from_ref(section))
+    }
+}
+
+fn key(section: &Section) -> (&str, Option<&str>) {
+    (section.kind.keyword(), section.name.as_deref())
+}
+
+fn label(section: &Section) -> String {
+    match &section.name {
+        Some(name) => format!("{} {name}", section.kind.keyword()),
+        None => section.kind.keyword().to_owned(),
+    }
+}
+
+/// Splits the section lists of `old` and `new`, whose keys differ, into the added and
+/// removed backends and the sections both keep. `Err` is the reload's reason: the
+/// first added or removed section that cannot be deployed at runtime and why, or
+/// `capability`'s reason when the instance cannot do it at all.
+pub fn split<'a>(
+    old: &'a Config,
+    new: &'a Config,
+    capability: &Capability,
+) -> Result<BackendChanges<'a>, (ReloadReason, String)> {
+    let old_keys: HashSet<_> = old.sections.iter().map(key).collect();
+    let new_keys: HashSet<_> = new.sections.iter().map(key).collect();
+    let changes = BackendChanges::new(
+        new.sections
+            .iter()
+            .filter(|s| !old_keys.contains(&key(s)))
+            .collect(),
+        old.sections
+            .iter()
+            .filter(|s| !new_keys.contains(&key(s)))
+            .collect(),
+    );
+    let structure = |detail: String| (ReloadReason::Structure, detail);
+    let first = changes
+        .added
+        .iter()
+        .map(|s| (*s, "added", new))
+        .chain(changes.removed.iter().map(|s| (*s, "removed", old)));
+    for (section, what, config) in first.clone() {
+        if section.kind != SectionKind::Backend {
+            return Err(structure(format!("{} {what}", label(section))));
+        }
+        if let Capability::Off = capability {
+            return Err(structure(format!("{} {what}", label(section))));
+        }
+        if let Err(why) = eligible(config, section) {
+            return Err(structure(format!(
+                "{} {what}; it cannot be {what} at runtime: {why}",
+                label(section)
+            )));
+        }
+    }
+    if let Capability::Unsupported(why) = capability
+        && let Some((section, what, _)) = first.clone().next()
+    {
+        return Err(structure(format!("{} {what}; {why}", label(section))));
+    }
+    let kept_old = old
+        .sections
+        .iter()
+        .filter(|s| !changes.is_removed(s))
+        .map(key);
+    let kept_new = new
+        .sections
+        .iter()
+        .filter(|s| !changes.is_added(s))
+        .map(key);
+    if !kept_old.eq(kept_new) {
+        return Err(structure("sections reordered".to_owned()));
+    }
+    Ok(changes)
+}
+
+/// Why `section` of `config` cannot be created (or deleted) with `add backend`, if
+/// it cannot.
+fn eligible(config: &Config, section: &Section) -> Result<(), String> {
+    let Some(profile) = section.from_defaults() else {
+        return Err("it is not of the form `backend NAME from PROFILE`".to_owned());
+    };
+    if section.args.len() != 2 {
+        return Err("it is not of the form `backend NAME from PROFILE`".to_owned());
+    }
+    let Some(defaults) = config.section(SectionKind::Defaults, profile) else {
+        return Err(format!("no `defaults {profile}` section"));
+    };
+    if defaults.last("mode").is_none() {
+        return Err(format!(
+            "`defaults {profile}` sets no `mode`, which `add backend` needs"
+        ));
+    }
+    if let Some(other) = section.directives.iter().find(|d| d.keyword != "server") {
+        return Err(format!(
+            "line {} `{}`: only `server` lines can be created at runtime",
+            other.line, other.text
+        ));
+    }
+    if !config.effective_balance(section).is_dynamic() {
+        return Err(format!(
+            "balance `{}` cannot add servers at runtime",
+            config.effective_balance(section).algorithm
+        ));
+    }
+    let mut names = HashSet::new();
+    for server in section.servers() {
+        if !names.insert(server.name.clone()) {
+            return Err(format!("duplicate server name {}", server.name));
+        }
+        plan::new_server(config, section, &server)?;
+    }
+    Ok(())
+}
+
+/// The runtime operations of `changes`: the added backends (to run before every other
+/// change) and the removed ones (to run after every other change).
+pub fn operations(new: &Config, changes: &BackendChanges<'_>) -> (Vec<RuntimeOp>, Vec<RuntimeOp>) {
+    let added = changes
+        .added
+        .iter()
+        .map(|section| {
+            let servers: Vec<NewServer> = section
+                .servers()
+                .iter()
+                .filter_map(|server| plan::new_server(new, section, server).ok())
+                .collect();
+            RuntimeOp::AddBackend {
+                backend: section.name.clone().unwrap_or_default(),
+                profile: section.from_defaults().unwrap_or_default().to_owned(),
+                servers,
+            }
+        })
+        .collect();
+    let removed = changes
+        .removed
+        .iter()
+        .map(|section| RuntimeOp::DelBackend {
+            backend: section.name.clone().unwrap_or_default(),
+        })
+        .collect();
+    (added, removed)
+}
+
+/// Phase 2 by equivalence for added and removed backends (the validator's rule,
+/// `component::validator::equivalence`): `Ok` when `new` differs from `old` — a render
+/// that passed `haproxy -c` — only in
+///
+/// - added `backend NAME from PROFILE` sections: NAME and every server name of the
+///   characters HAProxy accepts in names (letters, digits, `-`, `_`, `.`, `:`),
+///   PROFILE a named `defaults` section declared before it that sets `mode` and that
+///   no proxy without `from` uses implicitly, and a body of plain `server NAME
+///   IP:PORT` lines (no quoting, `$` or `#`) with at most `weight 0-256`, `check` and
+///   `proto h2` after the address, server names unique;
+/// - removed backends of that form whose name appears nowhere in `new`'s text (no
+///   rule, `track` or sample fetch can still name them);
+/// - the other sections, which must be those of `old` in the same order, each
+///   written as before (moved by whole lines at most) apart from covered `server`
+///   changes.
+///
+/// Such a render passes `haproxy -c` because `old` did, so a new route is not held
+/// back by HAProxy's start-up time. `Err(None)`: no backend was added or removed (the
+/// caller's own reason stands); `Err(Some(why))`: outside the rule.
+pub(crate) fn equivalent(
+    old_text: &str,
+    old: &Config,
+    new_text: &str,
+    new: &Config,
+) -> Result<bool, Option<String>> {
+    use crate::component::validator::equivalence::{
+        ip_port, plain_words, server_change_covered, weight,
+    };
+    if old.sections.len() == new.sections.len()
+        && old
+            .sections
+            .iter()
+            .map(key)
+            .eq(new.sections.iter().map(key))
+    {
+        return Err(None);
+    }
+    let changes = split(old, new, &Capability::On).map_err(|(_, why)| Some(why))?;
+    let old_lines: Vec<&str> = old_text.split('\n').collect();
+    let new_lines: Vec<&str> = new_text.split('\n').collect();
+    let line_of = |lines: &[&'_ str], line: u32| -> String {
+        usize::try_from(line)
+            .ok()
+            .and_then(|l| l.checked_sub(1))
+            .and_then(|index| lines.get(index))
+            .map_or(String::new(), |text| text.trim().to_owned())
+    };
+    let name_ok = |name: &str| {
+        !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+    };
+    for section in &changes.added {
+        let name = section.name.as_deref().unwrap_or_default();
+        let profile = section.from_defaults().unwrap_or_default();
+        let header = line_of(&new_lines, section.line);
+        if !name_ok(name) || header != format!("backend {name} from {profile}") {
+            return Err(Some(format!(
+                "added section header '{header}' is not plain"
+            )));
+        }
+        let Some(index) = new
+            .sections
+            .iter()
+            .position(|s| s.kind == SectionKind::Defaults && s.name.as_deref() == Some(profile))
+        else {
+            return Err(Some(format!("no defaults section '{profile}'")));
+        };
+        if new.sections[index].line > section.line {
+            return Err(Some(format!(
+                "defaults '{profile}' is declared after backend {name}"
+            )));
+        }
+        let implicit = new.sections[index + 1..]
+            .iter()
+            .take_while(|s| s.kind != SectionKind::Defaults)
+            .find(|s| s.kind.is_proxy() && s.from_defaults().is_none());
+        if let Some(user) = implicit {
+            return Err(Some(format!(
+                "defaults '{profile}' is also used implicitly by {} {}",
+                user.kind,
+                user.name.as_deref().unwrap_or_default()
+            )));
+        }
+        let mut servers = HashSet::new();
+        for directive in &section.directives {
+            let words = plain_words(&directive.text)
+                .filter(|words| words.len() >= 3 && words[0] == "server")
+                .ok_or_else(|| {
+                    Some(format!(
+                        "haproxy.cfg:{}: not a plain server line",
+                        directive.line
+                    ))
+                })?;
+            if !name_ok(words[1]) || !servers.insert(words[1]) || ip_port(words[2]).is_none() {
+                return Err(Some(format!(
+                    "haproxy.cfg:{}: server name or address outside the rule",
+                    directive.line
+                )));
+            }
+            let mut params = words[3..].iter();
+            while let Some(word) = params.next() {
+                let covered = match *word {
+                    "check" => true,
+                    "weight" => params.next().is_some_and(|w| weight(w).is_some()),
+                    "proto" => params.next() == Some(&"h2"),
+                    _ => false,
+                };
+                if !covered {
+                    return Err(Some(format!(
+                        "haproxy.cfg:{}: server word '{word}' outside the rule",
+                        directive.line
+                    )));
+                }
+            }
+        }
+    }
+    for section in &changes.removed {
+        let name = section.name.as_deref().unwrap_or_default();
+        if names_word(new_text, name) {
+            return Err(Some(format!(
+                "removed backend {name} is still named in haproxy.cfg"
+            )));
+        }
+    }
+    let kept_old = old.sections.iter().filter(|s| !changes.is_removed(s));
+    let kept_new = new.sections.iter().filter(|s| !changes.is_added(s));
+    for (a, b) in kept_old.zip(kept_new) {
+        let header = line_of(&new_lines, b.line);
+        if a.kind != b.kind
+            || a.name != b.name
+            || a.args != b.args
+            || line_of(&old_lines, a.line) != header
+            || a.directives.len() != b.directives.len()
+        {
+            return Err(Some(format!(
+                "section '{header}' at haproxy.cfg:{} differs",
+                b.line
+            )));
+        }
+        for (x, y) in a.directives.iter().zip(&b.directives) {
+            if x.line.wrapping_sub(a.line) != y.line.wrapping_sub(b.line) {
+                return Err(Some(format!("haproxy.cfg:{}: lines moved", y.line)));
+            }
+            if x.text != y.text {
+                server_change_covered(b, x, y)
+                    .map_err(|why| Some(format!("haproxy.cfg:{}: {why}", y.line)))?;
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Whether `text` holds `name` as a whole word: not inside a longer name (`be_r1` in
+/// `be_r10`), whatever surrounds it otherwise (`nbsrv(be_r1)`, `be_r1/s1`).
+fn names_word(text: &str, name: &str) -> bool {
+    let name_byte = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':');
+    text.match_indices(name).any(|(at, _)| {
+        let before = text[..at].bytes().next_back();
+        let after = text[at + name.len()..].bytes().next();
+        !before.is_some_and(name_byte) && !after.is_some_and(name_byte)
+    })
+}

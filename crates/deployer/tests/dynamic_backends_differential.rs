@@ -1,0 +1,220 @@
+//! Differential test of dynamic backends: random sequences of route adds and removals
+//! mixed with endpoint changes are deployed to a real HAProxy with
+//! `haproxy.dynamicBackends` on; after every step the routes it serves must equal those
+//! of a fresh HAProxy started from the files on disk (only its listening port
+//! changed). On 3.4 every step is a runtime change (no reload); on older lines the
+//! same sequences take the reload path.
+//!
+//! The sequence is drawn from a seed: `HAPWRIGHT_DIFF_SEED=<n>` replays one (every
+//! failure message names its seed).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hapwright_deployer::Driver;
+use hapwright_deployer::client::master::Version;
+use hapwright_deployer::driver::{DriverConfig, SocketDriver};
+use hapwright_deployer::haproxy::files::ConfigDir;
+use hapwright_deployer::metrics::Metrics;
+use hapwright_eventbus::model::{DeployStrategy, RenderedConfig};
+use support::{Backend, Haproxy, free_port, haproxy_line, http_get, rendered};
+
+/// Routes the sequences draw from, and the servers their backends point at.
+const ROUTES: usize = 8;
+const SERVERS: usize = 5;
+const STEPS: usize = 24;
+
+/// xorshift64*: a small deterministic generator, enough to draw sequences.
+struct Draw(u64);
+
+impl Draw {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        usize::try_from(self.next() % n as u64).unwrap()
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("HAPWRIGHT_DIFF_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        })
+}
+
+/// `be_app` at `app`, one `backend be_r<i> from routes` per route (its server at the
+/// port of the server it points at), routed by `r<i>.test`.
+fn render(port: u16, app: u16, routes: &BTreeMap<usize, u16>) -> Arc<RenderedConfig> {
+    let mut backends = String::new();
+    let mut hosts = String::new();
+    for (route, server) in routes {
+        backends.push_str(&format!(
+            "backend be_r{route} from routes\n    server s1 127.0.0.1:{server}\n\n"
+        ));
+        hosts.push_str(&format!("r{route}.test be_r{route}\n"));
+    }
+    rendered(
+        &format!(
+            "global\n    stats timeout 30s\n\n\
+defaults routes\n    mode http\n    balance roundrobin\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
+frontend fe_main from routes\n    bind 127.0.0.1:{port}\n    use_backend %[req.hdr(host),lower,word(1,:),map(maps/hosts.map,be_app)]\n    default_backend be_app\n\n\
+backend be_app from routes\n    server s1 127.0.0.1:{app}\n\n\
+{backends}"
+        ),
+        &[("hosts.map", &hosts)],
+    )
+}
+
+/// What each host is served: `(status, body)`.
+async fn served(port: u16) -> BTreeMap<String, (u16, String)> {
+    let mut out = BTreeMap::new();
+    for host in (0..ROUTES)
+        .map(|r| format!("r{r}.test"))
+        .chain(["app.test".to_owned()])
+    {
+        let answer = http_get(port, &host)
+            .await
+            .unwrap_or_else(|e| panic!("GET {host} on port {port}: {e}"));
+        out.insert(host, answer);
+    }
+    out
+}
+
+/// The files in `dir` as a render, listening on `port` instead of `live_port`.
+fn files_on(dir: &std::path::Path, live_port: u16, port: u16) -> Arc<RenderedConfig> {
+    let (on_disk, _) = ConfigDir::new(dir).read_rendered().unwrap().unwrap();
+    let bind = format!("bind 127.0.0.1:{live_port}\n");
+    assert!(on_disk.main().contains(&bind));
+    Arc::new(RenderedConfig::new(
+        on_disk
+            .main()
+            .replace(&bind, &format!("bind 127.0.0.1:{port}\n")),
+        on_disk.maps().clone(),
+        on_disk.files().clone(),
+        on_disk.certificates().clone(),
+        on_disk.source_map().clone(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_route_changes_serve_what_a_fresh_haproxy_on_the_files_serves() {
+    let dynamic = haproxy_line() >= Version { major: 3, minor: 4 };
+    let seed = seed();
+    let mut draw = Draw(seed);
+    let app = Backend::start("app").await;
+    let mut servers = Vec::new();
+    for i in 0..SERVERS {
+        servers.push(Backend::start(&format!("server-{i}")).await);
+    }
+    let port = free_port();
+    let mut routes: BTreeMap<usize, u16> = BTreeMap::new();
+    let v1 = render(port, app.port, &routes);
+    let haproxy = Haproxy::start("differential", &v1, &v1.hash().short()).await;
+    let driver = SocketDriver::new(
+        haproxy.instance.clone().with_dynamic_backends(true),
+        None,
+        Metrics::unregistered().unwrap(),
+    )
+    .with_config(DriverConfig {
+        drain_timeout: Duration::from_secs(2),
+        ..DriverConfig::default()
+    });
+    let mut running = Arc::new(driver.deploy(v1, None, None, false).await.unwrap());
+    let reloads_before = haproxy.reloads().await;
+    let mut history = Vec::new();
+
+    for step in 0..STEPS {
+        // One to three changes per deployment.
+        let mut changes = Vec::new();
+        for _ in 0..=draw.below(3) {
+            let route = draw.below(ROUTES);
+            let server = servers[draw.below(SERVERS)].port;
+            let change = match routes.get(&route) {
+                None => {
+                    routes.insert(route, server);
+                    format!("add r{route}->{server}")
+                }
+                Some(_) if draw.below(2) == 0 => {
+                    routes.remove(&route);
+                    format!("remove r{route}")
+                }
+                Some(_) => {
+                    routes.insert(route, server);
+                    format!("move r{route}->{server}")
+                }
+            };
+            changes.push(change);
+        }
+        history.push(changes.join(", "));
+        let deployed = driver
+            .deploy(
+                render(port, app.port, &routes),
+                None,
+                Some(running.clone()),
+                false,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("seed {seed}, step {step} ({history:?}): {e}"));
+        if dynamic {
+            assert_ne!(
+                deployed.strategy,
+                DeployStrategy::Reload,
+                "seed {seed}, step {step} ({history:?}): {:?}",
+                deployed.reason
+            );
+        }
+        running = Arc::new(deployed);
+
+        let live = served(port).await;
+        // What the render says: each route's server, everything else the default.
+        let expected: BTreeMap<String, (u16, String)> = (0..ROUTES)
+            .map(|r| {
+                let body = match routes.get(&r) {
+                    Some(port) => {
+                        let i = servers.iter().position(|s| s.port == *port).unwrap();
+                        format!("server-{i}")
+                    }
+                    None => "app".to_owned(),
+                };
+                (format!("r{r}.test"), (200, body))
+            })
+            .chain([("app.test".to_owned(), (200, "app".to_owned()))])
+            .collect();
+        assert_eq!(live, expected, "seed {seed}, step {step} ({history:?})");
+
+        let fresh_port = free_port();
+        let fresh = Haproxy::start(
+            "differential-fresh",
+            &files_on(haproxy.path(), port, fresh_port),
+            &running.marker,
+        )
+        .await;
+        assert_eq!(
+            served(fresh_port).await,
+            live,
+            "seed {seed}, step {step} ({history:?}): a fresh HAProxy on the files serves other routes"
+        );
+        drop(fresh);
+    }
+    if dynamic {
+        assert_eq!(
+            haproxy.reloads().await,
+            reloads_before,
+            "seed {seed}: no reload ({history:?})"
+        );
+    }
+}
