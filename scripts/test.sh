@@ -86,8 +86,8 @@ line_tests=(
     # crates/deployer: socket and managed drivers against real HAProxy processes,
     # reload confirmation, runtime changes, faults, fleets; `haproxy -c`.
     deploy_faults equivalence files fleet lossless_runtime managed managed_leftovers
-    managed_restart reload_confirmation runtime_errors socket_reload socket_runtime
-    validator
+    managed_restart reload_confirmation runtime_certificates runtime_errors socket_reload
+    socket_runtime validator
     # crates/reconciler: random values escaped for where they land, read back by HAProxy.
     escaping
     # tests/: the hapwright binary with managed HAProxy.

@@ -667,6 +667,17 @@ impl SocketDriver {
         } else {
             Vec::new()
         };
+        let needs_lists = ops.iter().any(|op| {
+            matches!(
+                op,
+                RuntimeOp::SetCrtListEntry { .. } | RuntimeOp::DelCrtListEntry { .. }
+            )
+        });
+        let lists = if needs_lists {
+            self.runtime.crt_lists().await?
+        } else {
+            Vec::new()
+        };
         let dir = self.instance.config_dir.display().to_string();
         let find = |list: &[String], relative: &str| {
             let absolute = format!("{}/{relative}", dir.trim_end_matches('/'));
@@ -693,6 +704,13 @@ impl SocketDriver {
                     .ok_or_else(|| RuntimeError::NotLoaded {
                         file: file.clone(),
                         expected: "a certificate",
+                    }),
+                RuntimeOp::SetCrtListEntry { list, .. }
+                | RuntimeOp::DelCrtListEntry { list, .. } => find(&lists, list)
+                    .map(|path| Some((PatternKind::Map, path)))
+                    .ok_or_else(|| RuntimeError::NotLoaded {
+                        file: list.clone(),
+                        expected: "a crt-list",
                     }),
                 _ => Ok(None),
             })
@@ -758,6 +776,16 @@ impl SocketDriver {
             RuntimeOp::ReplaceCertificate { pem, .. } => {
                 let (_, path) = target.expect("resolved before applying");
                 rt.replace_certificate(&path, pem).await
+            }
+            RuntimeOp::AddCertificate { file, pem } => rt.add_certificate(file, pem).await,
+            RuntimeOp::DelCertificate { file } => rt.delete_certificate(file).await,
+            RuntimeOp::SetCrtListEntry { cert, line, .. } => {
+                let (_, list) = target.expect("resolved before applying");
+                rt.set_crt_list_entry(&list, cert, line).await
+            }
+            RuntimeOp::DelCrtListEntry { cert, .. } => {
+                let (_, list) = target.expect("resolved before applying");
+                rt.delete_crt_list_entry(&list, cert).await
             }
         }
     }
