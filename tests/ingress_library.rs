@@ -11,7 +11,7 @@ mod library;
 use std::path::PathBuf;
 
 use hapwright_deployer::haproxy::plan::{self, RuntimeOp};
-use hapwright_e2e::free_port;
+use hapwright_e2e::{WAIT, free_port, poll};
 use hapwright_eventbus::model::DeployStrategy;
 use library::{Sidecar, hapwright, library_path, render, rendered, text, upstream};
 use serde_json::{Value, json};
@@ -403,4 +403,65 @@ fn the_library_runs_on_haproxy_started_as_in_the_sidecar_manifest() {
         "back to the default certificate"
     );
     assert_eq!(sidecar.master_reloads(), 1, "HAProxy did not reload");
+
+    // A Secret whose key does not match its certificate: HAProxy refuses it, so the
+    // Ingress that brings it is quarantined with HAProxy's message, while another
+    // new TLS Ingress goes live beside it and every other certificate stays served.
+    let global = &library["validationTests"]["_global"]["fixtures"]["secrets"];
+    let data = |name: &str, key: &str| {
+        global
+            .as_array()
+            .expect("secrets")
+            .iter()
+            .find(|s| s["metadata"]["name"] == name)
+            .expect("fixture secret")["data"][key]
+            .clone()
+    };
+    let mut secrets = global.clone();
+    secrets.as_array_mut().expect("secrets").push(json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": { "name": "broken-tls", "namespace": "shop" },
+        "data": {
+            "tls.crt": data("shop-tls", "tls.crt"),
+            "tls.key": data("apps-wildcard-tls", "tls.key")
+        }
+    }));
+    library::write_objects(sidecar.dir.path(), "secrets", &secrets);
+    let mut broken = fixtures["tls-from-secrets"]["fixtures"]["ingresses"][0].clone();
+    broken["metadata"]["name"] = json!("broken");
+    broken["metadata"]["creationTimestamp"] = json!("2030-02-01T00:00:00Z");
+    broken["spec"]["tls"] =
+        json!([ { "hosts": ["broken.example.test"], "secretName": "broken-tls" } ]);
+    broken["spec"]["rules"][0]["host"] = json!("broken.example.test");
+    let mut wild = fixtures["tls-wildcard-and-shared-secret"]["fixtures"]["ingresses"][0].clone();
+    wild["metadata"]["creationTimestamp"] = json!("2030-01-01T00:00:00Z");
+    let mut ingresses = sidecar_ingresses();
+    ingresses
+        .as_array_mut()
+        .expect("ingresses")
+        .extend([wild, broken]);
+    library::write_objects(sidecar.dir.path(), "ingresses", &ingresses);
+    let quarantine = sidecar.quarantine(1);
+    assert_eq!(quarantine["objects"][0]["name"], "broken", "{quarantine}");
+    assert!(
+        quarantine
+            .to_string()
+            .contains("inconsistencies between private key and certificate"),
+        "HAProxy's message: {quarantine}"
+    );
+    assert!(
+        !quarantine.to_string().contains("PRIVATE KEY-----"),
+        "no key in the report: {quarantine}"
+    );
+    let wildcard_now = poll(WAIT, || {
+        let subject = sidecar.served_certificate(ports.https, "a.apps.example.test");
+        (subject != default).then_some(subject)
+    })
+    .unwrap_or_else(|_| sidecar.fail("the good TLS Ingress never went live"));
+    assert_eq!(wildcard_now, wildcard);
+    assert_eq!(
+        sidecar.served_certificate(ports.https, "secure.example.test"),
+        default,
+        "the other certificates stay served"
+    );
 }
