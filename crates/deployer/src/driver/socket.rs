@@ -639,6 +639,14 @@ impl SocketDriver {
                 Ok(()) => count += 1,
                 Err(error) => return Err(failed(op.describe(), error)),
             }
+            if count == 1 && plan.ops.len() > 1 {
+                let _ = self
+                    .on_files(|dir| {
+                        dir.faults().reached(steps::AFTER_RUNTIME_OP);
+                        Ok(())
+                    })
+                    .await;
+            }
         }
         Ok(count)
     }
