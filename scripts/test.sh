@@ -87,8 +87,8 @@ line_tests=(
     # crates/deployer: socket and managed drivers against real HAProxy processes,
     # reload confirmation, runtime changes, faults, fleets; `haproxy -c`.
     deploy_faults equivalence files fleet lossless_runtime managed managed_leftovers
-    managed_restart reload_confirmation runtime_errors socket_reload socket_runtime
-    validator
+    managed_restart reload_confirmation runtime_certificates runtime_errors socket_reload
+    socket_runtime validator
     # Dynamic backends: runtime changes on 3.4, the reload fallback on older lines.
     dynamic_backends dynamic_backends_differential dynamic_backends_equivalence
     # crates/reconciler: random values escaped for where they land, read back by HAProxy.

@@ -44,7 +44,7 @@ const FEATURE_TESTS: &[&str] = &[
     "regex-paths-checked",
     "conflicts-oldest-wins",
     "host-ownership",
-    "tls-slots-per-namespace",
+    "tls-every-secret",
     "status-gatewayclass",
     "status-gateway",
     "status-routes",
@@ -420,6 +420,29 @@ fn the_library_routes_real_traffic() {
             .get(format!("https://shop.example.test:{}/", ports.https)),
     );
     assert_eq!((status, body.lines().next()), (200, Some("web")), "{body}");
+
+    // A second HTTPS listener with its own certificate Secret: served for its
+    // hostname at once, without a reload, and gone again the same way.
+    let reloads = sidecar.master_reloads();
+    let mut with_apps = gateway(&ports);
+    with_apps[0]["spec"]["listeners"]
+        .as_array_mut()
+        .expect("listeners")
+        .push(json!({
+            "name": "https-apps", "protocol": "HTTPS", "port": ports.https,
+            "hostname": "*.apps.example.test",
+            "tls": { "certificateRefs": [ { "name": "apps-wildcard-tls" } ] },
+            "allowedRoutes": { "namespaces": { "from": "All" } }
+        }));
+    let deployed = sidecar.change("gateways", &with_apps);
+    assert_eq!(deployed["last_strategy"], "runtime", "{deployed}");
+    let apps = sidecar.served_certificate(ports.https, "a.apps.example.test");
+    assert!(apps.contains("apps.example.test"), "{apps}");
+    let deployed = sidecar.change("gateways", &gateway(&ports));
+    assert_eq!(deployed["last_strategy"], "runtime", "{deployed}");
+    let back = sidecar.served_certificate(ports.https, "a.apps.example.test");
+    assert!(back.contains("shop.example.test"), "{back}");
+    assert_eq!(sidecar.master_reloads(), reloads, "HAProxy did not reload");
 
     // TLS passthrough: the TLS listener holds no certificate and forwards the
     // connection for the TLSRoute's SNI (here to the HTTPS listener, which completes

@@ -11,7 +11,7 @@ mod library;
 use std::path::PathBuf;
 
 use hapwright_deployer::haproxy::plan::{self, RuntimeOp};
-use hapwright_e2e::free_port;
+use hapwright_e2e::{WAIT, free_port, poll};
 use hapwright_eventbus::model::DeployStrategy;
 use library::{Sidecar, hapwright, library_path, render, rendered, text, upstream};
 use serde_json::{Value, json};
@@ -29,14 +29,14 @@ const FEATURE_TESTS: &[&str] = &[
     "regex-anchored-to-host",
     "conflicts-oldest-wins",
     "host-ownership",
-    "tls-slots-per-namespace",
+    "tls-hosts-per-namespace",
     "default-backend-from-ingress",
     "default-backend-404",
     "tls-from-secrets",
     "tls-default-certificate",
     "tls-wildcard-and-shared-secret",
     "tls-missing-secret",
-    "tls-slot-overflow",
+    "tls-every-secret",
     "ssl-redirect-opt-out",
     "ingress-class-filtering",
     "ingress-without-class-opt-in",
@@ -185,7 +185,7 @@ fn a_certificate_renewal_is_a_runtime_only_deployment() {
     assert!(
         matches!(
             plan.ops.as_slice(),
-            [RuntimeOp::ReplaceCertificate { file, .. }] if file == "certs/tls-0.pem"
+            [RuntimeOp::ReplaceCertificate { file, .. }] if file == "certs/shop_shop-tls.pem"
         ),
         "{:?}",
         plan.ops
@@ -193,7 +193,7 @@ fn a_certificate_renewal_is_a_runtime_only_deployment() {
 }
 
 #[test]
-fn a_new_tls_secret_reloads_because_the_crt_list_changes() {
+fn the_first_tls_secret_adds_the_https_listener_with_a_reload() {
     let library = library_value();
     let before = storefront_fixtures();
     let mut after = before.clone();
@@ -216,6 +216,51 @@ fn a_new_tls_secret_reloads_because_the_crt_list_changes() {
     assert_eq!(plan.strategy(), DeployStrategy::Reload);
 }
 
+#[test]
+fn more_tls_secrets_are_added_and_removed_without_a_reload() {
+    let library = library_value();
+    let tests = &library["validationTests"];
+    let mut one = storefront_fixtures();
+    one["ingresses"] = tests["tls-from-secrets"]["fixtures"]["ingresses"].clone();
+    let mut two = one.clone();
+    let mut wild = tests["tls-wildcard-and-shared-secret"]["fixtures"]["ingresses"][0].clone();
+    wild["metadata"]["creationTimestamp"] = json!("2030-01-01T00:00:00Z");
+    two["ingresses"]
+        .as_array_mut()
+        .expect("ingresses")
+        .push(wild);
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let with_one = rendered(&render(&library_config(), &dir.path().join("one"), &one));
+    let with_two = rendered(&render(&library_config(), &dir.path().join("two"), &two));
+    // The certificate and crt-list operations (the maps change at runtime too).
+    let described = |plan: &plan::ChangePlan| -> Vec<String> {
+        plan.ops
+            .iter()
+            .filter(|op| matches!(op.object(), "certificate" | "crt_list"))
+            .map(RuntimeOp::describe)
+            .collect()
+    };
+    let added = plan::compute(&with_one, &with_two);
+    assert_eq!(added.reload, None, "{:?}", added.reload);
+    assert_eq!(
+        described(&added),
+        [
+            "certs/shop_apps-wildcard-tls.pem added",
+            "files/tls.crtlist entry certs/shop_apps-wildcard-tls.pem set",
+        ]
+    );
+    let removed = plan::compute(&with_two, &with_one);
+    assert_eq!(removed.reload, None, "{:?}", removed.reload);
+    assert_eq!(
+        described(&removed),
+        [
+            "files/tls.crtlist entry certs/shop_apps-wildcard-tls.pem removed",
+            "certs/shop_apps-wildcard-tls.pem removed",
+        ]
+    );
+}
+
 // === end to end: the library on an HAProxy started as in deploy/sidecar/ ===
 
 fn endpoint_slice(service: &str, ports: &[u16]) -> Value {
@@ -231,6 +276,21 @@ fn endpoint_slice(service: &str, ports: &[u16]) -> Value {
         "ports": [ { "name": if service == "web" { "http" } else { "" }, "port": ports[0], "protocol": "TCP" } ],
         "endpoints": ports.iter().map(|_| json!({ "addresses": ["127.0.0.1"], "conditions": { "ready": true } })).collect::<Vec<_>>()
     })
+}
+
+/// The sidecar's Ingresses: the routing fixtures plus `secure`, with TLS.
+fn sidecar_ingresses() -> Value {
+    let library = library_value();
+    let fixtures = &library["validationTests"];
+    let mut ingresses = fixtures["host-and-prefix-routing"]["fixtures"]["ingresses"].clone();
+    let mut secure = fixtures["tls-from-secrets"]["fixtures"]["ingresses"][0].clone();
+    secure["metadata"]["name"] = json!("secure");
+    secure["spec"]["tls"][0]["hosts"] = json!(["secure.example.test"]);
+    secure["spec"]["rules"][0]["host"] = json!("secure.example.test");
+    secure["spec"]["rules"][0]["http"]["paths"][0]["backend"] =
+        json!({ "service": { "name": "api", "port": { "number": 80 } } });
+    ingresses.as_array_mut().expect("ingresses").push(secure);
+    ingresses
 }
 
 /// The sidecar with the library's ports.
@@ -250,16 +310,8 @@ fn start_sidecar(web: u16, api: u16) -> (Sidecar, Ports) {
 
     let library = library_value();
     let fixtures = &library["validationTests"];
-    let mut ingresses = fixtures["host-and-prefix-routing"]["fixtures"]["ingresses"].clone();
-    let mut secure = fixtures["tls-from-secrets"]["fixtures"]["ingresses"][0].clone();
-    secure["metadata"]["name"] = json!("secure");
-    secure["spec"]["tls"][0]["hosts"] = json!(["secure.example.test"]);
-    secure["spec"]["rules"][0]["host"] = json!("secure.example.test");
-    secure["spec"]["rules"][0]["http"]["paths"][0]["backend"] =
-        json!({ "service": { "name": "api", "port": { "number": 80 } } });
-    ingresses.as_array_mut().expect("ingresses").push(secure);
     let resources = [
-        ("ingresses", ingresses),
+        ("ingresses", sidecar_ingresses()),
         (
             "services",
             fixtures["_global"]["fixtures"]["services"].clone(),
@@ -329,4 +381,87 @@ fn the_library_runs_on_haproxy_started_as_in_the_sidecar_manifest() {
     assert_eq!(deployed["last_strategy"], "runtime", "{deployed}");
     assert_eq!(sidecar.master_reloads(), 1, "HAProxy did not reload");
     sidecar.expect(http, "shop.example.test", "/", 200, "web-b");
+
+    // A second TLS Ingress with its own Secret: its certificate is served for its
+    // host at once, without a reload; removing the Ingress removes it again.
+    let library = library_value();
+    let fixtures = &library["validationTests"];
+    let mut ingresses = sidecar_ingresses();
+    let mut wild = fixtures["tls-wildcard-and-shared-secret"]["fixtures"]["ingresses"][0].clone();
+    wild["metadata"]["creationTimestamp"] = json!("2030-01-01T00:00:00Z");
+    ingresses.as_array_mut().expect("ingresses").push(wild);
+    let deployed = sidecar.change("ingresses", &ingresses);
+    assert_eq!(deployed["last_strategy"], "runtime", "{deployed}");
+    let default = sidecar.served_certificate(ports.https, "secure.example.test");
+    let wildcard = sidecar.served_certificate(ports.https, "a.apps.example.test");
+    assert_ne!(wildcard, default, "the new Secret's certificate is served");
+    let deployed = sidecar.change("ingresses", &sidecar_ingresses());
+    assert_eq!(deployed["last_strategy"], "runtime", "{deployed}");
+    assert_eq!(
+        sidecar.served_certificate(ports.https, "a.apps.example.test"),
+        default,
+        "back to the default certificate"
+    );
+    assert_eq!(sidecar.master_reloads(), 1, "HAProxy did not reload");
+
+    // A Secret whose key does not match its certificate: HAProxy refuses it, so the
+    // Ingress that brings it is quarantined with HAProxy's message, while another
+    // new TLS Ingress goes live beside it and every other certificate stays served.
+    let global = &library["validationTests"]["_global"]["fixtures"]["secrets"];
+    let data = |name: &str, key: &str| {
+        global
+            .as_array()
+            .expect("secrets")
+            .iter()
+            .find(|s| s["metadata"]["name"] == name)
+            .expect("fixture secret")["data"][key]
+            .clone()
+    };
+    let mut secrets = global.clone();
+    secrets.as_array_mut().expect("secrets").push(json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": { "name": "broken-tls", "namespace": "shop" },
+        "data": {
+            "tls.crt": data("shop-tls", "tls.crt"),
+            "tls.key": data("apps-wildcard-tls", "tls.key")
+        }
+    }));
+    library::write_objects(sidecar.dir.path(), "secrets", &secrets);
+    let mut broken = fixtures["tls-from-secrets"]["fixtures"]["ingresses"][0].clone();
+    broken["metadata"]["name"] = json!("broken");
+    broken["metadata"]["creationTimestamp"] = json!("2030-02-01T00:00:00Z");
+    broken["spec"]["tls"] =
+        json!([ { "hosts": ["broken.example.test"], "secretName": "broken-tls" } ]);
+    broken["spec"]["rules"][0]["host"] = json!("broken.example.test");
+    let mut wild = fixtures["tls-wildcard-and-shared-secret"]["fixtures"]["ingresses"][0].clone();
+    wild["metadata"]["creationTimestamp"] = json!("2030-01-01T00:00:00Z");
+    let mut ingresses = sidecar_ingresses();
+    ingresses
+        .as_array_mut()
+        .expect("ingresses")
+        .extend([wild, broken]);
+    library::write_objects(sidecar.dir.path(), "ingresses", &ingresses);
+    let quarantine = sidecar.quarantine(1);
+    assert_eq!(quarantine["objects"][0]["name"], "broken", "{quarantine}");
+    assert!(
+        quarantine
+            .to_string()
+            .contains("inconsistencies between private key and certificate"),
+        "HAProxy's message: {quarantine}"
+    );
+    assert!(
+        !quarantine.to_string().contains("PRIVATE KEY-----"),
+        "no key in the report: {quarantine}"
+    );
+    let wildcard_now = poll(WAIT, || {
+        let subject = sidecar.served_certificate(ports.https, "a.apps.example.test");
+        (subject != default).then_some(subject)
+    })
+    .unwrap_or_else(|_| sidecar.fail("the good TLS Ingress never went live"));
+    assert_eq!(wildcard_now, wildcard);
+    assert_eq!(
+        sidecar.served_certificate(ports.https, "secure.example.test"),
+        default,
+        "the other certificates stay served"
+    );
 }

@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use hapwright_deployer::client::socket::InstanceConfig;
 use hapwright_deployer::component::validator;
-use hapwright_eventbus::model::{Diagnostic, RenderedConfig, ResourceSnapshot};
+use hapwright_eventbus::model::{Diagnostic, FileKind, RenderedConfig, ResourceSnapshot};
 use hapwright_reconciler::quarantine;
-use hapwright_reconciler::renderer::{RenderLimits, Renderer, Templates, TemplatingSettings};
+use hapwright_reconciler::renderer::{
+    FileSet, RenderLimits, Renderer, Templates, TemplatingSettings,
+};
 use hapwright_reconciler::status::StatusTemplates;
 use hapwright_watchers::config::{FilesConfig, WatchedResource};
 use hapwright_watchers::files::{ScanMode, Scanner};
@@ -27,15 +29,35 @@ pub fn templates(config: &Config) -> Templates {
     let section = &config.templates;
     let bodies = |map: &BTreeMap<String, hapwright_reconciler::config::Template>| {
         map.iter()
+            .filter(|(_, t)| !t.is_set())
             .map(|(name, t)| (name.clone(), t.template.clone()))
             .collect::<BTreeMap<_, _>>()
     };
+    let sets = [
+        (FileKind::Map, &section.maps),
+        (FileKind::File, &section.files),
+        (FileKind::Certificate, &section.ssl_certificates),
+    ]
+    .into_iter()
+    .flat_map(|(kind, group)| {
+        group.iter().filter_map(move |(key, t)| {
+            Some(FileSet {
+                kind,
+                key: key.clone(),
+                for_each: t.for_each.clone()?,
+                name: t.name.clone()?,
+                template: t.template.clone(),
+            })
+        })
+    })
+    .collect();
     Templates {
         main: section.haproxy_config.template.clone(),
         snippets: bodies(&section.template_snippets),
         maps: bodies(&section.maps),
         files: bodies(&section.files),
         certificates: bodies(&section.ssl_certificates),
+        sets,
         extra_context: section.extra_context.clone(),
         settings: TemplatingSettings {
             trim_blocks: section.templating.trim_blocks,

@@ -19,7 +19,7 @@ const RELOAD_REASONS: [ReloadReason; 7] = [
 ];
 
 /// The objects runtime commands change (the `object` label).
-const RUNTIME_OBJECTS: [&str; 5] = ["server", "map", "acl", "certificate", "backend"];
+const RUNTIME_OBJECTS: [&str; 6] = ["server", "map", "acl", "certificate", "crt_list", "backend"];
 
 /// The deployer's metrics.
 #[derive(Clone, Debug)]

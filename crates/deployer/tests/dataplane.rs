@@ -379,3 +379,65 @@ async fn the_haproxy_version_comes_from_the_runtime_info() {
     let error = refused.haproxy_version().await.unwrap_err();
     assert!(error.contains("401"), "{error}");
 }
+
+/// A render with a TLS frontend whose crt-list names `certs`, one PEM each.
+fn render_tls(certs: &[&str]) -> Arc<RenderedConfig> {
+    let list: String = certs
+        .iter()
+        .map(|c| format!("certs/{c}.pem {c}.test\n"))
+        .collect();
+    Arc::new(RenderedConfig::new(
+        "global\n    stats timeout 30s\n\ndefaults\n    mode http\n    timeout connect 2s\n    \
+         timeout client 10s\n    timeout server 10s\n\nfrontend fe_tls\n    \
+         bind 127.0.0.1:8443 ssl crt-list files/tls.crtlist\n    default_backend be_app\n\n\
+         backend be_app\n    server s1 127.0.0.1:9001\n",
+        Default::default(),
+        [("tls.crtlist".to_owned(), Arc::<str>::from(list))].into(),
+        certs
+            .iter()
+            .map(|c| {
+                (
+                    format!("{c}.pem"),
+                    Arc::<str>::from(format!("PEM of {c}\n")),
+                )
+            })
+            .collect(),
+        hapwright_eventbus::model::SourceMap::default(),
+    ))
+}
+
+#[tokio::test]
+async fn a_certificate_added_reloads_with_the_reason_the_api_has_no_runtime_call() {
+    let server = DataplaneServer::start("global\n").await;
+    let driver = driver(&server);
+    let running = Arc::new(
+        driver
+            .deploy(render_tls(&["a"]), None, None, false)
+            .await
+            .unwrap(),
+    );
+    let v2 = render_tls(&["a", "b"]);
+    let deployed = driver
+        .deploy(v2.clone(), None, Some(running), false)
+        .await
+        .unwrap();
+    assert_eq!(deployed.strategy, DeployStrategy::Reload);
+    assert_eq!(deployed.reason.reload, Some(ReloadReason::RuntimeFailed));
+    assert!(
+        deployed.reason.detail.contains("certs/b.pem added")
+            && deployed
+                .reason
+                .detail
+                .contains("the Data Plane API has no runtime call"),
+        "{}",
+        deployed.reason.detail
+    );
+    let state = server.state();
+    assert!(state.running_raw.contains(&v2.hash().short()));
+    assert_eq!(
+        state.storage["ssl_certificates"]
+            .get("b.pem")
+            .map(String::as_str),
+        Some("PEM of b\n")
+    );
+}

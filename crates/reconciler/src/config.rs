@@ -49,12 +49,28 @@ fn empty_object() -> Value {
     Value::Object(serde_json::Map::new())
 }
 
-/// One template's source text.
+/// One template's source text. In `maps`, `files` and `sslCertificates` it may also be
+/// a file set: `forEach` and `name` together make it render one file per item.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Template {
     /// Jinja source.
     pub template: String,
+    /// A file set's list: a Jinja expression evaluated in the render context
+    /// (`resources`, `extraContext`, `shared`), giving one file per item. The item is
+    /// `item` in `name` and `template`.
+    #[serde(default, rename = "forEach", skip_serializing_if = "Option::is_none")]
+    pub for_each: Option<String>,
+    /// A file set's file name, a Jinja template rendered per item.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl Template {
+    /// Whether this is a file set (`forEach` given).
+    pub fn is_set(&self) -> bool {
+        self.for_each.is_some()
+    }
 }
 
 /// Jinja environment settings, with Jinja2's defaults (all off), and the cap on
@@ -332,14 +348,50 @@ impl Assertion {
 }
 
 impl Config {
-    /// Every rendered file's path relative to the config directory:
-    /// `haproxy.cfg`, `maps/<name>`, `files/<name>`, `certs/<name>`.
+    /// Every rendered file's path relative to the config directory whose name the
+    /// config fixes: `haproxy.cfg`, `maps/<name>`, `files/<name>`, `certs/<name>`
+    /// (file sets name their files per item, so they are not here).
     pub fn rendered_paths(&self) -> Vec<String> {
         std::iter::once("haproxy.cfg".to_owned())
-            .chain(self.maps.keys().map(|n| format!("maps/{n}")))
-            .chain(self.files.keys().map(|n| format!("files/{n}")))
-            .chain(self.ssl_certificates.keys().map(|n| format!("certs/{n}")))
+            .chain(self.sections().flat_map(|(_, dir, group)| {
+                group
+                    .iter()
+                    .filter(|(_, t)| !t.is_set())
+                    .map(move |(n, _)| format!("{dir}/{n}"))
+            }))
             .collect()
+    }
+
+    /// The directories (`maps`, `files`, `certs`) that have a file set: any valid
+    /// file name there may be rendered.
+    pub fn set_directories(&self) -> Vec<&'static str> {
+        self.sections()
+            .filter(|(_, _, group)| group.values().any(Template::is_set))
+            .map(|(_, dir, _)| dir)
+            .collect()
+    }
+
+    /// `maps`, `files` and `sslCertificates`: their config key, directory and entries.
+    fn sections(
+        &self,
+    ) -> impl Iterator<Item = (&'static str, &'static str, &BTreeMap<String, Template>)> {
+        [
+            ("maps", "maps", &self.maps),
+            ("files", "files", &self.files),
+            ("sslCertificates", "certs", &self.ssl_certificates),
+        ]
+        .into_iter()
+    }
+
+    /// Whether `path` (relative to the config directory) may be a rendered file: a
+    /// fixed one, or a valid name in a directory with a file set.
+    pub fn may_render(&self, path: &str) -> bool {
+        if self.rendered_paths().iter().any(|p| p == path) {
+            return true;
+        }
+        path.split_once('/').is_some_and(|(dir, name)| {
+            self.set_directories().contains(&dir) && file_name_problem(name).is_none()
+        })
     }
 
     /// Semantic checks: file names usable as paths, assertion fields and regexes,
@@ -347,14 +399,56 @@ impl Config {
     /// the config file.
     pub fn validate(&self) -> Vec<ConfigIssue> {
         let mut issues = Vec::new();
-        for (section, names) in [
-            ("maps", &self.maps),
-            ("files", &self.files),
-            ("sslCertificates", &self.ssl_certificates),
-        ] {
-            for name in names.keys() {
+        for (section, _, names) in self.sections() {
+            for (name, template) in names {
                 if let Some(problem) = file_name_problem(name) {
                     issues.push(ConfigIssue::new(format!("{section}.{name}"), problem));
+                }
+                match (&template.for_each, &template.name) {
+                    (Some(_), None) => issues.push(ConfigIssue::new(
+                        format!("{section}.{name}.forEach"),
+                        "a file set needs `name` too: the file name template, rendered per item",
+                    )),
+                    (None, Some(_)) => issues.push(ConfigIssue::new(
+                        format!("{section}.{name}.name"),
+                        "`name` belongs to a file set: give `forEach` too (the list to render \
+                         one file per item of)",
+                    )),
+                    (Some(list), Some(file)) => {
+                        for (field, value) in [("forEach", list), ("name", file)] {
+                            if value.trim().is_empty() {
+                                issues.push(ConfigIssue::new(
+                                    format!("{section}.{name}.{field}"),
+                                    "must not be empty",
+                                ));
+                            }
+                        }
+                    }
+                    (None, None) => {}
+                }
+            }
+        }
+        let single = std::iter::once(("haproxyConfig".to_owned(), &self.haproxy_config))
+            .chain(
+                self.template_snippets
+                    .iter()
+                    .map(|(n, t)| (format!("templateSnippets.{n}"), t)),
+            )
+            .chain(
+                self.status_templates
+                    .iter()
+                    .map(|(n, t)| (format!("statusTemplates.{n}"), t)),
+            );
+        for (at, template) in single {
+            for (field, present) in [
+                ("forEach", template.for_each.is_some()),
+                ("name", template.name.is_some()),
+            ] {
+                if present {
+                    issues.push(ConfigIssue::new(
+                        format!("{at}.{field}"),
+                        "only maps, files and sslCertificates entries may be file sets",
+                    ));
                 }
             }
         }
@@ -423,6 +517,7 @@ impl Config {
                 if let Some(target) = &assertion.target
                     && target != RENDERING_ERROR_TARGET
                     && !targets.contains(&target_path(target))
+                    && !self.may_render(&target_path(target))
                 {
                     issues.push(ConfigIssue::new(
                         format!("{at}.target"),
@@ -441,7 +536,8 @@ impl Config {
     }
 }
 
-fn file_name_problem(name: &str) -> Option<&'static str> {
+/// Why `name` cannot be a rendered file's name, if it cannot.
+pub fn file_name_problem(name: &str) -> Option<&'static str> {
     if name.is_empty() {
         Some("file names must not be empty")
     } else if name.contains('/') || name.contains('\\') {

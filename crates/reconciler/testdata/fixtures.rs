@@ -46,6 +46,7 @@ pub fn routing_templates() -> Templates {
         maps: read_dir("maps"),
         files: read_dir("files"),
         certificates: read_dir("certs"),
+        sets: Vec::new(),
         extra_context: json!({
             "httpPort": 8080,
             "httpsPort": 8443,

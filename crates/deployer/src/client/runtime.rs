@@ -31,6 +31,9 @@ use tokio::time::Instant;
 
 use crate::client::socket::{CliClient, SocketAddress, SocketError};
 
+mod certs;
+pub use certs::parse_crt_list_entries;
+
 /// Payload chunks stay below this many bytes: a `<<` payload must fit in one 16 KB
 /// buffer, and a larger one is silently dropped by HAProxy 2.6.
 pub const MAX_PAYLOAD_BYTES: usize = 14 * 1024;

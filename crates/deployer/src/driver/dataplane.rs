@@ -372,6 +372,14 @@ impl DataplaneDriver {
                 };
                 self.replace_map(name, content).await
             }
+            RuntimeOp::AddCertificate { .. }
+            | RuntimeOp::DelCertificate { .. }
+            | RuntimeOp::SetCrtListEntry { .. }
+            | RuntimeOp::DelCrtListEntry { .. } => Err(OpError::refused(format!(
+                "{}: the Data Plane API has no runtime call for adding or removing \
+                 certificates and crt-list entries; a reload loads them",
+                op.describe()
+            ))),
             RuntimeOp::ReplaceCertificate { file, pem } => {
                 let name = file.strip_prefix("certs/").unwrap_or(file);
                 match api

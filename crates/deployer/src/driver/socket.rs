@@ -694,6 +694,14 @@ impl SocketDriver {
                 Ok(()) => count += 1,
                 Err(error) => return Err(failed(op.describe(), error)),
             }
+            if count == 1 && plan.ops.len() > 1 {
+                let _ = self
+                    .on_files(|dir| {
+                        dir.faults().reached(steps::AFTER_RUNTIME_OP);
+                        Ok(())
+                    })
+                    .await;
+            }
         }
         Ok(count)
     }
@@ -719,6 +727,17 @@ impl SocketDriver {
         };
         let certs = if needs_certs {
             self.runtime.ssl_certs().await?
+        } else {
+            Vec::new()
+        };
+        let needs_lists = ops.iter().any(|op| {
+            matches!(
+                op,
+                RuntimeOp::SetCrtListEntry { .. } | RuntimeOp::DelCrtListEntry { .. }
+            )
+        });
+        let lists = if needs_lists {
+            self.runtime.crt_lists().await?
         } else {
             Vec::new()
         };
@@ -748,6 +767,13 @@ impl SocketDriver {
                     .ok_or_else(|| RuntimeError::NotLoaded {
                         file: file.clone(),
                         expected: "a certificate",
+                    }),
+                RuntimeOp::SetCrtListEntry { list, .. }
+                | RuntimeOp::DelCrtListEntry { list, .. } => find(&lists, list)
+                    .map(|path| Some((PatternKind::Map, path)))
+                    .ok_or_else(|| RuntimeError::NotLoaded {
+                        file: list.clone(),
+                        expected: "a crt-list",
                     }),
                 _ => Ok(None),
             })
@@ -836,6 +862,16 @@ impl SocketDriver {
             RuntimeOp::ReplaceCertificate { pem, .. } => {
                 let (_, path) = target.expect("resolved before applying");
                 rt.replace_certificate(&path, pem).await
+            }
+            RuntimeOp::AddCertificate { file, pem } => rt.add_certificate(file, pem).await,
+            RuntimeOp::DelCertificate { file } => rt.delete_certificate(file).await,
+            RuntimeOp::SetCrtListEntry { cert, line, .. } => {
+                let (_, list) = target.expect("resolved before applying");
+                rt.set_crt_list_entry(&list, cert, line).await
+            }
+            RuntimeOp::DelCrtListEntry { cert, .. } => {
+                let (_, list) = target.expect("resolved before applying");
+                rt.delete_crt_list_entry(&list, cert).await
             }
         }
     }

@@ -187,8 +187,63 @@ pub enum RuntimeOp {
         /// Path relative to the config directory (`certs/site.pem`).
         file: String,
         /// The new PEM.
-        pem: std::sync::Arc<str>,
+        pem: Pem,
     },
+    /// A certificate a crt-list entry is about to use: `new ssl cert` + `set ssl
+    /// cert` + `commit ssl cert` ([`crate::haproxy`]'s certificate planning).
+    AddCertificate {
+        /// Path as the crt-list names it (`certs/shop_web.pem`).
+        file: String,
+        /// The PEM.
+        pem: Pem,
+    },
+    /// A certificate no crt-list entry uses any more: `del ssl cert`.
+    DelCertificate {
+        /// Path as the crt-list named it.
+        file: String,
+    },
+    /// A crt-list line added or changed: the certificate's entries in the list
+    /// replaced by `line` (`del ssl crt-list` + `add ssl crt-list`).
+    SetCrtListEntry {
+        /// The crt-list, as the bind line names it (`files/tls.crtlist`).
+        list: String,
+        /// The certificate the line names.
+        cert: String,
+        /// The line: certificate, `[options]`, SNI filters.
+        line: String,
+    },
+    /// A crt-list line removed: `del ssl crt-list`.
+    DelCrtListEntry {
+        /// The crt-list.
+        list: String,
+        /// The certificate whose entry goes.
+        cert: String,
+    },
+}
+
+/// A PEM bundle (certificate and private key): its `Debug` shows its size only, so
+/// plans and operations can be logged without the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Pem(std::sync::Arc<str>);
+
+impl From<std::sync::Arc<str>> for Pem {
+    fn from(text: std::sync::Arc<str>) -> Self {
+        Self(text)
+    }
+}
+
+impl std::ops::Deref for Pem {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Pem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<PEM, {} bytes, not shown>", self.0.len())
+    }
 }
 
 impl RuntimeOp {
@@ -197,7 +252,10 @@ impl RuntimeOp {
         match self {
             RuntimeOp::ReplacePatterns { file, .. } if file.starts_with("maps/") => "map",
             RuntimeOp::ReplacePatterns { .. } => "pattern_file",
-            RuntimeOp::ReplaceCertificate { .. } => "certificate",
+            RuntimeOp::ReplaceCertificate { .. }
+            | RuntimeOp::AddCertificate { .. }
+            | RuntimeOp::DelCertificate { .. } => "certificate",
+            RuntimeOp::SetCrtListEntry { .. } | RuntimeOp::DelCrtListEntry { .. } => "crt_list",
             RuntimeOp::AddBackend { .. } | RuntimeOp::DelBackend { .. } => "backend",
             _ => "server",
         }
@@ -251,6 +309,10 @@ impl RuntimeOp {
             RuntimeOp::DelBackend { backend } => format!("backend {backend} removed"),
             RuntimeOp::ReplacePatterns { file, .. } => format!("{file} contents"),
             RuntimeOp::ReplaceCertificate { file, .. } => format!("{file} replaced"),
+            RuntimeOp::AddCertificate { file, .. } => format!("{file} added"),
+            RuntimeOp::DelCertificate { file } => format!("{file} removed"),
+            RuntimeOp::SetCrtListEntry { list, cert, .. } => format!("{list} entry {cert} set"),
+            RuntimeOp::DelCrtListEntry { list, cert } => format!("{list} entry {cert} removed"),
         }
     }
 }
@@ -313,7 +375,7 @@ impl ChangePlan {
         }
     }
 
-    fn force(&mut self, reason: ReloadReason, detail: String) {
+    pub(crate) fn force(&mut self, reason: ReloadReason, detail: String) {
         if self.reload.is_none() {
             self.reload = Some(DeployReason {
                 reload: Some(reason),
@@ -378,7 +440,12 @@ pub fn plan_with(
         return plan;
     }
     let (added, removed) = plan_sections(&mut plan, running_model, desired_model, options);
-    plan_files(&mut plan, running, desired);
+    let handled = super::certs::plan_certificates(
+        &mut plan,
+        (running, running_model),
+        (desired, desired_model),
+    );
+    plan_files(&mut plan, running, desired, &handled);
     if !added.is_empty() || !removed.is_empty() {
         // New backends run before any map entry routes to them; removed ones go after
         // the map entries that routed to them.
@@ -832,7 +899,13 @@ fn plan_added_server(
     });
 }
 
-fn plan_files(plan: &mut ChangePlan, running: &RenderedConfig, desired: &RenderedConfig) {
+/// The file changes other than those `handled` by the certificate planning.
+fn plan_files(
+    plan: &mut ChangePlan,
+    running: &RenderedConfig,
+    desired: &RenderedConfig,
+    handled: &std::collections::BTreeSet<String>,
+) {
     let groups = [
         ("maps", running.maps(), desired.maps()),
         ("files", running.files(), desired.files()),
@@ -841,6 +914,9 @@ fn plan_files(plan: &mut ChangePlan, running: &RenderedConfig, desired: &Rendere
     for (dir, old, new) in groups {
         for (name, content) in new {
             let file = format!("{dir}/{name}");
+            if handled.contains(&file) {
+                continue;
+            }
             match old.get(name) {
                 None => plan.force(ReloadReason::NewFile, format!("{file} added")),
                 Some(previous) if previous == content => {}
@@ -853,7 +929,7 @@ fn plan_files(plan: &mut ChangePlan, running: &RenderedConfig, desired: &Rendere
                     } else {
                         plan.ops.push(RuntimeOp::ReplaceCertificate {
                             file,
-                            pem: content.clone(),
+                            pem: Pem::from(content.clone()),
                         });
                     }
                 }
@@ -872,7 +948,10 @@ fn plan_files(plan: &mut ChangePlan, running: &RenderedConfig, desired: &Rendere
                 }),
             }
         }
-        if let Some(name) = old.keys().find(|name| !new.contains_key(*name)) {
+        if let Some(name) = old
+            .keys()
+            .find(|name| !new.contains_key(*name) && !handled.contains(&format!("{dir}/{name}")))
+        {
             plan.force(ReloadReason::NewFile, format!("{dir}/{name} removed"));
         }
     }

@@ -30,6 +30,7 @@ mod functions;
 mod lazy;
 mod output;
 mod scan;
+mod sets;
 pub mod source_map;
 mod words;
 
@@ -47,6 +48,7 @@ use minijinja::{Environment, ErrorKind, UndefinedBehavior};
 
 pub use component::{QuarantineSettings, RendererComponent};
 pub use context::{ResourceStore, Resources};
+pub use sets::FileSet;
 
 use context::{Read, Recording};
 
@@ -111,6 +113,8 @@ pub struct Templates {
     pub files: BTreeMap<String, String>,
     /// Certificate templates by file name (rendered to `certs/<name>`).
     pub certificates: BTreeMap<String, String>,
+    /// File sets: one map, file or certificate per item of a list ([`sets`]).
+    pub sets: Vec<FileSet>,
     /// Any data; templates see it as `extraContext`.
     pub extra_context: serde_json::Value,
     /// Jinja environment settings.
@@ -127,6 +131,7 @@ impl Default for Templates {
             maps: BTreeMap::new(),
             files: BTreeMap::new(),
             certificates: BTreeMap::new(),
+            sets: Vec::new(),
             extra_context: serde_json::Value::Object(serde_json::Map::new()),
             settings: TemplatingSettings::default(),
             limits: RenderLimits::default(),
@@ -262,6 +267,11 @@ struct Inner {
     loops: Arc<[fragments::LoopSpec]>,
     /// What the static checks warn about (the templates still load).
     warnings: Vec<Diagnostic>,
+    /// The file sets ([`sets`]).
+    sets: Vec<sets::SetSpec>,
+    /// Per entry: the template of a file set (rendered per item by
+    /// [`Renderer::render_sets`], not as a file of its own).
+    in_set: Vec<bool>,
 }
 
 /// What the last render left for the next one: the resources it rendered from and,
@@ -271,6 +281,8 @@ struct Cache {
     files: Vec<Option<CachedFile>>,
     /// The snippet outputs used by files that are not kept.
     used: Vec<Arc<fragments::Used>>,
+    /// The file sets' files.
+    sets: sets::SetCache,
 }
 
 /// What one file read from the resources, the cached snippet outputs it used (kept
@@ -383,6 +395,7 @@ impl Renderer {
             maps,
             files,
             certificates,
+            sets: file_sets,
             extra_context,
             settings,
             limits,
@@ -414,6 +427,30 @@ impl Renderer {
                     source,
                 ));
             }
+        }
+        // File sets: their templates are entries too (checked and compiled like the
+        // others), rendered per item.
+        let mut set_entries = Vec::new();
+        for set in &file_sets {
+            let path = set.kind.relative_path(&set.key);
+            if sources.iter().any(|(n, _, _)| n.as_ref() == path) {
+                diagnostics.push(
+                    Diagnostic::error(format!(
+                        "{path} is both a file and a file set; rename one of them"
+                    ))
+                    .at(SourceLocation::new(path.clone(), None, None)),
+                );
+                continue;
+            }
+            set_entries.push((set.clone(), sources.len()));
+            sources.push((
+                Arc::from(path),
+                Some(RenderedFileRef {
+                    kind: set.kind,
+                    name: set.key.clone(),
+                }),
+                set.template.clone(),
+            ));
         }
         let reserved: BTreeSet<Arc<str>> = sources.iter().map(|(n, _, _)| n.clone()).collect();
         let mut snippet_names = Vec::new();
@@ -486,8 +523,38 @@ impl Renderer {
             },
         ) = check::names_and_facts(&entries, &env);
         diagnostics.extend(found);
-        let independent = check::independent(&entries, &edges, &facts);
-        let reusable = check::self_contained(&entries, &edges, &facts);
+        let mut independent = check::independent(&entries, &edges, &facts);
+        let mut reusable = check::self_contained(&entries, &edges, &facts);
+        let mut in_set = vec![false; entries.len()];
+        let mut set_specs = Vec::new();
+        for (set, index) in set_entries {
+            in_set[index] = true;
+            let contained = reusable[index];
+            independent[index] = false;
+            reusable[index] = false;
+            let name_template = sets::name_template(set.kind, &set.key);
+            let path = set.kind.relative_path(&set.key);
+            if let Err(error) = env.add_template_owned(name_template.clone(), set.name.clone()) {
+                diagnostics.push(
+                    Diagnostic::error(format!("{path}: its file name template: {error}"))
+                        .at(SourceLocation::new(path.clone(), None, None)),
+                );
+            }
+            if let Err(error) = env.compile_expression(&set.for_each) {
+                diagnostics.push(
+                    Diagnostic::error(format!("{path}: its forEach expression: {error}"))
+                        .at(SourceLocation::new(path.clone(), None, None)),
+                );
+            }
+            set_specs.push(sets::SetSpec {
+                kind: set.kind,
+                key: set.key,
+                entry: index,
+                name_template,
+                for_each: set.for_each,
+                contained,
+            });
+        }
         for entry in &entries {
             let source = scan::trust_literals(&entry.instrumented.source)
                 .unwrap_or_else(|| entry.instrumented.source.clone());
@@ -503,7 +570,10 @@ impl Renderer {
         } else {
             (None, BTreeMap::new(), BTreeSet::new(), Vec::new())
         };
-        let spliceable = check::spliceable(&entries, &edges, &facts, &reusable, &rewritten);
+        let mut spliceable = check::spliceable(&entries, &edges, &facts, &reusable, &rewritten);
+        for (spliceable, _) in spliceable.iter_mut().zip(&in_set).filter(|(_, s)| **s) {
+            *spliceable = false;
+        }
         let globals: BTreeMap<String, Value> = env
             .globals()
             .map(|(name, value)| (name.to_owned(), value))
@@ -528,6 +598,8 @@ impl Renderer {
                     globals: Arc::new(globals),
                     loops: loops.into(),
                     warnings,
+                    sets: set_specs,
+                    in_set,
                 }),
             })
         } else {
@@ -636,11 +708,16 @@ impl Renderer {
             ("extraContext", inner.extra_context.clone()),
             ("shared", Value::from_object(context::Shared::default())),
         ]);
+        let mut previous = previous;
+        let previous_sets = previous
+            .as_mut()
+            .map(|cache| (cache.resources.clone(), std::mem::take(&mut cache.sets)));
         let (previous_files, previous_fragments) = match previous {
             Some(Cache {
                 resources: old,
                 files,
                 mut used,
+                sets: _,
             }) => {
                 used.extend(files.iter().flatten().map(|file| file.reads.used.clone()));
                 let pieces = files
@@ -858,7 +935,7 @@ impl Renderer {
             }
             span.in_scope(|| {
                 for (index, entry) in inner.entries.iter().enumerate() {
-                    if entry.output.is_none() || inner.independent[index] {
+                    if entry.output.is_none() || inner.independent[index] || inner.in_set[index] {
                         continue;
                     }
                     render_one(index);
@@ -935,6 +1012,33 @@ impl Renderer {
             }
         }
         stats.rendered -= stats.reused.min(stats.rendered);
+        let mut set_cache = Vec::new();
+        if main.is_some() && !inner.sets.is_empty() {
+            let [maps, files, certificates] = &outputs;
+            match self.render_sets(
+                &context,
+                &budget,
+                resources,
+                previous_sets,
+                [maps, files, certificates],
+            ) {
+                Ok(rendered) => {
+                    stats.rendered += rendered.rendered;
+                    stats.reused += rendered.reused;
+                    for (file, text, lines) in rendered.files {
+                        let slot = match file.kind {
+                            FileKind::Map => 0,
+                            FileKind::File => 1,
+                            _ => 2,
+                        };
+                        source_map.insert_indexed(file.clone(), lines);
+                        outputs[slot].insert(file.name, text);
+                    }
+                    set_cache = rendered.cache;
+                }
+                Err(found) => diagnostics.extend(found),
+            }
+        }
         if !diagnostics.is_empty() {
             return (Err(diagnostics), stats, None);
         }
@@ -961,6 +1065,7 @@ impl Renderer {
             resources: resources.clone(),
             files: cached,
             used: uncached_used,
+            sets: set_cache,
         };
         // The session holds the previous render's snippet outputs and the maps over
         // them: thousands of shared values to release. The render is done without

@@ -8,7 +8,11 @@
 //! or not at all (`Proxy 'fe': unable to find required use_backend: 'be_x'.`).
 //! Lines that do not start with `[` continue the previous message (HAProxy prints
 //! the offending line and a caret under it); they are dropped, since the
-//! diagnostic carries the rendered line itself.
+//! diagnostic carries the rendered line itself. Except after a message that ends
+//! with `:`: from HAProxy 3.0 on, an alert about a bind line names the bind and
+//! puts the cause on indented lines below (`'bind :443' in section 'frontend' :`,
+//! then `  'crt-list' : error processing line 1 … : inconsistencies between private
+//! key and certificate …`); those lines are the message, joined to it.
 
 use std::sync::LazyLock;
 
@@ -57,14 +61,32 @@ fn relative(path: &str, scratch: &str) -> String {
 /// from file names and messages so they read as paths relative to the config
 /// directory.
 pub(crate) fn parse_stderr(stderr: &str, scratch: &str) -> Vec<Alert> {
-    let mut alerts = Vec::new();
+    let mut alerts: Vec<Alert> = Vec::new();
+    // Whether the last alert's message ended with `:` and takes the indented lines
+    // that follow.
+    let mut continues = false;
     for line in stderr.lines() {
         let (severity, rest) = if let Some(rest) = line.strip_prefix("[ALERT]") {
             (Severity::Error, rest)
         } else if let Some(rest) = line.strip_prefix("[WARNING]") {
             (Severity::Warning, rest)
         } else {
-            // [NOTICE] banners, continuation lines (the echoed line and its caret).
+            // [NOTICE] banners, continuation lines (the echoed line and its caret),
+            // or the cause of an alert that ended with `:`.
+            if continues
+                && line.starts_with(char::is_whitespace)
+                && let Some(last) = alerts.last_mut()
+            {
+                let text = line.trim();
+                let text = if scratch.is_empty() {
+                    text.to_owned()
+                } else {
+                    text.replace(&format!("{scratch}/"), "")
+                };
+                last.message = format!("{} {text}", last.message.trim_end());
+            } else {
+                continues = false;
+            }
             continue;
         };
         let rest = match PID_PREFIX.find(rest) {
@@ -104,6 +126,7 @@ pub(crate) fn parse_stderr(stderr: &str, scratch: &str) -> Vec<Alert> {
         if !scratch.is_empty() {
             message = message.replace(&format!("{scratch}/"), "");
         }
+        continues = message.trim_end().ends_with(':');
         alerts.push(Alert {
             severity,
             message,
@@ -116,6 +139,25 @@ pub(crate) fn parse_stderr(stderr: &str, scratch: &str) -> Vec<Alert> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_alert_ending_with_a_colon_takes_the_indented_cause_below_it() {
+        let stderr = "[NOTICE]   (6139) : haproxy version is 3.4.7-1\n\
+[ALERT]    (6139) : config : parsing [/tmp/scratch/haproxy.cfg:7] : 'bind :18443' in section 'frontend' : \n  \
+'crt-list' : error processing line 1 in file '/tmp/scratch/files/l' : inconsistencies between private key and certificate loaded 'certs/bad.pem'.\n  \
+unable to load SSL private key into SSL Context 'certs/bad.pem': passed a null parameter.\n\
+[ALERT]    (6139) : config : Error(s) found in configuration file : /tmp/scratch/haproxy.cfg\n";
+        let alerts = parse_stderr(stderr, "/tmp/scratch");
+        assert_eq!(alerts.len(), 1, "{alerts:?}");
+        assert_eq!(alerts[0].location, Some(("haproxy.cfg".to_owned(), 7)));
+        assert_eq!(
+            alerts[0].message,
+            "'bind :18443' in section 'frontend' : 'crt-list' : error processing line 1 in \
+             file 'files/l' : inconsistencies between private key and certificate loaded \
+             'certs/bad.pem'. unable to load SSL private key into SSL Context 'certs/bad.pem': \
+             passed a null parameter."
+        );
+    }
 
     fn one(line: &str) -> Alert {
         let mut alerts = parse_stderr(line, "/tmp/scratch");

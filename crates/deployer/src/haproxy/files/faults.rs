@@ -38,8 +38,16 @@ pub mod steps {
     /// The reload is confirmed; the state record is not written yet (reached by the
     /// driver).
     pub const AFTER_RELOAD: &str = "after-reload";
+    /// The first runtime change of a runtime-only deployment is applied, the others
+    /// and the files are not yet (reached by the socket driver).
+    pub const AFTER_RUNTIME_OP: &str = "after-runtime-op";
     /// Every step name, to check a `pause=` spec against.
-    pub const ALL: [&str; 3] = [AFTER_SIDE_FILES, BEFORE_RELOAD, AFTER_RELOAD];
+    pub const ALL: [&str; 4] = [
+        AFTER_SIDE_FILES,
+        BEFORE_RELOAD,
+        AFTER_RELOAD,
+        AFTER_RUNTIME_OP,
+    ];
 }
 
 /// Why a fault spec was rejected.
@@ -51,7 +59,9 @@ pub enum FaultsError {
     )]
     ParseEntry(String),
     /// `pause=` names a step deployments do not have.
-    #[error("unknown step `{0}` (steps: after-side-files, before-reload, after-reload)")]
+    #[error(
+        "unknown step `{0}` (steps: after-side-files, before-reload, after-reload, after-runtime-op)"
+    )]
     UnknownStep(String),
 }
 

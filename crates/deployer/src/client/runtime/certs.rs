@@ -1,0 +1,145 @@
+//! Certificates and crt-list entries through the runtime API: added, replaced and
+//! removed without a reload (HAProxy 2.2 and later, so every supported line).
+//!
+//! Every operation converges when it finds its work half done (a controller killed
+//! between two commands, a retry after a refused step): a certificate that already
+//! exists is updated, an entry that is already in the list is replaced, and what is
+//! already gone counts as removed. Payloads (the PEM with its private key) never
+//! appear in errors: those quote the command line only.
+
+use super::{RuntimeClient, RuntimeError, cli_word};
+
+impl RuntimeClient {
+    /// The crt-lists (and certificate directories, which HAProxy keeps as crt-lists)
+    /// it loaded: `show ssl crt-list`.
+    pub async fn crt_lists(&self) -> Result<Vec<String>, RuntimeError> {
+        let answer = self.query("show ssl crt-list").await?;
+        Ok(answer
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect())
+    }
+
+    /// The entries of one crt-list as (certificate, line number):
+    /// `show ssl crt-list -n <list>`.
+    pub async fn crt_list_entries(&self, list: &str) -> Result<Vec<(String, u32)>, RuntimeError> {
+        let command = format!("show ssl crt-list -n {}", cli_word(list));
+        let answer = self.query(&command).await?;
+        parse_crt_list_entries(&answer).ok_or(RuntimeError::Unexpected { command, answer })
+    }
+
+    /// A certificate HAProxy does not know yet: `new ssl cert`, then `set ssl cert`
+    /// and `commit ssl cert`. One that already exists (an earlier attempt got that
+    /// far) is updated. When HAProxy refuses the PEM (garbage at `set`, a key that
+    /// does not match the certificate at `commit`), the transaction is aborted and
+    /// the empty store just created removed again, so nothing is left behind.
+    pub async fn add_certificate(&self, file: &str, pem: &str) -> Result<(), RuntimeError> {
+        let created = self
+            .expect(&format!("new ssl cert {}", cli_word(file)), |a| {
+                a.contains("New empty certificate store") || a.contains("already exists")
+            })
+            .await?
+            .contains("New empty certificate store");
+        match self.replace_certificate(file, pem).await {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                // A refused commit leaves its transaction open.
+                let _ = self
+                    .command(&format!("abort ssl cert {}", cli_word(file)))
+                    .await;
+                if created {
+                    let _ = self
+                        .command(&format!("del ssl cert {}", cli_word(file)))
+                        .await;
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Removes a certificate no crt-list entry uses any more: `del ssl cert`. One
+    /// HAProxy does not know is already removed.
+    pub async fn delete_certificate(&self, file: &str) -> Result<(), RuntimeError> {
+        self.expect(&format!("del ssl cert {}", cli_word(file)), |a| {
+            a.contains("deleted") || a.contains("doesn't exist")
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Puts `line` (a crt-list line: the certificate, then `[options]` and SNI
+    /// filters) into `list`, replacing the entries of the same certificate there.
+    pub async fn set_crt_list_entry(
+        &self,
+        list: &str,
+        cert: &str,
+        line: &str,
+    ) -> Result<(), RuntimeError> {
+        self.delete_crt_list_entry(list, cert).await?;
+        let request = format!("add ssl crt-list {} <<\n{line}\n\n", cli_word(list));
+        self.expect(&request, |a| a.contains("Success"))
+            .await
+            .map(drop)
+    }
+
+    /// Removes every entry of `cert` from `list`: `del ssl crt-list` (by line number
+    /// when the certificate is there more than once). None is already removed.
+    pub async fn delete_crt_list_entry(&self, list: &str, cert: &str) -> Result<(), RuntimeError> {
+        let entries = self.crt_list_entries(list).await?;
+        let mut lines: Vec<u32> = entries
+            .iter()
+            .filter(|(c, _)| c == cert)
+            .map(|(_, line)| *line)
+            .collect();
+        // From the last, so the earlier line numbers stay valid.
+        lines.sort_unstable_by(|a, b| b.cmp(a));
+        let several = lines.len() > 1;
+        for line in lines {
+            let target = if several {
+                format!("{cert}:{line}")
+            } else {
+                cert.to_owned()
+            };
+            self.expect(
+                &format!("del ssl crt-list {} {}", cli_word(list), cli_word(&target)),
+                |a| a.contains("deleted") || a.contains("does not exist"),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses `show ssl crt-list -n <list>`: `# <list>`, then `<cert>:<line> ...` per
+/// entry. `None` when a line is not of that form.
+pub fn parse_crt_list_entries(answer: &str) -> Option<Vec<(String, u32)>> {
+    let mut entries = Vec::new();
+    for line in answer.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let first = line.split_whitespace().next()?;
+        let (cert, number) = first.rsplit_once(':')?;
+        entries.push((cert.to_owned(), number.parse().ok()?));
+    }
+    Some(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crt_list_entries_parse_with_their_line_numbers() {
+        let answer = "# files/tls.crtlist\ncerts/a.pem:1 [alpn h2 ] a.example.com\n\
+                      certs/b.pem:2 b.example.com other.example.com\n";
+        assert_eq!(
+            parse_crt_list_entries(answer).unwrap(),
+            [("certs/a.pem".to_owned(), 1), ("certs/b.pem".to_owned(), 2)]
+        );
+        assert_eq!(parse_crt_list_entries("# files/empty\n").unwrap(), []);
+        assert!(parse_crt_list_entries("Can't display the crt-list").is_none());
+    }
+}

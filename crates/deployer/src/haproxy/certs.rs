@@ -1,0 +1,475 @@
+//! The certificate part of the change plan: certificates and crt-list entries
+//! added, changed and removed through the runtime API, without a reload.
+//!
+//! A certificate that a bind line's `crt-list` names (and `haproxy.cfg` does not name
+//! directly) is HAProxy's to add and drop at runtime: a new one is `new ssl cert`,
+//! `set ssl cert` and `commit ssl cert`, a changed one `set` and `commit`, one no
+//! entry uses any more `del ssl cert`. A crt-list line added, changed (its options
+//! or SNI filters) or removed is `add ssl crt-list` / `del ssl crt-list`. The order
+//! keeps every step valid: certificates are added before the entries that use them,
+//! and removed after the entries that used them are gone.
+//!
+//! What cannot be done at runtime reloads, with the reason: a certificate directory
+//! on a bind line (HAProxy would load every file in it at start, so a file added or
+//! removed there changes what a fresh start serves), `crt-base` (the names HAProxy
+//! gives certificates then differ from the paths in the crt-list), a certificate
+//! named twice in one crt-list (entries are addressed by certificate), a crt-list
+//! line naming a certificate hapwright does not render, and a PEM too large for one
+//! runtime payload.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use hapwright_eventbus::model::{ReloadReason, RenderedConfig};
+
+use super::config::{Config, SectionKind};
+use super::plan::{ChangePlan, Pem, RuntimeOp};
+use crate::client::runtime::MAX_PAYLOAD_BYTES;
+
+/// A crt-list file's entries by certificate: the line as written.
+type Entries = BTreeMap<String, String>;
+
+/// What one side (running or desired) loads.
+struct Side<'a> {
+    config: &'a RenderedConfig,
+    /// The crt-lists named on bind lines, by path.
+    lists: BTreeSet<String>,
+    /// `crt` arguments of bind lines (certificates or directories).
+    crts: BTreeSet<String>,
+    /// `crt-base` is set.
+    based: bool,
+}
+
+impl<'a> Side<'a> {
+    fn new(config: &'a RenderedConfig, model: &Config) -> Self {
+        let mut lists = BTreeSet::new();
+        let mut crts = BTreeSet::new();
+        for section in model
+            .sections_of(SectionKind::Frontend)
+            .chain(model.sections_of(SectionKind::Listen))
+        {
+            for bind in section.directives_named("bind") {
+                let mut words = bind.args.iter();
+                while let Some(word) = words.next() {
+                    match word.as_str() {
+                        "crt-list" => lists.extend(words.next().cloned()),
+                        "crt" => crts.extend(words.next().cloned()),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        let based = model
+            .global()
+            .is_some_and(|g| g.directives_named("crt-base").next().is_some());
+        Self {
+            config,
+            lists,
+            crts,
+            based,
+        }
+    }
+
+    /// A rendered file by its path relative to the config directory.
+    fn file(&self, path: &str) -> Option<&'a Arc<str>> {
+        let (dir, name) = path.split_once('/')?;
+        match dir {
+            "maps" => self.config.maps().get(name),
+            "files" => self.config.files().get(name),
+            "certs" => self.config.certificates().get(name),
+            _ => None,
+        }
+    }
+
+    /// A `crt` argument that is not a rendered certificate: a directory (or a file
+    /// hapwright does not render, which it cannot tell apart).
+    fn directory(&self) -> Option<&String> {
+        self.crts.iter().find(|crt| {
+            crt.strip_prefix("certs/")
+                .is_none_or(|name| !self.config.certificates().contains_key(name))
+        })
+    }
+}
+
+/// Parses a crt-list file: per certificate, its line. Blank lines and `#` comments
+/// are skipped, as HAProxy does. `Err` names a certificate listed twice.
+fn entries(content: &str) -> Result<Entries, String> {
+    let mut out = Entries::new();
+    for line in content.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let cert = line.split_whitespace().next().unwrap_or_default();
+        if out.insert(cert.to_owned(), line.to_owned()).is_some() {
+            return Err(cert.to_owned());
+        }
+    }
+    Ok(out)
+}
+
+/// Plans the certificate and crt-list changes between `running` and `desired` into
+/// `plan`; returns the files it took care of (the rest of the file planning skips
+/// them).
+pub(crate) fn plan_certificates(
+    plan: &mut ChangePlan,
+    (running, running_model): (&RenderedConfig, &Config),
+    (desired, desired_model): (&RenderedConfig, &Config),
+) -> BTreeSet<String> {
+    let old = Side::new(running, running_model);
+    let new = Side::new(desired, desired_model);
+    let mut handled = BTreeSet::new();
+    if new.lists.is_empty() && old.lists.is_empty() {
+        return handled;
+    }
+
+    // Each crt-list's entries before and after (only lists hapwright renders and
+    // both sides load: a bind line that changed reloads anyway).
+    let mut list_entries: Vec<(String, Entries, Entries)> = Vec::new();
+    for list in new.lists.intersection(&old.lists) {
+        let (Some(before), Some(after)) = (old.file(list), new.file(list)) else {
+            continue;
+        };
+        handled.insert(list.clone());
+        match (entries(before), entries(after)) {
+            (Ok(before), Ok(after)) => list_entries.push((list.clone(), before, after)),
+            (Err(cert), _) | (_, Err(cert)) => {
+                plan.force(
+                    ReloadReason::NewFile,
+                    format!(
+                        "{list} names {cert} twice; the runtime API addresses crt-list \
+                         entries by certificate"
+                    ),
+                );
+                return handled;
+            }
+        }
+    }
+
+    // Which certificates each side loads through crt-lists only.
+    let through_lists = |side: &Side<'_>, pick: fn(&(String, Entries, Entries)) -> &Entries| {
+        list_entries
+            .iter()
+            .flat_map(|l| pick(l).keys().cloned())
+            .filter(|cert| !side.crts.contains(cert))
+            .collect::<BTreeSet<String>>()
+    };
+    let loaded_before = through_lists(&old, |l| &l.1);
+    let loaded_after = through_lists(&new, |l| &l.2);
+    let adds: Vec<&String> = loaded_after.difference(&loaded_before).collect();
+    let dels: Vec<&String> = loaded_before.difference(&loaded_after).collect();
+    if (!adds.is_empty() || !dels.is_empty())
+        && let Some(reason) = runtime_refusal(&old, &new)
+    {
+        plan.force(ReloadReason::NewFile, reason);
+        return handled;
+    }
+
+    let mut cert_ops = Vec::new();
+    for cert in &adds {
+        let Some(pem) = new.file(cert) else {
+            plan.force(
+                ReloadReason::NewFile,
+                format!(
+                    "a crt-list names {cert}, which hapwright does not render; HAProxy \
+                     reads it only when it loads the config"
+                ),
+            );
+            return handled;
+        };
+        if pem.len() > MAX_PAYLOAD_BYTES {
+            plan.force(
+                ReloadReason::NewFile,
+                format!("{cert} added and is too large for the runtime API"),
+            );
+            return handled;
+        }
+        handled.insert((*cert).clone());
+        cert_ops.push(RuntimeOp::AddCertificate {
+            file: (*cert).clone(),
+            pem: Pem::from(pem.clone()),
+        });
+    }
+    for cert in loaded_after.intersection(&loaded_before) {
+        let (Some(before), Some(after)) = (old.file(cert), new.file(cert)) else {
+            continue;
+        };
+        handled.insert(cert.clone());
+        if before == after {
+            continue;
+        }
+        if after.len() > MAX_PAYLOAD_BYTES {
+            plan.force(
+                ReloadReason::NewFile,
+                format!("{cert} changed and is too large for the runtime API"),
+            );
+            return handled;
+        }
+        cert_ops.push(RuntimeOp::ReplaceCertificate {
+            file: cert.clone(),
+            pem: Pem::from(after.clone()),
+        });
+    }
+    // Certificate files no side loads through a bind line are files on disk only
+    // (unless a bind line loads a directory, which may be `certs/`).
+    let directories = new.directory().is_some() || old.directory().is_some();
+    for cert in desired
+        .certificates()
+        .keys()
+        .chain(running.certificates().keys())
+    {
+        let path = format!("certs/{cert}");
+        let named = |side: &Side<'_>| {
+            side.crts.contains(&path)
+                || side.lists.contains(&path)
+                || side.config.main().contains(path.as_str())
+        };
+        if !directories
+            && !named(&old)
+            && !named(&new)
+            && !loaded_before.contains(&path)
+            && !loaded_after.contains(&path)
+        {
+            handled.insert(path);
+        }
+    }
+
+    let mut entry_dels = Vec::new();
+    let mut entry_sets = Vec::new();
+    for (list, before, after) in &list_entries {
+        let changed: Vec<&String> = after
+            .iter()
+            .filter(|(cert, line)| before.get(*cert) != Some(*line))
+            .map(|(cert, _)| cert)
+            .collect();
+        if let Some(reason) = order_matters(list, after, &changed) {
+            plan.force(ReloadReason::NewFile, reason);
+            return handled;
+        }
+        for cert in before.keys().filter(|c| !after.contains_key(*c)) {
+            entry_dels.push(RuntimeOp::DelCrtListEntry {
+                list: list.clone(),
+                cert: cert.clone(),
+            });
+        }
+        for (cert, line) in after {
+            if before.get(cert) != Some(line) {
+                entry_sets.push(RuntimeOp::SetCrtListEntry {
+                    list: list.clone(),
+                    cert: cert.clone(),
+                    line: line.clone(),
+                });
+            }
+        }
+    }
+    let removals = dels.into_iter().map(|cert| {
+        handled.insert(cert.clone());
+        RuntimeOp::DelCertificate { file: cert.clone() }
+    });
+    let removals: Vec<RuntimeOp> = removals.collect();
+    plan.ops.extend(cert_ops);
+    plan.ops.extend(entry_dels);
+    plan.ops.extend(entry_sets);
+    plan.ops.extend(removals);
+    handled
+}
+
+/// The SNI filters of a crt-list line (lowercase; `[options]` left out).
+fn filters(line: &str) -> Vec<String> {
+    let mut words = line.split_whitespace().skip(1).peekable();
+    if words.peek().is_some_and(|w| w.starts_with('[')) {
+        for word in words.by_ref() {
+            if word.ends_with(']') {
+                break;
+            }
+        }
+    }
+    words.map(str::to_ascii_lowercase).collect()
+}
+
+/// Why the place of a changed entry in the list would matter, if it would: an entry
+/// added or changed at runtime goes to the end of HAProxy's list, while a fresh
+/// start reads the file in order, and when two entries serve one name the first
+/// loaded wins. So a changed entry must have SNI filters (without them the names
+/// come from the certificate) that no other entry of the list has.
+fn order_matters(list: &str, after: &Entries, changed: &[&String]) -> Option<String> {
+    let mut owners: BTreeMap<String, &String> = BTreeMap::new();
+    for (cert, line) in after {
+        for name in filters(line) {
+            if let Some(other) = owners.insert(name.clone(), cert)
+                && (changed.contains(&cert) || changed.contains(&other))
+            {
+                return Some(format!(
+                    "{list}: {other} and {cert} both serve {name}; which one wins depends \
+                     on the order HAProxy loads them in"
+                ));
+            }
+        }
+    }
+    changed
+        .iter()
+        .find(|cert| filters(&after[**cert]).is_empty())
+        .map(|cert| {
+            format!(
+                "{list}: the entry of {cert} has no SNI filters; the names it serves come \
+                 from the certificate, so its place in the list decides"
+            )
+        })
+}
+
+/// Why certificates cannot be added or removed at runtime here, if they cannot.
+fn runtime_refusal(old: &Side<'_>, new: &Side<'_>) -> Option<String> {
+    if old.based || new.based {
+        return Some(
+            "certificates added or removed with crt-base set; HAProxy names them \
+             by the full path, so they are loaded by a reload"
+                .to_owned(),
+        );
+    }
+    if let Some(directory) = new.directory().or_else(|| old.directory()) {
+        return Some(format!(
+            "certificates added or removed while a bind line loads `crt {directory}`, \
+             which is not a certificate hapwright renders (a directory is read whole \
+             when HAProxy starts)"
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::haproxy::plan::compute;
+    use hapwright_eventbus::model::{DeployStrategy, SourceMap};
+
+    fn render(global: &str, bind: &str, list: &str, certs: &[&str]) -> RenderedConfig {
+        RenderedConfig::new(
+            format!("global\n{global}\nfrontend f\n    mode http\n    bind :8443 ssl {bind}\n"),
+            BTreeMap::new(),
+            [("tls.crtlist".to_owned(), Arc::<str>::from(list))].into(),
+            certs
+                .iter()
+                .map(|name| {
+                    (
+                        (*name).to_owned(),
+                        Arc::<str>::from(format!("PEM of {name}")),
+                    )
+                })
+                .collect(),
+            SourceMap::default(),
+        )
+    }
+
+    #[test]
+    fn certificates_and_entries_are_planned_in_a_valid_order() {
+        let bind = "crt-list files/tls.crtlist";
+        let old = render(
+            "",
+            bind,
+            "certs/a.pem a.test\ncerts/b.pem b.test\n",
+            &["a.pem", "b.pem"],
+        );
+        let new = render(
+            "",
+            bind,
+            "certs/a.pem a.test www.a.test\ncerts/c.pem c.test\n",
+            &["a.pem", "c.pem"],
+        );
+        let plan = compute(&old, &new);
+        assert_eq!(
+            plan.strategy(),
+            DeployStrategy::Runtime,
+            "{:?}",
+            plan.reload
+        );
+        let described: Vec<String> = plan.ops.iter().map(RuntimeOp::describe).collect();
+        assert_eq!(
+            described,
+            [
+                "certs/c.pem added",
+                "files/tls.crtlist entry certs/b.pem removed",
+                "files/tls.crtlist entry certs/a.pem set",
+                "files/tls.crtlist entry certs/c.pem set",
+                "certs/b.pem removed",
+            ]
+        );
+        // The PEM (with its key) never shows in debug output.
+        let debug = format!("{plan:?}");
+        assert!(!debug.contains("PEM of"), "{debug}");
+        assert!(debug.contains("<PEM, 12 bytes, not shown>"), "{debug}");
+    }
+
+    #[test]
+    fn a_certificate_file_nothing_loads_is_a_file_on_disk_only() {
+        let bind = "crt-list files/tls.crtlist";
+        let old = render("", bind, "certs/a.pem a.test\n", &["a.pem"]);
+        let new = render("", bind, "certs/a.pem a.test\n", &["a.pem", "spare.pem"]);
+        assert_eq!(compute(&old, &new).strategy(), DeployStrategy::Noop);
+    }
+
+    #[test]
+    fn directories_and_crt_base_reload_with_the_reason() {
+        let old = render(
+            "",
+            "crt certs/ crt-list files/tls.crtlist",
+            "certs/a.pem a.test\n",
+            &["a.pem"],
+        );
+        let new = render(
+            "",
+            "crt certs/ crt-list files/tls.crtlist",
+            "certs/a.pem a.test\ncerts/b.pem b.test\n",
+            &["a.pem", "b.pem"],
+        );
+        let reason = compute(&old, &new).reload.unwrap().detail;
+        assert!(reason.contains("`crt certs/`"), "{reason}");
+
+        let old = render(
+            "    crt-base /etc/ssl",
+            "crt-list files/tls.crtlist",
+            "certs/a.pem a.test\n",
+            &["a.pem"],
+        );
+        let new = render(
+            "    crt-base /etc/ssl",
+            "crt-list files/tls.crtlist",
+            "certs/a.pem a.test\ncerts/b.pem b.test\n",
+            &["a.pem", "b.pem"],
+        );
+        let reason = compute(&old, &new).reload.unwrap().detail;
+        assert!(reason.contains("crt-base"), "{reason}");
+    }
+
+    #[test]
+    fn crt_list_lines_are_keyed_by_certificate() {
+        let parsed =
+            entries("# comment\n\ncerts/a.pem [alpn h2] a.test\n  certs/b.pem b.test\n").unwrap();
+        assert_eq!(parsed["certs/a.pem"], "certs/a.pem [alpn h2] a.test");
+        assert_eq!(parsed["certs/b.pem"], "certs/b.pem b.test");
+        assert_eq!(
+            entries("certs/a.pem a.test\ncerts/a.pem b.test\n").unwrap_err(),
+            "certs/a.pem"
+        );
+        assert_eq!(
+            filters("certs/a.pem [alpn h2 ssl-min-ver TLSv1.2] A.test *.b.test !c.b.test"),
+            ["a.test", "*.b.test", "!c.b.test"]
+        );
+        assert!(filters("certs/a.pem").is_empty());
+    }
+
+    #[test]
+    fn a_changed_entry_sharing_a_name_or_without_filters_depends_on_order() {
+        let after =
+            entries("certs/a.pem a.test\ncerts/b.pem b.test A.test\ncerts/c.pem\n").unwrap();
+        let (a, b, c) = (
+            "certs/a.pem".to_owned(),
+            "certs/b.pem".to_owned(),
+            "certs/c.pem".to_owned(),
+        );
+        let reason = order_matters("files/l", &after, &[&b]).unwrap();
+        assert!(reason.contains("both serve a.test"), "{reason}");
+        let reason = order_matters("files/l", &after, &[&c]).unwrap();
+        assert!(reason.contains("no SNI filters"), "{reason}");
+        let apart = entries("certs/a.pem a.test\ncerts/b.pem b.test\n").unwrap();
+        assert_eq!(order_matters("files/l", &apart, &[&a, &b]), None);
+    }
+}

@@ -1,0 +1,542 @@
+//! Certificates and crt-list entries added, renewed and removed through the runtime
+//! API, on a real HAProxy (the one on PATH; scripts/test.sh runs this file on every
+//! supported line): TLS handshakes with the new SNI succeed after an add, fail after
+//! a removal, present the new certificate after a renewal, with 0 reloads while TLS
+//! clients of another host see no failure. A differential test checks, after every
+//! random step, that the running HAProxy serves each SNI the certificate a fresh
+//! HAProxy started from the files on disk serves.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use hapwright_deployer::driver::Driver;
+use hapwright_deployer::driver::socket::SocketDriver;
+use hapwright_deployer::metrics::Metrics;
+use hapwright_eventbus::model::{DeployStrategy, RenderedConfig, SourceMap};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use support::{Haproxy, free_port};
+use tokio::net::TcpStream;
+
+/// A self-signed certificate and key for `cn`, as one PEM.
+fn certificate(dir: &Path, cn: &str) -> String {
+    let key = dir.join(format!("{cn}.key"));
+    let crt = dir.join(format!("{cn}.crt"));
+    let status = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
+        .arg("-subj")
+        .arg(format!("/CN={cn}"))
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&crt)
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl runs");
+    assert!(status.success());
+    std::fs::read_to_string(crt).unwrap() + &std::fs::read_to_string(key).unwrap()
+}
+
+/// The DER of the first certificate of a PEM bundle.
+fn der(pem: &str) -> Vec<u8> {
+    use base64::Engine;
+    let body: String = pem
+        .split("-----BEGIN CERTIFICATE-----")
+        .nth(1)
+        .and_then(|rest| rest.split("-----END CERTIFICATE-----").next())
+        .expect("a certificate")
+        .split_whitespace()
+        .collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .unwrap()
+}
+
+/// Accepts any server certificate: the tests compare it with what they expect.
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+fn connector() -> tokio_rustls::TlsConnector {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+        .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+/// The certificate HAProxy on `port` presents for SNI `name` (DER), or `None` when
+/// the handshake fails.
+async fn served(connector: &tokio_rustls::TlsConnector, port: u16, name: &str) -> Option<Vec<u8>> {
+    let stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    let name = ServerName::try_from(name.to_owned()).ok()?;
+    let tls = connector.connect(name, stream).await.ok()?;
+    let (_, session) = tls.get_ref();
+    Some(session.peer_certificates()?.first()?.as_ref().to_vec())
+}
+
+/// haproxy.cfg with one TLS frontend: `strict-sni`, certificates from the crt-list.
+fn main_config(port: u16) -> String {
+    format!(
+        "global\n    stats timeout 30s\n\n\
+defaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
+frontend fe_tls\n    bind 127.0.0.1:{port} ssl strict-sni crt-list files/tls.crtlist\n    \
+http-request return status 200 content-type text/plain string ok\n"
+    )
+}
+
+/// A render: the crt-list lines, and the certificates by file name.
+fn render(port: u16, lines: &[String], certs: &BTreeMap<String, String>) -> Arc<RenderedConfig> {
+    let mut list: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    if list.is_empty() {
+        list.push('\n');
+    }
+    Arc::new(RenderedConfig::new(
+        main_config(port),
+        BTreeMap::new(),
+        [("tls.crtlist".to_owned(), Arc::<str>::from(list))].into(),
+        certs
+            .iter()
+            .map(|(name, pem)| (name.clone(), Arc::<str>::from(pem.as_str())))
+            .collect(),
+        SourceMap::default(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_and_sni_filters_change_at_runtime_under_tls_load() {
+    let scratch = tempfile::tempdir().unwrap();
+    let pems: BTreeMap<&str, String> = ["a", "b", "b-renewed", "c"]
+        .into_iter()
+        .map(|cn| (cn, certificate(scratch.path(), cn)))
+        .collect();
+    let port = free_port();
+    let mut certs = BTreeMap::from([("a.pem".to_owned(), pems["a"].clone())]);
+    let mut lines = vec!["certs/a.pem a.test".to_owned()];
+    let v1 = render(port, &lines, &certs);
+    let haproxy = Haproxy::start("certs", &v1, &v1.hash().short()).await;
+    let driver = SocketDriver::new(
+        haproxy.instance.clone(),
+        None,
+        Metrics::unregistered().unwrap(),
+    );
+    let mut running = Arc::new(driver.deploy(v1, None, None, false).await.unwrap());
+    let reloads = haproxy.reloads().await;
+    let tls = connector();
+    assert_eq!(served(&tls, port, "a.test").await, Some(der(&pems["a"])));
+    assert_eq!(served(&tls, port, "b.test").await, None, "strict-sni");
+
+    // TLS clients of a.test the whole time.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let load = {
+        let (stop, ok, failed, tls) = (stop.clone(), ok.clone(), failed.clone(), tls.clone());
+        let expected = der(&pems["a"]);
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if served(&tls, port, "a.test").await.as_ref() == Some(&expected) {
+                    ok.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+    };
+
+    let mut step = async |lines: &[String], certs: &BTreeMap<String, String>| {
+        let desired = render(port, lines, certs);
+        let deployed = driver
+            .deploy(desired.clone(), None, Some(running.clone()), false)
+            .await
+            .unwrap();
+        assert_eq!(
+            deployed.strategy,
+            DeployStrategy::Runtime,
+            "{:?}",
+            deployed.reason
+        );
+        running = Arc::new(deployed);
+        // The files on disk are the render.
+        assert_eq!(
+            std::fs::read_to_string(haproxy.path().join("files/tls.crtlist")).unwrap(),
+            &**desired.files().get("tls.crtlist").unwrap()
+        );
+        let mut on_disk: Vec<String> = std::fs::read_dir(haproxy.path().join("certs"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        on_disk.sort();
+        assert_eq!(on_disk, certs.keys().cloned().collect::<Vec<_>>());
+    };
+
+    // Added: a certificate and its line, with options and two SNI filters.
+    certs.insert("b.pem".into(), pems["b"].clone());
+    lines.push("certs/b.pem [alpn h2,http/1.1] b.test www.b.test".into());
+    step(&lines, &certs).await;
+    assert_eq!(served(&tls, port, "b.test").await, Some(der(&pems["b"])));
+    assert_eq!(
+        served(&tls, port, "www.b.test").await,
+        Some(der(&pems["b"]))
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(haproxy.path().join("certs/b.pem"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "private keys stay private");
+    }
+
+    // Renewed.
+    certs.insert("b.pem".into(), pems["b-renewed"].clone());
+    step(&lines, &certs).await;
+    assert_eq!(
+        served(&tls, port, "b.test").await,
+        Some(der(&pems["b-renewed"]))
+    );
+
+    // SNI filters changed: www.b.test goes, api.b.test comes.
+    lines[1] = "certs/b.pem b.test api.b.test".into();
+    step(&lines, &certs).await;
+    assert_eq!(
+        served(&tls, port, "api.b.test").await,
+        Some(der(&pems["b-renewed"]))
+    );
+    assert_eq!(served(&tls, port, "www.b.test").await, None);
+
+    // Another certificate added and b removed in one deployment.
+    certs.insert("c.pem".into(), pems["c"].clone());
+    certs.remove("b.pem");
+    lines[1] = "certs/c.pem c.test".into();
+    step(&lines, &certs).await;
+    assert_eq!(served(&tls, port, "c.test").await, Some(der(&pems["c"])));
+    assert_eq!(served(&tls, port, "b.test").await, None);
+    let known = driver.runtime().ssl_certs().await.unwrap();
+    assert!(!known.iter().any(|c| c == "certs/b.pem"), "{known:?}");
+
+    stop.store(true, Ordering::Relaxed);
+    load.await.unwrap();
+    assert_eq!(haproxy.reloads().await, reloads, "no reload");
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "a.test handshakes failed"
+    );
+    assert!(ok.load(Ordering::Relaxed) > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pem_haproxy_refuses_is_reported_with_its_message_and_leaves_nothing_behind() {
+    let scratch = tempfile::tempdir().unwrap();
+    let a = certificate(scratch.path(), "a");
+    let b = certificate(scratch.path(), "b");
+    let port = free_port();
+    let v1 = render(
+        port,
+        &["certs/a.pem a.test".to_owned()],
+        &BTreeMap::from([("a.pem".to_owned(), a.clone())]),
+    );
+    let haproxy = Haproxy::start("refused", &v1, &v1.hash().short()).await;
+    let driver = SocketDriver::new(
+        haproxy.instance.clone(),
+        None,
+        Metrics::unregistered().unwrap(),
+    );
+    let runtime = driver.runtime();
+    // b's certificate with a's key: HAProxy refuses the pair.
+    let mismatched = b
+        .split("-----BEGIN PRIVATE KEY-----")
+        .next()
+        .unwrap()
+        .to_owned()
+        + "-----BEGIN PRIVATE KEY-----"
+        + a.split("-----BEGIN PRIVATE KEY-----").nth(1).unwrap();
+    for bad in ["garbage\n", mismatched.as_str()] {
+        let error = runtime
+            .add_certificate("certs/bad.pem", bad)
+            .await
+            .unwrap_err()
+            .to_string();
+        // HAProxy's own words: garbage at `set`, a mismatched key at `commit`.
+        assert!(
+            error.contains("HAProxy refused `set ssl cert certs/bad.pem <<`: unable to load")
+                || error.contains(
+                    "HAProxy refused `commit ssl cert certs/bad.pem`: inconsistencies between \
+                     private key and certificate"
+                ),
+            "{error}"
+        );
+        assert!(
+            !error.contains("PRIVATE KEY"),
+            "the key never shows: {error}"
+        );
+        let known = runtime.ssl_certs().await.unwrap();
+        assert_eq!(known, ["certs/a.pem"], "nothing left behind");
+    }
+    let tls = connector();
+    assert_eq!(served(&tls, port, "a.test").await, Some(der(&a)));
+    // Operations find their work half done and finish it.
+    runtime.add_certificate("certs/b.pem", &b).await.unwrap();
+    runtime.add_certificate("certs/b.pem", &b).await.unwrap();
+    runtime
+        .set_crt_list_entry("files/tls.crtlist", "certs/b.pem", "certs/b.pem b.test")
+        .await
+        .unwrap();
+    runtime
+        .set_crt_list_entry("files/tls.crtlist", "certs/b.pem", "certs/b.pem b.test")
+        .await
+        .unwrap();
+    let entries = runtime.crt_list_entries("files/tls.crtlist").await.unwrap();
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    assert_eq!(served(&tls, port, "b.test").await, Some(der(&b)));
+    runtime
+        .delete_crt_list_entry("files/tls.crtlist", "certs/b.pem")
+        .await
+        .unwrap();
+    runtime
+        .delete_crt_list_entry("files/tls.crtlist", "certs/b.pem")
+        .await
+        .unwrap();
+    runtime.delete_certificate("certs/b.pem").await.unwrap();
+    runtime.delete_certificate("certs/b.pem").await.unwrap();
+    assert_eq!(served(&tls, port, "b.test").await, None);
+}
+
+/// A child process killed and reaped when dropped, even when an assertion fails.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A small seeded generator (SplitMix64).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) % n as u64) as usize
+    }
+}
+
+/// The certificate each SNI of `names` gets from HAProxy on `port`.
+async fn served_all(
+    tls: &tokio_rustls::TlsConnector,
+    port: u16,
+    names: &[String],
+) -> Vec<Option<Vec<u8>>> {
+    let mut out = Vec::new();
+    for name in names {
+        out.push(served(tls, port, name).await);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_every_random_step_the_running_haproxy_serves_what_its_files_say() {
+    let seed = std::env::var("HAPWRIGHT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    println!("HAPWRIGHT_SEED={seed}");
+    let mut rng = Rng(seed);
+    let scratch = tempfile::tempdir().unwrap();
+    // Two PEMs per certificate name, so a renewal changes what is served.
+    let pool: Vec<String> = (0..8)
+        .map(|i| certificate(scratch.path(), &format!("pool{i}")))
+        .collect();
+    let hosts: Vec<String> = (0..5).map(|i| format!("h{i}.test")).collect();
+    let port = free_port();
+    // Certificate name → (PEM index, SNI filters).
+    let mut state: BTreeMap<String, (usize, Vec<String>)> =
+        BTreeMap::from([("base.pem".to_owned(), (0, vec!["base.test".to_owned()]))]);
+    let build = |state: &BTreeMap<String, (usize, Vec<String>)>| {
+        let lines: Vec<String> = state
+            .iter()
+            .map(|(name, (_, filters))| format!("certs/{name} {}", filters.join(" ")))
+            .collect();
+        let certs = state
+            .iter()
+            .map(|(name, (pem, _))| (name.clone(), pool[*pem].clone()))
+            .collect();
+        render(port, &lines, &certs)
+    };
+    let v1 = build(&state);
+    let haproxy = Haproxy::start("differential", &v1, &v1.hash().short()).await;
+    let driver = SocketDriver::new(
+        haproxy.instance.clone(),
+        None,
+        Metrics::unregistered().unwrap(),
+    );
+    let mut running = Arc::new(driver.deploy(v1, None, None, false).await.unwrap());
+    let reloads = haproxy.reloads().await;
+    let tls = connector();
+    let (mut runtime, mut reloaded) = (0, 0);
+    let mut names: Vec<String> = hosts.clone();
+    names.push("base.test".into());
+    for step in 0..12 {
+        let cert = format!("c{}.pem", rng.below(4));
+        match (rng.below(3), state.contains_key(&cert)) {
+            // Add, or renew an existing one.
+            (0, _) => {
+                let filters = vec![hosts[rng.below(hosts.len())].clone()];
+                let pem = 1 + rng.below(pool.len() - 1);
+                let entry = state.entry(cert).or_insert((pem, filters));
+                entry.0 = pem;
+            }
+            // New SNI filters.
+            (1, true) => {
+                let filters: Vec<String> = (0..1 + rng.below(2))
+                    .map(|_| hosts[rng.below(hosts.len())].clone())
+                    .collect();
+                state.get_mut(&cert).unwrap().1 = filters;
+            }
+            // Remove.
+            _ => {
+                state.remove(&cert);
+            }
+        }
+        let desired = build(&state);
+        let deployed = driver
+            .deploy(desired, None, Some(running.clone()), false)
+            .await
+            .unwrap();
+        // Only two entries serving one name need the order of a fresh start.
+        if deployed.strategy == DeployStrategy::Reload {
+            assert!(
+                deployed.reason.detail.contains("both serve"),
+                "step {step}: {:?}",
+                deployed.reason
+            );
+            reloaded += 1;
+        } else {
+            runtime += 1;
+        }
+        running = Arc::new(deployed);
+        let live = served_all(&tls, port, &names).await;
+
+        // A fresh HAProxy from a copy of the files on disk, on another port.
+        let fresh_dir = tempfile::tempdir().unwrap();
+        for sub in ["files", "certs"] {
+            std::fs::create_dir(fresh_dir.path().join(sub)).unwrap();
+            for entry in std::fs::read_dir(haproxy.path().join(sub)).unwrap() {
+                let entry = entry.unwrap();
+                if entry.file_name().to_string_lossy().starts_with('.') {
+                    continue;
+                }
+                std::fs::copy(
+                    entry.path(),
+                    fresh_dir.path().join(sub).join(entry.file_name()),
+                )
+                .unwrap();
+            }
+        }
+        let fresh_port = free_port();
+        let cfg = std::fs::read_to_string(haproxy.path().join("haproxy.cfg"))
+            .unwrap()
+            .replace(
+                &format!("127.0.0.1:{port}"),
+                &format!("127.0.0.1:{fresh_port}"),
+            );
+        std::fs::write(fresh_dir.path().join("haproxy.cfg"), cfg).unwrap();
+        let mut fresh = KillOnDrop(
+            Command::new("haproxy")
+                .args(["-f", "haproxy.cfg"])
+                .current_dir(fresh_dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("haproxy runs"),
+        );
+        let mut ready = false;
+        for _ in 0..500 {
+            if TcpStream::connect(("127.0.0.1", fresh_port)).await.is_ok() {
+                ready = true;
+                break;
+            }
+            if let Ok(Some(status)) = fresh.0.try_wait() {
+                panic!("step {step}: the fresh HAProxy exited: {status}");
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(ready, "step {step}: the fresh HAProxy never listened");
+        let expected = served_all(&tls, fresh_port, &names).await;
+        for ((name, live), expected) in names.iter().zip(&live).zip(&expected) {
+            assert_eq!(
+                live.is_some(),
+                expected.is_some(),
+                "step {step}: SNI {name}, state {state:?}"
+            );
+            assert!(
+                live == expected,
+                "step {step}: SNI {name} differs, state {state:?}"
+            );
+        }
+    }
+    assert_eq!(haproxy.reloads().await, reloads + reloaded, "reloads");
+    assert!(runtime > 0, "no step ran at runtime");
+}

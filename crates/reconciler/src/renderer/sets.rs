@@ -1,0 +1,388 @@
+//! File sets: a `maps`, `files` or `sslCertificates` entry with `forEach` and `name`
+//! renders one file per item of a list, each named by its item.
+//!
+//! ```yaml
+//! sslCertificates:
+//!   tls:
+//!     forEach: "resources.secrets.list() | selectattr('type', 'eq', 'kubernetes.io/tls')"
+//!     name: "{{ item.metadata.namespace }}_{{ item.metadata.name }}.pem"
+//!     template: |
+//!       {{ item.data['tls.crt'] | b64decode }}
+//!       {{ item.data['tls.key'] | b64decode }}
+//! ```
+//!
+//! `forEach` is a Jinja expression evaluated in the render context (after
+//! `haproxy.cfg`, so `shared` holds what it left there); `name` and `template` are
+//! templates that see the item as `item`. Each name must follow the rules of file
+//! names in the config, and be unique in its directory (among the fixed names and
+//! every set's items); an item that breaks them fails the render with an error
+//! naming the item's object, so the quarantine holds back that object only.
+//!
+//! Incremental: an item's file is reused when the same item (the same object, or an
+//! equal value) renders the same name and nothing its template read from the
+//! resources changed, so a change to one object renders only its file. Items of a
+//! set whose template (with everything it includes) never names `shared` render in
+//! parallel.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use hapwright_eventbus::model::{Diagnostic, FileKind, RenderedFileRef, SourceLocation};
+use minijinja::value::Value;
+use rayon::prelude::*;
+
+use super::context::{self, Read, Recording, Resources};
+use super::{Renderer, escape, lazy, output};
+
+/// A file set as the config gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileSet {
+    /// Where its files land (`maps/`, `files/` or `certs/`).
+    pub kind: FileKind,
+    /// Its key in the config (`sslCertificates.<key>`): names the set in errors.
+    pub key: String,
+    /// The Jinja expression giving the items.
+    pub for_each: String,
+    /// The file name template, rendered per item.
+    pub name: String,
+    /// The file's template, rendered per item.
+    pub template: String,
+}
+
+/// A compiled file set.
+#[derive(Debug)]
+pub(crate) struct SetSpec {
+    pub(crate) kind: FileKind,
+    pub(crate) key: String,
+    /// The entry of its template.
+    pub(crate) entry: usize,
+    /// The name of its name template in the environment.
+    pub(crate) name_template: String,
+    pub(crate) for_each: String,
+    /// Its template neither names `shared` nor references a template by a computed
+    /// name: its items render in parallel and may be reused.
+    pub(crate) contained: bool,
+}
+
+impl SetSpec {
+    /// How the config names it: `sslCertificates.tls`.
+    pub(crate) fn label(&self) -> String {
+        let section = match self.kind {
+            FileKind::Map => "maps",
+            FileKind::File => "files",
+            FileKind::Certificate => "sslCertificates",
+            FileKind::Main => "haproxyConfig",
+        };
+        format!("{section}.{}", self.key)
+    }
+}
+
+/// The name of a set's name template in the environment.
+pub(crate) fn name_template(kind: FileKind, key: &str) -> String {
+    format!("{}#name", kind.relative_path(key))
+}
+
+/// One item's file, kept for the next render.
+pub(crate) struct CachedItem {
+    item: Value,
+    text: Arc<str>,
+    lines: Arc<[Option<u32>]>,
+    reads: Arc<[Read]>,
+}
+
+/// Per set, its files of the last render by name.
+pub(crate) type SetCache = Vec<BTreeMap<String, CachedItem>>;
+
+/// One item's file: which, its text and its lines' origins.
+pub(crate) type SetFile = (RenderedFileRef, Arc<str>, Arc<[Option<u32>]>);
+
+/// What the sets rendered.
+pub(crate) struct Rendered {
+    /// Every item's file, in set order then item order.
+    pub(crate) files: Vec<SetFile>,
+    pub(crate) cache: SetCache,
+    pub(crate) rendered: usize,
+    pub(crate) reused: usize,
+}
+
+/// Whether `old` and `new` are the same item: the same stored object, or equal
+/// values.
+fn same_item(old: &Value, new: &Value) -> bool {
+    match (lazy::identity(old), lazy::identity(new)) {
+        (Some(a), Some(b)) if a == b => true,
+        _ => old == new,
+    }
+}
+
+/// How errors name an item: the object it is (`Secret shop/tls`), or its value.
+pub(crate) fn describe(item: &Value) -> String {
+    let field = |value: &Value, key: &str| {
+        value
+            .get_attr(key)
+            .ok()
+            .filter(|v| !v.is_undefined() && !v.is_none())
+    };
+    if let Some(metadata) = field(item, "metadata")
+        && let Some(name) = field(&metadata, "name")
+    {
+        let kind = field(item, "kind")
+            .map(|k| format!("{k} "))
+            .unwrap_or_default();
+        return match field(&metadata, "namespace") {
+            Some(namespace) => format!("{kind}{namespace}/{name}"),
+            None => format!("{kind}{name}"),
+        };
+    }
+    let text = item.to_string();
+    let mut short: String = text.chars().take(80).collect();
+    if short.len() < text.len() {
+        short.push('…');
+    }
+    short
+}
+
+/// One item to render: its value and file name.
+struct Item {
+    value: Value,
+    name: String,
+}
+
+impl Renderer {
+    /// Renders every file set's items with `context` (the render's context, after
+    /// `haproxy.cfg`), reusing what `previous` (the resources and set files of the
+    /// last render) still holds. `taken` are the fixed file names per kind (maps,
+    /// files, certificates).
+    pub(crate) fn render_sets(
+        &self,
+        context: &Value,
+        budget: &output::Budget,
+        resources: &Resources,
+        previous: Option<(Resources, SetCache)>,
+        taken: [&BTreeMap<String, Arc<str>>; 3],
+    ) -> Result<Rendered, Vec<Diagnostic>> {
+        let inner = &*self.inner;
+        let env = &inner.env;
+        let (old_resources, mut old_sets) = match previous {
+            Some((resources, sets)) => (Some(resources), sets),
+            None => (None, Vec::new()),
+        };
+        old_sets.resize_with(inner.sets.len(), BTreeMap::new);
+        let check = old_resources
+            .as_ref()
+            .map(|old| context::ReadCheck::new(old, resources));
+        let mut diagnostics = Vec::new();
+        // Every name given so far per kind, with the item (or "a fixed entry") that has it.
+        let mut names: [BTreeMap<String, String>; 3] = Default::default();
+        for (slot, fixed) in names.iter_mut().zip(taken) {
+            for name in fixed.keys() {
+                slot.insert(name.clone(), "a fixed entry".to_owned());
+            }
+        }
+        let mut out = Rendered {
+            files: Vec::new(),
+            cache: Vec::with_capacity(inner.sets.len()),
+            rendered: 0,
+            reused: 0,
+        };
+        let span = tracing::Span::current();
+        for (set, old) in inner.sets.iter().zip(old_sets) {
+            let entry = &inner.entries[set.entry];
+            let label = set.label();
+            // Errors about the set as a whole or an item's name: at the set's template
+            // (its first line, which the config file's location maps to).
+            let at = |message: String| {
+                Diagnostic::error(message).at(SourceLocation::new(
+                    entry.name.as_ref(),
+                    Some(1),
+                    None,
+                ))
+            };
+            let items = match env
+                .compile_expression(&set.for_each)
+                .and_then(|expression| expression.eval(context))
+            {
+                Ok(list) if list.is_undefined() || list.is_none() => Vec::new(),
+                Ok(list) => match list.try_iter() {
+                    Ok(iter) => iter.collect::<Vec<_>>(),
+                    Err(_) => {
+                        diagnostics.push(at(format!(
+                            "{label}.forEach gave {} `{}`, not a list to render one file per item of",
+                            list.kind(),
+                            describe(&list)
+                        )));
+                        out.cache.push(BTreeMap::new());
+                        continue;
+                    }
+                },
+                Err(error) => {
+                    diagnostics.push(at(format!(
+                        "{label}.forEach: {}",
+                        self.runtime_diagnostic(&error).message
+                    )));
+                    out.cache.push(BTreeMap::new());
+                    continue;
+                }
+            };
+            let slot = match set.kind {
+                FileKind::Map => 0,
+                FileKind::File => 1,
+                _ => 2,
+            };
+            // Names first: cheap, and every problem with them is found before any
+            // file renders.
+            let mut named: Vec<Item> = Vec::with_capacity(items.len());
+            for value in items {
+                let item_context = item_context(context, &value);
+                let name = match env
+                    .get_template(&set.name_template)
+                    .and_then(|t| t.render(&item_context))
+                {
+                    Ok(name) => name,
+                    Err(error) => {
+                        diagnostics.push(at(format!(
+                            "{label}.name for {}: {}",
+                            describe(&value),
+                            self.runtime_diagnostic(&error).message
+                        )));
+                        continue;
+                    }
+                };
+                if let Some(problem) = crate::config::file_name_problem(&name) {
+                    diagnostics.push(at(format!(
+                        "{label}: {} renders the file name {name:?}: {problem}",
+                        describe(&value)
+                    )));
+                    continue;
+                }
+                let who = describe(&value);
+                if let Some(first) = names[slot].get(&name) {
+                    diagnostics.push(at(format!(
+                        "{label}: {who} and {first} both render {}",
+                        set.kind.relative_path(&name)
+                    )));
+                    continue;
+                }
+                names[slot].insert(name.clone(), who);
+                named.push(Item { value, name });
+            }
+            // Reuse, or render.
+            let reusable = |item: &Item| -> Option<&CachedItem> {
+                let cached = old.get(&item.name)?;
+                let check = check.as_ref()?;
+                (set.contained
+                    && same_item(&cached.item, &item.value)
+                    && cached.reads.iter().all(|read| check.unchanged(read)))
+                .then_some(cached)
+            };
+            let kept: Vec<Option<CachedItem>> = named
+                .iter()
+                .map(|item| {
+                    reusable(item).map(|cached| CachedItem {
+                        item: item.value.clone(),
+                        text: cached.text.clone(),
+                        lines: cached.lines.clone(),
+                        reads: cached.reads.clone(),
+                    })
+                })
+                .collect();
+            let render =
+                |(item, kept): (&Item, Option<CachedItem>)| -> Result<CachedItem, Box<Diagnostic>> {
+                    let _entered = span.enter();
+                    if let Some(cached) = kept {
+                        budget.charge(cached.text.len());
+                        return Ok(cached);
+                    }
+                    let escaping = escape::Escaping::for_kind(set.kind);
+                    let mut output =
+                        output::Output::new(&inner.markers, budget, entry.source.len(), escaping);
+                    let recording = Recording::start();
+                    let rendered = env
+                        .get_template(&entry.name)
+                        .and_then(|t| {
+                            t.render_captured_to(item_context(context, &item.value), &mut output)
+                        })
+                        .map(drop);
+                    let reads = recording.finish();
+                    let who = describe(&item.value);
+                    match (rendered, output.exceeded()) {
+                        (_, Some(exceeded)) => {
+                            let mut d = self.output_cap_diagnostic(entry, exceeded, budget);
+                            d.message = format!("{} (rendering {who})", d.message);
+                            Err(Box::new(d))
+                        }
+                        (_, None) if output.refused().is_some() => {
+                            let refused = output.refused().expect("checked");
+                            let mut d = self.refused_diagnostic(entry, refused);
+                            d.message = format!(
+                                "{} ({} for {who})",
+                                d.message,
+                                set.kind.relative_path(&item.name)
+                            );
+                            Err(Box::new(d))
+                        }
+                        (Err(error), None) => {
+                            let mut d = self.runtime_diagnostic(&error);
+                            d.message = format!(
+                                "{} ({} for {who})",
+                                d.message,
+                                set.kind.relative_path(&item.name)
+                            );
+                            Err(Box::new(d))
+                        }
+                        (Ok(()), None) => {
+                            let stripped = output.finish();
+                            Ok(CachedItem {
+                                item: item.value.clone(),
+                                text: Arc::from(stripped.text),
+                                lines: Arc::from(stripped.lines),
+                                reads: reads.into(),
+                            })
+                        }
+                    }
+                };
+            let work: Vec<(&Item, Option<CachedItem>)> = named.iter().zip(kept).collect();
+            let results: Vec<(bool, Result<CachedItem, Box<Diagnostic>>)> = if set.contained {
+                work.into_par_iter()
+                    .map(|work| (work.1.is_some(), render(work)))
+                    .collect()
+            } else {
+                work.into_iter()
+                    .map(|work| (work.1.is_some(), render(work)))
+                    .collect()
+            };
+            let mut cache = BTreeMap::new();
+            for (item, (was_reused, result)) in named.into_iter().zip(results) {
+                match result {
+                    Ok(file) => {
+                        if was_reused {
+                            out.reused += 1;
+                        } else {
+                            out.rendered += 1;
+                        }
+                        out.files.push((
+                            RenderedFileRef {
+                                kind: set.kind,
+                                name: item.name.clone(),
+                            },
+                            file.text.clone(),
+                            file.lines.clone(),
+                        ));
+                        cache.insert(item.name, file);
+                    }
+                    Err(diagnostic) => diagnostics.push(*diagnostic),
+                }
+            }
+            out.cache.push(cache);
+        }
+        if diagnostics.is_empty() {
+            Ok(out)
+        } else {
+            Err(diagnostics)
+        }
+    }
+}
+
+/// The render context with `item` set.
+fn item_context(context: &Value, item: &Value) -> Value {
+    minijinja::context! { item => item.clone(), ..context.clone() }
+}
