@@ -20,7 +20,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex};
 
 use hapwright_eventbus::config::{ConfigIssue, Duration};
 use hapwright_eventbus::model::RenderedConfig;
@@ -193,6 +192,28 @@ impl Footprint {
         Self { backends, maps }
     }
 
+    /// The high-water mark of `footprints`: every backend and map any of them has,
+    /// each with the largest count any of them has.
+    pub fn high_water<'a>(footprints: impl IntoIterator<Item = &'a Footprint>) -> Self {
+        let mut high = Self::default();
+        for footprint in footprints {
+            for (name, &servers) in &footprint.backends {
+                let slot = high.backends.entry(name.clone()).or_default();
+                *slot = (*slot).max(servers);
+            }
+            for (name, &entries) in &footprint.maps {
+                let slot = high.maps.entry(name.clone()).or_default();
+                *slot = (*slot).max(entries);
+            }
+        }
+        high
+    }
+
+    /// Servers of the backend (or listen) `name`, `None` when it has none.
+    pub fn servers_of(&self, name: &str) -> Option<usize> {
+        self.backends.get(name).copied()
+    }
+
     /// Number of backends.
     pub fn backends(&self) -> usize {
         self.backends.len()
@@ -263,57 +284,13 @@ pub fn exceeds(removal: &SafetyRemoval, max: MaxRemoval) -> bool {
         .any(|count| count.removed * 100 > count.total * usize::from(max))
 }
 
-// === impl Memory ===
+mod keep;
+mod memory;
+mod record;
 
-/// What the valve remembers across controller config reloads: the footprint of the
-/// last config let through, and since when a render has been held. Kept by the
-/// process, so a reload of hapwright's own config does not make the next render an
-/// "initial" one that is never held.
-#[derive(Clone, Debug, Default)]
-pub struct Memory {
-    inner: Arc<Mutex<MemoryState>>,
-}
-
-#[derive(Debug, Default)]
-struct MemoryState {
-    baseline: Option<Arc<Footprint>>,
-    held_since: Option<(tokio::time::Instant, std::time::SystemTime)>,
-}
-
-impl Memory {
-    /// Empty: the first render is never held.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The footprint of the last config let through.
-    pub fn baseline(&self) -> Option<Arc<Footprint>> {
-        self.lock().baseline.clone()
-    }
-
-    /// Records the config let through.
-    pub fn set_baseline(&self, footprint: Arc<Footprint>) {
-        let mut state = self.lock();
-        state.baseline = Some(footprint);
-        state.held_since = None;
-    }
-
-    /// Since when a render has been held, if one is.
-    pub fn held_since(&self) -> Option<(tokio::time::Instant, std::time::SystemTime)> {
-        self.lock().held_since
-    }
-
-    /// Records the start of a hold.
-    pub fn set_held_since(&self, since: (tokio::time::Instant, std::time::SystemTime)) {
-        self.lock().held_since = Some(since);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, MemoryState> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
+pub use keep::{KEPT_HEADER, Kept, keep_held};
+pub use memory::{HighWater, Memory, Released};
+pub use record::{VALVE_RECORD_FILE, ValveRecord};
 
 #[cfg(test)]
 mod tests;
