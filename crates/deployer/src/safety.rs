@@ -1,11 +1,13 @@
 //! The safety valve: a validated render that would remove more than a configured
-//! share of what the running config serves is held instead of deployed.
+//! share of what the instances served within the last `confirmAfter` is held.
 //!
 //! A source that suddenly returns nothing (a lost mount, an RBAC change, an emptied
-//! directory) renders a perfectly valid config without backends; deploying it takes
-//! every route down. The scheduler measures each validated render against the last
-//! config it let through ([`Footprint`] → [`assess`]) and holds a render whose
-//! [`SafetyRemoval`] exceeds `controller.safety.maxRemoval`. What is counted:
+//! directory, a deleted namespace) renders a perfectly valid config without backends;
+//! deploying it takes every route down. The scheduler measures each validated render
+//! ([`Footprint`] → [`assess`]) against the high-water mark of the configs it let
+//! through within the window ([`Memory::high_water`]), so a removal arriving as a
+//! stream of renders is measured whole, and holds a render whose [`SafetyRemoval`]
+//! exceeds `controller.safety.maxRemoval`. What is counted:
 //!
 //! - **backends**: `backend` and `listen` sections, by name;
 //! - **servers**: `server` lines, as the net drop per backend (a backend's servers
@@ -16,6 +18,10 @@
 //!
 //! Servers added at runtime are `server` lines of the rendered config too, so they
 //! are counted the same way whichever way they are deployed.
+//!
+//! While a removal is held, the render goes out with what it removes kept
+//! ([`keep_held`]), and the hold is recorded beside the deployed files
+//! ([`ValveRecord`]) so it outlives a restart.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -58,7 +58,10 @@ impl Kept {
 }
 
 /// `desired` with every backend, server, map entry and file of `sources` (newest
-/// first) that it lacks put back (see the [module docs](self)).
+/// first) that it lacks put back: a missing backend or `listen` whole, from the
+/// source where it had the most servers; missing `server` lines of a kept backend by
+/// name, as many as the net drop; map entries by key (first word); files and
+/// certificates by name. Everything else is as rendered.
 pub fn keep_held(desired: &Released, sources: &[Released]) -> Kept {
     let sources: Vec<&Released> = sources.iter().collect();
     merge(desired, &sources)
