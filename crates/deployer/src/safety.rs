@@ -215,6 +215,19 @@ impl Footprint {
         high
     }
 
+    /// Whether every backend and map of `other` is here with at least its count:
+    /// `other` adds nothing to a high-water mark that has `self`.
+    pub fn covers(&self, other: &Footprint) -> bool {
+        other
+            .backends
+            .iter()
+            .all(|(name, &servers)| self.backends.get(name).is_some_and(|&have| have >= servers))
+            && other
+                .maps
+                .iter()
+                .all(|(name, &entries)| self.maps.get(name).is_some_and(|&have| have >= entries))
+    }
+
     /// Servers of the backend (or listen) `name`, `None` when it has none.
     pub fn servers_of(&self, name: &str) -> Option<usize> {
         self.backends.get(name).copied()

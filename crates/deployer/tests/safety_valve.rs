@@ -530,3 +530,29 @@ async fn an_unreadable_record_is_ignored() {
     assert_eq!(h.deployed().await.hash(), empty.hash());
     h.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_window_keeps_only_configs_that_raise_the_mark() {
+    let memory = Memory::new();
+    let mut h = start(settings(MaxRemoval::Percent(50)), memory.clone());
+    // Renders that remove nothing (the same backends, or more) replace each other.
+    for backends in [4, 5, 6] {
+        h.validated(&config(backends));
+        h.deployed().await;
+    }
+    h.validated(&config(6));
+    h.nothing_deployed_within(Duration::from_secs(1)).await;
+    assert_eq!(memory.window_len(), 1);
+    // A shrink keeps the larger configs it is measured against ...
+    h.validated(&config(5));
+    h.deployed().await;
+    h.validated(&config(4));
+    h.deployed().await;
+    assert_eq!(memory.window_len(), 3);
+    // ... until the kept config of a hold covers them all.
+    h.validated(&config(1));
+    h.held().await;
+    assert_eq!(counts(&*h.deployed().await), (6, 12, 6));
+    assert_eq!(memory.window_len(), 1);
+    h.stop().await;
+}

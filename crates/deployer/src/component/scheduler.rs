@@ -272,6 +272,7 @@ impl State {
         let confirm_after = valve.config.confirm_after.get();
         let max = valve.config.max_removal;
         tracing::warn!(
+            correlation_id = held.cause.correlation_id.map(tracing::field::display),
             hash = %held.config.hash().short(),
             deployed = %kept.config.hash().short(),
             removal = %removal,

@@ -159,13 +159,9 @@ impl Memory {
         Some(HighWater { footprint, sources })
     }
 
-    /// The footprint of the config let through last.
-    pub fn running(&self) -> Option<Arc<Footprint>> {
-        let state = self.lock();
-        state
-            .window
-            .last()
-            .map(|entry| entry.released.footprint.clone())
+    /// How many configs the window holds.
+    pub fn window_len(&self) -> usize {
+        self.lock().window.len()
     }
 
     /// Records a config let through: it runs from now on, the one before was replaced
@@ -176,6 +172,11 @@ impl Memory {
         if let Some(last) = state.window.last_mut() {
             last.replaced_at = Some(now);
         }
+        // A config the new one covers adds nothing to the mark, and would leave the
+        // window before it: forgotten now, so a steady stream of renders keeps one.
+        state
+            .window
+            .retain(|entry| !released.footprint.covers(&entry.released.footprint));
         state.window.push(Entry {
             released,
             replaced_at: None,
