@@ -556,3 +556,22 @@ async fn the_window_keeps_only_configs_that_raise_the_mark() {
     assert_eq!(memory.window_len(), 1);
     h.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_record_that_cannot_be_written_leaves_the_hold_in_memory() {
+    // The "directory" is a file: every write of the record fails.
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let memory = Memory::new();
+    memory.keep_in(vec![file.path().to_owned()]);
+    let mut h = start(settings(MaxRemoval::Percent(50)), memory);
+    h.validated(&config(4));
+    h.deployed().await;
+    h.validated(&config(0));
+    // Held and kept as usual, from memory.
+    h.held().await;
+    assert_eq!(counts(&*h.deployed().await), (4, 8, 4));
+    assert_eq!(h.scheduler_health().0, HealthState::Degraded);
+    h.validated(&config(4));
+    assert_eq!(h.released().await.reason, "recovered");
+    h.stop().await;
+}
