@@ -575,3 +575,37 @@ async fn a_record_that_cannot_be_written_leaves_the_hold_in_memory() {
     assert_eq!(h.released().await.reason, "recovered");
     h.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_kept_config_that_fails_the_checks_lets_nothing_out() {
+    let mut h = start(settings(MaxRemoval::Percent(50)), Memory::new());
+    let listens = |names: &[&str], extra: &str| {
+        let mut main = String::new();
+        for name in names {
+            main.push_str(&format!(
+                "listen {name}\n    bind :80{}\n    server a 10.0.0.1:80\n",
+                name.len()
+            ));
+        }
+        main.push_str(extra);
+        Arc::new(RenderedConfig::main_only(main))
+    };
+    h.validated(&listens(&["l1", "l22", "l333"], ""));
+    h.deployed().await;
+    // The render drops every listen and adds a frontend named like one of them:
+    // putting `listen l1` back would clash with it.
+    let desired = listens(&[], "frontend l1\n    bind :9000\n");
+    h.validated(&desired);
+    let held = h.held().await;
+    assert_eq!(held.hash, desired.hash());
+    h.nothing_deployed_within(Duration::from_secs(200)).await;
+    let (state, reason) = h.scheduler_health();
+    assert_eq!(state, HealthState::Degraded);
+    assert!(
+        reason.contains("nothing of it goes out") && reason.contains("l1"),
+        "{reason}"
+    );
+    // Confirmed by time, the render itself goes out.
+    assert_eq!(h.deployed().await.hash(), desired.hash());
+    h.stop().await;
+}

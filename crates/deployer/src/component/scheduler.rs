@@ -265,9 +265,11 @@ impl State {
         removal: SafetyRemoval,
         ctx: &Context,
     ) {
-        valve
-            .memory
-            .released(Released::new(kept.config.clone(), kept.model.clone()));
+        if kept.problems.is_empty() {
+            valve
+                .memory
+                .released(Released::new(kept.config.clone(), kept.model.clone()));
+        }
         let (since, since_wall) = valve.memory.hold();
         let confirm_after = valve.config.confirm_after.get();
         let max = valve.config.max_removal;
@@ -283,11 +285,18 @@ impl State {
             kept_map_entries = kept.map_entries,
             "Safety valve holds a removal; every other change goes out with the removed items kept"
         );
+        let meanwhile = match kept.problems.first() {
+            None => "the removed items stay deployed and every other change goes out".to_owned(),
+            Some(problem) => format!(
+                "nothing of it goes out, since the render with the removed items kept fails \
+                 the checks ({problem})"
+            ),
+        };
         ctx.health().degraded(format!(
             "safety valve holds a change that {removal} (maxRemoval {max}) against the most \
-             served within controller.safety.confirmAfter; the removed items stay deployed \
-             and every other change goes out; the removal goes out by itself once it has \
-             lasted {}, at once with POST /-/approve, or is dropped when the sources come back",
+             served within controller.safety.confirmAfter; {meanwhile}; the removal goes out \
+             by itself once it has lasted {}, at once with POST /-/approve, or is dropped when \
+             the sources come back",
             valve.config.confirm_after
         ));
         ctx.publisher().reply(
@@ -310,7 +319,17 @@ impl State {
             desired,
             release_at: since + confirm_after,
         });
-        self.accept(deployed);
+        if kept.problems.is_empty() {
+            self.accept(deployed);
+        } else {
+            let problems: Vec<String> = kept.problems.iter().map(ToString::to_string).collect();
+            tracing::error!(
+                hash = %deployed.config.hash().short(),
+                problems = %problems.join("; "),
+                "Safety valve: the render with the removed items kept fails the checks; \
+                 nothing of the held render goes out"
+            );
+        }
     }
 
     /// Lets the held config out (`confirmed` or `approved`).

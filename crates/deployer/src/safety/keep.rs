@@ -17,6 +17,9 @@
 //! - a **file** or **certificate** the render no longer has is kept, since the kept
 //!   sections may refer to it.
 //!
+//! The kept config goes through the phase-1 checks; when it fails them ([`Kept::problems`])
+//! the scheduler lets nothing of the render out, as a hold did before.
+//!
 //! Frontends, `use_backend` rules and every other line come from the render as it is:
 //! a route written as a rule in `haproxy.cfg` (not in a map) that the render drops is
 //! not put back, only its backend is.
@@ -24,7 +27,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use hapwright_eventbus::model::{RenderedConfig, SourceMap};
+use hapwright_eventbus::model::{Diagnostic, RenderedConfig, Severity, SourceMap};
 
 use super::Released;
 use crate::haproxy::config::{self as haproxy_config, Config as Model, Section};
@@ -48,6 +51,9 @@ pub struct Kept {
     pub map_entries: usize,
     /// Files and certificates kept.
     pub files: usize,
+    /// Errors of the phase-1 checks on the kept config (a kept section clashing
+    /// with one the render added, say): when there are any, it must not go out.
+    pub problems: Vec<Diagnostic>,
 }
 
 impl Kept {
@@ -236,6 +242,7 @@ fn merge(desired: &Released, sources: &[&Released]) -> Kept {
             servers,
             map_entries,
             files: kept_files,
+            problems: Vec::new(),
         };
     }
     // Inserted server lines move the lines after them: the render's source map
@@ -245,7 +252,18 @@ fn merge(desired: &Released, sources: &[&Released]) -> Kept {
     } else {
         SourceMap::default()
     };
-    let model = Arc::new(haproxy_config::parse_lenient(&main).0);
+    let rendered_paths: BTreeSet<String> = maps
+        .keys()
+        .map(|name| format!("maps/{name}"))
+        .chain(files.keys().map(|name| format!("files/{name}")))
+        .chain(certificates.keys().map(|name| format!("certs/{name}")))
+        .collect();
+    let (model, diagnostics) = haproxy_config::phase1_parsed(&main, &rendered_paths);
+    let problems = diagnostics
+        .into_iter()
+        .filter(|d| d.severity == Severity::Error)
+        .collect();
+    let model = Arc::new(model);
     Kept {
         config: Arc::new(RenderedConfig::new(
             main,
@@ -259,6 +277,7 @@ fn merge(desired: &Released, sources: &[&Released]) -> Kept {
         servers,
         map_entries,
         files: kept_files,
+        problems,
     }
 }
 
