@@ -448,6 +448,9 @@ impl Iteration {
         ));
         let timings = config.controller.deploy_timings();
         let instances = build::socket_instances(config);
+        process
+            .safety
+            .keep_in(instances.iter().map(|i| i.config_dir.clone()).collect());
         kernel.register(
             Scheduler::new(
                 scheduler::Config::from(&timings),

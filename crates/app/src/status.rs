@@ -1106,8 +1106,9 @@ impl StatusMetrics {
         let safety_held = IntGauge::new(
             "hapwright_safety_valve_held",
             "1 while the safety valve holds a change that would remove more than \
-             controller.safety.maxRemoval of the running backends, servers or map entries \
-             (see /debug/safety; release it with POST /-/approve).",
+             controller.safety.maxRemoval of the backends, servers or map entries served \
+             within controller.safety.confirmAfter; the removed items stay deployed (see \
+             /debug/safety; release it with POST /-/approve).",
         )?;
         let safety_holds = IntCounter::new(
             "hapwright_safety_valve_holds_total",

@@ -1,11 +1,13 @@
 //! The safety valve: a validated render that would remove more than a configured
-//! share of what the running config serves is held instead of deployed.
+//! share of what the instances served within the last `confirmAfter` is held.
 //!
 //! A source that suddenly returns nothing (a lost mount, an RBAC change, an emptied
-//! directory) renders a perfectly valid config without backends; deploying it takes
-//! every route down. The scheduler measures each validated render against the last
-//! config it let through ([`Footprint`] → [`assess`]) and holds a render whose
-//! [`SafetyRemoval`] exceeds `controller.safety.maxRemoval`. What is counted:
+//! directory, a deleted namespace) renders a perfectly valid config without backends;
+//! deploying it takes every route down. The scheduler measures each validated render
+//! ([`Footprint`] → [`assess`]) against the high-water mark of the configs it let
+//! through within the window ([`Memory::high_water`]), so a removal arriving as a
+//! stream of renders is measured whole, and holds a render whose [`SafetyRemoval`]
+//! exceeds `controller.safety.maxRemoval`. What is counted:
 //!
 //! - **backends**: `backend` and `listen` sections, by name;
 //! - **servers**: `server` lines, as the net drop per backend (a backend's servers
@@ -16,11 +18,14 @@
 //!
 //! Servers added at runtime are `server` lines of the rendered config too, so they
 //! are counted the same way whichever way they are deployed.
+//!
+//! While a removal is held, the render goes out with what it removes kept
+//! ([`keep_held`]), and the hold is recorded beside the deployed files
+//! ([`ValveRecord`]) so it outlives a restart.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex};
 
 use hapwright_eventbus::config::{ConfigIssue, Duration};
 use hapwright_eventbus::model::RenderedConfig;
@@ -193,6 +198,41 @@ impl Footprint {
         Self { backends, maps }
     }
 
+    /// The high-water mark of `footprints`: every backend and map any of them has,
+    /// each with the largest count any of them has.
+    pub fn high_water<'a>(footprints: impl IntoIterator<Item = &'a Footprint>) -> Self {
+        let mut high = Self::default();
+        for footprint in footprints {
+            for (name, &servers) in &footprint.backends {
+                let slot = high.backends.entry(name.clone()).or_default();
+                *slot = (*slot).max(servers);
+            }
+            for (name, &entries) in &footprint.maps {
+                let slot = high.maps.entry(name.clone()).or_default();
+                *slot = (*slot).max(entries);
+            }
+        }
+        high
+    }
+
+    /// Whether every backend and map of `other` is here with at least its count:
+    /// `other` adds nothing to a high-water mark that has `self`.
+    pub fn covers(&self, other: &Footprint) -> bool {
+        other
+            .backends
+            .iter()
+            .all(|(name, &servers)| self.backends.get(name).is_some_and(|&have| have >= servers))
+            && other
+                .maps
+                .iter()
+                .all(|(name, &entries)| self.maps.get(name).is_some_and(|&have| have >= entries))
+    }
+
+    /// Servers of the backend (or listen) `name`, `None` when it has none.
+    pub fn servers_of(&self, name: &str) -> Option<usize> {
+        self.backends.get(name).copied()
+    }
+
     /// Number of backends.
     pub fn backends(&self) -> usize {
         self.backends.len()
@@ -263,57 +303,13 @@ pub fn exceeds(removal: &SafetyRemoval, max: MaxRemoval) -> bool {
         .any(|count| count.removed * 100 > count.total * usize::from(max))
 }
 
-// === impl Memory ===
+mod keep;
+mod memory;
+mod record;
 
-/// What the valve remembers across controller config reloads: the footprint of the
-/// last config let through, and since when a render has been held. Kept by the
-/// process, so a reload of hapwright's own config does not make the next render an
-/// "initial" one that is never held.
-#[derive(Clone, Debug, Default)]
-pub struct Memory {
-    inner: Arc<Mutex<MemoryState>>,
-}
-
-#[derive(Debug, Default)]
-struct MemoryState {
-    baseline: Option<Arc<Footprint>>,
-    held_since: Option<(tokio::time::Instant, std::time::SystemTime)>,
-}
-
-impl Memory {
-    /// Empty: the first render is never held.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The footprint of the last config let through.
-    pub fn baseline(&self) -> Option<Arc<Footprint>> {
-        self.lock().baseline.clone()
-    }
-
-    /// Records the config let through.
-    pub fn set_baseline(&self, footprint: Arc<Footprint>) {
-        let mut state = self.lock();
-        state.baseline = Some(footprint);
-        state.held_since = None;
-    }
-
-    /// Since when a render has been held, if one is.
-    pub fn held_since(&self) -> Option<(tokio::time::Instant, std::time::SystemTime)> {
-        self.lock().held_since
-    }
-
-    /// Records the start of a hold.
-    pub fn set_held_since(&self, since: (tokio::time::Instant, std::time::SystemTime)) {
-        self.lock().held_since = Some(since);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, MemoryState> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
+pub use keep::{KEPT_HEADER, Kept, keep_held};
+pub use memory::{HighWater, Memory, Released};
+pub use record::{VALVE_RECORD_FILE, ValveRecord};
 
 #[cfg(test)]
 mod tests;

@@ -18,17 +18,20 @@
 //!
 //! **Safety valve** ([`Scheduler::with_safety`], see [`crate::safety`]). The scheduler
 //! is the last step before a config reaches the instances and the one component that
-//! knows which config it let through last, so the valve lives here. A validated
-//! config that would remove more than `maxRemoval` of what the last config let
-//! through serves is held: it is not scheduled, the scheduler reports `Degraded` and
-//! publishes `SafetyValveHeld`. The hold ends, with `SafetyValveReleased`, when
+//! knows which configs it let through, so the valve lives here. A validated config
+//! that would remove more than `maxRemoval` of the high-water mark (the most that the
+//! configs let through within the last `confirmAfter` served) is held: the scheduler
+//! reports `Degraded` and publishes `SafetyValveHeld`, and lets out the config with
+//! what it removes kept ([`safety::keep_held`]), so every other change still goes
+//! live. The hold ends, with `SafetyValveReleased`, when
 //! - a later config under the threshold arrives (`recovered`: it goes out instead),
-//! - the drop has lasted `confirmAfter` since the first held config (`confirmed`:
+//! - the removal has lasted `confirmAfter` since the first held config (`confirmed`:
 //!   the newest held config goes out),
 //! - `SafetyValveApproved` arrives (`approved`: the held config goes out),
 //! - the valve was turned off by a controller config reload (`disabled`: the next
 //!   config goes out).
 //!
+//! A held removal is kept on disk ([`safety::ValveRecord`]) and outlives a restart.
 //! The first config is never held: nothing runs that it could remove.
 
 use std::collections::BTreeSet;
@@ -43,7 +46,7 @@ use hapwright_eventbus::{
 use tokio::time::Instant;
 
 use crate::haproxy::config::Config as Model;
-use crate::safety::{self, Footprint};
+use crate::safety::{self, Kept, Released};
 
 /// Rate limits of the scheduler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,7 +124,8 @@ impl Scheduler {
 /// A config the safety valve holds.
 struct Hold {
     held: Pending,
-    footprint: Arc<Footprint>,
+    /// The held config, measured.
+    desired: Released,
     /// When it goes out by itself (`confirmAfter` after the first held config).
     release_at: Instant,
 }
@@ -175,28 +179,36 @@ impl State {
         }
     }
 
-    /// A validated config: held by the safety valve, or pending for release.
+    /// A validated config: pending for release, or held by the safety valve, which
+    /// then lets out the config with what it removes kept.
     fn offer(&mut self, pending: Pending, ctx: &Context) {
         let Some(valve) = self.valve.clone() else {
             self.accept(pending);
             return;
         };
-        let footprint = Arc::new(Footprint::of(&pending.config, &pending.model));
-        if let Some(baseline) = valve.memory.baseline() {
-            let removal = safety::assess(&baseline, &footprint);
+        let model = pending.model.clone();
+        let desired = Released::new(pending.config.clone(), model);
+        let window = valve.config.confirm_after.get();
+        if valve.config.max_removal.is_on()
+            && let Some(high) = valve.memory.high_water(window)
+        {
+            let removal = safety::assess(&high.footprint, &desired.footprint);
             if safety::exceeds(&removal, valve.config.max_removal) {
-                self.hold(&valve, pending, footprint, removal, ctx);
+                let kept = safety::keep_held(&desired, &high.sources);
+                self.hold(&valve, pending, desired, &kept, removal, ctx);
                 return;
             }
         }
         let was_held = self.hold.take().is_some() || valve.memory.held_since().is_some();
-        valve.memory.set_baseline(footprint);
+        let reason = if valve.config.max_removal.is_on() {
+            valve.memory.end_hold();
+            valve.memory.released(desired);
+            "recovered"
+        } else {
+            valve.memory.released_over(desired);
+            "disabled"
+        };
         if was_held {
-            let reason = if valve.config.max_removal.is_on() {
-                "recovered"
-            } else {
-                "disabled"
-            };
             tracing::info!(
                 hash = %pending.config.hash().short(),
                 reason,
@@ -218,32 +230,49 @@ impl State {
         self.pending = Some(pending);
     }
 
+    /// Holds the removal `desired` makes; what goes out is `kept`: the desired config
+    /// with what it removes put back (see [`safety::keep_held`]).
     fn hold(
         &mut self,
         valve: &Valve,
         held: Pending,
-        footprint: Arc<Footprint>,
+        desired: Released,
+        kept: &Kept,
         removal: SafetyRemoval,
         ctx: &Context,
     ) {
-        let (since, since_wall) = valve
-            .memory
-            .held_since()
-            .unwrap_or_else(|| (Instant::now(), std::time::SystemTime::now()));
-        valve.memory.set_held_since((since, since_wall));
+        if kept.problems.is_empty() {
+            valve
+                .memory
+                .released(Released::new(kept.config.clone(), kept.model.clone()));
+        }
+        let (since, since_wall) = valve.memory.hold();
         let confirm_after = valve.config.confirm_after.get();
         let max = valve.config.max_removal;
         tracing::warn!(
+            correlation_id = held.cause.correlation_id.map(tracing::field::display),
             hash = %held.config.hash().short(),
+            deployed = %kept.config.hash().short(),
             removal = %removal,
             max_removal = %max,
             confirm_after = %valve.config.confirm_after,
-            "Safety valve holds a config that would remove too much; the running config stays"
+            kept_backends = kept.backends,
+            kept_servers = kept.servers,
+            kept_map_entries = kept.map_entries,
+            "Safety valve holds a removal; every other change goes out with the removed items kept"
         );
+        let meanwhile = match kept.problems.first() {
+            None => "the removed items stay deployed and every other change goes out".to_owned(),
+            Some(problem) => format!(
+                "nothing of it goes out, since the render with the removed items kept fails \
+                 the checks ({problem})"
+            ),
+        };
         ctx.health().degraded(format!(
-            "safety valve holds a change that {removal} (maxRemoval {max}); it goes out by \
-             itself once the drop has lasted {} (controller.safety.confirmAfter), at once \
-             with POST /-/approve, or is dropped when the sources come back",
+            "safety valve holds a change that {removal} (maxRemoval {max}) against the most \
+             served within controller.safety.confirmAfter; {meanwhile}; the removal goes out \
+             by itself once it has lasted {}, at once with POST /-/approve, or is dropped when \
+             the sources come back",
             valve.config.confirm_after
         ));
         ctx.publisher().reply(
@@ -256,11 +285,27 @@ impl State {
                 release_at: since_wall + confirm_after,
             },
         );
+        let deployed = Pending {
+            config: kept.config.clone(),
+            model: kept.model.clone(),
+            cause: held.cause.clone(),
+        };
         self.hold = Some(Hold {
             held,
-            footprint,
+            desired,
             release_at: since + confirm_after,
         });
+        if kept.problems.is_empty() {
+            self.accept(deployed);
+        } else {
+            let problems: Vec<String> = kept.problems.iter().map(ToString::to_string).collect();
+            tracing::error!(
+                hash = %deployed.config.hash().short(),
+                problems = %problems.join("; "),
+                "Safety valve: the render with the removed items kept fails the checks; \
+                 nothing of the held render goes out"
+            );
+        }
     }
 
     /// Lets the held config out (`confirmed` or `approved`).
@@ -269,7 +314,7 @@ impl State {
             return;
         };
         if let Some(valve) = &self.valve {
-            valve.memory.set_baseline(hold.footprint);
+            valve.memory.released_over(hold.desired);
         }
         let hash = hold.held.config.hash();
         tracing::warn!(hash = %hash.short(), reason, "Safety valve released the held config");

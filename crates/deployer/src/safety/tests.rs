@@ -181,3 +181,98 @@ fn the_section_deserializes_with_defaults_and_yaml_forms() {
             .is_empty()
     );
 }
+
+fn released(main: &str, maps: &[(&str, &str)], files: &[(&str, &str)]) -> Released {
+    let mut builder = RenderedConfig::builder(main);
+    for (name, text) in maps {
+        builder = builder.map(*name, *text);
+    }
+    for (name, text) in files {
+        builder = builder.file(*name, *text);
+    }
+    let config = std::sync::Arc::new(builder.build());
+    let model = std::sync::Arc::new(parse(main).unwrap());
+    Released::new(config, model)
+}
+
+#[test]
+fn keeping_puts_back_sections_servers_map_entries_and_files_only() {
+    let before = released(
+        "global\n    maxconn 100\nfrontend f\n    bind :80\n    use_backend %[req.hdr(host),map(maps/hosts.map)]\n\
+         backend a\n    # a comment inside\n    server a1 1.1.1.1:80\n    server a2 1.1.1.2:80\n    server a3 1.1.1.3:80\n\n\
+         listen l\n    bind :81\n    server l1 2.2.2.2:80\nbackend b\n    http-request return status 200 file files/page.html\n",
+        &[("hosts.map", "a.test a\nb.test b\nmoved.test a\n")],
+        &[("page.html", "<p>hi</p>\n")],
+    );
+    // The render drops `listen l`, backend b with its file, a2 and a3 of backend a
+    // (and adds a4), the route b.test, and moves moved.test to backend c.
+    let desired = released(
+        "global\n    maxconn 200\nfrontend f\n    bind :80\n    use_backend %[req.hdr(host),map(maps/hosts.map)]\n\
+         backend a\n    server a1 1.1.1.1:80\n    server a4 1.1.1.4:80\nbackend c\n    server c1 3.3.3.3:80\n",
+        &[("hosts.map", "a.test a\nmoved.test c\n")],
+        &[],
+    );
+    let kept = keep_held(&desired, &[before]);
+    assert_eq!(
+        (kept.backends, kept.servers, kept.map_entries, kept.files),
+        (2, 1, 1, 1)
+    );
+    let main = kept.config.main();
+    let model = parse(main).expect("the kept config parses");
+    // What the render changed stays as rendered.
+    assert!(
+        main.contains("maxconn 200") && !main.contains("maxconn 100"),
+        "{main}"
+    );
+    let a = model
+        .section(crate::haproxy::config::SectionKind::Backend, "a")
+        .unwrap();
+    let names: Vec<String> = a.servers().into_iter().map(|s| s.name).collect();
+    assert_eq!(
+        names,
+        ["a1", "a4", "a2"],
+        "one server back for the net drop of one"
+    );
+    assert!(
+        model
+            .section(crate::haproxy::config::SectionKind::Backend, "c")
+            .is_some()
+    );
+    // What it removed is back, whole.
+    let l = model
+        .section(crate::haproxy::config::SectionKind::Listen, "l")
+        .unwrap();
+    assert_eq!(l.server_count(), 1);
+    let b = model
+        .section(crate::haproxy::config::SectionKind::Backend, "b")
+        .unwrap();
+    assert_eq!(b.directives.len(), 1);
+    assert_eq!(
+        &*kept.config.maps()["hosts.map"],
+        "a.test a\nmoved.test c\nb.test b\n"
+    );
+    assert_eq!(&*kept.config.files()["page.html"], "<p>hi</p>\n");
+    assert!(main.contains(KEPT_HEADER));
+}
+
+#[test]
+fn keeping_nothing_leaves_the_render_as_it_is() {
+    let running = released(&fleet(2, 2), &[("hosts.map", "a be_0\n")], &[]);
+    let desired = released(&fleet(3, 2), &[("hosts.map", "a be_1\nb be_2\n")], &[]);
+    let kept = keep_held(&desired, &[running]);
+    assert!(kept.is_empty());
+    assert_eq!(kept.config.hash(), desired.config.hash());
+}
+
+#[test]
+fn the_high_water_mark_takes_the_largest_count_of_each() {
+    let one = footprint(&fleet(2, 3), &[("hosts.map", "a x\nb y\n")]);
+    let two = footprint(
+        &fleet(4, 1),
+        &[("hosts.map", "a x\n"), ("other.map", "c z\n")],
+    );
+    let high = Footprint::high_water([&one, &two]);
+    assert_eq!(high.backends(), 4);
+    assert_eq!(high.servers(), 3 + 3 + 1 + 1);
+    assert_eq!(high.map_entries(), 3);
+}

@@ -5,7 +5,8 @@
 //! tests ([`faults`]).
 //!
 //! Layout: `haproxy.cfg`, `maps/<name>`, `files/<name>`, `certs/<name>`,
-//! plus hapwright's own `.hapwright-state.json`. Files under `certs/` are written with
+//! plus hapwright's own `.hapwright-state.json` (and, while the safety valve holds a
+//! removal, its `.hapwright-valve.json`: see [`crate::safety::ValveRecord`]). Files under `certs/` are written with
 //! mode 0600 (or `socket.certMode` / `socket.certGroup`), everything else 0644 so
 //! HAProxy can read it whatever user it runs as.
 //!
