@@ -18,9 +18,26 @@ use std::process::Command;
 use hapwright_e2e::hapwright_binary;
 use serde_json::Value;
 
+#[path = "support/certs.rs"]
+#[allow(dead_code)]
+mod certs;
+
 /// Secrets the manifests use but do not ship (the user creates them, see
 /// deploy/README.md).
 const EXTERNAL_SECRETS: &[&str] = &["hapwright-dataplane"];
+
+/// ConfigMaps Kubernetes creates in every namespace.
+const CLUSTER_CONFIG_MAPS: &[&str] = &["kube-root-ca.crt"];
+
+/// Kinds of add-ons (CRDs) that k8s-openapi does not have; `kubernetes-validate`
+/// reports them as unknown, the checks below look at what matters in them.
+const CUSTOM_KINDS: &[&str] = &[
+    "ServiceMonitor",
+    "PrometheusRule",
+    "Certificate",
+    "Issuer",
+    "GatewayClass",
+];
 
 /// Kinds that live in a namespace (everything else here is cluster-scoped).
 const CLUSTER_SCOPED: &[&str] = &[
@@ -29,6 +46,7 @@ const CLUSTER_SCOPED: &[&str] = &[
     "ClusterRole",
     "ClusterRoleBinding",
     "ValidatingWebhookConfiguration",
+    "GatewayClass",
 ];
 
 /// Keys of a hapwright config that must be the Ingress library's.
@@ -90,7 +108,8 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
         } else if matches!(
             path.extension().and_then(|e| e.to_str()),
             Some("yaml" | "yml")
-        ) {
+        ) && path.file_stem().and_then(|s| s.to_str()) != Some("kustomization")
+        {
             files.push(path);
         }
     }
@@ -255,15 +274,20 @@ fn check_volumes(docs: &[Doc]) -> Vec<String> {
         .filter(|d| d.kind() == "ConfigMap")
         .map(|d| (d.name(), &d.value["data"]))
         .collect();
+    // Secrets shipped, and those cert-manager writes for a shipped Certificate.
     let secrets: BTreeSet<&str> = docs
         .iter()
-        .filter(|d| d.kind() == "Secret")
-        .map(Doc::name)
+        .filter_map(|d| match d.kind() {
+            "Secret" => Some(d.name()),
+            "Certificate" => d.value["spec"]["secretName"].as_str(),
+            _ => None,
+        })
         .collect();
     let check_items =
         |problems: &mut Vec<String>, at: &str, name: &str, items: &[Value]| match config_maps
             .get(name)
         {
+            None if CLUSTER_CONFIG_MAPS.contains(&name) => {}
             None => problems.push(format!("{at}: ConfigMap {name} is not defined")),
             Some(data) => {
                 for item in items {
@@ -911,11 +935,15 @@ fn materialize(docs: &[Doc], embedded: &Embedded<'_>, dir: &Path) -> PathBuf {
         }
         if source["secret"].is_object() {
             for item in array(&source["secret"], "items") {
-                fs::write(
-                    dir.join(item["path"].as_str().unwrap()),
-                    "placeholder-password\n",
-                )
-                .expect("write secret item");
+                let path = item["path"].as_str().unwrap();
+                let content = if path.ends_with(".crt") {
+                    // A CA certificate, as cert-manager's ca.crt holds.
+                    let scratch = tempfile::tempdir().expect("temp dir");
+                    certs::ca(scratch.path(), "deploy-ca")
+                } else {
+                    b"placeholder-password\n".to_vec()
+                };
+                fs::write(dir.join(path), content).expect("write secret item");
             }
         }
     }
@@ -1077,14 +1105,10 @@ fn embedded_configs_use_the_ingress_library_templates() {
     for mode in modes() {
         let docs = load(&mode);
         for embedded in embedded_configs(&docs) {
-            for key in LIBRARY_KEYS {
-                assert!(
-                    embedded.config[key] == library[key],
-                    "{}: `{key}` differs from examples/kubernetes-ingress/hapwright.yaml; \
-                     copy the library (without validationTests) into the ConfigMap again",
-                    embedded.config_map.label()
-                );
-            }
+            assert_no_problems(
+                &embedded.config_map.label(),
+                check_library(&embedded.config, &library),
+            );
             assert!(
                 embedded.config.get("validationTests").is_none(),
                 "{}: deployed configs leave the validationTests out",
@@ -1370,7 +1394,7 @@ fn round_trip<T: k8s_openapi::serde::de::DeserializeOwned + k8s_openapi::serde::
 fn check_schema(docs: &[Doc]) -> Vec<String> {
     use k8s_openapi::api::{
         admissionregistration::v1 as admission, apps::v1 as apps, core::v1 as core,
-        networking::v1 as networking, rbac::v1 as rbac,
+        networking::v1 as networking, policy::v1 as policy, rbac::v1 as rbac,
     };
     let mut problems = Vec::new();
     for doc in docs {
@@ -1382,6 +1406,8 @@ fn check_schema(docs: &[Doc]) -> Vec<String> {
             "Service" => round_trip::<core::Service>(&doc.value),
             "Deployment" => round_trip::<apps::Deployment>(&doc.value),
             "IngressClass" => round_trip::<networking::IngressClass>(&doc.value),
+            "NetworkPolicy" => round_trip::<networking::NetworkPolicy>(&doc.value),
+            "PodDisruptionBudget" => round_trip::<policy::PodDisruptionBudget>(&doc.value),
             "ClusterRole" => round_trip::<rbac::ClusterRole>(&doc.value),
             "ClusterRoleBinding" => round_trip::<rbac::ClusterRoleBinding>(&doc.value),
             "Role" => round_trip::<rbac::Role>(&doc.value),
@@ -1434,7 +1460,10 @@ fn first_difference(a: &Value, b: &Value, at: &str) -> String {
 #[test]
 fn documents_match_the_kubernetes_api_schema() {
     let docs = load(&repo().join("deploy"));
-    let typed = docs.iter().filter(|d| d.kind() != "ServiceMonitor").count();
+    let typed = docs
+        .iter()
+        .filter(|d| !CUSTOM_KINDS.contains(&d.kind()))
+        .count();
     assert!(typed >= 20, "{typed} typed documents");
     assert_no_problems("deploy/", check_schema(&docs));
 }
@@ -1541,6 +1570,15 @@ fn check_webhook(webhook: &[Doc], controller: &[Doc]) -> Vec<String> {
                 problems.push(format!("{at}: the Service selects no controller pod"));
             }
             for rule in hook.rules.iter().flatten() {
+                for operation in rule.operations.iter().flatten() {
+                    if !matches!(operation.as_str(), "CREATE" | "UPDATE") {
+                        problems.push(format!(
+                            "{at}: checks {operation}; only CREATE and UPDATE can break the \
+                             config (a checked DELETE blocks namespace deletion while no \
+                             replica answers)"
+                        ));
+                    }
+                }
                 for group in rule.api_groups.iter().flatten() {
                     for resource in rule.resources.iter().flatten() {
                         if !watched.contains(&(group.clone(), resource.clone())) {
@@ -1575,7 +1613,7 @@ fn webhook_problems_are_reported() {
          metadata: { name: w }\nwebhooks:\n  - name: v.example.io\n    admissionReviewVersions: [v1beta1]\n\
          \x20   sideEffects: Some\n    timeoutSeconds: 5\n\
          \x20   clientConfig: { service: { namespace: hapwright, name: hapwright-webhook, path: /check } }\n\
-         \x20   rules: [ { apiGroups: [apps], apiVersions: [v1], resources: [deployments], operations: [CREATE] } ]\n\
+         \x20   rules: [ { apiGroups: [apps], apiVersions: [v1], resources: [deployments], operations: [CREATE, DELETE] } ]\n\
          ---\napiVersion: v1\nkind: Service\nmetadata: { name: hapwright-webhook, namespace: hapwright }\n\
          spec: { selector: { app: nothing }, ports: [ { port: 443, targetPort: 8443 } ] }\n",
     );
@@ -1588,6 +1626,7 @@ fn webhook_problems_are_reported() {
         "does not lead to 9443",
         "selects no controller pod",
         "apps/deployments",
+        "checks DELETE",
     ] {
         assert_reported(&problems, needle);
     }
@@ -1609,5 +1648,531 @@ fn a_status_template_without_the_status_permission_is_reported() {
     assert_reported(
         &check_rbac(&docs),
         "may not patch ingresses/status.networking.k8s.io in all namespaces (statusTemplates.ingresses)",
+    );
+}
+
+// === the library and the site's settings ===
+
+/// Snippet name prefixes a site may add to the library's `templateSnippets`: the
+/// extension points its templates render with `render_glob` in the `global` and
+/// `defaults` sections (docs/kubernetes-ingress.md, "Extending the library").
+const SITE_SNIPPETS: &[&str] = &["global-", "defaults-"];
+
+/// A deployed config carries the library's templates unchanged: every library key
+/// equal, except `templateSnippets` (the library's own unchanged, plus `global-*` and
+/// `defaults-*` additions of the site) and `extraContext` (the site's values for the
+/// library's settings: the same keys, other values allowed).
+fn check_library(config: &Value, library: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    let copy_again = "copy it from examples/kubernetes-ingress/hapwright.yaml again";
+    for key in LIBRARY_KEYS {
+        match *key {
+            "templateSnippets" => {
+                let ours = config[key].as_object().cloned().unwrap_or_default();
+                let theirs = library[key].as_object().cloned().unwrap_or_default();
+                for (name, snippet) in &theirs {
+                    if ours.get(name) != Some(snippet) {
+                        problems.push(format!(
+                            "templateSnippets.{name} differs from the library's; {copy_again}"
+                        ));
+                    }
+                }
+                for name in ours.keys().filter(|n| !theirs.contains_key(*n)) {
+                    if !SITE_SNIPPETS.iter().any(|p| name.starts_with(p)) {
+                        problems.push(format!(
+                            "templateSnippets.{name} is not the library's, and a site may only \
+                             add {SITE_SNIPPETS:?} snippets"
+                        ));
+                    }
+                }
+            }
+            "extraContext" => {
+                let keys = |v: &Value| -> BTreeSet<String> {
+                    v.as_object()
+                        .map(|m| m.keys().cloned().collect())
+                        .unwrap_or_default()
+                };
+                if keys(&config[key]) != keys(&library[key]) {
+                    problems.push(format!(
+                        "extraContext has the keys {:?}, the library's are {:?}",
+                        keys(&config[key]),
+                        keys(&library[key])
+                    ));
+                }
+            }
+            _ if config[key] != library[key] => {
+                problems.push(format!("`{key}` differs from the library's; {copy_again}"));
+            }
+            _ => {}
+        }
+    }
+    problems
+}
+
+#[test]
+fn library_problems_are_reported() {
+    let text = fs::read_to_string(repo().join("examples/kubernetes-ingress/hapwright.yaml"))
+        .expect("read the library");
+    let library: Value = serde_saphyr::from_str(&text).expect("library YAML");
+    let mut config = library.clone();
+    assert_no_problems("the library itself", check_library(&config, &library));
+    config["templateSnippets"]["lib"] = Value::from("{# edited #}");
+    config["templateSnippets"]["frontend-99-mine"] = Value::from("x");
+    config["templateSnippets"]["global-99-mine"] = Value::from("x");
+    config["extraContext"]["unknownSetting"] = Value::from(1);
+    config["maps"] = Value::Null;
+    let problems = check_library(&config, &library);
+    assert_reported(&problems, "templateSnippets.lib differs from the library's");
+    assert_reported(
+        &problems,
+        "templateSnippets.frontend-99-mine is not the library's",
+    );
+    assert_reported(&problems, "extraContext has the keys");
+    assert_reported(&problems, "`maps` differs from the library's");
+    assert!(
+        !problems.iter().any(|p| p.contains("global-99-mine")),
+        "a global-* snippet is the site's to add: {problems:#?}"
+    );
+}
+
+// === drains, tokens, availability, network access ===
+
+fn container<'a>(spec: &'a Value, name: &str) -> Option<&'a Value> {
+    array(spec, "containers")
+        .iter()
+        .find(|c| c["name"].as_str() == Some(name))
+}
+
+/// `hard-stop-after <n>s` in an HAProxy config text, in seconds.
+fn hard_stop_after(config: &str) -> Option<u64> {
+    config.lines().find_map(|line| {
+        let value = line.trim().strip_prefix("hard-stop-after")?.trim();
+        if let Some(m) = value.strip_suffix('m') {
+            m.parse::<u64>().ok().map(|m| m * 60)
+        } else {
+            value.trim_end_matches('s').parse().ok()
+        }
+    })
+}
+
+/// The preStop drain delay: `HAPWRIGHT_DRAIN_DELAY:-<n>` in the drain script.
+fn drain_delay(script: &str) -> Option<u64> {
+    let rest = script.split("HAPWRIGHT_DRAIN_DELAY:-").nth(1)?;
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Every pod with an HAProxy container drains on stop: a preStop hook running the
+/// shipped `drain` script (a delay, then HAProxy's soft stop, then waiting for it),
+/// `hard-stop-after` in the bootstrap config and in the rendered config (a
+/// `global-*` snippet of the embedded hapwright config), and a grace period longer
+/// than the delay plus `hard-stop-after`.
+fn check_drains(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let config_maps: Vec<&Doc> = docs.iter().filter(|d| d.kind() == "ConfigMap").collect();
+    let data = |key: &str| {
+        config_maps
+            .iter()
+            .find_map(|d| d.value["data"][key].as_str())
+    };
+    let rendered_bound = embedded_configs(docs).first().and_then(|e| {
+        e.config["templateSnippets"]
+            .as_object()?
+            .iter()
+            .filter(|(name, _)| name.starts_with("global-"))
+            .find_map(|(_, s)| hard_stop_after(s["template"].as_str().or(s.as_str())?))
+    });
+    for (doc, spec) in workloads(docs) {
+        let Some(haproxy) = container(spec, "haproxy") else {
+            continue;
+        };
+        let at = doc.label();
+        let pre_stop: Vec<&str> = array(&haproxy["lifecycle"]["preStop"]["exec"], "command")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        if !pre_stop.last().is_some_and(|s| s.ends_with("/drain")) {
+            problems.push(format!(
+                "{at}: the haproxy container has no preStop running the drain script"
+            ));
+        }
+        let Some(drain) = data("drain") else {
+            problems.push(format!("{at}: no ConfigMap ships the drain script"));
+            continue;
+        };
+        let delay = drain_delay(drain).unwrap_or(0);
+        if delay == 0 {
+            problems.push(format!(
+                "{at}: the drain script does not wait before stopping HAProxy"
+            ));
+        }
+        if !drain.contains("kill -USR1") {
+            problems.push(format!(
+                "{at}: the drain script does not soft-stop HAProxy (SIGUSR1)"
+            ));
+        }
+        let bootstrap = data("haproxy.cfg").and_then(hard_stop_after);
+        let Some(bootstrap) = bootstrap else {
+            problems.push(format!(
+                "{at}: the bootstrap haproxy.cfg has no hard-stop-after"
+            ));
+            continue;
+        };
+        match rendered_bound {
+            None if !embedded_configs(docs).is_empty() => problems.push(format!(
+                "{at}: the hapwright config has no global-* snippet with hard-stop-after"
+            )),
+            Some(rendered) if rendered != bootstrap => problems.push(format!(
+                "{at}: hard-stop-after is {bootstrap}s in the bootstrap config but {rendered}s \
+                 in the rendered one"
+            )),
+            _ => {}
+        }
+        let grace = spec["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
+        if grace <= delay + bootstrap {
+            problems.push(format!(
+                "{at}: terminationGracePeriodSeconds {grace} is not longer than the drain \
+                 ({delay}s delay + hard-stop-after {bootstrap}s)"
+            ));
+        }
+    }
+    problems
+}
+
+const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// No service-account token where the API is not needed: pods with an HAProxy
+/// container turn the automatic token off, and only a hapwright container mounts one.
+fn check_tokens(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (doc, spec) in workloads(docs) {
+        if container(spec, "haproxy").is_none() {
+            continue;
+        }
+        if spec["automountServiceAccountToken"].as_bool() != Some(false) {
+            problems.push(format!(
+                "{}: a pod with HAProxy must set automountServiceAccountToken: false",
+                doc.label()
+            ));
+        }
+        for c in containers(spec) {
+            let mounts_token = array(c, "volumeMounts")
+                .iter()
+                .any(|m| m["mountPath"].as_str() == Some(TOKEN_PATH));
+            let name = c["name"].as_str().unwrap_or("?");
+            if mounts_token && name != "hapwright" {
+                problems.push(format!(
+                    "{}: container {name} mounts a service-account token",
+                    doc.label()
+                ));
+            }
+        }
+    }
+    problems
+}
+
+fn selector_labels(value: &Value) -> BTreeMap<String, String> {
+    string_map(&value["matchLabels"])
+}
+
+/// Every workload with more than one replica has a PodDisruptionBudget selecting its
+/// pods, every budget selects a workload's pods and lets one pod go, and replicas
+/// are spread over nodes (anti-affinity) and zones.
+fn check_availability(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let budgets: Vec<&Doc> = docs
+        .iter()
+        .filter(|d| d.kind() == "PodDisruptionBudget")
+        .collect();
+    for budget in &budgets {
+        let selector = selector_labels(&budget.value["spec"]["selector"]);
+        if !workloads(docs).any(|(doc, _)| matches_selector(&selector, &pod_labels(doc))) {
+            problems.push(format!(
+                "{}: the selector matches no pod template",
+                budget.label()
+            ));
+        }
+        if budget.value["spec"]["minAvailable"].is_null()
+            && budget.value["spec"]["maxUnavailable"].is_null()
+        {
+            problems.push(format!(
+                "{}: neither minAvailable nor maxUnavailable",
+                budget.label()
+            ));
+        }
+    }
+    for (doc, spec) in workloads(docs) {
+        if doc.kind() != "Deployment" || doc.value["spec"]["replicas"].as_u64().unwrap_or(1) < 2 {
+            continue;
+        }
+        let labels = pod_labels(doc);
+        if !budgets
+            .iter()
+            .any(|b| matches_selector(&selector_labels(&b.value["spec"]["selector"]), &labels))
+        {
+            problems.push(format!(
+                "{}: no PodDisruptionBudget selects its pods",
+                doc.label()
+            ));
+        }
+        let spreads = |key: &str| {
+            array(spec, "topologySpreadConstraints")
+                .iter()
+                .any(|c| c["topologyKey"].as_str() == Some(key))
+                || array(
+                    &spec["affinity"]["podAntiAffinity"],
+                    "preferredDuringSchedulingIgnoredDuringExecution",
+                )
+                .iter()
+                .any(|t| t["podAffinityTerm"]["topologyKey"].as_str() == Some(key))
+        };
+        for key in ["kubernetes.io/hostname", "topology.kubernetes.io/zone"] {
+            if !spreads(key) {
+                problems.push(format!(
+                    "{}: replicas are not spread over {key}",
+                    doc.label()
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// NetworkPolicies select pods, name ports those pods have, and, together, leave
+/// every port of the selected pods reachable by someone (nothing closed by
+/// accident). `extra` are add-on policies applied with the mode.
+fn check_network_policies(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let policies: Vec<&Doc> = docs
+        .iter()
+        .filter(|d| d.kind() == "NetworkPolicy")
+        .collect();
+    for (doc, spec) in workloads(docs) {
+        let labels = pod_labels(doc);
+        let selecting: Vec<&&Doc> = policies
+            .iter()
+            .filter(|p| {
+                matches_selector(&selector_labels(&p.value["spec"]["podSelector"]), &labels)
+            })
+            .collect();
+        if selecting.is_empty() {
+            problems.push(format!(
+                "{}: no NetworkPolicy selects its pods",
+                doc.label()
+            ));
+            continue;
+        }
+        let opened: Vec<&Value> = selecting
+            .iter()
+            .flat_map(|p| array(&p.value["spec"], "ingress"))
+            .flat_map(|rule| array(rule, "ports"))
+            .map(|p| &p["port"])
+            .collect();
+        for port in &opened {
+            if !array(spec, "containers")
+                .iter()
+                .any(|c| container_port(c, port))
+            {
+                problems.push(format!(
+                    "{}: a NetworkPolicy opens port {port}, which its pods do not have",
+                    doc.label()
+                ));
+            }
+        }
+        for c in array(spec, "containers") {
+            for p in array(c, "ports") {
+                let covered = opened.iter().any(|o| match o {
+                    Value::String(name) => p["name"].as_str() == Some(name),
+                    Value::Number(n) => p["containerPort"].as_u64() == n.as_u64(),
+                    _ => false,
+                });
+                if !covered {
+                    problems.push(format!(
+                        "{}: port {} of container {} is closed by the NetworkPolicies",
+                        doc.label(),
+                        p["containerPort"],
+                        c["name"].as_str().unwrap_or("?")
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// Ports below 1024 are the Services' only: containers run as non-root without
+/// capabilities, so every port they listen on is 1024 or above.
+fn check_unprivileged_ports(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (doc, spec) in workloads(docs) {
+        for c in containers(spec) {
+            for p in array(c, "ports") {
+                if p["containerPort"].as_u64().is_some_and(|n| n < 1024) {
+                    problems.push(format!(
+                        "{}: container {} listens on {}, below 1024, as non-root",
+                        doc.label(),
+                        c["name"].as_str().unwrap_or("?"),
+                        p["containerPort"]
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// Long-running containers have a readiness probe; hapwright containers a liveness
+/// probe on `/healthz`.
+fn check_probes(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (doc, spec) in workloads(docs) {
+        for c in array(spec, "containers") {
+            let name = c["name"].as_str().unwrap_or("?");
+            if c["readinessProbe"].is_null() {
+                problems.push(format!(
+                    "{}: container {name} has no readinessProbe",
+                    doc.label()
+                ));
+            }
+            if name == "hapwright"
+                && c.pointer("/livenessProbe/httpGet/path") != Some(&Value::from("/healthz"))
+            {
+                problems.push(format!(
+                    "{}: container {name} has no livenessProbe on /healthz",
+                    doc.label()
+                ));
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn pods_drain_before_they_stop() {
+    for mode in modes() {
+        let docs = load(&mode);
+        assert_no_problems(&mode.display().to_string(), check_drains(&docs));
+    }
+}
+
+#[test]
+fn haproxy_containers_get_no_service_account_token() {
+    for mode in modes() {
+        assert_no_problems(&mode.display().to_string(), check_tokens(&load(&mode)));
+    }
+    // The sidecar's hapwright container still has one (it watches the API).
+    let docs = load(&repo().join("deploy/sidecar"));
+    let (_, spec) = workloads(&docs).next().expect("sidecar Deployment");
+    let hapwright = container(spec, "hapwright").expect("hapwright container");
+    assert!(
+        array(hapwright, "volumeMounts")
+            .iter()
+            .any(|m| m["mountPath"].as_str() == Some(TOKEN_PATH)),
+        "the sidecar's hapwright container needs the API token"
+    );
+}
+
+#[test]
+fn replicas_have_budgets_and_spread() {
+    for mode in modes() {
+        assert_no_problems(
+            &mode.display().to_string(),
+            check_availability(&load(&mode)),
+        );
+    }
+}
+
+#[test]
+fn network_policies_match_the_pods_ports() {
+    assert_no_problems(
+        "deploy/sidecar",
+        check_network_policies(&load(&repo().join("deploy/sidecar"))),
+    );
+    assert_no_problems(
+        "deploy/controller",
+        check_network_policies(&load(&repo().join("deploy/controller"))),
+    );
+    // With the webhook add-on, its port is opened too.
+    let mut docs = load(&repo().join("deploy/controller"));
+    let webhook = load(&repo().join("deploy/webhook"));
+    docs.extend(
+        webhook
+            .iter()
+            .filter(|d| d.kind() == "NetworkPolicy")
+            .cloned(),
+    );
+    let deployment = docs
+        .iter_mut()
+        .find(|d| d.kind() == "Deployment" && d.name() == "hapwright-controller")
+        .expect("controller Deployment");
+    let c = deployment
+        .value
+        .pointer_mut("/spec/template/spec/containers/0/ports")
+        .and_then(Value::as_array_mut)
+        .expect("ports");
+    c.push(serde_json::json!({"name": "webhook", "containerPort": 9443, "protocol": "TCP"}));
+    assert_no_problems(
+        "deploy/controller + deploy/webhook",
+        check_network_policies(&docs),
+    );
+}
+
+#[test]
+fn containers_listen_on_unprivileged_ports_and_have_probes() {
+    for mode in modes() {
+        let docs = load(&mode);
+        assert_no_problems(&mode.display().to_string(), check_unprivileged_ports(&docs));
+        assert_no_problems(&mode.display().to_string(), check_probes(&docs));
+    }
+}
+
+#[test]
+fn drain_token_availability_and_policy_problems_are_reported() {
+    let mut docs = load(&repo().join("deploy/sidecar"));
+    let deployment = docs
+        .iter_mut()
+        .find(|d| d.kind() == "Deployment")
+        .expect("sidecar Deployment");
+    let spec = deployment
+        .value
+        .pointer_mut("/spec/template/spec")
+        .expect("pod spec");
+    spec["terminationGracePeriodSeconds"] = Value::from(30);
+    spec["automountServiceAccountToken"] = Value::Null;
+    spec["topologySpreadConstraints"] = Value::Null;
+    spec["containers"][0]["lifecycle"] = Value::Null;
+    spec["containers"][0]["readinessProbe"] = Value::Null;
+    spec["containers"][0]["ports"][0]["containerPort"] = Value::from(80);
+    spec["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .expect("mounts")
+        .push(serde_json::json!({"name": "kube-api-access", "mountPath": TOKEN_PATH}));
+    docs.retain(|d| d.kind() != "PodDisruptionBudget");
+    for doc in docs.iter_mut().filter(|d| d.kind() == "NetworkPolicy") {
+        doc.value["spec"]["ingress"][1]["ports"][0]["port"] = Value::from("nope");
+    }
+    assert_reported(&check_drains(&docs), "no preStop running the drain script");
+    assert_reported(
+        &check_drains(&docs),
+        "terminationGracePeriodSeconds 30 is not longer",
+    );
+    let tokens = check_tokens(&docs);
+    assert_reported(&tokens, "must set automountServiceAccountToken: false");
+    assert_reported(&tokens, "container haproxy mounts a service-account token");
+    let availability = check_availability(&docs);
+    assert_reported(&availability, "no PodDisruptionBudget selects its pods");
+    assert_reported(&availability, "not spread over topology.kubernetes.io/zone");
+    let policies = check_network_policies(&docs);
+    assert_reported(&policies, "opens port \"nope\"");
+    assert_reported(&policies, "port 9401 of container hapwright is closed");
+    assert_reported(
+        &check_unprivileged_ports(&docs),
+        "listens on 80, below 1024",
+    );
+    assert_reported(
+        &check_probes(&docs),
+        "container haproxy has no readinessProbe",
     );
 }
