@@ -1056,7 +1056,10 @@ fn ports_agree_between_containers_services_probes_and_config() {
 
 #[test]
 fn the_service_monitor_scrapes_ports_of_both_modes() {
-    let monitors = load(&repo().join("deploy/monitoring"));
+    let monitors: Vec<Doc> = load(&repo().join("deploy/monitoring"))
+        .into_iter()
+        .filter(|d| d.kind() == "ServiceMonitor")
+        .collect();
     assert_eq!(monitors.len(), 1);
     for mode in modes() {
         assert_no_problems(
@@ -2175,4 +2178,384 @@ fn drain_token_availability_and_policy_problems_are_reported() {
         &check_probes(&docs),
         "container haproxy has no readinessProbe",
     );
+}
+
+// === external validators: kubernetes-validate, promtool ===
+
+/// A validator command the test script installs (`scripts/test.sh`): `None` when it
+/// is missing outside CI (the test says so and checks nothing more); missing in CI
+/// (`CI` set, as scripts/test.sh sets it) is a failure.
+fn tool(name: &str, install: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|path| path.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{name} is not installed ({install}; scripts/test.sh installs it)"
+        );
+        eprintln!("skipped: {name} is not installed ({install})");
+    }
+    found
+}
+
+/// The Kubernetes version the manifests are validated against: the oldest one the
+/// manifests support.
+const KUBERNETES_VERSION: &str = "1.31.0";
+
+#[test]
+fn every_manifest_passes_kubernetes_validate() {
+    let Some(validate) = tool("kubernetes-validate", "pip install kubernetes-validate") else {
+        return;
+    };
+    let files = yaml_files(&repo().join("deploy"));
+    assert!(files.len() >= 15, "{} manifest files", files.len());
+    let output = Command::new(validate)
+        .args(["--strict", "--no-warn", "-k", KUBERNETES_VERSION])
+        .args(&files)
+        .output()
+        .expect("run kubernetes-validate");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "kubernetes-validate:\n{text}");
+    // Every document of a kind the schemas know was checked.
+    let known = load(&repo().join("deploy"))
+        .iter()
+        .filter(|d| !CUSTOM_KINDS.contains(&d.kind()))
+        .count();
+    let passed = text.matches(" passed for resource ").count();
+    assert_eq!(
+        passed, known,
+        "kubernetes-validate checked {passed} of {known}:\n{text}"
+    );
+}
+
+#[test]
+fn kubernetes_validate_reports_a_broken_manifest() {
+    let Some(validate) = tool("kubernetes-validate", "pip install kubernetes-validate") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("broken.yaml");
+    fs::write(
+        &file,
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: { name: b, namespace: n }\n\
+         spec: { maxUnavailable: 1, selectr: { matchLabels: { a: b } } }\n",
+    )
+    .expect("write");
+    let output = Command::new(validate)
+        .args(["--strict", "-k", KUBERNETES_VERSION])
+        .arg(&file)
+        .output()
+        .expect("run kubernetes-validate");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success(), "accepted: {text}");
+    assert!(text.contains("selectr"), "{text}");
+}
+
+/// The PrometheusRule's `spec` (a Prometheus rules file) in `dir`.
+fn rules_file(dir: &Path) -> PathBuf {
+    let rule = load(&repo().join("deploy/monitoring"))
+        .into_iter()
+        .find(|d| d.kind() == "PrometheusRule")
+        .expect("deploy/monitoring has a PrometheusRule");
+    let path = dir.join("hapwright-rules.yaml");
+    fs::write(
+        &path,
+        serde_json::to_string_pretty(&rule.value["spec"]).expect("JSON"),
+    )
+    .expect("write rules");
+    path
+}
+
+/// `promtool test rules` cases: series as the ServiceMonitor scrapes them (the
+/// HAProxy instance in `exported_instance`), and the alerts that must fire and must
+/// not.
+const RULE_TESTS: &str = r#"
+rule_files: [hapwright-rules.yaml]
+evaluation_interval: 1m
+tests:
+  # The leader's instance out of sync for 10 minutes fires; a follower's 0 does not.
+  - interval: 1m
+    input_series:
+      - series: 'hapwright_instance_in_sync{namespace="hapwright", pod="leader", exported_instance="haproxy-a"}'
+        values: '1 0x15'
+      - series: 'hapwright_leader{namespace="hapwright", pod="leader", job="hapwright-controller-metrics"}'
+        values: '1x15'
+      - series: 'hapwright_instance_in_sync{namespace="hapwright", pod="follower", exported_instance="haproxy-a"}'
+        values: '0x15'
+      - series: 'hapwright_leader{namespace="hapwright", pod="follower", job="hapwright-controller-metrics"}'
+        values: '0x15'
+    alert_rule_test:
+      - eval_time: 5m
+        alertname: HapwrightInstanceOutOfSync
+        exp_alerts: []
+      - eval_time: 12m
+        alertname: HapwrightInstanceOutOfSync
+        exp_alerts:
+          - exp_labels: { severity: critical, namespace: hapwright, pod: leader, exported_instance: haproxy-a }
+            exp_annotations:
+              summary: "HAProxy instance haproxy-a does not run the desired configuration"
+              description: "For 10 minutes. It still serves its last good configuration; see /debug/instances of leader for the error."
+      - eval_time: 12m
+        alertname: HapwrightNoLeader
+        exp_alerts: []
+  # No replica leads for 5 minutes.
+  - interval: 1m
+    input_series:
+      - series: 'hapwright_leader{namespace="hapwright", pod="a", job="hapwright-controller-metrics"}'
+        values: '1 0x10'
+      - series: 'hapwright_leader{namespace="hapwright", pod="b", job="hapwright-controller-metrics"}'
+        values: '0x10'
+    alert_rule_test:
+      - eval_time: 7m
+        alertname: HapwrightNoLeader
+        exp_alerts:
+          - exp_labels: { severity: critical, namespace: hapwright, job: hapwright-controller-metrics }
+            exp_annotations:
+              summary: "No hapwright replica in hapwright holds the leader Lease"
+              description: "Nothing is deployed to HAProxy until one does: check the Lease and the replicas' API access."
+  # A failed reload, a quarantined object, a held removal, failing status writes.
+  - interval: 1m
+    input_series:
+      - series: 'hapwright_reloads_total{namespace="hapwright", pod="p", exported_instance="local", result="failure", reason="structure"}'
+        values: '0 0 1 1 1'
+      - series: 'hapwright_quarantined_objects{namespace="hapwright", pod="p", resource="ingresses"}'
+        values: '2x20'
+      - series: 'hapwright_safety_valve_held{namespace="hapwright", pod="p"}'
+        values: '0 1x10'
+      - series: 'hapwright_status_writes_total{namespace="hapwright", pod="p", resource="ingresses", result="failure"}'
+        values: '0+1x20'
+    alert_rule_test:
+      - eval_time: 3m
+        alertname: HapwrightReloadsFailing
+        exp_alerts:
+          - exp_labels: { severity: warning, namespace: hapwright, pod: p, exported_instance: local, result: failure, reason: structure }
+            exp_annotations:
+              summary: "HAProxy reloads of local fail (structure)"
+              description: "1 failed reloads in 15 minutes; the instance keeps its last good configuration."
+      - eval_time: 10m
+        alertname: HapwrightObjectsQuarantined
+        exp_alerts: []
+      - eval_time: 16m
+        alertname: HapwrightObjectsQuarantined
+        exp_alerts:
+          - exp_labels: { severity: warning, namespace: hapwright, resource: ingresses }
+            exp_annotations:
+              summary: "2 ingresses held back by the quarantine"
+              description: "Their changes would break the HAProxy configuration; the objects carry Warning Events with the reason (/debug/quarantine)."
+      - eval_time: 7m
+        alertname: HapwrightRemovalHeld
+        exp_alerts:
+          - exp_labels: { severity: warning, namespace: hapwright, pod: p }
+            exp_annotations:
+              summary: "The safety valve of p holds a large removal"
+              description: "A change that removes many backends waits for the sources to recover, for confirmAfter, or for POST /-/approve (/debug/safety)."
+      - eval_time: 12m
+        alertname: HapwrightStatusWritesFailing
+        exp_alerts:
+          - exp_labels: { severity: warning, namespace: hapwright, pod: p, resource: ingresses, result: failure }
+            exp_annotations:
+              summary: "Status writes to ingresses fail"
+              description: "The leader cannot patch object statuses (RBAC or API errors); see its log."
+  # The API server cannot call the webhook; a certificate cert-manager did not renew.
+  - interval: 1m
+    input_series:
+      - series: 'apiserver_admission_webhook_rejection_count{name="validate.hapwright.io", error_type="calling_webhook_error", operation="CREATE", rejection_code="0", type="validating"}'
+        values: '0 3'
+      - series: 'certmanager_certificate_expiration_timestamp_seconds{namespace="hapwright", name="haproxy-dataplane"}'
+        values: '864000'
+      - series: 'certmanager_certificate_expiration_timestamp_seconds{namespace="hapwright", name="hapwright-ca"}'
+        values: '157680000'
+    alert_rule_test:
+      - eval_time: 1m
+        alertname: HapwrightWebhookFailing
+        exp_alerts:
+          - exp_labels: { severity: critical, name: validate.hapwright.io }
+            exp_annotations:
+              summary: "The API server cannot call the hapwright admission webhook"
+              description: "3 calls failed in 10 minutes; with failurePolicy Fail the objects were refused."
+      - eval_time: 1m
+        alertname: HapwrightCertificateExpiresSoon
+        exp_alerts:
+          - exp_labels: { severity: warning, namespace: hapwright, name: haproxy-dataplane }
+            exp_annotations:
+              summary: "Certificate hapwright/haproxy-dataplane expires in less than 14 days"
+              description: "cert-manager has not renewed it; check the Certificate's conditions."
+"#;
+
+#[test]
+fn the_alert_rules_pass_promtool() {
+    let Some(promtool) = tool(
+        "promtool",
+        "apt-get install --no-install-recommends prometheus",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rules = rules_file(dir.path());
+    let check = Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(&rules)
+        .output()
+        .expect("run promtool check rules");
+    let out = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        check.status.success(),
+        "promtool check rules:\n{out}{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    assert!(out.contains("SUCCESS: 13 rules found"), "{out}");
+    fs::write(dir.path().join("tests.yaml"), RULE_TESTS).expect("write rule tests");
+    let test = Command::new(&promtool)
+        .args(["test", "rules", "tests.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run promtool test rules");
+    assert!(
+        test.status.success(),
+        "promtool test rules:\n{}{}",
+        String::from_utf8_lossy(&test.stdout),
+        String::from_utf8_lossy(&test.stderr)
+    );
+}
+
+#[test]
+fn promtool_reports_a_rule_that_does_not_fire() {
+    let Some(promtool) = tool(
+        "promtool",
+        "apt-get install --no-install-recommends prometheus",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    rules_file(dir.path());
+    // A follower's out-of-sync instance must not alert: expecting it to fails.
+    let wrong = r#"
+rule_files: [hapwright-rules.yaml]
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'hapwright_instance_in_sync{namespace="hapwright", pod="follower", exported_instance="haproxy-a"}'
+        values: '0x15'
+      - series: 'hapwright_leader{namespace="hapwright", pod="follower"}'
+        values: '0x15'
+    alert_rule_test:
+      - eval_time: 12m
+        alertname: HapwrightInstanceOutOfSync
+        exp_alerts:
+          - exp_labels: { severity: critical, namespace: hapwright, pod: follower, exported_instance: haproxy-a }
+"#;
+    fs::write(dir.path().join("tests.yaml"), wrong).expect("write rule tests");
+    let test = Command::new(&promtool)
+        .args(["test", "rules", "tests.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run promtool test rules");
+    assert!(
+        !test.status.success(),
+        "promtool accepted a wrong expectation"
+    );
+}
+
+/// The `hapwright_*` metric names documented in docs/cli.md ("Metrics").
+fn documented_metrics() -> BTreeSet<String> {
+    let cli = fs::read_to_string(repo().join("docs/cli.md")).expect("docs/cli.md");
+    cli.lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter_map(|rest| rest.split('`').next())
+        .map(|name| format!("hapwright_{name}"))
+        .collect()
+}
+
+/// The `hapwright_*` names an expression uses, without histogram suffixes.
+fn metrics_in(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("hapwright_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = &tail[..end];
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name);
+        names.push(base.to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+#[test]
+fn alerts_and_dashboard_use_documented_metrics() {
+    let documented = documented_metrics();
+    assert!(
+        documented.contains("hapwright_instance_in_sync"),
+        "{documented:?}"
+    );
+    let rule = load(&repo().join("deploy/monitoring"))
+        .into_iter()
+        .find(|d| d.kind() == "PrometheusRule")
+        .expect("PrometheusRule");
+    let mut exprs: Vec<String> = array(&rule.value["spec"], "groups")
+        .iter()
+        .flat_map(|g| array(g, "rules"))
+        .filter_map(|r| r["expr"].as_str().map(str::to_owned))
+        .collect();
+    let dashboard: Value = serde_json::from_str(
+        &fs::read_to_string(repo().join("deploy/monitoring/grafana-dashboard.json"))
+            .expect("dashboard"),
+    )
+    .expect("the dashboard is JSON");
+    let panels = array(&dashboard, "panels");
+    assert!(panels.len() >= 10, "{} panels", panels.len());
+    for panel in panels {
+        let targets = array(panel, "targets");
+        assert!(!targets.is_empty(), "panel {} has no query", panel["title"]);
+        exprs.extend(
+            targets
+                .iter()
+                .filter_map(|t| t["expr"].as_str().map(str::to_owned)),
+        );
+    }
+    let mut unknown = Vec::new();
+    for expr in &exprs {
+        for name in metrics_in(expr) {
+            if !documented.contains(&name) {
+                unknown.push(format!("{name} (in `{expr}`)"));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "metrics hapwright does not have: {unknown:#?}"
+    );
+    assert_eq!(
+        metrics_in("rate(hapwright_x_bucket[5m]) + hapwright_y"),
+        ["hapwright_x", "hapwright_y"]
+    );
+}
+
+#[test]
+fn monitoring_objects_are_picked_up_by_kube_prometheus_stack() {
+    for doc in load(&repo().join("deploy/monitoring")) {
+        if matches!(doc.kind(), "ServiceMonitor" | "PrometheusRule") {
+            assert_eq!(
+                doc.value["metadata"]["labels"]["release"],
+                "kube-prometheus-stack",
+                "{}: the release label kube-prometheus-stack's selectors look for",
+                doc.label()
+            );
+        }
+    }
+    let kustomization = fs::read_to_string(repo().join("deploy/monitoring/kustomization.yaml"))
+        .expect("kustomization");
+    assert!(kustomization.contains("grafana_dashboard: \"1\""));
 }
