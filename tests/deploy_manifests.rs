@@ -22,6 +22,11 @@ use serde_json::Value;
 #[allow(dead_code)]
 mod certs;
 
+/// YAML files in deploy/ that are not Kubernetes manifests: kustomize's
+/// `kustomization.yaml`, the site settings `site.yaml` and the hapwright config
+/// `hapwright.yaml` composed from them (a ConfigMap's content).
+const NOT_MANIFESTS: &[&str] = &["kustomization", "site", "hapwright"];
+
 /// Secrets the manifests use but do not ship (the user creates them, see
 /// deploy/README.md).
 const EXTERNAL_SECRETS: &[&str] = &["hapwright-dataplane"];
@@ -108,7 +113,10 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
         } else if matches!(
             path.extension().and_then(|e| e.to_str()),
             Some("yaml" | "yml")
-        ) && path.file_stem().and_then(|s| s.to_str()) != Some("kustomization")
+        ) && !path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .is_some_and(|stem| NOT_MANIFESTS.contains(&stem) || stem.starts_with('.'))
         {
             files.push(path);
         }
@@ -130,7 +138,104 @@ fn parse_docs(file: &str, text: &str) -> Vec<Doc> {
         .collect()
 }
 
+/// The objects `kubectl apply -k dir` applies when `dir` has a kustomization, else
+/// the documents of every manifest under `dir`.
 fn load(dir: &Path) -> Vec<Doc> {
+    if dir.join("kustomization.yaml").is_file() {
+        kustomize(dir)
+    } else {
+        load_files(dir)
+    }
+}
+
+fn relative(path: &Path) -> String {
+    path.strip_prefix(repo())
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+/// What `kustomize build` makes of the kustomizations in deploy/: `resources`
+/// (files, and directories with their own kustomization) and `configMapGenerator`
+/// (`files` as `key=path` or `path`, `options.labels`, `behavior` create or
+/// replace). Anything else in a kustomization is refused, so this stays what
+/// kustomize does (the kubectl_kustomize test compares both where kubectl exists).
+fn kustomize(dir: &Path) -> Vec<Doc> {
+    let file = dir.join("kustomization.yaml");
+    let at = relative(&file);
+    let kustomization: Value =
+        serde_saphyr::from_str(&fs::read_to_string(&file).expect("read kustomization"))
+            .unwrap_or_else(|e| panic!("{at}: {e}"));
+    for key in kustomization.as_object().expect("a mapping").keys() {
+        assert!(
+            matches!(
+                key.as_str(),
+                "apiVersion" | "kind" | "resources" | "configMapGenerator"
+            ),
+            "{at}: `{key}` is not understood by tests/deploy_manifests.rs"
+        );
+    }
+    let mut docs = Vec::new();
+    for resource in array(&kustomization, "resources") {
+        let path = dir.join(resource.as_str().expect("a resource path"));
+        if path.is_dir() {
+            docs.extend(load(&path));
+        } else {
+            let text = fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{at}: resource {}: {e}", path.display()));
+            docs.extend(parse_docs(&relative(&path), &text));
+        }
+    }
+    for generator in array(&kustomization, "configMapGenerator") {
+        let name = generator["name"].as_str().expect("generator name");
+        let namespace = generator["namespace"].as_str().unwrap_or("");
+        assert_eq!(
+            generator["options"]["disableNameSuffixHash"],
+            Value::Bool(true),
+            "{at}: ConfigMap {name} gets a hash suffix, which the pods do not name"
+        );
+        let mut data = serde_json::Map::new();
+        for entry in array(generator, "files") {
+            let entry = entry.as_str().expect("a file entry");
+            let (key, path) = entry.split_once('=').unwrap_or((
+                Path::new(entry)
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .expect("a file name"),
+                entry,
+            ));
+            let content = fs::read_to_string(dir.join(path))
+                .unwrap_or_else(|e| panic!("{at}: ConfigMap {name} file {path}: {e}"));
+            data.insert(key.to_owned(), Value::String(content));
+        }
+        let config_map = Doc {
+            file: format!("{at} (configMapGenerator)"),
+            value: serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": generator["options"]["labels"].clone(),
+                },
+                "data": data,
+            }),
+        };
+        let existing = docs.iter().position(|d| {
+            d.kind() == "ConfigMap" && d.name() == name && d.namespace() == namespace
+        });
+        match (generator["behavior"].as_str().unwrap_or("create"), existing) {
+            ("create", None) => docs.push(config_map),
+            ("replace", Some(i)) => docs[i] = config_map,
+            (behavior, existing) => {
+                panic!("{at}: ConfigMap {name} with behavior {behavior}, existing: {existing:?}")
+            }
+        }
+    }
+    docs
+}
+
+fn load_files(dir: &Path) -> Vec<Doc> {
     yaml_files(dir)
         .iter()
         .flat_map(|path| {
@@ -1023,7 +1128,11 @@ fn rbac_covers_what_the_embedded_configs_watch() {
 fn the_gateway_api_add_on_grants_what_the_gateway_library_needs() {
     let library = fs::read_to_string(repo().join("examples/gateway-api/hapwright.yaml"))
         .expect("the Gateway API library");
-    let add_on = load(&repo().join("deploy/gateway-api"));
+    // The add-on's own objects (its kustomization also brings the sidecar mode).
+    let add_on: Vec<Doc> = load(&repo().join("deploy/gateway-api"))
+        .into_iter()
+        .filter(|d| d.file.starts_with("deploy/gateway-api/"))
+        .collect();
     assert!(!add_on.is_empty(), "deploy/gateway-api/ has manifests");
     for mode in modes() {
         let mut docs = load(&mode);
@@ -2558,4 +2667,221 @@ fn monitoring_objects_are_picked_up_by_kube_prometheus_stack() {
     let kustomization = fs::read_to_string(repo().join("deploy/monitoring/kustomization.yaml"))
         .expect("kustomization");
     assert!(kustomization.contains("grafana_dashboard: \"1\""));
+}
+
+// === install and upgrade: kustomizations, the library and the site settings ===
+
+/// Each deployable directory: the library its config is composed from.
+const COMPOSED: &[(&str, &str)] = &[
+    (
+        "deploy/sidecar",
+        "examples/kubernetes-ingress/hapwright.yaml",
+    ),
+    (
+        "deploy/controller",
+        "examples/kubernetes-ingress/hapwright.yaml",
+    ),
+    ("deploy/gateway-api", "examples/gateway-api/hapwright.yaml"),
+];
+
+fn compose(library: &str, site: &str) -> std::process::Output {
+    Command::new("sh")
+        .arg("deploy/compose.sh")
+        .args([library, site])
+        .current_dir(repo())
+        .output()
+        .expect("run deploy/compose.sh")
+}
+
+#[test]
+fn composed_configs_are_the_library_plus_the_site_settings() {
+    for (dir, library) in COMPOSED {
+        let site = format!("{dir}/site.yaml");
+        let output = compose(library, &site);
+        assert!(
+            output.status.success(),
+            "deploy/compose.sh {library} {site}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let composed = String::from_utf8(output.stdout).expect("UTF-8");
+        let committed =
+            fs::read_to_string(repo().join(dir).join("hapwright.yaml")).expect("hapwright.yaml");
+        let mode = dir.trim_start_matches("deploy/");
+        assert!(
+            composed == committed,
+            "{dir}/hapwright.yaml is not {library} plus {site} (the library or the site \
+             settings changed): run `deploy/install.sh --compose-only {mode}` and commit it"
+        );
+        // What it means: the library's keys, the site's where it has them.
+        let config: Value = serde_saphyr::from_str(&composed).expect("composed YAML");
+        let library_value: Value =
+            serde_saphyr::from_str(&fs::read_to_string(repo().join(library)).expect("library"))
+                .expect("library YAML");
+        let site_value: Value =
+            serde_saphyr::from_str(&fs::read_to_string(repo().join(&site)).expect("site"))
+                .expect("site YAML");
+        assert_no_problems(dir, check_library(&config, &library_value));
+        for (key, value) in site_value.as_object().expect("site mapping") {
+            if key == "templateSnippets" {
+                for (name, snippet) in value.as_object().expect("snippets") {
+                    assert_eq!(
+                        &config[key][name], snippet,
+                        "{dir}: templateSnippets.{name}"
+                    );
+                }
+            } else {
+                assert_eq!(&config[key], value, "{dir}: {key} is the site's");
+            }
+        }
+        assert!(
+            config.get("validationTests").is_none(),
+            "{dir}: no validationTests"
+        );
+    }
+}
+
+#[test]
+fn compose_refuses_what_it_cannot_compose() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        fs::write(&path, text).expect("write");
+        path.display().to_string()
+    };
+    let library = write("library.yaml", "haproxyConfig:\n  template: x\n");
+    let twice = write("twice.yaml", "controller: {}\ncontroller: {}\n");
+    let flow = write("flow.yaml", "{controller: {}}\n");
+    let output = compose(&library, &twice);
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("top-level key controller appears twice"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let output = compose(&library, &flow);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("not in block style"));
+    let output = compose(&library, "/nonexistent/site.yaml");
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot read /nonexistent/site.yaml"));
+}
+
+/// Every manifest under a kustomization's directory is one of its resources (a file
+/// that `kubectl apply -k` would silently leave out is a mistake).
+#[test]
+fn kustomizations_apply_every_manifest_of_their_directory() {
+    for dir in [
+        "sidecar",
+        "controller",
+        "webhook",
+        "monitoring",
+        "gateway-api",
+    ] {
+        let root = repo().join("deploy").join(dir);
+        let text = fs::read_to_string(root.join("kustomization.yaml")).expect("kustomization");
+        let kustomization: Value = serde_saphyr::from_str(&text).expect("YAML");
+        let listed: BTreeSet<PathBuf> = array(&kustomization, "resources")
+            .iter()
+            .map(|r| root.join(r.as_str().expect("path")))
+            .filter(|p| p.is_file())
+            .collect();
+        let present: BTreeSet<PathBuf> = yaml_files(&root).into_iter().collect();
+        assert_eq!(listed, present, "deploy/{dir}/kustomization.yaml resources");
+    }
+}
+
+/// Where kubectl is installed, its kustomize builds the same objects as `kustomize`
+/// above.
+#[test]
+fn kubectl_kustomize_builds_the_same_objects() {
+    let kubectl = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("kubectl"))
+            .find(|path| path.is_file())
+    });
+    let Some(kubectl) = kubectl else {
+        eprintln!("skipped: kubectl is not installed");
+        return;
+    };
+    for dir in [
+        "sidecar",
+        "controller",
+        "webhook",
+        "monitoring",
+        "gateway-api",
+    ] {
+        let root = repo().join("deploy").join(dir);
+        let output = Command::new(&kubectl)
+            .arg("kustomize")
+            .arg(&root)
+            .output()
+            .expect("run kubectl kustomize");
+        assert!(
+            output.status.success(),
+            "kubectl kustomize deploy/{dir}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let key = |v: &Value| {
+            (
+                v["kind"].as_str().unwrap_or("").to_owned(),
+                v["metadata"]["namespace"].as_str().unwrap_or("").to_owned(),
+                v["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+            )
+        };
+        let theirs: BTreeMap<_, Value> = parse_docs(dir, &String::from_utf8_lossy(&output.stdout))
+            .into_iter()
+            .map(|d| (key(&d.value), d.value))
+            .collect();
+        let ours: BTreeMap<_, Value> = kustomize(&root)
+            .into_iter()
+            .map(|d| (key(&d.value), d.value))
+            .collect();
+        assert_eq!(
+            theirs.keys().collect::<Vec<_>>(),
+            ours.keys().collect::<Vec<_>>(),
+            "deploy/{dir}"
+        );
+        for (k, value) in &ours {
+            if k.0 == "ConfigMap" {
+                assert_eq!(value["data"], theirs[k]["data"], "deploy/{dir}: {k:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_gateway_api_mode_serves_its_gateway_class_with_the_gateway_library() {
+    let docs = load(&repo().join("deploy/gateway-api"));
+    assert_no_problems("deploy/gateway-api", check_metadata(&docs));
+    assert_no_problems("deploy/gateway-api", check_volumes(&docs));
+    assert_no_problems("deploy/gateway-api", check_rbac(&docs));
+    assert_no_problems("deploy/gateway-api", check_drains(&docs));
+    let embedded = embedded_configs(&docs);
+    assert_eq!(embedded.len(), 1, "one hapwright container");
+    let class = docs
+        .iter()
+        .find(|d| d.kind() == "GatewayClass")
+        .expect("a GatewayClass");
+    assert_eq!(
+        class.value["spec"]["controllerName"],
+        embedded[0].config["extraContext"]["gatewayControllerName"],
+        "the GatewayClass names the controller the library serves"
+    );
+    assert!(
+        embedded[0].config["watchedResources"]["httproutes"].is_object(),
+        "the Gateway API library"
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = materialize(&docs, &embedded[0], dir.path());
+    let output = Command::new(hapwright_binary())
+        .args(["check", "-c"])
+        .arg(&config)
+        .output()
+        .expect("run hapwright check");
+    assert!(
+        output.status.success(),
+        "hapwright check: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
