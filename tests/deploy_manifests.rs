@@ -2885,3 +2885,364 @@ fn the_gateway_api_mode_serves_its_gateway_class_with_the_gateway_library() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+// === the drain and the Data Plane API runner, run for real ===
+
+/// A script of a shipped ConfigMap (`drain`, `dataplaneapi-run`), written to `dir`.
+fn shipped_script(mode: &str, key: &str, dir: &Path) -> PathBuf {
+    let text = load(&repo().join(mode))
+        .iter()
+        .find_map(|d| d.value["data"][key].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("{mode}: no ConfigMap has `{key}`"));
+    let path = dir.join(key);
+    fs::write(&path, text).expect("write script");
+    path
+}
+
+/// Kills a child process when dropped (tests clean up what they start).
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Kills a process by pid when dropped.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        hapwright_e2e::send_signal(self.0, hapwright_e2e::Signal::KILL);
+    }
+}
+
+/// An upstream on 127.0.0.1 answering `/fast` at once and holding every `/slow`
+/// request until `release` is set; `held` counts the slow requests it has read.
+struct Upstream {
+    port: u16,
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    release: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Upstream {
+    fn start() -> Upstream {
+        use std::io::{BufRead, BufReader, Write};
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind upstream");
+        let port = listener.local_addr().expect("address").port();
+        let held = Arc::new(AtomicUsize::new(0));
+        let release = Arc::new(AtomicBool::new(false));
+        let (h, r) = (held.clone(), release.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let (held, release) = (h.clone(), r.clone());
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                    let mut writer = stream;
+                    loop {
+                        let mut request_line = String::new();
+                        if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let mut line = String::new();
+                        while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                            line.clear();
+                        }
+                        if request_line.contains("/slow") {
+                            held.fetch_add(1, Ordering::SeqCst);
+                            while !release.load(Ordering::SeqCst) {
+                                std::thread::park_timeout(std::time::Duration::from_millis(20));
+                            }
+                        }
+                        let body = if request_line.contains("/slow") {
+                            "slow"
+                        } else {
+                            "fast"
+                        };
+                        let reply = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if writer.write_all(reply.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Upstream {
+            port,
+            held,
+            release,
+        }
+    }
+}
+
+/// Sends one HTTP/1.1 request on `stream` and reads the response (status, body);
+/// keep-alive unless the server closes.
+fn request(stream: &mut std::net::TcpStream, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nhost: shop.test\r\n\r\n").as_bytes())?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut status = String::new();
+    reader.read_line(&mut status)?;
+    let code = status
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status line: {status:?}")))?;
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body)?;
+    Ok((code, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// The sidecar's preStop `drain`, on HAProxy started with the sidecar manifest's
+/// command and bootstrap `global` section: requests in flight when the pod stops
+/// (on fresh and on keep-alive connections) all complete, HAProxy closes its
+/// listeners and exits, and the script returns only after HAProxy is gone.
+#[test]
+fn the_drain_finishes_requests_in_flight_then_stops_haproxy() {
+    use std::process::Stdio;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let upstream = Upstream::start();
+    let port = hapwright_e2e::free_port();
+    let docs = load(&repo().join("deploy/sidecar"));
+    let bootstrap = docs
+        .iter()
+        .find_map(|d| d.value["data"]["haproxy.cfg"].as_str())
+        .expect("bootstrap haproxy.cfg");
+    let global: String = bootstrap
+        .split("\ndefaults")
+        .next()
+        .expect("global section")
+        .to_owned();
+    assert!(global.contains("hard-stop-after"), "{global}");
+    let config = format!(
+        "{global}\ndefaults\n    mode http\n    timeout connect 5s\n    timeout client 30s\n    \
+         timeout server 30s\n\nfrontend fe\n    bind 127.0.0.1:{port}\n    default_backend be\n\n\
+         backend be\n    server up 127.0.0.1:{}\n",
+        upstream.port
+    );
+    for sub in ["haproxy", "run"] {
+        fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
+    }
+    fs::write(dir.path().join("haproxy/haproxy.cfg"), config).expect("write config");
+    let (_, spec) = workloads(&docs).next().expect("sidecar Deployment");
+    let haproxy = container(spec, "haproxy").expect("haproxy container");
+    let local = |s: &str| {
+        s.replace(
+            "/etc/haproxy",
+            &dir.path().join("haproxy").display().to_string(),
+        )
+        .replace(
+            "/run/haproxy",
+            &dir.path().join("run").display().to_string(),
+        )
+    };
+    let command: Vec<String> = array(haproxy, "command")
+        .iter()
+        .map(|a| local(a.as_str().expect("string")))
+        .collect();
+    let child = Command::new(&command[0])
+        .args(&command[1..])
+        .current_dir(dir.path().join("haproxy"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(dir.path().join("haproxy.err")).expect("log"))
+        .spawn()
+        .expect("start haproxy");
+    // Reaped as the container runtime would: the drain's `kill -0` must not see a
+    // zombie. Killed when the test ends, whatever happened.
+    let master = KillOnDrop(child.id());
+    let (exited_tx, exited) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut child = child;
+        let _ = exited_tx.send(child.wait());
+    });
+    let master_exited = || exited.try_recv().is_ok();
+    hapwright_e2e::poll(Duration::from_secs(20), || {
+        hapwright_e2e::accepts_connections(port).then_some(())
+    })
+    .expect("HAProxy listens");
+    let connect = || std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+
+    // In flight when the pod stops: 4 slow requests on fresh connections and one on
+    // a keep-alive connection that has already served a request.
+    let mut keep_alive = connect();
+    assert_eq!(
+        request(&mut keep_alive, "/fast").expect("fast"),
+        (200, "fast".into())
+    );
+    let mut in_flight: Vec<std::thread::JoinHandle<std::io::Result<(u16, String)>>> = (0..4)
+        .map(|_| {
+            let mut stream = connect();
+            std::thread::spawn(move || request(&mut stream, "/slow"))
+        })
+        .collect();
+    in_flight.push(std::thread::spawn(move || {
+        request(&mut keep_alive, "/slow")
+    }));
+    hapwright_e2e::poll(Duration::from_secs(20), || {
+        (upstream.held.load(Ordering::SeqCst) == 5).then_some(())
+    })
+    .expect("the upstream holds the 5 slow requests");
+
+    // The preStop hook, as the kubelet runs it (a shorter delay).
+    let drain = shipped_script("deploy/sidecar", "drain", dir.path());
+    let mut hook = Reaped(
+        Command::new("sh")
+            .arg(&drain)
+            .env("HAPWRIGHT_DRAIN_DELAY", "1")
+            .env(
+                "HAPWRIGHT_DRAIN_PIDFILE",
+                dir.path().join("run/haproxy.pid"),
+            )
+            .spawn()
+            .expect("run the drain"),
+    );
+    // Soft stop: the listener closes while the requests are still held.
+    hapwright_e2e::poll(Duration::from_secs(20), || {
+        (!hapwright_e2e::accepts_connections(port)).then_some(())
+    })
+    .expect("HAProxy closes its listener");
+    assert!(
+        hook.0.try_wait().expect("try_wait").is_none(),
+        "the drain returned while requests were in flight"
+    );
+    assert!(!master_exited(), "HAProxy exited with requests in flight");
+    upstream.release.store(true, Ordering::SeqCst);
+    for handle in in_flight {
+        let answer = handle.join().expect("client thread");
+        assert_eq!(
+            answer.as_ref().map_err(ToString::to_string),
+            Ok(&(200, "slow".to_owned())),
+            "a request in flight failed: {answer:?}"
+        );
+    }
+    let status = hapwright_e2e::poll(Duration::from_secs(30), || {
+        hook.0.try_wait().expect("try_wait")
+    })
+    .unwrap_or_else(|_| {
+        panic!(
+            "the drain did not return; HAProxy's log:\n{}",
+            fs::read_to_string(dir.path().join("haproxy.err")).unwrap_or_default()
+        )
+    });
+    assert!(status.success(), "drain: {status}");
+    assert!(
+        master_exited() || !Path::new(&format!("/proc/{}", master.0)).exists(),
+        "the drain returned before HAProxy exited"
+    );
+}
+
+/// `dataplaneapi-run` of controller mode, with a stand-in `dataplaneapi` that logs
+/// its start and the signals it gets: it writes the config with the password,
+/// restarts the API in place when the certificate changes, stops it with SIGTERM on
+/// the container's stop signal (SIGUSR1, which dataplaneapi would take as a reload)
+/// and exits 0; and passes on the status of an API that exits by itself.
+#[test]
+fn the_data_plane_api_runner_stops_and_restarts_the_api() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path();
+    let script = shipped_script("deploy/controller", "dataplaneapi-run", root);
+    for sub in ["bin", "tls", "work"] {
+        fs::create_dir_all(root.join(sub)).expect("mkdir");
+    }
+    let log = root.join("api.log");
+    fs::write(
+        root.join("bin/dataplaneapi"),
+        format!(
+            "#!/bin/sh\necho \"start $$ $*\" >> {log}\n\
+             [ -n \"${{FAKE_EXIT:-}}\" ] && exit \"$FAKE_EXIT\"\n\
+             trap 'echo \"term $$\" >> {log}; exit 0' TERM\n\
+             trap 'echo \"usr1 $$\" >> {log}' USR1\n\
+             while :; do sleep 1; done\n",
+            log = log.display()
+        ),
+    )
+    .expect("stand-in");
+    let mut permissions = fs::metadata(root.join("bin/dataplaneapi"))
+        .expect("meta")
+        .permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+    fs::set_permissions(root.join("bin/dataplaneapi"), permissions).expect("chmod");
+    fs::write(root.join("config.yaml"), "password: \"@PASSWORD@\"\n").expect("config");
+    fs::write(root.join("tls/tls.crt"), "certificate 1\n").expect("crt");
+    fs::write(root.join("tls/tls.key"), "key 1\n").expect("key");
+    let path = format!(
+        "{}:{}",
+        root.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = |fake_exit: Option<&str>| {
+        let mut command = Command::new("sh");
+        command
+            .arg(&script)
+            .env("PATH", &path)
+            .env("DATAPLANE_PASSWORD", "s3cret")
+            .env("DATAPLANE_CONFIG", root.join("config.yaml"))
+            .env("DATAPLANE_WORK_DIR", root.join("work"))
+            .env("DATAPLANE_TLS_DIR", root.join("tls"))
+            .env("DATAPLANE_CERT_CHECK_SECONDS", "1");
+        if let Some(code) = fake_exit {
+            command.env("FAKE_EXIT", code);
+        }
+        Reaped(command.spawn().expect("run dataplaneapi-run"))
+    };
+    let lines = |word: &str| {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with(word))
+            .count()
+    };
+    let wait = Duration::from_secs(20);
+
+    let mut runner = run(None);
+    hapwright_e2e::poll(wait, || (lines("start") == 1).then_some(())).expect("API started");
+    let written = fs::read_to_string(root.join("work/dataplaneapi.yaml")).expect("config");
+    assert_eq!(written, "password: \"s3cret\"\n");
+    assert!(fs::read_to_string(&log).expect("log").contains(&format!(
+        "-f {}",
+        root.join("work/dataplaneapi.yaml").display()
+    )));
+
+    // cert-manager renews the certificate: the API restarts, the runner stays.
+    fs::write(root.join("tls/tls.crt"), "certificate 2\n").expect("renew");
+    hapwright_e2e::poll(wait, || {
+        (lines("start") == 2 && lines("term") == 1).then_some(())
+    })
+    .expect("API restarted with the renewed certificate");
+    assert!(runner.0.try_wait().expect("try_wait").is_none());
+
+    // The kubelet stops the container with the image's STOPSIGNAL, SIGUSR1.
+    hapwright_e2e::send_signal(runner.0.id(), hapwright_e2e::Signal::USR1);
+    let status = hapwright_e2e::poll(wait, || runner.0.try_wait().expect("try_wait"))
+        .expect("the runner exits on SIGUSR1");
+    assert!(status.success(), "{status}");
+    assert_eq!(lines("term"), 2, "the API got SIGTERM");
+    assert_eq!(lines("usr1"), 0, "the API never saw the reload signal");
+
+    // An API that exits by itself: the runner exits with its status.
+    let mut failing = run(Some("3"));
+    let status = hapwright_e2e::poll(wait, || failing.0.try_wait().expect("try_wait"))
+        .expect("the runner exits");
+    assert_eq!(status.code(), Some(3));
+}
