@@ -3246,3 +3246,42 @@ fn the_data_plane_api_runner_stops_and_restarts_the_api() {
         .expect("the runner exits");
     assert_eq!(status.code(), Some(3));
 }
+
+/// What the shipped configs render with no objects (`hapwright render`, both
+/// validation phases, `haproxy -c` included): the site's drain bound in the `global`
+/// section, with the `maxconn` the memory limit is sized for.
+#[test]
+fn rendered_configs_carry_the_drain_bound_and_the_sized_maxconn() {
+    for (dir, _) in COMPOSED {
+        let docs = load(&repo().join(dir));
+        let embedded = embedded_configs(&docs);
+        let scratch = tempfile::tempdir().expect("temp dir");
+        let config = materialize(&docs, &embedded[0], scratch.path());
+        let fixtures = scratch.path().join("fixtures");
+        fs::create_dir_all(&fixtures).expect("fixtures dir");
+        let output = Command::new(hapwright_binary())
+            .args(["render", "-c"])
+            .arg(&config)
+            .arg("--fixtures")
+            .arg(&fixtures)
+            .output()
+            .expect("run hapwright render");
+        let rendered = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{dir}: hapwright render:\n{rendered}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let text = format!("\n{rendered}");
+        let global: Vec<&str> = text
+            .split("\nglobal\n")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{dir}: no global section:\n{rendered}"))
+            .lines()
+            .take_while(|l| l.starts_with(' ') || l.is_empty())
+            .map(str::trim)
+            .collect();
+        assert!(global.contains(&"hard-stop-after 45s"), "{dir}: {global:?}");
+        assert!(global.contains(&"maxconn 10000"), "{dir}: {global:?}");
+    }
+}
