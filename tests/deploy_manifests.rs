@@ -3285,3 +3285,96 @@ fn rendered_configs_carry_the_drain_bound_and_the_sized_maxconn() {
         assert!(global.contains(&"maxconn 10000"), "{dir}: {global:?}");
     }
 }
+
+/// `deploy/install.sh`, in a copy of the repository's `deploy/` and `examples/`, with
+/// a stand-in `kubectl` that records its arguments: it composes the mode's config
+/// (the same bytes as the committed one) and runs `kubectl apply -k deploy/<mode>`
+/// with the extra arguments; `--compose-only` applies nothing; an unknown mode is a
+/// usage error.
+#[test]
+fn install_composes_the_config_then_applies_the_kustomization() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path();
+    let copy = Command::new("cp")
+        .args(["-r", "deploy", "examples"])
+        .arg(root)
+        .current_dir(repo())
+        .status()
+        .expect("cp");
+    assert!(copy.success());
+    fs::create_dir_all(root.join("bin")).expect("bin");
+    let calls = root.join("kubectl.calls");
+    fs::write(
+        root.join("bin/kubectl"),
+        format!("#!/bin/sh\necho \"$*\" >> {}\n", calls.display()),
+    )
+    .expect("stand-in kubectl");
+    let mut permissions = fs::metadata(root.join("bin/kubectl"))
+        .expect("meta")
+        .permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+    fs::set_permissions(root.join("bin/kubectl"), permissions).expect("chmod");
+    let path = format!(
+        "{}:{}",
+        root.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let install = |args: &[&str]| {
+        Command::new("sh")
+            .arg(root.join("deploy/install.sh"))
+            .args(args)
+            .env("PATH", &path)
+            .current_dir("/")
+            .output()
+            .expect("run deploy/install.sh")
+    };
+    for (dir, _) in COMPOSED {
+        fs::remove_file(root.join(dir).join("hapwright.yaml")).expect("remove");
+        let mode = dir.trim_start_matches("deploy/");
+        let output = install(&[mode, "--dry-run=server"]);
+        assert!(
+            output.status.success(),
+            "install.sh {mode}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(
+            fs::read_to_string(root.join(dir).join("hapwright.yaml")).expect("composed"),
+            fs::read_to_string(repo().join(dir).join("hapwright.yaml")).expect("committed"),
+            "{dir}"
+        );
+    }
+    assert_eq!(
+        fs::read_to_string(&calls).expect("kubectl was called"),
+        "apply -k deploy/sidecar --dry-run=server\n\
+         apply -k deploy/controller --dry-run=server\n\
+         apply -k deploy/gateway-api --dry-run=server\n"
+    );
+    fs::write(root.join("deploy/sidecar/hapwright.yaml"), "stale\n").expect("stale");
+    let output = install(&["--compose-only", "sidecar"]);
+    assert!(output.status.success());
+    assert_ne!(
+        fs::read_to_string(root.join("deploy/sidecar/hapwright.yaml")).expect("composed"),
+        "stale\n"
+    );
+    assert_eq!(
+        fs::read_to_string(&calls).expect("calls").lines().count(),
+        3,
+        "--compose-only applied something"
+    );
+    let output = install(&["ingress"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("usage:"));
+    // A site file that cannot be composed leaves the previous config in place.
+    fs::write(root.join("deploy/sidecar/site.yaml"), "{ flow: style }\n").expect("site");
+    let before = fs::read_to_string(root.join("deploy/sidecar/hapwright.yaml")).expect("read");
+    let output = install(&["sidecar"]);
+    assert!(!output.status.success());
+    assert_eq!(
+        fs::read_to_string(root.join("deploy/sidecar/hapwright.yaml")).expect("read"),
+        before
+    );
+    assert_eq!(
+        fs::read_to_string(&calls).expect("calls").lines().count(),
+        3
+    );
+}
