@@ -3378,3 +3378,129 @@ fn install_composes_the_config_then_applies_the_kustomization() {
         3
     );
 }
+
+/// A certificate chain that survives renewals: a `Certificate`'s issuer is a CA
+/// issuer whose Secret is a CA `Certificate` (never a self-signed leaf, whose
+/// renewal would change the trusted bundle ahead of the mounted Secret), and what
+/// trusts it (the webhook's injected bundle, hapwright's `caFile`) takes the CA.
+fn check_certificate_chain(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let find = |kind: &str, name: &str| docs.iter().find(|d| d.kind() == kind && d.name() == name);
+    for cert in docs.iter().filter(|d| d.kind() == "Certificate") {
+        if cert.value["spec"]["isCA"].as_bool() == Some(true) {
+            continue;
+        }
+        let issuer_name = cert.value["spec"]["issuerRef"]["name"]
+            .as_str()
+            .unwrap_or("");
+        match find("Issuer", issuer_name) {
+            None => problems.push(format!(
+                "{}: Issuer {issuer_name} is not shipped",
+                cert.label()
+            )),
+            Some(issuer) => match issuer.value["spec"]["ca"]["secretName"].as_str() {
+                None => problems.push(format!(
+                    "{}: issued by {issuer_name}, which is not a CA issuer (a self-signed \
+                     leaf changes the trusted bundle on every renewal)",
+                    cert.label()
+                )),
+                Some(secret) => {
+                    let ca = docs.iter().find(|d| {
+                        d.kind() == "Certificate"
+                            && d.value["spec"]["secretName"].as_str() == Some(secret)
+                    });
+                    if ca.is_none_or(|ca| ca.value["spec"]["isCA"].as_bool() != Some(true)) {
+                        problems.push(format!(
+                            "{}: the CA issuer's Secret {secret} is not a CA Certificate",
+                            cert.label()
+                        ));
+                    }
+                }
+            },
+        }
+    }
+    for hook in docs
+        .iter()
+        .filter(|d| d.kind() == "ValidatingWebhookConfiguration")
+    {
+        let inject = hook.value["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+            .as_str()
+            .unwrap_or("");
+        let name = inject.split('/').nth(1).unwrap_or("");
+        match find("Certificate", name) {
+            None => problems.push(format!(
+                "{}: inject-ca-from `{inject}` names no shipped Certificate",
+                hook.label()
+            )),
+            Some(cert) => {
+                for webhook in array(&hook.value, "webhooks") {
+                    let service = &webhook["clientConfig"]["service"];
+                    let dns = format!(
+                        "{}.{}.svc",
+                        service["name"].as_str().unwrap_or(""),
+                        service["namespace"].as_str().unwrap_or("")
+                    );
+                    if !array(&cert.value["spec"], "dnsNames").contains(&Value::from(dns.clone())) {
+                        problems.push(format!("{}: does not name {dns}", cert.label()));
+                    }
+                }
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn certificates_come_from_the_hapwright_ca() {
+    let mut docs = load(&repo().join("deploy/controller"));
+    docs.extend(load(&repo().join("deploy/webhook")));
+    assert_eq!(
+        docs.iter().filter(|d| d.kind() == "Certificate").count(),
+        3,
+        "the CA, the Data Plane API's and the webhook's"
+    );
+    assert_no_problems(
+        "deploy/controller + deploy/webhook",
+        check_certificate_chain(&docs),
+    );
+    // hapwright trusts the CA: caFile is the ca.crt of the Data Plane API's Secret.
+    let embedded = embedded_configs(&docs);
+    let discovery = embedded[0]
+        .config
+        .pointer("/haproxy/discovery/kubernetes")
+        .expect("discovery");
+    assert_eq!(discovery["scheme"], "https");
+    assert!(discovery.get("allowInsecureHttp").is_none());
+    let dataplane = docs
+        .iter()
+        .find(|d| d.kind() == "Certificate" && d.name() == "haproxy-dataplane")
+        .expect("the Data Plane API's Certificate");
+    assert!(
+        array(&dataplane.value["spec"], "dnsNames").contains(&discovery["serverName"]),
+        "the Data Plane certificate names haproxy.discovery.kubernetes.serverName"
+    );
+    let (_, spec) = workloads(&docs)
+        .find(|(d, _)| d.name() == "hapwright-controller")
+        .expect("controller");
+    let projected = array(&spec["volumes"][0]["projected"], "sources");
+    assert!(projected.iter().any(|s| {
+        s["secret"]["name"] == dataplane.value["spec"]["secretName"]
+            && array(&s["secret"], "items").iter().any(|i| {
+                i["key"] == "ca.crt" && Some(i["path"].clone()) == discovery.get("caFile").cloned()
+            })
+    }));
+
+    // A self-signed leaf and a wrong injection are reported.
+    for doc in docs.iter_mut() {
+        if doc.kind() == "Certificate" && doc.name() == "hapwright-webhook" {
+            doc.value["spec"]["issuerRef"]["name"] = Value::from("hapwright-selfsigned");
+        }
+        if doc.kind() == "ValidatingWebhookConfiguration" {
+            doc.value["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] =
+                Value::from("hapwright/nothing");
+        }
+    }
+    let problems = check_certificate_chain(&docs);
+    assert_reported(&problems, "which is not a CA issuer");
+    assert_reported(&problems, "names no shipped Certificate");
+}
