@@ -13,6 +13,9 @@ command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 # Headless browser for tests/browser.rs (Debian's package; the test expects this path).
 [ -x /usr/bin/chromium ] || missing+=(chromium)
+# promtool (Debian's prometheus package) checks and unit-tests the alert rules of
+# deploy/monitoring/ (tests/deploy_manifests.rs).
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "==> installing ${missing[*]}"
     if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
@@ -20,6 +23,12 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 echo "==> $(haproxy -v | head -n 1)"
+# kubernetes-validate (PyPI; it bundles the Kubernetes schemas, so it works offline)
+# validates every manifest of deploy/ (tests/deploy_manifests.rs).
+if ! command -v kubernetes-validate >/dev/null 2>&1; then
+    echo "==> installing kubernetes-validate"
+    python3 -m pip install --quiet kubernetes-validate==1.37.0
+fi
 
 # The other supported HAProxy lines, from Debian's suites, side by side with the
 # system's 2.6 (docs/haproxy-versions.md). Installed first, so a failed download stops

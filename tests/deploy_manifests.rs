@@ -18,9 +18,31 @@ use std::process::Command;
 use hapwright_e2e::hapwright_binary;
 use serde_json::Value;
 
+#[path = "support/certs.rs"]
+#[allow(dead_code)]
+mod certs;
+
+/// YAML files in deploy/ that are not Kubernetes manifests: kustomize's
+/// `kustomization.yaml`, the site settings `site.yaml` and the hapwright config
+/// `hapwright.yaml` composed from them (a ConfigMap's content).
+const NOT_MANIFESTS: &[&str] = &["kustomization", "site", "hapwright"];
+
 /// Secrets the manifests use but do not ship (the user creates them, see
 /// deploy/README.md).
 const EXTERNAL_SECRETS: &[&str] = &["hapwright-dataplane"];
+
+/// ConfigMaps Kubernetes creates in every namespace.
+const CLUSTER_CONFIG_MAPS: &[&str] = &["kube-root-ca.crt"];
+
+/// Kinds of add-ons (CRDs) that k8s-openapi does not have; `kubernetes-validate`
+/// reports them as unknown, the checks below look at what matters in them.
+const CUSTOM_KINDS: &[&str] = &[
+    "ServiceMonitor",
+    "PrometheusRule",
+    "Certificate",
+    "Issuer",
+    "GatewayClass",
+];
 
 /// Kinds that live in a namespace (everything else here is cluster-scoped).
 const CLUSTER_SCOPED: &[&str] = &[
@@ -29,6 +51,7 @@ const CLUSTER_SCOPED: &[&str] = &[
     "ClusterRole",
     "ClusterRoleBinding",
     "ValidatingWebhookConfiguration",
+    "GatewayClass",
 ];
 
 /// Keys of a hapwright config that must be the Ingress library's.
@@ -90,7 +113,11 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
         } else if matches!(
             path.extension().and_then(|e| e.to_str()),
             Some("yaml" | "yml")
-        ) {
+        ) && !path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .is_some_and(|stem| NOT_MANIFESTS.contains(&stem) || stem.starts_with('.'))
+        {
             files.push(path);
         }
     }
@@ -111,7 +138,104 @@ fn parse_docs(file: &str, text: &str) -> Vec<Doc> {
         .collect()
 }
 
+/// The objects `kubectl apply -k dir` applies when `dir` has a kustomization, else
+/// the documents of every manifest under `dir`.
 fn load(dir: &Path) -> Vec<Doc> {
+    if dir.join("kustomization.yaml").is_file() {
+        kustomize(dir)
+    } else {
+        load_files(dir)
+    }
+}
+
+fn relative(path: &Path) -> String {
+    path.strip_prefix(repo())
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+/// What `kustomize build` makes of the kustomizations in deploy/: `resources`
+/// (files, and directories with their own kustomization) and `configMapGenerator`
+/// (`files` as `key=path` or `path`, `options.labels`, `behavior` create or
+/// replace). Anything else in a kustomization is refused, so this stays what
+/// kustomize does (the kubectl_kustomize test compares both where kubectl exists).
+fn kustomize(dir: &Path) -> Vec<Doc> {
+    let file = dir.join("kustomization.yaml");
+    let at = relative(&file);
+    let kustomization: Value =
+        serde_saphyr::from_str(&fs::read_to_string(&file).expect("read kustomization"))
+            .unwrap_or_else(|e| panic!("{at}: {e}"));
+    for key in kustomization.as_object().expect("a mapping").keys() {
+        assert!(
+            matches!(
+                key.as_str(),
+                "apiVersion" | "kind" | "resources" | "configMapGenerator"
+            ),
+            "{at}: `{key}` is not understood by tests/deploy_manifests.rs"
+        );
+    }
+    let mut docs = Vec::new();
+    for resource in array(&kustomization, "resources") {
+        let path = dir.join(resource.as_str().expect("a resource path"));
+        if path.is_dir() {
+            docs.extend(load(&path));
+        } else {
+            let text = fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{at}: resource {}: {e}", path.display()));
+            docs.extend(parse_docs(&relative(&path), &text));
+        }
+    }
+    for generator in array(&kustomization, "configMapGenerator") {
+        let name = generator["name"].as_str().expect("generator name");
+        let namespace = generator["namespace"].as_str().unwrap_or("");
+        assert_eq!(
+            generator["options"]["disableNameSuffixHash"],
+            Value::Bool(true),
+            "{at}: ConfigMap {name} gets a hash suffix, which the pods do not name"
+        );
+        let mut data = serde_json::Map::new();
+        for entry in array(generator, "files") {
+            let entry = entry.as_str().expect("a file entry");
+            let (key, path) = entry.split_once('=').unwrap_or((
+                Path::new(entry)
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .expect("a file name"),
+                entry,
+            ));
+            let content = fs::read_to_string(dir.join(path))
+                .unwrap_or_else(|e| panic!("{at}: ConfigMap {name} file {path}: {e}"));
+            data.insert(key.to_owned(), Value::String(content));
+        }
+        let config_map = Doc {
+            file: format!("{at} (configMapGenerator)"),
+            value: serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": generator["options"]["labels"].clone(),
+                },
+                "data": data,
+            }),
+        };
+        let existing = docs.iter().position(|d| {
+            d.kind() == "ConfigMap" && d.name() == name && d.namespace() == namespace
+        });
+        match (generator["behavior"].as_str().unwrap_or("create"), existing) {
+            ("create", None) => docs.push(config_map),
+            ("replace", Some(i)) => docs[i] = config_map,
+            (behavior, existing) => {
+                panic!("{at}: ConfigMap {name} with behavior {behavior}, existing: {existing:?}")
+            }
+        }
+    }
+    docs
+}
+
+fn load_files(dir: &Path) -> Vec<Doc> {
     yaml_files(dir)
         .iter()
         .flat_map(|path| {
@@ -255,15 +379,20 @@ fn check_volumes(docs: &[Doc]) -> Vec<String> {
         .filter(|d| d.kind() == "ConfigMap")
         .map(|d| (d.name(), &d.value["data"]))
         .collect();
+    // Secrets shipped, and those cert-manager writes for a shipped Certificate.
     let secrets: BTreeSet<&str> = docs
         .iter()
-        .filter(|d| d.kind() == "Secret")
-        .map(Doc::name)
+        .filter_map(|d| match d.kind() {
+            "Secret" => Some(d.name()),
+            "Certificate" => d.value["spec"]["secretName"].as_str(),
+            _ => None,
+        })
         .collect();
     let check_items =
         |problems: &mut Vec<String>, at: &str, name: &str, items: &[Value]| match config_maps
             .get(name)
         {
+            None if CLUSTER_CONFIG_MAPS.contains(&name) => {}
             None => problems.push(format!("{at}: ConfigMap {name} is not defined")),
             Some(data) => {
                 for item in items {
@@ -911,11 +1040,15 @@ fn materialize(docs: &[Doc], embedded: &Embedded<'_>, dir: &Path) -> PathBuf {
         }
         if source["secret"].is_object() {
             for item in array(&source["secret"], "items") {
-                fs::write(
-                    dir.join(item["path"].as_str().unwrap()),
-                    "placeholder-password\n",
-                )
-                .expect("write secret item");
+                let path = item["path"].as_str().unwrap();
+                let content = if path.ends_with(".crt") {
+                    // A CA certificate, as cert-manager's ca.crt holds.
+                    let scratch = tempfile::tempdir().expect("temp dir");
+                    certs::ca(scratch.path(), "deploy-ca")
+                } else {
+                    b"placeholder-password\n".to_vec()
+                };
+                fs::write(dir.join(path), content).expect("write secret item");
             }
         }
     }
@@ -995,7 +1128,11 @@ fn rbac_covers_what_the_embedded_configs_watch() {
 fn the_gateway_api_add_on_grants_what_the_gateway_library_needs() {
     let library = fs::read_to_string(repo().join("examples/gateway-api/hapwright.yaml"))
         .expect("the Gateway API library");
-    let add_on = load(&repo().join("deploy/gateway-api"));
+    // The add-on's own objects (its kustomization also brings the sidecar mode).
+    let add_on: Vec<Doc> = load(&repo().join("deploy/gateway-api"))
+        .into_iter()
+        .filter(|d| d.file.starts_with("deploy/gateway-api/"))
+        .collect();
     assert!(!add_on.is_empty(), "deploy/gateway-api/ has manifests");
     for mode in modes() {
         let mut docs = load(&mode);
@@ -1028,7 +1165,10 @@ fn ports_agree_between_containers_services_probes_and_config() {
 
 #[test]
 fn the_service_monitor_scrapes_ports_of_both_modes() {
-    let monitors = load(&repo().join("deploy/monitoring"));
+    let monitors: Vec<Doc> = load(&repo().join("deploy/monitoring"))
+        .into_iter()
+        .filter(|d| d.kind() == "ServiceMonitor")
+        .collect();
     assert_eq!(monitors.len(), 1);
     for mode in modes() {
         assert_no_problems(
@@ -1077,14 +1217,10 @@ fn embedded_configs_use_the_ingress_library_templates() {
     for mode in modes() {
         let docs = load(&mode);
         for embedded in embedded_configs(&docs) {
-            for key in LIBRARY_KEYS {
-                assert!(
-                    embedded.config[key] == library[key],
-                    "{}: `{key}` differs from examples/kubernetes-ingress/hapwright.yaml; \
-                     copy the library (without validationTests) into the ConfigMap again",
-                    embedded.config_map.label()
-                );
-            }
+            assert_no_problems(
+                &embedded.config_map.label(),
+                check_library(&embedded.config, &library),
+            );
             assert!(
                 embedded.config.get("validationTests").is_none(),
                 "{}: deployed configs leave the validationTests out",
@@ -1370,7 +1506,7 @@ fn round_trip<T: k8s_openapi::serde::de::DeserializeOwned + k8s_openapi::serde::
 fn check_schema(docs: &[Doc]) -> Vec<String> {
     use k8s_openapi::api::{
         admissionregistration::v1 as admission, apps::v1 as apps, core::v1 as core,
-        networking::v1 as networking, rbac::v1 as rbac,
+        networking::v1 as networking, policy::v1 as policy, rbac::v1 as rbac,
     };
     let mut problems = Vec::new();
     for doc in docs {
@@ -1382,6 +1518,8 @@ fn check_schema(docs: &[Doc]) -> Vec<String> {
             "Service" => round_trip::<core::Service>(&doc.value),
             "Deployment" => round_trip::<apps::Deployment>(&doc.value),
             "IngressClass" => round_trip::<networking::IngressClass>(&doc.value),
+            "NetworkPolicy" => round_trip::<networking::NetworkPolicy>(&doc.value),
+            "PodDisruptionBudget" => round_trip::<policy::PodDisruptionBudget>(&doc.value),
             "ClusterRole" => round_trip::<rbac::ClusterRole>(&doc.value),
             "ClusterRoleBinding" => round_trip::<rbac::ClusterRoleBinding>(&doc.value),
             "Role" => round_trip::<rbac::Role>(&doc.value),
@@ -1434,7 +1572,10 @@ fn first_difference(a: &Value, b: &Value, at: &str) -> String {
 #[test]
 fn documents_match_the_kubernetes_api_schema() {
     let docs = load(&repo().join("deploy"));
-    let typed = docs.iter().filter(|d| d.kind() != "ServiceMonitor").count();
+    let typed = docs
+        .iter()
+        .filter(|d| !CUSTOM_KINDS.contains(&d.kind()))
+        .count();
     assert!(typed >= 20, "{typed} typed documents");
     assert_no_problems("deploy/", check_schema(&docs));
 }
@@ -1541,6 +1682,15 @@ fn check_webhook(webhook: &[Doc], controller: &[Doc]) -> Vec<String> {
                 problems.push(format!("{at}: the Service selects no controller pod"));
             }
             for rule in hook.rules.iter().flatten() {
+                for operation in rule.operations.iter().flatten() {
+                    if !matches!(operation.as_str(), "CREATE" | "UPDATE") {
+                        problems.push(format!(
+                            "{at}: checks {operation}; only CREATE and UPDATE can break the \
+                             config (a checked DELETE blocks namespace deletion while no \
+                             replica answers)"
+                        ));
+                    }
+                }
                 for group in rule.api_groups.iter().flatten() {
                     for resource in rule.resources.iter().flatten() {
                         if !watched.contains(&(group.clone(), resource.clone())) {
@@ -1575,7 +1725,7 @@ fn webhook_problems_are_reported() {
          metadata: { name: w }\nwebhooks:\n  - name: v.example.io\n    admissionReviewVersions: [v1beta1]\n\
          \x20   sideEffects: Some\n    timeoutSeconds: 5\n\
          \x20   clientConfig: { service: { namespace: hapwright, name: hapwright-webhook, path: /check } }\n\
-         \x20   rules: [ { apiGroups: [apps], apiVersions: [v1], resources: [deployments], operations: [CREATE] } ]\n\
+         \x20   rules: [ { apiGroups: [apps], apiVersions: [v1], resources: [deployments], operations: [CREATE, DELETE] } ]\n\
          ---\napiVersion: v1\nkind: Service\nmetadata: { name: hapwright-webhook, namespace: hapwright }\n\
          spec: { selector: { app: nothing }, ports: [ { port: 443, targetPort: 8443 } ] }\n",
     );
@@ -1588,6 +1738,7 @@ fn webhook_problems_are_reported() {
         "does not lead to 9443",
         "selects no controller pod",
         "apps/deployments",
+        "checks DELETE",
     ] {
         assert_reported(&problems, needle);
     }
@@ -1610,4 +1761,1746 @@ fn a_status_template_without_the_status_permission_is_reported() {
         &check_rbac(&docs),
         "may not patch ingresses/status.networking.k8s.io in all namespaces (statusTemplates.ingresses)",
     );
+}
+
+// === the library and the site's settings ===
+
+/// Snippet name prefixes a site may add to the library's `templateSnippets`: the
+/// extension points its templates render with `render_glob` in the `global` and
+/// `defaults` sections (docs/kubernetes-ingress.md, "Extending the library").
+const SITE_SNIPPETS: &[&str] = &["global-", "defaults-"];
+
+/// A deployed config carries the library's templates unchanged: every library key
+/// equal, except `templateSnippets` (the library's own unchanged, plus `global-*` and
+/// `defaults-*` additions of the site) and `extraContext` (the site's values for the
+/// library's settings: the same keys, other values allowed).
+fn check_library(config: &Value, library: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    let copy_again = "copy it from examples/kubernetes-ingress/hapwright.yaml again";
+    for key in LIBRARY_KEYS {
+        match *key {
+            "templateSnippets" => {
+                let ours = config[key].as_object().cloned().unwrap_or_default();
+                let theirs = library[key].as_object().cloned().unwrap_or_default();
+                for (name, snippet) in &theirs {
+                    if ours.get(name) != Some(snippet) {
+                        problems.push(format!(
+                            "templateSnippets.{name} differs from the library's; {copy_again}"
+                        ));
+                    }
+                }
+                for name in ours.keys().filter(|n| !theirs.contains_key(*n)) {
+                    if !SITE_SNIPPETS.iter().any(|p| name.starts_with(p)) {
+                        problems.push(format!(
+                            "templateSnippets.{name} is not the library's, and a site may only \
+                             add {SITE_SNIPPETS:?} snippets"
+                        ));
+                    }
+                }
+            }
+            "extraContext" => {
+                let keys = |v: &Value| -> BTreeSet<String> {
+                    v.as_object()
+                        .map(|m| m.keys().cloned().collect())
+                        .unwrap_or_default()
+                };
+                if keys(&config[key]) != keys(&library[key]) {
+                    problems.push(format!(
+                        "extraContext has the keys {:?}, the library's are {:?}",
+                        keys(&config[key]),
+                        keys(&library[key])
+                    ));
+                }
+            }
+            _ if config[key] != library[key] => {
+                problems.push(format!("`{key}` differs from the library's; {copy_again}"));
+            }
+            _ => {}
+        }
+    }
+    problems
+}
+
+#[test]
+fn library_problems_are_reported() {
+    let text = fs::read_to_string(repo().join("examples/kubernetes-ingress/hapwright.yaml"))
+        .expect("read the library");
+    let library: Value = serde_saphyr::from_str(&text).expect("library YAML");
+    let mut config = library.clone();
+    assert_no_problems("the library itself", check_library(&config, &library));
+    config["templateSnippets"]["lib"] = Value::from("{# edited #}");
+    config["templateSnippets"]["frontend-99-mine"] = Value::from("x");
+    config["templateSnippets"]["global-99-mine"] = Value::from("x");
+    config["extraContext"]["unknownSetting"] = Value::from(1);
+    config["maps"] = Value::Null;
+    let problems = check_library(&config, &library);
+    assert_reported(&problems, "templateSnippets.lib differs from the library's");
+    assert_reported(
+        &problems,
+        "templateSnippets.frontend-99-mine is not the library's",
+    );
+    assert_reported(&problems, "extraContext has the keys");
+    assert_reported(&problems, "`maps` differs from the library's");
+    assert!(
+        !problems.iter().any(|p| p.contains("global-99-mine")),
+        "a global-* snippet is the site's to add: {problems:#?}"
+    );
+}
+
+// === drains, tokens, availability, network access ===
+
+fn container<'a>(spec: &'a Value, name: &str) -> Option<&'a Value> {
+    array(spec, "containers")
+        .iter()
+        .find(|c| c["name"].as_str() == Some(name))
+}
+
+/// `hard-stop-after <n>s` in an HAProxy config text, in seconds.
+fn hard_stop_after(config: &str) -> Option<u64> {
+    config.lines().find_map(|line| {
+        let value = line.trim().strip_prefix("hard-stop-after")?.trim();
+        if let Some(m) = value.strip_suffix('m') {
+            m.parse::<u64>().ok().map(|m| m * 60)
+        } else {
+            value.trim_end_matches('s').parse().ok()
+        }
+    })
+}
+
+/// The preStop drain delay: `HAPWRIGHT_DRAIN_DELAY:-<n>` in the drain script.
+fn drain_delay(script: &str) -> Option<u64> {
+    let rest = script.split("HAPWRIGHT_DRAIN_DELAY:-").nth(1)?;
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Every pod with an HAProxy container drains on stop: a preStop hook running the
+/// shipped `drain` script (a delay, then HAProxy's soft stop, then waiting for it),
+/// `hard-stop-after` in the bootstrap config and in the rendered config (a
+/// `global-*` snippet of the embedded hapwright config), and a grace period longer
+/// than the delay plus `hard-stop-after`.
+fn check_drains(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let config_maps: Vec<&Doc> = docs.iter().filter(|d| d.kind() == "ConfigMap").collect();
+    let data = |key: &str| {
+        config_maps
+            .iter()
+            .find_map(|d| d.value["data"][key].as_str())
+    };
+    let rendered_bound = embedded_configs(docs).first().and_then(|e| {
+        e.config["templateSnippets"]
+            .as_object()?
+            .iter()
+            .filter(|(name, _)| name.starts_with("global-"))
+            .find_map(|(_, s)| hard_stop_after(s["template"].as_str().or(s.as_str())?))
+    });
+    for (doc, spec) in workloads(docs) {
+        let Some(haproxy) = container(spec, "haproxy") else {
+            continue;
+        };
+        let at = doc.label();
+        let pre_stop: Vec<&str> = array(&haproxy["lifecycle"]["preStop"]["exec"], "command")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        if !pre_stop.last().is_some_and(|s| s.ends_with("/drain")) {
+            problems.push(format!(
+                "{at}: the haproxy container has no preStop running the drain script"
+            ));
+        }
+        let Some(drain) = data("drain") else {
+            problems.push(format!("{at}: no ConfigMap ships the drain script"));
+            continue;
+        };
+        let delay = drain_delay(drain).unwrap_or(0);
+        if delay == 0 {
+            problems.push(format!(
+                "{at}: the drain script does not wait before stopping HAProxy"
+            ));
+        }
+        if !drain.contains("kill -USR1") {
+            problems.push(format!(
+                "{at}: the drain script does not soft-stop HAProxy (SIGUSR1)"
+            ));
+        }
+        let bootstrap = data("haproxy.cfg").and_then(hard_stop_after);
+        let Some(bootstrap) = bootstrap else {
+            problems.push(format!(
+                "{at}: the bootstrap haproxy.cfg has no hard-stop-after"
+            ));
+            continue;
+        };
+        match rendered_bound {
+            None if !embedded_configs(docs).is_empty() => problems.push(format!(
+                "{at}: the hapwright config has no global-* snippet with hard-stop-after"
+            )),
+            Some(rendered) if rendered != bootstrap => problems.push(format!(
+                "{at}: hard-stop-after is {bootstrap}s in the bootstrap config but {rendered}s \
+                 in the rendered one"
+            )),
+            _ => {}
+        }
+        let grace = spec["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
+        if grace <= delay + bootstrap {
+            problems.push(format!(
+                "{at}: terminationGracePeriodSeconds {grace} is not longer than the drain \
+                 ({delay}s delay + hard-stop-after {bootstrap}s)"
+            ));
+        }
+    }
+    problems
+}
+
+const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// No service-account token where the API is not needed: pods with an HAProxy
+/// container turn the automatic token off, and only a hapwright container mounts one.
+fn check_tokens(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (doc, spec) in workloads(docs) {
+        if container(spec, "haproxy").is_none() {
+            continue;
+        }
+        if spec["automountServiceAccountToken"].as_bool() != Some(false) {
+            problems.push(format!(
+                "{}: a pod with HAProxy must set automountServiceAccountToken: false",
+                doc.label()
+            ));
+        }
+        for c in containers(spec) {
+            let mounts_token = array(c, "volumeMounts")
+                .iter()
+                .any(|m| m["mountPath"].as_str() == Some(TOKEN_PATH));
+            let name = c["name"].as_str().unwrap_or("?");
+            if mounts_token && name != "hapwright" {
+                problems.push(format!(
+                    "{}: container {name} mounts a service-account token",
+                    doc.label()
+                ));
+            }
+        }
+    }
+    problems
+}
+
+fn selector_labels(value: &Value) -> BTreeMap<String, String> {
+    string_map(&value["matchLabels"])
+}
+
+/// Every workload with more than one replica has a PodDisruptionBudget selecting its
+/// pods, every budget selects a workload's pods and lets one pod go, and replicas
+/// are spread over nodes (anti-affinity) and zones.
+fn check_availability(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let budgets: Vec<&Doc> = docs
+        .iter()
+        .filter(|d| d.kind() == "PodDisruptionBudget")
+        .collect();
+    for budget in &budgets {
+        let selector = selector_labels(&budget.value["spec"]["selector"]);
+        if !workloads(docs).any(|(doc, _)| matches_selector(&selector, &pod_labels(doc))) {
+            problems.push(format!(
+                "{}: the selector matches no pod template",
+                budget.label()
+            ));
+        }
+        if budget.value["spec"]["minAvailable"].is_null()
+            && budget.value["spec"]["maxUnavailable"].is_null()
+        {
+            problems.push(format!(
+                "{}: neither minAvailable nor maxUnavailable",
+                budget.label()
+            ));
+        }
+    }
+    for (doc, spec) in workloads(docs) {
+        if doc.kind() != "Deployment" || doc.value["spec"]["replicas"].as_u64().unwrap_or(1) < 2 {
+            continue;
+        }
+        let labels = pod_labels(doc);
+        if !budgets
+            .iter()
+            .any(|b| matches_selector(&selector_labels(&b.value["spec"]["selector"]), &labels))
+        {
+            problems.push(format!(
+                "{}: no PodDisruptionBudget selects its pods",
+                doc.label()
+            ));
+        }
+        let spreads = |key: &str| {
+            array(spec, "topologySpreadConstraints")
+                .iter()
+                .any(|c| c["topologyKey"].as_str() == Some(key))
+                || array(
+                    &spec["affinity"]["podAntiAffinity"],
+                    "preferredDuringSchedulingIgnoredDuringExecution",
+                )
+                .iter()
+                .any(|t| t["podAffinityTerm"]["topologyKey"].as_str() == Some(key))
+        };
+        for key in ["kubernetes.io/hostname", "topology.kubernetes.io/zone"] {
+            if !spreads(key) {
+                problems.push(format!(
+                    "{}: replicas are not spread over {key}",
+                    doc.label()
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// NetworkPolicies select pods, name ports those pods have, and, together, leave
+/// every port of the selected pods reachable by someone (nothing closed by
+/// accident). `extra` are add-on policies applied with the mode.
+fn check_network_policies(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let policies: Vec<&Doc> = docs
+        .iter()
+        .filter(|d| d.kind() == "NetworkPolicy")
+        .collect();
+    for (doc, spec) in workloads(docs) {
+        let labels = pod_labels(doc);
+        let selecting: Vec<&&Doc> = policies
+            .iter()
+            .filter(|p| {
+                matches_selector(&selector_labels(&p.value["spec"]["podSelector"]), &labels)
+            })
+            .collect();
+        if selecting.is_empty() {
+            problems.push(format!(
+                "{}: no NetworkPolicy selects its pods",
+                doc.label()
+            ));
+            continue;
+        }
+        let opened: Vec<&Value> = selecting
+            .iter()
+            .flat_map(|p| array(&p.value["spec"], "ingress"))
+            .flat_map(|rule| array(rule, "ports"))
+            .map(|p| &p["port"])
+            .collect();
+        for port in &opened {
+            if !array(spec, "containers")
+                .iter()
+                .any(|c| container_port(c, port))
+            {
+                problems.push(format!(
+                    "{}: a NetworkPolicy opens port {port}, which its pods do not have",
+                    doc.label()
+                ));
+            }
+        }
+        for c in array(spec, "containers") {
+            for p in array(c, "ports") {
+                let covered = opened.iter().any(|o| match o {
+                    Value::String(name) => p["name"].as_str() == Some(name),
+                    Value::Number(n) => p["containerPort"].as_u64() == n.as_u64(),
+                    _ => false,
+                });
+                if !covered {
+                    problems.push(format!(
+                        "{}: port {} of container {} is closed by the NetworkPolicies",
+                        doc.label(),
+                        p["containerPort"],
+                        c["name"].as_str().unwrap_or("?")
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// Ports below 1024 are the Services' only: containers run as non-root without
+/// capabilities, so every port they listen on is 1024 or above.
+fn check_unprivileged_ports(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (doc, spec) in workloads(docs) {
+        for c in containers(spec) {
+            for p in array(c, "ports") {
+                if p["containerPort"].as_u64().is_some_and(|n| n < 1024) {
+                    problems.push(format!(
+                        "{}: container {} listens on {}, below 1024, as non-root",
+                        doc.label(),
+                        c["name"].as_str().unwrap_or("?"),
+                        p["containerPort"]
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// Long-running containers have a readiness probe; hapwright containers a liveness
+/// probe on `/healthz`.
+fn check_probes(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (doc, spec) in workloads(docs) {
+        for c in array(spec, "containers") {
+            let name = c["name"].as_str().unwrap_or("?");
+            if c["readinessProbe"].is_null() {
+                problems.push(format!(
+                    "{}: container {name} has no readinessProbe",
+                    doc.label()
+                ));
+            }
+            if name == "hapwright"
+                && c.pointer("/livenessProbe/httpGet/path") != Some(&Value::from("/healthz"))
+            {
+                problems.push(format!(
+                    "{}: container {name} has no livenessProbe on /healthz",
+                    doc.label()
+                ));
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn pods_drain_before_they_stop() {
+    for mode in modes() {
+        let docs = load(&mode);
+        assert_no_problems(&mode.display().to_string(), check_drains(&docs));
+    }
+}
+
+#[test]
+fn haproxy_containers_get_no_service_account_token() {
+    for mode in modes() {
+        assert_no_problems(&mode.display().to_string(), check_tokens(&load(&mode)));
+    }
+    // The sidecar's hapwright container still has one (it watches the API).
+    let docs = load(&repo().join("deploy/sidecar"));
+    let (_, spec) = workloads(&docs).next().expect("sidecar Deployment");
+    let hapwright = container(spec, "hapwright").expect("hapwright container");
+    assert!(
+        array(hapwright, "volumeMounts")
+            .iter()
+            .any(|m| m["mountPath"].as_str() == Some(TOKEN_PATH)),
+        "the sidecar's hapwright container needs the API token"
+    );
+}
+
+#[test]
+fn replicas_have_budgets_and_spread() {
+    for mode in modes() {
+        assert_no_problems(
+            &mode.display().to_string(),
+            check_availability(&load(&mode)),
+        );
+    }
+}
+
+#[test]
+fn network_policies_match_the_pods_ports() {
+    assert_no_problems(
+        "deploy/sidecar",
+        check_network_policies(&load(&repo().join("deploy/sidecar"))),
+    );
+    assert_no_problems(
+        "deploy/controller",
+        check_network_policies(&load(&repo().join("deploy/controller"))),
+    );
+    // With the webhook add-on, its port is opened too.
+    let mut docs = load(&repo().join("deploy/controller"));
+    let webhook = load(&repo().join("deploy/webhook"));
+    docs.extend(
+        webhook
+            .iter()
+            .filter(|d| d.kind() == "NetworkPolicy")
+            .cloned(),
+    );
+    let deployment = docs
+        .iter_mut()
+        .find(|d| d.kind() == "Deployment" && d.name() == "hapwright-controller")
+        .expect("controller Deployment");
+    let c = deployment
+        .value
+        .pointer_mut("/spec/template/spec/containers/0/ports")
+        .and_then(Value::as_array_mut)
+        .expect("ports");
+    c.push(serde_json::json!({"name": "webhook", "containerPort": 9443, "protocol": "TCP"}));
+    assert_no_problems(
+        "deploy/controller + deploy/webhook",
+        check_network_policies(&docs),
+    );
+}
+
+#[test]
+fn containers_listen_on_unprivileged_ports_and_have_probes() {
+    for mode in modes() {
+        let docs = load(&mode);
+        assert_no_problems(&mode.display().to_string(), check_unprivileged_ports(&docs));
+        assert_no_problems(&mode.display().to_string(), check_probes(&docs));
+    }
+}
+
+#[test]
+fn drain_token_availability_and_policy_problems_are_reported() {
+    let mut docs = load(&repo().join("deploy/sidecar"));
+    let deployment = docs
+        .iter_mut()
+        .find(|d| d.kind() == "Deployment")
+        .expect("sidecar Deployment");
+    let spec = deployment
+        .value
+        .pointer_mut("/spec/template/spec")
+        .expect("pod spec");
+    spec["terminationGracePeriodSeconds"] = Value::from(30);
+    spec["automountServiceAccountToken"] = Value::Null;
+    spec["topologySpreadConstraints"] = Value::Null;
+    spec["containers"][0]["lifecycle"] = Value::Null;
+    spec["containers"][0]["readinessProbe"] = Value::Null;
+    spec["containers"][0]["ports"][0]["containerPort"] = Value::from(80);
+    spec["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .expect("mounts")
+        .push(serde_json::json!({"name": "kube-api-access", "mountPath": TOKEN_PATH}));
+    docs.retain(|d| d.kind() != "PodDisruptionBudget");
+    for doc in docs.iter_mut().filter(|d| d.kind() == "NetworkPolicy") {
+        doc.value["spec"]["ingress"][1]["ports"][0]["port"] = Value::from("nope");
+    }
+    assert_reported(&check_drains(&docs), "no preStop running the drain script");
+    assert_reported(
+        &check_drains(&docs),
+        "terminationGracePeriodSeconds 30 is not longer",
+    );
+    let tokens = check_tokens(&docs);
+    assert_reported(&tokens, "must set automountServiceAccountToken: false");
+    assert_reported(&tokens, "container haproxy mounts a service-account token");
+    let availability = check_availability(&docs);
+    assert_reported(&availability, "no PodDisruptionBudget selects its pods");
+    assert_reported(&availability, "not spread over topology.kubernetes.io/zone");
+    let policies = check_network_policies(&docs);
+    assert_reported(&policies, "opens port \"nope\"");
+    assert_reported(&policies, "port 9401 of container hapwright is closed");
+    assert_reported(
+        &check_unprivileged_ports(&docs),
+        "listens on 80, below 1024",
+    );
+    assert_reported(
+        &check_probes(&docs),
+        "container haproxy has no readinessProbe",
+    );
+}
+
+// === external validators: kubernetes-validate, promtool ===
+
+/// A validator command the test script installs (`scripts/test.sh`): `None` when it
+/// is missing outside CI (the test says so and checks nothing more); missing in CI
+/// (`CI` set, as scripts/test.sh sets it) is a failure.
+fn tool(name: &str, install: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|path| path.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{name} is not installed ({install}; scripts/test.sh installs it)"
+        );
+        eprintln!("skipped: {name} is not installed ({install})");
+    }
+    found
+}
+
+/// The Kubernetes version the manifests are validated against: the oldest one the
+/// manifests support.
+const KUBERNETES_VERSION: &str = "1.31.0";
+
+#[test]
+fn every_manifest_passes_kubernetes_validate() {
+    let Some(validate) = tool("kubernetes-validate", "pip install kubernetes-validate") else {
+        return;
+    };
+    let files = yaml_files(&repo().join("deploy"));
+    assert!(files.len() >= 15, "{} manifest files", files.len());
+    let output = Command::new(validate)
+        .args(["--strict", "--no-warn", "-k", KUBERNETES_VERSION])
+        .args(&files)
+        .output()
+        .expect("run kubernetes-validate");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "kubernetes-validate:\n{text}");
+    // Every document of a kind the schemas know was checked.
+    let known = load(&repo().join("deploy"))
+        .iter()
+        .filter(|d| !CUSTOM_KINDS.contains(&d.kind()))
+        .count();
+    let passed = text.matches(" passed for resource ").count();
+    assert_eq!(
+        passed, known,
+        "kubernetes-validate checked {passed} of {known}:\n{text}"
+    );
+}
+
+#[test]
+fn kubernetes_validate_reports_a_broken_manifest() {
+    let Some(validate) = tool("kubernetes-validate", "pip install kubernetes-validate") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("broken.yaml");
+    fs::write(
+        &file,
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: { name: b, namespace: n }\n\
+         spec: { maxUnavailable: 1, selectr: { matchLabels: { a: b } } }\n",
+    )
+    .expect("write");
+    let output = Command::new(validate)
+        .args(["--strict", "-k", KUBERNETES_VERSION])
+        .arg(&file)
+        .output()
+        .expect("run kubernetes-validate");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success(), "accepted: {text}");
+    assert!(text.contains("selectr"), "{text}");
+}
+
+/// The PrometheusRule's `spec` (a Prometheus rules file) in `dir`.
+fn rules_file(dir: &Path) -> PathBuf {
+    let rule = load(&repo().join("deploy/monitoring"))
+        .into_iter()
+        .find(|d| d.kind() == "PrometheusRule")
+        .expect("deploy/monitoring has a PrometheusRule");
+    let path = dir.join("hapwright-rules.yaml");
+    fs::write(
+        &path,
+        serde_json::to_string_pretty(&rule.value["spec"]).expect("JSON"),
+    )
+    .expect("write rules");
+    path
+}
+
+/// `promtool test rules` cases: series as the ServiceMonitor scrapes them (the
+/// HAProxy instance in `exported_instance`), and the alerts that must fire and must
+/// not.
+const RULE_TESTS: &str = r#"
+rule_files: [hapwright-rules.yaml]
+evaluation_interval: 1m
+tests:
+  # The leader's instance out of sync for 10 minutes fires; a follower's 0 does not.
+  - interval: 1m
+    input_series:
+      - series: 'hapwright_instance_in_sync{namespace="hapwright", pod="leader", exported_instance="haproxy-a"}'
+        values: '1 0x15'
+      - series: 'hapwright_leader{namespace="hapwright", pod="leader", job="hapwright-controller-metrics"}'
+        values: '1x15'
+      - series: 'hapwright_instance_in_sync{namespace="hapwright", pod="follower", exported_instance="haproxy-a"}'
+        values: '0x15'
+      - series: 'hapwright_leader{namespace="hapwright", pod="follower", job="hapwright-controller-metrics"}'
+        values: '0x15'
+    alert_rule_test:
+      - eval_time: 5m
+        alertname: HapwrightInstanceOutOfSync
+        exp_alerts: []
+      - eval_time: 12m
+        alertname: HapwrightInstanceOutOfSync
+        exp_alerts:
+          - exp_labels: { severity: critical, namespace: hapwright, pod: leader, exported_instance: haproxy-a }
+            exp_annotations:
+              summary: "HAProxy instance haproxy-a does not run the desired configuration"
+              description: "For 10 minutes. It still serves its last good configuration; see /debug/instances of leader for the error."
+      - eval_time: 12m
+        alertname: HapwrightNoLeader
+        exp_alerts: []
+  # No replica leads for 5 minutes.
+  - interval: 1m
+    input_series:
+      - series: 'hapwright_leader{namespace="hapwright", pod="a", job="hapwright-controller-metrics"}'
+        values: '1 0x10'
+      - series: 'hapwright_leader{namespace="hapwright", pod="b", job="hapwright-controller-metrics"}'
+        values: '0x10'
+    alert_rule_test:
+      - eval_time: 7m
+        alertname: HapwrightNoLeader
+        exp_alerts:
+          - exp_labels: { severity: critical, namespace: hapwright, job: hapwright-controller-metrics }
+            exp_annotations:
+              summary: "No hapwright replica in hapwright holds the leader Lease"
+              description: "Nothing is deployed to HAProxy until one does: check the Lease and the replicas' API access."
+  # A failed reload, a quarantined object, a held removal, failing status writes.
+  - interval: 1m
+    input_series:
+      - series: 'hapwright_reloads_total{namespace="hapwright", pod="p", exported_instance="local", result="failure", reason="structure"}'
+        values: '0 0 1 1 1'
+      - series: 'hapwright_quarantined_objects{namespace="hapwright", pod="p", resource="ingresses"}'
+        values: '2x20'
+      - series: 'hapwright_safety_valve_held{namespace="hapwright", pod="p"}'
+        values: '0 1x10'
+      - series: 'hapwright_status_writes_total{namespace="hapwright", pod="p", resource="ingresses", result="failure"}'
+        values: '0+1x20'
+    alert_rule_test:
+      - eval_time: 3m
+        alertname: HapwrightReloadsFailing
+        exp_alerts:
+          - exp_labels: { severity: warning, namespace: hapwright, pod: p, exported_instance: local, result: failure, reason: structure }
+            exp_annotations:
+              summary: "HAProxy reloads of local fail (structure)"
+              description: "1 failed reloads in 15 minutes; the instance keeps its last good configuration."
+      - eval_time: 10m
+        alertname: HapwrightObjectsQuarantined
+        exp_alerts: []
+      - eval_time: 16m
+        alertname: HapwrightObjectsQuarantined
+        exp_alerts:
+          - exp_labels: { severity: warning, namespace: hapwright, resource: ingresses }
+            exp_annotations:
+              summary: "2 ingresses held back by the quarantine"
+              description: "Their changes would break the HAProxy configuration; the objects carry Warning Events with the reason (/debug/quarantine)."
+      - eval_time: 7m
+        alertname: HapwrightRemovalHeld
+        exp_alerts:
+          - exp_labels: { severity: warning, namespace: hapwright, pod: p }
+            exp_annotations:
+              summary: "The safety valve of p holds a large removal"
+              description: "A change that removes many backends waits for the sources to recover, for confirmAfter, or for POST /-/approve (/debug/safety)."
+      - eval_time: 12m
+        alertname: HapwrightStatusWritesFailing
+        exp_alerts:
+          - exp_labels: { severity: warning, namespace: hapwright, pod: p, resource: ingresses, result: failure }
+            exp_annotations:
+              summary: "Status writes to ingresses fail"
+              description: "The leader cannot patch object statuses (RBAC or API errors); see its log."
+  # The API server cannot call the webhook; a certificate cert-manager did not renew.
+  - interval: 1m
+    input_series:
+      - series: 'apiserver_admission_webhook_rejection_count{name="validate.hapwright.io", error_type="calling_webhook_error", operation="CREATE", rejection_code="0", type="validating"}'
+        values: '0 3'
+      - series: 'certmanager_certificate_expiration_timestamp_seconds{namespace="hapwright", name="haproxy-dataplane"}'
+        values: '864000'
+      - series: 'certmanager_certificate_expiration_timestamp_seconds{namespace="hapwright", name="hapwright-ca"}'
+        values: '157680000'
+    alert_rule_test:
+      - eval_time: 1m
+        alertname: HapwrightWebhookFailing
+        exp_alerts:
+          - exp_labels: { severity: critical, name: validate.hapwright.io }
+            exp_annotations:
+              summary: "The API server cannot call the hapwright admission webhook"
+              description: "3 calls failed in 10 minutes; with failurePolicy Fail the objects were refused."
+      - eval_time: 1m
+        alertname: HapwrightCertificateExpiresSoon
+        exp_alerts:
+          - exp_labels: { severity: warning, namespace: hapwright, name: haproxy-dataplane }
+            exp_annotations:
+              summary: "Certificate hapwright/haproxy-dataplane expires in less than 14 days"
+              description: "cert-manager has not renewed it; check the Certificate's conditions."
+"#;
+
+#[test]
+fn the_alert_rules_pass_promtool() {
+    let Some(promtool) = tool(
+        "promtool",
+        "apt-get install --no-install-recommends prometheus",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rules = rules_file(dir.path());
+    let check = Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(&rules)
+        .output()
+        .expect("run promtool check rules");
+    let out = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        check.status.success(),
+        "promtool check rules:\n{out}{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    assert!(out.contains("SUCCESS: 13 rules found"), "{out}");
+    fs::write(dir.path().join("tests.yaml"), RULE_TESTS).expect("write rule tests");
+    let test = Command::new(&promtool)
+        .args(["test", "rules", "tests.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run promtool test rules");
+    assert!(
+        test.status.success(),
+        "promtool test rules:\n{}{}",
+        String::from_utf8_lossy(&test.stdout),
+        String::from_utf8_lossy(&test.stderr)
+    );
+}
+
+#[test]
+fn promtool_reports_a_rule_that_does_not_fire() {
+    let Some(promtool) = tool(
+        "promtool",
+        "apt-get install --no-install-recommends prometheus",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    rules_file(dir.path());
+    // A follower's out-of-sync instance must not alert: expecting it to fails.
+    let wrong = r#"
+rule_files: [hapwright-rules.yaml]
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'hapwright_instance_in_sync{namespace="hapwright", pod="follower", exported_instance="haproxy-a"}'
+        values: '0x15'
+      - series: 'hapwright_leader{namespace="hapwright", pod="follower"}'
+        values: '0x15'
+    alert_rule_test:
+      - eval_time: 12m
+        alertname: HapwrightInstanceOutOfSync
+        exp_alerts:
+          - exp_labels: { severity: critical, namespace: hapwright, pod: follower, exported_instance: haproxy-a }
+"#;
+    fs::write(dir.path().join("tests.yaml"), wrong).expect("write rule tests");
+    let test = Command::new(&promtool)
+        .args(["test", "rules", "tests.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run promtool test rules");
+    assert!(
+        !test.status.success(),
+        "promtool accepted a wrong expectation"
+    );
+}
+
+/// The `hapwright_*` metric names documented in docs/cli.md ("Metrics").
+fn documented_metrics() -> BTreeSet<String> {
+    let cli = fs::read_to_string(repo().join("docs/cli.md")).expect("docs/cli.md");
+    cli.lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter_map(|rest| rest.split('`').next())
+        .map(|name| format!("hapwright_{name}"))
+        .collect()
+}
+
+/// The `hapwright_*` names an expression uses, without histogram suffixes.
+fn metrics_in(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("hapwright_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = &tail[..end];
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name);
+        names.push(base.to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+#[test]
+fn alerts_and_dashboard_use_documented_metrics() {
+    let documented = documented_metrics();
+    assert!(
+        documented.contains("hapwright_instance_in_sync"),
+        "{documented:?}"
+    );
+    let rule = load(&repo().join("deploy/monitoring"))
+        .into_iter()
+        .find(|d| d.kind() == "PrometheusRule")
+        .expect("PrometheusRule");
+    let mut exprs: Vec<String> = array(&rule.value["spec"], "groups")
+        .iter()
+        .flat_map(|g| array(g, "rules"))
+        .filter_map(|r| r["expr"].as_str().map(str::to_owned))
+        .collect();
+    let dashboard: Value = serde_json::from_str(
+        &fs::read_to_string(repo().join("deploy/monitoring/grafana-dashboard.json"))
+            .expect("dashboard"),
+    )
+    .expect("the dashboard is JSON");
+    let panels = array(&dashboard, "panels");
+    assert!(panels.len() >= 10, "{} panels", panels.len());
+    for panel in panels {
+        let targets = array(panel, "targets");
+        assert!(!targets.is_empty(), "panel {} has no query", panel["title"]);
+        exprs.extend(
+            targets
+                .iter()
+                .filter_map(|t| t["expr"].as_str().map(str::to_owned)),
+        );
+    }
+    let mut unknown = Vec::new();
+    for expr in &exprs {
+        for name in metrics_in(expr) {
+            if !documented.contains(&name) {
+                unknown.push(format!("{name} (in `{expr}`)"));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "metrics hapwright does not have: {unknown:#?}"
+    );
+    assert_eq!(
+        metrics_in("rate(hapwright_x_bucket[5m]) + hapwright_y"),
+        ["hapwright_x", "hapwright_y"]
+    );
+}
+
+#[test]
+fn monitoring_objects_are_picked_up_by_kube_prometheus_stack() {
+    for doc in load(&repo().join("deploy/monitoring")) {
+        if matches!(doc.kind(), "ServiceMonitor" | "PrometheusRule") {
+            assert_eq!(
+                doc.value["metadata"]["labels"]["release"],
+                "kube-prometheus-stack",
+                "{}: the release label kube-prometheus-stack's selectors look for",
+                doc.label()
+            );
+        }
+    }
+    let kustomization = fs::read_to_string(repo().join("deploy/monitoring/kustomization.yaml"))
+        .expect("kustomization");
+    assert!(kustomization.contains("grafana_dashboard: \"1\""));
+}
+
+// === install and upgrade: kustomizations, the library and the site settings ===
+
+/// Each deployable directory: the library its config is composed from.
+const COMPOSED: &[(&str, &str)] = &[
+    (
+        "deploy/sidecar",
+        "examples/kubernetes-ingress/hapwright.yaml",
+    ),
+    (
+        "deploy/controller",
+        "examples/kubernetes-ingress/hapwright.yaml",
+    ),
+    ("deploy/gateway-api", "examples/gateway-api/hapwright.yaml"),
+];
+
+fn compose(library: &str, site: &str) -> std::process::Output {
+    Command::new("sh")
+        .arg("deploy/compose.sh")
+        .args([library, site])
+        .current_dir(repo())
+        .output()
+        .expect("run deploy/compose.sh")
+}
+
+#[test]
+fn composed_configs_are_the_library_plus_the_site_settings() {
+    for (dir, library) in COMPOSED {
+        let site = format!("{dir}/site.yaml");
+        let output = compose(library, &site);
+        assert!(
+            output.status.success(),
+            "deploy/compose.sh {library} {site}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let composed = String::from_utf8(output.stdout).expect("UTF-8");
+        let committed =
+            fs::read_to_string(repo().join(dir).join("hapwright.yaml")).expect("hapwright.yaml");
+        let mode = dir.trim_start_matches("deploy/");
+        assert!(
+            composed == committed,
+            "{dir}/hapwright.yaml is not {library} plus {site} (the library or the site \
+             settings changed): run `deploy/install.sh --compose-only {mode}` and commit it"
+        );
+        // What it means: the library's keys, the site's where it has them.
+        let config: Value = serde_saphyr::from_str(&composed).expect("composed YAML");
+        let library_value: Value =
+            serde_saphyr::from_str(&fs::read_to_string(repo().join(library)).expect("library"))
+                .expect("library YAML");
+        let site_value: Value =
+            serde_saphyr::from_str(&fs::read_to_string(repo().join(&site)).expect("site"))
+                .expect("site YAML");
+        assert_no_problems(dir, check_library(&config, &library_value));
+        for (key, value) in site_value.as_object().expect("site mapping") {
+            if key == "templateSnippets" {
+                for (name, snippet) in value.as_object().expect("snippets") {
+                    assert_eq!(
+                        &config[key][name], snippet,
+                        "{dir}: templateSnippets.{name}"
+                    );
+                }
+            } else {
+                assert_eq!(&config[key], value, "{dir}: {key} is the site's");
+            }
+        }
+        assert!(
+            config.get("validationTests").is_none(),
+            "{dir}: no validationTests"
+        );
+    }
+}
+
+#[test]
+fn compose_refuses_what_it_cannot_compose() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        fs::write(&path, text).expect("write");
+        path.display().to_string()
+    };
+    let library = write("library.yaml", "haproxyConfig:\n  template: x\n");
+    let twice = write("twice.yaml", "controller: {}\ncontroller: {}\n");
+    let flow = write("flow.yaml", "{controller: {}}\n");
+    let output = compose(&library, &twice);
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("top-level key controller appears twice"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let output = compose(&library, &flow);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("not in block style"));
+    let output = compose(&library, "/nonexistent/site.yaml");
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot read /nonexistent/site.yaml"));
+}
+
+/// Every manifest under a kustomization's directory is one of its resources (a file
+/// that `kubectl apply -k` would silently leave out is a mistake).
+#[test]
+fn kustomizations_apply_every_manifest_of_their_directory() {
+    for dir in [
+        "sidecar",
+        "controller",
+        "webhook",
+        "monitoring",
+        "gateway-api",
+    ] {
+        let root = repo().join("deploy").join(dir);
+        let text = fs::read_to_string(root.join("kustomization.yaml")).expect("kustomization");
+        let kustomization: Value = serde_saphyr::from_str(&text).expect("YAML");
+        let listed: BTreeSet<PathBuf> = array(&kustomization, "resources")
+            .iter()
+            .map(|r| root.join(r.as_str().expect("path")))
+            .filter(|p| p.is_file())
+            .collect();
+        let present: BTreeSet<PathBuf> = yaml_files(&root).into_iter().collect();
+        assert_eq!(listed, present, "deploy/{dir}/kustomization.yaml resources");
+    }
+}
+
+/// Where kubectl is installed, its kustomize builds the same objects as `kustomize`
+/// above.
+#[test]
+fn kubectl_kustomize_builds_the_same_objects() {
+    let kubectl = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("kubectl"))
+            .find(|path| path.is_file())
+    });
+    let Some(kubectl) = kubectl else {
+        eprintln!("skipped: kubectl is not installed");
+        return;
+    };
+    for dir in [
+        "sidecar",
+        "controller",
+        "webhook",
+        "monitoring",
+        "gateway-api",
+    ] {
+        let root = repo().join("deploy").join(dir);
+        let output = Command::new(&kubectl)
+            .arg("kustomize")
+            .arg(&root)
+            .output()
+            .expect("run kubectl kustomize");
+        assert!(
+            output.status.success(),
+            "kubectl kustomize deploy/{dir}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let key = |v: &Value| {
+            (
+                v["kind"].as_str().unwrap_or("").to_owned(),
+                v["metadata"]["namespace"].as_str().unwrap_or("").to_owned(),
+                v["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+            )
+        };
+        let theirs: BTreeMap<_, Value> = parse_docs(dir, &String::from_utf8_lossy(&output.stdout))
+            .into_iter()
+            .map(|d| (key(&d.value), d.value))
+            .collect();
+        let ours: BTreeMap<_, Value> = kustomize(&root)
+            .into_iter()
+            .map(|d| (key(&d.value), d.value))
+            .collect();
+        assert_eq!(
+            theirs.keys().collect::<Vec<_>>(),
+            ours.keys().collect::<Vec<_>>(),
+            "deploy/{dir}"
+        );
+        for (k, value) in &ours {
+            if k.0 == "ConfigMap" {
+                assert_eq!(value["data"], theirs[k]["data"], "deploy/{dir}: {k:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_gateway_api_mode_serves_its_gateway_class_with_the_gateway_library() {
+    let docs = load(&repo().join("deploy/gateway-api"));
+    assert_no_problems("deploy/gateway-api", check_metadata(&docs));
+    assert_no_problems("deploy/gateway-api", check_volumes(&docs));
+    assert_no_problems("deploy/gateway-api", check_rbac(&docs));
+    assert_no_problems("deploy/gateway-api", check_drains(&docs));
+    let embedded = embedded_configs(&docs);
+    assert_eq!(embedded.len(), 1, "one hapwright container");
+    let class = docs
+        .iter()
+        .find(|d| d.kind() == "GatewayClass")
+        .expect("a GatewayClass");
+    assert_eq!(
+        class.value["spec"]["controllerName"],
+        embedded[0].config["extraContext"]["gatewayControllerName"],
+        "the GatewayClass names the controller the library serves"
+    );
+    assert!(
+        embedded[0].config["watchedResources"]["httproutes"].is_object(),
+        "the Gateway API library"
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = materialize(&docs, &embedded[0], dir.path());
+    let output = Command::new(hapwright_binary())
+        .args(["check", "-c"])
+        .arg(&config)
+        .output()
+        .expect("run hapwright check");
+    assert!(
+        output.status.success(),
+        "hapwright check: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+// === the drain and the Data Plane API runner, run for real ===
+
+/// A script of a shipped ConfigMap (`drain`, `dataplaneapi-run`), written to `dir`.
+fn shipped_script(mode: &str, key: &str, dir: &Path) -> PathBuf {
+    let text = load(&repo().join(mode))
+        .iter()
+        .find_map(|d| d.value["data"][key].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("{mode}: no ConfigMap has `{key}`"));
+    let path = dir.join(key);
+    fs::write(&path, text).expect("write script");
+    path
+}
+
+/// Kills a child process when dropped (tests clean up what they start).
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Kills a process by pid when dropped.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        hapwright_e2e::send_signal(self.0, hapwright_e2e::Signal::KILL);
+    }
+}
+
+/// An upstream on 127.0.0.1 answering `/fast` at once and holding every `/slow`
+/// request until `release` is set; `held` counts the slow requests it has read.
+struct Upstream {
+    port: u16,
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    release: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Upstream {
+    fn start() -> Upstream {
+        use std::io::{BufRead, BufReader, Write};
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind upstream");
+        let port = listener.local_addr().expect("address").port();
+        let held = Arc::new(AtomicUsize::new(0));
+        let release = Arc::new(AtomicBool::new(false));
+        let (h, r) = (held.clone(), release.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let (held, release) = (h.clone(), r.clone());
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                    let mut writer = stream;
+                    loop {
+                        let mut request_line = String::new();
+                        if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let mut line = String::new();
+                        while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                            line.clear();
+                        }
+                        if request_line.contains("/slow") {
+                            held.fetch_add(1, Ordering::SeqCst);
+                            while !release.load(Ordering::SeqCst) {
+                                std::thread::park_timeout(std::time::Duration::from_millis(20));
+                            }
+                        }
+                        let body = if request_line.contains("/slow") {
+                            "slow"
+                        } else {
+                            "fast"
+                        };
+                        let reply = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if writer.write_all(reply.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Upstream {
+            port,
+            held,
+            release,
+        }
+    }
+}
+
+/// Sends one HTTP/1.1 request on `stream` and reads the response (status, body);
+/// keep-alive unless the server closes.
+fn request(stream: &mut std::net::TcpStream, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nhost: shop.test\r\n\r\n").as_bytes())?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut status = String::new();
+    reader.read_line(&mut status)?;
+    let code = status
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status line: {status:?}")))?;
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body)?;
+    Ok((code, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// The sidecar's preStop `drain`, on HAProxy started with the sidecar manifest's
+/// command and bootstrap `global` section: requests in flight when the pod stops
+/// (on fresh and on keep-alive connections) all complete, HAProxy closes its
+/// listeners and exits, and the script returns only after HAProxy is gone.
+#[test]
+fn the_drain_finishes_requests_in_flight_then_stops_haproxy() {
+    use std::process::Stdio;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let upstream = Upstream::start();
+    let port = hapwright_e2e::free_port();
+    let docs = load(&repo().join("deploy/sidecar"));
+    let bootstrap = docs
+        .iter()
+        .find_map(|d| d.value["data"]["haproxy.cfg"].as_str())
+        .expect("bootstrap haproxy.cfg");
+    let global: String = bootstrap
+        .split("\ndefaults")
+        .next()
+        .expect("global section")
+        .to_owned();
+    assert!(global.contains("hard-stop-after"), "{global}");
+    let config = format!(
+        "{global}\ndefaults\n    mode http\n    timeout connect 5s\n    timeout client 30s\n    \
+         timeout server 30s\n\nfrontend fe\n    bind 127.0.0.1:{port}\n    default_backend be\n\n\
+         backend be\n    server up 127.0.0.1:{}\n",
+        upstream.port
+    );
+    for sub in ["haproxy", "run"] {
+        fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
+    }
+    fs::write(dir.path().join("haproxy/haproxy.cfg"), config).expect("write config");
+    let (_, spec) = workloads(&docs).next().expect("sidecar Deployment");
+    let haproxy = container(spec, "haproxy").expect("haproxy container");
+    let local = |s: &str| {
+        s.replace(
+            "/etc/haproxy",
+            &dir.path().join("haproxy").display().to_string(),
+        )
+        .replace(
+            "/run/haproxy",
+            &dir.path().join("run").display().to_string(),
+        )
+    };
+    let command: Vec<String> = array(haproxy, "command")
+        .iter()
+        .map(|a| local(a.as_str().expect("string")))
+        .collect();
+    let child = Command::new(&command[0])
+        .args(&command[1..])
+        .current_dir(dir.path().join("haproxy"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(dir.path().join("haproxy.err")).expect("log"))
+        .spawn()
+        .expect("start haproxy");
+    // Reaped as the container runtime would: the drain's `kill -0` must not see a
+    // zombie. Killed when the test ends, whatever happened.
+    let master = KillOnDrop(child.id());
+    let (exited_tx, exited) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut child = child;
+        let _ = exited_tx.send(child.wait());
+    });
+    let master_exited = || exited.try_recv().is_ok();
+    hapwright_e2e::poll(Duration::from_secs(20), || {
+        hapwright_e2e::accepts_connections(port).then_some(())
+    })
+    .expect("HAProxy listens");
+    let connect = || std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+
+    // In flight when the pod stops: 4 slow requests on fresh connections and one on
+    // a keep-alive connection that has already served a request.
+    let mut keep_alive = connect();
+    assert_eq!(
+        request(&mut keep_alive, "/fast").expect("fast"),
+        (200, "fast".into())
+    );
+    let mut in_flight: Vec<std::thread::JoinHandle<std::io::Result<(u16, String)>>> = (0..4)
+        .map(|_| {
+            let mut stream = connect();
+            std::thread::spawn(move || request(&mut stream, "/slow"))
+        })
+        .collect();
+    in_flight.push(std::thread::spawn(move || {
+        request(&mut keep_alive, "/slow")
+    }));
+    hapwright_e2e::poll(Duration::from_secs(20), || {
+        (upstream.held.load(Ordering::SeqCst) == 5).then_some(())
+    })
+    .expect("the upstream holds the 5 slow requests");
+
+    // The preStop hook, as the kubelet runs it (a shorter delay).
+    let drain = shipped_script("deploy/sidecar", "drain", dir.path());
+    let mut hook = Reaped(
+        Command::new("sh")
+            .arg(&drain)
+            .env("HAPWRIGHT_DRAIN_DELAY", "1")
+            .env(
+                "HAPWRIGHT_DRAIN_PIDFILE",
+                dir.path().join("run/haproxy.pid"),
+            )
+            .spawn()
+            .expect("run the drain"),
+    );
+    // Soft stop: the listener closes while the requests are still held.
+    hapwright_e2e::poll(Duration::from_secs(20), || {
+        (!hapwright_e2e::accepts_connections(port)).then_some(())
+    })
+    .expect("HAProxy closes its listener");
+    assert!(
+        hook.0.try_wait().expect("try_wait").is_none(),
+        "the drain returned while requests were in flight"
+    );
+    assert!(!master_exited(), "HAProxy exited with requests in flight");
+    upstream.release.store(true, Ordering::SeqCst);
+    for handle in in_flight {
+        let answer = handle.join().expect("client thread");
+        assert_eq!(
+            answer.as_ref().map_err(ToString::to_string),
+            Ok(&(200, "slow".to_owned())),
+            "a request in flight failed: {answer:?}"
+        );
+    }
+    let status = hapwright_e2e::poll(Duration::from_secs(30), || {
+        hook.0.try_wait().expect("try_wait")
+    })
+    .unwrap_or_else(|_| {
+        panic!(
+            "the drain did not return; HAProxy's log:\n{}",
+            fs::read_to_string(dir.path().join("haproxy.err")).unwrap_or_default()
+        )
+    });
+    assert!(status.success(), "drain: {status}");
+    assert!(
+        master_exited() || !Path::new(&format!("/proc/{}", master.0)).exists(),
+        "the drain returned before HAProxy exited"
+    );
+}
+
+/// `dataplaneapi-run` of controller mode, with a stand-in `dataplaneapi` that logs
+/// its start and the signals it gets: it writes the config with the password,
+/// restarts the API in place when the certificate changes, stops it with SIGTERM on
+/// the container's stop signal (SIGUSR1, which dataplaneapi would take as a reload)
+/// and exits 0; and passes on the status of an API that exits by itself.
+#[test]
+fn the_data_plane_api_runner_stops_and_restarts_the_api() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path();
+    let script = shipped_script("deploy/controller", "dataplaneapi-run", root);
+    for sub in ["bin", "tls", "work"] {
+        fs::create_dir_all(root.join(sub)).expect("mkdir");
+    }
+    let log = root.join("api.log");
+    fs::write(
+        root.join("bin/dataplaneapi"),
+        format!(
+            "#!/bin/sh\necho \"start $$ $*\" >> {log}\n\
+             [ -n \"${{FAKE_EXIT:-}}\" ] && exit \"$FAKE_EXIT\"\n\
+             trap 'echo \"term $$\" >> {log}; exit 0' TERM\n\
+             trap 'echo \"usr1 $$\" >> {log}' USR1\n\
+             while :; do sleep 1; done\n",
+            log = log.display()
+        ),
+    )
+    .expect("stand-in");
+    let mut permissions = fs::metadata(root.join("bin/dataplaneapi"))
+        .expect("meta")
+        .permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+    fs::set_permissions(root.join("bin/dataplaneapi"), permissions).expect("chmod");
+    fs::write(root.join("config.yaml"), "password: \"@PASSWORD@\"\n").expect("config");
+    fs::write(root.join("tls/tls.crt"), "certificate 1\n").expect("crt");
+    fs::write(root.join("tls/tls.key"), "key 1\n").expect("key");
+    let path = format!(
+        "{}:{}",
+        root.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = |fake_exit: Option<&str>| {
+        let mut command = Command::new("sh");
+        command
+            .arg(&script)
+            .env("PATH", &path)
+            .env("DATAPLANE_PASSWORD", "s3cret")
+            .env("DATAPLANE_CONFIG", root.join("config.yaml"))
+            .env("DATAPLANE_WORK_DIR", root.join("work"))
+            .env("DATAPLANE_TLS_DIR", root.join("tls"))
+            .env("DATAPLANE_CERT_CHECK_SECONDS", "1");
+        if let Some(code) = fake_exit {
+            command.env("FAKE_EXIT", code);
+        }
+        Reaped(command.spawn().expect("run dataplaneapi-run"))
+    };
+    let lines = |word: &str| {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with(word))
+            .count()
+    };
+    let wait = Duration::from_secs(20);
+
+    let mut runner = run(None);
+    hapwright_e2e::poll(wait, || (lines("start") == 1).then_some(())).expect("API started");
+    let written = fs::read_to_string(root.join("work/dataplaneapi.yaml")).expect("config");
+    assert_eq!(written, "password: \"s3cret\"\n");
+    assert!(fs::read_to_string(&log).expect("log").contains(&format!(
+        "-f {}",
+        root.join("work/dataplaneapi.yaml").display()
+    )));
+
+    // cert-manager renews the certificate: the API restarts, the runner stays.
+    fs::write(root.join("tls/tls.crt"), "certificate 2\n").expect("renew");
+    hapwright_e2e::poll(wait, || {
+        (lines("start") == 2 && lines("term") == 1).then_some(())
+    })
+    .expect("API restarted with the renewed certificate");
+    assert!(runner.0.try_wait().expect("try_wait").is_none());
+
+    // The kubelet stops the container with the image's STOPSIGNAL, SIGUSR1.
+    hapwright_e2e::send_signal(runner.0.id(), hapwright_e2e::Signal::USR1);
+    let status = hapwright_e2e::poll(wait, || runner.0.try_wait().expect("try_wait"))
+        .expect("the runner exits on SIGUSR1");
+    assert!(status.success(), "{status}");
+    assert_eq!(lines("term"), 2, "the API got SIGTERM");
+    assert_eq!(lines("usr1"), 0, "the API never saw the reload signal");
+
+    // An API that exits by itself: the runner exits with its status.
+    let mut failing = run(Some("3"));
+    let status = hapwright_e2e::poll(wait, || failing.0.try_wait().expect("try_wait"))
+        .expect("the runner exits");
+    assert_eq!(status.code(), Some(3));
+}
+
+/// What the shipped configs render with no objects (`hapwright render`, both
+/// validation phases, `haproxy -c` included): the site's drain bound in the `global`
+/// section, with the `maxconn` the memory limit is sized for.
+#[test]
+fn rendered_configs_carry_the_drain_bound_and_the_sized_maxconn() {
+    for (dir, _) in COMPOSED {
+        let docs = load(&repo().join(dir));
+        let embedded = embedded_configs(&docs);
+        let scratch = tempfile::tempdir().expect("temp dir");
+        let config = materialize(&docs, &embedded[0], scratch.path());
+        let fixtures = scratch.path().join("fixtures");
+        fs::create_dir_all(&fixtures).expect("fixtures dir");
+        let output = Command::new(hapwright_binary())
+            .args(["render", "-c"])
+            .arg(&config)
+            .arg("--fixtures")
+            .arg(&fixtures)
+            .output()
+            .expect("run hapwright render");
+        let rendered = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{dir}: hapwright render:\n{rendered}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let text = format!("\n{rendered}");
+        let global: Vec<&str> = text
+            .split("\nglobal\n")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{dir}: no global section:\n{rendered}"))
+            .lines()
+            .take_while(|l| l.starts_with(' ') || l.is_empty())
+            .map(str::trim)
+            .collect();
+        assert!(global.contains(&"hard-stop-after 45s"), "{dir}: {global:?}");
+        assert!(global.contains(&"maxconn 10000"), "{dir}: {global:?}");
+    }
+}
+
+/// `deploy/install.sh`, in a copy of the repository's `deploy/` and `examples/`, with
+/// a stand-in `kubectl` that records its arguments: it composes the mode's config
+/// (the same bytes as the committed one) and runs `kubectl apply -k deploy/<mode>`
+/// with the extra arguments; `--compose-only` applies nothing; an unknown mode is a
+/// usage error.
+#[test]
+fn install_composes_the_config_then_applies_the_kustomization() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path();
+    let copy = Command::new("cp")
+        .args(["-r", "deploy", "examples"])
+        .arg(root)
+        .current_dir(repo())
+        .status()
+        .expect("cp");
+    assert!(copy.success());
+    fs::create_dir_all(root.join("bin")).expect("bin");
+    let calls = root.join("kubectl.calls");
+    fs::write(
+        root.join("bin/kubectl"),
+        format!("#!/bin/sh\necho \"$*\" >> {}\n", calls.display()),
+    )
+    .expect("stand-in kubectl");
+    let mut permissions = fs::metadata(root.join("bin/kubectl"))
+        .expect("meta")
+        .permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+    fs::set_permissions(root.join("bin/kubectl"), permissions).expect("chmod");
+    let path = format!(
+        "{}:{}",
+        root.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let install = |args: &[&str]| {
+        Command::new("sh")
+            .arg(root.join("deploy/install.sh"))
+            .args(args)
+            .env("PATH", &path)
+            .current_dir("/")
+            .output()
+            .expect("run deploy/install.sh")
+    };
+    for (dir, _) in COMPOSED {
+        fs::remove_file(root.join(dir).join("hapwright.yaml")).expect("remove");
+        let mode = dir.trim_start_matches("deploy/");
+        let output = install(&[mode, "--dry-run=server"]);
+        assert!(
+            output.status.success(),
+            "install.sh {mode}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(
+            fs::read_to_string(root.join(dir).join("hapwright.yaml")).expect("composed"),
+            fs::read_to_string(repo().join(dir).join("hapwright.yaml")).expect("committed"),
+            "{dir}"
+        );
+    }
+    assert_eq!(
+        fs::read_to_string(&calls).expect("kubectl was called"),
+        "apply -k deploy/sidecar --dry-run=server\n\
+         apply -k deploy/controller --dry-run=server\n\
+         apply -k deploy/gateway-api --dry-run=server\n"
+    );
+    fs::write(root.join("deploy/sidecar/hapwright.yaml"), "stale\n").expect("stale");
+    let output = install(&["--compose-only", "sidecar"]);
+    assert!(output.status.success());
+    assert_ne!(
+        fs::read_to_string(root.join("deploy/sidecar/hapwright.yaml")).expect("composed"),
+        "stale\n"
+    );
+    assert_eq!(
+        fs::read_to_string(&calls).expect("calls").lines().count(),
+        3,
+        "--compose-only applied something"
+    );
+    let output = install(&["ingress"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("usage:"));
+    // A site file that cannot be composed leaves the previous config in place.
+    fs::write(root.join("deploy/sidecar/site.yaml"), "{ flow: style }\n").expect("site");
+    let before = fs::read_to_string(root.join("deploy/sidecar/hapwright.yaml")).expect("read");
+    let output = install(&["sidecar"]);
+    assert!(!output.status.success());
+    assert_eq!(
+        fs::read_to_string(root.join("deploy/sidecar/hapwright.yaml")).expect("read"),
+        before
+    );
+    assert_eq!(
+        fs::read_to_string(&calls).expect("calls").lines().count(),
+        3
+    );
+}
+
+/// A certificate chain that survives renewals: a `Certificate`'s issuer is a CA
+/// issuer whose Secret is a CA `Certificate` (never a self-signed leaf, whose
+/// renewal would change the trusted bundle ahead of the mounted Secret), and what
+/// trusts it (the webhook's injected bundle, hapwright's `caFile`) takes the CA.
+fn check_certificate_chain(docs: &[Doc]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let find = |kind: &str, name: &str| docs.iter().find(|d| d.kind() == kind && d.name() == name);
+    for cert in docs.iter().filter(|d| d.kind() == "Certificate") {
+        if cert.value["spec"]["isCA"].as_bool() == Some(true) {
+            continue;
+        }
+        let issuer_name = cert.value["spec"]["issuerRef"]["name"]
+            .as_str()
+            .unwrap_or("");
+        match find("Issuer", issuer_name) {
+            None => problems.push(format!(
+                "{}: Issuer {issuer_name} is not shipped",
+                cert.label()
+            )),
+            Some(issuer) => match issuer.value["spec"]["ca"]["secretName"].as_str() {
+                None => problems.push(format!(
+                    "{}: issued by {issuer_name}, which is not a CA issuer (a self-signed \
+                     leaf changes the trusted bundle on every renewal)",
+                    cert.label()
+                )),
+                Some(secret) => {
+                    let ca = docs.iter().find(|d| {
+                        d.kind() == "Certificate"
+                            && d.value["spec"]["secretName"].as_str() == Some(secret)
+                    });
+                    if ca.is_none_or(|ca| ca.value["spec"]["isCA"].as_bool() != Some(true)) {
+                        problems.push(format!(
+                            "{}: the CA issuer's Secret {secret} is not a CA Certificate",
+                            cert.label()
+                        ));
+                    }
+                }
+            },
+        }
+    }
+    for hook in docs
+        .iter()
+        .filter(|d| d.kind() == "ValidatingWebhookConfiguration")
+    {
+        let inject = hook.value["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+            .as_str()
+            .unwrap_or("");
+        let name = inject.split('/').nth(1).unwrap_or("");
+        match find("Certificate", name) {
+            None => problems.push(format!(
+                "{}: inject-ca-from `{inject}` names no shipped Certificate",
+                hook.label()
+            )),
+            Some(cert) => {
+                for webhook in array(&hook.value, "webhooks") {
+                    let service = &webhook["clientConfig"]["service"];
+                    let dns = format!(
+                        "{}.{}.svc",
+                        service["name"].as_str().unwrap_or(""),
+                        service["namespace"].as_str().unwrap_or("")
+                    );
+                    if !array(&cert.value["spec"], "dnsNames").contains(&Value::from(dns.clone())) {
+                        problems.push(format!("{}: does not name {dns}", cert.label()));
+                    }
+                }
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn certificates_come_from_the_hapwright_ca() {
+    let mut docs = load(&repo().join("deploy/controller"));
+    docs.extend(load(&repo().join("deploy/webhook")));
+    assert_eq!(
+        docs.iter().filter(|d| d.kind() == "Certificate").count(),
+        3,
+        "the CA, the Data Plane API's and the webhook's"
+    );
+    assert_no_problems(
+        "deploy/controller + deploy/webhook",
+        check_certificate_chain(&docs),
+    );
+    // hapwright trusts the CA: caFile is the ca.crt of the Data Plane API's Secret.
+    let embedded = embedded_configs(&docs);
+    let discovery = embedded[0]
+        .config
+        .pointer("/haproxy/discovery/kubernetes")
+        .expect("discovery");
+    assert_eq!(discovery["scheme"], "https");
+    assert!(discovery.get("allowInsecureHttp").is_none());
+    let dataplane = docs
+        .iter()
+        .find(|d| d.kind() == "Certificate" && d.name() == "haproxy-dataplane")
+        .expect("the Data Plane API's Certificate");
+    assert!(
+        array(&dataplane.value["spec"], "dnsNames").contains(&discovery["serverName"]),
+        "the Data Plane certificate names haproxy.discovery.kubernetes.serverName"
+    );
+    let (_, spec) = workloads(&docs)
+        .find(|(d, _)| d.name() == "hapwright-controller")
+        .expect("controller");
+    let projected = array(&spec["volumes"][0]["projected"], "sources");
+    assert!(projected.iter().any(|s| {
+        s["secret"]["name"] == dataplane.value["spec"]["secretName"]
+            && array(&s["secret"], "items").iter().any(|i| {
+                i["key"] == "ca.crt" && Some(i["path"].clone()) == discovery.get("caFile").cloned()
+            })
+    }));
+
+    // A self-signed leaf and a wrong injection are reported.
+    for doc in docs.iter_mut() {
+        if doc.kind() == "Certificate" && doc.name() == "hapwright-webhook" {
+            doc.value["spec"]["issuerRef"]["name"] = Value::from("hapwright-selfsigned");
+        }
+        if doc.kind() == "ValidatingWebhookConfiguration" {
+            doc.value["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] =
+                Value::from("hapwright/nothing");
+        }
+    }
+    let problems = check_certificate_chain(&docs);
+    assert_reported(&problems, "which is not a CA issuer");
+    assert_reported(&problems, "names no shipped Certificate");
 }
