@@ -217,7 +217,7 @@ pub fn check(config: &Config, rendered_paths: &BTreeSet<String>) -> Vec<Diagnost
 /// named defaults sections there are. A warning inside a `.if` block.
 fn unknown_profile(
     config: &Config,
-    section: &super::model::Section,
+    section: &super::Section,
     profile: &str,
     conditional: bool,
 ) -> Diagnostic {
@@ -248,7 +248,7 @@ fn unknown_profile(
     }
 }
 
-fn section_header(section: &super::model::Section) -> String {
+fn section_header(section: &super::Section) -> String {
     let mut words = vec![section.kind.keyword().to_owned()];
     words.extend(section.name.clone());
     words.extend(section.args.iter().cloned());
