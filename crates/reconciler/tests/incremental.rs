@@ -14,10 +14,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use hapwright_eventbus::model::{
-    FieldPath, ObjectKey, RenderedConfig, ResourceChange, ResourceSnapshot, UpsertOutcome,
+    FieldPath, FileKind, ObjectKey, RenderedConfig, ResourceChange, ResourceSnapshot, UpsertOutcome,
 };
 use hapwright_reconciler::renderer::{
-    FullReason, Renderer, Resources, Templates, TemplatingSettings,
+    FileSet, FullReason, Renderer, Resources, Templates, TemplatingSettings,
 };
 use serde_json::{Value, json};
 
@@ -505,12 +505,40 @@ fn example(path: &str) -> Example {
     let text = std::fs::read_to_string(&file).expect("example config");
     let config: Value = serde_saphyr::from_str(&text).expect("valid YAML");
     let template = |v: &Value| v["template"].as_str().expect("a template").to_owned();
+    // Fixed files by key; entries with `forEach` are file sets (one file per item).
     let group = |key: &str| -> BTreeMap<String, String> {
         config[key]
             .as_object()
-            .map(|m| m.iter().map(|(k, v)| (k.clone(), template(v))).collect())
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, v)| v.get("forEach").is_none())
+                    .map(|(k, v)| (k.clone(), template(v)))
+                    .collect()
+            })
             .unwrap_or_default()
     };
+    let sets: Vec<FileSet> = [
+        ("maps", FileKind::Map),
+        ("files", FileKind::File),
+        ("sslCertificates", FileKind::Certificate),
+    ]
+    .into_iter()
+    .flat_map(|(section, kind)| {
+        config[section]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(move |(key, v)| {
+                Some(FileSet {
+                    kind,
+                    key: key.clone(),
+                    for_each: v.get("forEach")?.as_str()?.to_owned(),
+                    name: v["name"].as_str().expect("a set's name").to_owned(),
+                    template: template(v),
+                })
+            })
+    })
+    .collect();
     let flag = |key: &str| config["templating"][key].as_bool().unwrap_or(false);
     let templates = Templates {
         main: template(&config["haproxyConfig"]),
@@ -518,6 +546,7 @@ fn example(path: &str) -> Example {
         maps: group("maps"),
         files: group("files"),
         certificates: group("sslCertificates"),
+        sets,
         extra_context: config.get("extraContext").cloned().unwrap_or(json!({})),
         settings: TemplatingSettings {
             trim_blocks: flag("trimBlocks"),
