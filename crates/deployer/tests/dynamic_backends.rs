@@ -21,7 +21,7 @@ use hapwright_deployer::haproxy::files::ConfigDir;
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{DeployStrategy, ReloadReason, RenderedConfig};
 use support::traffic::{Client, Outcome, SlowBackend};
-use support::{Backend, Haproxy, free_port, haproxy_line, http_get, rendered};
+use support::{Backend, Haproxy, free_port, haproxy_line, http_get, routes_render};
 
 const DELAY: Duration = Duration::from_millis(20);
 
@@ -30,26 +30,12 @@ fn dynamic_line() -> bool {
     haproxy_line() >= Version { major: 3, minor: 4 }
 }
 
-/// The config: `be_app` (the map's default) at `app`, and one `backend be_<name> from
-/// routes` per route, routed by `<name>.test` through `maps/hosts.map`.
+/// The config of [`routes_render`], routes named by the test.
 fn render(port: u16, app: u16, routes: &BTreeMap<String, u16>) -> Arc<RenderedConfig> {
-    let mut backends = String::new();
-    let mut hosts = String::new();
-    for (name, server) in routes {
-        backends.push_str(&format!(
-            "backend be_{name} from routes\n    server s1 127.0.0.1:{server}\n\n"
-        ));
-        hosts.push_str(&format!("{name}.test be_{name}\n"));
-    }
-    rendered(
-        &format!(
-            "global\n    stats timeout 30s\n\n\
-defaults routes\n    mode http\n    balance roundrobin\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
-frontend fe_main from routes\n    bind 127.0.0.1:{port}\n    use_backend %[req.hdr(host),lower,word(1,:),map(maps/hosts.map,be_app)]\n    default_backend be_app\n\n\
-backend be_app from routes\n    server s1 127.0.0.1:{app}\n\n\
-{backends}"
-        ),
-        &[("hosts.map", &hosts)],
+    routes_render(
+        port,
+        app,
+        routes.iter().map(|(name, port)| (name.clone(), port)),
     )
 }
 

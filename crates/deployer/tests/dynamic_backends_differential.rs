@@ -20,7 +20,7 @@ use hapwright_deployer::driver::{DriverConfig, SocketDriver};
 use hapwright_deployer::haproxy::files::ConfigDir;
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{DeployStrategy, RenderedConfig};
-use support::{Backend, Haproxy, free_port, haproxy_line, http_get, rendered};
+use support::{Backend, Haproxy, free_port, haproxy_line, http_get, routes_render};
 
 /// Routes the sequences draw from, and the servers their backends point at.
 const ROUTES: usize = 8;
@@ -56,26 +56,14 @@ fn seed() -> u64 {
         })
 }
 
-/// `be_app` at `app`, one `backend be_r<i> from routes` per route (its server at the
-/// port of the server it points at), routed by `r<i>.test`.
+/// The config of [`routes_render`], route `i` named `r<i>`.
 fn render(port: u16, app: u16, routes: &BTreeMap<usize, u16>) -> Arc<RenderedConfig> {
-    let mut backends = String::new();
-    let mut hosts = String::new();
-    for (route, server) in routes {
-        backends.push_str(&format!(
-            "backend be_r{route} from routes\n    server s1 127.0.0.1:{server}\n\n"
-        ));
-        hosts.push_str(&format!("r{route}.test be_r{route}\n"));
-    }
-    rendered(
-        &format!(
-            "global\n    stats timeout 30s\n\n\
-defaults routes\n    mode http\n    balance roundrobin\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
-frontend fe_main from routes\n    bind 127.0.0.1:{port}\n    use_backend %[req.hdr(host),lower,word(1,:),map(maps/hosts.map,be_app)]\n    default_backend be_app\n\n\
-backend be_app from routes\n    server s1 127.0.0.1:{app}\n\n\
-{backends}"
-        ),
-        &[("hosts.map", &hosts)],
+    routes_render(
+        port,
+        app,
+        routes
+            .iter()
+            .map(|(route, port)| (format!("r{route}"), port)),
     )
 }
 

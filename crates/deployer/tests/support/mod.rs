@@ -57,6 +57,34 @@ pub fn rendered_with(
     ))
 }
 
+/// The dynamic-backends config: `be_app` (the map's default) at `app`, and one
+/// `backend be_<name> from routes` per route (its server at the port given), routed
+/// by `<name>.test` through `maps/hosts.map`.
+pub fn routes_render<'a>(
+    port: u16,
+    app: u16,
+    routes: impl IntoIterator<Item = (String, &'a u16)>,
+) -> Arc<RenderedConfig> {
+    let mut backends = String::new();
+    let mut hosts = String::new();
+    for (name, server) in routes {
+        backends.push_str(&format!(
+            "backend be_{name} from routes\n    server s1 127.0.0.1:{server}\n\n"
+        ));
+        hosts.push_str(&format!("{name}.test be_{name}\n"));
+    }
+    rendered(
+        &format!(
+            "global\n    stats timeout 30s\n\n\
+defaults routes\n    mode http\n    balance roundrobin\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
+frontend fe_main from routes\n    bind 127.0.0.1:{port}\n    use_backend %[req.hdr(host),lower,word(1,:),map(maps/hosts.map,be_app)]\n    default_backend be_app\n\n\
+backend be_app from routes\n    server s1 127.0.0.1:{app}\n\n\
+{backends}"
+        ),
+        &[("hosts.map", &hosts)],
+    )
+}
+
 /// An HTTP backend on a free port answering `200 <name>` to every request.
 pub struct Backend {
     /// Its port.
