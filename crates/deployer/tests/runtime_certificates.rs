@@ -476,6 +476,10 @@ async fn after_every_random_step_the_running_haproxy_serves_what_its_files_say()
         } else {
             runtime += 1;
         }
+        println!(
+            "step {step}: {:?} {:?} {state:?}",
+            deployed.strategy, deployed.reason.detail
+        );
         running = Arc::new(deployed);
         let live = served_all(&tls, port, &names).await;
 

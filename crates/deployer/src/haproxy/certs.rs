@@ -165,6 +165,9 @@ pub(crate) fn plan_certificates(
     }
 
     let mut cert_ops = Vec::new();
+    // Certificates whose PEM changes: a commit puts the names they serve behind
+    // those of the other entries, as a changed entry.
+    let mut replaced = BTreeSet::new();
     for cert in &adds {
         let Some(pem) = new.file(cert) else {
             plan.force(
@@ -204,6 +207,7 @@ pub(crate) fn plan_certificates(
             );
             return handled;
         }
+        replaced.insert(cert.clone());
         cert_ops.push(RuntimeOp::ReplaceCertificate {
             file: cert.clone(),
             pem: Pem::from(after.clone()),
@@ -241,7 +245,11 @@ pub(crate) fn plan_certificates(
             .filter(|(cert, line)| before.get(*cert) != Some(*line))
             .map(|(cert, _)| cert)
             .collect();
-        if let Some(reason) = order_matters(list, after, &changed) {
+        let renewed: Vec<&String> = after
+            .keys()
+            .filter(|cert| replaced.contains(*cert) && !changed.contains(cert))
+            .collect();
+        if let Some(reason) = order_matters(list, after, &changed, &renewed) {
             plan.force(ReloadReason::NewFile, reason);
             return handled;
         }
@@ -290,13 +298,22 @@ fn filters(line: &str) -> Vec<String> {
 /// added or changed at runtime goes to the end of HAProxy's list, while a fresh
 /// start reads the file in order, and when two entries serve one name the first
 /// loaded wins. So a changed entry must have SNI filters (without them the names
-/// come from the certificate) that no other entry of the list has.
-fn order_matters(list: &str, after: &Entries, changed: &[&String]) -> Option<String> {
+/// come from the certificate) that no other entry of the list has. A `renewed`
+/// entry (same line, new PEM) moves to the end as well when the new certificate is
+/// committed: it may share no filter with another entry either, and without
+/// filters it may be renewed at runtime only when it is the list's one entry.
+fn order_matters(
+    list: &str,
+    after: &Entries,
+    changed: &[&String],
+    renewed: &[&String],
+) -> Option<String> {
+    let moved = |cert: &&String| changed.contains(cert) || renewed.contains(cert);
     let mut owners: BTreeMap<String, &String> = BTreeMap::new();
     for (cert, line) in after {
         for name in filters(line) {
             if let Some(other) = owners.insert(name.clone(), cert)
-                && (changed.contains(&cert) || changed.contains(&other))
+                && (moved(&cert) || moved(&other))
             {
                 return Some(format!(
                     "{list}: {other} and {cert} both serve {name}; which one wins depends \
@@ -305,8 +322,10 @@ fn order_matters(list: &str, after: &Entries, changed: &[&String]) -> Option<Str
             }
         }
     }
+    let renewed = renewed.iter().filter(|_| after.len() > 1);
     changed
         .iter()
+        .chain(renewed)
         .find(|cert| filters(&after[**cert]).is_empty())
         .map(|cert| {
             format!(
@@ -465,11 +484,32 @@ mod tests {
             "certs/b.pem".to_owned(),
             "certs/c.pem".to_owned(),
         );
-        let reason = order_matters("files/l", &after, &[&b]).unwrap();
+        let reason = order_matters("files/l", &after, &[&b], &[]).unwrap();
         assert!(reason.contains("both serve a.test"), "{reason}");
-        let reason = order_matters("files/l", &after, &[&c]).unwrap();
+        let reason = order_matters("files/l", &after, &[&c], &[]).unwrap();
         assert!(reason.contains("no SNI filters"), "{reason}");
         let apart = entries("certs/a.pem a.test\ncerts/b.pem b.test\n").unwrap();
-        assert_eq!(order_matters("files/l", &apart, &[&a, &b]), None);
+        assert_eq!(order_matters("files/l", &apart, &[&a, &b], &[]), None);
+    }
+
+    #[test]
+    fn a_renewed_certificate_moves_behind_the_others_when_committed() {
+        let after =
+            entries("certs/a.pem a.test\ncerts/b.pem b.test A.test\ncerts/c.pem\n").unwrap();
+        let (a, b, c) = (
+            "certs/a.pem".to_owned(),
+            "certs/b.pem".to_owned(),
+            "certs/c.pem".to_owned(),
+        );
+        // The first of two entries serving a.test: renewed, it would come second.
+        let reason = order_matters("files/l", &after, &[], &[&a]).unwrap();
+        assert!(reason.contains("both serve a.test"), "{reason}");
+        let reason = order_matters("files/l", &after, &[], &[&c]).unwrap();
+        assert!(reason.contains("no SNI filters"), "{reason}");
+        // Names no other entry serves, or a list of one: renewed at runtime.
+        let apart = entries("certs/a.pem a.test\ncerts/b.pem b.test\n").unwrap();
+        assert_eq!(order_matters("files/l", &apart, &[], &[&a, &b]), None);
+        let alone = entries("certs/c.pem\n").unwrap();
+        assert_eq!(order_matters("files/l", &alone, &[], &[&c]), None);
     }
 }
