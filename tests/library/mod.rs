@@ -26,9 +26,18 @@ use hapwright_e2e::{
 use hapwright_eventbus::model::{RenderedConfig, SourceMap};
 use serde_json::{Value, json};
 
+/// The repository root (this file is also built into the benchmark suite, whose
+/// package lives two levels below it).
+fn repository() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .find(|dir| dir.join("examples").is_dir() && dir.join("deploy").is_dir())
+        .expect("the repository root")
+}
+
 /// A library's config file, relative to the repository root.
 pub fn library_path(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+    repository().join(relative)
 }
 
 /// A library's config as JSON (for its fixtures and to derive test configs).
@@ -336,7 +345,7 @@ pub fn loopback_slice(namespace: &str, service: &str, port_name: &str, ports: &[
 /// pod's paths (`/etc/haproxy`, `/run/haproxy`) moved into `dir`, and the bootstrap
 /// `haproxy.cfg` of its ConfigMap.
 fn sidecar_haproxy(dir: &Path) -> (Vec<String>, PathBuf, String) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/sidecar");
+    let root = repository().join("deploy/sidecar");
     let docs = |file: &str| -> Vec<Value> {
         serde_saphyr::from_multiple(&fs::read_to_string(root.join(file)).expect("manifest"))
             .expect("manifest YAML")
@@ -401,11 +410,25 @@ impl Sidecar {
     /// `%[env(NAME)]` and `${NAME}` would read).
     pub fn start_with_env(
         prefix: &str,
+        config: Value,
+        resources: &[(&str, Value)],
+        bootstrap_port: u16,
+        client: reqwest::blocking::ClientBuilder,
+        env: &[(&str, &str)],
+    ) -> Sidecar {
+        Self::start_waiting(prefix, config, resources, bootstrap_port, client, env, WAIT)
+    }
+
+    /// [`Sidecar::start_with_env`], waiting up to `wait` for the first deployment
+    /// (the benchmark suite starts it with thousands of objects).
+    pub fn start_waiting(
+        prefix: &str,
         mut config: Value,
         resources: &[(&str, Value)],
         bootstrap_port: u16,
         client: reqwest::blocking::ClientBuilder,
         env: &[(&str, &str)],
+        wait: Duration,
     ) -> Sidecar {
         let dir = tempfile::Builder::new()
             .prefix(prefix)
@@ -482,7 +505,7 @@ impl Sidecar {
             status,
             client,
         };
-        let ready = poll(WAIT, || {
+        let ready = poll(wait, || {
             let response = sidecar
                 .client
                 .get(format!("http://127.0.0.1:{status}/readyz"))
@@ -494,6 +517,11 @@ impl Sidecar {
             sidecar.fail("hapwright never became ready (no deployment to the sidecar HAProxy)");
         }
         sidecar
+    }
+
+    /// The process id of `hapwright run`.
+    pub fn hapwright_pid(&self) -> Option<u32> {
+        self.hapwright.as_ref().map(Child::id)
     }
 
     /// hapwright's and HAProxy's logs.

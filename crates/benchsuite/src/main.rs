@@ -13,10 +13,12 @@
 //! The `hapwright` binary measured is `HAPWRIGHT_BIN`, else this binary's sibling
 //! (`target/release/hapwright`), as in the e2e harness.
 
+mod certs;
 mod chart;
 mod criterion;
 mod report;
 mod routes;
+mod scale;
 mod scenarios;
 
 use std::panic::AssertUnwindSafe;
@@ -48,10 +50,29 @@ struct Args {
     /// to its first answer and its removal, with and without `dynamicBackends` (run
     /// once with each HAProxy line first on `PATH`).
     route_propagation: Option<Vec<usize>>,
+    /// Only section (i), certificates at scale, at these numbers of TLS Secrets,
+    /// printed.
+    certificates: Option<Vec<usize>>,
+    /// The `haproxy` binary of HAProxy 3.4 (scripts/haproxy-lines.sh), for the rows
+    /// of (h) with dynamic backends; without it (h) runs on the `PATH` one only.
+    newer_haproxy: Option<PathBuf>,
     repo: PathBuf,
     hapwright: PathBuf,
     font: PathBuf,
     commands: Option<PathBuf>,
+}
+
+/// The comma-separated sizes given to `flag` (`100,1000`).
+fn sizes(flag: &str, value: impl FnOnce(&str) -> Result<PathBuf>) -> Result<Vec<usize>> {
+    let text = value(flag)?;
+    let text = text.to_string_lossy();
+    text.split(',')
+        .map(|size| {
+            size.trim()
+                .parse()
+                .with_context(|| format!("{flag} needs sizes like 100,1000, not `{size}`"))
+        })
+        .collect()
 }
 
 fn parse_args() -> Result<Args> {
@@ -62,6 +83,8 @@ fn parse_args() -> Result<Args> {
         tracing_overhead: false,
         latency_only: None,
         route_propagation: None,
+        certificates: None,
+        newer_haproxy: None,
         repo: std::env::current_dir().context("current directory")?,
         // The binary the e2e harness runs too: `HAPWRIGHT_BIN`, else this one's sibling.
         hapwright: std::env::var_os("HAPWRIGHT_BIN")
@@ -88,27 +111,16 @@ fn parse_args() -> Result<Args> {
                 })?);
             }
             "--route-propagation" => {
-                let sizes = value("--route-propagation")?;
-                let sizes = sizes.to_string_lossy();
-                args.route_propagation = Some(
-                    sizes
-                        .split(',')
-                        .map(|size| {
-                            size.trim().parse().with_context(|| {
-                                format!(
-                                    "--route-propagation needs sizes like 100,1000, not `{size}`"
-                                )
-                            })
-                        })
-                        .collect::<Result<_>>()?,
-                );
+                args.route_propagation = Some(sizes("--route-propagation", value)?);
             }
+            "--certificates" => args.certificates = Some(sizes("--certificates", value)?),
+            "--haproxy-3.4" => args.newer_haproxy = Some(value("--haproxy-3.4")?),
             "--repo" => args.repo = value("--repo")?,
             "--font" => args.font = value("--font")?,
             "--commands" => args.commands = Some(value("--commands")?),
             "-h" | "--help" => {
                 println!(
-                    "usage: hapwright-benchsuite [--quick] [--memory-only] [--tracing-overhead] [--latency-only BACKENDS] [--route-propagation SIZES] [--repo DIR] [--font TTF] [--commands FILE]"
+                    "usage: hapwright-benchsuite [--quick] [--memory-only] [--tracing-overhead] [--latency-only BACKENDS] [--route-propagation SIZES] [--certificates SIZES] [--haproxy-3.4 BINARY] [--repo DIR] [--font TTF] [--commands FILE]"
                 );
                 std::process::exit(0);
             }
@@ -139,29 +151,16 @@ fn main() -> Result<()> {
         }
         return Ok(());
     }
-    if let Some(sizes) = &args.route_propagation {
+    if args.route_propagation.is_some() || args.certificates.is_some() {
         let changes = if args.quick { 5 } else { 20 };
-        println!(
-            "| backends | HAProxy | change | dynamicBackends | p50 | p95 | max | reloads | runtime deployments |"
-        );
-        println!("|---|---|---|---|---|---|---|---|---|");
-        let line = haproxy_line();
-        for &backends in sizes {
-            for dynamic in [true, false] {
-                let result = catch(|| routes::route_propagation(backends, changes, dynamic))?;
-                for latency in [&result.add, &result.remove] {
-                    println!(
-                        "| {backends} | {line} | {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} |",
-                        latency.path.split(' ').next().unwrap_or_default(),
-                        if dynamic { "on" } else { "off" },
-                        latency.quantile(0.5),
-                        latency.quantile(0.95),
-                        latency.quantile(1.0),
-                        result.reloads,
-                        result.runtime_deployments,
-                    );
-                }
-            }
+        let mut summary = Vec::new();
+        if let Some(sizes) = &args.route_propagation {
+            let results = scale::propagation(sizes, changes, 100, args.newer_haproxy.as_deref());
+            println!("{}", scale::propagation_section(&Ok(results), &mut summary));
+        }
+        if let Some(sizes) = &args.certificates {
+            let results = scale::certificates(sizes, changes.min(10));
+            println!("{}", scale::certificates_section(&results, &mut summary));
         }
         return Ok(());
     }
@@ -251,6 +250,19 @@ fn main() -> Result<()> {
     let memory = catch(|| scenarios::memory(5_000));
     eprintln!("    {memory:?}");
 
+    let (propagation_changes, long_lived_changes, certificate_changes) = if args.quick {
+        (3, 20, 3)
+    } else {
+        (10, 100, 10)
+    };
+    let propagation = Ok(scale::propagation(
+        &[100, 1000, 10_000],
+        propagation_changes,
+        long_lived_changes,
+        args.newer_haproxy.as_deref(),
+    ));
+    let certificates = scale::certificates(&[1000, 10_000], certificate_changes);
+
     let criterion = criterion::collect(&args.repo.join("target/criterion"));
     eprintln!("(e, f) {} criterion results", criterion.len());
 
@@ -274,6 +286,13 @@ fn main() -> Result<()> {
     commands.push(format!(
         "#   in the suite: the end-to-end scenarios (b)–(d) through tests/support (`hapwright run` on a copy of examples/quickstart/), {changes} changes per path, burst {burst_count} changes over {burst_seconds} s, churn {churn_count} changes over {churn_seconds} s"
     ));
+    commands.push(format!(
+        "#   in the suite: (h) route propagation at 100, 1000 and 10000 routes, {propagation_changes} adds and removals each{}, long-lived streams across {long_lived_changes}; (i) certificates with 1000 and 10000 TLS Secrets, {certificate_changes} adds, renewals and removals each",
+        args.newer_haproxy
+            .as_ref()
+            .map(|b| format!(" (HAProxy 3.4: {})", b.display()))
+            .unwrap_or_default()
+    ));
     let results = Results {
         quick: args.quick,
         machine,
@@ -284,6 +303,8 @@ fn main() -> Result<()> {
         churn,
         quarantine,
         memory,
+        propagation,
+        certificates,
         criterion,
         commands,
     };
@@ -322,7 +343,7 @@ fn main() -> Result<()> {
 }
 
 /// Runs a scenario, turning a panic (the harness panics on failures) into an error.
-fn catch<T>(scenario: impl FnOnce() -> T) -> std::result::Result<T, ScenarioError> {
+pub(crate) fn catch<T>(scenario: impl FnOnce() -> T) -> std::result::Result<T, ScenarioError> {
     std::panic::catch_unwind(AssertUnwindSafe(scenario))
         .map_err(|panic| {
             panic
@@ -462,19 +483,4 @@ fn machine() -> Machine {
             .join(" "),
         date,
     }
-}
-
-/// The line of the `haproxy` on `PATH` (`haproxy -v`), for the route propagation rows.
-fn haproxy_line() -> String {
-    Command::new("haproxy")
-        .arg("-v")
-        .output()
-        .ok()
-        .and_then(|out| {
-            String::from_utf8_lossy(&out.stdout)
-                .split_whitespace()
-                .nth(2)
-                .map(str::to_owned)
-        })
-        .unwrap_or_else(|| "unknown".to_owned())
 }

@@ -109,6 +109,10 @@ pub struct Results {
     pub quarantine: Result<Quarantine, ScenarioError>,
     /// (d).
     pub memory: Result<Memory, ScenarioError>,
+    /// (h) route propagation.
+    pub propagation: Result<crate::scale::PropagationResults, ScenarioError>,
+    /// (i) certificates at scale, per size.
+    pub certificates: Vec<Result<crate::certs::CertPropagation, ScenarioError>>,
     /// (e) and (f): criterion ids → estimates.
     pub criterion: BTreeMap<String, Estimate>,
     /// The commands the script ran, in order.
@@ -786,6 +790,10 @@ pub fn markdown(results: &Results, analysis: &str) -> String {
     // --- (f) ---
     let section_f = criterion_sections(c, &mut summary);
 
+    // --- (h), (i) ---
+    let section_h = crate::scale::propagation_section(&results.propagation, &mut summary);
+    let section_i = crate::scale::certificates_section(&results.certificates, &mut summary);
+
     // --- assemble ---
     let _ = writeln!(out, "## Targets\n");
     let _ = writeln!(out, "| what | target | measured |\n|---|---|---|");
@@ -794,7 +802,8 @@ pub fn markdown(results: &Results, analysis: &str) -> String {
     }
     let _ = writeln!(out);
     for section in [
-        section_a, section_b, section_c, section_d, section_e, section_f, section_g,
+        section_a, section_b, section_c, section_d, section_e, section_f, section_g, section_h,
+        section_i,
     ] {
         out.push_str(&section);
     }

@@ -6,9 +6,14 @@
 //! change reloads (nor waits for `haproxy -c`: the render passes phase 2 by
 //! equivalence); without it, or on an older line, each change is a reload.
 
-use std::time::Instant;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use hapwright_e2e::{Controller, Reply, service_manifest};
+use hapwright_e2e::{Controller, Reply, quick_pacing, service_manifest};
 
 use crate::scenarios::{
     CHANGE_TIMEOUT, Latency, first_answer, host, metric_sum, metrics, pause, start_with,
@@ -16,7 +21,7 @@ use crate::scenarios::{
 };
 
 /// What one size measured.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct Propagation {
     /// Write → first answer from the new Service.
     pub add: Latency,
@@ -59,6 +64,34 @@ pub fn dynamic_quickstart(config: &str) -> String {
         )
 }
 
+/// `config` with HAProxy's binary (phase 2 and the managed instance) set to
+/// `binary`, when given (a newer line installed by scripts/haproxy-lines.sh).
+pub fn with_binary(config: &str, binary: Option<&Path>) -> String {
+    match binary {
+        Some(binary) => config.replacen(
+            "haproxy:\n  binary: haproxy\n",
+            &format!("haproxy:\n  binary: {}\n", binary.display()),
+            1,
+        ),
+        None => config.to_owned(),
+    }
+}
+
+/// The line (`3.4`) of the HAProxy `binary` (`haproxy` on `PATH` when `None`).
+pub fn haproxy_line(binary: Option<&Path>) -> String {
+    std::process::Command::new(binary.unwrap_or(Path::new("haproxy")))
+        .arg("-v")
+        .output()
+        .ok()
+        .and_then(|out| {
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let version = text.split_whitespace().nth(2)?.to_owned();
+            let mut parts = version.split(['.', '-']);
+            Some(format!("{}.{}", parts.next()?, parts.next()?))
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
 /// Waits until `host` answers 404 (no route), returning the time since `since`.
 fn first_no_route(controller: &Controller, host: &str, since: Instant) -> f64 {
     loop {
@@ -72,12 +105,20 @@ fn first_no_route(controller: &Controller, host: &str, since: Instant) -> f64 {
 }
 
 /// `changes` Services added, then removed again, one at a time, at `backends`.
-pub fn route_propagation(backends: usize, changes: usize, dynamic: bool) -> Propagation {
-    let (controller, settings) = if dynamic {
-        start_with(backends, dynamic_quickstart)
-    } else {
-        start_with(backends, str::to_owned)
-    };
+pub fn route_propagation(
+    backends: usize,
+    changes: usize,
+    dynamic: bool,
+    binary: Option<&Path>,
+) -> Propagation {
+    let (controller, settings) = start_with(backends, |config| {
+        let config = if dynamic {
+            dynamic_quickstart(config)
+        } else {
+            config.to_owned()
+        };
+        with_binary(&config, binary)
+    });
     let ports = controller.ports();
     let body = controller.demo_body(ports.api);
     let path = if dynamic { "dynamic" } else { "reload" };
@@ -128,6 +169,145 @@ pub fn route_propagation(backends: usize, changes: usize, dynamic: bool) -> Prop
             - metric_sum(&before, "hapwright_reloads_total", ""),
         runtime_deployments: metric_sum(&after, "hapwright_deployments_total", "runtime")
             - metric_sum(&before, "hapwright_deployments_total", "runtime"),
+    }
+}
+
+/// What the long-lived connections saw.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LongLived {
+    /// Routes served besides the changing ones.
+    pub backends: usize,
+    /// Streamed responses held open through an untouched route.
+    pub streams: usize,
+    /// Route adds (each followed by its removal).
+    pub changes: usize,
+    /// Streams that ended before the last change was live.
+    pub closed: usize,
+    /// Bytes the streams received in all.
+    pub bytes: u64,
+    /// Reloads during the changes.
+    pub reloads: f64,
+}
+
+/// An upstream that answers every request with a chunked response that never ends:
+/// a chunk every 50 ms while the connection lasts.
+fn streaming_upstream(stop: Arc<AtomicBool>) -> u16 {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind the streaming upstream");
+    let port = listener.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut buffer = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buffer) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let _ = stream.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n",
+                );
+                while !stop.load(Ordering::Relaxed) {
+                    if stream.write_all(b"6\r\ntick!\n\r\n").is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            });
+        }
+    });
+    port
+}
+
+/// `streams` streamed responses through an untouched route stay open while
+/// `changes` routes are added and removed again, on the quickstart with dynamic
+/// backends (quick pacing) at `backends` routes; `closed` counts those that ended.
+pub fn long_lived(
+    backends: usize,
+    streams: usize,
+    changes: usize,
+    binary: Option<&Path>,
+) -> LongLived {
+    let stop = Arc::new(AtomicBool::new(false));
+    let upstream = streaming_upstream(stop.clone());
+    let (controller, _) = start_with(backends, |config| {
+        with_binary(&quick_pacing(&dynamic_quickstart(config), "100ms"), binary)
+    });
+    let ports = controller.ports();
+    let body = controller.demo_body(ports.api);
+    controller.write_resource(
+        "stream.yaml",
+        &service_manifest("stream", &host("stream"), upstream),
+    );
+    wait_deployed(&controller);
+    let bytes = Arc::new(AtomicU64::new(0));
+    let ended = Arc::new(AtomicU64::new(0));
+    let mut readers = Vec::new();
+    for _ in 0..streams {
+        let mut stream = TcpStream::connect(("127.0.0.1", ports.http)).expect("connect to HAProxy");
+        write!(
+            stream,
+            "GET /stream HTTP/1.1\r\nHost: {}\r\n\r\n",
+            host("stream")
+        )
+        .expect("send the request");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("read timeout");
+        // The first bytes: the stream is open before the changes start.
+        let mut buffer = [0u8; 4096];
+        let first = stream.read(&mut buffer).unwrap_or(0);
+        if first == 0 {
+            controller.fail("the streamed response never started");
+        }
+        bytes.fetch_add(first as u64, Ordering::Relaxed);
+        let (bytes, ended, stop) = (bytes.clone(), ended.clone(), stop.clone());
+        readers.push(std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            while !stop.load(Ordering::Relaxed) {
+                match stream.read(&mut buffer) {
+                    Ok(0) | Err(_) => {
+                        ended.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    Ok(n) => {
+                        bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    let before = metrics(&controller);
+    for k in 0..changes {
+        let name = format!("route-{k}");
+        let file = format!("{name}.yaml");
+        let started = Instant::now();
+        controller.write_resource(&file, &service_manifest(&name, &host(&name), ports.api));
+        first_answer(&controller, &host(&name), &body, started, CHANGE_TIMEOUT);
+        wait_deployed(&controller);
+        let started = Instant::now();
+        std::fs::remove_file(controller.resource_path(&file)).expect("remove the Service");
+        first_no_route(&controller, &host(&name), started);
+        wait_deployed(&controller);
+    }
+    let after = metrics(&controller);
+    let closed = ended.load(Ordering::Relaxed) as usize;
+    stop.store(true, Ordering::Relaxed);
+    drop(controller);
+    for reader in readers {
+        let _ = reader.join();
+    }
+    LongLived {
+        backends,
+        streams,
+        changes,
+        closed,
+        bytes: bytes.load(Ordering::Relaxed),
+        reloads: metric_sum(&after, "hapwright_reloads_total", "")
+            - metric_sum(&before, "hapwright_reloads_total", ""),
     }
 }
 
