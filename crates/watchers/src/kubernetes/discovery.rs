@@ -23,10 +23,11 @@
 //!   component's health note. Labels are easy to copy; these fields narrow the match
 //!   to the workload that really runs HAProxy. (The pod's certificate, checked by the
 //!   deployer, is what proves its identity.)
-//! - After the initial list, and then whenever the set of targets changes (a pod's Data Plane
-//!   API becomes ready or loses readiness, gets a new IP, goes away), the whole set is
-//!   published as one `InstancesDiscovered { source: "kubernetes", .. }`, sorted by
-//!   name. Status updates that do not change the set publish nothing.
+//! - After the initial list, and then whenever the set of targets changes (a pod's
+//!   Data Plane API becomes ready or loses readiness, a pod gets a new IP or goes
+//!   away), the whole set is published as one
+//!   `InstancesDiscovered { source: "kubernetes", .. }`, sorted by name. Status
+//!   updates that do not change the set publish nothing.
 //! - Health as for the `kubernetes` source: a denied or failing list/watch makes the
 //!   component `Unhealthy` with the API's reason, and the last published set stays.
 
