@@ -862,6 +862,36 @@ fn check_ports(docs: &[Doc]) -> Vec<String> {
             {
                 problems.push(format!("{at}: haproxy.discovery.kubernetes.port {port} is not a port of the HAProxy pods"));
             }
+            // Discovery deploys to a pod once this container is ready; without it, it
+            // waits for the whole pod, which turns ready only after hapwright's first
+            // deployment.
+            if let Some(discovery) = discovery {
+                let name = discovery["dataplaneContainer"]
+                    .as_str()
+                    .unwrap_or("dataplaneapi");
+                match container(pod, name) {
+                    None => problems.push(format!(
+                        "{at}: the HAProxy pods have no container `{name}` \
+                         (haproxy.discovery.kubernetes.dataplaneContainer)"
+                    )),
+                    Some(api) => {
+                        if let Some(port) = discovery["port"].as_u64()
+                            && !container_port(api, &Value::from(port))
+                        {
+                            problems.push(format!(
+                                "{at}: container `{name}` does not expose \
+                                 haproxy.discovery.kubernetes.port {port}"
+                            ));
+                        }
+                        if api["readinessProbe"].is_null() {
+                            problems.push(format!(
+                                "{at}: container `{name}` has no readinessProbe: pods are \
+                                 deployed to before their Data Plane API answers"
+                            ));
+                        }
+                    }
+                }
+            }
         }
     }
     problems
@@ -1429,6 +1459,31 @@ fn port_problems_are_reported() {
         "controller.metricsListen 0.0.0.0:9401 is not the `metrics` port",
     );
     assert_reported(&problems, "no HAProxy pod runs this config");
+}
+
+#[test]
+fn a_data_plane_api_container_discovery_does_not_know_is_reported() {
+    let mut docs = load(&repo().join("deploy/controller"));
+    assert_no_problems("deploy/controller", check_ports(&docs));
+    let haproxy = docs
+        .iter_mut()
+        .find(|d| d.kind() == "Deployment" && d.name() == "haproxy")
+        .expect("Deployment haproxy");
+    let containers = haproxy
+        .value
+        .pointer_mut("/spec/template/spec/containers")
+        .and_then(Value::as_array_mut)
+        .expect("containers");
+    let api = containers
+        .iter_mut()
+        .find(|c| c["name"] == "dataplaneapi")
+        .expect("dataplaneapi container");
+    api["name"] = Value::from("api");
+    let problems = check_ports(&docs);
+    assert_reported(
+        &problems,
+        "the HAProxy pods have no container `dataplaneapi` (haproxy.discovery.kubernetes.dataplaneContainer)",
+    );
 }
 
 #[test]
