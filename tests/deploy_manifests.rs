@@ -5,7 +5,9 @@
 //! leader election), ports agree between containers, Services, probes, the
 //! ServiceMonitor and the hapwright config, HAProxy is started the way hapwright
 //! expects, and every embedded hapwright config passes `hapwright check` and uses the
-//! templates of `examples/kubernetes-ingress/`.
+//! templates of `examples/kubernetes-ingress/`. Run for real: the drain, the Data
+//! Plane API runner, and the HAProxy pods' readiness (not ready on the bootstrap
+//! config, ready on a deployed one and after a failed deployment).
 //!
 //! Each check is a function returning the problems it found, so the negative tests
 //! below can show that a broken manifest is reported.
@@ -860,6 +862,36 @@ fn check_ports(docs: &[Doc]) -> Vec<String> {
             {
                 problems.push(format!("{at}: haproxy.discovery.kubernetes.port {port} is not a port of the HAProxy pods"));
             }
+            // Discovery deploys to a pod once this container is ready; without it, it
+            // waits for the whole pod, which turns ready only after hapwright's first
+            // deployment.
+            if let Some(discovery) = discovery {
+                let name = discovery["dataplaneContainer"]
+                    .as_str()
+                    .unwrap_or("dataplaneapi");
+                match container(pod, name) {
+                    None => problems.push(format!(
+                        "{at}: the HAProxy pods have no container `{name}` \
+                         (haproxy.discovery.kubernetes.dataplaneContainer)"
+                    )),
+                    Some(api) => {
+                        if let Some(port) = discovery["port"].as_u64()
+                            && !container_port(api, &Value::from(port))
+                        {
+                            problems.push(format!(
+                                "{at}: container `{name}` does not expose \
+                                 haproxy.discovery.kubernetes.port {port}"
+                            ));
+                        }
+                        if api["readinessProbe"].is_null() {
+                            problems.push(format!(
+                                "{at}: container `{name}` has no readinessProbe: pods are \
+                                 deployed to before their Data Plane API answers"
+                            ));
+                        }
+                    }
+                }
+            }
         }
     }
     problems
@@ -1427,6 +1459,31 @@ fn port_problems_are_reported() {
         "controller.metricsListen 0.0.0.0:9401 is not the `metrics` port",
     );
     assert_reported(&problems, "no HAProxy pod runs this config");
+}
+
+#[test]
+fn a_data_plane_api_container_discovery_does_not_know_is_reported() {
+    let mut docs = load(&repo().join("deploy/controller"));
+    assert_no_problems("deploy/controller", check_ports(&docs));
+    let haproxy = docs
+        .iter_mut()
+        .find(|d| d.kind() == "Deployment" && d.name() == "haproxy")
+        .expect("Deployment haproxy");
+    let containers = haproxy
+        .value
+        .pointer_mut("/spec/template/spec/containers")
+        .and_then(Value::as_array_mut)
+        .expect("containers");
+    let api = containers
+        .iter_mut()
+        .find(|c| c["name"] == "dataplaneapi")
+        .expect("dataplaneapi container");
+    api["name"] = Value::from("api");
+    let problems = check_ports(&docs);
+    assert_reported(
+        &problems,
+        "the HAProxy pods have no container `dataplaneapi` (haproxy.discovery.kubernetes.dataplaneContainer)",
+    );
 }
 
 #[test]
@@ -3245,6 +3302,309 @@ fn the_data_plane_api_runner_stops_and_restarts_the_api() {
     let status = hapwright_e2e::poll(wait, || failing.0.try_wait().expect("try_wait"))
         .expect("the runner exits");
     assert_eq!(status.code(), Some(3));
+}
+
+// === readiness of the HAProxy pods, run for real ===
+
+/// Rewrites every `bind :PORT` (and `*:PORT`, `0.0.0.0:PORT`) of an HAProxy config to
+/// a loopback port, the same one for the same number in every config (`ports`), and
+/// lowers a global `maxconn` to what a test process may open.
+fn local_binds(config: &str, ports: &mut BTreeMap<u64, u16>) -> String {
+    let mut out = String::with_capacity(config.len());
+    for line in config.lines() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        let mut words = trimmed.split(' ');
+        let rewritten = match (words.next(), words.next()) {
+            (Some("bind"), Some(address)) => address
+                .strip_prefix(':')
+                .or_else(|| address.strip_prefix("*:"))
+                .or_else(|| address.strip_prefix("0.0.0.0:"))
+                .and_then(|port| port.parse::<u64>().ok())
+                .map(|port| {
+                    let local = *ports.entry(port).or_insert_with(hapwright_e2e::free_port);
+                    let rest: Vec<&str> = words.collect();
+                    format!("{indent}bind 127.0.0.1:{local} {}", rest.join(" "))
+                }),
+            (Some("maxconn"), Some(_)) => Some(format!("{indent}maxconn 1000")),
+            _ => None,
+        };
+        out.push_str(rewritten.as_deref().unwrap_or(line).trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// The status code of `GET path` on `127.0.0.1:port`, as a kubelet probe sends it;
+/// `None` when nothing answers.
+fn probe_get(port: u16, path: &str) -> Option<u16> {
+    use std::io::{BufRead, BufReader, Write};
+    let timeout = std::time::Duration::from_secs(2);
+    let mut stream =
+        std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), timeout).ok()?;
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    stream
+        .write_all(
+            format!(
+                "GET {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nuser-agent: kube-probe/1.31\r\n\
+                 connection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .ok()?;
+    let mut status = String::new();
+    BufReader::new(stream).read_line(&mut status).ok()?;
+    status.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Whether the kubelet would count `probe` of `container` as passing against HAProxy
+/// on loopback (container ports mapped by `ports`): `httpGet` answers 200 to 399,
+/// `tcpSocket` accepts the connection. Other probe kinds are not run here.
+fn probe_passes(probe: &Value, container: &Value, ports: &mut BTreeMap<u64, u16>) -> bool {
+    let port_of = |port: &Value| -> u64 {
+        match port {
+            Value::Number(n) => n.as_u64().expect("a port number"),
+            Value::String(name) => array(container, "ports")
+                .iter()
+                .find(|p| p["name"].as_str() == Some(name))
+                .and_then(|p| p["containerPort"].as_u64())
+                .unwrap_or_else(|| panic!("no container port named {name}")),
+            other => panic!("probe port {other}"),
+        }
+    };
+    if let Some(get) = probe.get("httpGet") {
+        let port = *ports
+            .entry(port_of(&get["port"]))
+            .or_insert_with(hapwright_e2e::free_port);
+        let path = get["path"].as_str().unwrap_or("/");
+        probe_get(port, path).is_some_and(|code| (200..400).contains(&code))
+    } else if let Some(tcp) = probe.get("tcpSocket") {
+        let port = *ports
+            .entry(port_of(&tcp["port"]))
+            .or_insert_with(hapwright_e2e::free_port);
+        hapwright_e2e::accepts_connections(port)
+    } else {
+        panic!("a probe this test does not run: {probe}")
+    }
+}
+
+/// An HAProxy master started by a test: stopped (SIGTERM, then SIGKILL) when dropped,
+/// and every HAProxy process whose command line names `dir` with it.
+struct Haproxy {
+    child: std::process::Child,
+    dir: String,
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        use hapwright_e2e::Signal;
+        use std::time::Duration;
+        hapwright_e2e::send_signal(self.child.id(), Signal::TERM);
+        let child = &mut self.child;
+        if hapwright_e2e::poll(Duration::from_secs(10), || child.try_wait().ok().flatten()).is_err()
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for pid in hapwright_e2e::processes_matching("haproxy", &self.dir) {
+            hapwright_e2e::send_signal(pid, Signal::KILL);
+        }
+        let _ = hapwright_e2e::poll(Duration::from_secs(10), || {
+            hapwright_e2e::processes_matching("haproxy", &self.dir)
+                .is_empty()
+                .then_some(())
+        });
+    }
+}
+
+/// The HAProxy pod of each mode, with HAProxy started as its haproxy container starts
+/// it (the init container's bootstrap config and directories, the container's
+/// command, loopback ports): the readiness probe fails while the bootstrap config
+/// runs (the liveness probe passes), and passes once the config hapwright renders for
+/// that mode is deployed (written, then the master reloaded with SIGUSR2 as the
+/// Data Plane API's `reload` does). A later deployment that fails at the reload
+/// (passes `haproxy -c`, then a `bind` on a port in use) leaves that config's worker
+/// serving, and the probe passes again well within the kubelet's failure threshold.
+#[test]
+fn haproxy_pods_turn_ready_only_once_they_serve_a_deployed_config() {
+    use std::time::Duration;
+    for (dir, _) in COMPOSED {
+        let docs = kustomize(&repo().join(dir));
+        let scratch = tempfile::tempdir().expect("temp dir");
+        let root = scratch.path();
+
+        // The config hapwright deploys in this mode, with no objects.
+        let embedded = embedded_configs(&docs);
+        let config_dir = root.join("hapwright");
+        fs::create_dir_all(&config_dir).expect("config dir");
+        let config = materialize(&docs, &embedded[0], &config_dir);
+        let fixtures = root.join("fixtures");
+        fs::create_dir_all(&fixtures).expect("fixtures dir");
+        let rendered = root.join("rendered");
+        let output = Command::new(hapwright_binary())
+            .args(["render", "-c"])
+            .arg(&config)
+            .arg("--fixtures")
+            .arg(&fixtures)
+            .arg("--out")
+            .arg(&rendered)
+            .output()
+            .expect("run hapwright render");
+        assert!(
+            output.status.success(),
+            "{dir}: hapwright render:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+
+        // The pod: the haproxy container, its bootstrap config, its probes.
+        let (_, spec) = workloads(&docs)
+            .find(|(_, spec)| container(spec, "haproxy").is_some())
+            .unwrap_or_else(|| panic!("{dir}: no pod with a haproxy container"));
+        let haproxy = container(spec, "haproxy").expect("haproxy container");
+        let readiness = &haproxy["readinessProbe"];
+        let liveness = &haproxy["livenessProbe"];
+        let bootstrap = docs
+            .iter()
+            .find_map(|d| d.value["data"]["haproxy.cfg"].as_str())
+            .unwrap_or_else(|| panic!("{dir}: no bootstrap haproxy.cfg"));
+        let mut ports = BTreeMap::new();
+        let bootstrap = local_binds(bootstrap, &mut ports);
+        let deployed = local_binds(
+            &fs::read_to_string(rendered.join("haproxy.cfg")).expect("rendered haproxy.cfg"),
+            &mut ports,
+        );
+        let http = named_port(spec, "haproxy", "http").expect("port http");
+        let http = *ports
+            .get(&http)
+            .unwrap_or_else(|| panic!("{dir}: the bootstrap config does not bind {http}"));
+
+        // As the init container leaves it: the bootstrap config and the directories.
+        let etc = root.join("haproxy");
+        for sub in ["maps", "files", "certs"] {
+            fs::create_dir_all(etc.join(sub)).expect("mkdir");
+        }
+        fs::create_dir_all(root.join("run")).expect("mkdir");
+        fs::write(etc.join("haproxy.cfg"), &bootstrap).expect("write bootstrap");
+        let local = |s: &str| {
+            s.replace("/etc/haproxy", &etc.display().to_string())
+                .replace("/run/haproxy", &root.join("run").display().to_string())
+        };
+        let command: Vec<String> = array(haproxy, "command")
+            .iter()
+            .map(|a| local(a.as_str().expect("string")))
+            .collect();
+        let log = root.join("haproxy.log");
+        let child = Command::new(&command[0])
+            .args(&command[1..])
+            .current_dir(&etc)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("start haproxy");
+        let master = child.id();
+        let _haproxy = Haproxy {
+            child,
+            dir: root.display().to_string(),
+        };
+        let log = || fs::read_to_string(&log).unwrap_or_default();
+        let socket = root.join("run/master.sock");
+        let procs = || {
+            hapwright_e2e::master_command(&socket, "show proc")
+                .ok()
+                .and_then(|text| hapwright_e2e::parse_show_proc(&text))
+        };
+
+        // The bootstrap config runs: HAProxy answers (503) and is alive, not ready.
+        // Started means the master CLI answers too: a reload signal that arrives
+        // before the master's loop runs is lost.
+        hapwright_e2e::poll(Duration::from_secs(20), || {
+            (hapwright_e2e::accepts_connections(http)
+                && procs().is_some_and(|p| p.workers.len() == 1))
+            .then_some(())
+        })
+        .unwrap_or_else(|_| panic!("{dir}: HAProxy does not start:\n{}", log()));
+        assert_eq!(
+            probe_get(http, "/"),
+            Some(503),
+            "{dir}: the bootstrap answers"
+        );
+        assert!(
+            probe_passes(liveness, haproxy, &mut ports),
+            "{dir}: the liveness probe fails on the bootstrap config: the kubelet would \
+             restart HAProxy before hapwright deploys"
+        );
+        assert!(
+            !probe_passes(readiness, haproxy, &mut ports),
+            "{dir}: the haproxy container is ready while it serves the bootstrap config \
+             ({readiness})"
+        );
+
+        // hapwright deploys: the rendered files, then a reload.
+        let copy = Command::new("cp")
+            .arg("-r")
+            .arg(format!("{}/.", rendered.display()))
+            .arg(&etc)
+            .status()
+            .expect("cp");
+        assert!(copy.success());
+        fs::write(etc.join("haproxy.cfg"), &deployed).expect("write deployed config");
+        hapwright_e2e::send_signal(master, hapwright_e2e::Signal::USR2);
+        hapwright_e2e::poll(Duration::from_secs(20), || {
+            probe_passes(readiness, haproxy, &mut ports).then_some(())
+        })
+        .unwrap_or_else(|_| {
+            panic!(
+                "{dir}: not ready on the deployed config ({readiness}):\n{}",
+                log()
+            )
+        });
+        let serving = hapwright_e2e::poll(Duration::from_secs(20), || {
+            procs().filter(|p| p.reloads == 1 && p.workers.len() == 1)
+        })
+        .unwrap_or_else(|_| panic!("{dir}: show proc after the reload: {:?}", procs()));
+
+        // A deployment that fails at the reload: the config passes `haproxy -c`, the
+        // new process cannot bind.
+        let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let taken = holder.local_addr().expect("address").port();
+        let failing = format!("{deployed}\nfrontend taken\n    bind 127.0.0.1:{taken}\n");
+        fs::write(etc.join("haproxy.cfg"), &failing).expect("write failing config");
+        let check = Command::new(&command[0])
+            .args(["-c", "-f", "haproxy.cfg"])
+            .current_dir(&etc)
+            .output()
+            .expect("haproxy -c");
+        assert!(
+            check.status.success(),
+            "{dir}: haproxy -c refuses the failing config:\n{}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+        hapwright_e2e::send_signal(master, hapwright_e2e::Signal::USR2);
+        // Over once one worker is left (from 3.1 on, the new worker is listed while
+        // it loads the config, then exits).
+        let after = hapwright_e2e::poll(Duration::from_secs(30), || {
+            procs().filter(|p| p.reloads == 2 && p.workers.len() == 1)
+        })
+        .unwrap_or_else(|_| panic!("{dir}: the failed reload never ends:\n{}", log()));
+        assert_eq!(
+            after.workers,
+            serving.workers,
+            "{dir}: the worker of the deployed config no longer serves:\n{}",
+            log()
+        );
+        // The kubelet marks the container unready after 3 failures 5 s apart.
+        hapwright_e2e::poll(Duration::from_secs(10), || {
+            probe_passes(readiness, haproxy, &mut ports).then_some(())
+        })
+        .unwrap_or_else(|_| {
+            panic!(
+                "{dir}: not ready after a failed deployment ({readiness}):\n{}",
+                log()
+            )
+        });
+        drop(holder);
+    }
 }
 
 /// What the shipped configs render with no objects (`hapwright render`, both

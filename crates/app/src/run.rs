@@ -46,6 +46,7 @@ use hapwright_reconciler::status::StatusComponent;
 use hapwright_watchers::config::Source;
 use hapwright_watchers::files::FilesSource;
 use hapwright_watchers::http::{HttpSource, HttpSourceMetrics};
+use hapwright_watchers::kubernetes::discovery::DEFAULT_DATAPLANE_CONTAINER;
 use hapwright_watchers::kubernetes::{
     ClientFactory, DiscoveryConfig, DiscoveryMetrics, KubernetesSource, LeaderElection,
     LeaderElectionConfig, LeaderMetrics, PodDiscovery, QuarantineEvents, Restriction, StatusWriter,
@@ -319,6 +320,10 @@ impl Iteration {
                         label_selector: discovery.label_selector.clone(),
                         port: discovery.port,
                         scheme: discovery.scheme.clone(),
+                        dataplane_container: discovery
+                            .dataplane_container
+                            .clone()
+                            .unwrap_or_else(|| DEFAULT_DATAPLANE_CONTAINER.to_owned()),
                         restriction: Restriction {
                             service_account_name: discovery.service_account_name.clone(),
                             owner_kind: discovery.owner_kind.clone(),

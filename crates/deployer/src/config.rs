@@ -532,6 +532,13 @@ pub struct KubernetesDiscovery {
     /// With [`owner_kind`](Self::owner_kind): the name of that workload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner_name: Option<String>,
+    /// The pods' container serving the Data Plane API (`dataplaneapi` when unset). A
+    /// pod is a deploy target once this container is ready, whatever the readiness
+    /// of its HAProxy container, so the HAProxy pod's own readiness can wait for a
+    /// config hapwright deployed. A pod without a container of this name is a
+    /// target while the pod is ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataplane_container: Option<String>,
     /// Basic-auth user of the pods' Data Plane API.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
@@ -554,6 +561,17 @@ fn default_scheme() -> String {
 /// The owner kinds `discovery.kubernetes.ownerKind` accepts: workloads that create
 /// HAProxy pods (a `Deployment` owns its pods through ReplicaSets).
 pub const OWNER_KINDS: [&str; 4] = ["DaemonSet", "Deployment", "ReplicaSet", "StatefulSet"];
+
+/// Whether `name` can name a container of a pod (an RFC 1123 label).
+fn is_container_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
 
 /// Whether `name` is a DNS name a certificate can carry (letters, digits, `-` and
 /// `.`; no IP address, port or scheme).
@@ -737,6 +755,17 @@ impl Config {
                     format!(
                         "`{kind}` is not a workload kind hapwright can check: use one of {}",
                         OWNER_KINDS.join(", ")
+                    ),
+                ));
+            }
+            if let Some(name) = &kubernetes.dataplane_container
+                && !is_container_name(name)
+            {
+                issues.push(ConfigIssue::new(
+                    "discovery.kubernetes.dataplaneContainer",
+                    format!(
+                        "`{name}` is not a container name (lower-case letters, digits and \
+                         `-`, at most 63, starting and ending with a letter or digit)"
                     ),
                 ));
             }
@@ -1252,6 +1281,7 @@ discovery:
                 .is_empty()
         );
         assert!(issues("ownerKind: Deployment").is_empty());
+        assert!(issues("dataplaneContainer: haproxy-dataplane-2").is_empty());
         for (extra, wanted) in [
             (
                 "allowInsecureHttp: true",
@@ -1284,6 +1314,14 @@ discovery:
             (
                 "ownerKind: DaemonSet, ownerName: \" \"",
                 "discovery.kubernetes.ownerName: ownerName is empty",
+            ),
+            (
+                "dataplaneContainer: \"\"",
+                "discovery.kubernetes.dataplaneContainer: `` is not a container name",
+            ),
+            (
+                "dataplaneContainer: DataplaneAPI",
+                "discovery.kubernetes.dataplaneContainer: `DataplaneAPI` is not a container name",
             ),
         ] {
             let found = issues(extra);

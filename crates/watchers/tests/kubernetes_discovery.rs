@@ -1,7 +1,8 @@
 //! HAProxy pod discovery at the protocol level: a real `kube::Client` and watcher
 //! against a scripted API server (`tower-test`), a real kernel and bus. Absence of a
 //! publication is proven by ordering: the next publication is the one expected.
-//! Pods matching the labels but not the service account or owner are skipped.
+//! Pods matching the labels but not the service account or owner are skipped. A pod
+//! is a target once its Data Plane API container is ready, before the pod is.
 
 mod common;
 
@@ -12,7 +13,9 @@ use std::time::Duration;
 
 use hapwright_eventbus::model::{InstanceDriver, InstanceRef};
 use hapwright_eventbus::{EventKind, EventPayload, HealthState};
-use hapwright_watchers::kubernetes::discovery::{SOURCE, instance_of};
+use hapwright_watchers::kubernetes::discovery::{
+    DEFAULT_DATAPLANE_CONTAINER, SOURCE, dataplane_ready, instance_of,
+};
 use hapwright_watchers::kubernetes::{
     ClientFactory, DiscoveryConfig, DiscoveryMetrics, PodDiscovery, Restriction,
 };
@@ -39,6 +42,7 @@ impl Harness {
                 label_selector: "app=haproxy".to_owned(),
                 port: 5555,
                 scheme: "http".to_owned(),
+                dataplane_container: DEFAULT_DATAPLANE_CONTAINER.to_owned(),
                 restriction,
             },
             ClientFactory::with_client(client),
@@ -112,6 +116,40 @@ fn pod(name: &str, ip: Option<&str>, ready: bool, resource_version: &str) -> Val
     })
 }
 
+/// A pod as deploy/controller/haproxy.yaml runs it: containers `haproxy` and
+/// `dataplaneapi`, each ready or not. The pod's `Ready` condition is what the kubelet
+/// makes of them: both ready.
+fn controller_pod(
+    name: &str,
+    ip: &str,
+    dataplane_ready: bool,
+    haproxy_ready: bool,
+    resource_version: &str,
+) -> Value {
+    let mut pod = pod(
+        name,
+        Some(ip),
+        dataplane_ready && haproxy_ready,
+        resource_version,
+    );
+    pod["spec"]["containers"] = json!([
+        {"name": "haproxy", "image": "haproxytech/haproxy-debian:3.0"},
+        {"name": "dataplaneapi", "image": "haproxytech/haproxy-debian:3.0"},
+    ]);
+    let status = |container: &str, ready: bool| {
+        json!({
+            "name": container, "ready": ready, "restartCount": 0,
+            "image": "haproxytech/haproxy-debian:3.0", "imageID": "",
+            "started": true, "state": {"running": {"startedAt": "2026-11-29T08:00:00Z"}},
+        })
+    };
+    pod["status"]["containerStatuses"] = json!([
+        status("haproxy", haproxy_ready),
+        status("dataplaneapi", dataplane_ready),
+    ]);
+    pod
+}
+
 fn target(name: &str, address: &str) -> InstanceRef {
     InstanceRef {
         name: name.to_owned(),
@@ -124,35 +162,167 @@ fn target(name: &str, address: &str) -> InstanceRef {
 fn only_ready_pods_with_an_ip_that_are_not_terminating_are_targets() {
     let parse = |value: Value| -> Pod { serde_json::from_value(value).unwrap() };
     assert_eq!(
-        instance_of(&parse(pod("a", Some("10.0.0.1"), true, "1")), "http", 5555),
+        instance_of(
+            &parse(pod("a", Some("10.0.0.1"), true, "1")),
+            "http",
+            5555,
+            "dataplaneapi"
+        ),
         Some(target("a", "http://10.0.0.1:5555"))
     );
     assert_eq!(
-        instance_of(&parse(pod("v6", Some("fd00::1"), true, "1")), "http", 5555),
+        instance_of(
+            &parse(pod("v6", Some("fd00::1"), true, "1")),
+            "http",
+            5555,
+            "dataplaneapi"
+        ),
         Some(target("v6", "http://[fd00::1]:5555"))
     );
     assert_eq!(
         instance_of(
             &parse(pod("tls", Some("10.0.0.9"), true, "1")),
             "https",
-            5556
+            5556,
+            "dataplaneapi"
         ),
         Some(target("tls", "https://10.0.0.9:5556"))
     );
     assert_eq!(
-        instance_of(&parse(pod("b", Some("10.0.0.2"), false, "1")), "http", 5555),
+        instance_of(
+            &parse(pod("b", Some("10.0.0.2"), false, "1")),
+            "http",
+            5555,
+            "dataplaneapi"
+        ),
         None
     );
     assert_eq!(
-        instance_of(&parse(pod("c", None, true, "1")), "http", 5555),
+        instance_of(
+            &parse(pod("c", None, true, "1")),
+            "http",
+            5555,
+            "dataplaneapi"
+        ),
         None
     );
     let mut terminating = pod("d", Some("10.0.0.4"), true, "1");
     terminating["metadata"]["deletionTimestamp"] = json!("2026-11-22T05:00:00Z");
-    assert_eq!(instance_of(&parse(terminating), "http", 5555), None);
+    assert_eq!(
+        instance_of(&parse(terminating), "http", 5555, "dataplaneapi"),
+        None
+    );
     let mut no_status = pod("e", Some("10.0.0.5"), true, "1");
     no_status.as_object_mut().unwrap().remove("status");
-    assert_eq!(instance_of(&parse(no_status), "http", 5555), None);
+    assert_eq!(
+        instance_of(&parse(no_status), "http", 5555, "dataplaneapi"),
+        None
+    );
+}
+
+/// The HAProxy pod turns ready only once it serves a config hapwright deployed, so a
+/// pod is a target as soon as its Data Plane API container is ready; waiting for the
+/// whole pod would keep it from ever getting its first config.
+#[test]
+fn the_data_plane_api_container_decides_not_the_pods_readiness() {
+    let parse = |value: Value| -> Pod { serde_json::from_value(value).unwrap() };
+    // Serving the bootstrap config: HAProxy not ready, the pod not ready.
+    let bootstrap = parse(controller_pod("new", "10.0.0.1", true, false, "1"));
+    assert!(dataplane_ready(&bootstrap, "dataplaneapi"));
+    assert_eq!(
+        instance_of(&bootstrap, "https", 5555, "dataplaneapi"),
+        Some(target("new", "https://10.0.0.1:5555"))
+    );
+    // The Data Plane API not up yet: not a target, even with HAProxy ready.
+    let starting = parse(controller_pod("starting", "10.0.0.2", false, true, "1"));
+    assert!(!dataplane_ready(&starting, "dataplaneapi"));
+    assert_eq!(instance_of(&starting, "https", 5555, "dataplaneapi"), None);
+    // Containers declared, no status yet (still pulling images).
+    let mut pending = controller_pod("pending", "10.0.0.3", true, true, "1");
+    pending["status"]
+        .as_object_mut()
+        .unwrap()
+        .remove("containerStatuses");
+    assert!(!dataplane_ready(&parse(pending), "dataplaneapi"));
+    // Another container name, as configured.
+    let mut renamed = controller_pod("renamed", "10.0.0.4", true, false, "1");
+    renamed["spec"]["containers"][1]["name"] = json!("api");
+    renamed["status"]["containerStatuses"][1]["name"] = json!("api");
+    let renamed = parse(renamed);
+    assert!(dataplane_ready(&renamed, "api"));
+    // The pod has no `dataplaneapi` container: its own readiness decides.
+    assert!(!dataplane_ready(&renamed, "dataplaneapi"));
+    // The Data Plane API as a sidecar among the init containers.
+    let mut sidecar = controller_pod("sidecar", "10.0.0.5", true, false, "1");
+    let api = sidecar["spec"]["containers"][1].take();
+    sidecar["spec"]["containers"] = json!([sidecar["spec"]["containers"][0].take()]);
+    sidecar["spec"]["initContainers"] = json!([api]);
+    let api_status = sidecar["status"]["containerStatuses"][1].take();
+    sidecar["status"]["containerStatuses"] =
+        json!([sidecar["status"]["containerStatuses"][0].take()]);
+    sidecar["status"]["initContainerStatuses"] = json!([api_status]);
+    assert!(dataplane_ready(&parse(sidecar), "dataplaneapi"));
+    // One container running both (the pod() fixture): the pod's readiness.
+    assert!(dataplane_ready(
+        &parse(pod("single", Some("10.0.0.6"), true, "1")),
+        "dataplaneapi"
+    ));
+    assert!(!dataplane_ready(
+        &parse(pod("single", Some("10.0.0.6"), false, "1")),
+        "dataplaneapi"
+    ));
+}
+
+/// The same over the API: a pod serving its bootstrap config (Data Plane API ready,
+/// HAProxy not, the pod not ready) is discovered; one whose Data Plane API is not
+/// ready is not, until it is. HAProxy turning ready changes no target.
+#[tokio::test(start_paused = true)]
+async fn pods_not_ready_yet_are_targets_once_their_data_plane_api_is_ready() {
+    let (client, mut api) = pair();
+    let mut harness = Harness::start(client);
+    api.expect_list(PODS).await.respond(
+        200,
+        &list(
+            "Pod",
+            "100",
+            &[
+                controller_pod("haproxy-bootstrap", "10.0.0.1", true, false, "90"),
+                controller_pod("haproxy-starting", "10.0.0.2", false, false, "91"),
+                controller_pod("haproxy-api-down", "10.0.0.3", false, true, "92"),
+                controller_pod("haproxy-serving", "10.0.0.4", true, true, "93"),
+            ],
+        ),
+    );
+    assert_eq!(
+        harness.discovered().await,
+        vec![
+            target("haproxy-bootstrap", "http://10.0.0.1:5555"),
+            target("haproxy-serving", "http://10.0.0.4:5555"),
+        ]
+    );
+
+    // The first pod serves its deployed config and turns ready: the same targets, no
+    // publication; the next one is haproxy-starting's Data Plane API coming up.
+    api.expect_watch(PODS).await.respond_events(&[event(
+        "MODIFIED",
+        &controller_pod("haproxy-bootstrap", "10.0.0.1", true, true, "101"),
+    )]);
+    api.expect_watch(PODS).await.respond_events(&[event(
+        "MODIFIED",
+        &controller_pod("haproxy-starting", "10.0.0.2", true, false, "102"),
+    )]);
+    assert_eq!(
+        harness.discovered().await,
+        vec![
+            target("haproxy-bootstrap", "http://10.0.0.1:5555"),
+            target("haproxy-serving", "http://10.0.0.4:5555"),
+            target("haproxy-starting", "http://10.0.0.2:5555"),
+        ]
+    );
+    let watch = api.expect_watch(PODS).await;
+    assert_eq!(watch.param("resourceVersion"), Some("102"));
+    api.hold(watch);
+    harness.stop().await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,14 +1,19 @@
 //! HAProxy pod discovery (`haproxy.discovery.kubernetes`): pods matching a label
-//! selector in one namespace, ready and with an IP, become Data Plane API deploy
-//! targets.
+//! selector in one namespace, whose Data Plane API is ready and which have an IP,
+//! become Data Plane API deploy targets.
 //!
 //! # Behaviour
 //!
 //! - A `kube::runtime::watcher` on `Pod`s in the namespace with the label selector
 //!   (list, then watch; relists after `410 Gone`; errors retried with
 //!   `default_backoff`).
-//! - A pod is a target when its `Ready` condition is `True`, it has a `status.podIP`
-//!   and it is not being deleted. It becomes
+//! - A pod is a target when its Data Plane API container (`dataplaneContainer`,
+//!   `dataplaneapi` by default) is ready, it has a `status.podIP` and it is not being
+//!   deleted. The pod's own `Ready` condition does not count: the HAProxy pod should
+//!   turn ready only once it serves a config hapwright deployed, and hapwright can
+//!   only deploy to a pod it discovered, so waiting for the whole pod would never
+//!   end. A pod without a container of that name (HAProxy and the Data Plane API in
+//!   one container) is a target while its `Ready` condition is `True`. It becomes
 //!   `InstanceRef { name: <pod name>, driver: Dataplane, address: <scheme>://<podIP>:<port> }`
 //!   (IPv6 addresses in brackets; `scheme` is `https` unless configured).
 //! - With a [`Restriction`] (`serviceAccountName`, `ownerKind`/`ownerName`), a pod
@@ -18,10 +23,11 @@
 //!   component's health note. Labels are easy to copy; these fields narrow the match
 //!   to the workload that really runs HAProxy. (The pod's certificate, checked by the
 //!   deployer, is what proves its identity.)
-//! - After the initial list, and then whenever the set of targets changes (a pod
-//!   becomes ready, loses readiness, gets a new IP, goes away), the whole set is
-//!   published as one `InstancesDiscovered { source: "kubernetes", .. }`, sorted by
-//!   name. Status updates that do not change the set publish nothing.
+//! - After the initial list, and then whenever the set of targets changes (a pod's
+//!   Data Plane API becomes ready or loses readiness, a pod gets a new IP or goes
+//!   away), the whole set is published as one
+//!   `InstancesDiscovered { source: "kubernetes", .. }`, sorted by name. Status
+//!   updates that do not change the set publish nothing.
 //! - Health as for the `kubernetes` source: a denied or failing list/watch makes the
 //!   component `Unhealthy` with the API's reason, and the last published set stays.
 
@@ -57,9 +63,17 @@ pub struct DiscoveryConfig {
     pub port: u16,
     /// URL scheme of the pods' Data Plane API (`http` or `https`).
     pub scheme: String,
+    /// The container serving the Data Plane API: a pod is a target once this
+    /// container is ready, whatever the readiness of its HAProxy container. Pods
+    /// without a container of this name are targets while the pod is ready.
+    pub dataplane_container: String,
     /// Which of the labelled pods may be targets.
     pub restriction: Restriction,
 }
+
+/// The default [`DiscoveryConfig::dataplane_container`], the container name of the
+/// shipped HAProxy pods (deploy/controller/haproxy.yaml).
+pub const DEFAULT_DATAPLANE_CONTAINER: &str = "dataplaneapi";
 
 /// Narrows the pods matching the label selector to those of the workload that runs
 /// HAProxy (`serviceAccountName`, `ownerKind`, `ownerName`). Empty: every labelled
@@ -165,22 +179,21 @@ impl DiscoveryMetrics {
     }
 }
 
-/// The deploy target a pod stands for, when it is one: ready, with an IP, not being
-/// deleted.
-pub fn instance_of(pod: &Pod, scheme: &str, port: u16) -> Option<InstanceRef> {
+/// The deploy target a pod stands for, when it is one: its Data Plane API ready
+/// (see [`dataplane_ready`]), with an IP, not being deleted.
+pub fn instance_of(
+    pod: &Pod,
+    scheme: &str,
+    port: u16,
+    dataplane_container: &str,
+) -> Option<InstanceRef> {
     let name = pod.metadata.name.clone()?;
     if pod.metadata.deletion_timestamp.is_some() {
         return None;
     }
     let status = pod.status.as_ref()?;
-    let ready = status
-        .conditions
-        .as_deref()
-        .unwrap_or_default()
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
     let ip = status.pod_ip.as_deref().filter(|ip| !ip.is_empty())?;
-    if !ready {
+    if !dataplane_ready(pod, dataplane_container) {
         return None;
     }
     let host = if ip.contains(':') {
@@ -195,10 +208,48 @@ pub fn instance_of(pod: &Pod, scheme: &str, port: u16) -> Option<InstanceRef> {
     })
 }
 
+/// Whether `pod`'s Data Plane API takes requests: the container `container` (a
+/// regular container, or a sidecar among the init containers) reports `ready`. A pod
+/// that has no such container is judged by its `Ready` condition instead.
+///
+/// The pod's `Ready` condition also waits for its HAProxy container, whose readiness
+/// probe (in the shipped manifests) passes only once HAProxy serves a config
+/// hapwright deployed; requiring it here would keep a new pod from ever getting
+/// its first config.
+pub fn dataplane_ready(pod: &Pod, container: &str) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    let declared = pod.spec.as_ref().is_some_and(|spec| {
+        spec.containers.iter().any(|c| c.name == container)
+            || spec
+                .init_containers
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.name == container)
+    });
+    if !declared {
+        return status
+            .conditions
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+    }
+    status
+        .container_statuses
+        .iter()
+        .chain(status.init_container_statuses.iter())
+        .flatten()
+        .any(|c| c.name == container && c.ready)
+}
+
 /// What one labelled pod stands for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Entry {
-    /// A target, or `None` while it is not ready (no IP, not ready, terminating).
+    /// A target, or `None` while it is not one (no IP, Data Plane API not ready,
+    /// terminating).
     Pod(Option<InstanceRef>),
     /// Skipped by the [`Restriction`], with the reason.
     Skipped(String),
@@ -209,6 +260,7 @@ enum Entry {
 pub struct PodSet {
     scheme: String,
     port: u16,
+    dataplane_container: String,
     restriction: Restriction,
     /// Every matching pod by name, with its target when it is one.
     pods: BTreeMap<String, Entry>,
@@ -226,8 +278,16 @@ impl PodSet {
         Self {
             scheme: scheme.into(),
             port,
+            dataplane_container: DEFAULT_DATAPLANE_CONTAINER.to_owned(),
             ..Self::default()
         }
+    }
+
+    /// Takes a pod's Data Plane API as ready when its container `name` is.
+    #[must_use]
+    pub fn with_dataplane_container(mut self, name: impl Into<String>) -> Self {
+        self.dataplane_container = name.into();
+        self
     }
 
     /// Skips the pods `restriction` rules out.
@@ -242,7 +302,12 @@ impl PodSet {
         match self.restriction.skip_reason(pod) {
             None => {
                 self.logged.remove(name);
-                Entry::Pod(instance_of(pod, &self.scheme, self.port))
+                Entry::Pod(instance_of(
+                    pod,
+                    &self.scheme,
+                    self.port,
+                    &self.dataplane_container,
+                ))
             }
             Some(reason) => {
                 if self.logged.get(name) != Some(&reason) {
@@ -441,6 +506,7 @@ async fn run(discovery: PodDiscovery, ctx: Context) -> Result<(), ComponentError
     let config = watcher::Config::default().labels(&discovery.config.label_selector);
     let mut events = watcher(api, config).default_backoff().boxed();
     let mut pods = PodSet::new(discovery.config.scheme.clone(), discovery.config.port)
+        .with_dataplane_container(discovery.config.dataplane_container.clone())
         .with_restriction(discovery.config.restriction.clone());
     let mut published: Option<Vec<InstanceRef>> = None;
     loop {
