@@ -54,6 +54,17 @@ pub struct PlanOptions {
     pub dynamic_backends: Capability,
 }
 
+impl PlanOptions {
+    /// The options of a socket instance running HAProxy `version` (`None`: the line
+    /// could not be told) with `haproxy.dynamicBackends` set to `dynamic_backends`, as
+    /// [`SocketDriver::plan_options`](crate::driver::SocketDriver) decides them.
+    pub fn for_line(dynamic_backends: bool, version: Option<crate::client::master::Version>) -> Self {
+        Self {
+            dynamic_backends: Capability::for_line(dynamic_backends, version),
+        }
+    }
+}
+
 /// A server of a backend created at runtime ([`RuntimeOp::AddBackend`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewServer {
@@ -324,6 +335,9 @@ pub struct ChangePlan {
     pub ops: Vec<RuntimeOp>,
     /// Set when a reload is needed: the first cause found.
     pub reload: Option<DeployReason>,
+    /// Every cause of a reload the planner found, the first one (`reload`) first:
+    /// what `hapwright plan` lists. Empty when nothing forces a reload.
+    pub causes: Vec<DeployReason>,
     /// Servers (`backend`, `server`) whose address, port, weight or state changes;
     /// their lines are left out of the server-state file before a reload, so stale
     /// runtime values do not override the new config.
@@ -333,11 +347,13 @@ pub struct ChangePlan {
 impl ChangePlan {
     /// A plan that reloads for `reason`.
     pub fn reload(reason: ReloadReason, detail: impl Into<String>) -> Self {
+        let reason = DeployReason {
+            reload: Some(reason),
+            detail: detail.into(),
+        };
         Self {
-            reload: Some(DeployReason {
-                reload: Some(reason),
-                detail: detail.into(),
-            }),
+            reload: Some(reason.clone()),
+            causes: vec![reason],
             ..Self::default()
         }
     }
@@ -376,11 +392,15 @@ impl ChangePlan {
     }
 
     pub(crate) fn force(&mut self, reason: ReloadReason, detail: String) {
+        let reason = DeployReason {
+            reload: Some(reason),
+            detail,
+        };
         if self.reload.is_none() {
-            self.reload = Some(DeployReason {
-                reload: Some(reason),
-                detail,
-            });
+            self.reload = Some(reason.clone());
+        }
+        if !self.causes.contains(&reason) {
+            self.causes.push(reason);
         }
     }
 }
@@ -724,6 +744,18 @@ fn plan_servers(
         let weight_before = before.weight.or(old_defaults.weight).unwrap_or(1);
         let weight_after = after.weight.or(new_defaults.weight).unwrap_or(1);
         if weight_before != weight_after {
+            if !dynamic {
+                // HAProxy refuses `set server ... weight N` there ("only accepts
+                // weights '0%' and '100%'"); the reload sets it.
+                plan.force(
+                    ReloadReason::ServerOptions,
+                    format!(
+                        "{label}: server {name} weight {weight_after}; balance `{}` cannot change weights at runtime",
+                        new_config.effective_balance(new).algorithm
+                    ),
+                );
+                continue;
+            }
             if weight_after > 256 {
                 plan.force(
                     ReloadReason::ServerOptions,
