@@ -23,9 +23,7 @@ use hapwright_deployer::component::validator;
 use hapwright_deployer::driver::{Deployed, Recorded, plan_against};
 use hapwright_deployer::haproxy::files::ConfigDir;
 use hapwright_deployer::haproxy::plan::{ChangePlan, PlanOptions, RuntimeOp};
-use hapwright_eventbus::model::{
-    DeployReason, DeployStrategy, ReloadReason, haproxy::parse_main,
-};
+use hapwright_eventbus::model::{DeployReason, DeployStrategy, ReloadReason, haproxy::parse_main};
 use serde::Serialize;
 
 use crate::build;
@@ -310,8 +308,7 @@ async fn plan_options(config: &config::Config, given: Option<Version>) -> PlanOp
     let version = match given {
         Some(version) => Some(version),
         None => {
-            match hapwright_deployer::version_check::binary_version(&config.haproxy.binary).await
-            {
+            match hapwright_deployer::version_check::binary_version(&config.haproxy.binary).await {
                 Ok(text) => Version::parse(&text),
                 Err(error) => {
                     eprintln!(

@@ -109,7 +109,11 @@ fn a_weight_change_under_a_static_balance_algorithm_reloads() {
     let new = render("backend be_h\n    balance source\n    server s1 10.0.0.1:80 weight 5\n");
     let plan = compute(&old, &new);
     assert_eq!(plan.reason().reload, Some(ReloadReason::ServerOptions));
-    assert!(plan.reason().detail.contains("cannot change weights"), "{:?}", plan.reason());
+    assert!(
+        plan.reason().detail.contains("cannot change weights"),
+        "{:?}",
+        plan.reason()
+    );
     // With consistent hashing the algorithm is dynamic: a runtime change.
     let consistent = |weight: u32| {
         render(&format!(

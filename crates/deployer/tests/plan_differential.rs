@@ -19,9 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_deployer::Driver;
-use hapwright_deployer::driver::{
-    Deployed, DriverConfig, Recorded, SocketDriver, plan_against,
-};
+use hapwright_deployer::driver::{Deployed, DriverConfig, Recorded, SocketDriver, plan_against};
 use hapwright_deployer::haproxy::files::ConfigDir;
 use hapwright_deployer::haproxy::plan::PlanOptions;
 use hapwright_deployer::metrics::Metrics;
