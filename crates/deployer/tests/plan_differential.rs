@@ -227,10 +227,9 @@ backend be_pool from routes\n",
             _ => {
                 let route = draw.below(ROUTES);
                 let backend = format!("be_r{route}");
-                if self.routes.contains_key(&route) {
+                if self.routes.remove(&route).is_some() {
                     // Map entries that route to it go in the same render.
                     self.hosts.retain(|_, target| *target != backend);
-                    self.routes.remove(&route);
                     format!("remove backend {backend}")
                 } else {
                     let port = 21000 + u16::try_from(draw.below(50)).unwrap();
