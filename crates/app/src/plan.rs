@@ -208,6 +208,14 @@ fn most_disruptive(a: DeployStrategy, b: DeployStrategy) -> DeployStrategy {
 fn targets(config: &config::Config, running: &Running) -> Result<Vec<Target>, String> {
     let instances = build::socket_instances(config);
     if running.dirs.is_empty() && running.fixtures.is_empty() {
+        let elsewhere = config.haproxy.instances.len() - instances.len();
+        if elsewhere > 0 || config.haproxy.discovery.is_some() {
+            // What they run is only known through their API.
+            eprintln!(
+                "note: Data Plane and discovered instances are not planned ({} configured)",
+                crate::commands::count(elsewhere, "Data Plane instance")
+            );
+        }
         if instances.is_empty() {
             return Err(
                 "no socket instance to compare with: give --running DIR (an instance's \

@@ -2,7 +2,8 @@
 //! server weights, states, addresses, options, servers added and removed in a backend
 //! with a dynamic and one with a static balance algorithm, map entries, a timeout, a
 //! plain file added, changed and removed, whole backends added and removed
-//! (`haproxy.dynamicBackends`), files edited behind hapwright's back, controller
+//! (`haproxy.dynamicBackends`), certificates of a crt-list added, renewed and removed
+//! and their SNI filters changed, files edited behind hapwright's back, controller
 //! restarts — are planned the way `hapwright plan` plans them (the instance's config
 //! directory read back with [`Recorded::read`], [`plan_against`] with the options the
 //! HAProxy binary's line gives), then deployed by the socket driver to a real HAProxy.
@@ -15,6 +16,8 @@
 mod support;
 
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,6 +53,26 @@ impl Draw {
     fn chance(&mut self, one_in: usize) -> bool {
         self.below(one_in) == 0
     }
+}
+
+/// A self-signed certificate and key for `cn`, as one PEM.
+fn certificate(dir: &Path, cn: &str) -> String {
+    let key = dir.join(format!("{cn}.key"));
+    let crt = dir.join(format!("{cn}.crt"));
+    let status = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
+        .arg("-subj")
+        .arg(format!("/CN={cn}"))
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&crt)
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl runs");
+    assert!(status.success());
+    std::fs::read_to_string(crt).unwrap() + &std::fs::read_to_string(key).unwrap()
 }
 
 /// One server line's values.
@@ -104,6 +127,12 @@ struct Model {
     routes: BTreeMap<usize, u16>,
     /// `files/extra.txt`, when present.
     extra: Option<String>,
+    /// The TLS frontend's port.
+    tls_port: u16,
+    /// PEMs the certificates draw from.
+    pems: Arc<Vec<String>>,
+    /// `certs/<name>` → (PEM index, SNI filters of its `files/tls.crtlist` line).
+    certs: BTreeMap<String, (usize, Vec<String>)>,
 }
 
 impl Model {
@@ -112,8 +141,9 @@ impl Model {
             "global\n    stats timeout 30s\n\n\
 defaults routes\n    mode http\n    balance roundrobin\n    timeout connect 2s\n    timeout client {}s\n    timeout server 10s\n\n\
 frontend fe_main from routes\n    bind 127.0.0.1:{}\n    use_backend %[req.hdr(host),lower,word(1,:),map(maps/hosts.map,be_pool)]\n    default_backend be_pool\n\n\
+frontend fe_tls from routes\n    bind 127.0.0.1:{} ssl strict-sni crt-list files/tls.crtlist\n    http-request return status 200 content-type text/plain string ok\n\n\
 backend be_pool from routes\n",
-            self.timeout_client, self.port
+            self.timeout_client, self.port, self.tls_port
         );
         for (slot, server) in &self.pool {
             cfg.push_str(&server.line(&format!("p{slot}")));
@@ -135,23 +165,37 @@ backend be_pool from routes\n",
             .map(|(host, backend)| format!("h{host}.test {backend}\n"))
             .collect();
         let maps = BTreeMap::from([("hosts.map".to_owned(), Arc::from(hosts.as_str()))]);
+        let mut list: String = self
+            .certs
+            .iter()
+            .map(|(name, (_, filters))| format!("certs/{name} {}\n", filters.join(" ")))
+            .collect();
+        if list.is_empty() {
+            list.push('\n');
+        }
         let files = self
             .extra
             .iter()
             .map(|text| ("extra.txt".to_owned(), Arc::from(text.as_str())))
+            .chain([("tls.crtlist".to_owned(), Arc::from(list.as_str()))])
+            .collect();
+        let certs = self
+            .certs
+            .iter()
+            .map(|(name, (pem, _))| (name.clone(), Arc::from(self.pems[*pem].as_str())))
             .collect();
         Arc::new(RenderedConfig::new(
             cfg,
             maps,
             files,
-            BTreeMap::new(),
+            certs,
             SourceMap::default(),
         ))
     }
 
     /// Applies one random change; returns it in words.
     fn mutate(&mut self, draw: &mut Draw) -> String {
-        match draw.below(14) {
+        match draw.below(17) {
             0..=5 => {
                 let (name, servers) = if draw.chance(3) {
                     ("h", &mut self.hash)
@@ -224,6 +268,33 @@ backend be_pool from routes\n",
                     "change files/extra.txt".to_owned()
                 }
             },
+            14..=16 => {
+                let cert = format!("c{}.pem", draw.below(4));
+                let filters = |draw: &mut Draw| -> Vec<String> {
+                    (0..draw.below(3))
+                        .map(|_| format!("t{}.test", draw.below(4)))
+                        .collect()
+                };
+                match (draw.below(3), self.certs.contains_key(&cert)) {
+                    (0, _) => {
+                        let pem = draw.below(self.pems.len());
+                        let new_filters = filters(draw);
+                        let entry = self.certs.entry(cert.clone()).or_insert((pem, new_filters));
+                        entry.0 = pem;
+                        format!("certs/{cert} {entry:?}")
+                    }
+                    (1, true) => {
+                        let new_filters = filters(draw);
+                        let change = format!("certs/{cert} filters {new_filters:?}");
+                        self.certs.get_mut(&cert).unwrap().1 = new_filters;
+                        change
+                    }
+                    _ => {
+                        self.certs.remove(&cert);
+                        format!("remove certs/{cert}")
+                    }
+                }
+            }
             _ => {
                 let route = draw.below(ROUTES);
                 let backend = format!("be_r{route}");
@@ -271,6 +342,10 @@ async fn the_plan_verdict_is_what_the_deployer_then_does() {
     let line = haproxy_line();
     // As `hapwright plan` decides the capability: from the line of the binary.
     let options = PlanOptions::for_line(true, Some(line));
+    let scratch = tempfile::tempdir().unwrap();
+    let pems: Vec<String> = (0..4)
+        .map(|i| certificate(scratch.path(), &format!("pem{i}")))
+        .collect();
     let mut model = Model {
         port: free_port(),
         timeout_client: 10,
@@ -279,6 +354,9 @@ async fn the_plan_verdict_is_what_the_deployer_then_does() {
         hosts: BTreeMap::new(),
         routes: BTreeMap::new(),
         extra: None,
+        tls_port: free_port(),
+        pems: Arc::new(pems),
+        certs: BTreeMap::from([("base.pem".to_owned(), (0, vec!["base.test".to_owned()]))]),
     };
     for slot in 0..3 {
         model.pool.insert(slot, Server::draw(&mut draw));
@@ -374,4 +452,6 @@ async fn the_plan_verdict_is_what_the_deployer_then_does() {
         running = Arc::new(deployed);
     }
     println!("HAPWRIGHT_SEED={seed}: verdicts {seen:?}");
+    // Every verdict was put to the test.
+    assert_eq!(seen.len(), 3, "HAPWRIGHT_SEED={seed}: verdicts {seen:?}");
 }
