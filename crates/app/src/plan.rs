@@ -66,8 +66,8 @@ pub struct InstancePlan {
     /// The instance's name in the config file, or the directory's path when it is no
     /// configured instance's `configDir`.
     pub instance: String,
-    /// `config_dir` or `fixtures`: what the running side was read from.
-    pub compared_with: &'static str,
+    /// What the running side was read from.
+    pub compared_with: Source,
     /// That directory.
     pub path: PathBuf,
     /// `noop`, `runtime` or `reload`.
@@ -78,6 +78,16 @@ pub struct InstancePlan {
     /// With `reload`: every cause the planner found, the one the deployer reports
     /// first. Empty otherwise.
     pub reload: Vec<Cause>,
+}
+
+/// Where `hapwright plan` read what an instance runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// A config directory hapwright deployed to, with its state record.
+    ConfigDir,
+    /// A fixtures directory, rendered.
+    Fixtures,
 }
 
 /// One cause of a reload.
@@ -102,7 +112,7 @@ impl From<&DeployReason> for Cause {
 /// One instance to compare with.
 struct Target {
     name: String,
-    compared_with: &'static str,
+    compared_with: Source,
     path: PathBuf,
 }
 
@@ -227,7 +237,7 @@ fn targets(config: &config::Config, running: &Running) -> Result<Vec<Target>, St
             .into_iter()
             .map(|instance| Target {
                 name: instance.name,
-                compared_with: "config_dir",
+                compared_with: Source::ConfigDir,
                 path: instance.config_dir,
             })
             .collect());
@@ -244,14 +254,14 @@ fn targets(config: &config::Config, running: &Running) -> Result<Vec<Target>, St
             .map_or_else(|| dir.display().to_string(), |i| i.name.clone());
         targets.push(Target {
             name,
-            compared_with: "config_dir",
+            compared_with: Source::ConfigDir,
             path: dir.clone(),
         });
     }
     for dir in &running.fixtures {
         targets.push(Target {
             name: dir.display().to_string(),
-            compared_with: "fixtures",
+            compared_with: Source::Fixtures,
             path: dir.clone(),
         });
     }
@@ -261,7 +271,7 @@ fn targets(config: &config::Config, running: &Running) -> Result<Vec<Target>, St
 /// What `target` runs: `Ok(Ok(_))` a known config, `Ok(Err(why))` unknown to the
 /// deployer (its next deployment reloads), `Err(exit code)` after printing the error.
 fn running_of(loaded: &config::Loaded, target: &Target) -> Result<Result<Deployed, String>, u8> {
-    if target.compared_with == "fixtures" {
+    if target.compared_with == Source::Fixtures {
         let rendered = render_once(loaded, Some(&target.path))?;
         return Deployed::new(
             Arc::new(rendered),
