@@ -100,6 +100,9 @@ line_tests=(
     socket_runtime validator
     # Dynamic backends: runtime changes on 3.4, the reload fallback on older lines.
     dynamic_backends dynamic_backends_differential dynamic_backends_equivalence
+    # `hapwright plan`: its verdict against what the socket driver then does, and the
+    # command on real files with `haproxy -c`.
+    plan_differential plan_command
     # crates/reconciler: random values escaped for where they land, read back by HAProxy.
     escaping
     # tests/: the hapwright binary with managed HAProxy.

@@ -78,6 +78,8 @@ fn bash_completion_completes_subcommands_and_options() {
     };
     assert_eq!(complete("hapwright ren"), "render");
     assert_eq!(complete("hapwright render --fi"), "--fixtures");
+    assert_eq!(complete("hapwright pl"), "plan");
+    assert_eq!(complete("hapwright plan --running-"), "--running-fixtures");
     assert!(complete("hapwright ''").contains("completions"));
 }
 

@@ -23,7 +23,7 @@ pub(crate) fn print_errors(errors: &[Diagnostic]) {
 }
 
 /// Loads the config file, or prints its errors and returns the config-error exit code.
-fn load(path: &Path) -> Result<config::Loaded, u8> {
+pub(crate) fn load(path: &Path) -> Result<config::Loaded, u8> {
     config::load(path).map_err(|errors| {
         print_errors(&errors);
         exit::CONFIG
@@ -99,31 +99,9 @@ pub async fn render(path: &Path, fixtures: Option<&Path>, out: Option<&Path>) ->
         Err(code) => return code,
     };
     let config = &loaded.config;
-    let renderer = match build::renderer(config) {
-        Ok(renderer) => renderer,
-        Err(errors) => {
-            print_errors(&loaded.templates_at.locate(errors));
-            return exit::FAILURE;
-        }
-    };
-    let mut resources = Resources::new();
-    let mut errors = Vec::new();
-    for (name, resource) in &config.watched_resources.resources {
-        match build::scan_once(name, resource, fixtures) {
-            Ok(snapshot) => resources.update(&name.as_str().into(), snapshot, None),
-            Err(found) => errors.extend(found),
-        }
-    }
-    if !errors.is_empty() {
-        print_errors(&errors);
-        return exit::FAILURE;
-    }
-    let rendered = match renderer.render(&resources) {
+    let rendered = match render_once(&loaded, fixtures) {
         Ok(rendered) => rendered,
-        Err(errors) => {
-            print_errors(&loaded.templates_at.locate(errors));
-            return exit::FAILURE;
-        }
+        Err(code) => return code,
     };
     match validator::validate(&rendered, &build::validator_config(config)).await {
         Ok(warnings) => print_errors(&loaded.templates_at.locate(warnings)),
@@ -150,6 +128,36 @@ pub async fn render(path: &Path, fixtures: Option<&Path>, out: Option<&Path>) ->
             }
         },
     }
+}
+
+/// One render of the loaded config from its `files` sources, or from `fixtures`
+/// (`DIR/<watched resource name>/`), without validation; every error is printed and
+/// gives the failure exit code.
+pub(crate) fn render_once(
+    loaded: &config::Loaded,
+    fixtures: Option<&Path>,
+) -> Result<hapwright_eventbus::model::RenderedConfig, u8> {
+    let config = &loaded.config;
+    let renderer = build::renderer(config).map_err(|errors| {
+        print_errors(&loaded.templates_at.locate(errors));
+        exit::FAILURE
+    })?;
+    let mut resources = Resources::new();
+    let mut errors = Vec::new();
+    for (name, resource) in &config.watched_resources.resources {
+        match build::scan_once(name, resource, fixtures) {
+            Ok(snapshot) => resources.update(&name.as_str().into(), snapshot, None),
+            Err(found) => errors.extend(found),
+        }
+    }
+    if !errors.is_empty() {
+        print_errors(&errors);
+        return Err(exit::FAILURE);
+    }
+    renderer.render(&resources).map_err(|errors| {
+        print_errors(&loaded.templates_at.locate(errors));
+        exit::FAILURE
+    })
 }
 
 /// `test -c FILE [--test NAME] [--output text|json]`: runs the config's

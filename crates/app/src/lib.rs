@@ -26,6 +26,8 @@
 //! webhook          the validating admission webhook: its HTTPS listener, the
 //!                  current objects it validates against, one review's decision
 //! bench            `hapwright bench`: synthetic clusters rendered and validated at scale
+//! plan             `hapwright plan`: what a deployment would do per instance, by the
+//!                  deployer's planner, without touching HAProxy
 //! ```
 //!
 //! Data moves through `run`: a loaded config is built into a kernel iteration whose
@@ -38,6 +40,7 @@ pub mod build;
 pub mod commands;
 pub mod config;
 pub mod http;
+pub mod plan;
 pub mod run;
 pub mod status;
 pub mod status_page;

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use hapwright_app::validation_tests::OutputFormat;
-use hapwright_app::{bench, commands, run};
+use hapwright_app::{bench, commands, plan, run};
+use hapwright_deployer::client::master::Version;
 
 /// `--scale`'s parsed value (a type alias so clap does not treat it as a list of
 /// arguments).
@@ -96,6 +97,35 @@ enum Command {
         #[arg(long, hide = true)]
         in_process: bool,
     },
+    /// Tell, without touching HAProxy, what deploying a render would do to each
+    /// instance: nothing, runtime commands, or a reload and why (exit 0: no change,
+    /// 3: runtime commands only, 4: a reload, 1: a manifest, template, validation or
+    /// read error, 2: invalid config file or arguments).
+    Plan {
+        /// The config file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// Render the desired side from DIR/NAME/ (NAME: the watched resource) instead
+        /// of the file sources.
+        #[arg(long, value_name = "DIR")]
+        fixtures: Option<PathBuf>,
+        /// Compare with the files an instance runs: a config directory hapwright
+        /// deployed to (repeatable; default: every socket instance's configDir).
+        #[arg(long, value_name = "DIR")]
+        running: Vec<PathBuf>,
+        /// Compare with a render of these fixtures, as if an instance ran it
+        /// (repeatable).
+        #[arg(long, value_name = "DIR")]
+        running_fixtures: Vec<PathBuf>,
+        /// The instances' HAProxy line (e.g. 3.4), which decides whether added and
+        /// removed backends are runtime changes; default: `haproxy -v` of
+        /// haproxy.binary.
+        #[arg(long, value_name = "X.Y", value_parser = parse_version)]
+        haproxy_version: Option<Version>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+    },
     /// Print the version of hapwright.
     Version,
     /// Print a shell completion script for SHELL to stdout, e.g.
@@ -108,6 +138,11 @@ enum Command {
     /// Print the manual page (roff) to stdout, e.g.
     /// `hapwright man > /usr/local/share/man/man1/hapwright.1`.
     Man,
+}
+
+/// `--haproxy-version`: a HAProxy line such as `3.4` or a full version `3.4.1-1`.
+fn parse_version(text: &str) -> Result<Version, String> {
+    Version::parse(text).ok_or_else(|| format!("`{text}` is not a HAProxy version such as 3.4"))
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -143,6 +178,23 @@ fn main() -> ExitCode {
             output,
             in_process,
         } => runtime().block_on(bench::command(&config, &scale, output, in_process)),
+        Command::Plan {
+            config,
+            fixtures,
+            running,
+            running_fixtures,
+            haproxy_version,
+            output,
+        } => runtime().block_on(plan::command(
+            &config,
+            fixtures.as_deref(),
+            &plan::Running {
+                dirs: running,
+                fixtures: running_fixtures,
+            },
+            haproxy_version,
+            output,
+        )),
         Command::Version => {
             println!("hapwright {}", env!("CARGO_PKG_VERSION"));
             run::exit::OK

@@ -47,7 +47,7 @@ fn check_accepts_the_quickstart() {
 #[test]
 fn every_command_help_lists_its_exit_codes() {
     let dir = tempfile::tempdir().unwrap();
-    for command in ["check", "render", "test", "bench"] {
+    for command in ["check", "render", "test", "bench", "plan"] {
         let output = hapwright(&[command, "--help"], dir.path());
         assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
         let help = String::from_utf8_lossy(&output.stdout);

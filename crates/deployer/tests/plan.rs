@@ -102,6 +102,31 @@ fn address_weight_and_state_changes_are_runtime() {
 }
 
 #[test]
+fn a_weight_change_under_a_static_balance_algorithm_reloads() {
+    // HAProxy refuses `set server be_h/s1 weight 5` there: "Backend is using a static
+    // LB algorithm and only accepts weights '0%' and '100%'".
+    let old = render("backend be_h\n    balance source\n    server s1 10.0.0.1:80 weight 2\n");
+    let new = render("backend be_h\n    balance source\n    server s1 10.0.0.1:80 weight 5\n");
+    let plan = compute(&old, &new);
+    assert_eq!(plan.reason().reload, Some(ReloadReason::ServerOptions));
+    assert!(
+        plan.reason().detail.contains("cannot change weights"),
+        "{:?}",
+        plan.reason()
+    );
+    // With consistent hashing the algorithm is dynamic: a runtime change.
+    let consistent = |weight: u32| {
+        render(&format!(
+            "backend be_h\n    balance source\n    hash-type consistent\n    server s1 10.0.0.1:80 weight {weight}\n"
+        ))
+    };
+    assert_eq!(
+        compute(&consistent(2), &consistent(5)).strategy(),
+        DeployStrategy::Runtime
+    );
+}
+
+#[test]
 fn unchanged_or_comment_only_renders_are_noops() {
     let old = render("backend be_a\n    server s1 10.0.0.1:80\n");
     assert_eq!(compute(&old, &old).strategy(), DeployStrategy::Noop);

@@ -11,14 +11,16 @@ use super::assertions::{quote_list, short_json};
 use super::cases::TestCase;
 use super::excerpt::indent;
 
-/// How `hapwright test` and `hapwright bench` print their results.
+/// How `hapwright test`, `bench` and `plan` print their results.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputFormat {
     /// For people: `test` prints one line per test and every assertion of a failing
-    /// test with an excerpt; `bench` prints a table with one row per scale.
+    /// test with an excerpt; `bench` prints a table with one row per scale; `plan` a
+    /// verdict per instance with its commands or causes.
     #[default]
     Text,
-    /// One JSON document (`test`: tests with their assertions; `bench`: one entry per scale).
+    /// One JSON document (`test`: tests with their assertions; `bench`: one entry per
+    /// scale; `plan`: the verdict and one entry per instance).
     Json,
 }
 

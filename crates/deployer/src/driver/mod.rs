@@ -31,7 +31,7 @@ pub mod state_file;
 
 pub use dataplane::DataplaneDriver;
 pub use socket::{
-    ConfirmedBy, DeployError, Deployed, DriverConfig, ReloadConfirmation, SocketDriver,
+    ConfirmedBy, DeployError, Deployed, DriverConfig, Recorded, ReloadConfirmation, SocketDriver,
 };
 
 use std::fmt;
@@ -250,10 +250,7 @@ pub async fn decide<D: Driver + ?Sized>(
 ) -> Result<Decision, DeployError> {
     let Some(running) = running else {
         return Ok(Decision {
-            plan: ChangePlan::reload(
-                ReloadReason::FirstDeploy,
-                "first deployment to this instance",
-            ),
+            plan: plan_against(None, desired, desired_model, &PlanOptions::default()),
             running_unknown: true,
         });
     };
@@ -265,15 +262,34 @@ pub async fn decide<D: Driver + ?Sized>(
     }
     let options = driver.plan_options().await;
     Ok(Decision {
-        plan: plan::plan_with(
+        plan: plan_against(Some(running), desired, desired_model, &options),
+        running_unknown: false,
+    })
+}
+
+/// The plan [`decide`] makes once it knows what the instance runs (`None`: it cannot
+/// be told, so the deployment reloads) and what the instance can do: the whole rule
+/// set, without I/O. `hapwright plan` calls it with what it read from a config
+/// directory or rendered from fixtures, so its verdict is the deployer's.
+pub fn plan_against(
+    running: Option<&Deployed>,
+    desired: &RenderedConfig,
+    desired_model: &Config,
+    options: &PlanOptions,
+) -> ChangePlan {
+    match running {
+        None => ChangePlan::reload(
+            ReloadReason::FirstDeploy,
+            "first deployment to this instance",
+        ),
+        Some(running) => plan::plan_with(
             &running.config,
             &running.model,
             desired,
             desired_model,
-            &options,
+            options,
         ),
-        running_unknown: false,
-    })
+    }
 }
 
 /// What [`execute`] did.

@@ -93,6 +93,50 @@ impl Deployed {
     }
 }
 
+/// What a config directory says its instance runs, from its files and state record
+/// alone: the first half of [`Driver::recover`] (the second asks the worker whether it
+/// runs the recorded marker). `hapwright plan` uses it as is, without touching HAProxy.
+#[derive(Debug)]
+pub enum Recorded {
+    /// The files are what the last successful deployment wrote.
+    Found(Deployed),
+    /// No state record: nothing was deployed here by hapwright (the next deployment
+    /// reloads).
+    NoRecord,
+    /// The files differ from the state record (the next deployment rewrites them and
+    /// reloads); the first difference.
+    Mismatch(String),
+    /// The recorded `haproxy.cfg` does not parse (the next deployment reloads).
+    Unparsable(ParseError),
+}
+
+impl Recorded {
+    /// Reads a [`ConfigDir::check_record`] answer.
+    pub fn of(check: RecordCheck) -> Self {
+        match check {
+            RecordCheck::Consistent { marker, config } => match Deployed::new(
+                Arc::new(config),
+                marker,
+                DeployStrategy::Noop,
+                DeployReason {
+                    reload: None,
+                    detail: "found running".to_owned(),
+                },
+            ) {
+                Ok(deployed) => Recorded::Found(deployed),
+                Err(error) => Recorded::Unparsable(error),
+            },
+            RecordCheck::Missing => Recorded::NoRecord,
+            RecordCheck::Mismatch { detail } => Recorded::Mismatch(detail),
+        }
+    }
+
+    /// Reads `dir`'s files and state record (blocking).
+    pub fn read(dir: &ConfigDir) -> std::io::Result<Self> {
+        dir.check_record().map(Self::of)
+    }
+}
+
 /// Why a deployment to one instance failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DeployError {
@@ -433,37 +477,27 @@ impl SocketDriver {
                 return None;
             }
         };
-        let (config, marker) = match check {
-            RecordCheck::Consistent { marker, config } => (config, marker),
-            RecordCheck::Missing => {
+        let deployed = match Recorded::of(check) {
+            Recorded::Found(deployed) => deployed,
+            Recorded::NoRecord => {
                 tracing::info!(instance = %self.instance.name, "No state record in the config directory; the first deployment reloads");
                 return None;
             }
-            RecordCheck::Mismatch { detail } => {
+            Recorded::Mismatch(detail) => {
                 tracing::warn!(instance = %self.instance.name, %detail, "The config directory does not match its state record; the first deployment rewrites it and reloads");
+                return None;
+            }
+            Recorded::Unparsable(error) => {
+                tracing::warn!(instance = %self.instance.name, %error, "The recorded haproxy.cfg does not parse; the first deployment rewrites it and reloads");
                 return None;
             }
         };
         let actual = self.master.worker_env(VERSION_VARIABLE).await.ok()?;
-        if actual.as_deref() != Some(marker.as_str()) {
-            tracing::warn!(instance = %self.instance.name, recorded = %marker, running = actual.as_deref().unwrap_or("(none)"), "The worker does not run the recorded files; the first deployment reloads");
+        if actual.as_deref() != Some(deployed.marker.as_str()) {
+            tracing::warn!(instance = %self.instance.name, recorded = %deployed.marker, running = actual.as_deref().unwrap_or("(none)"), "The worker does not run the recorded files; the first deployment reloads");
             return None;
         }
-        match Deployed::new(
-            Arc::new(config),
-            marker,
-            DeployStrategy::Noop,
-            DeployReason {
-                reload: None,
-                detail: "found running".to_owned(),
-            },
-        ) {
-            Ok(deployed) => Some(Arc::new(deployed)),
-            Err(error) => {
-                tracing::warn!(instance = %self.instance.name, %error, "The recorded haproxy.cfg does not parse; the first deployment rewrites it and reloads");
-                None
-            }
-        }
+        Some(Arc::new(deployed))
     }
 
     /// Writes the state record: `config` with `marker` is what the instance runs.

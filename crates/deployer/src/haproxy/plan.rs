@@ -54,6 +54,20 @@ pub struct PlanOptions {
     pub dynamic_backends: Capability,
 }
 
+impl PlanOptions {
+    /// The options of a socket instance running HAProxy `version` (`None`: the line
+    /// could not be told) with `haproxy.dynamicBackends` set to `dynamic_backends`, as
+    /// [`SocketDriver::plan_options`](crate::driver::SocketDriver) decides them.
+    pub fn for_line(
+        dynamic_backends: bool,
+        version: Option<crate::client::master::Version>,
+    ) -> Self {
+        Self {
+            dynamic_backends: Capability::for_line(dynamic_backends, version),
+        }
+    }
+}
+
 /// A server of a backend created at runtime ([`RuntimeOp::AddBackend`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewServer {
@@ -324,6 +338,9 @@ pub struct ChangePlan {
     pub ops: Vec<RuntimeOp>,
     /// Set when a reload is needed: the first cause found.
     pub reload: Option<DeployReason>,
+    /// Every cause of a reload the planner found, the first one (`reload`) first:
+    /// what `hapwright plan` lists. Empty when nothing forces a reload.
+    pub causes: Vec<DeployReason>,
     /// Servers (`backend`, `server`) whose address, port, weight or state changes;
     /// their lines are left out of the server-state file before a reload, so stale
     /// runtime values do not override the new config.
@@ -333,11 +350,13 @@ pub struct ChangePlan {
 impl ChangePlan {
     /// A plan that reloads for `reason`.
     pub fn reload(reason: ReloadReason, detail: impl Into<String>) -> Self {
+        let reason = DeployReason {
+            reload: Some(reason),
+            detail: detail.into(),
+        };
         Self {
-            reload: Some(DeployReason {
-                reload: Some(reason),
-                detail: detail.into(),
-            }),
+            reload: Some(reason.clone()),
+            causes: vec![reason],
             ..Self::default()
         }
     }
@@ -376,11 +395,15 @@ impl ChangePlan {
     }
 
     pub(crate) fn force(&mut self, reason: ReloadReason, detail: String) {
+        let reason = DeployReason {
+            reload: Some(reason),
+            detail,
+        };
         if self.reload.is_none() {
-            self.reload = Some(DeployReason {
-                reload: Some(reason),
-                detail,
-            });
+            self.reload = Some(reason.clone());
+        }
+        if !self.causes.contains(&reason) {
+            self.causes.push(reason);
         }
     }
 }
@@ -487,6 +510,7 @@ fn plan_sections(
             Ok(split) => changes = split,
             Err((reason, detail)) => {
                 plan.force(reason, detail);
+                more_causes(plan, old, new);
                 return backend_ops;
             }
         }
@@ -495,34 +519,63 @@ fn plan_sections(
     let kept_old = old.sections.iter().filter(|s| !changes.is_removed(s));
     let kept_new = new.sections.iter().filter(|s| !changes.is_added(s));
     for (old_section, new_section) in kept_old.zip(kept_new) {
-        if old_section.args != new_section.args {
-            plan.force(
-                ReloadReason::Structure,
-                format!("{}: header changed", section_label(new_section)),
-            );
-            continue;
+        plan_section(plan, old, old_section, new, new_section);
+    }
+    backend_ops
+}
+
+/// Once sections added, removed or reordered force a reload, the sections both
+/// configs have (by kind and name) still tell what else changed: their causes are
+/// added to the plan's, nothing else (the reload rebuilds every server anyway).
+fn more_causes(plan: &mut ChangePlan, old: &Config, new: &Config) {
+    let by_key: HashMap<_, &Section> = old.sections.iter().map(|s| (key(s), s)).collect();
+    let mut scratch = ChangePlan::default();
+    for new_section in &new.sections {
+        if let Some(old_section) = by_key.get(&key(new_section)) {
+            plan_section(&mut scratch, old, old_section, new, new_section);
         }
-        if new_section.kind.has_servers() {
-            if let Some(detail) = directive_change(
-                old_section.directives_except_servers(),
-                new_section.directives_except_servers(),
-            ) {
-                plan.force(
-                    ReloadReason::Structure,
-                    format!("{}: {detail}", section_label(new_section)),
-                );
-            }
-            plan_servers(plan, old, old_section, new, new_section);
-        } else if let Some(detail) =
-            directive_change(old_section.directives.iter(), new_section.directives.iter())
-        {
+    }
+    for cause in scratch.causes {
+        if !plan.causes.contains(&cause) {
+            plan.causes.push(cause);
+        }
+    }
+}
+
+/// Plans one section the old and the new config both have.
+fn plan_section(
+    plan: &mut ChangePlan,
+    old: &Config,
+    old_section: &Section,
+    new: &Config,
+    new_section: &Section,
+) {
+    if old_section.args != new_section.args {
+        plan.force(
+            ReloadReason::Structure,
+            format!("{}: header changed", section_label(new_section)),
+        );
+        return;
+    }
+    if new_section.kind.has_servers() {
+        if let Some(detail) = directive_change(
+            old_section.directives_except_servers(),
+            new_section.directives_except_servers(),
+        ) {
             plan.force(
                 ReloadReason::Structure,
                 format!("{}: {detail}", section_label(new_section)),
             );
         }
+        plan_servers(plan, old, old_section, new, new_section);
+    } else if let Some(detail) =
+        directive_change(old_section.directives.iter(), new_section.directives.iter())
+    {
+        plan.force(
+            ReloadReason::Structure,
+            format!("{}: {detail}", section_label(new_section)),
+        );
     }
-    backend_ops
 }
 
 /// Describes the first difference between two directive lists, if any.
@@ -724,6 +777,18 @@ fn plan_servers(
         let weight_before = before.weight.or(old_defaults.weight).unwrap_or(1);
         let weight_after = after.weight.or(new_defaults.weight).unwrap_or(1);
         if weight_before != weight_after {
+            if !dynamic {
+                // HAProxy refuses `set server ... weight N` there ("only accepts
+                // weights '0%' and '100%'"); the reload sets it.
+                plan.force(
+                    ReloadReason::ServerOptions,
+                    format!(
+                        "{label}: server {name} weight {weight_after}; balance `{}` cannot change weights at runtime",
+                        new_config.effective_balance(new).algorithm
+                    ),
+                );
+                continue;
+            }
             if weight_after > 256 {
                 plan.force(
                     ReloadReason::ServerOptions,
