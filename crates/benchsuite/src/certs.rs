@@ -14,8 +14,13 @@
 //! the suite minutes and measure `openssl`); each is still its own PEM file, crt-list
 //! line and certificate store in HAProxy.
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 
 use base64::Engine as _;
 use serde_json::{Value, json};
@@ -132,26 +137,94 @@ fn write(dir: &Path, kind: &str, file: &str, objects: &Value) {
     std::fs::rename(&temporary, resource.join(format!("{file}.json"))).expect("rename");
 }
 
-/// The status of `GET /` through HAProxy with SNI `host`, and the certificate its
-/// handshake presented; `None` when no handshake succeeds.
-fn presented(sidecar: &Sidecar, https: u16, host: &str) -> Option<(u16, Vec<u8>)> {
-    let response = sidecar
-        .client
-        .get(format!("https://{host}:{https}/"))
-        .send()
-        .ok()?;
-    let der = response
-        .extensions()
-        .get::<reqwest::tls::TlsInfo>()
-        .and_then(|info| info.peer_certificate())
-        .map(<[u8]>::to_vec)?;
-    Some((response.status().as_u16(), der))
+/// Accepts any server certificate: the scenario compares it with what it wrote.
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A TLS client without session resumption: every handshake is a full one, so the
+/// certificate it reports is the one HAProxy presents now.
+fn tls_client() -> Arc<rustls::ClientConfig> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+        .with_no_client_auth();
+    config.resumption = rustls::client::Resumption::disabled();
+    Arc::new(config)
+}
+
+/// The status of `GET /` through HAProxy on `https` with SNI and Host `host`, and
+/// the certificate its handshake presented; `None` when no handshake succeeds.
+fn presented(tls: &Arc<rustls::ClientConfig>, https: u16, host: &str) -> Option<(u16, Vec<u8>)> {
+    let name = ServerName::try_from(host.to_owned()).ok()?;
+    let mut connection = rustls::ClientConnection::new(tls.clone(), name).ok()?;
+    let mut socket = TcpStream::connect(("127.0.0.1", https)).ok()?;
+    socket.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let mut stream = rustls::Stream::new(&mut connection, &mut socket);
+    write!(
+        stream,
+        "GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).ok()?;
+    let status = std::str::from_utf8(&head[9..12]).ok()?.parse().ok()?;
+    let der = connection.peer_certificates()?.first()?.as_ref().to_vec();
+    Some((status, der))
 }
 
 /// Sends requests for `host` back to back until `done` holds for one (status and
 /// presented certificate); the time since `since`, in ms.
 fn until(
     sidecar: &Sidecar,
+    tls: &Arc<rustls::ClientConfig>,
     https: u16,
     host: &str,
     since: Instant,
@@ -159,7 +232,7 @@ fn until(
     done: impl Fn(u16, &[u8]) -> bool,
 ) -> f64 {
     loop {
-        if presented(sidecar, https, host).is_some_and(|(status, der)| done(status, &der)) {
+        if presented(tls, https, host).is_some_and(|(status, der)| done(status, &der)) {
             return since.elapsed().as_secs_f64() * 1_000.0;
         }
         if since.elapsed() > CHANGE_TIMEOUT {
@@ -221,12 +294,8 @@ pub fn certificate_propagation(secrets: usize, changes: usize) -> CertPropagatio
 
     let upstream = library::upstream("web");
     let (http, https) = (hapwright_e2e::free_port(), hapwright_e2e::free_port());
-    let mut config = library::ingress_config(http, https);
-    config["extraContext"]["maxconn"] = json!(10_000);
-    let mut client = reqwest::blocking::Client::builder().tls_info(true);
-    for host in &new_hosts {
-        client = client.resolve(host, std::net::SocketAddr::from(([127, 0, 0, 1], https)));
-    }
+    let config = library::ingress_config(http, https);
+    let tls = tls_client();
     let service = json!([{
         "apiVersion": "v1", "kind": "Service",
         "metadata": { "name": "web", "namespace": "bench" },
@@ -259,7 +328,7 @@ pub fn certificate_propagation(secrets: usize, changes: usize) -> CertPropagatio
         config,
         &resources,
         bootstrap,
-        client,
+        reqwest::blocking::Client::builder(),
         &[],
         START_TIMEOUT,
     );
@@ -303,6 +372,7 @@ pub fn certificate_propagation(secrets: usize, changes: usize) -> CertPropagatio
         );
         add.samples_ms.push(until(
             &sidecar,
+            &tls,
             https,
             host,
             since,
@@ -315,6 +385,7 @@ pub fn certificate_propagation(secrets: usize, changes: usize) -> CertPropagatio
         write(&dir, "secrets", &file, &json!([secret(&file, renewed)]));
         renew.samples_ms.push(until(
             &sidecar,
+            &tls,
             https,
             host,
             since,
@@ -334,6 +405,7 @@ pub fn certificate_propagation(secrets: usize, changes: usize) -> CertPropagatio
         }
         remove.samples_ms.push(until(
             &sidecar,
+            &tls,
             https,
             host,
             since,
