@@ -53,6 +53,9 @@ struct Args {
     /// Only section (i), certificates at scale, at these numbers of TLS Secrets,
     /// printed.
     certificates: Option<Vec<usize>>,
+    /// Only the long-lived streams of (h) across this many route adds and removals,
+    /// printed.
+    long_lived: Option<usize>,
     /// The `haproxy` binary of HAProxy 3.4 (scripts/haproxy-lines.sh), for the rows
     /// of (h) with dynamic backends; without it (h) runs on the `PATH` one only.
     newer_haproxy: Option<PathBuf>,
@@ -84,6 +87,7 @@ fn parse_args() -> Result<Args> {
         latency_only: None,
         route_propagation: None,
         certificates: None,
+        long_lived: None,
         newer_haproxy: None,
         repo: std::env::current_dir().context("current directory")?,
         // The binary the e2e harness runs too: `HAPWRIGHT_BIN`, else this one's sibling.
@@ -114,13 +118,20 @@ fn parse_args() -> Result<Args> {
                 args.route_propagation = Some(sizes("--route-propagation", value)?);
             }
             "--certificates" => args.certificates = Some(sizes("--certificates", value)?),
+            "--long-lived" => {
+                let text = value("--long-lived")?;
+                let text = text.to_string_lossy();
+                args.long_lived = Some(text.parse().with_context(|| {
+                    format!("--long-lived needs a number of route changes, not `{text}`")
+                })?);
+            }
             "--haproxy-3.4" => args.newer_haproxy = Some(value("--haproxy-3.4")?),
             "--repo" => args.repo = value("--repo")?,
             "--font" => args.font = value("--font")?,
             "--commands" => args.commands = Some(value("--commands")?),
             "-h" | "--help" => {
                 println!(
-                    "usage: hapwright-benchsuite [--quick] [--memory-only] [--tracing-overhead] [--latency-only BACKENDS] [--route-propagation SIZES] [--certificates SIZES] [--haproxy-3.4 BINARY] [--repo DIR] [--font TTF] [--commands FILE]"
+                    "usage: hapwright-benchsuite [--quick] [--memory-only] [--tracing-overhead] [--latency-only BACKENDS] [--route-propagation SIZES] [--certificates SIZES] [--long-lived CHANGES] [--haproxy-3.4 BINARY] [--repo DIR] [--font TTF] [--commands FILE]"
                 );
                 std::process::exit(0);
             }
@@ -151,11 +162,18 @@ fn main() -> Result<()> {
         }
         return Ok(());
     }
+    if let Some(changes) = args.long_lived {
+        let result = catch(|| routes::long_lived(100, 4, changes, args.newer_haproxy.as_deref()));
+        println!("{result:?}");
+        return Ok(());
+    }
     if args.route_propagation.is_some() || args.certificates.is_some() {
         let changes = if args.quick { 5 } else { 20 };
         let mut summary = Vec::new();
         if let Some(sizes) = &args.route_propagation {
-            let results = scale::propagation(sizes, changes, 100, args.newer_haproxy.as_deref());
+            let long_lived = if args.quick { 20 } else { 100 };
+            let results =
+                scale::propagation(sizes, changes, long_lived, args.newer_haproxy.as_deref());
             println!("{}", scale::propagation_section(&Ok(results), &mut summary));
         }
         if let Some(sizes) = &args.certificates {

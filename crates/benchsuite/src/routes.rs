@@ -255,7 +255,7 @@ pub fn long_lived(
         )
         .expect("send the request");
         stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
+            .set_read_timeout(Some(Duration::from_secs(30)))
             .expect("read timeout");
         // The first bytes: the stream is open before the changes start.
         let mut buffer = [0u8; 4096];
@@ -295,6 +295,16 @@ pub fn long_lived(
     }
     let after = metrics(&controller);
     let closed = ended.load(Ordering::Relaxed) as usize;
+    if closed > 0 {
+        // HAProxy's log lines of the streams: how each ended (termination state).
+        for line in controller
+            .log_text()
+            .lines()
+            .filter(|l| l.contains("/stream"))
+        {
+            eprintln!("    {line}");
+        }
+    }
     stop.store(true, Ordering::Relaxed);
     drop(controller);
     for reader in readers {
