@@ -88,6 +88,7 @@ fn harness_full(
             validate,
             max_validations: 16,
             last_good: Default::default(),
+            kept: Default::default(),
         });
     }
     Harness::start(
@@ -457,6 +458,7 @@ async fn a_change_rejected_while_the_environment_fails_goes_live_by_itself_once_
         validate,
         max_validations: 16,
         last_good: Default::default(),
+        kept: Default::default(),
     });
     let mut h = Harness::start(
         vec![
