@@ -219,3 +219,49 @@ fn an_unreadable_record_is_logged_and_the_controller_starts_with_an_empty_quaran
         "and the cause: {line}"
     );
 }
+
+#[test]
+fn a_restart_under_another_config_checks_the_quarantined_object_again() {
+    let mut controller = Controller::start_with(|config| quick_pacing(config, "100ms"));
+    controller.wait_deployed();
+    let ports = controller.ports();
+    let (v1, api) = (
+        controller.demo_body(ports.web_v1),
+        controller.demo_body(ports.api),
+    );
+    quarantine_pair_bad(&controller);
+
+    // Another config that still refuses the object: checked again, it stays held at
+    // its recorded last accepted version.
+    let since = controller.json("/debug/quarantine")["objects"][0]["since"].clone();
+    controller.terminate(WAIT);
+    let config = controller.read_config();
+    controller.write_config(&format!("{config}\n# edited while hapwright was stopped\n"));
+    controller.relaunch(&[]);
+    assert_eq!(controller.body(BAD), v1, "the last accepted version serves");
+    let object = wait_quarantined(&controller, "still quarantined");
+    assert_eq!(object["change"], "modified", "{object}");
+    assert_eq!(object["since"], since, "{object}");
+    let log = controller.log_text();
+    assert!(
+        log.contains("The controller config changed since the quarantine was recorded")
+            && log.contains("The current objects still fail"),
+        "the log says why the object is checked again"
+    );
+
+    // Templates that accept it: after the restart it is not quarantined, its
+    // current version serves, and the record goes.
+    controller.terminate(WAIT);
+    let config = hapwright_e2e::replace_once(
+        &controller.read_config(),
+        "{{ endpoint.addresses[0] }}",
+        "{{ endpoint.addresses[0] | replace('300.1.2.3', '127.0.0.1') }}",
+    );
+    controller.write_config(&config);
+    controller.relaunch(&[]);
+    assert_eq!(controller.body(BAD), api, "the current version serves");
+    assert_eq!(controller.json("/debug/quarantine")["count"], 0);
+    controller.wait_until("the record goes", WAIT, || {
+        (!record_path(&controller).exists()).then_some(())
+    });
+}

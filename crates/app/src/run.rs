@@ -370,7 +370,9 @@ impl Iteration {
         if quarantine > 0 {
             // The record of the quarantine goes beside the deployed files of every
             // local instance, as the safety valve's does.
-            process.quarantine.keep_in(local_dirs.clone());
+            process
+                .quarantine
+                .keep_in(local_dirs.clone(), Some(loaded.hash.to_string()));
             renderer = renderer.with_quarantine(QuarantineSettings {
                 validate: build::quarantine_validate(validation.clone()),
                 max_validations: quarantine,

@@ -217,7 +217,7 @@ async fn good_changes_go_live_and_the_bad_object_is_held_back_until_fixed() {
 /// One "process": a harness whose quarantine is kept in `dir`, read back first.
 fn process(dir: &std::path::Path) -> Harness {
     let kept = Kept::new();
-    kept.keep_in(vec![dir.to_owned()]);
+    kept.keep_in(vec![dir.to_owned()], None);
     harness_kept(TEMPLATE, true, false, &OBSERVED, kept)
 }
 

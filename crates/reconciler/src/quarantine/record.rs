@@ -16,6 +16,11 @@
 //! ([`Kept::take_restored`]). An unreadable record is logged with its path and
 //! cause and ignored: hapwright starts with an empty quarantine.
 //!
+//! The record names the controller config that judged the objects (the hash of the
+//! loaded config). Read back under the same config, the objects are held back again
+//! at once ([`Restored::hold`]); under another one (new templates may accept them)
+//! the renderer checks the current objects first.
+//!
 //! Payload changes (a whole HTTP source's list, held back as one unit) are not
 //! recorded: their last accepted version is the whole previous list, which is not
 //! kept. After a restart such a change is searched again.
@@ -60,6 +65,10 @@ pub struct QuarantineRecord {
     pub format: u32,
     /// When the record was written.
     pub written_at: SystemTime,
+    /// The hash of the controller config that judged the objects (see
+    /// [`Kept::keep_in`]); `None` when unknown.
+    #[serde(default)]
+    pub config: Option<String>,
     /// The quarantined objects.
     pub objects: Vec<RecordedObject>,
 }
@@ -88,11 +97,13 @@ pub struct RecordedObject {
 }
 
 impl QuarantineRecord {
-    /// The record of `quarantine` (payload changes left out).
-    pub fn of(quarantine: &Quarantine) -> Self {
+    /// The record of `quarantine` judged under the controller config `config`
+    /// (payload changes left out).
+    pub fn of(quarantine: &Quarantine, config: Option<String>) -> Self {
         Self {
             format: FORMAT,
             written_at: SystemTime::now(),
+            config,
             objects: quarantine
                 .entries()
                 .filter(|entry| !entry.culprit.payload)
@@ -229,6 +240,17 @@ fn write_private(dir: &Path, name: &str, content: &[u8]) -> io::Result<()> {
 
 // === impl Kept ===
 
+/// What [`Kept::take_restored`] read back.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// The quarantined objects of the record.
+    pub entries: Vec<Entry>,
+    /// The record was written under the running controller config: the objects
+    /// still at their quarantined version are held back again at once. Otherwise
+    /// the current objects are checked with the running config first.
+    pub hold: bool,
+}
+
 /// Called with a step name of [`steps`] around each write of the record.
 pub type Pause = Arc<dyn Fn(&str) + Send + Sync>;
 
@@ -246,11 +268,15 @@ struct State {
     dirs: Vec<PathBuf>,
     /// Whether the record was looked for (once per process).
     loaded: bool,
-    /// The entries read back, until the renderer takes them.
+    /// The hash of the running controller config.
+    config: Option<String>,
+    /// The entries read back, until the renderer takes them, and the config that
+    /// judged them.
     restored: Vec<Entry>,
-    /// The objects last written by this process (`None`: nothing yet, so the next
-    /// save writes, replacing an unreadable or outdated record).
-    written: Option<Vec<RecordedObject>>,
+    restored_config: Option<String>,
+    /// The config and objects last written by this process (`None`: nothing yet, so
+    /// the next save writes, replacing an unreadable or outdated record).
+    written: Option<(Option<String>, Vec<RecordedObject>)>,
     pause: Option<Pause>,
 }
 
@@ -279,13 +305,15 @@ impl Kept {
         self
     }
 
-    /// Keeps the record in `dirs` (the config directories of the local instances).
-    /// The first call of the process reads the newest readable record back for
-    /// [`take_restored`](Self::take_restored); an unreadable one is logged and
+    /// Keeps the record in `dirs` (the config directories of the local instances),
+    /// for the controller config whose hash is `config` (each iteration passes its
+    /// own). The first call of the process reads the newest readable record back
+    /// for [`take_restored`](Self::take_restored); an unreadable one is logged and
     /// ignored.
-    pub fn keep_in(&self, dirs: Vec<PathBuf>) {
+    pub fn keep_in(&self, dirs: Vec<PathBuf>, config: Option<String>) {
         let mut state = self.lock();
         state.dirs = dirs;
+        state.config = config;
         if state.loaded {
             return;
         }
@@ -293,6 +321,7 @@ impl Kept {
         let Some(record) = read_newest(&state.dirs) else {
             return;
         };
+        let config = record.config.clone();
         // `read` checked every entry.
         let entries = record.into_entries().unwrap_or_default();
         if !entries.is_empty() {
@@ -302,24 +331,29 @@ impl Kept {
             );
         }
         state.restored = entries;
+        state.restored_config = config;
     }
 
     /// The entries read back at start (once; empty afterwards).
-    pub fn take_restored(&self) -> Vec<Entry> {
-        std::mem::take(&mut self.lock().restored)
+    pub fn take_restored(&self) -> Restored {
+        let mut state = self.lock();
+        Restored {
+            entries: std::mem::take(&mut state.restored),
+            hold: state.restored_config == state.config,
+        }
     }
 
     /// Writes the record of `quarantine` into every directory (removes it when
     /// nothing is quarantined), unless it is what was last written. Blocking (it
     /// fsyncs); failures are logged.
     pub fn save(&self, quarantine: &Quarantine) {
-        let record = QuarantineRecord::of(quarantine);
-        let (dirs, pause) = {
+        let (record, dirs, pause) = {
             let state = self.lock();
-            if state.written.as_ref() == Some(&record.objects) {
+            let record = QuarantineRecord::of(quarantine, state.config.clone());
+            if state.written.as_ref() == Some(&(record.config.clone(), record.objects.clone())) {
                 return;
             }
-            (state.dirs.clone(), state.pause.clone())
+            (record, state.dirs.clone(), state.pause.clone())
         };
         if dirs.is_empty() {
             return;
@@ -344,7 +378,7 @@ impl Kept {
                 );
             }
         }
-        self.lock().written = all_written.then_some(record.objects);
+        self.lock().written = all_written.then_some((record.config, record.objects));
         if let Some(pause) = &pause {
             pause(steps::RECORDED);
         }

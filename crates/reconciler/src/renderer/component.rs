@@ -169,7 +169,7 @@ impl Component for RendererComponent {
             );
             let job_renderer = renderer.clone();
             if let Some(guard) = &mut guard {
-                guard.restore(&request, &ctx).await;
+                guard.restore(&request, &renderer, &resources, &ctx).await;
             }
             let job_resources = match &mut guard {
                 Some(guard) => guard.start(&request, &resources),
@@ -341,14 +341,23 @@ impl Guard {
     /// good snapshots, so an object still at the version it was quarantined with is
     /// held back at its last accepted version (left out when it was new) with no new
     /// search; an object changed or deleted since is released and goes through
-    /// validation as usual. Announces the result with a `QuarantineSearched` (for
+    /// validation as usual. A record written under another controller config is
+    /// checked first: when the current objects render and validate as they are, the
+    /// whole quarantine is released. Announces the result with a `QuarantineSearched` (for
     /// `/debug/quarantine`, the status page, metrics and Kubernetes Events) in the
     /// correlation of the first reconciliation.
-    async fn restore(&mut self, request: &Arc<Event>, ctx: &Context) {
+    async fn restore(
+        &mut self,
+        request: &Arc<Event>,
+        renderer: &Renderer,
+        resources: &Resources,
+        ctx: &Context,
+    ) {
         if !std::mem::take(&mut self.restore_pending) {
             return;
         }
-        let entries = self.settings.kept.take_restored();
+        let restored = self.settings.kept.take_restored();
+        let entries = restored.entries;
         if entries.is_empty() {
             return;
         }
@@ -376,9 +385,40 @@ impl Guard {
         }
         self.last_good.extend(seeded);
         self.settings.last_good.set(self.last_good.clone());
+        // Under another controller config the objects may be accepted now: the
+        // current objects are checked once as they are, and the quarantine is
+        // released when they pass (held back whole otherwise).
+        let mut accepted = false;
+        if !restored.hold {
+            tracing::warn!(
+                objects = entries.len(),
+                "The controller config changed since the quarantine was recorded: checking the current objects with it"
+            );
+            match quarantine::render_and_validate(
+                renderer,
+                resources.clone(),
+                &self.settings.validate,
+            )
+            .await
+            {
+                Ok(_) => accepted = true,
+                Err(failure) => tracing::info!(
+                    error = failure
+                        .errors
+                        .first()
+                        .map(ToString::to_string)
+                        .unwrap_or_default(),
+                    "The current objects still fail: the recorded quarantine stays"
+                ),
+            }
+        }
         self.quarantine = Quarantine::from_entries(entries);
         let now = SystemTime::now();
-        let full = ChangeSet::between(&self.last_good, &self.current);
+        let full = if accepted {
+            ChangeSet::default()
+        } else {
+            ChangeSet::between(&self.last_good, &self.current)
+        };
         let settled = self.quarantine.settle(&full, &[], now);
         for entry in self.quarantine.entries() {
             let culprit = &entry.culprit;
@@ -392,7 +432,8 @@ impl Guard {
             );
         }
         log_released(&settled.released);
-        if !settled.released.is_empty() {
+        if !settled.released.is_empty() || !restored.hold {
+            // A record of another config is written again with this one.
             self.record().await;
         }
         report_health(ctx, Some(self));

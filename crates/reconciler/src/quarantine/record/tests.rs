@@ -47,8 +47,11 @@ fn three() -> Vec<Entry> {
 fn the_record_round_trips_every_entry_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let kept = Kept::new();
-    kept.keep_in(vec![dir.path().to_owned()]);
-    assert!(kept.take_restored().is_empty(), "nothing on disk yet");
+    kept.keep_in(vec![dir.path().to_owned()], None);
+    assert!(
+        kept.take_restored().entries.is_empty(),
+        "nothing on disk yet"
+    );
     let quarantine = Quarantine::from_entries(three());
     kept.save(&quarantine);
 
@@ -65,13 +68,14 @@ fn the_record_round_trips_every_entry_exactly() {
     // A new process reads it back: the same entries, the same object texts (the
     // held version is compared with the current one by its text).
     let again = Kept::new();
-    again.keep_in(vec![dir.path().to_owned()]);
+    again.keep_in(vec![dir.path().to_owned()], None);
     let restored = again.take_restored();
-    assert_eq!(restored, three());
-    assert!(again.take_restored().is_empty(), "taken once");
+    assert_eq!(restored.entries, three());
+    assert!(restored.hold, "the same config: held back again");
+    assert!(again.take_restored().entries.is_empty(), "taken once");
     // Read once per process: a later call (a config reload) reads nothing again.
-    again.keep_in(vec![dir.path().to_owned()]);
-    assert!(again.take_restored().is_empty());
+    again.keep_in(vec![dir.path().to_owned()], None);
+    assert!(again.take_restored().entries.is_empty());
 }
 
 #[test]
@@ -79,7 +83,7 @@ fn an_empty_quarantine_removes_the_record_and_payloads_are_not_recorded() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(QUARANTINE_RECORD_FILE);
     let kept = Kept::new();
-    kept.keep_in(vec![dir.path().to_owned()]);
+    kept.keep_in(vec![dir.path().to_owned()], None);
     let mut payload = entry("payload", "modified", Some(1), Some(2));
     payload.culprit.payload = true;
     payload.culprit.key = ObjectKey::new("", "payload");
@@ -109,7 +113,7 @@ fn saving_reports_the_steps_around_the_write_and_skips_what_is_on_disk() {
         })
     };
     let kept = Kept::new().with_pause(pause);
-    kept.keep_in(vec![dir.path().to_owned()]);
+    kept.keep_in(vec![dir.path().to_owned()], None);
     let quarantine = Quarantine::from_entries(three());
     kept.save(&quarantine);
     kept.save(&quarantine);
@@ -137,8 +141,8 @@ fn an_unreadable_record_is_ignored_and_replaced_by_the_next_save() {
         assert_eq!(error.kind(), io::ErrorKind::InvalidData, "{error}");
 
         let kept = Kept::new();
-        kept.keep_in(vec![dir.path().to_owned()]);
-        assert!(kept.take_restored().is_empty(), "starts with an empty quarantine");
+        kept.keep_in(vec![dir.path().to_owned()], None);
+        assert!(kept.take_restored().entries.is_empty(), "starts with an empty quarantine");
         // The next change of the quarantine writes a good record over it.
         kept.save(&Quarantine::from_entries(three()));
         let record = QuarantineRecord::read(dir.path()).unwrap().unwrap();
@@ -155,7 +159,7 @@ fn the_newest_readable_record_of_several_directories_wins() {
     );
     Kept::new().save(&Quarantine::new());
     let old = Kept::new();
-    old.keep_in(vec![a.path().to_owned()]);
+    old.keep_in(vec![a.path().to_owned()], None);
     old.save(&Quarantine::from_entries([entry(
         "old",
         "added",
@@ -163,17 +167,20 @@ fn the_newest_readable_record_of_several_directories_wins() {
         None,
     )]));
     let new = Kept::new();
-    new.keep_in(vec![b.path().to_owned()]);
+    new.keep_in(vec![b.path().to_owned()], None);
     new.save(&Quarantine::from_entries(three()));
     std::fs::write(broken.path().join(QUARANTINE_RECORD_FILE), b"").unwrap();
 
     let kept = Kept::new();
-    kept.keep_in(vec![
-        broken.path().to_owned(),
-        b.path().to_owned(),
-        a.path().to_owned(),
-    ]);
-    assert_eq!(kept.take_restored(), three());
+    kept.keep_in(
+        vec![
+            broken.path().to_owned(),
+            b.path().to_owned(),
+            a.path().to_owned(),
+        ],
+        None,
+    );
+    assert_eq!(kept.take_restored().entries, three());
 }
 
 #[test]
@@ -181,7 +188,35 @@ fn a_missing_config_directory_is_created_for_the_record() {
     let dir = tempfile::tempdir().unwrap();
     let config_dir = dir.path().join("run/haproxy");
     let kept = Kept::new();
-    kept.keep_in(vec![config_dir.clone()]);
+    kept.keep_in(vec![config_dir.clone()], None);
     kept.save(&Quarantine::from_entries(three()));
     assert!(config_dir.join(QUARANTINE_RECORD_FILE).is_file());
+}
+
+#[test]
+fn a_record_of_another_config_is_restored_to_be_judged_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let kept = Kept::new();
+    kept.keep_in(vec![dir.path().to_owned()], Some("config-a".into()));
+    kept.save(&Quarantine::from_entries(three()));
+    let record = QuarantineRecord::read(dir.path()).unwrap().unwrap();
+    assert_eq!(record.config.as_deref(), Some("config-a"));
+
+    let same = Kept::new();
+    same.keep_in(vec![dir.path().to_owned()], Some("config-a".into()));
+    assert!(same.take_restored().hold);
+    let other = Kept::new();
+    other.keep_in(vec![dir.path().to_owned()], Some("config-b".into()));
+    let restored = other.take_restored();
+    assert_eq!(
+        restored.entries,
+        three(),
+        "the last accepted versions are used"
+    );
+    assert!(!restored.hold, "new templates may accept the objects");
+
+    // The same objects under a new config are written again, with that config.
+    other.save(&Quarantine::from_entries(three()));
+    let record = QuarantineRecord::read(dir.path()).unwrap().unwrap();
+    assert_eq!(record.config.as_deref(), Some("config-b"));
 }
