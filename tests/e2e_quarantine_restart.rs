@@ -29,6 +29,13 @@ fn record_path(controller: &Controller) -> PathBuf {
         .join("run/haproxy/.hapwright-quarantine.json")
 }
 
+/// The last good objects of a search in progress.
+fn baseline_path(controller: &Controller) -> PathBuf {
+    controller
+        .dir()
+        .join("run/haproxy/.hapwright-quarantine-baseline.json")
+}
+
 /// Waits until `/debug/quarantine` names `pair-bad-1` (its EndpointSlice, whose
 /// address is bad) with HAProxy's message.
 fn wait_quarantined(controller: &Controller, what: &str) -> Value {
@@ -152,16 +159,24 @@ fn killed_around_the_record_of_a_new_quarantine() {
         recorded.exists().then_some(())
     });
     assert!(record_path(&controller).is_file());
+    assert!(
+        baseline_path(&controller).is_file(),
+        "the objects the search ran against are kept until its outcome is recorded"
+    );
     controller.kill();
     controller.relaunch(&[]);
     assert_eq!(controller.body(BAD), v1, "the last accepted version serves");
     assert_eq!(controller.body(GOOD), api, "the good change goes live");
     wait_quarantined(&controller, "quarantined after the kill");
+    controller.wait_until("the baseline goes", WAIT, || {
+        (!baseline_path(&controller).exists()).then_some(())
+    });
 
-    // Killed after the quarantine was decided, before its record is written:
-    // nothing that depends on the decision went out, and on disk is the earlier
-    // record (here: none, the object was released). The new process judges the
-    // change again from scratch: pair-bad is quarantined again, the rest goes live.
+    // Killed after the quarantine was decided, before its record is written (here:
+    // none on disk, the object was released). Nothing that depends on the decision
+    // went out, and the objects the search ran against are on disk: the new process
+    // searches again against them, and pair-bad keeps its last accepted version
+    // (now the api app).
     controller.write_resource("pair.yaml", &pair(ports.api, ports.api, false));
     controller.wait_for_body(BAD, &api);
     controller.wait_until("the quarantine is empty", WAIT, || {
@@ -179,20 +194,22 @@ fn killed_around_the_record_of_a_new_quarantine() {
         !record_path(&controller).exists(),
         "killed before the record is written"
     );
-    assert_eq!(controller.body(BAD), api, "the decision did not go out");
+    assert!(baseline_path(&controller).is_file());
+    assert_eq!(controller.body(GOOD), api, "the decision did not go out");
     controller.kill();
     controller.relaunch(&[]);
     assert_eq!(controller.body(GOOD), v1, "the good change goes live");
-    // From scratch, pair-bad's Service and EndpointSlice are both new and bad only
-    // together: the search holds back one of them.
-    controller.wait_until("quarantined again after the kill", WAIT, || {
-        let quarantine = controller.json("/debug/quarantine");
-        let name = quarantine["objects"][0]["name"].as_str().unwrap_or("");
-        (quarantine["count"] == 1 && name.starts_with("pair-bad")).then_some(())
-    });
-    let reply = controller.route(BAD).expect("HAProxy answers");
-    assert_ne!(reply.status, 200, "the bad address never serves: {reply:?}");
+    assert_eq!(
+        controller.body(BAD),
+        api,
+        "the last accepted version serves after the kill"
+    );
+    let object = wait_quarantined(&controller, "quarantined again after the kill");
+    assert_eq!(object["change"], "modified", "{object}");
     assert!(record_path(&controller).is_file(), "recorded this time");
+    controller.wait_until("the baseline goes", WAIT, || {
+        (!baseline_path(&controller).exists()).then_some(())
+    });
 }
 
 #[test]

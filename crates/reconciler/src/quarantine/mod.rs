@@ -24,5 +24,5 @@ pub use engine::{
     Culprit, Entry, Failure, GaveUp, Isolated, LastGood, Quarantine, Settled, Validate,
     ValidateFuture, isolate, render_and_validate,
 };
-pub use record::{Kept, QUARANTINE_RECORD_FILE, QuarantineRecord, Restored};
+pub use record::{BASELINE_FILE, Kept, QUARANTINE_RECORD_FILE, QuarantineRecord, Restored};
 pub use search::{Outcome, Probe, Rejection, Settings, search_with_suspects, search_with_units};

@@ -21,6 +21,14 @@
 //! at once ([`Restored::hold`]); under another one (new templates may accept them)
 //! the renderer checks the current objects first.
 //!
+//! A search takes a while (up to `maxValidations` renders and validations), and
+//! until its result is recorded a restart would find no last accepted versions. So
+//! when a search starts, the last good objects it searches against (every object of
+//! the last render that validated) are written to [`BASELINE_FILE`] the same way
+//! ([`Kept::save_baseline`]), and removed once the search's outcome is recorded. A
+//! process that finds it at start (it was killed during a search) searches again
+//! against those objects, so the culprits keep their last accepted versions.
+//!
 //! Payload changes (a whole HTTP source's list, held back as one unit) are not
 //! recorded: their last accepted version is the whole previous list, which is not
 //! kept. After a restart such a change is searched again.
@@ -35,11 +43,16 @@ use hapwright_eventbus::model::{Diagnostic, ObjectKey, StoredObject};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::changes::Snapshots;
 use super::engine::{Culprit, Entry, Quarantine};
 
 /// File name of the quarantine's record in an instance's config directory. It starts
 /// with a dot, so snapshots and the layout of the deployed files never include it.
 pub const QUARANTINE_RECORD_FILE: &str = ".hapwright-quarantine.json";
+
+/// File name of the last good objects of a search in progress, beside
+/// [`QUARANTINE_RECORD_FILE`].
+pub const BASELINE_FILE: &str = ".hapwright-quarantine-baseline.json";
 
 /// Name prefix of the temporary file written before the rename: the deployer's
 /// start-up sweep removes one a killed hapwright left behind.
@@ -223,6 +236,92 @@ impl RecordedObject {
     }
 }
 
+// === impl Baseline ===
+
+/// The last good objects of a search in progress, as kept on disk.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Baseline {
+    /// Format version (1).
+    pub format: u32,
+    /// When it was written.
+    pub written_at: SystemTime,
+    /// The hash of the controller config the objects validated with.
+    #[serde(default)]
+    pub config: Option<String>,
+    /// The objects, per watched resource (payload resources left out).
+    pub resources: Vec<BaselineResource>,
+}
+
+/// The last good objects of one watched resource.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BaselineResource {
+    /// The watched resource.
+    pub resource: String,
+    /// Its objects.
+    pub objects: Vec<BaselineObject>,
+}
+
+/// One last good object.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BaselineObject {
+    /// The object's namespace (empty when it has none).
+    pub namespace: String,
+    /// The object's name.
+    pub name: String,
+    /// The object.
+    pub object: Value,
+}
+
+impl Baseline {
+    /// The baseline of `snapshots` validated under `config`.
+    pub fn of(snapshots: &Snapshots, config: Option<String>) -> Self {
+        Self {
+            format: FORMAT,
+            written_at: SystemTime::now(),
+            config,
+            resources: snapshots
+                .iter()
+                .filter(|(_, snapshot)| snapshot.unit().is_none())
+                .map(|(resource, snapshot)| BaselineResource {
+                    resource: resource.to_string(),
+                    objects: snapshot
+                        .iter()
+                        .map(|(key, object)| BaselineObject {
+                            namespace: key.namespace.clone(),
+                            name: key.name.clone(),
+                            object: object.parse(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The baseline in `dir`; `None` when there is none.
+    ///
+    /// # Errors
+    ///
+    /// When it cannot be read, or is not a baseline of this format
+    /// ([`io::ErrorKind::InvalidData`]).
+    pub fn read(dir: &Path) -> io::Result<Option<Self>> {
+        let bytes = match std::fs::read(dir.join(BASELINE_FILE)) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        let baseline: Self = serde_json::from_slice(&bytes)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        if baseline.format != FORMAT {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("format {} (this hapwright reads {FORMAT})", baseline.format),
+            ));
+        }
+        Ok(Some(baseline))
+    }
+}
+
 /// Writes `content` to `dir/name` atomically with mode 0600: a temporary file
 /// created exclusively in `dir`, written and fsynced, renamed over the target, and
 /// the directory fsynced so the rename survives a power loss.
@@ -241,7 +340,7 @@ fn write_private(dir: &Path, name: &str, content: &[u8]) -> io::Result<()> {
 // === impl Kept ===
 
 /// What [`Kept::take_restored`] read back.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Restored {
     /// The quarantined objects of the record.
     pub entries: Vec<Entry>,
@@ -249,6 +348,9 @@ pub struct Restored {
     /// still at their quarantined version are held back again at once. Otherwise
     /// the current objects are checked with the running config first.
     pub hold: bool,
+    /// The last good objects of a search the earlier run did not finish, when it
+    /// ran under the running controller config: the baseline to search against.
+    pub baseline: Option<Baseline>,
 }
 
 /// Called with a step name of [`steps`] around each write of the record.
@@ -274,6 +376,11 @@ struct State {
     /// judged them.
     restored: Vec<Entry>,
     restored_config: Option<String>,
+    /// The baseline read back, until the renderer takes it.
+    baseline: Option<Baseline>,
+    /// The snapshots of the baseline last written by this process (or `None`: a
+    /// baseline may be on disk, so [`Kept::forget_baseline`] removes it).
+    baseline_written: Option<Snapshots>,
     /// The config and objects last written by this process (`None`: nothing yet, so
     /// the next save writes, replacing an unreadable or outdated record).
     written: Option<(Option<String>, Vec<RecordedObject>)>,
@@ -318,6 +425,17 @@ impl Kept {
             return;
         }
         state.loaded = true;
+        state.baseline = read_newest_baseline(&state.dirs);
+        if let Some(baseline) = &state.baseline {
+            tracing::warn!(
+                objects = baseline
+                    .resources
+                    .iter()
+                    .map(|r| r.objects.len())
+                    .sum::<usize>(),
+                "Quarantine: the last run was stopped during a culprit search; its last good objects are the baseline of the first search"
+            );
+        }
         let Some(record) = read_newest(&state.dirs) else {
             return;
         };
@@ -337,9 +455,85 @@ impl Kept {
     /// The entries read back at start (once; empty afterwards).
     pub fn take_restored(&self) -> Restored {
         let mut state = self.lock();
+        let baseline = state
+            .baseline
+            .take()
+            .filter(|baseline| baseline.config == state.config);
         Restored {
             entries: std::mem::take(&mut state.restored),
             hold: state.restored_config == state.config,
+            baseline,
+        }
+    }
+
+    /// Writes `snapshots`, the last good objects a search is about to run against,
+    /// as the baseline into every directory, unless they are what was last written.
+    /// Blocking (it fsyncs); failures are logged.
+    pub fn save_baseline(&self, snapshots: &Snapshots) {
+        let (dirs, config) = {
+            let state = self.lock();
+            let same = state.baseline_written.as_ref().is_some_and(|written| {
+                written.len() == snapshots.len()
+                    && written
+                        .iter()
+                        .zip(snapshots)
+                        .all(|((a, x), (b, y))| a == b && Arc::ptr_eq(x, y))
+            });
+            if same {
+                return;
+            }
+            (state.dirs.clone(), state.config.clone())
+        };
+        if dirs.is_empty() {
+            return;
+        }
+        let json = match serde_json::to_vec(&Baseline::of(snapshots, config)) {
+            Ok(json) => json,
+            Err(error) => {
+                tracing::error!(%error, "Quarantine: cannot serialize the last good objects");
+                return;
+            }
+        };
+        for dir in &dirs {
+            if let Err(error) = write_private(dir, BASELINE_FILE, &json) {
+                tracing::error!(
+                    path = %dir.join(BASELINE_FILE).display(),
+                    %error,
+                    "Quarantine: cannot write the last good objects of the search"
+                );
+            }
+        }
+        self.lock().baseline_written = Some(snapshots.clone());
+    }
+
+    /// Removes the baseline once the search's outcome is recorded. Blocking;
+    /// failures are logged.
+    pub fn forget_baseline(&self) {
+        let dirs = {
+            let mut state = self.lock();
+            if state
+                .baseline_written
+                .as_ref()
+                .is_some_and(Snapshots::is_empty)
+            {
+                return;
+            }
+            state.baseline_written = Some(Snapshots::new());
+            state.dirs.clone()
+        };
+        for dir in &dirs {
+            let result = match std::fs::remove_file(dir.join(BASELINE_FILE)) {
+                Ok(()) => std::fs::File::open(dir).and_then(|d| d.sync_all()),
+                Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
+                Err(error) => Err(error),
+            };
+            if let Err(error) = result {
+                tracing::error!(
+                    path = %dir.join(BASELINE_FILE).display(),
+                    %error,
+                    "Quarantine: cannot remove the last good objects of a finished search"
+                );
+            }
         }
     }
 
@@ -387,6 +581,30 @@ impl Kept {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// The newest readable baseline in `dirs`; unreadable ones are logged and skipped.
+fn read_newest_baseline(dirs: &[PathBuf]) -> Option<Baseline> {
+    let mut newest: Option<Baseline> = None;
+    for dir in dirs {
+        match Baseline::read(dir) {
+            Ok(Some(baseline)) => {
+                if newest
+                    .as_ref()
+                    .is_none_or(|n| n.written_at < baseline.written_at)
+                {
+                    newest = Some(baseline);
+                }
+            }
+            Ok(None) => {}
+            Err(error) => tracing::error!(
+                path = %dir.join(BASELINE_FILE).display(),
+                %error,
+                "Quarantine: the last good objects of an unfinished search are unreadable and are ignored"
+            ),
+        }
+    }
+    newest
 }
 
 /// The newest readable record in `dirs`; unreadable ones are logged (with their

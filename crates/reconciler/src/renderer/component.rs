@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use hapwright_eventbus::model::{RenderSummary, RenderedConfig, ResourceSnapshot};
+use hapwright_eventbus::model::{ObjectKey, RenderSummary, RenderedConfig, ResourceSnapshot};
 use hapwright_eventbus::{
     Component, ComponentError, Context, CorrelationId, Event, EventKind, EventPayload, Interest,
     QuarantineSearched, QuarantinedObject, TemplateInputs, TemplateRenderFailed, TemplateRendered,
@@ -307,6 +307,9 @@ struct Guard {
     /// The quarantine read back at start is still to be restored (at the first
     /// render, when every source has its objects).
     restore_pending: bool,
+    /// The last good objects of an unfinished search were restored: their file goes
+    /// once a render validates.
+    restored_baseline: bool,
 }
 
 /// The render in flight, awaiting its validation outcome.
@@ -332,6 +335,7 @@ impl Guard {
             pending: None,
             template_inputs: false,
             restore_pending: true,
+            restored_baseline: false,
             settings,
         }
     }
@@ -357,6 +361,26 @@ impl Guard {
             return;
         }
         let restored = self.settings.kept.take_restored();
+        if let Some(baseline) = &restored.baseline {
+            // Killed during a search: the objects it searched against are the
+            // baseline again.
+            for recorded in &baseline.resources {
+                let Some(now) = self.current.get(recorded.resource.as_str()) else {
+                    continue;
+                };
+                let mut snapshot = ResourceSnapshot::new(now.index_by().to_vec());
+                for object in &recorded.objects {
+                    snapshot.upsert(
+                        ObjectKey::new(&object.namespace, &object.name),
+                        &object.object,
+                    );
+                }
+                self.last_good
+                    .insert(Arc::from(recorded.resource.as_str()), Arc::new(snapshot));
+            }
+            self.settings.last_good.set(self.last_good.clone());
+            self.restored_baseline = true;
+        }
         let entries = restored.entries;
         if entries.is_empty() {
             return;
@@ -449,6 +473,23 @@ impl Guard {
         );
     }
 
+    /// Writes the last good objects a search is about to run against, or removes
+    /// them once its outcome is recorded (on the blocking pool: it fsyncs).
+    async fn baseline(&self, keep: bool) {
+        let kept = self.settings.kept.clone();
+        let snapshots = self.last_good.clone();
+        let job = move || {
+            if keep {
+                kept.save_baseline(&snapshots);
+            } else {
+                kept.forget_baseline();
+            }
+        };
+        if let Err(error) = tokio::task::spawn_blocking(job).await {
+            tracing::error!(%error, "Quarantine: writing the last good objects crashed");
+        }
+    }
+
     /// Writes the record of the quarantine (on the blocking pool: it fsyncs).
     async fn record(&self) {
         let kept = self.settings.kept.clone();
@@ -524,6 +565,9 @@ impl Guard {
                         );
                     }
                 }
+                if std::mem::take(&mut self.restored_baseline) {
+                    self.baseline(false).await;
+                }
                 self.settings.last_good.set(pending.candidate.clone());
                 self.last_good = pending.candidate;
                 self.validated = true;
@@ -545,6 +589,11 @@ impl Guard {
                     EventPayload::ValidationFailed(failed) => &failed.errors,
                     _ => &[],
                 };
+                if self.validated && !self.last_good.is_empty() {
+                    // Until the outcome is recorded, a restart searches again
+                    // against the same objects.
+                    self.baseline(true).await;
+                }
                 let started = std::time::Instant::now();
                 let result = quarantine::isolate(
                     renderer,
@@ -566,6 +615,7 @@ impl Guard {
                             // goes out.
                             self.record().await;
                         }
+                        self.baseline(false).await;
                         let config = match isolated.config {
                             Some(config) => Some(config),
                             None => render_snapshots(renderer, resources, &isolated.snapshots)
@@ -640,6 +690,7 @@ impl Guard {
                         // (`tool_failure`) failed with, and for the former whether the
                         // change fails the same way (then the failure does not depend
                         // on the changed objects at all).
+                        self.baseline(false).await;
                         let probe_error = gave_up.errors.first().map(ToString::to_string);
                         let same_error = (gave_up.reason == quarantine::Rejection::BaselineFails)
                             .then(|| gave_up.same_errors(errors));

@@ -220,3 +220,65 @@ fn a_record_of_another_config_is_restored_to_be_judged_again() {
     let record = QuarantineRecord::read(dir.path()).unwrap().unwrap();
     assert_eq!(record.config.as_deref(), Some("config-b"));
 }
+
+#[test]
+fn the_last_good_objects_of_a_search_are_kept_until_its_outcome_is_recorded() {
+    use hapwright_eventbus::model::{ContentHash, ResourceSnapshot};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(BASELINE_FILE);
+    let mut services = ResourceSnapshot::new(Vec::new());
+    services.upsert(ObjectKey::new("default", "a"), &object("a", 1).parse());
+    services.upsert(ObjectKey::new("", "b"), &object("b", 2).parse());
+    let mut payload = ResourceSnapshot::new(Vec::new());
+    payload.upsert(ObjectKey::new("", "x"), &json!({"x": 1}));
+    payload.set_unit(Some(ContentHash::of(b"list")));
+    let snapshots = Snapshots::from([
+        (Arc::from("services"), Arc::new(services)),
+        (Arc::from("allow"), Arc::new(payload)),
+    ]);
+
+    let kept = Kept::new();
+    kept.keep_in(vec![dir.path().to_owned()], Some("config-a".into()));
+    kept.save_baseline(&snapshots);
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let baseline = Baseline::read(dir.path()).unwrap().unwrap();
+    let resources: Vec<&str> = baseline
+        .resources
+        .iter()
+        .map(|r| r.resource.as_str())
+        .collect();
+    assert_eq!(resources, ["services"], "a payload is not an object list");
+    // In key order: namespace, then name.
+    let objects = &baseline.resources[0].objects;
+    assert_eq!(
+        (objects[0].namespace.as_str(), objects[0].name.as_str()),
+        ("", "b")
+    );
+    assert_eq!(objects[1].object, object("a", 1).parse());
+
+    // Read back under the same config only.
+    let same = Kept::new();
+    same.keep_in(vec![dir.path().to_owned()], Some("config-a".into()));
+    assert_eq!(same.take_restored().baseline, Some(baseline));
+    let other = Kept::new();
+    other.keep_in(vec![dir.path().to_owned()], Some("config-b".into()));
+    assert_eq!(other.take_restored().baseline, None);
+
+    // The search's outcome is recorded: the baseline goes.
+    kept.forget_baseline();
+    assert!(!path.exists());
+    // A process that only read it removes it too.
+    kept.save_baseline(&snapshots);
+    let reader = Kept::new();
+    reader.keep_in(vec![dir.path().to_owned()], Some("config-a".into()));
+    reader.forget_baseline();
+    assert!(!path.exists());
+
+    // A broken baseline is ignored.
+    std::fs::write(&path, b"[").unwrap();
+    let broken = Kept::new();
+    broken.keep_in(vec![dir.path().to_owned()], Some("config-a".into()));
+    assert_eq!(broken.take_restored().baseline, None);
+}
