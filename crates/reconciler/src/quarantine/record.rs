@@ -25,8 +25,9 @@
 //! until its result is recorded a restart would find no last accepted versions. So
 //! when a search starts, the last good objects it searches against (every object of
 //! the last render that validated) are written to [`BASELINE_FILE`] the same way
-//! ([`Kept::save_baseline`]), and removed once the search's outcome is recorded. A
-//! process that finds it at start (it was killed during a search) searches again
+//! ([`Kept::save_baseline`]), and removed once the search's outcome is recorded or
+//! a render validates (a search that gave up leaves it: the change is tried again).
+//! A process that finds it at start (it was killed during a search) searches again
 //! against those objects, so the culprits keep their last accepted versions.
 //!
 //! Payload changes (a whole HTTP source's list, held back as one unit) are not
@@ -506,8 +507,18 @@ impl Kept {
         self.lock().baseline_written = Some(snapshots.clone());
     }
 
-    /// Removes the baseline once the search's outcome is recorded. Blocking;
-    /// failures are logged.
+    /// Whether a baseline may be on disk (written by this process, or found at
+    /// start and not removed yet), for [`forget_baseline`](Self::forget_baseline).
+    pub fn may_hold_baseline(&self) -> bool {
+        !self
+            .lock()
+            .baseline_written
+            .as_ref()
+            .is_some_and(Snapshots::is_empty)
+    }
+
+    /// Removes the baseline once the search's outcome is recorded, or a render
+    /// validated. Blocking; failures are logged.
     pub fn forget_baseline(&self) {
         let dirs = {
             let mut state = self.lock();

@@ -307,9 +307,6 @@ struct Guard {
     /// The quarantine read back at start is still to be restored (at the first
     /// render, when every source has its objects).
     restore_pending: bool,
-    /// The last good objects of an unfinished search were restored: their file goes
-    /// once a render validates.
-    restored_baseline: bool,
 }
 
 /// The render in flight, awaiting its validation outcome.
@@ -335,7 +332,6 @@ impl Guard {
             pending: None,
             template_inputs: false,
             restore_pending: true,
-            restored_baseline: false,
             settings,
         }
     }
@@ -379,7 +375,6 @@ impl Guard {
                     .insert(Arc::from(recorded.resource.as_str()), Arc::new(snapshot));
             }
             self.settings.last_good.set(self.last_good.clone());
-            self.restored_baseline = true;
         }
         let entries = restored.entries;
         if entries.is_empty() {
@@ -565,7 +560,9 @@ impl Guard {
                         );
                     }
                 }
-                if std::mem::take(&mut self.restored_baseline) {
+                if self.settings.kept.may_hold_baseline() {
+                    // A new last good state: the objects an earlier search ran
+                    // against are not needed any more.
                     self.baseline(false).await;
                 }
                 self.settings.last_good.set(pending.candidate.clone());
@@ -690,7 +687,8 @@ impl Guard {
                         // (`tool_failure`) failed with, and for the former whether the
                         // change fails the same way (then the failure does not depend
                         // on the changed objects at all).
-                        self.baseline(false).await;
+                        // The baseline stays on disk: the change is tried again
+                        // against it (after a restart too) until a render validates.
                         let probe_error = gave_up.errors.first().map(ToString::to_string);
                         let same_error = (gave_up.reason == quarantine::Rejection::BaselineFails)
                             .then(|| gave_up.same_errors(errors));

@@ -267,8 +267,10 @@ fn the_last_good_objects_of_a_search_are_kept_until_its_outcome_is_recorded() {
     assert_eq!(other.take_restored().baseline, None);
 
     // The search's outcome is recorded: the baseline goes.
+    assert!(kept.may_hold_baseline());
     kept.forget_baseline();
     assert!(!path.exists());
+    assert!(!kept.may_hold_baseline());
     // A process that only read it removes it too.
     kept.save_baseline(&snapshots);
     let reader = Kept::new();
