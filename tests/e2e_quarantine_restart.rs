@@ -110,6 +110,11 @@ fn a_quarantined_object_keeps_its_last_accepted_version_across_a_restart_and_a_k
             log.contains("Object still quarantined after the restart"),
             "the log says why"
         );
+        let page = controller.status_page();
+        assert!(
+            page.contains("pair-bad-1") && page.contains("300.1.2.3"),
+            "the status page says why"
+        );
 
         controller.write_resource("pair.yaml", &pair(good_port, ports.api, true));
         let served = if good_port == ports.web_v2 { &v2 } else { &v1 };
