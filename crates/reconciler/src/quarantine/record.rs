@@ -434,7 +434,7 @@ impl Kept {
                     .iter()
                     .map(|r| r.objects.len())
                     .sum::<usize>(),
-                "Quarantine: the last run was stopped during a culprit search; its last good objects are the baseline of the first search"
+                "Quarantine: the last run left the last good objects of an unfinished culprit search; they are the baseline of the first search"
             );
         }
         let Some(record) = read_newest(&state.dirs) else {
