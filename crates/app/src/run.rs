@@ -139,6 +139,8 @@ struct Process {
     deployed: LastDeployedStore,
     /// The last validated snapshots, for the quarantine search after a reload.
     last_good: quarantine::LastGood,
+    /// The quarantine kept beside the deployed files, read back once per process.
+    quarantine: quarantine::Kept,
     /// What the safety valve measures against, across reloads.
     safety: hapwright_deployer::safety::Memory,
     managed: ManagedHaproxy,
@@ -180,6 +182,12 @@ impl Process {
             store: StatusStore::default(),
             deployed: LastDeployedStore::new(),
             last_good: quarantine::LastGood::new(),
+            quarantine: {
+                let faults = hapwright_deployer::haproxy::files::Faults::from_env();
+                quarantine::Kept::new().with_pause(std::sync::Arc::new(move |step: &str| {
+                    faults.reached(step);
+                }))
+            },
             safety: hapwright_deployer::safety::Memory::new(),
             managed: ManagedHaproxy::new(loaded.config.haproxy.binary.clone()),
             kube: kube.clone(),
@@ -361,11 +369,20 @@ impl Iteration {
         if !status_templates.is_empty() {
             renderer = renderer.with_template_inputs();
         }
+        let instances = build::socket_instances(config);
+        let local_dirs: Vec<std::path::PathBuf> =
+            instances.iter().map(|i| i.config_dir.clone()).collect();
         if quarantine > 0 {
+            // The record of the quarantine goes beside the deployed files of every
+            // local instance, as the safety valve's does.
+            process
+                .quarantine
+                .keep_in(local_dirs.clone(), Some(loaded.hash.to_string()));
             renderer = renderer.with_quarantine(QuarantineSettings {
                 validate: build::quarantine_validate(validation.clone()),
                 max_validations: quarantine,
                 last_good: process.last_good.clone(),
+                kept: process.quarantine.clone(),
             });
         }
         kernel.register(renderer);
@@ -452,10 +469,7 @@ impl Iteration {
             process.validator_metrics.clone(),
         ));
         let timings = config.controller.deploy_timings();
-        let instances = build::socket_instances(config);
-        process
-            .safety
-            .keep_in(instances.iter().map(|i| i.config_dir.clone()).collect());
+        process.safety.keep_in(local_dirs);
         kernel.register(
             Scheduler::new(
                 scheduler::Config::from(&timings),

@@ -362,6 +362,7 @@ async fn the_object_behind_a_bad_name_is_quarantined_not_the_whole_render() {
         validate,
         max_validations: 16,
         last_good: Default::default(),
+        kept: Default::default(),
     });
     let mut h = support::Harness::start(
         vec![

@@ -13,7 +13,7 @@ use hapwright_eventbus::{
     ReconciliationTriggered, Stage,
 };
 use hapwright_reconciler::executor::{Executor, Settings};
-use hapwright_reconciler::quarantine::{Failure, Validate};
+use hapwright_reconciler::quarantine::{Failure, Kept, QUARANTINE_RECORD_FILE, Validate};
 use hapwright_reconciler::renderer::{QuarantineSettings, Renderer, RendererComponent, Templates};
 use support::{AutoValidator, Harness, check};
 
@@ -68,6 +68,17 @@ fn harness_full(
     template_inputs: bool,
     observed: &[EventKind],
 ) -> Harness {
+    harness_kept(template, quarantine, template_inputs, observed, Kept::new())
+}
+
+/// A harness whose quarantine is kept in `kept` (a record on disk).
+fn harness_kept(
+    template: &str,
+    quarantine: bool,
+    template_inputs: bool,
+    observed: &[EventKind],
+    kept: Kept,
+) -> Harness {
     let renderer = Renderer::new(Templates::new(template), &["services"]).expect("loads");
     let validate: Validate = Arc::new(|config: Arc<RenderedConfig>| {
         let result = match check(&config) {
@@ -88,6 +99,7 @@ fn harness_full(
             validate,
             max_validations: 16,
             last_good: Default::default(),
+            kept,
         });
     }
     Harness::start(
@@ -200,6 +212,90 @@ async fn good_changes_go_live_and_the_bad_object_is_held_back_until_fixed() {
     };
     assert!(released.objects.is_empty());
     assert_eq!(released.released.len(), 1);
+}
+
+/// One "process": a harness whose quarantine is kept in `dir`, read back first.
+fn process(dir: &std::path::Path) -> Harness {
+    let kept = Kept::new();
+    kept.keep_in(vec![dir.to_owned()], None);
+    harness_kept(TEMPLATE, true, false, &OBSERVED, kept)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_renderer_holds_a_recorded_object_back_at_its_last_accepted_version() {
+    let dir = tempfile::tempdir().expect("a config directory");
+    let record = dir.path().join(QUARANTINE_RECORD_FILE);
+    let mut first = process(dir.path());
+    first.update(
+        "services",
+        services(&[(0, "v1"), (1, "v1"), (2, "v1"), (3, "v1")]),
+    );
+    first.publisher.publish(trigger("start"));
+    settle(&mut first).await;
+    assert!(!record.exists(), "nothing quarantined, nothing recorded");
+    // s01 and s03 break; s02 changes for the good.
+    let broken = [(0, "v1"), (1, "INVALID"), (2, "v2"), (3, "INVALID")];
+    first.update("services", services(&broken));
+    first.publisher.publish(trigger("bad"));
+    let (_, render, searches) = settle(&mut first).await;
+    let render = render.expect("rendered");
+    assert!(render.contains("backend s01\n  # v1"), "{render}");
+    let EventPayload::QuarantineSearched(found) = &searches[0].payload else {
+        unreachable!()
+    };
+    assert_eq!(found.objects.len(), 2);
+    let since = found.objects[0].since;
+    assert!(record.is_file(), "recorded before the config went out");
+    drop(first);
+
+    // A new process (a fresh renderer, nothing validated) reads the record back.
+    // s01 is unchanged (still bad), s03 was fixed meanwhile, s02 changed again,
+    // s00 is gone.
+    let mut second = process(dir.path());
+    second.update(
+        "services",
+        services(&[(1, "INVALID"), (2, "v3"), (3, "v4")]),
+    );
+    second.publisher.publish(trigger("start"));
+    let (done, render, searches) = settle(&mut second).await;
+    assert_eq!(done.kind(), EventKind::ReconciliationCompleted, "{done:?}");
+    let render = render.expect("rendered");
+    assert_eq!(
+        render, "backend s01\n  # v1\nbackend s02\n  # v3\nbackend s03\n  # v4\n",
+        "s01 at its last accepted version, the rest as they are now"
+    );
+    let [restored] = &searches[..] else {
+        panic!("one announcement: {searches:?}");
+    };
+    let EventPayload::QuarantineSearched(restored) = &restored.payload else {
+        unreachable!()
+    };
+    assert_eq!(restored.probes, 0, "no new search");
+    let names: Vec<&str> = restored.objects.iter().map(|o| o.name.as_str()).collect();
+    assert_eq!(names, ["s01"], "still quarantined, with why");
+    assert_eq!(restored.objects[0].change, "modified");
+    assert_eq!(restored.objects[0].since, since);
+    assert_eq!(
+        restored.objects[0].errors[0].message,
+        "unknown keyword 'INVALID'"
+    );
+    let released: Vec<&str> = restored.released.iter().map(|o| o.name.as_str()).collect();
+    assert_eq!(
+        released,
+        ["s03"],
+        "changed since: released, validated as usual"
+    );
+
+    // s01 fixed: it goes live and the record goes.
+    second.update("services", services(&[(1, "v5"), (2, "v3"), (3, "v4")]));
+    second.publisher.publish(trigger("fixed"));
+    let (_, render, _) = settle(&mut second).await;
+    assert!(render.expect("rendered").contains("backend s01\n  # v5"));
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while record.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "the record goes");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -457,6 +553,7 @@ async fn a_change_rejected_while_the_environment_fails_goes_live_by_itself_once_
         validate,
         max_validations: 16,
         last_good: Default::default(),
+        kept: Default::default(),
     });
     let mut h = Harness::start(
         vec![

@@ -2,11 +2,11 @@
 
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A place in a file: the controller config, a manifest, a template or a rendered
 /// file. Lines and columns are 1-based.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceLocation {
     /// File or template name.
     pub file: String,
@@ -41,7 +41,7 @@ impl fmt::Display for SourceLocation {
 }
 
 /// How serious a diagnostic is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
     /// Worth knowing; nothing was rejected.
@@ -56,7 +56,7 @@ pub enum Severity {
 /// `location` is where the problem was detected (a rendered `haproxy.cfg` line, a
 /// manifest file); `origin` is the user's source that produced it (the template or
 /// snippet line), when the two differ.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Diagnostic {
     /// Error or warning.
     pub severity: Severity,

@@ -46,6 +46,12 @@ pub struct Culprit {
     pub change: &'static str,
     /// The version held back (`None` for a removal held back: the object stays).
     pub content: Option<StoredObject>,
+    /// The last accepted version, served while the change is held back (`None` when
+    /// the object is new: it stays out).
+    pub last_accepted: Option<StoredObject>,
+    /// The change is a whole payload ([`changes::PAYLOAD_NAME`](super::changes::PAYLOAD_NAME)):
+    /// its versions are summaries, not objects.
+    pub payload: bool,
     /// Why the candidate with this change failed.
     pub errors: Vec<Diagnostic>,
 }
@@ -148,6 +154,8 @@ pub async fn isolate(
                         key: change.key.clone(),
                         change: change.kind(),
                         content: change.new.as_ref().map(|new| new.object().clone()),
+                        last_accepted: change.old.as_ref().map(|old| old.object().clone()),
+                        payload: change.whole.is_some(),
                         errors: failure.errors,
                     }
                 })
@@ -278,6 +286,19 @@ impl Quarantine {
     /// Nothing quarantined.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The quarantine of `entries` (read back from the record of an earlier run).
+    pub fn from_entries(entries: impl IntoIterator<Item = Entry>) -> Self {
+        Self {
+            entries: entries
+                .into_iter()
+                .map(|entry| {
+                    let id = (entry.culprit.resource.clone(), entry.culprit.key.clone());
+                    (id, entry)
+                })
+                .collect(),
+        }
     }
 
     /// Removes from `set` the changes of objects already quarantined with the same

@@ -10,10 +10,13 @@
 //! - [`engine`]: the search run against the real renderer and a validation step
 //!   passed in by the application, and the list of quarantined objects (held back
 //!   until they change again, released when they validate).
+//! - [`record`]: the quarantine kept beside the deployed files, so it outlives a
+//!   restart.
 
 pub mod changes;
 pub mod engine;
 pub mod hints;
+pub mod record;
 pub mod search;
 
 pub use changes::{Change, ChangeSet};
@@ -21,4 +24,5 @@ pub use engine::{
     Culprit, Entry, Failure, GaveUp, Isolated, LastGood, Quarantine, Settled, Validate,
     ValidateFuture, isolate, render_and_validate,
 };
+pub use record::{BASELINE_FILE, Kept, QUARANTINE_RECORD_FILE, QuarantineRecord, Restored};
 pub use search::{Outcome, Probe, Rejection, Settings, search_with_suspects, search_with_units};

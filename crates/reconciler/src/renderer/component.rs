@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use hapwright_eventbus::model::{RenderSummary, RenderedConfig};
+use hapwright_eventbus::model::{ObjectKey, RenderSummary, RenderedConfig, ResourceSnapshot};
 use hapwright_eventbus::{
     Component, ComponentError, Context, CorrelationId, Event, EventKind, EventPayload, Interest,
     QuarantineSearched, QuarantinedObject, TemplateInputs, TemplateRenderFailed, TemplateRendered,
@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use super::{Renderer, Resources};
 use crate::quarantine::changes::Snapshots;
-use crate::quarantine::{self, ChangeSet, Culprit, LastGood, Quarantine, Validate};
+use crate::quarantine::{self, ChangeSet, Culprit, Kept, LastGood, Quarantine, Validate};
 
 /// Renders the templates for every reconciliation.
 ///
@@ -35,7 +35,8 @@ use crate::quarantine::{self, ChangeSet, Culprit, LastGood, Quarantine, Validate
 /// `TemplateRendered` of the largest set of changes that validates, both in the
 /// failed reconciliation's correlation. Quarantined objects are held back at their
 /// last good version (left out when new) in every later render until they change
-/// again.
+/// again. The quarantine is [kept](Kept) beside the deployed files; the first render
+/// of the process restores it (see [`QuarantineSettings::kept`]).
 pub struct RendererComponent {
     renderer: Renderer,
     quarantine: Option<QuarantineSettings>,
@@ -53,6 +54,9 @@ pub struct QuarantineSettings {
     /// The last validated snapshots, kept by the application across config
     /// reloads (a fresh [`LastGood`] starts from nothing validated).
     pub last_good: LastGood,
+    /// Where the quarantine is kept across restarts: the first render of the
+    /// process restores what it read back (a fresh [`Kept`] keeps nothing).
+    pub kept: Kept,
 }
 
 impl std::fmt::Debug for QuarantineSettings {
@@ -164,6 +168,9 @@ impl Component for RendererComponent {
                 correlation_id = request.correlation_id.map(tracing::field::display)
             );
             let job_renderer = renderer.clone();
+            if let Some(guard) = &mut guard {
+                guard.restore(&request, &renderer, &resources, &ctx).await;
+            }
             let job_resources = match &mut guard {
                 Some(guard) => guard.start(&request, &resources),
                 None => resources.clone(),
@@ -297,6 +304,9 @@ struct Guard {
     pending: Option<Pending>,
     /// Publish `TemplateInputs` with the render of the accepted changes too.
     template_inputs: bool,
+    /// The quarantine read back at start is still to be restored (at the first
+    /// render, when every source has its objects).
+    restore_pending: bool,
 }
 
 /// The render in flight, awaiting its validation outcome.
@@ -321,7 +331,166 @@ impl Guard {
             validated: false,
             pending: None,
             template_inputs: false,
+            restore_pending: true,
             settings,
+        }
+    }
+
+    /// Before the first render: restores the quarantine read back from the record
+    /// of an earlier run. The last accepted versions of its objects go into the last
+    /// good snapshots, so an object still at the version it was quarantined with is
+    /// held back at its last accepted version (left out when it was new) with no new
+    /// search; an object changed or deleted since is released and goes through
+    /// validation as usual. A record written under another controller config is
+    /// checked first: when the current objects render and validate as they are, the
+    /// whole quarantine is released. Announces the result with a `QuarantineSearched` (for
+    /// `/debug/quarantine`, the status page, metrics and Kubernetes Events) in the
+    /// correlation of the first reconciliation.
+    async fn restore(
+        &mut self,
+        request: &Arc<Event>,
+        renderer: &Renderer,
+        resources: &Resources,
+        ctx: &Context,
+    ) {
+        if !std::mem::take(&mut self.restore_pending) {
+            return;
+        }
+        let restored = self.settings.kept.take_restored();
+        if let Some(baseline) = &restored.baseline {
+            // Killed during a search: the objects it searched against are the
+            // baseline again.
+            for recorded in &baseline.resources {
+                let Some(now) = self.current.get(recorded.resource.as_str()) else {
+                    continue;
+                };
+                let mut snapshot = ResourceSnapshot::new(now.index_by().to_vec());
+                for object in &recorded.objects {
+                    snapshot.upsert(
+                        ObjectKey::new(&object.namespace, &object.name),
+                        &object.object,
+                    );
+                }
+                self.last_good
+                    .insert(Arc::from(recorded.resource.as_str()), Arc::new(snapshot));
+            }
+            self.settings.last_good.set(self.last_good.clone());
+        }
+        let entries = restored.entries;
+        if entries.is_empty() {
+            return;
+        }
+        let mut seeded: Snapshots = Snapshots::new();
+        for entry in &entries {
+            let culprit = &entry.culprit;
+            let Some(now) = self.current.get(&culprit.resource) else {
+                continue; // Not watched any more: the entry is released below.
+            };
+            let snapshot = seeded.entry(culprit.resource.clone()).or_insert_with(|| {
+                Arc::new(match self.last_good.get(&culprit.resource) {
+                    Some(before) => (**before).clone(),
+                    None => ResourceSnapshot::new(now.index_by().to_vec()),
+                })
+            });
+            let snapshot = Arc::make_mut(snapshot);
+            match &culprit.last_accepted {
+                Some(version) => {
+                    snapshot.upsert(culprit.key.clone(), &version.parse());
+                }
+                None => {
+                    snapshot.remove(&culprit.key);
+                }
+            }
+        }
+        self.last_good.extend(seeded);
+        self.settings.last_good.set(self.last_good.clone());
+        // Under another controller config the objects may be accepted now: the
+        // current objects are checked once as they are, and the quarantine is
+        // released when they pass (held back whole otherwise).
+        let mut accepted = false;
+        if !restored.hold {
+            tracing::warn!(
+                objects = entries.len(),
+                "The controller config changed since the quarantine was recorded: checking the current objects with it"
+            );
+            match quarantine::render_and_validate(
+                renderer,
+                resources.clone(),
+                &self.settings.validate,
+            )
+            .await
+            {
+                Ok(_) => accepted = true,
+                Err(failure) => tracing::info!(
+                    error = failure
+                        .errors
+                        .first()
+                        .map(ToString::to_string)
+                        .unwrap_or_default(),
+                    "The current objects still fail: the recorded quarantine stays"
+                ),
+            }
+        }
+        self.quarantine = Quarantine::from_entries(entries);
+        let now = SystemTime::now();
+        let full = if accepted {
+            ChangeSet::default()
+        } else {
+            ChangeSet::between(&self.last_good, &self.current)
+        };
+        let settled = self.quarantine.settle(&full, &[], now);
+        for entry in self.quarantine.entries() {
+            let culprit = &entry.culprit;
+            tracing::warn!(
+                resource = %culprit.resource,
+                namespace = %culprit.key.namespace,
+                name = %culprit.key.name,
+                change = culprit.change,
+                error = culprit.errors.first().map(ToString::to_string).unwrap_or_default(),
+                "Object still quarantined after the restart: its last accepted version is served"
+            );
+        }
+        log_released(&settled.released);
+        if !settled.released.is_empty() || !restored.hold {
+            // A record of another config is written again with this one.
+            self.record().await;
+        }
+        report_health(ctx, Some(self));
+        ctx.publisher().reply(
+            request,
+            QuarantineSearched {
+                objects: self.objects(),
+                released: objects(&settled.released, now),
+                accepted: 0,
+                probes: 0,
+                gave_up: None,
+            },
+        );
+    }
+
+    /// Writes the last good objects a search is about to run against, or removes
+    /// them once its outcome is recorded (on the blocking pool: it fsyncs).
+    async fn baseline(&self, keep: bool) {
+        let kept = self.settings.kept.clone();
+        let snapshots = self.last_good.clone();
+        let job = move || {
+            if keep {
+                kept.save_baseline(&snapshots);
+            } else {
+                kept.forget_baseline();
+            }
+        };
+        if let Err(error) = tokio::task::spawn_blocking(job).await {
+            tracing::error!(%error, "Quarantine: writing the last good objects crashed");
+        }
+    }
+
+    /// Writes the record of the quarantine (on the blocking pool: it fsyncs).
+    async fn record(&self) {
+        let kept = self.settings.kept.clone();
+        let quarantine = self.quarantine.clone();
+        if let Err(error) = tokio::task::spawn_blocking(move || kept.save(&quarantine)).await {
+            tracing::error!(%error, "Quarantine: writing the record crashed");
         }
     }
 
@@ -377,6 +546,7 @@ impl Guard {
                     let settled = self.quarantine.settle(&full, &[], SystemTime::now());
                     if !settled.released.is_empty() {
                         log_released(&settled.released);
+                        self.record().await;
                         report_health(ctx, Some(self));
                         ctx.publisher().reply(
                             event,
@@ -389,6 +559,11 @@ impl Guard {
                             },
                         );
                     }
+                }
+                if self.settings.kept.may_hold_baseline() {
+                    // A new last good state: the objects an earlier search ran
+                    // against are not needed any more.
+                    self.baseline(false).await;
                 }
                 self.settings.last_good.set(pending.candidate.clone());
                 self.last_good = pending.candidate;
@@ -411,6 +586,11 @@ impl Guard {
                     EventPayload::ValidationFailed(failed) => &failed.errors,
                     _ => &[],
                 };
+                if self.validated && !self.last_good.is_empty() {
+                    // Until the outcome is recorded, a restart searches again
+                    // against the same objects.
+                    self.baseline(true).await;
+                }
                 let started = std::time::Instant::now();
                 let result = quarantine::isolate(
                     renderer,
@@ -427,6 +607,12 @@ impl Guard {
                         let settled = self.quarantine.settle(&full, &isolated.culprits, now);
                         log_quarantined(&settled.quarantined);
                         log_released(&settled.released);
+                        if settled != quarantine::Settled::default() {
+                            // On disk before the config that holds the culprits back
+                            // goes out.
+                            self.record().await;
+                        }
+                        self.baseline(false).await;
                         let config = match isolated.config {
                             Some(config) => Some(config),
                             None => render_snapshots(renderer, resources, &isolated.snapshots)
@@ -501,6 +687,8 @@ impl Guard {
                         // (`tool_failure`) failed with, and for the former whether the
                         // change fails the same way (then the failure does not depend
                         // on the changed objects at all).
+                        // The baseline stays on disk: the change is tried again
+                        // against it (after a restart too) until a render validates.
                         let probe_error = gave_up.errors.first().map(ToString::to_string);
                         let same_error = (gave_up.reason == quarantine::Rejection::BaselineFails)
                             .then(|| gave_up.same_errors(errors));

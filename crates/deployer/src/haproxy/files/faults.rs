@@ -41,12 +41,19 @@ pub mod steps {
     /// The first runtime change of a runtime-only deployment is applied, the others
     /// and the files are not yet (reached by the socket driver).
     pub const AFTER_RUNTIME_OP: &str = "after-runtime-op";
+    /// The quarantine changed; its record is not written yet (reached by the
+    /// renderer, through the pause hook the application gives its record).
+    pub const QUARANTINE_DECIDED: &str = "quarantine-decided";
+    /// The quarantine's record is written; nothing depending on it went out yet.
+    pub const QUARANTINE_RECORDED: &str = "quarantine-recorded";
     /// Every step name, to check a `pause=` spec against.
-    pub const ALL: [&str; 4] = [
+    pub const ALL: [&str; 6] = [
         AFTER_SIDE_FILES,
         BEFORE_RELOAD,
         AFTER_RELOAD,
         AFTER_RUNTIME_OP,
+        QUARANTINE_DECIDED,
+        QUARANTINE_RECORDED,
     ];
 }
 
@@ -60,7 +67,7 @@ pub enum FaultsError {
     ParseEntry(String),
     /// `pause=` names a step deployments do not have.
     #[error(
-        "unknown step `{0}` (steps: after-side-files, before-reload, after-reload, after-runtime-op)"
+        "unknown step `{0}` (steps: after-side-files, before-reload, after-reload, after-runtime-op, quarantine-decided, quarantine-recorded)"
     )]
     UnknownStep(String),
 }
@@ -139,9 +146,10 @@ impl Faults {
         self.arm.as_ref().is_none_or(|file| file.exists())
     }
 
-    /// Marks that a deployment reached `step`. With `pause=<step>:<file>` this creates
-    /// the marker file and blocks the calling thread forever (call it from blocking
-    /// code; the test SIGKILLs the process). Otherwise it returns at once.
+    /// Marks that a deployment (or the quarantine's record) reached `step`. With
+    /// `pause=<step>:<file>` this creates the marker file and blocks the calling
+    /// thread forever (call it from blocking code; the test SIGKILLs the process).
+    /// Otherwise it returns at once.
     pub fn reached(&self, step: &str) {
         let Some((paused_at, marker)) = &self.pause else {
             return;

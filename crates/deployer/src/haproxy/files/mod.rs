@@ -6,7 +6,9 @@
 //!
 //! Layout: `haproxy.cfg`, `maps/<name>`, `files/<name>`, `certs/<name>`,
 //! plus hapwright's own `.hapwright-state.json` (and, while the safety valve holds a
-//! removal, its `.hapwright-valve.json`: see [`crate::safety::ValveRecord`]). Files under `certs/` are written with
+//! removal, its `.hapwright-valve.json`: see [`crate::safety::ValveRecord`]; while
+//! objects are quarantined, the renderer's `.hapwright-quarantine.json` and, during a
+//! culprit search, `.hapwright-quarantine-baseline.json`). Files under `certs/` are written with
 //! mode 0600 (or `socket.certMode` / `socket.certGroup`), everything else 0644 so
 //! HAProxy can read it whatever user it runs as.
 //!
