@@ -551,10 +551,13 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
 /// 60 s; a run that lasted [`reset_after`](Self::reset_after) (2 min by default,
 /// longer than the longest delay) counts as healthy and starts over at 1 s. The
 /// doubling keeps a component that fails at once from spinning the controller; the
-/// reset keeps a rare failure from inheriting an old, long delay.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// reset keeps a rare failure from inheriting an old, long delay. The delays come
+/// from `backon`'s exponential backoff (no jitter); this type adds the reset. The
+/// managed HAProxy's supervisor restarts its process with it too.
+#[derive(Debug)]
 pub struct RestartBackoff {
-    initial: Duration,
+    builder: backon::ExponentialBuilder,
+    delays: backon::ExponentialBackoff,
     max: Duration,
     reset_after: Duration,
     attempt: u32,
@@ -574,8 +577,15 @@ impl RestartBackoff {
     /// A backoff starting at `initial`, doubling up to `max`, reset by a run of at
     /// least `reset_after`.
     pub fn new(initial: Duration, max: Duration, reset_after: Duration) -> Self {
+        use backon::BackoffBuilder as _;
+        let builder = backon::ExponentialBuilder::default()
+            .with_min_delay(initial)
+            .with_max_delay(max)
+            .with_factor(2.0)
+            .without_max_times();
         Self {
-            initial,
+            builder,
+            delays: builder.build(),
             max,
             reset_after,
             attempt: 0,
@@ -585,14 +595,10 @@ impl RestartBackoff {
     /// The delay before the next restart, given how long the failed run lasted.
     pub fn next_delay(&mut self, ran_for: Duration) -> Duration {
         if ran_for >= self.reset_after {
-            self.attempt = 0;
+            self.reset();
         }
-        let delay = self
-            .initial
-            .saturating_mul(1u32 << self.attempt.min(16))
-            .min(self.max);
         self.attempt = self.attempt.saturating_add(1);
-        delay
+        self.delays.next().unwrap_or(self.max).min(self.max)
     }
 
     /// Restarts since the last reset (0 when the last run was healthy).
@@ -607,7 +613,9 @@ impl RestartBackoff {
 
     /// Starts over at the initial delay (a run lasted long enough).
     pub fn reset(&mut self) {
+        use backon::BackoffBuilder as _;
         self.attempt = 0;
+        self.delays = self.builder.build();
     }
 }
 

@@ -536,7 +536,11 @@ async fn supervise(
     cancel: CancellationToken,
 ) {
     let config = &stopping.config;
-    let mut attempt: u32 = 0;
+    let mut backoff = hapwright_eventbus::RestartBackoff::new(
+        config.min_backoff,
+        config.max_backoff,
+        config.stable_after,
+    );
     let mut adopt = find_leftover(&instance, config).await;
     loop {
         state.send(ProcessState::Starting);
@@ -565,22 +569,17 @@ async fn supervise(
             }
             Exit::Failed(reason) => reason,
         };
-        if started.elapsed() >= config.stable_after {
-            attempt = 0;
-        }
-        attempt += 1;
-        let delay = config
-            .min_backoff
-            .saturating_mul(1 << (attempt - 1).min(16))
-            .min(config.max_backoff);
+        let delay = backoff.next_delay(started.elapsed());
+        let attempt = backoff.attempt();
         tracing::warn!(%reason, attempt, ?delay, "Managed HAProxy exited; restarting");
         state.send(ProcessState::Restarting { attempt, reason });
-        tokio::select! {
-            () = cancel.cancelled() => {
-                state.send(ProcessState::Stopped);
-                return;
-            }
-            () = tokio::time::sleep(delay) => {}
+        if cancel
+            .run_until_cancelled(tokio::time::sleep(delay))
+            .await
+            .is_none()
+        {
+            state.send(ProcessState::Stopped);
+            return;
         }
     }
 }
