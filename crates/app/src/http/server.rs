@@ -125,29 +125,27 @@ async fn serve_with(
     let force = CancellationToken::new();
     let local_addr = listener.local_addr().ok();
     loop {
-        let permit = tokio::select! {
-            biased;
-            () = stop.cancelled() => break,
-            permit = slots.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
+        let Some(Ok(permit)) = stop
+            .run_until_cancelled(slots.clone().acquire_owned())
+            .await
+        else {
+            break;
         };
-        let stream = tokio::select! {
-            biased;
-            () = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
-                Err(error) => {
-                    // Out of file descriptors and the like: give closing
-                    // connections a moment instead of spinning.
-                    tracing::warn!(%error, "Accepting an HTTP connection failed");
-                    tokio::select! {
-                        () = stop.cancelled() => break,
-                        () = tokio::time::sleep(Duration::from_millis(100)) => continue,
-                    }
+        let Some(accepted) = stop.run_until_cancelled(listener.accept()).await else {
+            break;
+        };
+        let stream = match accepted {
+            Ok((stream, _peer)) => stream,
+            Err(error) => {
+                // Out of file descriptors and the like: give closing connections a
+                // moment instead of spinning.
+                tracing::warn!(%error, "Accepting an HTTP connection failed");
+                let pause = tokio::time::sleep(Duration::from_millis(100));
+                if stop.run_until_cancelled(pause).await.is_none() {
+                    break;
                 }
-            },
+                continue;
+            }
         };
         let _ = stream.set_nodelay(true);
         connections.spawn(serve_connection(
@@ -201,9 +199,9 @@ async fn serve_connection(
         drive(TokioIo::new(io), activity, router, limits, shutdown, slot).await;
         return;
     };
-    let handshake = tokio::select! {
-        handshake = tokio::time::timeout(limits.header_read_timeout, tls.accept(io)) => handshake,
-        () = shutdown.graceful.cancelled() => return,
+    let accept = tokio::time::timeout(limits.header_read_timeout, tls.accept(io));
+    let Some(handshake) = shutdown.graceful.run_until_cancelled(accept).await else {
+        return;
     };
     match handshake {
         Ok(Ok(stream)) => {

@@ -525,9 +525,8 @@ async fn run(
                 }
             }
             () = tokio::time::sleep_until(next_fetch) => {
-                let outcome = tokio::select! {
-                    () = token.cancelled() => return Ok(()),
-                    outcome = fetcher.fetch() => outcome,
+                let Some(outcome) = token.run_until_cancelled(fetcher.fetch()).await else {
+                    return Ok(());
                 };
                 let failed = |state: &mut State, reason: String| {
                     if state.fetch_error.as_ref() != Some(&reason) {
