@@ -12,11 +12,10 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 pub use rustix::process::Signal;
@@ -74,31 +73,9 @@ pub fn poll<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Resul
 
 // === ports ===
 
-/// Next candidate port of this process. Candidates come from below the kernel's
-/// ephemeral range (32768+), so outgoing connections never take one between the
-/// moment it is picked and the moment HAProxy binds it; the start depends on the
-/// process id so parallel test processes start far apart.
-static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
-const PORT_RANGE: (u16, u16) = (20_000, 32_000);
-
-/// A loopback TCP port nobody listens on right now.
-pub fn free_port() -> u16 {
-    let span = PORT_RANGE.1 - PORT_RANGE.0;
-    let _ = NEXT_PORT.compare_exchange(
-        0,
-        ((std::process::id() * 97) % u32::from(span)) as u16,
-        Ordering::SeqCst,
-        Ordering::SeqCst,
-    );
-    for _ in 0..span {
-        let offset = NEXT_PORT.fetch_add(1, Ordering::SeqCst) % span;
-        let port = PORT_RANGE.0 + offset;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free loopback port in {PORT_RANGE:?}");
-}
+/// A loopback TCP port nobody listens on right now: the allocator every crate's
+/// tests share.
+pub use hapwright_eventbus::testing::free_port;
 
 /// The loopback ports of one controller (the quickstart's in parentheses).
 #[derive(Clone, Copy, Debug)]

@@ -331,11 +331,7 @@ fn run_exits_2_on_an_invalid_config_with_every_error() {
 /// and the source is `Unhealthy` with the reason (it retries with backoff).
 #[tokio::test]
 async fn run_starts_with_a_kubernetes_source_and_reports_it_unhealthy_without_a_cluster() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = hapwright_eventbus::testing::free_port();
     let dir = project(|t| {
         t.replace(
             "    files: { path: ./resources }\n    kind: EndpointSlice",

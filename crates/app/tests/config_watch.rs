@@ -5,10 +5,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hapwright_app::config::{Config, ConfigChange, ConfigWatcher, load};
-use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, EventKind, EventPayload, HealthState, Kernel, RunningKernel,
-    Subscription,
-};
+use hapwright_eventbus::testing::{self, TestBus};
+use hapwright_eventbus::{EventKind, EventPayload, HealthState, RunningKernel, Subscription};
 use tokio::time::timeout;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -22,32 +20,22 @@ struct Harness {
 impl Harness {
     fn start(path: &Path) -> Self {
         let loaded = load(path).expect("the initial config is valid");
-        let registry = prometheus::Registry::new();
-        let metrics = BusMetrics::register(&registry).unwrap();
-        let bus = Bus::new(BusConfig::default(), &metrics);
-        let events = bus
-            .subscribe("test", [EventKind::ConfigLoaded, EventKind::ConfigInvalid])
-            .unwrap();
-        let mut kernel = Kernel::new(bus);
+        let bus = TestBus::new();
+        let events = bus.subscribe("test", [EventKind::ConfigLoaded, EventKind::ConfigInvalid]);
         let (sender, changes) = tokio::sync::mpsc::unbounded_channel();
-        kernel.register(
-            ConfigWatcher::new(&loaded, sender)
-                .with_timing(Duration::from_millis(30), Duration::from_secs(60)),
-        );
+        let watcher = ConfigWatcher::new(&loaded, sender)
+            .with_timing(Duration::from_millis(30), Duration::from_secs(60));
         Self {
-            kernel: kernel.start().unwrap(),
+            kernel: bus.start(|kernel| {
+                kernel.register(watcher);
+            }),
             events,
             changes,
         }
     }
 
     async fn next(&mut self) -> EventPayload {
-        timeout(WAIT, self.events.recv())
-            .await
-            .expect("timed out waiting for a config event")
-            .expect("bus closed")
-            .payload
-            .clone()
+        testing::next(&mut self.events, WAIT).await.payload.clone()
     }
 
     async fn change(&mut self) -> ConfigChange {

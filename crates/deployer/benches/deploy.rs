@@ -44,11 +44,7 @@ fn bench(c: &mut Criterion) {
         .build()
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = hapwright_eventbus::testing::free_port();
     let first = render(port, 9001);
     ConfigDir::new(dir.path())
         .write(&first, &first.hash().short(), None)

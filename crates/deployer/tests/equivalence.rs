@@ -24,9 +24,9 @@ use hapwright_deployer::component::validator::equivalence::{
 };
 use hapwright_deployer::component::validator::{self, Validator};
 use hapwright_eventbus::model::RenderedConfig;
+use hapwright_eventbus::testing::TestBus;
 use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, CorrelationId, EventKind, EventMeta, EventPayload, Kernel,
-    TemplateRendered, ValidationPhase,
+    CorrelationId, EventKind, EventMeta, EventPayload, TemplateRendered, ValidationPhase,
 };
 use prometheus::Registry;
 use proptest::prelude::Rng;
@@ -708,28 +708,24 @@ impl Harness {
     }
 
     fn start_shared(config: validator::Config, shared: Option<validator::Service>) -> Self {
-        let registry = Registry::new();
-        let bus = Bus::new(
-            BusConfig::default(),
-            &BusMetrics::register(&registry).unwrap(),
+        let bus = TestBus::new();
+        let registry = bus.registry().clone();
+        let probe = bus.subscribe(
+            "probe",
+            [EventKind::ValidationCompleted, EventKind::ValidationFailed],
         );
-        let probe = bus
-            .subscribe(
-                "probe",
-                [EventKind::ValidationCompleted, EventKind::ValidationFailed],
-            )
-            .unwrap();
         let metrics = validator::Metrics::register(&registry).unwrap();
-        let mut kernel = Kernel::new(bus.clone());
         let component = match shared {
             Some(service) => Validator::with_service(service, metrics),
             None => Validator::new(config, metrics),
         };
-        kernel.register(component);
-        let running = kernel.start().unwrap();
+        let publisher = bus.publisher();
+        let running = bus.start(|kernel| {
+            kernel.register(component);
+        });
         Self {
             registry,
-            publisher: bus.publisher(),
+            publisher,
             probe,
             running,
         }

@@ -23,9 +23,10 @@ use hapwright_eventbus::config::Secret;
 use hapwright_eventbus::model::{
     ContentHash, DeployStrategy, InstanceDriver, InstanceRef, ReloadReason, RenderedConfig,
 };
+use hapwright_eventbus::testing::TestBus;
 use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, DeploymentScheduled, Event, EventKind, EventPayload,
-    InstancesDiscovered, Kernel, Publisher, RunningKernel, Subscription, ValidationCompleted,
+    DeploymentScheduled, Event, EventKind, EventPayload, InstancesDiscovered, Kernel, Publisher,
+    RunningKernel, Subscription, ValidationCompleted,
 };
 use support::dataplane::{DataplaneServer, Faults, PASSWORD, USER};
 use support::{
@@ -77,28 +78,20 @@ struct Harness {
 
 impl Harness {
     fn start(components: impl FnOnce(&mut Kernel)) -> Self {
-        let registry = prometheus::Registry::new();
-        let bus = Bus::new(
-            BusConfig::default(),
-            &BusMetrics::register(&registry).unwrap(),
+        let bus = TestBus::new();
+        let events = bus.subscribe(
+            "test",
+            [
+                EventKind::DeploymentStarted,
+                EventKind::InstanceDeployed,
+                EventKind::InstanceDeploymentFailed,
+                EventKind::DeploymentCompleted,
+                EventKind::DriftDetected,
+            ],
         );
-        let events = bus
-            .subscribe(
-                "test",
-                [
-                    EventKind::DeploymentStarted,
-                    EventKind::InstanceDeployed,
-                    EventKind::InstanceDeploymentFailed,
-                    EventKind::DeploymentCompleted,
-                    EventKind::DriftDetected,
-                ],
-            )
-            .unwrap();
         let publisher = bus.publisher();
-        let mut kernel = Kernel::new(bus);
-        components(&mut kernel);
         Self {
-            kernel: Some(kernel.start().unwrap()),
+            kernel: Some(bus.start(components)),
             publisher,
             events,
         }

@@ -8,12 +8,11 @@ use std::time::Duration;
 use hapwright_deployer::component::scheduler::{Config, Scheduler};
 use hapwright_deployer::safety::{self, MaxRemoval, Memory};
 use hapwright_eventbus::model::RenderedConfig;
+use hapwright_eventbus::testing::TestBus;
 use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, EventKind, EventPayload, HealthState, Kernel, Publisher,
-    RunningKernel, SafetyValveApproved, SafetyValveHeld, SafetyValveReleased, Subscription,
-    ValidationCompleted,
+    EventKind, EventPayload, HealthState, Publisher, RunningKernel, SafetyValveApproved,
+    SafetyValveHeld, SafetyValveReleased, Subscription, ValidationCompleted,
 };
-use prometheus::Registry;
 use tokio::time::timeout;
 
 /// `backends` backends of two servers each, plus the routes to them in a map.
@@ -55,11 +54,7 @@ struct Harness {
 }
 
 fn start(safety: safety::Config, memory: Memory) -> Harness {
-    let registry = Registry::new();
-    let bus = Bus::new(
-        BusConfig::default(),
-        &BusMetrics::register(&registry).unwrap(),
-    );
+    let bus = TestBus::new();
     let scheduler = Scheduler::new(
         Config {
             min_deployment_interval: Duration::from_millis(100),
@@ -67,20 +62,16 @@ fn start(safety: safety::Config, memory: Memory) -> Harness {
         vec!["local".to_owned()],
     )
     .with_safety(safety, memory);
-    let scheduled = bus
-        .subscribe("test", [EventKind::DeploymentScheduled])
-        .unwrap();
-    let valve = bus
-        .subscribe(
-            "test-valve",
-            [EventKind::SafetyValveHeld, EventKind::SafetyValveReleased],
-        )
-        .unwrap();
+    let scheduled = bus.subscribe("test", [EventKind::DeploymentScheduled]);
+    let valve = bus.subscribe(
+        "test-valve",
+        [EventKind::SafetyValveHeld, EventKind::SafetyValveReleased],
+    );
     let publisher = bus.publisher();
-    let mut kernel = Kernel::new(bus);
-    kernel.register(scheduler);
     Harness {
-        kernel: kernel.start().unwrap(),
+        kernel: bus.start(|kernel| {
+            kernel.register(scheduler);
+        }),
         scheduled,
         valve,
         publisher,

@@ -5,12 +5,11 @@ use std::time::Duration;
 
 use hapwright_deployer::component::scheduler::{Config, Scheduler};
 use hapwright_eventbus::model::{InstanceDriver, InstanceRef, RenderedConfig};
+use hapwright_eventbus::testing::TestBus;
 use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, CorrelationId, DeploymentCompleted, DeploymentSummary,
-    DriftDetected, Event, EventKind, EventMeta, EventPayload, InstancesDiscovered, Kernel,
-    RunningKernel, Subscription, ValidationCompleted,
+    CorrelationId, DeploymentCompleted, DeploymentSummary, DriftDetected, Event, EventKind,
+    EventMeta, EventPayload, InstancesDiscovered, RunningKernel, Subscription, ValidationCompleted,
 };
-use prometheus::Registry;
 use tokio::time::{Instant, timeout};
 
 /// A config told apart by `text`, after a `global` header so that it parses like
@@ -26,25 +25,19 @@ struct Harness {
 }
 
 fn start() -> Harness {
-    let registry = Registry::new();
-    let bus = Bus::new(
-        BusConfig::default(),
-        &BusMetrics::register(&registry).unwrap(),
-    );
+    let bus = TestBus::new();
     let scheduler = Scheduler::new(
         Config {
             min_deployment_interval: Duration::from_secs(2),
         },
         vec!["local".to_owned()],
     );
-    let scheduled = bus
-        .subscribe("test", [EventKind::DeploymentScheduled])
-        .unwrap();
+    let scheduled = bus.subscribe("test", [EventKind::DeploymentScheduled]);
     let publisher = bus.publisher();
-    let mut kernel = Kernel::new(bus);
-    kernel.register(scheduler);
     Harness {
-        kernel: kernel.start().unwrap(),
+        kernel: bus.start(|kernel| {
+            kernel.register(scheduler);
+        }),
         scheduled,
         publisher,
     }

@@ -42,11 +42,7 @@ struct Instance {
 impl Instance {
     async fn start(binary: &Path) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = hapwright_eventbus::testing::free_port();
         std::fs::write(
             dir.path().join("haproxy.cfg"),
             format!(

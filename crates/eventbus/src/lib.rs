@@ -22,6 +22,8 @@
 //!          reasons, InstanceRef
 //! config   config value types every crate shares (durations, secrets)
 //! redact   the process-wide set of secret values and their redaction
+//! testing  (feature `testing`, for the crates' tests) a bus and kernel for a test,
+//!          bounded reads, one loopback port allocator
 //! ```
 //!
 //! Data moves as `Arc<Event>`: a publisher builds a payload from `model` values, the
@@ -36,6 +38,8 @@ pub mod kernel;
 pub mod model;
 pub mod redact;
 mod spill;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use bus::{Bus, BusConfig, BusError, BusMetrics, Delivery, Publisher, Subscription};
 pub use event::*;

@@ -22,14 +22,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
 
-/// A free TCP port on 127.0.0.1 (bound then released).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+/// A loopback TCP port nobody listens on right now (the allocator every crate's
+/// tests share).
+#[allow(unused_imports)] // each test file uses a part of this module
+pub use hapwright_eventbus::testing::free_port;
 
 /// A render with the given main config and maps.
 pub fn rendered(main: &str, maps: &[(&str, &str)]) -> Arc<RenderedConfig> {

@@ -9,13 +9,15 @@ use std::time::Duration;
 use hapwright_eventbus::model::{
     Diagnostic, ObjectKey, RenderedConfig, ResourceChange, ResourceSnapshot,
 };
+use hapwright_eventbus::testing::{self, TestBus};
 use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, Component, ComponentError, Context, Event, EventKind, EventMeta,
-    EventPayload, Interest, Kernel, Publisher, ResourceIndexUpdated, ResourceSyncComplete,
-    RunningKernel, Subscription, ValidationCompleted, ValidationFailed, ValidationPhase,
+    Component, ComponentError, Context, Event, EventKind, EventMeta, EventPayload, Interest,
+    Publisher, ResourceIndexUpdated, ResourceSyncComplete, RunningKernel, Subscription,
+    ValidationCompleted, ValidationFailed, ValidationPhase,
 };
-use prometheus::Registry;
-use tokio::time::timeout;
+
+/// How long one read waits (of paused time in most tests).
+const WAIT: Duration = Duration::from_secs(60);
 
 /// Components running on a bus, plus a subscription for assertions.
 pub struct Harness {
@@ -27,17 +29,14 @@ pub struct Harness {
 impl Harness {
     /// Starts `components`; the test subscription receives `kinds`.
     pub fn start(components: Vec<Box<dyn Component>>, kinds: &[EventKind]) -> Self {
-        let metrics = BusMetrics::register(&Registry::new()).expect("metrics");
-        let bus = Bus::new(BusConfig::default(), &metrics);
-        let events = bus
-            .subscribe("test", kinds)
-            .expect("subscribe before start");
+        let bus = TestBus::new();
+        let events = bus.subscribe("test", kinds);
         let publisher = bus.publisher();
-        let mut kernel = Kernel::new(bus);
-        for component in components {
-            kernel.register_boxed(component);
-        }
-        let kernel = kernel.start().expect("kernel starts");
+        let kernel = bus.start(|kernel| {
+            for component in components {
+                kernel.register_boxed(component);
+            }
+        });
         Self {
             publisher,
             events,
@@ -47,24 +46,17 @@ impl Harness {
 
     /// The next event, or `None` if nothing arrives within `wait`.
     pub async fn next_within(&mut self, wait: Duration) -> Option<Arc<Event>> {
-        timeout(wait, self.events.recv()).await.ok().flatten()
+        testing::next_within(&mut self.events, wait).await
     }
 
     /// The next event; panics if nothing arrives within a minute (of paused time).
     pub async fn next(&mut self) -> Arc<Event> {
-        self.next_within(Duration::from_secs(60))
-            .await
-            .expect("an event within 60 s; the pipeline is likely stuck")
+        testing::next(&mut self.events, WAIT).await
     }
 
     /// Skips events until one of `kind` arrives (bounded).
     pub async fn next_of(&mut self, kind: EventKind) -> Arc<Event> {
-        loop {
-            let event = self.next().await;
-            if event.kind() == kind {
-                return event;
-            }
-        }
+        testing::next_of(&mut self.events, kind, WAIT).await
     }
 
     pub fn update(&self, source: &str, snapshot: Arc<ResourceSnapshot>) {

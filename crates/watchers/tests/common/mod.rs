@@ -8,11 +8,10 @@
 
 use std::time::Duration;
 
+use hapwright_eventbus::testing::{self, TestBus};
 use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, Component, EventKind, EventPayload, Kernel, KindSet, RunningKernel,
-    Subscription,
+    Component, EventKind, EventPayload, KindSet, RunningKernel, Subscription,
 };
-use tokio::time::timeout;
 
 /// Starts `component` alone in a kernel; returns the running kernel and a
 /// subscription to `kinds`, made before the kernel started so it sees everything.
@@ -29,24 +28,19 @@ pub fn start_together<C: Component>(
     components: impl IntoIterator<Item = C>,
     kinds: impl Into<KindSet>,
 ) -> (RunningKernel, Subscription) {
-    let registry = prometheus::Registry::new();
-    let metrics = BusMetrics::register(&registry).unwrap();
-    let bus = Bus::new(BusConfig::default(), &metrics);
-    let events = bus.subscribe("test", kinds).unwrap();
-    let mut kernel = Kernel::new(bus);
-    for component in components {
-        kernel.register(component);
-    }
-    (kernel.start().unwrap(), events)
+    let bus = TestBus::new();
+    let events = bus.subscribe("test", kinds);
+    let kernel = bus.start(|kernel| {
+        for component in components {
+            kernel.register(component);
+        }
+    });
+    (kernel, events)
 }
 
 /// The next event's payload, waiting at most `wait`.
 pub async fn next(events: &mut Subscription, wait: Duration) -> EventPayload {
-    let event = timeout(wait, events.recv())
-        .await
-        .expect("timed out waiting for an event")
-        .expect("bus closed");
-    event.payload.clone()
+    testing::next(events, wait).await.payload.clone()
 }
 
 /// One component running alone in a kernel, the test's subscription, and how long
@@ -93,8 +87,7 @@ impl Harness {
     /// Shuts the kernel down and checks that no component had to be aborted.
     pub async fn stop(mut self) {
         if let Some(kernel) = self.kernel.take() {
-            let report = kernel.shutdown(Duration::from_secs(5)).await;
-            assert!(report.aborted.is_empty(), "{report:?}");
+            testing::stop(kernel).await;
         }
     }
 }
