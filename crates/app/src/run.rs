@@ -23,6 +23,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_deployer::client::dataplane;
@@ -42,7 +43,7 @@ use hapwright_reconciler::debouncer::{self, Debouncer};
 use hapwright_reconciler::executor::{self, Executor};
 use hapwright_reconciler::quarantine;
 use hapwright_reconciler::renderer::{QuarantineSettings, Renderer, RendererComponent};
-use hapwright_reconciler::status::StatusComponent;
+use hapwright_reconciler::status::{StatusComponent, StatusTemplates};
 use hapwright_watchers::config::Source;
 use hapwright_watchers::files::FilesSource;
 use hapwright_watchers::http::{HttpSource, HttpSourceMetrics};
@@ -257,33 +258,97 @@ struct Iteration {
 }
 
 impl Iteration {
+    /// Builds every component of `candidate` on a fresh bus and starts them.
     fn start(process: &Process, candidate: Candidate, generation: u64) -> anyhow::Result<Self> {
         let Candidate { loaded, renderer } = candidate;
         let config = &loaded.config;
         let bus = Bus::new(BusConfig::default(), &process.bus_metrics);
         let (changes, config_changes) = tokio::sync::mpsc::unbounded_channel();
-        let mut kernel = Kernel::new(bus)
+        let kernel = Kernel::new(bus)
             .with_metrics(process.kernel_metrics.clone())
             .with_generation(generation);
         process.store.set_health(kernel.health());
-
-        kernel.register(ConfigWatcher::new(&loaded, changes));
+        let mut parts = Assembly {
+            kernel,
+            process,
+            loaded: &loaded,
+            validation: validator::Service::new(build::validator_config(config)),
+        };
+        parts.kernel.register(ConfigWatcher::new(&loaded, changes));
         process
             .managed
             .set_hard_stop_after(config.haproxy.hard_stop_after.get());
-        if config.controller.leader_election != process.leader_config {
-            tracing::warn!(
-                "controller.leaderElection changed; the change takes effect when hapwright restarts"
-            );
+        warn_of_restart_only_changes(process, config);
+        parts.sources()?;
+        parts.discovery();
+        let status_templates = parts.reconciler(renderer)?;
+        parts.statuses(status_templates);
+        parts.webhook()?;
+        parts.deployment()?;
+        parts.recorders();
+
+        let kernel = parts.kernel.start()?;
+        tracing::info!(generation, components = ?kernel.order(), "Controller iteration started");
+        Ok(Self {
+            kernel,
+            config_changes,
+        })
+    }
+
+    async fn stop(self, grace: Duration) {
+        let report = self.kernel.shutdown(grace).await;
+        if !report.aborted.is_empty() {
+            tracing::warn!(aborted = ?report.aborted, "Some components were aborted at the deadline");
         }
-        if config.controller.tracing != process.tracing_config {
-            tracing::warn!(
-                "controller.tracing changed; the change takes effect when hapwright restarts"
-            );
-        }
-        // Files sources of one directory share one watch and scan (FilesSource::share_scans).
+    }
+}
+
+/// Sections that take effect only when hapwright restarts.
+fn warn_of_restart_only_changes(process: &Process, config: &config::Config) {
+    if config.controller.leader_election != process.leader_config {
+        tracing::warn!(
+            "controller.leaderElection changed; the change takes effect when hapwright restarts"
+        );
+    }
+    if config.controller.tracing != process.tracing_config {
+        tracing::warn!(
+            "controller.tracing changed; the change takes effect when hapwright restarts"
+        );
+    }
+}
+
+// === impl Assembly ===
+
+/// An iteration's kernel while its components are registered, one group per step:
+/// sources, discovery, the reconciler, statuses, the webhook, deployment and the
+/// recorders, in that order.
+struct Assembly<'a> {
+    kernel: Kernel,
+    process: &'a Process,
+    loaded: &'a Loaded,
+    /// The one validation service of this config: the validator component and the
+    /// quarantine's search validate through it, and share its baseline (the last
+    /// render that passed `haproxy -c`), so each can skip phase 2 by equivalence
+    /// after the other's pass.
+    validation: validator::Service,
+}
+
+impl Assembly<'_> {
+    fn config(&self) -> &config::Config {
+        &self.loaded.config
+    }
+
+    /// One source per watched resource; files sources of one directory share one
+    /// watch and scan (`FilesSource::share_scans`).
+    fn sources(&mut self) -> anyhow::Result<()> {
+        let Self {
+            kernel,
+            process,
+            loaded,
+            ..
+        } = self;
         let mut files_sources = Vec::new();
-        for (name, resource) in &config.watched_resources.resources {
+        for (name, resource) in &loaded.config.watched_resources.resources {
             let issue = |issue| anyhow::anyhow!("watchedResources.{name}: {issue}");
             match resource.source() {
                 Some(Source::Kubernetes(_)) => {
@@ -307,36 +372,47 @@ impl Iteration {
         for source in FilesSource::share_scans(files_sources) {
             kernel.register(source);
         }
-        if let Some(discovery) = config
+        Ok(())
+    }
+
+    /// HAProxy pods found in Kubernetes (`haproxy.discovery.kubernetes`).
+    fn discovery(&mut self) {
+        let Some(discovery) = self
+            .config()
             .haproxy
             .discovery
             .as_ref()
             .and_then(|d| d.kubernetes.as_ref())
-        {
-            kernel.register(
-                PodDiscovery::new(
-                    DiscoveryConfig {
-                        namespace: discovery.namespace.clone(),
-                        label_selector: discovery.label_selector.clone(),
-                        port: discovery.port,
-                        scheme: discovery.scheme.clone(),
-                        dataplane_container: discovery
-                            .dataplane_container
-                            .clone()
-                            .unwrap_or_else(|| DEFAULT_DATAPLANE_CONTAINER.to_owned()),
-                        restriction: Restriction {
-                            service_account_name: discovery.service_account_name.clone(),
-                            owner_kind: discovery.owner_kind.clone(),
-                            owner_name: discovery.owner_name.clone(),
-                        },
-                    },
-                    process.kube.clone(),
-                )
-                .with_metrics(process.discovery_metrics.clone()),
-            );
-        }
+        else {
+            return;
+        };
+        let config = DiscoveryConfig {
+            namespace: discovery.namespace.clone(),
+            label_selector: discovery.label_selector.clone(),
+            port: discovery.port,
+            scheme: discovery.scheme.clone(),
+            dataplane_container: discovery
+                .dataplane_container
+                .clone()
+                .unwrap_or_else(|| DEFAULT_DATAPLANE_CONTAINER.to_owned()),
+            restriction: Restriction {
+                service_account_name: discovery.service_account_name.clone(),
+                owner_kind: discovery.owner_kind.clone(),
+                owner_name: discovery.owner_name.clone(),
+            },
+        };
+        let discovery = PodDiscovery::new(config, self.process.kube.clone())
+            .with_metrics(self.process.discovery_metrics.clone());
+        self.kernel.register(discovery);
+    }
+
+    /// The debouncer, the executor and the renderer (with the quarantine when
+    /// `controller.quarantine` allows validations). Returns the status templates,
+    /// which the renderer feeds when there are any.
+    fn reconciler(&mut self, renderer: Renderer) -> anyhow::Result<StatusTemplates> {
+        let config = &self.loaded.config;
         let debounce = config.controller.debounce();
-        kernel.register(Debouncer::new(
+        self.kernel.register(Debouncer::new(
             debouncer::Settings {
                 debounce: debounce.debounce.get(),
                 max_wait: debounce.max_wait.get(),
@@ -346,12 +422,7 @@ impl Iteration {
             build::watched_names(config),
         ));
         let quarantine = config.controller.quarantine.max_validations;
-        // The one validation service of this config: the validator component and the
-        // quarantine's search validate through it, and share its baseline (the last
-        // render that passed `haproxy -c`), so each can skip phase 2 by equivalence
-        // after the other's pass.
-        let validation = validator::Service::new(build::validator_config(config));
-        kernel.register(Executor::new(executor::Settings {
+        self.kernel.register(Executor::new(executor::Settings {
             quarantine: quarantine > 0,
             ..executor::Settings::default()
         }));
@@ -363,48 +434,41 @@ impl Iteration {
         }
         if quarantine > 0 {
             renderer = renderer.with_quarantine(QuarantineSettings {
-                validate: build::quarantine_validate(validation.clone()),
+                validate: build::quarantine_validate(self.validation.clone()),
                 max_validations: quarantine,
-                last_good: process.last_good.clone(),
+                last_good: self.process.last_good.clone(),
             });
         }
-        kernel.register(renderer);
-        // Kubernetes Events on quarantined objects of Kubernetes sources.
-        let kubernetes_kinds: Vec<(std::sync::Arc<str>, WatchedKind)> = config
-            .watched_resources
-            .resources
-            .iter()
-            .filter_map(|(name, resource)| match resource.source() {
-                Some(Source::Kubernetes(kubernetes)) => Some((
-                    std::sync::Arc::from(name.as_str()),
-                    WatchedKind {
-                        api_version: kubernetes.api_version.clone(),
-                        kind: kubernetes.kind.clone(),
-                    },
-                )),
-                _ => None,
-            })
-            .collect();
+        self.kernel.register(renderer);
+        Ok(status_templates)
+    }
+
+    /// Statuses rendered from `statusTemplates` (written back to objects of
+    /// Kubernetes sources), and Kubernetes Events for quarantined objects and the
+    /// templates' notices.
+    fn statuses(&mut self, status_templates: StatusTemplates) {
+        let process = self.process;
+        let kubernetes_kinds = kubernetes_kinds(self.config());
         if !status_templates.is_empty() {
             // Statuses are rendered for every object (files ones show on
             // /debug/status) and written only for objects of Kubernetes sources.
-            let written: Vec<(std::sync::Arc<str>, WatchedKind)> = kubernetes_kinds
+            let written: Vec<(Arc<str>, WatchedKind)> = kubernetes_kinds
                 .iter()
                 .filter(|(name, _)| status_templates.resources().any(|r| r == name))
                 .cloned()
                 .collect();
-            kernel.register(StatusComponent::new(status_templates));
+            self.kernel.register(StatusComponent::new(status_templates));
             if !written.is_empty() {
                 let mut writer = StatusWriter::new(
                     process.kube.clone(),
                     written,
                     process.status_write_metrics.clone(),
                 )
-                .with_rate_limit(config.controller.status.rate_limit());
+                .with_rate_limit(self.config().controller.status.rate_limit());
                 if let Some(leader) = process.leadership() {
                     writer = writer.with_leadership(leader);
                 }
-                kernel.register(writer);
+                self.kernel.register(writer);
             }
         }
         // Quarantines and the templates' notices (`# hapwright:<Reason> ...` lines)
@@ -415,40 +479,53 @@ impl Iteration {
             if let Some(leader) = process.leadership() {
                 events = events.with_leadership(leader);
             }
-            kernel.register(events);
+            self.kernel.register(events);
         }
-        match &config.controller.webhook {
-            Some(settings) => {
-                kernel.register(webhook::Feed::new(process.webhook_current.clone()));
-                let targets = settings
-                    .resources
-                    .iter()
-                    .filter_map(|name| {
-                        let resource = config.watched_resources.resources.get(name)?;
-                        Some(webhook::Target::new(name, resource))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                let engine = webhook::Engine::new(
-                    build::renderer(config).map_err(|errors| {
-                        anyhow::anyhow!("the webhook's templates do not compile: {errors:?}")
-                    })?,
-                    build::webhook_validate(build::validator_config(config)),
-                    targets,
-                    webhook::Settings {
-                        timeout: settings.timeout.get(),
-                        failure_policy: settings.failure_policy,
-                    },
-                    process.webhook_current.clone(),
-                    Some(process.webhook_metrics.clone()),
-                );
-                process
-                    .webhook_slot
-                    .store(Some(std::sync::Arc::new(engine)));
-            }
-            None => process.webhook_slot.store(None),
-        }
-        kernel.register(Validator::with_service(
-            validation,
+    }
+
+    /// The admission webhook's feed of snapshots, and its engine for the listener
+    /// (none without `controller.webhook`).
+    fn webhook(&mut self) -> anyhow::Result<()> {
+        let process = self.process;
+        let config = &self.loaded.config;
+        let Some(settings) = &config.controller.webhook else {
+            process.webhook_slot.store(None);
+            return Ok(());
+        };
+        self.kernel
+            .register(webhook::Feed::new(process.webhook_current.clone()));
+        let targets = settings
+            .resources
+            .iter()
+            .filter_map(|name| {
+                let resource = config.watched_resources.resources.get(name)?;
+                Some(webhook::Target::new(name, resource))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let engine = webhook::Engine::new(
+            build::renderer(config).map_err(|errors| {
+                anyhow::anyhow!("the webhook's templates do not compile: {errors:?}")
+            })?,
+            build::webhook_validate(build::validator_config(config)),
+            targets,
+            webhook::Settings {
+                timeout: settings.timeout.get(),
+                failure_policy: settings.failure_policy,
+            },
+            process.webhook_current.clone(),
+            Some(process.webhook_metrics.clone()),
+        );
+        process.webhook_slot.store(Some(Arc::new(engine)));
+        Ok(())
+    }
+
+    /// The validator, the scheduler (with the safety valve) and the deployer, and
+    /// the check of the instances' HAProxy versions against the validator's.
+    fn deployment(&mut self) -> anyhow::Result<()> {
+        let process = self.process;
+        let config = &self.loaded.config;
+        self.kernel.register(Validator::with_service(
+            self.validation.clone(),
             process.validator_metrics.clone(),
         ));
         let timings = config.controller.deploy_timings();
@@ -456,17 +533,10 @@ impl Iteration {
         process
             .safety
             .keep_in(instances.iter().map(|i| i.config_dir.clone()).collect());
-        kernel.register(
-            Scheduler::new(
-                scheduler::Config::from(&timings),
-                config
-                    .haproxy
-                    .instances
-                    .iter()
-                    .map(|i| i.name.clone())
-                    .collect(),
-            )
-            .with_safety(config.controller.safety.clone(), process.safety.clone()),
+        let names = config.haproxy.instances.iter().map(|i| i.name.clone());
+        self.kernel.register(
+            Scheduler::new(scheduler::Config::from(&timings), names.collect())
+                .with_safety(config.controller.safety.clone(), process.safety.clone()),
         );
         let dataplane = config
             .haproxy
@@ -497,33 +567,45 @@ impl Iteration {
         if let Some(leader) = process.leadership() {
             deployer = deployer.with_leadership(leader);
         }
-        kernel.register(deployer.with_version_check(process.versions.clone()));
+        self.kernel
+            .register(deployer.with_version_check(process.versions.clone()));
         process.store.set_version_check(process.versions.clone());
-        {
-            let versions = process.versions.clone();
-            let binary = config.haproxy.binary.clone();
-            tokio::spawn(async move { versions.read_validator(&binary).await });
-        }
-        kernel.register(StatusRecorder::new(
-            process.store.clone(),
-            Some(process.status_metrics.clone()),
+        let versions = process.versions.clone();
+        let binary = config.haproxy.binary.clone();
+        tokio::spawn(async move { versions.read_validator(&binary).await });
+        Ok(())
+    }
+
+    /// What the status store records from the bus: the pipeline's state and the
+    /// event log.
+    fn recorders(&mut self) {
+        let store = &self.process.store;
+        self.kernel.register(StatusRecorder::new(
+            store.clone(),
+            Some(self.process.status_metrics.clone()),
         ));
-        kernel.register(EventLog::new(process.store.clone()));
+        self.kernel.register(EventLog::new(store.clone()));
+    }
+}
 
-        let kernel = kernel.start()?;
-        tracing::info!(generation, components = ?kernel.order(), "Controller iteration started");
-        Ok(Self {
-            kernel,
-            config_changes,
+/// The watched resources of Kubernetes sources with their kinds (the objects
+/// statuses and Events are written to).
+fn kubernetes_kinds(config: &config::Config) -> Vec<(Arc<str>, WatchedKind)> {
+    config
+        .watched_resources
+        .resources
+        .iter()
+        .filter_map(|(name, resource)| match resource.source() {
+            Some(Source::Kubernetes(kubernetes)) => Some((
+                Arc::from(name.as_str()),
+                WatchedKind {
+                    api_version: kubernetes.api_version.clone(),
+                    kind: kubernetes.kind.clone(),
+                },
+            )),
+            _ => None,
         })
-    }
-
-    async fn stop(self, grace: Duration) {
-        let report = self.kernel.shutdown(grace).await;
-        if !report.aborted.is_empty() {
-            tracing::warn!(aborted = ?report.aborted, "Some components were aborted at the deadline");
-        }
-    }
+        .collect()
 }
 
 /// What woke the loop up.
@@ -878,9 +960,7 @@ impl Controller {
         let http_state = HttpState::new(process.store.clone(), process.registry.clone(), reload);
         http_state
             .policy
-            .store(std::sync::Arc::new(http::Policy::from(
-                &first.config.controller,
-            )));
+            .store(Arc::new(http::Policy::from(&first.config.controller)));
         let signals = Signals::new()?;
         let mut listeners = Listeners {
             main: None,
@@ -989,7 +1069,7 @@ impl Controller {
         let store = &self.process.store;
         self.http_state
             .policy
-            .store(std::sync::Arc::new(http::Policy::from(&config.controller)));
+            .store(Arc::new(http::Policy::from(&config.controller)));
         store.set_config(config_status(loaded));
         store.set_liveness_grace(config.controller.liveness_grace.get());
         store.set_template_places(loaded.templates_at.clone());
