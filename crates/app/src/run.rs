@@ -909,10 +909,8 @@ impl Signals {
     }
 }
 
-/// What happens to the running iteration after a wake-up.
-enum Next {
-    /// It keeps running.
-    Keep,
+/// Why the running iteration ends (after a wake-up that does not leave it running).
+enum End {
     /// It is replaced by one built from the candidate, for the reason given.
     Replace(Box<Candidate>, &'static str),
     /// It stops, and so does the controller.
@@ -1005,34 +1003,23 @@ impl Controller {
     async fn run(&mut self, mut candidate: Candidate) -> anyhow::Result<()> {
         loop {
             let mut running = self.start_iteration(candidate)?;
-            let next = loop {
+            let end = loop {
                 let wake = self.wake(&mut running).await;
-                match self.handle(&mut running, wake).await {
-                    Next::Keep => {}
-                    next => break next,
+                if let Some(end) = self.handle(&mut running, wake).await {
+                    break end;
                 }
             };
-            let Running {
-                iteration,
-                generation,
-                grace,
-                ..
-            } = running;
-            match next {
-                Next::Replace(next, why) => {
-                    tracing::info!(
-                        generation,
-                        reason = why,
-                        "Restarting the controller iteration"
-                    );
-                    iteration.stop(grace).await;
-                    candidate = *next;
-                }
-                Next::Shutdown | Next::Keep => {
-                    iteration.stop(grace).await;
-                    return Ok(());
-                }
-            }
+            let End::Replace(next, why) = end else {
+                running.iteration.stop(running.grace).await;
+                return Ok(());
+            };
+            tracing::info!(
+                generation = running.generation,
+                reason = why,
+                "Restarting the controller iteration"
+            );
+            running.iteration.stop(running.grace).await;
+            candidate = *next;
         }
     }
 
@@ -1099,17 +1086,17 @@ impl Controller {
         }
     }
 
-    /// Decides what a wake-up means for the running iteration. Invalid configs and
-    /// component failures leave it running.
-    async fn handle(&mut self, running: &mut Running, wake: Wake) -> Next {
+    /// Decides what a wake-up means for the running iteration (`None`: it keeps
+    /// running, as it does after an invalid config or a component failure).
+    async fn handle(&mut self, running: &mut Running, wake: Wake) -> Option<End> {
         match wake {
             Wake::Shutdown(why) => {
                 tracing::info!(reason = why, "Shutting down");
-                Next::Shutdown
+                Some(End::Shutdown)
             }
             Wake::ComponentFailed(failure) => {
                 self.component_failed(running, &failure);
-                Next::Keep
+                None
             }
             Wake::Recovered => {
                 tracing::info!(
@@ -1119,14 +1106,14 @@ impl Controller {
                 self.backoff.reset();
                 self.process.store.components_recovered();
                 running.recovering = false;
-                Next::Keep
+                None
             }
             Wake::Restart => Self::restart(running),
             Wake::Invalid(errors) => self.reload(Err(errors), None).await,
             Wake::Loaded(loaded) if loaded.hash == running.config.hash => {
                 // Back to the running config after an invalid edit: clear the error.
                 self.keep_config(&loaded);
-                Next::Keep
+                None
             }
             Wake::Loaded(loaded) => self.reload(Ok(*loaded), None).await,
             Wake::Reload(request) => self.reload_requested(running, request).await,
@@ -1162,9 +1149,12 @@ impl Controller {
     }
 
     /// The restart delay is over: the iteration is rebuilt from its own config.
-    fn restart(running: &mut Running) -> Next {
+    fn restart(running: &mut Running) -> Option<End> {
         match prepare(running.config.clone()) {
-            Ok(next) => Next::Replace(Box::new(next), "restarting after a component failure"),
+            Ok(next) => Some(End::Replace(
+                Box::new(next),
+                "restarting after a component failure",
+            )),
             Err(errors) => {
                 // The running config passed these checks before; only a changed
                 // template file on disk could fail them now.
@@ -1172,7 +1162,7 @@ impl Controller {
                     tracing::error!(error = %error, "Cannot rebuild the controller iteration");
                 }
                 running.restart_at = None;
-                Next::Keep
+                None
             }
         }
     }
@@ -1180,7 +1170,7 @@ impl Controller {
     /// SIGHUP or `POST /-/reload`: loads the config file again. A file equal to the
     /// running config rebuilds nothing, except on SIGHUP (the operator's way to force
     /// a full re-sync).
-    async fn reload_requested(&mut self, running: &Running, request: ReloadRequest) -> Next {
+    async fn reload_requested(&mut self, running: &Running, request: ReloadRequest) -> Option<End> {
         let source = request.source;
         tracing::info!(?source, "Reloading the controller config");
         running
@@ -1204,7 +1194,7 @@ impl Controller {
                 tracing::info!(?source, "Controller config unchanged; nothing to reload");
                 self.keep_config(&loaded);
                 request.answer(ReloadOutcome::Unchanged);
-                Next::Keep
+                None
             }
             other => self.reload(other, Some(request)).await,
         }
@@ -1224,7 +1214,7 @@ impl Controller {
         &mut self,
         loaded: Result<Loaded, Vec<Diagnostic>>,
         mut asked: Option<ReloadRequest>,
-    ) -> Next {
+    ) -> Option<End> {
         let candidate = loaded.and_then(prepare);
         // A positive verdict goes out before the listeners move: a listener that is
         // rebound drains its connections, this request's among them.
@@ -1244,7 +1234,7 @@ impl Controller {
             Ok(next) => {
                 self.process.reload_metrics.record(true);
                 tracing::info!(hash = %next.loaded.hash.short(), "New controller config accepted");
-                Next::Replace(Box::new(next), "valid new config")
+                Some(End::Replace(Box::new(next), "valid new config"))
             }
             Err(errors) => {
                 self.process.reload_metrics.record(false);
@@ -1257,7 +1247,7 @@ impl Controller {
                     ));
                 }
                 self.process.store.config_rejected(errors);
-                Next::Keep
+                None
             }
         }
     }
