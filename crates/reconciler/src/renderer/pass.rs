@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use hapwright_eventbus::model::{Diagnostic, FileKind, HashedMain, RenderedConfig, SourceMap};
+use hapwright_eventbus::model::{
+    Diagnostic, FileKind, HashedMain, RenderedConfig, RenderedFileRef, SourceMap,
+};
 use minijinja::Environment;
 use minijinja::value::Value;
 
@@ -94,7 +96,7 @@ impl Cache {
     }
 }
 
-// === impl Pass ===
+// === impl Collected ===
 
 /// The files of one render in entry order, as they came out.
 struct Collected {
@@ -108,6 +110,21 @@ struct Collected {
     /// The snippet outputs used by files that are not kept.
     uncached_used: Vec<Arc<fragments::Used>>,
 }
+
+impl Collected {
+    /// Takes a rendered file into the config and the source map.
+    fn add(&mut self, file: &RenderedFileRef, text: FileText, lines: Arc<[Option<u32>]>) {
+        self.source_map.insert_indexed(file.clone(), lines);
+        match (text, file.kind) {
+            (FileText::Main(hashed), _) => self.main = Some(hashed),
+            (FileText::Other(text), kind) => {
+                drop(self.outputs[slot(kind)].insert(file.name.clone(), text));
+            }
+        }
+    }
+}
+
+// === impl Pass ===
 
 /// One render in progress: its context, what to do per file, and the results as
 /// they come in. Files render on several threads ([`Renderer::render`]), each
@@ -420,9 +437,10 @@ impl<'a> Pass<'a> {
             outputs: Default::default(),
             source_map: SourceMap::with_origins(inner.origins.clone()),
             diagnostics: Vec::new(),
-            cached: inner.entries.iter().map(|_| None).collect(),
+            cached: Vec::new(),
             uncached_used: Vec::new(),
         };
+        let mut cached: Vec<Option<CachedFile>> = inner.entries.iter().map(|_| None).collect();
         let results = std::mem::take(&mut self.results);
         let reads = std::mem::take(&mut self.reads);
         for ((((entry, result), reads), cached), (&reusable, &spliceable)) in inner
@@ -430,7 +448,7 @@ impl<'a> Pass<'a> {
             .iter()
             .zip(results)
             .zip(reads)
-            .zip(&mut collected.cached)
+            .zip(&mut cached)
             .zip(inner.reusable.iter().zip(&inner.spliceable))
         {
             let (Some(file), Some(result)) = (&entry.output, result.into_inner()) else {
@@ -467,14 +485,9 @@ impl<'a> Pass<'a> {
                 lines: lines.clone(),
                 reads,
             });
-            collected.source_map.insert_indexed(file.clone(), lines);
-            match (text, file.kind) {
-                (FileText::Main(hashed), _) => collected.main = Some(hashed),
-                (FileText::Other(text), kind) => {
-                    drop(collected.outputs[slot(kind)].insert(file.name.clone(), text));
-                }
-            }
+            collected.add(file, text, lines);
         }
+        collected.cached = cached;
         collected
     }
 
