@@ -23,6 +23,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_deployer::client::dataplane;
@@ -42,7 +43,7 @@ use hapwright_reconciler::debouncer::{self, Debouncer};
 use hapwright_reconciler::executor::{self, Executor};
 use hapwright_reconciler::quarantine;
 use hapwright_reconciler::renderer::{QuarantineSettings, Renderer, RendererComponent};
-use hapwright_reconciler::status::StatusComponent;
+use hapwright_reconciler::status::{StatusComponent, StatusTemplates};
 use hapwright_watchers::config::Source;
 use hapwright_watchers::files::FilesSource;
 use hapwright_watchers::http::{HttpSource, HttpSourceMetrics};
@@ -53,7 +54,7 @@ use hapwright_watchers::kubernetes::{
     WatchedKind,
 };
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::build;
 use crate::commands::print_errors;
@@ -265,33 +266,97 @@ struct Iteration {
 }
 
 impl Iteration {
+    /// Builds every component of `candidate` on a fresh bus and starts them.
     fn start(process: &Process, candidate: Candidate, generation: u64) -> anyhow::Result<Self> {
         let Candidate { loaded, renderer } = candidate;
         let config = &loaded.config;
         let bus = Bus::new(BusConfig::default(), &process.bus_metrics);
         let (changes, config_changes) = tokio::sync::mpsc::unbounded_channel();
-        let mut kernel = Kernel::new(bus)
+        let kernel = Kernel::new(bus)
             .with_metrics(process.kernel_metrics.clone())
             .with_generation(generation);
         process.store.set_health(kernel.health());
-
-        kernel.register(ConfigWatcher::new(&loaded, changes));
+        let mut parts = Assembly {
+            kernel,
+            process,
+            loaded: &loaded,
+            validation: validator::Service::new(build::validator_config(config)),
+        };
+        parts.kernel.register(ConfigWatcher::new(&loaded, changes));
         process
             .managed
             .set_hard_stop_after(config.haproxy.hard_stop_after.get());
-        if config.controller.leader_election != process.leader_config {
-            tracing::warn!(
-                "controller.leaderElection changed; the change takes effect when hapwright restarts"
-            );
+        warn_of_restart_only_changes(process, config);
+        parts.sources()?;
+        parts.discovery();
+        let status_templates = parts.reconciler(renderer)?;
+        parts.statuses(status_templates);
+        parts.webhook()?;
+        parts.deployment()?;
+        parts.recorders();
+
+        let kernel = parts.kernel.start()?;
+        tracing::info!(generation, components = ?kernel.order(), "Controller iteration started");
+        Ok(Self {
+            kernel,
+            config_changes,
+        })
+    }
+
+    async fn stop(self, grace: Duration) {
+        let report = self.kernel.shutdown(grace).await;
+        if !report.aborted.is_empty() {
+            tracing::warn!(aborted = ?report.aborted, "Some components were aborted at the deadline");
         }
-        if config.controller.tracing != process.tracing_config {
-            tracing::warn!(
-                "controller.tracing changed; the change takes effect when hapwright restarts"
-            );
-        }
-        // Files sources of one directory share one watch and scan (FilesSource::share_scans).
+    }
+}
+
+/// Sections that take effect only when hapwright restarts.
+fn warn_of_restart_only_changes(process: &Process, config: &config::Config) {
+    if config.controller.leader_election != process.leader_config {
+        tracing::warn!(
+            "controller.leaderElection changed; the change takes effect when hapwright restarts"
+        );
+    }
+    if config.controller.tracing != process.tracing_config {
+        tracing::warn!(
+            "controller.tracing changed; the change takes effect when hapwright restarts"
+        );
+    }
+}
+
+// === impl Assembly ===
+
+/// An iteration's kernel while its components are registered, one group per step:
+/// sources, discovery, the reconciler, statuses, the webhook, deployment and the
+/// recorders, in that order.
+struct Assembly<'a> {
+    kernel: Kernel,
+    process: &'a Process,
+    loaded: &'a Loaded,
+    /// The one validation service of this config: the validator component and the
+    /// quarantine's search validate through it, and share its baseline (the last
+    /// render that passed `haproxy -c`), so each can skip phase 2 by equivalence
+    /// after the other's pass.
+    validation: validator::Service,
+}
+
+impl Assembly<'_> {
+    fn config(&self) -> &config::Config {
+        &self.loaded.config
+    }
+
+    /// One source per watched resource; files sources of one directory share one
+    /// watch and scan (`FilesSource::share_scans`).
+    fn sources(&mut self) -> anyhow::Result<()> {
+        let Self {
+            kernel,
+            process,
+            loaded,
+            ..
+        } = self;
         let mut files_sources = Vec::new();
-        for (name, resource) in &config.watched_resources.resources {
+        for (name, resource) in &loaded.config.watched_resources.resources {
             let issue = |issue| anyhow::anyhow!("watchedResources.{name}: {issue}");
             match resource.source() {
                 Some(Source::Kubernetes(_)) => {
@@ -315,36 +380,47 @@ impl Iteration {
         for source in FilesSource::share_scans(files_sources) {
             kernel.register(source);
         }
-        if let Some(discovery) = config
+        Ok(())
+    }
+
+    /// HAProxy pods found in Kubernetes (`haproxy.discovery.kubernetes`).
+    fn discovery(&mut self) {
+        let Some(discovery) = self
+            .config()
             .haproxy
             .discovery
             .as_ref()
             .and_then(|d| d.kubernetes.as_ref())
-        {
-            kernel.register(
-                PodDiscovery::new(
-                    DiscoveryConfig {
-                        namespace: discovery.namespace.clone(),
-                        label_selector: discovery.label_selector.clone(),
-                        port: discovery.port,
-                        scheme: discovery.scheme.clone(),
-                        dataplane_container: discovery
-                            .dataplane_container
-                            .clone()
-                            .unwrap_or_else(|| DEFAULT_DATAPLANE_CONTAINER.to_owned()),
-                        restriction: Restriction {
-                            service_account_name: discovery.service_account_name.clone(),
-                            owner_kind: discovery.owner_kind.clone(),
-                            owner_name: discovery.owner_name.clone(),
-                        },
-                    },
-                    process.kube.clone(),
-                )
-                .with_metrics(process.discovery_metrics.clone()),
-            );
-        }
+        else {
+            return;
+        };
+        let config = DiscoveryConfig {
+            namespace: discovery.namespace.clone(),
+            label_selector: discovery.label_selector.clone(),
+            port: discovery.port,
+            scheme: discovery.scheme.clone(),
+            dataplane_container: discovery
+                .dataplane_container
+                .clone()
+                .unwrap_or_else(|| DEFAULT_DATAPLANE_CONTAINER.to_owned()),
+            restriction: Restriction {
+                service_account_name: discovery.service_account_name.clone(),
+                owner_kind: discovery.owner_kind.clone(),
+                owner_name: discovery.owner_name.clone(),
+            },
+        };
+        let discovery = PodDiscovery::new(config, self.process.kube.clone())
+            .with_metrics(self.process.discovery_metrics.clone());
+        self.kernel.register(discovery);
+    }
+
+    /// The debouncer, the executor and the renderer (with the quarantine when
+    /// `controller.quarantine` allows validations). Returns the status templates,
+    /// which the renderer feeds when there are any.
+    fn reconciler(&mut self, renderer: Renderer) -> anyhow::Result<StatusTemplates> {
+        let config = &self.loaded.config;
         let debounce = config.controller.debounce();
-        kernel.register(Debouncer::new(
+        self.kernel.register(Debouncer::new(
             debouncer::Settings {
                 debounce: debounce.debounce.get(),
                 max_wait: debounce.max_wait.get(),
@@ -354,12 +430,7 @@ impl Iteration {
             build::watched_names(config),
         ));
         let quarantine = config.controller.quarantine.max_validations;
-        // The one validation service of this config: the validator component and the
-        // quarantine's search validate through it, and share its baseline (the last
-        // render that passed `haproxy -c`), so each can skip phase 2 by equivalence
-        // after the other's pass.
-        let validation = validator::Service::new(build::validator_config(config));
-        kernel.register(Executor::new(executor::Settings {
+        self.kernel.register(Executor::new(executor::Settings {
             quarantine: quarantine > 0,
             ..executor::Settings::default()
         }));
@@ -369,59 +440,53 @@ impl Iteration {
         if !status_templates.is_empty() {
             renderer = renderer.with_template_inputs();
         }
-        let instances = build::socket_instances(config);
-        let local_dirs: Vec<std::path::PathBuf> =
-            instances.iter().map(|i| i.config_dir.clone()).collect();
         if quarantine > 0 {
             // The record of the quarantine goes beside the deployed files of every
             // local instance, as the safety valve's does.
-            process
+            let local_dirs = build::socket_instances(config)
+                .iter()
+                .map(|i| i.config_dir.clone())
+                .collect();
+            self.process
                 .quarantine
-                .keep_in(local_dirs.clone(), Some(loaded.hash.to_string()));
+                .keep_in(local_dirs, Some(self.loaded.hash.to_string()));
             renderer = renderer.with_quarantine(QuarantineSettings {
-                validate: build::quarantine_validate(validation.clone()),
+                validate: build::quarantine_validate(self.validation.clone()),
                 max_validations: quarantine,
-                last_good: process.last_good.clone(),
-                kept: process.quarantine.clone(),
+                last_good: self.process.last_good.clone(),
+                kept: self.process.quarantine.clone(),
             });
         }
-        kernel.register(renderer);
-        // Kubernetes Events on quarantined objects of Kubernetes sources.
-        let kubernetes_kinds: Vec<(std::sync::Arc<str>, WatchedKind)> = config
-            .watched_resources
-            .resources
-            .iter()
-            .filter_map(|(name, resource)| match resource.source() {
-                Some(Source::Kubernetes(kubernetes)) => Some((
-                    std::sync::Arc::from(name.as_str()),
-                    WatchedKind {
-                        api_version: kubernetes.api_version.clone(),
-                        kind: kubernetes.kind.clone(),
-                    },
-                )),
-                _ => None,
-            })
-            .collect();
+        self.kernel.register(renderer);
+        Ok(status_templates)
+    }
+
+    /// Statuses rendered from `statusTemplates` (written back to objects of
+    /// Kubernetes sources), and Kubernetes Events for quarantined objects and the
+    /// templates' notices.
+    fn statuses(&mut self, status_templates: StatusTemplates) {
+        let process = self.process;
+        let kubernetes_kinds = kubernetes_kinds(self.config());
         if !status_templates.is_empty() {
             // Statuses are rendered for every object (files ones show on
             // /debug/status) and written only for objects of Kubernetes sources.
-            let written: Vec<(std::sync::Arc<str>, WatchedKind)> = kubernetes_kinds
+            let written: Vec<(Arc<str>, WatchedKind)> = kubernetes_kinds
                 .iter()
                 .filter(|(name, _)| status_templates.resources().any(|r| r == name))
                 .cloned()
                 .collect();
-            kernel.register(StatusComponent::new(status_templates));
+            self.kernel.register(StatusComponent::new(status_templates));
             if !written.is_empty() {
                 let mut writer = StatusWriter::new(
                     process.kube.clone(),
                     written,
                     process.status_write_metrics.clone(),
                 )
-                .with_rate_limit(config.controller.status.rate_limit());
+                .with_rate_limit(self.config().controller.status.rate_limit());
                 if let Some(leader) = process.leadership() {
                     writer = writer.with_leadership(leader);
                 }
-                kernel.register(writer);
+                self.kernel.register(writer);
             }
         }
         // Quarantines and the templates' notices (`# hapwright:<Reason> ...` lines)
@@ -432,55 +497,64 @@ impl Iteration {
             if let Some(leader) = process.leadership() {
                 events = events.with_leadership(leader);
             }
-            kernel.register(events);
+            self.kernel.register(events);
         }
-        match &config.controller.webhook {
-            Some(settings) => {
-                kernel.register(webhook::Feed::new(process.webhook_current.clone()));
-                let targets = settings
-                    .resources
-                    .iter()
-                    .filter_map(|name| {
-                        let resource = config.watched_resources.resources.get(name)?;
-                        Some(webhook::Target::new(name, resource))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                let engine = webhook::Engine::new(
-                    build::renderer(config).map_err(|errors| {
-                        anyhow::anyhow!("the webhook's templates do not compile: {errors:?}")
-                    })?,
-                    build::webhook_validate(build::validator_config(config)),
-                    targets,
-                    webhook::Settings {
-                        timeout: settings.timeout.get(),
-                        failure_policy: settings.failure_policy,
-                    },
-                    process.webhook_current.clone(),
-                    Some(process.webhook_metrics.clone()),
-                );
-                process
-                    .webhook_slot
-                    .store(Some(std::sync::Arc::new(engine)));
-            }
-            None => process.webhook_slot.store(None),
-        }
-        kernel.register(Validator::with_service(
-            validation,
+    }
+
+    /// The admission webhook's feed of snapshots, and its engine for the listener
+    /// (none without `controller.webhook`).
+    fn webhook(&mut self) -> anyhow::Result<()> {
+        let process = self.process;
+        let config = &self.loaded.config;
+        let Some(settings) = &config.controller.webhook else {
+            process.webhook_slot.store(None);
+            return Ok(());
+        };
+        self.kernel
+            .register(webhook::Feed::new(process.webhook_current.clone()));
+        let targets = settings
+            .resources
+            .iter()
+            .filter_map(|name| {
+                let resource = config.watched_resources.resources.get(name)?;
+                Some(webhook::Target::new(name, resource))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let engine = webhook::Engine::new(
+            build::renderer(config).map_err(|errors| {
+                anyhow::anyhow!("the webhook's templates do not compile: {errors:?}")
+            })?,
+            build::webhook_validate(build::validator_config(config)),
+            targets,
+            webhook::Settings {
+                timeout: settings.timeout.get(),
+                failure_policy: settings.failure_policy,
+            },
+            process.webhook_current.clone(),
+            Some(process.webhook_metrics.clone()),
+        );
+        process.webhook_slot.store(Some(Arc::new(engine)));
+        Ok(())
+    }
+
+    /// The validator, the scheduler (with the safety valve) and the deployer, and
+    /// the check of the instances' HAProxy versions against the validator's.
+    fn deployment(&mut self) -> anyhow::Result<()> {
+        let process = self.process;
+        let config = &self.loaded.config;
+        self.kernel.register(Validator::with_service(
+            self.validation.clone(),
             process.validator_metrics.clone(),
         ));
         let timings = config.controller.deploy_timings();
-        process.safety.keep_in(local_dirs);
-        kernel.register(
-            Scheduler::new(
-                scheduler::Config::from(&timings),
-                config
-                    .haproxy
-                    .instances
-                    .iter()
-                    .map(|i| i.name.clone())
-                    .collect(),
-            )
-            .with_safety(config.controller.safety.clone(), process.safety.clone()),
+        let instances = build::socket_instances(config);
+        process
+            .safety
+            .keep_in(instances.iter().map(|i| i.config_dir.clone()).collect());
+        let names = config.haproxy.instances.iter().map(|i| i.name.clone());
+        self.kernel.register(
+            Scheduler::new(scheduler::Config::from(&timings), names.collect())
+                .with_safety(config.controller.safety.clone(), process.safety.clone()),
         );
         let dataplane = config
             .haproxy
@@ -511,33 +585,45 @@ impl Iteration {
         if let Some(leader) = process.leadership() {
             deployer = deployer.with_leadership(leader);
         }
-        kernel.register(deployer.with_version_check(process.versions.clone()));
+        self.kernel
+            .register(deployer.with_version_check(process.versions.clone()));
         process.store.set_version_check(process.versions.clone());
-        {
-            let versions = process.versions.clone();
-            let binary = config.haproxy.binary.clone();
-            tokio::spawn(async move { versions.read_validator(&binary).await });
-        }
-        kernel.register(StatusRecorder::new(
-            process.store.clone(),
-            Some(process.status_metrics.clone()),
+        let versions = process.versions.clone();
+        let binary = config.haproxy.binary.clone();
+        tokio::spawn(async move { versions.read_validator(&binary).await });
+        Ok(())
+    }
+
+    /// What the status store records from the bus: the pipeline's state and the
+    /// event log.
+    fn recorders(&mut self) {
+        let store = &self.process.store;
+        self.kernel.register(StatusRecorder::new(
+            store.clone(),
+            Some(self.process.status_metrics.clone()),
         ));
-        kernel.register(EventLog::new(process.store.clone()));
+        self.kernel.register(EventLog::new(store.clone()));
+    }
+}
 
-        let kernel = kernel.start()?;
-        tracing::info!(generation, components = ?kernel.order(), "Controller iteration started");
-        Ok(Self {
-            kernel,
-            config_changes,
+/// The watched resources of Kubernetes sources with their kinds (the objects
+/// statuses and Events are written to).
+fn kubernetes_kinds(config: &config::Config) -> Vec<(Arc<str>, WatchedKind)> {
+    config
+        .watched_resources
+        .resources
+        .iter()
+        .filter_map(|(name, resource)| match resource.source() {
+            Some(Source::Kubernetes(kubernetes)) => Some((
+                Arc::from(name.as_str()),
+                WatchedKind {
+                    api_version: kubernetes.api_version.clone(),
+                    kind: kubernetes.kind.clone(),
+                },
+            )),
+            _ => None,
         })
-    }
-
-    async fn stop(self, grace: Duration) {
-        let report = self.kernel.shutdown(grace).await;
-        if !report.aborted.is_empty() {
-            tracing::warn!(aborted = ?report.aborted, "Some components were aborted at the deadline");
-        }
-    }
+        .collect()
 }
 
 /// What woke the loop up.
@@ -817,297 +903,415 @@ async fn run_configured(loaded: config::Loaded) -> u8 {
     }
 }
 
-async fn run_loop(mut candidate: Candidate) -> anyhow::Result<()> {
-    let process = Process::new(&candidate.loaded)?;
-    let config_path = candidate.loaded.path.clone();
-    let (reload, mut reload_requests) = ReloadHandle::channel();
-    let state = HttpState::new(
-        process.store.clone(),
-        process.registry.clone(),
-        reload.clone(),
-    );
-    state.policy.store(std::sync::Arc::new(http::Policy::from(
-        &candidate.loaded.config.controller,
-    )));
-    let mut listeners = Listeners {
-        main: None,
-        metrics: None,
-        webhook: None,
-    };
-    let mut sighup = signal(SignalKind::hangup())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
+async fn run_loop(candidate: Candidate) -> anyhow::Result<()> {
+    let mut controller = Controller::spawn(&candidate.loaded).await?;
+    let outcome = controller.run(candidate).await;
+    controller.shutdown().await;
+    outcome
+}
 
-    let first = &candidate.loaded.config.controller;
-    if let Err(error) = listeners
-        .ensure(
-            &state,
-            first.listen,
-            first.metrics_listen,
-            &Limits::from(&first.http),
-        )
-        .await
-    {
-        process.managed.stop().await;
-        anyhow::bail!("{error}");
+/// The signals the controller answers: SIGHUP reloads, SIGTERM and SIGINT stop.
+struct Signals {
+    hangup: Signal,
+    terminate: Signal,
+    interrupt: Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        Ok(Self {
+            hangup: signal(SignalKind::hangup())?,
+            terminate: signal(SignalKind::terminate())?,
+            interrupt: signal(SignalKind::interrupt())?,
+        })
     }
-    if let Err(error) = listeners
-        .ensure_webhook(webhook_listen(first), &process.webhook_slot)
-        .await
-    {
-        process.managed.stop().await;
-        listeners.shutdown().await;
-        anyhow::bail!("{error}");
-    }
-    let mut generation = 0u64;
-    let mut backoff = RestartBackoff::default();
-    let outcome = loop {
-        generation += 1;
-        let controller = candidate.loaded.config.controller.clone();
-        state
+}
+
+/// Why the running iteration ends (after a wake-up that does not leave it running).
+enum End {
+    /// It is replaced by one built from the candidate, for the reason given.
+    Replace(Box<Candidate>, &'static str),
+    /// It stops, and so does the controller.
+    Shutdown,
+}
+
+/// The running iteration and what the controller tracks about it.
+struct Running {
+    iteration: Iteration,
+    /// Its config, kept to rebuild it from the same config after a component failure.
+    config: Loaded,
+    generation: u64,
+    /// How long its components get to stop.
+    grace: Duration,
+    started: tokio::time::Instant,
+    /// When it is rebuilt after a component failure.
+    restart_at: Option<tokio::time::Instant>,
+    /// Whether it follows a restart and has not yet run long enough to reset the
+    /// backoff.
+    recovering: bool,
+    recovered_at: tokio::time::Instant,
+}
+
+// === impl Controller ===
+
+/// The controller across config reloads: what outlives iterations (the process's
+/// state, the HTTP listeners) and the inputs that end one (config changes, reload
+/// requests, signals, component failures).
+struct Controller {
+    process: Process,
+    config_path: PathBuf,
+    http_state: HttpState,
+    listeners: Listeners,
+    reload_requests: tokio::sync::mpsc::Receiver<ReloadRequest>,
+    signals: Signals,
+    generation: u64,
+    backoff: RestartBackoff,
+}
+
+impl Controller {
+    /// Sets up what outlives iterations for the first config and binds its listeners.
+    async fn spawn(first: &Loaded) -> anyhow::Result<Self> {
+        let process = Process::new(first)?;
+        let (reload, reload_requests) = ReloadHandle::channel();
+        let http_state = HttpState::new(process.store.clone(), process.registry.clone(), reload);
+        http_state
             .policy
-            .store(std::sync::Arc::new(http::Policy::from(&controller)));
-        process.store.set_config(config_status(&candidate.loaded));
-        process
-            .store
-            .set_liveness_grace(controller.liveness_grace.get());
-        process
-            .store
-            .set_template_places(candidate.loaded.templates_at.clone());
-        if let Some(leader) = process.leadership() {
-            process.store.set_leadership(leader);
-        }
-        process.store.set_watched_resources(
-            candidate
-                .loaded
-                .config
-                .watched_resources
-                .resources
-                .keys()
-                .cloned(),
-        );
-        process.store.set_static_instances(
-            candidate
-                .loaded
-                .config
-                .haproxy
-                .instances
-                .iter()
-                .map(|i| i.name.clone()),
-        );
-        let grace = ITERATION_GRACE.max(controller.deployment_timeout.get());
-        let running_hash = candidate.loaded.hash;
-        // Kept to rebuild the iteration from the same config after a component failure.
-        let running = candidate.loaded.clone();
-        let started = tokio::time::Instant::now();
-        let mut restart_at: Option<tokio::time::Instant> = None;
-        let mut recovering = backoff.attempt() > 0;
-        let recovered_at = started + backoff.reset_after();
-        let mut iteration = match Iteration::start(&process, candidate, generation) {
-            Ok(iteration) => iteration,
-            Err(error) => break Err(error),
+            .store(Arc::new(http::Policy::from(&first.config.controller)));
+        let signals = Signals::new()?;
+        let mut listeners = Listeners {
+            main: None,
+            metrics: None,
+            webhook: None,
         };
-        state
+        let wanted = &first.config.controller;
+        if let Err(error) = listeners
+            .ensure(
+                &http_state,
+                wanted.listen,
+                wanted.metrics_listen,
+                &Limits::from(&wanted.http),
+            )
+            .await
+        {
+            process.managed.stop().await;
+            anyhow::bail!("{error}");
+        }
+        if let Err(error) = listeners
+            .ensure_webhook(webhook_listen(wanted), &process.webhook_slot)
+            .await
+        {
+            process.managed.stop().await;
+            listeners.shutdown().await;
+            anyhow::bail!("{error}");
+        }
+        Ok(Self {
+            process,
+            config_path: first.path.clone(),
+            http_state,
+            listeners,
+            reload_requests,
+            signals,
+            generation: 0,
+            backoff: RestartBackoff::default(),
+        })
+    }
+
+    /// Runs one iteration after the other, each until a valid replacement, until a
+    /// shutdown signal or an iteration that cannot start.
+    async fn run(&mut self, mut candidate: Candidate) -> anyhow::Result<()> {
+        loop {
+            let mut running = self.start_iteration(candidate)?;
+            let end = loop {
+                let wake = self.wake(&mut running).await;
+                if let Some(end) = self.handle(&mut running, wake).await {
+                    break end;
+                }
+            };
+            let End::Replace(next, why) = end else {
+                running.iteration.stop(running.grace).await;
+                return Ok(());
+            };
+            tracing::info!(
+                generation = running.generation,
+                reason = why,
+                "Restarting the controller iteration"
+            );
+            running.iteration.stop(running.grace).await;
+            candidate = *next;
+        }
+    }
+
+    /// Publishes the candidate's config (status store, HTTP policy) and starts the
+    /// next iteration from it.
+    fn start_iteration(&mut self, candidate: Candidate) -> anyhow::Result<Running> {
+        self.generation += 1;
+        self.publish_config(&candidate.loaded);
+        let grace =
+            ITERATION_GRACE.max(candidate.loaded.config.controller.deployment_timeout.get());
+        let config = candidate.loaded.clone();
+        let started = tokio::time::Instant::now();
+        let recovering = self.backoff.attempt() > 0;
+        let recovered_at = started + self.backoff.reset_after();
+        let iteration = Iteration::start(&self.process, candidate, self.generation)?;
+        self.http_state
             .approve
             .set_publisher(iteration.kernel.bus().publisher());
+        Ok(Running {
+            iteration,
+            config,
+            generation: self.generation,
+            grace,
+            started,
+            restart_at: None,
+            recovering,
+            recovered_at,
+        })
+    }
 
-        // Wait for a valid replacement or a shutdown; invalid ones leave this running.
-        let next = loop {
-            let wake = tokio::select! {
-                // The watcher gone (it failed): the kernel reports that; this branch
-                // just stops yielding.
-                Some(change) = iteration.config_changes.recv() => match change {
-                    config::ConfigChange::Loaded(loaded) => Wake::Loaded(loaded),
-                    config::ConfigChange::Invalid(errors) => Wake::Invalid(errors),
-                },
-                Some(request) = reload_requests.recv() => Wake::Reload(request),
-                _ = sighup.recv() => Wake::Reload(ReloadRequest::new(ReloadSource::Sighup)),
-                _ = sigterm.recv() => Wake::Shutdown("SIGTERM"),
-                _ = sigint.recv() => Wake::Shutdown("SIGINT"),
-                failure = iteration.kernel.failed() => Wake::ComponentFailed(failure),
-                () = hapwright_eventbus::sleep_until(restart_at) => Wake::Restart,
-                () = tokio::time::sleep_until(recovered_at), if recovering => Wake::Recovered,
-            };
-            // An HTTP reload request waiting for the verdict.
-            let mut asked: Option<ReloadRequest> = None;
-            let loaded = match wake {
-                Wake::Shutdown(why) => {
-                    tracing::info!(reason = why, "Shutting down");
-                    break None;
-                }
-                Wake::ComponentFailed(failure) => {
-                    process.store.component_failed(&failure.component);
-                    recovering = false;
-                    if restart_at.is_some() {
-                        tracing::warn!(
-                            component = %failure.component,
-                            reason = %failure.reason,
-                            "Mandatory component exited; a restart is already scheduled"
-                        );
-                        continue;
-                    }
-                    let delay = backoff.next_delay(started.elapsed());
-                    process.kernel_metrics.record_restart(&failure.component);
-                    tracing::warn!(
-                        component = %failure.component,
-                        reason = %failure.reason,
-                        attempt = backoff.attempt(),
-                        ?delay,
-                        generation,
-                        "Mandatory component exited; restarting the controller iteration"
-                    );
-                    restart_at = Some(tokio::time::Instant::now() + delay);
-                    continue;
-                }
-                Wake::Recovered => {
-                    tracing::info!(generation, "Components ran well since the last restart");
-                    backoff.reset();
-                    process.store.components_recovered();
-                    recovering = false;
-                    continue;
-                }
-                Wake::Restart => match prepare(running.clone()) {
-                    Ok(next) => break Some((next, "restarting after a component failure")),
-                    Err(errors) => {
-                        // The running config passed these checks before; only a
-                        // changed template file on disk could fail them now.
-                        for error in &errors {
-                            tracing::error!(error = %error, "Cannot rebuild the controller iteration");
-                        }
-                        restart_at = None;
-                        continue;
-                    }
-                },
-                Wake::Invalid(errors) => Err(errors),
-                Wake::Loaded(loaded) if loaded.hash == running_hash => {
-                    // Back to the running config after an invalid edit: clear the error.
-                    process.reload_metrics.record(true);
-                    process.store.set_config(config_status(&loaded));
-                    continue;
-                }
-                Wake::Loaded(loaded) => Ok(*loaded),
-                Wake::Reload(request) => {
-                    let source = request.source;
-                    tracing::info!(?source, "Reloading the controller config");
-                    iteration
-                        .kernel
-                        .bus()
-                        .publisher()
-                        .publish(ReloadRequested { source });
-                    // Reading and checking the files blocks: off the async workers.
-                    let path = config_path.clone();
-                    let loaded = tokio::task::spawn_blocking(move || config::load(&path))
-                        .await
-                        .unwrap_or_else(|join| {
-                            Err(vec![Diagnostic::error(format!(
-                                "loading the config file failed: {join}"
-                            ))])
-                        });
-                    match loaded {
-                        // The file (templates are inline) equals the running config:
-                        // nothing to rebuild. SIGHUP still rebuilds: it is the
-                        // operator's way to force a full re-sync.
-                        Ok(loaded)
-                            if loaded.hash == running_hash && source != ReloadSource::Sighup =>
-                        {
-                            tracing::info!(?source, "Controller config unchanged; nothing to reload");
-                            process.reload_metrics.record(true);
-                            process.store.set_config(config_status(&loaded));
-                            request.answer(ReloadOutcome::Unchanged);
-                            continue;
-                        }
-                        other => {
-                            asked = Some(request);
-                            other
-                        }
-                    }
-                }
+    /// What the status store and the HTTP server show of the config that starts.
+    fn publish_config(&self, loaded: &Loaded) {
+        let config = &loaded.config;
+        let store = &self.process.store;
+        self.http_state
+            .policy
+            .store(Arc::new(http::Policy::from(&config.controller)));
+        store.set_config(config_status(loaded));
+        store.set_liveness_grace(config.controller.liveness_grace.get());
+        store.set_template_places(loaded.templates_at.clone());
+        if let Some(leader) = self.process.leadership() {
+            store.set_leadership(leader);
+        }
+        store.set_watched_resources(config.watched_resources.resources.keys().cloned());
+        store.set_static_instances(config.haproxy.instances.iter().map(|i| i.name.clone()));
+    }
+
+    /// Waits for whatever may end or change the running iteration.
+    async fn wake(&mut self, running: &mut Running) -> Wake {
+        tokio::select! {
+            // The watcher gone (it failed): the kernel reports that; this branch
+            // just stops yielding.
+            Some(change) = running.iteration.config_changes.recv() => match change {
+                config::ConfigChange::Loaded(loaded) => Wake::Loaded(loaded),
+                config::ConfigChange::Invalid(errors) => Wake::Invalid(errors),
+            },
+            Some(request) = self.reload_requests.recv() => Wake::Reload(request),
+            _ = self.signals.hangup.recv() => Wake::Reload(ReloadRequest::new(ReloadSource::Sighup)),
+            _ = self.signals.terminate.recv() => Wake::Shutdown("SIGTERM"),
+            _ = self.signals.interrupt.recv() => Wake::Shutdown("SIGINT"),
+            failure = running.iteration.kernel.failed() => Wake::ComponentFailed(failure),
+            () = hapwright_eventbus::sleep_until(running.restart_at) => Wake::Restart,
+            () = tokio::time::sleep_until(running.recovered_at), if running.recovering => Wake::Recovered,
+        }
+    }
+
+    /// Decides what a wake-up means for the running iteration (`None`: it keeps
+    /// running, as it does after an invalid config or a component failure).
+    async fn handle(&mut self, running: &mut Running, wake: Wake) -> Option<End> {
+        match wake {
+            Wake::Shutdown(why) => {
+                tracing::info!(reason = why, "Shutting down");
+                Some(End::Shutdown)
             }
-            .and_then(prepare);
-            // A positive verdict goes out before the listeners move: a listener that
-            // is rebound drains its connections, this request's among them.
-            if loaded.is_ok()
-                && let Some(request) = asked.take()
-            {
-                request.answer(ReloadOutcome::Accepted);
+            Wake::ComponentFailed(failure) => {
+                self.component_failed(running, &failure);
+                None
             }
-            // The new listeners are bound while the old iteration still runs: an
-            // address that cannot be bound rejects the config like any other error.
-            let loaded = match loaded {
-                Ok(next) => {
-                    let wanted = &next.loaded.config.controller;
-                    let main = listeners
-                        .ensure(
-                            &state,
-                            wanted.listen,
-                            wanted.metrics_listen,
-                            &Limits::from(&wanted.http),
-                        )
-                        .await
-                        .map_err(|error| error.to_string());
-                    let main = match main {
-                        Ok(()) => listeners
-                            .ensure_webhook(webhook_listen(wanted), &process.webhook_slot)
-                            .await
-                            .map_err(|error| error.to_string()),
-                        Err(error) => Err(error),
-                    };
-                    main.map(|()| next).map_err(|error| {
-                        vec![Diagnostic::error(error).at(
-                            hapwright_eventbus::model::SourceLocation::new(
-                                config_path.display().to_string(),
-                                None,
-                                None,
-                            ),
-                        )]
-                    })
-                }
-                Err(errors) => Err(errors),
-            };
-            match loaded {
-                Ok(next) => {
-                    process.reload_metrics.record(true);
-                    tracing::info!(hash = %next.loaded.hash.short(), "New controller config accepted");
-                    break Some((next, "valid new config"));
-                }
-                Err(errors) => {
-                    process.reload_metrics.record(false);
-                    for error in &errors {
-                        tracing::error!(error = %error, "New controller config rejected; the running one stays");
-                    }
-                    if let Some(request) = asked.take() {
-                        request.answer(ReloadOutcome::Rejected(
-                            errors.iter().map(ToString::to_string).collect(),
-                        ));
-                    }
-                    process.store.config_rejected(errors);
-                }
-            }
-        };
-        match next {
-            Some((next, why)) => {
+            Wake::Recovered => {
                 tracing::info!(
-                    generation,
-                    reason = why,
-                    "Restarting the controller iteration"
+                    generation = running.generation,
+                    "Components ran well since the last restart"
                 );
-                iteration.stop(grace).await;
-                candidate = next;
+                self.backoff.reset();
+                self.process.store.components_recovered();
+                running.recovering = false;
+                None
             }
-            None => {
-                iteration.stop(grace).await;
-                break Ok(());
+            Wake::Restart => Self::restart(running),
+            Wake::Invalid(errors) => self.reload(Err(errors), None).await,
+            Wake::Loaded(loaded) if loaded.hash == running.config.hash => {
+                // Back to the running config after an invalid edit: clear the error.
+                self.keep_config(&loaded);
+                None
+            }
+            Wake::Loaded(loaded) => self.reload(Ok(*loaded), None).await,
+            Wake::Reload(request) => self.reload_requested(running, request).await,
+        }
+    }
+
+    /// A mandatory component exited: the iteration is rebuilt after the backoff's
+    /// delay (unless a rebuild is already scheduled) and keeps running meanwhile.
+    fn component_failed(&mut self, running: &mut Running, failure: &ComponentFailure) {
+        self.process.store.component_failed(&failure.component);
+        running.recovering = false;
+        if running.restart_at.is_some() {
+            tracing::warn!(
+                component = %failure.component,
+                reason = %failure.reason,
+                "Mandatory component exited; a restart is already scheduled"
+            );
+            return;
+        }
+        let delay = self.backoff.next_delay(running.started.elapsed());
+        self.process
+            .kernel_metrics
+            .record_restart(&failure.component);
+        tracing::warn!(
+            component = %failure.component,
+            reason = %failure.reason,
+            attempt = self.backoff.attempt(),
+            ?delay,
+            generation = running.generation,
+            "Mandatory component exited; restarting the controller iteration"
+        );
+        running.restart_at = Some(tokio::time::Instant::now() + delay);
+    }
+
+    /// The restart delay is over: the iteration is rebuilt from its own config.
+    fn restart(running: &mut Running) -> Option<End> {
+        match prepare(running.config.clone()) {
+            Ok(next) => Some(End::Replace(
+                Box::new(next),
+                "restarting after a component failure",
+            )),
+            Err(errors) => {
+                // The running config passed these checks before; only a changed
+                // template file on disk could fail them now.
+                for error in &errors {
+                    tracing::error!(error = %error, "Cannot rebuild the controller iteration");
+                }
+                running.restart_at = None;
+                None
             }
         }
-    };
-    if let Some(election) = process.leader {
-        // Release the Lease so a standby replica takes over without waiting for it
-        // to expire.
-        election.shutdown().await;
     }
-    process.managed.stop().await;
-    listeners.shutdown().await;
-    outcome
+
+    /// SIGHUP or `POST /-/reload`: loads the config file again. A file equal to the
+    /// running config rebuilds nothing, except on SIGHUP (the operator's way to force
+    /// a full re-sync).
+    async fn reload_requested(&mut self, running: &Running, request: ReloadRequest) -> Option<End> {
+        let source = request.source;
+        tracing::info!(?source, "Reloading the controller config");
+        running
+            .iteration
+            .kernel
+            .bus()
+            .publisher()
+            .publish(ReloadRequested { source });
+        // Reading and checking the files blocks: off the async workers.
+        let path = self.config_path.clone();
+        let loaded = tokio::task::spawn_blocking(move || config::load(&path))
+            .await
+            .unwrap_or_else(|join| {
+                Err(vec![Diagnostic::error(format!(
+                    "loading the config file failed: {join}"
+                ))])
+            });
+        match loaded {
+            // The file (templates are inline) equals the running config.
+            Ok(loaded) if loaded.hash == running.config.hash && source != ReloadSource::Sighup => {
+                tracing::info!(?source, "Controller config unchanged; nothing to reload");
+                self.keep_config(&loaded);
+                request.answer(ReloadOutcome::Unchanged);
+                None
+            }
+            other => self.reload(other, Some(request)).await,
+        }
+    }
+
+    /// The config on disk equals the running one: a successful reload that changes
+    /// nothing.
+    fn keep_config(&self, loaded: &Loaded) {
+        self.process.reload_metrics.record(true);
+        self.process.store.set_config(config_status(loaded));
+    }
+
+    /// Checks a new config completely and moves the listeners to it; only a config
+    /// that passes both replaces the running iteration. Answers the reload request
+    /// that asked for it, if one did.
+    async fn reload(
+        &mut self,
+        loaded: Result<Loaded, Vec<Diagnostic>>,
+        mut asked: Option<ReloadRequest>,
+    ) -> Option<End> {
+        let candidate = loaded.and_then(prepare);
+        // A positive verdict goes out before the listeners move: a listener that is
+        // rebound drains its connections, this request's among them.
+        if candidate.is_ok()
+            && let Some(request) = asked.take()
+        {
+            request.answer(ReloadOutcome::Accepted);
+        }
+        let candidate = match candidate {
+            Ok(next) => self
+                .move_listeners(&next.loaded.config.controller)
+                .await
+                .map(|()| next),
+            Err(errors) => Err(errors),
+        };
+        match candidate {
+            Ok(next) => {
+                self.process.reload_metrics.record(true);
+                tracing::info!(hash = %next.loaded.hash.short(), "New controller config accepted");
+                Some(End::Replace(Box::new(next), "valid new config"))
+            }
+            Err(errors) => {
+                self.process.reload_metrics.record(false);
+                for error in &errors {
+                    tracing::error!(error = %error, "New controller config rejected; the running one stays");
+                }
+                if let Some(request) = asked.take() {
+                    request.answer(ReloadOutcome::Rejected(
+                        errors.iter().map(ToString::to_string).collect(),
+                    ));
+                }
+                self.process.store.config_rejected(errors);
+                None
+            }
+        }
+    }
+
+    /// Binds the new config's listeners while the old iteration still runs: an
+    /// address that cannot be bound rejects the config like any other error.
+    async fn move_listeners(&mut self, wanted: &config::Controller) -> Result<(), Vec<Diagnostic>> {
+        let moved = match self
+            .listeners
+            .ensure(
+                &self.http_state,
+                wanted.listen,
+                wanted.metrics_listen,
+                &Limits::from(&wanted.http),
+            )
+            .await
+        {
+            Ok(()) => self
+                .listeners
+                .ensure_webhook(webhook_listen(wanted), &self.process.webhook_slot)
+                .await
+                .map_err(|error| error.to_string()),
+            Err(error) => Err(error.to_string()),
+        };
+        moved.map_err(|error| {
+            vec![
+                Diagnostic::error(error).at(hapwright_eventbus::model::SourceLocation::new(
+                    self.config_path.display().to_string(),
+                    None,
+                    None,
+                )),
+            ]
+        })
+    }
+
+    /// Releases what outlives iterations: the Lease, the managed HAProxy processes
+    /// and the listeners.
+    async fn shutdown(self) {
+        if let Some(election) = self.process.leader {
+            // Release the Lease so a standby replica takes over without waiting for
+            // it to expire.
+            election.shutdown().await;
+        }
+        self.process.managed.stop().await;
+        self.listeners.shutdown().await;
+    }
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ mod fragments;
 mod functions;
 mod lazy;
 mod output;
+mod pass;
 mod scan;
 mod sets;
 pub mod source_map;
@@ -36,12 +37,11 @@ mod words;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use hapwright_eventbus::config::ByteSize;
 use hapwright_eventbus::model::{
     Diagnostic, FileKind, HashedMain, LineOrigin, RenderedConfig, RenderedFileRef, SourceLocation,
-    SourceMap,
 };
 use minijinja::value::Value;
 use minijinja::{Environment, ErrorKind, UndefinedBehavior};
@@ -50,7 +50,7 @@ pub use component::{QuarantineSettings, RendererComponent};
 pub use context::{ResourceStore, Resources};
 pub use sets::FileSet;
 
-use context::{Read, Recording};
+use context::Read;
 
 use scan::{Instrumented, LineIndex};
 use source_map::MarkerTable;
@@ -186,6 +186,13 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
+    /// Whether this template produces `haproxy.cfg`.
+    fn is_main(&self) -> bool {
+        self.output
+            .as_ref()
+            .is_some_and(|file| file.kind == FileKind::Main)
+    }
+
     /// A diagnostic at a byte offset of the original source.
     pub(crate) fn diagnostic_at(&self, message: String, offset: usize) -> Diagnostic {
         let line = self.lines.line(offset);
@@ -687,392 +694,6 @@ impl Renderer {
     /// equal, byte for byte.
     pub fn render_full(&self, resources: &Resources) -> Result<RenderedConfig, Vec<Diagnostic>> {
         self.render_once(resources, None, false).0
-    }
-
-    /// One render, reusing files of `previous` whose reads did not change; returns
-    /// the cache for the next render (none after a failure).
-    fn render_once(
-        &self,
-        resources: &Resources,
-        previous: Option<Cache>,
-        incremental: bool,
-    ) -> (
-        Result<RenderedConfig, Vec<Diagnostic>>,
-        RenderStats,
-        Option<Cache>,
-    ) {
-        let inner = &*self.inner;
-        let resources_value = resources.context_value(&inner.watched);
-        let mut context = BTreeMap::from([
-            ("resources", resources_value.clone()),
-            ("extraContext", inner.extra_context.clone()),
-            ("shared", Value::from_object(context::Shared::default())),
-        ]);
-        let mut previous = previous;
-        let previous_sets = previous
-            .as_mut()
-            .map(|cache| (cache.resources.clone(), std::mem::take(&mut cache.sets)));
-        let (previous_files, previous_fragments) = match previous {
-            Some(Cache {
-                resources: old,
-                files,
-                mut used,
-                sets: _,
-            }) => {
-                used.extend(files.iter().flatten().map(|file| file.reads.used.clone()));
-                let pieces = files
-                    .iter()
-                    .flatten()
-                    .filter_map(|file| file.reads.pieces.clone())
-                    .collect();
-                let previous = fragments::Previous {
-                    resources: old.clone(),
-                    used,
-                    pieces,
-                };
-                (Some((old, files)), Some(previous))
-            }
-            None => (None, None),
-        };
-        let env = match (&inner.fragment_env, incremental) {
-            (Some(fragment_env), true) => fragment_env,
-            _ => &inner.env,
-        };
-        let session = (incremental && inner.fragment_env.is_some()).then(|| {
-            Value::from_object(fragments::Session::new(
-                previous_fragments,
-                resources.clone(),
-                resources_value,
-                inner.extra_context.clone(),
-                inner.fragment_vars.clone(),
-                inner.globals.clone(),
-                (inner.loops.clone(), inner.limits.max_output_bytes.bytes()),
-            ))
-        });
-        if let Some(session) = &session {
-            context.insert(fragments::SESSION_VAR, session.clone());
-        }
-        let shared = context.get("shared").cloned().unwrap_or_default();
-        let shared = shared
-            .downcast_object_ref::<context::Shared>()
-            .expect("shared is a Shared");
-        let context = Value::from(context);
-        // Files of the previous render whose reads give the same answers now, and
-        // files whose own template's reads do (put together again from pieces).
-        let mut plans: Vec<Plan> = inner.entries.iter().map(|_| Plan::Render).collect();
-        let mut reused: Vec<Option<CachedFile>> = inner.entries.iter().map(|_| None).collect();
-        if let Some((old, files)) = previous_files {
-            let check = context::ReadCheck::new(&old, resources);
-            for (index, file) in files.into_iter().enumerate() {
-                let Some(file) = file else { continue };
-                let reusable = inner.reusable[index] || file.reads.shared.is_some();
-                if !reusable || !file.reads.reads.iter().all(|read| check.unchanged(read)) {
-                    continue;
-                }
-                // The pieces whose snippet outputs or lists read something that
-                // changed.
-                let changed = file
-                    .reads
-                    .pieces
-                    .as_ref()
-                    .map_or_else(Vec::new, |pieces| pieces.changes(&check));
-                let splice = !changed.is_empty();
-                if splice && !(inner.spliceable[index] && session.is_some()) {
-                    continue;
-                }
-                if let Some(left) = &file.reads.shared {
-                    shared.restore(left);
-                }
-                if splice {
-                    plans[index] = Plan::Splice(Box::new(file), changed);
-                } else {
-                    reused[index] = Some(file);
-                }
-            }
-        }
-        let plans: Vec<Mutex<Plan>> = plans.into_iter().map(Mutex::new).collect();
-        let results: Vec<OnceLock<RenderResult>> =
-            inner.entries.iter().map(|_| OnceLock::new()).collect();
-        let reads: Vec<OnceLock<FileReads>> =
-            inner.entries.iter().map(|_| OnceLock::new()).collect();
-        let is_main = |entry: &Entry| {
-            entry
-                .output
-                .as_ref()
-                .is_some_and(|f| f.kind == FileKind::Main)
-        };
-        let budget = output::Budget::new(inner.limits.max_output_bytes);
-        let spliced_count = std::sync::atomic::AtomicUsize::new(0);
-        let mut stats = RenderStats::default();
-        for (index, file) in reused.iter_mut().enumerate() {
-            if let Some(file) = file.take() {
-                budget.charge(file.bytes);
-                let _ = results[index].set(Ok((file.text, file.lines)));
-                let _ = reads[index].set(file.reads);
-                stats.reused += 1;
-            }
-        }
-        let render_one = |index: usize| {
-            if results[index].get().is_some() {
-                return;
-            }
-            let entry = &inner.entries[index];
-            // Everything per file happens here, in parallel where the file renders in
-            // parallel: marker stripping (while the engine writes), the shared copy of
-            // the text and, for `haproxy.cfg` (the largest file), its part of the
-            // content hash, while the other files may still be rendering.
-            let plan = std::mem::replace(
-                &mut *plans[index]
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner()),
-                Plan::Render,
-            );
-            let escaping = entry.output.as_ref().map_or(escape::Escaping::Raw, |file| {
-                escape::Escaping::for_kind(file.kind)
-            });
-            let mut out =
-                output::Output::new(&inner.markers, &budget, entry.source.len(), escaping);
-            let (rendered, file_reads) = match (plan, &session) {
-                (Plan::Splice(file, changed), Some(session_value)) => {
-                    let session = session_value
-                        .downcast_object_ref::<fragments::Session>()
-                        .expect("the session is a Session");
-                    let pieces = file
-                        .reads
-                        .pieces
-                        .as_deref()
-                        .expect("a spliced file has pieces");
-                    let used = fragments::UsedFragments::start();
-                    spliced_count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let earlier = (file.text.as_str(), &*file.lines);
-                    let spliced =
-                        session.splice(env, session_value, (pieces, &changed), earlier, &mut out);
-                    let used = used.finish();
-                    let (rendered, pieces) = match spliced {
-                        Ok(pieces) => (Ok(()), Some(Arc::new(pieces))),
-                        Err(error) => (Err(error), None),
-                    };
-                    let reads = FileReads {
-                        used: Arc::new(used),
-                        pieces,
-                        ..file.reads
-                    };
-                    (rendered, reads)
-                }
-                _ => {
-                    let recording = Recording::start();
-                    let used = fragments::UsedFragments::start();
-                    // Only a file that may be spliced keeps its own text apart.
-                    let track = (session.is_some() && inner.spliceable[index])
-                        .then(fragments::FileTrack::start);
-                    if track.is_some() {
-                        out.track();
-                    }
-                    let rendered = env
-                        .get_template(&entry.name)
-                        .and_then(|template| template.render_captured_to(&context, &mut out))
-                        .map(drop);
-                    let end = out.mark();
-                    let pieces = match track.map(|track| track.finish(end)) {
-                        Some(fragments::Tracked::Pieces(pieces))
-                            if !pieces.fragments.is_empty() =>
-                        {
-                            Some(Arc::new(pieces))
-                        }
-                        Some(fragments::Tracked::NotDirect(used)) => {
-                            // The fragments' reads are the file's own.
-                            for fragment in used {
-                                context::record_all(fragment.reads());
-                            }
-                            None
-                        }
-                        Some(fragments::Tracked::Pieces(_)) | None => None,
-                    };
-                    let used = used.finish();
-                    let shared = (is_main(entry) && inner.spliceable[index])
-                        .then(|| Arc::new(shared.snapshot()));
-                    let reads = FileReads {
-                        reads: recording.finish().into(),
-                        used: Arc::new(used),
-                        pieces,
-                        shared,
-                    };
-                    (rendered, reads)
-                }
-            };
-            let _ = reads[index].set(file_reads);
-            let rendered = match (rendered, out.exceeded()) {
-                (_, Some(exceeded)) => Err(self.output_cap_diagnostic(entry, exceeded, &budget)),
-                (_, None) if out.refused().is_some() => {
-                    Err(self.refused_diagnostic(entry, out.refused().expect("checked")))
-                }
-                (Err(error), None) => Err(self.runtime_diagnostic(&error)),
-                (Ok(()), None) => {
-                    let stripped = out.finish();
-                    let text = if is_main(entry) {
-                        FileText::Main(HashedMain::new(stripped.text))
-                    } else {
-                        FileText::Other(Arc::from(stripped.text))
-                    };
-                    Ok((text, Arc::from(stripped.lines)))
-                }
-            };
-            // Each index is rendered once.
-            let _ = results[index].set(rendered);
-        };
-        let span = tracing::Span::current();
-        // The scope runs on the pool, so the pool's threads (one per core) do all the
-        // work and the calling thread only waits: `haproxy.cfg` and the files after it
-        // on one of them, the independent files on the others as they free up.
-        rayon::scope(|scope| {
-            for (index, _) in inner.independent.iter().enumerate().filter(|(_, p)| **p) {
-                if results[index].get().is_some() {
-                    continue;
-                }
-                let span = &span;
-                let render_one = &render_one;
-                scope.spawn(move |_| span.in_scope(|| render_one(index)));
-            }
-            span.in_scope(|| {
-                for (index, entry) in inner.entries.iter().enumerate() {
-                    if entry.output.is_none() || inner.independent[index] || inner.in_set[index] {
-                        continue;
-                    }
-                    render_one(index);
-                    if is_main(entry) && results[index].get().is_some_and(Result::is_err) {
-                        break;
-                    }
-                }
-            });
-        });
-
-        stats.spliced = spliced_count.into_inner();
-        let mut source_map = SourceMap::with_origins(inner.origins.clone());
-        let mut main = None;
-        let mut outputs: [BTreeMap<String, Arc<str>>; 3] = Default::default();
-        let mut diagnostics = Vec::new();
-        let mut cached: Vec<Option<CachedFile>> = inner.entries.iter().map(|_| None).collect();
-        let mut uncached_used = Vec::new();
-        for ((((entry, result), reads), cached), (&reusable, &spliceable)) in inner
-            .entries
-            .iter()
-            .zip(results)
-            .zip(reads)
-            .zip(&mut cached)
-            .zip(inner.reusable.iter().zip(&inner.spliceable))
-        {
-            let (Some(file), Some(result)) = (&entry.output, result.into_inner()) else {
-                continue;
-            };
-            if result.is_ok() {
-                stats.rendered += 1;
-            }
-            match result {
-                Ok((text, lines)) => {
-                    // Only a file that may be reused or spliced is kept (its line
-                    // origins shared with the source map).
-                    let reads = reads.into_inner().unwrap_or_default();
-                    // A file kept for splicing only is kept with its pieces, or with
-                    // what it left in `shared` (so it may be reused as a whole).
-                    let keep = reusable
-                        || (spliceable && (reads.pieces.is_some() || reads.shared.is_some()));
-                    if !keep {
-                        uncached_used.push(reads.used.clone());
-                    }
-                    *cached = keep.then(|| CachedFile {
-                        bytes: match &text {
-                            // Set below, from the finished config.
-                            FileText::Main(_) => 0,
-                            FileText::Other(text) => text.len(),
-                        },
-                        text: text.clone(),
-                        lines: lines.clone(),
-                        reads,
-                    });
-                    source_map.insert_indexed(file.clone(), lines);
-                    match (text, file.kind) {
-                        (FileText::Main(hashed), _) => main = Some(hashed),
-                        (FileText::Other(text), FileKind::Map) => {
-                            drop(outputs[0].insert(file.name.clone(), text));
-                        }
-                        (FileText::Other(text), FileKind::File) => {
-                            drop(outputs[1].insert(file.name.clone(), text));
-                        }
-                        (FileText::Other(text), _) => {
-                            drop(outputs[2].insert(file.name.clone(), text));
-                        }
-                    }
-                }
-                Err(diagnostic) => {
-                    diagnostics.push(diagnostic);
-                    if file.kind == FileKind::Main {
-                        break;
-                    }
-                }
-            }
-        }
-        stats.rendered -= stats.reused.min(stats.rendered);
-        let mut set_cache = Vec::new();
-        if main.is_some() && !inner.sets.is_empty() {
-            let [maps, files, certificates] = &outputs;
-            match self.render_sets(
-                &context,
-                &budget,
-                resources,
-                previous_sets,
-                [maps, files, certificates],
-            ) {
-                Ok(rendered) => {
-                    stats.rendered += rendered.rendered;
-                    stats.reused += rendered.reused;
-                    for (file, text, lines) in rendered.files {
-                        let slot = match file.kind {
-                            FileKind::Map => 0,
-                            FileKind::File => 1,
-                            _ => 2,
-                        };
-                        source_map.insert_indexed(file.clone(), lines);
-                        outputs[slot].insert(file.name, text);
-                    }
-                    set_cache = rendered.cache;
-                }
-                Err(found) => diagnostics.extend(found),
-            }
-        }
-        if !diagnostics.is_empty() {
-            return (Err(diagnostics), stats, None);
-        }
-        let [maps, files, certificates] = outputs;
-        let config = RenderedConfig::from_hashed_main(
-            main.unwrap_or_else(|| HashedMain::new("")),
-            maps,
-            files,
-            certificates,
-            source_map,
-        );
-        for (entry, cached) in inner.entries.iter().zip(&mut cached) {
-            if let (true, Some(cached)) = (is_main(entry), cached) {
-                cached.bytes = config.main().len();
-            }
-        }
-        if let Some(session) = session
-            .as_ref()
-            .and_then(|s| s.downcast_object_ref::<fragments::Session>())
-        {
-            (stats.snippets_rendered, stats.snippets_reused) = session.counts();
-        }
-        let cache = Cache {
-            resources: resources.clone(),
-            files: cached,
-            used: uncached_used,
-            sets: set_cache,
-        };
-        // The session holds the previous render's snippet outputs and the maps over
-        // them: thousands of shared values to release. The render is done without
-        // waiting for that; the thread pool releases them.
-        let leftovers = (session, context);
-        rayon::spawn(move || drop(leftovers));
-        (Ok(config), stats, Some(cache))
     }
 
     /// For each template, whether it renders in parallel with the others (see

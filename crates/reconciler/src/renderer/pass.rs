@@ -1,0 +1,585 @@
+//! One render, step by step ([`Renderer::render_once`]): take the previous render's
+//! cache apart, build the context, decide per file whether it is reused, put
+//! together again from its pieces or rendered, render (in parallel where a file
+//! may), collect the files in order, render the file sets, and keep what the next
+//! render may reuse.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use hapwright_eventbus::model::{
+    Diagnostic, FileKind, HashedMain, RenderedConfig, RenderedFileRef, SourceMap,
+};
+use minijinja::Environment;
+use minijinja::value::Value;
+
+use super::context::{self, Recording, Resources};
+use super::{
+    Cache, CachedFile, Entry, FileReads, FileText, Inner, Plan, RenderResult, RenderStats,
+    Renderer, escape, fragments, output, sets,
+};
+
+impl Renderer {
+    /// One render, reusing files of `previous` whose reads did not change; returns
+    /// the cache for the next render (none after a failure).
+    pub(super) fn render_once(
+        &self,
+        resources: &Resources,
+        previous: Option<Cache>,
+        incremental: bool,
+    ) -> (
+        Result<RenderedConfig, Vec<Diagnostic>>,
+        RenderStats,
+        Option<Cache>,
+    ) {
+        let previous = previous.map(Cache::take_apart).unwrap_or_default();
+        let mut pass = Pass::new(self, resources, previous.fragments, incremental);
+        let mut stats = RenderStats {
+            reused: pass.reuse(previous.files, resources),
+            ..RenderStats::default()
+        };
+        pass.render_all();
+        stats.spliced = pass.spliced.load(Ordering::Relaxed);
+        let mut collected = pass.collect(&mut stats);
+        stats.rendered -= stats.reused.min(stats.rendered);
+        let set_cache = if collected.main.is_some() && !self.inner.sets.is_empty() {
+            pass.render_sets(resources, previous.sets, &mut collected, &mut stats)
+        } else {
+            Vec::new()
+        };
+        if !collected.diagnostics.is_empty() {
+            return (Err(collected.diagnostics), stats, None);
+        }
+        let (config, cache) = pass.finish(resources, collected, set_cache, &mut stats);
+        (Ok(config), stats, Some(cache))
+    }
+}
+
+// === impl Cache ===
+
+/// The previous render's cache, taken apart for the next render.
+#[derive(Default)]
+struct Previous {
+    /// The resources it rendered from, and its files.
+    files: Option<(Resources, Vec<Option<CachedFile>>)>,
+    /// Its snippet outputs and pieces, for the fragment session.
+    fragments: Option<fragments::Previous>,
+    /// The resources it rendered from, and the file sets' files.
+    sets: Option<(Resources, sets::SetCache)>,
+}
+
+impl Cache {
+    fn take_apart(self) -> Previous {
+        let Cache {
+            resources,
+            files,
+            mut used,
+            sets,
+        } = self;
+        used.extend(files.iter().flatten().map(|file| file.reads.used.clone()));
+        let pieces = files
+            .iter()
+            .flatten()
+            .filter_map(|file| file.reads.pieces.clone())
+            .collect();
+        let fragments = fragments::Previous {
+            resources: resources.clone(),
+            used,
+            pieces,
+        };
+        Previous {
+            sets: Some((resources.clone(), sets)),
+            files: Some((resources, files)),
+            fragments: Some(fragments),
+        }
+    }
+}
+
+// === impl Collected ===
+
+/// The files of one render in entry order, as they came out.
+struct Collected {
+    main: Option<HashedMain>,
+    /// Maps, files and certificates by name.
+    outputs: [BTreeMap<String, Arc<str>>; 3],
+    source_map: SourceMap,
+    diagnostics: Vec<Diagnostic>,
+    /// Per entry: the file kept for the next render.
+    cached: Vec<Option<CachedFile>>,
+    /// The snippet outputs used by files that are not kept.
+    uncached_used: Vec<Arc<fragments::Used>>,
+}
+
+impl Collected {
+    /// Takes a rendered file into the config and the source map.
+    fn add(&mut self, file: &RenderedFileRef, text: FileText, lines: Arc<[Option<u32>]>) {
+        self.source_map.insert_indexed(file.clone(), lines);
+        match (text, file.kind) {
+            (FileText::Main(hashed), _) => self.main = Some(hashed),
+            (FileText::Other(text), kind) => {
+                drop(self.outputs[slot(kind)].insert(file.name.clone(), text));
+            }
+        }
+    }
+}
+
+// === impl Pass ===
+
+/// One render in progress: its context, what to do per file, and the results as
+/// they come in. Files render on several threads ([`Renderer::render`]), each
+/// taking its plan and setting its result and reads once.
+struct Pass<'a> {
+    renderer: &'a Renderer,
+    inner: &'a Inner,
+    env: &'a Environment<'static>,
+    context: Value,
+    /// The fragment session of an incremental render with cacheable `include`s.
+    session: Option<Value>,
+    /// The `shared` memo of the context.
+    shared: Value,
+    budget: output::Budget,
+    plans: Vec<Mutex<Plan>>,
+    results: Vec<OnceLock<RenderResult>>,
+    reads: Vec<OnceLock<FileReads>>,
+    /// How many files were put together again from their pieces.
+    spliced: AtomicUsize,
+}
+
+impl<'a> Pass<'a> {
+    fn new(
+        renderer: &'a Renderer,
+        resources: &Resources,
+        previous_fragments: Option<fragments::Previous>,
+        incremental: bool,
+    ) -> Self {
+        let inner = &*renderer.inner;
+        let resources_value = resources.context_value(&inner.watched);
+        let mut context = BTreeMap::from([
+            ("resources", resources_value.clone()),
+            ("extraContext", inner.extra_context.clone()),
+            ("shared", Value::from_object(context::Shared::default())),
+        ]);
+        let env = match (&inner.fragment_env, incremental) {
+            (Some(fragment_env), true) => fragment_env,
+            _ => &inner.env,
+        };
+        let session = (incremental && inner.fragment_env.is_some()).then(|| {
+            Value::from_object(fragments::Session::new(
+                previous_fragments,
+                resources.clone(),
+                resources_value,
+                inner.extra_context.clone(),
+                inner.fragment_vars.clone(),
+                inner.globals.clone(),
+                (inner.loops.clone(), inner.limits.max_output_bytes.bytes()),
+            ))
+        });
+        if let Some(session) = &session {
+            context.insert(fragments::SESSION_VAR, session.clone());
+        }
+        let shared = context.get("shared").cloned().unwrap_or_default();
+        let each = || inner.entries.iter();
+        Self {
+            renderer,
+            inner,
+            env,
+            context: Value::from(context),
+            session,
+            shared,
+            budget: output::Budget::new(inner.limits.max_output_bytes),
+            plans: each().map(|_| Mutex::new(Plan::Render)).collect(),
+            results: each().map(|_| OnceLock::new()).collect(),
+            reads: each().map(|_| OnceLock::new()).collect(),
+            spliced: AtomicUsize::new(0),
+        }
+    }
+
+    fn shared(&self) -> &context::Shared {
+        self.shared
+            .downcast_object_ref::<context::Shared>()
+            .expect("shared is a Shared")
+    }
+
+    /// Takes files of the previous render whose reads give the same answers now
+    /// as they are, and plans to put together again from their pieces those whose
+    /// own template's reads do. Returns how many files were taken as they are.
+    fn reuse(
+        &mut self,
+        previous: Option<(Resources, Vec<Option<CachedFile>>)>,
+        resources: &Resources,
+    ) -> usize {
+        let Some((old, files)) = previous else {
+            return 0;
+        };
+        let inner = self.inner;
+        let check = context::ReadCheck::new(&old, resources);
+        let mut reused = Vec::new();
+        for (index, file) in files.into_iter().enumerate() {
+            let Some(file) = file else { continue };
+            let reusable = inner.reusable[index] || file.reads.shared.is_some();
+            if !reusable || !file.reads.reads.iter().all(|read| check.unchanged(read)) {
+                continue;
+            }
+            // The pieces whose snippet outputs or lists read something that changed.
+            let changed = file
+                .reads
+                .pieces
+                .as_ref()
+                .map_or_else(Vec::new, |pieces| pieces.changes(&check));
+            let splice = !changed.is_empty();
+            if splice && !(inner.spliceable[index] && self.session.is_some()) {
+                continue;
+            }
+            if let Some(left) = &file.reads.shared {
+                self.shared().restore(left);
+            }
+            if splice {
+                *self.plans[index]
+                    .get_mut()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                    Plan::Splice(Box::new(file), changed);
+            } else {
+                reused.push((index, file));
+            }
+        }
+        let count = reused.len();
+        for (index, file) in reused {
+            self.budget.charge(file.bytes);
+            let _ = self.results[index].set(Ok((file.text, file.lines)));
+            let _ = self.reads[index].set(file.reads);
+        }
+        count
+    }
+
+    /// Renders every file that was not reused. The scope runs on the pool, so the
+    /// pool's threads (one per core) do all the work and the calling thread only
+    /// waits: `haproxy.cfg` and the files after it on one of them, the independent
+    /// files on the others as they free up.
+    fn render_all(&self) {
+        let inner = self.inner;
+        let span = tracing::Span::current();
+        rayon::scope(|scope| {
+            for (index, _) in inner.independent.iter().enumerate().filter(|(_, p)| **p) {
+                if self.results[index].get().is_some() {
+                    continue;
+                }
+                let span = &span;
+                scope.spawn(move |_| span.in_scope(|| self.render_one(index)));
+            }
+            span.in_scope(|| {
+                for (index, entry) in inner.entries.iter().enumerate() {
+                    if entry.output.is_none() || inner.independent[index] || inner.in_set[index] {
+                        continue;
+                    }
+                    self.render_one(index);
+                    if entry.is_main() && self.results[index].get().is_some_and(Result::is_err) {
+                        break;
+                    }
+                }
+            });
+        });
+    }
+
+    /// Renders one file, once. Everything per file happens here, in parallel where
+    /// the file renders in parallel: marker stripping (while the engine writes), the
+    /// shared copy of the text and, for `haproxy.cfg` (the largest file), its part of
+    /// the content hash, while the other files may still be rendering.
+    fn render_one(&self, index: usize) {
+        if self.results[index].get().is_some() {
+            return;
+        }
+        let entry = &self.inner.entries[index];
+        let plan = std::mem::replace(
+            &mut *self.plans[index]
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            Plan::Render,
+        );
+        let escaping = entry.output.as_ref().map_or(escape::Escaping::Raw, |file| {
+            escape::Escaping::for_kind(file.kind)
+        });
+        let mut out = output::Output::new(
+            &self.inner.markers,
+            &self.budget,
+            entry.source.len(),
+            escaping,
+        );
+        let (rendered, file_reads) = match (plan, &self.session) {
+            (Plan::Splice(file, changed), Some(session)) => {
+                self.splice(*file, &changed, session, &mut out)
+            }
+            _ => self.render_template(index, entry, &mut out),
+        };
+        let _ = self.reads[index].set(file_reads);
+        self.finish_file(index, entry, rendered, out);
+    }
+
+    /// Puts a file together again from its previous render's pieces, rendering only
+    /// the snippet outputs and loops whose reads changed.
+    fn splice(
+        &self,
+        file: CachedFile,
+        changed: &[fragments::PieceChange],
+        session_value: &Value,
+        out: &mut output::Output<'_>,
+    ) -> (Result<(), minijinja::Error>, FileReads) {
+        let session = session_value
+            .downcast_object_ref::<fragments::Session>()
+            .expect("the session is a Session");
+        let pieces = file
+            .reads
+            .pieces
+            .as_deref()
+            .expect("a spliced file has pieces");
+        let used = fragments::UsedFragments::start();
+        self.spliced.fetch_add(1, Ordering::Relaxed);
+        let earlier = (file.text.as_str(), &*file.lines);
+        let spliced = session.splice(self.env, session_value, (pieces, changed), earlier, out);
+        let used = used.finish();
+        let (rendered, pieces) = match spliced {
+            Ok(pieces) => (Ok(()), Some(Arc::new(pieces))),
+            Err(error) => (Err(error), None),
+        };
+        let reads = FileReads {
+            used: Arc::new(used),
+            pieces,
+            ..file.reads
+        };
+        (rendered, reads)
+    }
+
+    /// Renders a file's template, recording what it reads.
+    fn render_template(
+        &self,
+        index: usize,
+        entry: &Entry,
+        out: &mut output::Output<'_>,
+    ) -> (Result<(), minijinja::Error>, FileReads) {
+        let recording = Recording::start();
+        let used = fragments::UsedFragments::start();
+        // Only a file that may be spliced keeps its own text apart.
+        let track = (self.session.is_some() && self.inner.spliceable[index])
+            .then(fragments::FileTrack::start);
+        if track.is_some() {
+            out.track();
+        }
+        let rendered = self
+            .env
+            .get_template(&entry.name)
+            .and_then(|template| template.render_captured_to(&self.context, &mut *out))
+            .map(drop);
+        let end = out.mark();
+        let pieces = match track.map(|track| track.finish(end)) {
+            Some(fragments::Tracked::Pieces(pieces)) if !pieces.fragments.is_empty() => {
+                Some(Arc::new(pieces))
+            }
+            Some(fragments::Tracked::NotDirect(used)) => {
+                // The fragments' reads are the file's own.
+                for fragment in used {
+                    context::record_all(fragment.reads());
+                }
+                None
+            }
+            Some(fragments::Tracked::Pieces(_)) | None => None,
+        };
+        let used = used.finish();
+        let shared = (entry.is_main() && self.inner.spliceable[index])
+            .then(|| Arc::new(self.shared().snapshot()));
+        let reads = FileReads {
+            reads: recording.finish().into(),
+            used: Arc::new(used),
+            pieces,
+            shared,
+        };
+        (rendered, reads)
+    }
+
+    /// Sets a file's result: its text with its line origins, or the diagnostic of
+    /// what went wrong (the output cap, a refused value or a template error).
+    fn finish_file(
+        &self,
+        index: usize,
+        entry: &Entry,
+        rendered: Result<(), minijinja::Error>,
+        out: output::Output<'_>,
+    ) {
+        let renderer = self.renderer;
+        let result = match (rendered, out.exceeded()) {
+            (_, Some(exceeded)) => {
+                Err(renderer.output_cap_diagnostic(entry, exceeded, &self.budget))
+            }
+            (_, None) if out.refused().is_some() => {
+                Err(renderer.refused_diagnostic(entry, out.refused().expect("checked")))
+            }
+            (Err(error), None) => Err(renderer.runtime_diagnostic(&error)),
+            (Ok(()), None) => {
+                let stripped = out.finish();
+                let text = if entry.is_main() {
+                    FileText::Main(HashedMain::new(stripped.text))
+                } else {
+                    FileText::Other(Arc::from(stripped.text))
+                };
+                Ok((text, Arc::from(stripped.lines)))
+            }
+        };
+        // Each index is rendered once.
+        let _ = self.results[index].set(result);
+    }
+
+    /// Takes the files in entry order into the outputs and the source map, and
+    /// keeps those the next render may reuse or splice. Stops at a failed
+    /// `haproxy.cfg`.
+    fn collect(&mut self, stats: &mut RenderStats) -> Collected {
+        let inner = self.inner;
+        let mut collected = Collected {
+            main: None,
+            outputs: Default::default(),
+            source_map: SourceMap::with_origins(inner.origins.clone()),
+            diagnostics: Vec::new(),
+            cached: Vec::new(),
+            uncached_used: Vec::new(),
+        };
+        let mut cached: Vec<Option<CachedFile>> = inner.entries.iter().map(|_| None).collect();
+        let results = std::mem::take(&mut self.results);
+        let reads = std::mem::take(&mut self.reads);
+        for ((((entry, result), reads), cached), (&reusable, &spliceable)) in inner
+            .entries
+            .iter()
+            .zip(results)
+            .zip(reads)
+            .zip(&mut cached)
+            .zip(inner.reusable.iter().zip(&inner.spliceable))
+        {
+            let (Some(file), Some(result)) = (&entry.output, result.into_inner()) else {
+                continue;
+            };
+            let (text, lines) = match result {
+                Ok(rendered) => rendered,
+                Err(diagnostic) => {
+                    collected.diagnostics.push(diagnostic);
+                    if file.kind == FileKind::Main {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            stats.rendered += 1;
+            // Only a file that may be reused or spliced is kept (its line origins
+            // shared with the source map).
+            let reads = reads.into_inner().unwrap_or_default();
+            // A file kept for splicing only is kept with its pieces, or with what it
+            // left in `shared` (so it may be reused as a whole).
+            let keep =
+                reusable || (spliceable && (reads.pieces.is_some() || reads.shared.is_some()));
+            if !keep {
+                collected.uncached_used.push(reads.used.clone());
+            }
+            *cached = keep.then(|| CachedFile {
+                bytes: match &text {
+                    // Set by `finish`, from the finished config.
+                    FileText::Main(_) => 0,
+                    FileText::Other(text) => text.len(),
+                },
+                text: text.clone(),
+                lines: lines.clone(),
+                reads,
+            });
+            collected.add(file, text, lines);
+        }
+        collected.cached = cached;
+        collected
+    }
+
+    /// Renders the file sets (after `haproxy.cfg`, seeing the other files' names)
+    /// into `collected`; returns their cache.
+    fn render_sets(
+        &self,
+        resources: &Resources,
+        previous: Option<(Resources, sets::SetCache)>,
+        collected: &mut Collected,
+        stats: &mut RenderStats,
+    ) -> sets::SetCache {
+        let [maps, files, certificates] = &collected.outputs;
+        let rendered = self.renderer.render_sets(
+            &self.context,
+            &self.budget,
+            resources,
+            previous,
+            [maps, files, certificates],
+        );
+        match rendered {
+            Ok(rendered) => {
+                stats.rendered += rendered.rendered;
+                stats.reused += rendered.reused;
+                for (file, text, lines) in rendered.files {
+                    collected.source_map.insert_indexed(file.clone(), lines);
+                    collected.outputs[slot(file.kind)].insert(file.name, text);
+                }
+                rendered.cache
+            }
+            Err(found) => {
+                collected.diagnostics.extend(found);
+                Vec::new()
+            }
+        }
+    }
+
+    /// The rendered config, and the cache the next render reuses from.
+    fn finish(
+        self,
+        resources: &Resources,
+        collected: Collected,
+        set_cache: sets::SetCache,
+        stats: &mut RenderStats,
+    ) -> (RenderedConfig, Cache) {
+        let Collected {
+            main,
+            outputs: [maps, files, certificates],
+            source_map,
+            mut cached,
+            uncached_used,
+            ..
+        } = collected;
+        let config = RenderedConfig::from_hashed_main(
+            main.unwrap_or_else(|| HashedMain::new("")),
+            maps,
+            files,
+            certificates,
+            source_map,
+        );
+        for (entry, cached) in self.inner.entries.iter().zip(&mut cached) {
+            if let (true, Some(cached)) = (entry.is_main(), cached) {
+                cached.bytes = config.main().len();
+            }
+        }
+        if let Some(session) = self
+            .session
+            .as_ref()
+            .and_then(|s| s.downcast_object_ref::<fragments::Session>())
+        {
+            (stats.snippets_rendered, stats.snippets_reused) = session.counts();
+        }
+        let cache = Cache {
+            resources: resources.clone(),
+            files: cached,
+            used: uncached_used,
+            sets: set_cache,
+        };
+        // The session holds the previous render's snippet outputs and the maps over
+        // them: thousands of shared values to release. The render is done without
+        // waiting for that; the thread pool releases them.
+        let leftovers = (self.session, self.context);
+        rayon::spawn(move || drop(leftovers));
+        (config, cache)
+    }
+}
+
+/// The index of a map, file or certificate in [`Collected::outputs`].
+fn slot(kind: FileKind) -> usize {
+    match kind {
+        FileKind::Map => 0,
+        FileKind::File => 1,
+        _ => 2,
+    }
+}
