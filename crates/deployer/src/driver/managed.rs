@@ -547,7 +547,7 @@ async fn supervise(
             ));
             run_adopted(pid, &instance, &stopping, &state, &cancel).await
         } else if let Err(conflict) = foreign_listeners(&instance).await {
-            Exit::Failed(conflict)
+            Exit::Failed(conflict.to_string())
         } else {
             match spawn(&spawner, &binary, &instance, &logs, &cancel).await {
                 Ok((child, output)) => {
@@ -662,7 +662,7 @@ impl Output {
 /// Refuses a start while another process listens on one of the config's `bind`
 /// addresses (see [`super::listeners`]); processes running this instance's own config
 /// are not foreign.
-async fn foreign_listeners(instance: &InstanceConfig) -> Result<(), String> {
+async fn foreign_listeners(instance: &InstanceConfig) -> Result<(), super::listeners::Foreign> {
     let config_file = instance.config_dir.join("haproxy.cfg");
     let env = instance.env.clone();
     tokio::task::spawn_blocking(move || {
