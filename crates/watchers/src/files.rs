@@ -817,15 +817,6 @@ impl FilesSource {
         }
     }
 
-    /// Replaces the YAML input budgets. Call before [`share_scans`](Self::share_scans).
-    #[must_use]
-    pub fn with_limits(mut self, limits: Limits) -> Self {
-        if let Work::Own(scanner, _) = &mut self.work {
-            scanner.limits = limits;
-        }
-        self
-    }
-
     /// Lets sources that read the same path with the same `settle` and
     /// `rescanInterval` share one watch and one scan per wake-up. Each stays a
     /// component of its own (name, health, objects), but one file write that
