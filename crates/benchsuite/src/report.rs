@@ -1319,6 +1319,8 @@ mod tests {
             churn: Err(ScenarioError::NotRun),
             quarantine: Err(ScenarioError::NotRun),
             memory: Err(ScenarioError::Failed("skipped".to_owned())),
+            propagation: Err(ScenarioError::NotRun),
+            certificates: Vec::new(),
             criterion,
             commands: vec!["cargo build --release".to_owned()],
         };
@@ -1410,6 +1412,8 @@ mod tests {
             churn: Err(ScenarioError::NotRun),
             quarantine: Err(ScenarioError::NotRun),
             memory: Err(ScenarioError::NotRun),
+            propagation: Err(ScenarioError::NotRun),
+            certificates: Vec::new(),
             criterion: BTreeMap::new(),
             commands: Vec::new(),
         };
