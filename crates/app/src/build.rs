@@ -208,7 +208,7 @@ pub fn scan_once(
     );
     scanner.scan(ScanMode::Full);
     let mut errors: Vec<Diagnostic> = scanner.file_errors().into_iter().cloned().collect();
-    if let Err(reason) = scanner.health()
+    if let Some(reason) = scanner.health().reason
         && errors.is_empty()
     {
         errors.push(Diagnostic::error(format!(

@@ -52,11 +52,13 @@ pub fn check(path: &Path) -> u8 {
         // fail at its first render.
         let text = std::fs::read_to_string(path).unwrap_or_default();
         let (line, column) = config::Locator::new(&text).locate("haproxy.binary").unzip();
-        print_errors(&[Diagnostic::error(message).at(SourceLocation::new(
-            path.display().to_string(),
-            line,
-            column,
-        ))]);
+        print_errors(&[
+            Diagnostic::error(message.to_string()).at(SourceLocation::new(
+                path.display().to_string(),
+                line,
+                column,
+            )),
+        ]);
         return exit::FAILURE;
     }
     match build::renderer(&loaded.config) {

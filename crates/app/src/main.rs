@@ -141,9 +141,14 @@ enum Command {
 }
 
 /// `--haproxy-version`: a HAProxy line such as `3.4` or a full version `3.4.1-1`.
-fn parse_version(text: &str) -> Result<Version, String> {
-    Version::parse(text).ok_or_else(|| format!("`{text}` is not a HAProxy version such as 3.4"))
+fn parse_version(text: &str) -> Result<Version, NotAVersion> {
+    Version::parse(text).ok_or_else(|| NotAVersion(text.to_owned()))
 }
+
+/// A `--haproxy-version` that names no HAProxy version.
+#[derive(Debug, thiserror::Error)]
+#[error("`{0}` is not a HAProxy version such as 3.4")]
+struct NotAVersion(String);
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

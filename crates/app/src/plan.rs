@@ -213,9 +213,17 @@ fn most_disruptive(a: DeployStrategy, b: DeployStrategy) -> DeployStrategy {
     if rank(b) > rank(a) { b } else { a }
 }
 
+/// No instance to compare with: none given, and no socket instance configured.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "no socket instance to compare with: give --running DIR (an instance's config directory) \
+     or --running-fixtures DIR"
+)]
+struct NoTarget;
+
 /// The instances to compare with: the ones given, or else every socket instance of
 /// the config file with its `configDir`.
-fn targets(config: &config::Config, running: &Running) -> Result<Vec<Target>, String> {
+fn targets(config: &config::Config, running: &Running) -> Result<Vec<Target>, NoTarget> {
     let instances = build::socket_instances(config);
     if running.dirs.is_empty() && running.fixtures.is_empty() {
         let elsewhere = config.haproxy.instances.len() - instances.len();
@@ -227,11 +235,7 @@ fn targets(config: &config::Config, running: &Running) -> Result<Vec<Target>, St
             );
         }
         if instances.is_empty() {
-            return Err(
-                "no socket instance to compare with: give --running DIR (an instance's \
-                 config directory) or --running-fixtures DIR"
-                    .to_owned(),
-            );
+            return Err(NoTarget);
         }
         return Ok(instances
             .into_iter()
@@ -268,9 +272,39 @@ fn targets(config: &config::Config, running: &Running) -> Result<Vec<Target>, St
     Ok(targets)
 }
 
+/// Why the deployer does not know what an instance runs (its next deployment
+/// reloads).
+#[derive(Debug, thiserror::Error)]
+enum Unknown {
+    /// Nothing was deployed there by hapwright.
+    #[error("{} holds no state record", .0.display())]
+    NoRecord(PathBuf),
+    /// The files differ from the state record.
+    #[error("{} does not match its state record: {detail}", .dir.display())]
+    Mismatch {
+        /// The config directory.
+        dir: PathBuf,
+        /// The first difference.
+        detail: String,
+    },
+    /// The recorded `haproxy.cfg` does not parse.
+    #[error(
+        "{}: the recorded haproxy.cfg does not parse (line {}): {}",
+        .dir.display(),
+        .error.line,
+        .error.message
+    )]
+    Unparsable {
+        /// The config directory.
+        dir: PathBuf,
+        /// Where and why.
+        error: hapwright_eventbus::model::haproxy::ParseError,
+    },
+}
+
 /// What `target` runs: `Ok(Ok(_))` a known config, `Ok(Err(why))` unknown to the
 /// deployer (its next deployment reloads), `Err(exit code)` after printing the error.
-fn running_of(loaded: &config::Loaded, target: &Target) -> Result<Result<Deployed, String>, u8> {
+fn running_of(loaded: &config::Loaded, target: &Target) -> Result<Result<Deployed, Unknown>, u8> {
     if target.compared_with == Source::Fixtures {
         let rendered = render_once(loaded, Some(&target.path))?;
         return Deployed::new(
@@ -303,17 +337,15 @@ fn running_of(loaded: &config::Loaded, target: &Target) -> Result<Result<Deploye
     };
     Ok(match recorded {
         Recorded::Found(deployed) => Ok(deployed),
-        Recorded::NoRecord => Err(format!("{} holds no state record", dir.display())),
-        Recorded::Mismatch(detail) => Err(format!(
-            "{} does not match its state record: {detail}",
-            dir.display()
-        )),
-        Recorded::Unparsable(error) => Err(format!(
-            "{}: the recorded haproxy.cfg does not parse (line {}): {}",
-            dir.display(),
-            error.line,
-            error.message
-        )),
+        Recorded::NoRecord => Err(Unknown::NoRecord(dir.clone())),
+        Recorded::Mismatch(detail) => Err(Unknown::Mismatch {
+            dir: dir.clone(),
+            detail,
+        }),
+        Recorded::Unparsable(error) => Err(Unknown::Unparsable {
+            dir: dir.clone(),
+            error,
+        }),
     })
 }
 

@@ -71,7 +71,7 @@ fn default_binary() -> PathBuf {
 /// is, a bare name is searched on `PATH`. `Err` says what was searched, naming
 /// `haproxy.binary` and `PATH`, so a missing HAProxy is found by `check`, not at the
 /// first render.
-pub fn resolve_binary(binary: &Path) -> Result<PathBuf, String> {
+pub fn resolve_binary(binary: &Path) -> Result<PathBuf, BinaryError> {
     use std::os::unix::fs::PermissionsExt;
     let runnable = |path: &Path| {
         std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
@@ -80,23 +80,53 @@ pub fn resolve_binary(binary: &Path) -> Result<PathBuf, String> {
         return if runnable(binary) {
             Ok(binary.to_path_buf())
         } else {
-            Err(format!(
-                "haproxy.binary `{}` is not an executable file",
-                binary.display()
-            ))
+            Err(BinaryError::NotExecutable(binary.to_path_buf()))
         };
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .map(|dir| dir.join(binary))
         .find(|candidate| runnable(candidate))
-        .ok_or_else(|| {
-            format!(
-                "haproxy.binary `{}` is not on PATH ({}); install HAProxy or set haproxy.binary to its full path",
-                binary.display(),
-                path.to_string_lossy()
-            )
+        .ok_or_else(|| BinaryError::NotOnPath {
+            binary: binary.to_path_buf(),
+            path: path.to_string_lossy().into_owned(),
         })
+}
+
+/// Why `haproxy.binary` names no program that can run.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BinaryError {
+    /// A path that is not an executable file.
+    #[error("haproxy.binary `{}` is not an executable file", .0.display())]
+    NotExecutable(PathBuf),
+    /// A bare name found in no directory of `PATH`.
+    #[error(
+        "haproxy.binary `{}` is not on PATH ({path}); install HAProxy or set haproxy.binary to its full path",
+        binary.display()
+    )]
+    NotOnPath {
+        /// The name.
+        binary: PathBuf,
+        /// The `PATH` searched.
+        path: String,
+    },
+}
+
+/// Why a value of the config file does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    /// Not octal permission bits.
+    #[error("`{0}` is not a file mode: write octal permission bits such as \"0640\"")]
+    NotFileMode(String),
+    /// Octal, but with bits above the permission bits.
+    #[error("`{0}` is above 0777: only permission bits can be set on written files")]
+    FileModeTooHigh(String),
+    /// An empty socket address.
+    #[error("empty socket address")]
+    EmptyAddress,
+    /// Neither a path nor `host:port`.
+    #[error("`{0}` is neither a socket path nor host:port with a port from 1 to 65535")]
+    NotAddress(String),
 }
 
 /// The message for a failed start of `binary`: a missing program names
@@ -306,17 +336,14 @@ impl FileMode {
     }
 
     /// Parses `"0640"` / `"640"` (octal digits only).
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, ValueError> {
         let digits = text.strip_prefix("0o").unwrap_or(text);
-        let invalid =
-            || format!("`{text}` is not a file mode: write octal permission bits such as \"0640\"");
+        let invalid = || ValueError::NotFileMode(text.to_owned());
         if digits.is_empty() || !digits.chars().all(|c| ('0'..='7').contains(&c)) {
             return Err(invalid());
         }
         let bits = u32::from_str_radix(digits, 8).map_err(|_| invalid())?;
-        Self::new(bits).ok_or_else(|| {
-            format!("`{text}` is above 0777: only permission bits can be set on written files")
-        })
+        Self::new(bits).ok_or_else(|| ValueError::FileModeTooHigh(text.to_owned()))
     }
 }
 
@@ -428,18 +455,16 @@ pub enum Address {
 
 impl Address {
     /// Parses the config spelling.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, ValueError> {
         if text.is_empty() {
-            return Err("empty socket address".to_owned());
+            return Err(ValueError::EmptyAddress);
         }
         if text.contains('/') || !text.contains(':') {
             return Ok(Address::Unix(PathBuf::from(text)));
         }
         let (host, port) = text.rsplit_once(':').expect("contains ':'");
         if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
-            return Err(format!(
-                "`{text}` is neither a socket path nor host:port with a port from 1 to 65535"
-            ));
+            return Err(ValueError::NotAddress(text.to_owned()));
         }
         Ok(Address::Tcp(text.to_owned()))
     }

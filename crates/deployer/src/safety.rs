@@ -228,11 +228,6 @@ impl Footprint {
                 .all(|(name, &entries)| self.maps.get(name).is_some_and(|&have| have >= entries))
     }
 
-    /// Servers of the backend (or listen) `name`, `None` when it has none.
-    pub fn servers_of(&self, name: &str) -> Option<usize> {
-        self.backends.get(name).copied()
-    }
-
     /// Number of backends.
     pub fn backends(&self) -> usize {
         self.backends.len()

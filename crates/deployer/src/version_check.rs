@@ -15,7 +15,7 @@
 //! accept the same configurations.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use prometheus::{IntGaugeVec, Opts, Registry};
@@ -48,15 +48,54 @@ pub fn dataplane_version(info: &serde_json::Value) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Why a HAProxy version could not be read, from `haproxy -v` or from an instance.
+#[derive(Debug, thiserror::Error)]
+pub enum VersionError {
+    /// `binary -v` could not run.
+    #[error("cannot run `{} -v`: {error}", binary.display())]
+    Run {
+        /// The binary.
+        binary: PathBuf,
+        /// Why it could not run.
+        error: std::io::Error,
+    },
+    /// `binary -v` printed no version on its first line.
+    #[error("`{} -v` did not print a version: {first_line}", binary.display())]
+    NotPrinted {
+        /// The binary.
+        binary: PathBuf,
+        /// Its first line of output, trimmed.
+        first_line: String,
+    },
+    /// The instance's runtime API did not answer `show info`.
+    #[error(transparent)]
+    Runtime(#[from] crate::client::runtime::RuntimeError),
+    /// The Data Plane API did not answer with its runtime info.
+    #[error(transparent)]
+    Dataplane(#[from] crate::client::dataplane::DataplaneError),
+    /// `show info` answered without a `Version:` line.
+    #[error("`show info` has no Version line")]
+    NoInfoVersion,
+    /// The Data Plane API's runtime info names no version.
+    #[error("the Data Plane API's runtime info has no HAProxy version")]
+    NoDataplaneVersion,
+    /// The driver has no way to ask.
+    #[error("this driver cannot ask the instance for its HAProxy version")]
+    Unsupported,
+}
+
 /// The version `haproxy -v` of `binary` reports (`3.0.11-1`): the word after
 /// `version` on its first line.
-pub async fn binary_version(binary: &Path) -> Result<String, String> {
+pub async fn binary_version(binary: &Path) -> Result<String, VersionError> {
     let output = tokio::process::Command::new(binary)
         .arg("-v")
         .stdin(std::process::Stdio::null())
         .output()
         .await
-        .map_err(|error| format!("cannot run `{} -v`: {error}", binary.display()))?;
+        .map_err(|error| VersionError::Run {
+            binary: binary.to_owned(),
+            error,
+        })?;
     let text = String::from_utf8_lossy(&output.stdout);
     let first = text.lines().next().unwrap_or_default();
     first
@@ -64,12 +103,9 @@ pub async fn binary_version(binary: &Path) -> Result<String, String> {
         .skip_while(|word| !word.eq_ignore_ascii_case("version"))
         .nth(1)
         .map(str::to_owned)
-        .ok_or_else(|| {
-            format!(
-                "`{} -v` did not print a version: {}",
-                binary.display(),
-                first.trim()
-            )
+        .ok_or_else(|| VersionError::NotPrinted {
+            binary: binary.to_owned(),
+            first_line: first.trim().to_owned(),
         })
 }
 

@@ -376,7 +376,7 @@ async fn the_haproxy_version_comes_from_the_runtime_info() {
     assert_eq!(server.requests("GET /v3/services/haproxy/runtime/info"), 1);
 
     let refused = driver_with(&server, settings(), "wrong password");
-    let error = refused.haproxy_version().await.unwrap_err();
+    let error = refused.haproxy_version().await.unwrap_err().to_string();
     assert!(error.contains("401"), "{error}");
 }
 

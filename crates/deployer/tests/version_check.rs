@@ -189,7 +189,7 @@ async fn what_cannot_be_read_is_not_compared() {
         let instance = Instance::start(&haproxy_30()).await;
         instance.driver("gone")
     };
-    let error = gone.haproxy_version().await.unwrap_err();
+    let error = gone.haproxy_version().await.unwrap_err().to_string();
     assert!(error.contains("cannot reach the runtime API"), "{error}");
     assert_eq!(check.instance("gone"), None);
 }

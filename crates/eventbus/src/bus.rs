@@ -466,11 +466,6 @@ impl Bus {
         Ok(())
     }
 
-    /// Whether [`start`](Self::start) has run.
-    pub fn is_started(&self) -> bool {
-        lock(&self.shared.state).started
-    }
-
     /// Closes the bus: subscribers receive what is already in their channel and then
     /// `None`; later publishes are discarded; the spill pump stops.
     pub fn close(&self) {

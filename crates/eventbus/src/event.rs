@@ -330,8 +330,6 @@ pub enum ReloadSource {
     Sighup,
     /// `POST /-/reload`.
     Http,
-    /// The config file or a password file changed.
-    File,
 }
 
 /// Outcome of one deployment round across instances.

@@ -35,7 +35,8 @@ use hapwright_eventbus::model::{
     SourceLocation, UpsertOutcome,
 };
 use hapwright_eventbus::{
-    Component, ComponentError, Context, EventPayload, ResourceIndexUpdated, ResourceSyncComplete,
+    Component, ComponentError, Context, EventPayload, Health, HealthState, ResourceIndexUpdated,
+    ResourceSyncComplete,
 };
 use tracing::Instrument;
 
@@ -363,18 +364,19 @@ impl Scanner {
         self.files.values().filter_map(FileEntry::error).collect()
     }
 
-    /// `Ok(())` when the directory is listed and every file parsed, otherwise the
-    /// reason for `Unhealthy`: the listing problem, or the first file error
+    /// `Healthy` when the directory is listed and every file parsed, otherwise
+    /// `Unhealthy` with the reason: the listing problem, or the first file error
     /// (`file:line:column: cause`) and how many more files fail.
-    pub fn health(&self) -> Result<(), String> {
+    pub fn health(&self) -> Health {
+        let unhealthy = |reason: String| Health::new(HealthState::Unhealthy, Some(reason));
         if let Some(reason) = &self.listing_error {
-            return Err(reason.to_string());
+            return unhealthy(reason.to_string());
         }
         let errors = self.file_errors();
         match errors.as_slice() {
-            [] => Ok(()),
-            [only] => Err(only.to_string()),
-            [first, rest @ ..] => Err(format!(
+            [] => Health::new(HealthState::Healthy, None),
+            [only] => unhealthy(only.to_string()),
+            [first, rest @ ..] => unhealthy(format!(
                 "{first} (and {} more file{} failing)",
                 rest.len(),
                 if rest.len() == 1 { "" } else { "s" }
@@ -736,14 +738,14 @@ struct SharedScan {
     /// Taken by the member that runs first.
     work: std::sync::Mutex<Option<(Vec<Member>, WatchOptions)>>,
     /// Each member's health as the scan last found it (`None` before the first scan).
-    health: BTreeMap<Arc<str>, tokio::sync::watch::Receiver<Option<Result<(), String>>>>,
+    health: BTreeMap<Arc<str>, tokio::sync::watch::Receiver<Option<Health>>>,
 }
 
 /// One watched resource inside a scan.
 struct Member {
     resource: Arc<str>,
     scanner: Scanner,
-    health: tokio::sync::watch::Sender<Option<Result<(), String>>>,
+    health: tokio::sync::watch::Sender<Option<Health>>,
     synced: bool,
 }
 
@@ -813,15 +815,6 @@ impl FilesSource {
                 watch,
             ),
         }
-    }
-
-    /// Replaces the YAML input budgets. Call before [`share_scans`](Self::share_scans).
-    #[must_use]
-    pub fn with_limits(mut self, limits: Limits) -> Self {
-        if let Work::Own(scanner, _) = &mut self.work {
-            scanner.limits = limits;
-        }
-        self
     }
 
     /// Lets sources that read the same path with the same `settle` and
@@ -933,11 +926,8 @@ impl Component for FilesSource {
 }
 
 /// Applies a scan's verdict to a component's health.
-fn report_health(ctx: &Context, health: &Result<(), String>) {
-    match health {
-        Ok(()) => ctx.health().healthy(),
-        Err(reason) => ctx.health().unhealthy(reason.clone()),
-    }
+fn report_health(ctx: &Context, health: &Health) {
+    ctx.health().set(health.state, health.reason.clone());
 }
 
 /// Watches the path and scans every member on each wake-up; publishes each member's

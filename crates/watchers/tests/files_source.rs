@@ -550,7 +550,9 @@ fn the_size_limit_is_configurable() {
         Limits::default(),
     );
     scanner.scan(ScanMode::Full);
-    let reason = scanner.health().unwrap_err();
+    let health = scanner.health();
+    assert_eq!(health.state, HealthState::Unhealthy);
+    let reason = health.reason.unwrap_or_default();
     assert!(reason.contains("over the 1KiB limit"), "{reason}");
     config.max_file_size = ByteSize(4096);
     let mut scanner = Scanner::new(

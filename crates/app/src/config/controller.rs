@@ -169,7 +169,7 @@ impl Controller {
             ));
         }
         if let Err(message) = check_log_level(&self.log_level) {
-            issues.push(ConfigIssue::new("logLevel", message));
+            issues.push(ConfigIssue::new("logLevel", message.to_string()));
         }
         issues.extend(
             self.leader_election
@@ -211,15 +211,42 @@ impl Controller {
 /// The levels `logLevel` accepts on their own.
 pub(super) const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
 
+/// The advice every `logLevel` error ends with.
+const LOG_LEVEL_HINT: &str = "use one of trace, debug, info, warn, error, off, or a filter such \
+                              as `info,hapwright_deployer=debug`";
+
+/// Why `controller.logLevel` is refused.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum LogLevelError {
+    /// Nothing but blanks.
+    #[error("logLevel is empty; {hint}", hint = LOG_LEVEL_HINT)]
+    Empty,
+    /// A bare word close to a level.
+    #[error(
+        "`{directive}` is not a log level, did you mean {level}? ({hint})",
+        hint = LOG_LEVEL_HINT
+    )]
+    Misspelt {
+        /// The word.
+        directive: String,
+        /// The level it is close to.
+        level: String,
+    },
+    /// A bare word that is not a level.
+    #[error("`{0}` is not a log level; {hint}", hint = LOG_LEVEL_HINT)]
+    NotALevel(String),
+    /// A filter `EnvFilter` refuses.
+    #[error("not a log level or filter ({0}); {hint}", hint = LOG_LEVEL_HINT)]
+    Filter(tracing_subscriber::filter::ParseError),
+}
+
 /// Checks `controller.logLevel`: a level, or a `RUST_LOG`-style filter whose every
 /// directive names a level (`info,hapwright_deployer=debug`). A bare word that is not
 /// a level is refused even though `EnvFilter` would take it as a target name: `inf` or
 /// `verbose` would otherwise silently switch off every log line.
-pub(super) fn check_log_level(value: &str) -> Result<(), String> {
-    const HINT: &str = "use one of trace, debug, info, warn, error, off, or a filter such \
-                        as `info,hapwright_deployer=debug`";
+pub(super) fn check_log_level(value: &str) -> Result<(), LogLevelError> {
     if value.trim().is_empty() {
-        return Err(format!("logLevel is empty; {HINT}"));
+        return Err(LogLevelError::Empty);
     }
     for directive in value.split(',').map(str::trim) {
         let bare_word = !directive.contains(['=', ':', '[']);
@@ -234,16 +261,17 @@ pub(super) fn check_log_level(value: &str) -> Result<(), String> {
                 other => other,
             });
             return Err(match suggestion {
-                Some(level) => {
-                    format!("`{directive}` is not a log level, did you mean {level}? ({HINT})")
-                }
-                None => format!("`{directive}` is not a log level; {HINT}"),
+                Some(level) => LogLevelError::Misspelt {
+                    directive: directive.to_owned(),
+                    level: level.to_owned(),
+                },
+                None => LogLevelError::NotALevel(directive.to_owned()),
             });
         }
     }
     tracing_subscriber::EnvFilter::try_new(value)
         .map(drop)
-        .map_err(|error| format!("not a log level or filter ({error}); {HINT}"))
+        .map_err(LogLevelError::Filter)
 }
 
 #[cfg(test)]
@@ -261,13 +289,13 @@ mod log_level_tests {
             "hapwright_app::http=trace",
             "error,[reconcile]=debug",
         ] {
-            assert_eq!(check_log_level(value), Ok(()), "{value}");
+            assert!(check_log_level(value).is_ok(), "{value}");
         }
     }
 
     #[test]
     fn words_that_are_not_levels_are_refused_with_a_suggestion() {
-        let err = |value: &str| check_log_level(value).unwrap_err();
+        let err = |value: &str| check_log_level(value).unwrap_err().to_string();
         assert!(
             err("inf").contains("`inf` is not a log level, did you mean info?"),
             "{}",

@@ -42,6 +42,71 @@ pub enum Outcome {
     },
 }
 
+/// How an assertion that could be checked came out; the message is what the report
+/// shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// The assertion holds: what was found.
+    Holds(String),
+    /// The assertion does not hold: why, with an excerpt of the target.
+    Fails(String),
+}
+
+/// Why an assertion could not be checked at all (it fails in the report).
+#[derive(Debug, thiserror::Error)]
+enum NotChecked {
+    /// The test's fixtures did not load.
+    #[error("not checked: the test's fixtures are invalid:\n{}", indent(&.0.join("\n"), 2))]
+    InvalidFixtures(Vec<String>),
+    /// The render failed (for `haproxy_valid`).
+    #[error("not checked: the render failed:\n{}", indent(&render_error_text(.0), 2))]
+    RenderFailed(Vec<Diagnostic>),
+    /// The render failed, so the target file does not exist.
+    #[error(
+        "not checked: the render failed, so there is no {target}:\n{}",
+        indent(&render_error_text(errors), 2)
+    )]
+    NoTarget {
+        /// The assertion's target.
+        target: String,
+        /// The render errors.
+        errors: Vec<Diagnostic>,
+    },
+    /// Validation did not run for a `haproxy_valid` assertion.
+    #[error("not checked: validation did not run")]
+    ValidationDidNotRun,
+    /// The target names no rendered file.
+    #[error("{0} is not a rendered file")]
+    NotRendered(String),
+    /// The target is not a `status/<resource>/<namespace>/<name>` target.
+    #[error("{0} is not a status target")]
+    NotStatusTarget(String),
+    /// The status template failed for the target's object.
+    #[error("not checked: the status template failed for {object}:\n  {error}")]
+    StatusTemplateFailed {
+        /// `namespace/name`, or the name of a cluster-scoped object.
+        object: String,
+        /// The template's error.
+        error: Box<Diagnostic>,
+    },
+    /// A pattern is not a valid regex.
+    #[error("invalid regex `{pattern}`: {error}")]
+    InvalidRegex {
+        /// The pattern as written.
+        pattern: String,
+        /// Why it does not compile.
+        error: regex::Error,
+    },
+    /// The `path` of a `jsonpath` assertion does not parse.
+    #[error("invalid JSONPath `{path}`: {error}")]
+    InvalidJsonPath {
+        /// The path as written.
+        path: String,
+        /// Why it does not parse.
+        error: serde_json_path::ParseError,
+    },
+}
+
 /// What the status templates rendered for one test.
 #[derive(Clone, Debug, Default)]
 pub struct RenderedStatuses {
@@ -55,10 +120,10 @@ impl RenderedStatuses {
     /// The text of the `status/<resource>/<namespace>/<name>` target: the object's
     /// rendered status as YAML, empty when its template renders nothing (the status
     /// is left alone), or the template's error for it.
-    fn text(&self, target: &str) -> Result<String, String> {
+    fn text(&self, target: &str) -> Result<String, NotChecked> {
         let Some((resource, namespace, name)) = hapwright_reconciler::config::status_target(target)
         else {
-            return Err(format!("{target} is not a status target"));
+            return Err(NotChecked::NotStatusTarget(target.to_owned()));
         };
         let object = if namespace.is_empty() {
             name.to_owned()
@@ -70,9 +135,10 @@ impl RenderedStatuses {
             let text = e.to_string();
             text.starts_with(&template) && text.contains(&format!(" {object}: "))
         }) {
-            return Err(format!(
-                "not checked: the status template failed for {object}:\n  {error}"
-            ));
+            return Err(NotChecked::StatusTemplateFailed {
+                object,
+                error: Box::new(error.clone()),
+            });
         }
         Ok(self
             .statuses
@@ -90,10 +156,10 @@ pub fn check(assertion: &Assertion, outcome: &Outcome) -> AssertionReport {
         AssertionType::Jsonpath => assertion.path.clone(),
         _ => assertion.target.clone(),
     };
-    let result = evaluate(assertion, outcome);
-    let (passed, message) = match result {
-        Ok(message) => (true, message),
-        Err(message) => (false, message.trim_end().to_owned()),
+    let (passed, message) = match evaluate(assertion, outcome) {
+        Ok(Verdict::Holds(message)) => (true, message),
+        Ok(Verdict::Fails(message)) => (false, message.trim_end().to_owned()),
+        Err(not_checked) => (false, not_checked.to_string().trim_end().to_owned()),
     };
     AssertionReport {
         kind: assertion.kind.as_str(),
@@ -104,15 +170,10 @@ pub fn check(assertion: &Assertion, outcome: &Outcome) -> AssertionReport {
     }
 }
 
-/// `Ok(what held)` or `Err(why not, with an excerpt)`.
-fn evaluate(assertion: &Assertion, outcome: &Outcome) -> Result<String, String> {
+/// The assertion's verdict, or why it could not be checked.
+fn evaluate(assertion: &Assertion, outcome: &Outcome) -> Result<Verdict, NotChecked> {
     let (context, render, validation, statuses) = match outcome {
-        Outcome::Setup(errors) => {
-            return Err(format!(
-                "not checked: the test's fixtures are invalid:\n{}",
-                indent(&errors.join("\n"), 2)
-            ));
-        }
+        Outcome::Setup(errors) => return Err(NotChecked::InvalidFixtures(errors.clone())),
         Outcome::Rendered {
             context,
             render,
@@ -122,18 +183,15 @@ fn evaluate(assertion: &Assertion, outcome: &Outcome) -> Result<String, String> 
     };
     match assertion.kind {
         AssertionType::HaproxyValid => match (render, validation) {
-            (Err(errors), _) => Err(format!(
-                "not checked: the render failed:\n{}",
-                indent(&render_error_text(errors), 2)
+            (Err(errors), _) => Err(NotChecked::RenderFailed(errors.clone())),
+            (Ok(_), Some(Ok(warnings))) if warnings.is_empty() => Ok(Verdict::Holds(
+                "both validation phases accept the render".to_owned(),
             )),
-            (Ok(_), Some(Ok(warnings))) if warnings.is_empty() => {
-                Ok("both validation phases accept the render".to_owned())
-            }
-            (Ok(_), Some(Ok(warnings))) => Ok(format!(
+            (Ok(_), Some(Ok(warnings))) => Ok(Verdict::Holds(format!(
                 "both validation phases accept the render, with warnings:\n{}",
                 indent(&render_error_text(warnings), 2)
-            )),
-            (Ok(_), Some(Err(rejection))) => Err(format!(
+            ))),
+            (Ok(_), Some(Err(rejection))) => Ok(Verdict::Fails(format!(
                 "{}{}",
                 rejection,
                 if rejection.tool_failure {
@@ -141,8 +199,8 @@ fn evaluate(assertion: &Assertion, outcome: &Outcome) -> Result<String, String> 
                 } else {
                     ""
                 }
-            )),
-            (Ok(_), None) => Err("not checked: validation did not run".to_owned()),
+            ))),
+            (Ok(_), None) => Err(NotChecked::ValidationDidNotRun),
         },
         AssertionType::Jsonpath => {
             let path = assertion.path.as_deref().unwrap_or_default();
@@ -198,21 +256,21 @@ fn evaluate(assertion: &Assertion, outcome: &Outcome) -> Result<String, String> 
 fn target_text(
     target: &str,
     render: &Result<RenderedConfig, Vec<Diagnostic>>,
-) -> Result<String, String> {
+) -> Result<String, NotChecked> {
     match render {
         Ok(_) if target == RENDERING_ERROR_TARGET => Ok(String::new()),
         Err(errors) if target == RENDERING_ERROR_TARGET => Ok(render_error_text(errors)),
-        Err(errors) => Err(format!(
-            "not checked: the render failed, so there is no {target}:\n{}",
-            indent(&render_error_text(errors), 2)
-        )),
+        Err(errors) => Err(NotChecked::NoTarget {
+            target: target.to_owned(),
+            errors: errors.clone(),
+        }),
         Ok(rendered) => rendered
             .iter()
             .find(|(file, _)| {
                 file.relative_path() == hapwright_reconciler::config::target_path(target)
             })
             .map(|(_, content)| content.to_string())
-            .ok_or_else(|| format!("{target} is not a rendered file")),
+            .ok_or_else(|| NotChecked::NotRendered(target.to_owned())),
     }
 }
 
@@ -226,11 +284,14 @@ fn render_error_text(errors: &[Diagnostic]) -> String {
         .join("\n")
 }
 
-fn compile(pattern: &str) -> Result<Regex, String> {
+fn compile(pattern: &str) -> Result<Regex, NotChecked> {
     RegexBuilder::new(pattern)
         .multi_line(true)
         .build()
-        .map_err(|error| format!("invalid regex `{pattern}`: {error}"))
+        .map_err(|error| NotChecked::InvalidRegex {
+            pattern: pattern.to_owned(),
+            error,
+        })
 }
 
 /// 1-based line number of a byte offset.
@@ -246,39 +307,44 @@ fn describe_target(target: &str, text: &str) -> String {
     }
 }
 
-fn contains(target: &str, text: String, pattern: &str) -> Result<String, String> {
+fn contains(target: &str, text: String, pattern: &str) -> Result<Verdict, NotChecked> {
     let regex = compile(pattern)?;
     match regex.find(&text) {
-        Some(found) => Ok(format!(
+        Some(found) => Ok(Verdict::Holds(format!(
             "`{pattern}` matches {target} at line {}",
             line_of(&text, found.start())
-        )),
-        None => Err(format!(
+        ))),
+        None => Ok(Verdict::Fails(format!(
             "`{pattern}` does not match {}\n{}",
             describe_target(target, &text),
             closest_excerpt(target, &text, pattern)
-        )),
+        ))),
     }
 }
 
-fn not_contains(target: &str, text: String, pattern: &str) -> Result<String, String> {
+fn not_contains(target: &str, text: String, pattern: &str) -> Result<Verdict, NotChecked> {
     let regex = compile(pattern)?;
     match regex.find(&text) {
-        None => Ok(format!(
+        None => Ok(Verdict::Holds(format!(
             "`{pattern}` does not match {}",
             describe_target(target, &text)
-        )),
+        ))),
         Some(found) => {
             let line = line_of(&text, found.start());
-            Err(format!(
+            Ok(Verdict::Fails(format!(
                 "`{pattern}` matches {target} at line {line}, expected no match\n{}",
                 excerpt(target, &text, &[line])
-            ))
+            )))
         }
     }
 }
 
-fn match_count(target: &str, text: String, pattern: &str, count: u64) -> Result<String, String> {
+fn match_count(
+    target: &str,
+    text: String,
+    pattern: &str,
+    count: u64,
+) -> Result<Verdict, NotChecked> {
     let regex = compile(pattern)?;
     let lines: Vec<usize> = regex
         .find_iter(&text)
@@ -293,7 +359,10 @@ fn match_count(target: &str, text: String, pattern: &str, count: u64) -> Result<
         }
     };
     if found == count {
-        return Ok(format!("`{pattern}` matches {target} {}", times(found)));
+        return Ok(Verdict::Holds(format!(
+            "`{pattern}` matches {target} {}",
+            times(found)
+        )));
     }
     let detail = if lines.is_empty() {
         closest_excerpt(target, &text, pattern)
@@ -308,15 +377,15 @@ fn match_count(target: &str, text: String, pattern: &str, count: u64) -> Result<
         }
         out
     };
-    Err(format!(
+    Ok(Verdict::Fails(format!(
         "`{pattern}` matches {} {}, expected {}\n{detail}",
         describe_target(target, &text),
         times(found),
         times(count)
-    ))
+    )))
 }
 
-fn match_order(target: &str, text: String, patterns: &[String]) -> Result<String, String> {
+fn match_order(target: &str, text: String, patterns: &[String]) -> Result<Verdict, NotChecked> {
     let regexes = patterns
         .iter()
         .map(|p| compile(p))
@@ -353,14 +422,14 @@ fn match_order(target: &str, text: String, patterns: &[String]) -> Result<String
                     None if found_lines.is_empty() => closest_excerpt(target, &text, pattern),
                     None => excerpt(target, &text, &found_lines),
                 };
-                return Err(format!(
+                return Ok(Verdict::Fails(format!(
                     "{problem}; expected the patterns in this order: {}\n{shown}",
                     quote_list(patterns)
-                ));
+                )));
             }
         }
     }
-    Ok(format!(
+    Ok(Verdict::Holds(format!(
         "{} match {target} in this order (lines {})",
         quote_list(patterns),
         found_lines
@@ -368,7 +437,7 @@ fn match_order(target: &str, text: String, patterns: &[String]) -> Result<String
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(", ")
-    ))
+    )))
 }
 
 pub(super) fn quote_list(patterns: &[String]) -> String {
@@ -379,19 +448,19 @@ pub(super) fn quote_list(patterns: &[String]) -> String {
         .join(", ")
 }
 
-fn equals(target: &str, text: String, expected: &str) -> Result<String, String> {
+fn equals(target: &str, text: String, expected: &str) -> Result<Verdict, NotChecked> {
     if text == expected {
-        return Ok(format!("{target} is exactly as expected"));
+        return Ok(Verdict::Holds(format!("{target} is exactly as expected")));
     }
     let shown = describe_target(target, &text);
     let (actual_lines, expected_lines) = (lines_of(&text), lines_of(expected));
     if actual_lines == expected_lines {
         let newlines = |t: &str| t.len() - t.trim_end_matches('\n').len();
-        return Err(format!(
+        return Ok(Verdict::Fails(format!(
             "{shown} differs from `expected` only at the end: it ends with {}, `expected` with {}",
             plural(newlines(&text), "newline"),
             plural(newlines(expected), "newline"),
-        ));
+        )));
     }
     let line = actual_lines
         .iter()
@@ -413,27 +482,33 @@ fn equals(target: &str, text: String, expected: &str) -> Result<String, String> 
     };
     side(&mut out, "expected", expected);
     side(&mut out, &format!("rendered {target}"), &text);
-    Err(out.trim_end().to_owned())
+    Ok(Verdict::Fails(out.trim_end().to_owned()))
 }
 
-fn check_jsonpath(path: &str, expected: &Value, context: &Value) -> Result<String, String> {
-    let query = serde_json_path::JsonPath::parse(path)
-        .map_err(|error| format!("invalid JSONPath `{path}`: {error}"))?;
+fn check_jsonpath(path: &str, expected: &Value, context: &Value) -> Result<Verdict, NotChecked> {
+    let query =
+        serde_json_path::JsonPath::parse(path).map_err(|error| NotChecked::InvalidJsonPath {
+            path: path.to_owned(),
+            error,
+        })?;
     let nodes: Vec<&Value> = query.query(context).all();
     let as_list = Value::Array(nodes.iter().copied().cloned().collect());
     let single_match = matches!(nodes.as_slice(), [only] if json_eq(only, expected));
     if single_match || json_eq(&as_list, expected) {
-        return Ok(format!("`{path}` yields {}", short_json(expected)));
+        return Ok(Verdict::Holds(format!(
+            "`{path}` yields {}",
+            short_json(expected)
+        )));
     }
     let found = match nodes.as_slice() {
         [] => "nothing (no node matches)".to_owned(),
         [only] => short_json(only),
         _ => format!("{} nodes: {}", nodes.len(), short_json(&as_list)),
     };
-    Err(format!(
+    Ok(Verdict::Fails(format!(
         "`{path}` yields {found}, expected {}\n(evaluated on {{\"resources\": {{<watched resource>: [objects]}}, \"extraContext\": ...}})",
         short_json(expected)
-    ))
+    )))
 }
 
 /// JSON equality with numbers compared by value (`2` equals `2.0`).

@@ -119,7 +119,7 @@ impl Engine {
                 self.record("none", "invalid", started);
                 return Answer {
                     status: StatusCode::BAD_REQUEST,
-                    body: serde_json::json!({ "error": message }),
+                    body: serde_json::json!({ "error": message.to_string() }),
                 };
             }
         };
@@ -351,32 +351,58 @@ enum Change {
     Remove(hapwright_eventbus::model::ObjectKey),
 }
 
+/// Why a request body is not an AdmissionReview hapwright answers (a 400).
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    /// The body is not JSON of an AdmissionReview.
+    #[error("invalid AdmissionReview: {0}")]
+    Invalid(serde_json::Error),
+    /// A value of the review has the wrong type or form.
+    #[error("invalid AdmissionReview at {path}: {error}")]
+    InvalidAt {
+        /// Where, as `request.object.metadata`.
+        path: String,
+        /// What is wrong there.
+        error: serde_json::Error,
+    },
+    /// Not `admission.k8s.io/v1` `AdmissionReview`.
+    #[error(
+        "expected apiVersion admission.k8s.io/v1 and kind AdmissionReview, got `{api_version}` `{kind}`"
+    )]
+    WrongType {
+        /// The review's `apiVersion`.
+        api_version: String,
+        /// The review's `kind`.
+        kind: String,
+    },
+    /// The review holds no request.
+    #[error("invalid AdmissionReview: `request` is missing")]
+    NoRequest,
+}
+
 /// Parses and checks an AdmissionReview body; the error says where it is wrong.
-pub fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
+pub fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, ReviewError> {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     let review: AdmissionReview<DynamicObject> =
         serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
             let path = error.path().to_string();
+            let error = error.into_inner();
             if path == "." {
-                format!("invalid AdmissionReview: {}", error.inner())
+                ReviewError::Invalid(error)
             } else {
-                format!("invalid AdmissionReview at {path}: {}", error.inner())
+                ReviewError::InvalidAt { path, error }
             }
         })?;
     // Nothing but blanks may follow the review (found by fuzzing: the reader stopped
     // at the review's closing brace and accepted whatever came after it).
-    deserializer
-        .end()
-        .map_err(|error| format!("invalid AdmissionReview: {error}"))?;
+    deserializer.end().map_err(ReviewError::Invalid)?;
     if review.types.api_version != "admission.k8s.io/v1" || review.types.kind != "AdmissionReview" {
-        return Err(format!(
-            "expected apiVersion admission.k8s.io/v1 and kind AdmissionReview, got `{}` `{}`",
-            review.types.api_version, review.types.kind
-        ));
+        return Err(ReviewError::WrongType {
+            api_version: review.types.api_version,
+            kind: review.types.kind,
+        });
     }
-    review
-        .try_into()
-        .map_err(|_| "invalid AdmissionReview: `request` is missing".to_owned())
+    review.try_into().map_err(|_| ReviewError::NoRequest)
 }
 
 /// The object as the sources store it: `apiVersion`, `kind` and (for a namespaced

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use hapwright_eventbus::model::{FieldPath, ObjectKey};
+use hapwright_eventbus::model::{FieldPath, FieldPathError, ObjectKey};
 use hapwright_watchers::config::{Source, WatchedResource};
 use hapwright_watchers::kubernetes::KubernetesSource;
 use hapwright_watchers::manifest::DEFAULT_NAMESPACE;
@@ -49,7 +49,29 @@ pub struct SelectorError {
     resource: String,
     field: &'static str,
     selector: String,
-    reason: String,
+    reason: Syntax,
+}
+
+/// What is wrong in a selector: the part it is about and why.
+#[derive(Debug, thiserror::Error)]
+enum Syntax {
+    /// `in` or `notin` without a parenthesised list.
+    #[error("`{0}`: expected a list in parentheses")]
+    NotAList(String),
+    /// A label requirement of no known form.
+    #[error("`{0}` is not a requirement")]
+    NotARequirement(String),
+    /// A field requirement without `=`, `==` or `!=`.
+    #[error("`{0}` is not `field=value` or `field!=value`")]
+    NotAComparison(String),
+    /// A field requirement whose field path does not parse.
+    #[error("`{part}`: {error}")]
+    FieldPath {
+        /// The requirement.
+        part: String,
+        /// Why its path does not parse.
+        error: Box<FieldPathError>,
+    },
 }
 
 impl SelectorError {
@@ -171,7 +193,7 @@ impl Requirement {
 }
 
 /// Parses a Kubernetes label selector (`a=b,c!=d,e in (x,y),f notin (z),g,!h`).
-fn parse_selector(text: &str) -> Result<Vec<Requirement>, String> {
+fn parse_selector(text: &str) -> Result<Vec<Requirement>, Syntax> {
     // Split on commas outside parentheses.
     let mut parts = Vec::new();
     let (mut depth, mut start) = (0i32, 0usize);
@@ -189,12 +211,12 @@ fn parse_selector(text: &str) -> Result<Vec<Requirement>, String> {
     parts.push(&text[start..]);
     let mut requirements = Vec::new();
     for part in parts.into_iter().map(str::trim).filter(|p| !p.is_empty()) {
-        let set = |rest: &str| -> Result<Vec<String>, String> {
+        let set = |rest: &str| -> Result<Vec<String>, Syntax> {
             let inner = rest
                 .trim()
                 .strip_prefix('(')
                 .and_then(|r| r.strip_suffix(')'))
-                .ok_or_else(|| format!("`{part}`: expected a list in parentheses"))?;
+                .ok_or_else(|| Syntax::NotAList(part.to_owned()))?;
             Ok(inner.split(',').map(|v| v.trim().to_owned()).collect())
         };
         let requirement = if let Some((key, value)) = part.split_once("!=") {
@@ -210,7 +232,7 @@ fn parse_selector(text: &str) -> Result<Vec<Requirement>, String> {
         } else if let Some(key) = part.strip_prefix('!') {
             Requirement::DoesNotExist(key.trim().to_owned())
         } else if part.contains([' ', '(', ')']) {
-            return Err(format!("`{part}` is not a requirement"));
+            return Err(Syntax::NotARequirement(part.to_owned()));
         } else {
             Requirement::Exists(part.to_owned())
         };
@@ -220,7 +242,7 @@ fn parse_selector(text: &str) -> Result<Vec<Requirement>, String> {
 }
 
 /// Parses a field selector (`type=kubernetes.io/tls,metadata.name!=x`).
-fn parse_field_selector(text: &str) -> Result<Vec<(FieldPath, String, bool)>, String> {
+fn parse_field_selector(text: &str) -> Result<Vec<(FieldPath, String, bool)>, Syntax> {
     text.split(',')
         .map(str::trim)
         .filter(|p| !p.is_empty())
@@ -232,9 +254,12 @@ fn parse_field_selector(text: &str) -> Result<Vec<(FieldPath, String, bool)>, St
             } else if let Some((p, v)) = part.split_once('=') {
                 (p, v, true)
             } else {
-                return Err(format!("`{part}` is not `field=value` or `field!=value`"));
+                return Err(Syntax::NotAComparison(part.to_owned()));
             };
-            let path = FieldPath::parse(path.trim()).map_err(|e| format!("`{part}`: {e}"))?;
+            let path = FieldPath::parse(path.trim()).map_err(|error| Syntax::FieldPath {
+                part: part.to_owned(),
+                error: Box::new(error),
+            })?;
             Ok((path, value.trim().to_owned(), equal))
         })
         .collect()

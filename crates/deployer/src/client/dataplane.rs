@@ -557,17 +557,6 @@ impl DataplaneClient {
         }
     }
 
-    /// `GET /v3/services/haproxy/runtime/backends/{backend}/servers/{name}`.
-    pub async fn runtime_server(
-        &self,
-        backend: &str,
-        name: &str,
-    ) -> Result<RuntimeServer, DataplaneError> {
-        let path = runtime_server_path(backend, Some(name));
-        let response = self.send(Method::GET, &path, &[], Body::None).await?;
-        self.json(&path, response).await
-    }
-
     /// `PUT /v3/services/haproxy/runtime/backends/{backend}/servers/{name}` with an
     /// `admin_state` (`ready`, `maint`, `drain`).
     pub async fn set_server_admin_state(
@@ -649,16 +638,6 @@ impl DataplaneClient {
         self.json(area.path(), response).await
     }
 
-    /// `GET /v3/services/haproxy/storage/{area}/{name}`: the file's content.
-    pub async fn stored_file(&self, area: Storage, name: &str) -> Result<String, DataplaneError> {
-        let path = format!("{}/{}", area.path(), segment(name));
-        let response = self.send(Method::GET, &path, &[], Body::None).await?;
-        response.text().await.map_err(|e| DataplaneError::Decode {
-            path,
-            detail: e.to_string(),
-        })
-    }
-
     /// Creates (`POST` multipart `file_upload`) or replaces (`PUT`) a file in
     /// storage. `skip_reload` asks the API not to reload for it. Returns the id of a
     /// reload the API queued.
@@ -688,24 +667,6 @@ impl DataplaneClient {
             .await?
         };
         Ok(reload_id(&response))
-    }
-
-    /// `DELETE /v3/services/haproxy/storage/{area}/{name}`.
-    pub async fn delete_stored_file(
-        &self,
-        area: Storage,
-        name: &str,
-        skip_reload: bool,
-    ) -> Result<(), DataplaneError> {
-        let path = format!("{}/{}", area.path(), segment(name));
-        self.send(
-            Method::DELETE,
-            &path,
-            &[("skip_reload", skip_reload.to_string())],
-            Body::None,
-        )
-        .await
-        .map(drop)
     }
 
     /// `GET /v3/services/haproxy/runtime/maps/{name}/entries`.

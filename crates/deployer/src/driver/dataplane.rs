@@ -39,6 +39,7 @@ use crate::haproxy::config::Config;
 use crate::haproxy::files::{strip_version_marker, with_version_marker};
 use crate::haproxy::plan::{ChangePlan, RuntimeOp};
 use crate::metrics::Metrics;
+use crate::version_check::VersionError;
 
 /// Rendered files by name.
 type Files = BTreeMap<String, Arc<str>>;
@@ -596,14 +597,9 @@ impl Driver for DataplaneDriver {
         &self.name
     }
 
-    async fn haproxy_version(&self) -> Result<String, String> {
-        let info = self
-            .client
-            .runtime_info()
-            .await
-            .map_err(|error| error.to_string())?;
-        crate::version_check::dataplane_version(&info)
-            .ok_or_else(|| "the Data Plane API's runtime info has no HAProxy version".to_owned())
+    async fn haproxy_version(&self) -> Result<String, VersionError> {
+        let info = self.client.runtime_info().await?;
+        crate::version_check::dataplane_version(&info).ok_or(VersionError::NoDataplaneVersion)
     }
 
     fn kind(&self) -> InstanceDriver {

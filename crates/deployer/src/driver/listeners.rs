@@ -197,7 +197,7 @@ pub fn check_foreign(
     config_file: &Path,
     env: &BTreeMap<String, String>,
     is_own: impl Fn(u32) -> bool,
-) -> Result<(), String> {
+) -> Result<(), Foreign> {
     let Ok(config) = std::fs::read_to_string(config_file) else {
         return Ok(());
     };
@@ -214,26 +214,58 @@ pub fn check_foreign(
     }
     let inodes: Vec<u64> = busy.iter().map(|(_, l)| l.inode).collect();
     let owners = owners(&inodes);
-    let mut conflicts: Vec<String> = busy
+    let mut conflicts: Vec<Conflict> = busy
         .iter()
         .filter(|(_, l)| owners.get(&l.inode).is_none_or(|(pid, _)| !is_own(*pid)))
-        .map(|(bind, l)| {
-            let owner = owners.get(&l.inode).map_or_else(
-                || "a process hapwright cannot see".to_owned(),
-                |(pid, name)| format!("{name} (pid {pid})"),
-            );
-            format!("{bind} is already served by {owner}")
+        .map(|(bind, l)| Conflict {
+            bind: *bind,
+            owner: owners.get(&l.inode).cloned(),
         })
         .collect();
     conflicts.dedup();
     if conflicts.is_empty() {
         Ok(())
     } else {
-        Err(format!(
-            "not starting HAProxy: {}; stop that process or change the bind address",
-            conflicts.join(", ")
-        ))
+        Err(Foreign(conflicts))
     }
+}
+
+/// Why a start is refused: `bind` addresses other processes already serve.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "not starting HAProxy: {}; stop that process or change the bind address",
+    list(.0)
+)]
+pub struct Foreign(pub Vec<Conflict>);
+
+/// One `bind` address another process serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    /// The address.
+    pub bind: BindAddress,
+    /// The process serving it (pid and name), when hapwright can see it.
+    pub owner: Option<(u32, String)>,
+}
+
+impl std::fmt::Display for Conflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.owner {
+            Some((pid, name)) => write!(f, "{} is already served by {name} (pid {pid})", self.bind),
+            None => write!(
+                f,
+                "{} is already served by a process hapwright cannot see",
+                self.bind
+            ),
+        }
+    }
+}
+
+fn list(conflicts: &[Conflict]) -> String {
+    conflicts
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
@@ -303,7 +335,9 @@ listen stats
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("haproxy.cfg");
         std::fs::write(&file, format!("frontend fe\n    bind 127.0.0.1:{port}\n")).unwrap();
-        let error = check_foreign(&file, &BTreeMap::new(), |_| false).unwrap_err();
+        let error = check_foreign(&file, &BTreeMap::new(), |_| false)
+            .unwrap_err()
+            .to_string();
         assert!(
             error.contains(&format!(
                 "127.0.0.1:{port} is already served by {} (pid {})",

@@ -413,15 +413,6 @@ impl ManagedHaproxy {
         Duration::from_millis(self.inner.hard_stop_after.load(Ordering::Relaxed))
     }
 
-    /// Stops one instance's HAProxy (draining it, see the module docs) and forgets it.
-    pub async fn stop_instance(&self, instance: &str) {
-        let supervised = self.inner.processes.lock().await.remove(instance);
-        if let Some(supervised) = supervised {
-            supervised.cancel.cancel();
-            let _ = supervised.task.await;
-        }
-    }
-
     /// Stops every managed HAProxy, draining them in parallel (SIGUSR1; SIGTERM after
     /// `hard_stop_after`, SIGKILL after another `stop_grace`), and waits for them to
     /// exit. Later [`ensure_started`](Self::ensure_started) calls fail.
@@ -551,7 +542,7 @@ async fn supervise(
             ));
             run_adopted(pid, &instance, &stopping, &state, &cancel).await
         } else if let Err(conflict) = foreign_listeners(&instance).await {
-            Exit::Failed(conflict)
+            Exit::Failed(conflict.to_string())
         } else {
             match spawn(&spawner, &binary, &instance, &logs, &cancel).await {
                 Ok((child, output)) => {
@@ -661,7 +652,7 @@ impl Output {
 /// Refuses a start while another process listens on one of the config's `bind`
 /// addresses (see [`super::listeners`]); processes running this instance's own config
 /// are not foreign.
-async fn foreign_listeners(instance: &InstanceConfig) -> Result<(), String> {
+async fn foreign_listeners(instance: &InstanceConfig) -> Result<(), super::listeners::Foreign> {
     let config_file = instance.config_dir.join("haproxy.cfg");
     let env = instance.env.clone();
     tokio::task::spawn_blocking(move || {

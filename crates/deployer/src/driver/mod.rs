@@ -45,6 +45,7 @@ use hapwright_eventbus::model::{DeployStrategy, InstanceDriver, ReloadReason, Re
 use crate::client::runtime::RuntimeFailure;
 use crate::haproxy::config::Config;
 use crate::haproxy::plan::{self, ChangePlan, PlanOptions};
+use crate::version_check::VersionError;
 
 /// A runtime change that failed, as both drivers report it: which change, how it
 /// failed, and the underlying error.
@@ -141,8 +142,8 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// The version of the HAProxy serving the instance (`3.0.11-1`), as its runtime
     /// API's `show info` reports it, for [`crate::version_check`]. `Err` with the
     /// reason when it cannot be asked.
-    async fn haproxy_version(&self) -> Result<String, String> {
-        Err("this driver cannot ask the instance for its HAProxy version".to_owned())
+    async fn haproxy_version(&self) -> Result<String, VersionError> {
+        Err(VersionError::Unsupported)
     }
 
     /// Applies the plan's runtime operations in order: how many, or which one failed

@@ -51,6 +51,7 @@ use crate::haproxy::files::{
 };
 use crate::haproxy::plan::{ChangePlan, PlanOptions, RuntimeOp};
 use crate::metrics::Metrics;
+use crate::version_check::VersionError;
 
 /// What an instance runs after a successful deployment.
 #[derive(Clone, Debug)]
@@ -1345,15 +1346,11 @@ impl Driver for SocketDriver {
         &self.instance.name
     }
 
-    async fn haproxy_version(&self) -> Result<String, String> {
-        let info = self
-            .runtime
-            .query("show info")
-            .await
-            .map_err(|error| error.to_string())?;
+    async fn haproxy_version(&self) -> Result<String, VersionError> {
+        let info = self.runtime.query("show info").await?;
         crate::version_check::info_version(&info)
             .map(str::to_owned)
-            .ok_or_else(|| "`show info` has no Version line".to_owned())
+            .ok_or(VersionError::NoInfoVersion)
     }
 
     fn kind(&self) -> InstanceDriver {

@@ -26,6 +26,7 @@ use std::collections::HashSet;
 use hapwright_eventbus::model::ReloadReason;
 
 use crate::client::master::Version;
+use crate::component::validator::equivalence::Why;
 use crate::haproxy::config::{Config, Section, SectionKind};
 use crate::haproxy::plan::{self, NewServer, RuntimeOp};
 
@@ -169,39 +170,80 @@ pub fn split<'a>(
     Ok(changes)
 }
 
+/// Why a backend cannot be created (or deleted) with `add backend`, or one of its
+/// servers with `add server`; the text ends up in the reload's reason.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotRuntime {
+    /// The section is not `backend NAME from PROFILE`.
+    #[error("it is not of the form `backend NAME from PROFILE`")]
+    NotFromProfile,
+    /// The profile names no `defaults` section.
+    #[error("no `defaults {0}` section")]
+    NoProfile(String),
+    /// The profile sets no `mode`.
+    #[error("`defaults {0}` sets no `mode`, which `add backend` needs")]
+    ProfileWithoutMode(String),
+    /// The body holds a directive other than `server`.
+    #[error("line {line} `{text}`: only `server` lines can be created at runtime")]
+    NotServerLine {
+        /// 1-based line number.
+        line: u32,
+        /// The line as written.
+        text: String,
+    },
+    /// The balance algorithm cannot add servers at runtime.
+    #[error("balance `{0}` cannot add servers at runtime")]
+    StaticBalance(String),
+    /// Two servers share a name.
+    #[error("duplicate server name {0}")]
+    DuplicateServer(String),
+    /// A server's address is not an IP with a port.
+    #[error("server {server} address `{address}` is not IP:port")]
+    NotIpPort {
+        /// The server name.
+        server: String,
+        /// The address as parsed.
+        address: String,
+    },
+    /// A server has a parameter `add server` refuses.
+    #[error("server {server} has `{param}`, which `add server` refuses")]
+    Refused {
+        /// The server name.
+        server: String,
+        /// The refused parameter.
+        param: String,
+    },
+}
+
 /// Why `section` of `config` cannot be created (or deleted) with `add backend`, if
 /// it cannot.
-fn eligible(config: &Config, section: &Section) -> Result<(), String> {
+fn eligible(config: &Config, section: &Section) -> Result<(), NotRuntime> {
     let Some(profile) = section.from_defaults() else {
-        return Err("it is not of the form `backend NAME from PROFILE`".to_owned());
+        return Err(NotRuntime::NotFromProfile);
     };
     if section.args.len() != 2 {
-        return Err("it is not of the form `backend NAME from PROFILE`".to_owned());
+        return Err(NotRuntime::NotFromProfile);
     }
     let Some(defaults) = config.section(SectionKind::Defaults, profile) else {
-        return Err(format!("no `defaults {profile}` section"));
+        return Err(NotRuntime::NoProfile(profile.to_owned()));
     };
     if defaults.last("mode").is_none() {
-        return Err(format!(
-            "`defaults {profile}` sets no `mode`, which `add backend` needs"
-        ));
+        return Err(NotRuntime::ProfileWithoutMode(profile.to_owned()));
     }
     if let Some(other) = section.directives.iter().find(|d| d.keyword != "server") {
-        return Err(format!(
-            "line {} `{}`: only `server` lines can be created at runtime",
-            other.line, other.text
-        ));
+        return Err(NotRuntime::NotServerLine {
+            line: other.line,
+            text: other.text.clone(),
+        });
     }
-    if !config.effective_balance(section).is_dynamic() {
-        return Err(format!(
-            "balance `{}` cannot add servers at runtime",
-            config.effective_balance(section).algorithm
-        ));
+    let balance = config.effective_balance(section);
+    if !balance.is_dynamic() {
+        return Err(NotRuntime::StaticBalance(balance.algorithm));
     }
     let mut names = HashSet::new();
     for server in section.servers() {
         if !names.insert(server.name.clone()) {
-            return Err(format!("duplicate server name {}", server.name));
+            return Err(NotRuntime::DuplicateServer(server.name));
         }
         plan::new_server(config, section, &server)?;
     }
@@ -261,7 +303,7 @@ pub(crate) fn equivalent(
     old: &Config,
     new_text: &str,
     new: &Config,
-) -> Result<bool, Option<String>> {
+) -> Result<bool, Option<Why>> {
     use crate::component::validator::equivalence::{
         ip_port, plain_words, server_change_covered, weight,
     };
@@ -274,7 +316,7 @@ pub(crate) fn equivalent(
     {
         return Err(None);
     }
-    let changes = split(old, new, &Capability::On).map_err(|(_, why)| Some(why))?;
+    let changes = split(old, new, &Capability::On).map_err(|(_, why)| Some(Why(why)))?;
     let old_lines: Vec<&str> = old_text.split('\n').collect();
     let new_lines: Vec<&str> = new_text.split('\n').collect();
     let line_of = |lines: &[&'_ str], line: u32| -> String {
@@ -295,48 +337,48 @@ pub(crate) fn equivalent(
         let profile = section.from_defaults().unwrap_or_default();
         let header = line_of(&new_lines, section.line);
         if !name_ok(name) || header != format!("backend {name} from {profile}") {
-            return Err(Some(format!(
+            return Err(Some(Why(format!(
                 "added section header '{header}' is not plain"
-            )));
+            ))));
         }
         let Some(index) = new
             .sections
             .iter()
             .position(|s| s.kind == SectionKind::Defaults && s.name.as_deref() == Some(profile))
         else {
-            return Err(Some(format!("no defaults section '{profile}'")));
+            return Err(Some(Why(format!("no defaults section '{profile}'"))));
         };
         if new.sections[index].line > section.line {
-            return Err(Some(format!(
+            return Err(Some(Why(format!(
                 "defaults '{profile}' is declared after backend {name}"
-            )));
+            ))));
         }
         let implicit = new.sections[index + 1..]
             .iter()
             .take_while(|s| s.kind != SectionKind::Defaults)
             .find(|s| s.kind.is_proxy() && s.from_defaults().is_none());
         if let Some(user) = implicit {
-            return Err(Some(format!(
+            return Err(Some(Why(format!(
                 "defaults '{profile}' is also used implicitly by {} {}",
                 user.kind,
                 user.name.as_deref().unwrap_or_default()
-            )));
+            ))));
         }
         let mut servers = HashSet::new();
         for directive in &section.directives {
             let words = plain_words(&directive.text)
                 .filter(|words| words.len() >= 3 && words[0] == "server")
                 .ok_or_else(|| {
-                    Some(format!(
+                    Some(Why(format!(
                         "haproxy.cfg:{}: not a plain server line",
                         directive.line
-                    ))
+                    )))
                 })?;
             if !name_ok(words[1]) || !servers.insert(words[1]) || ip_port(words[2]).is_none() {
-                return Err(Some(format!(
+                return Err(Some(Why(format!(
                     "haproxy.cfg:{}: server name or address outside the rule",
                     directive.line
-                )));
+                ))));
             }
             let mut params = words[3..].iter();
             while let Some(word) = params.next() {
@@ -347,10 +389,10 @@ pub(crate) fn equivalent(
                     _ => false,
                 };
                 if !covered {
-                    return Err(Some(format!(
+                    return Err(Some(Why(format!(
                         "haproxy.cfg:{}: server word '{word}' outside the rule",
                         directive.line
-                    )));
+                    ))));
                 }
             }
         }
@@ -358,9 +400,9 @@ pub(crate) fn equivalent(
     for section in &changes.removed {
         let name = section.name.as_deref().unwrap_or_default();
         if names_word(new_text, name) {
-            return Err(Some(format!(
+            return Err(Some(Why(format!(
                 "removed backend {name} is still named in haproxy.cfg"
-            )));
+            ))));
         }
     }
     let kept_old = old.sections.iter().filter(|s| !changes.is_removed(s));
@@ -373,18 +415,18 @@ pub(crate) fn equivalent(
             || line_of(&old_lines, a.line) != header
             || a.directives.len() != b.directives.len()
         {
-            return Err(Some(format!(
+            return Err(Some(Why(format!(
                 "section '{header}' at haproxy.cfg:{} differs",
                 b.line
-            )));
+            ))));
         }
         for (x, y) in a.directives.iter().zip(&b.directives) {
             if x.line.wrapping_sub(a.line) != y.line.wrapping_sub(b.line) {
-                return Err(Some(format!("haproxy.cfg:{}: lines moved", y.line)));
+                return Err(Some(Why(format!("haproxy.cfg:{}: lines moved", y.line))));
             }
             if x.text != y.text {
                 server_change_covered(b, x, y)
-                    .map_err(|why| Some(format!("haproxy.cfg:{}: {why}", y.line)))?;
+                    .map_err(|why| Some(Why(format!("haproxy.cfg:{}: {why}", y.line))))?;
             }
         }
     }

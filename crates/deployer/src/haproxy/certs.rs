@@ -93,7 +93,7 @@ impl<'a> Side<'a> {
 
 /// Parses a crt-list file: per certificate, its line. Blank lines and `#` comments
 /// are skipped, as HAProxy does. `Err` names a certificate listed twice.
-fn entries(content: &str) -> Result<Entries, String> {
+fn entries(content: &str) -> Result<Entries, Duplicate> {
     let mut out = Entries::new();
     for line in content.lines().map(str::trim) {
         if line.is_empty() || line.starts_with('#') {
@@ -101,11 +101,15 @@ fn entries(content: &str) -> Result<Entries, String> {
         }
         let cert = line.split_whitespace().next().unwrap_or_default();
         if out.insert(cert.to_owned(), line.to_owned()).is_some() {
-            return Err(cert.to_owned());
+            return Err(Duplicate(cert.to_owned()));
         }
     }
     Ok(out)
 }
+
+/// A certificate (`certs/<name>`) a crt-list names twice.
+#[derive(Debug, PartialEq, Eq)]
+struct Duplicate(String);
 
 /// Plans the certificate and crt-list changes between `running` and `desired` into
 /// `plan`; returns the files it took care of (the rest of the file planning skips
@@ -132,7 +136,7 @@ pub(crate) fn plan_certificates(
         handled.insert(list.clone());
         match (entries(before), entries(after)) {
             (Ok(before), Ok(after)) => list_entries.push((list.clone(), before, after)),
-            (Err(cert), _) | (_, Err(cert)) => {
+            (Err(Duplicate(cert)), _) | (_, Err(Duplicate(cert))) => {
                 plan.force(
                     ReloadReason::NewFile,
                     format!(
@@ -466,7 +470,7 @@ mod tests {
         assert_eq!(parsed["certs/b.pem"], "certs/b.pem b.test");
         assert_eq!(
             entries("certs/a.pem a.test\ncerts/a.pem b.test\n").unwrap_err(),
-            "certs/a.pem"
+            Duplicate("certs/a.pem".to_owned())
         );
         assert_eq!(
             filters("certs/a.pem [alpn h2 ssl-min-ver TLSv1.2] A.test *.b.test !c.b.test"),

@@ -43,7 +43,7 @@ use std::net::IpAddr;
 use hapwright_eventbus::model::{DeployReason, DeployStrategy, ReloadReason, RenderedConfig};
 
 use crate::client::runtime::MAX_PAYLOAD_BYTES;
-use crate::haproxy::backends::{self, Capability};
+use crate::haproxy::backends::{self, Capability, NotRuntime};
 use crate::haproxy::config::{self as haproxy_config, Config, Directive, Section, Server};
 
 /// What the instance can do beyond the runtime changes every line offers.
@@ -858,22 +858,23 @@ pub(crate) fn new_server(
     config: &Config,
     section: &Section,
     server: &Server,
-) -> Result<NewServer, String> {
+) -> Result<NewServer, NotRuntime> {
     let name = &server.name;
     let Some(port) = server.port.filter(|_| is_ip(&server.address)) else {
-        return Err(format!(
-            "server {name} address `{}` is not IP:port",
-            server.address
-        ));
+        return Err(NotRuntime::NotIpPort {
+            server: name.clone(),
+            address: server.address.clone(),
+        });
     };
     if let Some(rejected) = server
         .params
         .iter()
         .find(|w| DYNAMIC_REJECTED.contains(&w.as_str()))
     {
-        return Err(format!(
-            "server {name} has `{rejected}`, which `add server` refuses"
-        ));
+        return Err(NotRuntime::Refused {
+            server: name.clone(),
+            param: rejected.clone(),
+        });
     }
     let defaults = default_server_params(config, section);
     let split = split_params(

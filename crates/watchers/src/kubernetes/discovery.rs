@@ -38,7 +38,9 @@ use prometheus::{IntGauge, Registry};
 
 use futures::{FutureExt, StreamExt};
 use hapwright_eventbus::model::{InstanceDriver, InstanceRef};
-use hapwright_eventbus::{Component, ComponentError, Context, InstancesDiscovered};
+use hapwright_eventbus::{
+    Component, ComponentError, Context, Health, HealthState, InstancesDiscovered,
+};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -393,11 +395,11 @@ impl PodSet {
             .collect()
     }
 
-    /// `Err(reason)` while the watch fails, `Ok(note)` otherwise; the note names the
-    /// skipped pods.
-    pub fn health(&self) -> Result<Option<String>, String> {
+    /// `Unhealthy` with the reason while the watch fails, `Healthy` otherwise, with a
+    /// note that names the skipped pods.
+    pub fn health(&self) -> Health {
         if let Some((reason, _)) = &self.error {
-            return Err(reason.clone());
+            return Health::new(HealthState::Unhealthy, Some(reason.clone()));
         }
         let skipped = self.skipped();
         let skipped = (!skipped.is_empty()).then(|| {
@@ -411,10 +413,11 @@ impl PodSet {
                 pods.join("; ")
             )
         });
-        Ok(match (&self.note, skipped) {
+        let note = match (&self.note, skipped) {
             (Some(note), Some(skipped)) => Some(format!("{note}; {skipped}")),
             (note, skipped) => skipped.or_else(|| note.clone()),
-        })
+        };
+        Health::new(HealthState::Healthy, note)
     }
 
     /// When the last failure counts as recovered if nothing fails again.
@@ -534,11 +537,12 @@ async fn run(discovery: PodDiscovery, ctx: Context) -> Result<(), ComponentError
                 }
             }
         }
-        match pods.health() {
-            Err(reason) => ctx.health().unhealthy(reason),
-            Ok(_) if !pods.synced() => {}
-            Ok(None) => ctx.health().healthy(),
-            Ok(Some(note)) => ctx.health().healthy_because(note),
+        let health = pods.health();
+        match (health.state, health.reason) {
+            (HealthState::Healthy, _) if !pods.synced() => {}
+            (HealthState::Healthy, None) => ctx.health().healthy(),
+            (HealthState::Healthy, Some(note)) => ctx.health().healthy_because(note),
+            (_, reason) => ctx.health().unhealthy(reason.unwrap_or_default()),
         }
         if !pods.synced() {
             continue;

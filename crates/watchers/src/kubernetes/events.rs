@@ -234,7 +234,7 @@ impl State {
     /// Writes a Warning Event for each notice of a render that the last render did
     /// not have; the first failure, if any (a notice whose Event failed is tried
     /// again after the next render).
-    async fn notify(&mut self, current: BTreeSet<Notice>) -> Option<String> {
+    async fn notify(&mut self, current: BTreeSet<Notice>) -> Option<WriteError> {
         let mut failure = None;
         self.noticed.retain(|notice| current.contains(notice));
         for notice in current {
@@ -278,7 +278,7 @@ impl State {
         &mut self,
         quarantined: &[QuarantinedObject],
         released: &[QuarantinedObject],
-    ) -> Option<String> {
+    ) -> Option<WriteError> {
         let mut failure = None;
         for object in quarantined {
             let key = key(object);
@@ -331,8 +331,12 @@ impl State {
         failure
     }
 
-    async fn write(&mut self, event: &Event, reference: &ObjectReference) -> Result<(), String> {
-        let recorder = self.recorder().await.map_err(|e| e.to_string())?;
+    async fn write(
+        &mut self,
+        event: &Event,
+        reference: &ObjectReference,
+    ) -> Result<(), WriteError> {
+        let recorder = self.recorder().await?;
         recorder.publish(event, reference).await.map_err(|e| {
             let reason = super::describe_error(&e);
             tracing::warn!(
@@ -343,7 +347,7 @@ impl State {
                 error = %reason,
                 "Cannot write a Kubernetes Event"
             );
-            reason
+            WriteError::Publish(e)
         })?;
         tracing::info!(
             kind = reference.kind.as_deref().unwrap_or_default(),
@@ -354,6 +358,17 @@ impl State {
         );
         Ok(())
     }
+}
+
+/// Why a Kubernetes Event was not written.
+#[derive(Debug, thiserror::Error)]
+enum WriteError {
+    /// No client to write with.
+    #[error(transparent)]
+    Client(#[from] super::ClientError),
+    /// The API server refused the Event or did not answer.
+    #[error("{}", super::describe_error(.0))]
+    Publish(kube::Error),
 }
 
 /// The Event's note: the change held back and every error, within the API's limit.

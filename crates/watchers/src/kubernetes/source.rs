@@ -54,7 +54,8 @@ use hapwright_eventbus::model::{
     FieldPath, IndexedObject, ObjectKey, ResourceChange, ResourceSnapshot,
 };
 use hapwright_eventbus::{
-    Component, ComponentError, Context, ResourceIndexUpdated, ResourceSyncComplete,
+    Component, ComponentError, Context, Health, HealthState, ResourceIndexUpdated,
+    ResourceSyncComplete,
 };
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, TypeMeta};
 use kube::discovery::{ApiCapabilities, Scope};
@@ -278,18 +279,22 @@ impl Store {
         }
     }
 
-    /// `Err(reason)` when a stream is failing (the first failure, and how many more
-    /// streams fail); `Ok(Some(note))` when healthy with a note; `Ok(None)` otherwise.
-    pub fn health(&self) -> Result<Option<String>, String> {
+    /// `Unhealthy` when a stream is failing, with the first failure and how many more
+    /// streams fail as the reason; otherwise `Healthy`, with a note if a stream has one.
+    pub fn health(&self) -> Health {
+        let unhealthy = |reason: String| Health::new(HealthState::Unhealthy, Some(reason));
         let errors: Vec<&String> = self
             .streams
             .iter()
             .filter_map(|s| s.error.as_ref().map(|(reason, _)| reason))
             .collect();
         match errors.as_slice() {
-            [] => Ok(self.streams.iter().find_map(|s| s.note.clone())),
-            [only] => Err((*only).clone()),
-            [first, rest @ ..] => Err(format!(
+            [] => Health::new(
+                HealthState::Healthy,
+                self.streams.iter().find_map(|s| s.note.clone()),
+            ),
+            [only] => unhealthy((*only).clone()),
+            [first, rest @ ..] => unhealthy(format!(
                 "{first} (and {} more namespace{} failing)",
                 rest.len(),
                 if rest.len() == 1 { "" } else { "s" }
@@ -705,12 +710,16 @@ async fn run(source: KubernetesSource, ctx: Context) -> Result<(), ComponentErro
         // Health first, so whoever sees the update also sees the matching health.
         // Healthy only once every namespace has been listed.
         let missing = source.optional && store.missing();
-        match store.health() {
-            Err(reason) if missing => ctx.health().degraded(source.absent(&reason)),
-            Err(reason) => ctx.health().unhealthy(reason),
-            Ok(_) if !store.synced() => {}
-            Ok(None) => ctx.health().healthy(),
-            Ok(Some(note)) => ctx.health().healthy_because(note),
+        let health = store.health();
+        match (health.state, health.reason) {
+            (HealthState::Healthy, _) if !store.synced() => {}
+            (HealthState::Healthy, None) => ctx.health().healthy(),
+            (HealthState::Healthy, Some(note)) => ctx.health().healthy_because(note),
+            (_, reason) if missing => {
+                ctx.health()
+                    .degraded(source.absent(&reason.unwrap_or_default()));
+            }
+            (_, reason) => ctx.health().unhealthy(reason.unwrap_or_default()),
         }
         if !synced && missing {
             // The list answers 404 (the CRD went away after discovery, or discovery

@@ -100,9 +100,19 @@ impl fmt::Display for SkipReason {
 pub enum Equivalence {
     /// The candidate passes phase 2 because the baseline did.
     Equivalent(SkipReason),
-    /// Outside the rule: `haproxy -c` must run. The text says what first differed,
-    /// for the debug log.
-    Different(String),
+    /// Outside the rule: `haproxy -c` must run.
+    Different(Why),
+}
+
+/// What first put a candidate outside the rule, in words for the debug log: only
+/// displayed, never branched on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Why(pub(crate) String);
+
+impl fmt::Display for Why {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 impl Equivalence {
@@ -156,7 +166,7 @@ fn compare_inner(
     baseline: &Baseline,
     candidate: &RenderedConfig,
     model: &Model,
-) -> Result<SkipReason, String> {
+) -> Result<SkipReason, Why> {
     let old = &baseline.rendered;
     same_names("maps", old.maps(), candidate.maps())?;
     same_names("files", old.files(), candidate.files())?;
@@ -170,7 +180,7 @@ fn compare_inner(
             .find(|(name, content)| old_files.get(*name) != Some(*content))
             .map(|(name, _)| name)
         {
-            return Err(format!("{dir}/{name} changed"));
+            return Err(Why(format!("{dir}/{name} changed")));
         }
     }
     let servers_changed = if old.main() == candidate.main() {
@@ -208,12 +218,12 @@ fn same_names(
     dir: &str,
     old: &BTreeMap<String, Arc<str>>,
     new: &BTreeMap<String, Arc<str>>,
-) -> Result<(), String> {
+) -> Result<(), Why> {
     if let Some(name) = new.keys().find(|name| !old.contains_key(*name)) {
-        return Err(format!("{dir}/{name} is new"));
+        return Err(Why(format!("{dir}/{name} is new")));
     }
     if let Some(name) = old.keys().find(|name| !new.contains_key(*name)) {
-        return Err(format!("{dir}/{name} was removed"));
+        return Err(Why(format!("{dir}/{name} was removed")));
     }
     Ok(())
 }
@@ -222,9 +232,9 @@ fn same_names(
 
 /// Compares the two `haproxy.cfg` models directive by directive; `Ok(true)` when a
 /// covered `server` change was found.
-fn compare_main(old_text: &str, old: &Model, new_text: &str, new: &Model) -> Result<bool, String> {
+fn compare_main(old_text: &str, old: &Model, new_text: &str, new: &Model) -> Result<bool, Why> {
     if old.sections.len() != new.sections.len() {
-        return Err("the number of sections changed".to_owned());
+        return Err(Why("the number of sections changed".to_owned()));
     }
     let mut servers_changed = false;
     // Header lines are looked up by number once per section: index the lines once,
@@ -239,27 +249,27 @@ fn compare_main(old_text: &str, old: &Model, new_text: &str, new: &Model) -> Res
             || a.line != b.line
             || header_a != header_b
         {
-            return Err(format!(
+            return Err(Why(format!(
                 "section header '{header_b}' at haproxy.cfg:{} differs",
                 b.line
-            ));
+            )));
         }
         if a.directives.len() != b.directives.len() {
-            return Err(format!(
+            return Err(Why(format!(
                 "{} {} has a different number of directives",
                 b.kind,
                 b.name.as_deref().unwrap_or_default()
-            ));
+            )));
         }
         for (x, y) in a.directives.iter().zip(&b.directives) {
             if x.line != y.line {
-                return Err(format!("haproxy.cfg:{}: lines moved", y.line));
+                return Err(Why(format!("haproxy.cfg:{}: lines moved", y.line)));
             }
             if x.text == y.text {
                 continue;
             }
             server_change_covered(b, x, y)
-                .map_err(|why| format!("haproxy.cfg:{}: {why}", y.line))?;
+                .map_err(|why| Why(format!("haproxy.cfg:{}: {why}", y.line)))?;
             servers_changed = true;
         }
     }
@@ -289,42 +299,47 @@ pub(crate) fn server_change_covered(
     section: &Section,
     old: &Directive,
     new: &Directive,
-) -> Result<(), String> {
+) -> Result<(), Why> {
     if !section.kind.has_servers() {
-        return Err(format!("'{}' changed outside a backend", new.keyword));
+        return Err(Why(format!("'{}' changed outside a backend", new.keyword)));
     }
     if old.keyword != "server" || new.keyword != "server" {
-        return Err(format!("'{}' changed (only server lines may)", new.keyword));
+        return Err(Why(format!(
+            "'{}' changed (only server lines may)",
+            new.keyword
+        )));
     }
     let (Some(old_words), Some(new_words)) = (plain_words(&old.text), plain_words(&new.text))
     else {
-        return Err("a changed server line uses quotes, escapes, '$' or '#'".to_owned());
+        return Err(Why(
+            "a changed server line uses quotes, escapes, '$' or '#'".to_owned(),
+        ));
     };
     if old_words.len() != new_words.len() {
-        return Err("server keywords changed".to_owned());
+        return Err(Why("server keywords changed".to_owned()));
     }
     // [server, name, address, params…]
     if old_words.len() < 3 {
-        return Err("a server line without a name and an address".to_owned());
+        return Err(Why("a server line without a name and an address".to_owned()));
     }
     if old_words[1] != new_words[1] {
-        return Err(format!(
+        return Err(Why(format!(
             "server '{}' renamed to '{}'",
             old_words[1], new_words[1]
-        ));
+        )));
     }
     if old_words[2] != new_words[2] {
         if ip_port(old_words[2]).is_none() {
-            return Err(format!(
+            return Err(Why(format!(
                 "old address '{}' is not an IP literal with a port",
                 old_words[2]
-            ));
+            )));
         }
         if ip_port(new_words[2]).is_none() {
-            return Err(format!(
+            return Err(Why(format!(
                 "address '{}' is not an IP literal with a port 1-65535",
                 new_words[2]
-            ));
+            )));
         }
     }
     for index in 3..new_words.len() {
@@ -334,7 +349,7 @@ pub(crate) fn server_change_covered(
         }
         let after_weight = old_words[index - 1] == "weight" && new_words[index - 1] == "weight";
         if !(after_weight && weight(a).is_some() && weight(b).is_some()) {
-            return Err(format!("server word '{a}' became '{b}'"));
+            return Err(Why(format!("server word '{a}' became '{b}'")));
         }
     }
     Ok(())
@@ -394,31 +409,31 @@ pub(crate) fn weight(word: &str) -> Option<u32> {
 
 /// Whether a change of `maps/<name>` is covered: how `candidate` uses the map, and
 /// what the new content holds.
-fn map_change_covered(name: &str, content: &str, candidate: &RenderedConfig) -> Result<(), String> {
+fn map_change_covered(name: &str, content: &str, candidate: &RenderedConfig) -> Result<(), Why> {
     let path = format!("maps/{name}");
     let mut uses = 0;
     for line in candidate.main().split('\n') {
         let mentions_patterns = line.contains("map") || line.contains("-f") || line.contains("lua");
         if line.contains('$') && mentions_patterns {
-            return Err(format!(
+            return Err(Why(format!(
                 "{path} changed and a line using maps or pattern files has a '$': {}",
                 line.trim()
-            ));
+            )));
         }
         for at in mentions(line, name) {
             if !string_map_use(line, at, name) {
-                return Err(format!(
+                return Err(Why(format!(
                     "{path} changed and is used other than by a string map converter: {}",
                     line.trim()
-                ));
+                )));
             }
             uses += 1;
         }
     }
     if uses == 0 {
-        return Err(format!(
+        return Err(Why(format!(
             "{path} changed and its use in haproxy.cfg is unknown"
-        ));
+        )));
     }
     if let Some(file) = candidate
         .files()
@@ -426,17 +441,17 @@ fn map_change_covered(name: &str, content: &str, candidate: &RenderedConfig) -> 
         .find(|(_, text)| mentions(text, name).next().is_some())
         .map(|(file, _)| file)
     {
-        return Err(format!("{path} changed and files/{file} mentions it"));
+        return Err(Why(format!("{path} changed and files/{file} mentions it")));
     }
     for (index, line) in content.split('\n').enumerate() {
         if line.len() > MAX_MAP_LINE {
-            return Err(format!(
+            return Err(Why(format!(
                 "{path}:{}: line longer than {MAX_MAP_LINE} bytes",
                 index + 1
-            ));
+            )));
         }
         if line.chars().any(|c| c.is_control() && c != '\t') {
-            return Err(format!("{path}:{}: control character", index + 1));
+            return Err(Why(format!("{path}:{}: control character", index + 1)));
         }
     }
     Ok(())

@@ -377,7 +377,7 @@ pub async fn validate_phase2(
                 let alerts = alerts::parse_stderr(&run.stderr, &scratch_text);
                 (run, alerts)
             }
-            Err(message) => return Err(tool_failure(message)),
+            Err(failure) => return Err(tool_failure(failure.to_string())),
         };
         let suffix = if annotate {
             env_note(env)
@@ -493,15 +493,44 @@ struct Run {
     stderr: String,
 }
 
+/// Why `haproxy -c` gave no verdict: a tool failure.
+#[derive(Debug, thiserror::Error)]
+enum RunError {
+    /// The binary did not start.
+    #[error("{}", crate::config::spawn_error(binary, error))]
+    Spawn {
+        /// `haproxy.binary`.
+        binary: PathBuf,
+        /// Why it did not start.
+        error: std::io::Error,
+    },
+    /// Its output could not be read.
+    #[error("reading the output of {} -c failed: {error}", binary.display())]
+    Read {
+        /// `haproxy.binary`.
+        binary: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// It ran past the timeout and was killed.
+    #[error("{} -c did not finish within {timeout:?} and was killed", binary.display())]
+    TimedOut {
+        /// `haproxy.binary`.
+        binary: PathBuf,
+        /// The timeout.
+        timeout: Duration,
+    },
+}
+
 /// Runs `binary -c -f haproxy.cfg` in `dir` with `env` added, under the process-wide
-/// lock and the timeout. `Err` is a tool failure message.
+/// lock and the timeout. `Err` is a tool failure.
 async fn run_haproxy(
     config: &Config,
     dir: &Path,
     env: &BTreeMap<String, String>,
-) -> Result<Run, String> {
+) -> Result<Run, RunError> {
     let _serialized = PHASE2_LOCK.lock().await;
-    let binary = config.binary.display().to_string();
+    let binary = config.binary.clone();
     let mut child = tokio::process::Command::new(&config.binary)
         .args(["-c", "-f", MAIN_FILE])
         .current_dir(dir)
@@ -511,7 +540,10 @@ async fn run_haproxy(
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| crate::config::spawn_error(&config.binary, &e))?;
+        .map_err(|error| RunError::Spawn {
+            binary: binary.clone(),
+            error,
+        })?;
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
     let outcome = tokio::time::timeout(config.timeout, async {
@@ -528,15 +560,15 @@ async fn run_haproxy(
         }),
         Ok(Err(e)) => {
             let _ = child.kill().await;
-            Err(format!("reading the output of {binary} -c failed: {e}"))
+            Err(RunError::Read { binary, error: e })
         }
         Err(_) => {
             // Kill and reap before the scratch directory goes away.
             let _ = child.kill().await;
-            Err(format!(
-                "{binary} -c did not finish within {:?} and was killed",
-                config.timeout
-            ))
+            Err(RunError::TimedOut {
+                binary,
+                timeout: config.timeout,
+            })
         }
     }
 }

@@ -436,18 +436,25 @@ struct Conditionals {
 }
 
 impl Conditionals {
-    fn step(&mut self, keyword: &str, line: u32) -> Result<(), String> {
+    fn step(&mut self, keyword: &str, line: u32) -> Result<(), ParseError> {
+        let error = |message: String| {
+            Err(ParseError {
+                line,
+                column: None,
+                message,
+            })
+        };
         match keyword {
             ".if" => self.open.push((line, false)),
             ".elif" | ".else" => match self.open.last_mut() {
-                None => return Err(format!("lone '{keyword}' with no matching '.if'.")),
+                None => return error(format!("lone '{keyword}' with no matching '.if'.")),
                 Some((_, true)) => {
-                    return Err(format!("'{keyword}' after '.else' is unexpected."));
+                    return error(format!("'{keyword}' after '.else' is unexpected."));
                 }
                 Some((_, seen_else)) => *seen_else = keyword == ".else",
             },
             ".endif" if self.open.pop().is_none() => {
-                return Err("lone '.endif' with no matching '.if'.".to_owned());
+                return error("lone '.endif' with no matching '.if'.".to_owned());
             }
             _ => {}
         }
@@ -496,13 +503,9 @@ pub fn parse_lenient(text: &str) -> (Config, Vec<ParseError>) {
             continue;
         }
         if keyword.starts_with('.')
-            && let Err(message) = conditionals.step(&keyword, line)
+            && let Err(error) = conditionals.step(&keyword, line)
         {
-            errors.push(ParseError {
-                line,
-                column: None,
-                message,
-            });
+            errors.push(error);
             continue;
         }
         let directive = Directive {
