@@ -69,7 +69,10 @@ fn route_snapshot() -> Arc<BTreeMap<Arc<str>, Arc<ResourceSnapshot>>> {
             "spec": {"parentRefs": [{"name": "edge"}]},
         }),
     );
-    Arc::new(BTreeMap::from([(Arc::from("httproutes"), Arc::new(snapshot))]))
+    Arc::new(BTreeMap::from([(
+        Arc::from("httproutes"),
+        Arc::new(snapshot),
+    )]))
 }
 
 /// The condition of the next status patch (discovery of the kind answered first),
@@ -80,7 +83,12 @@ async fn next_condition(api: &mut ApiServer, discovered: &mut bool) -> Value {
             .await
             .respond(
                 200,
-                &resource_list("gateway.networking.k8s.io/v1", "httproutes", "HTTPRoute", true),
+                &resource_list(
+                    "gateway.networking.k8s.io/v1",
+                    "httproutes",
+                    "HTTPRoute",
+                    true,
+                ),
             );
         *discovered = true;
     }

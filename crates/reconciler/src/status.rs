@@ -514,6 +514,17 @@ impl Tracker {
                     .map(|i| i.name.clone())
                     .collect();
                 self.discovered.insert(discovered.source.clone(), names);
+                // A vanished instance no longer counts, and its state (with the
+                // snapshots of the render it ran) is let go.
+                let Tracker {
+                    instances,
+                    named,
+                    discovered,
+                    ..
+                } = self;
+                instances.retain(|name, _| {
+                    named.contains(name) || discovered.values().any(|d| d.contains(name))
+                });
                 self.reported.is_some()
             }
             EventPayload::DeploymentStarted(_) => {

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use hapwright_deployer::component::validator;
-use hapwright_eventbus::model::Diagnostic;
 use hapwright_eventbus::model::ContentHash;
+use hapwright_eventbus::model::Diagnostic;
 use hapwright_reconciler::config::{AssertionType, TestDeployment, TestInstanceState};
 use hapwright_reconciler::renderer::{Renderer, Resources};
 use hapwright_reconciler::status::{Failure, Fleet, InstanceState, Running, StatusTemplates};
@@ -200,15 +200,14 @@ async fn run_case(
         let case = case.clone();
         tokio::task::spawn_blocking(move || {
             load_fixtures(&config, &case).map(|fixtures| {
-                let statuses = wants_statuses
-                    .then(|| {
-                        render_statuses(
-                            &config,
-                            &case.extra_context,
-                            case.deployment.as_ref(),
-                            &fixtures.resources,
-                        )
-                    });
+                let statuses = wants_statuses.then(|| {
+                    render_statuses(
+                        &config,
+                        &case.extra_context,
+                        case.deployment.as_ref(),
+                        &fixtures.resources,
+                    )
+                });
                 (
                     renderer.render(&fixtures.resources),
                     fixtures.context,

@@ -449,10 +449,11 @@ mod tracker {
 
     /// Feeds the static fleet `a`, `b` to a tracker.
     fn tracker() -> Tracker {
-        let mut tracker = Tracker::default();
-        // The scheduler names the static instances; the model is not read.
-        tracker.named = ["a".to_owned(), "b".to_owned()].into();
-        tracker
+        // The scheduler names the static instances (`DeploymentScheduled`).
+        Tracker {
+            named: ["a".to_owned(), "b".to_owned()].into(),
+            ..Tracker::default()
+        }
     }
 
     fn web_deployment(tracker: &Tracker) -> Deployment {
@@ -519,6 +520,47 @@ mod tracker {
             snapshots["ingresses"].get_by_key(&key).unwrap(),
         );
         assert!(api.programmed, "api is the same in both renders: {api:?}");
+    }
+
+    #[test]
+    fn discovered_instances_join_and_leave_the_fleet() {
+        use hapwright_eventbus::InstancesDiscovered;
+        use hapwright_eventbus::model::{InstanceDriver, InstanceRef};
+        let pods = |names: &[&str]| -> EventPayload {
+            InstancesDiscovered {
+                source: Arc::from("kubernetes"),
+                instances: names
+                    .iter()
+                    .map(|name| InstanceRef {
+                        name: (*name).to_owned(),
+                        driver: InstanceDriver::Dataplane,
+                        address: String::new(),
+                    })
+                    .collect(),
+            }
+            .into()
+        };
+        let mut t = tracker();
+        let one = snapshots(&[web("/", json!({}))]);
+        t.apply(&inputs(b"one", &one));
+        t.apply(&started(b"one"));
+        t.apply(&deployed("a", b"one"));
+        t.apply(&deployed("b", b"one"));
+        t.apply(&completed(b"one"));
+        assert!(web_deployment(&t).programmed);
+
+        // A new pod: nothing deployed to it yet.
+        assert!(t.apply(&pods(&["pod-c"])));
+        let deployment = web_deployment(&t);
+        assert!(!deployment.programmed);
+        assert_eq!(deployment.waiting, ["pod-c"]);
+        assert_eq!(deployment.instances[2].state, "pending");
+
+        // It fails, then goes away: it no longer counts, and is forgotten.
+        t.apply(&failed("pod-c", b"one"));
+        assert!(t.apply(&pods(&[])));
+        assert!(web_deployment(&t).programmed);
+        assert!(!t.instances.contains_key("pod-c"));
     }
 
     #[test]
