@@ -1,8 +1,12 @@
 //! Status templates end to end: the real binary renders each object's status after
 //! the render that routes it is deployed to a real HAProxy, shows it on
-//! `/debug/status`, and never writes statuses of `files` objects anywhere.
+//! `/debug/status`, and never writes statuses of `files` objects anywhere; with two
+//! instances, one that cannot take the config is named in the status until it
+//! does.
 
-use hapwright_e2e::{Controller, WAIT, replace_once};
+use std::time::Duration;
+
+use hapwright_e2e::{Controller, WAIT, free_port, replace_once};
 use serde_json::Value;
 
 /// Each Service's status: the ports of its EndpointSlices, and a Routed condition.
@@ -76,4 +80,74 @@ fn statuses_follow_deployments_and_files_objects_are_only_shown() {
         .collect();
     assert!(names.contains(&"status-renderer"), "{names:?}");
     assert!(!names.contains(&"kubernetes-status"), "{names:?}");
+}
+
+/// Each Service's status: hapwright's Programmed condition, from `deployment`.
+const PROGRAMMED_TEMPLATES: &str = r#"
+statusTemplates:
+  services:
+    template: |
+      conditions:
+      - type: Programmed
+        status: "{{ 'True' if deployment.programmed else 'False' }}"
+        reason: "{{ 'Programmed' if deployment.programmed else 'Pending' }}"
+        message: {{ deployment.message | tojson }}
+"#;
+
+/// The `web` Service's Programmed condition on `/debug/status`.
+fn web_condition(controller: &Controller) -> Option<Value> {
+    let body: Value = controller.json("/debug/status");
+    body["statuses"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == "web" && s["resource"] == "services")
+        .map(|web| web["status"]["conditions"][0].clone())
+}
+
+#[test]
+fn a_service_is_programmed_only_once_a_second_instance_that_cannot_start_serves_it() {
+    // A second managed HAProxy whose port is taken: it cannot start, so it takes no
+    // config until the port is free. Its demo app frontends bind another loopback
+    // address than the first instance's.
+    let port = free_port();
+    let taken = std::net::TcpListener::bind(("127.0.0.1", port)).expect("hold the port");
+    let controller = Controller::start_with(|config| {
+        let config = replace_once(
+            config,
+            "bind 127.0.0.1:{{ app.port }}",
+            "bind ${DEMO_ADDR}:{{ app.port }}",
+        );
+        let config = replace_once(
+            &config,
+            "env: { HTTP_PORT:",
+            "env: { DEMO_ADDR: \"127.0.0.1\", HTTP_PORT:",
+        );
+        let second = format!(
+            "    - name: edge-2\n      managed: true\n      socket:\n        master: ./run/edge-2.sock\n        \
+             configDir: ./run/edge-2\n      env: {{ DEMO_ADDR: \"127.0.0.2\", HTTP_PORT: \"{port}\" }}\n\ncontroller:"
+        );
+        format!(
+            "{}{PROGRAMMED_TEMPLATES}",
+            replace_once(&config, "\ncontroller:", &format!("\n{second}"))
+        )
+    });
+
+    let pending = controller.wait_until("web pending on edge-2", WAIT, || {
+        web_condition(&controller).filter(|c| c["reason"] == "Pending")
+    });
+    assert_eq!(pending["status"], "False", "{pending}");
+    let message = pending["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("not yet served by instance edge-2 (")
+            && message.ends_with("; 1 of 2 instances serve it"),
+        "{message}"
+    );
+
+    // The port frees up; the supervisor's next start comes up and takes the config.
+    drop(taken);
+    let programmed = controller.wait_until("web programmed", Duration::from_secs(90), || {
+        web_condition(&controller).filter(|c| c["status"] == "True")
+    });
+    assert_eq!(programmed["reason"], "Programmed");
+    assert_eq!(programmed["message"], "served by all 2 instances");
 }

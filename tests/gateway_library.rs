@@ -48,6 +48,7 @@ const FEATURE_TESTS: &[&str] = &[
     "status-gatewayclass",
     "status-gateway",
     "status-routes",
+    "status-deployment",
     "health-and-metrics-frontend",
 ];
 

@@ -48,6 +48,7 @@ const FEATURE_TESTS: &[&str] = &[
     "status-from-publish-service",
     "status-from-publish-addresses",
     "status-service-without-address",
+    "status-waits-for-every-instance",
 ];
 
 fn library_config() -> PathBuf {

@@ -228,6 +228,7 @@ pub fn generator(config: &Config) -> Result<Generator, GeneratorError> {
         fixture_layers: Vec::new(),
         extra_context: config.templates.extra_context.clone(),
         assertions: Vec::new(),
+        deployment: None,
     };
     for case in cases {
         merged.fixture_layers.extend(case.fixture_layers);

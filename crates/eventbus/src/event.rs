@@ -494,9 +494,9 @@ catalogue! {
         /// What changed since the previous snapshot.
         change: Arc<ResourceChange>,
     }
-    /// Statuses rendered by `statusTemplates` after a render was deployed (or when
-    /// a new render equals the deployed one), for the status writer and
-    /// `/debug/status`.
+    /// Statuses rendered by `statusTemplates` after a render's deployment round (and
+    /// when a new render equals it, or an instance's deployment state changed), for
+    /// the status writer and `/debug/status`.
     StatusRendered {
         /// Hash of the deployed render whose snapshots the statuses come from.
         hash: ContentHash,

@@ -151,6 +151,49 @@ pub struct ValidationTest {
     /// Checks on the render result, in order.
     #[serde(default)]
     pub assertions: Vec<Assertion>,
+    /// The deployment status templates see as `deployment`: which instances serve
+    /// the render. Without it, one instance named `haproxy` serves it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<TestDeployment>,
+}
+
+/// The deployment a validation test's status templates see.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TestDeployment {
+    /// The fleet, in any order.
+    pub instances: Vec<TestInstance>,
+}
+
+/// One instance of a [`TestDeployment`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TestInstance {
+    /// Instance name.
+    pub name: String,
+    /// Whether it serves every fixture object (`serving`, the default), runs an
+    /// older config (`lagging`), failed its last deployment (`failing`, with
+    /// `error`) or never got a config (`pending`).
+    #[serde(default)]
+    pub state: TestInstanceState,
+    /// The error of a `failing` instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The state of a [`TestInstance`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TestInstanceState {
+    /// It runs the render.
+    #[default]
+    Serving,
+    /// It runs an older config.
+    Lagging,
+    /// Its last deployment failed.
+    Failing,
+    /// Nothing was deployed to it yet.
+    Pending,
 }
 
 /// The kind of check an [`Assertion`] makes.

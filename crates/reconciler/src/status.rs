@@ -14,12 +14,21 @@
 //!   type and status, else now — so an unchanged status renders to the same value
 //!   and is not written again.
 //! - [`StatusComponent`] runs it on the bus: it keeps the snapshots of recent
-//!   renders (`TemplateInputs`) and renders statuses when a deployment of that render
-//!   succeeded (`DeploymentCompleted`), or at once when a new render equals the
-//!   deployed one, publishing `StatusRendered`. It runs beside the pipeline, never
-//!   on its latency path.
+//!   renders (`TemplateInputs`) and renders statuses from the newest render whose
+//!   deployment round finished (`DeploymentCompleted`), at once when a new render
+//!   equals that one, and again whenever an instance's deployment state changes
+//!   outside a round (a retry that succeeded or failed, a discovered instance), so
+//!   a condition that waits for a lagging instance flips once it catches up. It
+//!   publishes `StatusRendered`, and runs beside the pipeline, never on its latency
+//!   path.
+//! - Each object's template sees `deployment` ([`fleet::Deployment`]): whether every
+//!   instance of the fleet runs a config made from this version of the object, and
+//!   which instances do not and why (the rule: [`fleet`]). The fleet and each
+//!   instance's state come from the deployer's events (`DeploymentScheduled`,
+//!   `InstancesDiscovered`, `InstanceDeployed`, `InstanceDeploymentFailed`), the
+//!   component's own [`Tracker`].
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use hapwright_eventbus::model::{
@@ -34,6 +43,10 @@ use minijinja::{Environment, ErrorKind};
 use serde_json::Value as Json;
 
 use crate::renderer::{Resources, Templates};
+
+pub mod fleet;
+
+pub use fleet::{Deployment, Failure, Fleet, InstanceState, Running, Serving, Snapshots};
 
 /// The name of a status template in errors: the config key that holds it.
 pub fn template_name(resource: &str) -> String {
@@ -167,13 +180,15 @@ impl StatusTemplates {
     }
 
     /// Renders the status of every object of every resource with a status template,
-    /// from `snapshots`; `now` (RFC 3339) is the `lastTransitionTime` of conditions
-    /// that are new or changed. Objects whose template renders nothing are left out.
-    /// Returns the statuses in resource, namespace, name order and one error per
-    /// failing object.
+    /// from `snapshots` (of the render `fleet.render`); each object's template sees
+    /// in `deployment` which instances of `fleet` serve it ([`Fleet::deployment`]);
+    /// `now` (RFC 3339) is the `lastTransitionTime` of conditions that are new or
+    /// changed. Objects whose template renders nothing are left out. Returns the
+    /// statuses in resource, namespace, name order and one error per failing object.
     pub fn render(
         &self,
         snapshots: &BTreeMap<Arc<str>, Arc<ResourceSnapshot>>,
+        fleet: &Fleet,
         now: &str,
     ) -> (Vec<RenderedStatus>, Vec<Diagnostic>) {
         let inner = &*self.inner;
@@ -191,7 +206,7 @@ impl StatusTemplates {
             let Ok(template) = inner.env.get_template(name) else {
                 continue;
             };
-            for stored in snapshot.list() {
+            for (key, stored) in snapshot.iter() {
                 let object = stored.parse();
                 let namespace = object["metadata"]["namespace"]
                     .as_str()
@@ -211,6 +226,12 @@ impl StatusTemplates {
                     ("resources", resources_value.clone()),
                     ("extraContext", inner.extra_context.clone()),
                     ("shared", crate::renderer::shared_value()),
+                    (
+                        "deployment",
+                        Value::from(minijinja::value::Serde(
+                            fleet.deployment(resource, key, stored),
+                        )),
+                    ),
                 ]));
                 let text = match template.render(&context) {
                     Ok(text) => text,
@@ -424,11 +445,172 @@ pub fn now_rfc3339() -> String {
         .to_string()
 }
 
-// === impl StatusComponent ===
+// === impl Tracker ===
 
 /// How many renders' snapshots the component keeps while their deployment is
 /// pending (the scheduler deploys the newest; older ones are dropped).
 const PENDING: usize = 8;
+
+/// What the status component knows from the bus: recent renders' snapshots, the
+/// render the statuses describe, and each instance's deployment state, so statuses
+/// can say which instances serve an object. Pure state, driven by
+/// [`Tracker::apply`].
+#[derive(Debug, Default)]
+pub struct Tracker {
+    /// Renders not deployed yet, oldest first.
+    pending: VecDeque<(ContentHash, Snapshots)>,
+    /// The newest render whose deployment round finished: the statuses describe it.
+    reported: Option<(ContentHash, Snapshots)>,
+    /// Deployment state per instance, from `InstanceDeployed` and
+    /// `InstanceDeploymentFailed`.
+    instances: BTreeMap<String, InstanceState>,
+    /// The instances deployments name (`DeploymentScheduled`: the static ones).
+    named: BTreeSet<String>,
+    /// Discovered instances per discovery source (`InstancesDiscovered`).
+    discovered: BTreeMap<Arc<str>, BTreeSet<String>>,
+    /// Deployment rounds started and not completed: instance outcomes inside a round
+    /// wait for its `DeploymentCompleted`, so a round renders once.
+    open_rounds: usize,
+}
+
+impl Tracker {
+    /// Takes one event; true when the statuses should be rendered again now.
+    pub fn apply(&mut self, payload: &EventPayload) -> bool {
+        match payload {
+            EventPayload::TemplateInputs(inputs) => {
+                if self
+                    .reported
+                    .as_ref()
+                    .is_some_and(|(hash, _)| *hash == inputs.hash)
+                {
+                    // The same config from newer data (a status written back, a
+                    // field only statuses read): describe the newest data.
+                    self.reported = Some((inputs.hash, inputs.snapshots.clone()));
+                    for instance in self.instances.values_mut() {
+                        if let Some(runs) = instance.runs.as_mut()
+                            && runs.hash == inputs.hash
+                        {
+                            runs.snapshots = Some(inputs.snapshots.clone());
+                        }
+                    }
+                    return true;
+                }
+                self.pending.retain(|(hash, _)| *hash != inputs.hash);
+                self.pending
+                    .push_back((inputs.hash, inputs.snapshots.clone()));
+                while self.pending.len() > PENDING {
+                    self.pending.pop_front();
+                }
+                false
+            }
+            EventPayload::DeploymentScheduled(scheduled) => {
+                self.named = scheduled.instances.iter().cloned().collect();
+                false
+            }
+            EventPayload::InstancesDiscovered(discovered) => {
+                let names = discovered
+                    .instances
+                    .iter()
+                    .map(|i| i.name.clone())
+                    .collect();
+                self.discovered.insert(discovered.source.clone(), names);
+                // A vanished instance no longer counts, and its state (with the
+                // snapshots of the render it ran) is let go.
+                let Tracker {
+                    instances,
+                    named,
+                    discovered,
+                    ..
+                } = self;
+                instances.retain(|name, _| {
+                    named.contains(name) || discovered.values().any(|d| d.contains(name))
+                });
+                self.reported.is_some()
+            }
+            EventPayload::DeploymentStarted(_) => {
+                self.open_rounds += 1;
+                false
+            }
+            EventPayload::InstanceDeployed(deployed) => {
+                let snapshots = self.snapshots_of(deployed.hash);
+                let state = self.instance(&deployed.instance);
+                state.runs = Some(Running {
+                    hash: deployed.hash,
+                    snapshots,
+                });
+                state.failure = None;
+                self.open_rounds == 0 && self.reported.is_some()
+            }
+            EventPayload::InstanceDeploymentFailed(failed) => {
+                self.instance(&failed.instance).failure = Some(Failure {
+                    hash: failed.hash,
+                    error: failed.error.message.clone(),
+                });
+                self.open_rounds == 0 && self.reported.is_some()
+            }
+            EventPayload::DeploymentCompleted(done) => {
+                self.open_rounds = self.open_rounds.saturating_sub(1);
+                let hash = done.summary.hash;
+                if let Some(position) = self.pending.iter().position(|(h, _)| *h == hash) {
+                    self.reported = Some(self.pending[position].clone());
+                    self.pending.drain(..=position);
+                }
+                self.reported.is_some()
+            }
+            _ => false,
+        }
+    }
+
+    /// The render the statuses describe now and the fleet to judge it against.
+    pub fn job(&self) -> Option<(Snapshots, Fleet)> {
+        let (hash, snapshots) = self.reported.as_ref()?;
+        let names: BTreeSet<&String> = self
+            .named
+            .iter()
+            .chain(self.discovered.values().flatten())
+            .collect();
+        let instances = names
+            .into_iter()
+            .map(|name| {
+                self.instances
+                    .get(name)
+                    .cloned()
+                    .unwrap_or_else(|| InstanceState::new(name.clone()))
+            })
+            .collect();
+        Some((
+            snapshots.clone(),
+            Fleet {
+                render: *hash,
+                instances,
+            },
+        ))
+    }
+
+    fn instance(&mut self, name: &str) -> &mut InstanceState {
+        self.instances
+            .entry(name.to_owned())
+            .or_insert_with(|| InstanceState::new(name))
+    }
+
+    /// The snapshots the render `hash` was made from, when still known.
+    fn snapshots_of(&self, hash: ContentHash) -> Option<Snapshots> {
+        self.reported
+            .iter()
+            .chain(self.pending.iter())
+            .find(|(h, _)| *h == hash)
+            .map(|(_, snapshots)| snapshots.clone())
+            .or_else(|| {
+                self.instances
+                    .values()
+                    .filter_map(|i| i.runs.as_ref())
+                    .find(|runs| runs.hash == hash)
+                    .and_then(|runs| runs.snapshots.clone())
+            })
+    }
+}
+
+// === impl StatusComponent ===
 
 /// Renders statuses after deployments. See the [module docs](self).
 pub struct StatusComponent {
@@ -465,8 +647,6 @@ impl StatusComponent {
     }
 }
 
-type Snapshots = Arc<BTreeMap<Arc<str>, Arc<ResourceSnapshot>>>;
-
 #[async_trait::async_trait]
 impl Component for StatusComponent {
     fn name(&self) -> &str {
@@ -474,47 +654,33 @@ impl Component for StatusComponent {
     }
 
     fn consumes(&self) -> Interest {
-        Interest::pipeline([EventKind::TemplateInputs, EventKind::DeploymentCompleted])
+        Interest::pipeline([
+            EventKind::TemplateInputs,
+            EventKind::DeploymentScheduled,
+            EventKind::InstancesDiscovered,
+            EventKind::DeploymentStarted,
+            EventKind::InstanceDeployed,
+            EventKind::InstanceDeploymentFailed,
+            EventKind::DeploymentCompleted,
+        ])
     }
 
     async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
         let StatusComponent { templates, clock } = *self;
-        let mut pending: VecDeque<(ContentHash, Snapshots)> = VecDeque::new();
-        let mut deployed: Option<ContentHash> = None;
+        let mut tracker = Tracker::default();
         ctx.health().healthy();
         while let Some(event) = ctx.next_event().await {
-            let ready = match &event.payload {
-                EventPayload::TemplateInputs(inputs) => {
-                    if deployed == Some(inputs.hash) {
-                        Some((inputs.hash, inputs.snapshots.clone()))
-                    } else {
-                        pending.retain(|(hash, _)| *hash != inputs.hash);
-                        pending.push_back((inputs.hash, inputs.snapshots.clone()));
-                        while pending.len() > PENDING {
-                            pending.pop_front();
-                        }
-                        None
-                    }
-                }
-                EventPayload::DeploymentCompleted(done) if !done.summary.succeeded.is_empty() => {
-                    deployed = Some(done.summary.hash);
-                    let found = pending
-                        .iter()
-                        .position(|(hash, _)| *hash == done.summary.hash);
-                    found.map(|position| {
-                        let ready = pending[position].clone();
-                        pending.drain(..=position);
-                        ready
-                    })
-                }
-                _ => None,
-            };
-            let Some((hash, snapshots)) = ready else {
+            if !tracker.apply(&event.payload) {
+                continue;
+            }
+            let Some((snapshots, fleet)) = tracker.job() else {
                 continue;
             };
+            let hash = fleet.render;
             let job_templates = templates.clone();
             let now = clock();
-            let job = tokio::task::spawn_blocking(move || job_templates.render(&snapshots, &now));
+            let job =
+                tokio::task::spawn_blocking(move || job_templates.render(&snapshots, &fleet, &now));
             let (statuses, errors) = tokio::select! {
                 biased;
                 () = ctx.cancelled() => return Ok(()),

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use hapwright_reconciler::config::{Assertion, ValidationTest};
+use hapwright_reconciler::config::{Assertion, TestDeployment, ValidationTest};
 use serde_json::Value;
 
 use crate::config::Config;
@@ -27,6 +27,8 @@ pub struct TestCase {
     pub extra_context: Value,
     /// `_global`'s assertions, then the test's own.
     pub assertions: Vec<Assertion>,
+    /// The deployment status templates see: the test's own, else `_global`'s.
+    pub deployment: Option<TestDeployment>,
 }
 
 /// Why no test could be selected. Not retryable: `--test` must name another test.
@@ -115,6 +117,7 @@ fn merge_case(
     let mut extra_context = base_context.clone();
     let mut fixture_layers = Vec::new();
     let mut assertions = Vec::new();
+    let mut deployment = None;
     for (label, layer) in global
         .map(|g| (GLOBAL_TEST, g))
         .into_iter()
@@ -130,6 +133,9 @@ fn merge_case(
             ));
         }
         assertions.extend(layer.assertions.iter().cloned());
+        if layer.deployment.is_some() {
+            deployment.clone_from(&layer.deployment);
+        }
     }
     TestCase {
         name: name.to_owned(),
@@ -137,5 +143,6 @@ fn merge_case(
         fixture_layers,
         extra_context,
         assertions,
+        deployment,
     }
 }

@@ -8,10 +8,11 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use hapwright_deployer::component::validator;
+use hapwright_eventbus::model::ContentHash;
 use hapwright_eventbus::model::Diagnostic;
-use hapwright_reconciler::config::AssertionType;
+use hapwright_reconciler::config::{AssertionType, TestDeployment, TestInstanceState};
 use hapwright_reconciler::renderer::{Renderer, Resources};
-use hapwright_reconciler::status::StatusTemplates;
+use hapwright_reconciler::status::{Failure, Fleet, InstanceState, Running, StatusTemplates};
 use serde_json::Value;
 
 use super::assertions::{Outcome, RenderedStatuses, check};
@@ -93,11 +94,61 @@ pub async fn run(
 /// `equals` assertions on statuses are stable.
 pub const STATUS_TEST_TIME: &str = "1970-01-01T00:00:00Z";
 
+/// The render hash a test's statuses describe (tests render no real hash).
+fn test_render() -> ContentHash {
+    ContentHash::of(b"validationTests")
+}
+
+/// The fleet a test's status templates see: its `deployment`, else one instance,
+/// `haproxy`, serving the render.
+fn test_fleet(deployment: Option<&TestDeployment>) -> Fleet {
+    let render = test_render();
+    let Some(deployment) = deployment else {
+        return Fleet::serving(render, ["haproxy"]);
+    };
+    let older = ContentHash::of(b"validationTests: an older config");
+    let mut instances: Vec<InstanceState> = deployment
+        .instances
+        .iter()
+        .map(|instance| {
+            let mut state = InstanceState::new(instance.name.clone());
+            match instance.state {
+                TestInstanceState::Serving => {
+                    state.runs = Some(Running {
+                        hash: render,
+                        snapshots: None,
+                    });
+                }
+                TestInstanceState::Lagging | TestInstanceState::Failing => {
+                    state.runs = Some(Running {
+                        hash: older,
+                        snapshots: None,
+                    });
+                }
+                TestInstanceState::Pending => {}
+            }
+            if instance.state == TestInstanceState::Failing {
+                state.failure = Some(Failure {
+                    hash: render,
+                    error: instance
+                        .error
+                        .clone()
+                        .unwrap_or_else(|| "deployment failed".to_owned()),
+                });
+            }
+            state
+        })
+        .collect();
+    instances.sort_by(|a, b| a.name.cmp(&b.name));
+    Fleet { render, instances }
+}
+
 /// Renders the status templates over a test's fixtures, with the test's
-/// `extraContext`.
+/// `extraContext` and `deployment`.
 fn render_statuses(
     config: &Config,
     extra_context: &Value,
+    deployment: Option<&TestDeployment>,
     resources: &Resources,
 ) -> RenderedStatuses {
     let mut templates = build::templates(config);
@@ -110,7 +161,11 @@ fn render_statuses(
         .collect();
     match StatusTemplates::new(&templates, &status, &build::watched_names(config)) {
         Ok(compiled) => {
-            let (statuses, errors) = compiled.render(&resources.snapshots(), STATUS_TEST_TIME);
+            let (statuses, errors) = compiled.render(
+                &resources.snapshots(),
+                &test_fleet(deployment),
+                STATUS_TEST_TIME,
+            );
             RenderedStatuses { statuses, errors }
         }
         Err(errors) => RenderedStatuses {
@@ -145,8 +200,14 @@ async fn run_case(
         let case = case.clone();
         tokio::task::spawn_blocking(move || {
             load_fixtures(&config, &case).map(|fixtures| {
-                let statuses = wants_statuses
-                    .then(|| render_statuses(&config, &case.extra_context, &fixtures.resources));
+                let statuses = wants_statuses.then(|| {
+                    render_statuses(
+                        &config,
+                        &case.extra_context,
+                        case.deployment.as_ref(),
+                        &fixtures.resources,
+                    )
+                });
                 (
                     renderer.render(&fixtures.resources),
                     fixtures.context,

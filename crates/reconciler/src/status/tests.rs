@@ -59,7 +59,7 @@ fn renders_yaml_per_object_with_object_resources_and_extra_context() {
             snapshot(&[json!({"metadata": {"namespace": "shop", "name": "a"}})]),
         ),
     ]);
-    let (statuses, errors) = templates.render(&snapshots, "2026-01-01T00:00:00Z");
+    let (statuses, errors) = templates.render(&snapshots, &serving(), "2026-01-01T00:00:00Z");
     assert!(errors.is_empty(), "{errors:?}");
     // `other` is of another class: its empty output leaves its status alone.
     assert_eq!(statuses.len(), 1, "{statuses:?}");
@@ -85,7 +85,7 @@ fn an_object_that_already_shows_the_status_is_current() {
         Arc::from("ingresses"),
         snapshot(&[ingress("web", "haproxy", shown)]),
     )]);
-    let (statuses, _) = templates.render(&snapshots, "2026-01-01T00:00:00Z");
+    let (statuses, _) = templates.render(&snapshots, &serving(), "2026-01-01T00:00:00Z");
     assert!(statuses[0].current);
 }
 
@@ -102,7 +102,7 @@ fn a_template_error_for_one_object_names_template_line_and_object_and_spares_the
             ingress("good", "haproxy", json!({})),
         ]),
     )]);
-    let (statuses, errors) = templates.render(&snapshots, "2026-01-01T00:00:00Z");
+    let (statuses, errors) = templates.render(&snapshots, &serving(), "2026-01-01T00:00:00Z");
     assert_eq!(statuses.len(), 1);
     assert_eq!(statuses[0].name, "good");
     assert_eq!(errors.len(), 1, "{errors:?}");
@@ -119,7 +119,7 @@ fn output_that_is_not_a_mapping_is_an_error_naming_the_object() {
         Arc::from("ingresses"),
         snapshot(&[ingress("web", "haproxy", json!({}))]),
     )]);
-    let (statuses, errors) = templates.render(&snapshots, "now");
+    let (statuses, errors) = templates.render(&snapshots, &serving(), "now");
     assert!(statuses.is_empty());
     let error = errors[0].to_string();
     assert!(
@@ -203,7 +203,7 @@ fn an_unchanged_condition_renders_equal_across_renders() {
         Arc::from("ingresses"),
         snapshot(&[ingress("web", "haproxy", json!({}))]),
     )]);
-    let (statuses, _) = templates.render(&first, "2026-01-01T00:00:00Z");
+    let (statuses, _) = templates.render(&first, &serving(), "2026-01-01T00:00:00Z");
     let written = statuses[0].status.clone();
     assert_eq!(
         written["conditions"][0]["lastTransitionTime"],
@@ -214,7 +214,7 @@ fn an_unchanged_condition_renders_equal_across_renders() {
         Arc::from("ingresses"),
         snapshot(&[ingress("web", "haproxy", written.clone())]),
     )]);
-    let (statuses, _) = templates.render(&second, "2026-06-01T00:00:00Z");
+    let (statuses, _) = templates.render(&second, &serving(), "2026-06-01T00:00:00Z");
     assert_eq!(statuses[0].status, written);
     assert!(statuses[0].current);
 }
@@ -224,4 +224,358 @@ fn now_is_rfc3339_in_whole_seconds() {
     let now = now_rfc3339();
     assert_eq!(now.len(), "2026-11-25T01:02:03Z".len(), "{now}");
     assert!(now.ends_with('Z'));
+}
+
+// === the `deployment` rule ===
+
+/// A fleet of one instance, `local`, running the render the statuses describe.
+fn serving() -> Fleet {
+    Fleet::serving(ContentHash::of(b"render"), ["local"])
+}
+
+fn snapshots(objects: &[Json]) -> Snapshots {
+    Arc::new(BTreeMap::from([(
+        Arc::from("ingresses"),
+        snapshot(objects),
+    )]))
+}
+
+fn web(path: &str, status: Json) -> Json {
+    json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"namespace": "shop", "name": "web", "resourceVersion": status.to_string()},
+        "spec": {"ingressClassName": "haproxy", "rules": [{"http": {"paths": [{"path": path}]}}]},
+        "status": status,
+    })
+}
+
+fn runs(name: &str, hash: &[u8], snapshots: Option<Snapshots>) -> InstanceState {
+    InstanceState {
+        name: name.to_owned(),
+        runs: Some(Running {
+            hash: ContentHash::of(hash),
+            snapshots,
+        }),
+        failure: None,
+    }
+}
+
+/// `deployment` of `web` in `current` (the render `b"new"`) for these instances.
+fn deployment_of(current: &Snapshots, instances: Vec<InstanceState>) -> Deployment {
+    let fleet = Fleet {
+        render: ContentHash::of(b"new"),
+        instances,
+    };
+    let key = ObjectKey::new("shop", "web");
+    let stored = current["ingresses"].get_by_key(&key).unwrap();
+    fleet.deployment("ingresses", &key, stored)
+}
+
+#[test]
+fn an_object_is_programmed_only_when_every_instance_runs_its_version() {
+    let old = snapshots(&[web("/old", json!({}))]);
+    let new = snapshots(&[web("/new", json!({}))]);
+
+    // Both run the new render.
+    let both = deployment_of(&new, vec![runs("a", b"new", None), runs("b", b"new", None)]);
+    assert!(both.programmed);
+    assert_eq!(both.message, "served by all 2 instances");
+    assert!(both.waiting.is_empty());
+
+    // b still runs the render before, which had another version of web.
+    let lagging = deployment_of(
+        &new,
+        vec![
+            runs("a", b"new", None),
+            runs("b", b"old", Some(old.clone())),
+        ],
+    );
+    assert!(!lagging.programmed);
+    assert_eq!(lagging.waiting, ["b"]);
+    assert_eq!(lagging.instances[1].state, "lagging");
+    assert_eq!(
+        lagging.message,
+        "not yet served by instance b (runs an older config); 1 of 2 instances serve it"
+    );
+
+    // b's last attempt failed: named with the error, on one line.
+    let mut failing = runs("b", b"old", Some(old.clone()));
+    failing.failure = Some(Failure {
+        hash: ContentHash::of(b"new"),
+        error: "reload failed:\n  [ALERT] bad".to_owned(),
+    });
+    let failed = deployment_of(&new, vec![runs("a", b"new", None), failing]);
+    assert!(!failed.programmed);
+    assert_eq!(failed.instances[1].state, "failing");
+    assert_eq!(
+        failed.message,
+        "not yet served by instance b (last deployment failed: reload failed: [ALERT] bad); \
+         1 of 2 instances serve it"
+    );
+
+    // Nothing deployed to b yet; no instance at all.
+    let pending = deployment_of(&new, vec![InstanceState::new("b")]);
+    assert_eq!(
+        pending.message,
+        "not yet served by instance b (nothing deployed yet)"
+    );
+    let nobody = deployment_of(&new, Vec::new());
+    assert!(!nobody.programmed, "no instance serves it");
+}
+
+#[test]
+fn an_older_render_serves_an_object_it_holds_unchanged() {
+    // The object changed only in status and resourceVersion (a status written
+    // back): an instance on the older render serves it.
+    let old = snapshots(&[web("/same", json!({}))]);
+    let new = snapshots(&[web("/same", json!({"loadBalancer": {}}))]);
+    let deployment = deployment_of(&new, vec![runs("b", b"old", Some(old.clone()))]);
+    assert!(deployment.programmed, "{deployment:?}");
+    assert_eq!(deployment.message, "served by instance b");
+
+    // An older render whose snapshots are unknown serves nothing for sure.
+    let unknown = deployment_of(&new, vec![runs("b", b"old", None)]);
+    assert!(!unknown.programmed);
+
+    // A failure for the very config the instance is believed to run: unknown state.
+    let mut restarted = runs("b", b"new", None);
+    restarted.failure = Some(Failure {
+        hash: ContentHash::of(b"new"),
+        error: "what it runs is unknown".to_owned(),
+    });
+    let restarted = deployment_of(&new, vec![restarted]);
+    assert!(!restarted.programmed);
+    assert_eq!(restarted.instances[0].state, "failing");
+}
+
+#[test]
+fn long_errors_are_shortened() {
+    let new = snapshots(&[web("/", json!({}))]);
+    let mut failing = InstanceState::new("b");
+    failing.failure = Some(Failure {
+        hash: ContentHash::of(b"new"),
+        error: "x".repeat(1000),
+    });
+    let deployment = deployment_of(&new, vec![failing]);
+    let error = deployment.instances[0].error.clone().unwrap();
+    assert_eq!(error.chars().count(), 240);
+    assert!(error.ends_with('…'));
+}
+
+#[test]
+fn templates_see_the_deployment() {
+    let templates = compile(
+        "conditions:\n- type: Programmed\n  status: \"{{ 'True' if deployment.programmed else 'False' }}\"\n  \
+         message: {{ deployment.message | tojson }}\n",
+    );
+    let new = snapshots(&[web("/", json!({}))]);
+    let mut failing = runs("b", b"old", None);
+    failing.failure = Some(Failure {
+        hash: ContentHash::of(b"new"),
+        error: "connection refused".to_owned(),
+    });
+    let fleet = Fleet {
+        render: ContentHash::of(b"new"),
+        instances: vec![runs("a", b"new", None), failing],
+    };
+    let (statuses, errors) = templates.render(&new, &fleet, "now");
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(statuses[0].status["conditions"][0]["status"], "False");
+    assert_eq!(
+        statuses[0].status["conditions"][0]["message"],
+        "not yet served by instance b (last deployment failed: connection refused); 1 of 2 \
+         instances serve it"
+    );
+}
+
+// === Tracker ===
+
+mod tracker {
+    use super::*;
+    use hapwright_eventbus::model::{DeployStrategy, Diagnostic as Diag};
+    use hapwright_eventbus::{
+        DeploymentCompleted, DeploymentStarted, DeploymentSummary, InstanceDeployed,
+        InstanceDeploymentFailed, TemplateInputs,
+    };
+    use std::time::Duration;
+
+    fn inputs(hash: &[u8], snapshots: &Snapshots) -> EventPayload {
+        TemplateInputs {
+            hash: ContentHash::of(hash),
+            snapshots: snapshots.clone(),
+        }
+        .into()
+    }
+
+    fn started(hash: &[u8]) -> EventPayload {
+        DeploymentStarted {
+            hash: ContentHash::of(hash),
+            instances: vec!["a".into(), "b".into()],
+        }
+        .into()
+    }
+
+    fn deployed(instance: &str, hash: &[u8]) -> EventPayload {
+        InstanceDeployed {
+            instance: instance.into(),
+            hash: ContentHash::of(hash),
+            strategy: DeployStrategy::Reload,
+            reason: None,
+            duration: Duration::ZERO,
+        }
+        .into()
+    }
+
+    fn failed(instance: &str, hash: &[u8]) -> EventPayload {
+        InstanceDeploymentFailed {
+            instance: instance.into(),
+            hash: ContentHash::of(hash),
+            error: Diag::error("connection refused"),
+        }
+        .into()
+    }
+
+    fn completed(hash: &[u8]) -> EventPayload {
+        DeploymentCompleted {
+            summary: DeploymentSummary {
+                hash: ContentHash::of(hash),
+                succeeded: Vec::new(),
+                failed: Vec::new(),
+                duration: Duration::ZERO,
+            },
+        }
+        .into()
+    }
+
+    /// Feeds the static fleet `a`, `b` to a tracker.
+    fn tracker() -> Tracker {
+        // The scheduler names the static instances (`DeploymentScheduled`).
+        Tracker {
+            named: ["a".to_owned(), "b".to_owned()].into(),
+            ..Tracker::default()
+        }
+    }
+
+    fn web_deployment(tracker: &Tracker) -> Deployment {
+        let (snapshots, fleet) = tracker.job().expect("a render to describe");
+        let key = ObjectKey::new("shop", "web");
+        let stored = snapshots["ingresses"].get_by_key(&key).unwrap();
+        fleet.deployment("ingresses", &key, stored)
+    }
+
+    #[test]
+    fn a_round_renders_once_and_a_later_retry_renders_again() {
+        let mut t = tracker();
+        let new = snapshots(&[web("/new", json!({}))]);
+        assert!(!t.apply(&inputs(b"new", &new)), "not deployed yet");
+        assert!(t.job().is_none());
+        assert!(!t.apply(&started(b"new")));
+        assert!(!t.apply(&deployed("a", b"new")), "inside a round");
+        assert!(!t.apply(&failed("b", b"new")), "inside a round");
+        assert!(t.apply(&completed(b"new")), "the round's end renders");
+        let deployment = web_deployment(&t);
+        assert!(!deployment.programmed);
+        assert_eq!(deployment.waiting, ["b"]);
+        assert!(
+            deployment.message.contains("connection refused"),
+            "{deployment:?}"
+        );
+
+        // b's retry succeeds outside any round: render again, now programmed.
+        assert!(t.apply(&deployed("b", b"new")));
+        let deployment = web_deployment(&t);
+        assert!(deployment.programmed, "{deployment:?}");
+    }
+
+    #[test]
+    fn an_instance_on_the_previous_render_serves_what_did_not_change() {
+        let mut t = tracker();
+        let one = Arc::new(BTreeMap::from([(
+            Arc::from("ingresses"),
+            snapshot(&[web("/", json!({})), ingress("api", "haproxy", json!({}))]),
+        )]));
+        t.apply(&inputs(b"one", &one));
+        t.apply(&started(b"one"));
+        t.apply(&deployed("a", b"one"));
+        t.apply(&deployed("b", b"one"));
+        t.apply(&completed(b"one"));
+        assert!(web_deployment(&t).programmed);
+
+        // web changes; b refuses the new render and keeps the old one.
+        let two = Arc::new(BTreeMap::from([(
+            Arc::from("ingresses"),
+            snapshot(&[web("/v2", json!({})), ingress("api", "haproxy", json!({}))]),
+        )]));
+        t.apply(&inputs(b"two", &two));
+        t.apply(&started(b"two"));
+        t.apply(&deployed("a", b"two"));
+        t.apply(&failed("b", b"two"));
+        t.apply(&completed(b"two"));
+        assert!(!web_deployment(&t).programmed);
+        let (snapshots, fleet) = t.job().unwrap();
+        let key = ObjectKey::new("shop", "api");
+        let api = fleet.deployment(
+            "ingresses",
+            &key,
+            snapshots["ingresses"].get_by_key(&key).unwrap(),
+        );
+        assert!(api.programmed, "api is the same in both renders: {api:?}");
+    }
+
+    #[test]
+    fn discovered_instances_join_and_leave_the_fleet() {
+        use hapwright_eventbus::InstancesDiscovered;
+        use hapwright_eventbus::model::{InstanceDriver, InstanceRef};
+        let pods = |names: &[&str]| -> EventPayload {
+            InstancesDiscovered {
+                source: Arc::from("kubernetes"),
+                instances: names
+                    .iter()
+                    .map(|name| InstanceRef {
+                        name: (*name).to_owned(),
+                        driver: InstanceDriver::Dataplane,
+                        address: String::new(),
+                    })
+                    .collect(),
+            }
+            .into()
+        };
+        let mut t = tracker();
+        let one = snapshots(&[web("/", json!({}))]);
+        t.apply(&inputs(b"one", &one));
+        t.apply(&started(b"one"));
+        t.apply(&deployed("a", b"one"));
+        t.apply(&deployed("b", b"one"));
+        t.apply(&completed(b"one"));
+        assert!(web_deployment(&t).programmed);
+
+        // A new pod: nothing deployed to it yet.
+        assert!(t.apply(&pods(&["pod-c"])));
+        let deployment = web_deployment(&t);
+        assert!(!deployment.programmed);
+        assert_eq!(deployment.waiting, ["pod-c"]);
+        assert_eq!(deployment.instances[2].state, "pending");
+
+        // It fails, then goes away: it no longer counts, and is forgotten.
+        t.apply(&failed("pod-c", b"one"));
+        assert!(t.apply(&pods(&[])));
+        assert!(web_deployment(&t).programmed);
+        assert!(!t.instances.contains_key("pod-c"));
+    }
+
+    #[test]
+    fn the_same_config_from_newer_data_renders_at_once() {
+        let mut t = tracker();
+        let one = snapshots(&[web("/", json!({}))]);
+        t.apply(&inputs(b"one", &one));
+        t.apply(&started(b"one"));
+        t.apply(&deployed("a", b"one"));
+        t.apply(&deployed("b", b"one"));
+        t.apply(&completed(b"one"));
+        let newer = snapshots(&[web("/", json!({"loadBalancer": {}}))]);
+        assert!(t.apply(&inputs(b"one", &newer)));
+        let (snapshots, _) = t.job().unwrap();
+        assert!(Arc::ptr_eq(&snapshots, &newer));
+        assert!(web_deployment(&t).programmed);
+    }
 }
