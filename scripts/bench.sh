@@ -9,6 +9,11 @@
 #   scripts/bench.sh --skip-criterion reuse the criterion results already under
 #                                     target/criterion/ (the report lists what ran)
 #
+# Sections (h) route propagation and (i) certificates at scale also run on their
+# own, printing their sections (for a quick look; the report comes from full runs):
+#   target/release/hapwright-benchsuite --route-propagation 100,1000 --haproxy-3.4 BIN
+#   target/release/hapwright-benchsuite --certificates 1000,10000
+#
 # The hand-written "Analysis" section of docs/benchmarks.md (between the
 # `analysis:begin` and `analysis:end` markers) is kept across runs; the figures it
 # quotes between `figure` markers are filled in from each run.
@@ -84,6 +89,16 @@ fi
 
 suite=(target/release/hapwright-benchsuite --repo . --font "$font" --commands "$commands")
 [ "$quick" -eq 1 ] && suite+=(--quick)
+# Section (h) compares HAProxy 3.4 with dynamic backends against 3.4 without them and
+# the haproxy on PATH: the 3.4 binary comes from Debian's experimental suite, beside
+# the system's (scripts/haproxy-lines.sh). Without it, (h) has the PATH rows only.
+echo "scripts/haproxy-lines.sh 3.4" >> "$commands"
+if lines_output="$(scripts/haproxy-lines.sh 3.4)"; then
+  newer="$(printf '%s\n' "$lines_output" | awk '$1 == "3.4" { print $2 }' | tail -n 1)"
+  [ -n "$newer" ] && suite+=(--haproxy-3.4 "$newer/haproxy")
+else
+  echo "# ^ failed: section (h) runs without HAProxy 3.4" >> "$commands"
+fi
 echo "${suite[*]}" >> "$commands"
 echo "+ ${suite[*]}" >&2
 "${suite[@]}"
