@@ -21,9 +21,14 @@ use hapwright_eventbus::model::{
     ContentHash, DeployReason, DeployStrategy, Diagnostic, RenderedConfig, ResourceSnapshot,
 };
 use hapwright_eventbus::{
-    Component, ComponentError, Context, CorrelationId, Event, EventPayload, HealthState,
-    HealthTable, Interest, KindSet, QuarantinedObject, SafetyRemoval, Stage, ValidationPhase,
+    Component, ComponentError, Context, CorrelationId, DeploymentCompleted, Event, EventPayload,
+    HealthState, HealthTable, InstanceDeployed, InstanceDeploymentFailed, InstancesDiscovered,
+    Interest, KindSet, QuarantineSearched, QuarantinedObject, ReconciliationCompleted,
+    ReconciliationFailed, ReconciliationStarted, ResourceIndexUpdated, SafetyRemoval,
+    SafetyValveHeld, SafetyValveReleased, Stage, TemplateRendered, ValidationPhase,
 };
+
+use crate::config::TemplatePlaces;
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
@@ -707,105 +712,19 @@ impl StatusStore {
         let mut inner = self.write();
         let places = inner.template_places.clone();
         match &event.payload {
-            EventPayload::ResourceIndexUpdated(update) => {
-                if let Some(metrics) = metrics {
-                    let objects = update.snapshot.len() as i64;
-                    metrics
-                        .watched_objects
-                        .with_label_values(&[update.source.as_ref()])
-                        .set(objects);
-                    metrics
-                        .resources
-                        .with_label_values(&[update.source.as_ref()])
-                        .set(objects);
-                }
-                inner
-                    .resources
-                    .insert(update.source.clone(), update.snapshot.clone());
-            }
+            EventPayload::ResourceIndexUpdated(update) => inner.index_updated(update, metrics),
             EventPayload::ReconciliationStarted(started) => {
-                if inner.reconciliations.len() == RECONCILIATION_RING {
-                    inner.reconciliations.pop_front();
-                }
-                let correlation_id = event.correlation_id.unwrap_or_default();
-                inner.reconciliations.push_back(ReconciliationRecord {
-                    correlation_id,
-                    trace_id: correlation_id.trace_id_hex(),
-                    reason: started.reason.clone(),
-                    started: event.unix_micros as f64 / 1e6,
-                    result: "running",
-                    duration: None,
-                    stages: BTreeMap::new(),
-                    render_mode: None,
-                    failed_stage: None,
-                    errors: Vec::new(),
-                    last_stage_end: None,
-                });
+                inner.reconciliation_started(event, started)
             }
-            EventPayload::DeploymentScheduled(_) => {
-                let now = event.unix_micros as f64 / 1e6;
-                if let Some(record) = find_record(&mut inner, event.correlation_id)
-                    && let Some(validated) = record.last_stage_end
-                {
-                    record.stages.insert("schedule", (now - validated).max(0.0));
-                    record.last_stage_end = Some(now);
-                }
-            }
+            EventPayload::DeploymentScheduled(_) => inner.deployment_scheduled(event),
             EventPayload::ReconciliationCompleted(done) => {
-                if let Some(metrics) = metrics {
-                    metrics
-                        .reconciliations
-                        .with_label_values(&["success"])
-                        .inc();
-                    metrics
-                        .reconciliation_duration
-                        .observe(done.duration.as_secs_f64());
-                }
-                if let Some(record) = find_record(&mut inner, event.correlation_id) {
-                    record.result = "success";
-                    record.duration = Some(done.duration.as_secs_f64());
-                    record.stages = done
-                        .stages
-                        .iter()
-                        .map(|(stage, d)| (stage_name(*stage), d.as_secs_f64()))
-                        .collect();
-                    record.last_stage_end = Some(event.unix_micros as f64 / 1e6);
-                }
+                inner.reconciliation_completed(event, done, metrics)
             }
             EventPayload::ReconciliationFailed(failed) => {
-                if let Some(metrics) = metrics {
-                    metrics
-                        .reconciliations
-                        .with_label_values(&["failure"])
-                        .inc();
-                }
-                if let Some(record) = find_record(&mut inner, event.correlation_id) {
-                    record.result = "failure";
-                    record.failed_stage = Some(failed.stage);
-                    record.errors = places.locate(failed.errors.clone());
-                    record.duration =
-                        Some((event.unix_micros as f64 / 1e6 - record.started).max(0.0));
-                }
+                inner.reconciliation_failed(event, failed, &places, metrics)
             }
             EventPayload::TemplateRendered(rendered) => {
-                if let Some(metrics) = metrics {
-                    metrics
-                        .render_duration
-                        .observe(rendered.duration.as_secs_f64());
-                    for (result, count) in [
-                        ("rendered", rendered.render.rendered),
-                        ("reused", rendered.render.reused),
-                    ] {
-                        metrics
-                            .render_fragments
-                            .with_label_values(&[result])
-                            .inc_by(count as u64);
-                    }
-                }
-                if let Some(record) = find_record(&mut inner, event.correlation_id) {
-                    record.render_mode = Some(rendered.render.mode());
-                }
-                inner.rendered = Some(rendered.config.clone());
+                inner.template_rendered(event, rendered, metrics)
             }
             EventPayload::TemplateRenderFailed(failed) => {
                 inner.last_error = Some(PipelineError {
@@ -838,136 +757,21 @@ impl StatusStore {
                 });
             }
             EventPayload::QuarantineSearched(searched) => {
-                if let Some(metrics) = metrics {
-                    metrics.quarantined_objects.reset();
-                    for resource in inner.watched.iter().flatten() {
-                        metrics
-                            .quarantined_objects
-                            .with_label_values(&[resource.as_str()])
-                            .set(0);
-                    }
-                    for object in &searched.objects {
-                        metrics
-                            .quarantined_objects
-                            .with_label_values(&[object.resource.as_ref()])
-                            .inc();
-                    }
-                }
-                inner.quarantine = searched
-                    .objects
-                    .iter()
-                    .map(|object| QuarantinedObject {
-                        errors: places.locate(object.errors.clone()),
-                        ..object.clone()
-                    })
-                    .collect();
+                inner.quarantine_searched(searched, &places, metrics)
             }
-            EventPayload::SafetyValveHeld(held) => {
-                if let Some(metrics) = metrics {
-                    if inner.safety_hold.is_none() {
-                        metrics.safety_holds.inc();
-                    }
-                    metrics.safety_held.set(1);
-                }
-                inner.safety_hold = Some(SafetyHold {
-                    hash: held.hash,
-                    summary: held.removal.to_string(),
-                    removal: held.removal.clone(),
-                    max_removal: held.max_removal.clone(),
-                    since: unix_seconds(held.since),
-                    release_at: unix_seconds(held.release_at),
-                });
-            }
+            EventPayload::SafetyValveHeld(held) => inner.valve_held(held, metrics),
             EventPayload::SafetyValveReleased(released) => {
-                if let Some(metrics) = metrics {
-                    metrics.safety_held.set(0);
-                    metrics
-                        .safety_releases
-                        .with_label_values(&[released.reason])
-                        .inc();
-                }
-                inner.safety_hold = None;
-                inner.safety_release = Some(SafetyRelease {
-                    hash: released.hash,
-                    reason: released.reason,
-                    at: event.unix_micros as f64 / 1e6,
-                });
+                inner.valve_released(event, released, metrics)
             }
             EventPayload::ResourceSyncComplete(sync) => {
                 inner.synced.insert(sync.source.to_string());
             }
-            EventPayload::InstanceDeployed(deployed) => {
-                inner.deployed_once = true;
-                inner
-                    .attempts
-                    .insert(deployed.instance.clone(), Attempt::Succeeded);
-                let status = instance(&mut inner, &deployed.instance);
-                status.last_hash = Some(deployed.hash);
-                status.last_strategy = Some(deployed.strategy);
-                status.last_reason = deployed.reason.clone();
-                status.deployments += 1;
-                if deployed.strategy == DeployStrategy::Reload {
-                    status.reloads += 1;
-                }
-                status.last_error = None;
-                status.last_success = Some(event.unix_micros as f64 / 1e6);
-            }
-            EventPayload::InstanceDeploymentFailed(failed) => {
-                inner.attempts.insert(
-                    failed.instance.clone(),
-                    Attempt::Failed {
-                        error: failed.error.to_string(),
-                        at: event.unix_micros as f64 / 1e6,
-                    },
-                );
-                instance(&mut inner, &failed.instance).last_error = Some(failed.error.clone());
-            }
+            EventPayload::InstanceDeployed(deployed) => inner.instance_deployed(event, deployed),
+            EventPayload::InstanceDeploymentFailed(failed) => inner.instance_failed(event, failed),
             EventPayload::DeploymentCompleted(completed) => {
-                if let Some(record) = find_record(&mut inner, event.correlation_id)
-                    && record.stages.contains_key("schedule")
-                {
-                    record
-                        .stages
-                        .insert("deploy", completed.summary.duration.as_secs_f64());
-                }
-                // The per-instance events carry the detail and come first; the summary
-                // only fills in instances they did not mention, so a late summary
-                // never overrides a newer per-instance outcome.
-                let at = event.unix_micros as f64 / 1e6;
-                for name in &completed.summary.succeeded {
-                    if !inner.attempts.contains_key(name) {
-                        inner.deployed_once = true;
-                        inner.attempts.insert(name.clone(), Attempt::Succeeded);
-                    }
-                }
-                for name in &completed.summary.failed {
-                    inner
-                        .attempts
-                        .entry(name.clone())
-                        .or_insert_with(|| Attempt::Failed {
-                            error: "deployment failed".to_owned(),
-                            at,
-                        });
-                }
+                inner.deployment_completed(event, completed)
             }
-            EventPayload::InstancesDiscovered(discovered) => {
-                let names: BTreeSet<String> = discovered
-                    .instances
-                    .iter()
-                    .map(|i| i.name.clone())
-                    .collect();
-                let gone: Vec<String> = inner
-                    .discovered
-                    .get(&discovered.source)
-                    .map(|old| old.difference(&names).cloned().collect())
-                    .unwrap_or_default();
-                inner.discovered.insert(discovered.source.clone(), names);
-                for name in gone {
-                    if !inner.knows(&name) {
-                        inner.attempts.remove(&name);
-                    }
-                }
-            }
+            EventPayload::InstancesDiscovered(discovered) => inner.instances_discovered(discovered),
             _ => {}
         }
         inner.settle_readiness(event.unix_micros as f64 / 1e6);
@@ -980,6 +784,286 @@ fn stage_name(stage: Stage) -> &'static str {
         Stage::Validate => "validate",
         Stage::Schedule => "schedule",
         Stage::Deploy => "deploy",
+    }
+}
+
+// === what each event changes ===
+
+impl Inner {
+    /// A source's objects: kept for the status page, counted in the metrics.
+    fn index_updated(&mut self, update: &ResourceIndexUpdated, metrics: Option<&StatusMetrics>) {
+        if let Some(metrics) = metrics {
+            let objects = update.snapshot.len() as i64;
+            metrics
+                .watched_objects
+                .with_label_values(&[update.source.as_ref()])
+                .set(objects);
+            metrics
+                .resources
+                .with_label_values(&[update.source.as_ref()])
+                .set(objects);
+        }
+        self.resources
+            .insert(update.source.clone(), update.snapshot.clone());
+    }
+
+    /// A reconciliation begins: a new record in the ring.
+    fn reconciliation_started(&mut self, event: &Event, started: &ReconciliationStarted) {
+        if self.reconciliations.len() == RECONCILIATION_RING {
+            self.reconciliations.pop_front();
+        }
+        let correlation_id = event.correlation_id.unwrap_or_default();
+        self.reconciliations.push_back(ReconciliationRecord {
+            correlation_id,
+            trace_id: correlation_id.trace_id_hex(),
+            reason: started.reason.clone(),
+            started: event.unix_micros as f64 / 1e6,
+            result: "running",
+            duration: None,
+            stages: BTreeMap::new(),
+            render_mode: None,
+            failed_stage: None,
+            errors: Vec::new(),
+            last_stage_end: None,
+        });
+    }
+
+    /// The render of a reconciliation is scheduled for deployment.
+    fn deployment_scheduled(&mut self, event: &Event) {
+        let now = event.unix_micros as f64 / 1e6;
+        if let Some(record) = find_record(self, event.correlation_id)
+            && let Some(validated) = record.last_stage_end
+        {
+            record.stages.insert("schedule", (now - validated).max(0.0));
+            record.last_stage_end = Some(now);
+        }
+    }
+
+    /// A reconciliation ends well: its stages and duration.
+    fn reconciliation_completed(
+        &mut self,
+        event: &Event,
+        done: &ReconciliationCompleted,
+        metrics: Option<&StatusMetrics>,
+    ) {
+        if let Some(metrics) = metrics {
+            metrics
+                .reconciliations
+                .with_label_values(&["success"])
+                .inc();
+            metrics
+                .reconciliation_duration
+                .observe(done.duration.as_secs_f64());
+        }
+        if let Some(record) = find_record(self, event.correlation_id) {
+            record.result = "success";
+            record.duration = Some(done.duration.as_secs_f64());
+            record.stages = done
+                .stages
+                .iter()
+                .map(|(stage, d)| (stage_name(*stage), d.as_secs_f64()))
+                .collect();
+            record.last_stage_end = Some(event.unix_micros as f64 / 1e6);
+        }
+    }
+
+    /// A reconciliation fails: its stage and errors (located in the templates).
+    fn reconciliation_failed(
+        &mut self,
+        event: &Event,
+        failed: &ReconciliationFailed,
+        places: &TemplatePlaces,
+        metrics: Option<&StatusMetrics>,
+    ) {
+        if let Some(metrics) = metrics {
+            metrics
+                .reconciliations
+                .with_label_values(&["failure"])
+                .inc();
+        }
+        if let Some(record) = find_record(self, event.correlation_id) {
+            record.result = "failure";
+            record.failed_stage = Some(failed.stage);
+            record.errors = places.locate(failed.errors.clone());
+            record.duration = Some((event.unix_micros as f64 / 1e6 - record.started).max(0.0));
+        }
+    }
+
+    /// A render: its timings and the last rendered config.
+    fn template_rendered(
+        &mut self,
+        event: &Event,
+        rendered: &TemplateRendered,
+        metrics: Option<&StatusMetrics>,
+    ) {
+        if let Some(metrics) = metrics {
+            metrics
+                .render_duration
+                .observe(rendered.duration.as_secs_f64());
+            for (result, count) in [
+                ("rendered", rendered.render.rendered),
+                ("reused", rendered.render.reused),
+            ] {
+                metrics
+                    .render_fragments
+                    .with_label_values(&[result])
+                    .inc_by(count as u64);
+            }
+        }
+        if let Some(record) = find_record(self, event.correlation_id) {
+            record.render_mode = Some(rendered.render.mode());
+        }
+        self.rendered = Some(rendered.config.clone());
+    }
+
+    /// The quarantine after a search: the objects held back, counted per resource.
+    fn quarantine_searched(
+        &mut self,
+        searched: &QuarantineSearched,
+        places: &TemplatePlaces,
+        metrics: Option<&StatusMetrics>,
+    ) {
+        if let Some(metrics) = metrics {
+            metrics.quarantined_objects.reset();
+            for resource in self.watched.iter().flatten() {
+                metrics
+                    .quarantined_objects
+                    .with_label_values(&[resource.as_str()])
+                    .set(0);
+            }
+            for object in &searched.objects {
+                metrics
+                    .quarantined_objects
+                    .with_label_values(&[object.resource.as_ref()])
+                    .inc();
+            }
+        }
+        self.quarantine = searched
+            .objects
+            .iter()
+            .map(|object| QuarantinedObject {
+                errors: places.locate(object.errors.clone()),
+                ..object.clone()
+            })
+            .collect();
+    }
+
+    /// The safety valve holds a removal.
+    fn valve_held(&mut self, held: &SafetyValveHeld, metrics: Option<&StatusMetrics>) {
+        if let Some(metrics) = metrics {
+            if self.safety_hold.is_none() {
+                metrics.safety_holds.inc();
+            }
+            metrics.safety_held.set(1);
+        }
+        self.safety_hold = Some(SafetyHold {
+            hash: held.hash,
+            summary: held.removal.to_string(),
+            removal: held.removal.clone(),
+            max_removal: held.max_removal.clone(),
+            since: unix_seconds(held.since),
+            release_at: unix_seconds(held.release_at),
+        });
+    }
+
+    /// The safety valve lets a removal go (or it was undone).
+    fn valve_released(
+        &mut self,
+        event: &Event,
+        released: &SafetyValveReleased,
+        metrics: Option<&StatusMetrics>,
+    ) {
+        if let Some(metrics) = metrics {
+            metrics.safety_held.set(0);
+            metrics
+                .safety_releases
+                .with_label_values(&[released.reason])
+                .inc();
+        }
+        self.safety_hold = None;
+        self.safety_release = Some(SafetyRelease {
+            hash: released.hash,
+            reason: released.reason,
+            at: event.unix_micros as f64 / 1e6,
+        });
+    }
+
+    /// An instance took a config.
+    fn instance_deployed(&mut self, event: &Event, deployed: &InstanceDeployed) {
+        self.deployed_once = true;
+        self.attempts
+            .insert(deployed.instance.clone(), Attempt::Succeeded);
+        let status = instance(self, &deployed.instance);
+        status.last_hash = Some(deployed.hash);
+        status.last_strategy = Some(deployed.strategy);
+        status.last_reason = deployed.reason.clone();
+        status.deployments += 1;
+        if deployed.strategy == DeployStrategy::Reload {
+            status.reloads += 1;
+        }
+        status.last_error = None;
+        status.last_success = Some(event.unix_micros as f64 / 1e6);
+    }
+
+    /// An instance refused a config or could not be reached.
+    fn instance_failed(&mut self, event: &Event, failed: &InstanceDeploymentFailed) {
+        self.attempts.insert(
+            failed.instance.clone(),
+            Attempt::Failed {
+                error: failed.error.to_string(),
+                at: event.unix_micros as f64 / 1e6,
+            },
+        );
+        instance(self, &failed.instance).last_error = Some(failed.error.clone());
+    }
+
+    /// A deployment round ends.
+    fn deployment_completed(&mut self, event: &Event, completed: &DeploymentCompleted) {
+        if let Some(record) = find_record(self, event.correlation_id)
+            && record.stages.contains_key("schedule")
+        {
+            record
+                .stages
+                .insert("deploy", completed.summary.duration.as_secs_f64());
+        }
+        // The per-instance events carry the detail and come first; the summary
+        // only fills in instances they did not mention, so a late summary
+        // never overrides a newer per-instance outcome.
+        let at = event.unix_micros as f64 / 1e6;
+        for name in &completed.summary.succeeded {
+            if !self.attempts.contains_key(name) {
+                self.deployed_once = true;
+                self.attempts.insert(name.clone(), Attempt::Succeeded);
+            }
+        }
+        for name in &completed.summary.failed {
+            self.attempts
+                .entry(name.clone())
+                .or_insert_with(|| Attempt::Failed {
+                    error: "deployment failed".to_owned(),
+                    at,
+                });
+        }
+    }
+
+    /// Discovered instances: the attempts of those gone are forgotten.
+    fn instances_discovered(&mut self, discovered: &InstancesDiscovered) {
+        let names: BTreeSet<String> = discovered
+            .instances
+            .iter()
+            .map(|i| i.name.clone())
+            .collect();
+        let gone: Vec<String> = self
+            .discovered
+            .get(&discovered.source)
+            .map(|old| old.difference(&names).cloned().collect())
+            .unwrap_or_default();
+        self.discovered.insert(discovered.source.clone(), names);
+        for name in gone {
+            if !self.knows(&name) {
+                self.attempts.remove(&name);
+            }
+        }
     }
 }
 
