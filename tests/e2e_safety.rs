@@ -1,6 +1,9 @@
 //! The safety valve end to end, with the real binary, a real managed HAProxy and the
 //! files source: emptying the resource directory does not take the routes down.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
 use hapwright_e2e::{Controller, Value, WAIT, quick_pacing, service_manifest};
 
 /// `/debug/safety` once `check` accepts it.
@@ -132,9 +135,14 @@ fn ten_routes(controller: &Controller) -> String {
     body
 }
 
-/// Deletes the ten files one after another, as fast as the file system takes it.
+/// Deletes the ten files one after another, 5 ms apart (a script removing them one
+/// by one): each deletion reaches hapwright on its own, so the first is a render that
+/// removes one route of ten, well within `maxRemoval`.
 fn delete_ten_routes(controller: &Controller) {
     for i in 0..10 {
+        if i > 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         std::fs::remove_file(controller.resource_path(&format!("svc{i}.yaml")))
             .expect("remove a route's file");
     }
@@ -146,6 +154,30 @@ fn routes_down(controller: &Controller, body: &str) -> Vec<String> {
         .map(|i| format!("svc{i}.example.test"))
         .filter(|host| !matches!(controller.route(host), Ok(reply) if reply.status == 200 && reply.body == body))
         .collect()
+}
+
+/// Asks each host of `ten_routes` in turn until `watching` turns false; returns
+/// every answer other than 200 with `body` ("svc3.example.test: 404", at most 20).
+fn watch_routes(controller: &Controller, body: &str, watching: &AtomicBool) -> Vec<String> {
+    let mut misses = Vec::new();
+    let (mut asked, mut missed) = (0_u64, 0_u64);
+    while watching.load(Ordering::Relaxed) {
+        for i in 0..10 {
+            let host = format!("svc{i}.example.test");
+            asked += 1;
+            let miss = match controller.route(&host) {
+                Ok(reply) if reply.status == 200 && reply.body == body => continue,
+                Ok(reply) => format!("{host}: {}", reply.status),
+                Err(error) => format!("{host}: {error}"),
+            };
+            missed += 1;
+            if misses.len() < 20 {
+                misses.push(miss);
+            }
+        }
+    }
+    eprintln!("watched the ten routes: {asked} requests, {missed} misses");
+    misses
 }
 
 /// Waits until every host of `ten_routes` answers `body` (the kept config runs).
@@ -160,21 +192,38 @@ fn holds_ten(safety: &Value) -> bool {
     safety["held"] == true && safety["hold"]["removal"]["backends"]["removed"] == 10
 }
 
+/// Ten route files deleted milliseconds apart: no route may answer anything but its page
+/// at any moment, since the first deletions are not deployed before the rest arrive (the
+/// debouncer gives a removal no leading edge) and the whole removal is held.
 #[test]
 fn ten_routes_deleted_as_a_stream_are_held_whole_and_a_new_host_still_goes_live() {
     let controller = Controller::start_with(|config| quick_pacing(config, "100ms"));
     controller.wait_deployed();
     let body = ten_routes(&controller);
 
-    delete_ten_routes(&controller);
-    let safety = wait_safety(&controller, "the valve holds all ten", holds_ten);
+    // Every route is asked in turn, over and over, from before the first deletion
+    // until the valve holds all ten: not one answer may miss (a first deletion
+    // deployed alone would answer 404 until the hold puts it back).
+    let watching = AtomicBool::new(true);
+    let (safety, misses) = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| watch_routes(&controller, &body, &watching));
+        delete_ten_routes(&controller);
+        let safety = wait_safety(&controller, "the valve holds all ten", holds_ten);
+        wait_all_up(&controller, &body);
+        watching.store(false, Ordering::Relaxed);
+        (safety, watcher.join().expect("route watcher"))
+    });
     assert_eq!(
         safety["hold"]["removal"]["backends"]["removed"], 10,
         "{safety}"
     );
-    // What runs while held is the render with the ten routes kept: 0 routes down,
-    // and they stay up.
-    wait_all_up(&controller, &body);
+    // What ran all along is the full config, then the render with the ten routes
+    // kept: 0 routes down, and they stay up.
+    assert_eq!(
+        misses,
+        Vec::<String>::new(),
+        "routes down during the stream"
+    );
     assert_eq!(routes_down(&controller, &body), Vec::<String>::new());
     assert_eq!(controller.metric("hapwright_safety_valve_held"), 1.0);
     let page = controller.status_page();

@@ -9,8 +9,9 @@
 //!
 //! - `ResourceIndexUpdated` of the same source: the newer snapshot is complete. The
 //!   dropped event's change report is merged into the newer one (every object either
-//!   names becomes "modified"), so a consumer that applies changes incrementally
-//!   still looks at every object that changed;
+//!   names becomes "modified", except those still gone, which stay "removed"), so a
+//!   consumer that applies changes incrementally still looks at every object that
+//!   changed, and the debouncer still sees a removal;
 //! - `InstancesDiscovered` of the same source: the newer instance set is complete;
 //! - `ComponentHealthChanged` of the same component: only the current health counts;
 //! - `ReconciliationTriggered`: one pending trigger starts the same reconciliation;
@@ -175,7 +176,9 @@ impl Spill {
 }
 
 /// `newer` with a change report covering `older`'s as well: every object either
-/// names, as modified (which means "look at this object again").
+/// names, as modified (which means "look at this object again"), except the objects
+/// still gone after `newer`, which stay removed (the debouncer holds a removal out of
+/// its leading edge).
 fn merge_change(older: &Event, newer: &Arc<Event>) -> Arc<Event> {
     let (EventPayload::ResourceIndexUpdated(old), EventPayload::ResourceIndexUpdated(new)) =
         (&older.payload, &newer.payload)
@@ -191,18 +194,83 @@ fn merge_change(older: &Event, newer: &Arc<Event>) -> Arc<Event> {
             .cloned()
             .collect::<Vec<_>>()
     };
+    let back: BTreeSet<_> = new
+        .change
+        .added
+        .iter()
+        .chain(&new.change.modified)
+        .collect();
+    let removed: BTreeSet<_> = old
+        .change
+        .removed
+        .iter()
+        .filter(|key| !back.contains(key))
+        .chain(&new.change.removed)
+        .cloned()
+        .collect();
     let modified: BTreeSet<_> = names(&old.change)
         .into_iter()
         .chain(names(&new.change))
+        .filter(|key| !removed.contains(key))
         .collect();
     let mut merged = Event::clone(newer);
     merged.payload = EventPayload::ResourceIndexUpdated(ResourceIndexUpdated {
         change: Arc::new(ResourceChange {
             added: Vec::new(),
             modified: modified.into_iter().collect(),
-            removed: Vec::new(),
+            removed: removed.into_iter().collect(),
         }),
         ..new.clone()
     });
     Arc::new(merged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::EventId;
+    use crate::model::{ObjectKey, ResourceSnapshot};
+
+    fn update(id: u64, added: &[&str], modified: &[&str], removed: &[&str]) -> Arc<Event> {
+        let keys = |names: &[&str]| -> Vec<ObjectKey> {
+            names
+                .iter()
+                .map(|name| ObjectKey::new("default", *name))
+                .collect()
+        };
+        Arc::new(Event {
+            id: EventId(id),
+            correlation_id: None,
+            caused_by: None,
+            at: tokio::time::Instant::now(),
+            unix_micros: 0,
+            payload: EventPayload::ResourceIndexUpdated(ResourceIndexUpdated {
+                source: "services".into(),
+                snapshot: Arc::new(ResourceSnapshot::new(Vec::new())),
+                change: Arc::new(ResourceChange {
+                    added: keys(added),
+                    modified: keys(modified),
+                    removed: keys(removed),
+                }),
+            }),
+        })
+    }
+
+    fn names(keys: &[ObjectKey]) -> Vec<String> {
+        keys.iter().map(|key| key.name.clone()).collect()
+    }
+
+    #[test]
+    fn a_merged_change_keeps_what_is_still_gone_removed() {
+        let older = update(1, &["a"], &["b"], &["c", "d"]);
+        // `d` came back; `e` went.
+        let newer = update(2, &["d"], &[], &["e"]);
+        let merged = merge_change(&older, &newer);
+        let EventPayload::ResourceIndexUpdated(merged) = &merged.payload else {
+            panic!("{merged:?}");
+        };
+        assert!(merged.change.added.is_empty());
+        assert_eq!(names(&merged.change.modified), ["a", "b", "d"]);
+        assert_eq!(names(&merged.change.removed), ["c", "e"]);
+    }
 }

@@ -329,3 +329,49 @@ async fn updates_published_together_go_out_in_the_leading_trigger() {
     // Nothing left for the end of the leading group.
     assert!(h.next_within(Duration::from_secs(10)).await.is_none());
 }
+
+/// Ten files deleted 5 ms apart after a quiet period: the first deletion takes no
+/// leading edge, the rest join it, and one trigger goes out after the quiet period,
+/// so the safety valve measures the whole removal.
+#[tokio::test(start_paused = true)]
+async fn a_stream_of_deletions_goes_out_whole_after_the_quiet_period() {
+    use hapwright_eventbus::model::{ObjectKey, ResourceChange};
+
+    let mut h = synced(leading(), &["services"]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t0 = Instant::now();
+    let publisher = h.publisher.clone();
+    let deletions = tokio::spawn(async move {
+        for i in 0..10 {
+            if i > 0 {
+                tokio::time::sleep(5 * MS).await;
+            }
+            publisher.publish(hapwright_eventbus::ResourceIndexUpdated {
+                source: "services".into(),
+                snapshot: snapshot("left"),
+                change: std::sync::Arc::new(ResourceChange {
+                    removed: vec![ObjectKey::new("default", format!("svc{i}"))],
+                    ..ResourceChange::default()
+                }),
+            });
+        }
+    });
+    let event = h.next().await;
+    deletions.await.unwrap();
+    assert_eq!(
+        event.at,
+        t0 + 45 * MS + 200 * MS,
+        "the quiet period after the last"
+    );
+    assert_eq!(
+        trigger(&event).reason,
+        "resources changed: services (objects removed: after the quiet period)"
+    );
+    assert!(h.next_within(Duration::from_secs(10)).await.is_none());
+
+    // An addition after a quiet period still goes at once.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t1 = Instant::now();
+    h.update("services", snapshot("new"));
+    assert_eq!(h.next().await.at, t1);
+}

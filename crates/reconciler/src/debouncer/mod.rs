@@ -12,6 +12,14 @@
 //!   window, so the incomplete first render is superseded within milliseconds
 //!   instead of after the quiet period. Later changes of the burst are coalesced as
 //!   below. `leading_edge: false` keeps the purely trailing behaviour.
+//! - **Removals take no leading edge**: a batch with a change that removed objects
+//!   (a deleted file, Service, EndpointSlice, ...) fires only after the quiet period
+//!   (or max wait), never on the leading edge or at the end of its group. Deletions
+//!   rarely come alone (files removed one by one, a namespace emptied object by
+//!   object): this way the rest of the stream joins the first one, and the safety
+//!   valve sees the removal whole instead of letting its first part out. Additions
+//!   and modifications (a pod replaced, an endpoint moved) keep the leading edge; a
+//!   lone deletion goes out `debounce` after it.
 //! - **Quiet period**: a trigger fires `debounce` after the last change...
 //! - **Max wait**: ...but never later than `max_wait` after the first change of a
 //!   batch, so a constant stream of changes cannot starve deployment.
@@ -152,6 +160,7 @@ fn input(event: &Event) -> Option<Input> {
         EventPayload::ResourceIndexUpdated(update) => Some(Input::Changed {
             source: update.source.clone(),
             cause: event.id,
+            removes: !update.change.removed.is_empty(),
         }),
         EventPayload::ResourceSyncComplete(sync) => Some(Input::Synced {
             source: sync.source.clone(),

@@ -24,6 +24,8 @@ pub(crate) enum Input {
         source: Arc<str>,
         /// The event, for the trigger's `caused_by`.
         cause: EventId,
+        /// Whether the update removed objects (its change lists removed ones).
+        removes: bool,
     },
     /// A source finished its initial sync (`ResourceSyncComplete`).
     Synced {
@@ -83,11 +85,15 @@ struct Batch {
     first: Option<Instant>,
     last: Option<Instant>,
     cause: Option<EventId>,
+    /// Whether a change of the batch removed objects: then it waits for the quiet
+    /// period (or max wait), never for the leading edge or its group.
+    removes: bool,
 }
 
 impl Batch {
-    fn record(&mut self, source: Arc<str>, cause: EventId, now: Instant) {
+    fn record(&mut self, source: Arc<str>, cause: EventId, removes: bool, now: Instant) {
         self.sources.insert(source);
+        self.removes |= removes;
         self.first.get_or_insert(now);
         self.last = Some(now);
         self.cause = Some(cause);
@@ -159,8 +165,11 @@ impl State {
             return Wait::Until(self.sync_deadline);
         }
         let deadline = match (self.batch.first, self.batch.last, self.group_until) {
-            // Changes that arrived right after a leading trigger.
-            (Some(first), Some(_), Some(group)) if first < group => Some(group),
+            // Changes that arrived right after a leading trigger (a removal among
+            // them waits for the quiet period instead).
+            (Some(first), Some(_), Some(group)) if first < group && !self.batch.removes => {
+                Some(group)
+            }
             (Some(first), Some(last), _) => {
                 Some((last + self.settings.debounce).min(first + self.settings.max_wait))
             }
@@ -174,9 +183,13 @@ impl State {
         let mut actions = Vec::new();
         match input {
             Input::Started => self.start(now, &mut actions),
-            Input::Changed { source, cause } => {
+            Input::Changed {
+                source,
+                cause,
+                removes,
+            } => {
                 self.leading_if_overdue(now, &mut actions);
-                self.change(source, cause, now, &mut actions);
+                self.change(source, cause, removes, now, &mut actions);
             }
             Input::Synced { source, cause } => {
                 self.leading_if_overdue(now, &mut actions);
@@ -219,11 +232,15 @@ impl State {
     }
 
     /// A change joins the batch; the first one after a quiet period makes a leading
-    /// trigger due, which goes with whatever is already queued behind it.
+    /// trigger due, which goes with whatever is already queued behind it. A batch
+    /// that removes objects takes no leading edge: the first deletion of a stream
+    /// (files deleted one by one, a namespace emptied) waits for the rest, so the
+    /// safety valve measures the removal whole instead of letting its first part out.
     fn change(
         &mut self,
         source: Arc<str>,
         cause: EventId,
+        removes: bool,
         now: Instant,
         actions: &mut Vec<Action>,
     ) {
@@ -232,8 +249,11 @@ impl State {
             .is_none_or(|last| now >= last + self.settings.debounce);
         let nothing_pending = self.batch.first.is_none();
         self.last_change = Some(now);
-        self.batch.record(source, cause, now);
-        if self.settings.leading_edge && self.initial_done && quiet && nothing_pending {
+        self.batch.record(source, cause, removes, now);
+        if self.batch.removes {
+            // A leading trigger due for changes queued before this one waits too.
+            self.leading_pending = false;
+        } else if self.settings.leading_edge && self.initial_done && quiet && nothing_pending {
             self.leading_pending = true;
             actions.push(Action::Yield);
         }
@@ -274,17 +294,20 @@ impl State {
             // Nothing waits for a trigger (a deadline that was not asked for).
             return;
         }
-        let reason = if self
+        let grouped = self
             .group_until
             .take()
-            .is_some_and(|group| self.batch.first.is_some_and(|first| first < group))
-        {
+            .is_some_and(|group| self.batch.first.is_some_and(|first| first < group));
+        let reason = if grouped && !self.batch.removes {
             format!(
                 "resources changed: {} (with the leading change)",
                 self.batch.names()
             )
         } else {
             let mut reason = format!("resources changed: {}", self.batch.names());
+            if self.batch.removes && self.settings.leading_edge {
+                reason.push_str(" (objects removed: after the quiet period)");
+            }
             if self
                 .batch
                 .first

@@ -71,10 +71,20 @@ impl Machine {
     }
 
     fn change(&mut self, source: &str, after: Duration) -> Vec<Action> {
+        self.update(source, false, after)
+    }
+
+    /// A change that removed objects (a deleted file or object).
+    fn removal(&mut self, source: &str, after: Duration) -> Vec<Action> {
+        self.update(source, true, after)
+    }
+
+    fn update(&mut self, source: &str, removes: bool, after: Duration) -> Vec<Action> {
         let cause = self.id();
         let input = Input::Changed {
             source: source.into(),
             cause,
+            removes,
         };
         self.state.step(input, self.at(after))
     }
@@ -334,4 +344,99 @@ fn an_empty_queue_without_a_leading_trigger_does_nothing() {
             .step(Input::Deadline, m.at(Duration::from_secs(2)))
             .is_empty()
     );
+}
+
+#[test]
+fn a_lone_removal_after_a_quiet_period_waits_for_the_quiet_period() {
+    let mut m = Machine::synced(leading(), &["services"]);
+    let t = Duration::from_secs(1);
+    // No leading edge: nothing to yield for, the quiet period is the deadline.
+    assert!(m.removal("services", t).is_empty());
+    assert_eq!(m.state.wait(), Wait::Until(Some(m.at(t + 200 * MS))));
+    let actions = m.pass_deadline();
+    let t1 = trigger(&actions);
+    assert_eq!(
+        t1.reason,
+        "resources changed: services (objects removed: after the quiet period)"
+    );
+    assert_eq!(t1.waited, 200 * MS);
+    assert_eq!(m.deadline(), None);
+    // The next addition after a quiet period takes the leading edge again.
+    assert_eq!(m.change("services", 2 * t), [Action::Yield]);
+}
+
+#[test]
+fn a_stream_of_removals_goes_out_as_one_trigger() {
+    let mut m = Machine::synced(leading(), &["services", "endpoints"]);
+    let t = Duration::from_secs(1);
+    // Ten files deleted 5 ms apart, each reaching both sources.
+    for step in 0..10u32 {
+        assert!(m.removal("services", t + step * 5 * MS).is_empty());
+        assert!(m.removal("endpoints", t + step * 5 * MS).is_empty());
+        // Neither a leading trigger nor the end of a leading group is due.
+        assert_eq!(m.deadline(), Some(t + step * 5 * MS + 200 * MS));
+    }
+    let actions = m.pass_deadline();
+    let one = trigger(&actions);
+    assert_eq!(names(one), ["endpoints", "services"]);
+    assert_eq!(one.waited, 245 * MS);
+    assert_eq!(one.cause, Some(EventId(m.next_id)), "the last deletion");
+    assert_eq!(m.deadline(), None);
+}
+
+#[test]
+fn a_removal_queued_behind_a_leading_change_holds_the_leading_trigger() {
+    let mut m = Machine::synced(leading(), &["services", "endpoints"]);
+    let t = Duration::from_secs(1);
+    assert_eq!(m.change("services", t), [Action::Yield]);
+    // The same scan removed objects of the other source: the batch waits.
+    assert!(m.removal("endpoints", t).is_empty());
+    assert_eq!(m.deadline(), Some(t + 200 * MS));
+    assert!(m.queue_empty(t).is_empty());
+    let actions = m.pass_deadline();
+    assert_eq!(names(trigger(&actions)), ["endpoints", "services"]);
+}
+
+#[test]
+fn a_removal_within_the_leading_group_waits_for_the_quiet_period() {
+    let mut m = Machine::synced(leading(), &["services"]);
+    let t = Duration::from_secs(1);
+    // An addition goes at once.
+    m.change("services", t);
+    trigger(&m.queue_empty(t));
+    // A deletion 2 ms later is not sent at the end of the leading group (10 ms)
+    // but waits for the quiet period, so the deletions after it join it.
+    assert!(m.removal("services", t + 2 * MS).is_empty());
+    assert_eq!(m.deadline(), Some(t + 202 * MS));
+    assert!(m.removal("services", t + 20 * MS).is_empty());
+    assert_eq!(m.deadline(), Some(t + 220 * MS));
+    let actions = m.pass_deadline();
+    assert_eq!(
+        trigger(&actions).reason,
+        "resources changed: services (objects removed: after the quiet period)"
+    );
+    assert_eq!(m.deadline(), None);
+}
+
+#[test]
+fn max_wait_still_caps_a_constant_stream_of_removals() {
+    let mut m = Machine::synced(leading(), &["services"]);
+    let t = Duration::from_secs(1);
+    for step in 0..30u32 {
+        m.removal("services", t + step * 100 * MS);
+    }
+    assert_eq!(m.deadline(), Some(t + Duration::from_secs(2)));
+    let actions = m.pass_deadline();
+    assert_eq!(
+        trigger(&actions).reason,
+        "resources changed: services (objects removed: after the quiet period) (max wait 2s reached)"
+    );
+}
+
+#[test]
+fn without_the_leading_edge_a_removal_reads_as_any_change() {
+    let mut m = Machine::synced(trailing(), &["services"]);
+    assert!(m.removal("services", Duration::from_secs(1)).is_empty());
+    let actions = m.pass_deadline();
+    assert_eq!(trigger(&actions).reason, "resources changed: services");
 }
