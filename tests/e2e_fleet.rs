@@ -1,8 +1,12 @@
-//! Drift prevention through the real binary: a map changed behind hapwright's back and
+//! The fleet through the real binary: a map changed behind hapwright's back and
 //! loaded by a reload outside hapwright is found by the instance's drift check
-//! (`driftPreventionInterval`) and repaired with a `drift` reload.
+//! (`driftPreventionInterval`) and repaired with a `drift` reload; a managed instance
+//! removed from the config has its HAProxy drained and stopped.
 
-use hapwright_e2e::{Controller, WAIT, master_command, replace_once};
+use hapwright_e2e::{
+    Controller, WAIT, accepts_connections, free_port, master_command, processes_matching,
+    replace_once,
+};
 
 #[test]
 fn an_out_of_band_change_and_reload_is_repaired_within_one_interval() {
@@ -35,4 +39,65 @@ fn an_out_of_band_change_and_reload_is_repaired_within_one_interval() {
     });
     let log = controller.log_text();
     assert!(log.contains("Drift detected"), "{log}");
+}
+
+#[test]
+fn a_managed_instance_removed_from_the_config_has_its_haproxy_stopped() {
+    // A second managed HAProxy; its demo app frontends bind another loopback address
+    // than the first instance's.
+    let port = free_port();
+    let second = format!(
+        "    - name: edge-2\n      managed: true\n      socket:\n        master: ./run/edge-2.sock\n        \
+         configDir: ./run/edge-2\n      env: {{ DEMO_ADDR: \"127.0.0.2\", HTTP_PORT: \"{port}\" }}\n"
+    );
+    let two_instances = |config: &str| {
+        let config = replace_once(
+            config,
+            "bind 127.0.0.1:{{ app.port }}",
+            "bind ${DEMO_ADDR}:{{ app.port }}",
+        );
+        let config = replace_once(
+            &config,
+            "env: { HTTP_PORT:",
+            "env: { DEMO_ADDR: \"127.0.0.1\", HTTP_PORT:",
+        );
+        replace_once(
+            &config,
+            "\ncontroller:",
+            &format!("\n{second}\ncontroller:"),
+        )
+    };
+    let controller = Controller::start_with(two_instances);
+    let needle = "run/edge-2/haproxy.cfg";
+    controller.wait_until("edge-2 serves", WAIT, || {
+        (accepts_connections(port) && !processes_matching("haproxy", needle).is_empty())
+            .then_some(())
+    });
+    let first = controller.master();
+
+    // The config without edge-2: its HAProxy is drained and stopped, the first
+    // instance keeps running (no restart, no reload) and serving.
+    let config = controller.read_config();
+    assert!(config.contains(&second), "the test config has edge-2");
+    controller.write_config(&config.replacen(&second, "", 1));
+    controller.wait_until("edge-2's HAProxy is stopped", WAIT, || {
+        (processes_matching("haproxy", needle).is_empty() && !accepts_connections(port))
+            .then_some(())
+    });
+    assert!(
+        controller
+            .log_text()
+            .contains("Managed instance removed from the config"),
+        "the log says why: {}",
+        controller.log_tail(30)
+    );
+    let after = controller.master();
+    assert_eq!(
+        after.reloads, first.reloads,
+        "the first instance did not reload"
+    );
+    assert!(
+        accepts_connections(controller.ports().http),
+        "the first instance serves"
+    );
 }

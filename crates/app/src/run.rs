@@ -1037,7 +1037,35 @@ impl Controller {
                 "Restarting the controller iteration"
             );
             running.iteration.stop(running.grace).await;
+            self.stop_removed_instances(&running.config, &next.loaded)
+                .await;
             candidate = *next;
+        }
+    }
+
+    /// Drains and stops the managed HAProxy of every instance the new config no
+    /// longer has (or no longer manages); the others keep running across the swap.
+    async fn stop_removed_instances(&self, old: &Loaded, new: &Loaded) {
+        let kept: std::collections::BTreeSet<&str> = new
+            .config
+            .haproxy
+            .instances
+            .iter()
+            .filter(|i| i.managed)
+            .map(|i| i.name.as_str())
+            .collect();
+        for removed in old
+            .config
+            .haproxy
+            .instances
+            .iter()
+            .filter(|i| i.managed && !kept.contains(i.name.as_str()))
+        {
+            tracing::info!(
+                instance = %removed.name,
+                "Managed instance removed from the config; draining and stopping its HAProxy"
+            );
+            self.process.managed.stop_instance(&removed.name).await;
         }
     }
 

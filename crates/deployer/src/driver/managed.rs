@@ -413,6 +413,17 @@ impl ManagedHaproxy {
         Duration::from_millis(self.inner.hard_stop_after.load(Ordering::Relaxed))
     }
 
+    /// Stops one instance's HAProxy (draining it as [`stop`](Self::stop) does) and
+    /// forgets it: the instance was removed from the config. Later
+    /// [`ensure_started`](Self::ensure_started) calls for the name start it again.
+    pub async fn stop_instance(&self, instance: &str) {
+        let supervised = self.inner.processes.lock().await.remove(instance);
+        if let Some(supervised) = supervised {
+            supervised.cancel.cancel();
+            let _ = supervised.task.await;
+        }
+    }
+
     /// Stops every managed HAProxy, draining them in parallel (SIGUSR1; SIGTERM after
     /// `hard_stop_after`, SIGKILL after another `stop_grace`), and waits for them to
     /// exit. Later [`ensure_started`](Self::ensure_started) calls fail.
