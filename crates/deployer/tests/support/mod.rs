@@ -5,6 +5,8 @@
 #![allow(dead_code)]
 
 pub mod dataplane;
+pub mod random;
+pub mod tls;
 pub mod traffic;
 
 use std::collections::BTreeMap;
