@@ -16,12 +16,10 @@ use std::time::Duration;
 
 use hapwright_deployer::Driver;
 use hapwright_deployer::client::master::Version;
-use hapwright_deployer::driver::{DriverConfig, SocketDriver};
 use hapwright_deployer::haproxy::files::ConfigDir;
-use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{DeployStrategy, RenderedConfig};
 use support::random::{Draw, seed};
-use support::{Backend, Haproxy, free_port, haproxy_line, http_get, routes_render};
+use support::{Backend, Haproxy, dynamic_driver, free_port, haproxy_line, http_get, routes_render};
 
 /// Routes the sequences draw from, and the servers their backends point at.
 const ROUTES: usize = 8;
@@ -84,15 +82,7 @@ async fn random_route_changes_serve_what_a_fresh_haproxy_on_the_files_serves() {
     let mut routes: BTreeMap<usize, u16> = BTreeMap::new();
     let v1 = render(port, app.port, &routes);
     let haproxy = Haproxy::start("differential", &v1, &v1.hash().short()).await;
-    let driver = SocketDriver::new(
-        haproxy.instance.clone().with_dynamic_backends(true),
-        None,
-        Metrics::unregistered().unwrap(),
-    )
-    .with_config(DriverConfig {
-        drain_timeout: Duration::from_secs(2),
-        ..DriverConfig::default()
-    });
+    let driver = dynamic_driver(&haproxy, Duration::from_secs(2));
     let mut running = Arc::new(driver.deploy(v1, None, None, false).await.unwrap());
     let reloads_before = haproxy.reloads().await;
     let mut history = Vec::new();

@@ -20,14 +20,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_deployer::Driver;
-use hapwright_deployer::driver::{Deployed, DriverConfig, Recorded, SocketDriver, plan_against};
+use hapwright_deployer::driver::{Deployed, Recorded, plan_against};
 use hapwright_deployer::haproxy::files::ConfigDir;
 use hapwright_deployer::haproxy::plan::PlanOptions;
-use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{DeployStrategy, RenderedConfig, SourceMap, haproxy::parse_main};
 use support::random::{Draw, seed};
 use support::tls::certificate;
-use support::{Haproxy, free_port, haproxy_line};
+use support::{Haproxy, dynamic_driver, free_port, haproxy_line};
 
 const STEPS: usize = 60;
 /// Server slots of each of the two backends with servers that change.
@@ -311,15 +310,7 @@ async fn the_plan_verdict_is_what_the_deployer_then_does() {
     }
     let v1 = model.render();
     let haproxy = Haproxy::start("plan-differential", &v1, &v1.hash().short()).await;
-    let driver = SocketDriver::new(
-        haproxy.instance.clone().with_dynamic_backends(true),
-        None,
-        Metrics::unregistered().unwrap(),
-    )
-    .with_config(DriverConfig {
-        drain_timeout: Duration::from_secs(2),
-        ..DriverConfig::default()
-    });
+    let driver = dynamic_driver(&haproxy, Duration::from_secs(2));
     let mut running = Arc::new(driver.deploy(v1, None, None, false).await.unwrap());
     let mut history: Vec<String> = Vec::new();
     let mut seen = BTreeMap::<&str, usize>::new();
