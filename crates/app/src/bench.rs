@@ -631,15 +631,8 @@ pub async fn command(path: &Path, scales: &[usize], output: OutputFormat, in_pro
             }
         }
     }
-    match output {
-        OutputFormat::Text => print!("{}", format_text(&report)),
-        OutputFormat::Json => match serde_json::to_string_pretty(&report) {
-            Ok(json) => println!("{json}"),
-            Err(error) => {
-                eprintln!("cannot write the JSON report: {error}");
-                return exit::FAILURE;
-            }
-        },
+    if output.print(&report, || format_text(&report)).is_err() {
+        return exit::FAILURE;
     }
     exit::OK
 }

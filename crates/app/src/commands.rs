@@ -195,15 +195,11 @@ pub async fn test(path: &Path, only: Option<&str>, output: OutputFormat) -> u8 {
             return exit::FAILURE;
         }
     };
-    match output {
-        OutputFormat::Text => print!("{}", validation_tests::format_text(&report, &cases)),
-        OutputFormat::Json => match serde_json::to_string_pretty(&report) {
-            Ok(json) => println!("{json}"),
-            Err(error) => {
-                eprintln!("cannot write the JSON report: {error}");
-                return exit::FAILURE;
-            }
-        },
+    if output
+        .print(&report, || validation_tests::format_text(&report, &cases))
+        .is_err()
+    {
+        return exit::FAILURE;
     }
     if report.all_passed() {
         exit::OK

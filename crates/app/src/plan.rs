@@ -179,15 +179,8 @@ pub async fn command(
         report.verdict = most_disruptive(report.verdict, entry.strategy);
         report.instances.push(entry);
     }
-    match output {
-        OutputFormat::Text => print!("{}", format_text(&report)),
-        OutputFormat::Json => match serde_json::to_string_pretty(&report) {
-            Ok(json) => println!("{json}"),
-            Err(error) => {
-                eprintln!("cannot write the JSON report: {error}");
-                return exit::FAILURE;
-            }
-        },
+    if output.print(&report, || format_text(&report)).is_err() {
+        return exit::FAILURE;
     }
     exit_code(report.verdict)
 }

@@ -5,6 +5,7 @@
 mod support;
 
 use std::path::Path;
+use std::process::Output;
 
 use hapwright_deployer::haproxy::files::{ConfigDir, DeployRecord};
 use support::{hapwright, stderr, stdout};
@@ -78,48 +79,47 @@ fn base() -> Vec<String> {
     vec![service("web", "127.0.0.1:9101", 1, false)]
 }
 
-fn code(output: &std::process::Output) -> Option<i32> {
-    output.status.code()
+/// Runs `hapwright plan -c hapwright.yaml --fixtures FIXTURES ARGS` in `dir`.
+fn plan(dir: &Path, fixtures: &str, args: &[&str]) -> Output {
+    let mut all = vec!["plan", "-c", "hapwright.yaml", "--fixtures", fixtures];
+    all.extend_from_slice(args);
+    hapwright(dir, &all)
+}
+
+/// Plans the fixtures `next` against the running fixtures `now`, with more `args`.
+fn plan_next_over_now(dir: &Path, args: &[&str]) -> Output {
+    let mut all = vec!["--running-fixtures", "now"];
+    all.extend_from_slice(args);
+    plan(dir, "next", &all)
+}
+
+/// Asserts the exit status (showing both streams when it differs) and returns
+/// standard output.
+fn expect_exit(output: &Output, code: i32) -> String {
+    let text = stdout(output);
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "stdout: {text}\nstderr: {}",
+        stderr(output)
+    );
+    text
 }
 
 #[test]
 fn the_same_render_plans_no_change_and_exits_0() {
     let dir = project(false, &[("now", &base()), ("next", &base())]);
-    let output = hapwright(
-        dir.path(),
-        &[
-            "plan",
-            "-c",
-            "hapwright.yaml",
-            "--fixtures",
-            "next",
-            "--running-fixtures",
-            "now",
-        ],
-    );
-    assert_eq!(code(&output), Some(0), "{}", stderr(&output));
-    assert_eq!(stdout(&output), "now: no change\n");
+    let text = expect_exit(&plan_next_over_now(dir.path(), &[]), 0);
+    assert_eq!(text, "now: no change\n");
 }
 
 #[test]
 fn a_weight_change_plans_a_runtime_command_and_exits_3() {
     let next = vec![service("web", "127.0.0.1:9101", 5, false)];
     let dir = project(false, &[("now", &base()), ("next", &next)]);
-    let output = hapwright(
-        dir.path(),
-        &[
-            "plan",
-            "-c",
-            "hapwright.yaml",
-            "--fixtures",
-            "next",
-            "--running-fixtures",
-            "now",
-        ],
-    );
-    assert_eq!(code(&output), Some(3), "{}", stderr(&output));
+    let text = expect_exit(&plan_next_over_now(dir.path(), &[]), 3);
     assert_eq!(
-        stdout(&output),
+        text,
         "now: runtime (1 command)\n  server be_web/s1 weight 5\n"
     );
 }
@@ -131,20 +131,7 @@ fn a_new_keyword_plans_a_reload_with_every_cause_and_exits_4() {
         service("api", "127.0.0.1:9201", 1, false),
     ];
     let dir = project(false, &[("now", &base()), ("next", &next)]);
-    let output = hapwright(
-        dir.path(),
-        &[
-            "plan",
-            "-c",
-            "hapwright.yaml",
-            "--fixtures",
-            "next",
-            "--running-fixtures",
-            "now",
-        ],
-    );
-    assert_eq!(code(&output), Some(4), "{}", stderr(&output));
-    let text = stdout(&output);
+    let text = expect_exit(&plan_next_over_now(dir.path(), &[]), 4);
     assert!(text.starts_with("now: reload\n"), "{text}");
     // The added backend and the new keyword: both causes, each with its class.
     assert!(text.contains("  structure: "), "{text}");
@@ -163,24 +150,11 @@ fn json_output_has_the_documented_shape() {
         false,
         &[("now", &base()), ("next", &next), ("other", &changed)],
     );
-    let output = hapwright(
+    let output = plan_next_over_now(
         dir.path(),
-        &[
-            "plan",
-            "-c",
-            "hapwright.yaml",
-            "--fixtures",
-            "next",
-            "--running-fixtures",
-            "now",
-            "--running-fixtures",
-            "other",
-            "--output",
-            "json",
-        ],
+        &["--running-fixtures", "other", "--output", "json"],
     );
-    assert_eq!(code(&output), Some(4), "{}", stderr(&output));
-    let json: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&expect_exit(&output, 4)).unwrap();
     assert_eq!(json["verdict"], "reload", "{json}");
     let instances = json["instances"].as_array().unwrap();
     assert_eq!(instances.len(), 2, "{json}");
@@ -221,7 +195,7 @@ fn deploy_offline(project: &Path, fixtures: &str, config_dir: &Path) {
             scratch.to_str().unwrap(),
         ],
     );
-    assert_eq!(code(&output), Some(0), "{}", stderr(&output));
+    expect_exit(&output, 0);
     let (rendered, _) = ConfigDir::new(&scratch).read_rendered().unwrap().unwrap();
     let dir = ConfigDir::new(config_dir);
     dir.write(&rendered, "0123abcd", None).unwrap();
@@ -235,54 +209,27 @@ fn a_config_directory_is_compared_by_what_its_state_record_says() {
     let dir = project(false, &[("now", &base()), ("next", &next)]);
     let config_dir = dir.path().join("run/haproxy");
     // Never deployed: the deployer's first deployment reloads.
-    let output = hapwright(
-        dir.path(),
-        &["plan", "-c", "hapwright.yaml", "--fixtures", "next"],
-    );
-    assert_eq!(code(&output), Some(4), "{}", stderr(&output));
+    let text = expect_exit(&plan(dir.path(), "next", &[]), 4);
     assert!(
-        stdout(&output)
-            .starts_with("edge: reload\n  first_deploy: first deployment to this instance"),
-        "{}",
-        stdout(&output)
+        text.starts_with("edge: reload\n  first_deploy: first deployment to this instance"),
+        "{text}"
     );
 
     deploy_offline(dir.path(), "now", &config_dir);
     // The configured instance by default, and by its directory (named after it).
-    for args in [
-        &["plan", "-c", "hapwright.yaml", "--fixtures", "next"][..],
-        &[
-            "plan",
-            "-c",
-            "hapwright.yaml",
-            "--fixtures",
-            "next",
-            "--running",
-            "run/haproxy",
-        ],
-    ] {
-        let output = hapwright(dir.path(), args);
-        assert_eq!(code(&output), Some(3), "{}", stderr(&output));
+    for args in [&[][..], &["--running", "run/haproxy"]] {
+        let text = expect_exit(&plan(dir.path(), "next", args), 3);
         assert_eq!(
-            stdout(&output),
+            text,
             "edge: runtime (1 command)\n  server be_web/s1 weight 7\n"
         );
     }
-    let output = hapwright(
-        dir.path(),
-        &["plan", "-c", "hapwright.yaml", "--fixtures", "now"],
-    );
-    assert_eq!(code(&output), Some(0), "{}", stderr(&output));
-    assert_eq!(stdout(&output), "edge: no change\n");
+    let text = expect_exit(&plan(dir.path(), "now", &[]), 0);
+    assert_eq!(text, "edge: no change\n");
 
     // A file edited behind hapwright's back: the deployer rewrites and reloads.
     std::fs::write(config_dir.join("maps/hosts.map"), "edited.test be_web\n").unwrap();
-    let output = hapwright(
-        dir.path(),
-        &["plan", "-c", "hapwright.yaml", "--fixtures", "now"],
-    );
-    assert_eq!(code(&output), Some(4), "{}", stderr(&output));
-    let text = stdout(&output);
+    let text = expect_exit(&plan(dir.path(), "now", &[]), 4);
     assert!(text.contains("first_deploy: "), "{text}");
     assert!(
         text.contains("maps/hosts.map differs from the state record"),
@@ -297,59 +244,26 @@ fn added_backends_are_runtime_changes_only_on_a_line_with_add_backend() {
         service("api", "127.0.0.1:9201", 1, false),
     ];
     let dir = project(true, &[("now", &base()), ("next", &next)]);
-    let plan = |version: &str| {
-        hapwright(
-            dir.path(),
-            &[
-                "plan",
-                "-c",
-                "hapwright.yaml",
-                "--fixtures",
-                "next",
-                "--running-fixtures",
-                "now",
-                "--haproxy-version",
-                version,
-            ],
-        )
-    };
-    let output = plan("3.4");
-    assert_eq!(code(&output), Some(3), "{}", stderr(&output));
+    let plan = |version: &str| plan_next_over_now(dir.path(), &["--haproxy-version", version]);
+    let text = expect_exit(&plan("3.4"), 3);
     assert_eq!(
-        stdout(&output),
+        text,
         "now: runtime (2 commands)\n  backend be_api added from routes\n  maps/hosts.map contents\n"
     );
-    let output = plan("3.2");
-    assert_eq!(code(&output), Some(4), "{}", stderr(&output));
-    assert!(
-        stdout(&output).contains("HAProxy 3.2 has no `add backend`"),
-        "{}",
-        stdout(&output)
-    );
-    let output = plan("three");
-    assert_eq!(code(&output), Some(2), "{}", stderr(&output));
+    let text = expect_exit(&plan("3.2"), 4);
+    assert!(text.contains("HAProxy 3.2 has no `add backend`"), "{text}");
+    expect_exit(&plan("three"), 2);
 }
 
 #[test]
 fn a_bad_fixture_exits_1_naming_the_file_and_the_cause() {
     let broken = vec!["apiVersion: v1\nkind: Service\nmetadata: { name: [unclosed\n".to_owned()];
     let dir = project(false, &[("now", &base()), ("next", &broken)]);
-    let output = hapwright(
-        dir.path(),
-        &[
-            "plan",
-            "-c",
-            "hapwright.yaml",
-            "--fixtures",
-            "next",
-            "--running-fixtures",
-            "now",
-        ],
-    );
-    assert_eq!(code(&output), Some(1), "{}", stdout(&output));
+    let output = plan_next_over_now(dir.path(), &[]);
+    let text = expect_exit(&output, 1);
     let errors = stderr(&output);
     assert!(errors.contains("next/services/0.yaml"), "{errors}");
-    assert!(stdout(&output).is_empty(), "{}", stdout(&output));
+    assert!(text.is_empty(), "{text}");
 }
 
 #[test]
@@ -357,18 +271,7 @@ fn a_render_haproxy_rejects_exits_1() {
     // HAProxy takes weights up to 256.
     let bad = vec![service("web", "127.0.0.1:9101", 1000, false)];
     let dir = project(false, &[("now", &base()), ("next", &bad)]);
-    let output = hapwright(
-        dir.path(),
-        &[
-            "plan",
-            "-c",
-            "hapwright.yaml",
-            "--fixtures",
-            "next",
-            "--running-fixtures",
-            "now",
-        ],
-    );
-    assert_eq!(code(&output), Some(1), "{}", stdout(&output));
+    let output = plan_next_over_now(dir.path(), &[]);
+    expect_exit(&output, 1);
     assert!(stderr(&output).contains("weight"), "{}", stderr(&output));
 }

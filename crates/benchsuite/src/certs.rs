@@ -20,7 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::ServerName;
 
 use base64::Engine as _;
 use serde_json::{Value, json};
@@ -30,6 +30,14 @@ use serde_json::{Value, json};
 mod library;
 
 use library::Sidecar;
+
+// The deployer tests' TLS helpers: the client that accepts any certificate, and
+// the DER of a PEM.
+#[path = "../../deployer/tests/support/tls.rs"]
+#[allow(dead_code, missing_docs, unreachable_pub)]
+mod tls;
+
+use tls::der;
 
 use hapwright_app::bench::parse_status_kb;
 
@@ -88,19 +96,6 @@ fn certificate(dir: &Path, host: &str) -> (String, String) {
     (read("crt"), read("key"))
 }
 
-/// The DER of the first certificate in `pem`.
-fn der(pem: &str) -> Vec<u8> {
-    let body: String = pem
-        .lines()
-        .skip_while(|l| !l.starts_with("-----BEGIN CERTIFICATE"))
-        .skip(1)
-        .take_while(|l| !l.starts_with("-----END"))
-        .collect();
-    base64::engine::general_purpose::STANDARD
-        .decode(body)
-        .expect("PEM body")
-}
-
 fn secret(name: &str, (crt, key): &(String, String)) -> Value {
     let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
     json!({
@@ -137,65 +132,10 @@ fn write(dir: &Path, kind: &str, file: &str, objects: &Value) {
     std::fs::rename(&temporary, resource.join(format!("{file}.json"))).expect("rename");
 }
 
-/// Accepts any server certificate: the scenario compares it with what it wrote.
-#[derive(Debug)]
-struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// A TLS client without session resumption: every handshake is a full one, so the
 /// certificate it reports is the one HAProxy presents now.
 fn tls_client() -> Arc<rustls::ClientConfig> {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
-        .with_no_client_auth();
+    let mut config = tls::any_certificate_client();
     config.resumption = rustls::client::Resumption::disabled();
     Arc::new(config)
 }

@@ -11,6 +11,7 @@ use crate::catch;
 use crate::certs::{self, CertPropagation};
 use crate::report::{ScenarioError, fmt_num, verdict};
 use crate::routes::{self, LongLived, Propagation};
+use crate::scenarios::Latency;
 
 /// One row group of (h): a size on one HAProxy line, with or without dynamic
 /// backends.
@@ -127,12 +128,10 @@ pub fn propagation_section(
                     };
                     let _ = writeln!(
                         section,
-                        "| {} | {} | {mode} | {change} | {} ms | {} ms | {} ms | {} | {target_cell} | {v} |",
+                        "| {} | {} | {mode} | {change} | {} | {} | {target_cell} | {v} |",
                         run.backends,
                         run.line,
-                        fmt_num(latency.quantile(0.5)),
-                        fmt_num(latency.quantile(0.95)),
-                        fmt_num(latency.quantile(1.0)),
+                        quantile_cells(latency),
                         p.reloads,
                     );
                     if dynamic_target && change == "add" {
@@ -259,12 +258,10 @@ pub fn certificates_section(
                     };
                     let _ = writeln!(
                         section,
-                        "| {} | {} | {} ms | {} ms | {} ms | {target_cell} | {v} |",
+                        "| {} | {} | {} | {target_cell} | {v} |",
                         c.secrets,
                         latency.path,
-                        fmt_num(latency.quantile(0.5)),
-                        fmt_num(latency.quantile(0.95)),
-                        fmt_num(latency.quantile(1.0)),
+                        quantile_cells(latency),
                     );
                     if let Some(t) = target {
                         summary.push([
@@ -312,4 +309,14 @@ pub fn certificates_section(
         "\n| Secrets | changes | reloads | full render | render per change | start to first deployment | hapwright peak RSS |\n|---:|---:|---:|---:|---:|---:|---:|\n{totals}"
     );
     section
+}
+
+/// The `p50 | p95 | max` cells of a table row, in milliseconds.
+fn quantile_cells(latency: &Latency) -> String {
+    format!(
+        "{} ms | {} ms | {} ms",
+        fmt_num(latency.quantile(0.5)),
+        fmt_num(latency.quantile(0.95)),
+        fmt_num(latency.quantile(1.0))
+    )
 }

@@ -15,13 +15,13 @@ use hapwright_deployer::Driver;
 use hapwright_deployer::client::master::Version;
 use hapwright_deployer::client::runtime::RuntimeClient;
 use hapwright_deployer::client::socket::SocketAddress;
-use hapwright_deployer::driver::{Deployed, DriverConfig, SocketDriver};
+use hapwright_deployer::driver::{Deployed, SocketDriver};
 use hapwright_deployer::haproxy::backends::Capability;
 use hapwright_deployer::haproxy::files::ConfigDir;
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{DeployStrategy, ReloadReason, RenderedConfig};
 use support::traffic::{Client, Outcome, SlowBackend};
-use support::{Backend, Haproxy, free_port, haproxy_line, http_get, routes_render};
+use support::{Backend, Haproxy, dynamic_driver, free_port, haproxy_line, http_get, routes_render};
 
 const DELAY: Duration = Duration::from_millis(20);
 
@@ -37,18 +37,6 @@ fn render(port: u16, app: u16, routes: &BTreeMap<String, u16>) -> Arc<RenderedCo
         app,
         routes.iter().map(|(name, port)| (name.clone(), port)),
     )
-}
-
-fn driver(haproxy: &Haproxy, drain: Duration) -> SocketDriver {
-    SocketDriver::new(
-        haproxy.instance.clone().with_dynamic_backends(true),
-        None,
-        Metrics::unregistered().unwrap(),
-    )
-    .with_config(DriverConfig {
-        drain_timeout: drain,
-        ..DriverConfig::default()
-    })
 }
 
 /// Checks how a deployment that adds or removes routes went: a runtime change on 3.4,
@@ -111,7 +99,7 @@ async fn routes_added_and_removed_under_load_fail_no_request() {
     let mut routes = BTreeMap::new();
     let v1 = render(port, app.port, &routes);
     let haproxy = Haproxy::start("dynamic-load", &v1, &v1.hash().short()).await;
-    let driver = driver(&haproxy, Duration::from_secs(5));
+    let driver = dynamic_driver(&haproxy, Duration::from_secs(5));
     let mut running = driver.deploy(v1, None, None, false).await.unwrap();
     let reloads_before = haproxy.reloads().await;
 
@@ -238,7 +226,7 @@ async fn a_restart_from_the_files_on_disk_serves_exactly_the_live_routes() {
     let mut routes = BTreeMap::new();
     let v1 = render(port, app.port, &routes);
     let mut haproxy = Haproxy::start("dynamic-disk", &v1, &v1.hash().short()).await;
-    let driver = driver(&haproxy, Duration::from_secs(5));
+    let driver = dynamic_driver(&haproxy, Duration::from_secs(5));
     let mut running = driver.deploy(v1, None, None, false).await.unwrap();
     // r0..r5 added, then r1 and r4 removed, one deployment each.
     let steps: Vec<(usize, bool)> = (0..6)
@@ -307,7 +295,7 @@ async fn a_refused_add_backend_falls_back_to_a_reload_that_serves_the_route() {
     let mut routes = BTreeMap::new();
     let v1 = render(port, app.port, &routes);
     let haproxy = Haproxy::start("dynamic-refused", &v1, &v1.hash().short()).await;
-    let driver = driver(&haproxy, Duration::from_secs(5));
+    let driver = dynamic_driver(&haproxy, Duration::from_secs(5));
     let running = driver.deploy(v1, None, None, false).await.unwrap();
     let reloads_before = haproxy.reloads().await;
 
@@ -355,7 +343,7 @@ async fn a_removed_route_waits_for_its_requests_and_past_the_drain_bound_stays_u
     let mut routes = BTreeMap::from([("slow".to_owned(), slow.port)]);
     let v1 = render(port, app.port, &BTreeMap::new());
     let haproxy = Haproxy::start("dynamic-drain", &v1, &v1.hash().short()).await;
-    let driver = driver(&haproxy, Duration::from_millis(300));
+    let driver = dynamic_driver(&haproxy, Duration::from_millis(300));
     let running = driver.deploy(v1, None, None, false).await.unwrap();
     let running = driver
         .deploy(
@@ -440,7 +428,7 @@ async fn the_instance_line_decides_whether_backends_are_added_at_runtime() {
         Metrics::unregistered().unwrap(),
     );
     assert_eq!(off.dynamic_backends().await, Capability::Off);
-    let on = driver(&haproxy, Duration::from_secs(1));
+    let on = dynamic_driver(&haproxy, Duration::from_secs(1));
     let line = haproxy_line();
     let expected = if dynamic_line() {
         Capability::On

@@ -16,45 +16,15 @@ use std::time::Duration;
 
 use hapwright_deployer::Driver;
 use hapwright_deployer::client::master::Version;
-use hapwright_deployer::driver::{DriverConfig, SocketDriver};
 use hapwright_deployer::haproxy::files::ConfigDir;
-use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{DeployStrategy, RenderedConfig};
-use support::{Backend, Haproxy, free_port, haproxy_line, http_get, routes_render};
+use support::random::{Draw, seed};
+use support::{Backend, Haproxy, dynamic_driver, free_port, haproxy_line, http_get, routes_render};
 
 /// Routes the sequences draw from, and the servers their backends point at.
 const ROUTES: usize = 8;
 const SERVERS: usize = 5;
 const STEPS: usize = 24;
-
-/// xorshift64*: a small deterministic generator, enough to draw sequences.
-struct Draw(u64);
-
-impl Draw {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        usize::try_from(self.next() % n as u64).unwrap()
-    }
-}
-
-fn seed() -> u64 {
-    std::env::var("HAPWRIGHT_DIFF_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        })
-}
 
 /// The config of [`routes_render`], route `i` named `r<i>`.
 fn render(port: u16, app: u16, routes: &BTreeMap<usize, u16>) -> Arc<RenderedConfig> {
@@ -101,7 +71,7 @@ fn files_on(dir: &std::path::Path, live_port: u16, port: u16) -> Arc<RenderedCon
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_route_changes_serve_what_a_fresh_haproxy_on_the_files_serves() {
     let dynamic = haproxy_line() >= Version { major: 3, minor: 4 };
-    let seed = seed();
+    let seed = seed("HAPWRIGHT_DIFF_SEED");
     let mut draw = Draw(seed);
     let app = Backend::start("app").await;
     let mut servers = Vec::new();
@@ -112,15 +82,7 @@ async fn random_route_changes_serve_what_a_fresh_haproxy_on_the_files_serves() {
     let mut routes: BTreeMap<usize, u16> = BTreeMap::new();
     let v1 = render(port, app.port, &routes);
     let haproxy = Haproxy::start("differential", &v1, &v1.hash().short()).await;
-    let driver = SocketDriver::new(
-        haproxy.instance.clone().with_dynamic_backends(true),
-        None,
-        Metrics::unregistered().unwrap(),
-    )
-    .with_config(DriverConfig {
-        drain_timeout: Duration::from_secs(2),
-        ..DriverConfig::default()
-    });
+    let driver = dynamic_driver(&haproxy, Duration::from_secs(2));
     let mut running = Arc::new(driver.deploy(v1, None, None, false).await.unwrap());
     let reloads_before = haproxy.reloads().await;
     let mut history = Vec::new();

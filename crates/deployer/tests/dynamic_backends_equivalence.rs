@@ -6,6 +6,8 @@
 //!
 //! The random test prints its seed on failure; `HAPWRIGHT_EQUIVALENCE_SEED` replays it.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,6 +16,7 @@ use std::time::Duration;
 use hapwright_deployer::component::validator::equivalence::{self, Baseline, Equivalence};
 use hapwright_deployer::component::validator::{self};
 use hapwright_eventbus::model::{RenderedConfig, SourceMap};
+use support::random::{Draw, seed};
 
 fn settings(scratch: &std::path::Path) -> validator::Config {
     validator::Config {
@@ -69,18 +72,6 @@ fn verdict(baseline: &Baseline, candidate: &RenderedConfig) -> Option<Equivalenc
     Some(equivalence::compare(baseline, candidate, &model))
 }
 
-/// xorshift64*.
-struct Draw(u64);
-
-impl Draw {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        usize::try_from(self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n as u64).unwrap()
-    }
-}
-
 fn random_server(draw: &mut Draw, name: usize) -> String {
     let address = if draw.below(4) == 0 {
         format!(
@@ -112,16 +103,7 @@ fn random_server(draw: &mut Draw, name: usize) -> String {
 
 #[tokio::test]
 async fn route_adds_and_removals_pass_by_equivalence_and_haproxy_c_agrees() {
-    let seed = std::env::var("HAPWRIGHT_EQUIVALENCE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
+    let seed = seed("HAPWRIGHT_EQUIVALENCE_SEED");
     let mut draw = Draw(seed);
     let scratch = tempfile::tempdir().unwrap();
     let config = settings(scratch.path());

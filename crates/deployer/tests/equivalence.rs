@@ -13,6 +13,8 @@
 //! The random tests print their seed on failure; set `HAPWRIGHT_EQUIVALENCE_SEED`
 //! to replay one.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
@@ -31,6 +33,7 @@ use hapwright_eventbus::{
 use prometheus::Registry;
 use proptest::prelude::Rng;
 use proptest::test_runner::{RngAlgorithm, TestRng};
+use support::random::seed;
 use tokio::time::timeout;
 
 /// Bound for every wait in this file.
@@ -396,18 +399,6 @@ fn covered_edit(render: &mut Render, random: &mut Random) -> &'static str {
     }
 }
 
-fn seed() -> u64 {
-    std::env::var("HAPWRIGHT_EQUIVALENCE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        })
-}
-
 fn baseline(render: &Render) -> Baseline {
     let rendered = Arc::new(render.rendered());
     let (_, model) = validator::validate_phase1_parsed(&rendered).expect("base passes phase 1");
@@ -426,7 +417,7 @@ fn verdict(baseline: &Baseline, candidate: &RenderedConfig) -> Option<Equivalenc
 
 #[tokio::test]
 async fn every_config_accepted_by_equivalence_passes_haproxy_c() {
-    let seed = seed();
+    let seed = seed("HAPWRIGHT_EQUIVALENCE_SEED");
     let mut random = Random::new(seed);
     let scratch = tempfile::tempdir().unwrap();
     let config = settings(scratch.path(), true);
@@ -660,7 +651,7 @@ const UNCOVERED_KINDS: usize = 16;
 
 #[test]
 fn edits_outside_the_rule_are_never_accepted() {
-    let seed = seed();
+    let seed = seed("HAPWRIGHT_EQUIVALENCE_SEED");
     let mut random = Random::new(seed);
     let base = Render::base();
     let baseline = baseline(&base);

@@ -16,64 +16,23 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_deployer::Driver;
-use hapwright_deployer::driver::{Deployed, DriverConfig, Recorded, SocketDriver, plan_against};
+use hapwright_deployer::driver::{Deployed, Recorded, plan_against};
 use hapwright_deployer::haproxy::files::ConfigDir;
 use hapwright_deployer::haproxy::plan::PlanOptions;
-use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{DeployStrategy, RenderedConfig, SourceMap, haproxy::parse_main};
-use support::{Haproxy, free_port, haproxy_line};
+use support::random::{Draw, seed};
+use support::tls::certificate;
+use support::{Haproxy, dynamic_driver, free_port, haproxy_line};
 
 const STEPS: usize = 60;
 /// Server slots of each of the two backends with servers that change.
 const SLOTS: usize = 5;
 /// Route backends (`backend be_r<i> from routes`) that come and go.
 const ROUTES: usize = 4;
-
-/// xorshift64*: a small deterministic generator, enough to draw sequences.
-struct Draw(u64);
-
-impl Draw {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        usize::try_from(self.next() % n as u64).unwrap()
-    }
-
-    fn chance(&mut self, one_in: usize) -> bool {
-        self.below(one_in) == 0
-    }
-}
-
-/// A self-signed certificate and key for `cn`, as one PEM.
-fn certificate(dir: &Path, cn: &str) -> String {
-    let key = dir.join(format!("{cn}.key"));
-    let crt = dir.join(format!("{cn}.crt"));
-    let status = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
-        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
-        .arg("-subj")
-        .arg(format!("/CN={cn}"))
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&crt)
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl runs");
-    assert!(status.success());
-    std::fs::read_to_string(crt).unwrap() + &std::fs::read_to_string(key).unwrap()
-}
 
 /// One server line's values.
 #[derive(Clone, Debug)]
@@ -312,19 +271,6 @@ backend be_pool from routes\n",
     }
 }
 
-fn seed() -> u64 {
-    std::env::var("HAPWRIGHT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        })
-}
-
 /// What `hapwright plan` finds running in `dir`: the deployed config, or `None` when
 /// the directory is unknown to the deployer.
 fn recorded(dir: &std::path::Path) -> Option<Deployed> {
@@ -336,7 +282,7 @@ fn recorded(dir: &std::path::Path) -> Option<Deployed> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plan_verdict_is_what_the_deployer_then_does() {
-    let seed = seed();
+    let seed = seed("HAPWRIGHT_SEED");
     println!("HAPWRIGHT_SEED={seed}");
     let mut draw = Draw(seed);
     let line = haproxy_line();
@@ -364,15 +310,7 @@ async fn the_plan_verdict_is_what_the_deployer_then_does() {
     }
     let v1 = model.render();
     let haproxy = Haproxy::start("plan-differential", &v1, &v1.hash().short()).await;
-    let driver = SocketDriver::new(
-        haproxy.instance.clone().with_dynamic_backends(true),
-        None,
-        Metrics::unregistered().unwrap(),
-    )
-    .with_config(DriverConfig {
-        drain_timeout: Duration::from_secs(2),
-        ..DriverConfig::default()
-    });
+    let driver = dynamic_driver(&haproxy, Duration::from_secs(2));
     let mut running = Arc::new(driver.deploy(v1, None, None, false).await.unwrap());
     let mut history: Vec<String> = Vec::new();
     let mut seen = BTreeMap::<&str, usize>::new();

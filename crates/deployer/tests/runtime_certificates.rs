@@ -9,7 +9,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,103 +17,14 @@ use hapwright_deployer::driver::Driver;
 use hapwright_deployer::driver::socket::SocketDriver;
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{DeployStrategy, RenderedConfig, SourceMap};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::ServerName;
+use support::random::seed;
+use support::tls::{any_certificate_client, certificate, der};
 use support::{Haproxy, free_port};
 use tokio::net::TcpStream;
 
-/// A self-signed certificate and key for `cn`, as one PEM.
-fn certificate(dir: &Path, cn: &str) -> String {
-    let key = dir.join(format!("{cn}.key"));
-    let crt = dir.join(format!("{cn}.crt"));
-    let status = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
-        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
-        .arg("-subj")
-        .arg(format!("/CN={cn}"))
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&crt)
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl runs");
-    assert!(status.success());
-    std::fs::read_to_string(crt).unwrap() + &std::fs::read_to_string(key).unwrap()
-}
-
-/// The DER of the first certificate of a PEM bundle.
-fn der(pem: &str) -> Vec<u8> {
-    use base64::Engine;
-    let body: String = pem
-        .split("-----BEGIN CERTIFICATE-----")
-        .nth(1)
-        .and_then(|rest| rest.split("-----END CERTIFICATE-----").next())
-        .expect("a certificate")
-        .split_whitespace()
-        .collect();
-    base64::engine::general_purpose::STANDARD
-        .decode(body)
-        .unwrap()
-}
-
-/// Accepts any server certificate: the tests compare it with what they expect.
-#[derive(Debug)]
-struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 fn connector() -> tokio_rustls::TlsConnector {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
-        .with_no_client_auth();
-    tokio_rustls::TlsConnector::from(Arc::new(config))
+    tokio_rustls::TlsConnector::from(Arc::new(any_certificate_client()))
 }
 
 /// The certificate HAProxy on `port` presents for SNI `name` (DER), or `None` when
@@ -393,15 +303,7 @@ async fn served_all(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_every_random_step_the_running_haproxy_serves_what_its_files_say() {
-    let seed = std::env::var("HAPWRIGHT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
+    let seed = seed("HAPWRIGHT_SEED");
     println!("HAPWRIGHT_SEED={seed}");
     let mut rng = Rng(seed);
     let scratch = tempfile::tempdir().unwrap();

@@ -5,11 +5,11 @@ mod support;
 
 use hapwright_deployer::Driver;
 use std::fmt::Write as _;
-use std::process::Command;
 
 use hapwright_deployer::driver::SocketDriver;
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{DeployStrategy, RenderedConfig, SourceMap};
+use support::tls::certificate;
 use support::{
     Backend, Haproxy, bodies, config, free_port, rendered, rendered_with, wait_for_body,
 };
@@ -141,34 +141,6 @@ backend be_other\n    server o1 127.0.0.1:{}\n",
     assert_eq!(map, big);
     // The marker stays the one the worker runs.
     assert!(on_disk.contains(&format!("HAPWRIGHT_CONFIG_VERSION {}", v1.hash().short())));
-}
-
-fn certificate(dir: &std::path::Path, cn: &str) -> String {
-    let key = dir.join(format!("{cn}.key"));
-    let crt = dir.join(format!("{cn}.crt"));
-    let status = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-days",
-            "1",
-        ])
-        .arg("-subj")
-        .arg(format!("/CN={cn}"))
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&crt)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("openssl runs");
-    assert!(status.success());
-    std::fs::read_to_string(crt).unwrap() + &std::fs::read_to_string(key).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,6 +22,8 @@
 //!          reasons, InstanceRef
 //! config   config value types every crate shares (durations, secrets)
 //! redact   the process-wide set of secret values and their redaction
+//! record   the JSON records kept beside deployed files: read back, durable
+//!          removal, the newest of several copies
 //! testing  (feature `testing`, for the crates' tests) a bus and kernel for a test,
 //!          bounded reads, one loopback port allocator
 //! ```
@@ -36,6 +38,7 @@ pub mod event;
 pub mod health;
 pub mod kernel;
 pub mod model;
+pub mod record;
 pub mod redact;
 mod spill;
 #[cfg(feature = "testing")]

@@ -26,6 +26,13 @@ use serde_json::{Value, json};
 const WAIT: Duration = Duration::from_secs(600);
 const PODS: &str = "/api/v1/namespaces/ingress/pods";
 
+/// Answers the next list of pods with `pods`, at resource version `version`.
+async fn list_pods(api: &mut kubernetes_mock::ApiServer, version: &str, pods: &[Value]) {
+    api.expect_list(PODS)
+        .await
+        .respond(200, &list("Pod", version, pods));
+}
+
 impl Harness {
     fn start(client: kube::Client) -> Self {
         Self::restricted(client, Restriction::default(), None)
@@ -280,19 +287,17 @@ fn the_data_plane_api_container_decides_not_the_pods_readiness() {
 async fn pods_not_ready_yet_are_targets_once_their_data_plane_api_is_ready() {
     let (client, mut api) = pair();
     let mut harness = Harness::start(client);
-    api.expect_list(PODS).await.respond(
-        200,
-        &list(
-            "Pod",
-            "100",
-            &[
-                controller_pod("haproxy-bootstrap", "10.0.0.1", true, false, "90"),
-                controller_pod("haproxy-starting", "10.0.0.2", false, false, "91"),
-                controller_pod("haproxy-api-down", "10.0.0.3", false, true, "92"),
-                controller_pod("haproxy-serving", "10.0.0.4", true, true, "93"),
-            ],
-        ),
-    );
+    list_pods(
+        &mut api,
+        "100",
+        &[
+            controller_pod("haproxy-bootstrap", "10.0.0.1", true, false, "90"),
+            controller_pod("haproxy-starting", "10.0.0.2", false, false, "91"),
+            controller_pod("haproxy-api-down", "10.0.0.3", false, true, "92"),
+            controller_pod("haproxy-serving", "10.0.0.4", true, true, "93"),
+        ],
+    )
+    .await;
     assert_eq!(
         harness.discovered().await,
         vec![
@@ -404,9 +409,7 @@ async fn a_denied_pod_list_is_unhealthy_and_an_empty_namespace_publishes_no_targ
     let reason = harness.health(HealthState::Unhealthy).await.unwrap();
     assert!(reason.contains("403 Forbidden"), "{reason}");
     assert!(reason.contains("cannot list resource"), "{reason}");
-    api.expect_list(PODS)
-        .await
-        .respond(200, &list("Pod", "5", &[]));
+    list_pods(&mut api, "5", &[]).await;
     assert_eq!(harness.health(HealthState::Healthy).await, None);
     assert_eq!(harness.discovered().await, vec![]);
     harness.stop().await;
@@ -416,33 +419,29 @@ async fn a_denied_pod_list_is_unhealthy_and_an_empty_namespace_publishes_no_targ
 async fn a_410_relist_replaces_the_pod_set() {
     let (client, mut api) = pair();
     let mut harness = Harness::start(client);
-    api.expect_list(PODS).await.respond(
-        200,
-        &list(
-            "Pod",
-            "100",
-            &[
-                pod("haproxy-0", Some("10.0.0.1"), true, "90"),
-                pod("haproxy-1", Some("10.0.0.2"), true, "91"),
-            ],
-        ),
-    );
+    list_pods(
+        &mut api,
+        "100",
+        &[
+            pod("haproxy-0", Some("10.0.0.1"), true, "90"),
+            pod("haproxy-1", Some("10.0.0.2"), true, "91"),
+        ],
+    )
+    .await;
     assert_eq!(harness.discovered().await.len(), 2);
     api.expect_watch(PODS)
         .await
         .respond_events(&[kubernetes_mock::error_event(410, "Expired", "too old")]);
     // haproxy-0 went away while the watch was down; haproxy-2 came up.
-    api.expect_list(PODS).await.respond(
-        200,
-        &list(
-            "Pod",
-            "200",
-            &[
-                pod("haproxy-1", Some("10.0.0.2"), true, "91"),
-                pod("haproxy-2", Some("10.0.0.3"), true, "150"),
-            ],
-        ),
-    );
+    list_pods(
+        &mut api,
+        "200",
+        &[
+            pod("haproxy-1", Some("10.0.0.2"), true, "91"),
+            pod("haproxy-2", Some("10.0.0.3"), true, "150"),
+        ],
+    )
+    .await;
     assert_eq!(
         harness.discovered().await,
         vec![

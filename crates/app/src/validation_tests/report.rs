@@ -24,6 +24,33 @@ pub enum OutputFormat {
     Json,
 }
 
+impl OutputFormat {
+    /// Prints a command's report on standard output: `text()` for people, or
+    /// `report` as one pretty JSON document.
+    ///
+    /// # Errors
+    ///
+    /// When `report` cannot be written as JSON; the cause is printed on standard
+    /// error, and the command exits with a failure.
+    pub fn print<T: Serialize>(
+        self,
+        report: &T,
+        text: impl FnOnce() -> String,
+    ) -> Result<(), serde_json::Error> {
+        match self {
+            Self::Text => print!("{}", text()),
+            Self::Json => match serde_json::to_string_pretty(report) {
+                Ok(json) => println!("{json}"),
+                Err(error) => {
+                    eprintln!("cannot write the JSON report: {error}");
+                    return Err(error);
+                }
+            },
+        }
+        Ok(())
+    }
+}
+
 /// The result of one assertion.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct AssertionReport {

@@ -479,15 +479,17 @@ mod tests {
         assert!(filters("certs/a.pem").is_empty());
     }
 
+    /// A crt-list where `a` and `b` both serve a.test and `c` has no SNI filters, and
+    /// the three certificate names.
+    fn overlapping_list() -> (Entries, [String; 3]) {
+        let list = entries("certs/a.pem a.test\ncerts/b.pem b.test A.test\ncerts/c.pem\n").unwrap();
+        let names = ["certs/a.pem", "certs/b.pem", "certs/c.pem"].map(str::to_owned);
+        (list, names)
+    }
+
     #[test]
     fn a_changed_entry_sharing_a_name_or_without_filters_depends_on_order() {
-        let after =
-            entries("certs/a.pem a.test\ncerts/b.pem b.test A.test\ncerts/c.pem\n").unwrap();
-        let (a, b, c) = (
-            "certs/a.pem".to_owned(),
-            "certs/b.pem".to_owned(),
-            "certs/c.pem".to_owned(),
-        );
+        let (after, [a, b, c]) = overlapping_list();
         let reason = order_matters("files/l", &after, &[&b], &[]).unwrap();
         assert!(reason.contains("both serve a.test"), "{reason}");
         let reason = order_matters("files/l", &after, &[&c], &[]).unwrap();
@@ -498,13 +500,7 @@ mod tests {
 
     #[test]
     fn a_renewed_certificate_moves_behind_the_others_when_committed() {
-        let after =
-            entries("certs/a.pem a.test\ncerts/b.pem b.test A.test\ncerts/c.pem\n").unwrap();
-        let (a, b, c) = (
-            "certs/a.pem".to_owned(),
-            "certs/b.pem".to_owned(),
-            "certs/c.pem".to_owned(),
-        );
+        let (after, [a, b, c]) = overlapping_list();
         // The first of two entries serving a.test: renewed, it would come second.
         let reason = order_matters("files/l", &after, &[], &[&a]).unwrap();
         assert!(reason.contains("both serve a.test"), "{reason}");

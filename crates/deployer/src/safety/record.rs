@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use hapwright_eventbus::model::{RenderedConfig, SourceMap};
+use hapwright_eventbus::record;
 use serde::{Deserialize, Serialize};
 
 use crate::haproxy::files::write_private;
@@ -109,55 +110,33 @@ impl ValveRecord {
     /// When it cannot be read, or is not a record of this format
     /// ([`io::ErrorKind::InvalidData`]).
     pub fn read(dir: &Path) -> io::Result<Option<Self>> {
-        let path = dir.join(VALVE_RECORD_FILE);
-        let bytes = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(error) => return Err(error),
+        let Some(record) = record::read_json::<Self>(&dir.join(VALVE_RECORD_FILE))? else {
+            return Ok(None);
         };
-        let record: Self = serde_json::from_slice(&bytes)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        if record.format != FORMAT {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("format {} (this hapwright reads {FORMAT})", record.format),
-            ));
-        }
+        record::check_format(record.format, FORMAT)?;
         Ok(Some(record))
     }
 
     /// Removes the record from `dir` (nothing when there is none).
     pub fn remove(dir: &Path) -> io::Result<()> {
-        match std::fs::remove_file(dir.join(VALVE_RECORD_FILE)) {
-            Ok(()) => std::fs::File::open(dir)?.sync_all(),
-            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(error) => Err(error),
-        }
+        record::remove_durably(dir, VALVE_RECORD_FILE)
     }
 }
 
 /// The newest readable record in `dirs`; unreadable ones are logged and skipped.
 pub(super) fn read_newest(dirs: &[PathBuf]) -> Option<ValveRecord> {
-    let mut newest: Option<ValveRecord> = None;
-    for dir in dirs {
-        match ValveRecord::read(dir) {
-            Ok(Some(record)) => {
-                if newest
-                    .as_ref()
-                    .is_none_or(|n| n.written_at < record.written_at)
-                {
-                    newest = Some(record);
-                }
-            }
-            Ok(None) => {}
-            Err(error) => tracing::error!(
+    record::read_newest(
+        dirs,
+        ValveRecord::read,
+        |record| record.written_at,
+        |dir, error| {
+            tracing::error!(
                 path = %dir.join(VALVE_RECORD_FILE).display(),
                 %error,
                 "Safety valve: the record of a held removal is unreadable and is ignored"
-            ),
-        }
-    }
-    newest
+            )
+        },
+    )
 }
 
 /// Writes `record` into every directory; failures are logged.

@@ -5,6 +5,8 @@
 #![allow(dead_code)]
 
 pub mod dataplane;
+pub mod random;
+pub mod tls;
 pub mod traffic;
 
 use std::collections::BTreeMap;
@@ -16,6 +18,7 @@ use std::time::Duration;
 use hapwright_deployer::client::master::MasterClient;
 use hapwright_deployer::client::socket::{InstanceConfig, SocketAddress};
 use hapwright_deployer::driver::managed::ManagedHaproxy;
+use hapwright_deployer::driver::{DriverConfig, SocketDriver};
 use hapwright_deployer::haproxy::files::ConfigDir;
 use hapwright_eventbus::model::{RenderedConfig, SourceMap};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -383,6 +386,20 @@ defaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    tim
 frontend fe_main\n    bind 127.0.0.1:{port}\n    use_backend %[req.hdr(host),lower,word(1,:),map(maps/hosts.map,be_app)]\n    default_backend be_app\n\n\
 {backends}"
     )
+}
+
+/// A socket driver for `haproxy` with `haproxy.dynamicBackends` on, draining removed
+/// servers for at most `drain`.
+pub fn dynamic_driver(haproxy: &Haproxy, drain: Duration) -> SocketDriver {
+    SocketDriver::new(
+        haproxy.instance.clone().with_dynamic_backends(true),
+        None,
+        hapwright_deployer::metrics::Metrics::unregistered().unwrap(),
+    )
+    .with_config(DriverConfig {
+        drain_timeout: drain,
+        ..DriverConfig::default()
+    })
 }
 
 /// The HAProxy line of the `haproxy` on `PATH` (what the tests start), from

@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use hapwright_eventbus::model::{Diagnostic, ObjectKey, StoredObject};
+use hapwright_eventbus::record;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -155,19 +156,10 @@ impl QuarantineRecord {
     /// When it cannot be read, or is not a record of this format
     /// ([`io::ErrorKind::InvalidData`]).
     pub fn read(dir: &Path) -> io::Result<Option<Self>> {
-        let bytes = match std::fs::read(dir.join(QUARANTINE_RECORD_FILE)) {
-            Ok(bytes) => bytes,
-            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(error) => return Err(error),
+        let Some(record) = record::read_json::<Self>(&dir.join(QUARANTINE_RECORD_FILE))? else {
+            return Ok(None);
         };
-        let record: Self = serde_json::from_slice(&bytes)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        if record.format != FORMAT {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("format {} (this hapwright reads {FORMAT})", record.format),
-            ));
-        }
+        record::check_format(record.format, FORMAT)?;
         for object in &record.objects {
             object.kind()?;
         }
@@ -180,11 +172,7 @@ impl QuarantineRecord {
     ///
     /// When the file or the directory's fsync fails.
     pub fn remove(dir: &Path) -> io::Result<()> {
-        match std::fs::remove_file(dir.join(QUARANTINE_RECORD_FILE)) {
-            Ok(()) => std::fs::File::open(dir)?.sync_all(),
-            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(error) => Err(error),
-        }
+        record::remove_durably(dir, QUARANTINE_RECORD_FILE)
     }
 }
 
@@ -306,19 +294,10 @@ impl Baseline {
     /// When it cannot be read, or is not a baseline of this format
     /// ([`io::ErrorKind::InvalidData`]).
     pub fn read(dir: &Path) -> io::Result<Option<Self>> {
-        let bytes = match std::fs::read(dir.join(BASELINE_FILE)) {
-            Ok(bytes) => bytes,
-            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(error) => return Err(error),
+        let Some(baseline) = record::read_json::<Self>(&dir.join(BASELINE_FILE))? else {
+            return Ok(None);
         };
-        let baseline: Self = serde_json::from_slice(&bytes)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        if baseline.format != FORMAT {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("format {} (this hapwright reads {FORMAT})", baseline.format),
-            ));
-        }
+        record::check_format(baseline.format, FORMAT)?;
         Ok(Some(baseline))
     }
 }
@@ -533,11 +512,7 @@ impl Kept {
             state.dirs.clone()
         };
         for dir in &dirs {
-            let result = match std::fs::remove_file(dir.join(BASELINE_FILE)) {
-                Ok(()) => std::fs::File::open(dir).and_then(|d| d.sync_all()),
-                Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
-                Err(error) => Err(error),
-            };
+            let result = record::remove_durably(dir, BASELINE_FILE);
             if let Err(error) = result {
                 tracing::error!(
                     path = %dir.join(BASELINE_FILE).display(),
@@ -596,53 +571,35 @@ impl Kept {
 
 /// The newest readable baseline in `dirs`; unreadable ones are logged and skipped.
 fn read_newest_baseline(dirs: &[PathBuf]) -> Option<Baseline> {
-    let mut newest: Option<Baseline> = None;
-    for dir in dirs {
-        match Baseline::read(dir) {
-            Ok(Some(baseline)) => {
-                if newest
-                    .as_ref()
-                    .is_none_or(|n| n.written_at < baseline.written_at)
-                {
-                    newest = Some(baseline);
-                }
-            }
-            Ok(None) => {}
-            Err(error) => tracing::error!(
+    record::read_newest(
+        dirs,
+        Baseline::read,
+        |baseline| baseline.written_at,
+        |dir, error| {
+            tracing::error!(
                 path = %dir.join(BASELINE_FILE).display(),
                 %error,
                 "Quarantine: the last good objects of an unfinished search are unreadable and are ignored"
-            ),
-        }
-    }
-    newest
+            )
+        },
+    )
 }
 
 /// The newest readable record in `dirs`; unreadable ones are logged (with their
 /// path and cause) and skipped.
 fn read_newest(dirs: &[PathBuf]) -> Option<QuarantineRecord> {
-    let mut newest: Option<QuarantineRecord> = None;
-    for dir in dirs {
-        match QuarantineRecord::read(dir) {
-            Ok(Some(record)) => {
-                if newest
-                    .as_ref()
-                    .is_none_or(|n| n.written_at < record.written_at)
-                {
-                    newest = Some(record);
-                }
-            }
-            Ok(None) => {}
-            Err(error) => {
-                tracing::error!(
-                    path = %dir.join(QUARANTINE_RECORD_FILE).display(),
-                    %error,
-                    "Quarantine: the record is unreadable and is ignored; starting with an empty quarantine"
-                );
-            }
-        }
-    }
-    newest
+    record::read_newest(
+        dirs,
+        QuarantineRecord::read,
+        |record| record.written_at,
+        |dir, error| {
+            tracing::error!(
+                path = %dir.join(QUARANTINE_RECORD_FILE).display(),
+                %error,
+                "Quarantine: the record is unreadable and is ignored; starting with an empty quarantine"
+            );
+        },
+    )
 }
 
 #[cfg(test)]

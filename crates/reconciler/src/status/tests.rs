@@ -456,6 +456,15 @@ mod tracker {
         }
     }
 
+    /// One whole round: the render of `snapshots` deployed to both `a` and `b`.
+    fn deploy_everywhere(t: &mut Tracker, hash: &[u8], snapshots: &Snapshots) {
+        t.apply(&inputs(hash, snapshots));
+        t.apply(&started(hash));
+        t.apply(&deployed("a", hash));
+        t.apply(&deployed("b", hash));
+        t.apply(&completed(hash));
+    }
+
     fn web_deployment(tracker: &Tracker) -> Deployment {
         let (snapshots, fleet) = tracker.job().expect("a render to describe");
         let key = ObjectKey::new("shop", "web");
@@ -490,22 +499,12 @@ mod tracker {
     #[test]
     fn an_instance_on_the_previous_render_serves_what_did_not_change() {
         let mut t = tracker();
-        let one = Arc::new(BTreeMap::from([(
-            Arc::from("ingresses"),
-            snapshot(&[web("/", json!({})), ingress("api", "haproxy", json!({}))]),
-        )]));
-        t.apply(&inputs(b"one", &one));
-        t.apply(&started(b"one"));
-        t.apply(&deployed("a", b"one"));
-        t.apply(&deployed("b", b"one"));
-        t.apply(&completed(b"one"));
+        let one = snapshots(&[web("/", json!({})), ingress("api", "haproxy", json!({}))]);
+        deploy_everywhere(&mut t, b"one", &one);
         assert!(web_deployment(&t).programmed);
 
         // web changes; b refuses the new render and keeps the old one.
-        let two = Arc::new(BTreeMap::from([(
-            Arc::from("ingresses"),
-            snapshot(&[web("/v2", json!({})), ingress("api", "haproxy", json!({}))]),
-        )]));
+        let two = snapshots(&[web("/v2", json!({})), ingress("api", "haproxy", json!({}))]);
         t.apply(&inputs(b"two", &two));
         t.apply(&started(b"two"));
         t.apply(&deployed("a", b"two"));
@@ -542,11 +541,7 @@ mod tracker {
         };
         let mut t = tracker();
         let one = snapshots(&[web("/", json!({}))]);
-        t.apply(&inputs(b"one", &one));
-        t.apply(&started(b"one"));
-        t.apply(&deployed("a", b"one"));
-        t.apply(&deployed("b", b"one"));
-        t.apply(&completed(b"one"));
+        deploy_everywhere(&mut t, b"one", &one);
         assert!(web_deployment(&t).programmed);
 
         // A new pod: nothing deployed to it yet.
@@ -567,11 +562,7 @@ mod tracker {
     fn the_same_config_from_newer_data_renders_at_once() {
         let mut t = tracker();
         let one = snapshots(&[web("/", json!({}))]);
-        t.apply(&inputs(b"one", &one));
-        t.apply(&started(b"one"));
-        t.apply(&deployed("a", b"one"));
-        t.apply(&deployed("b", b"one"));
-        t.apply(&completed(b"one"));
+        deploy_everywhere(&mut t, b"one", &one);
         let newer = snapshots(&[web("/", json!({"loadBalancer": {}}))]);
         assert!(t.apply(&inputs(b"one", &newer)));
         let (snapshots, _) = t.job().unwrap();
