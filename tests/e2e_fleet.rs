@@ -5,7 +5,7 @@
 
 use hapwright_e2e::{
     Controller, WAIT, accepts_connections, free_port, master_command, processes_matching,
-    replace_once,
+    replace_once, second_instance, with_second_instance,
 };
 
 #[test]
@@ -43,31 +43,10 @@ fn an_out_of_band_change_and_reload_is_repaired_within_one_interval() {
 
 #[test]
 fn a_managed_instance_removed_from_the_config_has_its_haproxy_stopped() {
-    // A second managed HAProxy; its demo app frontends bind another loopback address
-    // than the first instance's.
+    // A second managed HAProxy beside the quickstart's.
     let port = free_port();
-    let second = format!(
-        "    - name: edge-2\n      managed: true\n      socket:\n        master: ./run/edge-2.sock\n        \
-         configDir: ./run/edge-2\n      env: {{ DEMO_ADDR: \"127.0.0.2\", HTTP_PORT: \"{port}\" }}\n"
-    );
-    let two_instances = |config: &str| {
-        let config = replace_once(
-            config,
-            "bind 127.0.0.1:{{ app.port }}",
-            "bind ${DEMO_ADDR}:{{ app.port }}",
-        );
-        let config = replace_once(
-            &config,
-            "env: { HTTP_PORT:",
-            "env: { DEMO_ADDR: \"127.0.0.1\", HTTP_PORT:",
-        );
-        replace_once(
-            &config,
-            "\ncontroller:",
-            &format!("\n{second}\ncontroller:"),
-        )
-    };
-    let controller = Controller::start_with(two_instances);
+    let second = second_instance(port);
+    let controller = Controller::start_with(|config| with_second_instance(config, port));
     let needle = "run/edge-2/haproxy.cfg";
     controller.wait_until("edge-2 serves", WAIT, || {
         (accepts_connections(port) && !processes_matching("haproxy", needle).is_empty())

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use hapwright_e2e::{Controller, WAIT, free_port, replace_once};
+use hapwright_e2e::{Controller, WAIT, free_port, replace_once, with_second_instance};
 use serde_json::Value;
 
 /// Each Service's status: the ports of its EndpointSlices, and a Routed condition.
@@ -112,23 +112,9 @@ fn a_service_is_programmed_only_once_a_second_instance_that_cannot_start_serves_
     let port = free_port();
     let taken = std::net::TcpListener::bind(("127.0.0.1", port)).expect("hold the port");
     let controller = Controller::start_with(|config| {
-        let config = replace_once(
-            config,
-            "bind 127.0.0.1:{{ app.port }}",
-            "bind ${DEMO_ADDR}:{{ app.port }}",
-        );
-        let config = replace_once(
-            &config,
-            "env: { HTTP_PORT:",
-            "env: { DEMO_ADDR: \"127.0.0.1\", HTTP_PORT:",
-        );
-        let second = format!(
-            "    - name: edge-2\n      managed: true\n      socket:\n        master: ./run/edge-2.sock\n        \
-             configDir: ./run/edge-2\n      env: {{ DEMO_ADDR: \"127.0.0.2\", HTTP_PORT: \"{port}\" }}\n\ncontroller:"
-        );
         format!(
             "{}{PROGRAMMED_TEMPLATES}",
-            replace_once(&config, "\ncontroller:", &format!("\n{second}"))
+            with_second_instance(config, port)
         )
     });
 

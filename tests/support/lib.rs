@@ -781,6 +781,36 @@ impl Controller {
     }
 }
 
+/// The `haproxy.instances` entry of a second managed instance `edge-2` serving on
+/// `port` (its demo app frontends on 127.0.0.2), as [`with_second_instance`] adds it.
+pub fn second_instance(port: u16) -> String {
+    format!(
+        "    - name: edge-2\n      managed: true\n      socket:\n        master: ./run/edge-2.sock\n        \
+         configDir: ./run/edge-2\n      env: {{ DEMO_ADDR: \"127.0.0.2\", HTTP_PORT: \"{port}\" }}\n"
+    )
+}
+
+/// The quickstart config with a second managed instance ([`second_instance`]): the
+/// demo app frontends bind `${DEMO_ADDR}`, 127.0.0.1 for the first instance and
+/// 127.0.0.2 for the second, so the two HAProxy processes do not share an address.
+pub fn with_second_instance(config: &str, port: u16) -> String {
+    let config = replace_once(
+        config,
+        "bind 127.0.0.1:{{ app.port }}",
+        "bind ${DEMO_ADDR}:{{ app.port }}",
+    );
+    let config = replace_once(
+        &config,
+        "env: { HTTP_PORT:",
+        "env: { DEMO_ADDR: \"127.0.0.1\", HTTP_PORT:",
+    );
+    replace_once(
+        &config,
+        "\ncontroller:",
+        &format!("\n{}\ncontroller:", second_instance(port)),
+    )
+}
+
 /// The quickstart config with quicker pacing (debounce 50 ms, minDeploymentInterval
 /// 100 ms, minReloadInterval `reload`), so tests that make many changes take seconds.
 pub fn quick_pacing(config: &str, reload: &str) -> String {
