@@ -310,18 +310,43 @@ pub fn use_files_sources(config: &mut Value, resources: &[(&str, &str, &str)]) {
     }
 }
 
-/// Writes `objects` as `DIR/resources/<name>/objects.json`, atomically.
+/// Objects per file [`write_objects`] writes: thousands of TLS Secrets would pass the
+/// files source's 10 MiB limit per file.
+const OBJECTS_PER_FILE: usize = 1000;
+
+/// Writes `objects` as `DIR/resources/<name>/objects.json` (a longer list as
+/// `objects-<n>.json` files of [`OBJECTS_PER_FILE`] each), atomically per file.
 pub fn write_objects(dir: &Path, name: &str, objects: &Value) {
     let resource = dir.join("resources").join(name);
     fs::create_dir_all(&resource).expect("resource dir");
-    let path = resource.join("objects.json");
-    let temporary = resource.join(".objects.json.tmp");
-    fs::write(
-        &temporary,
-        serde_json::to_string_pretty(objects).expect("json"),
-    )
-    .expect("write");
-    fs::rename(&temporary, &path).expect("rename");
+    for entry in fs::read_dir(&resource).expect("resource dir") {
+        let path = entry.expect("entry").path();
+        let file = path
+            .file_name()
+            .and_then(|f| f.to_str())
+            .unwrap_or_default();
+        if file.starts_with("objects-") && file.ends_with(".json") {
+            fs::remove_file(&path).expect("remove an earlier part");
+        }
+    }
+    let write = |file: &str, objects: &Value| {
+        let temporary = resource.join(format!(".{file}.tmp"));
+        fs::write(
+            &temporary,
+            serde_json::to_string_pretty(objects).expect("json"),
+        )
+        .expect("write");
+        fs::rename(&temporary, resource.join(file)).expect("rename");
+    };
+    match objects.as_array() {
+        Some(list) if list.len() > OBJECTS_PER_FILE => {
+            for (n, part) in list.chunks(OBJECTS_PER_FILE).enumerate() {
+                write(&format!("objects-{n}.json"), &Value::Array(part.to_vec()));
+            }
+            let _ = fs::remove_file(resource.join("objects.json"));
+        }
+        _ => write("objects.json", objects),
+    }
 }
 
 /// An EndpointSlice of Service `namespace/service` with one ready endpoint on
