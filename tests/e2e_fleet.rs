@@ -52,6 +52,8 @@ fn a_managed_instance_removed_from_the_config_has_its_haproxy_stopped() {
         (accepts_connections(port) && !processes_matching("haproxy", needle).is_empty())
             .then_some(())
     });
+    // The first instance runs the render too (readiness needs one instance only).
+    controller.wait_deployed();
     let first = controller.master();
 
     // The config without edge-2: its HAProxy is drained and stopped, the first
