@@ -471,6 +471,10 @@ pub struct Tracker {
     /// Deployment rounds started and not completed: instance outcomes inside a round
     /// wait for its `DeploymentCompleted`, so a round renders once.
     open_rounds: usize,
+    /// The fleet changed (an instance runs another render, failed or recovered,
+    /// joined or left) since the statuses were last rendered: a round that changed
+    /// nothing (a drift check) renders nothing.
+    fleet_changed: bool,
 }
 
 impl Tracker {
@@ -513,6 +517,9 @@ impl Tracker {
                     .iter()
                     .map(|i| i.name.clone())
                     .collect();
+                if self.discovered.get(&discovered.source) != Some(&names) {
+                    self.fleet_changed = true;
+                }
                 self.discovered.insert(discovered.source.clone(), names);
                 // A vanished instance no longer counts, and its state (with the
                 // snapshots of the render it ran) is let go.
@@ -525,7 +532,7 @@ impl Tracker {
                 instances.retain(|name, _| {
                     named.contains(name) || discovered.values().any(|d| d.contains(name))
                 });
-                self.reported.is_some()
+                self.render_now()
             }
             EventPayload::DeploymentStarted(_) => {
                 self.open_rounds += 1;
@@ -534,19 +541,27 @@ impl Tracker {
             EventPayload::InstanceDeployed(deployed) => {
                 let snapshots = self.snapshots_of(deployed.hash);
                 let state = self.instance(&deployed.instance);
+                let changed = state.failure.is_some()
+                    || state.runs.as_ref().map(|r| r.hash) != Some(deployed.hash);
+                self.fleet_changed |= changed;
+                let state = self.instance(&deployed.instance);
                 state.runs = Some(Running {
                     hash: deployed.hash,
                     snapshots,
                 });
                 state.failure = None;
-                self.open_rounds == 0 && self.reported.is_some()
+                self.open_rounds == 0 && self.render_now()
             }
             EventPayload::InstanceDeploymentFailed(failed) => {
-                self.instance(&failed.instance).failure = Some(Failure {
+                let failure = Some(Failure {
                     hash: failed.hash,
                     error: failed.error.message.clone(),
                 });
-                self.open_rounds == 0 && self.reported.is_some()
+                let state = self.instance(&failed.instance);
+                let changed = state.failure != failure;
+                state.failure = failure;
+                self.fleet_changed |= changed;
+                self.open_rounds == 0 && self.render_now()
             }
             EventPayload::DeploymentCompleted(done) => {
                 self.open_rounds = self.open_rounds.saturating_sub(1);
@@ -554,11 +569,22 @@ impl Tracker {
                 if let Some(position) = self.pending.iter().position(|(h, _)| *h == hash) {
                     self.reported = Some(self.pending[position].clone());
                     self.pending.drain(..=position);
+                    self.fleet_changed = true;
                 }
-                self.reported.is_some()
+                self.render_now()
             }
             _ => false,
         }
+    }
+
+    /// Whether to render the statuses now: there is a render to describe and
+    /// something changed since the last rendering (which this answer accounts for).
+    fn render_now(&mut self) -> bool {
+        let now = self.reported.is_some() && self.fleet_changed;
+        if now {
+            self.fleet_changed = false;
+        }
+        now
     }
 
     /// The render the statuses describe now and the fleet to judge it against.

@@ -497,6 +497,22 @@ mod tracker {
     }
 
     #[test]
+    fn a_round_that_changes_nothing_renders_nothing() {
+        let mut t = tracker();
+        let new = snapshots(&[web("/new", json!({}))]);
+        deploy_everywhere(&mut t, b"new", &new);
+        // A drift check: a round of the same render, every instance still on it.
+        assert!(!t.apply(&started(b"new")));
+        assert!(!t.apply(&deployed("a", b"new")));
+        assert!(!t.apply(&deployed("b", b"new")));
+        assert!(!t.apply(&completed(b"new")), "nothing changed");
+        // A failure, the same failure again, then the recovery.
+        assert!(t.apply(&failed("b", b"new")), "b fails");
+        assert!(!t.apply(&failed("b", b"new")), "the same failure");
+        assert!(t.apply(&deployed("b", b"new")), "b recovers");
+    }
+
+    #[test]
     fn an_instance_on_the_previous_render_serves_what_did_not_change() {
         let mut t = tracker();
         let one = snapshots(&[web("/", json!({})), ingress("api", "haproxy", json!({}))]);
