@@ -782,8 +782,6 @@ fn stage_name(stage: Stage) -> &'static str {
     match stage {
         Stage::Render => "render",
         Stage::Validate => "validate",
-        Stage::Schedule => "schedule",
-        Stage::Deploy => "deploy",
     }
 }
 

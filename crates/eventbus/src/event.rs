@@ -176,7 +176,10 @@ impl EventMeta {
     }
 }
 
-/// Stages of a reconciliation, for per-stage timings and failures.
+/// Stages of a reconciliation, for per-stage timings and failures. A
+/// reconciliation ends with its validation outcome; scheduling and deployment
+/// report through the deployment events (`DeploymentScheduled`,
+/// `InstanceDeployed`, `InstanceDeploymentFailed`, `DeploymentCompleted`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stage {
@@ -184,10 +187,6 @@ pub enum Stage {
     Render,
     /// Phase 1 and phase 2 validation.
     Validate,
-    /// Waiting for the scheduler's rate limits.
-    Schedule,
-    /// Deployment to instances.
-    Deploy,
 }
 
 /// One object held back by the quarantine: a changed object whose change makes

@@ -512,8 +512,6 @@ impl State {
             match stage {
                 Stage::Render => "rendering",
                 Stage::Validate => "validation",
-                Stage::Schedule => "scheduling",
-                Stage::Deploy => "deployment",
             },
             self.settings.stage_timeout
         );
