@@ -19,7 +19,8 @@ use hapwright_deployer::component::deployer::{Config, Deployer, LastDeployedStor
 use hapwright_deployer::driver::SocketDriver;
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{FieldPath, ObjectKey, RenderedConfig, ResourceSnapshot};
-use hapwright_eventbus::{DeploymentScheduled, Kernel, TemplateInputs};
+use hapwright_eventbus::testing::{self, TestBus};
+use hapwright_eventbus::{DeploymentScheduled, TemplateInputs};
 use hapwright_reconciler::renderer::Templates;
 use hapwright_reconciler::status::{StatusComponent, StatusTemplates};
 use hapwright_watchers::kubernetes::{ClientFactory, StatusMetrics, StatusWriter, WatchedKind};
@@ -142,23 +143,23 @@ async fn a_route_is_programmed_only_once_every_instance_serves_it() {
     )
     .unwrap();
     let (client, mut api) = pair();
-    let (bus, _health) = kubernetes_mock::bus_with_health();
+    let bus = TestBus::new();
     let publisher = bus.publisher();
-    let mut kernel = Kernel::new(bus);
-    kernel.register(deployer);
-    kernel.register(StatusComponent::new(status).with_clock(|| "2026-01-01T00:00:00Z".into()));
-    kernel.register(StatusWriter::new(
-        ClientFactory::with_client(client),
-        [(
-            Arc::from("httproutes"),
-            WatchedKind {
-                api_version: "gateway.networking.k8s.io/v1".into(),
-                kind: "HTTPRoute".into(),
-            },
-        )],
-        StatusMetrics::unregistered().unwrap(),
-    ));
-    let kernel = kernel.start().unwrap();
+    let kernel = bus.start(|kernel| {
+        kernel.register(deployer);
+        kernel.register(StatusComponent::new(status).with_clock(|| "2026-01-01T00:00:00Z".into()));
+        kernel.register(StatusWriter::new(
+            ClientFactory::with_client(client),
+            [(
+                Arc::from("httproutes"),
+                WatchedKind {
+                    api_version: "gateway.networking.k8s.io/v1".into(),
+                    kind: "HTTPRoute".into(),
+                },
+            )],
+            StatusMetrics::unregistered().unwrap(),
+        ));
+    });
 
     // The render that adds the route goes to both instances.
     let v1 = config("    http-request set-header x-route storefront\n");
@@ -201,5 +202,5 @@ async fn a_route_is_programmed_only_once_every_instance_serves_it() {
     assert_eq!(programmed["reason"], "Programmed");
     assert_eq!(programmed["message"], "served by all 2 instances");
     assert_eq!(programmed["waiting"], json!([]));
-    kernel.shutdown(Duration::from_secs(5)).await;
+    testing::stop(kernel).await;
 }

@@ -11,16 +11,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hapwright_eventbus::model::{ContentHash, FieldPath, ObjectKey, ResourceSnapshot};
+use hapwright_eventbus::testing::{self, TestBus};
 use hapwright_eventbus::{
-    DeploymentCompleted, DeploymentSummary, EventPayload, HealthState, Kernel, Publisher,
-    RunningKernel, Subscription, TemplateInputs,
+    DeploymentCompleted, DeploymentSummary, EventKind, HealthState, Publisher, RunningKernel,
+    Subscription, TemplateInputs,
 };
 use hapwright_reconciler::renderer::Templates;
 use hapwright_reconciler::status::{StatusComponent, StatusTemplates};
 use hapwright_watchers::kubernetes::{ClientFactory, StatusMetrics, StatusWriter};
 use kubernetes_mock::{ApiServer, Exchange, pair, resource_list};
 use serde_json::{Value, json};
-use tokio::time::timeout;
 
 /// Publishes the Service's load-balancer address as the Ingress's, with a Ready
 /// condition; fails for the Ingress named `bad`.
@@ -46,7 +46,8 @@ struct Harness {
 
 fn start() -> Harness {
     let (client, api) = pair();
-    let (bus, health) = kubernetes_mock::bus_with_health();
+    let bus = TestBus::new();
+    let health = bus.subscribe("test", [EventKind::ComponentHealthChanged]);
     let publisher = bus.publisher();
     let mut templates = Templates::new("global\n");
     templates.extra_context = json!({"publishNamespace": "ingress", "publishName": "haproxy"});
@@ -58,15 +59,17 @@ fn start() -> Harness {
     .unwrap();
     let clock = Arc::new(Mutex::new("2026-01-01T00:00:00Z".to_owned()));
     let now = clock.clone();
-    let mut kernel = Kernel::new(bus);
-    kernel.register(StatusComponent::new(status).with_clock(move || now.lock().unwrap().clone()));
-    kernel.register(StatusWriter::new(
-        ClientFactory::with_client(client),
-        kubernetes_mock::ingresses(),
-        StatusMetrics::unregistered().unwrap(),
-    ));
+    let kernel = bus.start(|kernel| {
+        kernel
+            .register(StatusComponent::new(status).with_clock(move || now.lock().unwrap().clone()));
+        kernel.register(StatusWriter::new(
+            ClientFactory::with_client(client),
+            kubernetes_mock::ingresses(),
+            StatusMetrics::unregistered().unwrap(),
+        ));
+    });
     Harness {
-        kernel: kernel.start().unwrap(),
+        kernel,
         publisher,
         health,
         api,
@@ -158,18 +161,7 @@ impl Harness {
     }
 
     async fn health(&mut self, component: &str, state: HealthState) -> String {
-        loop {
-            let event = timeout(Duration::from_secs(60), self.health.recv())
-                .await
-                .expect("a health change")
-                .expect("bus open");
-            if let EventPayload::ComponentHealthChanged(changed) = &event.payload
-                && changed.component.as_ref() == component
-                && changed.health.state == state
-            {
-                return changed.health.reason.clone().unwrap_or_default();
-            }
-        }
+        testing::health_reported(&mut self.health, component, state, Duration::from_secs(60)).await
     }
 }
 
@@ -235,5 +227,5 @@ async fn statuses_follow_deployments_keep_transition_times_and_survive_one_bad_o
         "2026-01-01T00:00:00Z"
     );
     h.health(StatusComponent::NAME, HealthState::Healthy).await;
-    h.kernel.shutdown(Duration::from_secs(5)).await;
+    testing::stop(h.kernel).await;
 }

@@ -1,7 +1,7 @@
 //! What the crates' tests share (feature `testing`, enabled by their
 //! dev-dependencies only): components in a real kernel on a real bus, with the
 //! test's subscriptions made before anything starts ([`TestBus`]), bounded reads
-//! ([`next_within`], [`next`], [`next_of`]), a shutdown that checks nothing had to
+//! ([`next_within`], [`next`], [`next_of`], [`health_reported`]), a shutdown that checks nothing had to
 //! be aborted ([`stop`]), and one loopback port allocator ([`free_port`]).
 //!
 //! Each test file keeps its own small `Harness` for what is particular to it (the
@@ -16,8 +16,8 @@ use prometheus::Registry;
 use tokio::time::timeout;
 
 use crate::{
-    Bus, BusConfig, BusMetrics, Event, EventKind, Kernel, KindSet, Publisher, RunningKernel,
-    Subscription,
+    Bus, BusConfig, BusMetrics, Event, EventKind, EventPayload, HealthState, Kernel, KindSet,
+    Publisher, RunningKernel, Subscription,
 };
 
 /// A bus for one test, before its components start: subscribe first (so the test
@@ -87,6 +87,26 @@ pub async fn next_of(events: &mut Subscription, kind: EventKind, wait: Duration)
         let event = next(events, wait).await;
         if event.kind() == kind {
             return event;
+        }
+    }
+}
+
+/// Skips events until `component` reports `state` (`events` must include
+/// `ComponentHealthChanged`); returns the reason it gave (empty without one). Each
+/// read waits at most `wait`.
+pub async fn health_reported(
+    events: &mut Subscription,
+    component: &str,
+    state: HealthState,
+    wait: Duration,
+) -> String {
+    loop {
+        let event = next(events, wait).await;
+        if let EventPayload::ComponentHealthChanged(changed) = &event.payload
+            && changed.component.as_ref() == component
+            && changed.health.state == state
+        {
+            return changed.health.reason.clone().unwrap_or_default();
         }
     }
 }

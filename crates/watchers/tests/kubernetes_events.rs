@@ -10,8 +10,9 @@ use std::time::{Duration, SystemTime};
 use hapwright_eventbus::model::{
     Diagnostic, ObjectKey, RenderedConfig, ResourceChange, ResourceSnapshot, SourceLocation,
 };
+use hapwright_eventbus::testing::{self, TestBus};
 use hapwright_eventbus::{
-    HealthState, Kernel, Publisher, QuarantineSearched, QuarantinedObject, ResourceIndexUpdated,
+    EventKind, HealthState, Publisher, QuarantineSearched, QuarantinedObject, ResourceIndexUpdated,
     RunningKernel, Subscription, TemplateRendered,
 };
 use hapwright_watchers::kubernetes::events::{QUARANTINED_REASON, RELEASED_REASON, notices};
@@ -31,7 +32,8 @@ struct Harness {
 
 fn start(leader: Option<watch::Receiver<bool>>) -> Harness {
     let (client, api) = pair();
-    let (bus, health) = kubernetes_mock::bus_with_health();
+    let bus = TestBus::new();
+    let health = bus.subscribe("test", [EventKind::ComponentHealthChanged]);
     let publisher = bus.publisher();
     let mut component = QuarantineEvents::new(
         ClientFactory::with_client(client),
@@ -41,10 +43,10 @@ fn start(leader: Option<watch::Receiver<bool>>) -> Harness {
     if let Some(leader) = leader {
         component = component.with_leadership(leader);
     }
-    let mut kernel = Kernel::new(bus);
-    kernel.register(component);
     Harness {
-        kernel: kernel.start().unwrap(),
+        kernel: bus.start(|kernel| {
+            kernel.register(component);
+        }),
         publisher,
         health,
         api,
@@ -121,11 +123,17 @@ impl Harness {
     }
 
     async fn health(&mut self, state: HealthState) -> String {
-        kubernetes_mock::reported(&mut self.health, QuarantineEvents::NAME, state).await
+        testing::health_reported(
+            &mut self.health,
+            QuarantineEvents::NAME,
+            state,
+            kubernetes_mock::WAIT,
+        )
+        .await
     }
 
     async fn stop(self) {
-        self.kernel.shutdown(Duration::from_secs(5)).await;
+        testing::stop(self.kernel).await;
     }
 }
 

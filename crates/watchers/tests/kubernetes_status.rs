@@ -7,8 +7,9 @@ mod kubernetes_mock;
 use std::time::Duration;
 
 use hapwright_eventbus::model::ContentHash;
+use hapwright_eventbus::testing::{self, TestBus};
 use hapwright_eventbus::{
-    HealthState, Kernel, Publisher, RenderedStatus, RunningKernel, StatusRendered, Subscription,
+    EventKind, HealthState, Publisher, RenderedStatus, RunningKernel, StatusRendered, Subscription,
 };
 use hapwright_watchers::kubernetes::status::FIELD_MANAGER;
 use hapwright_watchers::kubernetes::{ClientFactory, RateLimit, StatusMetrics, StatusWriter};
@@ -34,7 +35,8 @@ struct Harness {
 
 fn start(leader: Option<watch::Receiver<bool>>, rate: RateLimit) -> Harness {
     let (client, api) = pair();
-    let (bus, health) = kubernetes_mock::bus_with_health();
+    let bus = TestBus::new();
+    let health = bus.subscribe("test", [EventKind::ComponentHealthChanged]);
     let publisher = bus.publisher();
     let metrics = StatusMetrics::unregistered().unwrap();
     let mut component = StatusWriter::new(
@@ -46,10 +48,10 @@ fn start(leader: Option<watch::Receiver<bool>>, rate: RateLimit) -> Harness {
     if let Some(leader) = leader {
         component = component.with_leadership(leader);
     }
-    let mut kernel = Kernel::new(bus);
-    kernel.register(component);
     Harness {
-        kernel: kernel.start().unwrap(),
+        kernel: bus.start(|kernel| {
+            kernel.register(component);
+        }),
         publisher,
         health,
         api,
@@ -103,7 +105,13 @@ impl Harness {
     }
 
     async fn health(&mut self, state: HealthState) -> String {
-        kubernetes_mock::reported(&mut self.health, StatusWriter::NAME, state).await
+        testing::health_reported(
+            &mut self.health,
+            StatusWriter::NAME,
+            state,
+            kubernetes_mock::WAIT,
+        )
+        .await
     }
 
     /// Lets every task run until idle (time is paused: returns once nothing is left
@@ -119,7 +127,7 @@ impl Harness {
     }
 
     async fn stop(self) {
-        self.kernel.shutdown(Duration::from_secs(5)).await;
+        testing::stop(self.kernel).await;
     }
 }
 

@@ -268,22 +268,6 @@ fn decode(text: &str) -> String {
     String::from_utf8(out).unwrap()
 }
 
-/// A bus for one test, and a subscription to its component health changes.
-pub fn bus_with_health() -> (hapwright_eventbus::Bus, hapwright_eventbus::Subscription) {
-    let registry = prometheus::Registry::new();
-    let bus = hapwright_eventbus::Bus::new(
-        hapwright_eventbus::BusConfig::default(),
-        &hapwright_eventbus::BusMetrics::register(&registry).unwrap(),
-    );
-    let health = bus
-        .subscribe(
-            "test",
-            [hapwright_eventbus::EventKind::ComponentHealthChanged],
-        )
-        .unwrap();
-    (bus, health)
-}
-
 /// The watched resource `ingresses`: `networking.k8s.io/v1` Ingresses.
 pub fn ingresses() -> [(
     std::sync::Arc<str>,
@@ -296,25 +280,4 @@ pub fn ingresses() -> [(
             kind: "Ingress".into(),
         },
     )]
-}
-
-/// Waits (up to a minute) until `component` reports `state` on the bus; returns the
-/// reason it gave (empty without one).
-pub async fn reported(
-    health: &mut hapwright_eventbus::Subscription,
-    component: &str,
-    state: hapwright_eventbus::HealthState,
-) -> String {
-    loop {
-        let event = timeout(std::time::Duration::from_secs(60), health.recv())
-            .await
-            .expect("a health change")
-            .expect("bus open");
-        if let hapwright_eventbus::EventPayload::ComponentHealthChanged(changed) = &event.payload
-            && changed.component.as_ref() == component
-            && changed.health.state == state
-        {
-            return changed.health.reason.clone().unwrap_or_default();
-        }
-    }
 }
