@@ -10,12 +10,10 @@ use std::time::Duration;
 
 use hapwright_deployer::component::deployer::{self, Deployer, LastDeployedStore};
 use hapwright_deployer::metrics::Metrics;
+use hapwright_eventbus::EventPayload;
 use hapwright_eventbus::model::{RenderedConfig, SourceMap};
-use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, DeploymentScheduled, EventKind, EventPayload, Kernel,
-};
+use hapwright_eventbus::testing::TestBus;
 use support::{Backend, Haproxy, config, free_port, wait_for_body};
-use tokio::time::timeout;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_slower_than_the_deployment_timeout_restores_the_files_and_reports_it() {
@@ -46,24 +44,12 @@ async fn a_reload_slower_than_the_deployment_timeout_restores_the_files_and_repo
     wait_for_body(port, "app.test", "app").await;
     let before = std::fs::read(haproxy.path().join("haproxy.cfg")).unwrap();
 
-    let registry = prometheus::Registry::new();
-    let bus = Bus::new(
-        BusConfig::default(),
-        &BusMetrics::register(&registry).unwrap(),
-    );
-    let mut events = bus
-        .subscribe(
-            "test",
-            [
-                EventKind::InstanceDeployed,
-                EventKind::InstanceDeploymentFailed,
-            ],
-        )
-        .unwrap();
+    let bus = TestBus::new();
+    let registry = bus.registry().clone();
+    let mut events = support::deployments(&bus);
     let publisher = bus.publisher();
     let metrics = Metrics::register(&registry).unwrap();
-    let mut kernel = Kernel::new(bus);
-    kernel.register(Deployer::new(
+    let deployer = Deployer::new(
         deployer::Config {
             deployment_timeout: Duration::from_secs(2),
             // No retry while the test looks at the directory.
@@ -75,25 +61,14 @@ async fn a_reload_slower_than_the_deployment_timeout_restores_the_files_and_repo
         LastDeployedStore::new(),
         None,
         metrics.clone(),
-    ));
-    let kernel = kernel.start().unwrap();
+    );
+    let kernel = bus.start(|kernel| {
+        kernel.register(deployer);
+    });
     let schedule = |config: &Arc<RenderedConfig>| {
-        publisher.publish(DeploymentScheduled {
-            model: hapwright_eventbus::model::haproxy::parse_main(config)
-                .expect("the test config parses"),
-            config: config.clone(),
-            instances: vec!["slow".to_owned()],
-            drift_check: false,
-        });
+        publisher.publish(support::scheduled(config, &["slow"]));
     };
-    let mut outcome = async || {
-        timeout(Duration::from_secs(30), events.recv())
-            .await
-            .expect("an outcome in time")
-            .expect("bus open")
-            .payload
-            .clone()
-    };
+    let mut outcome = async || support::next_outcome(&mut events, Duration::from_secs(30)).await;
 
     // What the instance runs is found on disk: a no-op.
     schedule(&v1);

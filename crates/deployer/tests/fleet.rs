@@ -25,8 +25,8 @@ use hapwright_eventbus::model::{
 };
 use hapwright_eventbus::testing::TestBus;
 use hapwright_eventbus::{
-    DeploymentScheduled, Event, EventKind, EventPayload, InstancesDiscovered, Kernel, Publisher,
-    RunningKernel, Subscription, ValidationCompleted,
+    Event, EventKind, EventPayload, InstancesDiscovered, Kernel, Publisher, RunningKernel,
+    Subscription,
 };
 use support::dataplane::{DataplaneServer, Faults, PASSWORD, USER};
 use support::{
@@ -98,13 +98,8 @@ impl Harness {
     }
 
     fn schedule(&self, config: &Arc<RenderedConfig>, instances: &[&str]) {
-        self.publisher.publish(DeploymentScheduled {
-            model: hapwright_eventbus::model::haproxy::parse_main(config)
-                .expect("the test config parses"),
-            config: config.clone(),
-            instances: instances.iter().map(|s| (*s).to_owned()).collect(),
-            drift_check: false,
-        });
+        self.publisher
+            .publish(support::scheduled(config, instances));
     }
 
     /// The next event matching `pick`, within `within`.
@@ -458,20 +453,13 @@ async fn a_joining_pod_leaves_the_others_alone() {
             })
             .collect(),
     };
-    let validated = |config: &Arc<RenderedConfig>| ValidationCompleted {
-        model: hapwright_eventbus::model::haproxy::parse_main(config).expect("parses"),
-        config: config.clone(),
-        duration: Duration::ZERO,
-        warnings: Vec::new(),
-        phase2_skipped: None,
-    };
     let started = |event: &Event| match &event.payload {
         EventPayload::DeploymentStarted(started) => Some((started.hash, started.instances.clone())),
         _ => None,
     };
     harness.publisher.publish(pods(&[("pod-a", &a)]));
     let v1 = plain("global\n    maxconn 100\n");
-    harness.publisher.publish(validated(&v1));
+    harness.publisher.publish(support::validated(&v1));
     assert_eq!(
         harness.next(Duration::from_secs(30), started).await,
         (v1.hash(), vec!["pod-a".to_owned()])
@@ -502,7 +490,7 @@ async fn a_joining_pod_leaves_the_others_alone() {
         support::series(&registry, "hapwright_instance_in_sync", &[pod_a]),
         [1.0]
     );
-    harness.publisher.publish(validated(&v2));
+    harness.publisher.publish(support::validated(&v2));
     assert_eq!(
         harness.next(Duration::from_secs(30), started).await,
         (v2.hash(), vec!["pod-a".to_owned(), "pod-b".to_owned()])
@@ -657,13 +645,7 @@ async fn drift_after_an_out_of_band_change_and_reload_is_repaired() {
         kernel.register(scheduler);
         kernel.register(deployer);
     });
-    harness.publisher.publish(ValidationCompleted {
-        model: hapwright_eventbus::model::haproxy::parse_main(&v1).expect("the test config parses"),
-        config: v1.clone(),
-        duration: Duration::ZERO,
-        warnings: Vec::new(),
-        phase2_skipped: None,
-    });
+    harness.publisher.publish(support::validated(&v1));
     let (succeeded, _) = harness.completed().await;
     assert_eq!(succeeded, ["local"]);
     wait_for_body(port, "other.test", "other").await;

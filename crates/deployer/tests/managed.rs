@@ -27,14 +27,7 @@ fn alive(pid: u32) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn managed_instances_start_restart_report_alerts_and_stop() {
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
-    let managed = ManagedHaproxy::with_config(
-        "haproxy",
-        SupervisorConfig {
-            min_backoff: Duration::from_millis(50),
-            ready_timeout: Duration::from_secs(10),
-            ..SupervisorConfig::default()
-        },
-    );
+    let managed = ManagedHaproxy::with_config("haproxy", support::quick_supervisor());
     let guard = StopOnDrop(managed.clone());
     // The port comes from the instance's env: one render serves both instances.
     let main = config(
@@ -167,14 +160,7 @@ async fn a_port_served_by_another_haproxy_is_refused_with_its_owner() {
     let foreign = Haproxy::start("foreign", &v1, "foreign").await;
     wait_for_body(port, "app.test", "a").await;
 
-    let managed = ManagedHaproxy::with_config(
-        "haproxy",
-        SupervisorConfig {
-            min_backoff: Duration::from_millis(50),
-            ready_timeout: Duration::from_secs(10),
-            ..SupervisorConfig::default()
-        },
-    );
+    let managed = ManagedHaproxy::with_config("haproxy", support::quick_supervisor());
     let guard = StopOnDrop(managed.clone());
     let mut dir = Haproxy::dir_only("mine");
     dir.instance.managed = true;

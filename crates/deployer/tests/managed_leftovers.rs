@@ -24,11 +24,9 @@ fn supervisor(parent_death_signal: bool) -> ManagedHaproxy {
     ManagedHaproxy::with_config(
         "haproxy",
         SupervisorConfig {
-            min_backoff: Duration::from_millis(50),
-            ready_timeout: Duration::from_secs(10),
             stop_grace: Duration::from_secs(2),
             parent_death_signal,
-            ..SupervisorConfig::default()
+            ..support::quick_supervisor()
         },
     )
 }

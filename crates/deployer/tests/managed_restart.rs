@@ -15,11 +15,11 @@ use hapwright_deployer::component::deployer::{self, Deployer, LastDeployedStore}
 use hapwright_deployer::driver::managed::{ManagedHaproxy, SupervisorConfig};
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{DeployStrategy, ReloadReason};
-use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, DeploymentScheduled, EventKind, EventPayload, InstanceDeployed,
-    Kernel, Subscription,
+use hapwright_eventbus::testing::TestBus;
+use hapwright_eventbus::{EventPayload, InstanceDeployed};
+use support::{
+    Backend, Haproxy, StopOnDrop, config, counter, next_outcome, rendered, wait_for_body,
 };
-use support::{Backend, Haproxy, StopOnDrop, config, counter, rendered, wait_for_body};
 use tokio::time::timeout;
 use tracing::{Level, span};
 
@@ -61,14 +61,6 @@ impl tracing::Subscriber for Capture {
 }
 
 /// The next `InstanceDeployed` or `InstanceDeploymentFailed`, within `bound`.
-async fn next_outcome(events: &mut Subscription, bound: Duration) -> EventPayload {
-    let event = timeout(bound, events.recv())
-        .await
-        .expect("a deployment outcome in time")
-        .expect("bus open");
-    event.payload.clone()
-}
-
 fn deployed(payload: EventPayload) -> InstanceDeployed {
     match payload {
         EventPayload::InstanceDeployed(deployed) => deployed,
@@ -102,35 +94,21 @@ async fn late_and_restarted_managed_haproxy_are_recorded_as_reloads() {
     let managed = ManagedHaproxy::with_config(
         "haproxy",
         SupervisorConfig {
-            min_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_millis(200),
-            ready_timeout: Duration::from_secs(10),
-            ..SupervisorConfig::default()
+            ..support::quick_supervisor()
         },
     );
     let guard = StopOnDrop(managed.clone());
     let mut dir = Haproxy::dir_only("late");
     dir.instance.managed = true;
 
-    let registry = prometheus::Registry::new();
-    let bus = Bus::new(
-        BusConfig::default(),
-        &BusMetrics::register(&registry).unwrap(),
-    );
+    let bus = TestBus::new();
+    let registry = bus.registry().clone();
     let store = LastDeployedStore::new();
-    let mut events = bus
-        .subscribe(
-            "test",
-            [
-                EventKind::InstanceDeployed,
-                EventKind::InstanceDeploymentFailed,
-            ],
-        )
-        .unwrap();
+    let mut events = support::deployments(&bus);
     let publisher = bus.publisher();
-    let mut kernel = Kernel::new(bus);
     // The deployer's own retry comes far too late to explain anything below.
-    kernel.register(Deployer::new(
+    let deployer = Deployer::new(
         deployer::Config {
             min_retry_delay: Duration::from_secs(120),
             max_retry_delay: Duration::from_secs(120),
@@ -140,14 +118,12 @@ async fn late_and_restarted_managed_haproxy_are_recorded_as_reloads() {
         store.clone(),
         Some(managed.clone()),
         Metrics::register(&registry).unwrap(),
-    ));
-    let kernel = kernel.start().unwrap();
-    let schedule = |config: Arc<hapwright_eventbus::model::RenderedConfig>| DeploymentScheduled {
-        model: hapwright_eventbus::model::haproxy::parse_main(&config)
-            .expect("the test config parses"),
-        config,
-        instances: vec!["late".to_owned()],
-        drift_check: false,
+    );
+    let kernel = bus.start(|kernel| {
+        kernel.register(deployer);
+    });
+    let schedule = |config: Arc<hapwright_eventbus::model::RenderedConfig>| {
+        support::scheduled(&config, &["late"])
     };
 
     // The first deployment cannot start HAProxy: its port is held.

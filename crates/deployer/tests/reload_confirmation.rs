@@ -15,13 +15,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hapwright_deployer::component::deployer::{Config, Deployer, LastDeployedStore};
-use hapwright_deployer::driver::managed::{ManagedHaproxy, SupervisorConfig};
+use hapwright_deployer::driver::managed::ManagedHaproxy;
 use hapwright_deployer::driver::{ConfirmedBy, DeployError, DriverConfig, SocketDriver};
 use hapwright_deployer::metrics::Metrics;
+use hapwright_eventbus::EventPayload;
 use hapwright_eventbus::model::{DeployStrategy, ReloadReason, RenderedConfig};
-use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, DeploymentScheduled, EventKind, EventPayload, Kernel,
-};
+use hapwright_eventbus::testing::TestBus;
 use support::{
     Backend, BlackHole, Haproxy, StopOnDrop, config, free_port, haproxy_line, rendered,
     wait_for_body,
@@ -52,14 +51,7 @@ async fn a_managed_start_and_its_reloads_are_confirmed_the_way_the_line_offers()
     let line = haproxy_line();
     let expected = expected_confirmation();
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
-    let managed = ManagedHaproxy::with_config(
-        "haproxy",
-        SupervisorConfig {
-            min_backoff: Duration::from_millis(50),
-            ready_timeout: Duration::from_secs(10),
-            ..SupervisorConfig::default()
-        },
-    );
+    let managed = ManagedHaproxy::with_config("haproxy", support::quick_supervisor());
     let _guard = StopOnDrop(managed.clone());
     let port = free_port();
     let mut dir = Haproxy::dir_only("local");
@@ -251,33 +243,17 @@ async fn healthy_instances_take_a_runtime_change_while_another_hangs() {
         metrics,
     );
     let names = deployer.instance_names();
-    let registry = prometheus::Registry::new();
-    let bus = Bus::new(
-        BusConfig::default(),
-        &BusMetrics::register(&registry).unwrap(),
-    );
-    let mut events = bus
-        .subscribe(
-            "test",
-            [
-                EventKind::InstanceDeployed,
-                EventKind::InstanceDeploymentFailed,
-            ],
-        )
-        .unwrap();
+    let bus = TestBus::new();
+    let mut events = support::deployments(&bus);
     let publisher = bus.publisher();
-    let mut kernel = Kernel::new(bus);
-    kernel.register(deployer);
-    let kernel = kernel.start().unwrap();
+    let kernel = bus.start(|kernel| {
+        kernel.register(deployer);
+    });
 
     let v2 = weighted(&app, 2);
     let started = Instant::now();
-    publisher.publish(DeploymentScheduled {
-        model: hapwright_eventbus::model::haproxy::parse_main(&v2).expect("the test config parses"),
-        config: v2.clone(),
-        instances: names,
-        drift_check: false,
-    });
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    publisher.publish(support::scheduled(&v2, &names));
     let mut healthy = Vec::new();
     timeout(Duration::from_secs(30), async {
         while healthy.len() < 2 {

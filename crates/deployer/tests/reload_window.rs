@@ -4,6 +4,8 @@
 //! two). Drivers are fakes behind the real [`Driver`] trait (the plans are real), under
 //! paused time.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,9 +17,8 @@ use hapwright_deployer::haproxy::config::Config as Model;
 use hapwright_deployer::haproxy::plan::ChangePlan;
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{DeployStrategy, InstanceDriver, RenderedConfig};
-use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, DeploymentScheduled, EventKind, EventPayload, Kernel,
-};
+use hapwright_eventbus::testing::TestBus;
+use hapwright_eventbus::{EventKind, EventPayload};
 use tokio::time::{Instant, timeout};
 
 /// What a fake instance was asked to do: (`reload` or `runtime`, hash, when).
@@ -121,35 +122,23 @@ async fn one_instance_waiting_for_its_reload_window_holds_nobody_else() {
             )
         })
         .collect();
-    let registry = prometheus::Registry::new();
-    let bus = Bus::new(
-        BusConfig::default(),
-        &BusMetrics::register(&registry).unwrap(),
-    );
-    let mut events = bus
-        .subscribe("test", [EventKind::InstanceDeployed])
-        .unwrap();
+    let bus = TestBus::new();
+    let mut events = bus.subscribe("test", [EventKind::InstanceDeployed]);
     let publisher = bus.publisher();
-    let mut kernel = Kernel::new(bus);
-    kernel.register(Deployer::with_drivers(
-        Config {
-            min_reload_interval: Duration::from_secs(10),
-            ..Config::default()
-        },
-        drivers,
-        LastDeployedStore::new(),
-        None,
-        Metrics::unregistered().unwrap(),
-    ));
-    let kernel = kernel.start().unwrap();
+    let kernel = bus.start(|kernel| {
+        kernel.register(Deployer::with_drivers(
+            Config {
+                min_reload_interval: Duration::from_secs(10),
+                ..Config::default()
+            },
+            drivers,
+            LastDeployedStore::new(),
+            None,
+            Metrics::unregistered().unwrap(),
+        ));
+    });
     let schedule = |config: &Arc<RenderedConfig>, instances: &[&str]| {
-        publisher.publish(DeploymentScheduled {
-            model: hapwright_eventbus::model::haproxy::parse_main(config)
-                .expect("the test config parses"),
-            config: config.clone(),
-            instances: instances.iter().map(|s| (*s).to_owned()).collect(),
-            drift_check: false,
-        });
+        publisher.publish(support::scheduled(config, instances));
     };
     let mut deployed = async |instance: &str| {
         timeout(Duration::from_secs(60), async {

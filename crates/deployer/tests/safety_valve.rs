@@ -2,6 +2,8 @@
 //! much of the running one is held; the drop persisting for `confirmAfter`, an
 //! approval or the sources coming back release it.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +13,7 @@ use hapwright_eventbus::model::RenderedConfig;
 use hapwright_eventbus::testing::TestBus;
 use hapwright_eventbus::{
     EventKind, EventPayload, HealthState, Publisher, RunningKernel, SafetyValveApproved,
-    SafetyValveHeld, SafetyValveReleased, Subscription, ValidationCompleted,
+    SafetyValveHeld, SafetyValveReleased, Subscription,
 };
 use tokio::time::timeout;
 
@@ -80,14 +82,7 @@ fn start(safety: safety::Config, memory: Memory) -> Harness {
 
 impl Harness {
     fn validated(&self, config: &Arc<RenderedConfig>) {
-        self.publisher.publish(ValidationCompleted {
-            model: hapwright_eventbus::model::haproxy::parse_main(config)
-                .expect("the test config parses"),
-            config: config.clone(),
-            duration: Duration::ZERO,
-            warnings: Vec::new(),
-            phase2_skipped: None,
-        });
+        self.publisher.publish(support::validated(config));
     }
 
     async fn deployed(&mut self) -> Arc<RenderedConfig> {

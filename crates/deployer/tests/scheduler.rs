@@ -1,5 +1,7 @@
 //! Scheduler rate limits, latest-wins and skip rules, under paused time.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,7 +10,7 @@ use hapwright_eventbus::model::{InstanceDriver, InstanceRef, RenderedConfig};
 use hapwright_eventbus::testing::TestBus;
 use hapwright_eventbus::{
     CorrelationId, DeploymentCompleted, DeploymentSummary, DriftDetected, Event, EventKind,
-    EventMeta, EventPayload, InstancesDiscovered, RunningKernel, Subscription, ValidationCompleted,
+    EventMeta, EventPayload, InstancesDiscovered, RunningKernel, Subscription,
 };
 use tokio::time::{Instant, timeout};
 
@@ -47,14 +49,7 @@ impl Harness {
     fn validated(&self, config: &Arc<RenderedConfig>) -> CorrelationId {
         let correlation = CorrelationId::new();
         self.publisher.publish_with(
-            ValidationCompleted {
-                model: hapwright_eventbus::model::haproxy::parse_main(config)
-                    .expect("the test config parses"),
-                config: config.clone(),
-                duration: Duration::ZERO,
-                warnings: Vec::new(),
-                phase2_skipped: None,
-            },
+            support::validated(config),
             EventMeta::correlated(correlation),
         );
         correlation

@@ -13,9 +13,8 @@ use hapwright_deployer::component::scheduler::{self, Scheduler};
 use hapwright_deployer::driver::{DeployError, SocketDriver};
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{DeployStrategy, ReloadReason};
-use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, EventKind, EventPayload, Kernel, ValidationCompleted,
-};
+use hapwright_eventbus::testing::TestBus;
+use hapwright_eventbus::{EventKind, EventPayload};
 use support::{Backend, Haproxy, bodies, config, free_port, http_get, rendered, wait_for_body};
 use tokio::time::timeout;
 
@@ -186,48 +185,34 @@ async fn quick_successive_changes_end_with_the_latest_live() {
     let v1 = render(1, a.port);
     let haproxy = Haproxy::start("local", &v1, &v1.hash().short()).await;
 
-    let registry = prometheus::Registry::new();
-    let bus = Bus::new(
-        BusConfig::default(),
-        &BusMetrics::register(&registry).unwrap(),
-    );
-    let metrics = Metrics::register(&registry).unwrap();
+    let bus = TestBus::new();
+    let metrics = Metrics::register(bus.registry()).unwrap();
     let store = LastDeployedStore::new();
-    let mut completed = bus
-        .subscribe("test", [EventKind::DeploymentCompleted])
-        .unwrap();
+    let mut completed = bus.subscribe("test", [EventKind::DeploymentCompleted]);
     let publisher = bus.publisher();
-    let mut kernel = Kernel::new(bus);
-    kernel.register(Scheduler::new(
-        scheduler::Config {
-            min_deployment_interval: Duration::from_millis(50),
-        },
-        vec!["local".to_owned()],
-    ));
-    kernel.register(Deployer::new(
-        deployer::Config {
-            min_reload_interval: Duration::from_millis(200),
-            ..deployer::Config::default()
-        },
-        vec![haproxy.instance.clone()],
-        store.clone(),
-        None,
-        metrics,
-    ));
-    let kernel = kernel.start().unwrap();
-    let validated = |config: Arc<hapwright_eventbus::model::RenderedConfig>| ValidationCompleted {
-        model: hapwright_eventbus::model::haproxy::parse_main(&config)
-            .expect("the test config parses"),
-        config,
-        duration: Duration::ZERO,
-        warnings: Vec::new(),
-        phase2_skipped: None,
-    };
-    publisher.publish(validated(v1.clone()));
+    let kernel = bus.start(|kernel| {
+        kernel.register(Scheduler::new(
+            scheduler::Config {
+                min_deployment_interval: Duration::from_millis(50),
+            },
+            vec!["local".to_owned()],
+        ));
+        kernel.register(Deployer::new(
+            deployer::Config {
+                min_reload_interval: Duration::from_millis(200),
+                ..deployer::Config::default()
+            },
+            vec![haproxy.instance.clone()],
+            store.clone(),
+            None,
+            metrics,
+        ));
+    });
+    publisher.publish(support::validated(&v1));
     let v2 = render(2, b.port);
     let v3 = render(3, c.port);
-    publisher.publish(validated(v2));
-    publisher.publish(validated(v3.clone()));
+    publisher.publish(support::validated(&v2));
+    publisher.publish(support::validated(&v3));
     let done = timeout(Duration::from_secs(20), async {
         loop {
             let event = completed.recv().await.unwrap();

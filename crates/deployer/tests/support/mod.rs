@@ -17,10 +17,14 @@ use std::time::Duration;
 
 use hapwright_deployer::client::master::MasterClient;
 use hapwright_deployer::client::socket::{InstanceConfig, SocketAddress};
-use hapwright_deployer::driver::managed::ManagedHaproxy;
+use hapwright_deployer::driver::managed::{ManagedHaproxy, SupervisorConfig};
 use hapwright_deployer::driver::{DriverConfig, SocketDriver};
 use hapwright_deployer::haproxy::files::ConfigDir;
 use hapwright_eventbus::model::{RenderedConfig, SourceMap};
+use hapwright_eventbus::testing::TestBus;
+use hapwright_eventbus::{
+    DeploymentScheduled, EventKind, EventPayload, Subscription, ValidationCompleted,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
@@ -29,6 +33,61 @@ use tokio::time::timeout;
 /// tests share).
 #[allow(unused_imports)] // each test file uses a part of this module
 pub use hapwright_eventbus::testing::free_port;
+
+/// A supervisor for tests: quick restarts (50 ms first backoff) and up to 10 s for
+/// HAProxy to be ready.
+pub fn quick_supervisor() -> SupervisorConfig {
+    SupervisorConfig {
+        min_backoff: Duration::from_millis(50),
+        ready_timeout: Duration::from_secs(10),
+        ..SupervisorConfig::default()
+    }
+}
+
+/// A subscription to every instance's deployment outcome (`InstanceDeployed`,
+/// `InstanceDeploymentFailed`), made before `bus` starts.
+pub fn deployments(bus: &TestBus) -> Subscription {
+    bus.subscribe(
+        "test",
+        [
+            EventKind::InstanceDeployed,
+            EventKind::InstanceDeploymentFailed,
+        ],
+    )
+}
+
+/// The next deployment outcome on `events` ([`deployments`]), waiting at most
+/// `wait`.
+pub async fn next_outcome(events: &mut Subscription, wait: Duration) -> EventPayload {
+    hapwright_eventbus::testing::next(events, wait)
+        .await
+        .payload
+        .clone()
+}
+
+/// `config` scheduled for `instances` (not a drift check), as the scheduler
+/// publishes it.
+pub fn scheduled(config: &Arc<RenderedConfig>, instances: &[&str]) -> DeploymentScheduled {
+    DeploymentScheduled {
+        model: hapwright_eventbus::model::haproxy::parse_main(config)
+            .expect("the test config parses"),
+        config: config.clone(),
+        instances: instances.iter().map(|s| (*s).to_owned()).collect(),
+        drift_check: false,
+    }
+}
+
+/// `config` validated, as the validator publishes it (phase 2 run).
+pub fn validated(config: &Arc<RenderedConfig>) -> ValidationCompleted {
+    ValidationCompleted {
+        model: hapwright_eventbus::model::haproxy::parse_main(config)
+            .expect("the test config parses"),
+        config: config.clone(),
+        duration: Duration::ZERO,
+        warnings: Vec::new(),
+        phase2_skipped: None,
+    }
+}
 
 /// A render with the given main config and maps.
 pub fn rendered(main: &str, maps: &[(&str, &str)]) -> Arc<RenderedConfig> {
