@@ -13,10 +13,13 @@
 //!                  config-file watcher component (watch)
 //! build            a config → the components of one kernel iteration (sources,
 //!                  renderer, validator, scheduler, deployer)
-//! run              `hapwright run`: the process-wide parts (metrics registry, status
-//!                  store, managed HAProxy supervisor, last-deployed store), the reinit
-//!                  loop (config changes, SIGHUP, POST /-/reload, component failures
-//!                  → a new iteration), the HTTP listeners
+//! run/             `hapwright run`, one module per job: the process-wide parts
+//!                  (process: metrics registry, status store, managed HAProxy
+//!                  supervisor, last-deployed store, leader election), a config
+//!                  checked before it runs (candidate), one iteration (iteration) and
+//!                  its components (assembly), the HTTP listeners (listeners), the
+//!                  reinit loop (controller: config changes, SIGHUP, POST /-/reload,
+//!                  component failures → a new iteration)
 //! http             the HTTP surface: /metrics, /healthz, /readyz, /-/reload, /debug/*
 //! status           the status store fed by the status and event-log components
 //! status_page      the HTML status page
