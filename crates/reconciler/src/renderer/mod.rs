@@ -4,8 +4,8 @@
 //!
 //! - [`Templates`] is the renderer's input: template sources, `extraContext`, the
 //!   Jinja environment settings and the limits.
-//! - [`Renderer::new`] instruments and compiles every template and runs the static
-//!   checks ([`check`]); every problem comes back as a [`Diagnostic`] naming the
+//! - [`Renderer::new`] names, instruments and compiles every template
+//!   ([`construct`]) and runs the static checks ([`check`]); every problem comes back as a [`Diagnostic`] naming the
 //!   template (`haproxy.cfg`, a snippet's name, `maps/<name>`, `files/<name>`,
 //!   `certs/<name>`), the line and column, and the offending source line.
 //! - [`Renderer::render`] renders everything into a [`RenderedConfig`] with its
@@ -23,6 +23,7 @@
 
 mod check;
 mod component;
+mod construct;
 mod context;
 pub mod escape;
 mod fragments;
@@ -408,95 +409,17 @@ impl Renderer {
             limits,
         } = templates;
         let mut diagnostics = Vec::new();
-
-        // Name every template; outputs first, in render order.
-        let mut sources: Vec<(Arc<str>, Option<RenderedFileRef>, String)> = Vec::new();
-        sources.push((
-            Arc::from("haproxy.cfg"),
-            Some(RenderedFileRef {
-                kind: FileKind::Main,
-                name: "haproxy.cfg".to_owned(),
-            }),
+        let (mut sources, paths) = construct::name_outputs(
             main,
-        ));
-        let mut paths: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (kind, group) in [
-            (FileKind::Map, maps),
-            (FileKind::File, files),
-            (FileKind::Certificate, certificates),
-        ] {
-            for (name, source) in group {
-                let path = kind.relative_path(&name);
-                paths.entry(name.clone()).or_default().push(path.clone());
-                sources.push((
-                    Arc::from(path),
-                    Some(RenderedFileRef { kind, name }),
-                    source,
-                ));
-            }
-        }
-        // File sets: their templates are entries too (checked and compiled like the
-        // others), rendered per item.
-        let mut set_entries = Vec::new();
-        for set in &file_sets {
-            let path = set.kind.relative_path(&set.key);
-            if sources.iter().any(|(n, _, _)| n.as_ref() == path) {
-                diagnostics.push(
-                    Diagnostic::error(format!(
-                        "{path} is both a file and a file set; rename one of them"
-                    ))
-                    .at(SourceLocation::new(path.clone(), None, None)),
-                );
-                continue;
-            }
-            set_entries.push((set.clone(), sources.len()));
-            sources.push((
-                Arc::from(path),
-                Some(RenderedFileRef {
-                    kind: set.kind,
-                    name: set.key.clone(),
-                }),
-                set.template.clone(),
-            ));
-        }
-        let reserved: BTreeSet<Arc<str>> = sources.iter().map(|(n, _, _)| n.clone()).collect();
-        let mut snippet_names = Vec::new();
-        for (name, source) in snippets {
-            if reserved.contains(name.as_str()) {
-                diagnostics.push(
-                    Diagnostic::error(format!(
-                        "snippet name `{name}` is reserved for a rendered file; rename the snippet"
-                    ))
-                    .at(SourceLocation::new(name.clone(), None, None)),
-                );
-                continue;
-            }
-            snippet_names.push(name.clone());
-            sources.push((Arc::from(name), None, source));
-        }
-
-        // Instrument.
-        let mut markers = MarkerTable::default();
-        let entries: Vec<Entry> = sources
-            .into_iter()
-            .map(|(name, output, source)| {
-                let instrumented =
-                    scan::instrument(&source, |line| Some(markers.marker(&name, line)));
-                Entry {
-                    is_snippet: output.is_none(),
-                    lines: LineIndex::new(&source),
-                    name,
-                    output,
-                    source,
-                    instrumented,
-                }
-            })
-            .collect();
-        let by_name = entries
-            .iter()
-            .enumerate()
-            .map(|(index, entry)| (entry.name.clone(), index))
-            .collect();
+            [
+                (FileKind::Map, maps),
+                (FileKind::File, files),
+                (FileKind::Certificate, certificates),
+            ],
+        );
+        let set_entries = construct::name_sets(&mut sources, file_sets, &mut diagnostics);
+        let snippet_names = construct::name_snippets(&mut sources, snippets, &mut diagnostics);
+        let (entries, markers, by_name) = construct::instrument(sources);
 
         // Static checks.
         let watched: Vec<Arc<str>> = watched.iter().map(|w| Arc::from(w.as_ref())).collect();
@@ -505,7 +428,7 @@ impl Renderer {
         diagnostics.extend(found);
 
         // Compile.
-        let env = match build_environment(
+        let mut env = match build_environment(
             settings,
             limits,
             snippet_names,
@@ -520,7 +443,6 @@ impl Renderer {
                 return Err(diagnostics);
             }
         };
-        let mut env = env;
         let (
             found,
             check::Found {
@@ -532,86 +454,49 @@ impl Renderer {
         diagnostics.extend(found);
         let mut independent = check::independent(&entries, &edges, &facts);
         let mut reusable = check::self_contained(&entries, &edges, &facts);
-        let mut in_set = vec![false; entries.len()];
-        let mut set_specs = Vec::new();
-        for (set, index) in set_entries {
-            in_set[index] = true;
-            let contained = reusable[index];
-            independent[index] = false;
-            reusable[index] = false;
-            let name_template = sets::name_template(set.kind, &set.key);
-            let path = set.kind.relative_path(&set.key);
-            if let Err(error) = env.add_template_owned(name_template.clone(), set.name.clone()) {
-                diagnostics.push(
-                    Diagnostic::error(format!("{path}: its file name template: {error}"))
-                        .at(SourceLocation::new(path.clone(), None, None)),
-                );
-            }
-            if let Err(error) = env.compile_expression(&set.for_each) {
-                diagnostics.push(
-                    Diagnostic::error(format!("{path}: its forEach expression: {error}"))
-                        .at(SourceLocation::new(path.clone(), None, None)),
-                );
-            }
-            set_specs.push(sets::SetSpec {
-                kind: set.kind,
-                key: set.key,
-                entry: index,
-                name_template,
-                for_each: set.for_each,
-                contained,
-            });
-        }
-        for entry in &entries {
-            let source = scan::trust_literals(&entry.instrumented.source)
-                .unwrap_or_else(|| entry.instrumented.source.clone());
-            if let Err(error) = env.add_template_owned(entry.name.to_string(), source) {
-                diagnostics.push(compile_diagnostic(&env, entry, &error));
-            }
+        let (in_set, set_specs) = construct::compile_sets(
+            &mut env,
+            set_entries,
+            &mut independent,
+            &mut reusable,
+            &mut diagnostics,
+        );
+        construct::compile_entries(&mut env, &entries, &mut diagnostics);
+        if !diagnostics.is_empty() {
+            return Err(diagnostics);
         }
 
+        // What may be cached and reused between renders.
         // The config file's author wrote it: its strings are trusted text.
         let extra_context = functions::trusted_value(&extra_context);
-        let (fragment_env, fragment_vars, rewritten, loops) = if diagnostics.is_empty() {
-            fragment_environment(&env, &entries, &edges, &facts, &variables)
-        } else {
-            (None, BTreeMap::new(), BTreeSet::new(), Vec::new())
-        };
-        let mut spliceable = check::spliceable(&entries, &edges, &facts, &reusable, &rewritten);
-        for (spliceable, _) in spliceable.iter_mut().zip(&in_set).filter(|(_, s)| **s) {
-            *spliceable = false;
-        }
-        let globals: BTreeMap<String, Value> = env
-            .globals()
-            .map(|(name, value)| (name.to_owned(), value))
-            .collect();
-        if diagnostics.is_empty() {
-            Ok(Self {
-                inner: Arc::new(Inner {
-                    env,
-                    entries,
-                    by_name,
-                    origins: markers.origins(),
-                    markers,
-                    watched,
-                    extra_context,
-                    limits,
-                    independent,
-                    reusable,
-                    spliceable,
-                    cache: Mutex::new(None),
-                    fragment_env,
-                    fragment_vars: Arc::new(fragment_vars),
-                    globals: Arc::new(globals),
-                    loops: loops.into(),
-                    warnings,
-                    sets: set_specs,
-                    in_set,
-                }),
-            })
-        } else {
-            Err(diagnostics)
-        }
+        let (fragment_env, fragment_vars, rewritten, loops) =
+            fragment_environment(&env, &entries, &edges, &facts, &variables);
+        let spliceable = check::spliceable(&entries, &edges, &facts, &reusable, &rewritten);
+        let spliceable = construct::outside_sets(spliceable, &in_set);
+        let globals = construct::globals(&env);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                env,
+                entries,
+                by_name,
+                origins: markers.origins(),
+                markers,
+                watched,
+                extra_context,
+                limits,
+                independent,
+                reusable,
+                spliceable,
+                cache: Mutex::new(None),
+                fragment_env,
+                fragment_vars: Arc::new(fragment_vars),
+                globals: Arc::new(globals),
+                loops: loops.into(),
+                warnings,
+                sets: set_specs,
+                in_set,
+            }),
+        })
     }
 
     /// What the static checks warn about: `|trusted` on values that may come from
