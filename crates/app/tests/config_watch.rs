@@ -26,9 +26,7 @@ impl Harness {
         let watcher = ConfigWatcher::new(&loaded, sender)
             .with_timing(Duration::from_millis(30), Duration::from_secs(60));
         Self {
-            kernel: bus.start(|kernel| {
-                kernel.register(watcher);
-            }),
+            kernel: bus.start_one(watcher),
             events,
             changes,
         }

@@ -16,8 +16,8 @@ use prometheus::Registry;
 use tokio::time::timeout;
 
 use crate::{
-    Bus, BusConfig, BusMetrics, Event, EventKind, EventPayload, HealthState, Kernel, KindSet,
-    Publisher, RunningKernel, Subscription,
+    Bus, BusConfig, BusMetrics, Component, Event, EventKind, EventPayload, HealthState, Kernel,
+    KindSet, Publisher, RunningKernel, Subscription,
 };
 
 /// A bus for one test, before its components start: subscribe first (so the test
@@ -59,6 +59,13 @@ impl TestBus {
     /// A publisher, for the events the test plays.
     pub fn publisher(&self) -> Publisher {
         self.bus.publisher()
+    }
+
+    /// Starts a kernel on the bus with `component` alone.
+    pub fn start_one(self, component: impl Component) -> RunningKernel {
+        self.start(|kernel| {
+            kernel.register(component);
+        })
     }
 
     /// Starts a kernel on the bus with the components `register` adds.

@@ -10,47 +10,42 @@ use std::time::{Duration, SystemTime};
 use hapwright_eventbus::model::{
     Diagnostic, ObjectKey, RenderedConfig, ResourceChange, ResourceSnapshot, SourceLocation,
 };
-use hapwright_eventbus::testing::{self, TestBus};
 use hapwright_eventbus::{
-    EventKind, HealthState, Publisher, QuarantineSearched, QuarantinedObject, ResourceIndexUpdated,
-    RunningKernel, Subscription, TemplateRendered,
+    HealthState, QuarantineSearched, QuarantinedObject, ResourceIndexUpdated, TemplateRendered,
 };
+use hapwright_watchers::kubernetes::QuarantineEvents;
 use hapwright_watchers::kubernetes::events::{QUARANTINED_REASON, RELEASED_REASON, notices};
-use hapwright_watchers::kubernetes::{ClientFactory, QuarantineEvents};
-use kubernetes_mock::{ApiServer, Exchange, pair};
+use kubernetes_mock::{Exchange, Writing};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/shop/events";
 
 struct Harness {
-    kernel: RunningKernel,
-    publisher: Publisher,
-    health: Subscription,
-    api: ApiServer,
+    writing: Writing,
 }
 
 fn start(leader: Option<watch::Receiver<bool>>) -> Harness {
-    let (client, api) = pair();
-    let bus = TestBus::new();
-    let health = bus.subscribe("test", [EventKind::ComponentHealthChanged]);
-    let publisher = bus.publisher();
-    let mut component = QuarantineEvents::new(
-        ClientFactory::with_client(client),
-        kubernetes_mock::ingresses(),
-    )
-    .with_instance("hapwright-0");
-    if let Some(leader) = leader {
-        component = component.with_leadership(leader);
-    }
-    Harness {
-        kernel: bus.start(|kernel| {
-            kernel.register(component);
-        }),
-        publisher,
-        health,
-        api,
-    }
+    let writing = Writing::start(|client, kernel| {
+        let mut component = QuarantineEvents::new(client, kubernetes_mock::ingresses())
+            .with_instance("hapwright-0");
+        if let Some(leader) = leader {
+            component = component.with_leadership(leader);
+        }
+        kernel.register(component);
+    });
+    Harness { writing }
+}
+
+/// Checks that `event` is about the Ingress `shop/web`.
+fn assert_regards_web(event: &Value) {
+    assert_eq!(
+        event["regarding"],
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "namespace": "shop", "name": "web", "uid": "uid-web",
+        })
+    );
 }
 
 /// A quarantined object of `resource`.
@@ -96,16 +91,22 @@ impl Harness {
                 }),
             );
         }
-        self.publisher.publish(ResourceIndexUpdated {
+        self.writing.publisher.publish(ResourceIndexUpdated {
             source: "ingresses".into(),
             snapshot: Arc::new(snapshot),
             change: Arc::new(ResourceChange::default()),
         });
     }
 
+    /// Publishes a quarantine search that holds back `objects` and releases
+    /// `released`.
+    fn search(&self, objects: Vec<QuarantinedObject>, released: Vec<QuarantinedObject>) {
+        self.writing.publisher.publish(searched(objects, released));
+    }
+
     /// The next Event the component creates; answers it as the API server would.
     async fn created(&mut self) -> Value {
-        let exchange = self.api.next().await;
+        let exchange = self.writing.api.next().await;
         assert_eq!(exchange.method, http::Method::POST, "{exchange:?}");
         assert_eq!(exchange.path, EVENTS, "{exchange:?}");
         let body = exchange.json();
@@ -115,7 +116,7 @@ impl Harness {
 
     /// Publishes a render whose `haproxy.cfg` is `main`.
     fn rendered(&self, main: &str) {
-        self.publisher.publish(TemplateRendered {
+        self.writing.publisher.publish(TemplateRendered {
             config: Arc::new(RenderedConfig::builder(main).build()),
             duration: Duration::ZERO,
             render: Default::default(),
@@ -123,17 +124,11 @@ impl Harness {
     }
 
     async fn health(&mut self, state: HealthState) -> String {
-        testing::health_reported(
-            &mut self.health,
-            QuarantineEvents::NAME,
-            state,
-            kubernetes_mock::WAIT,
-        )
-        .await
+        self.writing.health(QuarantineEvents::NAME, state).await
     }
 
     async fn stop(self) {
-        testing::stop(self.kernel).await;
+        self.writing.stop().await;
     }
 }
 
@@ -142,7 +137,7 @@ async fn a_quarantined_kubernetes_object_gets_a_warning_and_its_release_a_normal
     let mut h = start(None);
     h.ingresses(&["web", "api"]);
     // `services` comes from files: no Event for it, only for the Ingress.
-    h.publisher.publish(searched(
+    h.writing.publisher.publish(searched(
         vec![object("services", "web"), object("ingresses", "web")],
         Vec::new(),
     ));
@@ -151,13 +146,7 @@ async fn a_quarantined_kubernetes_object_gets_a_warning_and_its_release_a_normal
     assert_eq!(event["reason"], QUARANTINED_REASON);
     assert_eq!(event["reportingController"], "hapwright");
     assert_eq!(event["reportingInstance"], "hapwright-0");
-    assert_eq!(
-        event["regarding"],
-        json!({
-            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-            "namespace": "shop", "name": "web", "uid": "uid-web",
-        })
-    );
+    assert_regards_web(&event);
     let note = event["note"].as_str().unwrap();
     assert!(note.contains("(modified)"), "{note}");
     assert!(
@@ -167,10 +156,8 @@ async fn a_quarantined_kubernetes_object_gets_a_warning_and_its_release_a_normal
 
     // The next search still lists it: nothing new is written. The next request is
     // the release's Normal Event, not a repeated warning.
-    h.publisher
-        .publish(searched(vec![object("ingresses", "web")], Vec::new()));
-    h.publisher
-        .publish(searched(Vec::new(), vec![object("ingresses", "web")]));
+    h.search(vec![object("ingresses", "web")], Vec::new());
+    h.search(Vec::new(), vec![object("ingresses", "web")]);
     let event = h.created().await;
     assert_eq!(event["type"], "Normal");
     assert_eq!(event["reason"], RELEASED_REASON);
@@ -184,16 +171,15 @@ async fn only_the_leader_writes_events() {
     let mut h = start(Some(follower));
     h.ingresses(&["web", "api"]);
     // While following: nothing is written for web, quarantined and released.
-    h.publisher
-        .publish(searched(vec![object("ingresses", "web")], Vec::new()));
-    h.publisher
-        .publish(searched(Vec::new(), vec![object("ingresses", "web")]));
+    h.search(vec![object("ingresses", "web")], Vec::new());
+    h.search(Vec::new(), vec![object("ingresses", "web")]);
     // With paused time this returns once every task is idle: the component has
     // handled both searches as a follower.
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Leading: the first Event the API server sees is api's.
     leader.send_replace(true);
-    h.publisher
+    h.writing
+        .publisher
         .publish(searched(vec![object("ingresses", "api")], Vec::new()));
     let event = h.created().await;
     assert_eq!(event["regarding"]["name"], "api", "{event}");
@@ -206,9 +192,10 @@ async fn a_refused_write_degrades_the_component_and_is_retried() {
     let mut h = start(None);
     h.ingresses(&["web"]);
     h.health(HealthState::Healthy).await;
-    h.publisher
+    h.writing
+        .publisher
         .publish(searched(vec![object("ingresses", "web")], Vec::new()));
-    let exchange: Exchange = h.api.next().await;
+    let exchange: Exchange = h.writing.api.next().await;
     assert_eq!(exchange.path, EVENTS);
     exchange.respond_status(
         403,
@@ -221,7 +208,8 @@ async fn a_refused_write_degrades_the_component_and_is_retried() {
         "{reason}"
     );
     // Not announced, so the next search tries again; success makes it healthy.
-    h.publisher
+    h.writing
+        .publisher
         .publish(searched(vec![object("ingresses", "web")], Vec::new()));
     let event = h.created().await;
     assert_eq!(event["reason"], QUARANTINED_REASON);
@@ -277,13 +265,7 @@ async fn a_notice_in_the_rendered_config_becomes_a_warning_once_and_again_after_
     assert_eq!(event["type"], "Warning");
     assert_eq!(event["reason"], "HapwrightConflict");
     assert_eq!(event["action"], "Render");
-    assert_eq!(
-        event["regarding"],
-        json!({
-            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-            "namespace": "shop", "name": "web", "uid": "uid-web",
-        })
-    );
+    assert_regards_web(&event);
     assert!(
         event["note"]
             .as_str()
@@ -301,7 +283,7 @@ async fn a_notice_in_the_rendered_config_becomes_a_warning_once_and_again_after_
     h.rendered("global\n# hapwright:Conflict Service shop/web: not watched from Kubernetes\n");
     h.rendered(&with_notice("web"));
     // The Events API folds the repeat into the first Event's series.
-    let exchange = h.api.next().await;
+    let exchange = h.writing.api.next().await;
     assert_eq!(exchange.method, http::Method::PATCH, "{exchange:?}");
     assert!(
         exchange.path.starts_with(&format!("{EVENTS}/web.")),

@@ -249,17 +249,24 @@ fn is_renewal(state: &State) -> bool {
     })
 }
 
-#[tokio::test]
-async fn acquires_a_missing_lease_renews_it_and_releases_it_at_shutdown() {
+/// Replica `replica-a`'s election against a fake API server that starts with
+/// `lease`, with `metrics` when given.
+fn elect(lease: Option<Value>, metrics: Option<LeaderMetrics>) -> (FakeLeases, LeaderElection) {
     let (client, api) = pair();
-    let mut fake = FakeLeases::start(api, None);
-    let registry = prometheus::Registry::new();
-    let metrics = LeaderMetrics::register(&registry).unwrap();
+    let fake = FakeLeases::start(api, lease);
     let election = LeaderElection::start(
         config("replica-a"),
         ClientFactory::with_client(client),
-        Some(metrics),
+        metrics,
     );
+    (fake, election)
+}
+
+#[tokio::test]
+async fn acquires_a_missing_lease_renews_it_and_releases_it_at_shutdown() {
+    let registry = prometheus::Registry::new();
+    let metrics = LeaderMetrics::register(&registry).unwrap();
+    let (mut fake, election) = elect(None, Some(metrics));
     let mut leader = election.subscribe();
     assert!(!*leader.borrow(), "a follower until the lease is held");
 
@@ -291,13 +298,7 @@ async fn acquires_a_missing_lease_renews_it_and_releases_it_at_shutdown() {
 
 #[tokio::test]
 async fn a_lease_held_by_another_replica_keeps_this_one_a_follower_until_it_expires() {
-    let (client, api) = pair();
-    let mut fake = FakeLeases::start(api, Some(lease_held_by("replica-b", 2)));
-    let election = LeaderElection::start(
-        config("replica-a"),
-        ClientFactory::with_client(client),
-        None,
-    );
+    let (mut fake, election) = elect(Some(lease_held_by("replica-b", 2)), None);
     let mut leader = election.subscribe();
     // It read the lease and saw the other holder.
     fake.wait_for("the lease was read", |s| {
@@ -318,15 +319,9 @@ async fn a_lease_held_by_another_replica_keeps_this_one_a_follower_until_it_expi
 
 #[tokio::test]
 async fn losing_the_lease_to_another_holder_steps_down() {
-    let (client, api) = pair();
-    let fake = FakeLeases::start(api, None);
     let registry = prometheus::Registry::new();
     let metrics = LeaderMetrics::register(&registry).unwrap();
-    let election = LeaderElection::start(
-        config("replica-a"),
-        ClientFactory::with_client(client),
-        Some(metrics),
-    );
+    let (fake, election) = elect(None, Some(metrics));
     let mut leader = election.subscribe();
     becomes(&mut leader, true).await;
 
@@ -347,14 +342,9 @@ async fn losing_the_lease_to_another_holder_steps_down() {
 
 #[tokio::test]
 async fn rbac_denied_never_leads_and_a_denied_renewal_steps_down() {
-    let (client, api) = pair();
-    let mut fake = FakeLeases::start(api, None);
+    let (mut fake, election) = elect(None, None);
+    // Denied from the first request: the election's task runs at the first await.
     fake.with(|s| s.deny = true);
-    let election = LeaderElection::start(
-        config("replica-a"),
-        ClientFactory::with_client(client),
-        None,
-    );
     let mut leader = election.subscribe();
     fake.wait_for("two denied attempts", |s| s.log.len() >= 2)
         .await;

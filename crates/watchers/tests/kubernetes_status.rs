@@ -7,13 +7,10 @@ mod kubernetes_mock;
 use std::time::Duration;
 
 use hapwright_eventbus::model::ContentHash;
-use hapwright_eventbus::testing::{self, TestBus};
-use hapwright_eventbus::{
-    EventKind, HealthState, Publisher, RenderedStatus, RunningKernel, StatusRendered, Subscription,
-};
+use hapwright_eventbus::{HealthState, RenderedStatus, StatusRendered};
 use hapwright_watchers::kubernetes::status::FIELD_MANAGER;
-use hapwright_watchers::kubernetes::{ClientFactory, RateLimit, StatusMetrics, StatusWriter};
-use kubernetes_mock::{ApiServer, Exchange, pair, resource_list};
+use hapwright_watchers::kubernetes::{RateLimit, StatusMetrics, StatusWriter};
+use kubernetes_mock::{Exchange, Writing, resource_list};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::time::timeout;
@@ -25,36 +22,24 @@ fn status_path(name: &str) -> String {
 }
 
 struct Harness {
-    kernel: RunningKernel,
-    publisher: Publisher,
-    health: Subscription,
-    api: ApiServer,
+    writing: Writing,
     metrics: StatusMetrics,
     discovered: bool,
 }
 
 fn start(leader: Option<watch::Receiver<bool>>, rate: RateLimit) -> Harness {
-    let (client, api) = pair();
-    let bus = TestBus::new();
-    let health = bus.subscribe("test", [EventKind::ComponentHealthChanged]);
-    let publisher = bus.publisher();
     let metrics = StatusMetrics::unregistered().unwrap();
-    let mut component = StatusWriter::new(
-        ClientFactory::with_client(client),
-        kubernetes_mock::ingresses(),
-        metrics.clone(),
-    )
-    .with_rate_limit(rate);
-    if let Some(leader) = leader {
-        component = component.with_leadership(leader);
-    }
+    let written = metrics.clone();
+    let writing = Writing::start(|client, kernel| {
+        let mut component =
+            StatusWriter::new(client, kubernetes_mock::ingresses(), written).with_rate_limit(rate);
+        if let Some(leader) = leader {
+            component = component.with_leadership(leader);
+        }
+        kernel.register(component);
+    });
     Harness {
-        kernel: bus.start(|kernel| {
-            kernel.register(component);
-        }),
-        publisher,
-        health,
-        api,
+        writing,
         metrics,
         discovered: false,
     }
@@ -74,7 +59,7 @@ fn status(resource: &str, name: &str, ip: &str, current: bool) -> RenderedStatus
 
 impl Harness {
     fn rendered(&self, statuses: Vec<RenderedStatus>) {
-        self.publisher.publish(StatusRendered {
+        self.writing.publisher.publish(StatusRendered {
             hash: ContentHash::of(b"render"),
             statuses: statuses.into(),
             errors: Vec::new(),
@@ -84,14 +69,14 @@ impl Harness {
     /// The next request; the first one resolves the kind through discovery.
     async fn request(&mut self) -> Exchange {
         if !self.discovered {
-            let exchange = self.api.expect_get(DISCOVERY).await;
+            let exchange = self.writing.api.expect_get(DISCOVERY).await;
             exchange.respond(
                 200,
                 &resource_list("networking.k8s.io/v1", "ingresses", "Ingress", true),
             );
             self.discovered = true;
         }
-        self.api.next().await
+        self.writing.api.next().await
     }
 
     /// The next status patch, answered with 200; returns its path and body.
@@ -105,13 +90,7 @@ impl Harness {
     }
 
     async fn health(&mut self, state: HealthState) -> String {
-        testing::health_reported(
-            &mut self.health,
-            StatusWriter::NAME,
-            state,
-            kubernetes_mock::WAIT,
-        )
-        .await
+        self.writing.health(StatusWriter::NAME, state).await
     }
 
     /// Lets every task run until idle (time is paused: returns once nothing is left
@@ -119,7 +98,7 @@ impl Harness {
     async fn assert_no_request(&mut self) {
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert!(
-            timeout(Duration::from_millis(1), self.api.next())
+            timeout(Duration::from_millis(1), self.writing.api.next())
                 .await
                 .is_err(),
             "no request expected"
@@ -127,7 +106,7 @@ impl Harness {
     }
 
     async fn stop(self) {
-        testing::stop(self.kernel).await;
+        self.writing.stop().await;
     }
 }
 

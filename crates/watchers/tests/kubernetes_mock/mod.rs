@@ -281,3 +281,57 @@ pub fn ingresses() -> [(
         },
     )]
 }
+
+/// A component that writes to the API server, on a test bus: the running kernel,
+/// the test's publisher, the components' health changes (subscribed before the
+/// kernel started) and the scripted API server behind their client.
+pub struct Writing {
+    /// The running kernel.
+    pub kernel: hapwright_eventbus::RunningKernel,
+    /// Publishes the events the test plays.
+    pub publisher: hapwright_eventbus::Publisher,
+    /// The components' health changes.
+    pub health: hapwright_eventbus::Subscription,
+    /// The server side of the client the components were given.
+    pub api: ApiServer,
+}
+
+impl Writing {
+    /// Starts the components `register` adds, given a client of the scripted server.
+    pub fn start(
+        register: impl FnOnce(
+            hapwright_watchers::kubernetes::ClientFactory,
+            &mut hapwright_eventbus::Kernel,
+        ),
+    ) -> Self {
+        let (client, api) = pair();
+        let bus = hapwright_eventbus::testing::TestBus::new();
+        let health = bus.subscribe(
+            "test",
+            [hapwright_eventbus::EventKind::ComponentHealthChanged],
+        );
+        let publisher = bus.publisher();
+        let client = hapwright_watchers::kubernetes::ClientFactory::with_client(client);
+        let kernel = bus.start(|kernel| register(client, kernel));
+        Self {
+            kernel,
+            publisher,
+            health,
+            api,
+        }
+    }
+
+    /// Waits until `component` reports `state`; returns the reason it gave.
+    pub async fn health(
+        &mut self,
+        component: &str,
+        state: hapwright_eventbus::HealthState,
+    ) -> String {
+        hapwright_eventbus::testing::health_reported(&mut self.health, component, state, WAIT).await
+    }
+
+    /// Shuts the kernel down and checks that no component had to be aborted.
+    pub async fn stop(self) {
+        hapwright_eventbus::testing::stop(self.kernel).await;
+    }
+}
