@@ -22,16 +22,13 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use hapwright_deployer::client::dataplane::{DataplaneClient, Endpoint, Settings};
-use hapwright_deployer::component::deployer::{Config, Deployer, LastDeployedStore};
 use hapwright_deployer::driver::SocketDriver;
 use hapwright_deployer::driver::dataplane::DataplaneDriver;
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::config::Secret;
 use hapwright_eventbus::model::RenderedConfig;
-use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, DeploymentScheduled, EventKind, EventPayload, Kernel,
-    RunningKernel, Subscription,
-};
+use hapwright_eventbus::testing::TestBus;
+use hapwright_eventbus::{EventKind, EventPayload, RunningKernel, Subscription};
 use support::dataplane::{DataplaneServer, Faults, PASSWORD, USER};
 use support::{BlackHole, Haproxy, rendered};
 
@@ -105,34 +102,16 @@ impl Fleet {
             ));
             servers.push(server);
         }
-        let registry = prometheus::Registry::new();
-        let bus = Bus::new(
-            BusConfig::default(),
-            &BusMetrics::register(&registry).unwrap(),
+        let bus = TestBus::new();
+        let completed = bus.subscribe(
+            "bench",
+            [EventKind::DeploymentCompleted, EventKind::InstanceDeployed],
         );
-        let completed = bus
-            .subscribe(
-                "bench",
-                [EventKind::DeploymentCompleted, EventKind::InstanceDeployed],
-            )
-            .unwrap();
         let publisher = bus.publisher();
-        let deployer = Deployer::with_drivers(
-            Config {
-                deployment_timeout: Duration::from_secs(2),
-                ..Config::default()
-            },
-            drivers,
-            LastDeployedStore::new(),
-            None,
-            metrics,
-        )
-        .with_dataplane(dataplane);
+        let deployer = support::fleet_deployer(drivers, metrics).with_dataplane(dataplane);
         let names = deployer.instance_names();
-        let mut kernel = Kernel::new(bus);
-        kernel.register(deployer);
         let mut fleet = Self {
-            kernel: Some(kernel.start().unwrap()),
+            kernel: Some(bus.start_one(deployer)),
             publisher,
             completed,
             names,
@@ -152,13 +131,8 @@ impl Fleet {
 
     /// Schedules `config` for every instance of the fleet.
     fn schedule(&self, config: Arc<RenderedConfig>) {
-        self.publisher.publish(DeploymentScheduled {
-            model: hapwright_eventbus::model::haproxy::parse_main(&config)
-                .expect("the benchmark config parses"),
-            config,
-            instances: self.names.clone(),
-            drift_check: false,
-        });
+        let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
+        self.publisher.publish(support::scheduled(&config, &names));
     }
 
     /// Deploys `config` and returns once `healthy` instances took it.

@@ -129,16 +129,13 @@ async fn runtime_changes_use_the_api_without_a_reload() {
         "    server s1 127.0.0.2:9002 weight 5\n    server s2 127.0.0.1:9003\n",
         "a.test be_app\nc.test be_other\n",
     );
-    let deployed = driver
-        .deploy(v2.clone(), None, Some(running.clone()), false)
-        .await
-        .unwrap();
-    assert_eq!(
-        deployed.strategy,
+    let deployed = support::deploy_by(
+        &driver,
+        v2.clone(),
+        running.clone(),
         DeployStrategy::Runtime,
-        "{:?}",
-        deployed.reason
-    );
+    )
+    .await;
     assert_eq!(server.state().reload_count, reloads, "no reload");
     let s1 = server.server("be_app", "s1").unwrap();
     assert_eq!(

@@ -62,9 +62,7 @@ async fn a_reload_slower_than_the_deployment_timeout_restores_the_files_and_repo
         None,
         metrics.clone(),
     );
-    let kernel = bus.start(|kernel| {
-        kernel.register(deployer);
-    });
+    let kernel = bus.start_one(deployer);
     let schedule = |config: &Arc<RenderedConfig>| {
         publisher.publish(support::scheduled(config, &["slow"]));
     };

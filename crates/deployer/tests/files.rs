@@ -607,16 +607,7 @@ backend be_app\n{extra}    server s1 127.0.0.1:{}\n",
 
     // A structural change reloads; HAProxy (root here) loads the private key.
     let v2 = render("    balance first\n", &pems[1]);
-    let deployed = driver
-        .deploy(v2, None, Some(running.into()), false)
-        .await
-        .unwrap();
-    assert_eq!(
-        deployed.strategy,
-        DeployStrategy::Reload,
-        "{:?}",
-        deployed.reason
-    );
+    let deployed = support::deploy_by(&driver, v2, running.into(), DeployStrategy::Reload).await;
     let shown = driver
         .runtime()
         .command("show ssl cert certs/site.pem")

@@ -589,12 +589,7 @@ backend be_app\n    balance roundrobin\n    server s1 127.0.0.1:{server_port}\n"
         })
         .await;
     assert_eq!(recovered, v3.hash());
-    let marker = haproxies[2]
-        .master()
-        .worker_env(hapwright_deployer::haproxy::files::VERSION_VARIABLE)
-        .await
-        .unwrap();
-    assert_eq!(marker, Some(v3.hash().short()));
+    assert_eq!(haproxies[2].config_version().await, Some(v3.hash().short()));
     assert!(dp1.state().running_raw.contains("option forwardfor"));
     harness.stop().await;
 }

@@ -119,9 +119,7 @@ async fn late_and_restarted_managed_haproxy_are_recorded_as_reloads() {
         Some(managed.clone()),
         Metrics::register(&registry).unwrap(),
     );
-    let kernel = bus.start(|kernel| {
-        kernel.register(deployer);
-    });
+    let kernel = bus.start_one(deployer);
     let schedule = |config: Arc<hapwright_eventbus::model::RenderedConfig>| {
         support::scheduled(&config, &["late"])
     };

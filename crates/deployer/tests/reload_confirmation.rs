@@ -14,7 +14,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hapwright_deployer::component::deployer::{Config, Deployer, LastDeployedStore};
 use hapwright_deployer::driver::managed::ManagedHaproxy;
 use hapwright_deployer::driver::{ConfirmedBy, DeployError, DriverConfig, SocketDriver};
 use hapwright_deployer::metrics::Metrics;
@@ -230,25 +229,14 @@ async fn healthy_instances_take_a_runtime_change_while_another_hangs() {
             )
         })
         .collect();
-    let deployer = Deployer::with_drivers(
-        Config {
-            // As the fleet benchmark: a first attempt that waited out a lost reload
-            // would fail here and show as a failure below.
-            deployment_timeout: Duration::from_secs(2),
-            ..Config::default()
-        },
-        drivers,
-        LastDeployedStore::new(),
-        None,
-        metrics,
-    );
+    // As the fleet benchmark: a first attempt that waited out a lost reload would
+    // fail here and show as a failure below.
+    let deployer = support::fleet_deployer(drivers, metrics);
     let names = deployer.instance_names();
     let bus = TestBus::new();
     let mut events = support::deployments(&bus);
     let publisher = bus.publisher();
-    let kernel = bus.start(|kernel| {
-        kernel.register(deployer);
-    });
+    let kernel = bus.start_one(deployer);
 
     let v2 = weighted(&app, 2);
     let started = Instant::now();

@@ -15,6 +15,7 @@ use hapwright_eventbus::{
     EventKind, EventPayload, HealthState, Publisher, RunningKernel, SafetyValveApproved,
     SafetyValveHeld, SafetyValveReleased, Subscription,
 };
+use support::counts;
 use tokio::time::timeout;
 
 /// `backends` backends of two servers each, plus the routes to them in a map.
@@ -28,17 +29,6 @@ fn config(backends: usize) -> Arc<RenderedConfig> {
         map.push_str(&format!("host{b}.test be_{b}\n"));
     }
     Arc::new(RenderedConfig::builder(main).map("hosts.map", map).build())
-}
-
-/// Backends, servers and map entries of a render.
-fn counts(config: &RenderedConfig) -> (usize, usize, usize) {
-    let model = hapwright_deployer::haproxy::config::parse(config.main()).unwrap();
-    let footprint = safety::Footprint::of(config, &model);
-    (
-        footprint.backends(),
-        footprint.servers(),
-        footprint.map_entries(),
-    )
 }
 
 fn settings(max_removal: MaxRemoval) -> safety::Config {
@@ -71,9 +61,7 @@ fn start(safety: safety::Config, memory: Memory) -> Harness {
     );
     let publisher = bus.publisher();
     Harness {
-        kernel: bus.start(|kernel| {
-            kernel.register(scheduler);
-        }),
+        kernel: bus.start_one(scheduler),
         scheduled,
         valve,
         publisher,

@@ -37,9 +37,7 @@ fn start() -> Harness {
     let scheduled = bus.subscribe("test", [EventKind::DeploymentScheduled]);
     let publisher = bus.publisher();
     Harness {
-        kernel: bus.start(|kernel| {
-            kernel.register(scheduler);
-        }),
+        kernel: bus.start_one(scheduler),
         scheduled,
         publisher,
     }

@@ -56,14 +56,7 @@ async fn structural_change_reloads_once_and_a_failed_reload_restores_files() {
     assert_eq!(d2.reason.detail, "backend be_new added");
     assert_eq!(haproxy.reloads().await, before + 1, "exactly one reload");
     assert_eq!(bodies(port, "new.test", 3).await, vec!["200 b"; 3]);
-    assert_eq!(
-        haproxy
-            .master()
-            .worker_env("HAPWRIGHT_CONFIG_VERSION")
-            .await
-            .unwrap(),
-        Some(v2.hash().short())
-    );
+    assert_eq!(haproxy.config_version().await, Some(v2.hash().short()));
 
     // A frontend on a port that is already taken: the reload fails.
     let blocker = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -227,14 +220,7 @@ async fn quick_successive_changes_end_with_the_latest_live() {
     .expect("the latest config is deployed");
     assert_eq!(done.succeeded, vec!["local"]);
     assert_eq!(bodies(port, "app.test", 3).await, vec!["200 c"; 3]);
-    assert_eq!(
-        haproxy
-            .master()
-            .worker_env("HAPWRIGHT_CONFIG_VERSION")
-            .await
-            .unwrap(),
-        Some(v3.hash().short())
-    );
+    assert_eq!(haproxy.config_version().await, Some(v3.hash().short()));
     assert_eq!(store.deployed("local").unwrap().config.hash(), v3.hash());
     kernel.shutdown(Duration::from_secs(5)).await;
 }

@@ -185,16 +185,7 @@ backend be_app\n    server s1 127.0.0.1:{}\n",
     assert!(subject().await.contains("CN=v1"));
 
     let v2 = render(&v2_pem);
-    let deployed = driver
-        .deploy(v2, None, Some(running.into()), false)
-        .await
-        .unwrap();
-    assert_eq!(
-        deployed.strategy,
-        DeployStrategy::Runtime,
-        "{:?}",
-        deployed.reason
-    );
+    support::deploy_by(&driver, v2, running.into(), DeployStrategy::Runtime).await;
     let shown = subject().await;
     assert!(shown.contains("CN=v2"), "{shown}");
     assert_eq!(haproxy.reloads().await, reloads);

@@ -15,12 +15,15 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use hapwright_deployer::Driver;
 use hapwright_deployer::client::master::MasterClient;
 use hapwright_deployer::client::socket::{InstanceConfig, SocketAddress};
+use hapwright_deployer::component::deployer::{self, Deployer};
 use hapwright_deployer::driver::managed::{ManagedHaproxy, SupervisorConfig};
-use hapwright_deployer::driver::{DriverConfig, SocketDriver};
+use hapwright_deployer::driver::{Deployed, DriverConfig, SocketDriver};
 use hapwright_deployer::haproxy::files::ConfigDir;
-use hapwright_eventbus::model::{RenderedConfig, SourceMap};
+use hapwright_deployer::metrics::Metrics;
+use hapwright_eventbus::model::{DeployStrategy, RenderedConfig, SourceMap};
 use hapwright_eventbus::testing::TestBus;
 use hapwright_eventbus::{
     DeploymentScheduled, EventKind, EventPayload, Subscription, ValidationCompleted,
@@ -33,6 +36,48 @@ use tokio::time::timeout;
 /// tests share).
 #[allow(unused_imports)] // each test file uses a part of this module
 pub use hapwright_eventbus::testing::free_port;
+
+/// Deploys `desired` over `running` with `driver` and checks that it took
+/// `strategy` (the reason shows when it did not); returns the deployment.
+pub async fn deploy_by(
+    driver: &impl Driver,
+    desired: Arc<RenderedConfig>,
+    running: Arc<Deployed>,
+    strategy: DeployStrategy,
+) -> Deployed {
+    let deployed = driver
+        .deploy(desired, None, Some(running), false)
+        .await
+        .unwrap();
+    assert_eq!(deployed.strategy, strategy, "{:?}", deployed.reason);
+    deployed
+}
+
+/// Backends, servers and map entries of a render, as the safety valve counts them.
+pub fn counts(config: &RenderedConfig) -> (usize, usize, usize) {
+    let model = hapwright_deployer::haproxy::config::parse(config.main()).unwrap();
+    let footprint = hapwright_deployer::safety::Footprint::of(config, &model);
+    (
+        footprint.backends(),
+        footprint.servers(),
+        footprint.map_entries(),
+    )
+}
+
+/// The deployer of the fleet benchmark over `drivers`: nothing deployed yet and a
+/// 2 s deployment timeout, so a first attempt that waited out a lost reload fails.
+pub fn fleet_deployer(drivers: BTreeMap<String, Arc<dyn Driver>>, metrics: Metrics) -> Deployer {
+    Deployer::with_drivers(
+        deployer::Config {
+            deployment_timeout: Duration::from_secs(2),
+            ..deployer::Config::default()
+        },
+        drivers,
+        deployer::LastDeployedStore::new(),
+        None,
+        metrics,
+    )
+}
 
 /// A supervisor for tests: quick restarts (50 ms first backoff) and up to 10 s for
 /// HAProxy to be ready.
@@ -367,6 +412,15 @@ impl Haproxy {
     /// A master CLI client.
     pub fn master(&self) -> MasterClient {
         MasterClient::new(SocketAddress::Unix(self.master_path()))
+    }
+
+    /// The config version the running worker was started with
+    /// (`HAPWRIGHT_CONFIG_VERSION`).
+    pub async fn config_version(&self) -> Option<String> {
+        self.master()
+            .worker_env(hapwright_deployer::haproxy::files::VERSION_VARIABLE)
+            .await
+            .unwrap()
     }
 
     /// Master reload counter.

@@ -83,26 +83,22 @@ impl FileModes {
 /// Writes `content` to `path` atomically with mode 0644: readers see the old or the
 /// new content, never a mix, and a crash leaves one of the two.
 pub fn write_atomic(path: &Path, content: &[u8]) -> io::Result<()> {
-    let mut dirty = Dirs::default();
-    write_file(
-        path,
-        content,
-        PUBLIC_MODE,
-        None,
-        &Faults::default(),
-        None,
-        &mut dirty,
-    )?;
-    dirty.sync()
+    write_one(path, content, PUBLIC_MODE)
 }
 
 /// Writes `content` to `path` with the mode 0600 (keys, secrets).
 pub fn write_private(path: &Path, content: &[u8]) -> io::Result<()> {
+    write_one(path, content, PRIVATE_MODE)
+}
+
+/// Writes one file with `mode` on its own (no owner change, no fault points) and
+/// syncs what it changed.
+fn write_one(path: &Path, content: &[u8], mode: u32) -> io::Result<()> {
     let mut dirty = Dirs::default();
     write_file(
         path,
         content,
-        PRIVATE_MODE,
+        mode,
         None,
         &Faults::default(),
         None,
