@@ -96,13 +96,22 @@ pub fn renderer(config: &Config) -> Result<Renderer, Vec<Diagnostic>> {
 /// The status templates (`statusTemplates`), compiled in the environment of the
 /// other templates.
 pub fn status_templates(config: &Config) -> Result<StatusTemplates, Vec<Diagnostic>> {
+    status_templates_with(config, &templates(config))
+}
+
+/// The status templates (`statusTemplates`), compiled in the environment of
+/// `templates` (the config's, or with a test's `extraContext`).
+pub fn status_templates_with(
+    config: &Config,
+    templates: &Templates,
+) -> Result<StatusTemplates, Vec<Diagnostic>> {
     let status: BTreeMap<String, String> = config
         .templates
         .status_templates
         .iter()
         .map(|(name, t)| (name.clone(), t.template.clone()))
         .collect();
-    StatusTemplates::new(&templates(config), &status, &watched_names(config))
+    StatusTemplates::new(templates, &status, &watched_names(config))
 }
 
 /// The validator's settings: the configured binary, one environment per distinct

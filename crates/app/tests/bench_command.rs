@@ -2,6 +2,7 @@
 //! `haproxy -c` for phase 2. Only the shape of the report and the exit codes are
 //! checked, never how fast anything is.
 
+#[macro_use]
 mod support;
 
 use std::process::Output;
@@ -11,7 +12,8 @@ use support::{project, stderr, stdout};
 
 /// Cluster mode: `services` has `kind: Service`, `endpoints` `kind: EndpointSlice`.
 /// `extraContext.limit` makes the main template fail above that many Services.
-const CLUSTER: &str = r#"
+const CLUSTER: &str = concat!(
+    r#"
 watchedResources:
   services:
     files: { path: ./resources }
@@ -20,16 +22,9 @@ watchedResources:
     files: { path: ./resources }
     kind: EndpointSlice
     indexBy: [metadata.namespace, 'metadata.labels.kubernetes\.io/service-name']
-haproxyConfig:
-  template: |
-    global
-        log stderr format raw local0 notice
-    defaults
-        mode http
-        timeout connect 1s
-        timeout client 1s
-        timeout server 1s
-    frontend fe
+"#,
+    haproxy_config_start!(),
+    r#"    frontend fe
         bind 127.0.0.1:18080
         use_backend %[req.hdr(host),lower,map({{ path("hosts.map") }})]
     {%- if resources.services.list() | length > extraContext.limit %}
@@ -51,25 +46,20 @@ maps:
       {%- endfor %}
 extraContext: { limit: 1000 }
 haproxy: { binary: haproxy }
-"#;
+"#
+);
 
 /// Fixture mode: the watched resource has no kind the generator knows, so the
 /// `validationTests` fixtures are copied; `app` references `web` by name.
-const FIXTURES: &str = r#"
+const FIXTURES: &str = concat!(
+    r#"
 watchedResources:
   apps:
     files: { path: ./resources }
     kind: App
-haproxyConfig:
-  template: |
-    global
-        log stderr format raw local0 notice
-    defaults
-        mode http
-        timeout connect 1s
-        timeout client 1s
-        timeout server 1s
-    frontend fe
+"#,
+    haproxy_config_start!(),
+    r#"    frontend fe
         bind 127.0.0.1:18081
         http-request deny
     {%- for a in resources.apps.list() %}
@@ -91,7 +81,8 @@ validationTests:
         - { kind: App, metadata: { name: api }, spec: { port: 9002, backup: web } }
     assertions:
       - { type: haproxy_valid }
-"#;
+"#
+);
 
 fn bench(dir: &tempfile::TempDir, args: &[&str]) -> Output {
     support::hapwright(

@@ -2,26 +2,17 @@
 //! small config whose `files` entry renders one page per Service, and the real
 //! `haproxy -c` behind `render`.
 
+#[macro_use]
 mod support;
 
 use support::{stderr, stdout};
 
-const CONFIG: &str = r#"
-watchedResources:
-  services:
-    files: { path: ./resources }
-    kind: Service
-    indexBy: [metadata.namespace, metadata.name]
-haproxyConfig:
-  template: |
-    global
-        log stderr format raw local0 notice
-    defaults
-        mode http
-        timeout connect 1s
-        timeout client 1s
-        timeout server 1s
-    frontend fe
+const CONFIG: &str = concat!(
+    watched_services!(),
+    r#"    indexBy: [metadata.namespace, metadata.name]
+"#,
+    haproxy_config_start!(),
+    r#"    frontend fe
         bind 127.0.0.1:18081
         http-request return status 200 content-type text/plain string ok
 files:
@@ -30,7 +21,8 @@ files:
     name: "{{ item.metadata.namespace }}_{{ item.metadata.name }}.txt"
     template: "page of {{ item.metadata.name }}\n"
 haproxy: { binary: haproxy }
-"#;
+"#
+);
 
 fn service(namespace: &str, name: &str) -> String {
     format!("apiVersion: v1\nkind: Service\nmetadata:\n  namespace: {namespace}\n  name: {name}\n")

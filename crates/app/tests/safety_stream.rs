@@ -7,6 +7,8 @@
 
 #[path = "../../watchers/tests/kubernetes_mock/mod.rs"]
 mod kubernetes_mock;
+#[path = "../../deployer/tests/support/mod.rs"]
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,17 +18,16 @@ use hapwright_deployer::component::scheduler::{self, Scheduler};
 use hapwright_deployer::component::validator::{self, Validator};
 use hapwright_deployer::safety::{self, Memory};
 use hapwright_eventbus::model::RenderedConfig;
-use hapwright_eventbus::{
-    Bus, BusConfig, BusMetrics, EventKind, EventPayload, Kernel, SafetyValveHeld, Subscription,
-};
+use hapwright_eventbus::testing::TestBus;
+use hapwright_eventbus::{EventKind, EventPayload, SafetyValveHeld, Subscription};
 use hapwright_reconciler::debouncer::{self, Debouncer};
 use hapwright_reconciler::executor::{self, Executor};
 use hapwright_reconciler::renderer::RendererComponent;
 use hapwright_watchers::config::Source;
 use hapwright_watchers::kubernetes::KubernetesSource;
 use kubernetes_mock::{ApiServer, event, list, pair, resource_list};
-use prometheus::Registry;
 use serde_json::{Value, json};
+use support::counts;
 use tokio::time::timeout;
 
 const SERVICES: usize = 1000;
@@ -76,17 +77,6 @@ fn service(index: usize, resource_version: usize) -> Value {
     })
 }
 
-/// Backends, servers and map entries of a scheduled config.
-fn counts(config: &RenderedConfig) -> (usize, usize, usize) {
-    let model = hapwright_deployer::haproxy::config::parse(config.main()).unwrap();
-    let footprint = safety::Footprint::of(config, &model);
-    (
-        footprint.backends(),
-        footprint.servers(),
-        footprint.map_entries(),
-    )
-}
-
 /// Answers the source's discovery and list with every Service; returns the list's
 /// resourceVersion.
 async fn list_all(api: &mut ApiServer) -> usize {
@@ -121,57 +111,50 @@ async fn a_thousand_services_deleted_over_five_seconds_are_held_whole() {
         hapwright_app::config::parse(CONFIG, &dir.path().join("hapwright.yaml"), "hapwright.yaml")
             .unwrap_or_else(|errors| panic!("{errors:?}"));
     let (client, mut api) = pair();
-    let registry = Registry::new();
-    let bus = Bus::new(
-        BusConfig::default(),
-        &BusMetrics::register(&registry).unwrap(),
-    );
-    let mut scheduled = bus
-        .subscribe("test", [EventKind::DeploymentScheduled])
-        .unwrap();
-    let mut valve = bus
-        .subscribe("test-valve", [EventKind::SafetyValveHeld])
-        .unwrap();
-    let mut kernel = Kernel::new(bus);
-    for (name, resource) in &config.watched_resources.resources {
-        assert!(matches!(resource.source(), Some(Source::Kubernetes(_))));
+    let bus = TestBus::new();
+    let registry = bus.registry().clone();
+    let mut scheduled = bus.subscribe("test", [EventKind::DeploymentScheduled]);
+    let mut valve = bus.subscribe("test-valve", [EventKind::SafetyValveHeld]);
+    let kernel = bus.start(|kernel| {
+        for (name, resource) in &config.watched_resources.resources {
+            assert!(matches!(resource.source(), Some(Source::Kubernetes(_))));
+            kernel.register(
+                KubernetesSource::new(
+                    name,
+                    resource,
+                    hapwright_watchers::kubernetes::ClientFactory::with_client(client.clone()),
+                )
+                .unwrap(),
+            );
+        }
+        let debounce = config.controller.debounce();
+        kernel.register(Debouncer::new(
+            debouncer::Settings {
+                debounce: debounce.debounce.get(),
+                max_wait: debounce.max_wait.get(),
+                leading_edge: debounce.leading_edge,
+                ..debouncer::Settings::default()
+            },
+            build::watched_names(&config),
+        ));
+        kernel.register(Executor::new(executor::Settings::default()));
+        kernel.register(RendererComponent::new(
+            build::renderer(&config).unwrap_or_else(|e| panic!("{e:?}")),
+        ));
+        let mut validator_config = build::validator_config(&config);
+        validator_config.scratch_root = Some(dir.path().to_owned());
+        kernel.register(Validator::new(
+            validator_config,
+            validator::Metrics::register(&registry).unwrap(),
+        ));
         kernel.register(
-            KubernetesSource::new(
-                name,
-                resource,
-                hapwright_watchers::kubernetes::ClientFactory::with_client(client.clone()),
+            Scheduler::new(
+                scheduler::Config::from(&config.controller.deploy_timings()),
+                vec!["local".to_owned()],
             )
-            .unwrap(),
+            .with_safety(config.controller.safety.clone(), Memory::new()),
         );
-    }
-    let debounce = config.controller.debounce();
-    kernel.register(Debouncer::new(
-        debouncer::Settings {
-            debounce: debounce.debounce.get(),
-            max_wait: debounce.max_wait.get(),
-            leading_edge: debounce.leading_edge,
-            ..debouncer::Settings::default()
-        },
-        build::watched_names(&config),
-    ));
-    kernel.register(Executor::new(executor::Settings::default()));
-    kernel.register(RendererComponent::new(
-        build::renderer(&config).unwrap_or_else(|e| panic!("{e:?}")),
-    ));
-    let mut validator_config = build::validator_config(&config);
-    validator_config.scratch_root = Some(dir.path().to_owned());
-    kernel.register(Validator::new(
-        validator_config,
-        validator::Metrics::register(&registry).unwrap(),
-    ));
-    kernel.register(
-        Scheduler::new(
-            scheduler::Config::from(&config.controller.deploy_timings()),
-            vec!["local".to_owned()],
-        )
-        .with_safety(config.controller.safety.clone(), Memory::new()),
-    );
-    let kernel = kernel.start().unwrap();
+    });
 
     let mut version = list_all(&mut api).await;
     let first = last_scheduled(&mut scheduled, Duration::from_secs(5))

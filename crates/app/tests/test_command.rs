@@ -1,6 +1,7 @@
 //! `hapwright test`: the real binary on small configs in temp dirs, with the real
 //! `haproxy -c` behind `haproxy_valid`.
 
+#[macro_use]
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -12,23 +13,13 @@ use support::{BIN, stderr, stdout};
 /// A config with one watched resource (`services`), a main template, a map and a file.
 /// `extraContext.fail` makes the main template call `fail()`; a Service with
 /// `spec.broken: true` renders a line HAProxy rejects.
-const BASE: &str = r#"
-watchedResources:
-  services:
-    files: { path: ./resources }
-    kind: Service
-    indexBy: [metadata.namespace, metadata.name]
+const BASE: &str = concat!(
+    watched_services!(),
+    r#"    indexBy: [metadata.namespace, metadata.name]
     ignoreFields: [metadata.managedFields]
-haproxyConfig:
-  template: |
-    global
-        log stderr format raw local0 notice
-    defaults
-        mode http
-        timeout connect 1s
-        timeout client 1s
-        timeout server 1s
-    frontend fe
+"#,
+    haproxy_config_start!(),
+    r#"    frontend fe
         bind 127.0.0.1:{{ extraContext.port }}
         use_backend %[req.hdr(host),lower,map({{ path("hosts.map") }})]
     {%- for s in resources.services %}
@@ -53,7 +44,8 @@ files:
   motd.txt: { template: "hello {{ extraContext.greeting | default('world') }}\n" }
 extraContext: { port: 18080, team: { name: edge, size: 3 } }
 haproxy: { binary: haproxy }
-"#;
+"#
+);
 
 /// Writes `BASE` plus `tests` (the `validationTests:` section and anything after it)
 /// to a temp dir.

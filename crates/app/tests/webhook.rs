@@ -8,6 +8,8 @@ use std::time::Duration;
 
 #[path = "../../../tests/support/certs.rs"]
 mod certs;
+#[macro_use]
+mod support;
 
 use certs::{ca, leaf};
 use hapwright_app::build;
@@ -18,21 +20,10 @@ use hapwright_eventbus::model::{ObjectKey, ResourceChange, ResourceSnapshot};
 use hapwright_reconciler::quarantine::Validate;
 use serde_json::{Value, json};
 
-const CONFIG: &str = r#"
-watchedResources:
-  services:
-    files: { path: ./resources }
-    kind: Service
-haproxyConfig:
-  template: |
-    global
-        log stderr format raw local0 notice
-    defaults
-        mode http
-        timeout connect 2s
-        timeout client 30s
-        timeout server 30s
-    frontend http
+const CONFIG: &str = concat!(
+    watched_services!(),
+    haproxy_config_start!(),
+    r#"    frontend http
         bind 127.0.0.1:18080
         default_backend be_none
     backend be_none
@@ -51,7 +42,8 @@ controller:
     certFile: tls.crt
     keyFile: tls.key
     resources: [services]
-"#;
+"#
+);
 
 // === the webhook under test ===
 

@@ -12,7 +12,7 @@ use hapwright_eventbus::model::ContentHash;
 use hapwright_eventbus::model::Diagnostic;
 use hapwright_reconciler::config::{AssertionType, TestDeployment, TestInstanceState};
 use hapwright_reconciler::renderer::{Renderer, Resources};
-use hapwright_reconciler::status::{Failure, Fleet, InstanceState, Running, StatusTemplates};
+use hapwright_reconciler::status::{Failure, Fleet, InstanceState, Running};
 use serde_json::Value;
 
 use super::assertions::{Outcome, RenderedStatuses, check};
@@ -153,13 +153,7 @@ fn render_statuses(
 ) -> RenderedStatuses {
     let mut templates = build::templates(config);
     templates.extra_context = extra_context.clone();
-    let status: BTreeMap<String, String> = config
-        .templates
-        .status_templates
-        .iter()
-        .map(|(name, t)| (name.clone(), t.template.clone()))
-        .collect();
-    match StatusTemplates::new(&templates, &status, &build::watched_names(config)) {
+    match build::status_templates_with(config, &templates) {
         Ok(compiled) => {
             let (statuses, errors) = compiled.render(
                 &resources.snapshots(),

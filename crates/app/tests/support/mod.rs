@@ -1,5 +1,6 @@
 //! What the command tests share: the real `hapwright` binary run in a temp project
-//! directory, and its output as text.
+//! directory, its output as text, and the starts their configs share
+//! ([`watched_services!`], [`haproxy_config_start!`]).
 
 // Each test file uses a part of it.
 #![allow(dead_code)]
@@ -28,6 +29,41 @@ pub fn hapwright(dir: &Path, args: &[&str]) -> Output {
         .env_remove("RUST_LOG")
         .output()
         .expect("run hapwright")
+}
+
+/// The start of the test configs that watch Services in files: a `services`
+/// resource read from `./resources` (the project's directory), as a string literal
+/// for `concat!`; the config may go on with more keys of that resource.
+#[macro_export]
+macro_rules! watched_services {
+    () => {
+        "
+watchedResources:
+  services:
+    files: { path: ./resources }
+    kind: Service
+"
+    };
+}
+
+/// The start of the `haproxyConfig` section the test configs share, as a string
+/// literal for `concat!`: a template whose `global` logs to stderr and whose
+/// `defaults` are HTTP with short timeouts. The config goes on with the template's
+/// frontends and backends, indented by four spaces.
+#[macro_export]
+macro_rules! haproxy_config_start {
+    () => {
+        "haproxyConfig:
+  template: |
+    global
+        log stderr format raw local0 notice
+    defaults
+        mode http
+        timeout connect 1s
+        timeout client 1s
+        timeout server 1s
+"
+    };
 }
 
 /// Standard output as text.
