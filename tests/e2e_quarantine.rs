@@ -1,13 +1,24 @@
 //! Quarantine end to end: one bad object among many good changes does not block
 //! them; it keeps its last good state until it is fixed.
 
-use hapwright_e2e::{Controller, WAIT, service_manifest};
+use hapwright_e2e::{Controller, Ports, WAIT, service_manifest};
 
 const SERVICES: usize = 51;
 const BAD: usize = 50;
 
 fn host(i: usize) -> String {
     format!("svc-{i:02}.example.test")
+}
+
+/// A controller that deployed its first config, its ports and the bodies of its
+/// demo backends `web v1` and `api`.
+fn deployed() -> (Controller, Ports, String, String) {
+    let controller = Controller::start();
+    controller.wait_deployed();
+    let ports = controller.ports();
+    let v1 = controller.demo_body(ports.web_v1);
+    let api = controller.demo_body(ports.api);
+    (controller, ports, v1, api)
 }
 
 /// `SERVICES` services in one file, each routed to `port(i)`; `bad` gets an
@@ -28,13 +39,7 @@ fn manifests(port: impl Fn(usize) -> u16, bad: Option<usize>) -> String {
 
 #[test]
 fn fifty_good_changes_go_live_and_the_bad_object_keeps_its_last_good_state() {
-    let controller = Controller::start();
-    controller.wait_deployed();
-    let ports = controller.ports();
-    let (v1, api) = (
-        controller.demo_body(ports.web_v1),
-        controller.demo_body(ports.api),
-    );
+    let (controller, ports, v1, api) = deployed();
 
     controller.write_resource("many.yaml", &manifests(|_| ports.web_v1, None));
     controller.wait_for_body(&host(0), &v1);
@@ -85,13 +90,7 @@ fn fifty_good_changes_go_live_and_the_bad_object_keeps_its_last_good_state() {
 
 #[test]
 fn one_good_change_beside_one_bad_object_goes_live() {
-    let controller = Controller::start();
-    controller.wait_deployed();
-    let ports = controller.ports();
-    let (v1, api) = (
-        controller.demo_body(ports.web_v1),
-        controller.demo_body(ports.api),
-    );
+    let (controller, ports, v1, api) = deployed();
     let pair = |good_port: u16, bad: bool| {
         let good = service_manifest("pair-good", "pair-good.example.test", good_port);
         let other = service_manifest("pair-bad", "pair-bad.example.test", ports.web_v1);

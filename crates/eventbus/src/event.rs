@@ -353,12 +353,11 @@ fn stage_seconds<S: Serializer>(
     stages: &[(Stage, Duration)],
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
-    use serde::ser::SerializeMap;
-    let mut map = serializer.serialize_map(Some(stages.len()))?;
-    for (stage, duration) in stages {
-        map.serialize_entry(stage, &duration.as_secs_f64())?;
-    }
-    map.end()
+    serializer.collect_map(
+        stages
+            .iter()
+            .map(|(stage, duration)| (stage, duration.as_secs_f64())),
+    )
 }
 
 fn snapshot_summary<S: Serializer>(
@@ -376,12 +375,11 @@ fn snapshots_summary<S: Serializer>(
     snapshots: &Arc<BTreeMap<Arc<str>, Arc<ResourceSnapshot>>>,
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
-    use serde::ser::SerializeMap;
-    let mut map = serializer.serialize_map(Some(snapshots.len()))?;
-    for (name, snapshot) in snapshots.iter() {
-        map.serialize_entry(name.as_ref(), &snapshot.len())?;
-    }
-    map.end()
+    serializer.collect_map(
+        snapshots
+            .iter()
+            .map(|(name, snapshot)| (name.as_ref(), snapshot.len())),
+    )
 }
 
 fn config_summary<S: Serializer>(
@@ -808,19 +806,28 @@ mod tests {
         assert_eq!(a.to_string().len(), 16);
     }
 
-    #[test]
-    fn events_serialize_with_type_and_envelope() {
-        let event = Event {
-            id: EventId(7),
-            correlation_id: Some(CorrelationId::from_raw(255)),
-            caused_by: Some(EventId(3)),
+    /// A `ResourceSyncComplete` of `services` with this envelope.
+    fn sync_complete(
+        id: u64,
+        correlation_id: Option<CorrelationId>,
+        caused_by: Option<EventId>,
+    ) -> Event {
+        Event {
+            id: EventId(id),
+            correlation_id,
+            caused_by,
             at: tokio::time::Instant::now(),
             unix_micros: 1,
             payload: ResourceSyncComplete {
                 source: "services".into(),
             }
             .into(),
-        };
+        }
+    }
+
+    #[test]
+    fn events_serialize_with_type_and_envelope() {
+        let event = sync_complete(7, Some(CorrelationId::from_raw(255)), Some(EventId(3)));
         let json = serde_json::to_value(&event).unwrap();
         assert_eq!(json["type"], "ResourceSyncComplete");
         assert_eq!(json["data"]["source"], "services");
@@ -831,17 +838,7 @@ mod tests {
 
     #[test]
     fn empty_envelope_fields_serialize_as_null() {
-        let event = Event {
-            id: EventId(1),
-            correlation_id: None,
-            caused_by: None,
-            at: tokio::time::Instant::now(),
-            unix_micros: 1,
-            payload: ResourceSyncComplete {
-                source: "services".into(),
-            }
-            .into(),
-        };
+        let event = sync_complete(1, None, None);
         let json = serde_json::to_value(&event).unwrap();
         let object = json.as_object().unwrap();
         assert_eq!(object.get("correlation_id"), Some(&serde_json::Value::Null));

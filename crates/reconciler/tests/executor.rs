@@ -10,8 +10,8 @@ use std::time::Duration;
 use hapwright_eventbus::model::{Diagnostic, RenderedConfig};
 use hapwright_eventbus::{
     Component, ComponentError, Context, CorrelationId, Event, EventKind, EventPayload, Interest,
-    ReconciliationTriggered, Stage, TemplateRenderFailed, TemplateRendered, ValidationCompleted,
-    ValidationFailed, ValidationPhase,
+    ReconciliationTriggered, Stage, TemplateRenderFailed, TemplateRendered, ValidationFailed,
+    ValidationPhase,
 };
 use hapwright_reconciler::executor::{Executor, Retry, Settings};
 use hapwright_reconciler::renderer::{Renderer, RendererComponent, Templates};
@@ -138,16 +138,9 @@ impl Pipeline {
         let EventPayload::TemplateRendered(rendered) = &request.payload else {
             unreachable!()
         };
-        self.h.publisher.reply(
-            &request,
-            ValidationCompleted {
-                model: Default::default(),
-                config: rendered.config.clone(),
-                duration: Duration::ZERO,
-                warnings: Vec::new(),
-                phase2_skipped: None,
-            },
-        );
+        self.h
+            .publisher
+            .reply(&request, support::validated(&rendered.config));
         request
     }
 
@@ -229,16 +222,7 @@ async fn a_newer_trigger_during_validation_supersedes_and_stale_results_are_igno
     let EventPayload::TemplateRendered(old) = &stale.payload else {
         unreachable!()
     };
-    p.h.publisher.reply(
-        &stale,
-        ValidationCompleted {
-            model: Default::default(),
-            config: old.config.clone(),
-            duration: Duration::ZERO,
-            warnings: Vec::new(),
-            phase2_skipped: None,
-        },
-    );
+    p.h.publisher.reply(&stale, support::validated(&old.config));
     p.validate_ok().await;
 
     let done = p.outcome().await;

@@ -627,37 +627,50 @@ fn refresh_all(
     })
 }
 
-/// Re-reads one file if needed. Read problems keep the last good objects.
-fn refresh(entry: &mut FileEntry, mode: ScanMode, context: &ReadContext<'_>) -> Refresh {
+/// What reading one file found.
+enum FileRead {
+    /// Its stamp is as last read (quick scans only).
+    Unchanged,
+    /// It is gone.
+    Vanished,
+    /// Its bytes, with the stamp they were read at.
+    Read(Stamp, FileBytes),
+}
+
+/// Reads `entry`'s file, unless a quick scan finds its stamp unchanged. A file
+/// that cannot be read or is over `files.maxFileSize` is an error located at it.
+fn read_file(
+    entry: &FileEntry,
+    mode: ScanMode,
+    context: &ReadContext<'_>,
+) -> Result<FileRead, Diagnostic> {
     let location = || SourceLocation::new(entry.display.clone(), None, None);
+    let cannot_read = |error: std::io::Error| {
+        Diagnostic::error(format!("cannot read file: {error}")).at(location())
+    };
+    let too_large = |size: u64| {
+        Diagnostic::error(format!(
+            "file is too large: {size} bytes, over the {} limit (files.maxFileSize)",
+            ByteSize(context.max_file_size)
+        ))
+        .at(location())
+    };
     let metadata = match context.reads {
         Some(reads) => reads.metadata(&entry.path),
         None => std::fs::metadata(&entry.path).map(|meta| (Stamp::of(&meta), meta.len())),
     };
     let (stamp, len) = match metadata {
         Ok(seen) => seen,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Refresh::Vanished,
-        Err(error) => {
-            entry.read_error =
-                Some(Diagnostic::error(format!("cannot read file: {error}")).at(location()));
-            entry.stamp = None;
-            return Refresh::Unchanged;
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(FileRead::Vanished);
         }
+        Err(error) => return Err(cannot_read(error)),
     };
     if mode == ScanMode::Quick && entry.stamp == Some(stamp) {
-        return Refresh::Unchanged;
+        return Ok(FileRead::Unchanged);
     }
-    let too_large = |size: u64| {
-        Diagnostic::error(format!(
-            "file is too large: {size} bytes, over the {} limit (files.maxFileSize)",
-            ByteSize(context.max_file_size)
-        ))
-        .at(SourceLocation::new(entry.display.clone(), None, None))
-    };
     if len > context.max_file_size {
-        entry.read_error = Some(too_large(len));
-        entry.stamp = None;
-        return Refresh::Unchanged;
+        return Err(too_large(len));
     }
     let read = match context.reads {
         Some(reads) => reads
@@ -665,17 +678,24 @@ fn refresh(entry: &mut FileEntry, mode: ScanMode, context: &ReadContext<'_>) -> 
             .map(FileBytes::Shared),
         None => read_at_most(&entry.path, context.max_file_size, len).map(FileBytes::Owned),
     };
-    let bytes = match read {
+    match read {
         Ok(bytes) if bytes.len() as u64 > context.max_file_size => {
-            entry.read_error = Some(too_large(bytes.len() as u64));
-            entry.stamp = None;
-            return Refresh::Unchanged;
+            Err(too_large(bytes.len() as u64))
         }
-        Ok(bytes) => bytes,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Refresh::Vanished,
-        Err(error) => {
-            entry.read_error =
-                Some(Diagnostic::error(format!("cannot read file: {error}")).at(location()));
+        Ok(bytes) => Ok(FileRead::Read(stamp, bytes)),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(FileRead::Vanished),
+        Err(error) => Err(cannot_read(error)),
+    }
+}
+
+/// Re-reads one file if needed. Read problems keep the last good objects.
+fn refresh(entry: &mut FileEntry, mode: ScanMode, context: &ReadContext<'_>) -> Refresh {
+    let (stamp, bytes) = match read_file(entry, mode, context) {
+        Ok(FileRead::Read(stamp, bytes)) => (stamp, bytes),
+        Ok(FileRead::Unchanged) => return Refresh::Unchanged,
+        Ok(FileRead::Vanished) => return Refresh::Vanished,
+        Err(problem) => {
+            entry.read_error = Some(problem);
             entry.stamp = None;
             return Refresh::Unchanged;
         }

@@ -115,6 +115,18 @@ impl Component for AutoValidator {
 }
 
 /// A validator's run loop: answers every `TemplateRendered` with
+/// `config` validated (phase 2 run; the model left empty: the executor does not
+/// read it).
+pub fn validated(config: &Arc<RenderedConfig>) -> ValidationCompleted {
+    ValidationCompleted {
+        model: Default::default(),
+        config: config.clone(),
+        duration: Duration::ZERO,
+        warnings: Vec::new(),
+        phase2_skipped: None,
+    }
+}
+
 /// `ValidationFailed` when `check` finds an error, `ValidationCompleted` otherwise.
 pub async fn validate_with(
     mut ctx: Context,
@@ -133,16 +145,7 @@ pub async fn validate_with(
                     errors: vec![error],
                 },
             ),
-            None => ctx.publisher().reply(
-                &event,
-                ValidationCompleted {
-                    model: Default::default(),
-                    config: rendered.config.clone(),
-                    duration: Duration::ZERO,
-                    warnings: Vec::new(),
-                    phase2_skipped: None,
-                },
-            ),
+            None => ctx.publisher().reply(&event, validated(&rendered.config)),
         };
     }
     Ok(())
