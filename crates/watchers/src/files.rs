@@ -643,17 +643,19 @@ fn read_file(
     entry: &FileEntry,
     mode: ScanMode,
     context: &ReadContext<'_>,
-) -> Result<FileRead, Diagnostic> {
+) -> Result<FileRead, Box<Diagnostic>> {
     let location = || SourceLocation::new(entry.display.clone(), None, None);
     let cannot_read = |error: std::io::Error| {
-        Diagnostic::error(format!("cannot read file: {error}")).at(location())
+        Box::new(Diagnostic::error(format!("cannot read file: {error}")).at(location()))
     };
     let too_large = |size: u64| {
-        Diagnostic::error(format!(
-            "file is too large: {size} bytes, over the {} limit (files.maxFileSize)",
-            ByteSize(context.max_file_size)
-        ))
-        .at(location())
+        Box::new(
+            Diagnostic::error(format!(
+                "file is too large: {size} bytes, over the {} limit (files.maxFileSize)",
+                ByteSize(context.max_file_size)
+            ))
+            .at(location()),
+        )
     };
     let metadata = match context.reads {
         Some(reads) => reads.metadata(&entry.path),
@@ -695,7 +697,7 @@ fn refresh(entry: &mut FileEntry, mode: ScanMode, context: &ReadContext<'_>) -> 
         Ok(FileRead::Unchanged) => return Refresh::Unchanged,
         Ok(FileRead::Vanished) => return Refresh::Vanished,
         Err(problem) => {
-            entry.read_error = Some(problem);
+            entry.read_error = Some(*problem);
             entry.stamp = None;
             return Refresh::Unchanged;
         }
