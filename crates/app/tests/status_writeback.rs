@@ -11,15 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hapwright_eventbus::model::{ContentHash, FieldPath, ObjectKey, ResourceSnapshot};
-use hapwright_eventbus::testing::{self, TestBus};
-use hapwright_eventbus::{
-    DeploymentCompleted, DeploymentSummary, EventKind, HealthState, Publisher, RunningKernel,
-    Subscription, TemplateInputs,
-};
+use hapwright_eventbus::{DeploymentCompleted, DeploymentSummary, HealthState, TemplateInputs};
 use hapwright_reconciler::renderer::Templates;
 use hapwright_reconciler::status::{StatusComponent, StatusTemplates};
-use hapwright_watchers::kubernetes::{ClientFactory, StatusMetrics, StatusWriter};
-use kubernetes_mock::{ApiServer, Exchange, pair, resource_list};
+use hapwright_watchers::kubernetes::{StatusMetrics, StatusWriter};
+use kubernetes_mock::{Exchange, Writing, resource_list};
 use serde_json::{Value, json};
 
 /// Publishes the Service's load-balancer address as the Ingress's, with a Ready
@@ -36,19 +32,12 @@ conditions:
 "#;
 
 struct Harness {
-    kernel: RunningKernel,
-    publisher: Publisher,
-    health: Subscription,
-    api: ApiServer,
+    writing: Writing,
     clock: Arc<Mutex<String>>,
     discovered: bool,
 }
 
 fn start() -> Harness {
-    let (client, api) = pair();
-    let bus = TestBus::new();
-    let health = bus.subscribe("test", [EventKind::ComponentHealthChanged]);
-    let publisher = bus.publisher();
     let mut templates = Templates::new("global\n");
     templates.extra_context = json!({"publishNamespace": "ingress", "publishName": "haproxy"});
     let status = StatusTemplates::new(
@@ -59,20 +48,17 @@ fn start() -> Harness {
     .unwrap();
     let clock = Arc::new(Mutex::new("2026-01-01T00:00:00Z".to_owned()));
     let now = clock.clone();
-    let kernel = bus.start(|kernel| {
+    let writing = Writing::start(|client, kernel| {
         kernel
             .register(StatusComponent::new(status).with_clock(move || now.lock().unwrap().clone()));
         kernel.register(StatusWriter::new(
-            ClientFactory::with_client(client),
+            client,
             kubernetes_mock::ingresses(),
             StatusMetrics::unregistered().unwrap(),
         ));
     });
     Harness {
-        kernel,
-        publisher,
-        health,
-        api,
+        writing,
         clock,
         discovered: false,
     }
@@ -116,7 +102,7 @@ fn service(ip: &str) -> Value {
 impl Harness {
     /// A render of `hash` from these objects.
     fn rendered(&self, hash: &[u8], ingresses: &[Value], ip: &str) {
-        self.publisher.publish(TemplateInputs {
+        self.writing.publisher.publish(TemplateInputs {
             hash: ContentHash::of(hash),
             snapshots: Arc::new(BTreeMap::from([
                 (Arc::from("ingresses"), snapshot(ingresses)),
@@ -126,7 +112,7 @@ impl Harness {
     }
 
     fn deployed(&self, hash: &[u8]) {
-        self.publisher.publish(DeploymentCompleted {
+        self.writing.publisher.publish(DeploymentCompleted {
             summary: DeploymentSummary {
                 hash: ContentHash::of(hash),
                 succeeded: vec!["local".into()],
@@ -139,14 +125,18 @@ impl Harness {
     /// The next status patch (after resolving the kind once), answered with 200.
     async fn patched(&mut self) -> (String, Value) {
         if !self.discovered {
-            let exchange = self.api.expect_get("/apis/networking.k8s.io/v1").await;
+            let exchange = self
+                .writing
+                .api
+                .expect_get("/apis/networking.k8s.io/v1")
+                .await;
             exchange.respond(
                 200,
                 &resource_list("networking.k8s.io/v1", "ingresses", "Ingress", true),
             );
             self.discovered = true;
         }
-        let exchange: Exchange = self.api.next().await;
+        let exchange: Exchange = self.writing.api.next().await;
         assert_eq!(exchange.method, http::Method::PATCH, "{exchange:?}");
         assert_eq!(
             exchange.content_type.as_deref(),
@@ -161,7 +151,7 @@ impl Harness {
     }
 
     async fn health(&mut self, component: &str, state: HealthState) -> String {
-        testing::health_reported(&mut self.health, component, state, Duration::from_secs(60)).await
+        self.writing.health(component, state).await
     }
 }
 
@@ -227,5 +217,5 @@ async fn statuses_follow_deployments_keep_transition_times_and_survive_one_bad_o
         "2026-01-01T00:00:00Z"
     );
     h.health(StatusComponent::NAME, HealthState::Healthy).await;
-    testing::stop(h.kernel).await;
+    h.writing.stop().await;
 }
