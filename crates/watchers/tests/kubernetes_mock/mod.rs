@@ -1,7 +1,8 @@
 //! A scripted Kubernetes API server for protocol-level tests: a `tower-test` mock
 //! pair behind a real `kube::Client`. Tests take each request the client sends,
 //! check its method, path and query, and answer it (or hold it open, as an idle
-//! watch).
+//! watch). [`Writing`] puts components that write to it on the shared test bus
+//! (`hapwright_eventbus::testing`).
 
 #![allow(dead_code)]
 
