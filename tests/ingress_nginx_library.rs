@@ -1,0 +1,664 @@
+//! The ingress-nginx library in `examples/ingress-nginx/`: its `validationTests` all
+//! pass under the real HAProxy (`hapwright test`), and end to end, on an HAProxy
+//! started as the sidecar manifest starts it with files standing in for the API
+//! server, Ingresses written for ingress-nginx behave as ingress-nginx documents
+//! their `nginx.ingress.kubernetes.io/*` annotations (real requests, checked by
+//! status, headers, body and which upstream answered). A bad annotation value
+//! quarantines its own Ingress only; snippets and annotations the library does not
+//! implement are reported and the Ingress is otherwise served.
+
+mod library;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hapwright_e2e::{WAIT, free_port, poll};
+use library::{Sidecar, hapwright, library_path, library_value, loopback_slice, text, upstream};
+use serde_json::{Value, json};
+
+const LIBRARY: &str = "examples/ingress-nginx/hapwright.yaml";
+
+/// The library's watched resources `(name, apiVersion, kind)`.
+const SOURCES: &[(&str, &str, &str)] = &[
+    ("ingresses", "networking.k8s.io/v1", "Ingress"),
+    ("ingressclasses", "networking.k8s.io/v1", "IngressClass"),
+    ("services", "v1", "Service"),
+    ("endpointslices", "discovery.k8s.io/v1", "EndpointSlice"),
+    ("secrets", "v1", "Secret"),
+];
+
+/// One test per supported annotation family and per refused value.
+const FEATURE_TESTS: &[&str] = &[
+    "class-nginx-and-ingressclasses",
+    "default-ingressclass",
+    "routes-name-ingress-and-path",
+    "unsupported-annotations-reported",
+    "use-regex",
+    "rewrite-target",
+    "app-root",
+    "headers-x-forwarded-prefix-and-upstream-vhost",
+    "server-alias",
+    "ssl-redirect-and-force",
+    "permanent-and-temporal-redirect",
+    "from-to-www-redirect",
+    "proxy-body-size",
+    "proxy-timeouts",
+    "source-ranges",
+    "cors",
+    "backend-protocol",
+    "refuses-bad-boolean",
+    "refuses-bad-rewrite-target",
+    "refuses-rewrite-target-variable",
+    "refuses-bad-size",
+    "refuses-bad-timeout",
+    "refuses-bad-cidr",
+    "refuses-bad-host",
+    "refuses-bad-url",
+    "refuses-bad-redirect-code",
+    "refuses-bad-cors-origin",
+    "refuses-bad-cors-headers",
+    "refuses-bad-backend-protocol",
+    "refuses-bad-upstream-vhost",
+];
+
+fn library_config() -> PathBuf {
+    library_path(LIBRARY)
+}
+
+#[test]
+fn the_library_passes_check() {
+    let output = hapwright(&["check"], &library_config());
+    assert!(output.status.success(), "{}", text(&output));
+}
+
+/// Every test passes; each supported family renders a config HAProxy accepts
+/// (`haproxy_valid` first) and each refused value fails the render with the
+/// Ingress, the annotation and the value named.
+#[test]
+fn every_validation_test_passes_under_haproxy() {
+    let output = hapwright(&["test", "--output", "json"], &library_config());
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("the JSON report does not parse ({e}): {}", text(&output)));
+    assert_eq!(report["failed"], json!(0), "{}", text(&output));
+    assert!(output.status.success(), "{}", text(&output));
+    let tests = report["tests"].as_array().expect("tests");
+    for feature in FEATURE_TESTS {
+        let test = tests
+            .iter()
+            .find(|t| t["name"] == *feature)
+            .unwrap_or_else(|| panic!("no library test named {feature}"));
+        let first = &test["assertions"][0];
+        if feature.starts_with("refuses-") {
+            assert_eq!(first["target"], "rendering_error", "{feature}: {test}");
+        } else {
+            assert_eq!(first["type"], "haproxy_valid", "{feature}: {test}");
+            assert!(
+                test["assertions"].as_array().map_or(0, Vec::len) >= 2,
+                "{feature} checks something of its own"
+            );
+        }
+    }
+    library::assert_each_feature_test_checks_something_of_its_own(&library_config(), FEATURE_TESTS);
+}
+
+/// The library with files sources, its frontends on `http` and `https`.
+fn config(http: u16, https: u16) -> Value {
+    let mut config = library_value(&library_config());
+    library::use_files_sources(&mut config, SOURCES);
+    config["extraContext"]["httpPort"] = json!(http);
+    config["extraContext"]["httpsPort"] = json!(https);
+    config["extraContext"]["statsPort"] = json!(free_port());
+    config["extraContext"]["maxconn"] = json!(1000);
+    config
+}
+
+fn service(name: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": { "name": name, "namespace": "shop" },
+        "spec": { "ports": [ { "name": "http", "port": 80, "protocol": "TCP" } ] }
+    })
+}
+
+/// An Ingress of class `nginx` as a user writes it: one rule for `host` with
+/// `paths` (`(path, pathType)`) to Service `service`, and `annotations` (names
+/// without the `nginx.ingress.kubernetes.io/` prefix).
+fn ingress(
+    name: &str,
+    host: &str,
+    service: &str,
+    paths: &[(&str, &str)],
+    annotations: &[(&str, &str)],
+) -> Value {
+    let annotations: serde_json::Map<String, Value> = annotations
+        .iter()
+        .map(|(k, v)| (format!("nginx.ingress.kubernetes.io/{k}"), json!(v)))
+        .collect();
+    let paths: Vec<Value> = paths
+        .iter()
+        .map(|(path, kind)| {
+            json!({ "path": path, "pathType": kind,
+                    "backend": { "service": { "name": service, "port": { "name": "http" } } } })
+        })
+        .collect();
+    json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": { "name": name, "namespace": "shop", "annotations": annotations,
+                      "creationTimestamp": "2026-01-01T00:00:00Z" },
+        "spec": { "ingressClassName": "nginx",
+                  "rules": [ { "host": host, "http": { "paths": paths } } ] }
+    })
+}
+
+/// An upstream that accepts connections and never answers (the connections stay
+/// open as long as the test process).
+fn silent_upstream() -> u16 {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    port
+}
+
+/// The response head HAProxy sends for `head` (a raw request head) on `port`.
+fn raw_response(sidecar: &Sidecar, port: u16, head: &str) -> String {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))
+        .unwrap_or_else(|e| sidecar.fail(&format!("connect: {e}")));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    stream
+        .write_all(head.as_bytes())
+        .unwrap_or_else(|e| sidecar.fail(&format!("write: {e}")));
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// `request` sent with `Host: host`: status, headers and body.
+fn call(
+    sidecar: &Sidecar,
+    request: reqwest::blocking::RequestBuilder,
+    host: &str,
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let response = request
+        .header(reqwest::header::HOST, host)
+        .send()
+        .unwrap_or_else(|e| sidecar.fail(&format!("{host}: {e:?}")));
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    (status, headers, response.text().unwrap_or_default())
+}
+
+fn header<'a>(headers: &'a reqwest::header::HeaderMap, name: &str) -> &'a str {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+}
+
+/// The TLS Secret of `shop.example.test` from the library's fixtures.
+fn shop_tls_secret() -> Value {
+    library_value(&library_config())["validationTests"]["_global"]["fixtures"]["secrets"][0].clone()
+}
+
+#[test]
+fn annotations_behave_as_ingress_nginx_documents_them() {
+    let (http, https) = (free_port(), free_port());
+    let (web, api, silent) = (upstream("web"), upstream("api"), silent_upstream());
+    let prefix_only = [("/", "Prefix")];
+    let mut secure = ingress("secure", "shop.example.test", "web", &prefix_only, &[]);
+    secure["spec"]["tls"] = json!([ { "hosts": ["shop.example.test"], "secretName": "shop-tls" } ]);
+    let ingresses = json!([
+        ingress(
+            "rewrite",
+            "rw.test",
+            "web",
+            &[("/something(/|$)(.*)", "ImplementationSpecific")],
+            &[("rewrite-target", "/$2")]
+        ),
+        ingress(
+            "regex",
+            "re.test",
+            "api",
+            &[("/v[0-9]+/users", "Prefix")],
+            &[("use-regex", "true")]
+        ),
+        ingress(
+            "approot",
+            "app.test",
+            "web",
+            &prefix_only,
+            &[("app-root", "/app1")]
+        ),
+        ingress(
+            "headers",
+            "hdr.test",
+            "web",
+            &prefix_only,
+            &[
+                ("x-forwarded-prefix", "/shop"),
+                ("upstream-vhost", "internal.shop.svc")
+            ]
+        ),
+        ingress(
+            "alias",
+            "main.test",
+            "api",
+            &prefix_only,
+            &[("server-alias", "alias.test")]
+        ),
+        ingress(
+            "moved",
+            "moved.test",
+            "web",
+            &prefix_only,
+            &[
+                ("permanent-redirect", "https://new.example.test/"),
+                ("permanent-redirect-code", "308")
+            ]
+        ),
+        ingress(
+            "gone",
+            "gone.test",
+            "web",
+            &prefix_only,
+            &[("permanent-redirect", "https://new.example.test/gone")]
+        ),
+        ingress(
+            "away",
+            "away.test",
+            "web",
+            &prefix_only,
+            &[("temporal-redirect", "https://status.example.test/")]
+        ),
+        ingress(
+            "www",
+            "www.site.test",
+            "web",
+            &prefix_only,
+            &[("from-to-www-redirect", "true")]
+        ),
+        ingress(
+            "forced",
+            "forced.test",
+            "web",
+            &prefix_only,
+            &[("force-ssl-redirect", "true")]
+        ),
+        ingress(
+            "upload",
+            "upload.test",
+            "web",
+            &prefix_only,
+            &[("proxy-body-size", "1k")]
+        ),
+        ingress(
+            "slow",
+            "slow.test",
+            "silent",
+            &prefix_only,
+            &[("proxy-read-timeout", "1")]
+        ),
+        ingress(
+            "office",
+            "office.test",
+            "web",
+            &prefix_only,
+            &[("whitelist-source-range", "10.0.0.0/8")]
+        ),
+        ingress(
+            "home",
+            "home.test",
+            "web",
+            &prefix_only,
+            &[("allowlist-source-range", "10.0.0.0/8, 127.0.0.1")]
+        ),
+        ingress(
+            "blocked",
+            "blocked.test",
+            "web",
+            &prefix_only,
+            &[("denylist-source-range", "127.0.0.0/8")]
+        ),
+        ingress(
+            "cors",
+            "cors.test",
+            "web",
+            &prefix_only,
+            &[
+                ("enable-cors", "true"),
+                (
+                    "cors-allow-origin",
+                    "https://app.example.test, https://*.example.org"
+                ),
+                ("cors-allow-methods", "GET, POST"),
+                ("cors-max-age", "600"),
+                ("cors-expose-headers", "X-Total")
+            ]
+        ),
+        ingress(
+            "snippets",
+            "snip.test",
+            "api",
+            &prefix_only,
+            &[
+                ("configuration-snippet", "more_set_headers \"X-Evil: 1\";"),
+                ("limit-rps", "5")
+            ]
+        ),
+        secure,
+    ]);
+    let resources = [
+        ("ingresses", ingresses),
+        ("ingressclasses", json!([])),
+        (
+            "services",
+            json!([service("web"), service("api"), service("silent")]),
+        ),
+        (
+            "endpointslices",
+            json!([
+                loopback_slice("shop", "web", "http", &[web]),
+                loopback_slice("shop", "api", "http", &[api]),
+                loopback_slice("shop", "silent", "http", &[silent]),
+            ]),
+        ),
+        ("secrets", json!([shop_tls_secret()])),
+    ];
+    let sidecar = Sidecar::start(
+        "hapwright-ingress-nginx-",
+        config(http, https),
+        &resources,
+        http,
+        reqwest::blocking::Client::builder()
+            .resolve("shop.example.test", ([127, 0, 0, 1], https).into()),
+    );
+    let url = |path: &str| format!("http://127.0.0.1:{http}{path}");
+    let get = |host: &str, path: &str| call(&sidecar, sidecar.client.get(url(path)), host);
+
+    // rewrite-target: the path's regex (case-insensitive) matched, the path replaced
+    // by the target with capture group $2; the query string stays.
+    for (path, upstream_path) in [
+        ("/something/new?x=1", "GET /new?x=1 "),
+        ("/SOMETHING/a/b", "GET /a/b "),
+        ("/something", "GET / "),
+    ] {
+        let (status, _, body) = get("rw.test", path);
+        assert!(
+            status == 200 && body.starts_with("web\n") && body.contains(upstream_path),
+            "rw.test{path}: {status} {body}"
+        );
+    }
+    // use-regex: a Prefix path is a regex anchored at the start.
+    sidecar.expect(http, "re.test", "/v2/users/7", 200, "api");
+    sidecar.expect(http, "re.test", "/V10/USERS", 200, "api");
+    sidecar.expect(http, "re.test", "/vx/users", 404, "default backend");
+
+    // app-root: "/" is redirected (302) to the application root, other paths served.
+    let (status, headers, _) = get("app.test", "/");
+    assert_eq!(
+        (status, header(&headers, "location")),
+        (302, "http://app.test/app1")
+    );
+    sidecar.expect(http, "app.test", "/app1/page", 200, "web");
+
+    // x-forwarded-prefix and upstream-vhost reach the upstream.
+    let (_, _, body) = get("hdr.test", "/x");
+    let lower = body.to_lowercase();
+    assert!(lower.contains("x-forwarded-prefix: /shop\r\n"), "{body}");
+    assert!(lower.contains("host: internal.shop.svc\r\n"), "{body}");
+    assert!(!lower.contains("host: hdr.test"), "{body}");
+
+    // server-alias: the alias serves the Ingress's rules.
+    sidecar.expect(http, "alias.test", "/", 200, "api");
+    sidecar.expect(http, "ALIAS.test.", "/x", 200, "api");
+
+    // permanent-redirect (301, or permanent-redirect-code) and temporal-redirect
+    // (302), whatever the path.
+    for (host, code, location) in [
+        ("moved.test", 308, "https://new.example.test/"),
+        ("gone.test", 301, "https://new.example.test/gone"),
+        ("away.test", 302, "https://status.example.test/"),
+    ] {
+        let (status, headers, _) = get(host, "/some/path");
+        assert_eq!(
+            (status, header(&headers, "location")),
+            (code, location),
+            "{host}"
+        );
+    }
+    // from-to-www-redirect: the name without www. goes to the rule host (308).
+    let (status, headers, _) = get("site.test", "/p?q=1");
+    assert_eq!(
+        (status, header(&headers, "location")),
+        (308, "http://www.site.test/p?q=1")
+    );
+    sidecar.expect(http, "www.site.test", "/p", 200, "web");
+
+    // ssl-redirect: a host with a certificate redirects plain HTTP with 308 and is
+    // served over HTTPS; force-ssl-redirect redirects without a certificate.
+    let (status, headers, _) = get("shop.example.test", "/cart");
+    assert_eq!(
+        (status, header(&headers, "location")),
+        (308, "https://shop.example.test/cart")
+    );
+    let (status, _, body) = call(
+        &sidecar,
+        sidecar
+            .client
+            .get(format!("https://shop.example.test:{https}/cart")),
+        "shop.example.test",
+    );
+    assert!(status == 200 && body.starts_with("web"), "{status} {body}");
+    let (status, headers, _) = get("forced.test", "/a");
+    assert_eq!(
+        (status, header(&headers, "location")),
+        (308, "https://forced.test/a")
+    );
+
+    // proxy-body-size: a larger body is refused with 413, as nginx's
+    // client_max_body_size; the ConfigMap default 1m applies to the other Ingresses.
+    let post = |host: &str, length: usize| {
+        raw_response(
+            &sidecar,
+            http,
+            &format!(
+                "POST / HTTP/1.1\r\nHost: {host}\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n"
+            ),
+        )
+    };
+    assert!(
+        post("upload.test", 2000).starts_with("HTTP/1.1 413"),
+        "{}",
+        post("upload.test", 2000)
+    );
+    let (status, _, _) = call(
+        &sidecar,
+        sidecar.client.post(url("/")).body(vec![b'x'; 1000]),
+        "upload.test",
+    );
+    assert_eq!(status, 200);
+    assert!(post("hdr.test", 2 << 20).starts_with("HTTP/1.1 413"));
+
+    // proxy-read-timeout: an upstream that does not answer within 1 s gives 504
+    // (HAProxy's server timeout is 50 s otherwise; the client waits 10 s).
+    let (status, _, _) = get("slow.test", "/");
+    assert_eq!(status, 504);
+
+    // Source ranges: 403 for clients outside the allowlist or inside the denylist.
+    sidecar.expect(http, "office.test", "/", 403, "");
+    sidecar.expect(http, "home.test", "/", 200, "web");
+    sidecar.expect(http, "blocked.test", "/", 403, "");
+
+    // CORS: preflight answered with 204 and the configured headers for an allowed
+    // origin; simple requests get the headers; other origins get none.
+    let (status, headers, _) = call(
+        &sidecar,
+        sidecar
+            .client
+            .request(reqwest::Method::OPTIONS, url("/api"))
+            .header("Origin", "https://app.example.test"),
+        "cors.test",
+    );
+    assert_eq!(status, 204);
+    assert_eq!(
+        header(&headers, "access-control-allow-origin"),
+        "https://app.example.test"
+    );
+    assert_eq!(
+        header(&headers, "access-control-allow-methods"),
+        "GET, POST"
+    );
+    assert_eq!(header(&headers, "access-control-max-age"), "600");
+    assert_eq!(header(&headers, "access-control-allow-credentials"), "true");
+    let (status, headers, body) = call(
+        &sidecar,
+        sidecar
+            .client
+            .get(url("/api"))
+            .header("Origin", "https://shop.example.org"),
+        "cors.test",
+    );
+    assert!(status == 200 && body.starts_with("web"), "{status} {body}");
+    assert_eq!(
+        header(&headers, "access-control-allow-origin"),
+        "https://shop.example.org"
+    );
+    assert_eq!(header(&headers, "access-control-expose-headers"), "X-Total");
+    let (_, headers, _) = call(
+        &sidecar,
+        sidecar
+            .client
+            .get(url("/api"))
+            .header("Origin", "https://evil.test"),
+        "cors.test",
+    );
+    assert_eq!(header(&headers, "access-control-allow-origin"), "");
+
+    // Snippets are refused and limit-rps is not supported yet: both reported as
+    // notices (Warning Events in Kubernetes, on /debug/rendered), the Ingress served
+    // without them.
+    let (status, headers, body) = get("snip.test", "/");
+    assert!(status == 200 && body.starts_with("api"), "{status} {body}");
+    assert_eq!(header(&headers, "x-evil"), "");
+    let rendered = sidecar
+        .client
+        .get(format!(
+            "http://127.0.0.1:{}/debug/rendered",
+            sidecar.status
+        ))
+        .send()
+        .and_then(|r| r.text())
+        .unwrap_or_else(|e| sidecar.fail(&format!("/debug/rendered: {e}")));
+    for notice in [
+        "# hapwright:RefusedAnnotation Ingress shop/snippets: nginx.ingress.kubernetes.io/configuration-snippet is refused",
+        "# hapwright:UnsupportedAnnotation Ingress shop/snippets: nginx.ingress.kubernetes.io/limit-rps is not supported yet",
+    ] {
+        assert!(rendered.contains(notice), "{notice} not in /debug/rendered");
+    }
+    assert!(!sidecar.deployed_config().contains("more_set_headers"));
+}
+
+/// One bad value per annotation family arrives with a good Ingress each time: the
+/// bad Ingress is quarantined with an error naming its annotation, the good one
+/// goes live, and what was served before stays served.
+#[test]
+fn a_bad_annotation_value_quarantines_only_its_ingress() {
+    let http = free_port();
+    let (web, api) = (upstream("web"), upstream("api"));
+    let prefix_only = [("/", "Prefix")];
+    let base = ingress(
+        "base",
+        "base.test",
+        "web",
+        &prefix_only,
+        &[("rewrite-target", "/")],
+    );
+    let resources = [
+        ("ingresses", json!([base.clone()])),
+        ("ingressclasses", json!([])),
+        ("services", json!([service("web"), service("api")])),
+        (
+            "endpointslices",
+            json!([
+                loopback_slice("shop", "web", "http", &[web]),
+                loopback_slice("shop", "api", "http", &[api]),
+            ]),
+        ),
+        ("secrets", json!([])),
+    ];
+    let sidecar = Sidecar::start(
+        "hapwright-ingress-nginx-bad-",
+        config(http, free_port()),
+        &resources,
+        http,
+        reqwest::blocking::Client::builder(),
+    );
+    sidecar.expect(http, "base.test", "/deep/path", 200, "web\nGET / ");
+
+    let bad_values = [
+        ("rewrite-target", "/x\n    server evil 127.0.0.1:1"),
+        ("proxy-body-size", "8q"),
+        ("proxy-read-timeout", "60s; } listen evil"),
+        ("whitelist-source-range", "10.0.0.0/8 %[env(SECRET)]"),
+        ("server-alias", "base.test victim.test"),
+        ("permanent-redirect", "https://x.test/\"\nlisten evil"),
+        ("cors-allow-origin", "${SECRET}"),
+        ("backend-protocol", "FCGI"),
+        ("ssl-redirect", "yes"),
+    ];
+    let mut objects = vec![base];
+    for (n, (annotation, value)) in bad_values.iter().enumerate() {
+        objects.push(ingress(
+            &format!("bad-{n}"),
+            &format!("bad{n}.test"),
+            "web",
+            &prefix_only,
+            &[(annotation, value)],
+        ));
+        let good_host = format!("good{n}.test");
+        objects.push(ingress(
+            &format!("good-{n}"),
+            &good_host,
+            "api",
+            &prefix_only,
+            &[("x-forwarded-prefix", "/good")],
+        ));
+        sidecar.change("ingresses", &json!(objects));
+        poll(WAIT, || {
+            let (status, body) = sidecar.get(http, &good_host, "/").ok()?;
+            (status == 200 && body.starts_with("api")).then_some(())
+        })
+        .unwrap_or_else(|_| {
+            sidecar.fail(&format!(
+                "{good_host} never went live beside a bad {annotation}"
+            ))
+        });
+        let quarantine = sidecar.quarantine(n as u64 + 1);
+        let held = quarantine["objects"]
+            .as_array()
+            .and_then(|list| list.iter().find(|o| o["name"] == format!("bad-{n}")))
+            .unwrap_or_else(|| sidecar.fail(&format!("bad-{n} is not quarantined: {quarantine}")));
+        let errors = held.to_string();
+        assert!(
+            errors.contains(&format!(
+                "Ingress shop/bad-{n}: annotation nginx.ingress.kubernetes.io/{annotation}: "
+            )),
+            "the error names the Ingress and the annotation: {errors}"
+        );
+        sidecar.expect(http, &format!("bad{n}.test"), "/", 404, "default backend");
+        sidecar.expect(http, "base.test", "/deep/path", 200, "web\nGET / ");
+    }
+    let deployed = sidecar.deployed_config();
+    assert!(
+        !deployed.contains("evil") && !deployed.contains("SECRET"),
+        "{deployed}"
+    );
+}
