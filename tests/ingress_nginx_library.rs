@@ -7,14 +7,18 @@
 //! quarantines its own Ingress only; snippets and annotations the library does not
 //! implement are reported and the Ingress is otherwise served.
 
+#[path = "support/certs.rs"]
+mod certs;
 mod library;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use hapwright_e2e::{WAIT, free_port, poll};
+use hapwright_deployer::client::master::Version;
+use hapwright_e2e::{Signal, WAIT, free_port, poll, send_signal};
 use library::{Sidecar, hapwright, library_path, library_value, loopback_slice, text, upstream};
 use serde_json::{Value, json};
 
@@ -208,10 +212,54 @@ fn shop_tls_secret() -> Value {
     library_value(&library_config())["validationTests"]["_global"]["fixtures"]["secrets"][0].clone()
 }
 
+/// An HTTPS upstream: `openssl s_server -www` with a certificate of a test CA, which
+/// answers `GET /` with a page starting `<HTML>` that names `s_server`. Stopped
+/// when dropped.
+struct TlsUpstream {
+    child: Child,
+    port: u16,
+}
+
+impl TlsUpstream {
+    fn start(dir: &Path) -> TlsUpstream {
+        certs::leaf(dir, "upstream-ca", "upstream");
+        let port = free_port();
+        let child = Command::new("openssl")
+            .args(["s_server", "-accept", &format!("127.0.0.1:{port}")])
+            .args(["-cert", "upstream.crt", "-key", "upstream.key", "-www"])
+            .current_dir(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start openssl s_server");
+        let upstream = TlsUpstream { child, port };
+        poll(WAIT, || TcpStream::connect(("127.0.0.1", port)).ok())
+            .expect("openssl s_server listens");
+        upstream
+    }
+}
+
+impl Drop for TlsUpstream {
+    fn drop(&mut self) {
+        send_signal(self.child.id(), Signal::TERM);
+        if poll(Duration::from_secs(10), || {
+            self.child.try_wait().ok().flatten()
+        })
+        .is_err()
+        {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 #[test]
 fn annotations_behave_as_ingress_nginx_documents_them() {
     let (http, https) = (free_port(), free_port());
     let (web, api, silent) = (upstream("web"), upstream("api"), silent_upstream());
+    let certificates = tempfile::tempdir().expect("temp dir");
+    let tls_upstream = TlsUpstream::start(certificates.path());
     let prefix_only = [("/", "Prefix")];
     let mut secure = ingress("secure", "shop.example.test", "web", &prefix_only, &[]);
     secure["spec"]["tls"] = json!([ { "hosts": ["shop.example.test"], "secretName": "shop-tls" } ]);
@@ -354,13 +402,25 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
             ]
         ),
         secure,
+        ingress(
+            "tls-backend",
+            "tlsbe.test",
+            "tls",
+            &prefix_only,
+            &[("backend-protocol", "HTTPS")]
+        ),
     ]);
     let resources = [
         ("ingresses", ingresses),
         ("ingressclasses", json!([])),
         (
             "services",
-            json!([service("web"), service("api"), service("silent")]),
+            json!([
+                service("web"),
+                service("api"),
+                service("silent"),
+                service("tls")
+            ]),
         ),
         (
             "endpointslices",
@@ -368,6 +428,7 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
                 loopback_slice("shop", "web", "http", &[web]),
                 loopback_slice("shop", "api", "http", &[api]),
                 loopback_slice("shop", "silent", "http", &[silent]),
+                loopback_slice("shop", "tls", "http", &[tls_upstream.port]),
             ]),
         ),
         ("secrets", json!([shop_tls_secret()])),
@@ -542,6 +603,14 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     );
     assert_eq!(header(&headers, "access-control-allow-origin"), "");
 
+    // backend-protocol HTTPS: HAProxy speaks TLS to the upstream (without verifying
+    // its certificate, as nginx's proxy-ssl-verify defaults to off).
+    let (status, _, body) = get("tlsbe.test", "/");
+    assert!(
+        status == 200 && body.contains("s_server -accept"),
+        "{status} {body}"
+    );
+
     // Snippets are refused and limit-rps is not supported yet: both reported as
     // notices (Warning Events in Kubernetes, on /debug/rendered), the Ingress served
     // without them.
@@ -660,5 +729,111 @@ fn a_bad_annotation_value_quarantines_only_its_ingress() {
     assert!(
         !deployed.contains("evil") && !deployed.contains("SECRET"),
         "{deployed}"
+    );
+}
+
+/// Whether the `haproxy` on `PATH` has `add backend`.
+fn dynamic_line() -> bool {
+    let output = Command::new("haproxy")
+        .arg("-v")
+        .output()
+        .expect("haproxy -v runs");
+    Version::parse(&String::from_utf8_lossy(&output.stdout))
+        .is_some_and(|v| v >= Version { major: 3, minor: 4 })
+}
+
+/// What the coverage table says about deployment: a new Ingress without
+/// rule-adding annotations is runtime on 3.4 with `haproxy.dynamicBackends` (a
+/// reload on older lines), a `proxy-body-size` change is a map change (runtime on
+/// every line), and an annotation that adds frontend rules reloads.
+#[test]
+fn a_new_ingress_and_a_body_size_change_deploy_at_runtime() {
+    let dynamic = dynamic_line();
+    let http = free_port();
+    let (web, api) = (upstream("web"), upstream("api"));
+    let prefix_only = [("/", "Prefix")];
+    let mut config = config(http, free_port());
+    config["haproxy"] = json!({ "dynamicBackends": true });
+    let shop = |size: &str| {
+        ingress(
+            "shop",
+            "shop.test",
+            "web",
+            &prefix_only,
+            &[("proxy-body-size", size)],
+        )
+    };
+    let resources = [
+        ("ingresses", json!([shop("1k")])),
+        ("ingressclasses", json!([])),
+        ("services", json!([service("web"), service("api")])),
+        (
+            "endpointslices",
+            json!([
+                loopback_slice("shop", "web", "http", &[web]),
+                loopback_slice("shop", "api", "http", &[api]),
+            ]),
+        ),
+        ("secrets", json!([])),
+    ];
+    let sidecar = Sidecar::start(
+        "hapwright-ingress-nginx-deploy-",
+        config,
+        &resources,
+        http,
+        reqwest::blocking::Client::builder(),
+    );
+    let post = || {
+        raw_response(
+            &sidecar,
+            http,
+            "POST / HTTP/1.1\r\nHost: shop.test\r\nContent-Length: 2000\r\nConnection: close\r\n\r\n",
+        )
+    };
+    assert!(post().starts_with("HTTP/1.1 413"), "{}", post());
+
+    // A new Ingress with a new backend.
+    let reloads = sidecar.master_reloads();
+    let plain = ingress("blog", "blog.test", "api", &prefix_only, &[]);
+    let deployed = sidecar.change("ingresses", &json!([shop("1k"), plain]));
+    if dynamic {
+        assert_eq!(deployed["last_strategy"], "runtime", "{deployed}");
+        assert_eq!(sidecar.master_reloads(), reloads, "HAProxy did not reload");
+    } else {
+        assert_eq!(deployed["last_strategy"], "reload", "{deployed}");
+    }
+    sidecar.expect(http, "blog.test", "/", 200, "api");
+
+    // proxy-body-size raised: one map line, on every line without a reload.
+    let reloads = sidecar.master_reloads();
+    let plain = ingress("blog", "blog.test", "api", &prefix_only, &[]);
+    let deployed = sidecar.change("ingresses", &json!([shop("4k"), plain]));
+    assert_eq!(deployed["last_strategy"], "runtime", "{deployed}");
+    assert_eq!(sidecar.master_reloads(), reloads, "HAProxy did not reload");
+    let answer = post();
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.contains("\r\n\r\nweb\n"),
+        "{answer}"
+    );
+
+    // x-forwarded-prefix adds a frontend rule: a reload.
+    let prefixed = ingress(
+        "blog",
+        "blog.test",
+        "api",
+        &prefix_only,
+        &[("x-forwarded-prefix", "/blog")],
+    );
+    let deployed = sidecar.change("ingresses", &json!([shop("4k"), prefixed]));
+    assert_eq!(deployed["last_strategy"], "reload", "{deployed}");
+    let (status, body) = sidecar
+        .get(http, "blog.test", "/")
+        .unwrap_or_else(|e| sidecar.fail(&e));
+    assert!(
+        status == 200
+            && body
+                .to_lowercase()
+                .contains("x-forwarded-prefix: /blog\r\n"),
+        "{status} {body}"
     );
 }
