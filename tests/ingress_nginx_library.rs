@@ -71,17 +71,13 @@ fn library_config() -> PathBuf {
     library_path(LIBRARY)
 }
 
-#[test]
-fn the_library_passes_check() {
-    let output = hapwright(&["check"], &library_config());
-    assert!(output.status.success(), "{}", text(&output));
-}
-
-/// Every test passes; each supported family renders a config HAProxy accepts
+/// `hapwright check` accepts the library and every test passes; each supported family renders a config HAProxy accepts
 /// (`haproxy_valid` first) and each refused value fails the render with the
 /// Ingress, the annotation and the value named.
 #[test]
-fn every_validation_test_passes_under_haproxy() {
+fn the_library_checks_and_every_validation_test_passes_under_haproxy() {
+    let checked = hapwright(&["check"], &library_config());
+    assert!(checked.status.success(), "{}", text(&checked));
     let output = hapwright(&["test", "--output", "json"], &library_config());
     let report: Value = serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("the JSON report does not parse ({e}): {}", text(&output)));
@@ -125,6 +121,9 @@ fn service(name: &str) -> Value {
         "spec": { "ports": [ { "name": "http", "port": 80, "protocol": "TCP" } ] }
     })
 }
+
+/// Annotations `(name without the nginx.ingress.kubernetes.io/ prefix, value)`.
+type Annotations<'a> = &'a [(&'a str, &'a str)];
 
 /// An Ingress of class `nginx` as a user writes it: one rule for `host` with
 /// `paths` (`(path, pathType)`) to Service `service`, and `annotations` (names
@@ -263,155 +262,57 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     let prefix_only = [("/", "Prefix")];
     let mut secure = ingress("secure", "shop.example.test", "web", &prefix_only, &[]);
     secure["spec"]["tls"] = json!([ { "hosts": ["shop.example.test"], "secretName": "shop-tls" } ]);
-    let ingresses = json!([
-        ingress(
-            "rewrite",
-            "rw.test",
-            "web",
-            &[("/something(/|$)(.*)", "ImplementationSpecific")],
-            &[("rewrite-target", "/$2")]
-        ),
-        ingress(
-            "regex",
-            "re.test",
-            "api",
-            &[("/v[0-9]+/users", "Prefix")],
-            &[("use-regex", "true")]
-        ),
-        ingress(
-            "approot",
-            "app.test",
-            "web",
-            &prefix_only,
-            &[("app-root", "/app1")]
-        ),
-        ingress(
-            "headers",
-            "hdr.test",
-            "web",
-            &prefix_only,
-            &[
-                ("x-forwarded-prefix", "/shop"),
-                ("upstream-vhost", "internal.shop.svc")
-            ]
-        ),
-        ingress(
-            "alias",
-            "main.test",
-            "api",
-            &prefix_only,
-            &[("server-alias", "alias.test")]
-        ),
-        ingress(
-            "moved",
-            "moved.test",
-            "web",
-            &prefix_only,
-            &[
-                ("permanent-redirect", "https://new.example.test/"),
-                ("permanent-redirect-code", "308")
-            ]
-        ),
-        ingress(
-            "gone",
-            "gone.test",
-            "web",
-            &prefix_only,
-            &[("permanent-redirect", "https://new.example.test/gone")]
-        ),
-        ingress(
-            "away",
-            "away.test",
-            "web",
-            &prefix_only,
-            &[("temporal-redirect", "https://status.example.test/")]
-        ),
-        ingress(
-            "www",
-            "www.site.test",
-            "web",
-            &prefix_only,
-            &[("from-to-www-redirect", "true")]
-        ),
-        ingress(
-            "forced",
-            "forced.test",
-            "web",
-            &prefix_only,
-            &[("force-ssl-redirect", "true")]
-        ),
-        ingress(
-            "upload",
-            "upload.test",
-            "web",
-            &prefix_only,
-            &[("proxy-body-size", "1k")]
-        ),
-        ingress(
-            "slow",
-            "slow.test",
-            "silent",
-            &prefix_only,
-            &[("proxy-read-timeout", "1")]
-        ),
-        ingress(
-            "office",
-            "office.test",
-            "web",
-            &prefix_only,
-            &[("whitelist-source-range", "10.0.0.0/8")]
-        ),
-        ingress(
-            "home",
-            "home.test",
-            "web",
-            &prefix_only,
-            &[("allowlist-source-range", "10.0.0.0/8, 127.0.0.1")]
-        ),
-        ingress(
-            "blocked",
-            "blocked.test",
-            "web",
-            &prefix_only,
-            &[("denylist-source-range", "127.0.0.0/8")]
-        ),
-        ingress(
-            "cors",
-            "cors.test",
-            "web",
-            &prefix_only,
-            &[
-                ("enable-cors", "true"),
-                (
-                    "cors-allow-origin",
-                    "https://app.example.test, https://*.example.org"
-                ),
-                ("cors-allow-methods", "GET, POST"),
-                ("cors-max-age", "600"),
-                ("cors-expose-headers", "X-Total")
-            ]
-        ),
-        ingress(
-            "snippets",
-            "snip.test",
-            "api",
-            &prefix_only,
-            &[
-                ("configuration-snippet", "more_set_headers \"X-Evil: 1\";"),
-                ("limit-rps", "5")
-            ]
-        ),
-        secure,
-        ingress(
-            "tls-backend",
-            "tlsbe.test",
-            "tls",
-            &prefix_only,
-            &[("backend-protocol", "HTTPS")]
-        ),
-    ]);
+    // Ingresses with one rule and one Prefix path "/": (name, host, Service, annotations).
+    #[rustfmt::skip]
+    let plain: &[(&str, &str, &str, Annotations)] = &[
+        ("approot", "app.test", "web", &[("app-root", "/app1")]),
+        ("headers", "hdr.test", "web", &[("x-forwarded-prefix", "/shop"), ("upstream-vhost", "internal.shop.svc")]),
+        ("alias", "main.test", "api", &[("server-alias", "alias.test")]),
+        ("moved", "moved.test", "web", &[("permanent-redirect", "https://new.example.test/"), ("permanent-redirect-code", "308")]),
+        ("gone", "gone.test", "web", &[("permanent-redirect", "https://new.example.test/gone")]),
+        ("away", "away.test", "web", &[("temporal-redirect", "https://status.example.test/")]),
+        ("www", "www.site.test", "web", &[("from-to-www-redirect", "true")]),
+        ("forced", "forced.test", "web", &[("force-ssl-redirect", "true")]),
+        ("upload", "upload.test", "web", &[("proxy-body-size", "1k")]),
+        ("slow", "slow.test", "silent", &[("proxy-read-timeout", "1")]),
+        ("office", "office.test", "web", &[("whitelist-source-range", "10.0.0.0/8")]),
+        ("home", "home.test", "web", &[("allowlist-source-range", "10.0.0.0/8, 127.0.0.1")]),
+        ("blocked", "blocked.test", "web", &[("denylist-source-range", "127.0.0.0/8")]),
+        ("cors", "cors.test", "web", &[
+            ("enable-cors", "true"),
+            ("cors-allow-origin", "https://app.example.test, https://*.example.org"),
+            ("cors-allow-methods", "GET, POST"),
+            ("cors-max-age", "600"),
+            ("cors-expose-headers", "X-Total"),
+        ]),
+        ("snippets", "snip.test", "api", &[("configuration-snippet", "more_set_headers \"X-Evil: 1\";"), ("limit-rps", "5")]),
+        ("tls-backend", "tlsbe.test", "tls", &[("backend-protocol", "HTTPS")]),
+    ];
+    let mut ingresses: Vec<Value> = plain
+        .iter()
+        .map(|(name, host, service, annotations)| {
+            ingress(name, host, service, &prefix_only, annotations)
+        })
+        .collect();
+    let rewrite = [("/something(/|$)(.*)", "ImplementationSpecific")];
+    ingresses.push(ingress(
+        "rewrite",
+        "rw.test",
+        "web",
+        &rewrite,
+        &[("rewrite-target", "/$2")],
+    ));
+    let regex = [("/v[0-9]+/users", "Prefix")];
+    ingresses.push(ingress(
+        "regex",
+        "re.test",
+        "api",
+        &regex,
+        &[("use-regex", "true")],
+    ));
+    ingresses.push(secure);
     let resources = [
-        ("ingresses", ingresses),
+        ("ingresses", Value::Array(ingresses)),
         ("ingressclasses", json!([])),
         (
             "services",
@@ -443,6 +344,11 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     );
     let url = |path: &str| format!("http://127.0.0.1:{http}{path}");
     let get = |host: &str, path: &str| call(&sidecar, sidecar.client.get(url(path)), host);
+    // The status and Location of GET host path.
+    let redirect = |host: &str, path: &str| {
+        let (status, headers, _) = get(host, path);
+        (status, header(&headers, "location").to_owned())
+    };
 
     // rewrite-target: the path's regex (case-insensitive) matched, the path replaced
     // by the target with capture group $2; the query string stays.
@@ -463,10 +369,9 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     sidecar.expect(http, "re.test", "/vx/users", 404, "default backend");
 
     // app-root: "/" is redirected (302) to the application root, other paths served.
-    let (status, headers, _) = get("app.test", "/");
     assert_eq!(
-        (status, header(&headers, "location")),
-        (302, "http://app.test/app1")
+        redirect("app.test", "/"),
+        (302, "http://app.test/app1".into())
     );
     sidecar.expect(http, "app.test", "/app1/page", 200, "web");
 
@@ -488,27 +393,24 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         ("gone.test", 301, "https://new.example.test/gone"),
         ("away.test", 302, "https://status.example.test/"),
     ] {
-        let (status, headers, _) = get(host, "/some/path");
         assert_eq!(
-            (status, header(&headers, "location")),
-            (code, location),
+            redirect(host, "/some/path"),
+            (code, location.into()),
             "{host}"
         );
     }
     // from-to-www-redirect: the name without www. goes to the rule host (308).
-    let (status, headers, _) = get("site.test", "/p?q=1");
     assert_eq!(
-        (status, header(&headers, "location")),
-        (308, "http://www.site.test/p?q=1")
+        redirect("site.test", "/p?q=1"),
+        (308, "http://www.site.test/p?q=1".into())
     );
     sidecar.expect(http, "www.site.test", "/p", 200, "web");
 
     // ssl-redirect: a host with a certificate redirects plain HTTP with 308 and is
     // served over HTTPS; force-ssl-redirect redirects without a certificate.
-    let (status, headers, _) = get("shop.example.test", "/cart");
     assert_eq!(
-        (status, header(&headers, "location")),
-        (308, "https://shop.example.test/cart")
+        redirect("shop.example.test", "/cart"),
+        (308, "https://shop.example.test/cart".into())
     );
     let (status, _, body) = call(
         &sidecar,
@@ -518,10 +420,9 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         "shop.example.test",
     );
     assert!(status == 200 && body.starts_with("web"), "{status} {body}");
-    let (status, headers, _) = get("forced.test", "/a");
     assert_eq!(
-        (status, header(&headers, "location")),
-        (308, "https://forced.test/a")
+        redirect("forced.test", "/a"),
+        (308, "https://forced.test/a".into())
     );
 
     // proxy-body-size: a larger body is refused with 413, as nginx's
@@ -635,23 +536,12 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     assert!(!sidecar.deployed_config().contains("more_set_headers"));
 }
 
-/// One bad value per annotation family arrives with a good Ingress each time: the
-/// bad Ingress is quarantined with an error naming its annotation, the good one
-/// goes live, and what was served before stays served.
-#[test]
-fn a_bad_annotation_value_quarantines_only_its_ingress() {
-    let http = free_port();
+/// A sidecar serving `ingresses` with Services `web` and `api` (echo upstreams
+/// answering with their name).
+fn web_and_api_sidecar(prefix: &str, config: Value, http: u16, ingresses: Value) -> Sidecar {
     let (web, api) = (upstream("web"), upstream("api"));
-    let prefix_only = [("/", "Prefix")];
-    let base = ingress(
-        "base",
-        "base.test",
-        "web",
-        &prefix_only,
-        &[("rewrite-target", "/")],
-    );
     let resources = [
-        ("ingresses", json!([base.clone()])),
+        ("ingresses", ingresses),
         ("ingressclasses", json!([])),
         ("services", json!([service("web"), service("api")])),
         (
@@ -663,12 +553,34 @@ fn a_bad_annotation_value_quarantines_only_its_ingress() {
         ),
         ("secrets", json!([])),
     ];
-    let sidecar = Sidecar::start(
-        "hapwright-ingress-nginx-bad-",
-        config(http, free_port()),
+    Sidecar::start(
+        prefix,
+        config,
         &resources,
         http,
         reqwest::blocking::Client::builder(),
+    )
+}
+
+/// One bad value per annotation family arrives with a good Ingress each time: the
+/// bad Ingress is quarantined with an error naming its annotation, the good one
+/// goes live, and what was served before stays served.
+#[test]
+fn a_bad_annotation_value_quarantines_only_its_ingress() {
+    let http = free_port();
+    let prefix_only = [("/", "Prefix")];
+    let base = ingress(
+        "base",
+        "base.test",
+        "web",
+        &prefix_only,
+        &[("rewrite-target", "/")],
+    );
+    let sidecar = web_and_api_sidecar(
+        "hapwright-ingress-nginx-bad-",
+        config(http, free_port()),
+        http,
+        json!([base.clone()]),
     );
     sidecar.expect(http, "base.test", "/deep/path", 200, "web\nGET / ");
 
@@ -750,7 +662,6 @@ fn dynamic_line() -> bool {
 fn a_new_ingress_and_a_body_size_change_deploy_at_runtime() {
     let dynamic = dynamic_line();
     let http = free_port();
-    let (web, api) = (upstream("web"), upstream("api"));
     let prefix_only = [("/", "Prefix")];
     let mut config = config(http, free_port());
     config["haproxy"] = json!({ "dynamicBackends": true });
@@ -763,25 +674,11 @@ fn a_new_ingress_and_a_body_size_change_deploy_at_runtime() {
             &[("proxy-body-size", size)],
         )
     };
-    let resources = [
-        ("ingresses", json!([shop("1k")])),
-        ("ingressclasses", json!([])),
-        ("services", json!([service("web"), service("api")])),
-        (
-            "endpointslices",
-            json!([
-                loopback_slice("shop", "web", "http", &[web]),
-                loopback_slice("shop", "api", "http", &[api]),
-            ]),
-        ),
-        ("secrets", json!([])),
-    ];
-    let sidecar = Sidecar::start(
+    let sidecar = web_and_api_sidecar(
         "hapwright-ingress-nginx-deploy-",
         config,
-        &resources,
         http,
-        reqwest::blocking::Client::builder(),
+        json!([shop("1k")]),
     );
     let post = || {
         raw_response(
