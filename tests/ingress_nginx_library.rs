@@ -15,6 +15,8 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use hapwright_deployer::client::master::Version;
@@ -65,6 +67,8 @@ const FEATURE_TESTS: &[&str] = &[
     "refuses-bad-cors-headers",
     "refuses-bad-backend-protocol",
     "refuses-bad-upstream-vhost",
+    "limits",
+    "refuses-bad-limit",
 ];
 
 fn library_config() -> PathBuf {
@@ -156,17 +160,20 @@ fn ingress(
 }
 
 /// An upstream that accepts connections and never answers (the connections stay
-/// open as long as the test process).
-fn silent_upstream() -> u16 {
+/// open as long as the test process), and how many it accepted.
+fn silent_upstream() -> (u16, Arc<AtomicUsize>) {
     let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind");
     let port = listener.local_addr().expect("address").port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
     std::thread::spawn(move || {
         let mut held = Vec::new();
         for stream in listener.incoming().flatten() {
             held.push(stream);
+            count.fetch_add(1, Ordering::SeqCst);
         }
     });
-    port
+    (port, accepted)
 }
 
 /// The response head HAProxy sends for `head` (a raw request head) on `port`.
@@ -256,7 +263,8 @@ impl Drop for TlsUpstream {
 #[test]
 fn annotations_behave_as_ingress_nginx_documents_them() {
     let (http, https) = (free_port(), free_port());
-    let (web, api, silent) = (upstream("web"), upstream("api"), silent_upstream());
+    let (web, api) = (upstream("web"), upstream("api"));
+    let (silent, silent_accepted) = silent_upstream();
     let certificates = tempfile::tempdir().expect("temp dir");
     let tls_upstream = TlsUpstream::start(certificates.path());
     let prefix_only = [("/", "Prefix")];
@@ -285,8 +293,10 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
             ("cors-max-age", "600"),
             ("cors-expose-headers", "X-Total"),
         ]),
-        ("snippets", "snip.test", "api", &[("configuration-snippet", "more_set_headers \"X-Evil: 1\";"), ("limit-rps", "5")]),
+        ("snippets", "snip.test", "api", &[("configuration-snippet", "more_set_headers \"X-Evil: 1\";"), ("limit-rate", "5")]),
         ("tls-backend", "tlsbe.test", "tls", &[("backend-protocol", "HTTPS")]),
+        ("per-minute", "rpm.test", "web", &[("limit-rpm", "1")]),
+        ("one-at-a-time", "conn.test", "silent", &[("limit-connections", "1")]),
     ];
     let mut ingresses: Vec<Value> = plain
         .iter()
@@ -454,6 +464,32 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     let (status, _, _) = get("slow.test", "/");
     assert_eq!(status, 504);
 
+    // limit-rpm 1 with ingress-nginx's burst multiplier 5: six requests a minute
+    // from one address pass, the seventh gets 503.
+    for n in 1..=6 {
+        let (status, _, body) = get("rpm.test", "/");
+        assert!(
+            status == 200 && body.starts_with("web"),
+            "request {n}: {status} {body}"
+        );
+    }
+    let (status, _, _) = get("rpm.test", "/");
+    assert_eq!(status, 503, "the seventh request within the minute");
+    // limit-connections 1: while one request is in flight (the upstream holds it),
+    // a second one from the same address gets 503.
+    let before = silent_accepted.load(Ordering::SeqCst);
+    let mut in_flight = TcpStream::connect(("127.0.0.1", http)).expect("connect");
+    in_flight
+        .write_all(b"GET / HTTP/1.1\r\nHost: conn.test\r\n\r\n")
+        .expect("write");
+    poll(WAIT, || {
+        (silent_accepted.load(Ordering::SeqCst) > before).then_some(())
+    })
+    .unwrap_or_else(|_| sidecar.fail("the first request never reached the upstream"));
+    let (status, _, _) = get("conn.test", "/");
+    assert_eq!(status, 503, "a second concurrent request");
+    drop(in_flight);
+
     // Source ranges: 403 for clients outside the allowlist or inside the denylist.
     sidecar.expect(http, "office.test", "/", 403, "");
     sidecar.expect(http, "home.test", "/", 200, "web");
@@ -512,7 +548,7 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         "{status} {body}"
     );
 
-    // Snippets are refused and limit-rps is not supported yet: both reported as
+    // Snippets are refused and limit-rate is not supported yet: both reported as
     // notices (Warning Events in Kubernetes, on /debug/rendered), the Ingress served
     // without them.
     let (status, headers, body) = get("snip.test", "/");
@@ -529,7 +565,7 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         .unwrap_or_else(|e| sidecar.fail(&format!("/debug/rendered: {e}")));
     for notice in [
         "# hapwright:RefusedAnnotation Ingress shop/snippets: nginx.ingress.kubernetes.io/configuration-snippet is refused",
-        "# hapwright:UnsupportedAnnotation Ingress shop/snippets: nginx.ingress.kubernetes.io/limit-rps is not supported yet",
+        "# hapwright:UnsupportedAnnotation Ingress shop/snippets: nginx.ingress.kubernetes.io/limit-rate is not supported yet",
     ] {
         assert!(rendered.contains(notice), "{notice} not in /debug/rendered");
     }
@@ -594,6 +630,7 @@ fn a_bad_annotation_value_quarantines_only_its_ingress() {
         ("cors-allow-origin", "${SECRET}"),
         ("backend-protocol", "FCGI"),
         ("ssl-redirect", "yes"),
+        ("limit-connections", "ten"),
     ];
     let mut objects = vec![base];
     for (n, (annotation, value)) in bad_values.iter().enumerate() {
