@@ -69,6 +69,8 @@ const FEATURE_TESTS: &[&str] = &[
     "refuses-bad-upstream-vhost",
     "limits",
     "refuses-bad-limit",
+    "affinity-cookie",
+    "refuses-bad-affinity",
 ];
 
 fn library_config() -> PathBuf {
@@ -264,6 +266,7 @@ impl Drop for TlsUpstream {
 fn annotations_behave_as_ingress_nginx_documents_them() {
     let (http, https) = (free_port(), free_port());
     let (web, api) = (upstream("web"), upstream("api"));
+    let (one, two) = (upstream("one"), upstream("two"));
     let (silent, silent_accepted) = silent_upstream();
     let certificates = tempfile::tempdir().expect("temp dir");
     let tls_upstream = TlsUpstream::start(certificates.path());
@@ -297,6 +300,8 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         ("tls-backend", "tlsbe.test", "tls", &[("backend-protocol", "HTTPS")]),
         ("per-minute", "rpm.test", "web", &[("limit-rpm", "1")]),
         ("one-at-a-time", "conn.test", "silent", &[("limit-connections", "1")]),
+        ("sticky", "sticky.test", "pair", &[("affinity", "cookie"), ("session-cookie-name", "STICKY"), ("session-cookie-max-age", "3600")]),
+        ("round-robin", "rr.test", "pair", &[]),
     ];
     let mut ingresses: Vec<Value> = plain
         .iter()
@@ -330,7 +335,8 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
                 service("web"),
                 service("api"),
                 service("silent"),
-                service("tls")
+                service("tls"),
+                service("pair")
             ]),
         ),
         (
@@ -340,6 +346,7 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
                 loopback_slice("shop", "api", "http", &[api]),
                 loopback_slice("shop", "silent", "http", &[silent]),
                 loopback_slice("shop", "tls", "http", &[tls_upstream.port]),
+                loopback_slice("shop", "pair", "http", &[one, two]),
             ]),
         ),
         ("secrets", json!([shop_tls_secret()])),
@@ -490,6 +497,34 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     assert_eq!(status, 503, "a second concurrent request");
     drop(in_flight);
 
+    // affinity cookie: without it the two servers take turns; with it the first
+    // answer sets the cookie (session-cookie-name, session-cookie-max-age) and every
+    // request carrying it reaches the same server.
+    let answered = |host: &str, cookie: Option<&str>| {
+        let mut request = sidecar.client.get(url("/"));
+        if let Some(cookie) = cookie {
+            request = request.header(reqwest::header::COOKIE, cookie);
+        }
+        let (status, headers, body) = call(&sidecar, request, host);
+        assert_eq!(status, 200, "{host}: {body}");
+        let cookie = header(&headers, "set-cookie").to_owned();
+        (body.lines().next().unwrap_or_default().to_owned(), cookie)
+    };
+    let turns: Vec<String> = (0..4).map(|_| answered("rr.test", None).0).collect();
+    assert!(
+        turns.contains(&"one".into()) && turns.contains(&"two".into()),
+        "{turns:?}"
+    );
+    let (first, set_cookie) = answered("sticky.test", None);
+    assert!(
+        set_cookie.starts_with("STICKY=") && set_cookie.contains("Max-Age=3600"),
+        "{set_cookie}"
+    );
+    let cookie = set_cookie.split(';').next().unwrap_or_default().to_owned();
+    for _ in 0..4 {
+        assert_eq!(answered("sticky.test", Some(&cookie)).0, first, "{cookie}");
+    }
+
     // Source ranges: 403 for clients outside the allowlist or inside the denylist.
     sidecar.expect(http, "office.test", "/", 403, "");
     sidecar.expect(http, "home.test", "/", 200, "web");
@@ -573,8 +608,13 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
 }
 
 /// A sidecar serving `ingresses` with Services `web` and `api` (echo upstreams
-/// answering with their name).
-fn web_and_api_sidecar(prefix: &str, config: Value, http: u16, ingresses: Value) -> Sidecar {
+/// answering with their name), and the ports of both upstreams.
+fn web_and_api_sidecar(
+    prefix: &str,
+    config: Value,
+    http: u16,
+    ingresses: Value,
+) -> (Sidecar, [u16; 2]) {
     let (web, api) = (upstream("web"), upstream("api"));
     let resources = [
         ("ingresses", ingresses),
@@ -589,13 +629,14 @@ fn web_and_api_sidecar(prefix: &str, config: Value, http: u16, ingresses: Value)
         ),
         ("secrets", json!([])),
     ];
-    Sidecar::start(
+    let sidecar = Sidecar::start(
         prefix,
         config,
         &resources,
         http,
         reqwest::blocking::Client::builder(),
-    )
+    );
+    (sidecar, [web, api])
 }
 
 /// One bad value per annotation family arrives with a good Ingress each time: the
@@ -612,7 +653,7 @@ fn a_bad_annotation_value_quarantines_only_its_ingress() {
         &prefix_only,
         &[("rewrite-target", "/")],
     );
-    let sidecar = web_and_api_sidecar(
+    let (sidecar, _) = web_and_api_sidecar(
         "hapwright-ingress-nginx-bad-",
         config(http, free_port()),
         http,
@@ -708,10 +749,10 @@ fn a_new_ingress_and_a_body_size_change_deploy_at_runtime() {
             "shop.test",
             "web",
             &prefix_only,
-            &[("proxy-body-size", size)],
+            &[("proxy-body-size", size), ("affinity", "cookie")],
         )
     };
-    let sidecar = web_and_api_sidecar(
+    let (sidecar, [web, api]) = web_and_api_sidecar(
         "hapwright-ingress-nginx-deploy-",
         config,
         http,
@@ -770,4 +811,27 @@ fn a_new_ingress_and_a_body_size_change_deploy_at_runtime() {
                 .contains("x-forwarded-prefix: /blog\r\n"),
         "{status} {body}"
     );
+
+    // A new endpoint of a Service behind a cookie-affinity profile: `add server` at
+    // runtime (its cookie value comes from its address), no reload.
+    let reloads = sidecar.master_reloads();
+    let web2 = upstream("web2");
+    let deployed = sidecar.change(
+        "endpointslices",
+        &json!([
+            loopback_slice("shop", "web", "http", &[web, web2]),
+            loopback_slice("shop", "api", "http", &[api]),
+        ]),
+    );
+    assert_eq!(deployed["last_strategy"], "runtime", "{deployed}");
+    assert_eq!(sidecar.master_reloads(), reloads, "HAProxy did not reload");
+    let served: Vec<String> = (0..4)
+        .map(|_| {
+            let (_, body) = sidecar
+                .get(http, "shop.test", "/")
+                .unwrap_or_else(|e| sidecar.fail(&e));
+            body.lines().next().unwrap_or_default().to_owned()
+        })
+        .collect();
+    assert!(served.contains(&"web2".into()), "{served:?}");
 }
