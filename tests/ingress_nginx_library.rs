@@ -71,6 +71,7 @@ const FEATURE_TESTS: &[&str] = &[
     "refuses-bad-limit",
     "affinity-cookie",
     "refuses-bad-affinity",
+    "load-balance-and-upstream-hash-by",
 ];
 
 fn library_config() -> PathBuf {
@@ -302,6 +303,7 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         ("one-at-a-time", "conn.test", "silent", &[("limit-connections", "1")]),
         ("sticky", "sticky.test", "pair", &[("affinity", "cookie"), ("session-cookie-name", "STICKY"), ("session-cookie-max-age", "3600")]),
         ("round-robin", "rr.test", "pair", &[]),
+        ("hashed", "hash.test", "pair", &[("upstream-hash-by", "$http_x_user")]),
     ];
     let mut ingresses: Vec<Value> = plain
         .iter()
@@ -524,6 +526,27 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     for _ in 0..4 {
         assert_eq!(answered("sticky.test", Some(&cookie)).0, first, "{cookie}");
     }
+
+    // upstream-hash-by $http_x_user: each user always reaches the same server, and
+    // the users are spread over both.
+    let mut servers = std::collections::BTreeSet::new();
+    for user in [
+        "alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi",
+    ] {
+        let answers: Vec<String> = (0..3)
+            .map(|_| {
+                let request = sidecar.client.get(url("/")).header("X-User", user);
+                let (_, _, body) = call(&sidecar, request, "hash.test");
+                body.lines().next().unwrap_or_default().to_owned()
+            })
+            .collect();
+        assert!(
+            answers.iter().all(|a| *a == answers[0]),
+            "{user}: {answers:?}"
+        );
+        servers.insert(answers[0].clone());
+    }
+    assert_eq!(servers.into_iter().collect::<Vec<_>>(), ["one", "two"]);
 
     // Source ranges: 403 for clients outside the allowlist or inside the denylist.
     sidecar.expect(http, "office.test", "/", 403, "");
