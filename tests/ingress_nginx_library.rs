@@ -72,6 +72,7 @@ const FEATURE_TESTS: &[&str] = &[
     "affinity-cookie",
     "refuses-bad-affinity",
     "load-balance-and-upstream-hash-by",
+    "default-backend-annotation",
 ];
 
 fn library_config() -> PathBuf {
@@ -304,6 +305,8 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         ("sticky", "sticky.test", "pair", &[("affinity", "cookie"), ("session-cookie-name", "STICKY"), ("session-cookie-max-age", "3600")]),
         ("round-robin", "rr.test", "pair", &[]),
         ("hashed", "hash.test", "pair", &[("upstream-hash-by", "$http_x_user")]),
+        ("fallback", "fb.test", "empty", &[("default-backend", "web")]),
+        ("no-fallback", "nofb.test", "empty", &[]),
     ];
     let mut ingresses: Vec<Value> = plain
         .iter()
@@ -338,7 +341,8 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
                 service("api"),
                 service("silent"),
                 service("tls"),
-                service("pair")
+                service("pair"),
+                service("empty")
             ]),
         ),
         (
@@ -547,6 +551,11 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         servers.insert(answers[0].clone());
     }
     assert_eq!(servers.into_iter().collect::<Vec<_>>(), ["one", "two"]);
+
+    // default-backend: while the Ingress's Service has no endpoint, the named
+    // Service answers (without it: 503).
+    sidecar.expect(http, "fb.test", "/x", 200, "web");
+    sidecar.expect(http, "nofb.test", "/x", 503, "");
 
     // Source ranges: 403 for clients outside the allowlist or inside the denylist.
     sidecar.expect(http, "office.test", "/", 403, "");
