@@ -73,6 +73,7 @@ const FEATURE_TESTS: &[&str] = &[
     "refuses-bad-affinity",
     "load-balance-and-upstream-hash-by",
     "default-backend-annotation",
+    "canary",
 ];
 
 fn library_config() -> PathBuf {
@@ -307,6 +308,12 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         ("hashed", "hash.test", "pair", &[("upstream-hash-by", "$http_x_user")]),
         ("fallback", "fb.test", "empty", &[("default-backend", "web")]),
         ("no-fallback", "nofb.test", "empty", &[]),
+        ("stable", "canary.test", "web", &[]),
+        ("preview", "canary.test", "api", &[("canary", "true"), ("canary-by-header", "X-Canary"), ("canary-by-cookie", "canary")]),
+        ("stable-v", "version.test", "web", &[]),
+        ("preview-v", "version.test", "api", &[("canary", "true"), ("canary-by-header", "X-Version"), ("canary-by-header-value", "v2")]),
+        ("stable-all", "weighted.test", "web", &[]),
+        ("preview-all", "weighted.test", "api", &[("canary", "true"), ("canary-weight", "100")]),
     ];
     let mut ingresses: Vec<Value> = plain
         .iter()
@@ -557,6 +564,52 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     sidecar.expect(http, "fb.test", "/x", 200, "web");
     sidecar.expect(http, "nofb.test", "/x", 503, "");
 
+    // Canaries: the header decides first (always / never, or the configured value),
+    // then the cookie, then the weight; otherwise the main Ingress answers.
+    let canary = |host: &str, header: Option<(&str, &str)>, cookie: Option<&str>| {
+        let mut request = sidecar.client.get(url("/"));
+        if let Some((name, value)) = header {
+            request = request.header(name, value);
+        }
+        if let Some(cookie) = cookie {
+            request = request.header(reqwest::header::COOKIE, cookie);
+        }
+        let (status, _, body) = call(&sidecar, request, host);
+        assert_eq!(status, 200, "{host}: {body}");
+        body.lines().next().unwrap_or_default().to_owned()
+    };
+    assert_eq!(canary("canary.test", None, None), "web");
+    assert_eq!(
+        canary("canary.test", Some(("X-Canary", "always")), None),
+        "api"
+    );
+    assert_eq!(
+        canary(
+            "canary.test",
+            Some(("X-Canary", "never")),
+            Some("canary=always")
+        ),
+        "web"
+    );
+    assert_eq!(
+        canary(
+            "canary.test",
+            Some(("X-Canary", "maybe")),
+            Some("canary=always")
+        ),
+        "api"
+    );
+    assert_eq!(canary("canary.test", None, Some("canary=never")), "web");
+    assert_eq!(
+        canary("version.test", Some(("X-Version", "v2")), None),
+        "api"
+    );
+    assert_eq!(
+        canary("version.test", Some(("X-Version", "v1")), None),
+        "web"
+    );
+    assert_eq!(canary("weighted.test", None, None), "api");
+
     // Source ranges: 403 for clients outside the allowlist or inside the denylist.
     sidecar.expect(http, "office.test", "/", 403, "");
     sidecar.expect(http, "home.test", "/", 200, "web");
@@ -704,6 +757,7 @@ fn a_bad_annotation_value_quarantines_only_its_ingress() {
         ("backend-protocol", "FCGI"),
         ("ssl-redirect", "yes"),
         ("limit-connections", "ten"),
+        ("canary-weight", "half"),
     ];
     let mut objects = vec![base];
     for (n, (annotation, value)) in bad_values.iter().enumerate() {
