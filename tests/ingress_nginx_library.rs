@@ -74,6 +74,7 @@ const FEATURE_TESTS: &[&str] = &[
     "load-balance-and-upstream-hash-by",
     "default-backend-annotation",
     "canary",
+    "service-upstream",
 ];
 
 fn library_config() -> PathBuf {
@@ -270,6 +271,10 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     let (http, https) = (free_port(), free_port());
     let (web, api) = (upstream("web"), upstream("api"));
     let (one, two) = (upstream("one"), upstream("two"));
+    // A Service whose cluster IP and port are an upstream's (it has no endpoints).
+    let mut direct = service("direct");
+    direct["spec"] = json!({ "clusterIP": "127.0.0.1",
+                             "ports": [ { "name": "http", "port": upstream("direct"), "protocol": "TCP" } ] });
     let (silent, silent_accepted) = silent_upstream();
     let certificates = tempfile::tempdir().expect("temp dir");
     let tls_upstream = TlsUpstream::start(certificates.path());
@@ -308,6 +313,7 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         ("hashed", "hash.test", "pair", &[("upstream-hash-by", "$http_x_user")]),
         ("fallback", "fb.test", "empty", &[("default-backend", "web")]),
         ("no-fallback", "nofb.test", "empty", &[]),
+        ("via-service", "direct.test", "direct", &[("service-upstream", "true")]),
         ("stable", "canary.test", "web", &[]),
         ("preview", "canary.test", "api", &[("canary", "true"), ("canary-by-header", "X-Canary"), ("canary-by-cookie", "canary")]),
         ("stable-v", "version.test", "web", &[]),
@@ -349,7 +355,8 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
                 service("silent"),
                 service("tls"),
                 service("pair"),
-                service("empty")
+                service("empty"),
+                direct
             ]),
         ),
         (
@@ -563,6 +570,9 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     // Service answers (without it: 503).
     sidecar.expect(http, "fb.test", "/x", 200, "web");
     sidecar.expect(http, "nofb.test", "/x", 503, "");
+
+    // service-upstream: the Service's cluster IP and port, not its endpoints.
+    sidecar.expect(http, "direct.test", "/", 200, "direct");
 
     // Canaries: the header decides first (always / never, or the configured value),
     // then the cookie, then the weight; otherwise the main Ingress answers.
