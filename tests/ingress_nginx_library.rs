@@ -33,6 +33,7 @@ const SOURCES: &[(&str, &str, &str)] = &[
     ("services", "v1", "Service"),
     ("endpointslices", "discovery.k8s.io/v1", "EndpointSlice"),
     ("secrets", "v1", "Secret"),
+    ("authsecrets", "v1", "Secret"),
 ];
 
 /// One test per supported annotation family and per refused value.
@@ -75,6 +76,8 @@ const FEATURE_TESTS: &[&str] = &[
     "default-backend-annotation",
     "canary",
     "service-upstream",
+    "auth-basic",
+    "refuses-auth-secret-of-another-namespace",
 ];
 
 fn library_config() -> PathBuf {
@@ -266,6 +269,13 @@ impl Drop for TlsUpstream {
     }
 }
 
+/// The Opaque Secret `basic-auth` of the library's `auth-basic` test: user `alice`
+/// with password `secret` (a SHA-512 crypt hash).
+fn basic_auth_secret() -> Value {
+    library_value(&library_config())["validationTests"]["auth-basic"]["fixtures"]["authsecrets"][0]
+        .clone()
+}
+
 #[test]
 fn annotations_behave_as_ingress_nginx_documents_them() {
     let (http, https) = (free_port(), free_port());
@@ -314,6 +324,7 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         ("fallback", "fb.test", "empty", &[("default-backend", "web")]),
         ("no-fallback", "nofb.test", "empty", &[]),
         ("via-service", "direct.test", "direct", &[("service-upstream", "true")]),
+        ("admin", "admin.test", "web", &[("auth-type", "basic"), ("auth-secret", "basic-auth"), ("auth-realm", "Admins only")]),
         ("stable", "canary.test", "web", &[]),
         ("preview", "canary.test", "api", &[("canary", "true"), ("canary-by-header", "X-Canary"), ("canary-by-cookie", "canary")]),
         ("stable-v", "version.test", "web", &[]),
@@ -370,6 +381,7 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
             ]),
         ),
         ("secrets", json!([shop_tls_secret()])),
+        ("authsecrets", json!([basic_auth_secret()])),
     ];
     let sidecar = Sidecar::start(
         "hapwright-ingress-nginx-",
@@ -571,6 +583,30 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     sidecar.expect(http, "fb.test", "/x", 200, "web");
     sidecar.expect(http, "nofb.test", "/x", 503, "");
 
+    // auth-type basic: 401 with the realm unless the credentials match a user of the
+    // Secret (auth-file).
+    let basic = |credentials: Option<(&str, &str)>| {
+        let mut request = sidecar.client.get(url("/"));
+        if let Some((user, password)) = credentials {
+            request = request.basic_auth(user, Some(password));
+        }
+        let (status, headers, body) = call(&sidecar, request, "admin.test");
+        (
+            status,
+            header(&headers, "www-authenticate").to_owned(),
+            body,
+        )
+    };
+    let (status, challenge, _) = basic(None);
+    assert_eq!(
+        (status, challenge.as_str()),
+        (401, "Basic realm=\"Admins only\"")
+    );
+    assert_eq!(basic(Some(("alice", "wrong"))).0, 401);
+    assert_eq!(basic(Some(("mallory", "secret"))).0, 401);
+    let (status, _, body) = basic(Some(("alice", "secret")));
+    assert!(status == 200 && body.starts_with("web"), "{status} {body}");
+
     // service-upstream: the Service's cluster IP and port, not its endpoints.
     sidecar.expect(http, "direct.test", "/", 200, "direct");
 
@@ -723,6 +759,7 @@ fn web_and_api_sidecar(
             ]),
         ),
         ("secrets", json!([])),
+        ("authsecrets", json!([])),
     ];
     let sidecar = Sidecar::start(
         prefix,
@@ -768,6 +805,7 @@ fn a_bad_annotation_value_quarantines_only_its_ingress() {
         ("ssl-redirect", "yes"),
         ("limit-connections", "ten"),
         ("canary-weight", "half"),
+        ("auth-secret", "victim/basic-auth"),
     ];
     let mut objects = vec![base];
     for (n, (annotation, value)) in bad_values.iter().enumerate() {
