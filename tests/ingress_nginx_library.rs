@@ -78,6 +78,7 @@ const FEATURE_TESTS: &[&str] = &[
     "service-upstream",
     "auth-basic",
     "refuses-auth-secret-of-another-namespace",
+    "refuses-unsupported-access-annotation",
 ];
 
 fn library_config() -> PathBuf {
