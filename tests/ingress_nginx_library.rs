@@ -79,6 +79,7 @@ const FEATURE_TESTS: &[&str] = &[
     "auth-basic",
     "refuses-auth-secret-of-another-namespace",
     "refuses-unsupported-access-annotation",
+    "canary-stays-in-its-namespace",
 ];
 
 fn library_config() -> PathBuf {
@@ -356,6 +357,16 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         &[("use-regex", "true")],
     ));
     ingresses.push(secure);
+    // Another tenant's canary for canary.test/ with weight 100: refused.
+    let mut grab = ingress(
+        "grab",
+        "canary.test",
+        "web",
+        &prefix_only,
+        &[("canary", "true"), ("canary-weight", "100")],
+    );
+    grab["metadata"]["namespace"] = json!("aaa-evil");
+    ingresses.push(grab);
     let resources = [
         ("ingresses", Value::Array(ingresses)),
         ("ingressclasses", json!([])),
@@ -625,6 +636,7 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         assert_eq!(status, 200, "{host}: {body}");
         body.lines().next().unwrap_or_default().to_owned()
     };
+    // (also: the weight-100 canary of namespace aaa-evil takes nothing)
     assert_eq!(canary("canary.test", None, None), "web");
     assert_eq!(
         canary("canary.test", Some(("X-Canary", "always")), None),
