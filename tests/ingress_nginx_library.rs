@@ -80,6 +80,7 @@ const FEATURE_TESTS: &[&str] = &[
     "refuses-auth-secret-of-another-namespace",
     "refuses-unsupported-access-annotation",
     "canary-stays-in-its-namespace",
+    "host-level-annotations-stay-with-the-host",
 ];
 
 fn library_config() -> PathBuf {
