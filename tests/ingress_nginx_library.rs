@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use base64::Engine;
 use hapwright_deployer::client::master::Version;
 use hapwright_e2e::{Signal, WAIT, free_port, poll, send_signal};
 use library::{Sidecar, hapwright, library_path, library_value, loopback_slice, text, upstream};
@@ -81,6 +82,8 @@ const FEATURE_TESTS: &[&str] = &[
     "refuses-unsupported-access-annotation",
     "canary-stays-in-its-namespace",
     "host-level-annotations-stay-with-the-host",
+    "proxy-ssl",
+    "refuses-proxy-ssl-secret-of-another-namespace",
 ];
 
 fn library_config() -> PathBuf {
@@ -230,21 +233,22 @@ fn shop_tls_secret() -> Value {
     library_value(&library_config())["validationTests"]["_global"]["fixtures"]["secrets"][0].clone()
 }
 
-/// An HTTPS upstream: `openssl s_server -www` with a certificate of a test CA, which
-/// answers `GET /` with a page starting `<HTML>` that names `s_server`. Stopped
-/// when dropped.
+/// An HTTPS upstream: `openssl s_server -www` with a certificate for `localhost` of
+/// the test CA `upstream-ca` (files in `dir`), and `args` added, which answers `GET
+/// /` with a page that names `s_server`. Stopped when dropped.
 struct TlsUpstream {
     child: Child,
     port: u16,
 }
 
 impl TlsUpstream {
-    fn start(dir: &Path) -> TlsUpstream {
+    fn start(dir: &Path, args: &[&str]) -> TlsUpstream {
         certs::leaf(dir, "upstream-ca", "upstream");
         let port = free_port();
         let child = Command::new("openssl")
             .args(["s_server", "-accept", &format!("127.0.0.1:{port}")])
             .args(["-cert", "upstream.crt", "-key", "upstream.key", "-www"])
+            .args(args)
             .current_dir(dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -290,7 +294,24 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
                              "ports": [ { "name": "http", "port": upstream("direct"), "protocol": "TCP" } ] });
     let (silent, silent_accepted) = silent_upstream();
     let certificates = tempfile::tempdir().expect("temp dir");
-    let tls_upstream = TlsUpstream::start(certificates.path());
+    let tls_upstream = TlsUpstream::start(certificates.path(), &[]);
+    // One that wants a client certificate of its CA (proxy-ssl-secret), and the
+    // Secrets: that client certificate with the right ca.crt, and with another CA's.
+    let mtls_upstream = TlsUpstream::start(
+        certificates.path(),
+        &["-Verify", "1", "-CAfile", "upstream-ca.crt"],
+    );
+    certs::leaf(certificates.path(), "upstream-ca", "client");
+    certs::ca(certificates.path(), "other-ca");
+    let pem = |file: &str| {
+        let bytes = std::fs::read(certificates.path().join(file)).expect("read a test PEM");
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    };
+    let client_secret = |name: &str, ca: &str| {
+        json!({ "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                "metadata": { "name": name, "namespace": "shop" },
+                "data": { "tls.crt": pem("client.crt"), "tls.key": pem("client.key"), "ca.crt": pem(ca) } })
+    };
     let prefix_only = [("/", "Prefix")];
     let mut secure = ingress("secure", "shop.example.test", "web", &prefix_only, &[]);
     secure["spec"]["tls"] = json!([ { "hosts": ["shop.example.test"], "secretName": "shop-tls" } ]);
@@ -319,6 +340,9 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         ]),
         ("snippets", "snip.test", "api", &[("configuration-snippet", "more_set_headers \"X-Evil: 1\";"), ("limit-rate", "5")]),
         ("tls-backend", "tlsbe.test", "tls", &[("backend-protocol", "HTTPS")]),
+        ("mtls", "mtls.test", "mtls", &[("backend-protocol", "HTTPS"), ("proxy-ssl-secret", "shop/upstream-client"), ("proxy-ssl-verify", "on"), ("proxy-ssl-name", "localhost")]),
+        ("mtls-other-ca", "otherca.test", "mtls", &[("backend-protocol", "HTTPS"), ("proxy-ssl-secret", "shop/other-ca-client"), ("proxy-ssl-verify", "on"), ("proxy-ssl-name", "localhost")]),
+        ("mtls-no-client", "noclient.test", "mtls", &[("backend-protocol", "HTTPS")]),
         ("per-minute", "rpm.test", "web", &[("limit-rpm", "1")]),
         ("one-at-a-time", "conn.test", "silent", &[("limit-connections", "1")]),
         ("sticky", "sticky.test", "pair", &[("affinity", "cookie"), ("session-cookie-name", "STICKY"), ("session-cookie-max-age", "3600")]),
@@ -380,6 +404,7 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
                 service("tls"),
                 service("pair"),
                 service("empty"),
+                service("mtls"),
                 direct
             ]),
         ),
@@ -390,10 +415,18 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
                 loopback_slice("shop", "api", "http", &[api]),
                 loopback_slice("shop", "silent", "http", &[silent]),
                 loopback_slice("shop", "tls", "http", &[tls_upstream.port]),
+                loopback_slice("shop", "mtls", "http", &[mtls_upstream.port]),
                 loopback_slice("shop", "pair", "http", &[one, two]),
             ]),
         ),
-        ("secrets", json!([shop_tls_secret()])),
+        (
+            "secrets",
+            json!([
+                shop_tls_secret(),
+                client_secret("upstream-client", "upstream-ca.crt"),
+                client_secret("other-ca-client", "other-ca.crt")
+            ]),
+        ),
         ("authsecrets", json!([basic_auth_secret()])),
     ];
     let sidecar = Sidecar::start(
@@ -727,6 +760,21 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         status == 200 && body.contains("s_server -accept"),
         "{status} {body}"
     );
+
+    // proxy-ssl-secret, -verify, -name: HAProxy shows the client certificate and checks
+    // the upstream's against ca.crt for the name. With another CA, or without a
+    // client certificate, the TLS session fails and the request gets HAProxy's
+    // error: 503 when the handshake fails, 502 when the upstream closes the TLS 1.3
+    // connection after it (which one depends on timing).
+    let (status, _, body) = get("mtls.test", "/");
+    assert!(
+        status == 200 && body.contains("s_server -accept"),
+        "{status} {body}"
+    );
+    for host in ["otherca.test", "noclient.test"] {
+        let (status, _, body) = get(host, "/");
+        assert!(matches!(status, 502 | 503), "{host}: {status} {body}");
+    }
 
     // Snippets are refused and limit-rate is not supported yet: both reported as
     // notices (Warning Events in Kubernetes, on /debug/rendered), the Ingress served
