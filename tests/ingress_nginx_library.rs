@@ -84,6 +84,7 @@ const FEATURE_TESTS: &[&str] = &[
     "host-level-annotations-stay-with-the-host",
     "proxy-ssl",
     "refuses-proxy-ssl-secret-of-another-namespace",
+    "status-of-served-ingresses",
 ];
 
 fn library_config() -> PathBuf {
