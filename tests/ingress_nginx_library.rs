@@ -85,6 +85,8 @@ const FEATURE_TESTS: &[&str] = &[
     "proxy-ssl",
     "refuses-proxy-ssl-secret-of-another-namespace",
     "status-of-served-ingresses",
+    "auth-tls",
+    "refuses-auth-tls-without-ca",
 ];
 
 fn library_config() -> PathBuf {
@@ -207,6 +209,44 @@ fn raw_response(sidecar: &Sidecar, port: u16, head: &str) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+/// The answer to `GET /` for `host` over TLS on `port` (SNI `host`), sent with
+/// `openssl s_client`, showing the client certificate `<cert>.crt`/`.key` of `dir`
+/// when given.
+fn tls_get(dir: &Path, port: u16, host: &str, cert: Option<&str>) -> String {
+    let mut command = Command::new("openssl");
+    command
+        .args([
+            "s_client",
+            "-quiet",
+            "-connect",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .args(["-servername", host])
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if let Some(cert) = cert {
+        command.args([
+            "-cert",
+            &format!("{cert}.crt"),
+            "-key",
+            &format!("{cert}.key"),
+        ]);
+    }
+    let mut child = command.spawn().expect("run openssl s_client");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(
+            format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .expect("write the request");
+    let output = child.wait_with_output().expect("openssl s_client ends");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 /// `request` sent with `Host: host`: status, headers and body.
 fn call(
     sidecar: &Sidecar,
@@ -303,7 +343,7 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         &["-Verify", "1", "-CAfile", "upstream-ca.crt"],
     );
     certs::leaf(certificates.path(), "upstream-ca", "client");
-    certs::ca(certificates.path(), "other-ca");
+    certs::leaf(certificates.path(), "other-ca", "stranger");
     let pem = |file: &str| {
         let bytes = std::fs::read(certificates.path().join(file)).expect("read a test PEM");
         base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -383,6 +423,19 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         &[("use-regex", "true")],
     ));
     ingresses.push(secure);
+    let mut partners = ingress(
+        "partners",
+        "partners.test",
+        "web",
+        &prefix_only,
+        &[
+            ("auth-tls-secret", "shop/client-ca"),
+            ("auth-tls-verify-client", "on"),
+        ],
+    );
+    partners["spec"]["tls"] =
+        json!([ { "hosts": ["partners.test"], "secretName": "apps-wildcard-tls" } ]);
+    ingresses.push(partners);
     // Another tenant's canary for canary.test/ with weight 100: refused.
     let mut grab = ingress(
         "grab",
@@ -393,43 +446,56 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     );
     grab["metadata"]["namespace"] = json!("aaa-evil");
     ingresses.push(grab);
-    let resources = [
-        ("ingresses", Value::Array(ingresses)),
-        ("ingressclasses", json!([])),
-        (
-            "services",
-            json!([
-                service("web"),
-                service("api"),
-                service("silent"),
-                service("tls"),
-                service("pair"),
-                service("empty"),
-                service("mtls"),
-                direct
-            ]),
-        ),
-        (
-            "endpointslices",
-            json!([
-                loopback_slice("shop", "web", "http", &[web]),
-                loopback_slice("shop", "api", "http", &[api]),
-                loopback_slice("shop", "silent", "http", &[silent]),
-                loopback_slice("shop", "tls", "http", &[tls_upstream.port]),
-                loopback_slice("shop", "mtls", "http", &[mtls_upstream.port]),
-                loopback_slice("shop", "pair", "http", &[one, two]),
-            ]),
-        ),
-        (
-            "secrets",
-            json!([
-                shop_tls_secret(),
-                client_secret("upstream-client", "upstream-ca.crt"),
-                client_secret("other-ca-client", "other-ca.crt")
-            ]),
-        ),
-        ("authsecrets", json!([basic_auth_secret()])),
-    ];
+    let resources =
+        [
+            ("ingresses", Value::Array(ingresses)),
+            ("ingressclasses", json!([])),
+            (
+                "services",
+                json!([
+                    service("web"),
+                    service("api"),
+                    service("silent"),
+                    service("tls"),
+                    service("pair"),
+                    service("empty"),
+                    service("mtls"),
+                    direct
+                ]),
+            ),
+            (
+                "endpointslices",
+                json!([
+                    loopback_slice("shop", "web", "http", &[web]),
+                    loopback_slice("shop", "api", "http", &[api]),
+                    loopback_slice("shop", "silent", "http", &[silent]),
+                    loopback_slice("shop", "tls", "http", &[tls_upstream.port]),
+                    loopback_slice("shop", "mtls", "http", &[mtls_upstream.port]),
+                    loopback_slice("shop", "pair", "http", &[one, two]),
+                ]),
+            ),
+            (
+                "secrets",
+                json!(
+                    [
+                        shop_tls_secret(),
+                        library_value(&library_config())["validationTests"]["_global"]["fixtures"]
+                            ["secrets"][1]
+                            .clone(),
+                        client_secret("upstream-client", "upstream-ca.crt"),
+                        client_secret("other-ca-client", "other-ca.crt")
+                    ]
+                ),
+            ),
+            (
+                "authsecrets",
+                json!([basic_auth_secret(), {
+                    "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                    "metadata": { "name": "client-ca", "namespace": "shop" },
+                    "data": { "ca.crt": pem("upstream-ca.crt") }
+                }]),
+            ),
+        ];
     let sidecar = Sidecar::start(
         "hapwright-ingress-nginx-",
         config(http, https),
@@ -776,6 +842,28 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         let (status, _, body) = get(host, "/");
         assert!(matches!(status, 502 | 503), "{host}: {status} {body}");
     }
+
+    // auth-tls-secret with verify on: a client certificate of the CA passes and the
+    // upstream learns the result; none, or one of another CA, gets 400 as from
+    // ingress-nginx. Clients cannot bring the ssl-client-* headers themselves.
+    let answer = tls_get(certificates.path(), https, "partners.test", Some("client"));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let lower = answer.to_lowercase();
+    assert!(lower.contains("ssl-client-verify: success\r\n"), "{answer}");
+    assert!(
+        lower.contains("ssl-client-subject-dn: /cn=localhost\r\n"),
+        "{answer}"
+    );
+    for cert in [None, Some("stranger")] {
+        let answer = tls_get(certificates.path(), https, "partners.test", cert);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{cert:?}: {answer}");
+    }
+    let request = sidecar
+        .client
+        .get(url("/"))
+        .header("ssl-client-verify", "SUCCESS");
+    let (_, _, body) = call(&sidecar, request, "hdr.test");
+    assert!(!body.to_lowercase().contains("ssl-client-verify"), "{body}");
 
     // Snippets are refused and limit-rate is not supported yet: both reported as
     // notices (Warning Events in Kubernetes, on /debug/rendered), the Ingress served
