@@ -87,6 +87,7 @@ const FEATURE_TESTS: &[&str] = &[
     "status-of-served-ingresses",
     "auth-tls",
     "refuses-auth-tls-without-ca",
+    "ssl-passthrough",
 ];
 
 fn library_config() -> PathBuf {
@@ -381,6 +382,7 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         ]),
         ("snippets", "snip.test", "api", &[("configuration-snippet", "more_set_headers \"X-Evil: 1\";"), ("limit-rate", "5")]),
         ("tls-backend", "tlsbe.test", "tls", &[("backend-protocol", "HTTPS")]),
+        ("passthrough", "pass.test", "tls", &[("ssl-passthrough", "true")]),
         ("mtls", "mtls.test", "mtls", &[("backend-protocol", "HTTPS"), ("proxy-ssl-secret", "shop/upstream-client"), ("proxy-ssl-verify", "on"), ("proxy-ssl-name", "localhost")]),
         ("mtls-other-ca", "otherca.test", "mtls", &[("backend-protocol", "HTTPS"), ("proxy-ssl-secret", "shop/other-ca-client"), ("proxy-ssl-verify", "on"), ("proxy-ssl-name", "localhost")]),
         ("mtls-no-client", "noclient.test", "mtls", &[("backend-protocol", "HTTPS")]),
@@ -446,37 +448,36 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     );
     grab["metadata"]["namespace"] = json!("aaa-evil");
     ingresses.push(grab);
-    let resources =
-        [
-            ("ingresses", Value::Array(ingresses)),
-            ("ingressclasses", json!([])),
-            (
-                "services",
-                json!([
-                    service("web"),
-                    service("api"),
-                    service("silent"),
-                    service("tls"),
-                    service("pair"),
-                    service("empty"),
-                    service("mtls"),
-                    direct
-                ]),
-            ),
-            (
-                "endpointslices",
-                json!([
-                    loopback_slice("shop", "web", "http", &[web]),
-                    loopback_slice("shop", "api", "http", &[api]),
-                    loopback_slice("shop", "silent", "http", &[silent]),
-                    loopback_slice("shop", "tls", "http", &[tls_upstream.port]),
-                    loopback_slice("shop", "mtls", "http", &[mtls_upstream.port]),
-                    loopback_slice("shop", "pair", "http", &[one, two]),
-                ]),
-            ),
-            (
-                "secrets",
-                json!(
+    let resources = [
+        ("ingresses", Value::Array(ingresses)),
+        ("ingressclasses", json!([])),
+        (
+            "services",
+            json!([
+                service("web"),
+                service("api"),
+                service("silent"),
+                service("tls"),
+                service("pair"),
+                service("empty"),
+                service("mtls"),
+                direct
+            ]),
+        ),
+        (
+            "endpointslices",
+            json!([
+                loopback_slice("shop", "web", "http", &[web]),
+                loopback_slice("shop", "api", "http", &[api]),
+                loopback_slice("shop", "silent", "http", &[silent]),
+                loopback_slice("shop", "tls", "http", &[tls_upstream.port]),
+                loopback_slice("shop", "mtls", "http", &[mtls_upstream.port]),
+                loopback_slice("shop", "pair", "http", &[one, two]),
+            ]),
+        ),
+        (
+            "secrets",
+            json!(
                     [
                         shop_tls_secret(),
                         library_value(&library_config())["validationTests"]["_global"]["fixtures"]
@@ -486,16 +487,16 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
                         client_secret("other-ca-client", "other-ca.crt")
                     ]
                 ),
-            ),
-            (
-                "authsecrets",
-                json!([basic_auth_secret(), {
-                    "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                    "metadata": { "name": "client-ca", "namespace": "shop" },
-                    "data": { "ca.crt": pem("upstream-ca.crt") }
-                }]),
-            ),
-        ];
+        ),
+        (
+            "authsecrets",
+            json!([basic_auth_secret(), {
+                "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": { "name": "client-ca", "namespace": "shop" },
+                "data": { "ca.crt": pem("upstream-ca.crt") }
+            }]),
+        ),
+    ];
     let sidecar = Sidecar::start(
         "hapwright-ingress-nginx-",
         config(http, https),
@@ -864,6 +865,15 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         .header("ssl-client-verify", "SUCCESS");
     let (_, _, body) = call(&sidecar, request, "hdr.test");
     assert!(!body.to_lowercase().contains("ssl-client-verify"), "{body}");
+
+    // ssl-passthrough: the TLS connection for pass.test reaches the upstream as it is
+    // (openssl s_server answers); the other HTTPS hosts above were terminated by
+    // HAProxy behind the same port.
+    let answer = tls_get(certificates.path(), https, "pass.test", None);
+    assert!(
+        answer.starts_with("HTTP/1.0 200 ok") && answer.contains("s_server -accept"),
+        "{answer}"
+    );
 
     // Snippets are refused and limit-rate is not supported yet: both reported as
     // notices (Warning Events in Kubernetes, on /debug/rendered), the Ingress served
