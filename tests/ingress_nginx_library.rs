@@ -778,14 +778,11 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
 
     // CORS: preflight answered with 204 and the configured headers for an allowed
     // origin; simple requests get the headers; other origins get none.
-    let (status, headers, _) = call(
-        &sidecar,
-        sidecar
-            .client
-            .request(reqwest::Method::OPTIONS, url("/api"))
-            .header("Origin", "https://app.example.test"),
-        "cors.test",
-    );
+    let cors = |method: reqwest::Method, origin: &str| {
+        let request = sidecar.client.request(method, url("/api"));
+        call(&sidecar, request.header("Origin", origin), "cors.test")
+    };
+    let (status, headers, _) = cors(reqwest::Method::OPTIONS, "https://app.example.test");
     assert_eq!(status, 204);
     assert_eq!(
         header(&headers, "access-control-allow-origin"),
@@ -797,28 +794,14 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     );
     assert_eq!(header(&headers, "access-control-max-age"), "600");
     assert_eq!(header(&headers, "access-control-allow-credentials"), "true");
-    let (status, headers, body) = call(
-        &sidecar,
-        sidecar
-            .client
-            .get(url("/api"))
-            .header("Origin", "https://shop.example.org"),
-        "cors.test",
-    );
+    let (status, headers, body) = cors(reqwest::Method::GET, "https://shop.example.org");
     assert!(status == 200 && body.starts_with("web"), "{status} {body}");
     assert_eq!(
         header(&headers, "access-control-allow-origin"),
         "https://shop.example.org"
     );
     assert_eq!(header(&headers, "access-control-expose-headers"), "X-Total");
-    let (_, headers, _) = call(
-        &sidecar,
-        sidecar
-            .client
-            .get(url("/api"))
-            .header("Origin", "https://evil.test"),
-        "cors.test",
-    );
+    let (_, headers, _) = cors(reqwest::Method::GET, "https://evil.test");
     assert_eq!(header(&headers, "access-control-allow-origin"), "");
 
     // backend-protocol HTTPS: HAProxy speaks TLS to the upstream (without verifying
