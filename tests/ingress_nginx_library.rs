@@ -388,7 +388,7 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         ("mtls-no-client", "noclient.test", "mtls", &[("backend-protocol", "HTTPS")]),
         ("per-minute", "rpm.test", "web", &[("limit-rpm", "1")]),
         ("one-at-a-time", "conn.test", "silent", &[("limit-connections", "1")]),
-        ("sticky", "sticky.test", "pair", &[("affinity", "cookie"), ("session-cookie-name", "STICKY"), ("session-cookie-max-age", "3600")]),
+        ("sticky", "sticky.test", "pair", &[("affinity", "cookie"), ("session-cookie-name", "STICKY"), ("session-cookie-max-age", "3600"), ("session-cookie-path", "/shop")]),
         ("round-robin", "rr.test", "pair", &[]),
         ("hashed", "hash.test", "pair", &[("upstream-hash-by", "$http_x_user")]),
         ("fallback", "fb.test", "empty", &[("default-backend", "web")]),
@@ -663,7 +663,9 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     );
     let (first, set_cookie) = answered("sticky.test", None);
     assert!(
-        set_cookie.starts_with("STICKY=") && set_cookie.contains("Max-Age=3600"),
+        set_cookie.starts_with("STICKY=")
+            && set_cookie.contains("Max-Age=3600")
+            && set_cookie.ends_with("Path=/shop"),
         "{set_cookie}"
     );
     let cookie = set_cookie.split(';').next().unwrap_or_default().to_owned();
