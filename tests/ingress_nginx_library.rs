@@ -11,6 +11,7 @@
 mod certs;
 mod library;
 
+use std::fs;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -275,15 +276,59 @@ fn shop_tls_secret() -> Value {
     library_value(&library_config())["validationTests"]["_global"]["fixtures"]["secrets"][0].clone()
 }
 
-/// An HTTPS upstream: `openssl s_server -www` with a certificate for `localhost` of
-/// the test CA `upstream-ca` (files in `dir`), and `args` added, which answers `GET
-/// /` with a page that names `s_server`. Stopped when dropped.
+/// A TLS or HTTP/2 upstream process, stopped when dropped.
 struct TlsUpstream {
     child: Child,
     port: u16,
 }
 
 impl TlsUpstream {
+    /// An HTTP/2 upstream: another HAProxy answering every request with
+    /// `h2-upstream <HTTP version>`, on `h2` cleartext (`tls` false) or TLS with ALPN
+    /// `h2` (the `upstream` certificate of `dir`).
+    fn h2(dir: &Path, tls: bool) -> TlsUpstream {
+        let port = free_port();
+        let name = if tls { "h2s" } else { "h2c" };
+        let pem = [
+            fs::read(dir.join("upstream.crt")),
+            fs::read(dir.join("upstream.key")),
+        ]
+        .into_iter()
+        .map(|part| part.expect("read the upstream certificate"))
+        .collect::<Vec<_>>()
+        .concat();
+        fs::write(dir.join("upstream.pem"), pem).expect("write the upstream PEM");
+        let bind = if tls {
+            "ssl crt upstream.pem alpn h2"
+        } else {
+            "proto h2"
+        };
+        fs::write(
+            dir.join(format!("{name}.cfg")),
+            format!(
+                "defaults\n    mode http\n    timeout client 10s\n    timeout connect 1s\n    timeout server 10s\n\
+                 frontend {name}\n    bind 127.0.0.1:{port} {bind}\n    \
+                 http-request return status 200 content-type text/plain lf-string \"h2-upstream %[req.ver]\"\n"
+            ),
+        )
+        .expect("write the upstream config");
+        let child = Command::new("haproxy")
+            .args(["-db", "-f", &format!("{name}.cfg")])
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the HTTP/2 upstream");
+        let upstream = TlsUpstream { child, port };
+        poll(WAIT, || TcpStream::connect(("127.0.0.1", port)).ok())
+            .expect("the HTTP/2 upstream listens");
+        upstream
+    }
+
+    /// An HTTPS upstream: `openssl s_server -www` with a certificate for `localhost`
+    /// of the test CA `upstream-ca` (files in `dir`), and `args` added, which answers
+    /// `GET /` with a page that names `s_server`.
     fn start(dir: &Path, args: &[&str]) -> TlsUpstream {
         certs::leaf(dir, "upstream-ca", "upstream");
         let port = free_port();
@@ -343,10 +388,14 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         certificates.path(),
         &["-Verify", "1", "-CAfile", "upstream-ca.crt"],
     );
+    let (h2c, h2s) = (
+        TlsUpstream::h2(certificates.path(), false),
+        TlsUpstream::h2(certificates.path(), true),
+    );
     certs::leaf(certificates.path(), "upstream-ca", "client");
     certs::leaf(certificates.path(), "other-ca", "stranger");
     let pem = |file: &str| {
-        let bytes = std::fs::read(certificates.path().join(file)).expect("read a test PEM");
+        let bytes = fs::read(certificates.path().join(file)).expect("read a test PEM");
         base64::engine::general_purpose::STANDARD.encode(bytes)
     };
     let client_secret = |name: &str, ca: &str| {
@@ -383,6 +432,8 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         ("snippets", "snip.test", "api", &[("configuration-snippet", "more_set_headers \"X-Evil: 1\";"), ("limit-rate", "5")]),
         ("tls-backend", "tlsbe.test", "tls", &[("backend-protocol", "HTTPS")]),
         ("passthrough", "pass.test", "tls", &[("ssl-passthrough", "true")]),
+        ("grpc", "grpc.test", "h2c", &[("backend-protocol", "GRPC")]),
+        ("grpcs", "grpcs.test", "h2s", &[("backend-protocol", "GRPCS")]),
         ("mtls", "mtls.test", "mtls", &[("backend-protocol", "HTTPS"), ("proxy-ssl-secret", "shop/upstream-client"), ("proxy-ssl-verify", "on"), ("proxy-ssl-name", "localhost")]),
         ("mtls-other-ca", "otherca.test", "mtls", &[("backend-protocol", "HTTPS"), ("proxy-ssl-secret", "shop/other-ca-client"), ("proxy-ssl-verify", "on"), ("proxy-ssl-name", "localhost")]),
         ("mtls-no-client", "noclient.test", "mtls", &[("backend-protocol", "HTTPS")]),
@@ -461,6 +512,8 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
                 service("pair"),
                 service("empty"),
                 service("mtls"),
+                service("h2c"),
+                service("h2s"),
                 direct
             ]),
         ),
@@ -472,6 +525,8 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
                 loopback_slice("shop", "silent", "http", &[silent]),
                 loopback_slice("shop", "tls", "http", &[tls_upstream.port]),
                 loopback_slice("shop", "mtls", "http", &[mtls_upstream.port]),
+                loopback_slice("shop", "h2c", "http", &[h2c.port]),
+                loopback_slice("shop", "h2s", "http", &[h2s.port]),
                 loopback_slice("shop", "pair", "http", &[one, two]),
             ]),
         ),
@@ -813,6 +868,13 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         status == 200 && body.contains("s_server -accept"),
         "{status} {body}"
     );
+
+    // backend-protocol GRPC and GRPCS: HAProxy speaks HTTP/2 to the upstream, in
+    // clear and over TLS (an HTTP/1.1 request in front).
+    for host in ["grpc.test", "grpcs.test"] {
+        let (status, _, body) = get(host, "/");
+        assert_eq!((status, body.as_str()), (200, "h2-upstream 2.0"), "{host}");
+    }
 
     // proxy-ssl-secret, -verify, -name: HAProxy shows the client certificate and checks
     // the upstream's against ca.crt for the name. With another CA, or without a
