@@ -312,18 +312,9 @@ impl TlsUpstream {
             ),
         )
         .expect("write the upstream config");
-        let child = Command::new("haproxy")
-            .args(["-db", "-f", &format!("{name}.cfg")])
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the HTTP/2 upstream");
-        let upstream = TlsUpstream { child, port };
-        poll(WAIT, || TcpStream::connect(("127.0.0.1", port)).ok())
-            .expect("the HTTP/2 upstream listens");
-        upstream
+        let mut command = Command::new("haproxy");
+        command.args(["-db", "-f", &format!("{name}.cfg")]);
+        TlsUpstream::spawn(command, dir, port)
     }
 
     /// An HTTPS upstream: `openssl s_server -www` with a certificate for `localhost`
@@ -332,19 +323,27 @@ impl TlsUpstream {
     fn start(dir: &Path, args: &[&str]) -> TlsUpstream {
         certs::leaf(dir, "upstream-ca", "upstream");
         let port = free_port();
-        let child = Command::new("openssl")
+        let mut command = Command::new("openssl");
+        command
             .args(["s_server", "-accept", &format!("127.0.0.1:{port}")])
             .args(["-cert", "upstream.crt", "-key", "upstream.key", "-www"])
-            .args(args)
+            .args(args);
+        TlsUpstream::spawn(command, dir, port)
+    }
+
+    /// Starts `command` in `dir` (its stdin a pipe that stays open: `s_server` ends
+    /// at end of input) and waits until it listens on `port`.
+    fn spawn(mut command: Command, dir: &Path, port: u16) -> TlsUpstream {
+        let child = command
             .current_dir(dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("start openssl s_server");
+            .unwrap_or_else(|e| panic!("start {command:?}: {e}"));
         let upstream = TlsUpstream { child, port };
         poll(WAIT, || TcpStream::connect(("127.0.0.1", port)).ok())
-            .expect("openssl s_server listens");
+            .unwrap_or_else(|_| panic!("{command:?} never listened on {port}"));
         upstream
     }
 }
@@ -862,12 +861,16 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     assert_eq!(header(&headers, "access-control-allow-origin"), "");
 
     // backend-protocol HTTPS: HAProxy speaks TLS to the upstream (without verifying
-    // its certificate, as nginx's proxy-ssl-verify defaults to off).
-    let (status, _, body) = get("tlsbe.test", "/");
-    assert!(
-        status == 200 && body.contains("s_server -accept"),
-        "{status} {body}"
-    );
+    // its certificate, as nginx's proxy-ssl-verify defaults to off), and with
+    // proxy-ssl-secret, -verify, -name it shows the client certificate and checks
+    // the upstream's against ca.crt for the name.
+    for host in ["tlsbe.test", "mtls.test"] {
+        let (status, _, body) = get(host, "/");
+        assert!(
+            status == 200 && body.contains("s_server -accept"),
+            "{host}: {status} {body}"
+        );
+    }
 
     // backend-protocol GRPC and GRPCS: HAProxy speaks HTTP/2 to the upstream, in
     // clear and over TLS (an HTTP/1.1 request in front).
@@ -876,16 +879,9 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         assert_eq!((status, body.as_str()), (200, "h2-upstream 2.0"), "{host}");
     }
 
-    // proxy-ssl-secret, -verify, -name: HAProxy shows the client certificate and checks
-    // the upstream's against ca.crt for the name. With another CA, or without a
-    // client certificate, the TLS session fails and the request gets HAProxy's
-    // error: 503 when the handshake fails, 502 when the upstream closes the TLS 1.3
-    // connection after it (which one depends on timing).
-    let (status, _, body) = get("mtls.test", "/");
-    assert!(
-        status == 200 && body.contains("s_server -accept"),
-        "{status} {body}"
-    );
+    // With another CA, or without a client certificate, the TLS session fails and
+    // the request gets HAProxy's error: 503 when the handshake fails, 502 when the
+    // upstream closes the TLS 1.3 connection after it (which one depends on timing).
     for host in ["otherca.test", "noclient.test"] {
         let (status, _, body) = get(host, "/");
         assert!(matches!(status, 502 | 503), "{host}: {status} {body}");
