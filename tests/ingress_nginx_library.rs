@@ -89,6 +89,7 @@ const FEATURE_TESTS: &[&str] = &[
     "auth-tls",
     "refuses-auth-tls-without-ca",
     "ssl-passthrough",
+    "proxy-connect-timeout",
 ];
 
 fn library_config() -> PathBuf {
