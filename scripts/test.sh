@@ -110,7 +110,7 @@ line_tests=(
     e2e_routing e2e_safety e2e_secrets e2e_status e2e_traces e2e_webhook
     # tests/: the template libraries with a sidecar HAProxy: routing, tenants, injection.
     gateway_library gateway_tenants gateway_injection
-    ingress_library ingress_tenants ingress_injection
+    ingress_library ingress_tenants ingress_injection ingress_nginx_library
     # tests/: both libraries' new routes without a reload on 3.4 (a reload elsewhere).
     library_dynamic_backends
 )
