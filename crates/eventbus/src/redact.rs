@@ -247,6 +247,18 @@ fn forms_of(value: &str, out: &mut Vec<String>) {
             push(html_escaped(line));
         }
     }
+    // A credentials line (`user:hash` of an htpasswd file, as basic authentication
+    // Secrets hold it) is rendered apart: the user name into one place, the hash
+    // into a `userlist`'s `password`. The part after the name is a secret of its own.
+    for line in trimmed.lines() {
+        let line = line.trim();
+        if let Some((_, credential)) = line.split_once(':')
+            && !line.contains(char::is_whitespace)
+        {
+            push(credential.to_owned());
+            push(html_escaped(credential));
+        }
+    }
 }
 
 fn json_escaped(value: &str) -> String {
@@ -326,6 +338,21 @@ mod tests {
         assert_eq!(
             redactor.redact("line 3: MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"),
             "line 3: [redacted]"
+        );
+        // An htpasswd line's hash is a secret apart from the user name.
+        let htpasswd =
+            "alice:$apr1$Qx1lW5Zb$0123456789abcdefghijk.\nbob:{SHA}W6ph5Mm5Pz8GgiULbPgzG37mj9g=\n";
+        redactor.register_object(&json!({
+            "kind": "Secret",
+            "data": { "auth": base64::engine::general_purpose::STANDARD.encode(htpasswd) },
+        }));
+        assert_eq!(
+            redactor.redact("user alice password $apr1$Qx1lW5Zb$0123456789abcdefghijk."),
+            "user alice password [redacted]"
+        );
+        assert_eq!(
+            redactor.redact("user bob password {SHA}W6ph5Mm5Pz8GgiULbPgzG37mj9g="),
+            "user bob password [redacted]"
         );
         // Other kinds are not secrets.
         let other = Redactor::new();
