@@ -103,7 +103,7 @@ fn reusable(config: &Config) -> bool {
 }
 
 /// How many leading bytes `a` and `b` share.
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+pub(crate) fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     const CHUNK: usize = 64;
     let mut at = 0;
     while at + CHUNK <= a.len().min(b.len()) && a[at..at + CHUNK] == b[at..at + CHUNK] {
@@ -117,7 +117,7 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
 }
 
 /// How many trailing bytes `a` and `b` share, at most `limit`.
-fn common_suffix(a: &[u8], b: &[u8], limit: usize) -> usize {
+pub(crate) fn common_suffix(a: &[u8], b: &[u8], limit: usize) -> usize {
     const CHUNK: usize = 64;
     let mut n = 0;
     while n + CHUNK <= limit
