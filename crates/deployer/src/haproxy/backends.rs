@@ -319,13 +319,13 @@ pub(crate) fn equivalent(
     let changes = split(old, new, &Capability::On).map_err(|(_, why)| Some(Why(why)))?;
     let old_lines: Vec<&str> = old_text.split('\n').collect();
     let new_lines: Vec<&str> = new_text.split('\n').collect();
-    let line_of = |lines: &[&'_ str], line: u32| -> String {
+    fn line_of<'t>(lines: &[&'t str], line: u32) -> &'t str {
         usize::try_from(line)
             .ok()
             .and_then(|l| l.checked_sub(1))
             .and_then(|index| lines.get(index))
-            .map_or(String::new(), |text| text.trim().to_owned())
-    };
+            .map_or("", |text| text.trim())
+    }
     let name_ok = |name: &str| {
         !name.is_empty()
             && name

@@ -1063,11 +1063,15 @@ fn loaded_as_patterns(main: &str, file: &str) -> bool {
 /// once, on lines outside comments.
 fn exact_match_map(main: &str, file: &str) -> bool {
     let mut used = false;
-    for line in main.lines().map(str::trim_start) {
-        if line.starts_with('#') {
+    // Each mention within its line (one search through the text, not one per line).
+    for (at, _) in main.match_indices(file) {
+        let start = main[..at].rfind('\n').map_or(0, |i| i + 1);
+        let end = main[at..].find('\n').map_or(main.len(), |i| at + i);
+        let (line, at) = (&main[start..end], at - start);
+        if line.trim_start().starts_with('#') {
             continue;
         }
-        for (at, _) in line.match_indices(file) {
+        {
             let after = line[at + file.len()..].chars().next();
             if after
                 .is_some_and(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'))
