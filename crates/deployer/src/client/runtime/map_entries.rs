@@ -150,3 +150,57 @@ mod tests {
         assert_eq!(entry_commands("m", "", &many), None);
     }
 }
+
+#[cfg(test)]
+mod differential {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::entry_commands;
+
+    /// The map `commands` leave of `old`, with HAProxy's meaning of each command on
+    /// unique keys; `None` when one would fail (a key to set or delete is missing, a
+    /// key to add is present).
+    fn apply(
+        old: &BTreeMap<String, String>,
+        commands: &[String],
+    ) -> Option<BTreeMap<String, String>> {
+        let mut map = old.clone();
+        for command in commands {
+            let words: Vec<&str> = command.split(' ').collect();
+            match words.as_slice() {
+                ["add", "map", "m", key, value] => {
+                    map.insert((*key).to_owned(), (*value).to_owned())
+                        .is_none()
+                        .then_some(())?;
+                }
+                ["set", "map", "m", key, value] => {
+                    map.insert((*key).to_owned(), (*value).to_owned())?;
+                }
+                ["del", "map", "m", key] => {
+                    map.remove(*key)?;
+                }
+                _ => return None,
+            }
+        }
+        Some(map)
+    }
+
+    fn content(map: &BTreeMap<String, String>) -> String {
+        map.iter().map(|(k, v)| format!("{k} {v}\n")).collect()
+    }
+
+    proptest! {
+        /// Whenever entry commands are given, they turn the old map into the new one.
+        #[test]
+        fn entry_commands_give_the_new_map(
+            old in prop::collection::btree_map("[a-e]{1,2}\\.test", "be_[a-c]", 0..30),
+            new in prop::collection::btree_map("[a-e]{1,2}\\.test", "be_[a-c]", 0..30),
+        ) {
+            if let Some(commands) = entry_commands("m", &content(&old), &content(&new)) {
+                prop_assert_eq!(apply(&old, &commands), Some(new));
+            }
+        }
+    }
+}
