@@ -1107,12 +1107,16 @@ mod pattern_file_tests {
                     http-request set-map(maps/set.map) %[src] 1\n    \
                     http-request set-var(txn.z) src,map(maps/set.map)\n    \
                     # map(maps/commented.map)\n";
-        assert!(exact_match_map(main, "maps/hosts.map"));
-        assert!(exact_match_map(main, "maps/str.map"));
-        assert!(!exact_match_map(main, "maps/beg.map"));
-        assert!(!exact_match_map(main, "maps/set.map"));
-        assert!(!exact_match_map(main, "maps/commented.map"));
-        assert!(!exact_match_map(main, "maps/hosts"));
+        for (file, exact) in [
+            ("maps/hosts.map", true),
+            ("maps/str.map", true),
+            ("maps/beg.map", false),
+            ("maps/set.map", false),
+            ("maps/commented.map", false),
+            ("maps/hosts", false),
+        ] {
+            assert_eq!(exact_match_map(main, file), exact, "{file}");
+        }
     }
 
     #[test]
