@@ -6,6 +6,7 @@ mod support;
 use hapwright_deployer::Driver;
 use std::fmt::Write as _;
 
+use hapwright_deployer::client::runtime::PatternKind;
 use hapwright_deployer::driver::SocketDriver;
 use hapwright_deployer::metrics::Metrics;
 use hapwright_eventbus::model::{DeployStrategy, RenderedConfig, SourceMap};
@@ -131,6 +132,49 @@ backend be_other\n    server o1 127.0.0.1:{}\n",
     );
     // Entries of the old version are gone.
     assert_eq!(bodies(port, "other.test", 1).await, vec!["200 b"]);
+
+    // A few entries of that exact-match map change entry by entry: an added, a
+    // changed and a removed key, while every other entry stays the one HAProxy holds
+    // (the same reference in `show map`, where a new version would rebuild them all).
+    let rt = driver.runtime();
+    let file = rt
+        .pattern_files(PatternKind::Map)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|f| f.ends_with("maps/hosts.map"))
+        .expect("HAProxy lists the map");
+    let show = || async { rt.query(&format!("show map {file}")).await.unwrap() };
+    let reference = |listing: &str, key: &str| {
+        listing
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(key))
+            .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+    };
+    let before = show().await;
+    let edited = big
+        .replace("h0.example.test be_other\n", "")
+        .replace("h1.example.test be_other", "h1.example.test be_app")
+        + "new.example.test be_other\n";
+    let v7 = render(&format!("    server s1 127.0.0.1:{}\n", b.port), &edited);
+    let d7 = driver
+        .deploy(v7, None, Some(d6.into()), false)
+        .await
+        .unwrap();
+    assert_eq!(d7.strategy, DeployStrategy::Runtime, "{:?}", d7.reason);
+    assert_eq!(bodies(port, "new.example.test", 1).await, vec!["200 other"]);
+    assert_eq!(bodies(port, "h1.example.test", 1).await, vec!["200 b"]);
+    assert_eq!(bodies(port, "h2.example.test", 1).await, vec!["200 other"]);
+    let after = show().await;
+    assert_eq!(after.lines().filter(|l| !l.trim().is_empty()).count(), 1500);
+    assert!(reference(&after, "h0.example.test").is_none(), "h0 removed");
+    assert!(reference(&before, "h7.example.test").is_some());
+    assert_eq!(
+        reference(&before, "h7.example.test"),
+        reference(&after, "h7.example.test"),
+        "untouched entries stay in place"
+    );
+    let big = edited;
 
     assert_eq!(haproxy.reloads().await, reloads, "no reload happened");
     // The files on disk follow, so a later reload keeps the state.

@@ -32,7 +32,10 @@ use tokio::time::Instant;
 use crate::client::socket::{CliClient, SocketAddress, SocketError};
 
 mod certs;
+mod map_entries;
+
 pub use certs::parse_crt_list_entries;
+pub use map_entries::{MAX_ENTRY_COMMANDS, entry_commands};
 
 /// Payload chunks stay below this many bytes: a `<<` payload must fit in one 16 KB
 /// buffer, and a larger one is silently dropped by HAProxy 2.6.

@@ -365,7 +365,7 @@ impl DataplaneDriver {
                     op.describe()
                 )))
             }
-            RuntimeOp::ReplacePatterns { file, content } => {
+            RuntimeOp::ReplacePatterns { file, content, .. } => {
                 let Some(name) = file.strip_prefix("maps/") else {
                     return Err(OpError::refused(format!(
                         "{file}: only maps can be changed through the Data Plane runtime API"

@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use crate::client::master::{
     MasterClient, MasterError, ProcInfo, ReloadAnswer, Version, parse_reload_answer,
 };
-use crate::client::runtime::{PatternKind, RuntimeClient, RuntimeError};
+use crate::client::runtime::{self, PatternKind, RuntimeClient, RuntimeError};
 use crate::client::socket::{InstanceConfig, SocketError};
 use crate::driver::Driver;
 use crate::driver::managed::{LogBuffer, ManagedError, ManagedHaproxy};
@@ -890,9 +890,18 @@ impl SocketDriver {
                 // client) until the next reload; no request is cut short.
                 rt.remove_backend(backend).await.map(drop)
             }
-            RuntimeOp::ReplacePatterns { content, .. } => {
+            RuntimeOp::ReplacePatterns {
+                content, previous, ..
+            } => {
                 let (kind, path) = target.expect("resolved before applying");
-                rt.replace_patterns(kind, &path, content).await.map(drop)
+                let entries = previous
+                    .as_ref()
+                    .filter(|_| kind == PatternKind::Map)
+                    .and_then(|previous| runtime::entry_commands(&path, previous, content));
+                match entries {
+                    Some(commands) => rt.update_map_entries(&commands).await.map(drop),
+                    None => rt.replace_patterns(kind, &path, content).await.map(drop),
+                }
             }
             RuntimeOp::ReplaceCertificate { pem, .. } => {
                 let (_, path) = target.expect("resolved before applying");

@@ -319,13 +319,13 @@ pub(crate) fn equivalent(
     let changes = split(old, new, &Capability::On).map_err(|(_, why)| Some(Why(why)))?;
     let old_lines: Vec<&str> = old_text.split('\n').collect();
     let new_lines: Vec<&str> = new_text.split('\n').collect();
-    let line_of = |lines: &[&'_ str], line: u32| -> String {
+    fn line_of<'t>(lines: &[&'t str], line: u32) -> &'t str {
         usize::try_from(line)
             .ok()
             .and_then(|l| l.checked_sub(1))
             .and_then(|index| lines.get(index))
-            .map_or(String::new(), |text| text.trim().to_owned())
-    };
+            .map_or("", |text| text.trim())
+    }
     let name_ok = |name: &str| {
         !name.is_empty()
             && name
@@ -433,6 +433,44 @@ pub(crate) fn equivalent(
     Ok(true)
 }
 
+/// A guess made before phase 1 (`equivalence::likely_equivalent`): whether the lines
+/// that differ between `old` and `new` (past the start and the end the two share)
+/// hold a `backend NAME from PROFILE` header, as a render that adds or removes a
+/// dynamic backend does. Such a render usually passes phase 2 by [`equivalent`], so
+/// `haproxy -c` need not start alongside phase 1; a wrong guess costs time only.
+pub(crate) fn likely_added_or_removed(old: &str, new: &str) -> bool {
+    use crate::haproxy::config::{common_prefix, common_suffix};
+    let (a, b) = (old.as_bytes(), new.as_bytes());
+    let prefix = common_prefix(a, b);
+    let suffix = common_suffix(a, b, a.len().min(b.len()) - prefix);
+    // Whole lines (so on character boundaries) around the bytes that differ.
+    fn changed(text: &str, prefix: usize, suffix: usize) -> &str {
+        let bytes = text.as_bytes();
+        let start = bytes[..prefix]
+            .iter()
+            .rposition(|&c| c == b'\n')
+            .map_or(0, |i| i + 1);
+        let end = text.len() - suffix;
+        let end = bytes[end..]
+            .iter()
+            .position(|&c| c == b'\n')
+            .map_or(text.len(), |i| end + i);
+        text.get(start..end).unwrap_or_default()
+    }
+    [changed(old, prefix, suffix), changed(new, prefix, suffix)]
+        .iter()
+        .any(|part| {
+            part.lines().any(|line| {
+                let mut words = line.split_ascii_whitespace();
+                words.next() == Some("backend")
+                    && words.next().is_some()
+                    && words.next() == Some("from")
+                    && words.next().is_some()
+                    && words.next().is_none()
+            })
+        })
+}
+
 /// Whether `text` holds `name` as a whole word: not inside a longer name (`be_r1` in
 /// `be_r10`), whatever surrounds it otherwise (`nbsrv(be_r1)`, `be_r1/s1`).
 fn names_word(text: &str, name: &str) -> bool {
@@ -442,4 +480,39 @@ fn names_word(text: &str, name: &str) -> bool {
         let after = text[at + name.len()..].bytes().next();
         !before.is_some_and(name_byte) && !after.is_some_and(name_byte)
     })
+}
+
+#[cfg(test)]
+mod guess_tests {
+    use super::likely_added_or_removed;
+
+    const OLD: &str = "defaults routes\n    mode http\n\nbackend be_a from routes\n    server a 10.0.0.1:80\n\nfrontend f\n    bind :80\n";
+
+    #[test]
+    fn an_added_or_removed_dynamic_backend_is_guessed() {
+        let new = OLD.replace(
+            "frontend f",
+            "backend be_b from routes\n    server b 10.0.0.2:80\n\nfrontend f",
+        );
+        assert!(likely_added_or_removed(OLD, &new));
+        assert!(likely_added_or_removed(&new, OLD));
+    }
+
+    #[test]
+    fn other_changes_are_not() {
+        let new = OLD.replace("    bind :80\n", "    bind :80\n    bind :81\n");
+        assert!(!likely_added_or_removed(OLD, &new));
+        let new = OLD.replace(
+            "frontend f",
+            "backend be_b\n    server b 10.0.0.2:80\n\nfrontend f",
+        );
+        assert!(!likely_added_or_removed(OLD, &new));
+        // Bytes that differ inside a character: whole lines are compared.
+        let (old, new) = ("backend b from r\n    x é\n", "backend b from r\n    x è\n");
+        assert!(!likely_added_or_removed(old, new));
+        assert!(likely_added_or_removed(
+            "backend é from r\n",
+            "backend è from r\n"
+        ));
+    }
 }

@@ -195,6 +195,10 @@ pub enum RuntimeOp {
         file: String,
         /// The new content.
         content: std::sync::Arc<str>,
+        /// The running content, when the file is used only as an exact-match map
+        /// (`map(` / `map_str(` converters), so the change may be applied entry by
+        /// entry ([`crate::client::runtime::entry_commands`]).
+        previous: Option<std::sync::Arc<str>>,
     },
     /// Replace a certificate (`set ssl cert` + `commit ssl cert`).
     ReplaceCertificate {
@@ -1008,7 +1012,8 @@ fn plan_files(
                         ),
                     );
                 }
-                Some(_) => plan.ops.push(RuntimeOp::ReplacePatterns {
+                Some(previous) => plan.ops.push(RuntimeOp::ReplacePatterns {
+                    previous: exact_match_map(desired.main(), &file).then(|| previous.clone()),
                     file,
                     content: content.clone(),
                 }),
@@ -1053,9 +1058,66 @@ fn loaded_as_patterns(main: &str, file: &str) -> bool {
     })
 }
 
+/// Whether `main` uses `file` only as the file of exact-match map converters
+/// (`map(` and `map_str(`; not `set-map(`, `map_beg(` or anything else), at least
+/// once, on lines outside comments.
+fn exact_match_map(main: &str, file: &str) -> bool {
+    let mut used = false;
+    // Each mention within its line (one search through the text, not one per line).
+    for (at, _) in main.match_indices(file) {
+        let start = main[..at].rfind('\n').map_or(0, |i| i + 1);
+        let end = main[at..].find('\n').map_or(main.len(), |i| at + i);
+        let (line, at) = (&main[start..end], at - start);
+        if line.trim_start().starts_with('#') {
+            continue;
+        }
+        {
+            let after = line[at + file.len()..].chars().next();
+            if after
+                .is_some_and(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'))
+            {
+                // A longer name that merely starts with this one.
+                continue;
+            }
+            let before = line[..at].trim_end_matches(['"', '\'']);
+            let Some(call) = before.strip_suffix('(') else {
+                return false;
+            };
+            let name_start = call
+                .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+                .map_or(0, |i| i + 1);
+            if !matches!(&call[name_start..], "map" | "map_str") {
+                return false;
+            }
+            used = true;
+        }
+    }
+    used
+}
+
 #[cfg(test)]
 mod pattern_file_tests {
-    use super::loaded_as_patterns;
+    use super::{exact_match_map, loaded_as_patterns};
+
+    #[test]
+    fn exact_match_maps_are_used_by_map_and_map_str_only() {
+        let main = "frontend f\n    use_backend %[req.hdr(host),lower,map(maps/hosts.map,be_default)]\n    \
+                    http-request set-var(txn.x) req.hdr(x),map_str(\"maps/str.map\")\n    \
+                    http-request set-var(txn.y) path,map_beg(maps/beg.map)\n    \
+                    http-request set-map(maps/set.map) %[src] 1\n    \
+                    http-request set-var(txn.z) src,map(maps/set.map)\n    \
+                    # map(maps/commented.map)\n";
+        for (file, exact) in [
+            ("maps/hosts.map", true),
+            ("maps/str.map", true),
+            ("maps/beg.map", false),
+            ("maps/set.map", false),
+            ("maps/commented.map", false),
+            ("maps/hosts", false),
+        ] {
+            assert_eq!(exact_match_map(main, file), exact, "{file}");
+        }
+    }
 
     #[test]
     fn maps_and_acl_files_are_patterns_other_uses_are_not() {

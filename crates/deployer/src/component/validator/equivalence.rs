@@ -160,6 +160,7 @@ pub fn likely_equivalent(baseline: &Baseline, candidate: &RenderedConfig) -> boo
     }
     let lines = |text: &str| text.bytes().filter(|&b| b == b'\n').count();
     lines(old.main()) == lines(candidate.main())
+        || crate::haproxy::backends::likely_added_or_removed(old.main(), candidate.main())
 }
 
 fn compare_inner(

@@ -295,6 +295,20 @@ pub fn validate_phase1(rendered: &RenderedConfig) -> Result<Vec<Diagnostic>, Rej
 pub fn validate_phase1_parsed(
     rendered: &RenderedConfig,
 ) -> Result<(Vec<Diagnostic>, haproxy_config::Config), Rejection> {
+    validate_phase1_reusing(None, rendered)
+}
+
+/// [`validate_phase1_parsed`], parsing only the sections of `haproxy.cfg` that changed
+/// since `previous` (a render and its model, which passed phase 1) where that gives
+/// the same model ([`haproxy_config::parse_reusing`]).
+///
+/// # Errors
+///
+/// As [`validate_phase1`].
+pub fn validate_phase1_reusing(
+    previous: Option<(&RenderedConfig, &haproxy_config::Config)>,
+    rendered: &RenderedConfig,
+) -> Result<(Vec<Diagnostic>, haproxy_config::Config), Rejection> {
     let mut paths = BTreeSet::new();
     let mut diagnostics = Vec::new();
     for (file, _) in rendered.iter() {
@@ -307,7 +321,8 @@ pub fn validate_phase1_parsed(
         }
         paths.insert(path);
     }
-    let (model, found) = haproxy_config::phase1_parsed(rendered.main(), &paths);
+    let previous = previous.map(|(rendered, model)| (&**rendered.main(), model));
+    let (model, found) = haproxy_config::phase1_reusing(previous, rendered.main(), &paths);
     diagnostics.extend(found);
     let diagnostics: Vec<Diagnostic> = diagnostics
         .into_iter()
@@ -699,7 +714,13 @@ struct ServiceInner {
     config: Config,
     /// The last render that passed `haproxy -c`, with the warnings it printed.
     baseline: std::sync::Mutex<Option<(Baseline, Vec<Diagnostic>)>>,
+    /// The last render that passed phase 1, with its model: phase 1 parses only the
+    /// sections the next render changed.
+    parsed: std::sync::Mutex<Option<Parsed>>,
 }
+
+/// A render that passed phase 1, and phase 1's model of its `haproxy.cfg`.
+type Parsed = (Arc<RenderedConfig>, Arc<haproxy_config::Config>);
 
 impl fmt::Debug for Service {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -727,6 +748,7 @@ impl Service {
             inner: Arc::new(ServiceInner {
                 config,
                 baseline: std::sync::Mutex::new(None),
+                parsed: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -739,6 +761,15 @@ impl Service {
     /// The last render that passed `haproxy -c` here.
     pub fn baseline(&self) -> Option<Baseline> {
         self.lock().as_ref().map(|(baseline, _)| baseline.clone())
+    }
+
+    /// The last render that passed phase 1 here, with its model.
+    fn last_parsed(&self) -> Option<Parsed> {
+        self.inner
+            .parsed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<(Baseline, Vec<Diagnostic>)>> {
@@ -809,19 +840,31 @@ impl Service {
         // spawned from a busy worker waits for that worker).
         let phase1 = {
             let (rendered, span) = (Arc::clone(rendered), tracing::info_span!("validate_phase1"));
-            tokio::task::spawn_blocking(move || span.in_scope(|| validate_phase1_parsed(&rendered)))
-                .await
-                .map_err(|join| Rejection {
-                    phase: ValidationPhase::Parse,
-                    errors: vec![Diagnostic::error(format!("phase 1 crashed: {join}"))],
-                    tool_failure: true,
-                })?
+            let previous = self.last_parsed();
+            tokio::task::spawn_blocking(move || {
+                span.in_scope(|| {
+                    let previous = previous.as_ref().map(|(r, m)| (r.as_ref(), m.as_ref()));
+                    validate_phase1_reusing(previous, &rendered)
+                })
+            })
+            .await
+            .map_err(|join| Rejection {
+                phase: ValidationPhase::Parse,
+                errors: vec![Diagnostic::error(format!("phase 1 crashed: {join}"))],
+                tool_failure: true,
+            })?
         };
         if let Some(metrics) = metrics {
             metrics.observe(ValidationPhase::Parse, phase1.is_ok(), started.elapsed());
         }
         let (mut warnings, model) = phase1?;
         let model = Arc::new(model);
+        *self
+            .inner
+            .parsed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((Arc::clone(rendered), Arc::clone(&model)));
         if let Some((baseline, baseline_warnings)) = &baseline {
             match equivalence::compare(baseline, rendered, &model) {
                 Equivalence::Equivalent(reason) => {

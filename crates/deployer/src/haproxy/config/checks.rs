@@ -129,7 +129,6 @@ pub fn check(config: &Config, rendered_paths: &BTreeSet<String>) -> Vec<Diagnost
             && let Some(name) = section.name.as_deref()
         {
             let previous = proxies.entry(name).or_default();
-            let header = format!("{} {name}", section.kind.keyword());
             if let Some(other) = previous
                 .iter()
                 .find(|p| clash(p.kind, &section.kind) && !exclusive(&p.branches, &walker.stack))
@@ -140,7 +139,7 @@ pub fn check(config: &Config, rendered_paths: &BTreeSet<String>) -> Vec<Diagnost
                         section.kind, other.kind, other.line
                     )),
                     section.line,
-                    &header,
+                    &format!("{} {name}", section.kind.keyword()),
                 ));
             }
             previous.push(Proxy {

@@ -33,6 +33,7 @@
 //! ```
 
 mod checks;
+mod incremental;
 
 use std::collections::BTreeSet;
 
@@ -43,6 +44,8 @@ pub use hapwright_eventbus::model::haproxy::{
     Balance, Config, Directive, MAIN_FILE, MAX_WORDS, ParseError, Section, SectionKind, Server,
     parse, parse_lenient, print, split_address,
 };
+pub use incremental::parse_reusing;
+pub(crate) use incremental::{common_prefix, common_suffix};
 
 /// The whole of phase 1 on one `haproxy.cfg` text: every parse error, the missing
 /// final newline HAProxy 2.6 rejects, and the [`check`] results (errors and
@@ -54,7 +57,21 @@ pub fn phase1(text: &str, rendered_paths: &BTreeSet<String>) -> Vec<Diagnostic> 
 /// [`phase1`], also returning the parsed model (complete when no diagnostic is an
 /// error), so that a validated config is parsed exactly once.
 pub fn phase1_parsed(text: &str, rendered_paths: &BTreeSet<String>) -> (Config, Vec<Diagnostic>) {
-    let (config, errors) = parse_lenient(text);
+    phase1_reusing(None, text, rendered_paths)
+}
+
+/// [`phase1_parsed`], parsing only the changed sections when `previous` (a text and
+/// its model, which passed phase 1) allows it ([`parse_reusing`]); the same result.
+pub fn phase1_reusing(
+    previous: Option<(&str, &Config)>,
+    text: &str,
+    rendered_paths: &BTreeSet<String>,
+) -> (Config, Vec<Diagnostic>) {
+    let reused = previous.and_then(|(old_text, old)| parse_reusing(old_text, old, text));
+    let (config, errors) = match reused {
+        Some(config) => (config, Vec::new()),
+        None => parse_lenient(text),
+    };
     let mut diagnostics: Vec<Diagnostic> = errors.iter().map(|e| e.to_diagnostic(text)).collect();
     if let Some(last) = text.rsplit('\n').next()
         && !last.is_empty()
