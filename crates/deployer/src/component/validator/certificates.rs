@@ -731,3 +731,108 @@ impl Anchors {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sni_filters() {
+        for good in [
+            "a.test",
+            "*.a.test",
+            "!a.test",
+            "!*.a-b_c.test",
+            "localhost",
+        ] {
+            assert!(sni_filter(good), "{good}");
+        }
+        let long_label = "x".repeat(64);
+        for bad in [
+            "",
+            "*",
+            "*.",
+            "!",
+            "a..b",
+            ".a",
+            "a.",
+            "*.*.a",
+            "a\"b",
+            "é.test",
+            "$HOST",
+            "a,b",
+            &long_label,
+        ] {
+            assert!(!sni_filter(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn crt_list_lines() {
+        let old: HashSet<&str> = HashSet::from(["[verify none]"]);
+        for good in [
+            "certs/a.pem",
+            "certs/a.pem a.test !b.a.test *.a.test",
+            "certs/a.pem [alpn h2,http/1.1] a.test",
+            "certs/a.pem [verify none] a.test",
+        ] {
+            assert!(crt_list_line_covered(good, &old).is_ok(), "{good}");
+        }
+        for bad in [
+            "certs/a.pem  a.test",
+            "certs/a.pem a.test ",
+            "certs/a.pem\ta.test",
+            "certs/a.pem [alpn h2 a.test",
+            "certs/a.pem [alpn ] a.test",
+            "certs/a.pem [ssl-min-ver TLSv1.3] a.test",
+            "certs/a.pem \"a.test\"",
+            "certs/a.pem a.test # comment",
+        ] {
+            assert!(crt_list_line_covered(bad, &old).is_err(), "{bad}");
+        }
+        let many = format!("certs/a.pem {}", vec!["a.test"; MAX_FILTERS + 1].join(" "));
+        assert!(crt_list_line_covered(&many, &old).is_err());
+    }
+
+    #[test]
+    fn pem_structure_is_strict() {
+        let block =
+            |label: &str| format!("-----BEGIN {label}-----\nTUlJQg==\n-----END {label}-----\n");
+        let good = block("CERTIFICATE") + "\n" + &block("PRIVATE KEY");
+        assert_eq!(pem_structure(&good), Ok((1, 1)));
+        for bad in [
+            format!("text\n{good}"),
+            good.replace('\n', "\r\n"),
+            block("CERTIFICATE") + &block("DH PARAMETERS"),
+            block("ENCRYPTED PRIVATE KEY"),
+            good.replacen("TUlJQg==", "TUlJQg==\n", 1),
+            good.replacen("TUlJQg==", &"A".repeat(77), 1),
+            good.replacen("-----END CERTIFICATE-----", "-----END PRIVATE KEY-----", 1),
+            good[..good.len() - 10].to_owned(),
+        ] {
+            assert!(pem_structure(&bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn der_is_walked_defensively() {
+        assert_eq!(der_element(&[0x30, 0x00]), Some((0x30, &[][..], &[][..])));
+        assert_eq!(
+            der_element(&[0x30, 0x81, 0x01, 0x05]),
+            Some((0x30, &[5u8][..], &[][..]))
+        );
+        for bad in [
+            &[][..],
+            &[0x30],
+            &[0x30, 0x02, 0x00],
+            &[0x1f, 0x00],
+            &[0x30, 0x80],
+            &[0x30, 0x85, 1, 1, 1, 1, 1],
+            &[0x30, 0x81, 0x00],
+        ] {
+            assert_eq!(der_element(bad), None, "{bad:?}");
+        }
+        assert_eq!(leaf_kind(&[0x30, 0x03, 0x30, 0x01, 0x00]), None);
+        assert!(check_pem("garbage\n").is_err());
+    }
+}
