@@ -16,10 +16,9 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 
 use hapwright_deployer::component::validator::equivalence::{
     self, Baseline, Equivalence, SkipReason,
@@ -27,32 +26,23 @@ use hapwright_deployer::component::validator::equivalence::{
 use hapwright_deployer::component::validator::{self, Service};
 use hapwright_eventbus::model::{RenderedConfig, SourceMap};
 use support::random::{Draw, seed};
+use support::validator_settings as settings;
 
 /// Candidates drawn by the differential test.
 const CANDIDATES: usize = 160;
 
-fn settings(scratch: &Path) -> validator::Config {
-    validator::Config {
-        binary: PathBuf::from("haproxy"),
-        envs: Vec::new(),
-        timeout: Duration::from_secs(30),
-        scratch_root: Some(scratch.to_path_buf()),
-        equivalence: true,
-    }
-}
-
 // === PEMs made with openssl ===
 
-/// Runs openssl with `args` in `dir`; panics when it fails.
-fn openssl(dir: &Path, args: &[&str]) {
+/// Runs openssl with the blank-separated `args` in `dir`; panics when it fails.
+fn openssl(dir: &Path, args: &str) {
     let status = Command::new("openssl")
-        .args(args)
+        .args(args.split_whitespace())
         .current_dir(dir)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .expect("openssl runs");
-    assert!(status.success(), "openssl {args:?}");
+    assert!(status.success(), "openssl {args}");
 }
 
 fn read(dir: &Path, file: &str) -> String {
@@ -78,66 +68,46 @@ struct Pool {
     ec_parameters: String,
 }
 
-/// Self-signed kinds: key generation arguments and digest.
-const KINDS: &[(&str, &[&str], &str)] = &[
-    (
-        "ec256",
-        &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
-        "-sha256",
-    ),
-    (
-        "ec256b",
-        &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
-        "-sha256",
-    ),
-    (
-        "ec384",
-        &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-384"],
-        "-sha384",
-    ),
-    (
-        "ec521",
-        &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-521"],
-        "-sha512",
-    ),
-    (
-        "rsa2048",
-        &["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
-        "-sha256",
-    ),
-    (
-        "rsa1024",
-        &["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:1024"],
-        "-sha256",
-    ),
-    ("ed25519", &["-algorithm", "ED25519"], ""),
+/// Self-signed kinds: algorithm, key option and digest.
+const KINDS: &[(&str, &str, &str, &str)] = &[
+    ("ec256", "EC", "ec_paramgen_curve:P-256", "-sha256"),
+    ("ec256b", "EC", "ec_paramgen_curve:P-256", "-sha256"),
+    ("ec384", "EC", "ec_paramgen_curve:P-384", "-sha384"),
+    ("ec521", "EC", "ec_paramgen_curve:P-521", "-sha512"),
+    ("rsa2048", "RSA", "rsa_keygen_bits:2048", "-sha256"),
+    ("rsa1024", "RSA", "rsa_keygen_bits:1024", "-sha256"),
+    ("ed25519", "ED25519", "", ""),
     // A leaf signed with SHA-1 (OpenSSL refuses it as a CA digest at security
     // level 1 and above, but not for a self-signed certificate).
-    (
-        "sha1",
-        &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
-        "-sha1",
-    ),
+    ("sha1", "EC", "ec_paramgen_curve:P-256", "-sha1"),
 ];
 
 impl Pool {
     fn new(dir: &Path) -> Self {
         let mut pems = BTreeMap::new();
-        for (name, keygen, digest) in KINDS {
-            let key = format!("{name}.key");
-            let mut args = vec!["genpkey"];
-            args.extend_from_slice(keygen);
-            args.extend(["-out", &key]);
-            openssl(dir, &args);
-            let crt = format!("{name}.crt");
-            let subject = format!("/CN={name}.test");
-            let mut args = vec!["req", "-x509", "-key", &key, "-subj", &subject];
-            args.extend(["-days", "30", "-out", &crt]);
-            if !digest.is_empty() {
-                args.push(digest);
-            }
-            openssl(dir, &args);
-            pems.insert(*name, (read(dir, &crt), read(dir, &key)));
+        for (name, algorithm, option, digest) in KINDS {
+            let option = if option.is_empty() {
+                String::new()
+            } else {
+                format!("-pkeyopt {option}")
+            };
+            openssl(
+                dir,
+                &format!("genpkey -algorithm {algorithm} {option} -out {name}.key"),
+            );
+            openssl(
+                dir,
+                &format!(
+                    "req -x509 -key {name}.key -subj /CN={name}.test -days 30 {digest} -out {name}.crt"
+                ),
+            );
+            pems.insert(
+                *name,
+                (
+                    read(dir, &format!("{name}.crt")),
+                    read(dir, &format!("{name}.key")),
+                ),
+            );
         }
         // An expired certificate: valid from 2000 to 2001 (HAProxy accepts it).
         std::fs::write(
@@ -151,93 +121,31 @@ impl Pool {
         std::fs::write(dir.join("serial"), "01\n").unwrap();
         openssl(
             dir,
-            &[
-                "req",
-                "-new",
-                "-key",
-                "ec256.key",
-                "-subj",
-                "/CN=expired.test",
-                "-out",
-                "expired.csr",
-            ],
+            "req -new -key ec256.key -subj /CN=expired.test -out expired.csr",
         );
         openssl(
             dir,
-            &[
-                "ca",
-                "-config",
-                "ca.cnf",
-                "-batch",
-                "-selfsign",
-                "-keyfile",
-                "ec256.key",
-                "-in",
-                "expired.csr",
-                "-startdate",
-                "20000101000000Z",
-                "-enddate",
-                "20010101000000Z",
-                "-notext",
-                "-out",
-                "expired.crt",
-            ],
+            "ca -config ca.cnf -batch -selfsign -keyfile ec256.key -in expired.csr \
+             -startdate 20000101000000Z -enddate 20010101000000Z -notext -out expired.crt",
         );
         // CAs and a leaf the first signs (v3, SHA-256), and one it signs with SHA-1.
+        for name in ["ca", "foreign", "leaf"] {
+            openssl(
+                dir,
+                &format!("genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out {name}.key"),
+            );
+        }
         for ca in ["ca", "foreign"] {
             openssl(
                 dir,
-                &[
-                    "genpkey",
-                    "-algorithm",
-                    "EC",
-                    "-pkeyopt",
-                    "ec_paramgen_curve:P-256",
-                    "-out",
-                    &format!("{ca}.key"),
-                ],
-            );
-            openssl(
-                dir,
-                &[
-                    "req",
-                    "-x509",
-                    "-key",
-                    &format!("{ca}.key"),
-                    "-subj",
-                    &format!("/CN={ca} CA"),
-                    "-days",
-                    "30",
-                    "-sha256",
-                    "-out",
-                    &format!("{ca}.crt"),
-                ],
+                &format!(
+                    "req -x509 -key {ca}.key -subj /CN={ca}-CA -days 30 -sha256 -out {ca}.crt"
+                ),
             );
         }
         openssl(
             dir,
-            &[
-                "genpkey",
-                "-algorithm",
-                "EC",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-out",
-                "leaf.key",
-            ],
-        );
-        openssl(
-            dir,
-            &[
-                "req",
-                "-new",
-                "-key",
-                "leaf.key",
-                "-subj",
-                "/CN=leaf.test",
-                "-out",
-                "leaf.csr",
-            ],
+            "req -new -key leaf.key -subj /CN=leaf.test -out leaf.csr",
         );
         std::fs::write(dir.join("v3.ext"), "subjectAltName=DNS:leaf.test\n").unwrap();
         for (out, ca, digest) in [
@@ -247,25 +155,10 @@ impl Pool {
         ] {
             openssl(
                 dir,
-                &[
-                    "x509",
-                    "-req",
-                    "-in",
-                    "leaf.csr",
-                    "-CA",
-                    &format!("{ca}.crt"),
-                    "-CAkey",
-                    &format!("{ca}.key"),
-                    "-set_serial",
-                    "2",
-                    "-days",
-                    "30",
-                    digest,
-                    "-extfile",
-                    "v3.ext",
-                    "-out",
-                    out,
-                ],
+                &format!(
+                    "x509 -req -in leaf.csr -CA {ca}.crt -CAkey {ca}.key -set_serial 2 -days 30 \
+                     {digest} -extfile v3.ext -out {out}"
+                ),
             );
         }
         pems.insert("leaf", (read(dir, "leaf.crt"), read(dir, "leaf.key")));
@@ -281,47 +174,17 @@ impl Pool {
             "expired",
             (read(dir, "expired.crt"), read(dir, "ec256.key")),
         );
+        openssl(dir, "pkey -in rsa2048.key -traditional -out rsa2048.pkcs1");
+        openssl(dir, "ec -in ec256.key -out ec256.sec1");
         openssl(
             dir,
-            &[
-                "pkey",
-                "-in",
-                "rsa2048.key",
-                "-traditional",
-                "-out",
-                "rsa2048.pkcs1",
-            ],
-        );
-        openssl(dir, &["ec", "-in", "ec256.key", "-out", "ec256.sec1"]);
-        openssl(
-            dir,
-            &[
-                "pkcs8",
-                "-topk8",
-                "-in",
-                "ec256.key",
-                "-v2",
-                "aes-256-cbc",
-                "-passout",
-                "pass:secret",
-                "-out",
-                "ec256.encrypted",
-            ],
+            "pkcs8 -topk8 -in ec256.key -v2 aes-256-cbc -passout pass:secret -out ec256.encrypted",
         );
         openssl(
             dir,
-            &[
-                "genpkey",
-                "-genparam",
-                "-algorithm",
-                "DH",
-                "-pkeyopt",
-                "group:ffdhe2048",
-                "-out",
-                "dh.pem",
-            ],
+            "genpkey -genparam -algorithm DH -pkeyopt group:ffdhe2048 -out dh.pem",
         );
-        openssl(dir, &["ecparam", "-name", "prime256v1", "-out", "ec.param"]);
+        openssl(dir, "ecparam -name prime256v1 -out ec.param");
         Self {
             pems,
             ca: read(dir, "ca.crt"),

@@ -188,32 +188,66 @@ async fn certificates_and_sni_filters_change_at_runtime_under_tls_load() {
     assert!(ok.load(Ordering::Relaxed) > 0);
 }
 
+/// An HAProxy serving `a.pem` for `a.test` from a crt-list, with a driver, and a
+/// second certificate `b` not deployed yet.
+struct Serving {
+    _scratch: tempfile::TempDir,
+    a: String,
+    b: String,
+    port: u16,
+    v1: Arc<RenderedConfig>,
+    haproxy: Haproxy,
+    driver: SocketDriver,
+}
+
+impl Serving {
+    async fn start(name: &str) -> Self {
+        let scratch = tempfile::tempdir().unwrap();
+        let a = certificate(scratch.path(), "a");
+        let b = certificate(scratch.path(), "b");
+        let port = free_port();
+        let v1 = render(
+            port,
+            &["certs/a.pem a.test".to_owned()],
+            &BTreeMap::from([("a.pem".to_owned(), a.clone())]),
+        );
+        let haproxy = Haproxy::start(name, &v1, &v1.hash().short()).await;
+        let driver = SocketDriver::new(
+            haproxy.instance.clone(),
+            None,
+            Metrics::unregistered().unwrap(),
+        );
+        Self {
+            _scratch: scratch,
+            a,
+            b,
+            port,
+            v1,
+            haproxy,
+            driver,
+        }
+    }
+}
+
+/// The certificate of PEM `cert` with the key of PEM `key`: HAProxy refuses the pair.
+fn mismatched(cert: &str, key: &str) -> String {
+    const KEY: &str = "-----BEGIN PRIVATE KEY-----";
+    cert.split(KEY).next().unwrap().to_owned() + KEY + key.split(KEY).nth(1).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pem_haproxy_refuses_is_reported_with_its_message_and_leaves_nothing_behind() {
-    let scratch = tempfile::tempdir().unwrap();
-    let a = certificate(scratch.path(), "a");
-    let b = certificate(scratch.path(), "b");
-    let port = free_port();
-    let v1 = render(
+    let Serving {
+        a,
+        b,
         port,
-        &["certs/a.pem a.test".to_owned()],
-        &BTreeMap::from([("a.pem".to_owned(), a.clone())]),
-    );
-    let haproxy = Haproxy::start("refused", &v1, &v1.hash().short()).await;
-    let driver = SocketDriver::new(
-        haproxy.instance.clone(),
-        None,
-        Metrics::unregistered().unwrap(),
-    );
+        haproxy: _haproxy,
+        driver,
+        ..
+    } = Serving::start("refused").await;
     let runtime = driver.runtime();
     // b's certificate with a's key: HAProxy refuses the pair.
-    let mismatched = b
-        .split("-----BEGIN PRIVATE KEY-----")
-        .next()
-        .unwrap()
-        .to_owned()
-        + "-----BEGIN PRIVATE KEY-----"
-        + a.split("-----BEGIN PRIVATE KEY-----").nth(1).unwrap();
+    let mismatched = mismatched(&b, &a);
     for bad in ["garbage\n", mismatched.as_str()] {
         let error = runtime
             .add_certificate("certs/bad.pem", bad)
@@ -454,31 +488,19 @@ async fn after_every_random_step_the_running_haproxy_serves_what_its_files_say()
 /// serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_refused_at_runtime_leaves_disk_and_haproxy_agreeing() {
-    let scratch = tempfile::tempdir().unwrap();
-    let a = certificate(scratch.path(), "a");
-    let b = certificate(scratch.path(), "b");
-    let port = free_port();
-    let v1 = render(
+    let Serving {
+        a,
+        b,
         port,
-        &["certs/a.pem a.test".to_owned()],
-        &BTreeMap::from([("a.pem".to_owned(), a.clone())]),
-    );
-    let haproxy = Haproxy::start("refused-deploy", &v1, &v1.hash().short()).await;
-    let driver = SocketDriver::new(
-        haproxy.instance.clone(),
-        None,
-        Metrics::unregistered().unwrap(),
-    );
+        v1,
+        haproxy,
+        driver,
+        ..
+    } = Serving::start("refused-deploy").await;
     let running = driver.deploy(v1.clone(), None, None, false).await.unwrap();
     let reloads = haproxy.reloads().await;
     let key_of_a = a.split("-----BEGIN PRIVATE KEY-----").nth(1).unwrap();
-    let mismatched = b
-        .split("-----BEGIN PRIVATE KEY-----")
-        .next()
-        .unwrap()
-        .to_owned()
-        + "-----BEGIN PRIVATE KEY-----"
-        + key_of_a;
+    let mismatched = mismatched(&b, &a);
     let v2 = render(
         port,
         &[
