@@ -10,6 +10,7 @@ mod library;
 
 use std::path::PathBuf;
 
+use hapwright_deployer::component::validator::{self, equivalence};
 use hapwright_deployer::haproxy::plan::{self, RuntimeOp};
 use hapwright_e2e::{WAIT, free_port, poll};
 use hapwright_eventbus::model::DeployStrategy;
@@ -158,6 +159,26 @@ fn an_endpoint_change_is_a_runtime_only_deployment() {
     );
 }
 
+/// Why phase 2 passes by equivalence for `to` after `from` passed `haproxy -c`
+/// (`None`: `haproxy -c` must run).
+fn phase2_skipped(
+    from: &hapwright_eventbus::model::RenderedConfig,
+    to: &hapwright_eventbus::model::RenderedConfig,
+) -> Option<equivalence::SkipReason> {
+    let model = |rendered| {
+        let (_, model) = validator::validate_phase1_parsed(rendered).expect("phase 1 passes");
+        std::sync::Arc::new(model)
+    };
+    let baseline = equivalence::Baseline {
+        rendered: std::sync::Arc::new(from.clone()),
+        model: model(from),
+    };
+    match equivalence::compare(&baseline, to, &model(to)) {
+        equivalence::Equivalence::Equivalent(reason) => Some(reason),
+        equivalence::Equivalence::Different(_) => None,
+    }
+}
+
 #[test]
 fn a_certificate_renewal_is_a_runtime_only_deployment() {
     let library = library_value();
@@ -181,6 +202,11 @@ fn a_certificate_renewal_is_a_runtime_only_deployment() {
         &dir.path().join("after"),
         &after,
     ));
+    assert_eq!(
+        phase2_skipped(&running, &desired),
+        Some(equivalence::SkipReason::Certificates),
+        "a renewed certificate needs no haproxy -c"
+    );
     let plan = plan::compute(&running, &desired);
     assert_eq!(plan.reload, None, "no reload for a renewed certificate");
     assert!(
@@ -242,6 +268,13 @@ fn more_tls_secrets_are_added_and_removed_without_a_reload() {
             .map(RuntimeOp::describe)
             .collect()
     };
+    // Neither waits for a haproxy -c that loads every certificate.
+    for (from, to) in [(&with_one, &with_two), (&with_two, &with_one)] {
+        assert_eq!(
+            phase2_skipped(from, to),
+            Some(equivalence::SkipReason::Certificates)
+        );
+    }
     let added = plan::compute(&with_one, &with_two);
     assert_eq!(added.reload, None, "{:?}", added.reload);
     assert_eq!(

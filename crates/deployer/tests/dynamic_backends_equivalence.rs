@@ -9,24 +9,13 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use hapwright_deployer::component::validator::equivalence::{self, Baseline, Equivalence};
 use hapwright_deployer::component::validator::{self};
 use hapwright_eventbus::model::{RenderedConfig, SourceMap};
 use support::random::{Draw, seed};
-
-fn settings(scratch: &std::path::Path) -> validator::Config {
-    validator::Config {
-        binary: PathBuf::from("haproxy"),
-        envs: Vec::new(),
-        timeout: Duration::from_secs(30),
-        scratch_root: Some(scratch.to_path_buf()),
-        equivalence: true,
-    }
-}
+use support::validator_settings as settings;
 
 const HEAD: &str = "global\n    maxconn 100\n\n\
 defaults routes\n    mode http\n    timeout connect 5s\n    timeout client 30s\n    timeout server 30s\n\n\

@@ -188,32 +188,66 @@ async fn certificates_and_sni_filters_change_at_runtime_under_tls_load() {
     assert!(ok.load(Ordering::Relaxed) > 0);
 }
 
+/// An HAProxy serving `a.pem` for `a.test` from a crt-list, with a driver, and a
+/// second certificate `b` not deployed yet.
+struct Serving {
+    _scratch: tempfile::TempDir,
+    a: String,
+    b: String,
+    port: u16,
+    v1: Arc<RenderedConfig>,
+    haproxy: Haproxy,
+    driver: SocketDriver,
+}
+
+impl Serving {
+    async fn start(name: &str) -> Self {
+        let scratch = tempfile::tempdir().unwrap();
+        let a = certificate(scratch.path(), "a");
+        let b = certificate(scratch.path(), "b");
+        let port = free_port();
+        let v1 = render(
+            port,
+            &["certs/a.pem a.test".to_owned()],
+            &BTreeMap::from([("a.pem".to_owned(), a.clone())]),
+        );
+        let haproxy = Haproxy::start(name, &v1, &v1.hash().short()).await;
+        let driver = SocketDriver::new(
+            haproxy.instance.clone(),
+            None,
+            Metrics::unregistered().unwrap(),
+        );
+        Self {
+            _scratch: scratch,
+            a,
+            b,
+            port,
+            v1,
+            haproxy,
+            driver,
+        }
+    }
+}
+
+/// The certificate of PEM `cert` with the key of PEM `key`: HAProxy refuses the pair.
+fn mismatched(cert: &str, key: &str) -> String {
+    const KEY: &str = "-----BEGIN PRIVATE KEY-----";
+    cert.split(KEY).next().unwrap().to_owned() + KEY + key.split(KEY).nth(1).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pem_haproxy_refuses_is_reported_with_its_message_and_leaves_nothing_behind() {
-    let scratch = tempfile::tempdir().unwrap();
-    let a = certificate(scratch.path(), "a");
-    let b = certificate(scratch.path(), "b");
-    let port = free_port();
-    let v1 = render(
+    let Serving {
+        a,
+        b,
         port,
-        &["certs/a.pem a.test".to_owned()],
-        &BTreeMap::from([("a.pem".to_owned(), a.clone())]),
-    );
-    let haproxy = Haproxy::start("refused", &v1, &v1.hash().short()).await;
-    let driver = SocketDriver::new(
-        haproxy.instance.clone(),
-        None,
-        Metrics::unregistered().unwrap(),
-    );
+        haproxy: _haproxy,
+        driver,
+        ..
+    } = Serving::start("refused").await;
     let runtime = driver.runtime();
     // b's certificate with a's key: HAProxy refuses the pair.
-    let mismatched = b
-        .split("-----BEGIN PRIVATE KEY-----")
-        .next()
-        .unwrap()
-        .to_owned()
-        + "-----BEGIN PRIVATE KEY-----"
-        + a.split("-----BEGIN PRIVATE KEY-----").nth(1).unwrap();
+    let mismatched = mismatched(&b, &a);
     for bad in ["garbage\n", mismatched.as_str()] {
         let error = runtime
             .add_certificate("certs/bad.pem", bad)
@@ -445,4 +479,73 @@ async fn after_every_random_step_the_running_haproxy_serves_what_its_files_say()
     }
     assert_eq!(haproxy.reloads().await, reloads + reloaded, "reloads");
     assert!(runtime > 0, "no step ran at runtime");
+}
+
+/// A certificate HAProxy refuses at runtime (here a key that does not match, which
+/// the deployer is handed directly, as when a check before it let it through): the
+/// runtime change fails, the reload that replaces it fails too, and afterwards the
+/// files on disk and the running HAProxy agree on the last good state, which keeps
+/// serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_refused_at_runtime_leaves_disk_and_haproxy_agreeing() {
+    let Serving {
+        a,
+        b,
+        port,
+        v1,
+        haproxy,
+        driver,
+        ..
+    } = Serving::start("refused-deploy").await;
+    let running = driver.deploy(v1.clone(), None, None, false).await.unwrap();
+    let reloads = haproxy.reloads().await;
+    let key_of_a = a.split("-----BEGIN PRIVATE KEY-----").nth(1).unwrap();
+    let mismatched = mismatched(&b, &a);
+    let v2 = render(
+        port,
+        &[
+            "certs/a.pem a.test".to_owned(),
+            "certs/bad.pem bad.test".to_owned(),
+        ],
+        &BTreeMap::from([
+            ("a.pem".to_owned(), a.clone()),
+            ("bad.pem".to_owned(), mismatched),
+        ]),
+    );
+    let outcome = driver
+        .deploy(v2, None, Some(Arc::new(running)), false)
+        .await;
+    let error = outcome.expect_err("HAProxy cannot load the certificate, by runtime or reload");
+    let message = format!("{error:#}");
+    // The runtime change failed and the reload that replaced it failed too.
+    assert!(message.contains("reload failed"), "{message}");
+    assert!(
+        !message.contains(key_of_a.lines().nth(1).unwrap()),
+        "the key never shows: {message}"
+    );
+
+    // The disk holds the last good state again ...
+    let dir = haproxy.path();
+    assert!(!dir.join("certs/bad.pem").exists(), "{message}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("files/tls.crtlist")).unwrap(),
+        "certs/a.pem a.test\n"
+    );
+    // ... and so does HAProxy: the same worker, nothing of the refused change left.
+    let runtime = driver.runtime();
+    assert_eq!(runtime.ssl_certs().await.unwrap(), ["certs/a.pem"]);
+    let entries = runtime.crt_list_entries("files/tls.crtlist").await.unwrap();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let tls = connector();
+    assert_eq!(served(&tls, port, "a.test").await, Some(der(&a)));
+    assert_eq!(served(&tls, port, "bad.test").await, None);
+    assert!(
+        haproxy.reloads().await <= reloads + 1,
+        "at most the failed reload"
+    );
+
+    // The next good render deploys from there.
+    let deployed = driver.deploy(v1.clone(), None, None, false).await.unwrap();
+    assert_eq!(deployed.config.hash(), v1.hash());
+    assert_eq!(served(&tls, port, "a.test").await, Some(der(&a)));
 }

@@ -599,3 +599,15 @@ pub fn series(registry: &prometheus::Registry, name: &str, labels: &[(&str, &str
     }
     values
 }
+
+/// Validator settings for tests: the `haproxy` on PATH, scratch directories under
+/// `scratch`, a 30 s bound, phase 2 by equivalence on.
+pub fn validator_settings(scratch: &Path) -> hapwright_deployer::component::validator::Config {
+    hapwright_deployer::component::validator::Config {
+        binary: PathBuf::from("haproxy"),
+        envs: Vec::new(),
+        timeout: Duration::from_secs(30),
+        scratch_root: Some(scratch.to_path_buf()),
+        equivalence: true,
+    }
+}

@@ -31,6 +31,10 @@
 //!   (see [`crate::haproxy::backends::equivalent`]), the other sections as above
 //!   except that they may have moved by whole lines.
 //!
+//! - or certificate files added, changed or removed and crt-list lines added,
+//!   changed or removed, when every changed certificate passes a check narrower
+//!   than HAProxy's ([`super::certificates`]).
+//!
 //! Anything else is [`Equivalence::Different`], and `haproxy -c` runs.
 
 use std::collections::BTreeMap;
@@ -67,15 +71,19 @@ pub enum SkipReason {
     Maps,
     /// Both of the above.
     ServersAndMaps,
+    /// Certificate files and crt-list lines (with, possibly, any of the above):
+    /// [`super::certificates`].
+    Certificates,
 }
 
 impl SkipReason {
     /// Every reason, so the counters start at 0.
-    pub const ALL: [SkipReason; 4] = [
+    pub const ALL: [SkipReason; 5] = [
         SkipReason::Identical,
         SkipReason::Servers,
         SkipReason::Maps,
         SkipReason::ServersAndMaps,
+        SkipReason::Certificates,
     ];
 
     /// The metric label and log value.
@@ -85,6 +93,7 @@ impl SkipReason {
             SkipReason::Servers => "equivalent_servers",
             SkipReason::Maps => "equivalent_maps",
             SkipReason::ServersAndMaps => "equivalent_servers_and_maps",
+            SkipReason::Certificates => "certificates",
         }
     }
 }
@@ -141,8 +150,8 @@ pub fn compare(baseline: &Baseline, candidate: &RenderedConfig, model: &Model) -
 }
 
 /// Whether `candidate` looks close enough to `baseline` for the rule to pass it,
-/// judged without phase 1's model: the same maps, files and certificates by name,
-/// files and certificates byte-identical, and `haproxy.cfg` with as many lines.
+/// judged without phase 1's model: the same maps and files by name, files
+/// byte-identical but for crt-lists, and `haproxy.cfg` with as many lines.
 ///
 /// A guess, cheap enough to make before phase 1: the validator starts `haproxy -c`
 /// alongside phase 1 when it is `false` (phase 2 will almost certainly have to
@@ -152,9 +161,7 @@ pub fn likely_equivalent(baseline: &Baseline, candidate: &RenderedConfig) -> boo
     let old = &baseline.rendered;
     if same_names("maps", old.maps(), candidate.maps()).is_err()
         || same_names("files", old.files(), candidate.files()).is_err()
-        || same_names("certs", old.certificates(), candidate.certificates()).is_err()
-        || old.files() != candidate.files()
-        || old.certificates() != candidate.certificates()
+        || !super::certificates::likely(old, candidate)
     {
         return false;
     }
@@ -171,19 +178,8 @@ fn compare_inner(
     let old = &baseline.rendered;
     same_names("maps", old.maps(), candidate.maps())?;
     same_names("files", old.files(), candidate.files())?;
-    same_names("certs", old.certificates(), candidate.certificates())?;
-    for (dir, old_files, new_files) in [
-        ("files", old.files(), candidate.files()),
-        ("certs", old.certificates(), candidate.certificates()),
-    ] {
-        if let Some(name) = new_files
-            .iter()
-            .find(|(name, content)| old_files.get(*name) != Some(*content))
-            .map(|(name, _)| name)
-        {
-            return Err(Why(format!("{dir}/{name} changed")));
-        }
-    }
+    // Files may differ only as crt-lists, together with certificates.
+    let certificates_changed = super::certificates::covered(baseline, candidate)?;
     let servers_changed = if old.main() == candidate.main() {
         false
     } else {
@@ -208,6 +204,7 @@ fn compare_inner(
         maps_changed = true;
     }
     Ok(match (servers_changed, maps_changed) {
+        _ if certificates_changed => SkipReason::Certificates,
         (false, false) => SkipReason::Identical,
         (true, false) => SkipReason::Servers,
         (false, true) => SkipReason::Maps,
@@ -460,7 +457,7 @@ fn map_change_covered(name: &str, content: &str, candidate: &RenderedConfig) -> 
 
 /// Where `text` names the file `name` as a whole word: occurrences inside a longer
 /// file name (`myhosts.map`, `hosts.map2`) are other files and do not count.
-fn mentions<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = usize> + 'a {
+pub(crate) fn mentions<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = usize> + 'a {
     let part_of_name = |c: Option<char>| {
         c.is_some_and(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
     };

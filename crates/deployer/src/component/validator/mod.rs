@@ -34,6 +34,7 @@
 //! (`hapwright_validations_remembered_total`).
 
 mod alerts;
+mod certificates;
 pub mod equivalence;
 mod scratch;
 

@@ -1,0 +1,838 @@
+//! Phase 2 by equivalence for certificates: certificate files added, changed or
+//! removed, and crt-list lines added, changed or removed, pass without `haproxy -c`
+//! when every changed certificate passes an in-process check that is strictly
+//! narrower than what HAProxy accepts, and every changed crt-list line is written in
+//! a narrow syntax (docs/validation.md, "Phase 2 by equivalence").
+//!
+//! A changed certificate (`certs/NAME.pem`) must:
+//!
+//! - hold only `CERTIFICATE` blocks and exactly one `PRIVATE KEY` (PKCS#8),
+//!   `RSA PRIVATE KEY` or `EC PRIVATE KEY` block, nothing else but blank lines
+//!   between them; base64 lines of at most 76 characters;
+//! - have a first certificate (the leaf) that parses, signed with RSA PKCS#1 or
+//!   ECDSA over SHA-256/384/512, whose public key is an RSA key of 2048–8192 bits
+//!   or an EC key on P-256 or P-384, and the private key must load and match it;
+//! - have a leaf of a kind the reference already served (the same key algorithm and
+//!   size, signature algorithm, self-issued or not), so that OpenSSL's security
+//!   level, whatever the system sets, accepted that kind, and chain certificates
+//!   byte-identical to chain certificates of the reference;
+//! - be named `NAME.pem` (letters, digits, `.`, `_`, `-`), no other certificate
+//!   named `NAME.pem.*` or `NAME.*` (files HAProxy would load next to it), and be
+//!   named in no other way than as the first word of crt-list lines.
+//!
+//! A changed file must be a crt-list: named in `haproxy.cfg` only as
+//! `crt-list files/NAME`, by no other rendered file. Its lines that are not
+//! byte-identical to a line of the reference's version are
+//! `certs/NAME.pem [options] [filters]`: single spaces, no quotes, escapes, `$`,
+//! `#` or control characters, at most [`MAX_LINE`] bytes; options byte-identical to
+//! those of a line of the reference's version or `[alpn P1,P2…]`; filters host
+//! names, `*.` wildcards, each optionally negated with `!`. Every line names a
+//! certificate that exists, and at least one line remains.
+//!
+//! A removed certificate is named nowhere any more. `haproxy.cfg` must not set
+//! `crt-base`, `key-base`, a security level, a `crt-store`, nor load the `certs`
+//! directory as a whole.
+//!
+//! Certificates the check has seen are remembered by content, and what the
+//! reference's certificates tell (their kinds, their chain certificates) is read
+//! only as far as needed, so that the thousandth change after the last `haproxy -c`
+//! costs what the first did.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use hapwright_eventbus::model::{ContentHash, RenderedConfig};
+use rustls::pki_types::pem::{self, SectionKind};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, alg_id};
+use rustls::sign::CertifiedKey;
+
+use super::equivalence::{Baseline, Why, mentions};
+
+/// Longest crt-list line (in bytes) the rule accepts when it changed.
+pub const MAX_LINE: usize = 4096;
+
+/// Most SNI filters on one changed crt-list line.
+const MAX_FILTERS: usize = 64;
+
+/// Longest base64 line of a PEM block the rule accepts.
+const MAX_PEM_LINE: usize = 76;
+
+/// Most certificate blocks (leaf and chain) in one PEM.
+const MAX_CERTIFICATES: usize = 8;
+
+/// How many certificate verdicts are remembered before the memory starts over.
+const MAX_REMEMBERED: usize = 20_000;
+
+/// Whether the certificates and files of `candidate` differ from the baseline's
+/// only as the rule allows: `Ok(true)` when some certificate or crt-list changed,
+/// `Ok(false)` when all are identical. The files must have the same names (the
+/// caller checks it).
+pub(crate) fn covered(baseline: &Baseline, candidate: &RenderedConfig) -> Result<bool, Why> {
+    let old = &baseline.rendered;
+    let changed_files: Vec<(&str, &str)> = candidate
+        .files()
+        .iter()
+        .filter(|(name, content)| old.files().get(*name) != Some(*content))
+        .map(|(name, content)| (name.as_str(), &**content))
+        .collect();
+    let (old_certs, new_certs) = (old.certificates(), candidate.certificates());
+    let changed_certs: Vec<(&str, &Arc<str>)> = new_certs
+        .iter()
+        .filter(|(name, content)| old_certs.get(*name) != Some(*content))
+        .map(|(name, content)| (name.as_str(), content))
+        .collect();
+    let removed_certs: Vec<&str> = old_certs
+        .keys()
+        .filter(|name| !new_certs.contains_key(*name))
+        .map(String::as_str)
+        .collect();
+    if changed_files.is_empty() && changed_certs.is_empty() && removed_certs.is_empty() {
+        return Ok(false);
+    }
+    let main = candidate.main();
+    main_allows_certificate_changes(main)?;
+    let crt_lists = CrtLists::new(candidate);
+    for (name, content) in &changed_files {
+        if !crt_lists.names.contains(name) {
+            return Err(Why(format!(
+                "files/{name} changed and is not used only as a crt-list"
+            )));
+        }
+        let before = old.files().get(*name).map_or("", |text| &**text);
+        crt_list_covered(name, before, content, new_certs)?;
+    }
+    for (name, _) in &changed_certs {
+        certificate_name_covered(name, candidate, &crt_lists)?;
+    }
+    for name in &removed_certs {
+        if mentions(main, name).next().is_some() || crt_lists.other_file_mentions(candidate, name) {
+            return Err(Why(format!("certs/{name} was removed and is still named")));
+        }
+        if crt_lists.loads(name) {
+            return Err(Why(format!(
+                "certs/{name} was removed and a crt-list still loads it"
+            )));
+        }
+    }
+    if !changed_certs.is_empty() {
+        let mut anchors = ANCHORS.lock().unwrap_or_else(PoisonError::into_inner);
+        let anchors = Anchors::of(&mut anchors, baseline);
+        for (name, content) in &changed_certs {
+            let facts = analyse(content).map_err(|why| Why(format!("certs/{name}: {why}")))?;
+            if !anchors.find(baseline, |found| found.leaves.contains(&facts.leaf)) {
+                return Err(Why(format!(
+                    "certs/{name}: the reference serves no certificate of its kind (key, signature)"
+                )));
+            }
+            for (index, chain) in facts.chain.iter().enumerate() {
+                if !anchors.find(baseline, |found| found.chain.contains(chain)) {
+                    return Err(Why(format!(
+                        "certs/{name}: chain certificate {} is not one the reference served",
+                        index + 1
+                    )));
+                }
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Whether the differences of certificates and files look like the rule's, judged
+/// cheaply: every file that changed is named in `haproxy.cfg` after `crt-list`.
+pub(crate) fn likely(old: &RenderedConfig, candidate: &RenderedConfig) -> bool {
+    candidate
+        .files()
+        .iter()
+        .filter(|(name, content)| old.files().get(*name) != Some(*content))
+        .all(|(name, _)| candidate.main().contains(&format!("crt-list files/{name}")))
+}
+
+// === haproxy.cfg ===
+
+/// Words that make certificate loading depend on more than the files: another base
+/// directory, a security level, certificate stores.
+const FORBIDDEN_WORDS: &[&str] = &[
+    "crt-base",
+    "key-base",
+    "crt-store",
+    "security-level",
+    "ssl-security-level",
+];
+
+/// `haproxy.cfg` leaves certificate loading to the crt-lists and named files.
+fn main_allows_certificate_changes(main: &str) -> Result<(), Why> {
+    for line in main.lines() {
+        let words = || line.split_ascii_whitespace();
+        if let Some(word) = words().find(|word| FORBIDDEN_WORDS.contains(word)) {
+            return Err(Why(format!(
+                "certificates changed and haproxy.cfg uses '{word}'"
+            )));
+        }
+        if line.to_ascii_uppercase().contains("SECLEVEL") {
+            return Err(Why(
+                "certificates changed and haproxy.cfg sets a security level".to_owned(),
+            ));
+        }
+        if line.contains("crt") && line.contains('$') {
+            return Err(Why(format!(
+                "certificates changed and a line naming certificates has a '$': {}",
+                line.trim()
+            )));
+        }
+        if let Some(word) = words().find(|word| {
+            matches!(
+                word.trim_end_matches('/'),
+                "certs" | "./certs" | "\"certs" | "'certs"
+            )
+        }) {
+            return Err(Why(format!(
+                "certificates changed and haproxy.cfg names the directory '{word}'"
+            )));
+        }
+    }
+    Ok(())
+}
+
+// === crt-lists ===
+
+/// The candidate's crt-lists: files named in `haproxy.cfg` only after `crt-list`.
+struct CrtLists<'a> {
+    names: HashSet<&'a str>,
+    /// How many lines of all crt-lists load each certificate (`certs/NAME` first).
+    loaded: HashMap<&'a str, usize>,
+}
+
+impl<'a> CrtLists<'a> {
+    fn new(candidate: &'a RenderedConfig) -> Self {
+        let main = candidate.main();
+        let mut names = HashSet::new();
+        for name in candidate.files().keys() {
+            let mut uses = 0;
+            let mut only_crt_list = true;
+            for line in main.lines() {
+                for at in mentions(line, name) {
+                    uses += 1;
+                    let after_crt_list = line[..at]
+                        .strip_suffix("crt-list files/")
+                        .is_some_and(|before| before.ends_with([' ', '\t']));
+                    let word_ends = line[at + name.len()..]
+                        .chars()
+                        .next()
+                        .is_none_or(|c| c == ' ' || c == '\t');
+                    only_crt_list &= after_crt_list && word_ends;
+                }
+            }
+            let elsewhere = candidate
+                .files()
+                .iter()
+                .any(|(other, text)| other != name && mentions(text, name).next().is_some());
+            if uses > 0 && only_crt_list && !elsewhere {
+                names.insert(name.as_str());
+            }
+        }
+        let mut loaded = HashMap::new();
+        for name in &names {
+            for line in candidate.files()[*name].lines() {
+                if let Some(cert) = line
+                    .split([' ', '\t'])
+                    .next()
+                    .and_then(|path| path.strip_prefix("certs/"))
+                {
+                    *loaded.entry(cert).or_insert(0) += 1;
+                }
+            }
+        }
+        Self { names, loaded }
+    }
+
+    /// Whether a crt-list line loads `certs/<name>`.
+    fn loads(&self, name: &str) -> bool {
+        self.loaded.contains_key(name)
+    }
+
+    /// Whether a rendered file other than a crt-list names `name`.
+    fn other_file_mentions(&self, candidate: &RenderedConfig, name: &str) -> bool {
+        candidate
+            .files()
+            .iter()
+            .filter(|(file, _)| !self.names.contains(file.as_str()))
+            .any(|(_, text)| mentions(text, name).next().is_some())
+    }
+}
+
+/// Whether the new content of crt-list `name` is covered.
+fn crt_list_covered(
+    name: &str,
+    before: &str,
+    after: &str,
+    certs: &BTreeMap<String, Arc<str>>,
+) -> Result<(), Why> {
+    if !(after.is_empty() || after.ends_with('\n')) {
+        return Err(Why(format!("files/{name}: the last line has no newline")));
+    }
+    let old_lines: HashSet<&str> = before.lines().collect();
+    let mut old_options: Option<HashSet<&str>> = None;
+    let mut entries = 0;
+    for (index, line) in after.lines().enumerate() {
+        let at = || format!("files/{name}:{}", index + 1);
+        if line.is_empty() {
+            continue;
+        }
+        let unchanged = old_lines.contains(line);
+        if line.starts_with('#') && unchanged {
+            continue;
+        }
+        entries += 1;
+        let path = line.split([' ', '\t']).next().unwrap_or_default();
+        if !path
+            .strip_prefix("certs/")
+            .is_some_and(|cert| certs.contains_key(cert))
+        {
+            return Err(Why(format!(
+                "{}: loads '{path}', not a rendered certificate",
+                at()
+            )));
+        }
+        if unchanged {
+            continue;
+        }
+        let options = old_options
+            .get_or_insert_with(|| before.lines().filter_map(|line| options_of(line)).collect());
+        crt_list_line_covered(line, options).map_err(|why| Why(format!("{}: {why}", at())))?;
+    }
+    if entries == 0 {
+        return Err(Why(format!("files/{name} has no certificate left")));
+    }
+    Ok(())
+}
+
+/// The `[…]` options of a crt-list line, as written.
+fn options_of(line: &str) -> Option<&str> {
+    let rest = line.split_once(' ')?.1;
+    if !rest.starts_with('[') {
+        return None;
+    }
+    rest.find(']').map(|end| &rest[..=end])
+}
+
+/// Whether a changed crt-list line is in the narrow syntax.
+fn crt_list_line_covered(line: &str, old_options: &HashSet<&str>) -> Result<(), Why> {
+    if line.len() > MAX_LINE {
+        return Err(Why(format!("line longer than {MAX_LINE} bytes")));
+    }
+    if !line.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+        || line.contains(['"', '\'', '\\', '$', '#'])
+    {
+        return Err(Why(
+            "a changed line has quotes, escapes, '$', '#' or control characters".to_owned(),
+        ));
+    }
+    if line.contains("  ") || line.ends_with(' ') {
+        return Err(Why(
+            "words of a changed line are not single-spaced".to_owned()
+        ));
+    }
+    let mut rest = line.split_once(' ').map_or("", |(_, rest)| rest);
+    if let Some(options) = options_of(line) {
+        if !old_options.contains(options) && !alpn_option(options) {
+            return Err(Why(format!("options {options} are new")));
+        }
+        rest = rest[options.len()..].trim_start_matches(' ');
+    }
+    let filters: Vec<&str> = rest.split(' ').filter(|word| !word.is_empty()).collect();
+    if filters.len() > MAX_FILTERS {
+        return Err(Why(format!("more than {MAX_FILTERS} SNI filters")));
+    }
+    if let Some(filter) = filters.iter().find(|filter| !sni_filter(filter)) {
+        return Err(Why(format!("'{filter}' is not a plain SNI filter")));
+    }
+    Ok(())
+}
+
+/// `[alpn P1,P2…]`, each protocol name 1-32 letters, digits, `.`, `_`, `/`, `-`.
+fn alpn_option(options: &str) -> bool {
+    options
+        .strip_prefix("[alpn ")
+        .and_then(|rest| rest.strip_suffix(']'))
+        .is_some_and(|list| {
+            list.split(',').all(|protocol| {
+                (1..=32).contains(&protocol.len())
+                    && protocol.bytes().all(|b| {
+                        b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'/' | b'-')
+                    })
+            })
+        })
+}
+
+/// A host name or `*.` wildcard, optionally negated with `!`: labels of 1-63
+/// letters, digits, `-` or `_`, at most 253 bytes.
+fn sni_filter(filter: &str) -> bool {
+    let host = filter.strip_prefix('!').unwrap_or(filter);
+    let host = host.strip_prefix("*.").unwrap_or(host);
+    !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
+        })
+}
+
+/// Whether a changed certificate's name and its uses are covered.
+fn certificate_name_covered(
+    name: &str,
+    candidate: &RenderedConfig,
+    crt_lists: &CrtLists<'_>,
+) -> Result<(), Why> {
+    let plain = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    let Some(stem) = name
+        .strip_suffix(".pem")
+        .filter(|stem| plain && !stem.is_empty())
+    else {
+        return Err(Why(format!(
+            "certs/{name} changed and is not named NAME.pem"
+        )));
+    };
+    let beside = format!("{stem}.");
+    if let Some(other) = candidate
+        .certificates()
+        .keys()
+        .find(|other| *other != name && other.starts_with(&beside))
+    {
+        return Err(Why(format!(
+            "certs/{name} changed and certs/{other} would be loaded with it"
+        )));
+    }
+    if mentions(candidate.main(), name).next().is_some() {
+        return Err(Why(format!(
+            "certs/{name} changed and haproxy.cfg names it"
+        )));
+    }
+    if crt_lists.other_file_mentions(candidate, name) {
+        return Err(Why(format!(
+            "certs/{name} changed and a file other than a crt-list names it"
+        )));
+    }
+    Ok(())
+}
+
+// === PEM ===
+
+/// What decides whether HAProxy loads a leaf certificate the way it loaded one of
+/// the reference: its key algorithm and size, its signature algorithm, and whether
+/// it is self-issued (OpenSSL does not check a self-signed certificate's digest).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct LeafKind {
+    /// The contents of the subject public key's AlgorithmIdentifier.
+    key_algorithm: Vec<u8>,
+    /// The length of the SubjectPublicKeyInfo (the key size).
+    key_length: usize,
+    /// The DER of the certificate's signature AlgorithmIdentifier (contents).
+    signature: Vec<u8>,
+    self_issued: bool,
+}
+
+/// What a PEM that passed the check holds, key material aside.
+#[derive(Debug)]
+struct PemFacts {
+    leaf: LeafKind,
+    /// The DER of each chain certificate.
+    chain: Vec<Vec<u8>>,
+}
+
+/// Verdicts by PEM content: a certificate is checked once.
+type Verdicts = HashMap<Arc<str>, Result<Arc<PemFacts>, String>>;
+
+static VERDICTS: Mutex<Option<Verdicts>> = Mutex::new(None);
+
+/// The check of one PEM, remembered by content.
+fn analyse(content: &Arc<str>) -> Result<Arc<PemFacts>, String> {
+    if let Some(verdict) = VERDICTS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        .and_then(|verdicts| verdicts.get(content))
+    {
+        return verdict.clone();
+    }
+    let verdict = check_pem(content).map(Arc::new);
+    let mut verdicts = VERDICTS.lock().unwrap_or_else(PoisonError::into_inner);
+    let verdicts = verdicts.get_or_insert_with(HashMap::new);
+    if verdicts.len() >= MAX_REMEMBERED {
+        verdicts.clear();
+    }
+    verdicts.insert(Arc::clone(content), verdict.clone());
+    verdict
+}
+
+/// The narrow check of one PEM. Errors name what failed, never key material.
+fn check_pem(content: &str) -> Result<PemFacts, String> {
+    let (certificates, keys) = pem_structure(content)?;
+    if certificates == 0 || certificates > MAX_CERTIFICATES {
+        return Err(format!(
+            "{certificates} certificates (1 to {MAX_CERTIFICATES} are checked)"
+        ));
+    }
+    if keys != 1 {
+        return Err(format!("{keys} private keys (exactly one is checked)"));
+    }
+    let mut reader = content.as_bytes();
+    let mut chain = Vec::new();
+    let mut key = None;
+    while let Some((kind, der)) =
+        pem::from_buf(&mut reader).map_err(|_| "a PEM block does not decode".to_owned())?
+    {
+        match kind {
+            SectionKind::Certificate => chain.push(der),
+            SectionKind::PrivateKey => key = Some(PrivateKeyDer::Pkcs8(der.into())),
+            SectionKind::RsaPrivateKey => key = Some(PrivateKeyDer::Pkcs1(der.into())),
+            SectionKind::EcPrivateKey => key = Some(PrivateKeyDer::Sec1(der.into())),
+            _ => return Err("an unexpected PEM block".to_owned()),
+        }
+    }
+    let key = key.ok_or("no private key")?;
+    if chain.len() != certificates {
+        return Err("a PEM block does not decode".to_owned());
+    }
+    let leaf_der = chain.remove(0);
+    let leaf = leaf_kind(&leaf_der).ok_or("the certificate is not X.509 DER")?;
+    let key_algorithm = leaf.key_algorithm.as_slice();
+    let supported_key = key_algorithm == alg_id::RSA_ENCRYPTION.as_ref()
+        || key_algorithm == alg_id::ECDSA_P256.as_ref()
+        || key_algorithm == alg_id::ECDSA_P384.as_ref();
+    if !supported_key {
+        return Err("the certificate's key is neither RSA nor EC P-256/P-384".to_owned());
+    }
+    let supported_signature = [
+        alg_id::RSA_PKCS1_SHA256,
+        alg_id::RSA_PKCS1_SHA384,
+        alg_id::RSA_PKCS1_SHA512,
+        alg_id::ECDSA_SHA256,
+        alg_id::ECDSA_SHA384,
+        alg_id::ECDSA_SHA512,
+    ]
+    .iter()
+    .any(|algorithm| leaf.signature == algorithm.as_ref());
+    if !supported_signature {
+        return Err(
+            "the certificate's signature algorithm is not RSA or ECDSA with SHA-2".to_owned(),
+        );
+    }
+    for certificate in &chain {
+        leaf_kind(certificate).ok_or("a chain certificate is not X.509 DER")?;
+    }
+    let signing = rustls::crypto::aws_lc_rs::sign::any_supported_type(&key)
+        .map_err(|_| "the private key does not load as RSA 2048-8192 or ECDSA".to_owned())?;
+    if !matches!(
+        signing.algorithm(),
+        rustls::SignatureAlgorithm::RSA | rustls::SignatureAlgorithm::ECDSA
+    ) {
+        return Err("the private key is neither RSA nor ECDSA".to_owned());
+    }
+    let certified = CertifiedKey::new(vec![CertificateDer::from(leaf_der)], signing);
+    certified
+        .keys_match()
+        .map_err(|_| "the private key does not match the certificate".to_owned())?;
+    Ok(PemFacts { leaf, chain })
+}
+
+/// Counts the certificate and key blocks of a PEM written strictly: only blocks of
+/// the known labels, base64 lines inside them, blank lines between them.
+fn pem_structure(content: &str) -> Result<(usize, usize), String> {
+    const LABELS: &[&str] = &[
+        "CERTIFICATE",
+        "PRIVATE KEY",
+        "RSA PRIVATE KEY",
+        "EC PRIVATE KEY",
+    ];
+    let (mut certificates, mut keys) = (0, 0);
+    let mut open: Option<&str> = None;
+    for (index, line) in content.split('\n').enumerate() {
+        let at = index + 1;
+        match open {
+            None => {
+                if line.is_empty() {
+                    continue;
+                }
+                let label = line
+                    .strip_prefix("-----BEGIN ")
+                    .and_then(|rest| rest.strip_suffix("-----"))
+                    .filter(|label| LABELS.contains(label))
+                    .ok_or_else(|| {
+                        format!("line {at} is not the start of a certificate or key block")
+                    })?;
+                open = Some(label);
+            }
+            Some(label) => {
+                if let Some(end) = line
+                    .strip_prefix("-----END ")
+                    .and_then(|rest| rest.strip_suffix("-----"))
+                {
+                    if end != label {
+                        return Err(format!("line {at} ends another block"));
+                    }
+                    if label == "CERTIFICATE" {
+                        certificates += 1;
+                    } else {
+                        keys += 1;
+                    }
+                    open = None;
+                    continue;
+                }
+                let base64 = !line.is_empty()
+                    && line.len() <= MAX_PEM_LINE
+                    && line
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='));
+                if !base64 {
+                    return Err(format!("line {at} is not base64"));
+                }
+            }
+        }
+    }
+    if open.is_some() {
+        return Err("a block has no end".to_owned());
+    }
+    Ok((certificates, keys))
+}
+
+/// One DER element: its tag, its contents and what follows it (definite lengths of
+/// at most 4 bytes, single-byte tags).
+fn der_element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    if tag & 0x1f == 0x1f {
+        return None;
+    }
+    let (&first, rest) = rest.split_first()?;
+    let (length, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let count = usize::from(first & 0x7f);
+        if count == 0 || count > 4 || rest.len() < count || rest[0] == 0 {
+            return None;
+        }
+        let (bytes, rest) = rest.split_at(count);
+        let length = bytes
+            .iter()
+            .fold(0usize, |length, &b| (length << 8) | usize::from(b));
+        (length, rest)
+    };
+    (rest.len() >= length).then(|| {
+        let (contents, rest) = rest.split_at(length);
+        (tag, contents, rest)
+    })
+}
+
+/// A DER element of the expected tag.
+fn expect(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
+    der_element(input)
+        .and_then(|(found, contents, rest)| (found == tag).then_some((contents, rest)))
+}
+
+const SEQUENCE: u8 = 0x30;
+
+/// The kind of an X.509 certificate (DER), when its outer structure parses.
+fn leaf_kind(der: &[u8]) -> Option<LeafKind> {
+    let (certificate, rest) = expect(der, SEQUENCE)?;
+    if !rest.is_empty() {
+        return None;
+    }
+    let (tbs, rest) = expect(certificate, SEQUENCE)?;
+    let (signature, rest) = expect(rest, SEQUENCE)?;
+    let (_, rest) = expect(rest, 0x03)?;
+    if !rest.is_empty() {
+        return None;
+    }
+    let mut fields = tbs;
+    if fields.first() == Some(&0xa0) {
+        fields = expect(fields, 0xa0)?.1;
+    }
+    let (_, fields) = expect(fields, 0x02)?; // serial
+    let (_, fields) = expect(fields, SEQUENCE)?; // signature
+    let (issuer, fields) = expect(fields, SEQUENCE)?;
+    let (_, fields) = expect(fields, SEQUENCE)?; // validity
+    let (subject, fields) = expect(fields, SEQUENCE)?;
+    let (spki, after) = expect(fields, SEQUENCE)?;
+    let spki_length = fields.len() - after.len();
+    let (algorithm, _) = expect(spki, SEQUENCE)?;
+    Some(LeafKind {
+        key_algorithm: algorithm.to_vec(),
+        key_length: spki_length,
+        signature: signature.to_vec(),
+        self_issued: issuer == subject,
+    })
+}
+
+// === what the reference served ===
+
+/// The kinds of leaf and the chain certificates the reference served (the
+/// certificates its crt-lists load), read only as far as a question needs.
+#[derive(Default)]
+struct Anchors {
+    baseline: Option<ContentHash>,
+    /// The certificates the reference's crt-lists load.
+    loaded: Vec<String>,
+    /// How many of them were read.
+    read: usize,
+    leaves: HashSet<LeafKind>,
+    chain: HashSet<Vec<u8>>,
+}
+
+static ANCHORS: Mutex<Option<Anchors>> = Mutex::new(None);
+
+impl Anchors {
+    /// The anchors of `baseline`, started over when they were read from another
+    /// reference.
+    fn of<'a>(anchors: &'a mut Option<Anchors>, baseline: &Baseline) -> &'a mut Anchors {
+        let hash = baseline.rendered.hash();
+        if anchors.as_ref().and_then(|anchors| anchors.baseline) != Some(hash) {
+            let mut loaded: Vec<String> = CrtLists::new(&baseline.rendered)
+                .loaded
+                .into_keys()
+                .map(str::to_owned)
+                .collect();
+            loaded.sort_unstable();
+            *anchors = Some(Anchors {
+                baseline: Some(hash),
+                loaded,
+                ..Anchors::default()
+            });
+        }
+        anchors.get_or_insert_with(Anchors::default)
+    }
+
+    /// Whether `found` holds, reading more of the reference until it does.
+    fn find(&mut self, baseline: &Baseline, found: impl Fn(&Anchors) -> bool) -> bool {
+        while !found(self) {
+            let Some(name) = self.loaded.get(self.read) else {
+                return false;
+            };
+            self.read += 1;
+            let Some(content) = baseline.rendered.certificates().get(name) else {
+                continue;
+            };
+            let mut reader = content.as_bytes();
+            let mut first = true;
+            while let Ok(Some((kind, der))) = pem::from_buf(&mut reader) {
+                if kind != SectionKind::Certificate {
+                    continue;
+                }
+                if first {
+                    self.leaves.extend(leaf_kind(&der));
+                    first = false;
+                } else {
+                    self.chain.insert(der);
+                }
+            }
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sni_filters() {
+        for good in [
+            "a.test",
+            "*.a.test",
+            "!a.test",
+            "!*.a-b_c.test",
+            "localhost",
+        ] {
+            assert!(sni_filter(good), "{good}");
+        }
+        let long_label = "x".repeat(64);
+        for bad in [
+            "",
+            "*",
+            "*.",
+            "!",
+            "a..b",
+            ".a",
+            "a.",
+            "*.*.a",
+            "a\"b",
+            "é.test",
+            "$HOST",
+            "a,b",
+            &long_label,
+        ] {
+            assert!(!sni_filter(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn crt_list_lines() {
+        let old: HashSet<&str> = HashSet::from(["[verify none]"]);
+        for good in [
+            "certs/a.pem",
+            "certs/a.pem a.test !b.a.test *.a.test",
+            "certs/a.pem [alpn h2,http/1.1] a.test",
+            "certs/a.pem [verify none] a.test",
+        ] {
+            assert!(crt_list_line_covered(good, &old).is_ok(), "{good}");
+        }
+        for bad in [
+            "certs/a.pem  a.test",
+            "certs/a.pem a.test ",
+            "certs/a.pem\ta.test",
+            "certs/a.pem [alpn h2 a.test",
+            "certs/a.pem [alpn ] a.test",
+            "certs/a.pem [ssl-min-ver TLSv1.3] a.test",
+            "certs/a.pem \"a.test\"",
+            "certs/a.pem a.test # comment",
+        ] {
+            assert!(crt_list_line_covered(bad, &old).is_err(), "{bad}");
+        }
+        let many = format!("certs/a.pem {}", vec!["a.test"; MAX_FILTERS + 1].join(" "));
+        assert!(crt_list_line_covered(&many, &old).is_err());
+    }
+
+    #[test]
+    fn pem_structure_is_strict() {
+        let block =
+            |label: &str| format!("-----BEGIN {label}-----\nTUlJQg==\n-----END {label}-----\n");
+        let good = block("CERTIFICATE") + "\n" + &block("PRIVATE KEY");
+        assert_eq!(pem_structure(&good), Ok((1, 1)));
+        for bad in [
+            format!("text\n{good}"),
+            good.replace('\n', "\r\n"),
+            block("CERTIFICATE") + &block("DH PARAMETERS"),
+            block("ENCRYPTED PRIVATE KEY"),
+            good.replacen("TUlJQg==", "TUlJQg==\n", 1),
+            good.replacen("TUlJQg==", &"A".repeat(77), 1),
+            good.replacen("-----END CERTIFICATE-----", "-----END PRIVATE KEY-----", 1),
+            good[..good.len() - 10].to_owned(),
+        ] {
+            assert!(pem_structure(&bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn der_is_walked_defensively() {
+        assert_eq!(der_element(&[0x30, 0x00]), Some((0x30, &[][..], &[][..])));
+        assert_eq!(
+            der_element(&[0x30, 0x81, 0x01, 0x05]),
+            Some((0x30, &[5u8][..], &[][..]))
+        );
+        for bad in [
+            &[][..],
+            &[0x30],
+            &[0x30, 0x02, 0x00],
+            &[0x1f, 0x00],
+            &[0x30, 0x80],
+            &[0x30, 0x85, 1, 1, 1, 1, 1],
+            &[0x30, 0x81, 0x00],
+        ] {
+            assert_eq!(der_element(bad), None, "{bad:?}");
+        }
+        assert_eq!(leaf_kind(&[0x30, 0x03, 0x30, 0x01, 0x00]), None);
+        assert!(check_pem("garbage\n").is_err());
+    }
+}
