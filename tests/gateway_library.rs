@@ -34,6 +34,7 @@ const FEATURE_TESTS: &[&str] = &[
     "filter-request-redirect",
     "filter-url-rewrite",
     "filter-request-mirror-unsupported",
+    "route-timeouts",
     "backend-weights",
     "cross-namespace-backend-refs",
     "invalid-backend-refs",
@@ -121,6 +122,33 @@ fn a_weight_change_is_a_runtime_only_deployment() {
         ]
     );
     assert_eq!(weights.len(), plan.ops.len(), "{:?}", plan.ops);
+}
+
+/// Route timeouts the library refuses, as a `hapwright test` entry: their render
+/// fails (so quarantine holds such a route back), which the library's own
+/// `validationTests` cannot hold since their `_global` asks every render to be valid.
+const INVALID_TIMEOUTS: &str = include_str!("gateway_library/invalid-timeouts.yaml");
+
+/// HTTPRouteTimeouts: a value that is not a Gateway API duration (GEP-2257), or a
+/// backendRequest longer than request (the specification requires it to be no more),
+/// fails the render naming the route and rule, and the route's `Accepted` condition
+/// is `False` with reason `UnsupportedValue`.
+#[test]
+fn invalid_route_timeouts_fail_the_render_and_the_route_is_not_accepted_unsupported_value() {
+    let mut library = library_value();
+    let test: Value = serde_saphyr::from_str(INVALID_TIMEOUTS).expect("test YAML");
+    let global = library["validationTests"]["_global"]["fixtures"].clone();
+    library["validationTests"] = json!({
+        "_global": { "fixtures": global },
+        "route-timeouts-invalid": test,
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("hapwright.yaml");
+    std::fs::write(&config, serde_json::to_string(&library).expect("json")).expect("write");
+    let output = hapwright(&["test"], &config);
+    let report = text(&output);
+    assert!(output.status.success(), "{report}");
+    assert!(report.contains("1 passed, 0 failed"), "{report}");
 }
 
 // === end to end: the library on an HAProxy started as in deploy/sidecar/ ===
@@ -219,6 +247,21 @@ fn httproutes(split: (u32, u32)) -> Value {
         {
             "apiVersion": "gateway.networking.k8s.io/v1",
             "kind": "HTTPRoute",
+            "metadata": { "name": "reports", "namespace": "shop" },
+            "spec": {
+                "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "http" } ],
+                "hostnames": [ "slow.example.test" ],
+                "rules": [
+                    { "matches": [ prefix("/request") ],
+                      "timeouts": { "request": "1s" }, "backendRefs": to("slow") },
+                    { "matches": [ prefix("/backend-request") ],
+                      "timeouts": { "request": "10s", "backendRequest": "1s" }, "backendRefs": to("slow") }
+                ]
+            }
+        },
+        {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
             "metadata": { "name": "grpc-relay", "namespace": "shop" },
             "spec": {
                 "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "http" } ],
@@ -262,6 +305,7 @@ fn the_library_routes_real_traffic() {
         ("shop", "api", upstream("api")),
         ("shop", "api-v2", upstream("api-v2")),
         ("billing", "ledger", upstream("ledger")),
+        ("shop", "slow", upstream("slow")),
         // TLS passthrough goes to the Gateway's own HTTPS listener: only a listener
         // holding the certificate can complete the handshake.
         ("shop", "loopback-https", ports.https),
@@ -363,6 +407,27 @@ fn the_library_routes_real_traffic() {
     assert_eq!(
         location,
         format!("http://new.example.test:{http}/new/page?q=1")
+    );
+
+    // HTTPRouteTimeouts: the gateway answers 504 when the backend has not answered
+    // within the request timeout, or within backendRequest (the timeout of each
+    // request to a backend); a faster answer passes.
+    // (The slow backend answers one request at a time: the fast requests go first.)
+    sidecar.expect(http, "slow.example.test", "/request?delay-ms=100", 200, "slow\n");
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/backend-request?delay-ms=100",
+        200,
+        "slow\n",
+    );
+    sidecar.expect(http, "slow.example.test", "/request?delay-ms=2500", 504, "");
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/backend-request?delay-ms=2500",
+        504,
+        "",
     );
 
     // A rewrite with header changes: the prefix is replaced by "/", X-Env is set,
@@ -506,6 +571,35 @@ fn the_library_routes_real_traffic() {
     })
     .unwrap_or_else(|_| sidecar.fail("the ledger route's ResolvedRefs never became True"));
     assert_eq!(resolved.1, "ResolvedRefs");
+
+    // A timeout that is not a Gateway API duration (here trying to add a line) fails
+    // the render naming the route and rule: quarantine holds that route back, and the
+    // other routes keep serving.
+    let mut routes = httproutes((0, 1));
+    routes.as_array_mut().expect("routes").push(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": { "name": "bad-timeout", "namespace": "shop" },
+        "spec": {
+            "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "http" } ],
+            "hostnames": [ "bad.example.test" ],
+            "rules": [ { "timeouts": { "request": "1s\n    timeout server 1" },
+                         "backendRefs": [ { "name": "web", "port": 80 } ] } ]
+        }
+    }));
+    sidecar.change("httproutes", &routes);
+    let quarantine = sidecar.quarantine(1);
+    let held = &quarantine["objects"][0];
+    assert_eq!(held["name"], "bad-timeout", "{quarantine}");
+    assert!(
+        quarantine
+            .to_string()
+            .contains("HTTPRoute shop/bad-timeout rule 0: timeouts.request"),
+        "{quarantine}"
+    );
+    sidecar.expect(http, "bad.example.test", "/", 404, "no route - 404");
+    sidecar.expect(http, "shop.example.test", "/", 200, "web\n");
+    assert!(!sidecar.deployed_config().contains("timeout server 1"));
 }
 
 /// The `ResolvedRefs` condition (status, reason) of HTTPRoute `shop/<route>`'s first
