@@ -35,6 +35,7 @@ const FEATURE_TESTS: &[&str] = &[
     "filter-url-rewrite",
     "filter-request-mirror-unsupported",
     "route-timeouts",
+    "route-retry",
     "backend-weights",
     "cross-namespace-backend-refs",
     "invalid-backend-refs",
@@ -127,16 +128,18 @@ fn a_weight_change_is_a_runtime_only_deployment() {
 /// Route timeouts the library refuses, as a `hapwright test` entry: their render
 /// fails (so quarantine holds such a route back), which the library's own
 /// `validationTests` cannot hold since their `_global` asks every render to be valid.
-const INVALID_TIMEOUTS: &str = include_str!("gateway_library/invalid-timeouts.yaml");
+const INVALID_RULE_VALUES: &str = include_str!("gateway_library/invalid-rule-values.yaml");
 
 /// HTTPRouteTimeouts: a value that is not a Gateway API duration (GEP-2257), or a
-/// backendRequest longer than request (the specification requires it to be no more),
-/// fails the render naming the route and rule, and the route's `Accepted` condition
-/// is `False` with reason `UnsupportedValue`.
+/// backendRequest longer than request (the specification requires it to be no more);
+/// HTTPRouteRetry: a code HAProxy cannot retry on, attempts that are not a number:
+/// each fails the render naming the route and rule, and the route's `Accepted`
+/// condition is `False` with reason `UnsupportedValue`.
 #[test]
-fn invalid_route_timeouts_fail_the_render_and_the_route_is_not_accepted_unsupported_value() {
+fn invalid_route_timeouts_and_retries_fail_the_render_and_the_route_is_not_accepted_unsupported_value()
+ {
     let mut library = library_value();
-    let test: Value = serde_saphyr::from_str(INVALID_TIMEOUTS).expect("test YAML");
+    let test: Value = serde_saphyr::from_str(INVALID_RULE_VALUES).expect("test YAML");
     let global = library["validationTests"]["_global"]["fixtures"].clone();
     library["validationTests"] = json!({
         "_global": { "fixtures": global },
@@ -255,7 +258,10 @@ fn httproutes(split: (u32, u32)) -> Value {
                     { "matches": [ prefix("/request") ],
                       "timeouts": { "request": "1s" }, "backendRefs": to("slow") },
                     { "matches": [ prefix("/backend-request") ],
-                      "timeouts": { "request": "10s", "backendRequest": "1s" }, "backendRefs": to("slow") }
+                      "timeouts": { "request": "10s", "backendRequest": "1s" }, "backendRefs": to("slow") },
+                    { "matches": [ prefix("/retry") ],
+                      "retry": { "codes": [ 503 ], "attempts": 1 }, "backendRefs": to("slow") },
+                    { "matches": [ prefix("/no-retry") ], "backendRefs": to("slow") }
                 ]
             }
         },
@@ -409,11 +415,41 @@ fn the_library_routes_real_traffic() {
         format!("http://new.example.test:{http}/new/page?q=1")
     );
 
+    // HTTPRouteRetry: a 503 listed in codes is retried (the backend fails every other
+    // request), so the client gets the second answer; without retry it gets the 503.
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/retry?fail-every-other",
+        200,
+        "slow\n",
+    );
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/no-retry?fail-every-other",
+        503,
+        "slow\n",
+    );
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/no-retry?fail-every-other",
+        200,
+        "slow\n",
+    );
+
     // HTTPRouteTimeouts: the gateway answers 504 when the backend has not answered
     // within the request timeout, or within backendRequest (the timeout of each
     // request to a backend); a faster answer passes.
     // (The slow backend answers one request at a time: the fast requests go first.)
-    sidecar.expect(http, "slow.example.test", "/request?delay-ms=100", 200, "slow\n");
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/request?delay-ms=100",
+        200,
+        "slow\n",
+    );
     sidecar.expect(
         http,
         "slow.example.test",
@@ -574,8 +610,8 @@ fn the_library_routes_real_traffic() {
 
     // A timeout that is not a Gateway API duration (here trying to add a line) fails
     // the render naming the route and rule: quarantine holds that route back, and the
-    // other routes keep serving.
-    let mut routes = httproutes((0, 1));
+    // other routes keep serving: the weight change beside it deploys.
+    let mut routes = httproutes((1, 0));
     routes.as_array_mut().expect("routes").push(json!({
         "apiVersion": "gateway.networking.k8s.io/v1",
         "kind": "HTTPRoute",
@@ -599,7 +635,9 @@ fn the_library_routes_real_traffic() {
     );
     sidecar.expect(http, "bad.example.test", "/", 404, "no route - 404");
     sidecar.expect(http, "shop.example.test", "/", 200, "web\n");
-    assert!(!sidecar.deployed_config().contains("timeout server 1"));
+    assert_eq!(split(4), (4, 0));
+    let deployed = sidecar.deployed_config();
+    assert!(!deployed.contains("hr_shop_bad-timeout"), "{deployed}");
 }
 
 /// The `ResolvedRefs` condition (status, reason) of HTTPRoute `shop/<route>`'s first
