@@ -143,7 +143,7 @@ fn invalid_route_timeouts_and_retries_fail_the_render_and_the_route_is_not_accep
     let global = library["validationTests"]["_global"]["fixtures"].clone();
     library["validationTests"] = json!({
         "_global": { "fixtures": global },
-        "route-timeouts-invalid": test,
+        "route-values-invalid": test,
     });
     let dir = tempfile::tempdir().expect("temp dir");
     let config = dir.path().join("hapwright.yaml");
