@@ -36,6 +36,7 @@ const FEATURE_TESTS: &[&str] = &[
     "filter-request-mirror-unsupported",
     "route-timeouts",
     "route-retry",
+    "filter-cors",
     "backend-weights",
     "cross-namespace-backend-refs",
     "invalid-backend-refs",
@@ -132,11 +133,12 @@ const INVALID_RULE_VALUES: &str = include_str!("gateway_library/invalid-rule-val
 
 /// HTTPRouteTimeouts: a value that is not a Gateway API duration (GEP-2257), or a
 /// backendRequest longer than request (the specification requires it to be no more);
-/// HTTPRouteRetry: a code HAProxy cannot retry on, attempts that are not a number:
-/// each fails the render naming the route and rule, and the route's `Accepted`
+/// HTTPRouteRetry: a code HAProxy cannot retry on, attempts that are not a number, a
+/// backoff (HAProxy retries at once); HTTPCORSFilter: an origin or header name that
+/// is not one: each fails the render naming the route and rule, and the route's `Accepted`
 /// condition is `False` with reason `UnsupportedValue`.
 #[test]
-fn invalid_route_timeouts_and_retries_fail_the_render_and_the_route_is_not_accepted_unsupported_value()
+fn invalid_timeouts_retries_and_cors_fail_the_render_and_the_route_is_not_accepted_unsupported_value()
  {
     let mut library = library_value();
     let test: Value = serde_saphyr::from_str(INVALID_RULE_VALUES).expect("test YAML");
@@ -261,7 +263,13 @@ fn httproutes(split: (u32, u32)) -> Value {
                       "timeouts": { "request": "10s", "backendRequest": "1s" }, "backendRefs": to("slow") },
                     { "matches": [ prefix("/retry") ],
                       "retry": { "codes": [ 503 ], "attempts": 1 }, "backendRefs": to("slow") },
-                    { "matches": [ prefix("/no-retry") ], "backendRefs": to("slow") }
+                    { "matches": [ prefix("/no-retry") ], "backendRefs": to("slow") },
+                    { "matches": [ prefix("/cors") ],
+                      "filters": [ { "type": "CORS", "cors": {
+                          "allowOrigins": [ "https://*.example.test" ], "allowMethods": [ "PUT" ],
+                          "allowHeaders": [ "X-Token" ], "exposeHeaders": [ "X-Request-Id" ],
+                          "allowCredentials": true, "maxAge": 600 } } ],
+                      "backendRefs": to("slow") }
                 ]
             }
         },
@@ -437,6 +445,77 @@ fn the_library_routes_real_traffic() {
         "/no-retry?fail-every-other",
         200,
         "slow\n",
+    );
+
+    // HTTPCORSFilter: a preflight from an allowed origin (a wildcard host) is answered
+    // by the gateway with the allowed method, headers, credentials and maxAge; one
+    // from another origin gets no CORS headers. An actual request from an allowed
+    // origin gets Access-Control-Allow-Origin (the request's Origin, as credentials
+    // are allowed) and the exposed headers; one from another origin does not.
+    let cors = |method: reqwest::Method, origin: &str| {
+        let response = sidecar
+            .client
+            .request(method, format!("http://127.0.0.1:{http}/cors/items"))
+            .header(reqwest::header::HOST, "slow.example.test")
+            .header("Origin", origin)
+            .header("Access-Control-Request-Method", "PUT")
+            .send()
+            .unwrap_or_else(|e| sidecar.fail(&format!("CORS request: {e}")));
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let headers = [
+            "access-control-allow-origin",
+            "access-control-allow-methods",
+            "access-control-allow-headers",
+            "access-control-allow-credentials",
+            "access-control-max-age",
+            "access-control-expose-headers",
+        ]
+        .map(header);
+        (response.status().as_u16(), headers)
+    };
+    let origin = "https://app.example.test";
+    let some = |v: &str| Some(v.to_owned());
+    assert_eq!(
+        cors(reqwest::Method::OPTIONS, origin),
+        (
+            204,
+            [
+                some(origin),
+                some("PUT"),
+                some("X-Token"),
+                some("true"),
+                some("600"),
+                None
+            ]
+        )
+    );
+    assert_eq!(
+        cors(reqwest::Method::OPTIONS, "https://evil.test"),
+        (204, [None, None, None, None, None, None])
+    );
+    assert_eq!(
+        cors(reqwest::Method::GET, origin),
+        (
+            200,
+            [
+                some(origin),
+                None,
+                None,
+                some("true"),
+                None,
+                some("X-Request-Id")
+            ]
+        )
+    );
+    assert_eq!(
+        cors(reqwest::Method::GET, "https://example.test.evil.test"),
+        (200, [None, None, None, None, None, None])
     );
 
     // HTTPRouteTimeouts: the gateway answers 504 when the backend has not answered
