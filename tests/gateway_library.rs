@@ -198,6 +198,20 @@ fn gateway(ports: &Ports) -> Value {
     }])
 }
 
+/// An HTTPRoute of namespace shop on the Gateway's HTTP listener for `hostname`.
+fn http_route(name: &str, hostname: &str, rules: Value) -> Value {
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": { "name": name, "namespace": "shop" },
+        "spec": {
+            "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "http" } ],
+            "hostnames": [ hostname ],
+            "rules": rules
+        }
+    })
+}
+
 /// The HTTPRoutes: the storefront on every HTTP(S) listener, with `split` as the
 /// weights of web and canary on /split, and the ledger route across namespaces.
 fn httproutes(split: (u32, u32)) -> Value {
@@ -239,50 +253,31 @@ fn httproutes(split: (u32, u32)) -> Value {
                 ]
             }
         },
-        {
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "HTTPRoute",
-            "metadata": { "name": "ledger", "namespace": "shop" },
-            "spec": {
-                "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "http" } ],
-                "hostnames": [ "ledger.example.test" ],
-                "rules": [ { "backendRefs": [ { "name": "ledger", "namespace": "billing", "port": 80 } ] } ]
-            }
-        },
-        {
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "HTTPRoute",
-            "metadata": { "name": "reports", "namespace": "shop" },
-            "spec": {
-                "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "http" } ],
-                "hostnames": [ "slow.example.test" ],
-                "rules": [
-                    { "matches": [ prefix("/request") ],
-                      "timeouts": { "request": "1s" }, "backendRefs": to("slow") },
-                    { "matches": [ prefix("/backend-request") ],
-                      "timeouts": { "request": "10s", "backendRequest": "1s" }, "backendRefs": to("slow") },
-                    { "matches": [ prefix("/retry") ],
-                      "retry": { "codes": [ 503 ], "attempts": 1 }, "backendRefs": to("slow") },
-                    { "matches": [ prefix("/no-retry") ], "backendRefs": to("slow") },
-                    { "matches": [ prefix("/cors") ],
-                      "filters": [ { "type": "CORS", "cors": {
-                          "allowOrigins": [ "https://*.example.test" ], "allowMethods": [ "PUT" ],
-                          "allowHeaders": [ "X-Token" ], "exposeHeaders": [ "X-Request-Id" ],
-                          "allowCredentials": true, "maxAge": 600 } } ],
-                      "backendRefs": to("slow") }
-                ]
-            }
-        },
-        {
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "HTTPRoute",
-            "metadata": { "name": "grpc-relay", "namespace": "shop" },
-            "spec": {
-                "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "http" } ],
-                "hostnames": [ "grpc.example.test" ],
-                "rules": [ { "backendRefs": to("api") } ]
-            }
-        }
+        http_route(
+            "ledger",
+            "ledger.example.test",
+            json!([ { "backendRefs": [ { "name": "ledger", "namespace": "billing", "port": 80 } ] } ])
+        ),
+        http_route(
+            "reports",
+            "slow.example.test",
+            json!([
+                { "matches": [ prefix("/request") ],
+                  "timeouts": { "request": "1s" }, "backendRefs": to("slow") },
+                { "matches": [ prefix("/backend-request") ],
+                  "timeouts": { "request": "10s", "backendRequest": "1s" }, "backendRefs": to("slow") },
+                { "matches": [ prefix("/retry") ],
+                  "retry": { "codes": [ 503 ], "attempts": 1 }, "backendRefs": to("slow") },
+                { "matches": [ prefix("/no-retry") ], "backendRefs": to("slow") },
+                { "matches": [ prefix("/cors") ],
+                  "filters": [ { "type": "CORS", "cors": {
+                      "allowOrigins": [ "https://*.example.test" ], "allowMethods": [ "PUT" ],
+                      "allowHeaders": [ "X-Token" ], "exposeHeaders": [ "X-Request-Id" ],
+                      "allowCredentials": true, "maxAge": 600 } } ],
+                  "backendRefs": to("slow") }
+            ])
+        ),
+        http_route("grpc-relay", "grpc.example.test", json!([ { "backendRefs": to("api") } ]))
     ])
 }
 
@@ -691,17 +686,12 @@ fn the_library_routes_real_traffic() {
     // the render naming the route and rule: quarantine holds that route back, and the
     // other routes keep serving: the weight change beside it deploys.
     let mut routes = httproutes((1, 0));
-    routes.as_array_mut().expect("routes").push(json!({
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "HTTPRoute",
-        "metadata": { "name": "bad-timeout", "namespace": "shop" },
-        "spec": {
-            "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "http" } ],
-            "hostnames": [ "bad.example.test" ],
-            "rules": [ { "timeouts": { "request": "1s\n    timeout server 1" },
-                         "backendRefs": [ { "name": "web", "port": 80 } ] } ]
-        }
-    }));
+    routes.as_array_mut().expect("routes").push(http_route(
+        "bad-timeout",
+        "bad.example.test",
+        json!([ { "timeouts": { "request": "1s\n    timeout server 1" },
+                  "backendRefs": [ { "name": "web", "port": 80 } ] } ]),
+    ));
     sidecar.change("httproutes", &routes);
     let quarantine = sidecar.quarantine(1);
     let held = &quarantine["objects"][0];
