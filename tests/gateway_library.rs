@@ -418,128 +418,6 @@ fn the_library_routes_real_traffic() {
         format!("http://new.example.test:{http}/new/page?q=1")
     );
 
-    // HTTPRouteRetry: a 503 listed in codes is retried (the backend fails every other
-    // request), so the client gets the second answer; without retry it gets the 503.
-    sidecar.expect(
-        http,
-        "slow.example.test",
-        "/retry?fail-every-other",
-        200,
-        "slow\n",
-    );
-    sidecar.expect(
-        http,
-        "slow.example.test",
-        "/no-retry?fail-every-other",
-        503,
-        "slow\n",
-    );
-    sidecar.expect(
-        http,
-        "slow.example.test",
-        "/no-retry?fail-every-other",
-        200,
-        "slow\n",
-    );
-
-    // HTTPCORSFilter: a preflight from an allowed origin (a wildcard host) is answered
-    // by the gateway with the allowed method, headers, credentials and maxAge; one
-    // from another origin gets no CORS headers. An actual request from an allowed
-    // origin gets Access-Control-Allow-Origin (the request's Origin, as credentials
-    // are allowed) and the exposed headers; one from another origin does not.
-    let cors = |method: reqwest::Method, origin: &str| {
-        let response = sidecar
-            .client
-            .request(method, format!("http://127.0.0.1:{http}/cors/items"))
-            .header(reqwest::header::HOST, "slow.example.test")
-            .header("Origin", origin)
-            .header("Access-Control-Request-Method", "PUT")
-            .send()
-            .unwrap_or_else(|e| sidecar.fail(&format!("CORS request: {e}")));
-        let header = |name: &str| {
-            response
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let headers = [
-            "access-control-allow-origin",
-            "access-control-allow-methods",
-            "access-control-allow-headers",
-            "access-control-allow-credentials",
-            "access-control-max-age",
-            "access-control-expose-headers",
-        ]
-        .map(header);
-        (response.status().as_u16(), headers)
-    };
-    let origin = "https://app.example.test";
-    let some = |v: &str| Some(v.to_owned());
-    assert_eq!(
-        cors(reqwest::Method::OPTIONS, origin),
-        (
-            204,
-            [
-                some(origin),
-                some("PUT"),
-                some("X-Token"),
-                some("true"),
-                some("600"),
-                None
-            ]
-        )
-    );
-    assert_eq!(
-        cors(reqwest::Method::OPTIONS, "https://evil.test"),
-        (204, [None, None, None, None, None, None])
-    );
-    assert_eq!(
-        cors(reqwest::Method::GET, origin),
-        (
-            200,
-            [
-                some(origin),
-                None,
-                None,
-                some("true"),
-                None,
-                some("X-Request-Id")
-            ]
-        )
-    );
-    assert_eq!(
-        cors(reqwest::Method::GET, "https://example.test.evil.test"),
-        (200, [None, None, None, None, None, None])
-    );
-
-    // HTTPRouteTimeouts: the gateway answers 504 when the backend has not answered
-    // within the request timeout, or within backendRequest (the timeout of each
-    // request to a backend); a faster answer passes.
-    // (The slow backend answers one request at a time: the fast requests go first.)
-    sidecar.expect(
-        http,
-        "slow.example.test",
-        "/request?delay-ms=100",
-        200,
-        "slow\n",
-    );
-    sidecar.expect(
-        http,
-        "slow.example.test",
-        "/backend-request?delay-ms=100",
-        200,
-        "slow\n",
-    );
-    sidecar.expect(http, "slow.example.test", "/request?delay-ms=2500", 504, "");
-    sidecar.expect(
-        http,
-        "slow.example.test",
-        "/backend-request?delay-ms=2500",
-        504,
-        "",
-    );
-
     // A rewrite with header changes: the prefix is replaced by "/", X-Env is set,
     // X-Internal removed, and the response gets X-Served-By.
     let response = get("/shop-api/v1/items?q=2")
@@ -681,6 +559,128 @@ fn the_library_routes_real_traffic() {
     })
     .unwrap_or_else(|_| sidecar.fail("the ledger route's ResolvedRefs never became True"));
     assert_eq!(resolved.1, "ResolvedRefs");
+
+    // HTTPRouteRetry: a 503 listed in codes is retried (the backend fails every other
+    // request), so the client gets the second answer; without retry it gets the 503.
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/retry?fail-every-other",
+        200,
+        "slow\n",
+    );
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/no-retry?fail-every-other",
+        503,
+        "slow\n",
+    );
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/no-retry?fail-every-other",
+        200,
+        "slow\n",
+    );
+
+    // HTTPCORSFilter: a preflight from an allowed origin (a wildcard host) is answered
+    // by the gateway with the allowed method, headers, credentials and maxAge; one
+    // from another origin gets no CORS headers. An actual request from an allowed
+    // origin gets Access-Control-Allow-Origin (the request's Origin, as credentials
+    // are allowed) and the exposed headers; one from another origin does not.
+    let cors = |method: reqwest::Method, origin: &str| {
+        let response = sidecar
+            .client
+            .request(method, format!("http://127.0.0.1:{http}/cors/items"))
+            .header(reqwest::header::HOST, "slow.example.test")
+            .header("Origin", origin)
+            .header("Access-Control-Request-Method", "PUT")
+            .send()
+            .unwrap_or_else(|e| sidecar.fail(&format!("CORS request: {e}")));
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let headers = [
+            "access-control-allow-origin",
+            "access-control-allow-methods",
+            "access-control-allow-headers",
+            "access-control-allow-credentials",
+            "access-control-max-age",
+            "access-control-expose-headers",
+        ]
+        .map(header);
+        (response.status().as_u16(), headers)
+    };
+    let origin = "https://app.example.test";
+    let some = |v: &str| Some(v.to_owned());
+    assert_eq!(
+        cors(reqwest::Method::OPTIONS, origin),
+        (
+            204,
+            [
+                some(origin),
+                some("PUT"),
+                some("X-Token"),
+                some("true"),
+                some("600"),
+                None
+            ]
+        )
+    );
+    assert_eq!(
+        cors(reqwest::Method::OPTIONS, "https://evil.test"),
+        (204, [None, None, None, None, None, None])
+    );
+    assert_eq!(
+        cors(reqwest::Method::GET, origin),
+        (
+            200,
+            [
+                some(origin),
+                None,
+                None,
+                some("true"),
+                None,
+                some("X-Request-Id")
+            ]
+        )
+    );
+    assert_eq!(
+        cors(reqwest::Method::GET, "https://example.test.evil.test"),
+        (200, [None, None, None, None, None, None])
+    );
+
+    // HTTPRouteTimeouts: the gateway answers 504 when the backend has not answered
+    // within the request timeout, or within backendRequest (the timeout of each
+    // request to a backend); a faster answer passes.
+    // (The slow backend answers one request at a time: the fast requests go first.)
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/request?delay-ms=100",
+        200,
+        "slow\n",
+    );
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/backend-request?delay-ms=100",
+        200,
+        "slow\n",
+    );
+    sidecar.expect(http, "slow.example.test", "/request?delay-ms=2500", 504, "");
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/backend-request?delay-ms=2500",
+        504,
+        "",
+    );
 
     // A timeout that is not a Gateway API duration (here trying to add a line) fails
     // the render naming the route and rule: quarantine holds that route back, and the
