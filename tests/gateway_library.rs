@@ -37,6 +37,7 @@ const FEATURE_TESTS: &[&str] = &[
     "route-timeouts",
     "route-retry",
     "filter-cors",
+    "session-persistence-unsupported",
     "backend-weights",
     "cross-namespace-backend-refs",
     "invalid-backend-refs",
