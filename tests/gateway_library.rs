@@ -34,6 +34,10 @@ const FEATURE_TESTS: &[&str] = &[
     "filter-request-redirect",
     "filter-url-rewrite",
     "filter-request-mirror-unsupported",
+    "route-timeouts",
+    "route-retry",
+    "filter-cors",
+    "session-persistence-unsupported",
     "backend-weights",
     "cross-namespace-backend-refs",
     "invalid-backend-refs",
@@ -123,6 +127,36 @@ fn a_weight_change_is_a_runtime_only_deployment() {
     assert_eq!(weights.len(), plan.ops.len(), "{:?}", plan.ops);
 }
 
+/// Route timeouts the library refuses, as a `hapwright test` entry: their render
+/// fails (so quarantine holds such a route back), which the library's own
+/// `validationTests` cannot hold since their `_global` asks every render to be valid.
+const INVALID_RULE_VALUES: &str = include_str!("gateway_library/invalid-rule-values.yaml");
+
+/// HTTPRouteTimeouts: a value that is not a Gateway API duration (GEP-2257), or a
+/// backendRequest longer than request (the specification requires it to be no more);
+/// HTTPRouteRetry: a code HAProxy cannot retry on, attempts that are not a number, a
+/// backoff (HAProxy retries at once); HTTPCORSFilter: an origin or header name that
+/// is not one: each fails the render naming the route and rule, and the route's `Accepted`
+/// condition is `False` with reason `UnsupportedValue`.
+#[test]
+fn invalid_timeouts_retries_and_cors_fail_the_render_and_the_route_is_not_accepted_unsupported_value()
+ {
+    let mut library = library_value();
+    let test: Value = serde_saphyr::from_str(INVALID_RULE_VALUES).expect("test YAML");
+    let global = library["validationTests"]["_global"]["fixtures"].clone();
+    library["validationTests"] = json!({
+        "_global": { "fixtures": global },
+        "route-values-invalid": test,
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("hapwright.yaml");
+    std::fs::write(&config, serde_json::to_string(&library).expect("json")).expect("write");
+    let output = hapwright(&["test"], &config);
+    let report = text(&output);
+    assert!(output.status.success(), "{report}");
+    assert!(report.contains("1 passed, 0 failed"), "{report}");
+}
+
 // === end to end: the library on an HAProxy started as in deploy/sidecar/ ===
 
 /// The Gateway's listener ports.
@@ -163,6 +197,20 @@ fn gateway(ports: &Ports) -> Value {
             ]
         }
     }])
+}
+
+/// An HTTPRoute of namespace shop on the Gateway's HTTP listener for `hostname`.
+fn http_route(name: &str, hostname: &str, rules: Value) -> Value {
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": { "name": name, "namespace": "shop" },
+        "spec": {
+            "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "http" } ],
+            "hostnames": [ hostname ],
+            "rules": rules
+        }
+    })
 }
 
 /// The HTTPRoutes: the storefront on every HTTP(S) listener, with `split` as the
@@ -206,26 +254,31 @@ fn httproutes(split: (u32, u32)) -> Value {
                 ]
             }
         },
-        {
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "HTTPRoute",
-            "metadata": { "name": "ledger", "namespace": "shop" },
-            "spec": {
-                "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "http" } ],
-                "hostnames": [ "ledger.example.test" ],
-                "rules": [ { "backendRefs": [ { "name": "ledger", "namespace": "billing", "port": 80 } ] } ]
-            }
-        },
-        {
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "HTTPRoute",
-            "metadata": { "name": "grpc-relay", "namespace": "shop" },
-            "spec": {
-                "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "http" } ],
-                "hostnames": [ "grpc.example.test" ],
-                "rules": [ { "backendRefs": to("api") } ]
-            }
-        }
+        http_route(
+            "ledger",
+            "ledger.example.test",
+            json!([ { "backendRefs": [ { "name": "ledger", "namespace": "billing", "port": 80 } ] } ])
+        ),
+        http_route(
+            "reports",
+            "slow.example.test",
+            json!([
+                { "matches": [ prefix("/request") ],
+                  "timeouts": { "request": "1s" }, "backendRefs": to("slow") },
+                { "matches": [ prefix("/backend-request") ],
+                  "timeouts": { "request": "10s", "backendRequest": "1s" }, "backendRefs": to("slow") },
+                { "matches": [ prefix("/retry") ],
+                  "retry": { "codes": [ 503 ], "attempts": 1 }, "backendRefs": to("slow") },
+                { "matches": [ prefix("/no-retry") ], "backendRefs": to("slow") },
+                { "matches": [ prefix("/cors") ],
+                  "filters": [ { "type": "CORS", "cors": {
+                      "allowOrigins": [ "https://*.example.test" ], "allowMethods": [ "PUT" ],
+                      "allowHeaders": [ "X-Token" ], "exposeHeaders": [ "X-Request-Id" ],
+                      "allowCredentials": true, "maxAge": 600 } } ],
+                  "backendRefs": to("slow") }
+            ])
+        ),
+        http_route("grpc-relay", "grpc.example.test", json!([ { "backendRefs": to("api") } ]))
     ])
 }
 
@@ -262,6 +315,7 @@ fn the_library_routes_real_traffic() {
         ("shop", "api", upstream("api")),
         ("shop", "api-v2", upstream("api-v2")),
         ("billing", "ledger", upstream("ledger")),
+        ("shop", "slow", upstream("slow")),
         // TLS passthrough goes to the Gateway's own HTTPS listener: only a listener
         // holding the certificate can complete the handshake.
         ("shop", "loopback-https", ports.https),
@@ -506,6 +560,154 @@ fn the_library_routes_real_traffic() {
     })
     .unwrap_or_else(|_| sidecar.fail("the ledger route's ResolvedRefs never became True"));
     assert_eq!(resolved.1, "ResolvedRefs");
+
+    // HTTPRouteRetry: a 503 listed in codes is retried (the backend fails every other
+    // request), so the client gets the second answer; without retry it gets the 503.
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/retry?fail-every-other",
+        200,
+        "slow\n",
+    );
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/no-retry?fail-every-other",
+        503,
+        "slow\n",
+    );
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/no-retry?fail-every-other",
+        200,
+        "slow\n",
+    );
+
+    // HTTPCORSFilter: a preflight from an allowed origin (a wildcard host) is answered
+    // by the gateway with the allowed method, headers, credentials and maxAge; one
+    // from another origin gets no CORS headers. An actual request from an allowed
+    // origin gets Access-Control-Allow-Origin (the request's Origin, as credentials
+    // are allowed) and the exposed headers; one from another origin does not.
+    let cors = |method: reqwest::Method, origin: &str| {
+        let response = sidecar
+            .client
+            .request(method, format!("http://127.0.0.1:{http}/cors/items"))
+            .header(reqwest::header::HOST, "slow.example.test")
+            .header("Origin", origin)
+            .header("Access-Control-Request-Method", "PUT")
+            .send()
+            .unwrap_or_else(|e| sidecar.fail(&format!("CORS request: {e}")));
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let headers = [
+            "access-control-allow-origin",
+            "access-control-allow-methods",
+            "access-control-allow-headers",
+            "access-control-allow-credentials",
+            "access-control-max-age",
+            "access-control-expose-headers",
+        ]
+        .map(header);
+        (response.status().as_u16(), headers)
+    };
+    let origin = "https://app.example.test";
+    let some = |v: &str| Some(v.to_owned());
+    assert_eq!(
+        cors(reqwest::Method::OPTIONS, origin),
+        (
+            204,
+            [
+                some(origin),
+                some("PUT"),
+                some("X-Token"),
+                some("true"),
+                some("600"),
+                None
+            ]
+        )
+    );
+    assert_eq!(
+        cors(reqwest::Method::OPTIONS, "https://evil.test"),
+        (204, [None, None, None, None, None, None])
+    );
+    assert_eq!(
+        cors(reqwest::Method::GET, origin),
+        (
+            200,
+            [
+                some(origin),
+                None,
+                None,
+                some("true"),
+                None,
+                some("X-Request-Id")
+            ]
+        )
+    );
+    assert_eq!(
+        cors(reqwest::Method::GET, "https://example.test.evil.test"),
+        (200, [None, None, None, None, None, None])
+    );
+
+    // HTTPRouteTimeouts: the gateway answers 504 when the backend has not answered
+    // within the request timeout, or within backendRequest (the timeout of each
+    // request to a backend); a faster answer passes.
+    // (The slow backend answers one request at a time: the fast requests go first.)
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/request?delay-ms=100",
+        200,
+        "slow\n",
+    );
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/backend-request?delay-ms=100",
+        200,
+        "slow\n",
+    );
+    sidecar.expect(http, "slow.example.test", "/request?delay-ms=2500", 504, "");
+    sidecar.expect(
+        http,
+        "slow.example.test",
+        "/backend-request?delay-ms=2500",
+        504,
+        "",
+    );
+
+    // A timeout that is not a Gateway API duration (here trying to add a line) fails
+    // the render naming the route and rule: quarantine holds that route back, and the
+    // other routes keep serving: the weight change beside it deploys.
+    let mut routes = httproutes((1, 0));
+    routes.as_array_mut().expect("routes").push(http_route(
+        "bad-timeout",
+        "bad.example.test",
+        json!([ { "timeouts": { "request": "1s\n    timeout server 1" },
+                  "backendRefs": [ { "name": "web", "port": 80 } ] } ]),
+    ));
+    sidecar.change("httproutes", &routes);
+    let quarantine = sidecar.quarantine(1);
+    let held = &quarantine["objects"][0];
+    assert_eq!(held["name"], "bad-timeout", "{quarantine}");
+    assert!(
+        quarantine
+            .to_string()
+            .contains("HTTPRoute shop/bad-timeout rule 0: timeouts.request"),
+        "{quarantine}"
+    );
+    sidecar.expect(http, "bad.example.test", "/", 404, "no route - 404");
+    sidecar.expect(http, "shop.example.test", "/", 200, "web\n");
+    assert_eq!(split(4), (4, 0));
+    let deployed = sidecar.deployed_config();
+    assert!(!deployed.contains("hr_shop_bad-timeout"), "{deployed}");
 }
 
 /// The `ResolvedRefs` condition (status, reason) of HTTPRoute `shop/<route>`'s first

@@ -205,12 +205,16 @@ pub fn rendered(dir: &Path) -> RenderedConfig {
 
 /// An HTTP server on loopback that answers every request with 200 and a body of
 /// `name`, a newline, then the request's head as received (request line and
-/// headers), so a test sees who answered and what HAProxy sent. One thread, one
+/// headers), so a test sees who answered and what HAProxy sent. A request whose
+/// target has `delay-ms=N` is answered N milliseconds late (a slow backend for
+/// timeout tests); of the requests whose target has `fail-every-other`, the first,
+/// third, ... are answered 503 (a backend for retry tests). One thread, one
 /// connection at a time; it lives as long as the test process.
 pub fn upstream(name: &'static str) -> u16 {
     let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind upstream");
     let port = listener.local_addr().expect("address").port();
     std::thread::spawn(move || {
+        let mut failing = 0u64;
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
             let mut request = Vec::new();
@@ -221,10 +225,30 @@ pub fn upstream(name: &'static str) -> u16 {
                     Ok(n) => request.extend_from_slice(&buffer[..n]),
                 }
             }
-            let body = format!("{name}\n{}", String::from_utf8_lossy(&request));
+            let head = String::from_utf8_lossy(&request);
+            let target = head.lines().next().unwrap_or_default();
+            let delay = target
+                .split("delay-ms=")
+                .nth(1)
+                .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|ms| ms.parse().ok());
+            if let Some(ms) = delay {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+            }
+            let status = if target.contains("fail-every-other") {
+                failing += 1;
+                if failing % 2 == 1 {
+                    "503 Service Unavailable"
+                } else {
+                    "200 OK"
+                }
+            } else {
+                "200 OK"
+            };
+            let body = format!("{name}\n{head}");
             let _ = write!(
                 stream,
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Upstream: {name}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nX-Upstream: {name}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
         }
