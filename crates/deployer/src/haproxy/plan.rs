@@ -1071,26 +1071,22 @@ fn exact_match_map(main: &str, file: &str) -> bool {
         if line.trim_start().starts_with('#') {
             continue;
         }
-        {
-            let after = line[at + file.len()..].chars().next();
-            if after
-                .is_some_and(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'))
-            {
-                // A longer name that merely starts with this one.
-                continue;
-            }
-            let before = line[..at].trim_end_matches(['"', '\'']);
-            let Some(call) = before.strip_suffix('(') else {
-                return false;
-            };
-            let name_start = call
-                .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
-                .map_or(0, |i| i + 1);
-            if !matches!(&call[name_start..], "map" | "map_str") {
-                return false;
-            }
-            used = true;
+        let after = line[at + file.len()..].chars().next();
+        if after.is_some_and(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/')) {
+            // A longer name that merely starts with this one.
+            continue;
         }
+        let before = line[..at].trim_end_matches(['"', '\'']);
+        let Some(call) = before.strip_suffix('(') else {
+            return false;
+        };
+        let name_start = call
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+            .map_or(0, |i| i + 1);
+        if !matches!(&call[name_start..], "map" | "map_str") {
+            return false;
+        }
+        used = true;
     }
     used
 }

@@ -444,12 +444,12 @@ struct PemFacts {
 }
 
 /// Verdicts by PEM content: a certificate is checked once.
-type Verdicts = HashMap<Arc<str>, Result<Arc<PemFacts>, String>>;
+type Verdicts = HashMap<Arc<str>, Result<Arc<PemFacts>, Why>>;
 
 static VERDICTS: Mutex<Option<Verdicts>> = Mutex::new(None);
 
 /// The check of one PEM, remembered by content.
-fn analyse(content: &Arc<str>) -> Result<Arc<PemFacts>, String> {
+fn analyse(content: &Arc<str>) -> Result<Arc<PemFacts>, Why> {
     if let Some(verdict) = VERDICTS
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -469,15 +469,15 @@ fn analyse(content: &Arc<str>) -> Result<Arc<PemFacts>, String> {
 }
 
 /// The narrow check of one PEM. Errors name what failed, never key material.
-fn check_pem(content: &str) -> Result<PemFacts, String> {
+fn check_pem(content: &str) -> Result<PemFacts, Why> {
     let (certificates, keys) = pem_structure(content)?;
     if certificates == 0 || certificates > MAX_CERTIFICATES {
-        return Err(format!(
+        return Err(Why(format!(
             "{certificates} certificates (1 to {MAX_CERTIFICATES} are checked)"
-        ));
+        )));
     }
     if keys != 1 {
-        return Err(format!("{keys} private keys (exactly one is checked)"));
+        return Err(Why(format!("{keys} private keys (exactly one is checked)")));
     }
     let mut reader = content.as_bytes();
     let mut chain = Vec::new();
@@ -490,12 +490,12 @@ fn check_pem(content: &str) -> Result<PemFacts, String> {
             SectionKind::PrivateKey => key = Some(PrivateKeyDer::Pkcs8(der.into())),
             SectionKind::RsaPrivateKey => key = Some(PrivateKeyDer::Pkcs1(der.into())),
             SectionKind::EcPrivateKey => key = Some(PrivateKeyDer::Sec1(der.into())),
-            _ => return Err("an unexpected PEM block".to_owned()),
+            _ => return Err(Why("an unexpected PEM block".to_owned())),
         }
     }
     let key = key.ok_or("no private key")?;
     if chain.len() != certificates {
-        return Err("a PEM block does not decode".to_owned());
+        return Err(Why("a PEM block does not decode".to_owned()));
     }
     let leaf_der = chain.remove(0);
     let leaf = leaf_kind(&leaf_der).ok_or("the certificate is not X.509 DER")?;
@@ -504,7 +504,9 @@ fn check_pem(content: &str) -> Result<PemFacts, String> {
         || key_algorithm == alg_id::ECDSA_P256.as_ref()
         || key_algorithm == alg_id::ECDSA_P384.as_ref();
     if !supported_key {
-        return Err("the certificate's key is neither RSA nor EC P-256/P-384".to_owned());
+        return Err(Why(
+            "the certificate's key is neither RSA nor EC P-256/P-384".to_owned(),
+        ));
     }
     let supported_signature = [
         alg_id::RSA_PKCS1_SHA256,
@@ -517,9 +519,9 @@ fn check_pem(content: &str) -> Result<PemFacts, String> {
     .iter()
     .any(|algorithm| leaf.signature == algorithm.as_ref());
     if !supported_signature {
-        return Err(
+        return Err(Why(
             "the certificate's signature algorithm is not RSA or ECDSA with SHA-2".to_owned(),
-        );
+        ));
     }
     for certificate in &chain {
         leaf_kind(certificate).ok_or("a chain certificate is not X.509 DER")?;
@@ -530,7 +532,7 @@ fn check_pem(content: &str) -> Result<PemFacts, String> {
         signing.algorithm(),
         rustls::SignatureAlgorithm::RSA | rustls::SignatureAlgorithm::ECDSA
     ) {
-        return Err("the private key is neither RSA nor ECDSA".to_owned());
+        return Err(Why("the private key is neither RSA nor ECDSA".to_owned()));
     }
     let certified = CertifiedKey::new(vec![CertificateDer::from(leaf_der)], signing);
     certified
@@ -541,7 +543,7 @@ fn check_pem(content: &str) -> Result<PemFacts, String> {
 
 /// Counts the certificate and key blocks of a PEM written strictly: only blocks of
 /// the known labels, base64 lines inside them, blank lines between them.
-fn pem_structure(content: &str) -> Result<(usize, usize), String> {
+fn pem_structure(content: &str) -> Result<(usize, usize), Why> {
     const LABELS: &[&str] = &[
         "CERTIFICATE",
         "PRIVATE KEY",
@@ -572,7 +574,7 @@ fn pem_structure(content: &str) -> Result<(usize, usize), String> {
                     .and_then(|rest| rest.strip_suffix("-----"))
                 {
                     if end != label {
-                        return Err(format!("line {at} ends another block"));
+                        return Err(Why(format!("line {at} ends another block")));
                     }
                     if label == "CERTIFICATE" {
                         certificates += 1;
@@ -588,13 +590,13 @@ fn pem_structure(content: &str) -> Result<(usize, usize), String> {
                         .bytes()
                         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='));
                 if !base64 {
-                    return Err(format!("line {at} is not base64"));
+                    return Err(Why(format!("line {at} is not base64")));
                 }
             }
         }
     }
     if open.is_some() {
-        return Err("a block has no end".to_owned());
+        return Err(Why("a block has no end".to_owned()));
     }
     Ok((certificates, keys))
 }

@@ -118,6 +118,18 @@ pub enum Equivalence {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Why(pub(crate) String);
 
+impl From<&str> for Why {
+    fn from(why: &str) -> Self {
+        Why(why.to_owned())
+    }
+}
+
+impl From<String> for Why {
+    fn from(why: String) -> Self {
+        Why(why)
+    }
+}
+
 impl fmt::Display for Why {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
