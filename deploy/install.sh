@@ -1,8 +1,8 @@
 #!/bin/sh
 # Installs or upgrades one mode of hapwright on the cluster kubectl points at:
 #
-#   deploy/install.sh sidecar|controller|gateway-api [kubectl apply options]
-#   deploy/install.sh --compose-only sidecar|controller|gateway-api
+#   deploy/install.sh sidecar|controller|gateway-api|ingress-nginx [kubectl apply options]
+#   deploy/install.sh --compose-only sidecar|controller|gateway-api|ingress-nginx
 #
 # It composes the mode's hapwright config from the template library in examples/
 # and the mode's site.yaml (deploy/compose.sh; the result is <mode>/hapwright.yaml),
@@ -20,8 +20,9 @@ mode="${1:-}"
 case "$mode" in
     sidecar | controller) library=examples/kubernetes-ingress/hapwright.yaml ;;
     gateway-api) library=examples/gateway-api/hapwright.yaml ;;
+    ingress-nginx) library=examples/ingress-nginx/hapwright.yaml ;;
     *)
-        echo "usage: $0 [--compose-only] sidecar|controller|gateway-api [kubectl apply options]" >&2
+        echo "usage: $0 [--compose-only] sidecar|controller|gateway-api|ingress-nginx [kubectl apply options]" >&2
         exit 2
         ;;
 esac

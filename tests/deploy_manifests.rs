@@ -2739,6 +2739,10 @@ const COMPOSED: &[(&str, &str)] = &[
         "examples/kubernetes-ingress/hapwright.yaml",
     ),
     ("deploy/gateway-api", "examples/gateway-api/hapwright.yaml"),
+    (
+        "deploy/ingress-nginx",
+        "examples/ingress-nginx/hapwright.yaml",
+    ),
 ];
 
 fn compose(library: &str, site: &str) -> std::process::Output {
@@ -2833,6 +2837,7 @@ fn kustomizations_apply_every_manifest_of_their_directory() {
         "webhook",
         "monitoring",
         "gateway-api",
+        "ingress-nginx",
     ] {
         let root = repo().join("deploy").join(dir);
         let text = fs::read_to_string(root.join("kustomization.yaml")).expect("kustomization");
@@ -2866,6 +2871,7 @@ fn kubectl_kustomize_builds_the_same_objects() {
         "webhook",
         "monitoring",
         "gateway-api",
+        "ingress-nginx",
     ] {
         let root = repo().join("deploy").join(dir);
         let output = Command::new(&kubectl)
@@ -2933,6 +2939,48 @@ fn the_gateway_api_mode_serves_its_gateway_class_with_the_gateway_library() {
     let output = Command::new(hapwright_binary())
         .args(["check", "-c"])
         .arg(&config)
+        .output()
+        .expect("run hapwright check");
+    assert!(
+        output.status.success(),
+        "hapwright check: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The ingress-nginx mode is the sidecar mode with the ingress-nginx library: it
+/// serves class `nginx` and IngressClasses of `k8s.io/ingress-nginx`, and the
+/// sidecar's RBAC covers what that library reads (IngressClasses, Opaque Secrets for
+/// `auth-secret`) without an add-on of its own.
+#[test]
+fn the_ingress_nginx_mode_serves_the_nginx_class_with_the_ingress_nginx_library() {
+    let docs = load(&repo().join("deploy/ingress-nginx"));
+    assert_no_problems("deploy/ingress-nginx", check_metadata(&docs));
+    assert_no_problems("deploy/ingress-nginx", check_volumes(&docs));
+    assert_no_problems("deploy/ingress-nginx", check_rbac(&docs));
+    assert_no_problems("deploy/ingress-nginx", check_ports(&docs));
+    assert_no_problems("deploy/ingress-nginx", check_drains(&docs));
+    assert_no_problems("deploy/ingress-nginx", check_haproxy_start(&docs));
+    let embedded = embedded_configs(&docs);
+    assert_eq!(embedded.len(), 1, "one hapwright container");
+    let config = &embedded[0].config;
+    assert_eq!(config["extraContext"]["ingressClass"], "nginx");
+    assert_eq!(
+        config["extraContext"]["controllerName"],
+        "k8s.io/ingress-nginx"
+    );
+    for watched in ["ingressclasses", "authsecrets"] {
+        assert!(
+            config["watchedResources"][watched].is_object(),
+            "the ingress-nginx library watches {watched}"
+        );
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = materialize(&docs, &embedded[0], dir.path());
+    let output = Command::new(hapwright_binary())
+        .args(["check", "-c"])
+        .arg(&path)
         .output()
         .expect("run hapwright check");
     assert!(
@@ -3707,7 +3755,8 @@ fn install_composes_the_config_then_applies_the_kustomization() {
         fs::read_to_string(&calls).expect("kubectl was called"),
         "apply -k deploy/sidecar --dry-run=server\n\
          apply -k deploy/controller --dry-run=server\n\
-         apply -k deploy/gateway-api --dry-run=server\n"
+         apply -k deploy/gateway-api --dry-run=server\n\
+         apply -k deploy/ingress-nginx --dry-run=server\n"
     );
     fs::write(root.join("deploy/sidecar/hapwright.yaml"), "stale\n").expect("stale");
     let output = install(&["--compose-only", "sidecar"]);
@@ -3718,7 +3767,7 @@ fn install_composes_the_config_then_applies_the_kustomization() {
     );
     assert_eq!(
         fs::read_to_string(&calls).expect("calls").lines().count(),
-        3,
+        COMPOSED.len(),
         "--compose-only applied something"
     );
     let output = install(&["ingress"]);
@@ -3735,7 +3784,7 @@ fn install_composes_the_config_then_applies_the_kustomization() {
     );
     assert_eq!(
         fs::read_to_string(&calls).expect("calls").lines().count(),
-        3
+        COMPOSED.len()
     );
 }
 
