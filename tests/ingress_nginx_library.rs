@@ -90,6 +90,10 @@ const FEATURE_TESTS: &[&str] = &[
     "refuses-auth-tls-without-ca",
     "ssl-passthrough",
     "proxy-connect-timeout",
+    "custom-http-errors",
+    "custom-http-errors-global-default",
+    "no-custom-http-errors-no-lua",
+    "refuses-bad-custom-http-errors",
 ];
 
 fn library_config() -> PathBuf {
@@ -444,6 +448,8 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
         ("hashed", "hash.test", "pair", &[("upstream-hash-by", "$http_x_user")]),
         ("fallback", "fb.test", "empty", &[("default-backend", "web")]),
         ("no-fallback", "nofb.test", "empty", &[]),
+        ("errors", "errors.test", "web", &[("custom-http-errors", "404,503"), ("default-backend", "api")]),
+        ("errors-default", "errdef.test", "web", &[("custom-http-errors", "404")]),
         ("via-service", "direct.test", "direct", &[("service-upstream", "true")]),
         ("admin", "admin.test", "web", &[("auth-type", "basic"), ("auth-secret", "basic-auth"), ("auth-realm", "Admins only")]),
         ("stable", "canary.test", "web", &[]),
@@ -753,6 +759,71 @@ fn annotations_behave_as_ingress_nginx_documents_them() {
     // Service answers (without it: 503).
     sidecar.expect(http, "fb.test", "/x", 200, "web");
     sidecar.expect(http, "nofb.test", "/x", 503, "");
+
+    // custom-http-errors: an upstream answer with a listed status is replaced by
+    // what the error backend (default-backend, else the default backend: here the
+    // built-in 404 page) answers when asked with ingress-nginx's headers; other
+    // statuses pass as they are.
+    let (status, headers, body) = call(
+        &sidecar,
+        sidecar
+            .client
+            .get(url("/page?status=404"))
+            .header("accept", "text/html")
+            .header("x-request-id", "req-42"),
+        "errors.test",
+    );
+    assert!(body.starts_with("api\n"), "{status} {body}");
+    // The error backend's own status goes out (here the upstream echo answers
+    // `status=404` of the original URI with 404 too).
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(header(&headers, "x-upstream"), "api", "{headers:?}");
+    let asked = body.to_ascii_lowercase();
+    for expected in [
+        "get /page?status=404 http/1.1",
+        "x-code: 404",
+        "x-format: text/html",
+        "x-original-uri: /page?status=404",
+        "x-namespace: shop",
+        "x-ingress-name: errors",
+        "x-service-name: web",
+        "x-service-port: http",
+        "x-request-id: req-42",
+        "host: errors.test",
+    ] {
+        assert!(asked.contains(expected), "{expected:?} in {body}");
+    }
+    assert!(
+        !asked.contains("x-hapwright-error-backend"),
+        "the routing header stays inside HAProxy: {body}"
+    );
+    let (status, _, body) = call(
+        &sidecar,
+        sidecar.client.get(url("/other?status=503")),
+        "errors.test",
+    );
+    assert!(
+        status == 503 && body.starts_with("api\n"),
+        "{status} {body}"
+    );
+    let (status, _, body) = call(
+        &sidecar,
+        sidecar.client.get(url("/page?status=500")),
+        "errors.test",
+    );
+    assert!(
+        status == 500 && body.starts_with("web\n"),
+        "{status} {body}"
+    );
+    sidecar.expect(http, "errors.test", "/page", 200, "web");
+    sidecar.expect(
+        http,
+        "errdef.test",
+        "/x?status=404",
+        404,
+        "default backend - 404",
+    );
+    sidecar.expect(http, "errdef.test", "/x?status=410", 410, "web");
 
     // auth-type basic: 401 with the realm unless the credentials match a user of the
     // Secret (auth-file).

@@ -235,7 +235,16 @@ pub fn upstream(name: &'static str) -> u16 {
             if let Some(ms) = delay {
                 std::thread::sleep(std::time::Duration::from_millis(ms));
             }
-            let status = if target.contains("fail-every-other") {
+            // `status=NNN` in the target: that status (an upstream's error page).
+            let asked = target
+                .split("status=")
+                .nth(1)
+                .and_then(|rest| rest.get(..3))
+                .filter(|code| code.bytes().all(|b| b.is_ascii_digit()))
+                .map(|code| format!("{code} Asked For"));
+            let status = if let Some(asked) = asked.as_deref() {
+                asked
+            } else if target.contains("fail-every-other") {
                 failing += 1;
                 if failing % 2 == 1 {
                     "503 Service Unavailable"
