@@ -194,6 +194,7 @@ fn a_new_httproute_and_its_removal_need_no_reload_on_3_4() {
         ),
         ("grpcroutes", json!([])),
         ("tlsroutes", json!([])),
+        ("tcproutes", json!([])),
         ("referencegrants", json!([])),
         ("namespaces", global["namespaces"].clone()),
         ("services", json!([service("web"), service("blog")])),
