@@ -267,7 +267,11 @@ pub const GATEWAY_SOURCES: &[(&str, &str, &str)] = &[
     ("httproutes", "gateway.networking.k8s.io/v1", "HTTPRoute"),
     ("grpcroutes", "gateway.networking.k8s.io/v1", "GRPCRoute"),
     ("tlsroutes", "gateway.networking.k8s.io/v1", "TLSRoute"),
-    ("tcproutes", "gateway.networking.k8s.io/v1alpha2", "TCPRoute"),
+    (
+        "tcproutes",
+        "gateway.networking.k8s.io/v1alpha2",
+        "TCPRoute",
+    ),
     (
         "referencegrants",
         "gateway.networking.k8s.io/v1beta1",
