@@ -5,7 +5,9 @@
 //! manifest files: routing precedence, a redirect, a rewrite with header changes,
 //! weights (their distribution, and a weight change deployed without a reload), TLS
 //! with SNI, TLS passthrough by SNI, a GRPCRoute over HTTP/2, and a cross-namespace
-//! backendRef that is refused until a ReferenceGrant allows it.
+//! backendRef that is refused until a ReferenceGrant allows it; a rule with usable
+//! and unusable backendRefs answering the unusable share 500; TCPRoutes forwarding
+//! raw TCP connections by weight.
 
 mod library;
 
