@@ -861,7 +861,9 @@ fn resources_with(
 /// web (weight 3) and billing/ledger (weight 1) without a ReferenceGrant sends three
 /// requests in four to web and answers the fourth 500, exactly as a rule without a
 /// usable backendRef answers; the route is Accepted and its ResolvedRefs is False,
-/// RefNotPermitted. Once a ReferenceGrant allows the ledger, it gets the fourth.
+/// RefNotPermitted. A ReferenceGrant gives the fourth to the ledger, and its removal
+/// takes it back: both at runtime (the 500 share is a server, `add server` takes its
+/// abstract socket), without a reload.
 #[test]
 fn a_partially_invalid_rule_answers_500_for_the_share_of_its_unusable_backend_refs() {
     let http = free_port();
@@ -869,15 +871,21 @@ fn a_partially_invalid_rule_answers_500_for_the_share_of_its_unusable_backend_re
         ("shop", "web", upstream("web")),
         ("billing", "ledger", upstream("ledger")),
     ];
+    let prefix = |value: &str| json!([ { "path": { "type": "PathPrefix", "value": value } } ]);
+    let web = json!([ { "name": "web", "port": 80 } ]);
     let routes = json!([http_route(
         "partial",
         "partial.example.test",
         json!([
-            { "matches": [ { "path": { "type": "PathPrefix", "value": "/split" } } ],
+            { "matches": prefix("/split"),
               "backendRefs": [ { "name": "web", "port": 80, "weight": 3 },
                                { "name": "ledger", "namespace": "billing", "port": 80, "weight": 1 } ] },
-            { "matches": [ { "path": { "type": "PathPrefix", "value": "/none" } } ],
-              "backendRefs": [ { "name": "ledger", "namespace": "billing", "port": 80 } ] }
+            { "matches": prefix("/none"), "backendRefs": [ { "name": "ghost", "port": 80 } ] },
+            // More servers, so taking the ledger's away again is a small part of
+            // what is served (the safety valve would hold a large removal back).
+            { "matches": prefix("/a"), "backendRefs": web },
+            { "matches": prefix("/b"), "backendRefs": web },
+            { "matches": prefix("/c"), "backendRefs": web }
         ])
     )]);
     let resources = resources_with(
@@ -924,11 +932,23 @@ fn a_partially_invalid_rule_answers_500_for_the_share_of_its_unusable_backend_re
         }
         counts
     };
+    // A change and the deployment that applies it (a removal waits for the files
+    // source's quiet period, so the write's own deployment may change nothing).
+    let deploy = |name: &str, objects: &Value| -> Value {
+        let before = sidecar.instance()["deployments"].as_u64();
+        library::write_objects(sidecar.dir.path(), name, objects);
+        poll(WAIT, || {
+            let instance = sidecar.instance();
+            (instance["deployments"].as_u64() > before && instance["last_strategy"] != "noop")
+                .then_some(instance)
+        })
+        .unwrap_or_else(|_| sidecar.fail(&format!("the change of {name} was never deployed")))
+    };
 
     // The unusable share answers 500 as a rule with no usable backendRef does:
     // the same status, headers and (empty) body.
     let none = answer("/none");
-    assert_eq!(none.0, 500, "{none:?}");
+    assert_eq!((none.0, none.2.as_str()), (500, ""), "{none:?}");
     let (web, ledger, errors) = split(200);
     assert_eq!(ledger, 0);
     // 150:50 on 2.6 to 3.2; HAProxy 3.4's round robin over threads is not exact
@@ -951,21 +971,35 @@ fn a_partially_invalid_rule_answers_500_for_the_share_of_its_unusable_backend_re
     let accepted = condition_where(&sidecar, "httproutes", object, "Accepted", |_| true);
     assert_eq!(accepted, ("True".to_owned(), "Accepted".to_owned()));
 
-    // A ReferenceGrant: the ledger gets the fourth request, no more 500s.
-    sidecar.change("referencegrants", &ledger_grant("HTTPRoute"));
-    sidecar.expect(http, "partial.example.test", "/none", 200, "ledger\n");
+    // A ReferenceGrant: the ledger gets the fourth request, no more 500s, without
+    // a reload.
+    let reloads = sidecar.master_reloads();
+    let deployed = deploy("referencegrants", &ledger_grant("HTTPRoute"));
+    assert_eq!(deployed["last_strategy"], "runtime", "{deployed}");
     let (web, ledger, errors) = split(200);
     assert_eq!(errors, 0, "{web}:{ledger}");
     assert!(
         2 * web >= 3 * ledger && ledger >= 25,
         "3:1 weights sent {web} to web and {ledger} to the ledger"
     );
+    // The ledger resolves; ResolvedRefs names the next unusable one (/none's).
     let resolved = condition_where(&sidecar, "httproutes", object, "ResolvedRefs", |c| {
-        c.0 == "True"
+        c.1 != "RefNotPermitted"
     });
-    assert_eq!(resolved.1, "ResolvedRefs");
-    let deployed = sidecar.deployed_config();
-    assert!(!deployed.contains("gw_invalid_backendrefs"), "{deployed}");
+    assert_eq!(resolved, ("False".to_owned(), "BackendNotFound".to_owned()));
+    assert!(
+        !sidecar
+            .deployed_config()
+            .contains("server gw-invalid-backendrefs")
+    );
+
+    // The ReferenceGrant goes: the fourth answers 500 again, also at runtime.
+    let deployed = deploy("referencegrants", &json!([]));
+    assert_eq!(deployed["last_strategy"], "runtime", "{deployed}");
+    assert_eq!(sidecar.master_reloads(), reloads, "HAProxy did not reload");
+    let (web, ledger, errors) = split(40);
+    assert_eq!(ledger, 0, "{web}:{errors}");
+    assert!(errors >= 4 && web >= 2 * errors, "{web}:{errors}");
 }
 
 /// A TCP server on loopback that greets every connection with `name` and a
