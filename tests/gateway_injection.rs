@@ -112,6 +112,7 @@ fn route_values_never_become_config_or_reach_haproxys_environment() {
         ("httproutes", json!([victim_route.clone()])),
         ("grpcroutes", json!([])),
         ("tlsroutes", json!([])),
+        ("tcproutes", json!([])),
         ("referencegrants", json!([])),
         ("namespaces", global["namespaces"].clone()),
         (

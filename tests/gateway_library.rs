@@ -5,7 +5,9 @@
 //! manifest files: routing precedence, a redirect, a rewrite with header changes,
 //! weights (their distribution, and a weight change deployed without a reload), TLS
 //! with SNI, TLS passthrough by SNI, a GRPCRoute over HTTP/2, and a cross-namespace
-//! backendRef that is refused until a ReferenceGrant allows it.
+//! backendRef that is refused until a ReferenceGrant allows it; a rule with usable
+//! and unusable backendRefs answering the unusable share 500; TCPRoutes forwarding
+//! raw TCP connections by weight.
 
 mod library;
 
@@ -41,9 +43,11 @@ const FEATURE_TESTS: &[&str] = &[
     "backend-weights",
     "cross-namespace-backend-refs",
     "invalid-backend-refs",
+    "partially-invalid-backend-refs",
     "unsafe-values-are-skipped",
     "grpcroute",
     "tlsroute-passthrough",
+    "tcproute",
     "host-normalisation",
     "regex-paths-checked",
     "conflicts-oldest-wins",
@@ -365,6 +369,7 @@ fn the_library_routes_real_traffic() {
         ("httproutes", httproutes((3, 1))),
         ("grpcroutes", grpcroutes),
         ("tlsroutes", tlsroutes),
+        ("tcproutes", json!([])),
         ("referencegrants", referencegrants(false)),
         ("namespaces", global["namespaces"].clone()),
         ("services", Value::Array(services)),
@@ -737,4 +742,480 @@ fn resolved_refs(sidecar: &Sidecar, route: &str) -> (String, String) {
         ))
     })
     .unwrap_or_else(|_| sidecar.fail(&format!("no status rendered for HTTPRoute shop/{route}")))
+}
+
+/// The rendered status of `resource` `namespace/name` as `/debug/status` shows the
+/// last rendered statuses, once `done` accepts it.
+fn status_where(
+    sidecar: &Sidecar,
+    resource: &str,
+    object: (&str, &str),
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    poll(WAIT, || {
+        let text = sidecar
+            .client
+            .get(format!("http://127.0.0.1:{}/debug/status", sidecar.status))
+            .send()
+            .and_then(|r| r.text())
+            .ok()?;
+        let all: Value = serde_json::from_str(&text).ok()?;
+        let status = all["statuses"].as_array()?.iter().find(|s| {
+            s["resource"] == resource && s["namespace"] == object.0 && s["name"] == object.1
+        })?;
+        done(&status["status"]).then(|| status["status"].clone())
+    })
+    .unwrap_or_else(|_| {
+        sidecar.fail(&format!(
+            "{resource} {}/{}: the status never rendered as expected",
+            object.0, object.1
+        ))
+    })
+}
+
+/// Condition `kind` (status, reason) of the first parent of route `resource`
+/// `namespace/name`, once `done` accepts it.
+fn condition_where(
+    sidecar: &Sidecar,
+    resource: &str,
+    object: (&str, &str),
+    kind: &str,
+    done: impl Fn(&(String, String)) -> bool,
+) -> (String, String) {
+    let find = |status: &Value| -> Option<(String, String)> {
+        let condition = status["parents"][0]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == kind)?;
+        Some((
+            condition["status"].as_str()?.to_owned(),
+            condition["reason"].as_str()?.to_owned(),
+        ))
+    };
+    let status = status_where(sidecar, resource, object, |status| {
+        find(status).is_some_and(|c| done(&c))
+    });
+    find(&status).unwrap_or_else(|| sidecar.fail("the condition vanished"))
+}
+
+/// A Gateway `edge` in infra with `listeners`, every namespace allowed.
+fn gateway_with(listeners: Value) -> Value {
+    json!([{
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": { "name": "edge", "namespace": "infra" },
+        "spec": { "gatewayClassName": "hapwright", "listeners": listeners }
+    }])
+}
+
+/// The ReferenceGrant that lets `from_kind`s of namespace shop use billing/ledger.
+fn ledger_grant(from_kind: &str) -> Value {
+    json!([{
+        "apiVersion": "gateway.networking.k8s.io/v1beta1",
+        "kind": "ReferenceGrant",
+        "metadata": { "name": "shop-to-ledger", "namespace": "billing" },
+        "spec": {
+            "from": [ { "group": "gateway.networking.k8s.io", "kind": from_kind, "namespace": "shop" } ],
+            "to": [ { "group": "", "kind": "Service", "name": "ledger" } ]
+        }
+    }])
+}
+
+/// The fixtures every end-to-end test below shares, then `routes` and `grants`.
+fn resources_with(
+    gateways: Value,
+    upstreams: &[(&str, &str, u16)],
+    routes: &[(&'static str, Value)],
+    grants: Value,
+) -> Vec<(&'static str, Value)> {
+    let library = library_value();
+    let global = &library["validationTests"]["_global"]["fixtures"];
+    let services: Vec<Value> = upstreams
+        .iter()
+        .map(|(ns, name, _)| service(ns, name, 80))
+        .collect();
+    let slices: Vec<Value> = upstreams
+        .iter()
+        .map(|(ns, name, port)| library::loopback_slice(ns, name, "", &[*port]))
+        .collect();
+    let mut resources = vec![
+        ("gatewayclasses", global["gatewayclasses"].clone()),
+        ("gateways", gateways),
+        ("referencegrants", grants),
+        ("namespaces", global["namespaces"].clone()),
+        ("services", Value::Array(services)),
+        ("endpointslices", Value::Array(slices)),
+        ("secrets", json!([])),
+    ];
+    for kind in ["httproutes", "grpcroutes", "tlsroutes", "tcproutes"] {
+        let objects = routes
+            .iter()
+            .find(|(name, _)| *name == kind)
+            .map_or(json!([]), |(_, objects)| objects.clone());
+        resources.push((kind, objects));
+    }
+    resources
+}
+
+/// HTTPRoutePartiallyInvalidViaInvalidReferenceGrant: a rule whose backendRefs are
+/// web (weight 3) and billing/ledger (weight 1) without a ReferenceGrant sends three
+/// requests in four to web and answers the fourth 500, exactly as a rule without a
+/// usable backendRef answers; the route is Accepted and its ResolvedRefs is False,
+/// RefNotPermitted. A ReferenceGrant gives the fourth to the ledger, and its removal
+/// takes it back: both at runtime (the 500 share is a server, `add server` takes its
+/// abstract socket), without a reload.
+#[test]
+fn a_partially_invalid_rule_answers_500_for_the_share_of_its_unusable_backend_refs() {
+    let http = free_port();
+    let upstreams: Vec<(&str, &str, u16)> = vec![
+        ("shop", "web", upstream("web")),
+        ("billing", "ledger", upstream("ledger")),
+    ];
+    let prefix = |value: &str| json!([ { "path": { "type": "PathPrefix", "value": value } } ]);
+    let web = json!([ { "name": "web", "port": 80 } ]);
+    let routes = json!([http_route(
+        "partial",
+        "partial.example.test",
+        json!([
+            { "matches": prefix("/split"),
+              "backendRefs": [ { "name": "web", "port": 80, "weight": 3 },
+                               { "name": "ledger", "namespace": "billing", "port": 80, "weight": 1 } ] },
+            { "matches": prefix("/none"), "backendRefs": [ { "name": "ghost", "port": 80 } ] },
+            // More servers, so taking the ledger's away again is a small part of
+            // what is served (the safety valve would hold a large removal back).
+            { "matches": prefix("/a"), "backendRefs": web },
+            { "matches": prefix("/b"), "backendRefs": web },
+            { "matches": prefix("/c"), "backendRefs": web }
+        ])
+    )]);
+    let resources = resources_with(
+        gateway_with(json!([ { "name": "http", "protocol": "HTTP", "port": http,
+                               "allowedRoutes": { "namespaces": { "from": "All" } } } ])),
+        &upstreams,
+        &[("httproutes", routes)],
+        json!([]),
+    );
+    let sidecar = Sidecar::start(
+        "hapwright-gateway-partial-",
+        library::gateway_config(),
+        &resources,
+        http,
+        reqwest::blocking::Client::builder(),
+    );
+    let answer = |path: &str| {
+        let response = sidecar
+            .client
+            .get(format!("http://127.0.0.1:{http}{path}"))
+            .header(reqwest::header::HOST, "partial.example.test")
+            .send()
+            .unwrap_or_else(|e| sidecar.fail(&format!("{path}: {e}")));
+        let status = response.status().as_u16();
+        let mut headers: Vec<(String, String)> = response
+            .headers()
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or_default().to_owned()))
+            .collect();
+        headers.sort();
+        let body = response.text().unwrap_or_default();
+        (status, headers, body)
+    };
+    let split = |n: usize| -> (usize, usize, usize) {
+        let mut counts = (0, 0, 0);
+        for _ in 0..n {
+            let (status, _, body) = answer("/split");
+            match (status, body.lines().next()) {
+                (200, Some("web")) => counts.0 += 1,
+                (200, Some("ledger")) => counts.1 += 1,
+                (500, _) => counts.2 += 1,
+                other => sidecar.fail(&format!("/split answered {other:?}")),
+            }
+        }
+        counts
+    };
+    // A change and the deployment that applies it (a removal waits for the files
+    // source's quiet period, so the write's own deployment may change nothing).
+    let deploy = |name: &str, objects: &Value| -> Value {
+        let before = sidecar.instance()["deployments"].as_u64();
+        library::write_objects(sidecar.dir.path(), name, objects);
+        poll(WAIT, || {
+            let instance = sidecar.instance();
+            (instance["deployments"].as_u64() > before && instance["last_strategy"] != "noop")
+                .then_some(instance)
+        })
+        .unwrap_or_else(|_| sidecar.fail(&format!("the change of {name} was never deployed")))
+    };
+
+    // The unusable share answers 500 as a rule with no usable backendRef does:
+    // the same status, headers and (empty) body.
+    let none = answer("/none");
+    assert_eq!((none.0, none.2.as_str()), (500, ""), "{none:?}");
+    let (web, ledger, errors) = split(200);
+    assert_eq!(ledger, 0);
+    // 150:50 on 2.6 to 3.2; HAProxy 3.4's round robin over threads is not exact
+    // (see the weights in the_library_routes_real_traffic): a split clearly away
+    // from 1:1 and from all-or-nothing.
+    assert!(
+        2 * web >= 3 * errors && errors >= 25,
+        "3:1 weights sent {web} to web and answered {errors} with 500"
+    );
+    let failed = (0..8)
+        .map(|_| answer("/split"))
+        .find(|(status, _, _)| *status == 500)
+        .unwrap_or_else(|| sidecar.fail("no 500 in 8 requests"));
+    assert_eq!(failed, none, "the unusable share's 500 is the usual 500");
+
+    // The route is accepted; ResolvedRefs says which reference is refused.
+    let object = ("shop", "partial");
+    let resolved = condition_where(&sidecar, "httproutes", object, "ResolvedRefs", |_| true);
+    assert_eq!(resolved, ("False".to_owned(), "RefNotPermitted".to_owned()));
+    let accepted = condition_where(&sidecar, "httproutes", object, "Accepted", |_| true);
+    assert_eq!(accepted, ("True".to_owned(), "Accepted".to_owned()));
+
+    // A ReferenceGrant: the ledger gets the fourth request, no more 500s, without
+    // a reload.
+    let reloads = sidecar.master_reloads();
+    let deployed = deploy("referencegrants", &ledger_grant("HTTPRoute"));
+    assert_eq!(deployed["last_strategy"], "runtime", "{deployed}");
+    let (web, ledger, errors) = split(200);
+    assert_eq!(errors, 0, "{web}:{ledger}");
+    assert!(
+        2 * web >= 3 * ledger && ledger >= 25,
+        "3:1 weights sent {web} to web and {ledger} to the ledger"
+    );
+    // The ledger resolves; ResolvedRefs names the next unusable one (/none's).
+    let resolved = condition_where(&sidecar, "httproutes", object, "ResolvedRefs", |c| {
+        c.1 != "RefNotPermitted"
+    });
+    assert_eq!(resolved, ("False".to_owned(), "BackendNotFound".to_owned()));
+    assert!(
+        !sidecar
+            .deployed_config()
+            .contains("server gw-invalid-backendrefs")
+    );
+
+    // The ReferenceGrant goes: the fourth answers 500 again, also at runtime.
+    let deployed = deploy("referencegrants", &json!([]));
+    assert_eq!(deployed["last_strategy"], "runtime", "{deployed}");
+    assert_eq!(sidecar.master_reloads(), reloads, "HAProxy did not reload");
+    let (web, ledger, errors) = split(200);
+    assert_eq!(ledger, 0, "{web}:{errors}");
+    assert!(2 * web >= 3 * errors && errors >= 25, "{web}:{errors}");
+}
+
+/// A TCP server on loopback that greets every connection with `name` and a
+/// newline, then echoes what it receives. It lives as long as the test process.
+fn tcp_upstream(name: &'static str) -> u16 {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind TCP upstream");
+    let port = listener.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                if stream.write_all(format!("{name}\n").as_bytes()).is_err() {
+                    return;
+                }
+                let mut buffer = [0u8; 1024];
+                while let Ok(n) = stream.read(&mut buffer) {
+                    if n == 0 || stream.write_all(&buffer[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Connects to `port`, sends `ping` and returns the greeting's name and the echo,
+/// or `None` when the connection is closed without an answer (refused).
+fn tcp_exchange(port: u16) -> Option<(String, String)> {
+    use std::io::{BufRead, BufReader, Write};
+    let stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .ok()?;
+    let mut reader = BufReader::new(stream.try_clone().ok()?);
+    let mut greeting = String::new();
+    if reader.read_line(&mut greeting).ok()? == 0 {
+        return None;
+    }
+    (&stream).write_all(b"ping\n").ok()?;
+    let mut echo = String::new();
+    reader.read_line(&mut echo).ok()?;
+    Some((greeting.trim_end().to_owned(), echo.trim_end().to_owned()))
+}
+
+/// TCPRoute: a TCP listener forwards connections to its TCPRoute's backends by
+/// weight, refusing the share of a backendRef that cannot be used (here a Service
+/// that does not exist, weight 1 against 3); a second, newer TCPRoute on the same
+/// listener is accepted but Conflicted and serves once the older one is gone; a
+/// backendRef to another namespace is refused until a ReferenceGrant allows it.
+#[test]
+fn tcp_routes_forward_real_connections() {
+    let db = free_port();
+    let queue = free_port();
+    let upstreams: Vec<(&str, &str, u16)> = vec![
+        ("shop", "db-primary", tcp_upstream("db-primary")),
+        ("shop", "db-replica", tcp_upstream("db-replica")),
+        ("billing", "ledger", tcp_upstream("ledger")),
+    ];
+    let tcp_route = |name: &str, timestamp: &str, section: &str, refs: Value| {
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1alpha2",
+            "kind": "TCPRoute",
+            "metadata": { "name": name, "namespace": "shop", "creationTimestamp": timestamp },
+            "spec": {
+                "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": section } ],
+                "rules": [ { "backendRefs": refs } ]
+            }
+        })
+    };
+    let primary = tcp_route(
+        "primary",
+        "2026-01-01T00:00:00Z",
+        "db",
+        json!([ { "name": "db-primary", "port": 80, "weight": 3 },
+                { "name": "ghost", "port": 80, "weight": 1 } ]),
+    );
+    let replica = tcp_route(
+        "replica",
+        "2026-01-02T00:00:00Z",
+        "db",
+        json!([ { "name": "db-replica", "port": 80 } ]),
+    );
+    let ledger = tcp_route(
+        "ledger",
+        "2026-01-03T00:00:00Z",
+        "queue",
+        json!([ { "name": "ledger", "namespace": "billing", "port": 80 } ]),
+    );
+    let resources = resources_with(
+        gateway_with(json!([
+            { "name": "db", "protocol": "TCP", "port": db,
+              "allowedRoutes": { "namespaces": { "from": "All" } } },
+            { "name": "queue", "protocol": "TCP", "port": queue,
+              "allowedRoutes": { "namespaces": { "from": "All" }, "kinds": [ { "kind": "TCPRoute" } ] } }
+        ])),
+        &upstreams,
+        &[(
+            "tcproutes",
+            json!([primary.clone(), replica.clone(), ledger.clone()]),
+        )],
+        json!([]),
+    );
+    let sidecar = Sidecar::start(
+        "hapwright-gateway-tcp-",
+        library::gateway_config(),
+        &resources,
+        db,
+        reqwest::blocking::Client::builder(),
+    );
+
+    // Weights 3:1 over the primary and the missing Service: a connection in four
+    // is refused; the replica's newer route does not serve while the primary's does.
+    let connections = |n: usize| -> (usize, usize, usize) {
+        let mut counts = (0, 0, 0);
+        for _ in 0..n {
+            match tcp_exchange(db) {
+                Some((name, echo)) if name == "db-primary" && echo == "ping" => counts.0 += 1,
+                Some((name, echo)) if name == "db-replica" && echo == "ping" => counts.1 += 1,
+                None => counts.2 += 1,
+                other => sidecar.fail(&format!("unexpected answer {other:?}")),
+            }
+        }
+        counts
+    };
+    let (served, replica_served, refused) = connections(200);
+    assert_eq!(replica_served, 0);
+    assert!(
+        2 * served >= 3 * refused && refused >= 25,
+        "3:1 weights served {served} connections and refused {refused}"
+    );
+    let primary_status = ("shop", "primary");
+    assert_eq!(
+        condition_where(
+            &sidecar,
+            "tcproutes",
+            primary_status,
+            "ResolvedRefs",
+            |_| true
+        ),
+        ("False".to_owned(), "BackendNotFound".to_owned())
+    );
+    assert_eq!(
+        condition_where(&sidecar, "tcproutes", primary_status, "Accepted", |_| true),
+        ("True".to_owned(), "Accepted".to_owned())
+    );
+    let replica_status = ("shop", "replica");
+    assert_eq!(
+        condition_where(&sidecar, "tcproutes", replica_status, "Accepted", |_| true),
+        ("True".to_owned(), "Accepted".to_owned())
+    );
+    assert_eq!(
+        condition_where(
+            &sidecar,
+            "tcproutes",
+            replica_status,
+            "hapwright.io/Conflicted",
+            |_| true
+        ),
+        ("True".to_owned(), "PortConflict".to_owned())
+    );
+
+    // Another namespace's Service: refused until a ReferenceGrant allows it.
+    assert_eq!(tcp_exchange(queue), None);
+    assert_eq!(
+        condition_where(
+            &sidecar,
+            "tcproutes",
+            ("shop", "ledger"),
+            "ResolvedRefs",
+            |_| true
+        ),
+        ("False".to_owned(), "RefNotPermitted".to_owned())
+    );
+    sidecar.change("referencegrants", &ledger_grant("TCPRoute"));
+    assert_eq!(
+        tcp_exchange(queue),
+        Some(("ledger".to_owned(), "ping".to_owned()))
+    );
+    assert_eq!(
+        condition_where(
+            &sidecar,
+            "tcproutes",
+            ("shop", "ledger"),
+            "ResolvedRefs",
+            |c| { c.0 == "True" }
+        ),
+        ("True".to_owned(), "ResolvedRefs".to_owned())
+    );
+
+    status_where(&sidecar, "gateways", ("infra", "edge"), |status| {
+        status["listeners"][0]["attachedRoutes"] == 2
+    });
+
+    // The older route goes: the replica's route serves the listener.
+    sidecar.change("tcproutes", &json!([replica, ledger]));
+    assert_eq!(connections(8), (0, 8, 0));
+    assert_eq!(
+        condition_where(
+            &sidecar,
+            "tcproutes",
+            replica_status,
+            "hapwright.io/Conflicted",
+            |c| c.0 == "False"
+        ),
+        ("False".to_owned(), "NoConflicts".to_owned())
+    );
+    // The listener counts the routes attached to it, and supports TCPRoutes only.
+    let gateway = status_where(&sidecar, "gateways", ("infra", "edge"), |status| {
+        status["listeners"][0]["attachedRoutes"] == 1
+    });
+    assert_eq!(
+        gateway["listeners"][0]["supportedKinds"],
+        json!([ { "group": "gateway.networking.k8s.io", "kind": "TCPRoute" } ]),
+        "{gateway}"
+    );
+    assert_eq!(gateway["listeners"][1]["attachedRoutes"], 1, "{gateway}");
 }

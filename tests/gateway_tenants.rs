@@ -184,6 +184,7 @@ fn start(settings: Value) -> (Sidecar, Ports) {
         ("httproutes", httproutes),
         ("grpcroutes", json!([])),
         ("tlsroutes", json!([])),
+        ("tcproutes", json!([])),
         ("referencegrants", json!([])),
         ("namespaces", global["namespaces"].clone()),
         (

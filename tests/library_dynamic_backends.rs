@@ -1,6 +1,7 @@
 //! Both template libraries render their per-route backends as `backend NAME from
-//! routes`, so with `haproxy.dynamicBackends` on HAProxy 3.4 a new Ingress or
-//! HTTPRoute (and its removal) is deployed without a reload. On older lines (run by
+//! routes`, so with `haproxy.dynamicBackends` on HAProxy 3.4 a new Ingress,
+//! HTTPRoute or TCPRoute (`from tcproutes`) and its removal are deployed without a
+//! reload. On older lines (run by
 //! `scripts/test.sh` with each line first on `PATH`) the same changes reload, with the
 //! reason on `/debug/instances`. Both run the hapwright binary with a sidecar HAProxy
 //! started as the sidecar manifest starts it.
@@ -194,6 +195,7 @@ fn a_new_httproute_and_its_removal_need_no_reload_on_3_4() {
         ),
         ("grpcroutes", json!([])),
         ("tlsroutes", json!([])),
+        ("tcproutes", json!([])),
         ("referencegrants", json!([])),
         ("namespaces", global["namespaces"].clone()),
         ("services", json!([service("web"), service("blog")])),
@@ -245,5 +247,94 @@ fn a_new_httproute_and_its_removal_need_no_reload_on_3_4() {
             .map(|(status, _)| status),
         Ok(200)
     );
+    sidecar.expect(http, "shop.example.test", "/", 200, "web");
+}
+
+fn tcproute(name: &str, service: &str) -> Value {
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1alpha2",
+        "kind": "TCPRoute",
+        "metadata": { "name": name, "namespace": "shop", "creationTimestamp": "2026-01-01T00:00:00Z" },
+        "spec": {
+            "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "tcp" } ],
+            "rules": [ { "backendRefs": [ { "name": service, "port": 80 } ] } ]
+        }
+    })
+}
+
+/// TCPRoute backends are `backend NAME from tcproutes` with only servers, and the
+/// TCP listener finds its route through `maps/tcp.map`: a new TCPRoute, and its
+/// removal, deploy without a reload on 3.4 (the connections, HTTP to the web
+/// upstream here, forwarded as a plain TCP stream).
+#[test]
+fn a_new_tcproute_and_its_removal_need_no_reload_on_3_4() {
+    let dynamic = dynamic_line();
+    let web = upstream("web");
+    let (http, tcp) = (free_port(), free_port());
+    let mut config = library::gateway_config();
+    config["haproxy"] = json!({ "dynamicBackends": true });
+    let library_fixtures = library::library_value(&library::library_path(
+        "examples/gateway-api/hapwright.yaml",
+    ));
+    let global = &library_fixtures["validationTests"]["_global"]["fixtures"];
+    let gateway = json!([{
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": { "name": "edge", "namespace": "infra" },
+        "spec": {
+            "gatewayClassName": "hapwright",
+            "listeners": [
+                { "name": "http", "protocol": "HTTP", "port": http,
+                  "allowedRoutes": { "namespaces": { "from": "All" } } },
+                { "name": "tcp", "protocol": "TCP", "port": tcp,
+                  "allowedRoutes": { "namespaces": { "from": "All" } } }
+            ]
+        }
+    }]);
+    let resources = [
+        ("gatewayclasses", global["gatewayclasses"].clone()),
+        ("gateways", gateway),
+        // An HTTPRoute beside, so removing the TCPRoute is not most of what is
+        // served (the safety valve would hold it back).
+        (
+            "httproutes",
+            json!([
+                httproute("shop", "shop.example.test", "web"),
+                httproute("blog", "blog.example.test", "web")
+            ]),
+        ),
+        ("grpcroutes", json!([])),
+        ("tlsroutes", json!([])),
+        ("tcproutes", json!([])),
+        ("referencegrants", json!([])),
+        ("namespaces", global["namespaces"].clone()),
+        ("services", json!([service("web")])),
+        (
+            "endpointslices",
+            json!([library::loopback_slice("shop", "web", "", &[web])]),
+        ),
+        ("secrets", json!([])),
+    ];
+    let sidecar = Sidecar::start(
+        "hapwright-gateway-dynamic-tcp-",
+        config,
+        &resources,
+        http,
+        reqwest::blocking::Client::builder(),
+    );
+    // No TCPRoute: the listener refuses the connection.
+    assert!(sidecar.get(tcp, "any.example.test", "/").is_err());
+
+    let reloads = sidecar.master_reloads();
+    let deployed = sidecar.change("tcproutes", &json!([tcproute("db", "web")]));
+    assert_route_change(&sidecar, &deployed, reloads, dynamic);
+    sidecar.expect(tcp, "any.example.test", "/", 200, "web");
+
+    let reloads = sidecar.master_reloads();
+    let deployed = sidecar.change("tcproutes", &json!([]));
+    assert_route_change(&sidecar, &deployed, reloads, dynamic);
+    assert!(sidecar.get(tcp, "any.example.test", "/").is_err());
+    let config = sidecar.deployed_config();
+    assert!(!config.contains("tc_shop_db"), "{config}");
     sidecar.expect(http, "shop.example.test", "/", 200, "web");
 }

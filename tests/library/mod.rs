@@ -277,6 +277,11 @@ pub const GATEWAY_SOURCES: &[(&str, &str, &str)] = &[
     ("grpcroutes", "gateway.networking.k8s.io/v1", "GRPCRoute"),
     ("tlsroutes", "gateway.networking.k8s.io/v1", "TLSRoute"),
     (
+        "tcproutes",
+        "gateway.networking.k8s.io/v1alpha2",
+        "TCPRoute",
+    ),
+    (
         "referencegrants",
         "gateway.networking.k8s.io/v1beta1",
         "ReferenceGrant",

@@ -48,6 +48,50 @@ fn added_server_gets_explicit_default_server_params() {
     assert!(*health && *enable);
 }
 
+/// An abstract Unix socket (`abns@NAME`, as the Gateway API library's servers for
+/// unusable backendRefs use) is an address `add server` takes; a path or a host
+/// name is not.
+#[test]
+fn an_added_abstract_socket_server_is_runtime_a_path_or_host_name_reloads() {
+    let old = render("backend be_a\n    server s1 10.0.0.1:80\n");
+    let new = render(
+        "backend be_a\n    server s1 10.0.0.1:80\n    server s2 abns@invalid-8404 weight 3\n",
+    );
+    let plan = compute(&old, &new);
+    assert_eq!(plan.strategy(), DeployStrategy::Runtime, "{plan:?}");
+    let RuntimeOp::AddServer {
+        server, address, ..
+    } = &plan.ops[0]
+    else {
+        panic!("{plan:?}");
+    };
+    assert_eq!(
+        (server.as_str(), address.as_str()),
+        ("s2", "abns@invalid-8404")
+    );
+    // Removing it again is a `del server`.
+    let back = compute(&new, &old);
+    assert_eq!(back.strategy(), DeployStrategy::Runtime, "{back:?}");
+    for address in [
+        "unix@/run/app.sock",
+        "/run/app.sock",
+        "app.internal:80",
+        "abns@",
+        "abns@a:80",
+        "abns@a$b",
+    ] {
+        let new = render(&format!(
+            "backend be_a\n    server s1 10.0.0.1:80\n    server s2 {address}\n"
+        ));
+        let plan = compute(&old, &new);
+        assert_eq!(
+            plan.reload.as_ref().map(|r| r.reload),
+            Some(Some(ReloadReason::ServerOptions)),
+            "{address}: {plan:?}"
+        );
+    }
+}
+
 #[test]
 fn static_algorithms_and_new_keywords_reload_with_a_reason() {
     let old = render("backend be_x\n    balance static-rr\n    server s1 10.0.0.1:80\n");

@@ -541,6 +541,9 @@ enum AddServerError {
     /// A parameter the API's server model has no field for.
     #[error("server parameter `{0}` cannot be set through the Data Plane runtime API")]
     Unsupported(String),
+    /// An address the API's server model cannot hold (an abstract Unix socket).
+    #[error("server address `{0}` cannot be given through the Data Plane runtime API")]
+    Address(String),
 }
 
 /// The `runtime_add_server` body for an `add server` change; parameters the model
@@ -552,6 +555,9 @@ fn add_server_body(
     enable: bool,
     health: bool,
 ) -> Result<RuntimeAddServer, AddServerError> {
+    if address.starts_with("abns@") {
+        return Err(AddServerError::Address(address.to_owned()));
+    }
     let (host, port) = match address.rsplit_once(':') {
         Some((host, port)) => (
             host.trim_start_matches('[').trim_end_matches(']'),
@@ -676,5 +682,10 @@ mod tests {
         let disabled = add_server_body("s1", "10.0.0.1", &[], false, false).unwrap();
         assert_eq!(disabled.maintenance.as_deref(), Some("enabled"));
         assert_eq!(disabled.port, None);
+        let socket = add_server_body("s1", "abns@invalid-8404", &[], true, false);
+        assert_eq!(
+            socket.unwrap_err(),
+            AddServerError::Address("abns@invalid-8404".to_owned())
+        );
     }
 }

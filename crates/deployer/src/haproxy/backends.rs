@@ -197,7 +197,7 @@ pub enum NotRuntime {
     /// Two servers share a name.
     #[error("duplicate server name {0}")]
     DuplicateServer(String),
-    /// A server's address is not an IP with a port.
+    /// A server's address is neither an IP with a port nor `abns@NAME`.
     #[error("server {server} address `{address}` is not IP:port")]
     NotIpPort {
         /// The server name.

@@ -660,6 +660,27 @@ fn is_ip(address: &str) -> bool {
     address.parse::<IpAddr>().is_ok()
 }
 
+/// The address `add server` is given for `server`: `IP:port` (an IPv6 address in
+/// brackets), or an abstract Unix socket `abns@NAME` (a name of letters, digits,
+/// `-`, `_` and `.`), which `add server` accepts as well on every supported line;
+/// `None` for anything else (a host name, a path, a missing port).
+fn runtime_address(server: &Server) -> Option<String> {
+    if let Some(name) = server.address.strip_prefix("abns@") {
+        let plain = !name.is_empty()
+            && server.port.is_none()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        return plain.then(|| server.address.clone());
+    }
+    let port = server.port.filter(|_| is_ip(&server.address))?;
+    Some(if server.address.contains(':') {
+        format!("[{}]:{port}", server.address)
+    } else {
+        format!("{}:{port}", server.address)
+    })
+}
+
 fn plan_servers(
     plan: &mut ChangePlan,
     old_config: &Config,
@@ -864,7 +885,7 @@ pub(crate) fn new_server(
     server: &Server,
 ) -> Result<NewServer, NotRuntime> {
     let name = &server.name;
-    let Some(port) = server.port.filter(|_| is_ip(&server.address)) else {
+    let Some(address) = runtime_address(server) else {
         return Err(NotRuntime::NotIpPort {
             server: name.clone(),
             address: server.address.clone(),
@@ -889,11 +910,6 @@ pub(crate) fn new_server(
             .collect::<Vec<_>>()
             .as_slice(),
     );
-    let address = if server.address.contains(':') {
-        format!("[{}]:{port}", server.address)
-    } else {
-        format!("{}:{port}", server.address)
-    };
     Ok(NewServer {
         server: name.clone(),
         address,
@@ -921,7 +937,7 @@ fn plan_added_server(
         );
         return;
     }
-    let Some(port) = server.port.filter(|_| is_ip(&server.address)) else {
+    let Some(address) = runtime_address(server) else {
         plan.force(
             ReloadReason::ServerOptions,
             format!(
@@ -950,11 +966,6 @@ fn plan_added_server(
             .collect::<Vec<_>>()
             .as_slice(),
     );
-    let address = if server.address.contains(':') {
-        format!("[{}]:{port}", server.address)
-    } else {
-        format!("{}:{port}", server.address)
-    };
     let params = dynamic_params(defaults, &server.params);
     let health = split.other.iter().any(|w| w == "check");
     plan.changed_servers
