@@ -37,6 +37,7 @@ const FEATURE_TESTS: &[&str] = &[
     "route-timeouts",
     "route-retry",
     "filter-cors",
+    "session-persistence",
     "session-persistence-unsupported",
     "backend-weights",
     "cross-namespace-backend-refs",
@@ -147,6 +148,33 @@ fn invalid_timeouts_retries_and_cors_fail_the_render_and_the_route_is_not_accept
     library["validationTests"] = json!({
         "_global": { "fixtures": global },
         "route-values-invalid": test,
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("hapwright.yaml");
+    std::fs::write(&config, serde_json::to_string(&library).expect("json")).expect("write");
+    let output = hapwright(&["test"], &config);
+    let report = text(&output);
+    assert!(output.status.success(), "{report}");
+    assert!(report.contains("1 passed, 0 failed"), "{report}");
+}
+
+/// Session persistence values the library refuses, as a `hapwright test` entry.
+const INVALID_SESSION_PERSISTENCE: &str =
+    include_str!("gateway_library/invalid-session-persistence.yaml");
+
+/// sessionPersistence: a sessionName that is not a token (a newline and a directive
+/// in it), a timeout that is not a duration, a Permanent cookie without
+/// absoluteTimeout: each fails the render naming the route and rule, and the route's
+/// `Accepted` condition is `False` with reason `UnsupportedValue`; nothing of them
+/// reaches haproxy.cfg.
+#[test]
+fn invalid_session_persistence_fails_the_render_and_the_route_is_not_accepted() {
+    let mut library = library_value();
+    let test: Value = serde_saphyr::from_str(INVALID_SESSION_PERSISTENCE).expect("test YAML");
+    let global = library["validationTests"]["_global"]["fixtures"].clone();
+    library["validationTests"] = json!({
+        "_global": { "fixtures": global },
+        "session-persistence-invalid": test,
     });
     let dir = tempfile::tempdir().expect("temp dir");
     let config = dir.path().join("hapwright.yaml");
@@ -737,4 +765,170 @@ fn resolved_refs(sidecar: &Sidecar, route: &str) -> (String, String) {
         ))
     })
     .unwrap_or_else(|_| sidecar.fail(&format!("no status rendered for HTTPRoute shop/{route}")))
+}
+
+/// sessionPersistence (Cookie) end to end: of a Service with three endpoints, requests
+/// without the cookie are spread and each answer sets it (a Permanent cookie: Max-Age
+/// is absoluteTimeout); a client sending it back stays on one endpoint. A new endpoint
+/// is an `add server` without a reload, and a client the new server answered sticks to
+/// it too (HAProxy 2.6 computes the new server's cookie only when told to); a client
+/// of an endpoint that was removed is served by another one and gets its cookie.
+#[test]
+fn session_persistence_keeps_a_client_on_one_endpoint_across_endpoint_changes() {
+    let http = free_port();
+    let first = [upstream("s1"), upstream("s2"), upstream("s3")];
+    let added = upstream("s4");
+    let mut config = library::gateway_config();
+    config["extraContext"]["sessionCookieKey"] = json!("test-k3y-0f1e2d");
+    let library = library_value();
+    let global = &library["validationTests"]["_global"]["fixtures"];
+    let gateways = json!([{
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": { "name": "edge", "namespace": "infra" },
+        "spec": {
+            "gatewayClassName": "hapwright",
+            "listeners": [ { "name": "http", "protocol": "HTTP", "port": http,
+                             "allowedRoutes": { "namespaces": { "from": "All" } } } ]
+        }
+    }]);
+    let routes = json!([http_route(
+        "sticky",
+        "sticky.example.test",
+        json!([ {
+            "sessionPersistence": { "sessionName": "GW_SESSION", "idleTimeout": "30m",
+                                    "absoluteTimeout": "1h",
+                                    "cookieConfig": { "lifetimeType": "Permanent" } },
+            "backendRefs": [ { "name": "sticky", "port": 80 } ]
+        } ])
+    )]);
+    let slices = |ports: &[u16]| json!([library::loopback_slice("shop", "sticky", "", ports)]);
+    let resources = [
+        ("gatewayclasses", global["gatewayclasses"].clone()),
+        ("gateways", gateways),
+        ("httproutes", routes),
+        ("grpcroutes", json!([])),
+        ("tlsroutes", json!([])),
+        ("referencegrants", json!([])),
+        ("namespaces", global["namespaces"].clone()),
+        ("services", json!([service("shop", "sticky", 80)])),
+        ("endpointslices", slices(&first)),
+        ("secrets", json!([])),
+    ];
+    let sidecar = Sidecar::start(
+        "hapwright-gateway-sticky-",
+        config,
+        &resources,
+        http,
+        reqwest::blocking::Client::builder(),
+    );
+    // One request, with `cookie` sent back when given: who answered and the cookie
+    // the answer set ("" when none).
+    let ask = |cookie: Option<&str>| -> (String, String) {
+        let mut request = sidecar
+            .client
+            .get(format!("http://127.0.0.1:{http}/"))
+            .header(reqwest::header::HOST, "sticky.example.test");
+        if let Some(cookie) = cookie {
+            request = request.header(reqwest::header::COOKIE, cookie);
+        }
+        let response = request
+            .send()
+            .unwrap_or_else(|e| sidecar.fail(&format!("request: {e}")));
+        let set_cookie = response
+            .headers()
+            .get(reqwest::header::SET_COOKIE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let status = response.status().as_u16();
+        let body = response.text().unwrap_or_default();
+        assert_eq!(status, 200, "{body}");
+        (
+            body.lines().next().unwrap_or_default().to_owned(),
+            set_cookie,
+        )
+    };
+    let deployed = sidecar.deployed_config();
+    assert!(
+        deployed.contains(
+            "    cookie GW_SESSION insert indirect nocache dynamic maxidle 1800s maxlife 3600s attr \"Max-Age=3600\"\n    dynamic-cookie-key test-k3y-0f1e2d\n"
+        ) && deployed.contains("backend hr_shop_sticky_0 from routes_sp_GW_SESSION_1800_3600_p\n"),
+        "{deployed}"
+    );
+
+    // Without the cookie: spread over the endpoints, each answer setting the cookie.
+    // (HAProxy 3.x's round robin over threads is not exact: up to 30 requests.)
+    let mut spread = std::collections::BTreeMap::<String, String>::new();
+    for _ in 0..30 {
+        if spread.len() == 3 {
+            break;
+        }
+        let (server, set_cookie) = ask(None);
+        assert!(
+            set_cookie.starts_with("GW_SESSION=") && set_cookie.contains("Max-Age=3600"),
+            "{set_cookie}"
+        );
+        spread.insert(
+            server,
+            set_cookie.split(';').next().unwrap_or_default().to_owned(),
+        );
+    }
+    assert_eq!(
+        spread.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["s1", "s2", "s3"],
+        "round robin without the cookie"
+    );
+    // With it: every request to the endpoint that set it.
+    for (server, cookie) in &spread {
+        for _ in 0..10 {
+            assert_eq!(&ask(Some(cookie)).0, server, "{cookie}");
+        }
+    }
+
+    // A new endpoint: `add server` at runtime, no reload; a client it answered sticks.
+    let reloads = sidecar.master_reloads();
+    let after = sidecar.change(
+        "endpointslices",
+        &slices(&[first[0], first[1], first[2], added]),
+    );
+    assert_eq!(after["last_strategy"], "runtime", "{after}");
+    assert_eq!(sidecar.master_reloads(), reloads, "HAProxy did not reload");
+    let cookie = (0..40)
+        .map(|_| ask(None))
+        .find(|(server, _)| server == "s4")
+        .map(|(_, set_cookie)| set_cookie.split(';').next().unwrap_or_default().to_owned())
+        .unwrap_or_else(|| sidecar.fail("the new endpoint never answered"));
+    assert!(
+        cookie.len() > "GW_SESSION=".len() && !spread.values().any(|c| *c == cookie),
+        "the new server has a cookie of its own: {cookie} {spread:?}"
+    );
+    for _ in 0..10 {
+        assert_eq!(ask(Some(&cookie)).0, "s4", "{cookie}");
+    }
+    for (server, cookie) in &spread {
+        assert_eq!(&ask(Some(cookie)).0, server, "{cookie}");
+    }
+
+    // An endpoint removed: its client is served by another one, which sets its cookie.
+    let after = sidecar.change("endpointslices", &slices(&[first[1], first[2], added]));
+    assert_eq!(after["last_strategy"], "runtime", "{after}");
+    let (server, set_cookie) = ask(Some(&spread["s1"]));
+    assert_ne!(server, "s1");
+    let cookie = set_cookie.split(';').next().unwrap_or_default().to_owned();
+    assert_eq!(
+        cookie,
+        spread
+            .get(&server)
+            .cloned()
+            .unwrap_or_else(|| cookie.clone())
+    );
+    assert!(
+        cookie.starts_with("GW_SESSION=") && cookie.len() > "GW_SESSION=".len(),
+        "{set_cookie}"
+    );
+    for _ in 0..5 {
+        assert_eq!(ask(Some(&cookie)).0, server, "{cookie}");
+    }
+    assert_eq!(sidecar.master_reloads(), reloads, "HAProxy did not reload");
 }
