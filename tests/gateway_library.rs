@@ -9,6 +9,9 @@
 
 mod library;
 
+#[path = "support/certs.rs"]
+mod certs;
+
 use std::path::PathBuf;
 
 use hapwright_deployer::haproxy::plan::{self, RuntimeOp};
@@ -39,6 +42,8 @@ const FEATURE_TESTS: &[&str] = &[
     "filter-cors",
     "session-persistence",
     "session-persistence-unsupported",
+    "backend-tls-policy",
+    "backend-tls-policy-refused",
     "backend-weights",
     "cross-namespace-backend-refs",
     "invalid-backend-refs",
@@ -931,4 +936,259 @@ fn session_persistence_keeps_a_client_on_one_endpoint_across_endpoint_changes() 
         assert_eq!(ask(Some(&cookie)).0, server, "{cookie}");
     }
     assert_eq!(sidecar.master_reloads(), reloads, "HAProxy did not reload");
+}
+
+/// `openssl s_server -www` on a free port: a TLS backend presenting `<cert>.crt` of
+/// `dir` (for localhost), answering every request with 200 and a page describing the
+/// TLS session; stopped when dropped.
+struct TlsBackend {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl TlsBackend {
+    fn start(dir: &std::path::Path, cert: &str) -> TlsBackend {
+        let port = free_port();
+        let child = std::process::Command::new("openssl")
+            .args(["s_server", "-accept", &format!("127.0.0.1:{port}")])
+            .args([
+                "-cert",
+                &format!("{cert}.crt"),
+                "-key",
+                &format!("{cert}.key"),
+            ])
+            .arg("-www")
+            .current_dir(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run openssl s_server");
+        let backend = TlsBackend { child, port };
+        poll(WAIT, || {
+            std::net::TcpStream::connect(("127.0.0.1", port))
+                .ok()
+                .map(drop)
+        })
+        .unwrap_or_else(|_| panic!("openssl s_server never listened on {port}"));
+        backend
+    }
+}
+
+impl Drop for TlsBackend {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A condition of BackendTLSPolicy shop/`name`'s first ancestor, once it is
+/// `(status, reason)` (bounded wait).
+fn expect_policy_condition(sidecar: &Sidecar, name: &str, kind: &str, expected: (&str, &str)) {
+    let mut last = None;
+    let found = poll(WAIT, || {
+        let text = sidecar
+            .client
+            .get(format!("http://127.0.0.1:{}/debug/status", sidecar.status))
+            .send()
+            .and_then(|r| r.text())
+            .ok()?;
+        let all: Value = serde_json::from_str(&text).ok()?;
+        let status = all["statuses"].as_array()?.iter().find(|s| {
+            s["resource"] == "backendtlspolicies" && s["namespace"] == "shop" && s["name"] == name
+        })?;
+        let condition = status["status"]["ancestors"][0]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == kind)?
+            .clone();
+        last = Some(condition.clone());
+        (condition["status"] == expected.0 && condition["reason"] == expected.1).then_some(())
+    });
+    if found.is_err() {
+        sidecar.fail(&format!(
+            "BackendTLSPolicy shop/{name} {kind}: expected {expected:?}, last {last:?}"
+        ));
+    }
+}
+
+/// BackendTLSPolicy end to end: HAProxy connects to a TLS backend (openssl s_server
+/// with a certificate for localhost from a test CA) verifying its certificate against
+/// the CA of the policy's ConfigMap and the policy's hostname: 200. A second endpoint
+/// is added at runtime without a reload (HAProxy 2.6's `add server` takes the CA file
+/// the configuration loaded) and takes requests. A wrong hostname or another CA: the
+/// handshake is refused, 503. The ConfigMap gone: the policy's ResolvedRefs is False
+/// (InvalidCACertificateRef) and the Service is not served in plaintext: 500.
+#[test]
+fn backend_tls_policy_verifies_the_backend_certificate() {
+    let certs_dir = tempfile::tempdir().expect("temp dir");
+    let dir = certs_dir.path();
+    certs::leaf(dir, "backend-ca", "backend");
+    let other_ca = String::from_utf8(certs::ca(dir, "other-ca")).expect("PEM");
+    let backend_ca =
+        String::from_utf8(std::fs::read(dir.join("backend-ca.crt")).expect("CA")).expect("PEM");
+    let first = TlsBackend::start(dir, "backend");
+    let second = TlsBackend::start(dir, "backend");
+
+    let http = free_port();
+    let mut config = library::gateway_config();
+    let stats = config["extraContext"]["statsPort"]
+        .as_u64()
+        .expect("stats port");
+    config["extraContext"]["statsPort"] = json!(stats);
+    let library = library_value();
+    let global = &library["validationTests"]["_global"]["fixtures"];
+    let gateways = json!([{
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": { "name": "edge", "namespace": "infra" },
+        "spec": {
+            "gatewayClassName": "hapwright",
+            "listeners": [ { "name": "http", "protocol": "HTTP", "port": http,
+                             "allowedRoutes": { "namespaces": { "from": "All" } } } ]
+        }
+    }]);
+    let routes = json!([http_route(
+        "secure",
+        "secure.example.test",
+        json!([ { "backendRefs": [ { "name": "secure", "port": 80 } ] } ])
+    )]);
+    let policy = |hostname: &str| {
+        json!([{
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "BackendTLSPolicy",
+            "metadata": { "name": "secure-tls", "namespace": "shop" },
+            "spec": {
+                "targetRefs": [ { "group": "", "kind": "Service", "name": "secure" } ],
+                "validation": {
+                    "hostname": hostname,
+                    "caCertificateRefs": [ { "group": "", "kind": "ConfigMap", "name": "secure-ca" } ]
+                }
+            }
+        }])
+    };
+    let configmap = |pem: &str| {
+        json!([{
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": { "name": "secure-ca", "namespace": "shop" },
+            "data": { "ca.crt": pem }
+        }])
+    };
+    let slices = |ports: &[u16]| json!([library::loopback_slice("shop", "secure", "", ports)]);
+    let resources = [
+        ("gatewayclasses", global["gatewayclasses"].clone()),
+        ("gateways", gateways),
+        ("httproutes", routes),
+        ("namespaces", global["namespaces"].clone()),
+        ("services", json!([service("shop", "secure", 80)])),
+        ("endpointslices", slices(&[first.port])),
+        ("backendtlspolicies", policy("localhost")),
+        ("configmaps", configmap(&backend_ca)),
+    ];
+    let sidecar = Sidecar::start(
+        "hapwright-gateway-btls-",
+        config,
+        &resources,
+        http,
+        reqwest::blocking::Client::builder(),
+    );
+    let ask = || {
+        sidecar
+            .get(http, "secure.example.test", "/")
+            .unwrap_or_else(|e| sidecar.fail(&e))
+    };
+    let (status, body) = ask();
+    assert!(
+        status == 200 && body.contains("Cipher is"),
+        "{status} {body}"
+    );
+    let deployed = sidecar.deployed_config();
+    assert!(
+        deployed.contains(&format!(
+            "server secure-127.0.0.1-{} 127.0.0.1:{} weight 1 ssl verify required ca-file files/backend-ca_shop_secure-tls.pem sni str(localhost) verifyhost localhost\n",
+            first.port, first.port
+        )),
+        "{deployed}"
+    );
+    expect_policy_condition(&sidecar, "secure-tls", "Accepted", ("True", "Accepted"));
+    expect_policy_condition(
+        &sidecar,
+        "secure-tls",
+        "ResolvedRefs",
+        ("True", "ResolvedRefs"),
+    );
+
+    // A second endpoint: `add server` with the loaded CA file, no reload.
+    let reloads = sidecar.master_reloads();
+    let after = sidecar.change("endpointslices", &slices(&[first.port, second.port]));
+    assert_eq!(after["last_strategy"], "runtime", "{after}");
+    assert_eq!(sidecar.master_reloads(), reloads, "HAProxy did not reload");
+    for _ in 0..6 {
+        let (status, body) = ask();
+        assert!(
+            status == 200 && body.contains("Cipher is"),
+            "{status} {body}"
+        );
+    }
+    let csv = sidecar
+        .client
+        .get(format!("http://127.0.0.1:{stats}/stats;csv"))
+        .send()
+        .and_then(|r| r.text())
+        .unwrap_or_else(|e| sidecar.fail(&format!("stats: {e}")));
+    let served = csv
+        .lines()
+        .find(|l| {
+            l.starts_with(&format!(
+                "hr_shop_secure_0,secure-127.0.0.1-{},",
+                second.port
+            ))
+        })
+        .and_then(|l| l.split(',').nth(7))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| sidecar.fail(&format!("no stats for the new server: {csv}")));
+    assert!(served > 0, "the new server took requests: {csv}");
+
+    // A hostname the certificate does not carry: the handshake fails, 503.
+    sidecar.change("backendtlspolicies", &policy("wrong.example.test"));
+    let (status, body) = ask();
+    assert_eq!(status, 503, "{body}");
+    // The right hostname, another CA: 503.
+    sidecar.change("backendtlspolicies", &policy("localhost"));
+    assert_eq!(ask().0, 200);
+    sidecar.change("configmaps", &configmap(&other_ca));
+    let (status, body) = ask();
+    assert_eq!(status, 503, "{body}");
+    // The ConfigMap gone: not served at all (not in plaintext), 500. (Removing every
+    // server of the backend is held by the safety valve, which keeps them deployed
+    // behind the 500 until the operator approves.)
+    sidecar.change("configmaps", &json!([]));
+    let (status, body) = ask();
+    assert_eq!(status, 500, "{body}");
+    let approved = sidecar
+        .client
+        .post(format!("http://127.0.0.1:{}/-/approve", sidecar.status))
+        .header("X-Hapwright-Approve", "1")
+        .send()
+        .map(|r| r.status().as_u16())
+        .unwrap_or_else(|e| sidecar.fail(&format!("approve: {e}")));
+    assert_eq!(approved, 202);
+    poll(WAIT, || {
+        (!sidecar.deployed_config().contains("ssl verify")).then_some(())
+    })
+    .unwrap_or_else(|_| sidecar.fail("the TLS servers were never removed"));
+    assert_eq!(ask().0, 500);
+    expect_policy_condition(
+        &sidecar,
+        "secure-tls",
+        "ResolvedRefs",
+        ("False", "InvalidCACertificateRef"),
+    );
+    expect_policy_condition(
+        &sidecar,
+        "secure-tls",
+        "Accepted",
+        ("False", "NoValidCACertificate"),
+    );
 }
