@@ -1192,3 +1192,111 @@ fn backend_tls_policy_verifies_the_backend_certificate() {
         ("False", "NoValidCACertificate"),
     );
 }
+
+/// With `haproxy.dynamicBackends` (HAProxy 3.4), the deployer's own plan: a new rule
+/// with sessionPersistence settings an existing rule already has, or to a Service of a
+/// BackendTLSPolicy already in use, is a backend created at runtime from its profile
+/// (its servers carrying the TLS parameters, the CA file already loaded); a rule with
+/// new cookie settings needs a new profile, so it reloads.
+#[test]
+fn sticky_and_backend_tls_rules_are_added_at_runtime_once_their_profile_and_ca_exist() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut library = library_value();
+    library["extraContext"]["sessionCookieKey"] = json!("plan-k3y");
+    let config = dir.path().join("hapwright.yaml");
+    std::fs::write(&config, serde_json::to_string(&library).expect("json")).expect("write");
+    let mut before = test_fixtures(&library, "session-persistence");
+    let tls = test_fixtures(&library, "backend-tls-policy");
+    before["configmaps"] = tls["configmaps"].clone();
+    before["backendtlspolicies"] = tls["backendtlspolicies"].clone();
+    before["httproutes"].as_array_mut().expect("routes").extend(
+        tls["httproutes"]
+            .as_array()
+            .expect("routes")
+            .iter()
+            .cloned(),
+    );
+    let route = |name: &str, rule: Value| {
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": { "name": name, "namespace": "shop" },
+            "spec": {
+                "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "http" } ],
+                "hostnames": [ format!("{name}.example.test") ],
+                "rules": [ rule ]
+            }
+        })
+    };
+    let with = |extra: Value| {
+        let mut fixtures = before.clone();
+        fixtures["httproutes"]
+            .as_array_mut()
+            .expect("routes")
+            .push(extra);
+        fixtures
+    };
+    let options = plan::PlanOptions {
+        dynamic_backends: hapwright_deployer::haproxy::backends::Capability::On,
+    };
+    let running = rendered(&render(&config, &dir.path().join("before"), &before));
+    let plan_for = |name: &str, fixtures: &Value| {
+        let desired = rendered(&render(&config, &dir.path().join(name), fixtures));
+        plan::compute_with(&running, &desired, &options)
+    };
+
+    let same = plan_for(
+        "same",
+        &with(route(
+            "sticky-too",
+            json!({ "sessionPersistence": { "sessionName": "GW_SESSION", "absoluteTimeout": "1h",
+                                            "idleTimeout": "30m",
+                                            "cookieConfig": { "lifetimeType": "Permanent" } },
+                    "backendRefs": [ { "name": "web", "port": 80 } ] }),
+        )),
+    );
+    assert_eq!(same.reload, None, "{:?}", same.causes);
+    assert!(
+        same.ops.iter().any(
+            |op| matches!(op, RuntimeOp::AddBackend { backend, profile, .. }
+            if backend == "hr_shop_sticky-too_0" && profile == "routes_sp_GW_SESSION_1800_3600_p")
+        ),
+        "{:?}",
+        same.ops
+    );
+
+    let secure = plan_for(
+        "secure",
+        &with(route(
+            "secure-too",
+            json!({ "backendRefs": [ { "name": "web", "port": 80 } ] }),
+        )),
+    );
+    assert_eq!(secure.reload, None, "{:?}", secure.causes);
+    let servers = secure
+        .ops
+        .iter()
+        .find_map(|op| match op {
+            RuntimeOp::AddBackend {
+                backend, servers, ..
+            } if backend == "hr_shop_secure-too_0" => Some(servers.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{:?}", secure.ops));
+    assert!(
+        servers.iter().all(|s| s.params.join(" ").ends_with(
+            "ssl verify required ca-file files/backend-ca_shop_web-tls.pem sni str(web.shop.internal) verifyhost web.shop.internal"
+        )) && !servers.is_empty(),
+        "{servers:?}"
+    );
+
+    let new_settings = plan_for(
+        "new-settings",
+        &with(route(
+            "sticky-other",
+            json!({ "sessionPersistence": { "sessionName": "OTHER" },
+                    "backendRefs": [ { "name": "web", "port": 80 } ] }),
+        )),
+    );
+    assert!(new_settings.reload.is_some(), "{:?}", new_settings.ops);
+}
