@@ -1160,6 +1160,24 @@ fn backend_tls_policy_verifies_the_backend_certificate() {
     sidecar.change("configmaps", &configmap(&other_ca));
     let (status, body) = ask();
     assert_eq!(status, 503, "{body}");
+    // A ca.crt shaped like PEM that is no certificate: HAProxy refuses it (`haproxy
+    // -c`), quarantine holds the ConfigMap back at its last good version.
+    library::write_objects(
+        sidecar.dir.path(),
+        "configmaps",
+        &configmap("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"),
+    );
+    let quarantine = sidecar.quarantine(1);
+    assert_eq!(
+        quarantine["objects"][0]["resource"], "configmaps",
+        "{quarantine}"
+    );
+    assert!(
+        sidecar
+            .deployed_config()
+            .contains("ca-file files/backend-ca_shop_secure-tls.pem")
+    );
+    assert_eq!(ask().0, 503);
     // The ConfigMap gone: not served at all (not in plaintext), 500. (Removing every
     // server of the backend is held by the safety valve, which keeps them deployed
     // behind the 500 until the operator approves.)
