@@ -11,6 +11,9 @@
 
 mod library;
 
+#[path = "support/certs.rs"]
+mod certs;
+
 use std::path::PathBuf;
 
 use hapwright_deployer::haproxy::plan::{self, RuntimeOp};
@@ -39,7 +42,10 @@ const FEATURE_TESTS: &[&str] = &[
     "route-timeouts",
     "route-retry",
     "filter-cors",
+    "session-persistence",
     "session-persistence-unsupported",
+    "backend-tls-policy",
+    "backend-tls-policy-refused",
     "backend-weights",
     "cross-namespace-backend-refs",
     "invalid-backend-refs",
@@ -151,6 +157,33 @@ fn invalid_timeouts_retries_and_cors_fail_the_render_and_the_route_is_not_accept
     library["validationTests"] = json!({
         "_global": { "fixtures": global },
         "route-values-invalid": test,
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("hapwright.yaml");
+    std::fs::write(&config, serde_json::to_string(&library).expect("json")).expect("write");
+    let output = hapwright(&["test"], &config);
+    let report = text(&output);
+    assert!(output.status.success(), "{report}");
+    assert!(report.contains("1 passed, 0 failed"), "{report}");
+}
+
+/// Session persistence values the library refuses, as a `hapwright test` entry.
+const INVALID_SESSION_PERSISTENCE: &str =
+    include_str!("gateway_library/invalid-session-persistence.yaml");
+
+/// sessionPersistence: a sessionName that is not a token (a newline and a directive
+/// in it), a timeout that is not a duration, a Permanent cookie without
+/// absoluteTimeout: each fails the render naming the route and rule, and the route's
+/// `Accepted` condition is `False` with reason `UnsupportedValue`; nothing of them
+/// reaches haproxy.cfg.
+#[test]
+fn invalid_session_persistence_fails_the_render_and_the_route_is_not_accepted() {
+    let mut library = library_value();
+    let test: Value = serde_saphyr::from_str(INVALID_SESSION_PERSISTENCE).expect("test YAML");
+    let global = library["validationTests"]["_global"]["fixtures"].clone();
+    library["validationTests"] = json!({
+        "_global": { "fixtures": global },
+        "session-persistence-invalid": test,
     });
     let dir = tempfile::tempdir().expect("temp dir");
     let config = dir.path().join("hapwright.yaml");
@@ -1218,4 +1251,552 @@ fn tcp_routes_forward_real_connections() {
         "{gateway}"
     );
     assert_eq!(gateway["listeners"][1]["attachedRoutes"], 1, "{gateway}");
+}
+
+/// sessionPersistence (Cookie) end to end: of a Service with three endpoints, requests
+/// without the cookie are spread and each answer sets it (a Permanent cookie: Max-Age
+/// is absoluteTimeout); a client sending it back stays on one endpoint. A new endpoint
+/// is an `add server` without a reload, and a client the new server answered sticks to
+/// it too (HAProxy 2.6 computes the new server's cookie only when told to); a client
+/// of an endpoint that was removed is served by another one and gets its cookie.
+#[test]
+fn session_persistence_keeps_a_client_on_one_endpoint_across_endpoint_changes() {
+    let http = free_port();
+    let first = [upstream("s1"), upstream("s2"), upstream("s3")];
+    let added = upstream("s4");
+    let mut config = library::gateway_config();
+    config["extraContext"]["sessionCookieKey"] = json!("test-k3y-0f1e2d");
+    let library = library_value();
+    let global = &library["validationTests"]["_global"]["fixtures"];
+    let gateways = json!([{
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": { "name": "edge", "namespace": "infra" },
+        "spec": {
+            "gatewayClassName": "hapwright",
+            "listeners": [ { "name": "http", "protocol": "HTTP", "port": http,
+                             "allowedRoutes": { "namespaces": { "from": "All" } } } ]
+        }
+    }]);
+    let routes = json!([http_route(
+        "sticky",
+        "sticky.example.test",
+        json!([ {
+            "sessionPersistence": { "sessionName": "GW_SESSION", "idleTimeout": "30m",
+                                    "absoluteTimeout": "1h",
+                                    "cookieConfig": { "lifetimeType": "Permanent" } },
+            "backendRefs": [ { "name": "sticky", "port": 80 } ]
+        } ])
+    )]);
+    let slices = |ports: &[u16]| json!([library::loopback_slice("shop", "sticky", "", ports)]);
+    let resources = [
+        ("gatewayclasses", global["gatewayclasses"].clone()),
+        ("gateways", gateways),
+        ("httproutes", routes),
+        ("grpcroutes", json!([])),
+        ("tlsroutes", json!([])),
+        ("referencegrants", json!([])),
+        ("namespaces", global["namespaces"].clone()),
+        ("services", json!([service("shop", "sticky", 80)])),
+        ("endpointslices", slices(&first)),
+        ("secrets", json!([])),
+    ];
+    let sidecar = Sidecar::start(
+        "hapwright-gateway-sticky-",
+        config,
+        &resources,
+        http,
+        reqwest::blocking::Client::builder(),
+    );
+    // One request, with `cookie` sent back when given: who answered and the cookie
+    // the answer set ("" when none).
+    let ask = |cookie: Option<&str>| -> (String, String) {
+        let mut request = sidecar
+            .client
+            .get(format!("http://127.0.0.1:{http}/"))
+            .header(reqwest::header::HOST, "sticky.example.test");
+        if let Some(cookie) = cookie {
+            request = request.header(reqwest::header::COOKIE, cookie);
+        }
+        let response = request
+            .send()
+            .unwrap_or_else(|e| sidecar.fail(&format!("request: {e}")));
+        let set_cookie = response
+            .headers()
+            .get(reqwest::header::SET_COOKIE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let status = response.status().as_u16();
+        let body = response.text().unwrap_or_default();
+        assert_eq!(status, 200, "{body}");
+        (
+            body.lines().next().unwrap_or_default().to_owned(),
+            set_cookie,
+        )
+    };
+    let deployed = sidecar.deployed_config();
+    assert!(
+        deployed.contains(
+            "    cookie GW_SESSION insert indirect nocache dynamic maxidle 1800s maxlife 3600s attr \"Max-Age=3600\"\n    dynamic-cookie-key test-k3y-0f1e2d\n"
+        ) && deployed.contains("backend hr_shop_sticky_0 from routes_sp_GW_SESSION_1800_3600_p\n"),
+        "{deployed}"
+    );
+
+    // Without the cookie: spread over the endpoints, each answer setting the cookie.
+    // (HAProxy 3.x's round robin over threads is not exact: up to 30 requests.)
+    let mut spread = std::collections::BTreeMap::<String, String>::new();
+    for _ in 0..30 {
+        if spread.len() == 3 {
+            break;
+        }
+        let (server, set_cookie) = ask(None);
+        assert!(
+            set_cookie.starts_with("GW_SESSION=") && set_cookie.contains("Max-Age=3600"),
+            "{set_cookie}"
+        );
+        spread.insert(
+            server,
+            set_cookie.split(';').next().unwrap_or_default().to_owned(),
+        );
+    }
+    assert_eq!(
+        spread.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["s1", "s2", "s3"],
+        "round robin without the cookie"
+    );
+    // With it: every request to the endpoint that set it.
+    for (server, cookie) in &spread {
+        for _ in 0..10 {
+            assert_eq!(&ask(Some(cookie)).0, server, "{cookie}");
+        }
+    }
+
+    // A new endpoint: `add server` at runtime, no reload; a client it answered sticks.
+    let reloads = sidecar.master_reloads();
+    let after = sidecar.change(
+        "endpointslices",
+        &slices(&[first[0], first[1], first[2], added]),
+    );
+    assert_eq!(after["last_strategy"], "runtime", "{after}");
+    assert_eq!(sidecar.master_reloads(), reloads, "HAProxy did not reload");
+    let cookie = (0..40)
+        .map(|_| ask(None))
+        .find(|(server, _)| server == "s4")
+        .map(|(_, set_cookie)| set_cookie.split(';').next().unwrap_or_default().to_owned())
+        .unwrap_or_else(|| sidecar.fail("the new endpoint never answered"));
+    assert!(
+        cookie.len() > "GW_SESSION=".len()
+            && !spread
+                .values()
+                .any(|c| c.split('|').next() == cookie.split('|').next()),
+        "the new server has a cookie of its own: {cookie} {spread:?}"
+    );
+    for _ in 0..10 {
+        assert_eq!(ask(Some(&cookie)).0, "s4", "{cookie}");
+    }
+    for (server, cookie) in &spread {
+        assert_eq!(&ask(Some(cookie)).0, server, "{cookie}");
+    }
+
+    // An endpoint removed: its client is served by another one, which sets its cookie.
+    let after = sidecar.change("endpointslices", &slices(&[first[1], first[2], added]));
+    assert_eq!(after["last_strategy"], "runtime", "{after}");
+    let (server, set_cookie) = ask(Some(&spread["s1"]));
+    assert_ne!(server, "s1");
+    let cookie = set_cookie.split(';').next().unwrap_or_default().to_owned();
+    // The value is the server's hash, then the cookie's dates (maxidle, maxlife).
+    let server_hash = |c: &str| c.split('|').next().unwrap_or_default().to_owned();
+    if let Some(known) = spread.get(&server) {
+        assert_eq!(server_hash(&cookie), server_hash(known), "{cookie} {known}");
+    }
+    assert!(
+        cookie.starts_with("GW_SESSION=") && cookie.len() > "GW_SESSION=".len(),
+        "{set_cookie}"
+    );
+    for _ in 0..5 {
+        assert_eq!(ask(Some(&cookie)).0, server, "{cookie}");
+    }
+    assert_eq!(sidecar.master_reloads(), reloads, "HAProxy did not reload");
+}
+
+/// `openssl s_server -www` on a free port: a TLS backend presenting `<cert>.crt` of
+/// `dir` (for localhost), answering every request with 200 and a page describing the
+/// TLS session; stopped when dropped.
+struct TlsBackend {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl TlsBackend {
+    fn start(dir: &std::path::Path, cert: &str) -> TlsBackend {
+        let port = free_port();
+        let child = std::process::Command::new("openssl")
+            .args(["s_server", "-accept", &format!("127.0.0.1:{port}")])
+            .args([
+                "-cert",
+                &format!("{cert}.crt"),
+                "-key",
+                &format!("{cert}.key"),
+            ])
+            .arg("-www")
+            .current_dir(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run openssl s_server");
+        let backend = TlsBackend { child, port };
+        poll(WAIT, || {
+            std::net::TcpStream::connect(("127.0.0.1", port))
+                .ok()
+                .map(drop)
+        })
+        .unwrap_or_else(|_| panic!("openssl s_server never listened on {port}"));
+        backend
+    }
+}
+
+impl Drop for TlsBackend {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A condition of BackendTLSPolicy shop/`name`'s first ancestor, once it is
+/// `(status, reason)` (bounded wait).
+fn expect_policy_condition(sidecar: &Sidecar, name: &str, kind: &str, expected: (&str, &str)) {
+    let mut last = None;
+    let found = poll(WAIT, || {
+        let text = sidecar
+            .client
+            .get(format!("http://127.0.0.1:{}/debug/status", sidecar.status))
+            .send()
+            .and_then(|r| r.text())
+            .ok()?;
+        let all: Value = serde_json::from_str(&text).ok()?;
+        let status = all["statuses"].as_array()?.iter().find(|s| {
+            s["resource"] == "backendtlspolicies" && s["namespace"] == "shop" && s["name"] == name
+        })?;
+        let condition = status["status"]["ancestors"][0]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == kind)?
+            .clone();
+        last = Some(condition.clone());
+        (condition["status"] == expected.0 && condition["reason"] == expected.1).then_some(())
+    });
+    if found.is_err() {
+        sidecar.fail(&format!(
+            "BackendTLSPolicy shop/{name} {kind}: expected {expected:?}, last {last:?}"
+        ));
+    }
+}
+
+/// BackendTLSPolicy end to end: HAProxy connects to a TLS backend (openssl s_server
+/// with a certificate for localhost from a test CA) verifying its certificate against
+/// the CA of the policy's ConfigMap and the policy's hostname: 200. A second endpoint
+/// is added at runtime without a reload (HAProxy 2.6's `add server` takes the CA file
+/// the configuration loaded) and takes requests. A wrong hostname or another CA: the
+/// handshake is refused, 503. The ConfigMap gone: the policy's ResolvedRefs is False
+/// (InvalidCACertificateRef) and the Service is not served in plaintext: 500.
+#[test]
+fn backend_tls_policy_verifies_the_backend_certificate() {
+    let certs_dir = tempfile::tempdir().expect("temp dir");
+    let dir = certs_dir.path();
+    certs::leaf(dir, "backend-ca", "backend");
+    let other_ca = String::from_utf8(certs::ca(dir, "other-ca")).expect("PEM");
+    let backend_ca =
+        String::from_utf8(std::fs::read(dir.join("backend-ca.crt")).expect("CA")).expect("PEM");
+    let first = TlsBackend::start(dir, "backend");
+    let second = TlsBackend::start(dir, "backend");
+
+    let http = free_port();
+    let mut config = library::gateway_config();
+    let stats = config["extraContext"]["statsPort"]
+        .as_u64()
+        .expect("stats port");
+    config["extraContext"]["statsPort"] = json!(stats);
+    let library = library_value();
+    let global = &library["validationTests"]["_global"]["fixtures"];
+    let gateways = json!([{
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": { "name": "edge", "namespace": "infra" },
+        "spec": {
+            "gatewayClassName": "hapwright",
+            "listeners": [ { "name": "http", "protocol": "HTTP", "port": http,
+                             "allowedRoutes": { "namespaces": { "from": "All" } } } ]
+        }
+    }]);
+    let routes = json!([http_route(
+        "secure",
+        "secure.example.test",
+        json!([ { "backendRefs": [ { "name": "secure", "port": 80 } ] } ])
+    )]);
+    let policy = |hostname: &str| {
+        json!([{
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "BackendTLSPolicy",
+            "metadata": { "name": "secure-tls", "namespace": "shop" },
+            "spec": {
+                "targetRefs": [ { "group": "", "kind": "Service", "name": "secure" } ],
+                "validation": {
+                    "hostname": hostname,
+                    "caCertificateRefs": [ { "group": "", "kind": "ConfigMap", "name": "secure-ca" } ]
+                }
+            }
+        }])
+    };
+    let configmap = |pem: &str| {
+        json!([{
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": { "name": "secure-ca", "namespace": "shop" },
+            "data": { "ca.crt": pem }
+        }])
+    };
+    let slices = |ports: &[u16]| json!([library::loopback_slice("shop", "secure", "", ports)]);
+    let resources = [
+        ("gatewayclasses", global["gatewayclasses"].clone()),
+        ("gateways", gateways),
+        ("httproutes", routes),
+        ("namespaces", global["namespaces"].clone()),
+        ("services", json!([service("shop", "secure", 80)])),
+        ("endpointslices", slices(&[first.port])),
+        ("backendtlspolicies", policy("localhost")),
+        ("configmaps", configmap(&backend_ca)),
+    ];
+    let sidecar = Sidecar::start(
+        "hapwright-gateway-btls-",
+        config,
+        &resources,
+        http,
+        reqwest::blocking::Client::builder(),
+    );
+    let ask = || {
+        sidecar
+            .get(http, "secure.example.test", "/")
+            .unwrap_or_else(|e| sidecar.fail(&e))
+    };
+    let (status, body) = ask();
+    assert!(
+        status == 200 && body.contains("Cipher is"),
+        "{status} {body}"
+    );
+    let deployed = sidecar.deployed_config();
+    assert!(
+        deployed.contains(&format!(
+            "server secure-127.0.0.1-{} 127.0.0.1:{} weight 1 ssl verify required ca-file files/backend-ca_shop_secure-tls.pem sni str(localhost) verifyhost localhost\n",
+            first.port, first.port
+        )),
+        "{deployed}"
+    );
+    expect_policy_condition(&sidecar, "secure-tls", "Accepted", ("True", "Accepted"));
+    expect_policy_condition(
+        &sidecar,
+        "secure-tls",
+        "ResolvedRefs",
+        ("True", "ResolvedRefs"),
+    );
+
+    // A second endpoint: `add server` with the loaded CA file, no reload.
+    let reloads = sidecar.master_reloads();
+    let after = sidecar.change("endpointslices", &slices(&[first.port, second.port]));
+    assert_eq!(after["last_strategy"], "runtime", "{after}");
+    assert_eq!(sidecar.master_reloads(), reloads, "HAProxy did not reload");
+    for _ in 0..6 {
+        let (status, body) = ask();
+        assert!(
+            status == 200 && body.contains("Cipher is"),
+            "{status} {body}"
+        );
+    }
+    let csv = sidecar
+        .client
+        .get(format!("http://127.0.0.1:{stats}/stats;csv"))
+        .send()
+        .and_then(|r| r.text())
+        .unwrap_or_else(|e| sidecar.fail(&format!("stats: {e}")));
+    let served = csv
+        .lines()
+        .find(|l| {
+            l.starts_with(&format!(
+                "hr_shop_secure_0,secure-127.0.0.1-{},",
+                second.port
+            ))
+        })
+        .and_then(|l| l.split(',').nth(7))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| sidecar.fail(&format!("no stats for the new server: {csv}")));
+    assert!(served > 0, "the new server took requests: {csv}");
+
+    // A hostname the certificate does not carry: the handshake fails, 503.
+    sidecar.change("backendtlspolicies", &policy("wrong.example.test"));
+    let (status, body) = ask();
+    assert_eq!(status, 503, "{body}");
+    // The right hostname, another CA: 503.
+    sidecar.change("backendtlspolicies", &policy("localhost"));
+    assert_eq!(ask().0, 200);
+    sidecar.change("configmaps", &configmap(&other_ca));
+    let (status, body) = ask();
+    assert_eq!(status, 503, "{body}");
+    // A ca.crt shaped like PEM that is no certificate: HAProxy refuses it (`haproxy
+    // -c`), quarantine holds the ConfigMap back at its last good version.
+    library::write_objects(
+        sidecar.dir.path(),
+        "configmaps",
+        &configmap("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"),
+    );
+    let quarantine = sidecar.quarantine(1);
+    assert_eq!(
+        quarantine["objects"][0]["resource"], "configmaps",
+        "{quarantine}"
+    );
+    assert!(
+        sidecar
+            .deployed_config()
+            .contains("ca-file files/backend-ca_shop_secure-tls.pem")
+    );
+    assert_eq!(ask().0, 503);
+    // The ConfigMap gone: not served at all (not in plaintext), 500. (Removing every
+    // server of the backend is held by the safety valve, which keeps them deployed
+    // behind the 500 until the operator approves.)
+    sidecar.change("configmaps", &json!([]));
+    let (status, body) = ask();
+    assert_eq!(status, 500, "{body}");
+    let approved = sidecar
+        .client
+        .post(format!("http://127.0.0.1:{}/-/approve", sidecar.status))
+        .header("X-Hapwright-Approve", "1")
+        .send()
+        .map(|r| r.status().as_u16())
+        .unwrap_or_else(|e| sidecar.fail(&format!("approve: {e}")));
+    assert_eq!(approved, 202);
+    poll(WAIT, || {
+        (!sidecar.deployed_config().contains("ssl verify")).then_some(())
+    })
+    .unwrap_or_else(|_| sidecar.fail("the TLS servers were never removed"));
+    assert_eq!(ask().0, 500);
+    expect_policy_condition(
+        &sidecar,
+        "secure-tls",
+        "ResolvedRefs",
+        ("False", "InvalidCACertificateRef"),
+    );
+    expect_policy_condition(
+        &sidecar,
+        "secure-tls",
+        "Accepted",
+        ("False", "NoValidCACertificate"),
+    );
+}
+
+/// With `haproxy.dynamicBackends` (HAProxy 3.4), the deployer's own plan: a new rule
+/// with sessionPersistence settings an existing rule already has, or to a Service of a
+/// BackendTLSPolicy already in use, is a backend created at runtime from its profile
+/// (its servers carrying the TLS parameters, the CA file already loaded); a rule with
+/// new cookie settings needs a new profile, so it reloads.
+#[test]
+fn sticky_and_backend_tls_rules_are_added_at_runtime_once_their_profile_and_ca_exist() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut library = library_value();
+    library["extraContext"]["sessionCookieKey"] = json!("plan-k3y");
+    let config = dir.path().join("hapwright.yaml");
+    std::fs::write(&config, serde_json::to_string(&library).expect("json")).expect("write");
+    let mut before = test_fixtures(&library, "session-persistence");
+    let tls = test_fixtures(&library, "backend-tls-policy");
+    before["configmaps"] = tls["configmaps"].clone();
+    before["backendtlspolicies"] = tls["backendtlspolicies"].clone();
+    before["httproutes"].as_array_mut().expect("routes").extend(
+        tls["httproutes"]
+            .as_array()
+            .expect("routes")
+            .iter()
+            .cloned(),
+    );
+    let route = |name: &str, rule: Value| {
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": { "name": name, "namespace": "shop" },
+            "spec": {
+                "parentRefs": [ { "name": "edge", "namespace": "infra", "sectionName": "http" } ],
+                "hostnames": [ format!("{name}.example.test") ],
+                "rules": [ rule ]
+            }
+        })
+    };
+    let with = |extra: Value| {
+        let mut fixtures = before.clone();
+        fixtures["httproutes"]
+            .as_array_mut()
+            .expect("routes")
+            .push(extra);
+        fixtures
+    };
+    let options = plan::PlanOptions {
+        dynamic_backends: hapwright_deployer::haproxy::backends::Capability::On,
+    };
+    let running = rendered(&render(&config, &dir.path().join("before"), &before));
+    let plan_for = |name: &str, fixtures: &Value| {
+        let desired = rendered(&render(&config, &dir.path().join(name), fixtures));
+        plan::compute_with(&running, &desired, &options)
+    };
+
+    let same = plan_for(
+        "same",
+        &with(route(
+            "sticky-too",
+            json!({ "sessionPersistence": { "sessionName": "GW_SESSION", "absoluteTimeout": "1h",
+                                            "idleTimeout": "30m",
+                                            "cookieConfig": { "lifetimeType": "Permanent" } },
+                    "backendRefs": [ { "name": "web", "port": 80 } ] }),
+        )),
+    );
+    assert_eq!(same.reload, None, "{:?}", same.causes);
+    assert!(
+        same.ops.iter().any(
+            |op| matches!(op, RuntimeOp::AddBackend { backend, profile, .. }
+            if backend == "hr_shop_sticky-too_0" && profile == "routes_sp_GW_SESSION_1800_3600_p")
+        ),
+        "{:?}",
+        same.ops
+    );
+
+    let secure = plan_for(
+        "secure",
+        &with(route(
+            "secure-too",
+            json!({ "backendRefs": [ { "name": "web", "port": 80 } ] }),
+        )),
+    );
+    assert_eq!(secure.reload, None, "{:?}", secure.causes);
+    let servers = secure
+        .ops
+        .iter()
+        .find_map(|op| match op {
+            RuntimeOp::AddBackend {
+                backend, servers, ..
+            } if backend == "hr_shop_secure-too_0" => Some(servers.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{:?}", secure.ops));
+    assert!(
+        servers.iter().all(|s| s.params.join(" ").ends_with(
+            "ssl verify required ca-file files/backend-ca_shop_web-tls.pem sni str(web.shop.internal) verifyhost web.shop.internal"
+        )) && !servers.is_empty(),
+        "{servers:?}"
+    );
+
+    let new_settings = plan_for(
+        "new-settings",
+        &with(route(
+            "sticky-other",
+            json!({ "sessionPersistence": { "sessionName": "OTHER" },
+                    "backendRefs": [ { "name": "web", "port": 80 } ] }),
+        )),
+    );
+    assert!(new_settings.reload.is_some(), "{:?}", new_settings.ops);
 }

@@ -290,6 +290,12 @@ pub const GATEWAY_SOURCES: &[(&str, &str, &str)] = &[
     ("services", "v1", "Service"),
     ("endpointslices", "discovery.k8s.io/v1", "EndpointSlice"),
     ("secrets", "v1", "Secret"),
+    (
+        "backendtlspolicies",
+        "gateway.networking.k8s.io/v1",
+        "BackendTLSPolicy",
+    ),
+    ("configmaps", "v1", "ConfigMap"),
 ];
 
 /// The Ingress library's watched resources `(name, apiVersion, kind)`.
@@ -519,6 +525,17 @@ impl Sidecar {
         .expect("write config");
         for (name, objects) in resources {
             write_objects(dir.path(), name, objects);
+        }
+        // A files source the test gives no objects starts empty (a missing directory
+        // would make it unhealthy).
+        let watched = config["watchedResources"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        for (name, source) in watched {
+            if source.get("files").is_some() && !dir.path().join("resources").join(&name).exists() {
+                write_objects(dir.path(), &name, &json!([]));
+            }
         }
 
         // HAProxy as the pod starts it: the init container's bootstrap, then the

@@ -92,6 +92,57 @@ fn an_added_abstract_socket_server_is_runtime_a_path_or_host_name_reloads() {
     }
 }
 
+/// A backend with `cookie ... dynamic` (its own or its defaults profile's): a server
+/// added or moved is followed by `enable dynamic-cookie backend`, which HAProxy 2.6
+/// needs to give the new server its cookie; removals and weights need none, nor does a
+/// backend without dynamic cookies.
+#[test]
+fn added_servers_of_a_dynamic_cookie_backend_get_their_cookies_computed() {
+    let profile = "defaults sticky\n    mode http\n    cookie S insert indirect nocache dynamic\n    dynamic-cookie-key k\n\n";
+    let old = render(&format!(
+        "{profile}backend be_a from sticky\n    server s1 10.0.0.1:80\n    server s2 10.0.0.2:80\n"
+    ));
+    let added = render(&format!(
+        "{profile}backend be_a from sticky\n    server s1 10.0.0.1:80\n    server s2 10.0.0.2:80\n    server s3 10.0.0.3:80\n"
+    ));
+    let plan = compute(&old, &added);
+    assert_eq!(plan.strategy(), DeployStrategy::Runtime);
+    assert!(matches!(&plan.ops[0], RuntimeOp::AddServer { server, .. } if server == "s3"));
+    assert_eq!(
+        plan.ops[1..],
+        [RuntimeOp::RefreshDynamicCookies {
+            backend: "be_a".into()
+        }]
+    );
+    let moved = render(&format!(
+        "{profile}backend be_a from sticky\n    server s1 10.0.0.1:80\n    server s2 10.0.0.9:80\n"
+    ));
+    let plan = compute(&old, &moved);
+    assert!(
+        matches!(&plan.ops[0], RuntimeOp::MoveServer { .. }),
+        "{plan:?}"
+    );
+    assert_eq!(plan.ops.len(), 2, "{plan:?}");
+    assert!(matches!(
+        &plan.ops[1],
+        RuntimeOp::RefreshDynamicCookies { .. }
+    ));
+    let removed = render(&format!(
+        "{profile}backend be_a from sticky\n    server s1 10.0.0.1:80 weight 3\n"
+    ));
+    let plan = compute(&old, &removed);
+    assert!(
+        !plan
+            .ops
+            .iter()
+            .any(|op| matches!(op, RuntimeOp::RefreshDynamicCookies { .. })),
+        "{plan:?}"
+    );
+    let plain_old = render("backend be_b\n    server s1 10.0.0.1:80\n");
+    let plain_new = render("backend be_b\n    server s1 10.0.0.1:80\n    server s2 10.0.0.2:80\n");
+    assert_eq!(compute(&plain_old, &plain_new).ops.len(), 1);
+}
+
 #[test]
 fn static_algorithms_and_new_keywords_reload_with_a_reason() {
     let old = render("backend be_x\n    balance static-rr\n    server s1 10.0.0.1:80\n");

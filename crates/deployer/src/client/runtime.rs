@@ -397,6 +397,17 @@ impl RuntimeClient {
             .map(drop)
     }
 
+    /// `enable dynamic-cookie backend <be>`: HAProxy recomputes every server's dynamic
+    /// cookie from its address and the backend's `dynamic-cookie-key`.
+    pub async fn refresh_dynamic_cookies(&self, backend: &str) -> Result<(), RuntimeError> {
+        self.expect(
+            &format!("enable dynamic-cookie backend {}", cli_word(backend)),
+            is_empty,
+        )
+        .await
+        .map(drop)
+    }
+
     /// `enable server <be>/<srv>`.
     pub async fn enable_server(&self, backend: &str, server: &str) -> Result<(), RuntimeError> {
         self.expect(

@@ -359,6 +359,12 @@ impl DataplaneDriver {
             }
             // Never planned for this driver (it offers no dynamic backends); refused
             // so a plan that holds one falls back to a reload.
+            // The Data Plane API has no call for it: refused, so such a plan falls
+            // back to a reload (which computes the cookies).
+            RuntimeOp::RefreshDynamicCookies { .. } => Err(OpError::refused(format!(
+                "{}: the Data Plane API cannot recompute dynamic cookies",
+                op.describe()
+            ))),
             RuntimeOp::AddBackend { .. } | RuntimeOp::DelBackend { .. } => {
                 Err(OpError::refused(format!(
                     "{}: the Data Plane API cannot add or delete backends at runtime",

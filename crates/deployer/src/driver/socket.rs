@@ -885,6 +885,9 @@ impl SocketDriver {
                 }
                 rt.publish_backend(backend).await
             }
+            RuntimeOp::RefreshDynamicCookies { backend } => {
+                rt.refresh_dynamic_cookies(backend).await
+            }
             RuntimeOp::DelBackend { backend } => {
                 // Past the drain timeout the backend stays unpublished (logged by the
                 // client) until the next reload; no request is cut short.

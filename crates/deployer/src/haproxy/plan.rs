@@ -180,6 +180,14 @@ pub enum RuntimeOp {
         /// Its servers.
         servers: Vec<NewServer>,
     },
+    /// `enable dynamic-cookie backend <be>`: recomputes the dynamic cookie of every
+    /// server of a backend with `cookie ... dynamic`. HAProxy 2.6's `add server` and
+    /// address changes leave a server without one (so a client sent to it would lose
+    /// its persistence); planned after the server changes of such a backend.
+    RefreshDynamicCookies {
+        /// Backend.
+        backend: String,
+    },
     /// `unpublish backend`, every server drained in maintenance and deleted (bounded
     /// by the drain timeout), `del backend`. Planned after every other change, so the
     /// map entries that routed to it are gone first. Past the drain timeout the
@@ -325,6 +333,9 @@ impl RuntimeOp {
                 backend, profile, ..
             } => format!("backend {backend} added from {profile}"),
             RuntimeOp::DelBackend { backend } => format!("backend {backend} removed"),
+            RuntimeOp::RefreshDynamicCookies { backend } => {
+                format!("backend {backend} dynamic cookies recomputed")
+            }
             RuntimeOp::ReplacePatterns { file, .. } => format!("{file} contents"),
             RuntimeOp::ReplaceCertificate { file, .. } => format!("{file} replaced"),
             RuntimeOp::AddCertificate { file, .. } => format!("{file} added"),
@@ -723,6 +734,7 @@ fn plan_servers(
         return;
     }
     let dynamic = new_config.effective_balance(new).is_dynamic();
+    let ops_before = plan.ops.len();
     for server in &new_servers {
         let name = server.name.clone();
         let Some(previous) = by_name.get(server.name.as_str()) else {
@@ -857,6 +869,24 @@ fn plan_servers(
             server: server.name.clone(),
         });
     }
+    let placed = plan.ops[ops_before..].iter().any(|op| {
+        matches!(
+            op,
+            RuntimeOp::AddServer { .. } | RuntimeOp::MoveServer { .. } | RuntimeOp::SetAddr { .. }
+        )
+    });
+    if placed && dynamic_cookie(new_config, new) {
+        plan.ops.push(RuntimeOp::RefreshDynamicCookies { backend });
+    }
+}
+
+/// Whether `section` (or the defaults section it uses) sets `cookie ... dynamic`.
+fn dynamic_cookie(config: &Config, section: &Section) -> bool {
+    // The section's own `cookie` line replaces the inherited one.
+    section
+        .last("cookie")
+        .or_else(|| config.defaults_for(section).and_then(|d| d.last("cookie")))
+        .is_some_and(|d| d.args.iter().any(|w| w == "dynamic"))
 }
 
 /// The explicit `add server` parameters of a server: the applicable `default-server`
