@@ -35,6 +35,12 @@ pub const MIN_SECRET_LEN: usize = 8;
 /// Most values remembered at once.
 pub const MAX_VALUES: usize = 65_536;
 
+/// Each segment of the matcher holds more than this many times the forms of the
+/// segment after it: at most about log8(forms) + 1 segments to scan (6 at
+/// [`MAX_VALUES`]), while a new form is built into a matcher again only about
+/// log8(forms) times, each with at most 8 times its share of forms.
+const SEGMENT_RATIO: usize = 8;
+
 static GLOBAL: LazyLock<Redactor> = LazyLock::new(Redactor::new);
 
 /// The process-wide redactor: sources register into it, log writers and the HTTP
@@ -58,9 +64,10 @@ struct Inner {
     pending: Vec<Arc<str>>,
     /// The matcher's segments, largest (oldest) first: each form is in exactly one.
     /// A new segment takes the pending forms, then merges with the segments before
-    /// it while they are not larger (a binary counter), so registering a Secret
-    /// costs its own forms plus, amortized, a logarithmic share of rebuilds, never a
-    /// rebuild over every secret.
+    /// it while they are not more than [`SEGMENT_RATIO`] times larger, so
+    /// registering a Secret costs its own forms plus, amortized, a logarithmic share
+    /// of rebuilds, never a rebuild over every secret, and a redaction scans a
+    /// handful of automatons.
     segments: Vec<Segment>,
     /// The segments' matchers, built lazily on the first redaction after a change;
     /// `None` when stale.
@@ -288,7 +295,7 @@ impl Inner {
         }
         let mut forms = std::mem::take(&mut self.pending);
         while let Some(last) = self.segments.last()
-            && last.forms.len() <= forms.len()
+            && last.forms.len() <= forms.len() * SEGMENT_RATIO
         {
             let last = self.segments.pop().expect("a last segment");
             forms.extend(last.forms);
@@ -532,8 +539,13 @@ mod tests {
             .iter()
             .map(|s| s.forms.len())
             .collect();
-        // A binary counter: 1,000 = 512 + 256 + 128 + 64 + 32 + 8.
-        assert_eq!(sizes, [512, 256, 128, 64, 32, 8], "{sizes:?}");
+        assert_eq!(sizes.iter().sum::<usize>(), 1_000);
+        // Each segment is more than 8 times the next: few segments to scan.
+        assert!(
+            sizes.windows(2).all(|w| w[0] > w[1] * SEGMENT_RATIO),
+            "{sizes:?}"
+        );
+        assert!(sizes.len() <= 5, "{sizes:?}");
         assert_eq!(redactor.redact("secret-value-000000"), PLACEHOLDER);
         // Registering a known value again changes nothing to match.
         redactor.register(["secret-value-000001"]);
