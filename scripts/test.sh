@@ -95,7 +95,7 @@ echo "==> whole suite on HAProxy $(haproxy -v | awk 'NR == 1 { print $3 }'): $((
 line_tests=(
     # crates/deployer: socket and managed drivers against real HAProxy processes,
     # reload confirmation, runtime changes, faults, fleets; `haproxy -c`.
-    certificate_equivalence deploy_faults equivalence files fleet lossless_runtime managed
+    certificate_equivalence deploy_faults deployment_deadline equivalence files fleet lossless_runtime managed
     managed_leftovers managed_restart reload_confirmation runtime_certificates runtime_errors
     socket_reload socket_runtime validator
     # Dynamic backends: runtime changes on 3.4, the reload fallback on older lines.

@@ -329,6 +329,93 @@ fn write_removes_layout_files_the_new_render_does_not_have() {
     assert_eq!(files, ["haproxy.cfg", "maps/hosts.map"]);
 }
 
+/// A write replaces only the files whose content, mode or owner differ: an
+/// unchanged certificate keeps its inode (no temporary file, fsync or rename), while
+/// a changed one, and one whose mode or content was changed behind hapwright's back
+/// or that is a hard link, is written anew.
+#[test]
+fn a_write_leaves_files_that_are_already_there_as_they_are() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = config_dir(tmp.path());
+    let three = |a: &str, b: &str, c: &str| {
+        rendered(
+            "global\n",
+            &[("hosts.map", "a.test be_a\n")],
+            &[("a.pem", a), ("b.pem", b), ("c.pem", c)],
+        )
+    };
+    dir.write(&three("A1\n", "B1\n", "C1\n"), "m1", None)
+        .unwrap();
+    let inode = |name: &str| std::fs::metadata(tmp.path().join(name)).unwrap().ino();
+    let before: Vec<u64> = [
+        "certs/a.pem",
+        "certs/b.pem",
+        "certs/c.pem",
+        "maps/hosts.map",
+    ]
+    .iter()
+    .map(|name| inode(name))
+    .collect();
+    // b.pem loses its private mode, c.pem gains a second link: both are rewritten
+    // even though their content is what the render holds.
+    std::fs::set_permissions(
+        tmp.path().join("certs/b.pem"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let link = tmp.path().join("elsewhere");
+    std::fs::hard_link(tmp.path().join("certs/c.pem"), &link).unwrap();
+
+    dir.write(&three("A2\n", "B1\n", "C1\n"), "m2", None)
+        .unwrap();
+    assert_ne!(
+        inode("certs/a.pem"),
+        before[0],
+        "a changed content is replaced"
+    );
+    assert_ne!(
+        inode("certs/b.pem"),
+        before[1],
+        "a changed mode is replaced"
+    );
+    assert_eq!(mode(&tmp.path().join("certs/b.pem")), 0o600);
+    assert_ne!(
+        inode("certs/c.pem"),
+        before[2],
+        "a hard-linked file is replaced"
+    );
+    assert_eq!(
+        inode("maps/hosts.map"),
+        before[3],
+        "an unchanged file stays"
+    );
+    assert_eq!(std::fs::read_to_string(&link).unwrap(), "C1\n");
+
+    // Once more with nothing changed but the marker: only haproxy.cfg is new.
+    let kept: Vec<u64> = ["certs/a.pem", "certs/b.pem", "certs/c.pem"]
+        .iter()
+        .map(|name| inode(name))
+        .collect();
+    dir.write(&three("A2\n", "B1\n", "C1\n"), "m3", None)
+        .unwrap();
+    assert_eq!(
+        ["certs/a.pem", "certs/b.pem", "certs/c.pem"]
+            .map(inode)
+            .to_vec(),
+        kept
+    );
+    assert!(
+        std::fs::read_to_string(tmp.path().join("haproxy.cfg"))
+            .unwrap()
+            .contains("m3")
+    );
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join("certs/a.pem")).unwrap(),
+        "A2\n"
+    );
+    assert!(leftovers(tmp.path()).is_empty());
+}
+
 #[test]
 fn restore_removes_files_the_snapshot_did_not_have() {
     let tmp = tempfile::tempdir().unwrap();

@@ -29,6 +29,8 @@ struct Fake {
     name: String,
     calls: Calls,
     t0: Instant,
+    /// How long applying a runtime change takes (a slow runtime socket).
+    runtime_takes: Duration,
 }
 
 #[async_trait::async_trait]
@@ -60,6 +62,7 @@ impl Driver for Fake {
             .lock()
             .unwrap()
             .push(("runtime", String::new(), self.t0.elapsed()));
+        tokio::time::sleep(self.runtime_takes).await;
         Ok(plan.ops.len())
     }
 
@@ -118,6 +121,7 @@ async fn one_instance_waiting_for_its_reload_window_holds_nobody_else() {
                     name: name.to_owned(),
                     calls: calls.clone(),
                     t0,
+                    runtime_takes: Duration::ZERO,
                 }) as Arc<dyn Driver>,
             )
         })
@@ -220,6 +224,7 @@ async fn a_config_that_does_not_parse_fails_with_its_cause_and_touches_nothing()
         name: "local".into(),
         calls: calls.clone(),
         t0: Instant::now(),
+        runtime_takes: Duration::ZERO,
     };
     let broken =
         config("global\n    log stderr format short\nbackend be\n    server s1 \"10.0.0.1:80\n");
@@ -248,4 +253,111 @@ async fn a_config_that_does_not_parse_fails_with_its_cause_and_touches_nothing()
     )
     .expect_err("a record of an unparsable config has no model");
     assert_eq!(found.line, 2);
+}
+
+/// A runtime change slower than `deploymentTimeout` (a slow runtime socket, a change
+/// of thousands of map entries) while a newer config arrives: the change is not cut
+/// half-way, the next attempt waits for it and plans from the config it deployed, so
+/// the newer config goes out at runtime too. Cutting it used to leave the worker
+/// without a record and the newer config was deployed by a reload that called itself
+/// "first deployment to this instance".
+#[tokio::test(start_paused = true)]
+async fn a_runtime_change_past_the_deadline_finishes_and_the_next_plans_from_it() {
+    let t0 = Instant::now();
+    let calls = Calls::default();
+    let fake: Arc<dyn Driver> = Arc::new(Fake {
+        name: "slow".into(),
+        calls: calls.clone(),
+        t0,
+        runtime_takes: Duration::from_secs(5),
+    });
+    let bus = TestBus::new();
+    let mut events = bus.subscribe(
+        "test",
+        [
+            EventKind::InstanceDeployed,
+            EventKind::InstanceDeploymentFailed,
+        ],
+    );
+    let publisher = bus.publisher();
+    let kernel = bus.start(|kernel| {
+        kernel.register(Deployer::with_drivers(
+            Config {
+                deployment_timeout: Duration::from_secs(2),
+                min_reload_interval: Duration::ZERO,
+                ..Config::default()
+            },
+            [("slow".to_owned(), fake)].into_iter().collect(),
+            LastDeployedStore::new(),
+            None,
+            Metrics::unregistered().unwrap(),
+        ));
+    });
+    let mut next = async || {
+        timeout(Duration::from_secs(60), events.recv())
+            .await
+            .expect("an event in time")
+            .unwrap()
+            .payload
+            .clone()
+    };
+    let server = |addr: &str| config(&format!("{BACKEND}    server s1 {addr}:80\n"));
+    let (v1, v2, v3) = (server("10.0.0.1"), server("10.0.0.2"), server("10.0.0.3"));
+
+    publisher.publish(support::scheduled(&v1, &["slow"]));
+    let EventPayload::InstanceDeployed(first) = next().await else {
+        panic!("v1 is deployed");
+    };
+    assert_eq!(first.strategy, DeployStrategy::Reload);
+
+    // v2 is a runtime change that takes 5 s; v3 arrives 1 s into it.
+    publisher.publish(support::scheduled(&v2, &["slow"]));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    publisher.publish(support::scheduled(&v3, &["slow"]));
+
+    // The attempt's deadline (2 s) passes: reported, with what happens next.
+    let EventPayload::InstanceDeploymentFailed(cut) = next().await else {
+        panic!("the attempt past its deadline is reported");
+    };
+    assert_eq!(cut.hash, v2.hash());
+    assert!(
+        cut.error.message.contains("it goes on"),
+        "{}",
+        cut.error.message
+    );
+
+    // v2's change finishes; it is recorded, then v3 goes out at runtime from it (its
+    // change takes 5 s too). Attempts whose deadline passes meanwhile say that the
+    // change goes on.
+    let mut deployed = Vec::new();
+    while deployed.len() < 2 {
+        match next().await {
+            EventPayload::InstanceDeployed(d) => deployed.push((d.hash, d.strategy, d.reason)),
+            EventPayload::InstanceDeploymentFailed(f) => {
+                assert_eq!(f.hash, v3.hash());
+                assert!(f.error.message.contains("it goes on"), "{f:?}");
+            }
+            other => panic!("only deployments follow: {other:?}"),
+        }
+    }
+    assert_eq!(
+        deployed
+            .iter()
+            .map(|(hash, strategy, _)| (*hash, *strategy))
+            .collect::<Vec<_>>(),
+        [
+            (v2.hash(), DeployStrategy::Runtime),
+            (v3.hash(), DeployStrategy::Runtime)
+        ],
+        "{deployed:?}"
+    );
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(
+        calls.iter().map(|c| c.0).collect::<Vec<_>>(),
+        ["reload", "runtime", "runtime"],
+        "one reload only, the first: {calls:?}"
+    );
+    // v2's change ran whole (5 s from t=0), v3's started after it.
+    assert!(calls[2].2 >= Duration::from_secs(5), "{calls:?}");
+    kernel.shutdown(Duration::from_secs(5)).await;
 }

@@ -35,6 +35,12 @@ pub const MIN_SECRET_LEN: usize = 8;
 /// Most values remembered at once.
 pub const MAX_VALUES: usize = 65_536;
 
+/// Each segment of the matcher holds more than this many times the forms of the
+/// segment after it: at most about log8(forms) + 1 segments to scan (6 at
+/// [`MAX_VALUES`]), while a new form is built into a matcher again only about
+/// log8(forms) times, each with at most 8 times its share of forms.
+const SEGMENT_RATIO: usize = 8;
+
 static GLOBAL: LazyLock<Redactor> = LazyLock::new(Redactor::new);
 
 /// The process-wide redactor: sources register into it, log writers and the HTTP
@@ -52,10 +58,76 @@ pub struct Redactor {
 #[derive(Debug, Default)]
 struct Inner {
     /// Every matched form, with the sequence number of its last registration.
-    forms: HashMap<Box<str>, u64>,
+    forms: HashMap<Arc<str>, u64>,
     next_seq: u64,
-    /// Built lazily on the first redaction after a change; `None` when stale.
-    matcher: Option<Arc<AhoCorasick>>,
+    /// Forms registered since the matcher was last built, not in any segment yet.
+    pending: Vec<Arc<str>>,
+    /// The matcher's segments, largest (oldest) first: each form is in exactly one.
+    /// A new segment takes the pending forms, then merges with the segments before
+    /// it while they are not more than [`SEGMENT_RATIO`] times larger, so
+    /// registering a Secret costs its own forms plus, amortized, a logarithmic share
+    /// of rebuilds, never a rebuild over every secret, and a redaction scans a
+    /// handful of automatons.
+    segments: Vec<Segment>,
+    /// The segments' matchers, built lazily on the first redaction after a change;
+    /// `None` when stale.
+    matcher: Option<Arc<Matcher>>,
+}
+
+#[derive(Debug)]
+struct Segment {
+    forms: Vec<Arc<str>>,
+    matcher: Arc<AhoCorasick>,
+}
+
+/// Leftmost-longest matching over several automatons, exactly as one automaton
+/// over all their patterns would match: at each point the match that starts first
+/// wins, and of those starting there the longest.
+#[derive(Debug)]
+struct Matcher {
+    segments: Vec<Arc<AhoCorasick>>,
+}
+
+impl Matcher {
+    fn is_match(&self, haystack: &[u8]) -> bool {
+        self.segments.iter().any(|m| m.is_match(haystack))
+    }
+
+    /// `haystack` with every match replaced by [`PLACEHOLDER`]; `None` when nothing
+    /// matched.
+    fn replace_all(&self, haystack: &[u8]) -> Option<Vec<u8>> {
+        let find = |m: &AhoCorasick, from: usize| {
+            m.find(aho_corasick::Input::new(haystack).span(from..haystack.len()))
+        };
+        // Each segment's next match from the cursor on, found again only once the
+        // cursor has passed its start.
+        let mut next: Vec<Option<aho_corasick::Match>> =
+            self.segments.iter().map(|m| find(m, 0)).collect();
+        let mut out: Option<Vec<u8>> = None;
+        let mut cursor = 0;
+        loop {
+            for (slot, m) in next.iter_mut().zip(&self.segments) {
+                if slot.is_some_and(|found| found.start() < cursor) {
+                    *slot = find(m, cursor);
+                }
+            }
+            let Some(best) = next
+                .iter()
+                .flatten()
+                .min_by_key(|m| (m.start(), std::cmp::Reverse(m.end())))
+                .copied()
+            else {
+                break;
+            };
+            let out = out.get_or_insert_with(|| Vec::with_capacity(haystack.len()));
+            out.extend_from_slice(&haystack[cursor..best.start()]);
+            out.extend_from_slice(PLACEHOLDER.as_bytes());
+            cursor = best.end();
+        }
+        let mut out = out?;
+        out.extend_from_slice(&haystack[cursor..]);
+        Some(out)
+    }
 }
 
 impl Redactor {
@@ -74,23 +146,23 @@ impl Redactor {
             return;
         }
         let mut inner = self.write();
-        let mut added = false;
         for form in forms {
             let seq = inner.next_seq;
             inner.next_seq += 1;
-            if inner.forms.insert(form.into_boxed_str(), seq).is_none() {
-                added = true;
+            if let Some(known) = inner.forms.get_mut(form.as_str()) {
+                *known = seq;
+                continue;
             }
+            let form: Arc<str> = form.into();
+            inner.forms.insert(form.clone(), seq);
+            inner.pending.push(form);
+            inner.matcher = None;
         }
         if inner.forms.len() > MAX_VALUES {
             // Forget the oldest tenth at once, so a steady stream of new values does
             // not rebuild the matcher on every registration.
             let keep = MAX_VALUES - MAX_VALUES / 10;
             inner.forget_oldest(keep);
-            added = true;
-        }
-        if added {
-            inner.matcher = None;
         }
     }
 
@@ -134,15 +206,15 @@ impl Redactor {
         let Some(matcher) = self.matcher() else {
             return Cow::Borrowed(text);
         };
-        if !matcher.is_match(text) {
-            return Cow::Borrowed(text);
+        match matcher.replace_all(text.as_bytes()) {
+            // Whole UTF-8 patterns match whole characters of UTF-8 text, so the
+            // result is UTF-8.
+            Some(out) => Cow::Owned(
+                String::from_utf8(out)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+            ),
+            None => Cow::Borrowed(text),
         }
-        let mut out = String::with_capacity(text.len());
-        matcher.replace_all_with(text, &mut out, |_, _, out| {
-            out.push_str(PLACEHOLDER);
-            true
-        });
-        Cow::Owned(out)
     }
 
     /// Like [`redact`](Self::redact), for bytes that may not be UTF-8 (log writers).
@@ -150,23 +222,18 @@ impl Redactor {
         let Some(matcher) = self.matcher() else {
             return Cow::Borrowed(bytes);
         };
-        if !matcher.is_match(bytes) {
-            return Cow::Borrowed(bytes);
+        match matcher.replace_all(bytes) {
+            Some(out) => Cow::Owned(out),
+            None => Cow::Borrowed(bytes),
         }
-        let mut out = Vec::with_capacity(bytes.len());
-        matcher.replace_all_with_bytes(bytes, &mut out, |_, _, out| {
-            out.extend_from_slice(PLACEHOLDER.as_bytes());
-            true
-        });
-        Cow::Owned(out)
     }
 
     /// Whether `text` contains a known secret.
     pub fn contains_secret(&self, text: &str) -> bool {
-        self.matcher().is_some_and(|m| m.is_match(text))
+        self.matcher().is_some_and(|m| m.is_match(text.as_bytes()))
     }
 
-    fn matcher(&self) -> Option<Arc<AhoCorasick>> {
+    fn matcher(&self) -> Option<Arc<Matcher>> {
         {
             let inner = self.read();
             if inner.forms.is_empty() {
@@ -178,24 +245,18 @@ impl Redactor {
         }
         let mut inner = self.write();
         if inner.matcher.is_none() {
-            let patterns: Vec<&str> = inner.forms.keys().map(|form| &**form).collect();
-            // Leftmost-longest: when one secret contains another, the whole longer one
-            // is replaced, not a piece of it.
-            match AhoCorasick::builder()
-                .match_kind(MatchKind::LeftmostLongest)
-                .build(&patterns)
-            {
-                Ok(matcher) => inner.matcher = Some(Arc::new(matcher)),
-                Err(error) => {
-                    // Only a pattern set beyond aho-corasick's size limits fails;
-                    // MAX_VALUES keeps far below them. Without a matcher nothing would
-                    // be redacted, so drop the oldest half and let the next call retry.
-                    tracing::error!(%error, forms = patterns.len(), "Cannot build the secret matcher; forgetting the oldest secrets");
-                    let keep = inner.forms.len() / 2;
-                    inner.forget_oldest(keep);
-                    return None;
-                }
+            if let Err(error) = inner.build() {
+                // Only a pattern set beyond aho-corasick's size limits fails;
+                // MAX_VALUES keeps far below them. Without a matcher nothing would
+                // be redacted, so drop the oldest half and let the next call retry.
+                tracing::error!(%error, forms = inner.forms.len(), "Cannot build the secret matcher; forgetting the oldest secrets");
+                let keep = inner.forms.len() / 2;
+                inner.forget_oldest(keep);
+                return None;
             }
+            inner.matcher = Some(Arc::new(Matcher {
+                segments: inner.segments.iter().map(|s| s.matcher.clone()).collect(),
+            }));
         }
         inner.matcher.clone()
     }
@@ -210,7 +271,8 @@ impl Redactor {
 }
 
 impl Inner {
-    /// Keeps the `keep` most recently registered forms.
+    /// Keeps the `keep` most recently registered forms. The segments are rebuilt
+    /// from what is kept (rare: at most once per [`MAX_VALUES`] / 10 new forms).
     fn forget_oldest(&mut self, keep: usize) {
         if self.forms.len() <= keep {
             return;
@@ -220,6 +282,43 @@ impl Inner {
         let (_, threshold, _) = seqs.select_nth_unstable(cut);
         let threshold = *threshold;
         self.forms.retain(|_, seq| *seq >= threshold);
+        self.segments.clear();
+        self.pending = self.forms.keys().cloned().collect();
+        self.matcher = None;
+    }
+
+    /// Puts the pending forms into a segment of their own, merged with the segments
+    /// before it while those are not larger.
+    fn build(&mut self) -> Result<(), aho_corasick::BuildError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let mut forms = std::mem::take(&mut self.pending);
+        while let Some(last) = self.segments.last()
+            && last.forms.len() <= forms.len() * SEGMENT_RATIO
+        {
+            let last = self.segments.pop().expect("a last segment");
+            forms.extend(last.forms);
+        }
+        // Leftmost-longest: when one secret contains another, the whole longer one
+        // is replaced, not a piece of it.
+        let built = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(forms.iter().map(|form| form.as_bytes()));
+        match built {
+            Ok(matcher) => {
+                self.segments.push(Segment {
+                    forms,
+                    matcher: Arc::new(matcher),
+                });
+                Ok(())
+            }
+            Err(error) => {
+                // Keep every form matchable once the caller made room.
+                self.pending = forms;
+                Err(error)
+            }
+        }
     }
 }
 
@@ -368,5 +467,88 @@ mod tests {
         assert_eq!(redactor.redact("value-00000000"), "value-00000000");
         let last = format!("value-{MAX_VALUES:08}");
         assert_eq!(redactor.redact(&last), PLACEHOLDER);
+    }
+
+    /// The redaction of `text` by one leftmost-longest automaton over every form
+    /// `redactor` knows: the plain rebuild the segmented matcher must equal.
+    fn rebuilt(redactor: &Redactor, text: &str) -> String {
+        let inner = redactor.read();
+        if inner.forms.is_empty() {
+            return text.to_owned();
+        }
+        let patterns: Vec<&str> = inner.forms.keys().map(|form| &**form).collect();
+        let matcher = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&patterns)
+            .unwrap();
+        let mut out = String::new();
+        matcher.replace_all_with(text, &mut out, |_, _, out| {
+            out.push_str(PLACEHOLDER);
+            true
+        });
+        out
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        /// Secrets registered a few at a time, with redactions in between (so the
+        /// matcher is in several segments), redact exactly as a matcher rebuilt over
+        /// every secret. A two-letter alphabet makes secrets overlap, contain each
+        /// other and share prefixes.
+        #[test]
+        fn segments_redact_exactly_as_one_rebuilt_matcher(
+            batches in proptest::collection::vec(
+                proptest::collection::vec("[ab]{8,12}|[ab]{3,6}\n[ab]{8,10}|[a-c]{8,9}", 0..6),
+                1..12,
+            ),
+            texts in proptest::collection::vec("[a-c\n]{0,120}", 1..6),
+        ) {
+            let redactor = Redactor::new();
+            for batch in &batches {
+                redactor.register(batch);
+                for text in &texts {
+                    let expected = rebuilt(&redactor, text);
+                    proptest::prop_assert_eq!(&redactor.redact(text).into_owned(), &expected);
+                    proptest::prop_assert_eq!(
+                        redactor.redact_bytes(text.as_bytes()).into_owned(),
+                        expected.as_bytes()
+                    );
+                    proptest::prop_assert_eq!(redactor.contains_secret(text), expected != *text);
+                }
+            }
+            let inner = redactor.read();
+            let segmented: usize = inner.segments.iter().map(|s| s.forms.len()).sum();
+            proptest::prop_assert_eq!(segmented + inner.pending.len(), inner.forms.len());
+        }
+    }
+
+    #[test]
+    fn a_new_secret_builds_a_small_segment_not_every_secret_again() {
+        let redactor = Redactor::new();
+        for i in 0..1_000 {
+            redactor.register([format!("secret-value-{i:06}")]);
+            assert_eq!(
+                redactor.redact(&format!("x secret-value-{i:06} y")),
+                "x [redacted] y"
+            );
+        }
+        let sizes: Vec<usize> = redactor
+            .read()
+            .segments
+            .iter()
+            .map(|s| s.forms.len())
+            .collect();
+        assert_eq!(sizes.iter().sum::<usize>(), 1_000);
+        // Each segment is more than 8 times the next: few segments to scan.
+        assert!(
+            sizes.windows(2).all(|w| w[0] > w[1] * SEGMENT_RATIO),
+            "{sizes:?}"
+        );
+        assert!(sizes.len() <= 5, "{sizes:?}");
+        assert_eq!(redactor.redact("secret-value-000000"), PLACEHOLDER);
+        // Registering a known value again changes nothing to match.
+        redactor.register(["secret-value-000001"]);
+        assert!(redactor.read().matcher.is_some());
     }
 }

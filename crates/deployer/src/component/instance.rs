@@ -12,6 +12,10 @@
 //!   waits the same way), and re-plans if a newer config arrives meanwhile;
 //! - retries a failed deployment with backoff (1 s doubling to 60 s), with the newest
 //!   config;
+//! - carries out each deployment's changes in a task of their own: when the attempt's
+//!   deadline (`deploymentTimeout`) passes while they run, they are not cut half-way
+//!   (which would leave the instance in a state no record describes); the next attempt
+//!   waits for them and plans from the config they deployed;
 //! - checks drift every `driftPreventionInterval` (leader only): the worker's version
 //!   marker and files against its record; a difference publishes `DriftDetected` and
 //!   reloads the instance onto the desired config (reason `drift`);
@@ -32,7 +36,9 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 
-use hapwright_eventbus::model::{ContentHash, DeployStrategy, Diagnostic, RenderedConfig};
+use hapwright_eventbus::model::{
+    ContentHash, DeployStrategy, Diagnostic, ReloadReason, RenderedConfig,
+};
 use hapwright_eventbus::{
     DriftDetected, Event, EventPayload, InstanceDeployed, InstanceDeploymentFailed, Publisher,
 };
@@ -152,6 +158,7 @@ impl Handle {
             unreported: None,
             fallback: None,
             retry: None,
+            in_flight: None,
         };
         let task = tokio::spawn(worker.run(receiver, cancel.clone()).instrument(span));
         Self {
@@ -227,6 +234,19 @@ struct Worker {
     /// The retry delays of the current run of failed attempts (1 s doubling to
     /// 60 s by default); `None` after a success or a newer config.
     retry: Option<ExponentialBackoff>,
+    /// A deployment carried out in its own task that outlived its attempt's
+    /// deadline: it goes on (stopping a runtime change or a file write half-way
+    /// would leave the instance in a state no record describes), and the next
+    /// attempt waits for it before it plans.
+    in_flight: Option<InFlight>,
+}
+
+/// A deployment being carried out: the config it deploys and its task (aborted
+/// when the worker goes).
+struct InFlight {
+    desired: Desired,
+    started: Instant,
+    task: tokio_util::task::AbortOnDropHandle<Result<Step, DeployError>>,
 }
 
 /// What one attempt came to.
@@ -378,15 +398,17 @@ impl Worker {
                 None
             }
             Ok(Err(error)) => {
-                // After these, what the instance runs cannot be told: a reload may
-                // still complete, or the files may not be what it runs.
-                let unknown = matches!(
-                    error,
-                    DeployError::RestoreFailed { .. }
-                        | DeployError::ReloadTimeout(_)
-                        | DeployError::MarkerMismatch { .. }
-                );
+                let unknown = leaves_state_unknown(&error);
                 Some(self.failed(&desired, error.to_diagnostic(), unknown, elapsed))
+            }
+            Err(_) if self.in_flight.is_some() => {
+                // The changes go on in their task; the next attempt waits for them
+                // and plans from what they leave.
+                let diagnostic = Diagnostic::error(format!(
+                    "deployment did not finish within {timeout:?} (controller.deploymentTimeout); \
+                     it goes on, and the next attempt waits for it"
+                ));
+                Some(self.failed(&desired, diagnostic, false, elapsed))
             }
             Err(_) => {
                 let diagnostic = Diagnostic::error(format!(
@@ -399,6 +421,9 @@ impl Worker {
     }
 
     async fn step(&mut self, desired: &Desired) -> Result<Step, DeployError> {
+        if let Some(step) = self.finish_in_flight(desired).await {
+            return step;
+        }
         let driver = self.driver.clone();
         let running = self.record.deployed.clone();
         if let Some(started) = driver
@@ -417,18 +442,23 @@ impl Worker {
             }
             self.fallback = None;
             let span = driver::reload_span(&fallback);
-            return driver
-                .reload_with(
-                    desired.config.clone(),
-                    desired.model.clone(),
-                    running.as_deref(),
-                    fallback,
+            let config = desired.config.clone();
+            let model = desired.model.clone();
+            return self
+                .carry_out(
+                    desired,
+                    async move {
+                        driver
+                            .reload_with(config, model, running.as_deref(), fallback)
+                            .instrument(span)
+                            .await
+                            .map(Step::Done)
+                    }
+                    .in_current_span(),
                 )
-                .instrument(span)
-                .await
-                .map(Step::Done);
+                .await;
         }
-        let decision = driver::decide(
+        let mut decision = driver::decide(
             &*driver,
             &desired.config,
             &desired.model,
@@ -436,6 +466,19 @@ impl Worker {
             desired.drift_check,
         )
         .await?;
+        if running.is_none()
+            && let Some(error) = self.record.last_error.as_deref()
+        {
+            // Not a first deployment: the instance ran something hapwright deployed,
+            // but neither this worker's record nor the instance tells what any more.
+            decision.plan = ChangePlan::reload(
+                ReloadReason::FirstDeploy,
+                format!(
+                    "what the instance runs is unknown after a failed deployment ({error}); \
+                     every file is written again"
+                ),
+            );
+        }
         if decision.reloads()
             && let Some(at) = self.reload_window()
         {
@@ -447,18 +490,87 @@ impl Worker {
             }
             return Ok(Step::Wait(at));
         }
-        match driver::execute(
-            &*driver,
-            &desired.config,
-            &desired.model,
-            running.as_ref(),
-            decision,
-        )
-        .await?
-        {
-            Executed::Done(deployed) => Ok(Step::Done(deployed)),
-            Executed::RuntimeFailed { fallback } => Ok(Step::Fallback(fallback)),
+        let (config, model) = (desired.config.clone(), desired.model.clone());
+        let execution = async move {
+            match driver::execute(&*driver, &config, &model, running.as_ref(), decision).await? {
+                Executed::Done(deployed) => Ok(Step::Done(deployed)),
+                Executed::RuntimeFailed { fallback } => Ok(Step::Fallback(fallback)),
+            }
+        };
+        self.carry_out(desired, execution.in_current_span()).await
+    }
+
+    /// Carries out a deployment of `desired` in its own task and waits for it. When
+    /// the attempt's deadline ends the wait, the task goes on ([`Worker::in_flight`]).
+    async fn carry_out(
+        &mut self,
+        desired: &Desired,
+        execution: impl Future<Output = Result<Step, DeployError>> + Send + 'static,
+    ) -> Result<Step, DeployError> {
+        self.in_flight = Some(InFlight {
+            desired: desired.clone(),
+            started: Instant::now(),
+            task: tokio_util::task::AbortOnDropHandle::new(tokio::spawn(execution)),
+        });
+        self.finish_in_flight(desired)
+            .await
+            .unwrap_or_else(|| unreachable!("a deployment was just started"))
+    }
+
+    /// Waits for the deployment in flight, if any. Its outcome is this attempt's when
+    /// it deployed `desired`; when it deployed an older config, that config is
+    /// recorded as what the instance runs (or the instance's state as unknown, after
+    /// a failure that leaves it so) and `None` lets the attempt plan from there.
+    async fn finish_in_flight(&mut self, desired: &Desired) -> Option<Result<Step, DeployError>> {
+        let in_flight = self.in_flight.as_mut()?;
+        // Cancellable: a deadline that ends the wait keeps the task in `in_flight`.
+        let joined = (&mut in_flight.task).await;
+        let in_flight = self.in_flight.take()?;
+        let outcome = match joined {
+            Ok(outcome) => outcome,
+            Err(join) => {
+                // It panicked half-way: plan again from what can be told.
+                let message = format!("the deployment ended abnormally: {join}");
+                tracing::error!(error = %message, "Deployment task failed");
+                self.record.unknown(message);
+                self.publish_record();
+                return None;
+            }
+        };
+        if in_flight.desired.config.hash() == desired.config.hash() {
+            return Some(outcome);
         }
+        let elapsed = in_flight.started.elapsed();
+        match outcome {
+            Ok(Step::Done(deployed)) => {
+                tracing::info!(
+                    hash = %in_flight.desired.config.hash().short(),
+                    strategy = %deployed.strategy,
+                    duration_ms = elapsed.as_millis() as u64,
+                    "An earlier deployment that outlived its deadline finished; planning from it"
+                );
+                let hash = in_flight.desired.config.hash();
+                let event = self.record_deployed(hash, deployed, elapsed);
+                self.shared.publisher.reply(&in_flight.desired.cause, event);
+            }
+            Ok(Step::Fallback(plan)) => {
+                // Its runtime change failed half-way; the reload that replaces it
+                // deploys the newest config instead.
+                self.fallback = Some(plan);
+            }
+            Ok(Step::Wait(_)) => {}
+            Err(error) => {
+                let message = error.to_diagnostic().message;
+                tracing::warn!(error = %message, "An earlier deployment that outlived its deadline failed");
+                if leaves_state_unknown(&error) {
+                    self.record.unknown(message);
+                } else {
+                    self.record.failed(message);
+                }
+                self.publish_record();
+            }
+        }
+        None
     }
 
     fn succeeded(&mut self, desired: &Desired, deployed: Deployed, elapsed: Duration) {
@@ -673,6 +785,17 @@ impl Worker {
             }
         }
     }
+}
+
+/// Whether what the instance runs cannot be told after `error`: a reload may still
+/// complete, or the files may not be what it runs.
+fn leaves_state_unknown(error: &DeployError) -> bool {
+    matches!(
+        error,
+        DeployError::RestoreFailed { .. }
+            | DeployError::ReloadTimeout(_)
+            | DeployError::MarkerMismatch { .. }
+    )
 }
 
 /// Completes when a managed HAProxy came up; never without a supervisor.
