@@ -249,10 +249,15 @@ fn compare_main(old_text: &str, old: &Model, new_text: &str, new: &Model) -> Res
     let mut servers_changed = false;
     // Header lines are looked up by number once per section: index the lines once,
     // or a config with thousands of backends is compared in quadratic time.
-    let (old_lines, new_lines) = (Lines::new(old_text), Lines::new(new_text));
+    // Only once a section differs: sections both models share need no lines.
+    let (old_lines, new_lines) = (std::cell::OnceCell::new(), std::cell::OnceCell::new());
     for (a, b) in old.sections.iter().zip(&new.sections) {
-        let header_a = old_lines.get(a.line);
-        let header_b = new_lines.get(b.line);
+        // A section both models share comes from the same lines of both texts.
+        if Arc::ptr_eq(a, b) {
+            continue;
+        }
+        let header_a = old_lines.get_or_init(|| Lines::new(old_text)).get(a.line);
+        let header_b = new_lines.get_or_init(|| Lines::new(new_text)).get(b.line);
         if a.kind != b.kind
             || a.name != b.name
             || a.args != b.args
