@@ -269,11 +269,10 @@ pub(crate) fn clean_after_change(
         let Some(name) = section.name.as_deref().filter(|_| section.kind.is_proxy()) else {
             continue;
         };
-        let outside = config.sections[..changed.start]
+        let mut outside = config.sections[..changed.start]
             .iter()
             .chain(&config.sections[changed.end..]);
         if outside
-            .clone()
             .any(|other| other.name.as_deref() == Some(name) && clash(&other.kind, &section.kind))
         {
             return false;
