@@ -333,7 +333,7 @@ pub fn validate_phase1_reusing(
             .zip(previous_paths.as_ref())
             .map(
                 |((rendered, model), rendered_paths)| haproxy_config::Passed {
-                    text: &**rendered.main(),
+                    text: rendered.main(),
                     model,
                     rendered_paths,
                 },
