@@ -50,6 +50,9 @@ struct Args {
     /// to its first answer and its removal, with and without `dynamicBackends` (run
     /// once with each HAProxy line first on `PATH`).
     route_propagation: Option<Vec<usize>>,
+    /// With `route_propagation`: only the rows with dynamic backends on HAProxy 3.4
+    /// (no reload rows, no long-lived streams), for comparing two builds there.
+    dynamic_only: bool,
     /// Only section (i), certificates at scale, at these numbers of TLS Secrets,
     /// printed.
     certificates: Option<Vec<usize>>,
@@ -86,6 +89,7 @@ fn parse_args() -> Result<Args> {
         tracing_overhead: false,
         latency_only: None,
         route_propagation: None,
+        dynamic_only: false,
         certificates: None,
         long_lived: None,
         newer_haproxy: None,
@@ -117,6 +121,7 @@ fn parse_args() -> Result<Args> {
             "--route-propagation" => {
                 args.route_propagation = Some(sizes("--route-propagation", value)?);
             }
+            "--dynamic-only" => args.dynamic_only = true,
             "--certificates" => args.certificates = Some(sizes("--certificates", value)?),
             "--long-lived" => {
                 let text = value("--long-lived")?;
@@ -131,7 +136,7 @@ fn parse_args() -> Result<Args> {
             "--commands" => args.commands = Some(value("--commands")?),
             "-h" | "--help" => {
                 println!(
-                    "usage: hapwright-benchsuite [--quick] [--memory-only] [--tracing-overhead] [--latency-only BACKENDS] [--route-propagation SIZES] [--certificates SIZES] [--long-lived CHANGES] [--haproxy-3.4 BINARY] [--repo DIR] [--font TTF] [--commands FILE]"
+                    "usage: hapwright-benchsuite [--quick] [--memory-only] [--tracing-overhead] [--latency-only BACKENDS] [--route-propagation SIZES [--dynamic-only]] [--certificates SIZES] [--long-lived CHANGES] [--haproxy-3.4 BINARY] [--repo DIR] [--font TTF] [--commands FILE]"
                 );
                 std::process::exit(0);
             }
@@ -172,8 +177,16 @@ fn main() -> Result<()> {
         let mut summary = Vec::new();
         if let Some(sizes) = &args.route_propagation {
             let long_lived = if args.quick { 20 } else { 100 };
-            let results =
-                scale::propagation(sizes, changes, long_lived, args.newer_haproxy.as_deref());
+            if args.dynamic_only && args.newer_haproxy.is_none() {
+                bail!("--dynamic-only needs --haproxy-3.4 BINARY");
+            }
+            let results = scale::propagation(
+                sizes,
+                changes,
+                long_lived,
+                args.newer_haproxy.as_deref(),
+                args.dynamic_only,
+            );
             println!("{}", scale::propagation_section(&Ok(results), &mut summary));
         }
         if let Some(sizes) = &args.certificates {
@@ -278,6 +291,7 @@ fn main() -> Result<()> {
         propagation_changes,
         long_lived_changes,
         args.newer_haproxy.as_deref(),
+        false,
     ));
     let certificates = scale::certificates(&[1000, 10_000], certificate_changes);
 

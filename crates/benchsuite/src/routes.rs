@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use hapwright_e2e::{Controller, Reply, quick_pacing, service_manifest};
 
 use crate::scenarios::{
-    CHANGE_TIMEOUT, Latency, first_answer, host, metric_sum, metrics, pause, start_with,
+    CHANGE_TIMEOUT, Latency, Stages, first_answer, host, metric_sum, metrics, pause, start_with,
     wait_deployed,
 };
 
@@ -31,6 +31,9 @@ pub struct Propagation {
     pub reloads: f64,
     /// Runtime deployments during the changes.
     pub runtime_deployments: f64,
+    /// Where the time of an add went: the stage means over the adds, from the
+    /// controller's histograms read before each write and once it is deployed.
+    pub add_stages: Stages,
 }
 
 /// The quickstart with its backends as `backend NAME from routes` (a named profile
@@ -133,6 +136,7 @@ pub fn route_propagation(
         samples_ms: Vec::new(),
     };
     let before = metrics(&controller);
+    let mut add_stages = Vec::new();
     // Spacing between changes so that each starts from a settled controller, outside
     // the min-interval windows.
     let spacing = settings
@@ -142,6 +146,7 @@ pub fn route_propagation(
     for k in 0..changes {
         let name = format!("route-{k}");
         let file = format!("{name}.yaml");
+        let stages_before = metrics(&controller);
         let started = Instant::now();
         controller.write_resource(&file, &service_manifest(&name, &host(&name), ports.api));
         add.samples_ms.push(first_answer(
@@ -152,6 +157,7 @@ pub fn route_propagation(
             CHANGE_TIMEOUT,
         ));
         wait_deployed(&controller);
+        add_stages.push(Stages::between(&stages_before, &metrics(&controller), 1));
         pause(spacing);
         let started = Instant::now();
         std::fs::remove_file(controller.resource_path(&file)).expect("remove the Service");
@@ -169,6 +175,7 @@ pub fn route_propagation(
             - metric_sum(&before, "hapwright_reloads_total", ""),
         runtime_deployments: metric_sum(&after, "hapwright_deployments_total", "runtime")
             - metric_sum(&before, "hapwright_deployments_total", "runtime"),
+        add_stages: Stages::mean(&add_stages),
     }
 }
 

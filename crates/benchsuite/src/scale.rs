@@ -38,19 +38,24 @@ pub struct PropagationResults {
 
 /// Runs (h): every size on HAProxy 3.4 (`newer`, when given) with and without
 /// dynamic backends, and on the `haproxy` on `PATH` without; then the long-lived
-/// streams on 3.4.
+/// streams on 3.4. With `dynamic_only`, only the rows with dynamic backends on 3.4.
 pub fn propagation(
     sizes: &[usize],
     changes: usize,
     long_lived_changes: usize,
     newer: Option<&Path>,
+    dynamic_only: bool,
 ) -> PropagationResults {
     let mut setups: Vec<(Option<&Path>, bool)> = Vec::new();
     if let Some(binary) = newer {
         setups.push((Some(binary), true));
-        setups.push((Some(binary), false));
+        if !dynamic_only {
+            setups.push((Some(binary), false));
+        }
     }
-    setups.push((None, false));
+    if !dynamic_only {
+        setups.push((None, false));
+    }
     let mut runs = Vec::new();
     for &backends in sizes {
         for &(binary, dynamic) in &setups {
@@ -71,6 +76,7 @@ pub fn propagation(
         }
     }
     let long_lived = match newer {
+        Some(_) if dynamic_only => Err(ScenarioError::NotRun),
         Some(binary) => {
             eprintln!("(h) long-lived streams across {long_lived_changes} route adds and removals");
             catch(|| routes::long_lived(100, 4, long_lived_changes, Some(binary)))
@@ -162,6 +168,35 @@ pub fn propagation_section(
         }
     }
     let _ = writeln!(section);
+    let stages: Vec<_> = results
+        .runs
+        .iter()
+        .filter(|run| run.dynamic && run.line == "3.4")
+        .filter_map(|run| Some((run.backends, run.result.as_ref().ok()?.add_stages)))
+        .collect();
+    if !stages.is_empty() {
+        let _ = writeln!(
+            section,
+            "Where an add's time went, HAProxy 3.4 with dynamic backends (means per add from \
+             hapwright's histograms; phase 2 is `haproxy -c`, 0 when the render passed by \
+             equivalence; deploy is the plan, the file writes and the runtime commands):\n\n\
+             | routes | render | phase 1 | phase 2 | deploy | sum | phase 2 by equivalence |\n\
+             |---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for (backends, s) in stages {
+            let _ = writeln!(
+                section,
+                "| {backends} | {} ms | {} ms | {} ms | {} ms | {} ms | {} |",
+                fmt_num(s.render_ms),
+                fmt_num(s.phase1_ms),
+                fmt_num(s.phase2_ms),
+                fmt_num(s.deploy_ms),
+                fmt_num(s.total()),
+                s.phase2_skipped,
+            );
+        }
+        let _ = writeln!(section);
+    }
     match &results.long_lived {
         Ok(l) => {
             let v = if l.closed == 0 {

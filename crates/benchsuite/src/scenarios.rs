@@ -147,6 +147,31 @@ impl Stages {
         }
     }
 
+    /// The mean of each stage over `runs` (each one change's [`Stages::between`]);
+    /// counts (`phase2_runs`, `phase2_skipped`) are summed, and `phase2_run_ms` is
+    /// the mean over the runs that ran `haproxy -c`.
+    pub fn mean(runs: &[Stages]) -> Self {
+        let n = runs.len().max(1) as f64;
+        let mean = |f: fn(&Stages) -> f64| runs.iter().map(f).sum::<f64>() / n;
+        let phase2_runs: f64 = runs.iter().map(|s| s.phase2_runs).sum();
+        Self {
+            render_ms: mean(|s| s.render_ms),
+            phase1_ms: mean(|s| s.phase1_ms),
+            phase2_ms: mean(|s| s.phase2_ms),
+            phase2_run_ms: if phase2_runs > 0.0 {
+                runs.iter()
+                    .map(|s| s.phase2_run_ms * s.phase2_runs)
+                    .sum::<f64>()
+                    / phase2_runs
+            } else {
+                0.0
+            },
+            phase2_runs,
+            phase2_skipped: runs.iter().map(|s| s.phase2_skipped).sum(),
+            deploy_ms: mean(|s| s.deploy_ms),
+        }
+    }
+
     /// The sum of the stages.
     pub fn total(&self) -> f64 {
         self.render_ms + self.phase1_ms + self.phase2_ms + self.deploy_ms

@@ -108,7 +108,7 @@ proptest! {
         prop_assume!(SectionKind::from_keyword(&keyword).is_none());
         for args in [vec![word.clone(), "end".to_owned()], vec![word.clone()]] {
             let config = Config {
-                sections: vec![Section {
+                sections: vec![std::sync::Arc::new(Section {
                     kind: SectionKind::Backend,
                     name: Some(word.clone()),
                     args: vec![],
@@ -119,7 +119,7 @@ proptest! {
                         line: 2,
                         text: String::new(),
                     }],
-                }],
+                })],
             };
             // An empty name is an absent name once printed, as in HAProxy.
             if word.is_empty() {

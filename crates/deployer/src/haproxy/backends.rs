@@ -22,6 +22,7 @@
 //! ([`Capability::Unsupported`]).
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use hapwright_eventbus::model::ReloadReason;
 
@@ -117,18 +118,8 @@ pub fn split<'a>(
     new: &'a Config,
     capability: &Capability,
 ) -> Result<BackendChanges<'a>, (ReloadReason, String)> {
-    let old_keys: HashSet<_> = old.sections.iter().map(key).collect();
-    let new_keys: HashSet<_> = new.sections.iter().map(key).collect();
-    let changes = BackendChanges::new(
-        new.sections
-            .iter()
-            .filter(|s| !old_keys.contains(&key(s)))
-            .collect(),
-        old.sections
-            .iter()
-            .filter(|s| !new_keys.contains(&key(s)))
-            .collect(),
-    );
+    let (added, removed) = added_and_removed(old, new);
+    let changes = BackendChanges::new(added, removed);
     let structure = |detail: String| (ReloadReason::Structure, detail);
     let first = changes
         .added
@@ -158,16 +149,82 @@ pub fn split<'a>(
         .sections
         .iter()
         .filter(|s| !changes.is_removed(s))
-        .map(key);
+        .map(|s| key(s));
     let kept_new = new
         .sections
         .iter()
         .filter(|s| !changes.is_added(s))
-        .map(key);
+        .map(|s| key(s));
     if !kept_old.eq(kept_new) {
         return Err(structure("sections reordered".to_owned()));
     }
     Ok(changes)
+}
+
+/// Most sections between the unchanged start and end of two configs for which
+/// [`added_and_removed`] looks each one up in the other config; past it, it indexes
+/// both configs.
+const MAX_CHANGED_SECTIONS: usize = 16;
+
+/// The sections of `new` whose key (kind and name) `old` lacks, in order, and those
+/// of `old` that `new` lacks. Only sections between the start and the end both
+/// configs share (by key) can be either, so when few are, each of them is looked up
+/// in the other config instead of indexing both (a route added to 10,000).
+pub(crate) fn added_and_removed<'a>(
+    old: &'a Config,
+    new: &'a Config,
+) -> (Vec<&'a Section>, Vec<&'a Section>) {
+    let (a, b) = (&old.sections, &new.sections);
+    let same = |(x, y): &(&Arc<Section>, &Arc<Section>)| Arc::ptr_eq(x, y) || key(x) == key(y);
+    let prefix = a.iter().zip(b).take_while(same).count();
+    let suffix = a[prefix..]
+        .iter()
+        .rev()
+        .zip(b[prefix..].iter().rev())
+        .take_while(same)
+        .count();
+    let (middle_old, middle_new) = (&a[prefix..a.len() - suffix], &b[prefix..b.len() - suffix]);
+    if middle_old.len() + middle_new.len() <= MAX_CHANGED_SECTIONS {
+        let lacks = |config: &Config, section: &Section| {
+            !config
+                .sections
+                .iter()
+                .any(|other| key(other) == key(section))
+        };
+        return (
+            middle_new
+                .iter()
+                .map(|s| &**s)
+                .filter(|s| lacks(old, s))
+                .collect(),
+            middle_old
+                .iter()
+                .map(|s| &**s)
+                .filter(|s| lacks(new, s))
+                .collect(),
+        );
+    }
+    added_and_removed_indexed(old, new)
+}
+
+/// [`added_and_removed`] through an index of each config's keys.
+pub(crate) fn added_and_removed_indexed<'a>(
+    old: &'a Config,
+    new: &'a Config,
+) -> (Vec<&'a Section>, Vec<&'a Section>) {
+    let (a, b) = (&old.sections, &new.sections);
+    let old_keys: HashSet<_> = a.iter().map(|s| key(s)).collect();
+    let new_keys: HashSet<_> = b.iter().map(|s| key(s)).collect();
+    (
+        b.iter()
+            .map(|s| &**s)
+            .filter(|s| !old_keys.contains(&key(s)))
+            .collect(),
+        a.iter()
+            .map(|s| &**s)
+            .filter(|s| !new_keys.contains(&key(s)))
+            .collect(),
+    )
 }
 
 /// Why a backend cannot be created (or deleted) with `add backend`, or one of its
@@ -311,14 +368,18 @@ pub(crate) fn equivalent(
         && old
             .sections
             .iter()
-            .map(key)
-            .eq(new.sections.iter().map(key))
+            .zip(&new.sections)
+            .all(|(a, b)| Arc::ptr_eq(a, b) || key(a) == key(b))
     {
         return Err(None);
     }
     let changes = split(old, new, &Capability::On).map_err(|(_, why)| Some(Why(why)))?;
-    let old_lines: Vec<&str> = old_text.split('\n').collect();
-    let new_lines: Vec<&str> = new_text.split('\n').collect();
+    // Only once they are needed: sections both models share need no lines.
+    let old_lines = std::cell::OnceCell::new();
+    let new_lines = std::cell::OnceCell::new();
+    fn lines<'t>(cell: &'t std::cell::OnceCell<Vec<&'t str>>, text: &'t str) -> &'t [&'t str] {
+        cell.get_or_init(|| text.split('\n').collect())
+    }
     fn line_of<'t>(lines: &[&'t str], line: u32) -> &'t str {
         usize::try_from(line)
             .ok()
@@ -335,7 +396,7 @@ pub(crate) fn equivalent(
     for section in &changes.added {
         let name = section.name.as_deref().unwrap_or_default();
         let profile = section.from_defaults().unwrap_or_default();
-        let header = line_of(&new_lines, section.line);
+        let header = line_of(lines(&new_lines, new_text), section.line);
         if !name_ok(name) || header != format!("backend {name} from {profile}") {
             return Err(Some(Why(format!(
                 "added section header '{header}' is not plain"
@@ -408,11 +469,15 @@ pub(crate) fn equivalent(
     let kept_old = old.sections.iter().filter(|s| !changes.is_removed(s));
     let kept_new = new.sections.iter().filter(|s| !changes.is_added(s));
     for (a, b) in kept_old.zip(kept_new) {
-        let header = line_of(&new_lines, b.line);
+        // A section both models share comes from the same lines of both texts.
+        if Arc::ptr_eq(a, b) {
+            continue;
+        }
+        let header = line_of(lines(&new_lines, new_text), b.line);
         if a.kind != b.kind
             || a.name != b.name
             || a.args != b.args
-            || line_of(&old_lines, a.line) != header
+            || line_of(lines(&old_lines, old_text), a.line) != header
             || a.directives.len() != b.directives.len()
         {
             return Err(Some(Why(format!(

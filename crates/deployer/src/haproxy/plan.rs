@@ -39,6 +39,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use hapwright_eventbus::model::{DeployReason, DeployStrategy, ReloadReason, RenderedConfig};
 
@@ -516,8 +517,8 @@ fn plan_sections(
         && old
             .sections
             .iter()
-            .map(key)
-            .eq(new.sections.iter().map(key));
+            .zip(&new.sections)
+            .all(|(a, b)| Arc::ptr_eq(a, b) || key(a) == key(b));
     let mut changes = backends::BackendChanges::default();
     let mut backend_ops = (Vec::new(), Vec::new());
     if !same_keys {
@@ -534,7 +535,10 @@ fn plan_sections(
     let kept_old = old.sections.iter().filter(|s| !changes.is_removed(s));
     let kept_new = new.sections.iter().filter(|s| !changes.is_added(s));
     for (old_section, new_section) in kept_old.zip(kept_new) {
-        plan_section(plan, old, old_section, new, new_section);
+        // A section both models share is the same section: nothing to plan.
+        if !Arc::ptr_eq(old_section, new_section) {
+            plan_section(plan, old, old_section, new, new_section);
+        }
     }
     backend_ops
 }
@@ -543,7 +547,7 @@ fn plan_sections(
 /// configs have (by kind and name) still tell what else changed: their causes are
 /// added to the plan's, nothing else (the reload rebuilds every server anyway).
 fn more_causes(plan: &mut ChangePlan, old: &Config, new: &Config) {
-    let by_key: HashMap<_, &Section> = old.sections.iter().map(|s| (key(s), s)).collect();
+    let by_key: HashMap<_, &Section> = old.sections.iter().map(|s| (key(s), &**s)).collect();
     let mut scratch = ChangePlan::default();
     for new_section in &new.sections {
         if let Some(old_section) = by_key.get(&key(new_section)) {

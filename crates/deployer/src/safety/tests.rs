@@ -276,3 +276,53 @@ fn the_high_water_mark_takes_the_largest_count_of_each() {
     assert_eq!(high.servers(), 3 + 3 + 1 + 1);
     assert_eq!(high.map_entries(), 3);
 }
+
+proptest::proptest! {
+    /// The high-water mark merged in name order is the one built a name at a time.
+    #[test]
+    fn the_merged_high_water_mark_is_the_one_built_name_by_name(
+        footprints in proptest::collection::vec(
+            (
+                proptest::collection::btree_map("[a-e]{1,3}", 0..5usize, 0..12),
+                proptest::collection::btree_map("[a-c]\\.map", 0..5usize, 0..3),
+            ),
+            0..5,
+        )
+    ) {
+        let footprints: Vec<Footprint> = footprints
+            .into_iter()
+            .map(|(backends, maps)| Footprint { backends, maps })
+            .collect();
+        let mut expected = Footprint::default();
+        for footprint in &footprints {
+            for (name, &servers) in &footprint.backends {
+                let slot = expected.backends.entry(name.clone()).or_default();
+                *slot = (*slot).max(servers);
+            }
+            for (name, &entries) in &footprint.maps {
+                let slot = expected.maps.entry(name.clone()).or_default();
+                *slot = (*slot).max(entries);
+            }
+        }
+        proptest::prop_assert_eq!(Footprint::high_water(&footprints), expected);
+    }
+}
+
+proptest::proptest! {
+    /// Covering, told in one walk of both footprints, is a lookup of every name.
+    #[test]
+    fn covering_is_every_name_with_at_least_its_count(
+        a in proptest::collection::btree_map("[a-d]{1,2}", 0..4usize, 0..10),
+        b in proptest::collection::btree_map("[a-d]{1,2}", 0..4usize, 0..10),
+        maps in proptest::collection::btree_map("[a-b]\\.map", 0..3usize, 0..2),
+    ) {
+        let have = Footprint { backends: a, maps: maps.clone() };
+        let need = Footprint { backends: b, maps };
+        let expected = need
+            .backends
+            .iter()
+            .all(|(name, &servers)| have.backends.get(name).is_some_and(|&h| h >= servers));
+        proptest::prop_assert_eq!(have.covers(&need), expected);
+        proptest::prop_assert!(have.covers(&have));
+    }
+}

@@ -249,10 +249,15 @@ fn compare_main(old_text: &str, old: &Model, new_text: &str, new: &Model) -> Res
     let mut servers_changed = false;
     // Header lines are looked up by number once per section: index the lines once,
     // or a config with thousands of backends is compared in quadratic time.
-    let (old_lines, new_lines) = (Lines::new(old_text), Lines::new(new_text));
+    // Only once a section differs: sections both models share need no lines.
+    let (old_lines, new_lines) = (std::cell::OnceCell::new(), std::cell::OnceCell::new());
     for (a, b) in old.sections.iter().zip(&new.sections) {
-        let header_a = old_lines.get(a.line);
-        let header_b = new_lines.get(b.line);
+        // A section both models share comes from the same lines of both texts.
+        if Arc::ptr_eq(a, b) {
+            continue;
+        }
+        let header_a = old_lines.get_or_init(|| Lines::new(old_text)).get(a.line);
+        let header_b = new_lines.get_or_init(|| Lines::new(new_text)).get(b.line);
         if a.kind != b.kind
             || a.name != b.name
             || a.args != b.args
@@ -421,24 +426,45 @@ pub(crate) fn weight(word: &str) -> Option<u32> {
 /// what the new content holds.
 fn map_change_covered(name: &str, content: &str, candidate: &RenderedConfig) -> Result<(), Why> {
     let path = format!("maps/{name}");
+    let main: &str = candidate.main();
+    if name.contains('\n') {
+        return Err(Why(format!(
+            "{path} changed and its use in haproxy.cfg is unknown"
+        )));
+    }
+    // The first line with a '$' that mentions maps, ACL files or Lua, and the first
+    // use of the map other than by a string map converter: found from the places
+    // the text holds a '$' or the name, not line by line (a `haproxy.cfg` of 10,000
+    // backends has 30,000 lines). The earlier line is the answer; on one line the
+    // '$' is.
+    let dollar = main
+        .match_indices('$')
+        .map(|(at, _)| line_at(main, at))
+        .find(|(_, line)| line.contains("map") || line.contains("-f") || line.contains("lua"));
     let mut uses = 0;
-    for line in candidate.main().split('\n') {
-        let mentions_patterns = line.contains("map") || line.contains("-f") || line.contains("lua");
-        if line.contains('$') && mentions_patterns {
+    let mut other_use = None;
+    for at in mentions(main, name) {
+        let (start, line) = line_at(main, at);
+        if !string_map_use(line, at - start, name) {
+            other_use = Some((start, line));
+            break;
+        }
+        uses += 1;
+    }
+    match (dollar, other_use) {
+        (Some((at, line)), other) if other.is_none_or(|(other, _)| at <= other) => {
             return Err(Why(format!(
                 "{path} changed and a line using maps or pattern files has a '$': {}",
                 line.trim()
             )));
         }
-        for at in mentions(line, name) {
-            if !string_map_use(line, at, name) {
-                return Err(Why(format!(
-                    "{path} changed and is used other than by a string map converter: {}",
-                    line.trim()
-                )));
-            }
-            uses += 1;
+        (_, Some((_, line))) => {
+            return Err(Why(format!(
+                "{path} changed and is used other than by a string map converter: {}",
+                line.trim()
+            )));
         }
+        _ => {}
     }
     if uses == 0 {
         return Err(Why(format!(
@@ -460,11 +486,24 @@ fn map_change_covered(name: &str, content: &str, candidate: &RenderedConfig) -> 
                 index + 1
             )));
         }
-        if line.chars().any(|c| c.is_control() && c != '\t') {
+        let control = if line.is_ascii() {
+            line.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f)
+        } else {
+            line.chars().any(|c| c.is_control() && c != '\t')
+        };
+        if control {
             return Err(Why(format!("{path}:{}: control character", index + 1)));
         }
     }
     Ok(())
+}
+
+/// The line of `text` that holds byte `at` (without its newline), and where it
+/// starts.
+fn line_at(text: &str, at: usize) -> (usize, &str) {
+    let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let end = text[at..].find('\n').map_or(text.len(), |i| at + i);
+    (start, &text[start..end])
 }
 
 /// Where `text` names the file `name` as a whole word: occurrences inside a longer
@@ -536,6 +575,118 @@ mod tests {
         assert_eq!(weight("010"), None);
         assert_eq!(weight("-1"), None);
         assert_eq!(weight("1k"), None);
+    }
+
+    /// [`map_change_covered`] as it was written first, line by line: the reference
+    /// the single pass is compared with.
+    fn map_change_covered_by_lines(
+        name: &str,
+        content: &str,
+        candidate: &RenderedConfig,
+    ) -> Result<(), Why> {
+        let path = format!("maps/{name}");
+        let mut uses = 0;
+        for line in candidate.main().split('\n') {
+            let mentions_patterns =
+                line.contains("map") || line.contains("-f") || line.contains("lua");
+            if line.contains('$') && mentions_patterns {
+                return Err(Why(format!(
+                    "{path} changed and a line using maps or pattern files has a '$': {}",
+                    line.trim()
+                )));
+            }
+            for at in mentions(line, name) {
+                if !string_map_use(line, at, name) {
+                    return Err(Why(format!(
+                        "{path} changed and is used other than by a string map converter: {}",
+                        line.trim()
+                    )));
+                }
+                uses += 1;
+            }
+        }
+        if uses == 0 {
+            return Err(Why(format!(
+                "{path} changed and its use in haproxy.cfg is unknown"
+            )));
+        }
+        if let Some(file) = candidate
+            .files()
+            .iter()
+            .find(|(_, text)| mentions(text, name).next().is_some())
+            .map(|(file, _)| file)
+        {
+            return Err(Why(format!("{path} changed and files/{file} mentions it")));
+        }
+        for (index, line) in content.split('\n').enumerate() {
+            if line.len() > MAX_MAP_LINE {
+                return Err(Why(format!(
+                    "{path}:{}: line longer than {MAX_MAP_LINE} bytes",
+                    index + 1
+                )));
+            }
+            if line.chars().any(|c| c.is_control() && c != '\t') {
+                return Err(Why(format!("{path}:{}: control character", index + 1)));
+            }
+        }
+        Ok(())
+    }
+
+    fn main_line() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(
+                "    use_backend %[req.hdr(host),lower,map(maps/hosts.map,be_default)]".to_owned()
+            ),
+            Just("    http-request set-var(txn.x) src,map_str(maps/hosts.map)".to_owned()),
+            Just("    http-request set-map(maps/hosts.map) %[src] 1".to_owned()),
+            Just("    acl a hdr(host) -f maps/hosts.map".to_owned()),
+            Just("    http-request set-var(txn.y) str(${X})".to_owned()),
+            Just("    http-request set-var(txn.y) str(${X}),map(maps/other.map)".to_owned()),
+            Just("    lua-load x.lua $HOME".to_owned()),
+            Just("    use_backend %[src,map_beg(maps/myhosts.map)] # hosts.map2".to_owned()),
+            Just("backend be_default".to_owned()),
+            Just("    server s1 127.0.0.1:80".to_owned()),
+            Just(String::new()),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The single pass over the text answers as the line-by-line reference, with
+        /// the same reason.
+        #[test]
+        fn map_uses_in_one_pass_are_found_as_line_by_line(
+            lines in proptest::collection::vec(main_line(), 0..12),
+            content in proptest::sample::select(vec![
+                "a.test be_a\n".to_owned(),
+                "a.test be_a\nb.test\tbe_b\n".to_owned(),
+                "a.test be\u{7f}\n".to_owned(),
+                "a.test be\u{85}x\n".to_owned(),
+                "é.test be_é\n".to_owned(),
+                format!("{}\n", "x".repeat(MAX_MAP_LINE + 1)),
+            ]),
+            file in proptest::sample::select(vec!["", "hosts.map is here", "nothing"]),
+        ) {
+            let mut main = lines.join("\n");
+            main.push('\n');
+            let mut maps = BTreeMap::new();
+            maps.insert("hosts.map".to_owned(), Arc::<str>::from(content.as_str()));
+            let mut files = BTreeMap::new();
+            if !file.is_empty() {
+                files.insert("notes.txt".to_owned(), Arc::<str>::from(file));
+            }
+            let candidate = RenderedConfig::new(
+                main,
+                maps,
+                files,
+                BTreeMap::new(),
+                hapwright_eventbus::model::SourceMap::default(),
+            );
+            proptest::prop_assert_eq!(
+                map_change_covered("hosts.map", &content, &candidate),
+                map_change_covered_by_lines("hosts.map", &content, &candidate)
+            );
+        }
     }
 
     #[test]

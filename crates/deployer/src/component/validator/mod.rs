@@ -322,7 +322,22 @@ pub fn validate_phase1_reusing(
         }
         paths.insert(path);
     }
-    let previous = previous.map(|(rendered, model)| (&**rendered.main(), model));
+    let previous_paths: Option<BTreeSet<String>> = previous.map(|(rendered, _)| {
+        rendered
+            .iter()
+            .map(|(file, _)| file.relative_path())
+            .collect()
+    });
+    let previous =
+        previous
+            .zip(previous_paths.as_ref())
+            .map(
+                |((rendered, model), rendered_paths)| haproxy_config::Passed {
+                    text: rendered.main(),
+                    model,
+                    rendered_paths,
+                },
+            );
     let (model, found) = haproxy_config::phase1_reusing(previous, rendered.main(), &paths);
     diagnostics.extend(found);
     let diagnostics: Vec<Diagnostic> = diagnostics

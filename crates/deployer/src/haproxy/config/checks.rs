@@ -2,6 +2,7 @@
 //! HAProxy reports late, without a location, or not at all.
 
 use std::collections::{BTreeSet, HashMap};
+use std::ops::Range;
 
 use hapwright_eventbus::model::{Diagnostic, SourceLocation};
 
@@ -114,17 +115,34 @@ fn layout_references(word: &str) -> Vec<&str> {
 ///   the prefix of a rendered file. Inside an `.if` block this is a warning, since
 ///   the branch may be inactive.
 pub fn check(config: &Config, rendered_paths: &BTreeSet<String>) -> Vec<Diagnostic> {
+    let backends: BTreeSet<&str> = config
+        .server_proxies()
+        .filter_map(|s| s.name.as_deref())
+        .collect();
+    check_sections(
+        config,
+        0..config.sections.len(),
+        |target| backends.contains(target),
+        rendered_paths,
+    )
+}
+
+/// The checks of [`check`] for the sections `range` of `config` (outside any `.if`
+/// block when the range does not start at the first section): duplicates among them,
+/// and each one's profile, targets (`is_backend`) and file references.
+fn check_sections<'a>(
+    config: &'a Config,
+    range: Range<usize>,
+    is_backend: impl Fn(&str) -> bool,
+    rendered_paths: &BTreeSet<String>,
+) -> Vec<Diagnostic> {
     let mut diagnostics = Vec::new();
     let mut walker = Walker {
         stack: Vec::new(),
         blocks: 0,
     };
-    let mut proxies: HashMap<&str, Vec<Proxy<'_>>> = HashMap::new();
-    let backends: BTreeSet<&str> = config
-        .server_proxies()
-        .filter_map(|s| s.name.as_deref())
-        .collect();
-    for section in &config.sections {
+    let mut proxies: HashMap<&str, Vec<Proxy<'a>>> = HashMap::new();
+    for section in &config.sections[range] {
         if section.kind.is_proxy()
             && let Some(name) = section.name.as_deref()
         {
@@ -167,7 +185,7 @@ pub fn check(config: &Config, rendered_paths: &BTreeSet<String>) -> Vec<Diagnost
                 && !target.is_empty()
                 && !target.contains('%')
                 && !target.contains('$')
-                && !backends.contains(target.as_str())
+                && !is_backend(target.as_str())
             {
                 let what = if config.section(SectionKind::Frontend, target).is_some() {
                     format!("'{target}' is a frontend, not a backend")
@@ -209,6 +227,85 @@ pub fn check(config: &Config, rendered_paths: &BTreeSet<String>) -> Vec<Diagnost
         }
     }
     diagnostics
+}
+
+/// Most proxies a change may touch for [`clean_after_change`] to decide; past it
+/// the whole model is checked (each one is compared with every other section).
+const MAX_CHANGED_PROXIES: usize = 16;
+
+/// Whether [`check`] finds nothing in `config`, shown from its sections `changed`
+/// alone: `config` is `old` with `old`'s sections `replaced` replaced by `changed`
+/// (phase 1 parsing only what changed), `old` had no `.`-line and [`check`] found
+/// nothing in it against the same `rendered_paths`, and `config` has no `.`-line
+/// either. `false` when that cannot be shown cheaply: [`check`] the whole model then.
+///
+/// Why this is exact: every check but three looks at one section, and the
+/// unchanged sections passed them against the same rendered files. The three that
+/// look across sections are covered here: a changed proxy named like any other
+/// section of its kind (or a listen), a removed backend still named by a static
+/// `use_backend`/`default_backend`, and a changed `defaults` section (a profile
+/// gone) all fall back to the whole check.
+pub(crate) fn clean_after_change(
+    old: &Config,
+    replaced: Range<usize>,
+    config: &Config,
+    changed: Range<usize>,
+    rendered_paths: &BTreeSet<String>,
+) -> bool {
+    let (Some(replaced_sections), Some(changed_sections)) = (
+        old.sections.get(replaced.clone()),
+        config.sections.get(changed.clone()),
+    ) else {
+        return false;
+    };
+    let touched = || changed_sections.iter().chain(replaced_sections);
+    if touched().any(|s| s.kind == SectionKind::Defaults)
+        || touched().filter(|s| s.kind.is_proxy()).count() > MAX_CHANGED_PROXIES
+    {
+        return false;
+    }
+    // A changed proxy clashing with a section outside the change.
+    for section in changed_sections {
+        let Some(name) = section.name.as_deref().filter(|_| section.kind.is_proxy()) else {
+            continue;
+        };
+        let mut outside = config.sections[..changed.start]
+            .iter()
+            .chain(&config.sections[changed.end..]);
+        if outside
+            .any(|other| other.name.as_deref() == Some(name) && clash(&other.kind, &section.kind))
+        {
+            return false;
+        }
+    }
+    // A removed backend some static target still names.
+    let is_backend = |target: &str| {
+        config
+            .server_proxies()
+            .any(|s| s.name.as_deref() == Some(target))
+    };
+    for section in replaced_sections {
+        let Some(name) = section
+            .name
+            .as_deref()
+            .filter(|_| section.kind.has_servers())
+        else {
+            continue;
+        };
+        if is_backend(name) {
+            continue;
+        }
+        let targeted = config.sections.iter().any(|s| {
+            s.directives.iter().any(|d| {
+                matches!(d.keyword.as_str(), "use_backend" | "default_backend")
+                    && d.args.first().map(String::as_str) == Some(name)
+            })
+        });
+        if targeted {
+            return false;
+        }
+    }
+    check_sections(config, changed, is_backend, rendered_paths).is_empty()
 }
 
 /// `backend NAME from PROFILE` naming no `defaults PROFILE` section (HAProxy refuses

@@ -22,6 +22,9 @@
 //! header in the unchanged end of the text, whose sections are again the same, only
 //! on other line numbers.
 
+use std::ops::Range;
+use std::sync::Arc;
+
 use super::{Config, Section, parse_lenient};
 
 /// Parses `text`, reusing the sections of `old`, the model of `old_text` (which must be
@@ -29,6 +32,25 @@ use super::{Config, Section, parse_lenient};
 /// cannot be shown to give the whole parse's result (module docs): parse `text`
 /// whole then.
 pub fn parse_reusing(old_text: &str, old: &Config, text: &str) -> Option<Config> {
+    reparse(old_text, old, text).map(|reparsed| reparsed.config)
+}
+
+/// A model [`reparse`] built from the previous one.
+#[derive(Debug)]
+pub(crate) struct Reparsed {
+    /// The model of the new text ([`parse_reusing`]'s answer).
+    pub config: Config,
+    /// The sections of the old model that were parsed again (every other one is in
+    /// `config`, shared, before or after `new_changed`).
+    pub old_changed: Range<usize>,
+    /// The sections of `config` parsed from the new text; every other one is a
+    /// section of the old model, shared when it did not move and a moved copy when
+    /// it did.
+    pub new_changed: Range<usize>,
+}
+
+/// [`parse_reusing`], also telling which sections were parsed again.
+pub(crate) fn reparse(old_text: &str, old: &Config, text: &str) -> Option<Reparsed> {
     if !reusable(old) {
         return None;
     }
@@ -79,15 +101,22 @@ pub fn parse_reusing(old_text: &str, old: &Config, text: &str) -> Option<Config>
     {
         return None;
     }
+    let old_changed = start..old.sections.len() - reused.len();
+    let new_changed = start..start + parsed.sections.len();
     let mut sections = Vec::with_capacity(start + parsed.sections.len() + reused.len());
-    sections.extend_from_slice(&old.sections[..start]);
-    for section in &parsed.sections {
+    // The unchanged sections before the change are shared, not copied.
+    sections.extend(old.sections[..start].iter().cloned());
+    for section in parsed.sections {
         sections.push(shifted(section, i64::from(start_line) - 1)?);
     }
     for section in reused {
-        sections.push(shifted(section, shift)?);
+        sections.push(shifted(Arc::clone(section), shift)?);
     }
-    Some(Config { sections })
+    Some(Reparsed {
+        config: Config { sections },
+        old_changed,
+        new_changed,
+    })
 }
 
 /// Whether every line of `config` means the same wherever the text around it
@@ -166,11 +195,12 @@ fn forward_lines(text: &[u8], mut at: usize, lines: u32) -> Option<usize> {
     Some(at)
 }
 
-/// `section` with every line number moved by `by`.
-fn shifted(section: &Section, by: i64) -> Option<Section> {
-    let mut section = section.clone();
+/// `section` with every line number moved by `by`: the same section when `by` is 0,
+/// else a copy (or the section itself, when nothing else holds it).
+fn shifted(mut section: Arc<Section>, by: i64) -> Option<Arc<Section>> {
     if by != 0 {
         let shift = |line: u32| u32::try_from(i64::from(line) + by).ok();
+        let section = Arc::make_mut(&mut section);
         section.line = shift(section.line)?;
         for directive in &mut section.directives {
             directive.line = shift(directive.line)?;

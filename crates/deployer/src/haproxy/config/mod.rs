@@ -60,17 +60,47 @@ pub fn phase1_parsed(text: &str, rendered_paths: &BTreeSet<String>) -> (Config, 
     phase1_reusing(None, text, rendered_paths)
 }
 
+/// A `haproxy.cfg` text that passed phase 1, with its model and the rendered files it
+/// was checked against: what [`phase1_reusing`] starts from.
+#[derive(Clone, Copy, Debug)]
+pub struct Passed<'a> {
+    /// The text.
+    pub text: &'a str,
+    /// Its model.
+    pub model: &'a Config,
+    /// The rendered files it was checked against (as `rendered_paths`).
+    pub rendered_paths: &'a BTreeSet<String>,
+}
+
 /// [`phase1_parsed`], parsing only the changed sections when `previous` (a text and
-/// its model, which passed phase 1) allows it ([`parse_reusing`]); the same result.
+/// its model, which passed phase 1) allows it ([`parse_reusing`]), and checking only
+/// them when that shows the whole model clean ([`checks::clean_after_change`]); the
+/// same result.
 pub fn phase1_reusing(
-    previous: Option<(&str, &Config)>,
+    previous: Option<Passed<'_>>,
     text: &str,
     rendered_paths: &BTreeSet<String>,
 ) -> (Config, Vec<Diagnostic>) {
-    let reused = previous.and_then(|(old_text, old)| parse_reusing(old_text, old, text));
-    let (config, errors) = match reused {
-        Some(config) => (config, Vec::new()),
-        None => parse_lenient(text),
+    let reparsed =
+        previous.and_then(|previous| incremental::reparse(previous.text, previous.model, text));
+    let (config, errors, clean) = match (reparsed, previous) {
+        (Some(reparsed), Some(previous)) => {
+            // The old model passed phase 1 without a `.`-line (or it would not have
+            // been reused), so the checks found nothing in it.
+            let clean = previous.rendered_paths == rendered_paths
+                && checks::clean_after_change(
+                    previous.model,
+                    reparsed.old_changed,
+                    &reparsed.config,
+                    reparsed.new_changed,
+                    rendered_paths,
+                );
+            (reparsed.config, Vec::new(), clean)
+        }
+        _ => {
+            let (config, errors) = parse_lenient(text);
+            (config, errors, false)
+        }
     };
     let mut diagnostics: Vec<Diagnostic> = errors.iter().map(|e| e.to_diagnostic(text)).collect();
     if let Some(last) = text.rsplit('\n').next()
@@ -83,7 +113,9 @@ pub fn phase1_reusing(
                 .with_source_line(last.trim()),
         );
     }
-    diagnostics.extend(check(&config, rendered_paths));
+    if !clean {
+        diagnostics.extend(check(&config, rendered_paths));
+    }
     diagnostics.sort_by_key(|d| d.location.as_ref().and_then(|l| l.line));
     (config, diagnostics)
 }

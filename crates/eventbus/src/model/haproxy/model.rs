@@ -2,6 +2,7 @@
 //! algorithms, built from the words the tokenizer produces.
 
 use std::fmt;
+use std::sync::Arc;
 
 use super::tokenizer::{quote_word, split_words};
 
@@ -356,7 +357,13 @@ impl Balance {
 pub struct Config {
     /// Sections in file order; a [`SectionKind::Preamble`] section comes first when
     /// conditional or diagnostic lines precede the first header.
-    pub sections: Vec<Section>,
+    ///
+    /// Each section is shared: a model parsed from the previous one (phase 1 parsing
+    /// only what changed) holds the very sections of it that did not change, so they
+    /// are neither copied nor compared again ([`Arc::ptr_eq`] tells them apart: a
+    /// section shared by two models comes from the same lines, on the same line
+    /// numbers, of both texts).
+    pub sections: Vec<Arc<Section>>,
 }
 
 impl Config {
@@ -364,12 +371,16 @@ impl Config {
     pub fn section(&self, kind: SectionKind, name: &str) -> Option<&Section> {
         self.sections
             .iter()
+            .map(|s| &**s)
             .find(|s| s.kind == kind && s.name.as_deref() == Some(name))
     }
 
     /// Sections of one kind, in order.
     pub fn sections_of(&self, kind: SectionKind) -> impl Iterator<Item = &Section> + '_ {
-        self.sections.iter().filter(move |s| s.kind == kind)
+        self.sections
+            .iter()
+            .map(|s| &**s)
+            .filter(move |s| s.kind == kind)
     }
 
     /// `backend` sections, in order (see also [`Config::server_proxies`]).
@@ -389,7 +400,10 @@ impl Config {
 
     /// Sections that can hold servers: backends and listens, in order.
     pub fn server_proxies(&self) -> impl Iterator<Item = &Section> + '_ {
-        self.sections.iter().filter(|s| s.kind.has_servers())
+        self.sections
+            .iter()
+            .map(|s| &**s)
+            .filter(|s| s.kind.has_servers())
     }
 
     /// The `global` section, if any.
@@ -406,6 +420,7 @@ impl Config {
         self.sections
             .iter()
             .rev()
+            .map(|s| &**s)
             .find(|s| s.kind == SectionKind::Defaults && s.line < section.line)
     }
 
@@ -542,7 +557,7 @@ pub fn parse_lenient(text: &str) -> (Config, Vec<ParseError>) {
     for section in &mut sections {
         section.directives.shrink_to_fit();
     }
-    sections.shrink_to_fit();
+    let sections = sections.into_iter().map(Arc::new).collect();
     (Config { sections }, errors)
 }
 

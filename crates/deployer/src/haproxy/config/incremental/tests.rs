@@ -177,3 +177,225 @@ proptest! {
         }
     }
 }
+
+/// [`plain_line`] and the lines the phase-1 checks look at across sections: static
+/// `use_backend`/`default_backend` targets, profiles, names shared by proxies, and
+/// references to rendered files and to files that may not be rendered.
+fn checked_line() -> impl Strategy<Value = String> {
+    prop_oneof![
+        8 => plain_line(),
+        2 => (0..8u32).prop_map(|b| format!("    use_backend be_{b}")),
+        1 => (0..8u32).prop_map(|b| format!("    default_backend be_{b}")),
+        1 => (0..3u32).prop_map(|f| format!("    use_backend fe_{f}")),
+        1 => (0..3u32).prop_map(|l| format!("backend li_{l}")),
+        1 => (0..3u32).prop_map(|f| format!("listen fe_{f}")),
+        1 => (0..8u32).prop_map(|b| format!("backend be_{b} from other")),
+        1 => Just("defaults other".to_owned()),
+        1 => Just("    http-request set-var(txn.x) str(a),map(maps/a.map)".to_owned()),
+        1 => Just("    http-request set-var(txn.y) str(b),map(./maps/b.map)".to_owned()),
+        1 => Just("    bind :443 ssl crt certs/".to_owned()),
+    ]
+}
+
+/// A set of rendered files, from bits.
+fn rendered_paths(bits: u8) -> std::collections::BTreeSet<String> {
+    ["maps/a.map", "maps/b.map", "certs/site.pem"]
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| bits & (1 << i) != 0)
+        .map(|(_, path)| (*path).to_owned())
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+    /// Phase 1 from the previous text that passed it (parsing and checking only what
+    /// changed when it can) gives exactly the whole phase 1's model and diagnostics.
+    #[test]
+    fn phase1_reusing_equals_whole(
+        body in prop::collection::vec(checked_line(), 0..40),
+        edits in prop::collection::vec(
+            prop_oneof![
+                4 => edit(),
+                3 => (any::<usize>(), prop::collection::vec(checked_line(), 1..4))
+                    .prop_map(|(at, l)| Edit::Insert(at, l)),
+                2 => (any::<usize>(), checked_line()).prop_map(|(at, l)| Edit::Replace(at, l)),
+            ],
+            1..4,
+        ),
+        old_files in 0..8u8,
+        new_files in prop_oneof![3 => Just(None), 1 => (0..8u8).prop_map(Some)],
+    ) {
+        use super::super::{Passed, phase1_parsed, phase1_reusing};
+        let mut lines = vec![
+            "global".to_owned(),
+            "    maxconn 10".to_owned(),
+            "defaults routes".to_owned(),
+            "    mode http".to_owned(),
+        ];
+        lines.extend(body);
+        let old_paths = rendered_paths(old_files);
+        // Only a text that passed phase 1 is a starting point: the lines phase 1
+        // reports are left out until it passes.
+        let mut old = String::new();
+        let mut passed = None;
+        for _ in 0..20 {
+            old = lines.join("\n");
+            old.push('\n');
+            let (model, found) = phase1_parsed(&old, &old_paths);
+            let bad: std::collections::BTreeSet<usize> = found
+                .iter()
+                .filter(|d| d.severity == hapwright_eventbus::model::Severity::Error)
+                .filter_map(|d| d.location.as_ref()?.line)
+                .map(|line| line as usize - 1)
+                .collect();
+            if bad.is_empty() {
+                passed = Some(model);
+                break;
+            }
+            lines = lines
+                .into_iter()
+                .enumerate()
+                .filter(|(index, _)| !bad.contains(index))
+                .map(|(_, line)| line)
+                .collect();
+        }
+        let Some(model) = passed else { return Ok(()) };
+        for edit in &edits {
+            apply(&mut lines, edit);
+        }
+        let mut new = lines.join("\n");
+        new.push('\n');
+        let new_paths = new_files.map_or_else(|| old_paths.clone(), rendered_paths);
+        let previous = Passed { text: &old, model: &model, rendered_paths: &old_paths };
+        let (reused, diagnostics) = phase1_reusing(Some(previous), &new, &new_paths);
+        let (whole, whole_diagnostics) = phase1_parsed(&new, &new_paths);
+        prop_assert_eq!(reused, whole);
+        prop_assert_eq!(diagnostics, whole_diagnostics);
+    }
+}
+
+#[test]
+fn a_change_is_checked_against_the_whole_model() {
+    use super::super::{Passed, phase1_parsed, phase1_reusing};
+    let paths: std::collections::BTreeSet<String> = ["maps/hosts.map".to_owned()].into();
+    let (model, found) = phase1_parsed(QUICKSTART, &paths);
+    assert!(found.is_empty(), "{found:?}");
+    let previous = Passed {
+        text: QUICKSTART,
+        model: &model,
+        rendered_paths: &paths,
+    };
+    let errors = |new: &str| {
+        let (_, diagnostics) = phase1_reusing(Some(previous), new, &paths);
+        assert_eq!(diagnostics, phase1_parsed(new, &paths).1);
+        diagnostics
+            .into_iter()
+            .map(|d| d.message)
+            .collect::<Vec<_>>()
+    };
+    // A clean add, checked from its own section.
+    let added = QUICKSTART.replace(
+        "backend be_default_c",
+        "backend be_default_b from routes\n    server b-1 127.0.0.1:9201\n\nbackend be_default_c",
+    );
+    assert!(errors(&added).is_empty());
+    // An added backend named like one outside the change.
+    let clash = QUICKSTART.replace(
+        "backend be_default_c",
+        "backend be_default_a from routes\n    server b-1 127.0.0.1:9201\n\nbackend be_default_c",
+    );
+    assert_eq!(errors(&clash).len(), 1, "the duplicate is reported");
+    // A removed backend a static target still names.
+    let targeted = QUICKSTART.replace(
+        "default_backend be_no_route",
+        "default_backend be_default_a",
+    );
+    let (model, _) = phase1_parsed(&targeted, &paths);
+    let previous = Passed {
+        text: &targeted,
+        model: &model,
+        rendered_paths: &paths,
+    };
+    let removed = targeted.replace(
+        "backend be_default_a from routes\n    server a-1 127.0.0.1:9201\n\n",
+        "",
+    );
+    let (_, diagnostics) = phase1_reusing(Some(previous), &removed, &paths);
+    assert_eq!(diagnostics, phase1_parsed(&removed, &paths).1);
+    assert_eq!(diagnostics.len(), 1, "the missing target is reported");
+    // An added backend with a profile that does not exist, or a file not rendered.
+    let profile = added.replace("be_default_b from routes", "be_default_b from rotues");
+    assert_eq!(errors(&profile).len(), 1);
+    let file = added.replace(
+        "    server b-1 127.0.0.1:9201\n",
+        "    server b-1 127.0.0.1:9201\n    http-request set-var(txn.x) str(a),map(maps/missing.map)\n",
+    );
+    assert_eq!(errors(&file).len(), 1);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1_000))]
+
+    /// A model that shares the unchanged sections of the previous one is planned,
+    /// compared by the equivalence rule and split into added and removed backends
+    /// exactly as the whole parse of the same text is.
+    #[test]
+    fn shared_sections_plan_and_compare_as_whole_ones(
+        body in prop::collection::vec(plain_line(), 0..40),
+        edits in prop::collection::vec(edit(), 1..4),
+    ) {
+        use std::sync::Arc;
+        use hapwright_eventbus::model::{RenderedConfig, SourceMap};
+        use crate::component::validator::equivalence::{self, Baseline};
+        use crate::haproxy::backends::{self, Capability};
+        use crate::haproxy::plan::{self, PlanOptions};
+        let mut lines = vec![
+            "global".to_owned(),
+            "    maxconn 10".to_owned(),
+            "defaults routes".to_owned(),
+            "    mode http".to_owned(),
+        ];
+        lines.extend(body);
+        let mut old = lines.join("\n");
+        old.push('\n');
+        let Ok(model) = parse(&old) else { return Ok(()) };
+        for edit in &edits {
+            apply(&mut lines, edit);
+        }
+        let mut new = lines.join("\n");
+        new.push('\n');
+        let Some(shared) = parse_reusing(&old, &model, &new) else { return Ok(()) };
+        let whole = parse_lenient(&new).0;
+        let render = |text: &str| {
+            Arc::new(RenderedConfig::new(
+                text.to_owned(),
+                Default::default(),
+                Default::default(),
+                Default::default(),
+                SourceMap::default(),
+            ))
+        };
+        let (running, desired) = (render(&old), render(&new));
+        for capability in [Capability::On, Capability::Off] {
+            let options = PlanOptions { dynamic_backends: capability };
+            prop_assert_eq!(
+                plan::plan_with(&running, &model, &desired, &shared, &options),
+                plan::plan_with(&running, &model, &desired, &whole, &options)
+            );
+        }
+        let baseline = Baseline { rendered: Arc::clone(&running), model: Arc::new(model.clone()) };
+        prop_assert_eq!(
+            equivalence::compare(&baseline, &desired, &shared),
+            equivalence::compare(&baseline, &desired, &whole)
+        );
+        let by_key = |(added, removed): (Vec<&super::Section>, Vec<&super::Section>)| {
+            (added.into_iter().cloned().collect::<Vec<_>>(), removed.into_iter().cloned().collect::<Vec<_>>())
+        };
+        prop_assert_eq!(
+            by_key(backends::added_and_removed(&model, &shared)),
+            by_key(backends::added_and_removed_indexed(&model, &whole))
+        );
+    }
+}
