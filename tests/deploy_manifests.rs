@@ -1027,6 +1027,25 @@ fn check_haproxy_start(docs: &[Doc]) -> Vec<String> {
     problems
 }
 
+/// `hapwright check` accepts the embedded config, written out with the files its
+/// pod mounts next to it.
+fn assert_hapwright_check_passes(docs: &[Doc], embedded: &Embedded<'_>) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = materialize(docs, embedded, dir.path());
+    let output = Command::new(hapwright_binary())
+        .args(["check", "-c"])
+        .arg(&config)
+        .output()
+        .expect("run hapwright check");
+    assert!(
+        output.status.success(),
+        "{}: hapwright check failed:\n{}{}",
+        embedded.config_map.label(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 /// Writes the hapwright config volume as the pod would see it (ConfigMap items and
 /// projected Secrets; a placeholder for Secrets the user creates) and returns the
 /// config file's path in it.
@@ -1223,20 +1242,7 @@ fn embedded_hapwright_configs_pass_check() {
     for mode in modes() {
         let docs = load(&mode);
         for embedded in embedded_configs(&docs) {
-            let dir = tempfile::tempdir().expect("temp dir");
-            let config = materialize(&docs, &embedded, dir.path());
-            let output = Command::new(hapwright_binary())
-                .args(["check", "-c"])
-                .arg(&config)
-                .output()
-                .expect("run hapwright check");
-            assert!(
-                output.status.success(),
-                "{}: hapwright check failed:\n{}{}",
-                embedded.config_map.label(),
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
+            assert_hapwright_check_passes(&docs, &embedded);
         }
     }
 }
@@ -2934,19 +2940,7 @@ fn the_gateway_api_mode_serves_its_gateway_class_with_the_gateway_library() {
         embedded[0].config["watchedResources"]["httproutes"].is_object(),
         "the Gateway API library"
     );
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = materialize(&docs, &embedded[0], dir.path());
-    let output = Command::new(hapwright_binary())
-        .args(["check", "-c"])
-        .arg(&config)
-        .output()
-        .expect("run hapwright check");
-    assert!(
-        output.status.success(),
-        "hapwright check: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_hapwright_check_passes(&docs, &embedded[0]);
 }
 
 /// The ingress-nginx mode is the sidecar mode with the ingress-nginx library: it
@@ -2976,19 +2970,7 @@ fn the_ingress_nginx_mode_serves_the_nginx_class_with_the_ingress_nginx_library(
             "the ingress-nginx library watches {watched}"
         );
     }
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = materialize(&docs, &embedded[0], dir.path());
-    let output = Command::new(hapwright_binary())
-        .args(["check", "-c"])
-        .arg(&path)
-        .output()
-        .expect("run hapwright check");
-    assert!(
-        output.status.success(),
-        "hapwright check: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_hapwright_check_passes(&docs, &embedded[0]);
 }
 
 // === the drain and the Data Plane API runner, run for real ===

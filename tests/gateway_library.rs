@@ -755,17 +755,8 @@ fn the_library_routes_real_traffic() {
 /// sources are rendered, never written), waiting until it is rendered.
 fn resolved_refs(sidecar: &Sidecar, route: &str) -> (String, String) {
     poll(WAIT, || {
-        let text = sidecar
-            .client
-            .get(format!("http://127.0.0.1:{}/debug/status", sidecar.status))
-            .send()
-            .and_then(|r| r.text())
-            .ok()?;
-        let all: Value = serde_json::from_str(&text).ok()?;
-        let status = all["statuses"].as_array()?.iter().find(|s| {
-            s["resource"] == "httproutes" && s["namespace"] == "shop" && s["name"] == route
-        })?;
-        let condition = status["status"]["parents"][0]["conditions"]
+        let status = sidecar.rendered_status("httproutes", "shop", route)?;
+        let condition = status["parents"][0]["conditions"]
             .as_array()?
             .iter()
             .find(|c| c["type"] == "ResolvedRefs")?;
@@ -786,17 +777,8 @@ fn status_where(
     done: impl Fn(&Value) -> bool,
 ) -> Value {
     poll(WAIT, || {
-        let text = sidecar
-            .client
-            .get(format!("http://127.0.0.1:{}/debug/status", sidecar.status))
-            .send()
-            .and_then(|r| r.text())
-            .ok()?;
-        let all: Value = serde_json::from_str(&text).ok()?;
-        let status = all["statuses"].as_array()?.iter().find(|s| {
-            s["resource"] == resource && s["namespace"] == object.0 && s["name"] == object.1
-        })?;
-        done(&status["status"]).then(|| status["status"].clone())
+        let status = sidecar.rendered_status(resource, object.0, object.1)?;
+        done(&status).then_some(status)
     })
     .unwrap_or_else(|_| {
         sidecar.fail(&format!(
@@ -829,16 +811,6 @@ fn condition_where(
         find(status).is_some_and(|c| done(&c))
     });
     find(&status).unwrap_or_else(|| sidecar.fail("the condition vanished"))
-}
-
-/// A Gateway `edge` in infra with `listeners`, every namespace allowed.
-fn gateway_with(listeners: Value) -> Value {
-    json!([{
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "Gateway",
-        "metadata": { "name": "edge", "namespace": "infra" },
-        "spec": { "gatewayClassName": "hapwright", "listeners": listeners }
-    }])
 }
 
 /// The ReferenceGrant that lets `from_kind`s of namespace shop use billing/ledger.
@@ -922,7 +894,7 @@ fn a_partially_invalid_rule_answers_500_for_the_share_of_its_unusable_backend_re
         ])
     )]);
     let resources = resources_with(
-        gateway_with(json!([ { "name": "http", "protocol": "HTTP", "port": http,
+        library::edge_gateway(json!([ { "name": "http", "protocol": "HTTP", "port": http,
                                "allowedRoutes": { "namespaces": { "from": "All" } } } ])),
         &upstreams,
         &[("httproutes", routes)],
@@ -1124,7 +1096,7 @@ fn tcp_routes_forward_real_connections() {
         json!([ { "name": "ledger", "namespace": "billing", "port": 80 } ]),
     );
     let resources = resources_with(
-        gateway_with(json!([
+        library::edge_gateway(json!([
             { "name": "db", "protocol": "TCP", "port": db,
               "allowedRoutes": { "namespaces": { "from": "All" } } },
             { "name": "queue", "protocol": "TCP", "port": queue,
@@ -1268,16 +1240,9 @@ fn session_persistence_keeps_a_client_on_one_endpoint_across_endpoint_changes() 
     config["extraContext"]["sessionCookieKey"] = json!("test-k3y-0f1e2d");
     let library = library_value();
     let global = &library["validationTests"]["_global"]["fixtures"];
-    let gateways = json!([{
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "Gateway",
-        "metadata": { "name": "edge", "namespace": "infra" },
-        "spec": {
-            "gatewayClassName": "hapwright",
-            "listeners": [ { "name": "http", "protocol": "HTTP", "port": http,
-                             "allowedRoutes": { "namespaces": { "from": "All" } } } ]
-        }
-    }]);
+    let gateways =
+        library::edge_gateway(json!([ { "name": "http", "protocol": "HTTP", "port": http,
+                             "allowedRoutes": { "namespaces": { "from": "All" } } } ]));
     let routes = json!([http_route(
         "sticky",
         "sticky.example.test",
@@ -1469,17 +1434,8 @@ impl Drop for TlsBackend {
 fn expect_policy_condition(sidecar: &Sidecar, name: &str, kind: &str, expected: (&str, &str)) {
     let mut last = None;
     let found = poll(WAIT, || {
-        let text = sidecar
-            .client
-            .get(format!("http://127.0.0.1:{}/debug/status", sidecar.status))
-            .send()
-            .and_then(|r| r.text())
-            .ok()?;
-        let all: Value = serde_json::from_str(&text).ok()?;
-        let status = all["statuses"].as_array()?.iter().find(|s| {
-            s["resource"] == "backendtlspolicies" && s["namespace"] == "shop" && s["name"] == name
-        })?;
-        let condition = status["status"]["ancestors"][0]["conditions"]
+        let status = sidecar.rendered_status("backendtlspolicies", "shop", name)?;
+        let condition = status["ancestors"][0]["conditions"]
             .as_array()?
             .iter()
             .find(|c| c["type"] == kind)?
@@ -1513,23 +1469,15 @@ fn backend_tls_policy_verifies_the_backend_certificate() {
     let second = TlsBackend::start(dir, "backend");
 
     let http = free_port();
-    let mut config = library::gateway_config();
+    let config = library::gateway_config();
     let stats = config["extraContext"]["statsPort"]
         .as_u64()
         .expect("stats port");
-    config["extraContext"]["statsPort"] = json!(stats);
     let library = library_value();
     let global = &library["validationTests"]["_global"]["fixtures"];
-    let gateways = json!([{
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "Gateway",
-        "metadata": { "name": "edge", "namespace": "infra" },
-        "spec": {
-            "gatewayClassName": "hapwright",
-            "listeners": [ { "name": "http", "protocol": "HTTP", "port": http,
-                             "allowedRoutes": { "namespaces": { "from": "All" } } } ]
-        }
-    }]);
+    let gateways =
+        library::edge_gateway(json!([ { "name": "http", "protocol": "HTTP", "port": http,
+                             "allowedRoutes": { "namespaces": { "from": "All" } } } ]));
     let routes = json!([http_route(
         "secure",
         "secure.example.test",

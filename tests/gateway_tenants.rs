@@ -219,17 +219,8 @@ fn start(settings: Value) -> (Sidecar, Ports) {
 /// `namespace/name`'s first parent, as rendered on `/debug/status`.
 fn conflicted(sidecar: &Sidecar, namespace: &str, name: &str) -> (String, String) {
     poll(WAIT, || {
-        let text = sidecar
-            .client
-            .get(format!("http://127.0.0.1:{}/debug/status", sidecar.status))
-            .send()
-            .and_then(|r| r.text())
-            .ok()?;
-        let all: Value = serde_json::from_str(&text).ok()?;
-        let status = all["statuses"].as_array()?.iter().find(|s| {
-            s["resource"] == "httproutes" && s["namespace"] == namespace && s["name"] == name
-        })?;
-        let condition = status["status"]["parents"][0]["conditions"]
+        let status = sidecar.rendered_status("httproutes", namespace, name)?;
+        let condition = status["parents"][0]["conditions"]
             .as_array()?
             .iter()
             .find(|c| c["type"] == "hapwright.io/Conflicted")?;

@@ -176,16 +176,9 @@ fn a_new_httproute_and_its_removal_need_no_reload_on_3_4() {
         "examples/gateway-api/hapwright.yaml",
     ));
     let global = &library_fixtures["validationTests"]["_global"]["fixtures"];
-    let gateway = json!([{
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "Gateway",
-        "metadata": { "name": "edge", "namespace": "infra" },
-        "spec": {
-            "gatewayClassName": "hapwright",
-            "listeners": [ { "name": "http", "protocol": "HTTP", "port": http,
-                             "allowedRoutes": { "namespaces": { "from": "All" } } } ]
-        }
-    }]);
+    let gateway =
+        library::edge_gateway(json!([ { "name": "http", "protocol": "HTTP", "port": http,
+                             "allowedRoutes": { "namespaces": { "from": "All" } } } ]));
     let resources = [
         ("gatewayclasses", global["gatewayclasses"].clone()),
         ("gateways", gateway),
@@ -277,20 +270,12 @@ fn a_new_tcproute_and_its_removal_need_no_reload_on_3_4() {
         "examples/gateway-api/hapwright.yaml",
     ));
     let global = &library_fixtures["validationTests"]["_global"]["fixtures"];
-    let gateway = json!([{
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "Gateway",
-        "metadata": { "name": "edge", "namespace": "infra" },
-        "spec": {
-            "gatewayClassName": "hapwright",
-            "listeners": [
-                { "name": "http", "protocol": "HTTP", "port": http,
-                  "allowedRoutes": { "namespaces": { "from": "All" } } },
-                { "name": "tcp", "protocol": "TCP", "port": tcp,
-                  "allowedRoutes": { "namespaces": { "from": "All" } } }
-            ]
-        }
-    }]);
+    let gateway = library::edge_gateway(json!([
+        { "name": "http", "protocol": "HTTP", "port": http,
+          "allowedRoutes": { "namespaces": { "from": "All" } } },
+        { "name": "tcp", "protocol": "TCP", "port": tcp,
+          "allowedRoutes": { "namespaces": { "from": "All" } } }
+    ]));
     let resources = [
         ("gatewayclasses", global["gatewayclasses"].clone()),
         ("gateways", gateway),

@@ -316,6 +316,16 @@ pub fn gateway_config() -> Value {
     config
 }
 
+/// A Gateway `edge` in namespace infra of the class `hapwright`, with `listeners`.
+pub fn edge_gateway(listeners: Value) -> Value {
+    json!([{
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": { "name": "edge", "namespace": "infra" },
+        "spec": { "gatewayClassName": "hapwright", "listeners": listeners }
+    }])
+}
+
 /// The Ingress library with files sources standing in for the API server, its
 /// frontends on `http` and `https`, a free stats port and a small `maxconn`.
 pub fn ingress_config(http: u16, https: u16) -> Value {
@@ -459,6 +469,24 @@ pub struct Sidecar {
 }
 
 impl Sidecar {
+    /// The status last rendered for `resource` `namespace/name`, as `/debug/status`
+    /// shows it (objects of `files` sources are rendered, never written); `None`
+    /// until there is one.
+    pub fn rendered_status(&self, resource: &str, namespace: &str, name: &str) -> Option<Value> {
+        let text = self
+            .client
+            .get(format!("http://127.0.0.1:{}/debug/status", self.status))
+            .send()
+            .and_then(|r| r.text())
+            .ok()?;
+        let all: Value = serde_json::from_str(&text).ok()?;
+        all["statuses"]
+            .as_array()?
+            .iter()
+            .find(|s| s["resource"] == resource && s["namespace"] == namespace && s["name"] == name)
+            .map(|s| s["status"].clone())
+    }
+
     /// Starts HAProxy as the sidecar manifest does (its bootstrap config binding
     /// `bootstrap_port` instead of `:8080`), then `hapwright run` with `config`
     /// (whose `haproxy` and `controller` sections are set here) and the objects of

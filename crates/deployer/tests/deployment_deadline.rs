@@ -18,9 +18,9 @@ use hapwright_deployer::client::socket::SocketAddress;
 use hapwright_deployer::component::deployer::{Config, Deployer, LastDeployedStore};
 use hapwright_deployer::driver::SocketDriver;
 use hapwright_deployer::metrics::Metrics;
+use hapwright_eventbus::EventPayload;
 use hapwright_eventbus::model::{DeployStrategy, RenderedConfig};
 use hapwright_eventbus::testing::TestBus;
-use hapwright_eventbus::{EventKind, EventPayload};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
@@ -114,13 +114,7 @@ async fn a_runtime_change_past_the_deadline_finishes_and_the_next_goes_out_at_ru
     let metrics = Metrics::unregistered().unwrap();
     let driver: Arc<dyn Driver> = Arc::new(SocketDriver::new(instance, None, metrics.clone()));
     let bus = TestBus::new();
-    let mut events = bus.subscribe(
-        "test",
-        [
-            EventKind::InstanceDeployed,
-            EventKind::InstanceDeploymentFailed,
-        ],
-    );
+    let mut events = support::deployments(&bus);
     let publisher = bus.publisher();
     let kernel = bus.start(|kernel| {
         kernel.register(Deployer::with_drivers(
@@ -134,14 +128,7 @@ async fn a_runtime_change_past_the_deadline_finishes_and_the_next_goes_out_at_ru
             metrics,
         ));
     });
-    let mut next = async || {
-        timeout(Duration::from_secs(30), events.recv())
-            .await
-            .expect("an event in time")
-            .unwrap()
-            .payload
-            .clone()
-    };
+    let mut next = async || support::next_outcome(&mut events, Duration::from_secs(30)).await;
 
     // v2: the weight at once, then the map update, held by the gate past the 1 s
     // deadline.

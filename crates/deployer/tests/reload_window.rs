@@ -272,13 +272,7 @@ async fn a_runtime_change_past_the_deadline_finishes_and_the_next_plans_from_it(
         runtime_takes: Duration::from_secs(5),
     });
     let bus = TestBus::new();
-    let mut events = bus.subscribe(
-        "test",
-        [
-            EventKind::InstanceDeployed,
-            EventKind::InstanceDeploymentFailed,
-        ],
-    );
+    let mut events = support::deployments(&bus);
     let publisher = bus.publisher();
     let kernel = bus.start(|kernel| {
         kernel.register(Deployer::with_drivers(
@@ -293,14 +287,7 @@ async fn a_runtime_change_past_the_deadline_finishes_and_the_next_plans_from_it(
             Metrics::unregistered().unwrap(),
         ));
     });
-    let mut next = async || {
-        timeout(Duration::from_secs(60), events.recv())
-            .await
-            .expect("an event in time")
-            .unwrap()
-            .payload
-            .clone()
-    };
+    let mut next = async || support::next_outcome(&mut events, Duration::from_secs(60)).await;
     let server = |addr: &str| config(&format!("{BACKEND}    server s1 {addr}:80\n"));
     let (v1, v2, v3) = (server("10.0.0.1"), server("10.0.0.2"), server("10.0.0.3"));
 
