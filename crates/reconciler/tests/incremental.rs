@@ -675,6 +675,27 @@ fn example_differential(example: &Example, changes: usize, rng: &mut Rng) -> usi
                     }
                     upsert(snapshot, object);
                 }
+                // One value of `data` renewed or emptied (a Secret's certificate
+                // or key), everything else as it was.
+                3 if !keys.is_empty() => {
+                    let key = &keys[rng.below(keys.len())];
+                    let mut object = snapshot.get_by_key(key).expect("exists").parse();
+                    let fields: Vec<String> = object["data"]
+                        .as_object()
+                        .map(|data| data.keys().cloned().collect())
+                        .unwrap_or_default();
+                    if fields.is_empty() {
+                        upsert(snapshot, pool[rng.below(pool.len())].clone());
+                    } else {
+                        let field = &fields[rng.below(fields.len())];
+                        object["data"][field] = if rng.chance(20) {
+                            json!("")
+                        } else {
+                            json!(base64_value(rng, "", step))
+                        };
+                        upsert(snapshot, object);
+                    }
+                }
                 // A fixture as it is: modifies the object of that name, or adds it.
                 _ => upsert(snapshot, pool[rng.below(pool.len())].clone()),
             }

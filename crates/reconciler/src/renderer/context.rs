@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use hapwright_eventbus::model::{ResourceChange, ResourceSnapshot, StoredObject};
-use minijinja::value::{Enumerator, Object, ObjectExt, ObjectRepr, Value};
+use minijinja::value::{Enumerator, Kwargs, Object, ObjectExt, ObjectRepr, Value, ValueKind};
 use minijinja::{Error, ErrorKind, State};
 
 use super::lazy::Doc;
@@ -479,7 +479,7 @@ impl ResourceStore {
     fn key<'a>(&self, method: &str, arg: &'a Value) -> Result<Cow<'a, str>, Error> {
         if let Some(text) = arg.as_str() {
             Ok(Cow::Borrowed(text))
-        } else if arg.is_number() || arg.kind() == minijinja::value::ValueKind::Bool {
+        } else if arg.is_number() || arg.kind() == ValueKind::Bool {
             Ok(Cow::Owned(arg.to_string()))
         } else {
             Err(Error::new(
@@ -509,6 +509,11 @@ impl ResourceStore {
             // Everything, or an error: depends on every object.
             _ => Read::List(self.name.clone()),
         });
+        self.find(method, args)
+    }
+
+    /// [`Self::lookup`] without noting a read.
+    fn find(&self, method: &str, args: &[Value]) -> Result<Found<'_>, Error> {
         let Some(snapshot) = &self.snapshot else {
             self.keys(method, args)?;
             return Ok(Found::Node(None));
@@ -571,6 +576,128 @@ impl ResourceStore {
         }
     }
 
+    /// `has(keys..., fields=[...])`: whether `get(keys...)` finds an object and every
+    /// listed field of it is set (Jinja's truthiness: a non-empty string, list or
+    /// mapping, `true`, a non-zero number). The read noted is that answer only, so a
+    /// change to the object that leaves it as it was (a renewed certificate's data)
+    /// does not make the file render again.
+    fn has(&self, args: &[Value]) -> Result<Value, Error> {
+        let (args, kwargs) = match args.split_last() {
+            Some((last, rest)) if last.is_kwargs() => (rest, Some(Kwargs::try_from(last.clone())?)),
+            _ => (args, None),
+        };
+        let fields: Arc<[Arc<[String]>]> = match &kwargs {
+            Some(kwargs) => {
+                let fields = match kwargs.get::<Option<Value>>("fields")? {
+                    Some(fields) => self.fields(&fields)?,
+                    None => Arc::from([]),
+                };
+                kwargs.assert_all_used()?;
+                fields
+            }
+            None => Arc::from([]),
+        };
+        let keys = self.keys("has", args)?;
+        let depth = self
+            .snapshot
+            .as_ref()
+            .map_or(usize::MAX, |s| s.index_by().len());
+        if keys.is_empty() || keys.len() > depth {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!(
+                    "resources.{}.has() takes 1 to {depth} index keys, got {}",
+                    self.name,
+                    keys.len()
+                ),
+            ));
+        }
+        let answer = self.has_answer(&keys, &fields)?;
+        record(|| {
+            Read::Has(Arc::new(HasRead {
+                name: self.name.clone(),
+                keys: LookupKeys::new(keys.iter().map(|k| k.to_string()).collect()),
+                fields: fields.clone(),
+                answer,
+            }))
+        });
+        Ok(Value::from(answer))
+    }
+
+    /// The `fields=` argument of `has()`: a list of fields, each a dotted path
+    /// (`"spec.rules"`) or a list of keys (`["data", "tls.crt"]`, for keys with dots).
+    fn fields(&self, fields: &Value) -> Result<Arc<[Arc<[String]>]>, Error> {
+        let invalid = || {
+            Error::new(
+                ErrorKind::InvalidOperation,
+                format!(
+                    "resources.{}.has(): fields= takes a list of dotted paths or lists of keys, got {fields}",
+                    self.name
+                ),
+            )
+        };
+        if fields.kind() != ValueKind::Seq {
+            return Err(invalid());
+        }
+        let mut out = Vec::new();
+        for field in fields.try_iter().map_err(|_| invalid())? {
+            let path: Vec<String> = if let Some(text) = field.as_str() {
+                text.split('.').map(str::to_owned).collect()
+            } else if field.kind() == ValueKind::Seq {
+                field
+                    .try_iter()
+                    .map_err(|_| invalid())?
+                    .map(|key| key.as_str().map(str::to_owned).ok_or_else(invalid))
+                    .collect::<Result<_, _>>()?
+            } else {
+                return Err(invalid());
+            };
+            if path.is_empty() || path.iter().any(String::is_empty) {
+                return Err(invalid());
+            }
+            out.push(Arc::from(path));
+        }
+        Ok(out.into())
+    }
+
+    /// The answer of `has(keys..., fields=...)` over this version, without noting a
+    /// read; an error when several objects match (as for `get`).
+    fn has_answer<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        fields: &[Arc<[String]>],
+    ) -> Result<bool, Error> {
+        let Some(snapshot) = &self.snapshot else {
+            return Ok(false);
+        };
+        let lookup = self.lookup.get_or_init(|| self.build_lookup(snapshot));
+        let mut node = Some(&*lookup.root);
+        for key in keys {
+            node = node.and_then(|node| node.children.get(key.as_ref()).map(|n| &**n));
+        }
+        let Some(node) = node else {
+            return Ok(false);
+        };
+        match node.count {
+            0 => Ok(false),
+            1 => {
+                let object = node.single();
+                Ok(fields.iter().all(|path| field_set(&object, path)))
+            }
+            count => Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!(
+                    "resources.{}.has({}): expected at most one object, found {count}",
+                    self.name,
+                    keys.iter()
+                        .map(|k| format!("{:?}", k.as_ref()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+        }
+    }
+
     fn build_lookup(&self, snapshot: &ResourceSnapshot) -> Lookup {
         // The snapshot's index order (index values, then object key) is its fetch
         // order, and the index values were computed when the objects were stored.
@@ -610,6 +737,27 @@ impl ResourceStore {
             root: root.finish(),
         }
     }
+}
+
+/// Whether the field at `path` of an object is set: present, and true as Jinja
+/// tests it. A key that is a number indexes a list.
+fn field_set(object: &Value, path: &[String]) -> bool {
+    let mut value = object.clone();
+    for key in path {
+        let next = if value.kind() == ValueKind::Seq {
+            match key.parse::<usize>() {
+                Ok(index) => value.get_item(&Value::from(index)),
+                Err(_) => return false,
+            }
+        } else {
+            value.get_item(&Value::from(key.as_str()))
+        };
+        match next {
+            Ok(next) if !next.is_undefined() && !next.is_none() => value = next,
+            _ => return false,
+        }
+    }
+    value.is_true()
 }
 
 /// What `fetch`/`get` found: an index node, or (without usable keys) a list.
@@ -656,12 +804,13 @@ impl Object for ResourceStore {
             }
             "fetch" => self.fetch(args),
             "get" => self.get(args),
+            "has" => self.has(args),
             // Not UnknownMethod: that would hand the call to the Python-compatibility
             // fallback and lose this message.
             _ => Err(Error::new(
                 ErrorKind::InvalidOperation,
                 format!(
-                    "resources.{} has no method {method}(); use list(), fetch(keys...) or get(keys...)",
+                    "resources.{} has no method {method}(); use list(), fetch(keys...), get(keys...) or has(keys...)",
                     self.name
                 ),
             )),
@@ -689,6 +838,18 @@ pub(crate) enum Read {
     /// index values are these keys). The keys are shared: a reused snippet output's
     /// reads are copied into the reads of the file that includes it, once per render.
     Lookup(Arc<str>, LookupKeys),
+    /// The answer of a `has(keys..., fields=...)`: the file depends on that answer
+    /// only, not on the rest of the object.
+    Has(Arc<HasRead>),
+}
+
+/// A [`Read::Has`]: the call and what it answered.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct HasRead {
+    name: Arc<str>,
+    keys: LookupKeys,
+    fields: Arc<[Arc<[String]>]>,
+    answer: bool,
 }
 
 /// The keys of a [`Read::Lookup`], with a fingerprint of them ([`keys_print`]) kept
@@ -795,6 +956,16 @@ impl Read {
     fn store(&self) -> &Arc<str> {
         match self {
             Self::List(name) | Self::Lookup(name, _) => name,
+            Self::Has(has) => &has.name,
+        }
+    }
+
+    /// The index keys of a lookup (`None`: a read of every object).
+    fn keys(&self) -> Option<&LookupKeys> {
+        match self {
+            Self::List(_) => None,
+            Self::Lookup(_, keys) => Some(keys),
+            Self::Has(has) => Some(&has.keys),
         }
     }
 
@@ -812,17 +983,29 @@ impl Read {
         old: Option<&Arc<ResourceStore>>,
         new: Option<&Arc<ResourceStore>>,
     ) -> bool {
-        let keys = match (diff, self) {
+        let keys = match (diff, self.keys()) {
             (StoreDiff::Same, _) => return true,
-            (_, Self::List(_)) => return false,
-            (_, Self::Lookup(_, keys)) => &keys.keys,
+            (_, None) => return false,
+            (_, Some(keys)) => &keys.keys,
         };
         if let StoreDiff::Touched(steps) = diff {
             // Unchanged when no update since `old` touched an object under its keys.
-            return !steps
+            let touched = steps
                 .iter()
                 .flat_map(|step| &step.touched)
                 .any(|touched| touched.starts_with(keys));
+            if !touched {
+                return true;
+            }
+        }
+        if let Self::Has(has) = self {
+            // The same answer over the new version, whatever else changed.
+            return new
+                .map_or(Ok(false), |new| new.has_answer(keys, &has.fields))
+                .is_ok_and(|answer| answer == has.answer);
+        }
+        if let StoreDiff::Touched(_) = diff {
+            return false;
         }
         let (Some(old), Some(new)) = (old, new) else {
             // A store without data answers nothing; the other might answer.
@@ -933,7 +1116,7 @@ impl<'a> ReadCheck<'a> {
             }
         };
         let (_, old, new, diff, prints) = &stores[index];
-        if let (Some(prints), Read::Lookup(_, keys)) = (prints, read)
+        if let (Some(prints), Some(keys)) = (prints, read.keys())
             && prints
                 .binary_search(&(keys.keys.len(), keys.print))
                 .is_err()
@@ -1616,5 +1799,163 @@ mod index_tests {
             changed > 1_000 && unchanged > 1_000,
             "{changed} changed, {unchanged} unchanged"
         );
+    }
+
+    /// The read a `has()` notes is unchanged exactly when the same call over the new
+    /// version answers as it did: a renewed value (a field set before and after)
+    /// leaves it unchanged, a field emptied or an object added or removed changes
+    /// it. Random updates of one to three objects, checked one to four versions on,
+    /// through [`ReadCheck`] and each read's own check.
+    #[test]
+    fn a_has_read_depends_only_on_its_answer() {
+        let index_by = vec![
+            FieldPath::parse("metadata.namespace").expect("path"),
+            FieldPath::parse("metadata.name").expect("path"),
+        ];
+        let name: Arc<str> = Arc::from("secrets");
+        let mut rng = Rng(0x0bad_5eed_1234_5678);
+        let mut snapshot = ResourceSnapshot::new(index_by);
+        let mut versions = vec![Resources::new()];
+        let calls: Vec<[Value; 3]> = ["a", "b"]
+            .iter()
+            .flat_map(|ns| (0..4).map(move |i| (ns, i)))
+            .map(|(ns, i)| {
+                [
+                    Value::from(*ns),
+                    Value::from(format!("s{i}")),
+                    Value::from(Kwargs::from_iter([(
+                        "fields",
+                        Value::from(minijinja::value::Serde(json!([
+                            ["data", "tls.crt"],
+                            "data.key"
+                        ]))),
+                    )])),
+                ]
+            })
+            .collect();
+        let has = |resources: &Resources, call: &[Value]| -> (bool, Vec<Read>) {
+            let recording = Recording::start();
+            let store = resources.get(&name).expect("a store");
+            let answer = store.has(call).expect("answers").is_true();
+            (answer, recording.finish())
+        };
+        let (mut same, mut renewed, mut changed) = (0, 0, 0);
+        for step in 0..400 {
+            let mut change = ResourceChange::default();
+            for _ in 0..1 + rng.below(3) {
+                let key = ObjectKey::new(["a", "b"][rng.below(2)], format!("s{}", rng.below(4)));
+                if rng.below(5) == 0 {
+                    if snapshot.remove(&key).is_some() {
+                        change.removed.push(key);
+                    }
+                    continue;
+                }
+                let crt = if rng.below(4) == 0 {
+                    String::new()
+                } else {
+                    format!("pem {step}")
+                };
+                let mut data = json!({"tls.crt": crt});
+                if rng.below(6) != 0 {
+                    data["key"] = json!(format!("key {step}"));
+                }
+                let object = json!({
+                    "metadata": {"namespace": key.namespace, "name": key.name},
+                    "data": data,
+                });
+                match snapshot.upsert(key.clone(), &object) {
+                    Some(UpsertOutcome::Added) => change.added.push(key),
+                    Some(UpsertOutcome::Modified) => change.modified.push(key),
+                    None => {}
+                }
+            }
+            let mut next = versions.last().expect("a version").clone();
+            next.update(&name, Arc::new(snapshot.clone()), Some(&change));
+            versions.push(next);
+            let new = versions.last().expect("a version");
+            let old = &versions[versions.len().saturating_sub(2 + rng.below(4))];
+            if old.get(&name).is_none() {
+                continue;
+            }
+            let check = ReadCheck::new(old, new);
+            for call in &calls {
+                let (before, reads) = has(old, call);
+                let (after, _) = has(new, call);
+                assert_eq!(reads.len(), 1, "one read per call");
+                let read = &reads[0];
+                let expected = before == after;
+                assert_eq!(
+                    read.unchanged(old, new),
+                    expected,
+                    "{read:?} at step {step}"
+                );
+                assert_eq!(check.unchanged(read), expected, "{read:?} at step {step}");
+                let key = ObjectKey::new(
+                    call[0].as_str().expect("ns"),
+                    call[1].as_str().expect("name"),
+                );
+                let text = |r: &Resources| {
+                    r.get(&name).and_then(|s| {
+                        s.snapshot
+                            .as_ref()?
+                            .get_by_key(&key)
+                            .map(|o| o.json().to_owned())
+                    })
+                };
+                match (expected, text(old) == text(new)) {
+                    (true, true) => same += 1,
+                    (true, false) => renewed += 1,
+                    (false, _) => changed += 1,
+                }
+            }
+        }
+        assert!(
+            same > 500 && renewed > 200 && changed > 200,
+            "{same} same, {renewed} renewed, {changed} changed"
+        );
+    }
+
+    /// `has()` refuses what it cannot answer: no keys, more keys than `indexBy`
+    /// paths, fields that are not paths, unknown keyword arguments and several
+    /// matching objects.
+    #[test]
+    fn has_refuses_bad_calls_with_clear_errors() {
+        let index_by = vec![
+            FieldPath::parse("metadata.namespace").expect("path"),
+            FieldPath::parse("metadata.labels.svc").expect("path"),
+        ];
+        let mut snapshot = ResourceSnapshot::new(index_by);
+        for name in ["x", "y"] {
+            let object =
+                json!({"metadata": {"namespace": "a", "name": name, "labels": {"svc": "s"}}});
+            snapshot.upsert(ObjectKey::new("a", name), &object);
+        }
+        let store = ResourceStore::from_snapshot("slices", Arc::new(snapshot));
+        let kwargs = |key: &str, value: serde_json::Value| {
+            Value::from(Kwargs::from_iter([(
+                key,
+                Value::from(minijinja::value::Serde(value)),
+            )]))
+        };
+        let error = |args: &[Value]| store.has(args).expect_err("refused").to_string();
+        assert!(error(&[]).contains("resources.slices.has() takes 1 to 2 index keys, got 0"));
+        let three = [Value::from("a"), Value::from("s"), Value::from("x")];
+        assert!(error(&three).contains("takes 1 to 2 index keys, got 3"));
+        let bad_field = [Value::from("a"), kwargs("fields", json!([1]))];
+        assert!(error(&bad_field).contains("fields= takes a list of dotted paths"));
+        let empty_key = [Value::from("a"), kwargs("fields", json!(["data..x"]))];
+        assert!(error(&empty_key).contains("fields= takes a list of dotted paths"));
+        let unknown = [Value::from("a"), kwargs("field", json!(["data"]))];
+        assert!(error(&unknown).contains("field"), "{}", error(&unknown));
+        let several = [Value::from("a"), Value::from("s")];
+        assert!(error(&several).contains("expected at most one object, found 2"));
+        let missing = [Value::from("b")];
+        assert!(!store.has(&missing).expect("answers").is_true());
+        let list = [
+            Value::from("a"),
+            Value::from("s"),
+            kwargs("fields", json!(["metadata.name"])),
+        ];
+        assert!(error(&list).contains("found 2"));
     }
 }
