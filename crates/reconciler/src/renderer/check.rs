@@ -160,6 +160,32 @@ pub(crate) fn self_contained(
         .collect()
 }
 
+/// For each entry, true when it is an output that names `shared` (it is not
+/// [self-contained](self_contained)) and neither it nor anything it reaches
+/// references a template by a computed name. Such files render one after the other
+/// in entry order, `haproxy.cfg` first with `shared` empty, so each one's output
+/// depends only on its reads and on what the files before it left in `shared`: when
+/// every such file before it was reused (so `shared` holds what it held last time)
+/// and none of its reads changed, its last output may be reused too.
+pub(crate) fn chained(
+    entries: &[Entry],
+    edges: &Edges<'_>,
+    facts: &[Option<Facts>],
+    reusable: &[bool],
+) -> Vec<bool> {
+    (0..entries.len())
+        .map(|root| {
+            entries[root].output.is_some()
+                && !reusable[root]
+                && reach(entries, edges, root).is_some_and(|reached| {
+                    reached
+                        .iter()
+                        .all(|&i| facts[i].is_some_and(|f| !f.computed_reference))
+                })
+        })
+        .collect()
+}
+
 /// For each entry, true when its output may be put together again from the pieces
 /// of its last render: an output that reaches a template whose `include`s go
 /// through the fragment cache (`rewritten`), and is [self-contained](self_contained)

@@ -1229,9 +1229,21 @@ impl Object for SharedList {
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
     values: Mutex<BTreeMap<String, Value>>,
+    /// How many times a template wrote to it (`set`, `setdefault`, `append`): a file
+    /// that leaves it unchanged needs no snapshot of it to be reused.
+    writes: AtomicU64,
 }
 
 impl Shared {
+    /// How many writes so far (see [`Self::writes`]).
+    pub(crate) fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
+    }
+
+    fn wrote(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// What `shared` holds now.
     pub(crate) fn snapshot(&self) -> BTreeMap<String, Value> {
         self.lock().clone()
@@ -1311,11 +1323,13 @@ impl Object for Shared {
             }
             "set" => {
                 let key = key_arg(method, args, 2..=2)?;
+                self.wrote();
                 self.lock().insert(key, args[1].clone());
                 Ok(Value::from(""))
             }
             "setdefault" => {
                 let key = key_arg(method, args, 2..=2)?;
+                self.wrote();
                 Ok(self
                     .lock()
                     .entry(key)
@@ -1324,6 +1338,7 @@ impl Object for Shared {
             }
             "append" => {
                 let key = key_arg(method, args, 2..=2)?;
+                self.wrote();
                 let mut values = self.lock();
                 let mut items = match values.get(&key) {
                     None => imbl::Vector::new(),

@@ -261,6 +261,10 @@ struct Inner {
     /// names only (it renders first, so `shared` starts empty for it, and what it
     /// leaves in `shared` is kept for the files after it).
     spliceable: Vec<bool>,
+    /// Per entry: an output that names `shared` and references templates by
+    /// literal names only, reused when nothing it read changed and every such file
+    /// before it was reused ([`check::chained`]).
+    chained: Vec<bool>,
     /// The files of the last render, for reuse by the next.
     cache: Mutex<Option<Cache>>,
     /// The templates with cacheable `include`s rewritten into the fragment filter
@@ -300,7 +304,8 @@ struct FileReads {
     reads: Arc<[Read]>,
     used: Arc<fragments::Used>,
     pieces: Option<Arc<fragments::Pieces>>,
-    /// For `haproxy.cfg`: `shared` as it left it.
+    /// `shared` as the file left it: for `haproxy.cfg`, and for a file after it that
+    /// wrote to it ([`check::chained`]).
     shared: Option<Arc<BTreeMap<String, Value>>>,
 }
 
@@ -473,6 +478,8 @@ impl Renderer {
             fragment_environment(&env, &entries, &edges, &facts, &variables);
         let spliceable = check::spliceable(&entries, &edges, &facts, &reusable, &rewritten);
         let spliceable = construct::outside_sets(spliceable, &in_set);
+        let chained = check::chained(&entries, &edges, &facts, &reusable);
+        let chained = construct::outside_sets(chained, &in_set);
         let globals = construct::globals(&env);
         Ok(Self {
             inner: Arc::new(Inner {
@@ -487,6 +494,7 @@ impl Renderer {
                 independent,
                 reusable,
                 spliceable,
+                chained,
                 cache: Mutex::new(None),
                 fragment_env,
                 fragment_vars: Arc::new(fragment_vars),

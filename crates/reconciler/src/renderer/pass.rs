@@ -215,10 +215,22 @@ impl<'a> Pass<'a> {
         let inner = self.inner;
         let check = context::ReadCheck::new(&old, resources);
         let mut reused = Vec::new();
+        // While every file that renders one after the other (naming `shared`) so far
+        // is taken or put together again, `shared` holds what it held last time.
+        let mut chain = true;
         for (index, file) in files.into_iter().enumerate() {
-            let Some(file) = file else { continue };
-            let reusable = inner.reusable[index] || file.reads.shared.is_some();
+            let in_order = inner.entries[index].output.is_some()
+                && !inner.independent[index]
+                && !inner.in_set[index];
+            let Some(file) = file else {
+                chain &= !in_order;
+                continue;
+            };
+            let reusable = inner.reusable[index]
+                || (inner.chained[index] && chain)
+                || file.reads.shared.is_some() && inner.entries[index].is_main();
             if !reusable || !file.reads.reads.iter().all(|read| check.unchanged(read)) {
+                chain &= !in_order;
                 continue;
             }
             // The pieces whose snippet outputs or lists read something that changed.
@@ -229,6 +241,7 @@ impl<'a> Pass<'a> {
                 .map_or_else(Vec::new, |pieces| pieces.changes(&check));
             let splice = !changed.is_empty();
             if splice && !(inner.spliceable[index] && self.session.is_some()) {
+                chain &= !in_order;
                 continue;
             }
             if let Some(left) = &file.reads.shared {
@@ -357,6 +370,7 @@ impl<'a> Pass<'a> {
         out: &mut output::Output<'_>,
     ) -> (Result<(), minijinja::Error>, FileReads) {
         let recording = Recording::start();
+        let writes = self.shared().writes();
         let used = fragments::UsedFragments::start();
         // Only a file that may be spliced keeps its own text apart.
         let track = (self.session.is_some() && self.inner.spliceable[index])
@@ -384,7 +398,9 @@ impl<'a> Pass<'a> {
             Some(fragments::Tracked::Pieces(_)) | None => None,
         };
         let used = used.finish();
-        let shared = (entry.is_main() && self.inner.spliceable[index])
+        let chained = self.inner.chained[index];
+        let shared = ((entry.is_main() && (self.inner.spliceable[index] || chained))
+            || (chained && self.shared().writes() != writes))
             .then(|| Arc::new(self.shared().snapshot()));
         let reads = FileReads {
             reads: recording.finish().into(),
@@ -443,13 +459,14 @@ impl<'a> Pass<'a> {
         let mut cached: Vec<Option<CachedFile>> = inner.entries.iter().map(|_| None).collect();
         let results = std::mem::take(&mut self.results);
         let reads = std::mem::take(&mut self.reads);
-        for ((((entry, result), reads), cached), (&reusable, &spliceable)) in inner
+        for (((((entry, result), reads), cached), (&reusable, &spliceable)), &chained) in inner
             .entries
             .iter()
             .zip(results)
             .zip(reads)
             .zip(&mut cached)
             .zip(inner.reusable.iter().zip(&inner.spliceable))
+            .zip(&inner.chained)
         {
             let (Some(file), Some(result)) = (&entry.output, result.into_inner()) else {
                 continue;
@@ -470,8 +487,9 @@ impl<'a> Pass<'a> {
             let reads = reads.into_inner().unwrap_or_default();
             // A file kept for splicing only is kept with its pieces, or with what it
             // left in `shared` (so it may be reused as a whole).
-            let keep =
-                reusable || (spliceable && (reads.pieces.is_some() || reads.shared.is_some()));
+            let keep = reusable
+                || chained
+                || (spliceable && (reads.pieces.is_some() || reads.shared.is_some()));
             if !keep {
                 collected.uncached_used.push(reads.used.clone());
             }
