@@ -41,7 +41,7 @@ use tls::der;
 
 use hapwright_app::bench::parse_status_kb;
 
-use crate::scenarios::{Latency, metric_sum};
+use crate::scenarios::{Latency, Stages, metric_sum};
 
 /// How long a change may take before the scenario fails.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -69,6 +69,9 @@ pub struct CertPropagation {
     pub startup_s: f64,
     /// `VmHWM` of `hapwright run` at the end, bytes.
     pub peak_rss_bytes: u64,
+    /// Where the time went, per change: stage means over the adds, renewals and
+    /// removals (hapwright's histograms, read before each change and once it runs).
+    pub stages: [Stages; 3],
 }
 
 /// A self-signed certificate and key for `host` (PEMs).
@@ -202,13 +205,18 @@ fn settle(sidecar: &Sidecar, what: &str) {
     }
 }
 
-fn render_seconds(sidecar: &Sidecar) -> (f64, f64) {
-    let text = sidecar
+/// hapwright's `/metrics` text (empty when it does not answer).
+fn metrics_text(sidecar: &Sidecar) -> String {
+    sidecar
         .client
         .get(format!("http://127.0.0.1:{}/metrics", sidecar.status))
         .send()
         .and_then(|r| r.text())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+fn render_seconds(sidecar: &Sidecar) -> (f64, f64) {
+    let text = metrics_text(sidecar);
     (
         metric_sum(&text, "hapwright_render_duration_seconds_sum", ""),
         metric_sum(&text, "hapwright_render_duration_seconds_count", ""),
@@ -297,11 +305,13 @@ pub fn certificate_propagation(secrets: usize, changes: usize) -> CertPropagatio
         path: "removal".to_owned(),
         samples_ms: Vec::new(),
     };
+    let mut stages: [Vec<Stages>; 3] = Default::default();
     for (k, host) in new_hosts.iter().enumerate() {
         let (first, renewed) = &fresh[k];
         let (first_der, renewed_der) = (der(&first.0), der(&renewed.0));
         let file = format!("new-{k}");
 
+        let before = metrics_text(&sidecar);
         let since = Instant::now();
         write(&dir, "secrets", &file, &json!([secret(&file, first)]));
         write(
@@ -320,7 +330,9 @@ pub fn certificate_propagation(secrets: usize, changes: usize) -> CertPropagatio
             |status, der| status == 200 && der == first_der.as_slice(),
         ));
         settle(&sidecar, "add");
+        stages[0].push(Stages::between(&before, &metrics_text(&sidecar), 1));
 
+        let before = metrics_text(&sidecar);
         let since = Instant::now();
         write(&dir, "secrets", &file, &json!([secret(&file, renewed)]));
         renew.samples_ms.push(until(
@@ -333,7 +345,9 @@ pub fn certificate_propagation(secrets: usize, changes: usize) -> CertPropagatio
             |status, der| status == 200 && der == renewed_der.as_slice(),
         ));
         settle(&sidecar, "renewal");
+        stages[1].push(Stages::between(&before, &metrics_text(&sidecar), 1));
 
+        let before = metrics_text(&sidecar);
         let since = Instant::now();
         for kind in ["ingresses", "secrets"] {
             std::fs::remove_file(
@@ -353,6 +367,7 @@ pub fn certificate_propagation(secrets: usize, changes: usize) -> CertPropagatio
             |_, der| der != renewed_der.as_slice(),
         ));
         settle(&sidecar, "removal");
+        stages[2].push(Stages::between(&before, &metrics_text(&sidecar), 1));
     }
     let reloads = sidecar.master_reloads() - reloads_before;
     let (sum_after, count_after) = render_seconds(&sidecar);
@@ -377,5 +392,6 @@ pub fn certificate_propagation(secrets: usize, changes: usize) -> CertPropagatio
         change_render_ms,
         startup_s,
         peak_rss_bytes,
+        stages: stages.map(|runs| Stages::mean(&runs)),
     }
 }

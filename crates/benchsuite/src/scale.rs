@@ -343,6 +343,37 @@ pub fn certificates_section(
         section,
         "\n| Secrets | changes | reloads | full render | render per change | start to first deployment | hapwright peak RSS |\n|---:|---:|---:|---:|---:|---:|---:|\n{totals}"
     );
+    let stage_rows: String = results
+        .iter()
+        .filter_map(|c| c.as_ref().ok())
+        .flat_map(|c| {
+            ["new certificate", "renewal", "removal"]
+                .into_iter()
+                .zip(&c.stages)
+                .map(move |(change, s)| {
+                    format!(
+                        "| {} | {change} | {} ms | {} ms | {} ms | {} ms | {} ms | {} |\n",
+                        c.secrets,
+                        fmt_num(s.render_ms),
+                        fmt_num(s.phase1_ms),
+                        fmt_num(s.phase2_ms),
+                        fmt_num(s.deploy_ms),
+                        fmt_num(s.total()),
+                        s.phase2_skipped,
+                    )
+                })
+        })
+        .collect();
+    if !stage_rows.is_empty() {
+        let _ = writeln!(
+            section,
+            "Where a change's time went (means per change from hapwright's histograms; phase 2 \
+             is `haproxy -c`, 0 when the render passed by equivalence; deploy is the plan, the \
+             runtime commands and the file writes):\n\n\
+             | Secrets | change | render | phase 1 | phase 2 | deploy | sum | phase 2 by equivalence |\n\
+             |---:|---|---:|---:|---:|---:|---:|---:|\n{stage_rows}"
+        );
+    }
     section
 }
 
