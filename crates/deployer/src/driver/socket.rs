@@ -716,13 +716,17 @@ impl SocketDriver {
         let failed = |op: String, error: RuntimeError| {
             crate::driver::RuntimeOpsError::new(op, error.class(), error)
         };
+        let started = std::time::Instant::now();
         let resolved = self
             .resolve_files(&plan.ops)
             .await
             .map_err(|error| failed("finding the files HAProxy loaded".to_owned(), error))?;
+        tracing::debug!(elapsed = ?started.elapsed(), ops = plan.ops.len(), "Found the files HAProxy loaded");
         let mut count = 0;
         for (op, target) in plan.ops.iter().zip(resolved) {
+            let started = std::time::Instant::now();
             let outcome = self.apply_op(op, target).await;
+            tracing::debug!(op = %op.describe(), ok = outcome.is_ok(), elapsed = ?started.elapsed(), "Runtime command applied");
             self.metrics
                 .runtime_command(&self.instance.name, op.object(), outcome.is_ok());
             match outcome {
