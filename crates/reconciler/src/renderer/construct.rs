@@ -162,6 +162,9 @@ pub(super) fn compile_sets(
                     .at(SourceLocation::new(path.clone(), None, None)),
             );
         }
+        let pure_name = env.get_template(&name_template).is_ok_and(|template| {
+            sets::pure_name(&set.name, &template.undeclared_variables(false))
+        });
         if let Err(error) = env.compile_expression(&set.for_each) {
             diagnostics.push(
                 Diagnostic::error(format!("{path}: its forEach expression: {error}"))
@@ -175,6 +178,7 @@ pub(super) fn compile_sets(
             name_template,
             for_each: set.for_each,
             contained,
+            pure_name,
         });
     }
     (in_set, set_specs)

@@ -1226,9 +1226,14 @@ impl Object for SharedList {
 /// `shared.setdefault(key, value)`, `shared.append(key, item)`, `shared.has(key)`,
 /// `shared.keys()`; `shared.key` and `shared["key"]` read. `set` and `append` return
 /// an empty string, so `{{ shared.set("k", v) }}` prints nothing.
+/// What `shared` holds: its keys in order, as `shared.keys()` lists them.
+pub(crate) type SharedValues = imbl::OrdMap<String, Value>;
+
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
-    values: Mutex<BTreeMap<String, Value>>,
+    /// A persistent map: what a file left here is kept for the next render
+    /// ([`Self::snapshot`]) without copying tens of thousands of entries.
+    values: Mutex<SharedValues>,
     /// How many times a template wrote to it (`set`, `setdefault`, `append`): a file
     /// that leaves it unchanged needs no snapshot of it to be reused.
     writes: AtomicU64,
@@ -1245,17 +1250,17 @@ impl Shared {
     }
 
     /// What `shared` holds now.
-    pub(crate) fn snapshot(&self) -> BTreeMap<String, Value> {
+    pub(crate) fn snapshot(&self) -> SharedValues {
         self.lock().clone()
     }
 
     /// Makes `shared` hold what it held when `snapshot` was taken (values are never
     /// changed in place: `set` and `append` store new values).
-    pub(crate) fn restore(&self, snapshot: &BTreeMap<String, Value>) {
-        self.lock().clone_from(snapshot);
+    pub(crate) fn restore(&self, snapshot: &SharedValues) {
+        *self.lock() = snapshot.clone();
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Value>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SharedValues> {
         self.values
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())

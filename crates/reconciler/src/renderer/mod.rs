@@ -306,7 +306,7 @@ struct FileReads {
     pieces: Option<Arc<fragments::Pieces>>,
     /// `shared` as the file left it: for `haproxy.cfg`, and for a file after it that
     /// wrote to it ([`check::chained`]).
-    shared: Option<Arc<BTreeMap<String, Value>>>,
+    shared: Option<Arc<context::SharedValues>>,
 }
 
 /// One rendered file kept for reuse.

@@ -62,6 +62,25 @@ pub(crate) struct SetSpec {
     /// Its template neither names `shared` nor references a template by a computed
     /// name: its items render in parallel and may be reused.
     pub(crate) contained: bool,
+    /// Its name template reads nothing but `item`, `extraContext` and functions
+    /// whose answers are fixed for the config (no tags, no resources, no `shared`):
+    /// a string item keeps the name it got last time without rendering it again.
+    pub(crate) pure_name: bool,
+}
+
+/// Whether a name template depends on the item alone ([`SetSpec::pure_name`]):
+/// `undeclared` are the variables it names and does not set.
+pub(crate) fn pure_name(source: &str, undeclared: &std::collections::HashSet<String>) -> bool {
+    const FIXED: [&str; 7] = [
+        "item",
+        "extraContext",
+        "path",
+        "fail",
+        "range",
+        "dict",
+        "namespace",
+    ];
+    !source.contains("{%") && undeclared.iter().all(|name| FIXED.contains(&name.as_str()))
 }
 
 impl SetSpec {
@@ -90,8 +109,16 @@ pub(crate) struct CachedItem {
     reads: Arc<[Read]>,
 }
 
-/// Per set, its files of the last render by name.
-pub(crate) type SetCache = Vec<BTreeMap<String, CachedItem>>;
+/// Per set, what the last render left for the next.
+pub(crate) type SetCache = Vec<SetFiles>;
+
+/// One set's files of the last render by name and, when its name template depends
+/// on the item alone ([`SetSpec::pure_name`]), the name each string item got.
+#[derive(Default)]
+pub(crate) struct SetFiles {
+    files: BTreeMap<String, CachedItem>,
+    names: foldhash::HashMap<String, String>,
+}
 
 /// One item's file: which, its text and its lines' origins.
 pub(crate) type SetFile = (RenderedFileRef, Arc<str>, Arc<[Option<u32>]>);
@@ -166,18 +193,23 @@ impl Renderer {
             Some((resources, sets)) => (Some(resources), sets),
             None => (None, Vec::new()),
         };
-        old_sets.resize_with(inner.sets.len(), BTreeMap::new);
+        old_sets.resize_with(inner.sets.len(), SetFiles::default);
         let check = old_resources
             .as_ref()
             .map(|old| context::ReadCheck::new(old, resources));
         let mut diagnostics = Vec::new();
-        // Every name given so far per kind, with the item (or "a fixed entry") that has it.
-        let mut names: [BTreeMap<String, String>; 3] = Default::default();
+        // Every name given so far per kind, with the item that has it (`None`: a
+        // fixed entry); described only for an error.
+        let mut names: [BTreeMap<String, Option<Value>>; 3] = Default::default();
         for (slot, fixed) in names.iter_mut().zip(taken) {
             for name in fixed.keys() {
-                slot.insert(name.clone(), "a fixed entry".to_owned());
+                slot.insert(name.clone(), None);
             }
         }
+        let who = |item: &Option<Value>| {
+            item.as_ref()
+                .map_or_else(|| "a fixed entry".to_owned(), describe)
+        };
         let mut out = Rendered {
             files: Vec::new(),
             cache: Vec::with_capacity(inner.sets.len()),
@@ -185,7 +217,7 @@ impl Renderer {
             reused: 0,
         };
         let span = tracing::Span::current();
-        for (set, old) in inner.sets.iter().zip(old_sets) {
+        for (set, mut old) in inner.sets.iter().zip(old_sets) {
             let entry = &inner.entries[set.entry];
             let label = set.label();
             // Errors about the set as a whole or an item's name: at the set's template
@@ -210,7 +242,7 @@ impl Renderer {
                             list.kind(),
                             describe(&list)
                         )));
-                        out.cache.push(BTreeMap::new());
+                        out.cache.push(SetFiles::default());
                         continue;
                     }
                 },
@@ -219,7 +251,7 @@ impl Renderer {
                         "{label}.forEach: {}",
                         self.runtime_diagnostic(&error).message
                     )));
-                    out.cache.push(BTreeMap::new());
+                    out.cache.push(SetFiles::default());
                     continue;
                 }
             };
@@ -231,57 +263,72 @@ impl Renderer {
             // Names first: cheap, and every problem with them is found before any
             // file renders.
             let mut named: Vec<Item> = Vec::with_capacity(items.len());
+            let mut memo = foldhash::HashMap::default();
             for value in items {
-                let item_context = item_context(context, &value);
-                let name = match env
-                    .get_template(&set.name_template)
-                    .and_then(|t| t.render(&item_context))
-                {
-                    Ok(name) => name,
-                    Err(error) => {
-                        diagnostics.push(at(format!(
-                            "{label}.name for {}: {}",
-                            describe(&value),
-                            self.runtime_diagnostic(&error).message
-                        )));
-                        continue;
+                // A string item of a pure name template keeps last render's name
+                // (which passed the name rules then).
+                let known = set
+                    .pure_name
+                    .then(|| value.as_str().and_then(|item| old.names.get(item)))
+                    .flatten()
+                    .cloned();
+                let name = match known {
+                    Some(name) => name,
+                    None => {
+                        let item_context = item_context(context, &value);
+                        let name = match env
+                            .get_template(&set.name_template)
+                            .and_then(|t| t.render(&item_context))
+                        {
+                            Ok(name) => name,
+                            Err(error) => {
+                                diagnostics.push(at(format!(
+                                    "{label}.name for {}: {}",
+                                    describe(&value),
+                                    self.runtime_diagnostic(&error).message
+                                )));
+                                continue;
+                            }
+                        };
+                        if let Some(problem) = crate::config::file_name_problem(&name) {
+                            diagnostics.push(at(format!(
+                                "{label}: {} renders the file name {name:?}: {problem}",
+                                describe(&value)
+                            )));
+                            continue;
+                        }
+                        name
                     }
                 };
-                if let Some(problem) = crate::config::file_name_problem(&name) {
-                    diagnostics.push(at(format!(
-                        "{label}: {} renders the file name {name:?}: {problem}",
-                        describe(&value)
-                    )));
-                    continue;
-                }
-                let who = describe(&value);
                 if let Some(first) = names[slot].get(&name) {
                     diagnostics.push(at(format!(
-                        "{label}: {who} and {first} both render {}",
+                        "{label}: {} and {} both render {}",
+                        describe(&value),
+                        who(first),
                         set.kind.relative_path(&name)
                     )));
                     continue;
                 }
-                names[slot].insert(name.clone(), who);
+                if set.pure_name
+                    && let Some(item) = value.as_str()
+                {
+                    memo.insert(item.to_owned(), name.clone());
+                }
+                names[slot].insert(name.clone(), Some(value.clone()));
                 named.push(Item { value, name });
             }
-            // Reuse, or render.
-            let reusable = |item: &Item| -> Option<&CachedItem> {
-                let cached = old.get(&item.name)?;
-                let check = check.as_ref()?;
-                (set.contained
-                    && same_item(&cached.item, &item.value)
-                    && cached.reads.iter().all(|read| check.unchanged(read)))
-                .then_some(cached)
-            };
+            // Reuse (taken out of the last render's cache, not copied), or render.
             let kept: Vec<Option<CachedItem>> = named
                 .iter()
                 .map(|item| {
-                    reusable(item).map(|cached| CachedItem {
+                    let cached = old.files.remove(&item.name)?;
+                    let check = check.as_ref()?;
+                    (set.contained
+                        && same_item(&cached.item, &item.value)
+                        && cached.reads.iter().all(|read| check.unchanged(read)))
+                    .then(|| CachedItem {
                         item: item.value.clone(),
-                        text: cached.text.clone(),
-                        lines: cached.lines.clone(),
-                        reads: cached.reads.clone(),
+                        ..cached
                     })
                 })
                 .collect();
@@ -372,7 +419,10 @@ impl Renderer {
                     Err(diagnostic) => diagnostics.push(*diagnostic),
                 }
             }
-            out.cache.push(cache);
+            out.cache.push(SetFiles {
+                files: cache,
+                names: memo,
+            });
         }
         if diagnostics.is_empty() {
             Ok(out)
@@ -385,4 +435,28 @@ impl Renderer {
 /// The render context with `item` set.
 fn item_context(context: &Value, item: &Value) -> Value {
     minijinja::context! { item => item.clone(), ..context.clone() }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::pure_name;
+
+    fn vars(names: &[&str]) -> HashSet<String> {
+        names.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    /// A name template that reads only the item, `extraContext` and fixed functions
+    /// keeps its names between renders; one that reads resources, `shared` or has
+    /// tags (an include could read anything) renders for every item.
+    #[test]
+    fn only_names_of_the_item_alone_are_kept() {
+        let item = r#"{{ item | replace("/", "_") }}.pem"#;
+        assert!(pure_name(item, &vars(&["item"])));
+        assert!(pure_name(item, &vars(&["item", "extraContext", "path"])));
+        assert!(!pure_name(item, &vars(&["item", "resources"])));
+        assert!(!pure_name(item, &vars(&["item", "shared"])));
+        assert!(!pure_name("{% include 'x' %}{{ item }}", &vars(&["item"])));
+    }
 }
