@@ -184,16 +184,7 @@ pub fn propagation_section(
              |---:|---:|---:|---:|---:|---:|---:|"
         );
         for (backends, s) in stages {
-            let _ = writeln!(
-                section,
-                "| {backends} | {} ms | {} ms | {} ms | {} ms | {} ms | {} |",
-                fmt_num(s.render_ms),
-                fmt_num(s.phase1_ms),
-                fmt_num(s.phase2_ms),
-                fmt_num(s.deploy_ms),
-                fmt_num(s.total()),
-                s.phase2_skipped,
-            );
+            let _ = writeln!(section, "| {backends} | {} |", s.cells());
         }
         let _ = writeln!(section);
     }
@@ -350,18 +341,7 @@ pub fn certificates_section(
             ["new certificate", "renewal", "removal"]
                 .into_iter()
                 .zip(&c.stages)
-                .map(move |(change, s)| {
-                    format!(
-                        "| {} | {change} | {} ms | {} ms | {} ms | {} ms | {} ms | {} |\n",
-                        c.secrets,
-                        fmt_num(s.render_ms),
-                        fmt_num(s.phase1_ms),
-                        fmt_num(s.phase2_ms),
-                        fmt_num(s.deploy_ms),
-                        fmt_num(s.total()),
-                        s.phase2_skipped,
-                    )
-                })
+                .map(move |(change, s)| format!("| {} | {change} | {} |\n", c.secrets, s.cells()))
         })
         .collect();
     if !stage_rows.is_empty() {

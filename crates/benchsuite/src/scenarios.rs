@@ -176,6 +176,20 @@ impl Stages {
     pub fn total(&self) -> f64 {
         self.render_ms + self.phase1_ms + self.phase2_ms + self.deploy_ms
     }
+
+    /// The `render | phase 1 | phase 2 | deploy | sum | phase 2 by equivalence`
+    /// cells of a table row.
+    pub fn cells(&self) -> String {
+        format!(
+            "{} ms | {} ms | {} ms | {} ms | {} ms | {}",
+            crate::report::fmt_num(self.render_ms),
+            crate::report::fmt_num(self.phase1_ms),
+            crate::report::fmt_num(self.phase2_ms),
+            crate::report::fmt_num(self.deploy_ms),
+            crate::report::fmt_num(self.total()),
+            self.phase2_skipped,
+        )
+    }
 }
 
 /// What the latency scenario at one size measured.

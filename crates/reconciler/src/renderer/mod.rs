@@ -258,8 +258,8 @@ struct Inner {
     /// Per entry: an output that may be put together again from its last render's
     /// pieces when nothing its own template read changed ([`Renderer::render`]):
     /// a reusable one, or `haproxy.cfg` when it references templates by literal
-    /// names only (it renders first, so `shared` starts empty for it, and what it
-    /// leaves in `shared` is kept for the files after it).
+    /// names only (it renders first, so `shared` starts empty for it; it is then
+    /// [`Self::chained`] or reusable).
     spliceable: Vec<bool>,
     /// Per entry: an output that names `shared` and references templates by
     /// literal names only, reused when nothing it read changed and every such file

@@ -226,9 +226,7 @@ impl<'a> Pass<'a> {
                 chain &= !in_order;
                 continue;
             };
-            let reusable = inner.reusable[index]
-                || (inner.chained[index] && chain)
-                || file.reads.shared.is_some() && inner.entries[index].is_main();
+            let reusable = inner.reusable[index] || (inner.chained[index] && chain);
             if !reusable || !file.reads.reads.iter().all(|read| check.unchanged(read)) {
                 chain &= !in_order;
                 continue;
@@ -398,9 +396,8 @@ impl<'a> Pass<'a> {
             Some(fragments::Tracked::Pieces(_)) | None => None,
         };
         let used = used.finish();
-        let chained = self.inner.chained[index];
-        let shared = ((entry.is_main() && (self.inner.spliceable[index] || chained))
-            || (chained && self.shared().writes() != writes))
+        let shared = (self.inner.chained[index]
+            && (entry.is_main() || self.shared().writes() != writes))
             .then(|| Arc::new(self.shared().snapshot()));
         let reads = FileReads {
             reads: recording.finish().into(),
@@ -459,14 +456,13 @@ impl<'a> Pass<'a> {
         let mut cached: Vec<Option<CachedFile>> = inner.entries.iter().map(|_| None).collect();
         let results = std::mem::take(&mut self.results);
         let reads = std::mem::take(&mut self.reads);
-        for (((((entry, result), reads), cached), (&reusable, &spliceable)), &chained) in inner
+        for ((((entry, result), reads), cached), (&reusable, &chained)) in inner
             .entries
             .iter()
             .zip(results)
             .zip(reads)
             .zip(&mut cached)
-            .zip(inner.reusable.iter().zip(&inner.spliceable))
-            .zip(&inner.chained)
+            .zip(inner.reusable.iter().zip(&inner.chained))
         {
             let (Some(file), Some(result)) = (&entry.output, result.into_inner()) else {
                 continue;
@@ -483,13 +479,9 @@ impl<'a> Pass<'a> {
             };
             stats.rendered += 1;
             // Only a file that may be reused or spliced is kept (its line origins
-            // shared with the source map).
+            // shared with the source map): a spliceable file is reusable or chained.
             let reads = reads.into_inner().unwrap_or_default();
-            // A file kept for splicing only is kept with its pieces, or with what it
-            // left in `shared` (so it may be reused as a whole).
-            let keep = reusable
-                || chained
-                || (spliceable && (reads.pieces.is_some() || reads.shared.is_some()));
+            let keep = reusable || chained;
             if !keep {
                 collected.uncached_used.push(reads.used.clone());
             }
