@@ -150,12 +150,13 @@ fn presented(tls: &Arc<rustls::ClientConfig>, https: u16, host: &str) -> Option<
     let mut connection = rustls::ClientConnection::new(tls.clone(), name).ok()?;
     let mut socket = TcpStream::connect(("127.0.0.1", https)).ok()?;
     socket.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    // One write of the whole request, sent at once: a request in pieces on a Nagle
+    // socket waits for HAProxy's delayed ACK (40 ms) now and then, which is the
+    // client's time, not the change's.
+    socket.set_nodelay(true).ok()?;
     let mut stream = rustls::Stream::new(&mut connection, &mut socket);
-    write!(
-        stream,
-        "GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
+    let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
     let mut head = [0u8; 12];
     stream.read_exact(&mut head).ok()?;
     let status = std::str::from_utf8(&head[9..12]).ok()?.parse().ok()?;
