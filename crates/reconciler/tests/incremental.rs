@@ -1242,3 +1242,104 @@ fn the_gateway_and_ingress_nginx_libraries_render_incrementally_as_in_full() {
         assert!(reused > 0, "{path}: nothing was reused");
     }
 }
+
+/// The Ingress library's pass over every Ingress (a loop whose snippet reads and
+/// writes `shared`) runs again only from the first Ingress that changed: a new
+/// newest Ingress runs at most one checkpoint's worth of iterations, a change to
+/// the oldest runs them all, and every render equals a full render.
+#[test]
+fn the_ingress_pass_runs_again_only_from_the_first_changed_ingress() {
+    let library = example("examples/kubernetes-ingress/hapwright.yaml");
+    let watched: Vec<&str> = library.index_by.keys().map(String::as_str).collect();
+    let renderer = Renderer::new(library.templates.clone(), &watched).expect("loads");
+    let mut ingresses = ResourceSnapshot::new(library.index_by["ingresses"].clone());
+    let ingress = |i: usize, host: &str| {
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": format!("ing-{i}"), "namespace": "shop",
+                         "creationTimestamp": format!("2026-01-01T00:{:02}:{:02}Z", i / 60, i % 60)},
+            "spec": {
+                "ingressClassName": "hapwright",
+                "rules": [{"host": host, "http": {"paths": [
+                    {"path": "/", "pathType": "Prefix",
+                     "backend": {"service": {"name": "web", "port": {"number": 80}}}},
+                ]}}],
+            },
+        })
+    };
+    const COUNT: usize = 300;
+    for i in 0..COUNT {
+        let object = ingress(i, &format!("h{i}.example.test"));
+        ingresses.upsert(key_of(&object), &object);
+    }
+    let mut resources = Resources::new();
+    resources.update(&Arc::from("ingresses"), Arc::new(ingresses.clone()), None);
+    renderer.render_with_stats(&resources).0.expect("renders");
+    // The first incremental render fills the pass's memo.
+    let mut step = |resources: &mut Resources, object: Option<Value>, removed: Option<usize>| {
+        let mut change = ResourceChange::default();
+        if let Some(object) = object {
+            match ingresses.upsert(key_of(&object), &object) {
+                Some(UpsertOutcome::Added) => change.added.push(key_of(&object)),
+                _ => change.modified.push(key_of(&object)),
+            }
+        }
+        if let Some(i) = removed {
+            let key = key_of(&ingress(i, ""));
+            ingresses.remove(&key);
+            change.removed.push(key);
+        }
+        resources.update(
+            &Arc::from("ingresses"),
+            Arc::new(ingresses.clone()),
+            Some(&change),
+        );
+        let (config, stats) = renderer.render_with_stats(resources);
+        let config = config.expect("renders");
+        assert_same(
+            0,
+            &config,
+            &renderer.render_full(resources).expect("renders"),
+        );
+        (config, stats)
+    };
+    step(
+        &mut resources,
+        Some(ingress(COUNT, "first.example.test")),
+        None,
+    );
+    // A new newest Ingress: the pass keeps the iterations before the last kept state.
+    let (config, stats) = step(
+        &mut resources,
+        Some(ingress(COUNT + 1, "newest.example.test")),
+        None,
+    );
+    assert!(
+        stats.snippets_reused >= COUNT - 32 && stats.snippets_rendered <= 40,
+        "{stats:?}"
+    );
+    assert!(config.maps()["hosts.map"].contains("newest.example.test"));
+    // The oldest Ingress takes the newest one's host: it wins it, and the pass runs
+    // every iteration again.
+    let (config, stats) = step(
+        &mut resources,
+        Some(ingress(0, "newest.example.test")),
+        None,
+    );
+    assert!(stats.snippets_rendered > COUNT, "{stats:?}");
+    assert!(
+        config.main().contains(&format!(
+            "Ingress shop/ing-{}: prefix path newest.example.test/ is refused, it is served by the older Ingress shop/ing-0",
+            COUNT + 1
+        )),
+        "{}",
+        config.main()
+    );
+    // A removal in the middle runs the iterations from there on.
+    let (config, stats) = step(&mut resources, None, Some(COUNT / 2));
+    assert!(
+        stats.snippets_reused >= COUNT / 2 - 32 && stats.snippets_rendered <= COUNT / 2 + 40,
+        "{stats:?}"
+    );
+    assert!(!config.maps()["hosts.map"].contains(&format!("h{}.example.test", COUNT / 2)));
+}

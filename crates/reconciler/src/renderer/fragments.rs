@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use minijinja::value::{Object, Value, ValueKind};
 use minijinja::{Error, State};
 
-use super::context::{Read, ReadCheck, Recording, Resources, record_all};
+use super::context::{Read, ReadCheck, Recording, Resources, Shared, SharedValues, record_all};
 use super::lazy;
 use super::output::Output;
 use super::source_map::Mark;
@@ -152,6 +152,37 @@ pub(crate) struct Previous {
     pub(crate) resources: Resources,
     pub(crate) used: Vec<Arc<Used>>,
     pub(crate) pieces: Vec<Arc<Pieces>>,
+    /// What each folded loop left, by loop number ([`render_fold`]).
+    pub(crate) folds: Folds,
+}
+
+/// The folded loops' memos, by loop number.
+pub(crate) type Folds = BTreeMap<usize, Arc<FoldMemo>>;
+
+/// What a folded loop ([`render_fold`]) left for the next render: for each
+/// iteration its item, what it read and where its text ends, and `shared` at the
+/// start and after every `every`th iteration.
+#[derive(Debug)]
+pub(crate) struct FoldMemo {
+    /// `shared` when the loop started.
+    start: SharedValues,
+    items: Vec<Value>,
+    reads: Vec<Arc<[Read]>>,
+    /// Where each iteration's text ends in `text`.
+    ends: Vec<usize>,
+    text: String,
+    /// How many iterations apart the checkpoints are.
+    every: usize,
+    /// `checkpoints[c]`: `shared` after the first `(c + 1) * every` iterations.
+    checkpoints: Vec<SharedValues>,
+}
+
+/// Iterations between two kept states of `shared` in a folded loop: at least 32,
+/// and no more than about 128 states per loop, so that memory stays bounded at
+/// tens of thousands of objects while a change near the end runs at most `every`
+/// iterations again.
+fn fold_checkpoint_every(items: usize) -> usize {
+    (items / 128).max(32)
 }
 
 /// A file's output in pieces: the text the file's own template wrote (markers
@@ -230,6 +261,10 @@ pub(crate) struct LoopSpec {
     /// The loop's text before and after each snippet output.
     pub(crate) head: Arc<str>,
     pub(crate) tail: Arc<str>,
+    /// For a loop whose snippet names `shared` ([`render_fold`]): the variables the
+    /// snippet names and does not set (the loop variable, `resources`,
+    /// `extraContext`, `shared` and the renderer's functions only).
+    pub(crate) fold: Option<Arc<[String]>>,
 }
 
 impl LoopSpec {
@@ -573,6 +608,8 @@ pub(crate) struct Session {
     loops: Arc<[LoopSpec]>,
     /// `templating.maxOutputBytes`.
     cap: u64,
+    /// What the folded loops of this render left.
+    folds: Mutex<Folds>,
 }
 
 impl Object for Session {}
@@ -616,7 +653,21 @@ impl Session {
             reused: AtomicUsize::new(0),
             loops,
             cap,
+            folds: Mutex::new(Folds::new()),
         }
+    }
+
+    /// What the folded loops left for the next render: this render's memos, and the
+    /// previous render's of loops that did not run (their file was reused or put
+    /// together from its pieces, so nothing they read changed).
+    pub(crate) fn take_folds(&self) -> Folds {
+        let mut folds = std::mem::take(&mut *lock(&self.folds));
+        if let Some(previous) = &self.previous {
+            for (number, memo) in &previous.folds {
+                folds.entry(*number).or_insert_with(|| memo.clone());
+            }
+        }
+        folds
     }
 
     /// The key of the `number`th loop's piece.
@@ -1174,6 +1225,9 @@ pub(crate) fn render_loop(state: &State, _body: Value, number: usize) -> Result<
             "__loop is for hapwright's own use",
         )
     })?;
+    if let Some(names) = &spec.fold {
+        return render_fold(state, (&session_value, session), (number, spec), names);
+    }
     let resources = state.lookup("resources").unwrap_or_default();
     let (list, list_reads) = spec.list(state.env(), &resources);
     let list = list?;
@@ -1270,4 +1324,140 @@ fn list_identity(value: &Value) -> Option<(usize, u32)> {
     value
         .downcast_object_ref::<super::context::ResourceList>()
         .map(|list| (std::ptr::from_ref(list) as usize, 0))
+}
+
+/// A rewritten loop whose snippet names `shared` (a fold over the list: each
+/// iteration reads what the ones before it left in `shared`), such as a pass over
+/// Ingresses, oldest first, where the first claim on a host wins.
+///
+/// An iteration's output and what it leaves in `shared` depend only on its item,
+/// on `shared` as the iterations before it left it, and on what it reads from the
+/// resources: the snippet names no other variable (`extraContext` and the
+/// templates are fixed for the renderer's life). So when `shared` starts the same
+/// as last time, the iterations up to the first whose item is not the same object
+/// or whose reads changed would do what they did last time. The loop starts again
+/// from the last kept state of `shared` before that iteration, with the text of
+/// the iterations before it as it was, and runs the rest. Adding the newest object
+/// to a list sorted by age runs at most [`fold_checkpoint_every`] iterations
+/// instead of all of them.
+///
+/// The file's own template sees all of it as its own: every iteration's reads are
+/// recorded for the file (a change to any of them renders the file again) and the
+/// loop's text is the file's.
+fn render_fold(
+    state: &State,
+    (session_value, session): (&Value, &Session),
+    (number, spec): (usize, &LoopSpec),
+    names: &[String],
+) -> Result<Value, Error> {
+    let resources = state.lookup("resources").unwrap_or_default();
+    let (list, list_reads) = spec.list(state.env(), &resources);
+    let items: Vec<Value> = list?.try_iter()?.collect();
+    let shared_value = state.lookup("shared").unwrap_or_default();
+    let Some(shared) = shared_value.downcast_object_ref::<Shared>() else {
+        return Err(Error::new(
+            minijinja::ErrorKind::InvalidOperation,
+            "a folded loop needs the render's shared memo",
+        ));
+    };
+    let start = shared.snapshot();
+    let every = fold_checkpoint_every(items.len());
+    let previous = session.previous.as_ref().and_then(|previous| {
+        let memo = previous.folds.get(&number)?;
+        (memo.every == every && memo.start == start).then_some((memo, &previous.resources))
+    });
+    // How many iterations, from the first, would do what they did last time.
+    let mut same = 0;
+    if let Some((memo, old)) = previous {
+        let check = ReadCheck::new(old, &session.resources);
+        let last = items.len().min(memo.items.len());
+        while same < last
+            && same_item(&items[same], &memo.items[same])
+            && memo.reads[same].iter().all(|read| check.unchanged(read))
+        {
+            same += 1;
+        }
+    }
+    let resume = match previous {
+        Some((memo, _)) => (same / every).min(memo.checkpoints.len()) * every,
+        None => 0,
+    };
+    let mut memo = FoldMemo {
+        start,
+        items: Vec::with_capacity(items.len()),
+        reads: Vec::with_capacity(items.len()),
+        ends: Vec::with_capacity(items.len()),
+        text: String::new(),
+        every,
+        checkpoints: Vec::with_capacity(items.len() / every),
+    };
+    if let (Some((old, _)), true) = (previous, resume > 0) {
+        memo.items.extend_from_slice(&old.items[..resume]);
+        memo.reads.extend_from_slice(&old.reads[..resume]);
+        memo.ends.extend_from_slice(&old.ends[..resume]);
+        memo.text.push_str(&old.text[..old.ends[resume - 1]]);
+        memo.checkpoints
+            .extend_from_slice(&old.checkpoints[..resume / every]);
+        shared.restore(&old.checkpoints[resume / every - 1]);
+    }
+    session.reused.fetch_add(resume, Ordering::Relaxed);
+    let env = state.env();
+    for (index, item) in items.iter().enumerate().skip(resume) {
+        let mut context: BTreeMap<&str, Value> = BTreeMap::new();
+        for name in names {
+            let value = match name.as_str() {
+                name if name == spec.var => item.clone(),
+                "shared" => shared_value.clone(),
+                "resources" | "extraContext" => state.lookup(name).unwrap_or_default(),
+                // The renderer's functions: globals of every render.
+                _ => continue,
+            };
+            context.insert(name.as_str(), value);
+        }
+        context.insert(SESSION_VAR, session_value.clone());
+        let recording = Recording::start();
+        nest(1);
+        let rendered = env
+            .get_template(&spec.snippet)
+            .and_then(|template| template.render(Value::from(context)));
+        nest(-1);
+        let reads: Arc<[Read]> = recording.finish().into();
+        let output = rendered?;
+        memo.text.push_str(&spec.head);
+        memo.text.push_str(&output);
+        memo.text.push_str(&spec.tail);
+        session.within_cap(memo.text.len())?;
+        memo.items.push(item.clone());
+        memo.reads.push(reads);
+        memo.ends.push(memo.text.len());
+        if (index + 1) % every == 0 {
+            memo.checkpoints.push(shared.snapshot());
+        }
+        session.count(false);
+    }
+    record_all(&list_reads);
+    for reads in &memo.reads {
+        record_all(reads);
+    }
+    let text = Value::from_safe_string(memo.text.clone());
+    lock(&session.folds).insert(number, Arc::new(memo));
+    Ok(text)
+}
+
+/// Whether a folded loop's item is the one of the previous render: the same
+/// resource object (unchanged objects keep their document), or an equal number,
+/// string, boolean or `none`.
+fn same_item(new: &Value, old: &Value) -> bool {
+    match (lazy::identity(new), lazy::identity(old)) {
+        (Some(new), Some(old)) => new == old,
+        (None, None) => {
+            matches!(
+                new.kind(),
+                ValueKind::None | ValueKind::Bool | ValueKind::Number | ValueKind::String
+            ) && new.kind() == old.kind()
+                && new.is_safe() == old.is_safe()
+                && new == old
+        }
+        _ => false,
+    }
 }

@@ -295,6 +295,8 @@ struct Cache {
     used: Vec<Arc<fragments::Used>>,
     /// The file sets' files.
     sets: sets::SetCache,
+    /// What the folded loops left ([`fragments::FoldMemo`]).
+    folds: fragments::Folds,
 }
 
 /// What one file read from the resources, the cached snippet outputs it used (kept
@@ -474,13 +476,13 @@ impl Renderer {
         // What may be cached and reused between renders.
         // The config file's author wrote it: its strings are trusted text.
         let extra_context = functions::trusted_value(&extra_context);
+        let globals = construct::globals(&env);
         let (fragment_env, fragment_vars, rewritten, loops) =
-            fragment_environment(&env, &entries, &edges, &facts, &variables);
+            fragment_environment(&env, (&entries, &edges), &facts, &variables, &globals);
         let spliceable = check::spliceable(&entries, &edges, &facts, &reusable, &rewritten);
         let spliceable = construct::outside_sets(spliceable, &in_set);
         let chained = check::chained(&entries, &edges, &facts, &reusable);
         let chained = construct::outside_sets(chained, &in_set);
-        let globals = construct::globals(&env);
         Ok(Self {
             inner: Arc::new(Inner {
                 env,
@@ -754,16 +756,20 @@ type FragmentEnvironment = (
 /// whole context, the cache included).
 fn fragment_environment(
     env: &Environment<'static>,
-    entries: &[Entry],
-    edges: &check::Edges<'_>,
+    (entries, edges): (&[Entry], &check::Edges<'_>),
     facts: &[Option<check::Facts>],
     variables: &[check::Variables],
+    globals: &BTreeMap<String, Value>,
 ) -> FragmentEnvironment {
     let none = || (None, BTreeMap::new(), BTreeSet::new(), Vec::new());
     if facts.iter().any(|f| f.is_none_or(|f| f.names_debug)) {
         return none();
     }
     let mut vars: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // Snippets that name `shared` (or leave names set) but reference templates by
+    // literal names only: the variables they name and do not set, and the names
+    // they set, for loops that fold over them ([`fragments::render_fold`]).
+    let mut folding: BTreeMap<String, (Vec<String>, BTreeSet<String>)> = BTreeMap::new();
     for (index, entry) in entries.iter().enumerate() {
         if !entry.is_snippet {
             continue;
@@ -771,10 +777,10 @@ fn fragment_environment(
         let Some(reach) = check::reach(entries, edges, index) else {
             continue;
         };
-        let contained = reach
+        if !reach
             .iter()
-            .all(|&i| facts[i].is_some_and(|f| !f.reads_shared && !f.computed_reference));
-        if !contained {
+            .all(|&i| facts[i].is_some_and(|f| !f.computed_reference))
+        {
             continue;
         }
         let mut names = BTreeSet::new();
@@ -784,11 +790,14 @@ fn fragment_environment(
                 Err(_) => return none(),
             }
         }
+        let assigned: BTreeSet<&String> =
+            reach.iter().flat_map(|&i| &variables[i].assigned).collect();
+        let reads_shared = reach
+            .iter()
+            .any(|&i| facts[i].is_some_and(|f| f.reads_shared));
         // An `include` leaves the names the snippet assigns set in the including
         // template; the cache cannot, so only a snippet whose assigned names no other
         // template uses, and that it does not read before assigning, is cached.
-        let assigned: BTreeSet<&String> =
-            reach.iter().flat_map(|&i| &variables[i].assigned).collect();
         let leaks = assigned.iter().any(|name| {
             names.contains(*name)
                 || variables
@@ -796,11 +805,34 @@ fn fragment_environment(
                     .enumerate()
                     .any(|(i, v)| !reach.contains(&i) && v.named.contains(*name))
         });
-        if leaks {
+        if reads_shared || leaks {
+            folding.insert(
+                entry.name.to_string(),
+                (
+                    names.into_iter().collect(),
+                    assigned.into_iter().cloned().collect(),
+                ),
+            );
             continue;
         }
         vars.insert(entry.name.to_string(), names.into_iter().collect());
     }
+    // A loop folds over a snippet that names nothing but the loop variable,
+    // `resources`, `extraContext`, `shared` and the renderer's functions, and sets
+    // none of those: each iteration then depends only on its item, its reads and
+    // `shared` as the iterations before it left it.
+    let foldable = |snippet: &str, var: &str| -> Option<Arc<[String]>> {
+        let (names, assigned) = folding.get(snippet)?;
+        let fixed =
+            |name: &str| name == var || matches!(name, "resources" | "extraContext" | "shared");
+        let named_ok = names
+            .iter()
+            .all(|name| fixed(name) || (name != "loop" && globals.contains_key(name)));
+        let sets_ok = !assigned
+            .iter()
+            .any(|name| fixed(name) || name == fragments::SESSION_VAR);
+        (named_ok && sets_ok).then(|| names.clone().into())
+    };
     let mut fragment_env = env.clone();
     fragment_env.add_filter(scan::FRAGMENT_FILTER, fragments::fragment);
     fragment_env.add_filter(scan::LOOP_FILTER, fragments::render_loop);
@@ -818,10 +850,16 @@ fn fragment_environment(
                 vars.get(name)
                     .is_some_and(|v| !v.iter().any(|v| v == "loop"))
             };
-            let sites: Vec<(usize, scan::LoopSite)> = scan::find_loops(&source, &loopable)
+            let candidate = |name: &str| loopable(name) || folding.contains_key(name);
+            let sites: Vec<(usize, scan::LoopSite)> = scan::find_loops(&source, &candidate)
                 .into_iter()
                 .filter_map(|site| {
-                    let spec = loop_spec(&fragment_env, &site)?;
+                    let fold = if loopable(&site.snippet) {
+                        None
+                    } else {
+                        Some(foldable(&site.snippet, &site.var)?)
+                    };
+                    let spec = loop_spec(&fragment_env, &site, fold)?;
                     loops.push(spec);
                     Some((loops.len() - 1, site))
                 })
@@ -860,7 +898,11 @@ const LOOP_PROBE: &str = "\u{FFFE}hapwright-loop-probe\u{FFFE}";
 /// A loop's spec: its probe rendered once tells the text each iteration prints
 /// before and after the snippet's output. `None` when the probe does not render
 /// to exactly that.
-fn loop_spec(env: &Environment<'static>, site: &scan::LoopSite) -> Option<fragments::LoopSpec> {
+fn loop_spec(
+    env: &Environment<'static>,
+    site: &scan::LoopSite,
+    fold: Option<Arc<[String]>>,
+) -> Option<fragments::LoopSpec> {
     let probe = env.render_str(&site.probe, ()).ok()?;
     let (head, tail) = probe.split_once(LOOP_PROBE)?;
     if tail.contains(LOOP_PROBE) {
@@ -872,6 +914,7 @@ fn loop_spec(env: &Environment<'static>, site: &scan::LoopSite) -> Option<fragme
         snippet: site.snippet.clone(),
         head: Arc::from(head),
         tail: Arc::from(tail),
+        fold,
     })
 }
 

@@ -76,6 +76,7 @@ impl Cache {
             files,
             mut used,
             sets,
+            folds,
         } = self;
         used.extend(files.iter().flatten().map(|file| file.reads.used.clone()));
         let pieces = files
@@ -87,6 +88,7 @@ impl Cache {
             resources: resources.clone(),
             used,
             pieces,
+            folds,
         };
         Previous {
             sets: Some((resources.clone(), sets)),
@@ -563,18 +565,21 @@ impl<'a> Pass<'a> {
                 cached.bytes = config.main().len();
             }
         }
+        let mut folds = fragments::Folds::new();
         if let Some(session) = self
             .session
             .as_ref()
             .and_then(|s| s.downcast_object_ref::<fragments::Session>())
         {
             (stats.snippets_rendered, stats.snippets_reused) = session.counts();
+            folds = session.take_folds();
         }
         let cache = Cache {
             resources: resources.clone(),
             files: cached,
             used: uncached_used,
             sets: set_cache,
+            folds,
         };
         // The session holds the previous render's snippet outputs and the maps over
         // them: thousands of shared values to release. The render is done without
