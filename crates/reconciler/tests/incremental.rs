@@ -1343,3 +1343,147 @@ fn the_ingress_pass_runs_again_only_from_the_first_changed_ingress() {
     );
     assert!(!config.maps()["hosts.map"].contains(&format!("h{}.example.test", COUNT / 2)));
 }
+
+/// Loops over `shared` (a pass where the first object to claim a host wins),
+/// folded or not, give what a full render gives over random adds, changes, moves
+/// and removals; only the foldable one keeps iterations between renders.
+#[test]
+fn loops_over_shared_equal_full_renders_over_random_changes() {
+    let mut rng = Rng(seed());
+    let claim = r#"{% set h = site.spec.host %}
+{% if shared.has("host:" ~ h) %}
+# {{ site.metadata.name }}: {{ h }} refused, {{ shared.get("host:" ~ h) }} has it
+{% else %}
+{% set _ = shared.set("host:" ~ h, site.metadata.name) %}
+{% set _ = shared.append("lines", [h, site.metadata.name]) %}
+{% if resources.secrets.get(site.metadata.namespace, h) %}{% set _ = shared.append("tls", h) %}{% endif %}
+{% endif %}"#;
+    let main = |before: &str, snippet: &str| {
+        format!(
+            "{before}{{% set _ = shared.set(\"lines\", []) %}}{{% set _ = shared.set(\"tls\", []) %}}\n\
+             frontend f\n\
+             {{% for site in resources.sites.list() | sort_by(\"spec.age\", \"metadata.name\") %}}\n\
+             {{% include \"{snippet}\" %}}\n\
+             {{% endfor %}}\n\
+             # tls {{{{ shared.get(\"tls\") | join(\" \") }}}}\n"
+        )
+    };
+    let variants = [
+        // Foldable: the snippet names only site, resources, extraContext and shared.
+        ("folded", main("", "claim"), claim.to_owned(), true),
+        // Reads a variable of the including template: a plain loop every time.
+        (
+            "outer variable",
+            main("{% set mark = \"#\" %}", "claim-marked"),
+            claim.replace("# {{", "{{ mark }} {{"),
+            false,
+        ),
+        // `shared` at the loop's start depends on the resources: kept iterations
+        // are used only when it is the same as last time.
+        (
+            "changing start",
+            main(
+                "{% set _ = shared.set(\"count\", resources.sites.list() | length) %}",
+                "claim",
+            ),
+            claim.replace(
+                "{% set h = site.spec.host %}",
+                "{% set h = site.spec.host %}{% if shared.get(\"count\") > 60 %}{% set h = h ~ \".many\" %}{% endif %}",
+            ),
+            true,
+        ),
+    ];
+    for (what, main, snippet, folds) in variants {
+        let name = if what == "outer variable" {
+            "claim-marked"
+        } else {
+            "claim"
+        };
+        let templates = Templates {
+            main,
+            snippets: BTreeMap::from([(name.to_owned(), snippet)]),
+            maps: BTreeMap::from([(
+                "hosts.map".to_owned(),
+                "{% for l in shared.get(\"lines\") %}{{ l[0] }} {{ l[1] }}\n{% endfor %}"
+                    .to_owned(),
+            )]),
+            settings: TemplatingSettings {
+                trim_blocks: true,
+                lstrip_blocks: true,
+                strict_undefined: false,
+            },
+            ..Templates::default()
+        };
+        let load = || Renderer::new(templates.clone(), &["sites", "secrets"]).expect("loads");
+        let (incremental, full) = (load(), load());
+        let mut sites = ResourceSnapshot::new(vec![]);
+        let mut secrets = ResourceSnapshot::new(vec![
+            FieldPath::parse("metadata.namespace").expect("path"),
+            FieldPath::parse("metadata.name").expect("path"),
+        ]);
+        let site = |n: usize, host: usize, age: usize| {
+            json!({"metadata": {"name": format!("s{n}"), "namespace": "ns"},
+                   "spec": {"host": format!("h{host}.test"), "age": age}})
+        };
+        // Sixty sites to start with: more than one kept copy of `shared` (every 32
+        // iterations).
+        for n in 0..60 {
+            let object = site(n, rng.below(40), n);
+            sites.upsert(key_of(&object), &object);
+        }
+        let mut resources = Resources::new();
+        resources.update(&Arc::from("sites"), Arc::new(sites.clone()), None);
+        resources.update(&Arc::from("secrets"), Arc::new(secrets.clone()), None);
+        let mut kept = 0;
+        for step in 0..150 {
+            let mut change = ResourceChange::default();
+            let source = if rng.chance(80) { "sites" } else { "secrets" };
+            if source == "sites" {
+                let n = rng.below(80);
+                let key = key_of(&site(n, 0, 0));
+                if rng.chance(25) && sites.get_by_key(&key).is_some() {
+                    sites.remove(&key);
+                    change.removed.push(key);
+                } else {
+                    // Mostly the newest, sometimes an old age: a change in the middle.
+                    let age = if rng.chance(70) {
+                        100 + step
+                    } else {
+                        rng.below(100)
+                    };
+                    match sites.upsert(key.clone(), &site(n, rng.below(40), age)) {
+                        Some(UpsertOutcome::Added) => change.added.push(key),
+                        Some(UpsertOutcome::Modified) => change.modified.push(key),
+                        None => {}
+                    }
+                }
+                resources.update(&Arc::from("sites"), Arc::new(sites.clone()), Some(&change));
+            } else {
+                let secret = json!({"metadata": {"name": format!("h{}.test", rng.below(40)), "namespace": "ns"}});
+                let key = key_of(&secret);
+                if rng.chance(50) {
+                    if secrets.get_by_key(&key).is_none() {
+                        secrets.upsert(key.clone(), &secret);
+                        change.added.push(key);
+                    }
+                } else if secrets.get_by_key(&key).is_some() {
+                    secrets.remove(&key);
+                    change.removed.push(key);
+                }
+                resources.update(
+                    &Arc::from("secrets"),
+                    Arc::new(secrets.clone()),
+                    Some(&change),
+                );
+            }
+            let (result, stats) = incremental.render_with_stats(&resources);
+            kept += stats.snippets_reused;
+            assert_same_outcome(step, result, full.render_full(&resources));
+        }
+        if folds {
+            assert!(kept > 0, "{what}: no iteration was ever kept");
+        } else {
+            assert_eq!(kept, 0, "{what}: iterations were kept");
+        }
+    }
+}
