@@ -345,3 +345,146 @@ backend be_down\n",
     // The runtime ACL change survived the reload (the file on disk was rewritten).
     assert_eq!(support::http_get(port, "app.test").await.unwrap().0, 403);
 }
+
+/// A `map_beg` map changes entry by entry (HAProxy indexes it in a prefix tree and
+/// answers with the longest matching key, whatever the order of the entries): over
+/// random adds, changes and removals of nested prefixes, every lookup through the
+/// running HAProxy gives the longest prefix of the map as rendered, as a HAProxy
+/// started fresh from the last render does, with no reload and the untouched
+/// entries left in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_maps_change_entry_by_entry_with_longest_match_kept() {
+    const KEYS: [&str; 10] = ["k", "ka", "kab", "kabc", "kb", "kba", "m", "ma", "mab", "x"];
+    const PROBES: [&str; 14] = [
+        "k", "ka", "kab", "kabc", "kabcd", "kb", "kbx", "kc", "m", "mab", "mabz", "x", "xy", "z",
+    ];
+    let render = |port: u16, map: &std::collections::BTreeMap<&str, String>| {
+        let main = format!(
+            "global\n    stats timeout 30s\n\n\
+defaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
+frontend fe_main\n    bind 127.0.0.1:{port}\n    \
+http-request return status 200 content-type text/plain lf-string \"%[req.hdr(host),map_beg(maps/prefix.map,none)]\"\n"
+        );
+        // Rendered in a shuffled order: the order must not matter.
+        let mut lines: Vec<String> = map.iter().map(|(k, v)| format!("{k} {v}\n")).collect();
+        lines.reverse();
+        rendered(&main, &[("prefix.map", &lines.concat())])
+    };
+    let expected = |map: &std::collections::BTreeMap<&str, String>, probe: &str| {
+        map.iter()
+            .filter(|(key, _)| probe.starts_with(*key))
+            .max_by_key(|(key, _)| key.len())
+            .map_or_else(|| "none".to_owned(), |(_, value)| value.clone())
+    };
+    let port = free_port();
+    let mut map: std::collections::BTreeMap<&str, String> = [
+        ("k", "v0".to_owned()),
+        ("kab", "v1".to_owned()),
+        ("m", "v2".to_owned()),
+    ]
+    .into();
+    let first = render(port, &map);
+    let haproxy = Haproxy::start("local", &first, &first.hash().short()).await;
+    let driver = SocketDriver::new(
+        haproxy.instance.clone(),
+        None,
+        Metrics::unregistered().unwrap(),
+    );
+    let mut running = driver.deploy(first, None, None, false).await.unwrap();
+    let reloads = haproxy.reloads().await;
+    let mut seed: u64 = 0x5eed_0042;
+    let mut next = |below: usize| {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        usize::try_from(seed >> 33).unwrap() % below
+    };
+    for step in 0..40 {
+        let last = map.clone();
+        for _ in 0..=next(3) {
+            let key = KEYS[next(KEYS.len())];
+            if map.contains_key(key) && next(3) == 0 {
+                map.remove(key);
+            } else {
+                map.insert(key, format!("s{step}"));
+            }
+        }
+        let desired = render(port, &map);
+        let deployed = driver
+            .deploy(desired, None, Some(running.into()), false)
+            .await
+            .unwrap();
+        let strategy = if map == last {
+            DeployStrategy::Noop
+        } else {
+            DeployStrategy::Runtime
+        };
+        assert_eq!(deployed.strategy, strategy, "{:?}", deployed.reason);
+        for probe in PROBES {
+            assert_eq!(
+                bodies(port, probe, 1).await,
+                vec![format!("200 {}", expected(&map, probe))],
+                "step {step}, {probe}, map {map:?}"
+            );
+        }
+        running = deployed;
+    }
+    assert_eq!(haproxy.reloads().await, reloads, "no reload happened");
+
+    // One more change: the untouched entries keep their place in HAProxy's map
+    // (a new version of the map would have rebuilt them all).
+    let rt = driver.runtime();
+    let file = rt
+        .pattern_files(PatternKind::Map)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|f| f.ends_with("maps/prefix.map"))
+        .expect("HAProxy lists the map");
+    let show = || async { rt.query(&format!("show map {file}")).await.unwrap() };
+    let reference = |listing: &str, key: &str| {
+        listing
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(key))
+            .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+    };
+    map.insert("kabc", "kept".to_owned());
+    let deployed = driver
+        .deploy(render(port, &map), None, Some(running.into()), false)
+        .await
+        .unwrap();
+    map.insert("k", "a".to_owned());
+    map.insert("x", "b".to_owned());
+    map.remove("kb");
+    map.insert("ma", "c".to_owned());
+    let before = show().await;
+    let deployed = driver
+        .deploy(render(port, &map), None, Some(deployed.into()), false)
+        .await
+        .unwrap();
+    assert_eq!(
+        deployed.strategy,
+        DeployStrategy::Runtime,
+        "{:?}",
+        deployed.reason
+    );
+    let after = show().await;
+    assert!(reference(&before, "kabc").is_some(), "{before}");
+    assert_eq!(
+        reference(&before, "kabc"),
+        reference(&after, "kabc"),
+        "untouched entries stay in place"
+    );
+    assert!(reference(&after, "kb").is_none(), "kb removed");
+
+    // A HAProxy started fresh from the last render answers every lookup the same.
+    let fresh_port = free_port();
+    let fresh = render(fresh_port, &map);
+    let fresh_haproxy = Haproxy::start("fresh", &fresh, &fresh.hash().short()).await;
+    for probe in PROBES {
+        assert_eq!(
+            bodies(fresh_port, probe, 1).await,
+            bodies(port, probe, 1).await,
+            "{probe}"
+        );
+    }
+    drop(fresh_haproxy);
+}

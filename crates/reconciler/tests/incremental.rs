@@ -1487,3 +1487,76 @@ fn loops_over_shared_equal_full_renders_over_random_changes() {
         }
     }
 }
+
+#[test]
+#[ignore]
+fn zz_profile_adds() {
+    let n: usize = std::env::var("ZZ_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let library = example("examples/kubernetes-ingress/hapwright.yaml");
+    let watched: Vec<&str> = library.index_by.keys().map(String::as_str).collect();
+    let renderer = Renderer::new(library.templates.clone(), &watched).expect("loads");
+    let mut ingresses = ResourceSnapshot::new(library.index_by["ingresses"].clone());
+    let mut secrets = ResourceSnapshot::new(library.index_by["secrets"].clone());
+    let secret = |i: usize| {
+        json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": {"name": format!("tls-{i}"), "namespace": "shop"},
+            "data": {"tls.crt": "Y3J0", "tls.key": "a2V5"},
+        })
+    };
+    let ingress = |i: usize| {
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": format!("ing-{i}"), "namespace": "shop",
+                         "creationTimestamp": format!("2026-01-01T{:02}:{:02}:{:02}Z", i / 3600, (i / 60) % 60, i % 60)},
+            "spec": {
+                "ingressClassName": "hapwright",
+                "tls": [{"hosts": [format!("h{i}.example.test")], "secretName": format!("tls-{i}")}],
+                "rules": [{"host": format!("h{i}.example.test"), "http": {"paths": [
+                    {"path": "/", "pathType": "Prefix",
+                     "backend": {"service": {"name": "web", "port": {"number": 80}}}},
+                ]}}],
+            },
+        })
+    };
+    for i in 0..n {
+        ingresses.upsert(key_of(&ingress(i)), &ingress(i));
+        secrets.upsert(key_of(&secret(i)), &secret(i));
+    }
+    let mut resources = Resources::new();
+    resources.update(&Arc::from("ingresses"), Arc::new(ingresses.clone()), None);
+    resources.update(&Arc::from("secrets"), Arc::new(secrets.clone()), None);
+    renderer.render_with_stats(&resources).0.expect("renders");
+    let mut total = std::time::Duration::ZERO;
+    let rounds = 40;
+    for r in 0..rounds {
+        let i = n + r;
+        let mut change = ResourceChange::default();
+        change.added.push(key_of(&secret(i)));
+        secrets.upsert(key_of(&secret(i)), &secret(i));
+        resources.update(
+            &Arc::from("secrets"),
+            Arc::new(secrets.clone()),
+            Some(&change),
+        );
+        let mut change = ResourceChange::default();
+        change.added.push(key_of(&ingress(i)));
+        ingresses.upsert(key_of(&ingress(i)), &ingress(i));
+        resources.update(
+            &Arc::from("ingresses"),
+            Arc::new(ingresses.clone()),
+            Some(&change),
+        );
+        let t = std::time::Instant::now();
+        let (r, stats) = renderer.render_with_stats(&resources);
+        total += t.elapsed();
+        r.expect("renders");
+        if i == n {
+            eprintln!("{stats:?}");
+        }
+    }
+    eprintln!("mean add render {:?}", total / rounds as u32);
+}

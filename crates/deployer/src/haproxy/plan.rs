@@ -204,9 +204,10 @@ pub enum RuntimeOp {
         file: String,
         /// The new content.
         content: std::sync::Arc<str>,
-        /// The running content, when the file is used only as an exact-match map
-        /// (`map(` / `map_str(` converters), so the change may be applied entry by
-        /// entry ([`crate::client::runtime::entry_commands`]).
+        /// The running content, when the file is used only as a map whose lookups
+        /// do not depend on the order of its entries (`map(`, `map_str(` and
+        /// `map_beg(` converters), so the change may be applied entry by entry
+        /// ([`crate::client::runtime::entry_commands`]).
         previous: Option<std::sync::Arc<str>>,
     },
     /// Replace a certificate (`set ssl cert` + `commit ssl cert`).
@@ -1058,7 +1059,7 @@ fn plan_files(
                     );
                 }
                 Some(previous) => plan.ops.push(RuntimeOp::ReplacePatterns {
-                    previous: exact_match_map(desired.main(), &file).then(|| previous.clone()),
+                    previous: order_free_map(desired.main(), &file).then(|| previous.clone()),
                     file,
                     content: content.clone(),
                 }),
@@ -1103,10 +1104,13 @@ fn loaded_as_patterns(main: &str, file: &str) -> bool {
     })
 }
 
-/// Whether `main` uses `file` only as the file of exact-match map converters
-/// (`map(` and `map_str(`; not `set-map(`, `map_beg(` or anything else), at least
-/// once, on lines outside comments.
-fn exact_match_map(main: &str, file: &str) -> bool {
+/// Whether `main` uses `file` only as the file of map converters whose lookups do
+/// not depend on the order of the entries when keys are unique, at least once, on
+/// lines outside comments: exact matches (`map(`, `map_str(`, an index by key) and
+/// prefix matches (`map_beg(`: HAProxy indexes them in a prefix tree and returns the
+/// longest matching key). Not `set-map(`, `map_reg(`, `map_sub(`, `map_dom(` or
+/// anything else, whose lookups go through the entries in order.
+fn order_free_map(main: &str, file: &str) -> bool {
     let mut used = false;
     // Each mention within its line (one search through the text, not one per line).
     for (at, _) in main.match_indices(file) {
@@ -1128,7 +1132,7 @@ fn exact_match_map(main: &str, file: &str) -> bool {
         let name_start = call
             .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
             .map_or(0, |i| i + 1);
-        if !matches!(&call[name_start..], "map" | "map_str") {
+        if !matches!(&call[name_start..], "map" | "map_str" | "map_beg") {
             return false;
         }
         used = true;
@@ -1138,25 +1142,27 @@ fn exact_match_map(main: &str, file: &str) -> bool {
 
 #[cfg(test)]
 mod pattern_file_tests {
-    use super::{exact_match_map, loaded_as_patterns};
+    use super::{loaded_as_patterns, order_free_map};
 
     #[test]
-    fn exact_match_maps_are_used_by_map_and_map_str_only() {
+    fn order_free_maps_are_used_by_map_map_str_and_map_beg_only() {
         let main = "frontend f\n    use_backend %[req.hdr(host),lower,map(maps/hosts.map,be_default)]\n    \
                     http-request set-var(txn.x) req.hdr(x),map_str(\"maps/str.map\")\n    \
                     http-request set-var(txn.y) path,map_beg(maps/beg.map)\n    \
+                    http-request set-var(txn.r) path,map_reg(maps/reg.map)\n    \
                     http-request set-map(maps/set.map) %[src] 1\n    \
                     http-request set-var(txn.z) src,map(maps/set.map)\n    \
                     # map(maps/commented.map)\n";
         for (file, exact) in [
             ("maps/hosts.map", true),
             ("maps/str.map", true),
-            ("maps/beg.map", false),
+            ("maps/beg.map", true),
+            ("maps/reg.map", false),
             ("maps/set.map", false),
             ("maps/commented.map", false),
             ("maps/hosts", false),
         ] {
-            assert_eq!(exact_match_map(main, file), exact, "{file}");
+            assert_eq!(order_free_map(main, file), exact, "{file}");
         }
     }
 

@@ -161,7 +161,7 @@ pub(crate) type Folds = BTreeMap<usize, Arc<FoldMemo>>;
 
 /// What a folded loop ([`render_fold`]) left for the next render: for each
 /// iteration its item, what it read and where its text ends, and `shared` at the
-/// start and after every `every`th iteration.
+/// start, after every `every`th iteration and at the end.
 #[derive(Debug)]
 pub(crate) struct FoldMemo {
     /// `shared` when the loop started.
@@ -175,6 +175,9 @@ pub(crate) struct FoldMemo {
     every: usize,
     /// `checkpoints[c]`: `shared` after the first `(c + 1) * every` iterations.
     checkpoints: Vec<SharedValues>,
+    /// `shared` after the last iteration: objects added at the end of the list (a
+    /// new object, oldest first) run only their own iterations.
+    end: SharedValues,
 }
 
 /// Iterations between two kept states of `shared` in a folded loop: at least 32,
@@ -1338,8 +1341,9 @@ fn list_identity(value: &Value) -> Option<(usize, u32)> {
 /// or whose reads changed would do what they did last time. The loop starts again
 /// from the last kept state of `shared` before that iteration, with the text of
 /// the iterations before it as it was, and runs the rest. Adding the newest object
-/// to a list sorted by age runs at most [`fold_checkpoint_every`] iterations
-/// instead of all of them.
+/// to a list sorted by age runs its own iteration only (from the state at the
+/// end), removing it at most [`fold_checkpoint_every`] iterations, instead of all
+/// of them.
 ///
 /// The file's own template sees all of it as its own: every iteration's reads are
 /// recorded for the file (a change to any of them renders the file again) and the
@@ -1379,10 +1383,12 @@ fn render_fold(
         }
     }
     let resume = match previous {
+        Some((memo, _)) if same == memo.items.len() => same,
         Some((memo, _)) => (same / every).min(memo.checkpoints.len()) * every,
         None => 0,
     };
     let mut memo = FoldMemo {
+        end: start.clone(),
         start,
         items: Vec::with_capacity(items.len()),
         reads: Vec::with_capacity(items.len()),
@@ -1398,7 +1404,11 @@ fn render_fold(
         memo.text.push_str(&old.text[..old.ends[resume - 1]]);
         memo.checkpoints
             .extend_from_slice(&old.checkpoints[..resume / every]);
-        shared.restore(&old.checkpoints[resume / every - 1]);
+        if resume == old.items.len() {
+            shared.restore(&old.end);
+        } else {
+            shared.restore(&old.checkpoints[resume / every - 1]);
+        }
     }
     session.reused.fetch_add(resume, Ordering::Relaxed);
     let env = state.env();
@@ -1435,6 +1445,7 @@ fn render_fold(
         }
         session.count(false);
     }
+    memo.end = shared.snapshot();
     record_all(&list_reads);
     for reads in &memo.reads {
         record_all(reads);

@@ -39,19 +39,31 @@ impl Renderer {
             reused: pass.reuse(previous.files, resources),
             ..RenderStats::default()
         };
+        let zz = std::time::Instant::now();
         pass.render_all();
+        if std::env::var_os("ZZ_TIME").is_some() {
+            eprintln!("ZZ reuse+render_all {:?}", zz.elapsed());
+        }
         stats.spliced = pass.spliced.load(Ordering::Relaxed);
         let mut collected = pass.collect(&mut stats);
         stats.rendered -= stats.reused.min(stats.rendered);
+        let zz = std::time::Instant::now();
         let set_cache = if collected.main.is_some() && !self.inner.sets.is_empty() {
             pass.render_sets(resources, previous.sets, &mut collected, &mut stats)
         } else {
             Vec::new()
         };
+        if std::env::var_os("ZZ_TIME").is_some() {
+            eprintln!("ZZ sets {:?}", zz.elapsed());
+        }
         if !collected.diagnostics.is_empty() {
             return (Err(collected.diagnostics), stats, None);
         }
+        let zz = std::time::Instant::now();
         let (config, cache) = pass.finish(resources, collected, set_cache, &mut stats);
+        if std::env::var_os("ZZ_TIME").is_some() {
+            eprintln!("ZZ finish {:?}", zz.elapsed());
+        }
         (Ok(config), stats, Some(cache))
     }
 }
@@ -318,14 +330,24 @@ impl<'a> Pass<'a> {
             entry.source.len(),
             escaping,
         );
+        let zz = std::time::Instant::now();
         let (rendered, file_reads) = match (plan, &self.session) {
             (Plan::Splice(file, changed), Some(session)) => {
                 self.splice(*file, &changed, session, &mut out)
             }
             _ => self.render_template(index, entry, &mut out),
         };
+        let zz1 = zz.elapsed();
         let _ = self.reads[index].set(file_reads);
         self.finish_file(index, entry, rendered, out);
+        if std::env::var_os("ZZ_TIME").is_some() {
+            eprintln!(
+                "ZZ file {} render {:?} finish {:?}",
+                entry.name,
+                zz1,
+                zz.elapsed() - zz1
+            );
+        }
     }
 
     /// Puts a file together again from its previous render's pieces, rendering only

@@ -7,8 +7,10 @@
 //! every entry can be named on a command line, so [`entry_commands`] answers `None`
 //! (replace the map whole) unless
 //!
-//! - the caller knows the file is used only as an exact-match map (`map(` /
-//!   `map_str(` converters: with unique keys, lookups do not depend on the order);
+//! - the caller knows the file is used only by map converters whose lookups do not
+//!   depend on the order with unique keys: exact matches (`map(` / `map_str(`) and
+//!   prefix matches (`map_beg(`, which HAProxy indexes in a prefix tree and answers
+//!   with the longest matching key);
 //! - every entry line of both contents is exactly `KEY VALUE`, two plain words
 //!   (printable ASCII without quotes, backslashes, `;`, `#` or `<`), so a command
 //!   carries them as they are and HAProxy reads the file the same way;
@@ -30,7 +32,7 @@ use super::{
 /// Most commands a map change is applied with entry by entry.
 pub const MAX_ENTRY_COMMANDS: usize = 64;
 
-/// The commands that turn the exact-match map `file` (as HAProxy names it) from `old`
+/// The commands that turn the order-free map `file` (as HAProxy names it) from `old`
 /// into `new`, when entry by entry gives the same map (module docs); `None`: replace
 /// it whole.
 pub fn entry_commands(file: &str, old: &str, new: &str) -> Option<Vec<String>> {
