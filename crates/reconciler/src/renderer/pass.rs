@@ -47,7 +47,6 @@ impl Renderer {
         stats.spliced = pass.spliced.load(Ordering::Relaxed);
         let mut collected = pass.collect(&mut stats);
         stats.rendered -= stats.reused.min(stats.rendered);
-        let zz = std::time::Instant::now();
         let set_cache = if collected.main.is_some() && !self.inner.sets.is_empty() {
             pass.render_sets(resources, previous.sets, &mut collected, &mut stats)
         } else {
@@ -330,7 +329,6 @@ impl<'a> Pass<'a> {
             entry.source.len(),
             escaping,
         );
-        let zz = std::time::Instant::now();
         let (rendered, file_reads) = match (plan, &self.session) {
             (Plan::Splice(file, changed), Some(session)) => {
                 self.splice(*file, &changed, session, &mut out)
