@@ -39,11 +39,7 @@ impl Renderer {
             reused: pass.reuse(previous.files, resources),
             ..RenderStats::default()
         };
-        let zz = std::time::Instant::now();
         pass.render_all();
-        if std::env::var_os("ZZ_TIME").is_some() {
-            eprintln!("ZZ reuse+render_all {:?}", zz.elapsed());
-        }
         stats.spliced = pass.spliced.load(Ordering::Relaxed);
         let mut collected = pass.collect(&mut stats);
         stats.rendered -= stats.reused.min(stats.rendered);
@@ -52,17 +48,10 @@ impl Renderer {
         } else {
             Vec::new()
         };
-        if std::env::var_os("ZZ_TIME").is_some() {
-            eprintln!("ZZ sets {:?}", zz.elapsed());
-        }
         if !collected.diagnostics.is_empty() {
             return (Err(collected.diagnostics), stats, None);
         }
-        let zz = std::time::Instant::now();
         let (config, cache) = pass.finish(resources, collected, set_cache, &mut stats);
-        if std::env::var_os("ZZ_TIME").is_some() {
-            eprintln!("ZZ finish {:?}", zz.elapsed());
-        }
         (Ok(config), stats, Some(cache))
     }
 }
@@ -335,17 +324,8 @@ impl<'a> Pass<'a> {
             }
             _ => self.render_template(index, entry, &mut out),
         };
-        let zz1 = zz.elapsed();
         let _ = self.reads[index].set(file_reads);
         self.finish_file(index, entry, rendered, out);
-        if std::env::var_os("ZZ_TIME").is_some() {
-            eprintln!(
-                "ZZ file {} render {:?} finish {:?}",
-                entry.name,
-                zz1,
-                zz.elapsed() - zz1
-            );
-        }
     }
 
     /// Puts a file together again from its previous render's pieces, rendering only
