@@ -68,7 +68,7 @@ fn render(port: u16, lines: &[String], certs: &BTreeMap<String, String>) -> Arc<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certificates_and_sni_filters_change_at_runtime_under_tls_load() {
     let scratch = tempfile::tempdir().unwrap();
-    let pems: BTreeMap<&str, String> = ["a", "b", "b-renewed", "c"]
+    let pems: BTreeMap<&str, String> = ["a", "b", "b-renewed", "c", "d", "d-renewed"]
         .into_iter()
         .map(|cn| (cn, certificate(scratch.path(), cn)))
         .collect();
@@ -176,6 +176,19 @@ async fn certificates_and_sni_filters_change_at_runtime_under_tls_load() {
     assert_eq!(served(&tls, port, "b.test").await, None);
     let known = driver.runtime().ssl_certs().await.unwrap();
     assert!(!known.iter().any(|c| c == "certs/b.pem"), "{known:?}");
+
+    // Added after the driver kept HAProxy's listing of loaded certificates (from
+    // b's renewal), then renewed: missing from the kept listing, it is found in a
+    // fresh one.
+    certs.insert("d.pem".into(), pems["d"].clone());
+    lines.push("certs/d.pem d.test".into());
+    step(&lines, &certs).await;
+    certs.insert("d.pem".into(), pems["d-renewed"].clone());
+    step(&lines, &certs).await;
+    assert_eq!(
+        served(&tls, port, "d.test").await,
+        Some(der(&pems["d-renewed"]))
+    );
 
     stop.store(true, Ordering::Relaxed);
     load.await.unwrap();

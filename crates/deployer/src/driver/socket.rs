@@ -313,6 +313,43 @@ pub struct SocketDriver {
     /// Whether the warning that this instance cannot add backends at runtime was
     /// logged (once per instance).
     warned_dynamic_backends: std::sync::atomic::AtomicBool,
+    /// HAProxy's listings of the files it loaded, kept between deployments.
+    listings: std::sync::Mutex<Listings>,
+}
+
+/// What HAProxy listed last of the files it loaded (`show map`, `show acl`,
+/// `show ssl cert`, `show ssl crt-list`), kept between deployments so that a
+/// runtime change does not list every certificate again (10,000 lines at 10,000
+/// certificates). The name HAProxy knows a file by depends only on the config
+/// directory and the config, so a kept listing stays right for the files in it; a
+/// file missing from it (a certificate added since) is looked up in a fresh
+/// listing, and a reload, a start or a failed runtime change forgets them all.
+#[derive(Debug, Default)]
+struct Listings {
+    maps: Option<Arc<[String]>>,
+    acls: Option<Arc<[String]>>,
+    certs: Option<Arc<[String]>>,
+    lists: Option<Arc<[String]>>,
+}
+
+/// One of the [`Listings`].
+#[derive(Clone, Copy, Debug)]
+enum Listing {
+    Maps,
+    Acls,
+    Certs,
+    Lists,
+}
+
+impl Listings {
+    fn slot(&mut self, listing: Listing) -> &mut Option<Arc<[String]>> {
+        match listing {
+            Listing::Maps => &mut self.maps,
+            Listing::Acls => &mut self.acls,
+            Listing::Certs => &mut self.certs,
+            Listing::Lists => &mut self.lists,
+        }
+    }
 }
 
 impl SocketDriver {
@@ -333,6 +370,7 @@ impl SocketDriver {
             last_reload: std::sync::Mutex::new(None),
             line: std::sync::Mutex::new(None),
             warned_dynamic_backends: std::sync::atomic::AtomicBool::new(false),
+            listings: std::sync::Mutex::new(Listings::default()),
             managed: managed.filter(|_| instance.managed),
             instance,
             master,
@@ -526,6 +564,7 @@ impl SocketDriver {
         desired_model: Arc<Config>,
         running: Option<Arc<Deployed>>,
     ) -> Result<Deployed, DeployError> {
+        self.forget_listings();
         let marker = desired.hash().short();
         let guard = self
             .write_guarded(&desired, &marker, running.as_ref().map(|r| &r.config))
@@ -731,7 +770,10 @@ impl SocketDriver {
                 .runtime_command(&self.instance.name, op.object(), outcome.is_ok());
             match outcome {
                 Ok(()) => count += 1,
-                Err(error) => return Err(failed(op.describe(), error)),
+                Err(error) => {
+                    self.forget_listings();
+                    return Err(failed(op.describe(), error));
+                }
             }
             if count == 1 && plan.ops.len() > 1 {
                 let _ = self
@@ -745,10 +787,54 @@ impl SocketDriver {
         Ok(count)
     }
 
-    /// For each file op, the path and kind HAProxy knows the file by.
+    /// Forgets the [`Listings`] (HAProxy loaded its configuration again, or a runtime
+    /// change failed).
+    fn forget_listings(&self) {
+        *self.listings.lock().expect("listings lock") = Listings::default();
+    }
+
+    /// HAProxy's `listing`: the kept one unless `fresh`, else asked for and kept.
+    async fn listing(&self, listing: Listing, fresh: bool) -> Result<Arc<[String]>, RuntimeError> {
+        if !fresh
+            && let Some(kept) = self
+                .listings
+                .lock()
+                .expect("listings lock")
+                .slot(listing)
+                .clone()
+        {
+            return Ok(kept);
+        }
+        let listed: Arc<[String]> = match listing {
+            Listing::Maps => self.runtime.pattern_files(PatternKind::Map).await?,
+            Listing::Acls => self.runtime.pattern_files(PatternKind::Acl).await?,
+            Listing::Certs => self.runtime.ssl_certs().await?,
+            Listing::Lists => self.runtime.crt_lists().await?,
+        }
+        .into();
+        *self.listings.lock().expect("listings lock").slot(listing) = Some(listed.clone());
+        Ok(listed)
+    }
+
+    /// For each file op, the path and kind HAProxy knows the file by: from the kept
+    /// listings, and when one of the files is not in them, from fresh ones.
     async fn resolve_files(
         &self,
         ops: &[RuntimeOp],
+    ) -> Result<Vec<Option<(PatternKind, String)>>, RuntimeError> {
+        match self.resolve_files_in(ops, false).await {
+            Err(RuntimeError::NotLoaded { file, .. }) => {
+                tracing::debug!(%file, "Not in the kept listing of loaded files; listing again");
+                self.resolve_files_in(ops, true).await
+            }
+            resolved => resolved,
+        }
+    }
+
+    async fn resolve_files_in(
+        &self,
+        ops: &[RuntimeOp],
+        fresh: bool,
     ) -> Result<Vec<Option<(PatternKind, String)>>, RuntimeError> {
         let needs_patterns = ops
             .iter()
@@ -756,35 +842,38 @@ impl SocketDriver {
         let needs_certs = ops
             .iter()
             .any(|op| matches!(op, RuntimeOp::ReplaceCertificate { .. }));
-        let (maps, acls) = if needs_patterns {
-            (
-                self.runtime.pattern_files(PatternKind::Map).await?,
-                self.runtime.pattern_files(PatternKind::Acl).await?,
-            )
-        } else {
-            Default::default()
-        };
-        let certs = if needs_certs {
-            self.runtime.ssl_certs().await?
-        } else {
-            Vec::new()
-        };
         let needs_lists = ops.iter().any(|op| {
             matches!(
                 op,
                 RuntimeOp::SetCrtListEntry { .. } | RuntimeOp::DelCrtListEntry { .. }
             )
         });
-        let lists = if needs_lists {
-            self.runtime.crt_lists().await?
+        let none = || -> Arc<[String]> { Arc::from(Vec::new()) };
+        let (maps, acls) = if needs_patterns {
+            (
+                self.listing(Listing::Maps, fresh).await?,
+                self.listing(Listing::Acls, fresh).await?,
+            )
         } else {
-            Vec::new()
+            (none(), none())
+        };
+        let certs = if needs_certs {
+            self.listing(Listing::Certs, fresh).await?
+        } else {
+            none()
+        };
+        let lists = if needs_lists {
+            self.listing(Listing::Lists, fresh).await?
+        } else {
+            none()
         };
         let dir = self.instance.config_dir.display().to_string();
+        let dir = dir.trim_end_matches('/');
         let find = |list: &[String], relative: &str| {
-            let absolute = format!("{}/{relative}", dir.trim_end_matches('/'));
+            let absolute = format!("{dir}/{relative}");
+            let suffix = format!("/{relative}");
             list.iter()
-                .find(|p| *p == relative || **p == absolute || p.ends_with(&format!("/{relative}")))
+                .find(|p| *p == relative || **p == absolute || p.ends_with(&suffix))
                 .cloned()
         };
         ops.iter()
@@ -1024,6 +1113,8 @@ impl SocketDriver {
     /// running controller is confirmed the new way. `Err(ReloadFailed)` when HAProxy
     /// refused the new config.
     async fn reload_once(&self, logs: Option<&LogBuffer>) -> Result<(), DeployError> {
+        // What the new worker loads is listed again when asked for.
+        self.forget_listings();
         let started = Instant::now();
         let before = self.master.show_proc().await?;
         let version = match self.master.version().await {
