@@ -83,18 +83,25 @@ impl ContentHash {
 
     /// The first 12 hex digits, for logs and labels.
     pub fn short(&self) -> String {
-        let mut hex = self.to_string();
-        hex.truncate(12);
-        hex
+        hex(&self.0[..6])
     }
+}
+
+/// Lower-case hex of `bytes`, without the formatting machinery (hashes are printed
+/// in every log line and event of a render).
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
+    out
 }
 
 impl fmt::Display for ContentHash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for byte in self.0 {
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
+        f.write_str(&hex(&self.0))
     }
 }
 
@@ -546,6 +553,11 @@ mod tests {
         assert_ne!(config("ab", "c").hash(), config("a", "bc").hash());
         assert_eq!(a.hash().to_string().len(), 64);
         assert_eq!(a.hash().short().len(), 12);
+        assert!(a.hash().to_string().starts_with(&a.hash().short()));
+        assert_eq!(
+            ContentHash::of(b"").to_string(),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
     }
 
     #[test]
