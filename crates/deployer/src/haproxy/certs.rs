@@ -231,11 +231,14 @@ pub(crate) fn plan_certificates(
                 || side.lists.contains(&path)
                 || side.config.main().contains(path.as_str())
         };
+        // The set lookups first: `named` searches haproxy.cfg, once per
+        // certificate would cost the length of haproxy.cfg times the number of
+        // certificates.
         if !directories
-            && !named(&old)
-            && !named(&new)
             && !loaded_before.contains(&path)
             && !loaded_after.contains(&path)
+            && !named(&old)
+            && !named(&new)
         {
             handled.insert(path);
         }
@@ -312,6 +315,10 @@ fn order_matters(
     changed: &[&String],
     renewed: &[&String],
 ) -> Option<String> {
+    if changed.is_empty() && renewed.is_empty() {
+        // Nothing moves to the end of the list.
+        return None;
+    }
     let moved = |cert: &&String| changed.contains(cert) || renewed.contains(cert);
     let mut owners: BTreeMap<String, &String> = BTreeMap::new();
     for (cert, line) in after {
