@@ -458,6 +458,7 @@ impl Worker {
                 )
                 .await;
         }
+        let planning = std::time::Instant::now();
         let mut decision = driver::decide(
             &*driver,
             &desired.config,
@@ -466,6 +467,12 @@ impl Worker {
             desired.drift_check,
         )
         .await?;
+        tracing::debug!(
+            elapsed = ?planning.elapsed(),
+            ops = decision.plan.ops.len(),
+            reload = decision.reloads(),
+            "Planned the deployment"
+        );
         if running.is_none()
             && let Some(error) = self.record.last_error.as_deref()
         {
