@@ -1346,7 +1346,8 @@ fn the_ingress_pass_runs_again_only_from_the_first_changed_ingress() {
 
 /// Loops over `shared` (a pass where the first object to claim a host wins),
 /// folded or not, give what a full render gives over random adds, changes, moves
-/// and removals; only the foldable one keeps iterations between renders.
+/// and removals, failures included (an iteration that calls `fail()`); only the
+/// foldable ones keep iterations between renders.
 #[test]
 fn loops_over_shared_equal_full_renders_over_random_changes() {
     let mut rng = Rng(seed());
@@ -1392,8 +1393,20 @@ fn loops_over_shared_equal_full_renders_over_random_changes() {
             ),
             true,
         ),
+        // An iteration that fails: an incremental render fails as the full render
+        // does, with the same error, and the next one starts over.
+        (
+            "failing",
+            main("", "claim"),
+            claim.replace(
+                "{% set h = site.spec.host %}",
+                "{% set h = site.spec.host %}{% if h == \"h13.test\" and site.spec.age % 2 == 0 %}{{ fail(\"site \" ~ site.metadata.name ~ \" is refused\") }}{% endif %}",
+            ),
+            true,
+        ),
     ];
     for (what, main, snippet, folds) in variants {
+        let mut failed = 0;
         let name = if what == "outer variable" {
             "claim-marked"
         } else {
@@ -1428,7 +1441,10 @@ fn loops_over_shared_equal_full_renders_over_random_changes() {
         // Sixty sites to start with: more than one kept copy of `shared` (every 32
         // iterations).
         for n in 0..60 {
-            let object = site(n, rng.below(40), n);
+            // Site 14 starts on h13.test with an even age: the failing variant
+            // fails from the first render until a change moves it.
+            let host = if n == 14 { 13 } else { rng.below(40) };
+            let object = site(n, host, n);
             sites.upsert(key_of(&object), &object);
         }
         let mut resources = Resources::new();
@@ -1478,9 +1494,14 @@ fn loops_over_shared_equal_full_renders_over_random_changes() {
             }
             let (result, stats) = incremental.render_with_stats(&resources);
             kept += stats.snippets_reused;
+            failed += usize::from(result.is_err());
             assert_same_outcome(step, result, full.render_full(&resources));
         }
-        if folds {
+        if what == "failing" {
+            // Whether iterations were kept depends on how long a failing site
+            // stayed; that renders failed and equalled the full renders is the point.
+            assert!(failed > 0, "no render failed");
+        } else if folds {
             assert!(kept > 0, "{what}: no iteration was ever kept");
         } else {
             assert_eq!(kept, 0, "{what}: iterations were kept");
