@@ -137,20 +137,8 @@ backend be_other\n    server o1 127.0.0.1:{}\n",
     // changed and a removed key, while every other entry stays the one HAProxy holds
     // (the same reference in `show map`, where a new version would rebuild them all).
     let rt = driver.runtime();
-    let file = rt
-        .pattern_files(PatternKind::Map)
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|f| f.ends_with("maps/hosts.map"))
-        .expect("HAProxy lists the map");
+    let file = map_file(&driver, "maps/hosts.map").await;
     let show = || async { rt.query(&format!("show map {file}")).await.unwrap() };
-    let reference = |listing: &str, key: &str| {
-        listing
-            .lines()
-            .find(|l| l.split_whitespace().nth(1) == Some(key))
-            .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-    };
     let before = show().await;
     let edited = big
         .replace("h0.example.test be_other\n", "")
@@ -167,11 +155,14 @@ backend be_other\n    server o1 127.0.0.1:{}\n",
     assert_eq!(bodies(port, "h2.example.test", 1).await, vec!["200 other"]);
     let after = show().await;
     assert_eq!(after.lines().filter(|l| !l.trim().is_empty()).count(), 1500);
-    assert!(reference(&after, "h0.example.test").is_none(), "h0 removed");
-    assert!(reference(&before, "h7.example.test").is_some());
+    assert!(
+        entry_reference(&after, "h0.example.test").is_none(),
+        "h0 removed"
+    );
+    assert!(entry_reference(&before, "h7.example.test").is_some());
     assert_eq!(
-        reference(&before, "h7.example.test"),
-        reference(&after, "h7.example.test"),
+        entry_reference(&before, "h7.example.test"),
+        entry_reference(&after, "h7.example.test"),
         "untouched entries stay in place"
     );
     let big = edited;
@@ -432,20 +423,8 @@ http-request return status 200 content-type text/plain lf-string \"%[req.hdr(hos
     // One more change: the untouched entries keep their place in HAProxy's map
     // (a new version of the map would have rebuilt them all).
     let rt = driver.runtime();
-    let file = rt
-        .pattern_files(PatternKind::Map)
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|f| f.ends_with("maps/prefix.map"))
-        .expect("HAProxy lists the map");
+    let file = map_file(&driver, "maps/prefix.map").await;
     let show = || async { rt.query(&format!("show map {file}")).await.unwrap() };
-    let reference = |listing: &str, key: &str| {
-        listing
-            .lines()
-            .find(|l| l.split_whitespace().nth(1) == Some(key))
-            .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-    };
     map.insert("kabc", "kept".to_owned());
     let deployed = driver
         .deploy(render(port, &map), None, Some(running.into()), false)
@@ -467,13 +446,13 @@ http-request return status 200 content-type text/plain lf-string \"%[req.hdr(hos
         deployed.reason
     );
     let after = show().await;
-    assert!(reference(&before, "kabc").is_some(), "{before}");
+    assert!(entry_reference(&before, "kabc").is_some(), "{before}");
     assert_eq!(
-        reference(&before, "kabc"),
-        reference(&after, "kabc"),
+        entry_reference(&before, "kabc"),
+        entry_reference(&after, "kabc"),
         "untouched entries stay in place"
     );
-    assert!(reference(&after, "kb").is_none(), "kb removed");
+    assert!(entry_reference(&after, "kb").is_none(), "kb removed");
 
     // A HAProxy started fresh from the last render answers every lookup the same.
     let fresh_port = free_port();
@@ -487,4 +466,25 @@ http-request return status 200 content-type text/plain lf-string \"%[req.hdr(hos
         );
     }
     drop(fresh_haproxy);
+}
+
+/// The name HAProxy knows the map ending in `suffix` by.
+async fn map_file(driver: &SocketDriver, suffix: &str) -> String {
+    driver
+        .runtime()
+        .pattern_files(PatternKind::Map)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|f| f.ends_with(suffix))
+        .expect("HAProxy lists the map")
+}
+
+/// The reference of `key`'s entry in a `show map` listing: the same while the entry
+/// stays in place, a new one when the map is built again.
+fn entry_reference(listing: &str, key: &str) -> Option<String> {
+    listing
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(key))
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
 }

@@ -170,7 +170,8 @@ pub(crate) struct FoldMemo {
     reads: Vec<Arc<[Read]>>,
     /// Where each iteration's text ends in `text`.
     ends: Vec<usize>,
-    text: String,
+    /// The loop's text, as the file got it (shared, not copied, with the file).
+    text: Value,
     /// How many iterations apart the checkpoints are.
     every: usize,
     /// `checkpoints[c]`: `shared` after the first `(c + 1) * every` iterations.
@@ -1393,15 +1394,16 @@ fn render_fold(
         items: Vec::with_capacity(items.len()),
         reads: Vec::with_capacity(items.len()),
         ends: Vec::with_capacity(items.len()),
-        text: String::new(),
+        text: Value::UNDEFINED,
         every,
         checkpoints: Vec::with_capacity(items.len() / every),
     };
+    let mut text = String::new();
     if let (Some((old, _)), true) = (previous, resume > 0) {
         memo.items.extend_from_slice(&old.items[..resume]);
         memo.reads.extend_from_slice(&old.reads[..resume]);
         memo.ends.extend_from_slice(&old.ends[..resume]);
-        memo.text.push_str(&old.text[..old.ends[resume - 1]]);
+        text.push_str(&old.text.as_str().unwrap_or_default()[..old.ends[resume - 1]]);
         memo.checkpoints
             .extend_from_slice(&old.checkpoints[..resume / every]);
         if resume == old.items.len() {
@@ -1433,13 +1435,13 @@ fn render_fold(
         nest(-1);
         let reads: Arc<[Read]> = recording.finish().into();
         let output = rendered?;
-        memo.text.push_str(&spec.head);
-        memo.text.push_str(&output);
-        memo.text.push_str(&spec.tail);
-        session.within_cap(memo.text.len())?;
+        text.push_str(&spec.head);
+        text.push_str(&output);
+        text.push_str(&spec.tail);
+        session.within_cap(text.len())?;
         memo.items.push(item.clone());
         memo.reads.push(reads);
-        memo.ends.push(memo.text.len());
+        memo.ends.push(text.len());
         if (index + 1) % every == 0 {
             memo.checkpoints.push(shared.snapshot());
         }
@@ -1450,7 +1452,8 @@ fn render_fold(
     for reads in &memo.reads {
         record_all(reads);
     }
-    let text = Value::from_safe_string(memo.text.clone());
+    memo.text = Value::from_safe_string(text);
+    let text = memo.text.clone();
     lock(&session.folds).insert(number, Arc::new(memo));
     Ok(text)
 }
