@@ -225,3 +225,154 @@ fn added_or_removed_backends_outside_the_rule_are_never_passed() {
         );
     }
 }
+
+/// `count` routes named `{prefix}{i}`, one plain server each.
+fn routes_named(prefix: &str, count: usize) -> BTreeMap<String, Vec<String>> {
+    (0..count)
+        .map(|i| (format!("{prefix}{i}"), vec![format!("s1 10.0.{}.{}:80", i / 250, i % 250 + 1)]))
+        .collect()
+}
+
+/// Whether process `pid` is gone (or only waits to be reaped).
+fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit(") ").next().is_some_and(|rest| rest.starts_with('Z'))
+    })
+}
+
+/// The rule checks every difference from the baseline again on each comparison, so
+/// a render far from it (more than `REFRESH_AFTER` added backends) is checked with
+/// the real `haproxy -c` in the background and becomes the baseline; a render HAProxy
+/// refuses does not; and a validation that needs `haproxy -c` itself stops such a
+/// run instead of waiting for it. The binary is a wrapper around `haproxy` that
+/// refuses a config naming `be_refuse` and hangs on one naming `be_hold` (unless it
+/// also has the test's extra frontend).
+#[tokio::test]
+async fn a_render_far_from_the_baseline_becomes_the_baseline_in_the_background() {
+    use std::os::unix::fs::PermissionsExt;
+    use validator::REFRESH_AFTER;
+
+    let scratch = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let pid_file = bin.path().join("held.pid");
+    let wrapper = bin.path().join("haproxy-wrapper");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n\
+             if grep -q be_hold haproxy.cfg && ! grep -q 'frontend other' haproxy.cfg; then\n\
+             echo $$ > {pid}; exec sleep 600\nfi\n\
+             if grep -q be_refuse haproxy.cfg; then\n\
+             echo '[ALERT]    (1) : config : refused by the test wrapper' >&2; exit 1\nfi\n\
+             exec haproxy \"$@\"\n",
+            pid = pid_file.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut config = settings(scratch.path());
+    config.binary = wrapper;
+    let service = validator::Service::new(config);
+    let baseline_hash = || service.baseline().expect("a baseline").rendered.hash();
+    let registry = prometheus::Registry::new();
+    let metrics = validator::Metrics::register(&registry).unwrap();
+    let metrics = Some(&metrics);
+    let refreshes = |result: &str| -> u64 {
+        let families = registry.gather();
+        let family = families
+            .iter()
+            .find(|f| f.name() == "hapwright_validation_baseline_refreshes_total")
+            .expect("registered");
+        family
+            .get_metric()
+            .iter()
+            .find(|m| m.get_label().iter().any(|l| l.value() == result))
+            .map_or(0, |m| m.get_counter().get_value() as u64)
+    };
+
+    let base = Arc::new(render(&BTreeMap::new(), ""));
+    let validated = service.validate(&base, metrics).await.expect("the base passes");
+    assert_eq!(validated.phase2_skipped, None, "the first render runs haproxy -c");
+    assert_eq!(baseline_hash(), base.hash());
+
+    // As many added backends as the limit: passed by equivalence, no refresh.
+    let near = Arc::new(render(&routes_named("r", REFRESH_AFTER), ""));
+    let validated = service.validate(&near, metrics).await.expect("passes");
+    assert!(validated.phase2_skipped.is_some());
+    service.refreshed().await;
+    assert_eq!(baseline_hash(), base.hash(), "not refreshed at the limit");
+    assert_eq!(refreshes("refreshed"), 0);
+
+    // One more: refreshed in the background, and the next render is compared with
+    // it (one difference, not the limit and two).
+    let far_routes = routes_named("r", REFRESH_AFTER + 1);
+    let far = Arc::new(render(&far_routes, ""));
+    let validated = service.validate(&far, metrics).await.expect("passes");
+    assert!(validated.phase2_skipped.is_some(), "not held back by haproxy -c");
+    service.refreshed().await;
+    assert_eq!(baseline_hash(), far.hash(), "refreshed past the limit");
+    assert_eq!(refreshes("refreshed"), 1);
+    let next = render(&routes_named("r", REFRESH_AFTER + 2), "");
+    let (_, model) = validator::validate_phase1_parsed(&next).expect("phase 1");
+    let (verdict, differences) =
+        equivalence::compare_counted(&service.baseline().unwrap(), &next, &model);
+    assert!(matches!(verdict, Equivalence::Equivalent(_)), "{verdict:?}");
+    assert_eq!(differences, 1);
+
+    // A render the rule passes and haproxy -c refuses is not the baseline.
+    let mut refused = far_routes.clone();
+    refused.extend(routes_named("refuse", REFRESH_AFTER + 1));
+    let validated = service
+        .validate(&Arc::new(render(&refused, "")), metrics)
+        .await
+        .expect("passes by equivalence");
+    assert!(validated.phase2_skipped.is_some());
+    service.refreshed().await;
+    assert_eq!(baseline_hash(), far.hash(), "a refused render is not the baseline");
+    assert_eq!((refreshes("refreshed"), refreshes("refused")), (1, 1));
+
+    // A refresh that hangs is stopped by a validation that needs haproxy -c.
+    let mut held = far_routes.clone();
+    held.extend(routes_named("hold", REFRESH_AFTER + 1));
+    let validated = service
+        .validate(&Arc::new(render(&held, "")), metrics)
+        .await
+        .expect("passes by equivalence");
+    assert!(validated.phase2_skipped.is_some());
+    // The wrapper writes its pid just before it blocks.
+    let read_pid = || {
+        std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|text| text.trim().parse::<u32>().ok())
+    };
+    poll_until(|| read_pid().is_some(), "the background haproxy -c started").await;
+    let pid = read_pid().unwrap();
+    let other = Arc::new(render(
+        &held,
+        "frontend other\n    bind 127.0.0.1:18081\n    default_backend be_default\n",
+    ));
+    let validated = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        service.validate(&other, metrics),
+    )
+    .await
+    .expect("not held back by the background run")
+    .expect("passes haproxy -c");
+    assert_eq!(validated.phase2_skipped, None);
+    assert_eq!(baseline_hash(), other.hash());
+    poll_until(|| gone(pid), "the stopped haproxy -c ended").await;
+    // A stopped run has no result.
+    assert_eq!(
+        (refreshes("refreshed"), refreshes("refused"), refreshes("failed")),
+        (1, 1, 0)
+    );
+}
+
+/// Polls `done` until it holds; panics after 30 s.
+async fn poll_until(done: impl Fn() -> bool, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "not so after 30 s: {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}

@@ -353,14 +353,16 @@ pub fn operations(new: &Config, changes: &BackendChanges<'_>) -> (Vec<RuntimeOp>
 ///   changes.
 ///
 /// Such a render passes `haproxy -c` because `old` did, so a new route is not held
-/// back by HAProxy's start-up time. `Err(None)`: no backend was added or removed (the
-/// caller's own reason stands); `Err(Some(why))`: outside the rule.
+/// back by HAProxy's start-up time. `Ok(n)`: `n` sections added or removed and
+/// directives changed, which the rule checked one by one; `Err(None)`: no backend
+/// was added or removed (the caller's own reason stands); `Err(Some(why))`: outside
+/// the rule.
 pub(crate) fn equivalent(
     old_text: &str,
     old: &Config,
     new_text: &str,
     new: &Config,
-) -> Result<bool, Option<Why>> {
+) -> Result<usize, Option<Why>> {
     use crate::component::validator::equivalence::{
         ip_port, plain_words, server_change_covered, weight,
     };
@@ -468,6 +470,7 @@ pub(crate) fn equivalent(
     }
     let kept_old = old.sections.iter().filter(|s| !changes.is_removed(s));
     let kept_new = new.sections.iter().filter(|s| !changes.is_added(s));
+    let mut differences = changes.added.len() + changes.removed.len();
     for (a, b) in kept_old.zip(kept_new) {
         // A section both models share comes from the same lines of both texts.
         if Arc::ptr_eq(a, b) {
@@ -492,10 +495,11 @@ pub(crate) fn equivalent(
             if x.text != y.text {
                 server_change_covered(b, x, y)
                     .map_err(|why| Some(Why(format!("haproxy.cfg:{}: {why}", y.line))))?;
+                differences += 1;
             }
         }
     }
-    Ok(true)
+    Ok(differences)
 }
 
 /// A guess made before phase 1 (`equivalence::likely_equivalent`): whether the lines

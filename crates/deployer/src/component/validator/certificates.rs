@@ -64,10 +64,10 @@ const MAX_CERTIFICATES: usize = 8;
 const MAX_REMEMBERED: usize = 20_000;
 
 /// Whether the certificates and files of `candidate` differ from the baseline's
-/// only as the rule allows: `Ok(true)` when some certificate or crt-list changed,
-/// `Ok(false)` when all are identical. The files must have the same names (the
-/// caller checks it).
-pub(crate) fn covered(baseline: &Baseline, candidate: &RenderedConfig) -> Result<bool, Why> {
+/// only as the rule allows: `Ok(n)` with the number of certificates and crt-lists
+/// that changed or went (0 when all are identical). The files must have the same
+/// names (the caller checks it).
+pub(crate) fn covered(baseline: &Baseline, candidate: &RenderedConfig) -> Result<usize, Why> {
     let old = &baseline.rendered;
     let changed_files: Vec<(&str, &str)> = candidate
         .files()
@@ -86,8 +86,9 @@ pub(crate) fn covered(baseline: &Baseline, candidate: &RenderedConfig) -> Result
         .filter(|name| !new_certs.contains_key(*name))
         .map(String::as_str)
         .collect();
-    if changed_files.is_empty() && changed_certs.is_empty() && removed_certs.is_empty() {
-        return Ok(false);
+    let differences = changed_files.len() + changed_certs.len() + removed_certs.len();
+    if differences == 0 {
+        return Ok(0);
     }
     let main = candidate.main();
     main_allows_certificate_changes(main)?;
@@ -134,7 +135,7 @@ pub(crate) fn covered(baseline: &Baseline, candidate: &RenderedConfig) -> Result
             }
         }
     }
-    Ok(true)
+    Ok(differences)
 }
 
 /// Whether the differences of certificates and files look like the rule's, judged

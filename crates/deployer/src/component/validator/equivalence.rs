@@ -155,9 +155,22 @@ pub struct Baseline {
 /// Applies the rule to `candidate` (with phase 1's model of its `haproxy.cfg`,
 /// which must have passed phase 1) against `baseline`.
 pub fn compare(baseline: &Baseline, candidate: &RenderedConfig, model: &Model) -> Equivalence {
+    compare_counted(baseline, candidate, model).0
+}
+
+/// [`compare`], with how many differences the rule checked one by one when it
+/// passed: added or removed backends, changed `server` lines, changed or removed
+/// certificates and crt-lists (0 otherwise). Each of them is checked again on every
+/// later comparison with the same baseline, so the validator refreshes a baseline
+/// that many differences separate from what is rendered now (`Service::validate`).
+pub fn compare_counted(
+    baseline: &Baseline,
+    candidate: &RenderedConfig,
+    model: &Model,
+) -> (Equivalence, usize) {
     match compare_inner(baseline, candidate, model) {
-        Ok(reason) => Equivalence::Equivalent(reason),
-        Err(why) => Equivalence::Different(why),
+        Ok((reason, differences)) => (Equivalence::Equivalent(reason), differences),
+        Err(why) => (Equivalence::Different(why), 0),
     }
 }
 
@@ -186,14 +199,14 @@ fn compare_inner(
     baseline: &Baseline,
     candidate: &RenderedConfig,
     model: &Model,
-) -> Result<SkipReason, Why> {
+) -> Result<(SkipReason, usize), Why> {
     let old = &baseline.rendered;
     same_names("maps", old.maps(), candidate.maps())?;
     same_names("files", old.files(), candidate.files())?;
     // Files may differ only as crt-lists, together with certificates.
-    let certificates_changed = super::certificates::covered(baseline, candidate)?;
-    let servers_changed = if old.main() == candidate.main() {
-        false
+    let certificates = super::certificates::covered(baseline, candidate)?;
+    let servers = if old.main() == candidate.main() {
+        0
     } else {
         // Added or removed `backend NAME from PROFILE` sections that hold only plain
         // server lines are covered too (crate::haproxy::backends::equivalent).
@@ -215,13 +228,14 @@ fn compare_inner(
         map_change_covered(name, content, candidate)?;
         maps_changed = true;
     }
-    Ok(match (servers_changed, maps_changed) {
-        _ if certificates_changed => SkipReason::Certificates,
+    let reason = match (servers > 0, maps_changed) {
+        _ if certificates > 0 => SkipReason::Certificates,
         (false, false) => SkipReason::Identical,
         (true, false) => SkipReason::Servers,
         (false, true) => SkipReason::Maps,
         (true, true) => SkipReason::ServersAndMaps,
-    })
+    };
+    Ok((reason, certificates + servers))
 }
 
 fn same_names(
@@ -240,13 +254,13 @@ fn same_names(
 
 // === haproxy.cfg ===
 
-/// Compares the two `haproxy.cfg` models directive by directive; `Ok(true)` when a
-/// covered `server` change was found.
-fn compare_main(old_text: &str, old: &Model, new_text: &str, new: &Model) -> Result<bool, Why> {
+/// Compares the two `haproxy.cfg` models directive by directive; `Ok(n)` with the
+/// number of covered `server` changes found.
+fn compare_main(old_text: &str, old: &Model, new_text: &str, new: &Model) -> Result<usize, Why> {
     if old.sections.len() != new.sections.len() {
         return Err(Why("the number of sections changed".to_owned()));
     }
-    let mut servers_changed = false;
+    let mut servers_changed = 0;
     // Header lines are looked up by number once per section: index the lines once,
     // or a config with thousands of backends is compared in quadratic time.
     // Only once a section differs: sections both models share need no lines.
@@ -285,7 +299,7 @@ fn compare_main(old_text: &str, old: &Model, new_text: &str, new: &Model) -> Res
             }
             server_change_covered(b, x, y)
                 .map_err(|why| Why(format!("haproxy.cfg:{}: {why}", y.line)))?;
-            servers_changed = true;
+            servers_changed += 1;
         }
     }
     Ok(servers_changed)

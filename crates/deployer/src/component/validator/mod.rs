@@ -68,6 +68,13 @@ use equivalence::{Baseline, Equivalence, SkipReason};
 /// controller reloads.
 static PHASE2_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Differences from the baseline (added or removed backends, changed `server`
+/// lines, changed certificates and crt-lists) past which a render that passed phase 2
+/// by equivalence is checked with `haproxy -c` in the background, to become the
+/// baseline: the rule checks every difference again on each comparison, so a
+/// baseline that falls far behind what is rendered makes each validation longer.
+pub const REFRESH_AFTER: usize = 32;
+
 /// How much of `haproxy -c`'s output is kept; more is discarded.
 const MAX_OUTPUT: u64 = 4 << 20;
 
@@ -136,9 +143,10 @@ impl std::error::Error for Rejection {}
 // === impl Metrics ===
 
 /// `hapwright_validations_total{phase,result}`,
-/// `hapwright_validation_duration_seconds{phase}` and
-/// `hapwright_validation_phase2_skipped_total{reason}`. Register once per process and
-/// hand clones to each generation's validator.
+/// `hapwright_validation_duration_seconds{phase}`,
+/// `hapwright_validation_phase2_skipped_total{reason}` and
+/// `hapwright_validation_baseline_refreshes_total{result}`. Register once per process
+/// and hand clones to each generation's validator.
 #[derive(Clone, Debug)]
 pub struct Metrics {
     validations: IntCounterVec,
@@ -146,7 +154,11 @@ pub struct Metrics {
     phase2_skipped: IntCounterVec,
     superseded: IntCounter,
     remembered: IntCounter,
+    refreshes: IntCounterVec,
 }
+
+/// The results of `hapwright_validation_baseline_refreshes_total`.
+const REFRESH_RESULTS: [&str; 3] = ["refreshed", "refused", "failed"];
 
 impl Metrics {
     /// Creates the metrics and registers them in `registry`.
@@ -189,17 +201,29 @@ impl Metrics {
                 validations.with_label_values(&[phase_label(phase), result]);
             }
         }
+        let refreshes = IntCounterVec::new(
+            Opts::new(
+                "hapwright_validation_baseline_refreshes_total",
+                "Background haproxy -c runs of renders that passed by equivalence far from the baseline, by result.",
+            ),
+            &["result"],
+        )?;
+        for result in REFRESH_RESULTS {
+            refreshes.with_label_values(&[result]);
+        }
         registry.register(Box::new(validations.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(phase2_skipped.clone()))?;
         registry.register(Box::new(superseded.clone()))?;
         registry.register(Box::new(remembered.clone()))?;
+        registry.register(Box::new(refreshes.clone()))?;
         Ok(Self {
             validations,
             duration,
             phase2_skipped,
             superseded,
             remembered,
+            refreshes,
         })
     }
 
@@ -730,6 +754,9 @@ struct ServiceInner {
     config: Config,
     /// The last render that passed `haproxy -c`, with the warnings it printed.
     baseline: std::sync::Mutex<Option<(Baseline, Vec<Diagnostic>)>>,
+    /// The background `haproxy -c` of a render that passed by equivalence far from
+    /// the baseline ([`REFRESH_AFTER`]), while it runs.
+    refresh: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The last render that passed phase 1, with its model: phase 1 parses only the
     /// sections the next render changed.
     parsed: std::sync::Mutex<Option<Parsed>>,
@@ -764,6 +791,7 @@ impl Service {
             inner: Arc::new(ServiceInner {
                 config,
                 baseline: std::sync::Mutex::new(None),
+                refresh: std::sync::Mutex::new(None),
                 parsed: std::sync::Mutex::new(None),
             }),
         }
@@ -793,6 +821,108 @@ impl Service {
             .baseline
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Checks `rendered`, which passed by equivalence with `differences` from
+    /// `from`, with `haproxy -c` in a task of its own; when it passes and `from` is
+    /// still the baseline, it becomes the baseline. One such run at a time, and a
+    /// validation that needs `haproxy -c` itself stops it (only one `haproxy -c`
+    /// runs at a time in the process). When HAProxy refuses a render the rule
+    /// passed, that is logged as an error and the baseline stays.
+    fn refresh(
+        &self,
+        rendered: &Arc<RenderedConfig>,
+        model: &Arc<haproxy_config::Config>,
+        from: &Baseline,
+        differences: usize,
+        metrics: Option<&Metrics>,
+    ) {
+        let mut running = self
+            .inner
+            .refresh
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if running.as_ref().is_some_and(|task| !task.is_finished()) {
+            return;
+        }
+        let service = self.clone();
+        let (rendered, model, from) = (
+            Arc::clone(rendered),
+            Arc::clone(model),
+            Arc::clone(&from.rendered),
+        );
+        let metrics = metrics.cloned();
+        let span = tracing::info_span!(
+            "refresh_baseline",
+            hash = %rendered.hash().short(),
+            baseline = %from.hash().short(),
+            differences
+        );
+        *running = Some(tokio::spawn(
+            async move {
+                tracing::debug!("Checking a render far from the baseline with haproxy -c");
+                let started = Instant::now();
+                let outcome = validate_phase2(&rendered, &service.inner.config).await;
+                let result = match outcome {
+                    Ok(warnings) => {
+                        let mut baseline = service.lock();
+                        if baseline
+                            .as_ref()
+                            .is_some_and(|(current, _)| Arc::ptr_eq(&current.rendered, &from))
+                        {
+                            *baseline = Some((Baseline { rendered, model }, warnings));
+                            tracing::info!(
+                                elapsed_ms = started.elapsed().as_millis(),
+                                "A render that passed by equivalence passed haproxy -c: it is the baseline now"
+                            );
+                        }
+                        "refreshed"
+                    }
+                    Err(rejection) if rejection.tool_failure => {
+                        tracing::warn!(%rejection, "Could not check the render with haproxy -c; the baseline stays");
+                        "failed"
+                    }
+                    Err(rejection) => {
+                        tracing::error!(
+                            %rejection,
+                            "haproxy -c refuses a render that passed phase 2 by equivalence; the baseline stays"
+                        );
+                        "refused"
+                    }
+                };
+                if let Some(metrics) = &metrics {
+                    metrics.refreshes.with_label_values(&[result]).inc();
+                }
+            }
+            .instrument(span),
+        ));
+    }
+
+    /// Stops the background `haproxy -c` of [`Self::refresh`], if one runs.
+    fn cancel_refresh(&self) {
+        if let Some(task) = self
+            .inner
+            .refresh
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            task.abort();
+        }
+    }
+
+    /// Waits until the background `haproxy -c` of a render far from the baseline,
+    /// if one runs, has ended (and, when it passed, made that render the baseline).
+    pub async fn refreshed(&self) {
+        let task = self
+            .inner
+            .refresh
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
     }
 
     /// Both phases, with phase 2 satisfied by equivalence when the rule allows it;
@@ -830,6 +960,7 @@ impl Service {
             .is_none_or(|(baseline, _)| !equivalence::likely_equivalent(baseline, rendered))
             .then(|| {
                 phase2_span.record("early", true);
+                self.cancel_refresh();
                 let (rendered, config, metrics) =
                     (Arc::clone(rendered), config.clone(), metrics.cloned());
                 tokio::spawn(
@@ -882,9 +1013,12 @@ impl Service {
             .unwrap_or_else(std::sync::PoisonError::into_inner) =
             Some((Arc::clone(rendered), Arc::clone(&model)));
         if let Some((baseline, baseline_warnings)) = &baseline {
-            match equivalence::compare(baseline, rendered, &model) {
-                Equivalence::Equivalent(reason) => {
+            match equivalence::compare_counted(baseline, rendered, &model) {
+                (Equivalence::Equivalent(reason), differences) => {
                     drop(early);
+                    if differences > REFRESH_AFTER {
+                        self.refresh(rendered, &model, baseline, differences, metrics);
+                    }
                     phase2_span.record("method", "equivalence");
                     let _entered = phase2_span.enter();
                     if let Some(metrics) = metrics {
@@ -909,7 +1043,7 @@ impl Service {
                         model,
                     });
                 }
-                Equivalence::Different(why) => {
+                (Equivalence::Different(why), _) => {
                     tracing::debug!(%why, "Not equivalent to the last render that passed haproxy -c");
                 }
             }
@@ -925,6 +1059,7 @@ impl Service {
                 }),
             },
             None => {
+                self.cancel_refresh();
                 let started = Instant::now();
                 let phase2 = validate_phase2(rendered, config)
                     .instrument(phase2_span)
