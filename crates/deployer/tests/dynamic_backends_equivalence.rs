@@ -229,14 +229,21 @@ fn added_or_removed_backends_outside_the_rule_are_never_passed() {
 /// `count` routes named `{prefix}{i}`, one plain server each.
 fn routes_named(prefix: &str, count: usize) -> BTreeMap<String, Vec<String>> {
     (0..count)
-        .map(|i| (format!("{prefix}{i}"), vec![format!("s1 10.0.{}.{}:80", i / 250, i % 250 + 1)]))
+        .map(|i| {
+            (
+                format!("{prefix}{i}"),
+                vec![format!("s1 10.0.{}.{}:80", i / 250, i % 250 + 1)],
+            )
+        })
         .collect()
 }
 
 /// Whether process `pid` is gone (or only waits to be reaped).
 fn gone(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
-        stat.rsplit(") ").next().is_some_and(|rest| rest.starts_with('Z'))
+        stat.rsplit(") ")
+            .next()
+            .is_some_and(|rest| rest.starts_with('Z'))
     })
 }
 
@@ -291,8 +298,14 @@ async fn a_render_far_from_the_baseline_becomes_the_baseline_in_the_background()
     };
 
     let base = Arc::new(render(&BTreeMap::new(), ""));
-    let validated = service.validate(&base, metrics).await.expect("the base passes");
-    assert_eq!(validated.phase2_skipped, None, "the first render runs haproxy -c");
+    let validated = service
+        .validate(&base, metrics)
+        .await
+        .expect("the base passes");
+    assert_eq!(
+        validated.phase2_skipped, None,
+        "the first render runs haproxy -c"
+    );
     assert_eq!(baseline_hash(), base.hash());
 
     // As many added backends as the limit: passed by equivalence, no refresh.
@@ -308,7 +321,10 @@ async fn a_render_far_from_the_baseline_becomes_the_baseline_in_the_background()
     let far_routes = routes_named("r", REFRESH_AFTER + 1);
     let far = Arc::new(render(&far_routes, ""));
     let validated = service.validate(&far, metrics).await.expect("passes");
-    assert!(validated.phase2_skipped.is_some(), "not held back by haproxy -c");
+    assert!(
+        validated.phase2_skipped.is_some(),
+        "not held back by haproxy -c"
+    );
     service.refreshed().await;
     assert_eq!(baseline_hash(), far.hash(), "refreshed past the limit");
     assert_eq!(refreshes("refreshed"), 1);
@@ -328,7 +344,11 @@ async fn a_render_far_from_the_baseline_becomes_the_baseline_in_the_background()
         .expect("passes by equivalence");
     assert!(validated.phase2_skipped.is_some());
     service.refreshed().await;
-    assert_eq!(baseline_hash(), far.hash(), "a refused render is not the baseline");
+    assert_eq!(
+        baseline_hash(),
+        far.hash(),
+        "a refused render is not the baseline"
+    );
     assert_eq!((refreshes("refreshed"), refreshes("refused")), (1, 1));
 
     // A refresh that hangs is stopped by a validation that needs haproxy -c.
@@ -363,7 +383,11 @@ async fn a_render_far_from_the_baseline_becomes_the_baseline_in_the_background()
     poll_until(|| gone(pid), "the stopped haproxy -c ended").await;
     // A stopped run has no result.
     assert_eq!(
-        (refreshes("refreshed"), refreshes("refused"), refreshes("failed")),
+        (
+            refreshes("refreshed"),
+            refreshes("refused"),
+            refreshes("failed")
+        ),
         (1, 1, 0)
     );
 }
@@ -372,7 +396,10 @@ async fn a_render_far_from_the_baseline_becomes_the_baseline_in_the_background()
 async fn poll_until(done: impl Fn() -> bool, what: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !done() {
-        assert!(std::time::Instant::now() < deadline, "not so after 30 s: {what}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not so after 30 s: {what}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }
