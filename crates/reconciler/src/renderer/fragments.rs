@@ -889,14 +889,30 @@ impl Session {
             let list = list?;
             let mut next = 0;
             let mut by_key: Option<foldhash::HashMap<&Key, usize>> = None;
+            // The other parts of every item's key come from the loop's scope: an
+            // object with the identity of the next earlier item's has its key.
+            let slot = self.loop_slot(&spec.snippet, &spec.var, &items.scope);
             for object in list.try_iter()? {
-                let (key, values, cacheable) = self.key_of(&spec.snippet, |name| {
-                    if name == spec.var {
-                        Some(object.clone())
-                    } else {
-                        self.scope_value(&spec.snippet, &items.scope, name)
+                let same_object = slot.zip(items.items.get(next)).is_some_and(|(slot, item)| {
+                    let defined = Some(&object).filter(|v| !v.is_undefined());
+                    match self.part_of(&spec.var, defined) {
+                        (Some(part @ (Part::Object(..) | Part::Plain(_))), true) => {
+                            item.key.0.parts.get(slot) == Some(&part)
+                        }
+                        _ => false,
                     }
                 });
+                let (key, values, cacheable) = if same_object {
+                    (items.items[next].key.clone(), Vec::new(), true)
+                } else {
+                    self.key_of(&spec.snippet, |name| {
+                        if name == spec.var {
+                            Some(object.clone())
+                        } else {
+                            self.scope_value(&spec.snippet, &items.scope, name)
+                        }
+                    })
+                };
                 let old = if items.items.get(next).is_some_and(|item| item.key == key) {
                     next += 1;
                     Some(next - 1)
@@ -1055,44 +1071,19 @@ impl Session {
         let mut values = Vec::with_capacity(names.len());
         let mut cacheable = true;
         for var in names {
-            let Some(value) = lookup(var).filter(|v| !v.is_undefined()) else {
-                parts.push(Part::Missing);
-                values.push(Var::Absent);
-                continue;
-            };
-            let same = |other: &Value| minijinja::tests::is_sameas(&value, other);
-            let part = match var.as_str() {
-                "resources" if same(&self.resources_value) => None,
-                "extraContext" if same(&self.extra_context) => None,
-                _ if self.globals.get(var).is_some_and(same) => Some(Part::Global),
-                _ => Some(match value.kind() {
-                    ValueKind::Undefined
-                    | ValueKind::None
-                    | ValueKind::Bool
-                    | ValueKind::Number
-                    | ValueKind::String => {
-                        // A trusted string prints differently from an untrusted one.
-                        let trust = if value.is_safe() { "trusted " } else { "" };
-                        Part::Plain(format!("{trust}{value:?}"))
-                    }
-                    _ => match lazy::identity(&value).or_else(|| list_identity(&value)) {
-                        Some((identity, node)) => Part::Object(identity, node),
-                        None => {
-                            cacheable = false;
-                            Part::Missing
-                        }
-                    },
-                }),
-            };
-            if let Some(part) = part {
-                if part == Part::Global {
+            let value = lookup(var).filter(|v| !v.is_undefined());
+            let (part, identified) = self.part_of(var, value.as_ref());
+            cacheable &= identified;
+            match (part, value) {
+                (None, _) => values.push(Var::Render),
+                (Some(part @ Part::Global), _) | (Some(part), None) => {
                     values.push(Var::Absent);
-                } else {
-                    values.push(Var::Value(value));
+                    parts.push(part);
                 }
-                parts.push(part);
-            } else {
-                values.push(Var::Render);
+                (Some(part), Some(value)) => {
+                    values.push(Var::Value(value));
+                    parts.push(part);
+                }
             }
         }
         let key = Key(Arc::new(KeyParts {
@@ -1100,6 +1091,57 @@ impl Session {
             parts,
         }));
         (key, values, cacheable)
+    }
+
+    /// What variable `var` with `value` (`None`: not defined) puts in a key: no
+    /// part for the render's own `resources` and `extraContext`, and whether the
+    /// value is identified (`false`: an object without an identity, which makes the
+    /// key unusable for the cache).
+    fn part_of(&self, var: &str, value: Option<&Value>) -> (Option<Part>, bool) {
+        let Some(value) = value else {
+            return (Some(Part::Missing), true);
+        };
+        let same = |other: &Value| minijinja::tests::is_sameas(value, other);
+        let part = match var {
+            "resources" if same(&self.resources_value) => return (None, true),
+            "extraContext" if same(&self.extra_context) => return (None, true),
+            _ if self.globals.get(var).is_some_and(same) => Part::Global,
+            _ => match value.kind() {
+                ValueKind::Undefined
+                | ValueKind::None
+                | ValueKind::Bool
+                | ValueKind::Number
+                | ValueKind::String => {
+                    // A trusted string prints differently from an untrusted one.
+                    let trust = if value.is_safe() { "trusted " } else { "" };
+                    Part::Plain(format!("{trust}{value:?}"))
+                }
+                _ => match lazy::identity(value).or_else(|| list_identity(value)) {
+                    Some((identity, node)) => Part::Object(identity, node),
+                    None => return (Some(Part::Missing), false),
+                },
+            },
+        };
+        (Some(part), true)
+    }
+
+    /// Where the loop variable `var` of snippet `snippet` is among the parts of
+    /// its keys, the other variables having the values of `scope` (the same for
+    /// every item of the loop).
+    fn loop_slot(&self, snippet: &str, var: &str, scope: &[Var]) -> Option<usize> {
+        let mut slot = 0;
+        for name in self.vars.get(snippet)? {
+            if name == var {
+                return Some(slot);
+            }
+            let value = self
+                .scope_value(snippet, scope, name)
+                .filter(|v| !v.is_undefined());
+            if self.part_of(name, value.as_ref()).0.is_some() {
+                slot += 1;
+            }
+        }
+        None
     }
 
     /// Snippet `name`'s output for `key` (with `values`, [`Self::key_of`]): this
