@@ -562,3 +562,85 @@ async fn a_certificate_refused_at_runtime_leaves_disk_and_haproxy_agreeing() {
     assert_eq!(deployed.config.hash(), v1.hash());
     assert_eq!(served(&tls, port, "a.test").await, Some(der(&a)));
 }
+
+/// The first entry of a bind line's crt-list holds its default certificate (without
+/// `strict-sni`, it answers every name no entry has), and HAProxy will not delete
+/// that entry at runtime (`cannot be deleted, it is used as default certificate`).
+/// A change to its SNI filters must not leave the old entry serving beside the new
+/// one: the refusal is seen and the change is reloaded, after which HAProxy's
+/// crt-list holds what the file says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_to_the_default_certificates_entry_is_not_left_half_done() {
+    let scratch = tempfile::tempdir().unwrap();
+    let a = certificate(scratch.path(), "a");
+    let b = certificate(scratch.path(), "b");
+    let port = free_port();
+    let certs = BTreeMap::from([
+        ("a.pem".to_owned(), a.clone()),
+        ("b.pem".to_owned(), b.clone()),
+    ]);
+    let render = |lines: &[&str]| {
+        let lines: Vec<String> = lines.iter().map(|l| (*l).to_owned()).collect();
+        let strict = render(port, &lines, &certs);
+        Arc::new(RenderedConfig::new(
+            strict.main().replace(" strict-sni", ""),
+            strict.maps().clone(),
+            strict.files().clone(),
+            strict.certificates().clone(),
+            SourceMap::default(),
+        ))
+    };
+    let v1 = render(&["certs/a.pem a.test", "certs/b.pem b.test"]);
+    let haproxy = Haproxy::start("default-entry", &v1, &v1.hash().short()).await;
+    let driver = SocketDriver::new(
+        haproxy.instance.clone(),
+        None,
+        Metrics::unregistered().unwrap(),
+    );
+    let running = driver.deploy(v1, None, None, false).await.unwrap();
+    let listed = || async {
+        let answer = driver
+            .runtime()
+            .query("show ssl crt-list files/tls.crtlist")
+            .await
+            .unwrap();
+        let mut lines: Vec<String> = answer
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect();
+        lines.sort();
+        lines
+    };
+    assert_eq!(listed().await, ["certs/a.pem a.test", "certs/b.pem b.test"]);
+
+    // The second entry changes at runtime: its delete is not refused.
+    let v2 = render(&["certs/a.pem a.test", "certs/b.pem b2.test"]);
+    let reloads = haproxy.reloads().await;
+    let running = driver
+        .deploy(v2, None, Some(Arc::new(running)), false)
+        .await
+        .unwrap();
+    assert_eq!(running.strategy, DeployStrategy::Runtime);
+    assert_eq!(haproxy.reloads().await, reloads);
+    assert_eq!(
+        listed().await,
+        ["certs/a.pem a.test", "certs/b.pem b2.test"]
+    );
+
+    // The first (default) entry's filters change: HAProxy refuses the delete.
+    let v3 = render(&["certs/a.pem a2.test", "certs/b.pem b2.test"]);
+    let deployed = driver
+        .deploy(v3, None, Some(Arc::new(running)), false)
+        .await
+        .expect("deployed by a reload");
+    assert_eq!(deployed.strategy, DeployStrategy::Reload);
+    assert_eq!(
+        listed().await,
+        ["certs/a.pem a2.test", "certs/b.pem b2.test"],
+        "the old entry of the default certificate is left"
+    );
+    let tls = connector();
+    assert_eq!(served(&tls, port, "b2.test").await, Some(der(&b)));
+}

@@ -84,9 +84,26 @@ impl RuntimeClient {
             .map(drop)
     }
 
-    /// Removes every entry of `cert` from `list`: `del ssl crt-list` (by line number
-    /// when the certificate is there more than once). None is already removed.
+    /// Removes every entry of `cert` from `list`: `del ssl crt-list` by name, which
+    /// HAProxy answers for a certificate with no entry or one; only when it has
+    /// several are they listed (`show ssl crt-list -n`, every entry of the list) and
+    /// deleted by line number. Refused when HAProxy will not delete an entry (the
+    /// default certificate of a bind line cannot go at runtime).
     pub async fn delete_crt_list_entry(&self, list: &str, cert: &str) -> Result<(), RuntimeError> {
+        let request = format!("del ssl crt-list {} {}", cli_word(list), cli_word(cert));
+        let answer = self.command(&request).await?;
+        // No entry: the certificate is not loaded, or has no entry in this list.
+        let none = answer.contains("' does not exist!")
+            || answer.contains("' can't be found in crt-list '");
+        if crt_list_entry_deleted(&answer) || none {
+            return Ok(());
+        }
+        if !answer.contains("in several entries") {
+            return Err(RuntimeError::Refused {
+                command: request,
+                answer,
+            });
+        }
         let entries = self.crt_list_entries(list).await?;
         let mut lines: Vec<u32> = entries
             .iter()
@@ -95,21 +112,25 @@ impl RuntimeClient {
             .collect();
         // From the last, so the earlier line numbers stay valid.
         lines.sort_unstable_by(|a, b| b.cmp(a));
-        let several = lines.len() > 1;
         for line in lines {
-            let target = if several {
-                format!("{cert}:{line}")
-            } else {
-                cert.to_owned()
-            };
             self.expect(
-                &format!("del ssl crt-list {} {}", cli_word(list), cli_word(&target)),
-                |a| a.contains("deleted") || a.contains("does not exist"),
+                &format!(
+                    "del ssl crt-list {} {}",
+                    cli_word(list),
+                    cli_word(&format!("{cert}:{line}"))
+                ),
+                crt_list_entry_deleted,
             )
             .await?;
         }
         Ok(())
     }
+}
+
+/// HAProxy's answer to a `del ssl crt-list` that deleted the entry (`Entry '…'
+/// deleted in crtlist '…'!`); a refusal reads `… cannot be deleted, …`.
+fn crt_list_entry_deleted(answer: &str) -> bool {
+    answer.contains("' deleted in crtlist '")
 }
 
 /// Parses `show ssl crt-list -n <list>`: `# <list>`, then `<cert>:<line> ...` per
