@@ -375,3 +375,31 @@ async fn a_stream_of_deletions_goes_out_whole_after_the_quiet_period() {
     h.update("services", snapshot("new"));
     assert_eq!(h.next().await.at, t1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_change_right_after_the_leading_edge_goes_when_the_executor_reports_its_end() {
+    let mut h = synced(leading(), &["ingresses", "secrets"]).await;
+    let done = || hapwright_eventbus::ReconciliationCompleted {
+        duration: 3 * MS,
+        stages: Vec::new(),
+    };
+    h.publisher.publish(done());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t0 = Instant::now();
+    h.update("secrets", snapshot("a"));
+    assert_eq!(h.next().await.at, t0);
+    // The Ingress arrives while the leading reconciliation runs: it waits ...
+    tokio::time::sleep(2 * MS).await;
+    h.update("ingresses", snapshot("b"));
+    assert!(h.next_within(MS).await.is_none());
+    // ... for the executor's end (here 3 ms after the leading edge), not for the
+    // leading group's (10 ms).
+    h.publisher.publish(done());
+    let second = h.next().await;
+    assert_eq!(second.at - t0, 3 * MS);
+    assert_eq!(
+        trigger(&second).reason,
+        "resources changed: ingresses (with the leading change)"
+    );
+    assert!(h.next_within(Duration::from_secs(1)).await.is_none());
+}

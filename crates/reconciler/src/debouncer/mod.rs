@@ -10,8 +10,11 @@
 //!   `kubectl apply` of several objects): changes within `leading_group` of the
 //!   leading trigger are gathered into one more trigger at the end of that short
 //!   window, so the incomplete first render is superseded within milliseconds
-//!   instead of after the quiet period. Later changes of the burst are coalesced as
-//!   below. `leading_edge: false` keeps the purely trailing behaviour.
+//!   instead of after the quiet period; and sooner, as soon as the executor reports
+//!   the leading reconciliation finished (`ReconciliationCompleted` or `Failed`),
+//!   since there is then nothing left to supersede (one such trigger at a time:
+//!   changes while it reconciles wait for its end or the window's). Later changes of
+//!   the burst are coalesced as below. `leading_edge: false` keeps the purely trailing behaviour.
 //! - **Removals take no leading edge**: a batch with a change that removed objects
 //!   (a deleted file, Service, EndpointSlice, ...) fires only after the quiet period
 //!   (or max wait), never on the leading edge or at the end of its group. Deletions
@@ -122,6 +125,8 @@ impl Component for Debouncer {
         Interest::pipeline([
             EventKind::ResourceIndexUpdated,
             EventKind::ResourceSyncComplete,
+            EventKind::ReconciliationCompleted,
+            EventKind::ReconciliationFailed,
         ])
     }
 
@@ -166,6 +171,9 @@ fn input(event: &Event) -> Option<Input> {
             source: sync.source.clone(),
             cause: event.id,
         }),
+        EventPayload::ReconciliationCompleted(_) | EventPayload::ReconciliationFailed(_) => {
+            Some(Input::Reconciled)
+        }
         _ => None,
     }
 }

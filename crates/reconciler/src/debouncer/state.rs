@@ -34,6 +34,9 @@ pub(crate) enum Input {
         /// The event, for the trigger's `caused_by`.
         cause: EventId,
     },
+    /// The executor finished a reconciliation (`ReconciliationCompleted` or
+    /// `ReconciliationFailed`): it is idle until the next trigger.
+    Reconciled,
     /// No event was queued when [`Wait::Queued`] asked for one.
     QueueEmpty,
     /// The deadline of [`Wait::Until`] passed before an event came.
@@ -137,6 +140,12 @@ pub(crate) struct State {
     group_until: Option<Instant>,
     /// A leading trigger waits only for the events already queued.
     leading_pending: bool,
+    /// A trigger of changes within the leading group is due before the group's
+    /// end, the executor being idle: it waits only for the events already queued.
+    group_due: bool,
+    /// Whether a trigger went out whose reconciliation has not finished yet, as
+    /// far as the debouncer knows (a trigger from elsewhere is not seen).
+    reconciling: bool,
 }
 
 impl State {
@@ -153,12 +162,14 @@ impl State {
             last_change: None,
             group_until: None,
             leading_pending: false,
+            group_due: false,
+            reconciling: false,
         }
     }
 
     /// What to wait for next.
     pub(crate) fn wait(&self) -> Wait {
-        if self.leading_pending {
+        if self.leading_pending || self.group_due {
             return Wait::Queued;
         }
         if !self.initial_done {
@@ -195,9 +206,15 @@ impl State {
                 self.leading_if_overdue(now, &mut actions);
                 self.sync(&source, cause, now, &mut actions);
             }
+            Input::Reconciled => {
+                self.reconciling = false;
+                self.group_if_idle(now, &mut actions);
+            }
             Input::QueueEmpty => {
                 if self.leading_pending {
                     self.fire_leading(now, &mut actions);
+                } else if self.group_due {
+                    self.fire_group(now, &mut actions);
                 }
             }
             Input::Deadline => self.deadline(now, &mut actions),
@@ -253,10 +270,43 @@ impl State {
         if self.batch.removes {
             // A leading trigger due for changes queued before this one waits too.
             self.leading_pending = false;
+            self.group_due = false;
         } else if self.settings.leading_edge && self.initial_done && quiet && nothing_pending {
             self.leading_pending = true;
             actions.push(Action::Yield);
+        } else {
+            self.group_if_idle(now, actions);
         }
+    }
+
+    /// Changes within the leading group go out before the group's end once the
+    /// executor is idle (the leading reconciliation finished): nothing is left to
+    /// supersede, so waiting for the end would only delay them. Like a leading
+    /// trigger, the trigger takes the events already queued with it.
+    fn group_if_idle(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let in_group = match (self.batch.first, self.group_until) {
+            (Some(first), Some(group)) => first < group && now < group,
+            _ => false,
+        };
+        if in_group
+            && !self.batch.removes
+            && !self.reconciling
+            && !self.leading_pending
+            && !self.group_due
+        {
+            self.group_due = true;
+            actions.push(Action::Yield);
+        }
+    }
+
+    /// The changes within the leading group go, before its end.
+    fn fire_group(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        self.group_due = false;
+        let reason = format!(
+            "resources changed: {} (with the leading change)",
+            self.batch.names()
+        );
+        self.fire(reason, now, actions);
     }
 
     /// A source's initial sync is complete: a late source clears the unhealthy
@@ -360,6 +410,8 @@ impl State {
 
     /// Empties the batch into a trigger.
     fn fire(&mut self, reason: String, now: Instant, actions: &mut Vec<Action>) {
+        self.reconciling = true;
+        self.group_due = false;
         let batch = std::mem::take(&mut self.batch);
         actions.push(Action::Trigger(Trigger {
             reason,

@@ -102,6 +102,16 @@ impl Machine {
         self.state.step(Input::QueueEmpty, self.at(after))
     }
 
+    /// The executor reports a reconciliation finished.
+    fn reconciled(&mut self, after: Duration) -> Vec<Action> {
+        self.state.step(Input::Reconciled, self.at(after))
+    }
+
+    /// Whether the machine waits only for the events already queued.
+    fn waits_for_the_queue(&self) -> bool {
+        self.state.wait() == Wait::Queued
+    }
+
     /// The deadline the machine waits for, as time since `t0`.
     fn deadline(&self) -> Option<Duration> {
         match self.state.wait() {
@@ -292,6 +302,74 @@ fn changes_within_the_leading_group_fire_at_its_end() {
     );
     assert_eq!(second.waited, 8 * MS);
     assert_eq!(m.deadline(), None);
+}
+
+#[test]
+fn changes_within_the_leading_group_go_once_the_leading_reconciliation_finished() {
+    let mut m = Machine::synced(leading(), &["ingresses", "secrets"]);
+    let t = Duration::from_secs(1);
+    m.reconciled(t - 500 * MS);
+    m.change("secrets", t);
+    trigger(&m.queue_empty(t));
+    // While the leading reconciliation runs, a change waits (for its end or the
+    // group's).
+    assert!(m.change("ingresses", t + 2 * MS).is_empty());
+    assert_eq!(m.deadline(), Some(t + 10 * MS));
+    // It finished: the change goes now, with whatever is already queued.
+    assert_eq!(m.reconciled(t + 4 * MS), [Action::Yield]);
+    assert!(m.waits_for_the_queue());
+    let actions = m.queue_empty(t + 4 * MS);
+    let second = trigger(&actions);
+    assert_eq!(
+        second.reason,
+        "resources changed: ingresses (with the leading change)"
+    );
+    assert_eq!(second.waited, 2 * MS);
+    assert_eq!(m.deadline(), None);
+
+    // Within the group still, while that one reconciles: a change waits again ...
+    assert!(m.change("secrets", t + 6 * MS).is_empty());
+    assert_eq!(m.deadline(), Some(t + 10 * MS));
+    // ... and goes at the group's end if the reconciliation is not done by then.
+    let actions = m.pass_deadline();
+    assert_eq!(
+        trigger(&actions).reason,
+        "resources changed: secrets (with the leading change)"
+    );
+}
+
+#[test]
+fn a_change_within_the_leading_group_goes_at_once_when_the_executor_is_idle() {
+    let mut m = Machine::synced(leading(), &["ingresses", "secrets"]);
+    let t = Duration::from_secs(1);
+    m.reconciled(t - 500 * MS);
+    m.change("secrets", t);
+    trigger(&m.queue_empty(t));
+    // The leading render was quick (its output did not change).
+    assert!(m.reconciled(t + MS).is_empty());
+    assert_eq!(m.change("ingresses", t + 3 * MS), [Action::Yield]);
+    // Queued behind it: goes with it.
+    assert!(m.change("secrets", t + 3 * MS).is_empty());
+    let actions = m.queue_empty(t + 3 * MS);
+    assert_eq!(names(trigger(&actions)), ["ingresses", "secrets"]);
+    // After the group, changes wait for the quiet period as before, idle or not.
+    m.reconciled(t + 5 * MS);
+    assert!(m.change("ingresses", t + 12 * MS).is_empty());
+    assert_eq!(m.deadline(), Some(t + 212 * MS));
+}
+
+#[test]
+fn a_removal_within_the_leading_group_waits_for_the_quiet_period_even_when_idle() {
+    let mut m = Machine::synced(leading(), &["services"]);
+    let t = Duration::from_secs(1);
+    m.reconciled(t - 500 * MS);
+    m.change("services", t);
+    trigger(&m.queue_empty(t));
+    assert!(m.reconciled(t + MS).is_empty());
+    assert!(m.removal("services", t + 2 * MS).is_empty());
+    assert_eq!(m.deadline(), Some(t + 202 * MS));
+    assert!(m.reconciled(t + 3 * MS).is_empty());
+    assert_eq!(m.deadline(), Some(t + 202 * MS));
 }
 
 #[test]
