@@ -2,6 +2,7 @@
 //! `confirmAfter` (the high-water mark is made of them), since when a removal has been
 //! held, and where the record of a held removal is kept.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -42,7 +43,7 @@ impl Released {
 #[derive(Clone, Debug)]
 pub struct HighWater {
     /// Every backend and map of the configs, each with its largest count.
-    pub footprint: Footprint,
+    pub footprint: Arc<Footprint>,
     /// The configs let through within the window, newest (the running one) first.
     pub sources: Vec<Released>,
 }
@@ -77,6 +78,10 @@ impl std::fmt::Debug for Memory {
 struct State {
     /// Oldest first; the last one runs.
     window: Vec<Entry>,
+    /// The high-water mark of every config let through within the window (those
+    /// `window` forgot as covered by a later one too, which change nothing in it),
+    /// kept as configs come and go.
+    mark: MarkQueue,
     held_since: Option<(Instant, SystemTime)>,
     /// Config directories the record of a held removal is written to.
     record_dirs: Vec<PathBuf>,
@@ -127,6 +132,7 @@ impl Memory {
             held_for = ?age,
             "Safety valve: a removal held before the restart stays held"
         );
+        state.mark = MarkQueue::of(&released.footprint);
         state.window = vec![Entry {
             released,
             replaced_at: None,
@@ -141,11 +147,9 @@ impl Memory {
     pub fn high_water(&self, window: Duration) -> Option<HighWater> {
         let mut state = self.lock();
         let now = Instant::now();
-        state.window.retain(|entry| {
-            entry
-                .replaced_at
-                .is_none_or(|at| now.duration_since(at) < window)
-        });
+        let expired = |at: Option<Instant>| at.is_some_and(|at| now.duration_since(at) >= window);
+        state.window.retain(|entry| !expired(entry.replaced_at));
+        state.mark.forget(expired);
         if state.window.is_empty() {
             return None;
         }
@@ -155,7 +159,7 @@ impl Memory {
             .rev()
             .map(|entry| entry.released.clone())
             .collect();
-        let footprint = Footprint::high_water(sources.iter().map(|r| r.footprint.as_ref()));
+        let footprint = state.mark.high();
         Some(HighWater { footprint, sources })
     }
 
@@ -172,11 +176,24 @@ impl Memory {
         if let Some(last) = state.window.last_mut() {
             last.replaced_at = Some(now);
         }
-        // A config the new one covers adds nothing to the mark, and would leave the
-        // window before it: forgotten now, so a steady stream of renders keeps one.
-        state
-            .window
-            .retain(|entry| !released.footprint.covers(&entry.released.footprint));
+        if released.footprint.covers(&state.mark.high()) {
+            // It covers every config of the window: the mark is its own, and the
+            // others would leave the window before it.
+            state.mark = MarkQueue::of(&released.footprint);
+            state.window.clear();
+        } else {
+            state.mark.push(&released.footprint, now);
+            // The config it replaces, when the new one covers it, adds nothing to
+            // the mark and would leave the window before it: forgotten now. (Only
+            // that one is compared: each comparison walks every backend.)
+            if state
+                .window
+                .last()
+                .is_some_and(|last| released.footprint.covers(&last.released.footprint))
+            {
+                state.window.pop();
+            }
+        }
         state.window.push(Entry {
             released,
             replaced_at: None,
@@ -189,6 +206,7 @@ impl Memory {
     /// it makes is not measured again.
     pub fn released_over(&self, released: Released) {
         let mut state = self.lock();
+        state.mark = MarkQueue::of(&released.footprint);
         state.window = vec![Entry {
             released,
             replaced_at: None,
@@ -246,5 +264,145 @@ impl Memory {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The high-water mark of a window of footprints that come in at one end and leave
+/// at the other, as two stacks: the older part with, for each footprint, the mark of
+/// it and every newer one of that part, and the newer part with the mark of all of
+/// it. A footprint comes in with one merge and leaves with none, besides one merge
+/// per footprint when the older part runs out, so a long window (a route added and
+/// removed again every few seconds, each leaving a config the next does not cover)
+/// costs a few merges per render, not one per config in it.
+#[derive(Debug, Default)]
+struct MarkQueue {
+    /// When each footprint, oldest first, was replaced (`None`: it runs).
+    replaced: VecDeque<Option<Instant>>,
+    /// The older part, the oldest last: each footprint's mark with the ones before
+    /// it in the vector.
+    older: Vec<Arc<Footprint>>,
+    /// The newer part's footprints, the newest last, and their mark.
+    newer: Vec<Arc<Footprint>>,
+    newer_mark: Option<Arc<Footprint>>,
+    /// The mark of the whole window, once asked for, until it changes.
+    high: std::sync::OnceLock<Arc<Footprint>>,
+}
+
+impl MarkQueue {
+    /// A window of one footprint.
+    fn of(footprint: &Arc<Footprint>) -> Self {
+        let mut queue = Self::default();
+        queue.replaced.push_back(None);
+        queue.newer.push(Arc::clone(footprint));
+        queue.newer_mark = Some(Arc::clone(footprint));
+        queue.high = std::sync::OnceLock::from(Arc::clone(footprint));
+        queue
+    }
+
+    /// `footprint` runs from `now` on; the one before it was replaced now.
+    fn push(&mut self, footprint: &Arc<Footprint>, now: Instant) {
+        self.high = std::sync::OnceLock::new();
+        if let Some(last) = self.replaced.back_mut() {
+            *last = Some(now);
+        }
+        self.replaced.push_back(None);
+        self.newer_mark = Some(match self.newer_mark.take() {
+            Some(mark) => Arc::new(Footprint::high_water([mark.as_ref(), footprint.as_ref()])),
+            None => Arc::clone(footprint),
+        });
+        self.newer.push(Arc::clone(footprint));
+    }
+
+    /// Forgets the oldest footprints while `expired` says so of when they were
+    /// replaced (the one running never is).
+    fn forget(&mut self, expired: impl Fn(Option<Instant>) -> bool) {
+        while self.replaced.len() > 1 && self.replaced.front().is_some_and(|at| expired(*at)) {
+            self.high = std::sync::OnceLock::new();
+            self.replaced.pop_front();
+            if self.older.is_empty() {
+                // The newer part becomes the older one, each footprint with its
+                // mark of those newer than it.
+                let mut mark: Option<Arc<Footprint>> = None;
+                for footprint in self.newer.drain(..).rev() {
+                    let merged = match &mark {
+                        Some(mark) => {
+                            Arc::new(Footprint::high_water([mark.as_ref(), footprint.as_ref()]))
+                        }
+                        None => footprint,
+                    };
+                    self.older.push(Arc::clone(&merged));
+                    mark = Some(merged);
+                }
+                self.newer_mark = None;
+            }
+            self.older.pop();
+        }
+    }
+
+    /// The high-water mark of the window.
+    fn high(&self) -> Arc<Footprint> {
+        Arc::clone(self.high.get_or_init(|| {
+            let marks = self.older.last().into_iter().chain(&self.newer_mark);
+            Arc::new(Footprint::high_water(marks.map(Arc::as_ref)))
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+    use tokio::time::Instant;
+
+    use super::{Footprint, MarkQueue};
+
+    fn footprint(backends: &BTreeMap<u8, u8>, entries: u8) -> Arc<Footprint> {
+        Arc::new(Footprint {
+            backends: backends
+                .iter()
+                .map(|(name, servers)| (format!("be_{name}"), usize::from(*servers)))
+                .collect(),
+            maps: [("hosts.map".to_owned(), usize::from(entries))].into(),
+        })
+    }
+
+    proptest! {
+        /// After every step of random releases and waits, the queue's mark is the
+        /// mark of every footprint released within the window, built whole.
+        #[test]
+        fn the_queue_keeps_the_mark_of_the_window(
+            steps in prop::collection::vec(
+                (prop::collection::btree_map(0u8..12, 0u8..4, 0..8), 0u8..6, 0u64..40),
+                1..60,
+            ),
+        ) {
+            let window = Duration::from_millis(50);
+            let start = Instant::now();
+            let mut queue = MarkQueue::default();
+            // Every footprint released, with when it was replaced.
+            let mut plain: Vec<(Arc<Footprint>, Option<Instant>)> = Vec::new();
+            let mut now = start;
+            for (backends, entries, wait) in steps {
+                now += Duration::from_millis(wait);
+                let expired = |at: Option<Instant>| at.is_some_and(|at| now.duration_since(at) >= window);
+                queue.forget(expired);
+                plain.retain(|(_, at)| !expired(*at));
+                let expected = Footprint::high_water(plain.iter().map(|(f, _)| f.as_ref()));
+                let high = queue.high();
+                prop_assert_eq!(high.as_ref(), &expected);
+                let released = footprint(&backends, entries);
+                if let Some(last) = plain.last_mut() {
+                    last.1 = Some(now);
+                }
+                plain.push((Arc::clone(&released), None));
+                queue.push(&released, now);
+                let expected = Footprint::high_water(plain.iter().map(|(f, _)| f.as_ref()));
+                let high = queue.high();
+                prop_assert_eq!(high.as_ref(), &expected);
+            }
+        }
     }
 }
