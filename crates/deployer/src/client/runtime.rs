@@ -806,6 +806,56 @@ impl RuntimeClient {
         }
     }
 
+    /// Sends `commands` on one line, with experimental mode on for it (the dynamic
+    /// backend commands need it), and checks the answers together: each command's
+    /// answer must hold its marker (`""`: nothing), in order, and nothing else may
+    /// be said. One exchange instead of one per command: a new backend with its
+    /// server is four commands. HAProxy runs every command of the line whatever the
+    /// one before answered, so a caller sends together only commands whose partial
+    /// effect is harmless (nothing routes to a backend before its map entry).
+    pub async fn experimental_line(
+        &self,
+        commands: &[(String, &'static str)],
+    ) -> Result<(), RuntimeError> {
+        for (command, _) in commands {
+            check_line(command)?;
+        }
+        let mut line = String::from("experimental-mode on");
+        for (command, _) in commands {
+            line.push_str("; ");
+            line.push_str(&self.addressed(command));
+        }
+        let first = commands.first().map_or(String::new(), |(c, _)| c.clone());
+        let answer = self
+            .cli
+            .exchange(&line)
+            .await
+            .map_err(|e| RuntimeError::from_socket(&first, e))?;
+        // The first command whose marker is missing is the one refused; text
+        // besides the markers is a refusal of a command that answers nothing.
+        let mut rest = answer.as_str();
+        let mut said = String::new();
+        for (command, marker) in commands.iter().filter(|(_, m)| !m.is_empty()) {
+            let Some(at) = rest.find(marker) else {
+                return Err(RuntimeError::Refused {
+                    command: command.clone(),
+                    answer,
+                });
+            };
+            said.push_str(&rest[..at]);
+            rest = &rest[at + marker.len()..];
+        }
+        said.push_str(rest);
+        if said.trim().is_empty() {
+            Ok(())
+        } else {
+            Err(RuntimeError::Refused {
+                command: format!("{first} (one of {} commands on one line)", commands.len()),
+                answer,
+            })
+        }
+    }
+
     /// `add backend <be> from <profile>` (HAProxy 3.4): a new backend with the
     /// settings of the named `defaults` section, unpublished (no rule reaches it yet).
     pub async fn add_backend(&self, backend: &str, profile: &str) -> Result<(), RuntimeError> {
@@ -1065,6 +1115,101 @@ pub fn parse_pattern_listing(answer: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+
+    /// A socket that answers one connection with `answer` and hands back the line it
+    /// was sent.
+    fn canned(
+        dir: &std::path::Path,
+        answer: &'static str,
+    ) -> (
+        super::super::socket::SocketAddress,
+        tokio::task::JoinHandle<String>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let path = dir.join("cli.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let task = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut line = Vec::new();
+            stream.read_to_end(&mut line).await.unwrap();
+            stream.write_all(answer.as_bytes()).await.unwrap();
+            String::from_utf8(line).unwrap()
+        });
+        (super::super::socket::SocketAddress::Unix(path), task)
+    }
+
+    /// A backend with its server on one line: every answer checked, a refusal
+    /// named by the command whose answer is missing, and anything said besides the
+    /// expected answers taken for a refusal too.
+    #[tokio::test]
+    async fn commands_on_one_line_are_checked_answer_by_answer() {
+        let line = || {
+            vec![
+                (
+                    "add backend be_a from routes".to_owned(),
+                    "New backend registered.",
+                ),
+                (
+                    "add server be_a/s1 10.0.0.1:80".to_owned(),
+                    "New server registered.",
+                ),
+                ("enable server be_a/s1".to_owned(), ""),
+                ("publish backend be_a".to_owned(), "Backend published."),
+            ]
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let (address, sent) = canned(
+            dir.path(),
+            "\nNew backend registered.\n\nNew server registered.\n\n\nBackend published.\n\n",
+        );
+        RuntimeClient::via_master(address)
+            .experimental_line(&line())
+            .await
+            .unwrap();
+        assert_eq!(
+            sent.await.unwrap(),
+            "experimental-mode on; @1 add backend be_a from routes; @1 add server be_a/s1 10.0.0.1:80; \
+             @1 enable server be_a/s1; @1 publish backend be_a\n"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let (address, _) = canned(
+            dir.path(),
+            "Error during backend creation : name is already used.\n\nNew server registered.\n\nBackend published.\n",
+        );
+        match RuntimeClient::via_master(address)
+            .experimental_line(&line())
+            .await
+        {
+            Err(RuntimeError::Refused { command, answer }) => {
+                assert_eq!(command, "add backend be_a from routes");
+                assert!(
+                    answer.starts_with("Error during backend creation"),
+                    "{answer}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        let (address, _) = canned(
+            dir.path(),
+            "New backend registered.\nNew server registered.\nNo such server.\nBackend published.\n",
+        );
+        match RuntimeClient::via_master(address)
+            .experimental_line(&line())
+            .await
+        {
+            Err(RuntimeError::Refused { command, answer }) => {
+                assert_eq!(
+                    command,
+                    "add backend be_a from routes (one of 4 commands on one line)"
+                );
+                assert!(answer.contains("No such server."), "{answer}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
     use super::*;
 
     #[test]

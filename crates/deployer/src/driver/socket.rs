@@ -965,18 +965,42 @@ impl SocketDriver {
                 profile,
                 servers,
             } => {
-                rt.add_backend(backend, profile).await?;
+                // One line: nothing routes to the backend before its map entry, which
+                // comes after this operation, so a refusal in it leaves nothing in use
+                // (the change then reloads).
+                let mut line = vec![(
+                    format!(
+                        "add backend {} from {}",
+                        runtime::cli_word(backend),
+                        runtime::cli_word(profile)
+                    ),
+                    "New backend registered.",
+                )];
                 for new in servers {
-                    rt.add_server(backend, &new.server, &new.address, &new.params)
-                        .await?;
+                    let target = format!(
+                        "{}/{}",
+                        runtime::cli_word(backend),
+                        runtime::cli_word(&new.server)
+                    );
+                    let mut add =
+                        format!("add server {target} {}", runtime::cli_word(&new.address));
+                    for param in &new.params {
+                        add.push(' ');
+                        add.push_str(&runtime::cli_word(param));
+                    }
+                    line.push((add, "New server registered."));
                     if new.health {
-                        rt.enable_health(backend, &new.server).await?;
+                        line.push((format!("enable health {target}"), ""));
                     }
                     if new.enable {
-                        rt.enable_server(backend, &new.server).await?;
+                        line.push((format!("enable server {target}"), ""));
                     }
                 }
-                rt.publish_backend(backend).await
+                line.push((
+                    format!("publish backend {}", runtime::cli_word(backend)),
+                    "Backend published.",
+                ));
+                rt.experimental_line(&line).await
             }
             RuntimeOp::RefreshDynamicCookies { backend } => {
                 rt.refresh_dynamic_cookies(backend).await

@@ -190,8 +190,13 @@ pub fn likely_equivalent(baseline: &Baseline, candidate: &RenderedConfig) -> boo
     {
         return false;
     }
-    let lines = |text: &str| text.bytes().filter(|&b| b == b'\n').count();
-    lines(old.main()) == lines(candidate.main())
+    // As many lines: the bytes both texts share at the start and the end hold the
+    // same lines, so only the lines between them are counted.
+    let (a, b) = (old.main().as_bytes(), candidate.main().as_bytes());
+    let prefix = crate::haproxy::config::common_prefix(a, b);
+    let suffix = crate::haproxy::config::common_suffix(a, b, a.len().min(b.len()) - prefix);
+    let lines = |middle: &[u8]| memchr::memchr_iter(b'\n', middle).count();
+    lines(&a[prefix..a.len() - suffix]) == lines(&b[prefix..b.len() - suffix])
         || crate::haproxy::backends::likely_added_or_removed(old.main(), candidate.main())
 }
 
