@@ -820,15 +820,29 @@ impl RuntimeClient {
         for (command, _) in commands {
             check_line(command)?;
         }
-        let mut line = String::from("experimental-mode on");
-        for (command, _) in commands {
-            line.push_str("; ");
-            line.push_str(&self.addressed(command));
+        let addressed: Vec<String> = commands.iter().map(|(c, _)| self.addressed(c)).collect();
+        for range in line_ranges(&addressed, EXPERIMENTAL_LINE_BYTES) {
+            let mut line = String::from("experimental-mode on");
+            for command in &addressed[range.clone()] {
+                line.push_str("; ");
+                line.push_str(command);
+            }
+            self.check_line_answers(&commands[range], &line).await?;
         }
+        Ok(())
+    }
+
+    /// Sends `line` (the commands of `commands`) and checks its answers as
+    /// [`Self::experimental_line`] says.
+    async fn check_line_answers(
+        &self,
+        commands: &[(String, &'static str)],
+        line: &str,
+    ) -> Result<(), RuntimeError> {
         let first = commands.first().map_or(String::new(), |(c, _)| c.clone());
         let answer = self
             .cli
-            .exchange(&line)
+            .exchange(line)
             .await
             .map_err(|e| RuntimeError::from_socket(&first, e))?;
         // The first command whose marker is missing is the one refused; text
@@ -1043,6 +1057,33 @@ fn check_line(request: &str) -> Result<(), RuntimeError> {
 }
 
 /// `<backend>/<server>` with both names escaped as CLI words.
+/// Longest command line [`RuntimeClient::experimental_line`] sends: through the
+/// master CLI, HAProxy 3.4 ran only part of longer lines (of a 10,447-byte line of
+/// `add server` commands, 257 of 260; of a 16,148-byte one, none), so a backend with
+/// many servers goes on several lines, in order.
+const EXPERIMENTAL_LINE_BYTES: usize = 4096;
+
+/// `commands` cut into consecutive ranges whose line (`experimental-mode on`, then
+/// each command after `; `) stays within `limit` bytes; a command longer than that
+/// goes alone.
+fn line_ranges(commands: &[String], limit: usize) -> Vec<std::ops::Range<usize>> {
+    const HEAD: usize = "experimental-mode on".len();
+    let mut ranges = Vec::new();
+    let (mut start, mut len) = (0, HEAD);
+    for (index, command) in commands.iter().enumerate() {
+        let more = 2 + command.len();
+        if index > start && len + more > limit {
+            ranges.push(start..index);
+            (start, len) = (index, HEAD);
+        }
+        len += more;
+    }
+    if start < commands.len() {
+        ranges.push(start..commands.len());
+    }
+    ranges
+}
+
 fn target(backend: &str, server: &str) -> String {
     format!("{}/{}", cli_word(backend), cli_word(server))
 }
@@ -1136,6 +1177,20 @@ mod tests {
             String::from_utf8(line).unwrap()
         });
         (super::super::socket::SocketAddress::Unix(path), task)
+    }
+
+    #[test]
+    fn long_command_lines_are_cut_in_order_within_the_limit() {
+        let commands: Vec<String> = (0..10).map(|i| format!("command-{i:03}")).collect();
+        // "experimental-mode on" is 20 bytes, each command 11 plus "; ".
+        let whole = line_ranges(&commands, 1_000);
+        assert_eq!((whole.len(), whole[0].clone()), (1, 0..10));
+        let ranges = line_ranges(&commands, 20 + 3 * 13);
+        assert_eq!(ranges, [0..3, 3..6, 6..9, 9..10]);
+        // A command longer than the limit goes alone.
+        let long = vec!["x".repeat(100), "y".to_owned(), "z".to_owned()];
+        assert_eq!(line_ranges(&long, 50), [0..1, 1..3]);
+        assert!(line_ranges(&[], 50).is_empty());
     }
 
     /// A backend with its server on one line: every answer checked, a refusal
