@@ -93,6 +93,9 @@ struct Proxy {
     header: String,
     settings: Vec<String>,
     servers: Vec<Server>,
+    /// Comment or blank lines: before the header (`None`) or before the body line
+    /// of that index (the number of body lines: after the last one).
+    comments: Vec<(Option<usize>, String)>,
 }
 
 /// Everything a render holds, so edits can change one value and re-render.
@@ -129,6 +132,7 @@ impl Render {
             header: header.to_owned(),
             settings: settings.iter().map(|s| (*s).to_owned()).collect(),
             servers,
+            comments: Vec::new(),
         };
         let pairs = |items: &[(&str, &str)]| {
             items
@@ -189,18 +193,36 @@ impl Render {
 
     fn main(&self) -> String {
         let mut out = HEAD.to_owned();
+        let comments = |out: &mut String, proxy: &Proxy, at: Option<usize>| {
+            for (_, text) in proxy.comments.iter().filter(|(place, _)| *place == at) {
+                out.push_str(text);
+                out.push('\n');
+            }
+        };
         for proxy in &self.proxies {
             out.push('\n');
+            comments(&mut out, proxy, None);
             out.push_str(&proxy.header);
             out.push('\n');
-            for line in proxy
+            let body: Vec<String> = proxy
                 .settings
                 .iter()
                 .cloned()
                 .chain(proxy.servers.iter().map(Server::line))
-            {
+                .collect();
+            for (index, line) in body.iter().enumerate() {
+                comments(&mut out, proxy, Some(index));
                 out.push_str("    ");
-                out.push_str(&line);
+                out.push_str(line);
+                out.push('\n');
+            }
+            // Comments placed past the end (the body may have lost lines) go last.
+            for (_, text) in proxy
+                .comments
+                .iter()
+                .filter(|(place, _)| place.is_some_and(|p| p >= body.len()))
+            {
+                out.push_str(text);
                 out.push('\n');
             }
         }
@@ -321,7 +343,31 @@ impl Random {
 
 /// Applies one random edit the rule covers; returns what it did.
 fn covered_edit(render: &mut Render, random: &mut Random) -> &'static str {
-    match random.below(6) {
+    match random.below(7) {
+        6 => {
+            // Comment and blank lines added or removed: every line after them moves.
+            let proxy = random.below(render.proxies.len());
+            let proxy = &mut render.proxies[proxy];
+            if !proxy.comments.is_empty() && random.chance(30) {
+                let at = random.below(proxy.comments.len());
+                proxy.comments.remove(at);
+                return "comment removed";
+            }
+            let lines = proxy.settings.len() + proxy.servers.len();
+            let place = random.below(lines + 2);
+            let place = (place <= lines).then_some(place);
+            let text = random
+                .pick(&[
+                    "",
+                    "#",
+                    "    # TLS: Secret shop/site is missing; its hosts are served over HTTP only",
+                    "# hapwright:Conflict Ingress a/b: refused",
+                    "\t# server x 10.0.0.1:80",
+                ])
+                .to_string();
+            proxy.comments.push((place, text));
+            "comment lines"
+        }
         0 => {
             let servers = render.servers_mut();
             let at = random.below(servers.len());
@@ -845,6 +891,84 @@ async fn the_component_skips_haproxy_c_for_an_equivalent_render_only() {
         ),
         1
     );
+    harness.stop().await;
+}
+
+/// The warnings of a validation, as `line: message` in `haproxy.cfg`.
+fn warnings(payload: &EventPayload) -> Vec<(Option<u32>, String)> {
+    match payload {
+        EventPayload::ValidationCompleted(done) => done
+            .warnings
+            .iter()
+            .filter(|w| w.location.as_ref().is_some_and(|l| l.file == "haproxy.cfg"))
+            .map(|w| (w.location.as_ref().and_then(|l| l.line), w.message.clone()))
+            .collect(),
+        other => panic!("expected ValidationCompleted, got {other:?}"),
+    }
+}
+
+/// The 1-based line of `text` that reads `line` (trimmed).
+fn line_of(text: &str, line: &str) -> u32 {
+    let index = text
+        .lines()
+        .position(|l| l.trim() == line)
+        .unwrap_or_else(|| panic!("`{line}` in\n{text}"));
+    u32::try_from(index + 1).unwrap()
+}
+
+#[tokio::test]
+async fn the_references_warnings_follow_the_lines_comments_moved() {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut harness = Harness::start(settings(scratch.path(), true));
+    // A rule after use_backend: HAProxy warns about it, at its line.
+    let mut render = Render::base();
+    render.proxies.push(Proxy {
+        header: "frontend fe_warn".to_owned(),
+        settings: vec![
+            "bind 127.0.0.1:18082".to_owned(),
+            "use_backend be_api".to_owned(),
+            "http-request set-header X-Late 1".to_owned(),
+        ],
+        servers: Vec::new(),
+        comments: Vec::new(),
+    });
+    let late = "http-request set-header X-Late 1";
+    let first = harness.validate(&render).await;
+    assert_eq!(skipped(&first), None);
+    let before = warnings(&first);
+    let at = line_of(&render.main(), late);
+    assert!(
+        before.iter().any(|(line, _)| *line == Some(at)),
+        "HAProxy warns at line {at}: {before:?}"
+    );
+
+    // Comment and blank lines before the frontend and inside it: the render passes
+    // by equivalence, and the warning names the rule's new line.
+    for (place, text) in [(None, "# one"), (None, ""), (Some(1), "    # two")] {
+        render.proxies[4].comments.push((place, text.to_owned()));
+    }
+    render.proxies[0]
+        .comments
+        .push((None, "# TLS: Secret shop/site is missing".to_owned()));
+    let second = harness.validate(&render).await;
+    assert_eq!(skipped(&second), Some("identical"));
+    assert_eq!(harness.haproxy_runs(), 1);
+    let now = line_of(&render.main(), late);
+    assert_eq!(now, at + 4);
+    let after = warnings(&second);
+    assert_eq!(after.len(), before.len(), "{after:?}");
+    assert!(
+        after.iter().any(|(line, _)| *line == Some(now)),
+        "the warning moved to line {now}: {after:?}"
+    );
+    assert!(
+        !after.iter().any(|(line, _)| *line == Some(at)),
+        "no warning is left at line {at}: {after:?}"
+    );
+    // No message names the line the rule had before.
+    for (_, message) in &after {
+        assert!(!message.contains(&format!("haproxy.cfg:{at}")), "{message}");
+    }
     harness.stop().await;
 }
 

@@ -349,7 +349,7 @@ pub fn operations(new: &Config, changes: &BackendChanges<'_>) -> (Vec<RuntimeOp>
 /// - removed backends of that form whose name appears nowhere in `new`'s text (no
 ///   rule, `track` or sample fetch can still name them);
 /// - the other sections, which must be those of `old` in the same order, each
-///   written as before (moved by whole lines at most) apart from covered `server`
+///   written as before (on other lines, maybe) apart from covered `server`
 ///   changes.
 ///
 /// Such a render passes `haproxy -c` because `old` did, so a new route is not held
@@ -489,9 +489,6 @@ pub(crate) fn equivalent(
             ))));
         }
         for (x, y) in a.directives.iter().zip(&b.directives) {
-            if x.line.wrapping_sub(a.line) != y.line.wrapping_sub(b.line) {
-                return Err(Some(Why(format!("haproxy.cfg:{}: lines moved", y.line))));
-            }
             if x.text != y.text {
                 server_change_covered(b, x, y)
                     .map_err(|why| Some(Why(format!("haproxy.cfg:{}: {why}", y.line))))?;

@@ -9,10 +9,10 @@
 //!
 //! - the same maps, files and certificates by name; files and certificates
 //!   byte-identical;
-//! - `haproxy.cfg`: the same sections in the same order (header lines as written, on
-//!   the same line numbers) holding the same directives in the same order, each
-//!   written exactly as before, except `server` lines of backend and listen
-//!   sections, which may differ only in
+//! - `haproxy.cfg`: the same sections in the same order (header lines as written)
+//!   holding the same directives in the same order, each written exactly as before
+//!   (comments and blank lines may come and go, so lines may move), except `server`
+//!   lines of backend and listen sections, which may differ only in
 //!   - the address, when both are IPv4 or IPv6 literals with a numeric port
 //!     1–65535 (`10.0.0.1:8080`, `[2001:db8::1]:8080`),
 //!   - the value after `weight` (0–256),
@@ -28,8 +28,10 @@
 //!
 //! - or, besides, added and removed `backend NAME from PROFILE` sections whose body
 //!   holds only plain `server NAME IP:PORT` lines with `weight`, `check` or `proto h2`
-//!   (see [`crate::haproxy::backends::equivalent`]), the other sections as above
-//!   except that they may have moved by whole lines.
+//!   (see [`crate::haproxy::backends::equivalent`]), the other sections as above.
+//!
+//! The baseline's warnings are reported for the candidate at the lines their
+//! directives moved to ([`moved_line`]).
 //!
 //! - or certificate files added, changed or removed and crt-list lines added,
 //!   changed or removed, when every changed certificate passes a check narrower
@@ -190,14 +192,30 @@ pub fn likely_equivalent(baseline: &Baseline, candidate: &RenderedConfig) -> boo
     {
         return false;
     }
-    // As many lines: the bytes both texts share at the start and the end hold the
-    // same lines, so only the lines between them are counted.
+    // As many directive lines (comments and blank lines may come and go): the bytes
+    // both texts share at the start and the end hold the same lines, so only the
+    // lines around the bytes between them are counted.
     let (a, b) = (old.main().as_bytes(), candidate.main().as_bytes());
     let prefix = crate::haproxy::config::common_prefix(a, b);
     let suffix = crate::haproxy::config::common_suffix(a, b, a.len().min(b.len()) - prefix);
-    let lines = |middle: &[u8]| memchr::memchr_iter(b'\n', middle).count();
-    lines(&a[prefix..a.len() - suffix]) == lines(&b[prefix..b.len() - suffix])
+    directive_lines(a, prefix, suffix) == directive_lines(b, prefix, suffix)
         || crate::haproxy::backends::likely_added_or_removed(old.main(), candidate.main())
+}
+
+/// How many of the whole lines of `text` around its bytes from `prefix` to
+/// `suffix` before its end hold something other than blanks or a comment.
+fn directive_lines(text: &[u8], prefix: usize, suffix: usize) -> usize {
+    let start = memchr::memrchr(b'\n', &text[..prefix]).map_or(0, |at| at + 1);
+    let end = text.len() - suffix;
+    let end = memchr::memchr(b'\n', &text[end..]).map_or(text.len(), |at| end + at);
+    text[start..end]
+        .split(|&c| c == b'\n')
+        .filter(|line| {
+            line.iter()
+                .find(|c| !matches!(c, b' ' | b'\t' | b'\r'))
+                .is_some_and(|&c| c != b'#')
+        })
+        .count()
 }
 
 fn compare_inner(
@@ -277,12 +295,10 @@ fn compare_main(old_text: &str, old: &Model, new_text: &str, new: &Model) -> Res
         }
         let header_a = old_lines.get_or_init(|| Lines::new(old_text)).get(a.line);
         let header_b = new_lines.get_or_init(|| Lines::new(new_text)).get(b.line);
-        if a.kind != b.kind
-            || a.name != b.name
-            || a.args != b.args
-            || a.line != b.line
-            || header_a != header_b
-        {
+        // Lines may move (comments and blank lines added or removed): HAProxy's
+        // verdict does not depend on line numbers, and the baseline's warnings are
+        // moved with them ([`moved_line`]).
+        if a.kind != b.kind || a.name != b.name || a.args != b.args || header_a != header_b {
             return Err(Why(format!(
                 "section header '{header_b}' at haproxy.cfg:{} differs",
                 b.line
@@ -296,9 +312,6 @@ fn compare_main(old_text: &str, old: &Model, new_text: &str, new: &Model) -> Res
             )));
         }
         for (x, y) in a.directives.iter().zip(&b.directives) {
-            if x.line != y.line {
-                return Err(Why(format!("haproxy.cfg:{}: lines moved", y.line)));
-            }
             if x.text == y.text {
                 continue;
             }
@@ -308,6 +321,41 @@ fn compare_main(old_text: &str, old: &Model, new_text: &str, new: &Model) -> Res
         }
     }
     Ok(servers_changed)
+}
+
+/// Where `line` of the baseline's `haproxy.cfg` (`old`) is in an equivalent
+/// candidate's (`new`): the header or directive on it, found in the same section of
+/// `new` (the same kind and name, counted in order), is on the returned line. A line
+/// between directives (a comment) moves with its section's header. `None` when its
+/// section is not in `new` (a removed backend): a warning about it no longer applies.
+///
+/// Only meaningful for two models the rule judged equivalent: their kept sections
+/// hold the same directives in the same order.
+pub fn moved_line(old: &Model, new: &Model, line: u32) -> Option<u32> {
+    let at = old.sections.partition_point(|s| s.line <= line);
+    let Some(index) = at.checked_sub(1) else {
+        return Some(line);
+    };
+    let section = &old.sections[index];
+    let same = |s: &&Arc<Section>| s.kind == section.kind && s.name == section.name;
+    let ordinal = old.sections[..index].iter().filter(same).count();
+    let moved = if old.sections.len() == new.sections.len() {
+        // The rule kept every section in place.
+        Some(&new.sections[index]).filter(|s| same(s))
+    } else {
+        new.sections.iter().filter(same).nth(ordinal)
+    }?;
+    if line == section.line {
+        return Some(moved.line);
+    }
+    let directive = section.directives.partition_point(|d| d.line < line);
+    match (
+        section.directives.get(directive),
+        moved.directives.get(directive),
+    ) {
+        (Some(was), Some(now)) if was.line == line => Some(now.line),
+        _ => Some(moved.line + (line - section.line)),
+    }
 }
 
 /// The lines of a text, for lookups by number.
@@ -574,6 +622,42 @@ fn string_map_use(line: &str, at: usize, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_follow_their_directives() {
+        let old = crate::haproxy::config::parse(
+            "global\n    maxconn 10\n\nbackend a from p\n    server s 10.0.0.1:80\n\nfrontend f\n    bind :80\n    # note\n    use_backend a\n",
+        )
+        .unwrap();
+        // Two comment lines before the frontend, one inside it, one more blank line.
+        let new = crate::haproxy::config::parse(
+            "global\n    maxconn 10\n\nbackend a from p\n    server s 10.0.0.1:80\n# x\n# y\n\nfrontend f\n    # z\n    bind :80\n\n    # note\n    use_backend a\n",
+        )
+        .unwrap();
+        assert_eq!(
+            moved_line(&old, &new, 2),
+            Some(2),
+            "global's directive stays"
+        );
+        assert_eq!(moved_line(&old, &new, 5), Some(5), "the server line stays");
+        assert_eq!(moved_line(&old, &new, 7), Some(9), "the frontend header");
+        assert_eq!(moved_line(&old, &new, 8), Some(11), "bind");
+        assert_eq!(moved_line(&old, &new, 10), Some(14), "use_backend");
+        assert_eq!(
+            moved_line(&old, &new, 9),
+            Some(11),
+            "a comment moves with the header"
+        );
+        // Without the backend (a removed dynamic backend), a line inside it is gone
+        // and the others are found by section.
+        let fewer = crate::haproxy::config::parse(
+            "global\n    maxconn 10\n\nfrontend f\n    bind :80\n    use_backend b\n",
+        )
+        .unwrap();
+        assert_eq!(moved_line(&old, &fewer, 5), None);
+        assert_eq!(moved_line(&old, &fewer, 10), Some(6));
+        assert_eq!(moved_line(&old, &fewer, 2), Some(2));
+    }
 
     #[test]
     fn ip_literals_with_ports() {

@@ -680,6 +680,50 @@ fn locate_proxy_message(message: &str, model: &haproxy_config::Config) -> Option
 
 /// Adds the rendered line and the template origin to a diagnostic located in a
 /// rendered file.
+/// A warning of the baseline, for a render that passed by equivalence with lines
+/// moved: its location and the `haproxy.cfg:N` it names in its text are moved with
+/// their directives ([`equivalence::moved_line`]). `None` when it was about a
+/// section the render no longer has.
+fn moved_warning(
+    mut warning: Diagnostic,
+    old: &haproxy_config::Config,
+    new: &haproxy_config::Config,
+) -> Option<Diagnostic> {
+    static NAMED: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"\bhaproxy\.cfg:(\d+)").expect("constant regex is valid")
+    });
+    if let Some(location) = &mut warning.location
+        && location.file == MAIN_FILE
+        && let Some(line) = location.line
+    {
+        location.line = Some(equivalence::moved_line(old, new, line)?);
+        location.column = None;
+    }
+    if NAMED.is_match(&warning.message) {
+        let mut gone = false;
+        let message = NAMED.replace_all(
+            &warning.message,
+            |found: &regex::Captures<'_>| match found[1]
+                .parse()
+                .ok()
+                .map(|line| equivalence::moved_line(old, new, line))
+            {
+                Some(Some(line)) => format!("{MAIN_FILE}:{line}"),
+                Some(None) => {
+                    gone = true;
+                    found[0].to_owned()
+                }
+                None => found[0].to_owned(),
+            },
+        );
+        if gone {
+            return None;
+        }
+        warning.message = message.into_owned();
+    }
+    Some(warning)
+}
+
 fn attribute(mut diagnostic: Diagnostic, rendered: &RenderedConfig) -> Diagnostic {
     let Some(location) = &diagnostic.location else {
         return diagnostic;
@@ -1032,10 +1076,17 @@ impl Service {
                         baseline = %baseline.rendered.hash().short(),
                         "Phase 2 passed by structural equivalence, haproxy -c not run"
                     );
-                    warnings.extend(baseline_warnings.iter().cloned().map(|mut warning| {
+                    let moved = !Arc::ptr_eq(&baseline.rendered, rendered)
+                        && baseline.rendered.main() != rendered.main();
+                    warnings.extend(baseline_warnings.iter().cloned().filter_map(|warning| {
+                        let mut warning = if moved {
+                            moved_warning(warning, &baseline.model, &model)?
+                        } else {
+                            warning
+                        };
                         warning.source_line = None;
                         warning.origin = None;
-                        attribute(warning, rendered)
+                        Some(attribute(warning, rendered))
                     }));
                     return Ok(Validated {
                         warnings,
@@ -1353,6 +1404,37 @@ impl Component for Validator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_moved_warning_names_the_new_lines() {
+        let old = haproxy_config::parse(
+            "frontend f\n    bind :80\n    use_backend b\n\nbackend b from p\n    server s 10.0.0.1:80\n",
+        )
+        .unwrap();
+        let new = haproxy_config::parse("# added\n\nfrontend f\n    bind :80\n    use_backend b\n")
+            .unwrap();
+        let mut warning =
+            Diagnostic::warning("rule at haproxy.cfg:3 shadows [haproxy.cfg:2]; xhaproxy.cfg:3");
+        warning.location = Some(SourceLocation::new(MAIN_FILE, Some(3), Some(5)));
+        let moved = moved_warning(warning, &old, &new).unwrap();
+        let location = moved.location.unwrap();
+        assert_eq!((location.line, location.column), (Some(5), None));
+        assert_eq!(
+            moved.message,
+            "rule at haproxy.cfg:5 shadows [haproxy.cfg:4]; xhaproxy.cfg:3"
+        );
+        // About the removed backend: dropped, whether by location or by text.
+        let mut gone = Diagnostic::warning("server s has no check");
+        gone.location = Some(SourceLocation::new(MAIN_FILE, Some(6), None));
+        assert!(moved_warning(gone, &old, &new).is_none());
+        let named = Diagnostic::warning("backend b at haproxy.cfg:5 is unused");
+        assert!(moved_warning(named, &old, &new).is_none());
+        // Another file's lines stay.
+        let mut other = Diagnostic::warning("line 3 of maps/hosts.map");
+        other.location = Some(SourceLocation::new("maps/hosts.map", Some(3), None));
+        let kept = moved_warning(other, &old, &new).unwrap();
+        assert_eq!(kept.location.unwrap().line, Some(3));
+    }
 
     #[test]
     fn validation_failures_exist_at_zero_from_the_start() {
