@@ -207,15 +207,20 @@ impl StatusTemplates {
                 continue;
             };
             for (key, stored) in snapshot.iter() {
-                let object = stored.parse();
-                let namespace = object["metadata"]["namespace"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                let object_name = object["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
+                // Only what names the object: most objects render no status, and
+                // parsing each whole object after every deployment cost more than
+                // their templates at thousands of objects.
+                let Header {
+                    api_version,
+                    kind,
+                    metadata:
+                        HeaderMetadata {
+                            namespace,
+                            name: object_name,
+                        },
+                } = stored
+                    .deserialize()
+                    .unwrap_or_else(|_| Header::from_value(&stored.parse()));
                 let label = if namespace.is_empty() {
                     object_name.clone()
                 } else {
@@ -272,13 +277,16 @@ impl StatusTemplates {
                             continue;
                         }
                     };
-                let shown = object.get("status").cloned().unwrap_or(Json::Null);
+                let shown = stored
+                    .deserialize::<Shown>()
+                    .map(|shown| shown.status)
+                    .unwrap_or(Json::Null);
                 fill_transition_times(&mut status, &shown, now);
                 let current = is_subset(&status, &shown);
                 statuses.push(RenderedStatus {
                     resource: resource.clone(),
-                    api_version: object["apiVersion"].as_str().unwrap_or_default().to_owned(),
-                    kind: object["kind"].as_str().unwrap_or_default().to_owned(),
+                    api_version,
+                    kind,
                     namespace,
                     name: object_name,
                     status,
@@ -288,6 +296,56 @@ impl StatusTemplates {
         }
         (statuses, errors)
     }
+}
+
+/// What names an object: read without building the rest of it.
+#[derive(Default, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct Header {
+    #[serde(deserialize_with = "string_or_default")]
+    api_version: String,
+    #[serde(deserialize_with = "string_or_default")]
+    kind: String,
+    metadata: HeaderMetadata,
+}
+
+impl Header {
+    /// The same from a whole object, whatever its shape (non-strings read as empty).
+    fn from_value(object: &Json) -> Self {
+        let text = |value: &Json| value.as_str().unwrap_or_default().to_owned();
+        Self {
+            api_version: text(&object["apiVersion"]),
+            kind: text(&object["kind"]),
+            metadata: HeaderMetadata {
+                namespace: text(&object["metadata"]["namespace"]),
+                name: text(&object["metadata"]["name"]),
+            },
+        }
+    }
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct HeaderMetadata {
+    #[serde(deserialize_with = "string_or_default")]
+    namespace: String,
+    #[serde(deserialize_with = "string_or_default")]
+    name: String,
+}
+
+/// The status an object shows now.
+#[derive(serde::Deserialize)]
+struct Shown {
+    #[serde(default)]
+    status: Json,
+}
+
+/// A string, or empty for anything else (as `value.as_str().unwrap_or_default()`).
+fn string_or_default<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(match <Json as serde::Deserialize>::deserialize(d)? {
+        Json::String(text) => text,
+        _ => String::new(),
+    })
 }
 
 fn kind_of(value: &Json) -> &'static str {

@@ -26,8 +26,9 @@ use super::config::{Config, SectionKind};
 use super::plan::{ChangePlan, Pem, RuntimeOp};
 use crate::client::runtime::MAX_PAYLOAD_BYTES;
 
-/// A crt-list file's entries by certificate: the line as written.
-type Entries = BTreeMap<String, String>;
+/// A crt-list file's entries by certificate: the line as written (borrowed from the
+/// rendered file, so thousands of entries cost no copies).
+type Entries<'a> = BTreeMap<&'a str, &'a str>;
 
 /// What one side (running or desired) loads.
 struct Side<'a> {
@@ -93,14 +94,14 @@ impl<'a> Side<'a> {
 
 /// Parses a crt-list file: per certificate, its line. Blank lines and `#` comments
 /// are skipped, as HAProxy does. `Err` names a certificate listed twice.
-fn entries(content: &str) -> Result<Entries, Duplicate> {
+fn entries(content: &str) -> Result<Entries<'_>, Duplicate> {
     let mut out = Entries::new();
     for line in content.lines().map(str::trim) {
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
         let cert = line.split_whitespace().next().unwrap_or_default();
-        if out.insert(cert.to_owned(), line.to_owned()).is_some() {
+        if out.insert(cert, line).is_some() {
             return Err(Duplicate(cert.to_owned()));
         }
     }
@@ -111,9 +112,50 @@ fn entries(content: &str) -> Result<Entries, Duplicate> {
 #[derive(Debug, PartialEq, Eq)]
 struct Duplicate(String);
 
+/// The names of the certificates whose content differs between `old` and `new`
+/// (added, changed or removed), in name order: one walk over both, comparing
+/// shared contents by pointer first.
+fn differing<'a>(
+    old: &'a BTreeMap<String, Arc<str>>,
+    new: &'a BTreeMap<String, Arc<str>>,
+) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    let (mut a, mut b) = (old.iter().peekable(), new.iter().peekable());
+    loop {
+        match (a.peek(), b.peek()) {
+            (None, None) => return out,
+            (Some((name, _)), None) => {
+                out.push(name.as_str());
+                a.next();
+            }
+            (None, Some((name, _))) => {
+                out.push(name.as_str());
+                b.next();
+            }
+            (Some((x, xc)), Some((y, yc))) => match x.cmp(y) {
+                std::cmp::Ordering::Less => {
+                    out.push(x.as_str());
+                    a.next();
+                }
+                std::cmp::Ordering::Greater => {
+                    out.push(y.as_str());
+                    b.next();
+                }
+                std::cmp::Ordering::Equal => {
+                    if xc != yc {
+                        out.push(x.as_str());
+                    }
+                    a.next();
+                    b.next();
+                }
+            },
+        }
+    }
+}
+
 /// Plans the certificate and crt-list changes between `running` and `desired` into
-/// `plan`; returns the files it took care of (the rest of the file planning skips
-/// them).
+/// `plan`; returns the changed files it took care of (the rest of the file planning
+/// skips them; unchanged files need no plan).
 pub(crate) fn plan_certificates(
     plan: &mut ChangePlan,
     (running, running_model): (&RenderedConfig, &Config),
@@ -128,14 +170,16 @@ pub(crate) fn plan_certificates(
 
     // Each crt-list's entries before and after (only lists hapwright renders and
     // both sides load: a bind line that changed reloads anyway).
-    let mut list_entries: Vec<(String, Entries, Entries)> = Vec::new();
+    let mut list_entries: Vec<(&String, Entries<'_>, Entries<'_>)> = Vec::new();
     for list in new.lists.intersection(&old.lists) {
         let (Some(before), Some(after)) = (old.file(list), new.file(list)) else {
             continue;
         };
-        handled.insert(list.clone());
+        if before != after {
+            handled.insert(list.clone());
+        }
         match (entries(before), entries(after)) {
-            (Ok(before), Ok(after)) => list_entries.push((list.clone(), before, after)),
+            (Ok(before), Ok(after)) => list_entries.push((list, before, after)),
             (Err(Duplicate(cert)), _) | (_, Err(Duplicate(cert))) => {
                 plan.force(
                     ReloadReason::NewFile,
@@ -150,17 +194,18 @@ pub(crate) fn plan_certificates(
     }
 
     // Which certificates each side loads through crt-lists only.
-    let through_lists = |side: &Side<'_>, pick: fn(&(String, Entries, Entries)) -> &Entries| {
+    let loaded = |side: &Side<'_>, after: bool| -> BTreeSet<&str> {
         list_entries
             .iter()
-            .flat_map(|l| pick(l).keys().cloned())
-            .filter(|cert| !side.crts.contains(cert))
-            .collect::<BTreeSet<String>>()
+            .flat_map(|(_, before, later)| if after { later.keys() } else { before.keys() })
+            .copied()
+            .filter(|cert| !side.crts.contains(*cert))
+            .collect()
     };
-    let loaded_before = through_lists(&old, |l| &l.1);
-    let loaded_after = through_lists(&new, |l| &l.2);
-    let adds: Vec<&String> = loaded_after.difference(&loaded_before).collect();
-    let dels: Vec<&String> = loaded_before.difference(&loaded_after).collect();
+    let loaded_before = loaded(&old, false);
+    let loaded_after = loaded(&new, true);
+    let adds: Vec<&str> = loaded_after.difference(&loaded_before).copied().collect();
+    let dels: Vec<&str> = loaded_before.difference(&loaded_after).copied().collect();
     if (!adds.is_empty() || !dels.is_empty())
         && let Some(reason) = runtime_refusal(&old, &new)
     {
@@ -190,20 +235,36 @@ pub(crate) fn plan_certificates(
             );
             return handled;
         }
-        handled.insert((*cert).clone());
+        handled.insert((*cert).to_owned());
         cert_ops.push(RuntimeOp::AddCertificate {
-            file: (*cert).clone(),
+            file: (*cert).to_owned(),
             pem: Pem::from(pem.clone()),
         });
     }
-    for cert in loaded_after.intersection(&loaded_before) {
-        let (Some(before), Some(after)) = (old.file(cert), new.file(cert)) else {
+    // Only certificate files that differ need a look from here on: the others
+    // are served as they are.
+    // (A crt-list may name any rendered file.)
+    let mut changed_paths: Vec<String> = [
+        ("maps", running.maps(), desired.maps()),
+        ("files", running.files(), desired.files()),
+        ("certs", running.certificates(), desired.certificates()),
+    ]
+    .into_iter()
+    .flat_map(|(dir, old, new)| {
+        differing(old, new)
+            .into_iter()
+            .map(move |name| format!("{dir}/{name}"))
+    })
+    .collect();
+    changed_paths.sort_unstable();
+    for cert in &changed_paths {
+        if !(loaded_before.contains(cert.as_str()) && loaded_after.contains(cert.as_str())) {
+            continue;
+        }
+        let (Some(_), Some(after)) = (old.file(cert), new.file(cert)) else {
             continue;
         };
         handled.insert(cert.clone());
-        if before == after {
-            continue;
-        }
         if after.len() > MAX_PAYLOAD_BYTES {
             plan.force(
                 ReloadReason::NewFile,
@@ -211,7 +272,7 @@ pub(crate) fn plan_certificates(
             );
             return handled;
         }
-        replaced.insert(cert.clone());
+        replaced.insert(cert.as_str());
         cert_ops.push(RuntimeOp::ReplaceCertificate {
             file: cert.clone(),
             pem: Pem::from(after.clone()),
@@ -220,41 +281,42 @@ pub(crate) fn plan_certificates(
     // Certificate files no side loads through a bind line are files on disk only
     // (unless a bind line loads a directory, which may be `certs/`).
     let directories = new.directory().is_some() || old.directory().is_some();
-    for cert in desired
-        .certificates()
-        .keys()
-        .chain(running.certificates().keys())
+    for path in changed_paths
+        .iter()
+        .filter(|path| path.starts_with("certs/"))
     {
-        let path = format!("certs/{cert}");
         let named = |side: &Side<'_>| {
-            side.crts.contains(&path)
-                || side.lists.contains(&path)
+            side.crts.contains(path)
+                || side.lists.contains(path)
                 || side.config.main().contains(path.as_str())
         };
-        // The set lookups first: `named` searches haproxy.cfg, once per
-        // certificate would cost the length of haproxy.cfg times the number of
-        // certificates.
+        // The set lookups first: `named` searches haproxy.cfg.
         if !directories
-            && !loaded_before.contains(&path)
-            && !loaded_after.contains(&path)
+            && !loaded_before.contains(path.as_str())
+            && !loaded_after.contains(path.as_str())
             && !named(&old)
             && !named(&new)
         {
-            handled.insert(path);
+            handled.insert(path.clone());
         }
     }
 
     let mut entry_dels = Vec::new();
     let mut entry_sets = Vec::new();
     for (list, before, after) in &list_entries {
-        let changed: Vec<&String> = after
+        if old.file(list) == new.file(list) && replaced.is_empty() {
+            // The same lines and no certificate renewed behind them.
+            continue;
+        }
+        let changed: Vec<&str> = after
             .iter()
             .filter(|(cert, line)| before.get(*cert) != Some(*line))
-            .map(|(cert, _)| cert)
+            .map(|(cert, _)| *cert)
             .collect();
-        let renewed: Vec<&String> = after
+        let renewed: Vec<&str> = after
             .keys()
-            .filter(|cert| replaced.contains(*cert) && !changed.contains(cert))
+            .copied()
+            .filter(|cert| replaced.contains(cert) && !changed.contains(cert))
             .collect();
         if let Some(reason) = order_matters(list, after, &changed, &renewed) {
             plan.force(ReloadReason::NewFile, reason);
@@ -262,23 +324,25 @@ pub(crate) fn plan_certificates(
         }
         for cert in before.keys().filter(|c| !after.contains_key(*c)) {
             entry_dels.push(RuntimeOp::DelCrtListEntry {
-                list: list.clone(),
-                cert: cert.clone(),
+                list: (*list).clone(),
+                cert: (*cert).to_owned(),
             });
         }
         for (cert, line) in after {
             if before.get(cert) != Some(line) {
                 entry_sets.push(RuntimeOp::SetCrtListEntry {
-                    list: list.clone(),
-                    cert: cert.clone(),
-                    line: line.clone(),
+                    list: (*list).clone(),
+                    cert: (*cert).to_owned(),
+                    line: (*line).to_owned(),
                 });
             }
         }
     }
     let removals = dels.into_iter().map(|cert| {
-        handled.insert(cert.clone());
-        RuntimeOp::DelCertificate { file: cert.clone() }
+        handled.insert(cert.to_owned());
+        RuntimeOp::DelCertificate {
+            file: cert.to_owned(),
+        }
     });
     let removals: Vec<RuntimeOp> = removals.collect();
     plan.ops.extend(cert_ops);
@@ -289,7 +353,7 @@ pub(crate) fn plan_certificates(
 }
 
 /// The SNI filters of a crt-list line (lowercase; `[options]` left out).
-fn filters(line: &str) -> Vec<String> {
+fn filters(line: &str) -> Vec<std::borrow::Cow<'_, str>> {
     let mut words = line.split_whitespace().skip(1).peekable();
     if words.peek().is_some_and(|w| w.starts_with('[')) {
         for word in words.by_ref() {
@@ -298,7 +362,15 @@ fn filters(line: &str) -> Vec<String> {
             }
         }
     }
-    words.map(str::to_ascii_lowercase).collect()
+    words
+        .map(|word| {
+            if word.bytes().any(|b| b.is_ascii_uppercase()) {
+                std::borrow::Cow::Owned(word.to_ascii_lowercase())
+            } else {
+                std::borrow::Cow::Borrowed(word)
+            }
+        })
+        .collect()
 }
 
 /// Why the place of a changed entry in the list would matter, if it would: an entry
@@ -311,20 +383,21 @@ fn filters(line: &str) -> Vec<String> {
 /// filters it may be renewed at runtime only when it is the list's one entry.
 fn order_matters(
     list: &str,
-    after: &Entries,
-    changed: &[&String],
-    renewed: &[&String],
+    after: &Entries<'_>,
+    changed: &[&str],
+    renewed: &[&str],
 ) -> Option<String> {
     if changed.is_empty() && renewed.is_empty() {
         // Nothing moves to the end of the list.
         return None;
     }
-    let moved = |cert: &&String| changed.contains(cert) || renewed.contains(cert);
-    let mut owners: BTreeMap<String, &String> = BTreeMap::new();
+    let moved = |cert: &str| changed.contains(&cert) || renewed.contains(&cert);
+    let mut owners: std::collections::HashMap<std::borrow::Cow<'_, str>, &str> =
+        std::collections::HashMap::with_capacity(after.len());
     for (cert, line) in after {
         for name in filters(line) {
             if let Some(other) = owners.insert(name.clone(), cert)
-                && (moved(&cert) || moved(&other))
+                && (moved(cert) || moved(other))
             {
                 return Some(format!(
                     "{list}: {other} and {cert} both serve {name}; which one wins depends \
@@ -337,7 +410,7 @@ fn order_matters(
     changed
         .iter()
         .chain(renewed)
-        .find(|cert| filters(&after[**cert]).is_empty())
+        .find(|cert| filters(after[**cert]).is_empty())
         .map(|cert| {
             format!(
                 "{list}: the entry of {cert} has no SNI filters; the names it serves come \
@@ -488,7 +561,7 @@ mod tests {
 
     /// A crt-list where `a` and `b` both serve a.test and `c` has no SNI filters, and
     /// the three certificate names.
-    fn overlapping_list() -> (Entries, [String; 3]) {
+    fn overlapping_list() -> (Entries<'static>, [String; 3]) {
         let list = entries("certs/a.pem a.test\ncerts/b.pem b.test A.test\ncerts/c.pem\n").unwrap();
         let names = ["certs/a.pem", "certs/b.pem", "certs/c.pem"].map(str::to_owned);
         (list, names)
@@ -497,26 +570,32 @@ mod tests {
     #[test]
     fn a_changed_entry_sharing_a_name_or_without_filters_depends_on_order() {
         let (after, [a, b, c]) = overlapping_list();
-        let reason = order_matters("files/l", &after, &[&b], &[]).unwrap();
+        let reason = order_matters("files/l", &after, &[b.as_str()], &[]).unwrap();
         assert!(reason.contains("both serve a.test"), "{reason}");
-        let reason = order_matters("files/l", &after, &[&c], &[]).unwrap();
+        let reason = order_matters("files/l", &after, &[c.as_str()], &[]).unwrap();
         assert!(reason.contains("no SNI filters"), "{reason}");
         let apart = entries("certs/a.pem a.test\ncerts/b.pem b.test\n").unwrap();
-        assert_eq!(order_matters("files/l", &apart, &[&a, &b], &[]), None);
+        assert_eq!(
+            order_matters("files/l", &apart, &[a.as_str(), b.as_str()], &[]),
+            None
+        );
     }
 
     #[test]
     fn a_renewed_certificate_moves_behind_the_others_when_committed() {
         let (after, [a, b, c]) = overlapping_list();
         // The first of two entries serving a.test: renewed, it would come second.
-        let reason = order_matters("files/l", &after, &[], &[&a]).unwrap();
+        let reason = order_matters("files/l", &after, &[], &[a.as_str()]).unwrap();
         assert!(reason.contains("both serve a.test"), "{reason}");
-        let reason = order_matters("files/l", &after, &[], &[&c]).unwrap();
+        let reason = order_matters("files/l", &after, &[], &[c.as_str()]).unwrap();
         assert!(reason.contains("no SNI filters"), "{reason}");
         // Names no other entry serves, or a list of one: renewed at runtime.
         let apart = entries("certs/a.pem a.test\ncerts/b.pem b.test\n").unwrap();
-        assert_eq!(order_matters("files/l", &apart, &[], &[&a, &b]), None);
+        assert_eq!(
+            order_matters("files/l", &apart, &[], &[a.as_str(), b.as_str()]),
+            None
+        );
         let alone = entries("certs/c.pem\n").unwrap();
-        assert_eq!(order_matters("files/l", &alone, &[], &[&c]), None);
+        assert_eq!(order_matters("files/l", &alone, &[], &[c.as_str()]), None);
     }
 }

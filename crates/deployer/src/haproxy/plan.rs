@@ -1029,13 +1029,18 @@ fn plan_files(
     ];
     for (dir, old, new) in groups {
         for (name, content) in new {
+            let previous = old.get(name);
+            // An unchanged file needs nothing, handled elsewhere or not: decided
+            // before its path is built, since most of thousands of files are.
+            if previous == Some(content) {
+                continue;
+            }
             let file = format!("{dir}/{name}");
             if handled.contains(&file) {
                 continue;
             }
-            match old.get(name) {
+            match previous {
                 None => plan.force(ReloadReason::NewFile, format!("{file} added")),
-                Some(previous) if previous == content => {}
                 Some(_) if dir == "certs" => {
                     if content.len() > MAX_PAYLOAD_BYTES {
                         plan.force(

@@ -586,3 +586,45 @@ mod tracker {
         assert!(web_deployment(&t).programmed);
     }
 }
+
+#[test]
+fn an_objects_names_are_read_whatever_else_it_holds() {
+    let read = |object: Json| {
+        let stored = hapwright_eventbus::model::StoredObject::from_value(&object);
+        let header = stored
+            .deserialize::<Header>()
+            .unwrap_or_else(|_| Header::from_value(&stored.parse()));
+        (
+            header.api_version,
+            header.kind,
+            header.metadata.namespace,
+            header.metadata.name,
+        )
+    };
+    let whole = ingress("web", "haproxy", json!({"loadBalancer": {}}));
+    assert_eq!(
+        read(whole),
+        (
+            "networking.k8s.io/v1".to_owned(),
+            "Ingress".to_owned(),
+            "shop".to_owned(),
+            "web".to_owned()
+        )
+    );
+    // Values of other types read as empty, as a whole-object lookup gives them.
+    let odd = json!({"apiVersion": 1, "kind": null, "metadata": {"name": "x", "namespace": ["a"]}});
+    assert_eq!(
+        read(odd),
+        (String::new(), String::new(), String::new(), "x".to_owned())
+    );
+    let no_mapping = json!({"apiVersion": "v1", "kind": "Service", "metadata": "x"});
+    assert_eq!(
+        read(no_mapping),
+        (
+            "v1".to_owned(),
+            "Service".to_owned(),
+            String::new(),
+            String::new()
+        )
+    );
+}
