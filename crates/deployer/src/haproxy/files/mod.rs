@@ -177,6 +177,18 @@ impl ConfigDir {
     /// Writes one layout file safely with its layout mode, leaving the directory
     /// fsync to `dirty`.
     fn put(&self, relative: &str, content: &[u8], dirty: &mut Dirs) -> io::Result<()> {
+        self.put_known(relative, content, None, dirty)
+    }
+
+    /// [`put`](Self::put) of a rendered file's shared content, which it need not read
+    /// back when the file is as hapwright last left it ([`write::write_file_known`]).
+    fn put_known(
+        &self,
+        relative: &str,
+        content: &[u8],
+        known: Option<&Arc<str>>,
+        dirty: &mut Dirs,
+    ) -> io::Result<()> {
         let plain = Path::new(relative)
             .components()
             .all(|c| matches!(c, std::path::Component::Normal(_)));
@@ -188,9 +200,10 @@ impl ConfigDir {
             ));
         }
         let (mode, group) = self.modes.for_path(relative);
-        write_file(
+        write::write_file_known(
             &self.path_of(relative),
             content,
+            known,
             mode,
             group,
             &self.faults,
@@ -223,7 +236,7 @@ impl ConfigDir {
         for (file, content) in config.iter() {
             if file.kind != FileKind::Main {
                 let relative = file.relative_path();
-                self.put(&relative, content.as_bytes(), &mut dirty)?;
+                self.put_known(&relative, content.as_bytes(), Some(content), &mut dirty)?;
                 wanted.insert(relative);
             }
         }

@@ -22,6 +22,7 @@ use std::fs::{File, Permissions};
 use std::io::{self, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::config::Group;
 
@@ -119,7 +120,9 @@ pub(crate) struct Dirs(BTreeSet<PathBuf>);
 impl Dirs {
     /// Records that an entry of `dir` changed.
     pub(crate) fn touch(&mut self, dir: &Path) {
-        self.0.insert(dir.to_path_buf());
+        if !self.0.contains(dir) {
+            self.0.insert(dir.to_path_buf());
+        }
     }
 
     /// Fsyncs every touched directory.
@@ -168,6 +171,23 @@ pub(crate) fn write_file(
     relative: Option<&str>,
     dirty: &mut Dirs,
 ) -> io::Result<()> {
+    write_file_known(path, content, None, mode, group, faults, relative, dirty)
+}
+
+/// [`write_file`] of a rendered file's shared content: when `known` is what
+/// hapwright last found or wrote at `path` and the file has not been touched since
+/// (its [`Stamp`]), it is not read back to be compared ([`Verified`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn write_file_known(
+    path: &Path,
+    content: &[u8],
+    known: Option<&Arc<str>>,
+    mode: u32,
+    group: Option<&Group>,
+    faults: &Faults,
+    relative: Option<&str>,
+    dirty: &mut Dirs,
+) -> io::Result<()> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
@@ -183,7 +203,7 @@ pub(crate) fn write_file(
             .check_write(relative)
             .map_err(|e| at("cannot write", e))?;
     }
-    if already_there(path, content, mode, gid) {
+    if already_there(path, content, known, mode, gid) {
         // Its content was fsynced when it was written; the directory's fsync makes
         // sure its name is durable too (a rename whose directory fsync failed).
         dirty.touch(dir);
@@ -209,14 +229,110 @@ pub(crate) fn write_file(
     tmp.persist(path)
         .map_err(|e| at("cannot rename the temporary file to", e.error))?;
     dirty.touch(dir);
+    match known {
+        Some(known) => Verified::record(path, known),
+        None => Verified::forget(path),
+    }
     Ok(())
+}
+
+/// A file's identity and the times of its last change, as `stat` gives them: when
+/// none of it changed, neither did the content (any write or rename changes the
+/// ctime or the inode, and no call sets the ctime back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// Whether the last change is old enough for a later one to show in the ctime:
+    /// filesystems keep coarse timestamps, so a change in the same tick as the
+    /// last could leave them equal (the file is compared until then).
+    fn settled(&self) -> bool {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        #[cfg(test)]
+        let now = now + tests::CLOCK_AHEAD.get();
+        self.ctime.0 < now - 1
+    }
+}
+
+/// The rendered content hapwright last found (read back and compared) or wrote at
+/// each path, with the file's [`Stamp`] then: a file whose stamp and content are the
+/// same again is not read again. With thousands of certificates this saves reading
+/// every one of them on every deployment. Entries hold the content (so a pointer
+/// stays unique) and are dropped when the file is rewritten or removed.
+struct Verified;
+
+type VerifiedTable = std::collections::HashMap<PathBuf, (Stamp, Arc<str>)>;
+
+static VERIFIED: std::sync::LazyLock<std::sync::Mutex<VerifiedTable>> =
+    std::sync::LazyLock::new(Default::default);
+
+impl Verified {
+    fn table() -> std::sync::MutexGuard<'static, VerifiedTable> {
+        VERIFIED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether `content` is what was found at `path` when it had `stamp`.
+    fn holds(path: &Path, stamp: &Stamp, content: &Arc<str>) -> bool {
+        Self::table()
+            .get(path)
+            .is_some_and(|(was, held)| was == stamp && Arc::ptr_eq(held, content))
+    }
+
+    /// Records `content` as found at `path` with `stamp`, once the stamp has settled.
+    fn found(path: &Path, stamp: Stamp, content: &Arc<str>) {
+        let mut table = Self::table();
+        if stamp.settled() {
+            table.insert(path.to_path_buf(), (stamp, content.clone()));
+        } else {
+            table.remove(path);
+        }
+    }
+
+    /// Records `content` as just written at `path`.
+    fn record(path: &Path, content: &Arc<str>) {
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) => Self::found(path, Stamp::of(&meta), content),
+            Err(_) => Self::forget(path),
+        }
+    }
+
+    fn forget(path: &Path) {
+        Self::table().remove(path);
+    }
 }
 
 /// Whether `path` is already a regular file of ours with exactly `content`, `mode`
 /// and group `gid` (when given), not hard-linked elsewhere: writing it again would
 /// change nothing but cost a temporary file, an fsync and a rename. With 1,000
 /// certificates a change rewrites one file instead of 1,000.
-fn already_there(path: &Path, content: &[u8], mode: u32, gid: Option<u32>) -> bool {
+fn already_there(
+    path: &Path,
+    content: &[u8],
+    known: Option<&Arc<str>>,
+    mode: u32,
+    gid: Option<u32>,
+) -> bool {
     use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::symlink_metadata(path) else {
         return false;
@@ -227,8 +343,17 @@ fn already_there(path: &Path, content: &[u8], mode: u32, gid: Option<u32>) -> bo
         && meta.mode() & 0o7777 == mode
         && meta.uid() == rustix::process::geteuid().as_raw()
         && gid.is_none_or(|gid| meta.gid() == gid);
+    if !ours {
+        return false;
+    }
+    let stamp = Stamp::of(&meta);
+    if known.is_some_and(|known| Verified::holds(path, &stamp, known)) {
+        return true;
+    }
+    #[cfg(test)]
+    tests::READS.with(|reads| reads.set(reads.get() + 1));
     // Read through a descriptor that does not follow a link planted since.
-    ours && File::options()
+    let same = File::options()
         .read(true)
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(path)
@@ -237,11 +362,16 @@ fn already_there(path: &Path, content: &[u8], mode: u32, gid: Option<u32>) -> bo
             std::io::Read::read_to_end(&mut file, &mut on_disk)?;
             Ok(on_disk == content)
         })
-        .unwrap_or(false)
+        .unwrap_or(false);
+    if same && let Some(known) = known {
+        Verified::found(path, stamp, known);
+    }
+    same
 }
 
 /// Removes `path` if it exists, recording its directory.
 pub(crate) fn remove_file(path: &Path, dirty: &mut Dirs) -> io::Result<()> {
+    Verified::forget(path);
     match std::fs::remove_file(path) {
         Ok(()) => {
             if let Some(dir) = path.parent() {
@@ -290,6 +420,91 @@ pub(crate) fn context(error: io::Error, what: String) -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Seconds the clock of [`Stamp::settled`] runs ahead, in this thread.
+        pub(super) static CLOCK_AHEAD: Cell<i64> = const { Cell::new(0) };
+        /// Files [`already_there`] read back, in this thread.
+        pub(super) static READS: Cell<usize> = const { Cell::new(0) };
+    }
+
+    fn put(path: &Path, content: &Arc<str>) {
+        let mut dirty = Dirs::default();
+        write_file_known(
+            path,
+            content.as_bytes(),
+            Some(content),
+            PRIVATE_MODE,
+            None,
+            &Faults::default(),
+            None,
+            &mut dirty,
+        )
+        .unwrap();
+    }
+
+    fn reads() -> usize {
+        READS.get()
+    }
+
+    #[test]
+    fn a_file_left_as_written_is_not_read_again_until_it_is_touched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("site.pem");
+        let pem: Arc<str> = Arc::from("PEM of site\n");
+        put(&path, &pem);
+        // Just written: its ctime has not settled, so it is read back next time.
+        let start = reads();
+        put(&path, &pem);
+        assert_eq!(reads(), start + 1);
+        put(&path, &pem);
+        assert_eq!(reads(), start + 2, "still unsettled, still read");
+
+        // Later: read back once more, then trusted while untouched.
+        CLOCK_AHEAD.set(10);
+        put(&path, &pem);
+        assert_eq!(reads(), start + 3);
+        put(&path, &pem);
+        put(&path, &pem);
+        assert_eq!(
+            reads(),
+            start + 3,
+            "untouched and the same content: not read"
+        );
+
+        // The same text in another allocation is compared, not trusted.
+        let copy: Arc<str> = Arc::from(&*pem);
+        put(&path, &copy);
+        assert_eq!(reads(), start + 4);
+
+        // Changed in place behind hapwright's back (same length, times moved):
+        // read, found different and written again.
+        std::fs::write(&path, "PEM of evil\n").unwrap();
+        let file = File::options().write(true).open(&path).unwrap();
+        file.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000))
+            .unwrap();
+        drop(file);
+        put(&path, &copy);
+        assert_eq!(reads(), start + 5);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "PEM of site\n");
+
+        // Replaced by another file (a new inode): read again.
+        let other = dir.path().join("other");
+        std::fs::write(&other, "PEM of site\n").unwrap();
+        std::fs::set_permissions(&other, Permissions::from_mode(PRIVATE_MODE)).unwrap();
+        put(&path, &copy);
+        let before = reads();
+        std::fs::rename(&other, &path).unwrap();
+        put(&path, &copy);
+        assert_eq!(reads(), before + 1);
+
+        // Removed and written again: nothing is trusted from before.
+        let mut dirty = Dirs::default();
+        remove_file(&path, &mut dirty).unwrap();
+        assert!(!Verified::table().contains_key(&path));
+        CLOCK_AHEAD.set(0);
+    }
 
     #[test]
     fn group_names_resolve_from_the_group_table() {
