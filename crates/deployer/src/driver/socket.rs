@@ -315,6 +315,9 @@ pub struct SocketDriver {
     warned_dynamic_backends: std::sync::atomic::AtomicBool,
     /// HAProxy's listings of the files it loaded, kept between deployments.
     listings: std::sync::Mutex<Listings>,
+    /// The last state record written, with the render it describes: the next one
+    /// takes the hashes of the files both renders share from it.
+    last_record: std::sync::Mutex<Option<(Arc<RenderedConfig>, Arc<DeployRecord>)>>,
 }
 
 /// What HAProxy listed last of the files it loaded (`show map`, `show acl`,
@@ -371,6 +374,7 @@ impl SocketDriver {
             line: std::sync::Mutex::new(None),
             warned_dynamic_backends: std::sync::atomic::AtomicBool::new(false),
             listings: std::sync::Mutex::new(Listings::default()),
+            last_record: std::sync::Mutex::new(None),
             managed: managed.filter(|_| instance.managed),
             instance,
             master,
@@ -543,15 +547,29 @@ impl SocketDriver {
     /// Written last, after the files and any reload; a failure only means the next
     /// controller start reloads once, so it is logged, not returned.
     async fn record(&self, config: &Arc<RenderedConfig>, marker: &str, after_reload: bool) {
-        let record = DeployRecord::new(config, marker);
+        let last = self
+            .last_record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        let record = Arc::new(DeployRecord::new_reusing(
+            config,
+            marker,
+            last.as_ref().map(|(config, record)| (&**config, &**record)),
+        ));
+        let written = record.clone();
         let outcome = self
             .on_files(move |dir| {
                 if after_reload {
                     dir.faults().reached(steps::AFTER_RELOAD);
                 }
-                dir.write_record(&record)
+                dir.write_record(&written)
             })
             .await;
+        *self
+            .last_record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((config.clone(), record));
         if let Err(error) = outcome {
             tracing::warn!(instance = %self.instance.name, %error, "Cannot write the state record; the next controller start will reload this instance once");
         }

@@ -33,12 +33,35 @@ impl DeployRecord {
     /// [`ConfigDir::write`](super::ConfigDir::write): the hashes are of the bytes on
     /// disk, so `haproxy.cfg` is hashed with its marker line.
     pub fn new(config: &RenderedConfig, marker: &str) -> Self {
+        Self::new_reusing(config, marker, None)
+    }
+
+    /// [`new`](Self::new), taking the hash of every file `config` shares with the
+    /// render of `previous` (the same content, by pointer) from its record instead
+    /// of hashing the file again: a deployment that changed one of 10,000
+    /// certificates hashes one.
+    pub fn new_reusing(
+        config: &RenderedConfig,
+        marker: &str,
+        previous: Option<(&RenderedConfig, &DeployRecord)>,
+    ) -> Self {
         let mut files = BTreeMap::new();
         for (file, content) in config.iter() {
             let relative = file.relative_path();
-            if relative != "haproxy.cfg" {
-                files.insert(relative, hex(content.as_bytes()));
+            if relative == "haproxy.cfg" {
+                continue;
             }
+            let known = previous.and_then(|(config, record)| {
+                config
+                    .get(&file)
+                    .filter(|was| std::sync::Arc::ptr_eq(was, content))
+                    .and_then(|_| record.files.get(&relative))
+            });
+            let hash = match known {
+                Some(hash) => hash.clone(),
+                None => hex(content.as_bytes()),
+            };
+            files.insert(relative, hash);
         }
         files.insert(
             "haproxy.cfg".to_owned(),
@@ -97,4 +120,40 @@ pub(crate) fn first_difference(
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_record_reusing_the_last_one_equals_one_made_afresh() {
+        let shared: Arc<str> = Arc::from("PEM of a\n");
+        let first = RenderedConfig::builder("global\n")
+            .certificate("a.pem", shared.clone())
+            .certificate("b.pem", "PEM of b\n")
+            .map("hosts.map", "a.test be_a\n")
+            .build();
+        let last = DeployRecord::new(&first, "m1");
+        // b changes in place, c is new, the map is rebuilt with equal text, a is
+        // shared: only a may be taken from the last record.
+        let second = RenderedConfig::builder("global\n    maxconn 10\n")
+            .certificate("a.pem", shared)
+            .certificate("b.pem", "PEM of b, renewed\n")
+            .certificate("c.pem", "PEM of c\n")
+            .map("hosts.map", "a.test be_a\n")
+            .build();
+        let reused = DeployRecord::new_reusing(&second, "m2", Some((&first, &last)));
+        assert_eq!(reused, DeployRecord::new(&second, "m2"));
+        assert_ne!(reused.files["certs/b.pem"], last.files["certs/b.pem"]);
+        // Only files shared by pointer are taken from the last record: a wrong hash
+        // there is copied for a, never for b.
+        let mut wrong = last.clone();
+        wrong.files.insert("certs/a.pem".to_owned(), "0".repeat(64));
+        wrong.files.insert("certs/b.pem".to_owned(), "0".repeat(64));
+        let from_wrong = DeployRecord::new_reusing(&second, "m2", Some((&first, &wrong)));
+        assert_eq!(from_wrong.files["certs/a.pem"], "0".repeat(64));
+        assert_eq!(from_wrong.files["certs/b.pem"], reused.files["certs/b.pem"]);
+    }
 }

@@ -115,19 +115,24 @@ fn write_one(path: &Path, content: &[u8], mode: u32) -> io::Result<()> {
 /// Directories whose entries changed and must be fsynced before the next step relies
 /// on them.
 #[derive(Debug, Default)]
-pub(crate) struct Dirs(BTreeSet<PathBuf>);
+pub(crate) struct Dirs {
+    touched: BTreeSet<PathBuf>,
+    /// Directories found or made during this batch: a batch of thousands of files
+    /// in one directory looks it up once.
+    present: BTreeSet<PathBuf>,
+}
 
 impl Dirs {
     /// Records that an entry of `dir` changed.
     pub(crate) fn touch(&mut self, dir: &Path) {
-        if !self.0.contains(dir) {
-            self.0.insert(dir.to_path_buf());
+        if !self.touched.contains(dir) {
+            self.touched.insert(dir.to_path_buf());
         }
     }
 
     /// Fsyncs every touched directory.
     pub(crate) fn sync(&mut self) -> io::Result<()> {
-        for dir in std::mem::take(&mut self.0) {
+        for dir in std::mem::take(&mut self.touched) {
             File::open(&dir)
                 .and_then(|d| d.sync_all())
                 .map_err(|e| context(e, format!("cannot fsync directory {}", dir.display())))?;
@@ -139,6 +144,15 @@ impl Dirs {
 /// Creates `dir` and its missing parents, recording each parent whose entries
 /// changed.
 pub(crate) fn ensure_dir(dir: &Path, dirty: &mut Dirs) -> io::Result<()> {
+    if dirty.present.contains(dir) {
+        return Ok(());
+    }
+    ensure_dir_uncached(dir, dirty)?;
+    dirty.present.insert(dir.to_path_buf());
+    Ok(())
+}
+
+fn ensure_dir_uncached(dir: &Path, dirty: &mut Dirs) -> io::Result<()> {
     if dir.is_dir() {
         return Ok(());
     }
