@@ -5,6 +5,7 @@ mod support;
 
 use hapwright_deployer::Driver;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use hapwright_deployer::client::runtime::PatternKind;
 use hapwright_deployer::driver::SocketDriver;
@@ -487,4 +488,62 @@ fn entry_reference(listing: &str, key: &str) -> Option<String> {
         .lines()
         .find(|l| l.split_whitespace().nth(1) == Some(key))
         .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+}
+
+/// An ACL file replaced at runtime through the master CLI: its patterns go as chained
+/// `add acl` commands, on lines the master runs whole on every line of HAProxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_file_of_thousands_of_patterns_is_replaced_at_runtime() {
+    let a = Backend::start("a").await;
+    let port = free_port();
+    let render = |prefix: &str| {
+        let main = config(
+            port,
+            &format!(
+                "backend be_app\n    acl blocked req.hdr(host),lower,word(1,:) -f files/blocked.acl\n    \
+http-request deny if blocked\n    server s1 127.0.0.1:{}\n",
+                a.port
+            ),
+        );
+        let mut acl = String::new();
+        for i in 0..3000 {
+            writeln!(acl, "{prefix}-{i}.blocked.example.test").unwrap();
+        }
+        Arc::new(
+            RenderedConfig::builder(main)
+                .map("hosts.map", "")
+                .file("blocked.acl", acl)
+                .build(),
+        )
+    };
+    let v1 = render("old");
+    let haproxy = Haproxy::start("local", &v1, &v1.hash().short()).await;
+    let driver = SocketDriver::new(
+        haproxy.instance.clone(),
+        None,
+        Metrics::unregistered().unwrap(),
+    );
+    let running = driver.deploy(v1.clone(), None, None, false).await.unwrap();
+    wait_for_body(port, "open.example.test", "a").await;
+    assert_eq!(
+        bodies(port, "old-2999.blocked.example.test", 1).await[0]
+            .split(' ')
+            .next(),
+        Some("403")
+    );
+    let reloads = haproxy.reloads().await;
+
+    let v2 = render("new");
+    let d2 = driver
+        .deploy(v2, None, Some(running.into()), false)
+        .await
+        .unwrap();
+    assert_eq!(d2.strategy, DeployStrategy::Runtime, "{:?}", d2.reason);
+    assert_eq!(haproxy.reloads().await, reloads, "no reload happened");
+    for i in [0, 1234, 2999] {
+        let new = bodies(port, &format!("new-{i}.blocked.example.test"), 1).await;
+        assert!(new[0].starts_with("403"), "new-{i}: {new:?}");
+        let old = bodies(port, &format!("old-{i}.blocked.example.test"), 1).await;
+        assert_eq!(old, vec!["200 a"], "old-{i}");
+    }
 }

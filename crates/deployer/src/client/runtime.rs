@@ -1056,7 +1056,6 @@ fn check_line(request: &str) -> Result<(), RuntimeError> {
     Ok(())
 }
 
-/// `<backend>/<server>` with both names escaped as CLI words.
 /// Longest command line [`RuntimeClient::experimental_line`] sends: through the
 /// master CLI, HAProxy 3.4 ran only part of longer lines (of a 10,447-byte line of
 /// `add server` commands, 257 of 260; of a 16,148-byte one, none), so a backend with
@@ -1084,6 +1083,7 @@ fn line_ranges(commands: &[String], limit: usize) -> Vec<std::ops::Range<usize>>
     ranges
 }
 
+/// `<backend>/<server>` with both names escaped as CLI words.
 fn target(backend: &str, server: &str) -> String {
     format!("{}/{}", cli_word(backend), cli_word(server))
 }
