@@ -383,15 +383,7 @@ impl RuntimeClient {
         address: &str,
         params: &[String],
     ) -> Result<(), RuntimeError> {
-        let mut request = format!(
-            "add server {} {}",
-            target(backend, server),
-            cli_word(address)
-        );
-        for param in params {
-            request.push(' ');
-            request.push_str(&cli_word(param));
-        }
+        let request = add_server_command(backend, server, address, params);
         self.expect(&request, |a| a.contains("New server registered"))
             .await
             .map(drop)
@@ -873,25 +865,43 @@ impl RuntimeClient {
     /// `add backend <be> from <profile>` (HAProxy 3.4): a new backend with the
     /// settings of the named `defaults` section, unpublished (no rule reaches it yet).
     pub async fn add_backend(&self, backend: &str, profile: &str) -> Result<(), RuntimeError> {
-        self.experimental(
-            &format!(
-                "add backend {} from {}",
-                cli_word(backend),
-                cli_word(profile)
-            ),
-            |a| a.contains("New backend registered"),
-        )
+        self.experimental(&add_backend_command(backend, profile), |a| {
+            a.contains(BACKEND_ADDED)
+        })
         .await
         .map(drop)
     }
 
-    /// `publish backend <be>`: `use_backend` rules may select it from now on.
-    pub async fn publish_backend(&self, backend: &str) -> Result<(), RuntimeError> {
-        self.experimental(&format!("publish backend {}", cli_word(backend)), |a| {
-            a.contains("Backend published")
-        })
-        .await
-        .map(drop)
+    /// A new backend of `profile` with its servers, published: `add backend`, then
+    /// per server `add server` (with `enable health` and `enable server` as it asks),
+    /// then `publish backend`, on one [`experimental_line`](Self::experimental_line)
+    /// (cut at [`EXPERIMENTAL_LINE_BYTES`]). Only for a backend nothing routes to
+    /// yet: HAProxy runs every command of a line whatever the one before answered.
+    pub async fn add_published_backend<'a>(
+        &self,
+        backend: &str,
+        profile: &str,
+        servers: impl IntoIterator<Item = DynamicServer<'a>>,
+    ) -> Result<(), RuntimeError> {
+        let mut line = vec![(add_backend_command(backend, profile), BACKEND_ADDED)];
+        for new in servers {
+            line.push((
+                add_server_command(backend, new.name, new.address, new.params),
+                SERVER_ADDED,
+            ));
+            let target = target(backend, new.name);
+            if new.health {
+                line.push((format!("enable health {target}"), ""));
+            }
+            if new.enable {
+                line.push((format!("enable server {target}"), ""));
+            }
+        }
+        line.push((
+            format!("publish backend {}", cli_word(backend)),
+            BACKEND_PUBLISHED,
+        ));
+        self.experimental_line(&line).await
     }
 
     /// `unpublish backend <be>`: no rule selects it any more; streams already in it
@@ -1054,6 +1064,47 @@ fn check_line(request: &str) -> Result<(), RuntimeError> {
         });
     }
     Ok(())
+}
+
+/// A server of a backend [`RuntimeClient::add_published_backend`] adds.
+#[derive(Clone, Copy, Debug)]
+pub struct DynamicServer<'a> {
+    /// The server's name.
+    pub name: &'a str,
+    /// `ip:port`.
+    pub address: &'a str,
+    /// Its `add server` parameters.
+    pub params: &'a [String],
+    /// Whether to `enable health` (it has `check`).
+    pub health: bool,
+    /// Whether to `enable server` (it is not `disabled`).
+    pub enable: bool,
+}
+
+/// What HAProxy answers to `add backend`, `add server` and `publish backend`.
+const BACKEND_ADDED: &str = "New backend registered.";
+const SERVER_ADDED: &str = "New server registered.";
+const BACKEND_PUBLISHED: &str = "Backend published.";
+
+fn add_backend_command(backend: &str, profile: &str) -> String {
+    format!(
+        "add backend {} from {}",
+        cli_word(backend),
+        cli_word(profile)
+    )
+}
+
+fn add_server_command(backend: &str, server: &str, address: &str, params: &[String]) -> String {
+    let mut request = format!(
+        "add server {} {}",
+        target(backend, server),
+        cli_word(address)
+    );
+    for param in params {
+        request.push(' ');
+        request.push_str(&cli_word(param));
+    }
+    request
 }
 
 /// Longest command line [`RuntimeClient::experimental_line`] sends: through the

@@ -986,39 +986,18 @@ impl SocketDriver {
                 // One line: nothing routes to the backend before its map entry, which
                 // comes after this operation, so a refusal in it leaves nothing in use
                 // (the change then reloads).
-                let mut line = vec![(
-                    format!(
-                        "add backend {} from {}",
-                        runtime::cli_word(backend),
-                        runtime::cli_word(profile)
-                    ),
-                    "New backend registered.",
-                )];
-                for new in servers {
-                    let target = format!(
-                        "{}/{}",
-                        runtime::cli_word(backend),
-                        runtime::cli_word(&new.server)
-                    );
-                    let mut add =
-                        format!("add server {target} {}", runtime::cli_word(&new.address));
-                    for param in &new.params {
-                        add.push(' ');
-                        add.push_str(&runtime::cli_word(param));
-                    }
-                    line.push((add, "New server registered."));
-                    if new.health {
-                        line.push((format!("enable health {target}"), ""));
-                    }
-                    if new.enable {
-                        line.push((format!("enable server {target}"), ""));
-                    }
-                }
-                line.push((
-                    format!("publish backend {}", runtime::cli_word(backend)),
-                    "Backend published.",
-                ));
-                rt.experimental_line(&line).await
+                rt.add_published_backend(
+                    backend,
+                    profile,
+                    servers.iter().map(|new| runtime::DynamicServer {
+                        name: &new.server,
+                        address: &new.address,
+                        params: &new.params,
+                        health: new.health,
+                        enable: new.enable,
+                    }),
+                )
+                .await
             }
             RuntimeOp::RefreshDynamicCookies { backend } => {
                 rt.refresh_dynamic_cookies(backend).await
