@@ -535,7 +535,8 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-fn panic_message(panic: &(dyn Any + Send)) -> String {
+/// The text of a panic's payload (`&str` or `String`), for reports.
+pub fn panic_message(panic: &(dyn Any + Send)) -> String {
     if let Some(text) = panic.downcast_ref::<&str>() {
         (*text).to_owned()
     } else if let Some(text) = panic.downcast_ref::<String>() {

@@ -752,6 +752,7 @@ impl Component for StatusComponent {
     async fn run(self: Box<Self>, mut ctx: Context) -> Result<(), ComponentError> {
         let StatusComponent { templates, clock } = *self;
         let mut tracker = Tracker::default();
+        let worker = Worker::start();
         ctx.health().healthy();
         while let Some(event) = ctx.next_event().await {
             if !tracker.apply(&event.payload) {
@@ -763,14 +764,13 @@ impl Component for StatusComponent {
             let hash = fleet.render;
             let job_templates = templates.clone();
             let now = clock();
-            let job =
-                tokio::task::spawn_blocking(move || job_templates.render(&snapshots, &fleet, &now));
+            let job = worker.run(move || job_templates.render(&snapshots, &fleet, &now));
             let (statuses, errors) = tokio::select! {
                 biased;
                 () = ctx.cancelled() => return Ok(()),
                 outcome = job => match outcome {
                     Ok(outcome) => outcome,
-                    Err(join) => (Vec::new(), vec![Diagnostic::error(format!("status rendering crashed: {join}"))]),
+                    Err(crash) => (Vec::new(), vec![Diagnostic::error(format!("status rendering crashed: {crash}"))]),
                 },
             };
             for error in &errors {
@@ -802,6 +802,68 @@ impl Component for StatusComponent {
             );
         }
         Ok(())
+    }
+}
+
+/// The thread status templates render on, below the pipeline's priority (nice
+/// [`Worker::NICE`]): statuses are rendered after every deployment, from every
+/// watched object (tens of milliseconds of CPU at 10,000 objects), and on a machine
+/// with few cores they would otherwise take CPU from the next change's render and
+/// deployment. When nothing else runs, the thread gets the CPU all the same.
+struct Worker {
+    jobs: std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>,
+}
+
+impl Worker {
+    /// How much nicer than the rest of the controller the thread is.
+    const NICE: i32 = 10;
+
+    fn start() -> Self {
+        let (jobs, queue) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        let spawned = std::thread::Builder::new()
+            .name("hapwright-status".to_owned())
+            .spawn(move || {
+                lower_priority(Self::NICE);
+                while let Ok(job) = queue.recv() {
+                    job();
+                }
+            });
+        if let Err(error) = spawned {
+            // Each job then reports that it could not run.
+            tracing::error!(%error, "Cannot start the status thread");
+        }
+        Self { jobs }
+    }
+
+    /// Runs `job` on the thread; `Err` with why when it panicked or could not run.
+    fn run<T: Send + 'static>(
+        &self,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> impl std::future::Future<Output = Result<T, String>> {
+        let (done, outcome) = tokio::sync::oneshot::channel();
+        let sent = self.jobs.send(Box::new(move || {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job))
+                .map_err(|panic| hapwright_eventbus::kernel::panic_message(panic.as_ref()));
+            let _ = done.send(result);
+        }));
+        async move {
+            if sent.is_err() {
+                return Err("the status thread is not running".to_owned());
+            }
+            outcome
+                .await
+                .unwrap_or_else(|_| Err("the status thread stopped".to_owned()))
+        }
+    }
+}
+
+/// Lowers the calling thread's priority by `nice` (only this thread: on Linux a
+/// thread id addresses one thread). A failure leaves it as it was.
+fn lower_priority(nice: i32) {
+    let me = rustix::thread::gettid();
+    let current = rustix::process::getpriority_process(Some(me)).unwrap_or(0);
+    if let Err(error) = rustix::process::setpriority_process(Some(me), current + nice) {
+        tracing::debug!(%error, "Cannot lower the status thread's priority");
     }
 }
 

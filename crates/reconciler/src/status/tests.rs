@@ -628,3 +628,26 @@ fn an_objects_names_are_read_whatever_else_it_holds() {
         )
     );
 }
+
+#[tokio::test]
+async fn status_jobs_run_below_the_pipelines_priority_and_survive_a_panic() {
+    let worker = Worker::start();
+    let here = rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap();
+    let there = worker
+        .run(|| rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(there, (here + Worker::NICE).min(19));
+    let crash = worker
+        .run(|| -> u32 { panic!("template engine broke") })
+        .await;
+    assert!(
+        crash
+            .as_ref()
+            .unwrap_err()
+            .contains("template engine broke"),
+        "{crash:?}"
+    );
+    // The thread goes on with the next job.
+    assert_eq!(worker.run(|| 7).await, Ok(7));
+}
