@@ -339,12 +339,9 @@ pub fn moved_line(old: &Model, new: &Model, line: u32) -> Option<u32> {
     let section = &old.sections[index];
     let same = |s: &&Arc<Section>| s.kind == section.kind && s.name == section.name;
     let ordinal = old.sections[..index].iter().filter(same).count();
-    let moved = if old.sections.len() == new.sections.len() {
-        // The rule kept every section in place.
-        Some(&new.sections[index]).filter(|s| same(s))
-    } else {
-        new.sections.iter().filter(same).nth(ordinal)
-    }?;
+    // By kind, name and rank, not by index: backends added and removed shift the
+    // others. (Only for the few warnings a config has.)
+    let moved = new.sections.iter().filter(same).nth(ordinal)?;
     if line == section.line {
         return Some(moved.line);
     }
@@ -657,6 +654,13 @@ mod tests {
         assert_eq!(moved_line(&old, &fewer, 5), None);
         assert_eq!(moved_line(&old, &fewer, 10), Some(6));
         assert_eq!(moved_line(&old, &fewer, 2), Some(2));
+        // One backend removed and another added: as many sections, shifted.
+        let swapped = crate::haproxy::config::parse(
+            "global\n    maxconn 10\n\nfrontend f\n    bind :80\n    use_backend b\n\nbackend b from p\n    server t 10.0.0.2:80\n",
+        )
+        .unwrap();
+        assert_eq!(moved_line(&old, &swapped, 10), Some(6));
+        assert_eq!(moved_line(&old, &swapped, 5), None);
     }
 
     #[test]
