@@ -678,8 +678,6 @@ fn locate_proxy_message(message: &str, model: &haproxy_config::Config) -> Option
     Some(SourceLocation::new(MAIN_FILE, Some(line), None))
 }
 
-/// Adds the rendered line and the template origin to a diagnostic located in a
-/// rendered file.
 /// A warning of the baseline, for a render that passed by equivalence with lines
 /// moved: its location and the `haproxy.cfg:N` it names in its text are moved with
 /// their directives ([`equivalence::moved_line`]). `None` when it was about a
@@ -724,6 +722,8 @@ fn moved_warning(
     Some(warning)
 }
 
+/// Adds the rendered line and the template origin to a diagnostic located in a
+/// rendered file.
 fn attribute(mut diagnostic: Diagnostic, rendered: &RenderedConfig) -> Diagnostic {
     let Some(location) = &diagnostic.location else {
         return diagnostic;
