@@ -24,6 +24,7 @@
 pub mod server;
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,7 +36,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
-use hapwright_eventbus::model::{ContentHash, FileKind, StoredObject};
+use hapwright_eventbus::model::{ContentHash, FileKind, RenderedConfig, StoredObject};
 use hapwright_eventbus::{CorrelationId, Publisher, ReloadSource, SafetyValveApproved};
 use prometheus::{Encoder, Registry, TextEncoder};
 use serde::Deserialize;
@@ -300,6 +301,8 @@ pub struct HttpState {
     pub approve: ApproveHandle,
     /// Host allow-list and lifecycle settings of the running config.
     pub policy: Arc<ArcSwap<Policy>>,
+    /// The certificate digests `/debug/rendered` showed last.
+    shown_digests: Arc<ShownDigests>,
 }
 
 impl HttpState {
@@ -311,7 +314,43 @@ impl HttpState {
             reload,
             approve: ApproveHandle::default(),
             policy: Arc::new(ArcSwap::from_pointee(Policy::default())),
+            shown_digests: Arc::default(),
         }
+    }
+}
+
+/// The SHA-256 `/debug/rendered` shows in place of each certificate, kept for the
+/// render it showed last: a certificate whose content is the same allocation in the
+/// next render (renders share unchanged files) is not hashed again, so showing a
+/// render of 10,000 certificates after a change to one hashes one.
+#[derive(Debug, Default)]
+struct ShownDigests(Mutex<BTreeMap<String, (Arc<str>, ContentHash)>>);
+
+impl ShownDigests {
+    /// The digest of every certificate of `rendered`, by name; keeps them for the
+    /// next call (and drops those of certificates `rendered` no longer has).
+    fn of(&self, rendered: &RenderedConfig) -> BTreeMap<String, ContentHash> {
+        let mut kept = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now: BTreeMap<String, (Arc<str>, ContentHash)> = rendered
+            .certificates()
+            .iter()
+            .map(|(name, content)| {
+                let digest = match kept.get(name) {
+                    Some((shown, digest)) if Arc::ptr_eq(shown, content) => *digest,
+                    _ => ContentHash::of(content.as_bytes()),
+                };
+                (name.clone(), (content.clone(), digest))
+            })
+            .collect();
+        let digests = now
+            .iter()
+            .map(|(name, (_, d))| (name.clone(), *d))
+            .collect();
+        *kept = now;
+        digests
     }
 }
 
@@ -768,14 +807,18 @@ async fn debug_rendered(State(state): State<HttpState>) -> Response {
         hash: ContentHash,
         files: Vec<ShownFile<'a>>,
     }
+    let digests = state.shown_digests.of(&rendered);
     let files = rendered
         .iter()
         .map(|(file, content)| {
             let content = if file.kind == FileKind::Certificate {
+                let digest = digests
+                    .get(&file.name)
+                    .copied()
+                    .unwrap_or_else(|| ContentHash::of(content.as_bytes()));
                 Cow::Owned(format!(
-                    "<redacted: {} bytes, sha256 {}>",
+                    "<redacted: {} bytes, sha256 {digest}>",
                     content.len(),
-                    ContentHash::of(content.as_bytes())
                 ))
             } else if content.contains("-----BEGIN ") {
                 Cow::Owned(redact_pem(content))

@@ -781,3 +781,36 @@ async fn rendered_statuses_and_their_errors_are_on_debug_status() {
     assert_eq!(body["errors"][0]["location"]["line"], 3);
     assert!(body["hash"].is_string(), "{body}");
 }
+
+#[test]
+fn certificate_digests_are_reused_by_content_only() {
+    let shared: Arc<str> = Arc::from("-----BEGIN CERTIFICATE-----\nAAAA\n");
+    let first = RenderedConfig::builder("global\n")
+        .certificate("a.pem", shared.clone())
+        .certificate("b.pem", "PEM of b\n")
+        .build();
+    let shown = ShownDigests::default();
+    let digests = shown.of(&first);
+    assert_eq!(digests["a.pem"], ContentHash::of(shared.as_bytes()));
+    assert_eq!(digests["b.pem"], ContentHash::of(b"PEM of b\n"));
+    // A kept digest is used for the same content by pointer: planted here, it shows.
+    let planted = ContentHash::of(b"planted");
+    shown
+        .0
+        .lock()
+        .unwrap()
+        .insert("a.pem".to_owned(), (shared.clone(), planted));
+    let second = RenderedConfig::builder("global\n")
+        .certificate("a.pem", shared.clone())
+        .certificate("c.pem", "PEM of c\n")
+        .build();
+    let digests = shown.of(&second);
+    assert_eq!(digests["a.pem"], planted);
+    assert_eq!(digests["c.pem"], ContentHash::of(b"PEM of c\n"));
+    assert!(!shown.0.lock().unwrap().contains_key("b.pem"), "b is gone");
+    // Equal text in another allocation is hashed, never taken from the name alone.
+    let copy = RenderedConfig::builder("global\n")
+        .certificate("a.pem", String::from(&*shared))
+        .build();
+    assert_eq!(shown.of(&copy)["a.pem"], ContentHash::of(shared.as_bytes()));
+}
