@@ -16,6 +16,15 @@ use support::{
     Backend, Haproxy, bodies, config, free_port, rendered, rendered_with, wait_for_body,
 };
 
+/// A socket driver for `haproxy`, with metrics of its own.
+fn driver_for(haproxy: &Haproxy) -> SocketDriver {
+    SocketDriver::new(
+        haproxy.instance.clone(),
+        None,
+        Metrics::unregistered().unwrap(),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_and_map_changes_apply_without_reload() {
     let (a, b, c, other) = (
@@ -43,11 +52,7 @@ backend be_other\n    server o1 127.0.0.1:{}\n",
         "other.test be_other\n",
     );
     let haproxy = Haproxy::start("local", &v1, &v1.hash().short()).await;
-    let driver = SocketDriver::new(
-        haproxy.instance.clone(),
-        None,
-        Metrics::unregistered().unwrap(),
-    );
+    let driver = driver_for(&haproxy);
 
     // After a controller restart the files on disk with a matching marker are "running".
     let running = driver.deploy(v1.clone(), None, None, false).await.unwrap();
@@ -204,11 +209,7 @@ backend be_app\n    server s1 127.0.0.1:{}\n",
     };
     let v1 = render(&v1_pem);
     let haproxy = Haproxy::start("tls", &v1, &v1.hash().short()).await;
-    let driver = SocketDriver::new(
-        haproxy.instance.clone(),
-        None,
-        Metrics::unregistered().unwrap(),
-    );
+    let driver = driver_for(&haproxy);
     let running = driver.deploy(v1, None, None, false).await.unwrap();
     let reloads = haproxy.reloads().await;
     let subject = || async {
@@ -273,11 +274,7 @@ backend be_down\n",
         ],
     );
     let haproxy = Haproxy::start("local", &v1, &v1.hash().short()).await;
-    let driver = SocketDriver::new(
-        haproxy.instance.clone(),
-        None,
-        Metrics::unregistered().unwrap(),
-    );
+    let driver = driver_for(&haproxy);
     let running = driver.deploy(v1.clone(), None, None, false).await.unwrap();
     wait_for_body(port, "app.test", "a").await;
     assert_eq!(
@@ -377,11 +374,7 @@ http-request return status 200 content-type text/plain lf-string \"%[req.hdr(hos
     .into();
     let first = render(port, &map);
     let haproxy = Haproxy::start("local", &first, &first.hash().short()).await;
-    let driver = SocketDriver::new(
-        haproxy.instance.clone(),
-        None,
-        Metrics::unregistered().unwrap(),
-    );
+    let driver = driver_for(&haproxy);
     let mut running = driver.deploy(first, None, None, false).await.unwrap();
     let reloads = haproxy.reloads().await;
     let mut seed: u64 = 0x5eed_0042;
@@ -518,11 +511,7 @@ http-request deny if blocked\n    server s1 127.0.0.1:{}\n",
     };
     let v1 = render("old");
     let haproxy = Haproxy::start("local", &v1, &v1.hash().short()).await;
-    let driver = SocketDriver::new(
-        haproxy.instance.clone(),
-        None,
-        Metrics::unregistered().unwrap(),
-    );
+    let driver = driver_for(&haproxy);
     let running = driver.deploy(v1.clone(), None, None, false).await.unwrap();
     wait_for_body(port, "open.example.test", "a").await;
     assert_eq!(

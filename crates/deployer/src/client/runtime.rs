@@ -1117,14 +1117,25 @@ const EXPERIMENTAL_LINE_BYTES: usize = 4096;
 /// each command after `; `) stays within `limit` bytes; a command longer than that
 /// goes alone.
 fn line_ranges(commands: &[String], limit: usize) -> Vec<std::ops::Range<usize>> {
-    const HEAD: usize = "experimental-mode on".len();
+    ranges_within(commands, "experimental-mode on".len(), "; ".len(), limit)
+}
+
+/// `commands` cut into consecutive ranges whose line, `head` bytes and then each
+/// command with `per_command` bytes more, stays within `limit`; a command longer
+/// than that goes alone.
+fn ranges_within(
+    commands: &[String],
+    head: usize,
+    per_command: usize,
+    limit: usize,
+) -> Vec<std::ops::Range<usize>> {
     let mut ranges = Vec::new();
-    let (mut start, mut len) = (0, HEAD);
+    let (mut start, mut len) = (0, head);
     for (index, command) in commands.iter().enumerate() {
-        let more = 2 + command.len();
+        let more = per_command + command.len();
         if index > start && len + more > limit {
             ranges.push(start..index);
-            (start, len) = (index, HEAD);
+            (start, len) = (index, head);
         }
         len += more;
     }
@@ -1156,21 +1167,10 @@ pub fn cli_word(word: &str) -> String {
 /// command) stays under `limit` bytes; a single longer command gets a batch of its own.
 pub fn chain_commands(commands: &[String], limit: usize) -> Vec<Vec<&str>> {
     const PER_COMMAND: usize = "@1 ".len() + "; ".len();
-    let mut batches = Vec::new();
-    let mut current: Vec<&str> = Vec::new();
-    let mut size = 0;
-    for command in commands {
-        if !current.is_empty() && size + command.len() + PER_COMMAND > limit {
-            batches.push(std::mem::take(&mut current));
-            size = 0;
-        }
-        size += command.len() + PER_COMMAND;
-        current.push(command);
-    }
-    if !current.is_empty() {
-        batches.push(current);
-    }
-    batches
+    ranges_within(commands, 0, PER_COMMAND, limit)
+        .into_iter()
+        .map(|range| commands[range].iter().map(String::as_str).collect())
+        .collect()
 }
 
 /// Joins lines into newline-separated chunks of at most `limit` bytes each (a single

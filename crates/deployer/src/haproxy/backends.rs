@@ -500,41 +500,22 @@ pub(crate) fn equivalent(
 }
 
 /// A guess made before phase 1 (`equivalence::likely_equivalent`): whether the lines
-/// that differ between `old` and `new` (past the start and the end the two share)
-/// hold a `backend NAME from PROFILE` header, as a render that adds or removes a
-/// dynamic backend does. Such a render usually passes phase 2 by [`equivalent`], so
-/// `haproxy -c` need not start alongside phase 1; a wrong guess costs time only.
+/// that differ between two configs (`old` and `new`, from
+/// [`changed_lines`](crate::haproxy::config::changed_lines)) hold a `backend NAME
+/// from PROFILE` header, as a render that adds or removes a dynamic backend does.
+/// Such a render usually passes phase 2 by [`equivalent`], so `haproxy -c` need not
+/// start alongside phase 1; a wrong guess costs time only.
 pub(crate) fn likely_added_or_removed(old: &str, new: &str) -> bool {
-    use crate::haproxy::config::{common_prefix, common_suffix};
-    let (a, b) = (old.as_bytes(), new.as_bytes());
-    let prefix = common_prefix(a, b);
-    let suffix = common_suffix(a, b, a.len().min(b.len()) - prefix);
-    // Whole lines (so on character boundaries) around the bytes that differ.
-    fn changed(text: &str, prefix: usize, suffix: usize) -> &str {
-        let bytes = text.as_bytes();
-        let start = bytes[..prefix]
-            .iter()
-            .rposition(|&c| c == b'\n')
-            .map_or(0, |i| i + 1);
-        let end = text.len() - suffix;
-        let end = bytes[end..]
-            .iter()
-            .position(|&c| c == b'\n')
-            .map_or(text.len(), |i| end + i);
-        text.get(start..end).unwrap_or_default()
-    }
-    [changed(old, prefix, suffix), changed(new, prefix, suffix)]
-        .iter()
-        .any(|part| {
-            part.lines().any(|line| {
-                let mut words = line.split_ascii_whitespace();
-                words.next() == Some("backend")
-                    && words.next().is_some()
-                    && words.next() == Some("from")
-                    && words.next().is_some()
-                    && words.next().is_none()
-            })
+    [old, new].iter().any(|part| {
+        part.lines().any(|line| {
+            let mut words = line.split_ascii_whitespace();
+            words.next() == Some("backend")
+                && words.next().is_some()
+                && words.next() == Some("from")
+                && words.next().is_some()
+                && words.next().is_none()
         })
+    })
 }
 
 /// Whether `text` holds `name` as a whole word: not inside a longer name (`be_r1` in
@@ -550,7 +531,11 @@ fn names_word(text: &str, name: &str) -> bool {
 
 #[cfg(test)]
 mod guess_tests {
-    use super::likely_added_or_removed;
+    /// The guess on two whole configs.
+    fn likely_added_or_removed(old: &str, new: &str) -> bool {
+        let (old, new) = crate::haproxy::config::changed_lines(old, new);
+        super::likely_added_or_removed(old, new)
+    }
 
     const OLD: &str = "defaults routes\n    mode http\n\nbackend be_a from routes\n    server a 10.0.0.1:80\n\nfrontend f\n    bind :80\n";
 

@@ -119,36 +119,27 @@ fn differing<'a>(
     old: &'a BTreeMap<String, Arc<str>>,
     new: &'a BTreeMap<String, Arc<str>>,
 ) -> Vec<&'a str> {
+    use std::cmp::Ordering;
     let mut out = Vec::new();
     let (mut a, mut b) = (old.iter().peekable(), new.iter().peekable());
     loop {
-        match (a.peek(), b.peek()) {
+        // Which side holds the next name: only `old` (removed), only `new` (added), both.
+        let order = match (a.peek(), b.peek()) {
             (None, None) => return out,
-            (Some((name, _)), None) => {
-                out.push(name.as_str());
-                a.next();
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some((x, _)), Some((y, _))) => x.cmp(y),
+        };
+        match order {
+            Ordering::Less => out.extend(a.next().map(|(name, _)| name.as_str())),
+            Ordering::Greater => out.extend(b.next().map(|(name, _)| name.as_str())),
+            Ordering::Equal => {
+                if let (Some((name, was)), Some((_, now))) = (a.next(), b.next())
+                    && was != now
+                {
+                    out.push(name.as_str());
+                }
             }
-            (None, Some((name, _))) => {
-                out.push(name.as_str());
-                b.next();
-            }
-            (Some((x, xc)), Some((y, yc))) => match x.cmp(y) {
-                std::cmp::Ordering::Less => {
-                    out.push(x.as_str());
-                    a.next();
-                }
-                std::cmp::Ordering::Greater => {
-                    out.push(y.as_str());
-                    b.next();
-                }
-                std::cmp::Ordering::Equal => {
-                    if xc != yc {
-                        out.push(x.as_str());
-                    }
-                    a.next();
-                    b.next();
-                }
-            },
         }
     }
 }

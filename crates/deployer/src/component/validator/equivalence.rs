@@ -195,25 +195,18 @@ pub fn likely_equivalent(baseline: &Baseline, candidate: &RenderedConfig) -> boo
     // As many directive lines (comments and blank lines may come and go): the bytes
     // both texts share at the start and the end hold the same lines, so only the
     // lines around the bytes between them are counted.
-    let (a, b) = (old.main().as_bytes(), candidate.main().as_bytes());
-    let prefix = crate::haproxy::config::common_prefix(a, b);
-    let suffix = crate::haproxy::config::common_suffix(a, b, a.len().min(b.len()) - prefix);
-    directive_lines(a, prefix, suffix) == directive_lines(b, prefix, suffix)
-        || crate::haproxy::backends::likely_added_or_removed(old.main(), candidate.main())
+    let (a, b) = crate::haproxy::config::changed_lines(old.main(), candidate.main());
+    directive_lines(a) == directive_lines(b)
+        || crate::haproxy::backends::likely_added_or_removed(a, b)
 }
 
-/// How many of the whole lines of `text` around its bytes from `prefix` to
-/// `suffix` before its end hold something other than blanks or a comment.
-fn directive_lines(text: &[u8], prefix: usize, suffix: usize) -> usize {
-    let start = memchr::memrchr(b'\n', &text[..prefix]).map_or(0, |at| at + 1);
-    let end = text.len() - suffix;
-    let end = memchr::memchr(b'\n', &text[end..]).map_or(text.len(), |at| end + at);
-    text[start..end]
-        .split(|&c| c == b'\n')
+/// How many lines of `text` hold something other than blanks or a comment.
+fn directive_lines(text: &str) -> usize {
+    text.lines()
         .filter(|line| {
-            line.iter()
+            line.bytes()
                 .find(|c| !matches!(c, b' ' | b'\t' | b'\r'))
-                .is_some_and(|&c| c != b'#')
+                .is_some_and(|c| c != b'#')
         })
         .count()
 }

@@ -1076,7 +1076,8 @@ impl Service {
                         baseline = %baseline.rendered.hash().short(),
                         "Phase 2 passed by structural equivalence, haproxy -c not run"
                     );
-                    let moved = !Arc::ptr_eq(&baseline.rendered, rendered)
+                    // (Compared only when there are warnings to move.)
+                    let moved = !baseline_warnings.is_empty()
                         && baseline.rendered.main() != rendered.main();
                     warnings.extend(baseline_warnings.iter().cloned().filter_map(|warning| {
                         let mut warning = if moved {

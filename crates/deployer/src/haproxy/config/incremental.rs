@@ -145,6 +145,23 @@ pub(crate) fn common_prefix(a: &[u8], b: &[u8]) -> usize {
         .count()
 }
 
+/// The whole lines of `old` and of `new` around the bytes that differ between them
+/// (past the start and the end the two share); whole lines keep them on character
+/// boundaries.
+pub(crate) fn changed_lines<'a>(old: &'a str, new: &'a str) -> (&'a str, &'a str) {
+    let (a, b) = (old.as_bytes(), new.as_bytes());
+    let prefix = common_prefix(a, b);
+    let suffix = common_suffix(a, b, a.len().min(b.len()) - prefix);
+    fn around(text: &str, prefix: usize, suffix: usize) -> &str {
+        let bytes = text.as_bytes();
+        let start = memchr::memrchr(b'\n', &bytes[..prefix]).map_or(0, |at| at + 1);
+        let end = text.len() - suffix;
+        let end = memchr::memchr(b'\n', &bytes[end..]).map_or(text.len(), |at| end + at);
+        text.get(start..end).unwrap_or_default()
+    }
+    (around(old, prefix, suffix), around(new, prefix, suffix))
+}
+
 /// How many trailing bytes `a` and `b` share, at most `limit`.
 pub(crate) fn common_suffix(a: &[u8], b: &[u8], limit: usize) -> usize {
     const CHUNK: usize = 64;
