@@ -26,7 +26,8 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use hapwright_eventbus::model::{
-    DeployReason, DeployStrategy, InstanceDriver, ReloadReason, RenderedConfig,
+    DeployReason, DeployStrategy, InstanceDriver, ReloadReason, RenderedConfig, same_file,
+    same_text,
 };
 
 use crate::client::dataplane::{
@@ -191,7 +192,9 @@ impl DataplaneDriver {
         for (area, files, before) in areas {
             let changed: Vec<(&String, &Arc<str>)> = files
                 .iter()
-                .filter(|(name, content)| before.and_then(|b| b.get(*name)) != Some(*content))
+                .filter(|(name, content)| {
+                    !same_file(before.and_then(|b| b.get(*name)), Some(content))
+                })
                 .collect();
             if changed.is_empty() {
                 continue;
@@ -226,7 +229,7 @@ impl DataplaneDriver {
         previous: Option<&RenderedConfig>,
     ) -> Result<(), DeployError> {
         self.store_side_files(desired, previous).await?;
-        if previous.is_none_or(|p| p.main() != desired.main()) {
+        if previous.is_none_or(|p| !same_text(p.main(), desired.main())) {
             let raw = with_version_marker(desired.main(), marker);
             if let Some(id) = self.client.push_raw(&raw, true).await? {
                 self.client.wait_reload(&id).await?;

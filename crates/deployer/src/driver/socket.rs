@@ -787,7 +787,10 @@ impl SocketDriver {
             self.metrics
                 .runtime_command(&self.instance.name, op.object(), outcome.is_ok());
             match outcome {
-                Ok(()) => count += 1,
+                Ok(()) => {
+                    count += 1;
+                    self.keep_listing_of(op);
+                }
                 Err(error) => {
                     self.forget_listings();
                     return Err(failed(op.describe(), error));
@@ -803,6 +806,26 @@ impl SocketDriver {
             }
         }
         Ok(count)
+    }
+
+    /// Keeps the certificate listing true after a certificate was added or removed
+    /// at runtime, so that the next change to it (a renewal right after the add)
+    /// finds it without listing every certificate again.
+    fn keep_listing_of(&self, op: &RuntimeOp) {
+        let (file, added) = match op {
+            RuntimeOp::AddCertificate { file, .. } => (file, true),
+            RuntimeOp::DelCertificate { file } => (file, false),
+            _ => return,
+        };
+        let mut listings = self.listings.lock().expect("listings lock");
+        let Some(kept) = listings.certs.as_mut() else {
+            return;
+        };
+        let mut names: Vec<String> = kept.iter().filter(|name| *name != file).cloned().collect();
+        if added {
+            names.push(file.clone());
+        }
+        *kept = names.into();
     }
 
     /// Forgets the [`Listings`] (HAProxy loaded its configuration again, or a runtime

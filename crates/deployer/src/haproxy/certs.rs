@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use hapwright_eventbus::model::{ReloadReason, RenderedConfig};
+use hapwright_eventbus::model::{ReloadReason, RenderedConfig, same_file, same_text};
 
 use super::config::{Config, SectionKind};
 use super::plan::{ChangePlan, Pem, RuntimeOp};
@@ -135,7 +135,7 @@ fn differing<'a>(
             Ordering::Greater => out.extend(b.next().map(|(name, _)| name.as_str())),
             Ordering::Equal => {
                 if let (Some((name, was)), Some((_, now))) = (a.next(), b.next())
-                    && was != now
+                    && !same_text(was, now)
                 {
                     out.push(name.as_str());
                 }
@@ -166,7 +166,7 @@ pub(crate) fn plan_certificates(
         let (Some(before), Some(after)) = (old.file(list), new.file(list)) else {
             continue;
         };
-        if before != after {
+        if !same_text(before, after) {
             handled.insert(list.clone());
         }
         match (entries(before), entries(after)) {
@@ -295,7 +295,7 @@ pub(crate) fn plan_certificates(
     let mut entry_dels = Vec::new();
     let mut entry_sets = Vec::new();
     for (list, before, after) in &list_entries {
-        if old.file(list) == new.file(list) && replaced.is_empty() {
+        if same_file(old.file(list), new.file(list)) && replaced.is_empty() {
             // The same lines and no certificate renewed behind them.
             continue;
         }

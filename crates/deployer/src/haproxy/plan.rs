@@ -41,7 +41,9 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use hapwright_eventbus::model::{DeployReason, DeployStrategy, ReloadReason, RenderedConfig};
+use hapwright_eventbus::model::{
+    DeployReason, DeployStrategy, ReloadReason, RenderedConfig, same_file,
+};
 
 use crate::client::runtime::MAX_PAYLOAD_BYTES;
 use crate::haproxy::backends::{self, Capability, NotRuntime};
@@ -1032,7 +1034,7 @@ fn plan_files(
             let previous = old.get(name);
             // An unchanged file needs nothing, handled elsewhere or not: decided
             // before its path is built, since most of thousands of files are.
-            if previous == Some(content) {
+            if same_file(previous, Some(content)) {
                 continue;
             }
             let file = format!("{dir}/{name}");

@@ -19,6 +19,6 @@ pub use object::{IndexedObject, StoredObject};
 pub use path::{FieldPath, FieldPathError};
 pub use rendered::{
     ContentHash, FileKind, HashedMain, LineOrigin, RenderSummary, RenderedConfig,
-    RenderedConfigBuilder, RenderedFileRef, SourceMap,
+    RenderedConfigBuilder, RenderedFileRef, SourceMap, same_file, same_files, same_text,
 };
 pub use snapshot::{LookupError, ObjectKey, ResourceChange, ResourceSnapshot, UpsertOutcome};

@@ -41,7 +41,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use hapwright_eventbus::model::{ContentHash, RenderedConfig};
+use hapwright_eventbus::model::{ContentHash, RenderedConfig, same_file};
 use rustls::pki_types::pem::{self, SectionKind};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, alg_id};
 use rustls::sign::CertifiedKey;
@@ -72,13 +72,13 @@ pub(crate) fn covered(baseline: &Baseline, candidate: &RenderedConfig) -> Result
     let changed_files: Vec<(&str, &str)> = candidate
         .files()
         .iter()
-        .filter(|(name, content)| old.files().get(*name) != Some(*content))
+        .filter(|(name, content)| !same_file(old.files().get(*name), Some(content)))
         .map(|(name, content)| (name.as_str(), &**content))
         .collect();
     let (old_certs, new_certs) = (old.certificates(), candidate.certificates());
     let changed_certs: Vec<(&str, &Arc<str>)> = new_certs
         .iter()
-        .filter(|(name, content)| old_certs.get(*name) != Some(*content))
+        .filter(|(name, content)| !same_file(old_certs.get(*name), Some(content)))
         .map(|(name, content)| (name.as_str(), content))
         .collect();
     let removed_certs: Vec<&str> = old_certs
@@ -144,7 +144,7 @@ pub(crate) fn likely(old: &RenderedConfig, candidate: &RenderedConfig) -> bool {
     candidate
         .files()
         .iter()
-        .filter(|(name, content)| old.files().get(*name) != Some(*content))
+        .filter(|(name, content)| !same_file(old.files().get(*name), Some(content)))
         .all(|(name, _)| candidate.main().contains(&format!("crt-list files/{name}")))
 }
 

@@ -44,7 +44,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
-use hapwright_eventbus::model::RenderedConfig;
+use hapwright_eventbus::model::{RenderedConfig, same_file, same_text};
 
 use crate::haproxy::config::{Config as Model, Directive, Section};
 
@@ -221,7 +221,7 @@ fn compare_inner(
     same_names("files", old.files(), candidate.files())?;
     // Files may differ only as crt-lists, together with certificates.
     let certificates = super::certificates::covered(baseline, candidate)?;
-    let servers = if old.main() == candidate.main() {
+    let servers = if same_text(old.main(), candidate.main()) {
         0
     } else {
         // Added or removed `backend NAME from PROFILE` sections that hold only plain
@@ -238,7 +238,7 @@ fn compare_inner(
     };
     let mut maps_changed = false;
     for (name, content) in candidate.maps() {
-        if old.maps().get(name) == Some(content) {
+        if same_file(old.maps().get(name), Some(content)) {
             continue;
         }
         map_change_covered(name, content, candidate)?;

@@ -49,7 +49,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hapwright_eventbus::model::ContentHash;
-use hapwright_eventbus::model::{Diagnostic, FileKind, RenderedConfig, Severity, SourceLocation};
+use hapwright_eventbus::model::{
+    Diagnostic, FileKind, RenderedConfig, Severity, SourceLocation, same_text,
+};
 use hapwright_eventbus::{
     Component, ComponentError, Context, Event, EventKind, EventPayload, HealthReporter, Interest,
     Publisher, ValidationCompleted, ValidationFailed, ValidationPhase,
@@ -1078,7 +1080,7 @@ impl Service {
                     );
                     // (Compared only when there are warnings to move.)
                     let moved = !baseline_warnings.is_empty()
-                        && baseline.rendered.main() != rendered.main();
+                        && !same_text(baseline.rendered.main(), rendered.main());
                     warnings.extend(baseline_warnings.iter().cloned().filter_map(|warning| {
                         let mut warning = if moved {
                             moved_warning(warning, &baseline.model, &model)?
