@@ -112,12 +112,14 @@ pub(crate) struct CachedItem {
 /// Per set, what the last render left for the next.
 pub(crate) type SetCache = Vec<SetFiles>;
 
-/// One set's files of the last render by name and, when its name template depends
+/// One set's files of the last render in item order, with their names, the fixed
+/// names of its kind they were checked against and, when its name template depends
 /// on the item alone ([`SetSpec::pure_name`]), the name each string item got.
 #[derive(Default)]
 pub(crate) struct SetFiles {
-    files: BTreeMap<String, CachedItem>,
+    files: Vec<(String, CachedItem)>,
     names: foldhash::HashMap<String, String>,
+    fixed: Vec<String>,
 }
 
 /// One item's file: which, its text and its lines' origins.
@@ -216,6 +218,15 @@ impl Renderer {
             rendered: 0,
             reused: 0,
         };
+        // Per kind: whether one set alone makes files of it.
+        let alone = [FileKind::Map, FileKind::File, FileKind::Certificate].map(|kind| {
+            inner
+                .sets
+                .iter()
+                .filter(|set| slot_of(set.kind) == slot_of(kind))
+                .count()
+                == 1
+        });
         let span = tracing::Span::current();
         for (set, mut old) in inner.sets.iter().zip(old_sets) {
             let entry = &inner.entries[set.entry];
@@ -255,83 +266,117 @@ impl Renderer {
                     continue;
                 }
             };
-            let slot = match set.kind {
-                FileKind::Map => 0,
-                FileKind::File => 1,
-                _ => 2,
-            };
-            // Names first: cheap, and every problem with them is found before any
-            // file renders.
-            let mut named: Vec<Item> = Vec::with_capacity(items.len());
-            let mut memo = foldhash::HashMap::default();
-            for value in items {
-                // A string item of a pure name template keeps last render's name
-                // (which passed the name rules then).
-                let known = set
-                    .pure_name
-                    .then(|| value.as_str().and_then(|item| old.names.get(item)))
-                    .flatten()
-                    .cloned();
-                let name = match known {
-                    Some(name) => name,
-                    None => {
-                        let item_context = item_context(context, &value);
-                        let name = match env
-                            .get_template(&set.name_template)
-                            .and_then(|t| t.render(&item_context))
-                        {
-                            Ok(name) => name,
-                            Err(error) => {
+            let slot = slot_of(set.kind);
+            let fixed: Vec<String> = taken[slot].keys().cloned().collect();
+            // The same items as last time, in the same order, named by the item
+            // alone, checked against the same fixed names, and no other set of the
+            // kind to collide with: the names are last time's, already checked, and
+            // each item's file is its own of last time when its reads did not
+            // change. A renewed certificate then costs its own file, not a pass over
+            // every name.
+            let same_items = set.pure_name
+                && check.is_some()
+                && old.fixed == fixed
+                && old.files.len() == items.len()
+                && alone[slot]
+                && old
+                    .files
+                    .iter()
+                    .zip(&items)
+                    .all(|((_, cached), value)| same_item(&cached.item, value));
+            let (named, kept, memo) = if same_items {
+                let check = check.as_ref().expect("checked above");
+                let (named, kept): (Vec<Item>, Vec<Option<CachedItem>>) = items
+                    .into_iter()
+                    .zip(std::mem::take(&mut old.files))
+                    .map(|(value, (name, cached))| {
+                        let kept = (set.contained
+                            && cached.reads.iter().all(|read| check.unchanged(read)))
+                        .then(|| CachedItem {
+                            item: value.clone(),
+                            ..cached
+                        });
+                        (Item { value, name }, kept)
+                    })
+                    .unzip();
+                (named, kept, std::mem::take(&mut old.names))
+            } else {
+                // Names first: cheap, and every problem with them is found before any
+                // file renders.
+                let mut named: Vec<Item> = Vec::with_capacity(items.len());
+                let mut memo = foldhash::HashMap::default();
+                for value in items {
+                    // A string item of a pure name template keeps last render's name
+                    // (which passed the name rules then).
+                    let known = set
+                        .pure_name
+                        .then(|| value.as_str().and_then(|item| old.names.get(item)))
+                        .flatten()
+                        .cloned();
+                    let name = match known {
+                        Some(name) => name,
+                        None => {
+                            let item_context = item_context(context, &value);
+                            let name = match env
+                                .get_template(&set.name_template)
+                                .and_then(|t| t.render(&item_context))
+                            {
+                                Ok(name) => name,
+                                Err(error) => {
+                                    diagnostics.push(at(format!(
+                                        "{label}.name for {}: {}",
+                                        describe(&value),
+                                        self.runtime_diagnostic(&error).message
+                                    )));
+                                    continue;
+                                }
+                            };
+                            if let Some(problem) = crate::config::file_name_problem(&name) {
                                 diagnostics.push(at(format!(
-                                    "{label}.name for {}: {}",
-                                    describe(&value),
-                                    self.runtime_diagnostic(&error).message
+                                    "{label}: {} renders the file name {name:?}: {problem}",
+                                    describe(&value)
                                 )));
                                 continue;
                             }
-                        };
-                        if let Some(problem) = crate::config::file_name_problem(&name) {
-                            diagnostics.push(at(format!(
-                                "{label}: {} renders the file name {name:?}: {problem}",
-                                describe(&value)
-                            )));
-                            continue;
+                            name
                         }
-                        name
+                    };
+                    if let Some(first) = names[slot].get(&name) {
+                        diagnostics.push(at(format!(
+                            "{label}: {} and {} both render {}",
+                            describe(&value),
+                            who(first),
+                            set.kind.relative_path(&name)
+                        )));
+                        continue;
                     }
-                };
-                if let Some(first) = names[slot].get(&name) {
-                    diagnostics.push(at(format!(
-                        "{label}: {} and {} both render {}",
-                        describe(&value),
-                        who(first),
-                        set.kind.relative_path(&name)
-                    )));
-                    continue;
+                    if set.pure_name
+                        && let Some(item) = value.as_str()
+                    {
+                        memo.insert(item.to_owned(), name.clone());
+                    }
+                    names[slot].insert(name.clone(), Some(value.clone()));
+                    named.push(Item { value, name });
                 }
-                if set.pure_name
-                    && let Some(item) = value.as_str()
-                {
-                    memo.insert(item.to_owned(), name.clone());
-                }
-                names[slot].insert(name.clone(), Some(value.clone()));
-                named.push(Item { value, name });
-            }
-            // Reuse (taken out of the last render's cache, not copied), or render.
-            let kept: Vec<Option<CachedItem>> = named
-                .iter()
-                .map(|item| {
-                    let cached = old.files.remove(&item.name)?;
-                    let check = check.as_ref()?;
-                    (set.contained
-                        && same_item(&cached.item, &item.value)
-                        && cached.reads.iter().all(|read| check.unchanged(read)))
-                    .then(|| CachedItem {
-                        item: item.value.clone(),
-                        ..cached
+                // Reuse (taken out of the last render's files, not copied), or render.
+                let mut by_name: foldhash::HashMap<String, CachedItem> =
+                    std::mem::take(&mut old.files).into_iter().collect();
+                let kept: Vec<Option<CachedItem>> = named
+                    .iter()
+                    .map(|item| {
+                        let cached = by_name.remove(&item.name)?;
+                        let check = check.as_ref()?;
+                        (set.contained
+                            && same_item(&cached.item, &item.value)
+                            && cached.reads.iter().all(|read| check.unchanged(read)))
+                        .then(|| CachedItem {
+                            item: item.value.clone(),
+                            ..cached
+                        })
                     })
-                })
-                .collect();
+                    .collect();
+                (named, kept, memo)
+            };
             let render =
                 |(item, kept): (&Item, Option<CachedItem>)| -> Result<CachedItem, Box<Diagnostic>> {
                     let _entered = span.enter();
@@ -397,7 +442,7 @@ impl Renderer {
                     .map(|work| (work.1.is_some(), render(work)))
                     .collect()
             };
-            let mut cache = BTreeMap::new();
+            let mut cache = Vec::with_capacity(named.len());
             for (item, (was_reused, result)) in named.into_iter().zip(results) {
                 match result {
                     Ok(file) => {
@@ -414,7 +459,7 @@ impl Renderer {
                             file.text.clone(),
                             file.lines.clone(),
                         ));
-                        cache.insert(item.name, file);
+                        cache.push((item.name, file));
                     }
                     Err(diagnostic) => diagnostics.push(*diagnostic),
                 }
@@ -422,6 +467,7 @@ impl Renderer {
             out.cache.push(SetFiles {
                 files: cache,
                 names: memo,
+                fixed,
             });
         }
         if diagnostics.is_empty() {
@@ -429,6 +475,15 @@ impl Renderer {
         } else {
             Err(diagnostics)
         }
+    }
+}
+
+/// The index of a kind in the per-kind arrays (maps, files, certificates).
+fn slot_of(kind: FileKind) -> usize {
+    match kind {
+        FileKind::Map => 0,
+        FileKind::File => 1,
+        _ => 2,
     }
 }
 

@@ -336,24 +336,9 @@ pub fn validate_phase1_reusing(
     previous: Option<(&RenderedConfig, &haproxy_config::Config)>,
     rendered: &RenderedConfig,
 ) -> Result<(Vec<Diagnostic>, haproxy_config::Config), Rejection> {
-    let mut paths = BTreeSet::new();
-    let mut diagnostics = Vec::new();
-    for (file, _) in rendered.iter() {
-        let path = file.relative_path();
-        if !is_plain_relative(&path) {
-            diagnostics.push(Diagnostic::error(format!(
-                "rendered file name '{}' is not a plain file name (it must not be empty or contain '..' or a leading '/')",
-                file.name
-            )));
-        }
-        paths.insert(path);
-    }
-    let previous_paths: Option<BTreeSet<String>> = previous.map(|(rendered, _)| {
-        rendered
-            .iter()
-            .map(|(file, _)| file.relative_path())
-            .collect()
-    });
+    let paths = RenderedPaths::of(rendered);
+    let mut diagnostics = paths.problems.clone();
+    let previous_paths = previous.map(|(rendered, _)| RenderedPaths::of(rendered));
     let previous =
         previous
             .zip(previous_paths.as_ref())
@@ -361,10 +346,10 @@ pub fn validate_phase1_reusing(
                 |((rendered, model), rendered_paths)| haproxy_config::Passed {
                     text: rendered.main(),
                     model,
-                    rendered_paths,
+                    rendered_paths: &rendered_paths.set,
                 },
             );
-    let (model, found) = haproxy_config::phase1_reusing(previous, rendered.main(), &paths);
+    let (model, found) = haproxy_config::phase1_reusing(previous, rendered.main(), &paths.set);
     diagnostics.extend(found);
     let diagnostics: Vec<Diagnostic> = diagnostics
         .into_iter()
@@ -381,6 +366,67 @@ pub fn validate_phase1_reusing(
             errors,
             tool_failure: false,
         })
+    }
+}
+
+/// The paths of a render's files relative to the config directory, as phase 1
+/// checks the config against them, and the names that are no plain relative path.
+/// The last sets built are kept and handed out again to a render with the same
+/// file names: consecutive renders nearly always have them (a certificate
+/// renewed, a map line changed), and a set costs a string per file, 10,000 at
+/// 10,000 certificates.
+struct RenderedPaths {
+    /// The names of the maps, files and certificates it was built from.
+    names: [Vec<String>; 3],
+    set: BTreeSet<String>,
+    problems: Vec<Diagnostic>,
+}
+
+/// How many sets [`RenderedPaths::of`] keeps (the render and the one it is
+/// compared with).
+const KEPT_PATHS: usize = 2;
+
+static PATHS: std::sync::Mutex<Vec<Arc<RenderedPaths>>> = std::sync::Mutex::new(Vec::new());
+
+impl RenderedPaths {
+    fn of(rendered: &RenderedConfig) -> Arc<Self> {
+        let groups = [rendered.maps(), rendered.files(), rendered.certificates()];
+        let same =
+            |paths: &RenderedPaths| {
+                paths.names.iter().zip(groups).all(|(names, group)| {
+                    names.len() == group.len() && names.iter().eq(group.keys())
+                })
+            };
+        let mut kept = PATHS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(at) = kept.iter().position(|paths| same(paths)) {
+            let found = kept.remove(at);
+            kept.push(found.clone());
+            return found;
+        }
+        let mut set = BTreeSet::new();
+        let mut problems = Vec::new();
+        for (file, _) in rendered.iter() {
+            let path = file.relative_path();
+            if !is_plain_relative(&path) {
+                problems.push(Diagnostic::error(format!(
+                    "rendered file name '{}' is not a plain file name (it must not be empty or contain '..' or a leading '/')",
+                    file.name
+                )));
+            }
+            set.insert(path);
+        }
+        let built = Arc::new(Self {
+            names: groups.map(|group| group.keys().cloned().collect()),
+            set,
+            problems,
+        });
+        if kept.len() >= KEPT_PATHS {
+            kept.remove(0);
+        }
+        kept.push(built.clone());
+        built
     }
 }
 

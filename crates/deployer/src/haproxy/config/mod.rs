@@ -87,7 +87,8 @@ pub fn phase1_reusing(
         (Some(reparsed), Some(previous)) => {
             // The old model passed phase 1 without a `.`-line (or it would not have
             // been reused), so the checks found nothing in it.
-            let clean = previous.rendered_paths == rendered_paths
+            let clean = (std::ptr::eq(previous.rendered_paths, rendered_paths)
+                || previous.rendered_paths == rendered_paths)
                 && checks::clean_after_change(
                     previous.model,
                     reparsed.old_changed,
