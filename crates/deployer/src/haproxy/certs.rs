@@ -112,13 +112,13 @@ fn entries(content: &str) -> Result<Entries<'_>, Duplicate> {
 #[derive(Debug, PartialEq, Eq)]
 struct Duplicate(String);
 
-/// The names of the certificates whose content differs between `old` and `new`
-/// (added, changed or removed), in name order: one walk over both, comparing
-/// shared contents by pointer first.
-fn differing<'a>(
+/// The files whose content differs between `old` and `new`, in name order, with
+/// their content before and after (`None`: not there): one walk over both,
+/// comparing shared contents by pointer first.
+pub(crate) fn file_changes<'a>(
     old: &'a BTreeMap<String, Arc<str>>,
     new: &'a BTreeMap<String, Arc<str>>,
-) -> Vec<&'a str> {
+) -> Vec<(&'a str, Option<&'a Arc<str>>, Option<&'a Arc<str>>)> {
     use std::cmp::Ordering;
     let mut out = Vec::new();
     let (mut a, mut b) = (old.iter().peekable(), new.iter().peekable());
@@ -131,17 +131,33 @@ fn differing<'a>(
             (Some((x, _)), Some((y, _))) => x.cmp(y),
         };
         match order {
-            Ordering::Less => out.extend(a.next().map(|(name, _)| name.as_str())),
-            Ordering::Greater => out.extend(b.next().map(|(name, _)| name.as_str())),
+            Ordering::Less => {
+                out.extend(a.next().map(|(name, was)| (name.as_str(), Some(was), None)))
+            }
+            Ordering::Greater => {
+                out.extend(b.next().map(|(name, now)| (name.as_str(), None, Some(now))));
+            }
             Ordering::Equal => {
                 if let (Some((name, was)), Some((_, now))) = (a.next(), b.next())
                     && !same_text(was, now)
                 {
-                    out.push(name.as_str());
+                    out.push((name.as_str(), Some(was), Some(now)));
                 }
             }
         }
     }
+}
+
+/// The names of the certificates whose content differs between `old` and `new`
+/// (added, changed or removed), in name order ([`file_changes`]).
+fn differing<'a>(
+    old: &'a BTreeMap<String, Arc<str>>,
+    new: &'a BTreeMap<String, Arc<str>>,
+) -> Vec<&'a str> {
+    file_changes(old, new)
+        .into_iter()
+        .map(|(name, _, _)| name)
+        .collect()
 }
 
 /// Plans the certificate and crt-list changes between `running` and `desired` into
@@ -149,13 +165,28 @@ fn differing<'a>(
 /// skips them; unchanged files need no plan).
 pub(crate) fn plan_certificates(
     plan: &mut ChangePlan,
+    running: (&RenderedConfig, &Config),
+    desired: (&RenderedConfig, &Config),
+) -> BTreeSet<String> {
+    plan_certificates_in(plan, running, desired, true)
+}
+
+/// [`plan_certificates`]; `unchanged_lists: false` leaves out the shortcut for
+/// unchanged crt-lists ([`plan_unchanged_lists`]), for the test that compares the
+/// two.
+fn plan_certificates_in(
+    plan: &mut ChangePlan,
     (running, running_model): (&RenderedConfig, &Config),
     (desired, desired_model): (&RenderedConfig, &Config),
+    unchanged_lists: bool,
 ) -> BTreeSet<String> {
     let old = Side::new(running, running_model);
     let new = Side::new(desired, desired_model);
     let mut handled = BTreeSet::new();
     if new.lists.is_empty() && old.lists.is_empty() {
+        return handled;
+    }
+    if unchanged_lists && let Some(handled) = plan_unchanged_lists(plan, &old, &new) {
         return handled;
     }
 
@@ -232,65 +263,19 @@ pub(crate) fn plan_certificates(
             pem: Pem::from(pem.clone()),
         });
     }
-    // Only certificate files that differ need a look from here on: the others
-    // are served as they are.
-    // (A crt-list may name any rendered file.)
-    let mut changed_paths: Vec<String> = [
-        ("maps", running.maps(), desired.maps()),
-        ("files", running.files(), desired.files()),
-        ("certs", running.certificates(), desired.certificates()),
-    ]
-    .into_iter()
-    .flat_map(|(dir, old, new)| {
-        differing(old, new)
-            .into_iter()
-            .map(move |name| format!("{dir}/{name}"))
-    })
-    .collect();
-    changed_paths.sort_unstable();
-    for cert in &changed_paths {
-        if !(loaded_before.contains(cert.as_str()) && loaded_after.contains(cert.as_str())) {
-            continue;
-        }
-        let (Some(_), Some(after)) = (old.file(cert), new.file(cert)) else {
-            continue;
-        };
-        handled.insert(cert.clone());
-        if after.len() > MAX_PAYLOAD_BYTES {
-            plan.force(
-                ReloadReason::NewFile,
-                format!("{cert} changed and is too large for the runtime API"),
-            );
-            return handled;
-        }
-        replaced.insert(cert.as_str());
-        cert_ops.push(RuntimeOp::ReplaceCertificate {
-            file: cert.clone(),
-            pem: Pem::from(after.clone()),
-        });
+    let changed_paths = changed_paths(running, desired);
+    let loaded_both = |cert: &str| loaded_before.contains(cert) && loaded_after.contains(cert);
+    if !replacements(
+        plan,
+        (&old, &new),
+        &changed_paths,
+        loaded_both,
+        (&mut handled, &mut replaced, &mut cert_ops),
+    ) {
+        return handled;
     }
-    // Certificate files no side loads through a bind line are files on disk only
-    // (unless a bind line loads a directory, which may be `certs/`).
-    let directories = new.directory().is_some() || old.directory().is_some();
-    for path in changed_paths
-        .iter()
-        .filter(|path| path.starts_with("certs/"))
-    {
-        let named = |side: &Side<'_>| {
-            side.crts.contains(path)
-                || side.lists.contains(path)
-                || side.config.main().contains(path.as_str())
-        };
-        // The set lookups first: `named` searches haproxy.cfg.
-        if !directories
-            && !loaded_before.contains(path.as_str())
-            && !loaded_after.contains(path.as_str())
-            && !named(&old)
-            && !named(&new)
-        {
-            handled.insert(path.clone());
-        }
-    }
+    let loaded_either = |cert: &str| loaded_before.contains(cert) || loaded_after.contains(cert);
+    unloaded_certificates((&old, &new), &changed_paths, loaded_either, &mut handled);
 
     let mut entry_dels = Vec::new();
     let mut entry_sets = Vec::new();
@@ -341,6 +326,200 @@ pub(crate) fn plan_certificates(
     plan.ops.extend(entry_sets);
     plan.ops.extend(removals);
     handled
+}
+
+/// The paths (`certs/NAME`, and the maps and files a crt-list might name) whose
+/// content differs between the two renders, in order.
+fn changed_paths(running: &RenderedConfig, desired: &RenderedConfig) -> Vec<String> {
+    let mut paths: Vec<String> = [
+        ("maps", running.maps(), desired.maps()),
+        ("files", running.files(), desired.files()),
+        ("certs", running.certificates(), desired.certificates()),
+    ]
+    .into_iter()
+    .flat_map(|(dir, old, new)| {
+        differing(old, new)
+            .into_iter()
+            .map(move |name| format!("{dir}/{name}"))
+    })
+    .collect();
+    paths.sort_unstable();
+    paths
+}
+
+/// Plans `set ssl cert` and `commit ssl cert` for each changed file that both
+/// sides load through a crt-list (`loaded_both`). `false` when the plan was
+/// forced to a reload (a PEM too large for the runtime API).
+fn replacements<'p>(
+    plan: &mut ChangePlan,
+    (old, new): (&Side<'_>, &Side<'_>),
+    changed_paths: &'p [String],
+    loaded_both: impl Fn(&str) -> bool,
+    (handled, replaced, cert_ops): (
+        &mut BTreeSet<String>,
+        &mut BTreeSet<&'p str>,
+        &mut Vec<RuntimeOp>,
+    ),
+) -> bool {
+    for cert in changed_paths {
+        if !loaded_both(cert) {
+            continue;
+        }
+        let (Some(_), Some(after)) = (old.file(cert), new.file(cert)) else {
+            continue;
+        };
+        handled.insert(cert.clone());
+        if after.len() > MAX_PAYLOAD_BYTES {
+            plan.force(
+                ReloadReason::NewFile,
+                format!("{cert} changed and is too large for the runtime API"),
+            );
+            return false;
+        }
+        replaced.insert(cert.as_str());
+        cert_ops.push(RuntimeOp::ReplaceCertificate {
+            file: cert.clone(),
+            pem: Pem::from(after.clone()),
+        });
+    }
+    true
+}
+
+/// Takes as handled the changed certificate files that no side loads through a
+/// bind line (`loaded_either`: through a crt-list): files on disk only (unless a
+/// bind line loads a directory, which may be `certs/`).
+fn unloaded_certificates(
+    (old, new): (&Side<'_>, &Side<'_>),
+    changed_paths: &[String],
+    loaded_either: impl Fn(&str) -> bool,
+    handled: &mut BTreeSet<String>,
+) {
+    let directories = new.directory().is_some() || old.directory().is_some();
+    for path in changed_paths
+        .iter()
+        .filter(|path| path.starts_with("certs/"))
+    {
+        let named = |side: &Side<'_>| {
+            side.crts.contains(path)
+                || side.lists.contains(path)
+                || side.config.main().contains(path.as_str())
+        };
+        // The set lookups first: `named` searches haproxy.cfg.
+        if !directories && !loaded_either(path) && !named(old) && !named(new) {
+            handled.insert(path.clone());
+        }
+    }
+}
+
+/// What a crt-list's text holds, for the plans that follow a change of
+/// certificates alone: kept per text (by pointer), so that renewing a certificate
+/// reads its own line, not the 10,000 lines of the list.
+#[derive(Debug, Default)]
+struct ListFacts {
+    /// A certificate the list names twice.
+    duplicate: bool,
+    /// Per certificate, its line.
+    lines: std::collections::HashMap<Box<str>, Box<str>>,
+    /// How many times the entries name each SNI filter (lowercase).
+    filters: std::collections::HashMap<Box<str>, usize>,
+}
+
+/// How many crt-list texts [`list_facts`] keeps.
+const KEPT_LISTS: usize = 4;
+
+static LIST_FACTS: std::sync::Mutex<Vec<(Arc<str>, Arc<ListFacts>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// The facts of a crt-list text, read once per text.
+fn list_facts(text: &Arc<str>) -> Arc<ListFacts> {
+    let mut kept = LIST_FACTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, facts)) = kept.iter().find(|(seen, _)| Arc::ptr_eq(seen, text)) {
+        return facts.clone();
+    }
+    let mut facts = ListFacts::default();
+    match entries(text) {
+        Err(Duplicate(_)) => facts.duplicate = true,
+        Ok(entries) => {
+            for (cert, line) in entries {
+                for name in filters(line) {
+                    *facts.filters.entry(name.into()).or_insert(0) += 1;
+                }
+                facts.lines.insert(cert.into(), line.into());
+            }
+        }
+    }
+    let facts = Arc::new(facts);
+    if kept.len() >= KEPT_LISTS {
+        kept.remove(0);
+    }
+    kept.push((text.clone(), facts.clone()));
+    facts
+}
+
+/// [`plan_certificates`] when every crt-list is the same text on both sides (and
+/// the bind lines load the same lists and certificates): only renewed
+/// certificates can change what is served, so no list is parsed again. `None`
+/// when the general planning must decide (a list changed, or it would refuse or
+/// explain something).
+fn plan_unchanged_lists(
+    plan: &mut ChangePlan,
+    old: &Side<'_>,
+    new: &Side<'_>,
+) -> Option<BTreeSet<String>> {
+    if old.lists != new.lists || old.crts != new.crts {
+        return None;
+    }
+    let mut lists = Vec::new();
+    for list in &new.lists {
+        match (old.file(list), new.file(list)) {
+            (Some(before), Some(after)) if same_text(before, after) => {
+                lists.push(list_facts(after));
+            }
+            (None, None) => {}
+            _ => return None,
+        }
+    }
+    if lists.iter().any(|facts| facts.duplicate) {
+        return None;
+    }
+    let loaded = |cert: &str| {
+        !new.crts.contains(cert) && lists.iter().any(|facts| facts.lines.contains_key(cert))
+    };
+    let changed_paths = changed_paths(old.config, new.config);
+    let mut handled = BTreeSet::new();
+    let mut replaced = BTreeSet::new();
+    let mut cert_ops = Vec::new();
+    if !replacements(
+        plan,
+        (old, new),
+        &changed_paths,
+        loaded,
+        (&mut handled, &mut replaced, &mut cert_ops),
+    ) {
+        return Some(handled);
+    }
+    unloaded_certificates((old, new), &changed_paths, loaded, &mut handled);
+    // A renewed entry goes to the end of HAProxy's list when committed
+    // ([`order_matters`]): it must serve names no other entry serves, or be the
+    // list's one entry. Otherwise the general planning says why it reloads.
+    for facts in &lists {
+        for cert in replaced.iter().copied() {
+            let Some(line) = facts.lines.get(cert) else {
+                continue;
+            };
+            let names = filters(line);
+            let alone = names
+                .iter()
+                .all(|name| facts.filters.get(&**name) == Some(&1));
+            if !alone || (names.is_empty() && facts.lines.len() > 1) {
+                return None;
+            }
+        }
+    }
+    plan.ops.extend(cert_ops);
+    Some(handled)
 }
 
 /// The SNI filters of a crt-list line (lowercase; `[options]` left out).
@@ -451,6 +630,86 @@ mod tests {
                 .collect(),
             SourceMap::default(),
         )
+    }
+
+    /// The shortcut for unchanged crt-lists plans what the general planning plans:
+    /// random lists (shared and missing SNI filters, comments, certificates named
+    /// twice, certificates no list loads) with random certificates renewed.
+    #[test]
+    fn unchanged_lists_are_planned_as_in_general() {
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let (mut shortcuts, mut renewals) = (0, 0);
+        for _ in 0..400 {
+            let certs = 1 + next(6);
+            let mut list = String::new();
+            for cert in 0..certs {
+                if next(5) == 0 {
+                    list.push_str("# a comment\n");
+                }
+                if next(8) == 0 {
+                    continue;
+                }
+                list.push_str(&format!("certs/c{cert}.pem"));
+                if next(4) == 0 {
+                    list.push_str(" [alpn h2]");
+                }
+                for _ in 0..next(3) {
+                    list.push_str(&format!(" h{}.test", next(6)));
+                }
+                list.push('\n');
+                if next(15) == 0 {
+                    list.push_str(&format!("certs/c{cert}.pem dup.test\n"));
+                }
+            }
+            let list: Arc<str> = Arc::from(list);
+            let names: Vec<String> = (0..=certs).map(|c| format!("c{c}.pem")).collect();
+            let running_certs: BTreeMap<String, Arc<str>> = names
+                .iter()
+                .map(|name| (name.clone(), Arc::from(format!("PEM of {name}"))))
+                .collect();
+            let mut desired_certs = running_certs.clone();
+            for name in &names {
+                if next(2) == 0 {
+                    desired_certs.insert(name.clone(), Arc::from(format!("renewed {name}")));
+                }
+            }
+            let main = "global\nfrontend f\n    mode http\n    bind :8443 ssl crt-list files/tls.crtlist\n";
+            let config = |certs: BTreeMap<String, Arc<str>>| {
+                RenderedConfig::new(
+                    main,
+                    BTreeMap::new(),
+                    [("tls.crtlist".to_owned(), list.clone())].into(),
+                    certs,
+                    SourceMap::default(),
+                )
+            };
+            let (running, desired) = (config(running_certs), config(desired_certs));
+            let model = crate::haproxy::config::parse(main).expect("parses");
+            let mut general = ChangePlan::default();
+            let handled_general =
+                plan_certificates_in(&mut general, (&running, &model), (&desired, &model), false);
+            let mut shortcut = ChangePlan::default();
+            let handled_shortcut =
+                plan_certificates(&mut shortcut, (&running, &model), (&desired, &model));
+            assert_eq!(shortcut, general, "{list}");
+            assert_eq!(handled_shortcut, handled_general, "{list}");
+            let old = Side::new(&running, &model);
+            let new = Side::new(&desired, &model);
+            if plan_unchanged_lists(&mut ChangePlan::default(), &old, &new).is_some() {
+                shortcuts += 1;
+                renewals += general.ops.len();
+            }
+        }
+        assert!(
+            shortcuts > 100 && renewals > 100,
+            "{shortcuts} shortcuts, {renewals} renewals"
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! [`files`] of an instance's config directory.
 
 pub mod backends;
-mod certs;
+pub(crate) mod certs;
 pub mod config;
 pub mod files;
 pub mod plan;

@@ -76,16 +76,14 @@ pub(crate) fn covered(baseline: &Baseline, candidate: &RenderedConfig) -> Result
         .map(|(name, content)| (name.as_str(), &**content))
         .collect();
     let (old_certs, new_certs) = (old.certificates(), candidate.certificates());
-    let changed_certs: Vec<(&str, &Arc<str>)> = new_certs
-        .iter()
-        .filter(|(name, content)| !same_file(old_certs.get(*name), Some(content)))
-        .map(|(name, content)| (name.as_str(), content))
-        .collect();
-    let removed_certs: Vec<&str> = old_certs
-        .keys()
-        .filter(|name| !new_certs.contains_key(*name))
-        .map(String::as_str)
-        .collect();
+    let mut changed_certs: Vec<(&str, &Arc<str>)> = Vec::new();
+    let mut removed_certs: Vec<&str> = Vec::new();
+    for (name, _, now) in crate::haproxy::certs::file_changes(old_certs, new_certs) {
+        match now {
+            Some(content) => changed_certs.push((name, content)),
+            None => removed_certs.push(name),
+        }
+    }
     let differences = changed_files.len() + changed_certs.len() + removed_certs.len();
     if differences == 0 {
         return Ok(0);
@@ -198,9 +196,11 @@ fn main_allows_certificate_changes(main: &str) -> Result<(), Why> {
 
 /// The candidate's crt-lists: files named in `haproxy.cfg` only after `crt-list`.
 struct CrtLists<'a> {
+    candidate: &'a RenderedConfig,
     names: HashSet<&'a str>,
-    /// How many lines of all crt-lists load each certificate (`certs/NAME` first).
-    loaded: HashMap<&'a str, usize>,
+    /// How many lines of all crt-lists load each certificate (`certs/NAME` first):
+    /// read only when a certificate was removed.
+    loaded: std::cell::OnceCell<HashMap<&'a str, usize>>,
 }
 
 impl<'a> CrtLists<'a> {
@@ -231,24 +231,35 @@ impl<'a> CrtLists<'a> {
                 names.insert(name.as_str());
             }
         }
-        let mut loaded = HashMap::new();
-        for name in &names {
-            for line in candidate.files()[*name].lines() {
-                if let Some(cert) = line
-                    .split([' ', '\t'])
-                    .next()
-                    .and_then(|path| path.strip_prefix("certs/"))
-                {
-                    *loaded.entry(cert).or_insert(0) += 1;
-                }
-            }
+        Self {
+            candidate,
+            names,
+            loaded: std::cell::OnceCell::new(),
         }
-        Self { names, loaded }
     }
 
     /// Whether a crt-list line loads `certs/<name>`.
     fn loads(&self, name: &str) -> bool {
-        self.loaded.contains_key(name)
+        self.loaded().contains_key(name)
+    }
+
+    /// How many crt-list lines load each certificate.
+    fn loaded(&self) -> &HashMap<&'a str, usize> {
+        self.loaded.get_or_init(|| {
+            let mut loaded = HashMap::new();
+            for name in &self.names {
+                for line in self.candidate.files()[*name].lines() {
+                    if let Some(cert) = line
+                        .split([' ', '\t'])
+                        .next()
+                        .and_then(|path| path.strip_prefix("certs/"))
+                    {
+                        *loaded.entry(cert).or_insert(0) += 1;
+                    }
+                }
+            }
+            loaded
+        })
     }
 
     /// Whether a rendered file other than a crt-list names `name`.
@@ -400,8 +411,13 @@ fn certificate_name_covered(
     let beside = format!("{stem}.");
     if let Some(other) = candidate
         .certificates()
-        .keys()
-        .find(|other| *other != name && other.starts_with(&beside))
+        .range::<str, _>((
+            std::ops::Bound::Included(beside.as_str()),
+            std::ops::Bound::Unbounded,
+        ))
+        .map(|(other, _)| other)
+        .take_while(|other| other.starts_with(&beside))
+        .find(|other| *other != name)
     {
         return Err(Why(format!(
             "certs/{name} changed and certs/{other} would be loaded with it"
@@ -693,9 +709,9 @@ impl Anchors {
         let hash = baseline.rendered.hash();
         if anchors.as_ref().and_then(|anchors| anchors.baseline) != Some(hash) {
             let mut loaded: Vec<String> = CrtLists::new(&baseline.rendered)
-                .loaded
-                .into_keys()
-                .map(str::to_owned)
+                .loaded()
+                .keys()
+                .map(|name| (*name).to_owned())
                 .collect();
             loaded.sort_unstable();
             *anchors = Some(Anchors {
