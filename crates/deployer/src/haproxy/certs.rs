@@ -199,6 +199,15 @@ fn plan_certificates_in(
         };
         if !same_text(before, after) {
             handled.insert(list.clone());
+            if unchanged_lists {
+                // The next change is likely a renewal behind the new lines: its plan
+                // reads the lines' facts, read now on another thread, off this
+                // deployment's path.
+                let text = after.clone();
+                let _ = std::thread::Builder::new()
+                    .name("hapwright-crt-list".to_owned())
+                    .spawn(move || drop(list_facts(&text)));
+            }
         }
         match (entries(before), entries(after)) {
             (Ok(before), Ok(after)) => list_entries.push((list, before, after)),
