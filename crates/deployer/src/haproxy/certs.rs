@@ -112,13 +112,16 @@ fn entries(content: &str) -> Result<Entries<'_>, Duplicate> {
 #[derive(Debug, PartialEq, Eq)]
 struct Duplicate(String);
 
-/// The files whose content differs between `old` and `new`, in name order, with
-/// their content before and after (`None`: not there): one walk over both,
-/// comparing shared contents by pointer first.
+/// A file whose content differs between two renders: its name, its content before
+/// and after (`None`: not there).
+pub(crate) type FileChange<'a> = (&'a str, Option<&'a Arc<str>>, Option<&'a Arc<str>>);
+
+/// The files whose content differs between `old` and `new`, in name order: one
+/// walk over both, comparing shared contents by pointer first.
 pub(crate) fn file_changes<'a>(
     old: &'a BTreeMap<String, Arc<str>>,
     new: &'a BTreeMap<String, Arc<str>>,
-) -> Vec<(&'a str, Option<&'a Arc<str>>, Option<&'a Arc<str>>)> {
+) -> Vec<FileChange<'a>> {
     use std::cmp::Ordering;
     let mut out = Vec::new();
     let (mut a, mut b) = (old.iter().peekable(), new.iter().peekable());
