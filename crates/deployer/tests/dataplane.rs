@@ -363,6 +363,34 @@ async fn drift_is_found_by_version_and_content_and_repaired() {
     assert_eq!(again.strategy, DeployStrategy::Noop);
 }
 
+/// After an upgrade, a config an earlier version of hapwright deployed (its marker
+/// the short form of the content hash as that version computed it) counts as
+/// running: the same render is a no-op, not a reload of every instance; a changed
+/// render keeps that marker for its runtime changes.
+#[tokio::test]
+async fn a_config_deployed_by_an_earlier_version_is_recognised_after_an_upgrade() {
+    let server = DataplaneServer::start("global\n").await;
+    let driver = driver(&server);
+    first(&server, &driver).await;
+    let legacy = v1().legacy_hash().short();
+    assert_ne!(legacy, v1().hash().short());
+    let raw = server.state().raw.replace(&v1().hash().short(), &legacy);
+    server.change_out_of_band(&raw);
+    let reloads = server.state().reloads.len();
+
+    let upgraded = driver_with(&server, settings(), PASSWORD);
+    let found = upgraded.deploy(v1(), None, None, false).await.unwrap();
+    assert_eq!(found.strategy, DeployStrategy::Noop, "{:?}", found.reason);
+    assert_eq!(found.marker, legacy);
+    assert_eq!(server.state().reloads.len(), reloads);
+
+    // Another marker is still not what runs: that deployment reloads.
+    server.change_out_of_band(&raw.replace(&legacy, "0123456789ab"));
+    let other = driver_with(&server, settings(), PASSWORD);
+    let reloaded = other.deploy(v1(), None, None, false).await.unwrap();
+    assert_eq!(reloaded.strategy, DeployStrategy::Reload);
+}
+
 /// The instance's HAProxy version for the line check comes from the API's runtime
 /// info (`show info` of its HAProxy); a failing API says why.
 #[tokio::test]

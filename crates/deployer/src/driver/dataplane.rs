@@ -148,7 +148,16 @@ impl DataplaneDriver {
     ) -> Result<Option<Arc<Deployed>>, DeployError> {
         let (version, raw) = self.client.raw_configuration().await?;
         let (text, marker) = strip_version_marker(&raw);
-        let wanted = desired.hash().short();
+        let mut wanted = desired.hash().short();
+        // A config an earlier version of hapwright deployed carries the short form
+        // of the content hash as that version computed it: recognised too, so that
+        // an upgrade does not reload every instance.
+        if marker.as_deref() != Some(wanted.as_str()) {
+            let legacy = desired.legacy_hash().short();
+            if marker.as_deref() == Some(legacy.as_str()) {
+                wanted = legacy;
+            }
+        }
         let (expected, _) = strip_version_marker(&with_version_marker(desired.main(), &wanted));
         if marker.as_deref() != Some(wanted.as_str()) || text != expected {
             return Ok(None);

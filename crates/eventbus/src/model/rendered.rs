@@ -347,27 +347,44 @@ pub fn same_files(a: &BTreeMap<String, Arc<str>>, b: &BTreeMap<String, Arc<str>>
             .all(|((x, xs), (y, ys))| x == y && same_text(xs, ys))
 }
 
-/// `haproxy.cfg` with its part of the content hash already computed, so a renderer
-/// can hash it (the largest file) while the other files are still rendering; see
-/// [`RenderedConfig::from_hashed_main`]. Cloning copies the hash state, so a
-/// renderer can keep a file it may hand out again unchanged.
+/// The SHA-256 of one file's content: what a render's content hash takes of each
+/// file ([`RenderedConfig::new`]). A renderer that hands out a file again unchanged
+/// can hand out its digest with it ([`RenderedConfig::from_hashed_main_with`]), so
+/// a render of 10,000 certificates that renews one hashes one.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileDigest([u8; 32]);
+
+impl FileDigest {
+    /// The digest of `content`.
+    pub fn of(content: &str) -> Self {
+        let mut out = [0u8; 32];
+        out.copy_from_slice(&Sha256::digest(content.as_bytes()));
+        Self(out)
+    }
+}
+
+impl fmt::Debug for FileDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FileDigest({})", hex(&self.0[..6]))
+    }
+}
+
+/// `haproxy.cfg` with its digest already computed, so a renderer can hash it (the
+/// largest file) while the other files are still rendering; see
+/// [`RenderedConfig::from_hashed_main`]. Cloning copies the digest, so a renderer
+/// can keep a file it may hand out again unchanged.
 #[derive(Clone)]
 pub struct HashedMain {
     main: Arc<str>,
-    hasher: Sha256,
+    digest: FileDigest,
 }
 
 impl HashedMain {
     /// Hashes `main` as the first file of a render.
     pub fn new(main: impl Into<Arc<str>>) -> Self {
         let main = main.into();
-        let mut hasher = Sha256::new();
-        hash_file(
-            &mut hasher,
-            FileKind::Main.relative_path("haproxy.cfg"),
-            &main,
-        );
-        Self { main, hasher }
+        let digest = FileDigest::of(&main);
+        Self { main, digest }
     }
 
     /// The text of `haproxy.cfg`.
@@ -384,18 +401,48 @@ impl fmt::Debug for HashedMain {
     }
 }
 
-/// Adds one file to a render's hash. Length-prefixed fields: no two different
-/// layouts hash alike.
-fn hash_file(hasher: &mut Sha256, path: String, content: &str) {
-    for part in [path.as_bytes(), content.as_bytes()] {
-        hasher.update((part.len() as u64).to_le_bytes());
-        hasher.update(part);
+/// Adds one file to a render's hash: its path relative to the config directory,
+/// length first (so no two different layouts hash alike), then the digest of its
+/// content. The path is written in its parts, as `<dir>/<name>`, without building it.
+fn hash_entry(hasher: &mut Sha256, kind: FileKind, name: &str, digest: &FileDigest) {
+    match kind.directory() {
+        None => {
+            let path = b"haproxy.cfg";
+            hasher.update((path.len() as u64).to_le_bytes());
+            hasher.update(path);
+        }
+        Some(dir) => {
+            hasher.update(((dir.len() + 1 + name.len()) as u64).to_le_bytes());
+            hasher.update(dir.as_bytes());
+            hasher.update(b"/");
+            hasher.update(name.as_bytes());
+        }
     }
+    hasher.update(digest.0);
+}
+
+/// The content hash of earlier versions of hapwright (SHA-256 over each file's path
+/// and whole content, both length-prefixed), kept to recognise what an earlier
+/// version deployed ([`RenderedConfig::legacy_hash`]).
+fn legacy_hash(config: &RenderedConfig) -> ContentHash {
+    let mut hasher = Sha256::new();
+    for (file, content) in config.iter() {
+        for part in [file.relative_path().as_bytes(), content.as_bytes()] {
+            hasher.update((part.len() as u64).to_le_bytes());
+            hasher.update(part);
+        }
+    }
+    let mut hash = ContentHash::default();
+    hash.0.copy_from_slice(&hasher.finalize());
+    hash
 }
 
 impl RenderedConfig {
     /// Assembles a render and computes its hash. The hash covers every file's kind,
-    /// name and bytes in a fixed order, so the same inputs always hash the same.
+    /// name and bytes in a fixed order, so the same inputs always hash the same: it
+    /// is the SHA-256 over, for each file in [`Self::iter`] order, the length of its
+    /// path relative to the config directory (8 bytes, little-endian), the path,
+    /// and the SHA-256 of its content ([`FileDigest`]).
     pub fn new(
         main: impl Into<Arc<str>>,
         maps: BTreeMap<String, Arc<str>>,
@@ -437,7 +484,22 @@ impl RenderedConfig {
         certificates: BTreeMap<String, Arc<str>>,
         source_map: SourceMap,
     ) -> Self {
-        let HashedMain { main, mut hasher } = main;
+        Self::from_hashed_main_with(main, maps, files, certificates, source_map, |_| None)
+    }
+
+    /// [`RenderedConfig::from_hashed_main`], taking the digest of a file from `known`
+    /// where it gives one (it must be the digest of that content: a renderer gives
+    /// the digest it computed when it rendered the same allocation): the same config
+    /// and the same hash.
+    pub fn from_hashed_main_with(
+        main: HashedMain,
+        maps: BTreeMap<String, Arc<str>>,
+        files: BTreeMap<String, Arc<str>>,
+        certificates: BTreeMap<String, Arc<str>>,
+        source_map: SourceMap,
+        known: impl Fn(&Arc<str>) -> Option<FileDigest>,
+    ) -> Self {
+        let HashedMain { main, digest } = main;
         let mut config = Self {
             main,
             maps,
@@ -446,12 +508,29 @@ impl RenderedConfig {
             hash: ContentHash::default(),
             source_map: Arc::new(source_map),
         };
-        // `iter` order, `haproxy.cfg` (first) already hashed.
-        for (file, content) in config.iter().skip(1) {
-            hash_file(&mut hasher, file.relative_path(), content);
+        let mut hasher = Sha256::new();
+        hash_entry(&mut hasher, FileKind::Main, "haproxy.cfg", &digest);
+        // `iter` order.
+        for (kind, group) in [
+            (FileKind::Map, &config.maps),
+            (FileKind::File, &config.files),
+            (FileKind::Certificate, &config.certificates),
+        ] {
+            for (name, content) in group {
+                let digest = known(content).unwrap_or_else(|| FileDigest::of(content));
+                hash_entry(&mut hasher, kind, name, &digest);
+            }
         }
         config.hash.0.copy_from_slice(&hasher.finalize());
         config
+    }
+
+    /// The content hash earlier versions of hapwright gave this render (SHA-256 over
+    /// each file's length-prefixed path and whole content): how the Data Plane driver
+    /// recognises, after an upgrade, the config an earlier version deployed by its
+    /// version marker. Reads every file.
+    pub fn legacy_hash(&self) -> ContentHash {
+        legacy_hash(self)
     }
 
     /// The content of `haproxy.cfg`.
@@ -613,11 +692,17 @@ mod tests {
         );
         assert_eq!(a, b);
         assert_eq!(a.hash(), b.hash());
-        // The formula is pinned (SHA-256 over length-prefixed path and content of
-        // each file, as computed independently): a change would make every running
-        // instance look changed after an upgrade.
+        // The formula is pinned (SHA-256 over each file's length-prefixed path and
+        // the SHA-256 of its content, as computed independently): the Data Plane
+        // driver recognises what runs by its version marker after a restart.
         assert_eq!(
             a.hash().to_string(),
+            "3a749ff459c82741751f03b1e952d46b0eed821ccc9ab548587f78da67bf9353"
+        );
+        // And the earlier formula (SHA-256 over length-prefixed path and content),
+        // by which it recognises what an earlier version deployed.
+        assert_eq!(
+            a.legacy_hash().to_string(),
             "2e090460d2a5bf3c683c3de92a352f42a0ad35b1b9f994ce1473d19ac1ebdf18"
         );
     }

@@ -297,6 +297,9 @@ struct Cache {
     sets: sets::SetCache,
     /// What the folded loops left ([`fragments::FoldMemo`]).
     folds: fragments::Folds,
+    /// The digest of each file's content, by the file's allocation
+    /// ([`pass::Digests`]).
+    digests: pass::Digests,
 }
 
 /// What one file read from the resources, the cached snippet outputs it used (kept

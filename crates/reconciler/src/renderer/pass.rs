@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use hapwright_eventbus::model::{
-    Diagnostic, FileKind, HashedMain, RenderedConfig, RenderedFileRef, SourceMap,
+    Diagnostic, FileDigest, FileKind, HashedMain, RenderedConfig, RenderedFileRef, SourceMap,
 };
 use minijinja::Environment;
 use minijinja::value::Value;
@@ -51,7 +51,13 @@ impl Renderer {
         if !collected.diagnostics.is_empty() {
             return (Err(collected.diagnostics), stats, None);
         }
-        let (config, cache) = pass.finish(resources, collected, set_cache, &mut stats);
+        let (config, cache) = pass.finish(
+            resources,
+            collected,
+            set_cache,
+            previous.digests,
+            &mut stats,
+        );
         (Ok(config), stats, Some(cache))
     }
 }
@@ -67,6 +73,51 @@ struct Previous {
     fragments: Option<fragments::Previous>,
     /// The resources it rendered from, and the file sets' files.
     sets: Option<(Resources, sets::SetCache)>,
+    /// The digests of its files.
+    digests: Digests,
+}
+
+/// The digest of each file of a render, by the address of its content, with the
+/// content it was computed from (holding it keeps the address unique): a file the
+/// next render hands out again (a reused or spliced file, an item of a set, shared
+/// by pointer) is not hashed again, so a render that renews one of 10,000
+/// certificates hashes one file ([`RenderedConfig::from_hashed_main_with`]).
+#[derive(Default)]
+pub(super) struct Digests(foldhash::HashMap<usize, (Arc<str>, FileDigest)>);
+
+impl Digests {
+    fn key(content: &Arc<str>) -> usize {
+        Arc::as_ptr(content).cast::<u8>() as usize
+    }
+
+    /// The digest of `content` if it is a file of the render these digests are of.
+    fn get(&self, content: &Arc<str>) -> Option<FileDigest> {
+        self.0
+            .get(&Self::key(content))
+            .filter(|(held, _)| Arc::ptr_eq(held, content))
+            .map(|(_, digest)| *digest)
+    }
+
+    /// The digests of a render's maps, files and certificates (`haproxy.cfg` is
+    /// hashed as it renders): from `previous` where it has them, else computed, on
+    /// the thread pool.
+    fn of(groups: [&BTreeMap<String, Arc<str>>; 3], previous: &Digests) -> Self {
+        use rayon::prelude::*;
+        let files: Vec<&Arc<str>> = groups.into_iter().flat_map(BTreeMap::values).collect();
+        Self(
+            files
+                .into_par_iter()
+                .map(|content| {
+                    let digest = previous
+                        .get(content)
+                        .unwrap_or_else(|| FileDigest::of(content));
+                    (Self::key(content), (content.clone(), digest))
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .collect(),
+        )
+    }
 }
 
 impl Cache {
@@ -77,6 +128,7 @@ impl Cache {
             mut used,
             sets,
             folds,
+            digests,
         } = self;
         used.extend(files.iter().flatten().map(|file| file.reads.used.clone()));
         let pieces = files
@@ -91,6 +143,7 @@ impl Cache {
             folds,
         };
         Previous {
+            digests,
             sets: Some((resources.clone(), sets)),
             files: Some((resources, files)),
             fragments: Some(fragments),
@@ -543,6 +596,7 @@ impl<'a> Pass<'a> {
         resources: &Resources,
         collected: Collected,
         set_cache: sets::SetCache,
+        previous_digests: Digests,
         stats: &mut RenderStats,
     ) -> (RenderedConfig, Cache) {
         let Collected {
@@ -553,12 +607,17 @@ impl<'a> Pass<'a> {
             uncached_used,
             ..
         } = collected;
-        let config = RenderedConfig::from_hashed_main(
+        // Each file's digest: taken from the last render for a file handed out
+        // again, computed for the others; kept for the next render.
+        let digests = Digests::of([&maps, &files, &certificates], &previous_digests);
+        drop(previous_digests);
+        let config = RenderedConfig::from_hashed_main_with(
             main.unwrap_or_else(|| HashedMain::new("")),
             maps,
             files,
             certificates,
             source_map,
+            |content| digests.get(content),
         );
         for (entry, cached) in self.inner.entries.iter().zip(&mut cached) {
             if let (true, Some(cached)) = (entry.is_main(), cached) {
@@ -580,6 +639,7 @@ impl<'a> Pass<'a> {
             used: uncached_used,
             sets: set_cache,
             folds,
+            digests,
         };
         // The session holds the previous render's snippet outputs and the maps over
         // them: thousands of shared values to release. The render is done without
