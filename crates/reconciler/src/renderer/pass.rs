@@ -99,24 +99,33 @@ impl Digests {
     }
 
     /// The digests of a render's maps, files and certificates (`haproxy.cfg` is
-    /// hashed as it renders): from `previous` where it has them, else computed, on
-    /// the thread pool.
+    /// hashed as it renders): from `previous` where it has them, else computed (on
+    /// the thread pool when there are megabytes to hash, as in a first render).
     fn of(groups: [&BTreeMap<String, Arc<str>>; 3], previous: &Digests) -> Self {
         use rayon::prelude::*;
-        let files: Vec<&Arc<str>> = groups.into_iter().flat_map(BTreeMap::values).collect();
-        Self(
-            files
-                .into_par_iter()
-                .map(|content| {
-                    let digest = previous
-                        .get(content)
-                        .unwrap_or_else(|| FileDigest::of(content));
-                    (Self::key(content), (content.clone(), digest))
-                })
-                .collect::<Vec<_>>()
-                .into_iter()
-                .collect(),
-        )
+        /// Below this many bytes to hash, the files are hashed on this thread: the
+        /// pool may be busy releasing the last render's values.
+        const PARALLEL_BYTES: usize = 4 << 20;
+        let files: Vec<(&Arc<str>, Option<FileDigest>)> = groups
+            .into_iter()
+            .flat_map(BTreeMap::values)
+            .map(|content| (content, previous.get(content)))
+            .collect();
+        let missing: usize = files
+            .iter()
+            .filter(|(_, known)| known.is_none())
+            .map(|(content, _)| content.len())
+            .sum();
+        let digest = |(content, known): (&Arc<str>, Option<FileDigest>)| {
+            let digest = known.unwrap_or_else(|| FileDigest::of(content));
+            (Self::key(content), (content.clone(), digest))
+        };
+        if missing < PARALLEL_BYTES {
+            Self(files.into_iter().map(digest).collect())
+        } else {
+            let digests: Vec<_> = files.into_par_iter().map(digest).collect();
+            Self(digests.into_iter().collect())
+        }
     }
 }
 
