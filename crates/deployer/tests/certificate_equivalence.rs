@@ -677,3 +677,61 @@ async fn the_service_skips_haproxy_c_for_a_checked_certificate_only() {
     let body = key.lines().nth(1).unwrap();
     assert!(!message.contains(body), "the key never shows: {message}");
 }
+
+/// The rule remembers its answer on a changed crt-list (each validation compares
+/// with the same baseline, and the renderer hands the same list out again): the
+/// same list, shared by pointer, in a render without the certificate one of its
+/// lines loads is still refused, and with it is still accepted.
+#[test]
+fn a_remembered_crt_list_answer_follows_the_certificates_it_names() {
+    let scratch = tempfile::tempdir().unwrap();
+    let pool = Pool::new(scratch.path());
+    let base = base(&pool);
+    let rendered = base.rendered();
+    let (_, model) = validator::validate_phase1_parsed(&rendered).unwrap();
+    let baseline = Baseline {
+        rendered,
+        model: Arc::new(model),
+    };
+    let mut render = base.clone();
+    render
+        .certs
+        .insert("new.pem".to_owned(), pool.valid("ec256b"));
+    render.lines.push("certs/new.pem new.test".to_owned());
+    let with = render.rendered();
+    let answer = verdict(&baseline, &with).expect("phase 1 passes");
+    assert!(answer.is_equivalent(), "{answer:?}");
+
+    // The same crt-list allocation, without new.pem.
+    let mut certs = with.certificates().clone();
+    certs.remove("new.pem");
+    let without = RenderedConfig::new(
+        main_config(),
+        BTreeMap::new(),
+        with.files().clone(),
+        certs,
+        SourceMap::default(),
+    );
+    assert!(Arc::ptr_eq(
+        &with.files()["tls.crtlist"],
+        &without.files()["tls.crtlist"]
+    ));
+    let answer = verdict(&baseline, &without).expect("phase 1 passes");
+    match &answer {
+        Equivalence::Different(why) => {
+            assert!(why.to_string().contains("certs/new.pem"), "{why}");
+        }
+        Equivalence::Equivalent(_) => panic!("a line loading a missing certificate passed"),
+    }
+
+    // And the same list with the certificate again: accepted.
+    let again = RenderedConfig::new(
+        main_config(),
+        BTreeMap::new(),
+        with.files().clone(),
+        with.certificates().clone(),
+        SourceMap::default(),
+    );
+    let answer = verdict(&baseline, &again).expect("phase 1 passes");
+    assert!(answer.is_equivalent(), "{answer:?}");
+}

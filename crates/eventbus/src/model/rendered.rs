@@ -176,6 +176,30 @@ impl SourceMap {
         self.files.insert(file, lines);
     }
 
+    /// Takes every file of `other` (made with the same origins: both from one
+    /// renderer) into this map, replacing what it had for them.
+    pub fn absorb(&mut self, other: SourceMap) {
+        debug_assert!(Arc::ptr_eq(&self.origins, &other.origins) || other.files.is_empty());
+        self.files.extend(other.files);
+    }
+
+    /// Whether this map already gives every file of `other` the lines `other` gives
+    /// it (both numbered into the same origins): taking `other` in
+    /// ([`SourceMap::absorb`]) would change nothing.
+    pub fn covers(&self, other: &SourceMap) -> bool {
+        (Arc::ptr_eq(&self.origins, &other.origins) || other.files.is_empty())
+            && other.files.iter().all(|(file, lines)| {
+                self.files
+                    .get(file)
+                    .is_some_and(|own| Arc::ptr_eq(own, lines) || own[..] == lines[..])
+            })
+    }
+
+    /// A file's lines as numbers into the origins ([`SourceMap::insert_indexed`]).
+    pub fn lines(&self, file: &RenderedFileRef) -> Option<&Arc<[Option<u32>]>> {
+        self.files.get(file)
+    }
+
     /// Where line `line` (1-based) of `file` came from, when known.
     pub fn origin(&self, file: &RenderedFileRef, line: u32) -> Option<&LineOrigin> {
         let index = usize::try_from(line).ok()?.checked_sub(1)?;
@@ -251,6 +275,9 @@ impl Serialize for SourceMap {
     }
 }
 
+/// One group of a render's files (maps, files or certificates) by name, shared.
+pub type FileGroup = Arc<BTreeMap<String, Arc<str>>>;
+
 /// One complete render: `haproxy.cfg` plus the named auxiliary files, with a content
 /// hash over all of them and a source map.
 ///
@@ -258,9 +285,11 @@ impl Serialize for SourceMap {
 #[derive(Clone)]
 pub struct RenderedConfig {
     main: Arc<str>,
-    maps: BTreeMap<String, Arc<str>>,
-    files: BTreeMap<String, Arc<str>>,
-    certificates: BTreeMap<String, Arc<str>>,
+    // Shared: a renderer builds the next render's groups from these
+    // ([`RenderedConfig::groups`]) without copying a group that did not change.
+    maps: FileGroup,
+    files: FileGroup,
+    certificates: FileGroup,
     hash: ContentHash,
     source_map: Arc<SourceMap>,
 }
@@ -412,7 +441,27 @@ fn hash_entry(hasher: &mut Sha256, kind: FileKind, name: &str, digest: &FileDige
             hasher.update(path);
         }
         Some(dir) => {
-            hasher.update(((dir.len() + 1 + name.len()) as u64).to_le_bytes());
+            let length = ((dir.len() + 1 + name.len()) as u64).to_le_bytes();
+            // One update for an entry that fits a small buffer (nearly all do): the
+            // hasher's cost per call shows at 10,000 files.
+            let mut entry = [0u8; 256];
+            let size = length.len() + dir.len() + 1 + name.len() + digest.0.len();
+            if size <= entry.len() {
+                let mut at = 0;
+                for part in [
+                    &length[..],
+                    dir.as_bytes(),
+                    b"/",
+                    name.as_bytes(),
+                    &digest.0,
+                ] {
+                    entry[at..at + part.len()].copy_from_slice(part);
+                    at += part.len();
+                }
+                hasher.update(&entry[..size]);
+                return;
+            }
+            hasher.update(length);
             hasher.update(dir.as_bytes());
             hasher.update(b"/");
             hasher.update(name.as_bytes());
@@ -466,9 +515,9 @@ impl RenderedConfig {
         RenderedConfigBuilder {
             config: Self {
                 main: main.into(),
-                maps: BTreeMap::new(),
-                files: BTreeMap::new(),
-                certificates: BTreeMap::new(),
+                maps: FileGroup::default(),
+                files: FileGroup::default(),
+                certificates: FileGroup::default(),
                 hash: ContentHash::default(),
                 source_map: Arc::default(),
             },
@@ -499,14 +548,33 @@ impl RenderedConfig {
         source_map: SourceMap,
         known: impl Fn(&Arc<str>) -> Option<FileDigest>,
     ) -> Self {
+        Self::from_shared_groups(
+            main,
+            [maps, files, certificates].map(Arc::new),
+            Arc::new(source_map),
+            known,
+        )
+    }
+
+    /// [`RenderedConfig::from_hashed_main_with`] from shared groups (maps, files,
+    /// certificates) and source map, as [`RenderedConfig::groups`] and
+    /// [`RenderedConfig::source_map_shared`] give them: a renderer hands a group
+    /// that did not change to the next render as it is.
+    pub fn from_shared_groups(
+        main: HashedMain,
+        groups: [FileGroup; 3],
+        source_map: Arc<SourceMap>,
+        known: impl Fn(&Arc<str>) -> Option<FileDigest>,
+    ) -> Self {
         let HashedMain { main, digest } = main;
+        let [maps, files, certificates] = groups;
         let mut config = Self {
             main,
             maps,
             files,
             certificates,
             hash: ContentHash::default(),
-            source_map: Arc::new(source_map),
+            source_map,
         };
         let mut hasher = Sha256::new();
         hash_entry(&mut hasher, FileKind::Main, "haproxy.cfg", &digest);
@@ -516,7 +584,7 @@ impl RenderedConfig {
             (FileKind::File, &config.files),
             (FileKind::Certificate, &config.certificates),
         ] {
-            for (name, content) in group {
+            for (name, content) in group.iter() {
                 let digest = known(content).unwrap_or_else(|| FileDigest::of(content));
                 hash_entry(&mut hasher, kind, name, &digest);
             }
@@ -536,6 +604,16 @@ impl RenderedConfig {
     /// The content of `haproxy.cfg`.
     pub fn main(&self) -> &Arc<str> {
         &self.main
+    }
+
+    /// The maps, files and certificates groups, shared ([`Self::from_shared_groups`]).
+    pub fn groups(&self) -> [&FileGroup; 3] {
+        [&self.maps, &self.files, &self.certificates]
+    }
+
+    /// The source map, shared ([`Self::from_shared_groups`]).
+    pub fn source_map_shared(&self) -> &Arc<SourceMap> {
+        &self.source_map
     }
 
     /// The rendered maps by name.
@@ -614,19 +692,19 @@ pub struct RenderedConfigBuilder {
 impl RenderedConfigBuilder {
     /// Adds (or replaces) the map file `maps/<name>`.
     pub fn map(mut self, name: impl Into<String>, content: impl Into<Arc<str>>) -> Self {
-        self.config.maps.insert(name.into(), content.into());
+        Arc::make_mut(&mut self.config.maps).insert(name.into(), content.into());
         self
     }
 
     /// Adds (or replaces) the general file `files/<name>`.
     pub fn file(mut self, name: impl Into<String>, content: impl Into<Arc<str>>) -> Self {
-        self.config.files.insert(name.into(), content.into());
+        Arc::make_mut(&mut self.config.files).insert(name.into(), content.into());
         self
     }
 
     /// Adds (or replaces) the certificate `certs/<name>`.
     pub fn certificate(mut self, name: impl Into<String>, content: impl Into<Arc<str>>) -> Self {
-        self.config.certificates.insert(name.into(), content.into());
+        Arc::make_mut(&mut self.config.certificates).insert(name.into(), content.into());
         self
     }
 
@@ -646,12 +724,11 @@ impl RenderedConfigBuilder {
             source_map,
             ..
         } = self.config;
-        RenderedConfig::new(
-            main,
-            maps,
-            files,
-            certificates,
-            Arc::unwrap_or_clone(source_map),
+        RenderedConfig::from_shared_groups(
+            HashedMain::new(main),
+            [maps, files, certificates],
+            source_map,
+            |_| None,
         )
     }
 }

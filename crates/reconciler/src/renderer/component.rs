@@ -206,6 +206,14 @@ impl Component for RendererComponent {
                             full_because = stats.full_reason.map(|r| r.to_string()),
                             "Rendered configuration"
                         );
+                        tracing::debug!(
+                            reuse = ?stats.stages.reuse,
+                            templates = ?stats.stages.templates,
+                            collect = ?stats.stages.collect,
+                            sets = ?stats.stages.sets,
+                            finish = ?stats.stages.finish,
+                            "Render stages"
+                        );
                         last = Some(config.clone());
                         report_health(&ctx, guard.as_ref());
                         // Fragments: whole files and the snippet outputs inside

@@ -300,6 +300,9 @@ struct Cache {
     /// The digest of each file's content, by the file's allocation
     /// ([`pass::Digests`]).
     digests: pass::Digests,
+    /// Its maps, files and certificates and its source map, when it rendered file
+    /// sets ([`pass::LastOutput`]).
+    last: Option<pass::LastOutput>,
 }
 
 /// What one file read from the resources, the cached snippet outputs it used (kept
@@ -353,6 +356,24 @@ pub struct RenderStats {
     /// render: their own text as it was, with only the snippet outputs whose reads
     /// changed rendered again.
     pub spliced: usize,
+    /// Where the render's time went, in order: the reuse check, the templates, the
+    /// files in order, the file sets, and the finish (digests, content hash, cache).
+    pub stages: RenderStages,
+}
+
+/// Where one render's time went ([`RenderStats::stages`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenderStages {
+    /// Deciding which files of the last render are reused.
+    pub reuse: std::time::Duration,
+    /// Rendering the files that were not.
+    pub templates: std::time::Duration,
+    /// Taking the files in order into the outputs and the source map.
+    pub collect: std::time::Duration,
+    /// The file sets (`forEach`).
+    pub sets: std::time::Duration,
+    /// The digests, the content hash and the cache for the next render.
+    pub finish: std::time::Duration,
 }
 
 /// Why a render rendered every file.

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use hapwright_eventbus::model::{
-    Diagnostic, FileDigest, FileKind, HashedMain, RenderedConfig, RenderedFileRef, SourceMap,
+    Diagnostic, FileDigest, FileGroup, FileKind, HashedMain, RenderedConfig, RenderedFileRef,
+    SourceMap,
 };
 use minijinja::Environment;
 use minijinja::value::Value;
@@ -33,21 +34,36 @@ impl Renderer {
         RenderStats,
         Option<Cache>,
     ) {
+        let mut clock = std::time::Instant::now();
+        let mut lap = || {
+            let now = std::time::Instant::now();
+            std::mem::replace(&mut clock, now).elapsed()
+        };
         let previous = previous.map(Cache::take_apart).unwrap_or_default();
         let mut pass = Pass::new(self, resources, previous.fragments, incremental);
         let mut stats = RenderStats {
             reused: pass.reuse(previous.files, resources),
             ..RenderStats::default()
         };
+        stats.stages.reuse = lap();
         pass.render_all();
+        stats.stages.templates = lap();
         stats.spliced = pass.spliced.load(Ordering::Relaxed);
         let mut collected = pass.collect(&mut stats);
         stats.rendered -= stats.reused.min(stats.rendered);
+        stats.stages.collect = lap();
         let set_cache = if collected.main.is_some() && !self.inner.sets.is_empty() {
-            pass.render_sets(resources, previous.sets, &mut collected, &mut stats)
+            pass.render_sets(
+                resources,
+                previous.sets,
+                previous.last,
+                &mut collected,
+                &mut stats,
+            )
         } else {
             Vec::new()
         };
+        stats.stages.sets = lap();
         if !collected.diagnostics.is_empty() {
             return (Err(collected.diagnostics), stats, None);
         }
@@ -58,6 +74,7 @@ impl Renderer {
             previous.digests,
             &mut stats,
         );
+        stats.stages.finish = lap();
         (Ok(config), stats, Some(cache))
     }
 }
@@ -75,6 +92,19 @@ struct Previous {
     sets: Option<(Resources, sets::SetCache)>,
     /// The digests of its files.
     digests: Digests,
+    /// Its files and source map, when it rendered file sets.
+    last: Option<LastOutput>,
+}
+
+/// A render's maps, files and certificates and its source map, shared with the
+/// render, and the names of the files of each kind that no set made: a set whose
+/// files keep their names hands on only the files that rendered again, and the
+/// next render's files of that kind are these with those replaced
+/// ([`sets::Rendered::kept_names`]).
+pub(super) struct LastOutput {
+    groups: [FileGroup; 3],
+    source_map: Arc<SourceMap>,
+    fixed: [Vec<String>; 3],
 }
 
 /// The digest of each file of a render, by the address of its content, with the
@@ -83,7 +113,15 @@ struct Previous {
 /// by pointer) is not hashed again, so a render that renews one of 10,000
 /// certificates hashes one file ([`RenderedConfig::from_hashed_main_with`]).
 #[derive(Default)]
-pub(super) struct Digests(foldhash::HashMap<usize, (Arc<str>, FileDigest)>);
+pub(super) struct Digests(foldhash::HashMap<usize, Held>);
+
+/// A digest with the content it is of and whether the render being finished has
+/// the file ([`Digests::of`]).
+struct Held {
+    content: Arc<str>,
+    digest: FileDigest,
+    live: bool,
+}
 
 impl Digests {
     fn key(content: &Arc<str>) -> usize {
@@ -94,38 +132,47 @@ impl Digests {
     fn get(&self, content: &Arc<str>) -> Option<FileDigest> {
         self.0
             .get(&Self::key(content))
-            .filter(|(held, _)| Arc::ptr_eq(held, content))
-            .map(|(_, digest)| *digest)
+            .filter(|held| Arc::ptr_eq(&held.content, content))
+            .map(|held| held.digest)
     }
 
     /// The digests of a render's maps, files and certificates (`haproxy.cfg` is
-    /// hashed as it renders): from `previous` where it has them, else computed (on
-    /// the thread pool when there are megabytes to hash, as in a first render).
-    fn of(groups: [&BTreeMap<String, Arc<str>>; 3], previous: &Digests) -> Self {
+    /// hashed as it renders): `previous`'s where it has them (updated in place: the
+    /// files handed out again are most of them), else computed (on the thread pool
+    /// when there are megabytes to hash, as in a first render).
+    fn of(groups: [&BTreeMap<String, Arc<str>>; 3], previous: Digests) -> Self {
         use rayon::prelude::*;
         /// Below this many bytes to hash, the files are hashed on this thread: the
         /// pool may be busy releasing the last render's values.
         const PARALLEL_BYTES: usize = 4 << 20;
-        let files: Vec<(&Arc<str>, Option<FileDigest>)> = groups
-            .into_iter()
-            .flat_map(BTreeMap::values)
-            .map(|content| (content, previous.get(content)))
-            .collect();
-        let missing: usize = files
-            .iter()
-            .filter(|(_, known)| known.is_none())
-            .map(|(content, _)| content.len())
-            .sum();
-        let digest = |(content, known): (&Arc<str>, Option<FileDigest>)| {
-            let digest = known.unwrap_or_else(|| FileDigest::of(content));
-            (Self::key(content), (content.clone(), digest))
-        };
-        if missing < PARALLEL_BYTES {
-            Self(files.into_iter().map(digest).collect())
-        } else {
-            let digests: Vec<_> = files.into_par_iter().map(digest).collect();
-            Self(digests.into_iter().collect())
+        let mut held = previous.0;
+        for entry in held.values_mut() {
+            entry.live = false;
         }
+        let mut missing: Vec<&Arc<str>> = Vec::new();
+        for content in groups.into_iter().flat_map(BTreeMap::values) {
+            match held.get_mut(&Self::key(content)) {
+                Some(entry) if Arc::ptr_eq(&entry.content, content) => entry.live = true,
+                _ => missing.push(content),
+            }
+        }
+        held.retain(|_, entry| entry.live);
+        let bytes: usize = missing.iter().map(|content| content.len()).sum();
+        let digest = |content: &&Arc<str>| {
+            let held = Held {
+                content: Arc::clone(content),
+                digest: FileDigest::of(content),
+                live: true,
+            };
+            (Self::key(content), held)
+        };
+        if bytes < PARALLEL_BYTES {
+            held.extend(missing.iter().map(digest));
+        } else {
+            let digests: Vec<_> = missing.par_iter().map(digest).collect();
+            held.extend(digests);
+        }
+        Self(held)
     }
 }
 
@@ -138,6 +185,7 @@ impl Cache {
             sets,
             folds,
             digests,
+            last,
         } = self;
         used.extend(files.iter().flatten().map(|file| file.reads.used.clone()));
         let pieces = files
@@ -153,6 +201,7 @@ impl Cache {
         };
         Previous {
             digests,
+            last,
             sets: Some((resources.clone(), sets)),
             files: Some((resources, files)),
             fragments: Some(fragments),
@@ -173,9 +222,71 @@ struct Collected {
     cached: Vec<Option<CachedFile>>,
     /// The snippet outputs used by files that are not kept.
     uncached_used: Vec<Arc<fragments::Used>>,
+    /// The names of the maps, files and certificates no set made, once the sets
+    /// rendered.
+    fixed: Option<[Vec<String>; 3]>,
+    /// The last render's source map, when it is this render's too (then
+    /// `source_map` is empty).
+    shared_source_map: Option<Arc<SourceMap>>,
 }
 
 impl Collected {
+    /// For each kind whose set kept every name (`kept`): its files are `last`'s,
+    /// with this render's fixed files of the kind replacing theirs (the set's files
+    /// that rendered again are added after).
+    fn start_from(&mut self, last: &LastOutput, kept: [bool; 3], sets: &[sets::SetSpec]) {
+        for (slot, kept) in kept.into_iter().enumerate() {
+            if kept {
+                let mut group = (*last.groups[slot]).clone();
+                group.extend(std::mem::take(&mut self.outputs[slot]));
+                self.outputs[slot] = group;
+            }
+        }
+        if !Self::every_set_kept(kept, sets) {
+            // Some set renamed its files: the kept kinds' files take their lines
+            // from `last` one by one (its other files may be gone).
+            for slot in (0..3).filter(|&slot| kept[slot]) {
+                let kind = [FileKind::Map, FileKind::File, FileKind::Certificate][slot];
+                for name in last.groups[slot].keys() {
+                    if last.fixed[slot].binary_search(name).is_ok() {
+                        continue;
+                    }
+                    let file = RenderedFileRef {
+                        kind,
+                        name: name.clone(),
+                    };
+                    if let Some(lines) = last.source_map.lines(&file) {
+                        self.source_map.insert_indexed(file, lines.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether every kind a set makes kept its names: the render has exactly
+    /// `last`'s files.
+    fn every_set_kept(kept: [bool; 3], sets: &[sets::SetSpec]) -> bool {
+        sets.iter().all(|set| kept[slot(set.kind)])
+    }
+
+    /// Once the files of every set are in: when the render has exactly `last`'s
+    /// files, its source map is `last`'s, shared when no file's lines changed (a
+    /// renewed certificate has the lines of the one it replaces), else a copy with
+    /// this render's lines taken in.
+    fn source_map_from(&mut self, last: &LastOutput, kept: [bool; 3], sets: &[sets::SetSpec]) {
+        if !Self::every_set_kept(kept, sets) {
+            return;
+        }
+        let own = std::mem::take(&mut self.source_map);
+        if last.source_map.covers(&own) {
+            self.shared_source_map = Some(Arc::clone(&last.source_map));
+            return;
+        }
+        let mut map = (*last.source_map).clone();
+        map.absorb(own);
+        self.source_map = map;
+    }
+
     /// Takes a rendered file into the config and the source map.
     fn add(&mut self, file: &RenderedFileRef, text: FileText, lines: Arc<[Option<u32>]>) {
         self.source_map.insert_indexed(file.clone(), lines);
@@ -516,6 +627,8 @@ impl<'a> Pass<'a> {
             diagnostics: Vec::new(),
             cached: Vec::new(),
             uncached_used: Vec::new(),
+            fixed: None,
+            shared_source_map: None,
         };
         let mut cached: Vec<Option<CachedFile>> = inner.entries.iter().map(|_| None).collect();
         let results = std::mem::take(&mut self.results);
@@ -566,14 +679,19 @@ impl<'a> Pass<'a> {
     }
 
     /// Renders the file sets (after `haproxy.cfg`, seeing the other files' names)
-    /// into `collected`; returns their cache.
+    /// into `collected`; returns their cache. A kind whose set kept every name
+    /// starts from `last`'s files of that kind.
     fn render_sets(
         &self,
         resources: &Resources,
         previous: Option<(Resources, sets::SetCache)>,
+        last: Option<LastOutput>,
         collected: &mut Collected,
         stats: &mut RenderStats,
     ) -> sets::SetCache {
+        let fixed: [Vec<String>; 3] =
+            std::array::from_fn(|slot| collected.outputs[slot].keys().cloned().collect());
+        let last = last.filter(|last| last.fixed == fixed);
         let [maps, files, certificates] = &collected.outputs;
         let rendered = self.renderer.render_sets(
             &self.context,
@@ -581,14 +699,23 @@ impl<'a> Pass<'a> {
             resources,
             previous,
             [maps, files, certificates],
+            last.is_some(),
         );
+        collected.fixed = Some(fixed);
         match rendered {
             Ok(rendered) => {
                 stats.rendered += rendered.rendered;
                 stats.reused += rendered.reused;
+                let last = last.filter(|_| rendered.kept_names.contains(&true));
+                if let Some(last) = &last {
+                    collected.start_from(last, rendered.kept_names, &self.inner.sets);
+                }
                 for (file, text, lines) in rendered.files {
-                    collected.source_map.insert_indexed(file.clone(), lines);
-                    collected.outputs[slot(file.kind)].insert(file.name, text);
+                    collected.outputs[slot(file.kind)].insert(file.name.clone(), text);
+                    collected.source_map.insert_indexed(file, lines);
+                }
+                if let Some(last) = &last {
+                    collected.source_map_from(last, rendered.kept_names, &self.inner.sets);
                 }
                 rendered.cache
             }
@@ -614,20 +741,24 @@ impl<'a> Pass<'a> {
             source_map,
             mut cached,
             uncached_used,
+            fixed,
+            shared_source_map,
             ..
         } = collected;
         // Each file's digest: taken from the last render for a file handed out
         // again, computed for the others; kept for the next render.
-        let digests = Digests::of([&maps, &files, &certificates], &previous_digests);
-        drop(previous_digests);
-        let config = RenderedConfig::from_hashed_main_with(
+        let digests = Digests::of([&maps, &files, &certificates], previous_digests);
+        let config = RenderedConfig::from_shared_groups(
             main.unwrap_or_else(|| HashedMain::new("")),
-            maps,
-            files,
-            certificates,
-            source_map,
+            [maps, files, certificates].map(Arc::new),
+            shared_source_map.unwrap_or_else(|| Arc::new(source_map)),
             |content| digests.get(content),
         );
+        let last = fixed.map(|fixed| LastOutput {
+            groups: config.groups().map(Arc::clone),
+            source_map: Arc::clone(config.source_map_shared()),
+            fixed,
+        });
         for (entry, cached) in self.inner.entries.iter().zip(&mut cached) {
             if let (true, Some(cached)) = (entry.is_main(), cached) {
                 cached.bytes = config.main().len();
@@ -649,6 +780,7 @@ impl<'a> Pass<'a> {
             sets: set_cache,
             folds,
             digests,
+            last,
         };
         // The session holds the previous render's snippet outputs and the maps over
         // them: thousands of shared values to release. The render is done without

@@ -127,8 +127,13 @@ pub(crate) type SetFile = (RenderedFileRef, Arc<str>, Arc<[Option<u32>]>);
 
 /// What the sets rendered.
 pub(crate) struct Rendered {
-    /// Every item's file, in set order then item order.
+    /// Every item's file, in set order then item order; for a kind in
+    /// `kept_names`, only the files that rendered again.
     pub(crate) files: Vec<SetFile>,
+    /// Per kind (maps, files, certificates): its one set gave every file the name it
+    /// had in the last render, so the kind's files are the last render's with
+    /// `files` replacing some of them.
+    pub(crate) kept_names: [bool; 3],
     pub(crate) cache: SetCache,
     pub(crate) rendered: usize,
     pub(crate) reused: usize,
@@ -188,6 +193,7 @@ impl Renderer {
         resources: &Resources,
         previous: Option<(Resources, SetCache)>,
         taken: [&BTreeMap<String, Arc<str>>; 3],
+        last_known: bool,
     ) -> Result<Rendered, Vec<Diagnostic>> {
         let inner = &*self.inner;
         let env = &inner.env;
@@ -214,6 +220,7 @@ impl Renderer {
         };
         let mut out = Rendered {
             files: Vec::new(),
+            kept_names: [false; 3],
             cache: Vec::with_capacity(inner.sets.len()),
             rendered: 0,
             reused: 0,
@@ -268,12 +275,63 @@ impl Renderer {
             };
             let slot = slot_of(set.kind);
             let fixed: Vec<String> = taken[slot].keys().cloned().collect();
+            let render = |item: &Item| -> Result<CachedItem, Box<Diagnostic>> {
+                let _entered = span.enter();
+                let escaping = escape::Escaping::for_kind(set.kind);
+                let mut output =
+                    output::Output::new(&inner.markers, budget, entry.source.len(), escaping);
+                let recording = Recording::start();
+                let rendered = env
+                    .get_template(&entry.name)
+                    .and_then(|t| {
+                        t.render_captured_to(item_context(context, &item.value), &mut output)
+                    })
+                    .map(drop);
+                let reads = recording.finish();
+                let who = describe(&item.value);
+                match (rendered, output.exceeded()) {
+                    (_, Some(exceeded)) => {
+                        let mut d = self.output_cap_diagnostic(entry, exceeded, budget);
+                        d.message = format!("{} (rendering {who})", d.message);
+                        Err(Box::new(d))
+                    }
+                    (_, None) if output.refused().is_some() => {
+                        let refused = output.refused().expect("checked");
+                        let mut d = self.refused_diagnostic(entry, refused);
+                        d.message = format!(
+                            "{} ({} for {who})",
+                            d.message,
+                            set.kind.relative_path(&item.name)
+                        );
+                        Err(Box::new(d))
+                    }
+                    (Err(error), None) => {
+                        let mut d = self.runtime_diagnostic(&error);
+                        d.message = format!(
+                            "{} ({} for {who})",
+                            d.message,
+                            set.kind.relative_path(&item.name)
+                        );
+                        Err(Box::new(d))
+                    }
+                    (Ok(()), None) => {
+                        let stripped = output.finish();
+                        Ok(CachedItem {
+                            item: item.value.clone(),
+                            text: Arc::from(stripped.text),
+                            lines: Arc::from(stripped.lines),
+                            reads: reads.into(),
+                        })
+                    }
+                }
+            };
             // The same items as last time, in the same order, named by the item
             // alone, checked against the same fixed names, and no other set of the
             // kind to collide with: the names are last time's, already checked, and
             // each item's file is its own of last time when its reads did not
             // change. A renewed certificate then costs its own file, not a pass over
-            // every name.
+            // every name: only the files that render again are handed on, to replace
+            // theirs in the last render's files (`kept_names`).
             let same_items = set.pure_name
                 && check.is_some()
                 && old.fixed == fixed
@@ -284,163 +342,166 @@ impl Renderer {
                     .iter()
                     .zip(&items)
                     .all(|((_, cached), value)| same_item(&cached.item, value));
-            let (named, kept, memo) = if same_items {
+            if same_items {
                 let check = check.as_ref().expect("checked above");
-                let (named, kept): (Vec<Item>, Vec<Option<CachedItem>>) = items
-                    .into_iter()
-                    .zip(std::mem::take(&mut old.files))
-                    .map(|(value, (name, cached))| {
-                        let kept = (set.contained
-                            && cached.reads.iter().all(|read| check.unchanged(read)))
-                        .then(|| CachedItem {
-                            item: value.clone(),
-                            ..cached
-                        });
-                        (Item { value, name }, kept)
-                    })
-                    .unzip();
-                (named, kept, std::mem::take(&mut old.names))
-            } else {
-                // Names first: cheap, and every problem with them is found before any
-                // file renders.
-                let mut named: Vec<Item> = Vec::with_capacity(items.len());
-                let mut memo = foldhash::HashMap::default();
-                for value in items {
-                    // A string item of a pure name template keeps last render's name
-                    // (which passed the name rules then).
-                    let known = set
-                        .pure_name
-                        .then(|| value.as_str().and_then(|item| old.names.get(item)))
-                        .flatten()
-                        .cloned();
-                    let name = match known {
-                        Some(name) => name,
-                        None => {
-                            let item_context = item_context(context, &value);
-                            let name = match env
-                                .get_template(&set.name_template)
-                                .and_then(|t| t.render(&item_context))
-                            {
-                                Ok(name) => name,
-                                Err(error) => {
-                                    diagnostics.push(at(format!(
-                                        "{label}.name for {}: {}",
-                                        describe(&value),
-                                        self.runtime_diagnostic(&error).message
-                                    )));
-                                    continue;
-                                }
-                            };
-                            if let Some(problem) = crate::config::file_name_problem(&name) {
+                let mut files = std::mem::take(&mut old.files);
+                let mut stale = Vec::new();
+                for (index, ((name, cached), value)) in files.iter_mut().zip(items).enumerate() {
+                    cached.item = value;
+                    if set.contained && cached.reads.iter().all(|read| check.unchanged(read)) {
+                        budget.charge(cached.text.len());
+                    } else {
+                        stale.push((
+                            index,
+                            Item {
+                                value: cached.item.clone(),
+                                name: name.clone(),
+                            },
+                        ));
+                    }
+                }
+                let rendered: Vec<(usize, Result<CachedItem, Box<Diagnostic>>)> =
+                    if set.contained && stale.len() > 1 {
+                        stale
+                            .par_iter()
+                            .map(|(index, item)| (*index, render(item)))
+                            .collect()
+                    } else {
+                        stale
+                            .iter()
+                            .map(|(index, item)| (*index, render(item)))
+                            .collect()
+                    };
+                let mut replaced = 0;
+                for (index, result) in rendered {
+                    match result {
+                        Ok(file) => {
+                            let name = &files[index].0;
+                            if last_known {
+                                out.files.push((
+                                    RenderedFileRef {
+                                        kind: set.kind,
+                                        name: name.clone(),
+                                    },
+                                    file.text.clone(),
+                                    file.lines.clone(),
+                                ));
+                            }
+                            files[index].1 = file;
+                            replaced += 1;
+                        }
+                        Err(diagnostic) => diagnostics.push(*diagnostic),
+                    }
+                }
+                out.rendered += replaced;
+                out.reused += files.len() - replaced;
+                if last_known {
+                    out.kept_names[slot] = true;
+                } else {
+                    out.files.extend(files.iter().map(|(name, file)| {
+                        (
+                            RenderedFileRef {
+                                kind: set.kind,
+                                name: name.clone(),
+                            },
+                            file.text.clone(),
+                            file.lines.clone(),
+                        )
+                    }));
+                }
+                out.cache.push(SetFiles {
+                    files,
+                    names: std::mem::take(&mut old.names),
+                    fixed,
+                });
+                continue;
+            }
+            // Names first: cheap, and every problem with them is found before any
+            // file renders.
+            let mut named: Vec<Item> = Vec::with_capacity(items.len());
+            let mut memo = foldhash::HashMap::default();
+            for value in items {
+                // A string item of a pure name template keeps last render's name
+                // (which passed the name rules then).
+                let known = set
+                    .pure_name
+                    .then(|| value.as_str().and_then(|item| old.names.get(item)))
+                    .flatten()
+                    .cloned();
+                let name = match known {
+                    Some(name) => name,
+                    None => {
+                        let item_context = item_context(context, &value);
+                        let name = match env
+                            .get_template(&set.name_template)
+                            .and_then(|t| t.render(&item_context))
+                        {
+                            Ok(name) => name,
+                            Err(error) => {
                                 diagnostics.push(at(format!(
-                                    "{label}: {} renders the file name {name:?}: {problem}",
-                                    describe(&value)
+                                    "{label}.name for {}: {}",
+                                    describe(&value),
+                                    self.runtime_diagnostic(&error).message
                                 )));
                                 continue;
                             }
-                            name
+                        };
+                        if let Some(problem) = crate::config::file_name_problem(&name) {
+                            diagnostics.push(at(format!(
+                                "{label}: {} renders the file name {name:?}: {problem}",
+                                describe(&value)
+                            )));
+                            continue;
                         }
-                    };
-                    if let Some(first) = names[slot].get(&name) {
-                        diagnostics.push(at(format!(
-                            "{label}: {} and {} both render {}",
-                            describe(&value),
-                            who(first),
-                            set.kind.relative_path(&name)
-                        )));
-                        continue;
-                    }
-                    if set.pure_name
-                        && let Some(item) = value.as_str()
-                    {
-                        memo.insert(item.to_owned(), name.clone());
-                    }
-                    names[slot].insert(name.clone(), Some(value.clone()));
-                    named.push(Item { value, name });
-                }
-                // Reuse (taken out of the last render's files, not copied), or render.
-                let mut by_name: foldhash::HashMap<String, CachedItem> =
-                    std::mem::take(&mut old.files).into_iter().collect();
-                let kept: Vec<Option<CachedItem>> = named
-                    .iter()
-                    .map(|item| {
-                        let cached = by_name.remove(&item.name)?;
-                        let check = check.as_ref()?;
-                        (set.contained
-                            && same_item(&cached.item, &item.value)
-                            && cached.reads.iter().all(|read| check.unchanged(read)))
-                        .then(|| CachedItem {
-                            item: item.value.clone(),
-                            ..cached
-                        })
-                    })
-                    .collect();
-                (named, kept, memo)
-            };
-            let render =
-                |(item, kept): (&Item, Option<CachedItem>)| -> Result<CachedItem, Box<Diagnostic>> {
-                    let _entered = span.enter();
-                    if let Some(cached) = kept {
-                        budget.charge(cached.text.len());
-                        return Ok(cached);
-                    }
-                    let escaping = escape::Escaping::for_kind(set.kind);
-                    let mut output =
-                        output::Output::new(&inner.markers, budget, entry.source.len(), escaping);
-                    let recording = Recording::start();
-                    let rendered = env
-                        .get_template(&entry.name)
-                        .and_then(|t| {
-                            t.render_captured_to(item_context(context, &item.value), &mut output)
-                        })
-                        .map(drop);
-                    let reads = recording.finish();
-                    let who = describe(&item.value);
-                    match (rendered, output.exceeded()) {
-                        (_, Some(exceeded)) => {
-                            let mut d = self.output_cap_diagnostic(entry, exceeded, budget);
-                            d.message = format!("{} (rendering {who})", d.message);
-                            Err(Box::new(d))
-                        }
-                        (_, None) if output.refused().is_some() => {
-                            let refused = output.refused().expect("checked");
-                            let mut d = self.refused_diagnostic(entry, refused);
-                            d.message = format!(
-                                "{} ({} for {who})",
-                                d.message,
-                                set.kind.relative_path(&item.name)
-                            );
-                            Err(Box::new(d))
-                        }
-                        (Err(error), None) => {
-                            let mut d = self.runtime_diagnostic(&error);
-                            d.message = format!(
-                                "{} ({} for {who})",
-                                d.message,
-                                set.kind.relative_path(&item.name)
-                            );
-                            Err(Box::new(d))
-                        }
-                        (Ok(()), None) => {
-                            let stripped = output.finish();
-                            Ok(CachedItem {
-                                item: item.value.clone(),
-                                text: Arc::from(stripped.text),
-                                lines: Arc::from(stripped.lines),
-                                reads: reads.into(),
-                            })
-                        }
+                        name
                     }
                 };
+                if let Some(first) = names[slot].get(&name) {
+                    diagnostics.push(at(format!(
+                        "{label}: {} and {} both render {}",
+                        describe(&value),
+                        who(first),
+                        set.kind.relative_path(&name)
+                    )));
+                    continue;
+                }
+                if set.pure_name
+                    && let Some(item) = value.as_str()
+                {
+                    memo.insert(item.to_owned(), name.clone());
+                }
+                names[slot].insert(name.clone(), Some(value.clone()));
+                named.push(Item { value, name });
+            }
+            // Reuse (taken out of the last render's files, not copied), or render.
+            let mut by_name: foldhash::HashMap<String, CachedItem> =
+                std::mem::take(&mut old.files).into_iter().collect();
+            let kept: Vec<Option<CachedItem>> = named
+                .iter()
+                .map(|item| {
+                    let cached = by_name.remove(&item.name)?;
+                    let check = check.as_ref()?;
+                    (set.contained
+                        && same_item(&cached.item, &item.value)
+                        && cached.reads.iter().all(|read| check.unchanged(read)))
+                    .then(|| CachedItem {
+                        item: item.value.clone(),
+                        ..cached
+                    })
+                })
+                .collect();
+            let render_or_keep = |(item, kept): (&Item, Option<CachedItem>)| match kept {
+                Some(cached) => {
+                    budget.charge(cached.text.len());
+                    (true, Ok(cached))
+                }
+                None => (false, render(item)),
+            };
             let work: Vec<(&Item, Option<CachedItem>)> = named.iter().zip(kept).collect();
             let results: Vec<(bool, Result<CachedItem, Box<Diagnostic>>)> = if set.contained {
-                work.into_par_iter()
-                    .map(|work| (work.1.is_some(), render(work)))
-                    .collect()
+                work.into_par_iter().map(render_or_keep).collect()
             } else {
-                work.into_iter()
-                    .map(|work| (work.1.is_some(), render(work)))
-                    .collect()
+                work.into_iter().map(render_or_keep).collect()
             };
             let mut cache = Vec::with_capacity(named.len());
             for (item, (was_reused, result)) in named.into_iter().zip(results) {

@@ -91,14 +91,21 @@ pub(crate) fn covered(baseline: &Baseline, candidate: &RenderedConfig) -> Result
     let main = candidate.main();
     main_allows_certificate_changes(main)?;
     let crt_lists = CrtLists::new(candidate);
+    let paths = super::RenderedPaths::of(candidate);
     for (name, content) in &changed_files {
         if !crt_lists.names.contains(name) {
             return Err(Why(format!(
                 "files/{name} changed and is not used only as a crt-list"
             )));
         }
-        let before = old.files().get(*name).map_or("", |text| &**text);
-        crt_list_covered(name, before, content, new_certs)?;
+        let before = old.files().get(*name);
+        let after = candidate
+            .files()
+            .get(*name)
+            .expect("a file of the candidate");
+        CRT_LIST_ANSWERS.answer(name, before, after, &paths, || {
+            crt_list_covered(name, before.map_or("", |text| &**text), content, new_certs)
+        })?;
     }
     for (name, _) in &changed_certs {
         certificate_name_covered(name, candidate, &crt_lists)?;
@@ -269,6 +276,71 @@ impl<'a> CrtLists<'a> {
             .iter()
             .filter(|(file, _)| !self.names.contains(file.as_str()))
             .any(|(_, text)| mentions(text, name).next().is_some())
+    }
+}
+
+/// The answers of [`crt_list_covered`] for the last few crt-lists, by the
+/// allocations of the list before and after and of the candidate's file names (what
+/// the answer depends on: the names of the rendered certificates, not their
+/// contents). Every validation compares with the same baseline until it moves, so a
+/// renewal would otherwise read the same two 10,000-line lists again.
+struct CrtListAnswers(Mutex<Vec<CrtListAnswer>>);
+
+struct CrtListAnswer {
+    name: Box<str>,
+    before: Option<Arc<str>>,
+    after: Arc<str>,
+    paths: Arc<super::RenderedPaths>,
+    answer: Result<(), Why>,
+}
+
+/// How many answers [`CrtListAnswers`] keeps.
+const CRT_LIST_ANSWERS_KEPT: usize = 8;
+
+static CRT_LIST_ANSWERS: CrtListAnswers = CrtListAnswers(Mutex::new(Vec::new()));
+
+impl CrtListAnswers {
+    fn answer(
+        &self,
+        name: &str,
+        before: Option<&Arc<str>>,
+        after: &Arc<str>,
+        paths: &Arc<super::RenderedPaths>,
+        check: impl FnOnce() -> Result<(), Why>,
+    ) -> Result<(), Why> {
+        let same = |kept: &CrtListAnswer| {
+            Arc::ptr_eq(&kept.after, after)
+                && Arc::ptr_eq(&kept.paths, paths)
+                && *kept.name == *name
+                && match (&kept.before, before) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                }
+        };
+        let found = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .find(|kept| same(kept))
+            .map(|kept| kept.answer.clone());
+        if let Some(answer) = found {
+            return answer;
+        }
+        let answer = check();
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.len() >= CRT_LIST_ANSWERS_KEPT {
+            kept.remove(0);
+        }
+        kept.push(CrtListAnswer {
+            name: Box::from(name),
+            before: before.cloned(),
+            after: Arc::clone(after),
+            paths: Arc::clone(paths),
+            answer: answer.clone(),
+        });
+        answer
     }
 }
 

@@ -543,11 +543,22 @@ fn map_content_covered(
     if let Some(file) = candidate
         .files()
         .iter()
-        .find(|(_, text)| mentions(text, name).next().is_some())
+        .find(|(_, text)| SCANS.mentions(text, name))
         .map(|(file, _)| file)
     {
         return Err(Why(format!("{path} changed and files/{file} mentions it")));
     }
+    match candidate.maps().get(name) {
+        Some(shared) if std::ptr::eq::<str>(&**shared, content) => {
+            SCANS.lines(shared, || map_lines_covered(path, content))
+        }
+        _ => map_lines_covered(path, content),
+    }
+}
+
+/// The line checks of [`map_content_covered`]: no line too long or with a control
+/// character.
+fn map_lines_covered(path: &str, content: &str) -> Result<(), Why> {
     for (index, line) in content.split('\n').enumerate() {
         if line.len() > MAX_MAP_LINE {
             return Err(Why(format!(
@@ -565,6 +576,73 @@ fn map_content_covered(
         }
     }
     Ok(())
+}
+
+/// The answers of the scans of whole files that a validation repeats, by the
+/// file's allocation: a render hands a map or file that did not change out again
+/// (the same `Arc`), and every validation compares with the same baseline until it
+/// moves, so without them each change would read the same 10,000-line maps and
+/// crt-list again. Holding the contents keeps their addresses unique.
+struct Scans(std::sync::Mutex<Vec<Scan>>);
+
+struct Scan {
+    text: Arc<str>,
+    /// The name looked for (`None`: the map line checks).
+    name: Option<Box<str>>,
+    answer: Result<(), Why>,
+}
+
+/// How many answers are kept: a few maps and files of the last renders.
+const SCANS_KEPT: usize = 32;
+
+static SCANS: Scans = Scans(std::sync::Mutex::new(Vec::new()));
+
+impl Scans {
+    fn answer(
+        &self,
+        text: &Arc<str>,
+        name: Option<&str>,
+        scan: impl FnOnce() -> Result<(), Why>,
+    ) -> Result<(), Why> {
+        let found = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .find(|kept| Arc::ptr_eq(&kept.text, text) && kept.name.as_deref() == name)
+            .map(|kept| kept.answer.clone());
+        if let Some(answer) = found {
+            return answer;
+        }
+        let answer = scan();
+        let mut kept = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if kept.len() >= SCANS_KEPT {
+            kept.remove(0);
+        }
+        kept.push(Scan {
+            text: Arc::clone(text),
+            name: name.map(Box::from),
+            answer: answer.clone(),
+        });
+        answer
+    }
+
+    /// Whether `text` names the file `name` ([`mentions`]).
+    fn mentions(&self, text: &Arc<str>, name: &str) -> bool {
+        self.answer(text, Some(name), || match mentions(text, name).next() {
+            Some(_) => Err(Why(String::new())),
+            None => Ok(()),
+        })
+        .is_err()
+    }
+
+    /// [`map_lines_covered`] of a map's content.
+    fn lines(&self, text: &Arc<str>, scan: impl FnOnce() -> Result<(), Why>) -> Result<(), Why> {
+        self.answer(text, None, scan)
+    }
 }
 
 /// The line of `text` that holds byte `at` (without its newline), and where it

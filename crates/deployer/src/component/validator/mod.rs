@@ -386,9 +386,15 @@ struct RenderedPaths {
 /// compared with).
 const KEPT_PATHS: usize = 2;
 
-static PATHS: std::sync::Mutex<Vec<Arc<RenderedPaths>>> = std::sync::Mutex::new(Vec::new());
+/// The kept sets, each with the hash of the last render it was handed to (asked
+/// again for that render, as phase 1 and the equivalence rule both do, the set is
+/// found without comparing names).
+static PATHS: std::sync::Mutex<Vec<(Arc<RenderedPaths>, ContentHash)>> =
+    std::sync::Mutex::new(Vec::new());
 
 impl RenderedPaths {
+    /// The set of `rendered`: one kept set for every render with the same file
+    /// names (the same `Arc`, so callers may remember answers by it).
     fn of(rendered: &RenderedConfig) -> Arc<Self> {
         let groups = [rendered.maps(), rendered.files(), rendered.certificates()];
         let same =
@@ -400,9 +406,14 @@ impl RenderedPaths {
         let mut kept = PATHS
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(at) = kept.iter().position(|paths| same(paths)) {
-            let found = kept.remove(at);
-            kept.push(found.clone());
+        let hash = rendered.hash();
+        if let Some(at) = kept
+            .iter()
+            .position(|(_, last)| *last == hash)
+            .or_else(|| kept.iter().position(|(paths, _)| same(paths)))
+        {
+            let (found, _) = kept.remove(at);
+            kept.push((found.clone(), hash));
             return found;
         }
         let mut set = BTreeSet::new();
@@ -425,7 +436,7 @@ impl RenderedPaths {
         if kept.len() >= KEPT_PATHS {
             kept.remove(0);
         }
-        kept.push(built.clone());
+        kept.push((built.clone(), hash));
         built
     }
 }
