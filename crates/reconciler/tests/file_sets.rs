@@ -437,3 +437,73 @@ async fn the_object_behind_a_bad_name_is_quarantined_not_the_whole_render() {
     let reason = format!("{:?}", search.objects[0]);
     assert!(reason.contains("renders the file name"), "{reason}");
 }
+
+/// A set of string items named by the item alone, whose items come and go: each
+/// render after the first starts from the last one's files (only new and changed
+/// items render, gone ones are taken out), and gives what a fresh renderer gives,
+/// errors included (two items that render one name).
+#[test]
+fn string_items_that_come_and_go_render_as_in_full() {
+    let set = FileSet {
+        kind: FileKind::Certificate,
+        key: "tls".into(),
+        for_each: "resources.secrets.list() | map(attribute='metadata.name') | list".into(),
+        name: "{{ item | replace('-', '_') }}.pem".into(),
+        template: "CERT {{ item }}".into(),
+    };
+    let fixed = [("fixed.pem".to_owned(), "FIXED".to_owned())];
+    let make = || {
+        Renderer::new(
+            Templates {
+                main: MAIN.into(),
+                certificates: fixed.clone().into(),
+                sets: vec![set.clone()],
+                ..Templates::default()
+            },
+            &["secrets"],
+        )
+        .unwrap()
+    };
+    let incremental = make();
+    let mut secrets = Secrets::new();
+    let check = |secrets: &Secrets, step: &str| {
+        let (got, stats) = incremental.render_with_stats(&secrets.resources);
+        let expected = make().render(&secrets.resources);
+        match (&got, &expected) {
+            (Ok(got), Ok(expected)) => {
+                assert_eq!(got, expected, "{step}");
+                assert_eq!(got.hash(), expected.hash(), "{step}");
+                assert_eq!(got.source_map(), expected.source_map(), "{step}");
+            }
+            (Err(got), Err(expected)) => assert_eq!(got, expected, "{step}"),
+            _ => panic!("{step}: {got:?} against {expected:?}"),
+        }
+        (got, stats)
+    };
+    for name in ["a-b", "c", "d"] {
+        secrets.upsert(secret("ns", name, name));
+    }
+    let _ = check(&secrets, "first");
+    secrets.upsert(secret("ns", "x", "x"));
+    let (rendered, stats) = check(&secrets, "one added");
+    let rendered = rendered.unwrap();
+    assert_eq!(
+        rendered.certificates().keys().collect::<Vec<_>>(),
+        ["a_b.pem", "c.pem", "d.pem", "fixed.pem", "x.pem"]
+    );
+    assert_eq!(stats.rendered, 1, "only the new item renders: {stats:?}");
+    secrets.upsert(secret("ns", "a_b", "clash"));
+    let (errors, _) = check(&secrets, "a clash");
+    let errors = errors.unwrap_err();
+    assert!(
+        errors[0].message.contains("both render certs/a_b.pem"),
+        "{errors:#?}"
+    );
+    secrets.remove("ns", "a-b");
+    let _ = check(&secrets, "the first of the two gone");
+    secrets.remove("ns", "c");
+    let (rendered, _) = check(&secrets, "one removed");
+    assert!(!rendered.unwrap().certificates().contains_key("c.pem"));
+    secrets.upsert(secret("ns", "fixed", "clash"));
+    let _ = check(&secrets, "an item on a fixed name");
+}

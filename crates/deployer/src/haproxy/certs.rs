@@ -124,6 +124,10 @@ pub(crate) fn file_changes<'a>(
 ) -> Vec<FileChange<'a>> {
     use std::cmp::Ordering;
     let mut out = Vec::new();
+    // The same group (renders share a group that did not change).
+    if std::ptr::eq(old, new) {
+        return out;
+    }
     let (mut a, mut b) = (old.iter().peekable(), new.iter().peekable());
     loop {
         // Which side holds the next name: only `old` (removed), only `new` (added), both.

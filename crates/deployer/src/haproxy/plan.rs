@@ -41,9 +41,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use hapwright_eventbus::model::{
-    DeployReason, DeployStrategy, ReloadReason, RenderedConfig, same_file,
-};
+use hapwright_eventbus::model::{DeployReason, DeployStrategy, ReloadReason, RenderedConfig};
 
 use crate::client::runtime::MAX_PAYLOAD_BYTES;
 use crate::haproxy::backends::{self, Capability, NotRuntime};
@@ -1030,53 +1028,55 @@ fn plan_files(
         ("certs", running.certificates(), desired.certificates()),
     ];
     for (dir, old, new) in groups {
-        for (name, content) in new {
-            let previous = old.get(name);
-            // An unchanged file needs nothing, handled elsewhere or not: decided
-            // before its path is built, since most of thousands of files are.
-            if same_file(previous, Some(content)) {
-                continue;
-            }
+        // One walk over both groups (most of thousands of files are unchanged, and
+        // a group that did not change at all is shared by the two renders).
+        let mut removed = None;
+        for (name, previous, content) in crate::haproxy::certs::file_changes(old, new) {
             let file = format!("{dir}/{name}");
             if handled.contains(&file) {
                 continue;
             }
-            match previous {
-                None => plan.force(ReloadReason::NewFile, format!("{file} added")),
-                Some(_) if dir == "certs" => {
-                    if content.len() > MAX_PAYLOAD_BYTES {
-                        plan.force(
-                            ReloadReason::NewFile,
-                            format!("{file} changed and is too large for the runtime API"),
-                        );
-                    } else {
-                        plan.ops.push(RuntimeOp::ReplaceCertificate {
-                            file,
-                            pem: Pem::from(content.clone()),
-                        });
-                    }
+            let (previous, content) = match (previous, content) {
+                (_, None) => {
+                    removed.get_or_insert(file);
+                    continue;
                 }
-                Some(_) if dir == "files" && !loaded_as_patterns(desired.main(), &file) => {
+                (None, Some(_)) => {
+                    plan.force(ReloadReason::NewFile, format!("{file} added"));
+                    continue;
+                }
+                (Some(previous), Some(content)) => (previous, content),
+            };
+            if dir == "certs" {
+                if content.len() > MAX_PAYLOAD_BYTES {
                     plan.force(
                         ReloadReason::NewFile,
-                        format!(
-                            "{file} changed; HAProxy reads it only when it loads the config \
-                             (it is not used as a map or ACL file)"
-                        ),
+                        format!("{file} changed and is too large for the runtime API"),
                     );
+                } else {
+                    plan.ops.push(RuntimeOp::ReplaceCertificate {
+                        file,
+                        pem: Pem::from(content.clone()),
+                    });
                 }
-                Some(previous) => plan.ops.push(RuntimeOp::ReplacePatterns {
+            } else if dir == "files" && !loaded_as_patterns(desired.main(), &file) {
+                plan.force(
+                    ReloadReason::NewFile,
+                    format!(
+                        "{file} changed; HAProxy reads it only when it loads the config \
+                         (it is not used as a map or ACL file)"
+                    ),
+                );
+            } else {
+                plan.ops.push(RuntimeOp::ReplacePatterns {
                     previous: order_free_map(desired.main(), &file).then(|| previous.clone()),
                     file,
                     content: content.clone(),
-                }),
+                });
             }
         }
-        if let Some(name) = old
-            .keys()
-            .find(|name| !new.contains_key(*name) && !handled.contains(&format!("{dir}/{name}")))
-        {
-            plan.force(ReloadReason::NewFile, format!("{dir}/{name} removed"));
+        if let Some(file) = removed {
+            plan.force(ReloadReason::NewFile, format!("{file} removed"));
         }
     }
 }

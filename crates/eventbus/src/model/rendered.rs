@@ -195,6 +195,11 @@ impl SourceMap {
             })
     }
 
+    /// Forgets a file's lines.
+    pub fn remove(&mut self, file: &RenderedFileRef) {
+        self.files.remove(file);
+    }
+
     /// A file's lines as numbers into the origins ([`SourceMap::insert_indexed`]).
     pub fn lines(&self, file: &RenderedFileRef) -> Option<&Arc<[Option<u32>]>> {
         self.files.get(file)

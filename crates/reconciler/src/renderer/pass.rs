@@ -231,24 +231,36 @@ struct Collected {
 }
 
 impl Collected {
-    /// For each kind whose set kept every name (`kept`): its files are `last`'s,
-    /// with this render's fixed files of the kind replacing theirs (the set's files
-    /// that rendered again are added after).
-    fn start_from(&mut self, last: &LastOutput, kept: [bool; 3], sets: &[sets::SetSpec]) {
-        for (slot, kept) in kept.into_iter().enumerate() {
-            if kept {
+    /// For each kind whose set's files are `last`'s but for a few (`from_last`):
+    /// its files are `last`'s without the gone ones, with this render's fixed files
+    /// of the kind replacing theirs (the set's new and changed files are added
+    /// after).
+    fn start_from(
+        &mut self,
+        last: &LastOutput,
+        from_last: &[Option<Vec<String>>; 3],
+        sets: &[sets::SetSpec],
+    ) {
+        for (slot, gone) in from_last.iter().enumerate() {
+            if let Some(gone) = gone {
                 let mut group = (*last.groups[slot]).clone();
+                for name in gone {
+                    group.remove(name);
+                }
                 group.extend(std::mem::take(&mut self.outputs[slot]));
                 self.outputs[slot] = group;
             }
         }
-        if !Self::every_set_kept(kept, sets) {
-            // Some set renamed its files: the kept kinds' files take their lines
-            // from `last` one by one (its other files may be gone).
-            for slot in (0..3).filter(|&slot| kept[slot]) {
+        if !Self::every_set_from_last(from_last, sets) {
+            // Some set renamed its files: the kinds from `last` take their files'
+            // lines from it one by one (its other files may be gone).
+            for (slot, gone) in from_last.iter().enumerate() {
+                let Some(gone) = gone else {
+                    continue;
+                };
                 let kind = [FileKind::Map, FileKind::File, FileKind::Certificate][slot];
                 for name in last.groups[slot].keys() {
-                    if last.fixed[slot].binary_search(name).is_ok() {
+                    if last.fixed[slot].binary_search(name).is_ok() || gone.contains(name) {
                         continue;
                     }
                     let file = RenderedFileRef {
@@ -263,26 +275,42 @@ impl Collected {
         }
     }
 
-    /// Whether every kind a set makes kept its names: the render has exactly
-    /// `last`'s files.
-    fn every_set_kept(kept: [bool; 3], sets: &[sets::SetSpec]) -> bool {
-        sets.iter().all(|set| kept[slot(set.kind)])
+    /// Whether every kind a set makes comes from `last`: the render has `last`'s
+    /// files but for the gone ones and the new ones.
+    fn every_set_from_last(from_last: &[Option<Vec<String>>; 3], sets: &[sets::SetSpec]) -> bool {
+        sets.iter().all(|set| from_last[slot(set.kind)].is_some())
     }
 
-    /// Once the files of every set are in: when the render has exactly `last`'s
-    /// files, its source map is `last`'s, shared when no file's lines changed (a
-    /// renewed certificate has the lines of the one it replaces), else a copy with
-    /// this render's lines taken in.
-    fn source_map_from(&mut self, last: &LastOutput, kept: [bool; 3], sets: &[sets::SetSpec]) {
-        if !Self::every_set_kept(kept, sets) {
+    /// Once the files of every set are in: when every kind a set makes comes from
+    /// `last`, the source map is `last`'s, shared when no file came or went and no
+    /// file's lines changed (a renewed certificate has the lines of the one it
+    /// replaces), else a copy without the gone files and with this render's lines
+    /// taken in.
+    fn source_map_from(
+        &mut self,
+        last: &LastOutput,
+        from_last: &[Option<Vec<String>>; 3],
+        sets: &[sets::SetSpec],
+    ) {
+        if !Self::every_set_from_last(from_last, sets) {
             return;
         }
         let own = std::mem::take(&mut self.source_map);
-        if last.source_map.covers(&own) {
+        let none_gone = from_last.iter().flatten().all(Vec::is_empty);
+        if none_gone && last.source_map.covers(&own) {
             self.shared_source_map = Some(Arc::clone(&last.source_map));
             return;
         }
         let mut map = (*last.source_map).clone();
+        for (slot, gone) in from_last.iter().enumerate() {
+            let kind = [FileKind::Map, FileKind::File, FileKind::Certificate][slot];
+            for name in gone.iter().flatten() {
+                map.remove(&RenderedFileRef {
+                    kind,
+                    name: name.clone(),
+                });
+            }
+        }
         map.absorb(own);
         self.source_map = map;
     }
@@ -706,16 +734,16 @@ impl<'a> Pass<'a> {
             Ok(rendered) => {
                 stats.rendered += rendered.rendered;
                 stats.reused += rendered.reused;
-                let last = last.filter(|_| rendered.kept_names.contains(&true));
+                let last = last.filter(|_| rendered.from_last.iter().any(Option::is_some));
                 if let Some(last) = &last {
-                    collected.start_from(last, rendered.kept_names, &self.inner.sets);
+                    collected.start_from(last, &rendered.from_last, &self.inner.sets);
                 }
                 for (file, text, lines) in rendered.files {
                     collected.outputs[slot(file.kind)].insert(file.name.clone(), text);
                     collected.source_map.insert_indexed(file, lines);
                 }
                 if let Some(last) = &last {
-                    collected.source_map_from(last, rendered.kept_names, &self.inner.sets);
+                    collected.source_map_from(last, &rendered.from_last, &self.inner.sets);
                 }
                 rendered.cache
             }

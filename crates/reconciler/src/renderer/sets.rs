@@ -128,12 +128,13 @@ pub(crate) type SetFile = (RenderedFileRef, Arc<str>, Arc<[Option<u32>]>);
 /// What the sets rendered.
 pub(crate) struct Rendered {
     /// Every item's file, in set order then item order; for a kind in
-    /// `kept_names`, only the files that rendered again.
+    /// `from_last`, only the files that are new or rendered again.
     pub(crate) files: Vec<SetFile>,
-    /// Per kind (maps, files, certificates): its one set gave every file the name it
-    /// had in the last render, so the kind's files are the last render's with
-    /// `files` replacing some of them.
-    pub(crate) kept_names: [bool; 3],
+    /// Per kind (maps, files, certificates), when its one set's files are the last
+    /// render's but for a few: the names of the last render's files that are gone.
+    /// The kind's files are then the last render's without those, with `files`
+    /// added or replacing theirs.
+    pub(crate) from_last: [Option<Vec<String>>; 3],
     pub(crate) cache: SetCache,
     pub(crate) rendered: usize,
     pub(crate) reused: usize,
@@ -220,7 +221,7 @@ impl Renderer {
         };
         let mut out = Rendered {
             files: Vec::new(),
-            kept_names: [false; 3],
+            from_last: Default::default(),
             cache: Vec::with_capacity(inner.sets.len()),
             rendered: 0,
             reused: 0,
@@ -331,7 +332,7 @@ impl Renderer {
             // each item's file is its own of last time when its reads did not
             // change. A renewed certificate then costs its own file, not a pass over
             // every name: only the files that render again are handed on, to replace
-            // theirs in the last render's files (`kept_names`).
+            // theirs in the last render's files (`from_last`).
             let same_items = set.pure_name
                 && check.is_some()
                 && old.fixed == fixed
@@ -396,7 +397,7 @@ impl Renderer {
                 out.rendered += replaced;
                 out.reused += files.len() - replaced;
                 if last_known {
-                    out.kept_names[slot] = true;
+                    out.from_last[slot] = Some(Vec::new());
                 } else {
                     out.files.extend(files.iter().map(|(name, file)| {
                         (
@@ -414,6 +415,60 @@ impl Renderer {
                     names: std::mem::take(&mut old.names),
                     fixed,
                 });
+                continue;
+            }
+            // Items added or removed, the others as last time, all strings named by
+            // the item alone: the names of the items that stay are last time's (the
+            // memo), and the kind's files are the last render's with the new and
+            // changed ones added and the gone ones taken out (`from_last`). A new or
+            // removed certificate then costs its own file and a pass over names,
+            // not the copy of every name into new maps.
+            if let Some(check) = check.as_ref()
+                && set.pure_name
+                && last_known
+                && old.fixed == fixed
+                && alone[slot]
+                && items.iter().all(|item| item.as_str().is_some())
+                && old
+                    .files
+                    .iter()
+                    .all(|(_, cached)| cached.item.as_str().is_some())
+            {
+                match self.render_changed_items(
+                    set,
+                    &label,
+                    context,
+                    items,
+                    &mut old,
+                    taken[slot],
+                    check,
+                    budget,
+                    &render,
+                ) {
+                    Ok(changed) => {
+                        let ChangedItems {
+                            files,
+                            names: memo,
+                            removed,
+                            rendered,
+                            reused,
+                            new_files,
+                        } = changed;
+                        out.rendered += rendered;
+                        out.reused += reused;
+                        out.files.extend(new_files);
+                        out.from_last[slot] = Some(removed);
+                        out.cache.push(SetFiles {
+                            files,
+                            names: memo,
+                            fixed,
+                        });
+                    }
+                    Err(found) => {
+                        diagnostics.extend(found);
+                        out.cache.push(SetFiles::default());
+                    }
+                }
                 continue;
             }
             // Names first: cheap, and every problem with them is found before any
@@ -530,6 +585,193 @@ impl Renderer {
                 names: memo,
                 fixed,
             });
+        }
+        if diagnostics.is_empty() {
+            Ok(out)
+        } else {
+            Err(diagnostics)
+        }
+    }
+}
+
+/// What [`Renderer::render_changed_items`] made of one set.
+struct ChangedItems {
+    /// Every item's file, in item order (the cache for the next render).
+    files: Vec<(String, CachedItem)>,
+    /// The name of every string item seen lately.
+    names: foldhash::HashMap<String, String>,
+    /// The names of the last render's files that are gone.
+    removed: Vec<String>,
+    rendered: usize,
+    reused: usize,
+    /// The files that are new or rendered again.
+    new_files: Vec<SetFile>,
+}
+
+impl Renderer {
+    /// One set's files when its items (strings, named by the item alone) changed
+    /// but most stayed: each item's name from the memo or rendered, checked
+    /// (the name rules, the fixed names, no two items alike), each file taken
+    /// from last time when its item and reads did not change, else rendered by
+    /// `render`. Errors as the general path words them.
+    #[allow(clippy::too_many_arguments)]
+    fn render_changed_items(
+        &self,
+        set: &SetSpec,
+        label: &str,
+        context: &Value,
+        items: Vec<Value>,
+        old: &mut SetFiles,
+        fixed: &BTreeMap<String, Arc<str>>,
+        check: &context::ReadCheck<'_>,
+        budget: &output::Budget,
+        render: &(dyn Fn(&Item) -> Result<CachedItem, Box<Diagnostic>> + Sync),
+    ) -> Result<ChangedItems, Vec<Diagnostic>> {
+        let entry = &self.inner.entries[set.entry];
+        let at = |message: String| {
+            Diagnostic::error(message).at(SourceLocation::new(entry.name.as_ref(), Some(1), None))
+        };
+        let mut diagnostics = Vec::new();
+        let mut memo = std::mem::take(&mut old.names);
+        let mut named: Vec<Item> = Vec::with_capacity(items.len());
+        // Each name given so far, with the index in `named` of the item that has it.
+        let mut given: foldhash::HashMap<String, usize> = foldhash::HashMap::default();
+        given.reserve(items.len());
+        for value in items {
+            let item = value.as_str().expect("string items");
+            let name = match memo.get(item) {
+                Some(name) => name.clone(),
+                None => {
+                    let name = match self
+                        .inner
+                        .env
+                        .get_template(&set.name_template)
+                        .and_then(|t| t.render(item_context(context, &value)))
+                    {
+                        Ok(name) => name,
+                        Err(error) => {
+                            diagnostics.push(at(format!(
+                                "{label}.name for {}: {}",
+                                describe(&value),
+                                self.runtime_diagnostic(&error).message
+                            )));
+                            continue;
+                        }
+                    };
+                    if let Some(problem) = crate::config::file_name_problem(&name) {
+                        diagnostics.push(at(format!(
+                            "{label}: {} renders the file name {name:?}: {problem}",
+                            describe(&value)
+                        )));
+                        continue;
+                    }
+                    memo.insert(item.to_owned(), name.clone());
+                    name
+                }
+            };
+            if fixed.contains_key(&name) {
+                diagnostics.push(at(format!(
+                    "{label}: {} and a fixed entry both render {}",
+                    describe(&value),
+                    set.kind.relative_path(&name)
+                )));
+                continue;
+            }
+            if let Some(&first) = given.get(&name) {
+                diagnostics.push(at(format!(
+                    "{label}: {} and {} both render {}",
+                    describe(&value),
+                    describe(&named[first].value),
+                    set.kind.relative_path(&name)
+                )));
+                continue;
+            }
+            given.insert(name.clone(), named.len());
+            named.push(Item { value, name });
+        }
+        // The memo forgets items long gone once it holds twice as many as there are.
+        if memo.len() > 2 * named.len() + 64 {
+            let live: std::collections::HashSet<&str> = named
+                .iter()
+                .filter_map(|item| item.value.as_str())
+                .collect();
+            memo.retain(|item, _| live.contains(item.as_str()));
+        }
+        let mut last: Vec<Option<(String, CachedItem)>> = std::mem::take(&mut old.files)
+            .into_iter()
+            .map(Some)
+            .collect();
+        let mut removed = Vec::new();
+        let mut by_name: foldhash::HashMap<&str, usize> = foldhash::HashMap::default();
+        by_name.reserve(last.len());
+        for (index, file) in last.iter().enumerate() {
+            let (name, _) = file.as_ref().expect("all there");
+            if given.contains_key(name) {
+                by_name.insert(name.as_str(), index);
+            } else {
+                removed.push(name.clone());
+            }
+        }
+        let found: Vec<Option<usize>> = named
+            .iter()
+            .map(|item| by_name.get(item.name.as_str()).copied())
+            .collect();
+        drop(by_name);
+        let kept: Vec<Option<CachedItem>> = named
+            .iter()
+            .zip(found)
+            .map(|(item, index)| {
+                let (_, cached) = last[index?].take()?;
+                (set.contained
+                    && same_item(&cached.item, &item.value)
+                    && cached.reads.iter().all(|read| check.unchanged(read)))
+                .then(|| CachedItem {
+                    item: item.value.clone(),
+                    ..cached
+                })
+            })
+            .collect();
+        let work: Vec<(&Item, Option<CachedItem>)> = named.iter().zip(kept).collect();
+        let stale = work.iter().filter(|(_, kept)| kept.is_none()).count();
+        let keep_or_render = |(item, kept): (&Item, Option<CachedItem>)| match kept {
+            Some(cached) => (true, Ok(cached)),
+            None => (false, render(item)),
+        };
+        let results: Vec<(bool, Result<CachedItem, Box<Diagnostic>>)> =
+            if set.contained && stale > 1 {
+                work.into_par_iter().map(keep_or_render).collect()
+            } else {
+                work.into_iter().map(keep_or_render).collect()
+            };
+        let mut out = ChangedItems {
+            files: Vec::with_capacity(named.len()),
+            names: memo,
+            removed,
+            rendered: 0,
+            reused: 0,
+            new_files: Vec::new(),
+        };
+        for (item, (was_kept, result)) in named.into_iter().zip(results) {
+            match result {
+                Ok(file) => {
+                    if was_kept {
+                        out.reused += 1;
+                        budget.charge(file.text.len());
+                    } else {
+                        out.rendered += 1;
+                        out.new_files.push((
+                            RenderedFileRef {
+                                kind: set.kind,
+                                name: item.name.clone(),
+                            },
+                            file.text.clone(),
+                            file.lines.clone(),
+                        ));
+                    }
+                    out.files.push((item.name, file));
+                }
+                Err(diagnostic) => diagnostics.push(*diagnostic),
+            }
         }
         if diagnostics.is_empty() {
             Ok(out)
