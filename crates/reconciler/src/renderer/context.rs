@@ -844,7 +844,7 @@ pub(crate) enum Read {
 }
 
 /// A [`Read::Has`]: the call and what it answered.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct HasRead {
     name: Arc<str>,
     keys: LookupKeys,
@@ -852,13 +852,31 @@ pub(crate) struct HasRead {
     answer: bool,
 }
 
+/// Hashes the store, the keys' fingerprint and the answer, not the fields: equal
+/// reads still hash alike, and a loop that reuses 10,000 iterations adds their
+/// reads to a set without hashing every field path again.
+impl std::hash::Hash for HasRead {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+        self.keys.hash(state);
+        self.answer.hash(state);
+    }
+}
+
 /// The keys of a [`Read::Lookup`], with a fingerprint of them ([`keys_print`]) kept
 /// beside them: a change to one object is checked against the reads of every object
 /// a file in pieces holds, and comparing fingerprints does not read the keys' text.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct LookupKeys {
     keys: Arc<[String]>,
     print: u64,
+}
+
+/// Hashes the fingerprint alone (equal keys have equal fingerprints).
+impl std::hash::Hash for LookupKeys {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.print);
+    }
 }
 
 impl LookupKeys {
@@ -1227,7 +1245,12 @@ impl Object for SharedList {
 /// `shared.keys()`; `shared.key` and `shared["key"]` read. `set` and `append` return
 /// an empty string, so `{{ shared.set("k", v) }}` prints nothing.
 /// What `shared` holds: its keys in order, as `shared.keys()` lists them.
-pub(crate) type SharedValues = imbl::OrdMap<String, Value>;
+pub(crate) type SharedValues = imbl::GenericHashMap<
+    String,
+    Value,
+    foldhash::fast::FixedState,
+    imbl::shared_ptr::DefaultSharedPtr,
+>;
 
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
@@ -1258,6 +1281,14 @@ impl Shared {
     /// changed in place: `set` and `append` store new values).
     pub(crate) fn restore(&self, snapshot: &SharedValues) {
         *self.lock() = snapshot.clone();
+    }
+
+    /// The keys in order (the map is a hash map, so lookups stay cheap with tens of
+    /// thousands of keys; templates see them sorted).
+    fn sorted_keys(&self) -> Vec<Value> {
+        let mut keys: Vec<String> = self.lock().keys().cloned().collect();
+        keys.sort_unstable();
+        keys.into_iter().map(Value::from).collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, SharedValues> {
@@ -1303,12 +1334,7 @@ impl Object for Shared {
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Values(
-            self.lock()
-                .keys()
-                .map(|k| Value::from(k.as_str()))
-                .collect(),
-        )
+        Enumerator::Values(self.sorted_keys())
     }
 
     fn call_method(
@@ -1373,12 +1399,7 @@ impl Object for Shared {
                 let key = key_arg(method, args, 1..=1)?;
                 Ok(Value::from(self.lock().contains_key(&key)))
             }
-            "keys" => Ok(Value::from(
-                self.lock()
-                    .keys()
-                    .map(|k| Value::from(k.as_str()))
-                    .collect::<Vec<_>>(),
-            )),
+            "keys" => Ok(Value::from(self.sorted_keys())),
             _ => Err(Error::new(
                 ErrorKind::UnknownMethod,
                 format!(
