@@ -133,7 +133,9 @@ pub struct LineOrigin {
 /// file of 60,000 lines costs four bytes a line and no reference counting.
 #[derive(Clone, Debug, Default)]
 pub struct SourceMap {
-    files: BTreeMap<RenderedFileRef, Arc<[Option<u32>]>>,
+    /// A persistent map: a render that changes a few of 10,000 files copies the
+    /// last render's map in constant time and updates those.
+    files: imbl::OrdMap<RenderedFileRef, Arc<[Option<u32>]>>,
     origins: Arc<[LineOrigin]>,
 }
 
@@ -142,7 +144,7 @@ impl SourceMap {
     /// ([`SourceMap::insert_indexed`]).
     pub fn with_origins(origins: Arc<[LineOrigin]>) -> Self {
         Self {
-            files: BTreeMap::new(),
+            files: imbl::OrdMap::new(),
             origins,
         }
     }
@@ -240,7 +242,7 @@ impl PartialEq for SourceMap {
             && self
                 .files
                 .iter()
-                .zip(&other.files)
+                .zip(other.files.iter())
                 .all(|((a, la), (b, lb))| {
                     a == b
                         && la.len() == lb.len()
