@@ -1245,12 +1245,7 @@ impl Object for SharedList {
 /// `shared.keys()`; `shared.key` and `shared["key"]` read. `set` and `append` return
 /// an empty string, so `{{ shared.set("k", v) }}` prints nothing.
 /// What `shared` holds: its keys in order, as `shared.keys()` lists them.
-pub(crate) type SharedValues = imbl::GenericHashMap<
-    String,
-    Value,
-    foldhash::fast::FixedState,
-    imbl::shared_ptr::DefaultSharedPtr,
->;
+pub(crate) type SharedValues = imbl::OrdMap<String, Value>;
 
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
@@ -1283,12 +1278,12 @@ impl Shared {
         *self.lock() = snapshot.clone();
     }
 
-    /// The keys in order (the map is a hash map, so lookups stay cheap with tens of
-    /// thousands of keys; templates see them sorted).
+    /// The keys, in order.
     fn sorted_keys(&self) -> Vec<Value> {
-        let mut keys: Vec<String> = self.lock().keys().cloned().collect();
-        keys.sort_unstable();
-        keys.into_iter().map(Value::from).collect()
+        self.lock()
+            .keys()
+            .map(|k| Value::from(k.as_str()))
+            .collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, SharedValues> {

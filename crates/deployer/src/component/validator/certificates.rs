@@ -295,7 +295,7 @@ struct CrtListAnswer {
 }
 
 /// How many answers [`CrtListAnswers`] keeps.
-const CRT_LIST_ANSWERS_KEPT: usize = 8;
+const CRT_LIST_ANSWERS_KEPT: usize = 4;
 
 static CRT_LIST_ANSWERS: CrtListAnswers = CrtListAnswers(Mutex::new(Vec::new()));
 

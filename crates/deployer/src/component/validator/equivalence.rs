@@ -593,7 +593,7 @@ struct Scan {
 }
 
 /// How many answers are kept: a few maps and files of the last renders.
-const SCANS_KEPT: usize = 32;
+const SCANS_KEPT: usize = 12;
 
 static SCANS: Scans = Scans(std::sync::Mutex::new(Vec::new()));
 
