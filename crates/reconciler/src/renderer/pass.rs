@@ -98,9 +98,9 @@ struct Previous {
 
 /// A render's maps, files and certificates and its source map, shared with the
 /// render, and the names of the files of each kind that no set made: a set whose
-/// files keep their names hands on only the files that rendered again, and the
-/// next render's files of that kind are these with those replaced
-/// ([`sets::Rendered::kept_names`]).
+/// files are mostly last time's hands on only its new and changed files and the
+/// names of the gone ones, and the next render's files of that kind are these,
+/// updated ([`sets::Rendered::from_last`]).
 pub(super) struct LastOutput {
     groups: [FileGroup; 3],
     source_map: Arc<SourceMap>,
