@@ -148,6 +148,54 @@ fn a_value_is_refused_or_stays_on_its_line_in_every_place() {
         .expect("every value is refused or stays in its place");
 }
 
+/// `map_lines` prints what the loop it replaces prints, byte for byte, and refuses
+/// what the loop refuses: random lists of hostile values as keys and values, mixed
+/// with the template's own (trusted) text, a number, `none` and a constant value.
+#[test]
+fn map_lines_prints_and_refuses_as_the_loop() {
+    const COLLECT: &str = "{% for v in resources.values.list() %}\
+{% set _ = shared.append('pairs', [v.spec.value, 'be_' ~ v.spec.index]) %}\
+{% set _ = shared.append('pairs', ['/k' ~ v.spec.index, v.spec.value]) %}\
+{% set _ = shared.append('keys', v.spec.value) %}\
+{% endfor %}{% set _ = shared.append('pairs', ['trusted-key', 7, none]) %}global\n";
+    let make = |map: &str| {
+        let mut templates = Templates::new(COLLECT);
+        templates.maps.insert("m.map".into(), map.into());
+        renderer(templates)
+    };
+    let looped = make(
+        "{% for line in shared.get('pairs', []) %}\
+{% for part in line %}{% if not loop.first %} {% endif %}{{ part }}{% endfor %}\n{% endfor %}\
+{% for key in shared.get('keys', []) %}{{ key }} 1\n{% endfor %}",
+    );
+    let filtered = make(
+        "{{ shared.get('pairs', []) | map_lines }}{{ shared.get('keys', []) | map_lines('1') }}",
+    );
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 400,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&prop::collection::vec(hostile_string(), 0..6), |values| {
+            let resources = resources(&values);
+            match (looped.render(&resources), filtered.render(&resources)) {
+                (Ok(a), Ok(b)) => {
+                    let (a, b) = (a.get(&map_file()), b.get(&map_file()));
+                    prop_assert_eq!(a, b, "{:?}", values);
+                }
+                (Err(a), Err(b)) => {
+                    prop_assert!(
+                        a.iter().chain(&b).all(|e| e.message.contains("refused")),
+                        "{a:#?} {b:#?}"
+                    );
+                }
+                (a, b) => prop_assert!(false, "{values:?}: {a:?} against {b:?}"),
+            }
+            Ok(())
+        })
+        .expect("map_lines prints and refuses as the loop");
+}
+
 // === real HAProxy ===
 
 /// The config that answers each value back: `/<place>/<index>` returns it.
