@@ -963,10 +963,12 @@ fn a_partially_invalid_rule_answers_500_for_the_share_of_its_unusable_backend_re
         2 * web >= 3 * errors && errors >= 25,
         "3:1 weights sent {web} to web and answered {errors} with 500"
     );
-    let failed = (0..8)
+    // Any one 500 of the share (HAProxy 3.4's round robin over threads can send
+    // a run of requests to the other server).
+    let failed = (0..40)
         .map(|_| answer("/split"))
         .find(|(status, _, _)| *status == 500)
-        .unwrap_or_else(|| sidecar.fail("no 500 in 8 requests"));
+        .unwrap_or_else(|| sidecar.fail("no 500 in 40 requests"));
     assert_eq!(failed, none, "the unusable share's 500 is the usual 500");
 
     // The route is accepted; ResolvedRefs says which reference is refused.
