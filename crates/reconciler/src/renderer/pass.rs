@@ -258,7 +258,7 @@ impl Collected {
                 let Some(gone) = gone else {
                     continue;
                 };
-                let kind = [FileKind::Map, FileKind::File, FileKind::Certificate][slot];
+                let kind = KINDS[slot];
                 for name in last.groups[slot].keys() {
                     if last.fixed[slot].binary_search(name).is_ok() || gone.contains(name) {
                         continue;
@@ -303,7 +303,7 @@ impl Collected {
         }
         let mut map = (*last.source_map).clone();
         for (slot, gone) in from_last.iter().enumerate() {
-            let kind = [FileKind::Map, FileKind::File, FileKind::Certificate][slot];
+            let kind = KINDS[slot];
             for name in gone.iter().flatten() {
                 map.remove(&RenderedFileRef {
                     kind,
@@ -818,6 +818,9 @@ impl<'a> Pass<'a> {
         (config, cache)
     }
 }
+
+/// The kinds of [`Collected::outputs`], by index.
+const KINDS: [FileKind; 3] = [FileKind::Map, FileKind::File, FileKind::Certificate];
 
 /// The index of a map, file or certificate in [`Collected::outputs`].
 fn slot(kind: FileKind) -> usize {

@@ -239,15 +239,7 @@ impl Renderer {
         for (set, mut old) in inner.sets.iter().zip(old_sets) {
             let entry = &inner.entries[set.entry];
             let label = set.label();
-            // Errors about the set as a whole or an item's name: at the set's template
-            // (its first line, which the config file's location maps to).
-            let at = |message: String| {
-                Diagnostic::error(message).at(SourceLocation::new(
-                    entry.name.as_ref(),
-                    Some(1),
-                    None,
-                ))
-            };
+            let at = |message: String| self.set_error(set, message);
             let items = match env
                 .compile_expression(&set.for_each)
                 .and_then(|expression| expression.eval(context))
@@ -379,14 +371,7 @@ impl Renderer {
                         Ok(file) => {
                             let name = &files[index].0;
                             if last_known {
-                                out.files.push((
-                                    RenderedFileRef {
-                                        kind: set.kind,
-                                        name: name.clone(),
-                                    },
-                                    file.text.clone(),
-                                    file.lines.clone(),
-                                ));
+                                out.files.push(set_file(set.kind, name, &file));
                             }
                             files[index].1 = file;
                             replaced += 1;
@@ -399,16 +384,11 @@ impl Renderer {
                 if last_known {
                     out.from_last[slot] = Some(Vec::new());
                 } else {
-                    out.files.extend(files.iter().map(|(name, file)| {
-                        (
-                            RenderedFileRef {
-                                kind: set.kind,
-                                name: name.clone(),
-                            },
-                            file.text.clone(),
-                            file.lines.clone(),
-                        )
-                    }));
+                    out.files.extend(
+                        files
+                            .iter()
+                            .map(|(name, file)| set_file(set.kind, name, file)),
+                    );
                 }
                 out.cache.push(SetFiles {
                     files,
@@ -485,31 +465,13 @@ impl Renderer {
                     .cloned();
                 let name = match known {
                     Some(name) => name,
-                    None => {
-                        let item_context = item_context(context, &value);
-                        let name = match env
-                            .get_template(&set.name_template)
-                            .and_then(|t| t.render(&item_context))
-                        {
-                            Ok(name) => name,
-                            Err(error) => {
-                                diagnostics.push(at(format!(
-                                    "{label}.name for {}: {}",
-                                    describe(&value),
-                                    self.runtime_diagnostic(&error).message
-                                )));
-                                continue;
-                            }
-                        };
-                        if let Some(problem) = crate::config::file_name_problem(&name) {
-                            diagnostics.push(at(format!(
-                                "{label}: {} renders the file name {name:?}: {problem}",
-                                describe(&value)
-                            )));
+                    None => match self.item_name(set, &label, context, &value) {
+                        Ok(name) => name,
+                        Err(diagnostic) => {
+                            diagnostics.push(*diagnostic);
                             continue;
                         }
-                        name
-                    }
+                    },
                 };
                 if let Some(first) = names[slot].get(&name) {
                     diagnostics.push(at(format!(
@@ -567,14 +529,7 @@ impl Renderer {
                         } else {
                             out.rendered += 1;
                         }
-                        out.files.push((
-                            RenderedFileRef {
-                                kind: set.kind,
-                                name: item.name.clone(),
-                            },
-                            file.text.clone(),
-                            file.lines.clone(),
-                        ));
+                        out.files.push(set_file(set.kind, &item.name, &file));
                         cache.push((item.name, file));
                     }
                     Err(diagnostic) => diagnostics.push(*diagnostic),
@@ -627,10 +582,7 @@ impl Renderer {
         budget: &output::Budget,
         render: &(dyn Fn(&Item) -> Result<CachedItem, Box<Diagnostic>> + Sync),
     ) -> Result<ChangedItems, Vec<Diagnostic>> {
-        let entry = &self.inner.entries[set.entry];
-        let at = |message: String| {
-            Diagnostic::error(message).at(SourceLocation::new(entry.name.as_ref(), Some(1), None))
-        };
+        let at = |message: String| self.set_error(set, message);
         let mut diagnostics = Vec::new();
         let mut memo = std::mem::take(&mut old.names);
         let mut named: Vec<Item> = Vec::with_capacity(items.len());
@@ -641,33 +593,16 @@ impl Renderer {
             let item = value.as_str().expect("string items");
             let name = match memo.get(item) {
                 Some(name) => name.clone(),
-                None => {
-                    let name = match self
-                        .inner
-                        .env
-                        .get_template(&set.name_template)
-                        .and_then(|t| t.render(item_context(context, &value)))
-                    {
-                        Ok(name) => name,
-                        Err(error) => {
-                            diagnostics.push(at(format!(
-                                "{label}.name for {}: {}",
-                                describe(&value),
-                                self.runtime_diagnostic(&error).message
-                            )));
-                            continue;
-                        }
-                    };
-                    if let Some(problem) = crate::config::file_name_problem(&name) {
-                        diagnostics.push(at(format!(
-                            "{label}: {} renders the file name {name:?}: {problem}",
-                            describe(&value)
-                        )));
+                None => match self.item_name(set, label, context, &value) {
+                    Ok(name) => {
+                        memo.insert(item.to_owned(), name.clone());
+                        name
+                    }
+                    Err(diagnostic) => {
+                        diagnostics.push(*diagnostic);
                         continue;
                     }
-                    memo.insert(item.to_owned(), name.clone());
-                    name
-                }
+                },
             };
             if fixed.contains_key(&name) {
                 diagnostics.push(at(format!(
@@ -759,14 +694,7 @@ impl Renderer {
                         budget.charge(file.text.len());
                     } else {
                         out.rendered += 1;
-                        out.new_files.push((
-                            RenderedFileRef {
-                                kind: set.kind,
-                                name: item.name.clone(),
-                            },
-                            file.text.clone(),
-                            file.lines.clone(),
-                        ));
+                        out.new_files.push(set_file(set.kind, &item.name, &file));
                     }
                     out.files.push((item.name, file));
                 }
@@ -779,6 +707,62 @@ impl Renderer {
             Err(diagnostics)
         }
     }
+}
+
+impl Renderer {
+    /// An error about a set as a whole or an item's name: at the set's template (its
+    /// first line, which the config file's location maps to).
+    fn set_error(&self, set: &SetSpec, message: String) -> Diagnostic {
+        let entry = &self.inner.entries[set.entry];
+        Diagnostic::error(message).at(SourceLocation::new(entry.name.as_ref(), Some(1), None))
+    }
+
+    /// The file name `value` renders in `set`, checked against the name rules.
+    fn item_name(
+        &self,
+        set: &SetSpec,
+        label: &str,
+        context: &Value,
+        value: &Value,
+    ) -> Result<String, Box<Diagnostic>> {
+        let name = self
+            .inner
+            .env
+            .get_template(&set.name_template)
+            .and_then(|t| t.render(item_context(context, value)))
+            .map_err(|error| {
+                Box::new(self.set_error(
+                    set,
+                    format!(
+                        "{label}.name for {}: {}",
+                        describe(value),
+                        self.runtime_diagnostic(&error).message
+                    ),
+                ))
+            })?;
+        if let Some(problem) = crate::config::file_name_problem(&name) {
+            return Err(Box::new(self.set_error(
+                set,
+                format!(
+                    "{label}: {} renders the file name {name:?}: {problem}",
+                    describe(value)
+                ),
+            )));
+        }
+        Ok(name)
+    }
+}
+
+/// An item's file as the render takes it in.
+fn set_file(kind: FileKind, name: &str, file: &CachedItem) -> SetFile {
+    (
+        RenderedFileRef {
+            kind,
+            name: name.to_owned(),
+        },
+        file.text.clone(),
+        file.lines.clone(),
+    )
 }
 
 /// The index of a kind in the per-kind arrays (maps, files, certificates).
