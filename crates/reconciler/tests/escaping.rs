@@ -196,6 +196,115 @@ fn map_lines_prints_and_refuses_as_the_loop() {
         .expect("map_lines prints and refuses as the loop");
 }
 
+/// The template view of one object per `(key, value)`, in order (`spec.value`,
+/// `spec.key`, `spec.index`).
+fn keyed_resources(values: &[(u8, String)]) -> Resources {
+    let objects = values.iter().enumerate().map(|(index, (key, value))| {
+        json!({
+            "metadata": { "namespace": "tenant", "name": format!("v{index:04}") },
+            "spec": { "value": value, "key": format!("k{key}"), "index": index },
+        })
+    });
+    let mut resources = Resources::new();
+    let snapshot = fixtures::snapshot(&["metadata.namespace", "metadata.name"], objects);
+    resources.update(&Arc::from("values"), snapshot, None);
+    resources
+}
+
+/// One edit of the list between two renders.
+#[derive(Clone, Debug)]
+enum Edit {
+    Insert(usize, (u8, String)),
+    Remove(usize),
+    Replace(usize, String),
+    Same,
+}
+
+fn edit() -> impl Strategy<Value = Edit> {
+    let entry = (
+        0u8..6,
+        prop_oneof![3 => "[a-z]{1,6}", 1 => hostile_string()],
+    );
+    prop_oneof![
+        4 => (any::<usize>(), entry).prop_map(|(at, entry)| Edit::Insert(at, entry)),
+        2 => any::<usize>().prop_map(Edit::Remove),
+        2 => (any::<usize>(), prop_oneof![3 => "[a-z]{1,6}", 1 => hostile_string()])
+            .prop_map(|(at, value)| Edit::Replace(at, value)),
+        1 => Just(Edit::Same),
+    ]
+}
+
+/// `map_lines` keeps its output from one render to the next and prints only the
+/// lines of items that changed: after every edit of a list built in `shared` (by a
+/// pass whose unchanged iterations are reused, so items are the same values, and
+/// by `append` and `put`), its output equals the loop's, byte for byte, and it
+/// refuses what the loop refuses.
+#[test]
+fn map_lines_prints_a_changed_list_as_the_loop_prints_it() {
+    let collect = "{% set _ = shared.append('pairs', [v.spec.value, 'be_' ~ v.spec.key]) %}\
+{% set _ = shared.append('keys', v.spec.value) %}\
+{% set _ = shared.put('table', v.spec.key, [v.spec.key, v.spec.value]) %}";
+    let make = |map: &str| {
+        let mut templates = Templates::new(
+            "{% for v in resources.values.list() %}{% include 'collect' %}{% endfor %}global\n",
+        );
+        templates.snippets.insert("collect".into(), collect.into());
+        templates.maps.insert("m.map".into(), map.into());
+        renderer(templates)
+    };
+    let looped = make(
+        "{% for line in shared.get('pairs', []) %}\
+{% for part in line %}{% if not loop.first %} {% endif %}{{ part }}{% endfor %}\n{% endfor %}\
+{% for key in shared.get('keys', []) %}{{ key }} 1\n{% endfor %}\
+{% for line in shared.get('table', []) %}{{ line[0] }} {{ line[1] }}\n{% endfor %}",
+    );
+    let filtered = make(
+        "{{ shared.get('pairs', []) | map_lines }}{{ shared.get('keys', []) | map_lines('1') }}\
+{{ shared.get('table', []) | map_lines }}",
+    );
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 48,
+        ..ProptestConfig::default()
+    });
+    let start = prop::collection::vec((0u8..6, "[a-z]{1,6}"), 0..80);
+    runner
+        .run(
+            &(start, prop::collection::vec(edit(), 1..24)),
+            |(start, edits)| {
+                let mut values = start;
+                for edit in std::iter::once(Edit::Same).chain(edits) {
+                    match edit {
+                        Edit::Insert(at, entry) => values.insert(at % (values.len() + 1), entry),
+                        Edit::Remove(at) if !values.is_empty() => {
+                            values.remove(at % values.len());
+                        }
+                        Edit::Replace(at, value) if !values.is_empty() => {
+                            let at = at % values.len();
+                            values[at].1 = value;
+                        }
+                        _ => {}
+                    }
+                    let resources = keyed_resources(&values);
+                    match (looped.render(&resources), filtered.render(&resources)) {
+                        (Ok(a), Ok(b)) => {
+                            let (a, b) = (a.get(&map_file()), b.get(&map_file()));
+                            prop_assert_eq!(a, b, "{:?}", values);
+                        }
+                        (Err(a), Err(b)) => {
+                            prop_assert!(
+                                a.iter().chain(&b).all(|e| e.message.contains("refused")),
+                                "{a:#?} {b:#?}"
+                            );
+                        }
+                        (a, b) => prop_assert!(false, "{values:?}: {a:?} against {b:?}"),
+                    }
+                }
+                Ok(())
+            },
+        )
+        .expect("map_lines prints a changed list as the loop prints it");
+}
+
 // === real HAProxy ===
 
 /// The config that answers each value back: `/<place>/<index>` returns it.

@@ -434,6 +434,48 @@ fn shared_append_builds_a_plain_list_and_earlier_reads_keep_their_items() {
     );
 }
 
+/// `shared.put` builds a keyed list: a new entry goes at the end, an entry put
+/// again is replaced where it is, and to templates it is a plain list. `append`
+/// on it, `put` on anything else and a key that is not a string are errors.
+#[test]
+fn shared_put_replaces_an_entry_in_place_and_adds_new_ones_at_the_end() {
+    let config = renderer(
+        Templates::new(
+            "{{ shared.put('t', 'a', 1) }}{{ shared.put('t', 'b', 2) }}\
+             {% set before = shared.get('t') %}{{ shared.put('t', 'a', 3) }}{{ shared.put('t', 'c', [4, 5]) }}\
+             {{ before | join(',') }} {{ shared.t[:2] | join(',') }} {{ shared.t | length }} {{ shared.t[-1] | join('+') }}",
+        ),
+        &[],
+    )
+    .render(&Resources::new())
+    .expect("renders");
+    assert_eq!(config.main().as_ref(), "1,2 3,2 3 4+5\n");
+
+    for (template, error) in [
+        (
+            "{{ shared.put('t', 'a', 1) }}{{ shared.append('t', 2) }}",
+            "`t` is a keyed list (built with shared.put); add to it with put",
+        ),
+        (
+            "{{ shared.append('t', 1) }}{{ shared.put('t', 'a', 2) }}",
+            "`t` holds a sequence, not a keyed list",
+        ),
+        (
+            "{{ shared.put('t', 1, 2) }}",
+            "the entry's key must be a string, got number",
+        ),
+        ("{{ shared.put('t', 'a') }}", "takes 3 arguments, got 2"),
+    ] {
+        let errors = renderer(Templates::new(template), &[])
+            .render(&Resources::new())
+            .expect_err(template);
+        assert!(
+            errors.iter().any(|e| e.message.contains(error)),
+            "{template}: {errors:#?}"
+        );
+    }
+}
+
 #[test]
 fn files_that_use_shared_render_after_haproxy_cfg_in_order_while_others_run_in_parallel() {
     // Maps render in name order, then files, then certificates; the ones that name

@@ -1204,12 +1204,33 @@ impl Resources {
 
 // === impl SharedList ===
 
-/// A list built with `shared.append`: a persistent vector, so an append shares the
-/// items already there instead of copying them (a template that appends once per
-/// object would otherwise copy the list once per object), while a list read earlier
-/// with `shared.get` keeps the items it had. To templates it is a plain list.
+/// A list built with `shared.append` or `shared.put`: a persistent vector, so an
+/// append shares the items already there instead of copying them (a template that
+/// appends once per object would otherwise copy the list once per object), while a
+/// list read earlier with `shared.get` keeps the items it had. To templates it is a
+/// plain list.
 #[derive(Debug)]
-struct SharedList(imbl::Vector<Value>);
+struct SharedList {
+    items: imbl::Vector<Value>,
+    /// For a keyed list (`shared.put`): each key's place in `items`.
+    keys: Option<imbl::OrdMap<String, usize>>,
+}
+
+/// The items of a list built in `shared` (`append` or `put`), borrowed: a filter
+/// that walks thousands of them reads them in place, and can tell the items of a
+/// list from the last render that are still there ([`super::functions`]'s
+/// `map_lines`).
+pub(crate) fn shared_items(value: &Value) -> Option<&imbl::Vector<Value>> {
+    value
+        .downcast_object_ref::<SharedList>()
+        .map(|list| &list.items)
+}
+
+impl SharedList {
+    fn appended(items: imbl::Vector<Value>) -> Value {
+        Value::from_object(Self { items, keys: None })
+    }
+}
 
 impl Object for SharedList {
     fn repr(self: &Arc<Self>) -> ObjectRepr {
@@ -1219,19 +1240,19 @@ impl Object for SharedList {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
         let index = i64::try_from(key.clone()).ok()?;
         let index = if index < 0 {
-            index + self.0.len() as i64
+            index + self.items.len() as i64
         } else {
             index
         };
-        self.0.get(usize::try_from(index).ok()?).cloned()
+        self.items.get(usize::try_from(index).ok()?).cloned()
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        self.mapped_enumerator(|this| Box::new(this.0.iter().cloned()))
+        self.mapped_enumerator(|this| Box::new(this.items.iter().cloned()))
     }
 
     fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
-        Some(self.0.len())
+        Some(self.items.len())
     }
 }
 
@@ -1241,9 +1262,11 @@ impl Object for SharedList {
 /// and certificate), so a value computed once can be reused by later templates.
 ///
 /// `shared.get(key, default=none)`, `shared.set(key, value)`,
-/// `shared.setdefault(key, value)`, `shared.append(key, item)`, `shared.has(key)`,
-/// `shared.keys()`; `shared.key` and `shared["key"]` read. `set` and `append` return
-/// an empty string, so `{{ shared.set("k", v) }}` prints nothing.
+/// `shared.setdefault(key, value)`, `shared.append(key, item)`,
+/// `shared.put(key, entry, item)` (a keyed list: a new entry goes at the end, an
+/// entry put again is replaced where it is), `shared.has(key)`, `shared.keys()`;
+/// `shared.key` and `shared["key"]` read. `set`, `append` and `put` return an empty
+/// string, so `{{ shared.set("k", v) }}` prints nothing.
 /// What `shared` holds: its keys in order, as `shared.keys()` lists them.
 pub(crate) type SharedValues = imbl::OrdMap<String, Value>;
 
@@ -1369,7 +1392,16 @@ impl Object for Shared {
                 let mut items = match values.get(&key) {
                     None => imbl::Vector::new(),
                     Some(existing) => match existing.downcast_object_ref::<SharedList>() {
-                        Some(list) => list.0.clone(),
+                        Some(SharedList { keys: Some(_), .. }) => {
+                            return Err(Error::new(
+                                ErrorKind::InvalidOperation,
+                                format!(
+                                    "shared.append(): `{key}` is a keyed list (built with \
+                                     shared.put); add to it with put"
+                                ),
+                            ));
+                        }
+                        Some(list) => list.items.clone(),
                         None => match existing.try_iter() {
                             Ok(iter) if existing.kind() == minijinja::value::ValueKind::Seq => {
                                 iter.collect()
@@ -1387,7 +1419,57 @@ impl Object for Shared {
                     },
                 };
                 items.push_back(args[1].clone());
-                values.insert(key, Value::from_object(SharedList(items)));
+                values.insert(key, SharedList::appended(items));
+                Ok(Value::from(""))
+            }
+            "put" => {
+                let name = key_arg(method, args, 3..=3)?;
+                let Some(entry) = args[1].as_str() else {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!(
+                            "shared.put(): the entry's key must be a string, got {}",
+                            args[1].kind()
+                        ),
+                    ));
+                };
+                self.wrote();
+                let mut values = self.lock();
+                let (mut items, mut keys) = match values.get(&name) {
+                    None => (imbl::Vector::new(), imbl::OrdMap::new()),
+                    Some(existing) => match existing.downcast_object_ref::<SharedList>() {
+                        Some(SharedList {
+                            items,
+                            keys: Some(keys),
+                        }) => (items.clone(), keys.clone()),
+                        _ => {
+                            return Err(Error::new(
+                                ErrorKind::InvalidOperation,
+                                format!(
+                                    "shared.put(): `{name}` holds a {}, not a keyed list \
+                                     (built with shared.put)",
+                                    existing.kind()
+                                ),
+                            ));
+                        }
+                    },
+                };
+                match keys.get(entry) {
+                    Some(&place) => {
+                        items.set(place, args[2].clone());
+                    }
+                    None => {
+                        keys.insert(entry.to_owned(), items.len());
+                        items.push_back(args[2].clone());
+                    }
+                }
+                values.insert(
+                    name,
+                    Value::from_object(SharedList {
+                        items,
+                        keys: Some(keys),
+                    }),
+                );
                 Ok(Value::from(""))
             }
             "has" => {
@@ -1398,7 +1480,8 @@ impl Object for Shared {
             _ => Err(Error::new(
                 ErrorKind::UnknownMethod,
                 format!(
-                    "shared has no method {method}(); use get, set, setdefault, append, has or keys"
+                    "shared has no method {method}(); use get, set, setdefault, append, put, has \
+                     or keys"
                 ),
             )),
         }

@@ -63,9 +63,13 @@ pub(crate) fn register(
     env.add_filter("glob_match", glob_match_filter);
     env.add_test("glob_match", glob_match_test);
     env.add_filter("regex_escape", |text: &str| regex::escape(text));
-    env.add_filter("map_lines", move |items: &Value, value: Option<Value>| {
-        map_lines(output, items, value.as_ref())
-    });
+    let memos = Arc::new(LinesMemos::default());
+    env.add_filter(
+        "map_lines",
+        move |state: &State, items: &Value, value: Option<Value>| {
+            memos.print(state.name(), output, items, value.as_ref())
+        },
+    );
     env.add_filter("sort_by", sort_by);
     env.add_filter(
         "tojson",
@@ -211,24 +215,219 @@ fn format_value(out: &mut Output, state: &mut State, value: &Value) -> Result<()
 /// printed with `{{ }}`.
 fn map_lines(output: OutputSyntax, items: &Value, value: Option<&Value>) -> Result<Value, Error> {
     let mut out = String::new();
-    for item in items.try_iter()? {
-        if item.kind() == ValueKind::Seq {
-            for (index, part) in item.try_iter()?.enumerate() {
-                if index > 0 {
-                    out.push(' ');
-                }
-                push_printed(&mut out, &part, output)?;
+    match super::context::shared_items(items) {
+        Some(items) => {
+            for item in items {
+                print_line(&mut out, item, value, output)?;
             }
-        } else {
-            push_printed(&mut out, &item, output)?;
         }
-        if let Some(value) = value {
-            out.push(' ');
-            push_printed(&mut out, value, output)?;
+        None => {
+            for item in items.try_iter()? {
+                print_line(&mut out, &item, value, output)?;
+            }
         }
-        out.push('\n');
     }
     Ok(Value::from_safe_string(out))
+}
+
+/// One line of `map_lines`: the item's parts (or the item), then `value`. Parts of
+/// a list are read in place where the list allows it.
+fn print_line(
+    out: &mut String,
+    item: &Value,
+    value: Option<&Value>,
+    output: OutputSyntax,
+) -> Result<(), Error> {
+    let mut parts = |parts: &mut dyn Iterator<Item = &Value>| -> Result<(), Error> {
+        for (index, part) in parts.enumerate() {
+            if index > 0 {
+                out.push(' ');
+            }
+            push_printed(out, part, output)?;
+        }
+        Ok(())
+    };
+    if item.kind() == ValueKind::Seq {
+        if let Some(list) = item.downcast_object_ref::<Vec<Value>>() {
+            parts(&mut list.iter())?;
+        } else if let Some(list) = super::context::shared_items(item) {
+            parts(&mut list.iter())?;
+        } else {
+            let owned: Vec<Value> = item.try_iter()?.collect();
+            parts(&mut owned.iter())?;
+        }
+    } else {
+        push_printed(out, item, output)?;
+    }
+    if let Some(value) = value {
+        out.push(' ');
+        push_printed(out, value, output)?;
+    }
+    out.push('\n');
+    Ok(())
+}
+
+/// At most this many remembered `map_lines` outputs per template (a template that
+/// prints several lists keeps one for each of the first few).
+const LINES_MEMOS_PER_TEMPLATE: usize = 4;
+
+/// What `map_lines` printed for lists built in `shared`, per template, from one
+/// render to the next. A line depends only on its item and `value`, so when the
+/// list of this render holds the items of a remembered one, with others added,
+/// replaced or taken out between a common start and a common end, the output is
+/// the remembered text around the lines of the items in between: a map of 10,000
+/// lines with one host added prints one line. Items are compared by what they
+/// print (a list the template built by identity first, then part by part).
+#[derive(Default)]
+struct LinesMemos(Mutex<HashMap<String, Vec<Arc<LinesMemo>>>>);
+
+/// One remembered output: the items, `value`, the text and where each item's line
+/// ends in it.
+struct LinesMemo {
+    items: imbl::Vector<Value>,
+    value: Option<Value>,
+    text: Value,
+    ends: Vec<usize>,
+}
+
+impl LinesMemos {
+    fn print(
+        &self,
+        template: &str,
+        output: OutputSyntax,
+        items: &Value,
+        value: Option<&Value>,
+    ) -> Result<Value, Error> {
+        let Some(list) = super::context::shared_items(items) else {
+            return map_lines(output, items, value);
+        };
+        let candidates = self.lock().get(template).cloned().unwrap_or_default();
+        let best = candidates
+            .iter()
+            .filter(|memo| match (&memo.value, value) {
+                (None, None) => true,
+                (Some(old), Some(new)) => same_printed(old, new),
+                _ => false,
+            })
+            .map(|memo| (memo, common_ends(&memo.items, list)))
+            .max_by_key(|(_, (prefix, suffix))| prefix + suffix);
+        let memo = match best {
+            Some((old, (prefix, suffix))) => {
+                if prefix == old.items.len() && prefix == list.len() {
+                    return Ok(old.text.clone());
+                }
+                let text = old.text.as_str().unwrap_or_default();
+                let at = |ends: &[usize], count: usize| count.checked_sub(1).map_or(0, |i| ends[i]);
+                let head = at(&old.ends, prefix);
+                let tail = at(&old.ends, old.items.len() - suffix);
+                let mut out = String::with_capacity(text.len() + 64);
+                out.push_str(&text[..head]);
+                let mut ends = Vec::with_capacity(list.len());
+                ends.extend_from_slice(&old.ends[..prefix]);
+                for item in list.iter().skip(prefix).take(list.len() - prefix - suffix) {
+                    print_line(&mut out, item, value, output)?;
+                    ends.push(out.len());
+                }
+                let shift = out.len();
+                out.push_str(&text[tail..]);
+                ends.extend(
+                    old.ends[old.items.len() - suffix..]
+                        .iter()
+                        .map(|end| end - tail + shift),
+                );
+                LinesMemo {
+                    items: list.clone(),
+                    value: value.cloned(),
+                    text: Value::from_safe_string(out),
+                    ends,
+                }
+            }
+            None => {
+                let mut out = String::new();
+                let mut ends = Vec::with_capacity(list.len());
+                for item in list {
+                    print_line(&mut out, item, value, output)?;
+                    ends.push(out.len());
+                }
+                LinesMemo {
+                    items: list.clone(),
+                    value: value.cloned(),
+                    text: Value::from_safe_string(out),
+                    ends,
+                }
+            }
+        };
+        let text = memo.text.clone();
+        let memo = Arc::new(memo);
+        let replaced = best.map(|(old, _)| Arc::as_ptr(old));
+        let mut memos = self.lock();
+        let kept = memos.entry(template.to_owned()).or_default();
+        match replaced.and_then(|old| kept.iter().position(|m| Arc::as_ptr(m) == old)) {
+            Some(place) => kept[place] = memo,
+            None => {
+                if kept.len() == LINES_MEMOS_PER_TEMPLATE {
+                    kept.remove(0);
+                }
+                kept.push(memo);
+            }
+        }
+        Ok(text)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Arc<LinesMemo>>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// How many items `old` and `new` share at the start and, after those, at the end
+/// (items that print the same, [`same_printed`]).
+fn common_ends(old: &imbl::Vector<Value>, new: &imbl::Vector<Value>) -> (usize, usize) {
+    let prefix = old
+        .iter()
+        .zip(new.iter())
+        .take_while(|(a, b)| same_printed(a, b))
+        .count();
+    let room = old.len().min(new.len()) - prefix;
+    let suffix = old
+        .iter()
+        .rev()
+        .zip(new.iter().rev())
+        .take(room)
+        .take_while(|(a, b)| same_printed(a, b))
+        .count();
+    (prefix, suffix)
+}
+
+/// Whether `a` and `b` print the same in `map_lines` (and are refused alike):
+/// strings of the same text and trust, equal numbers of the same kind, equal `none`
+/// and booleans, and lists the template built whose parts are so (the same list
+/// at once). Anything else is taken as different.
+fn same_printed(a: &Value, b: &Value) -> bool {
+    if a.kind() != b.kind() {
+        return false;
+    }
+    match a.kind() {
+        ValueKind::String => a.is_safe() == b.is_safe() && a.as_str() == b.as_str(),
+        ValueKind::None | ValueKind::Bool => a == b,
+        ValueKind::Number => {
+            a.is_integer() == b.is_integer()
+                && a == b
+                && (a.is_integer() || a.to_string() == b.to_string())
+        }
+        ValueKind::Seq => match (
+            a.downcast_object_ref::<Vec<Value>>(),
+            b.downcast_object_ref::<Vec<Value>>(),
+        ) {
+            (Some(x), Some(y)) => {
+                std::ptr::eq(x, y)
+                    || (x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same_printed(p, q)))
+            }
+            _ => false,
+        },
+        _ => false,
+    }
 }
 
 /// Appends `value` as the formatter prints it ([`format_haproxy`], or
