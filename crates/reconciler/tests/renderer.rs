@@ -586,6 +586,77 @@ fn sort_by_on_resource_lists_is_remembered_per_change_and_stays_correct() {
     );
 }
 
+/// A list sorted again after a change starts from the order of the version before
+/// (the objects that did not change keep theirs; the others are put where they
+/// sort): after every step of random adds, changes and removals (reported as a
+/// watcher reports them), each sort of a long-lived renderer equals a fresh
+/// renderer's, ties, missing keys, descending keys and `reverse` included.
+#[test]
+fn a_list_sorted_again_after_a_change_sorts_as_a_fresh_sort() {
+    use hapwright_eventbus::model::{ObjectKey, ResourceChange, ResourceSnapshot, UpsertOutcome};
+    let templates = text_templates(
+        "{{ resources.items.list() | sort_by('spec.a') | map(attribute='metadata.name') | join(',') }}\n\
+         {{ resources.items.list() | sort_by('-spec.a', 'spec.b') | map(attribute='metadata.name') | join(',') }}\n\
+         {{ resources.items.list() | sort_by('spec.b', reverse=true) | map(attribute='metadata.name') | join(',') }}\n\
+         {{ resources.items.list() | sort_by('metadata.namespace') | map(attribute='metadata.name') | join(',') }}",
+    );
+    let kept = renderer(templates.clone(), &["items"]);
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut draw = move |below: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % below
+    };
+    let mut snapshot = ResourceSnapshot::new(Vec::new());
+    let mut resources = Resources::new();
+    let mut sorted_again = 0;
+    for step in 0..300 {
+        let mut change = ResourceChange::default();
+        for _ in 0..=draw(3) {
+            let key = ObjectKey::new(format!("ns{}", draw(3)), format!("o{}", draw(40)));
+            if draw(4) == 0 {
+                if snapshot.remove(&key).is_some() {
+                    change.removed.push(key);
+                }
+                continue;
+            }
+            let mut spec = serde_json::Map::new();
+            if draw(5) != 0 {
+                spec.insert("a".into(), json!(draw(6)));
+            }
+            spec.insert("b".into(), json!(["x", "y", "z"][draw(3) as usize]));
+            let object = json!({
+                "metadata": {"namespace": key.namespace, "name": key.name},
+                "spec": spec,
+            });
+            match snapshot.upsert(key.clone(), &object) {
+                Some(UpsertOutcome::Added) => change.added.push(key),
+                Some(UpsertOutcome::Modified) => change.modified.push(key),
+                None => {}
+            }
+        }
+        if change.is_empty() {
+            continue;
+        }
+        resources.update(
+            &Arc::from("items"),
+            Arc::new(snapshot.clone()),
+            Some(&change),
+        );
+        let fresh = renderer(templates.clone(), &["items"]);
+        let mut again = Resources::new();
+        again.update(&Arc::from("items"), Arc::new(snapshot.clone()), None);
+        let (a, b) = (
+            kept.render(&resources).expect("renders"),
+            fresh.render(&again).expect("renders"),
+        );
+        assert_eq!(text_file(&a), text_file(&b), "step {step}");
+        sorted_again += 1;
+    }
+    assert!(sorted_again > 200, "{sorted_again} steps changed something");
+}
+
 #[test]
 fn tojson_sorts_keys_and_is_html_safe_like_jinja2() {
     let out = render_text(

@@ -1567,7 +1567,12 @@ impl Driver for SocketDriver {
         marker: &str,
         previous: &Arc<RenderedConfig>,
     ) -> Result<(), DeployError> {
-        self.write_files(desired, marker, Some(previous)).await?;
+        // What the runtime commands changed: HAProxy reads the files only on a
+        // reload, which writes (and checks) every file.
+        let (config, version, previous) = (desired.clone(), marker.to_owned(), previous.clone());
+        self.on_files(move |dir| dir.write_changes(&config, &version, &previous))
+            .await
+            .map_err(|e| self.files_error(e))?;
         self.record(desired, marker, false).await;
         Ok(())
     }

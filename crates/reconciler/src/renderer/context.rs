@@ -58,6 +58,20 @@ const SORT_MEMO_LIMIT: usize = 8;
 pub(crate) struct ResourceList {
     items: Vec<Value>,
     sorted: Mutex<Vec<SortMemo>>,
+    /// How the previous version of this list was sorted, for a sort that is not
+    /// remembered yet ([`Self::base_order`]).
+    base: Option<SortBase>,
+}
+
+/// The orders `sort_by` gave the previous version of a `list()`: each sort's paths,
+/// `reverse` and the sorted objects. The objects that did not change since keep
+/// their values (and their order among themselves), so the new version's order is
+/// that one with the changed objects taken out and put back where they sort.
+/// Plain lists of values: a base never holds the list it came from, so versions do
+/// not chain.
+#[derive(Debug, Default)]
+pub(crate) struct SortBase {
+    orders: Vec<(Vec<Box<str>>, bool, Vec<Value>)>,
 }
 
 /// One remembered `sort_by`: its paths and `reverse`, and the sorted list (`None`:
@@ -73,10 +87,49 @@ struct SortMemo {
 impl ResourceList {
     /// The list as a template value.
     pub(crate) fn value(items: Vec<Value>) -> Value {
+        Self::with_base(items, None)
+    }
+
+    fn with_base(items: Vec<Value>, base: Option<SortBase>) -> Value {
         Value::from_object(Self {
             items,
             sorted: Mutex::new(Vec::new()),
+            base,
         })
+    }
+
+    /// What the next version's list starts from: every order remembered here.
+    fn base_for_next(&self) -> SortBase {
+        let orders = self
+            .memo()
+            .iter()
+            .map(|memo| {
+                let items = match &memo.sorted {
+                    Some(sorted) => match sorted.downcast_object_ref::<Vec<Value>>() {
+                        Some(items) => items.clone(),
+                        None => sorted.try_iter().map(Iterator::collect).unwrap_or_default(),
+                    },
+                    None => self.items.clone(),
+                };
+                (memo.paths.clone(), memo.reverse, items)
+            })
+            .collect();
+        SortBase { orders }
+    }
+
+    /// How the previous version of this list was sorted by `sort_by(paths,
+    /// reverse)`, when it was.
+    pub(crate) fn base_order(&self, paths: &[Cow<'_, str>], reverse: bool) -> Option<&[Value]> {
+        self.base
+            .as_ref()?
+            .orders
+            .iter()
+            .find_map(|(memo, rev, items)| {
+                (*rev == reverse
+                    && memo.len() == paths.len()
+                    && memo.iter().zip(paths).all(|(a, b)| **a == **b))
+                .then_some(items.as_slice())
+            })
     }
 
     /// The objects.
@@ -154,6 +207,9 @@ pub struct ResourceStore {
     /// The template value (a lazy document) of every object, by its address.
     values: imbl::OrdMap<usize, Value>,
     list: OnceLock<Value>,
+    /// How the previous version's `list()` was sorted, handed to this version's
+    /// `list()` when it is made (see [`SortBase`]).
+    sort_base: Mutex<Option<SortBase>>,
     lookup: OnceLock<Lookup>,
     /// Where this version's index comes from when it is first needed: the index of an
     /// earlier version and the index values every update since then touched, so only
@@ -340,6 +396,7 @@ impl ResourceStore {
             snapshot: None,
             values: imbl::OrdMap::new(),
             list: OnceLock::new(),
+            sort_base: Mutex::new(None),
             lookup: OnceLock::new(),
             lookup_base: Mutex::new(None),
         }
@@ -420,6 +477,14 @@ impl ResourceStore {
             }
             _ => Arc::from([]),
         };
+        // Only what an update reported: the objects it did not name keep their values.
+        let sort_base = self
+            .list
+            .get()
+            .filter(|_| incremental)
+            .and_then(|list| list.downcast_object_ref::<ResourceList>())
+            .map(ResourceList::base_for_next)
+            .filter(|base| !base.orders.is_empty());
         if !incremental {
             let mut rebuilt = imbl::OrdMap::new();
             for object in snapshot.list() {
@@ -439,6 +504,7 @@ impl ResourceStore {
             snapshot: Some(snapshot),
             values,
             list: OnceLock::new(),
+            sort_base: Mutex::new(sort_base),
             lookup: OnceLock::new(),
             lookup_base: Mutex::new(lookup_base),
         }
@@ -467,7 +533,15 @@ impl ResourceStore {
         self.list
             .get_or_init(|| match &self.snapshot {
                 Some(snapshot) => {
-                    ResourceList::value(snapshot.list().map(|o| self.value_of(o)).collect())
+                    let base = self
+                        .sort_base
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .take();
+                    ResourceList::with_base(
+                        snapshot.list().map(|o| self.value_of(o)).collect(),
+                        base,
+                    )
                 }
                 None => ResourceList::value(Vec::new()),
             })

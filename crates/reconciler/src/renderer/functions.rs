@@ -691,6 +691,65 @@ fn sorted_order(items: &[Value], keys: &[SortKey<'_>], reverse: bool) -> Option<
     Some(order)
 }
 
+/// The order [`sorted_order`] gives `items`, worked out from `old`: the previous
+/// version of the list, sorted by the same keys. The objects of both versions (the
+/// same values: an object that did not change keeps its value) keep their order
+/// among themselves, so only the others are put where they sort, by binary search,
+/// ties after the objects before them in `items`. `None` when that is not cheaper
+/// (more than a quarter of the objects are new) or an item is not a resource object.
+fn resorted(
+    items: &[Value],
+    old: &[Value],
+    keys: &[SortKey<'_>],
+    reverse: bool,
+) -> Option<Option<Vec<usize>>> {
+    let mut place: foldhash::HashMap<(usize, u32), usize> = foldhash::HashMap::default();
+    place.reserve(items.len());
+    for (index, item) in items.iter().enumerate() {
+        place.insert(super::lazy::identity(item)?, index);
+    }
+    let mut seen = vec![false; items.len()];
+    let kept_in = |value: &Value| {
+        let index = *place.get(&super::lazy::identity(value)?)?;
+        (!std::mem::replace(&mut seen[index], true)).then_some(index)
+    };
+    // The previous order, forwards.
+    let mut order: Vec<usize> = if reverse {
+        old.iter().rev().filter_map(kept_in).collect()
+    } else {
+        old.iter().filter_map(kept_in).collect()
+    };
+    let added: Vec<usize> = (0..items.len()).filter(|&i| !seen[i]).collect();
+    if added.len() > items.len() / 4 + 8 {
+        return None;
+    }
+    let extract = |index: usize| -> Vec<Value> {
+        keys.iter().map(|key| key.extract(&items[index])).collect()
+    };
+    for index in added {
+        let row = extract(index);
+        // The first place whose object sorts after the new one.
+        let at = order.partition_point(|&other| {
+            let other_row = extract(other);
+            let ordering = other_row
+                .iter()
+                .zip(&row)
+                .zip(keys)
+                .map(|((x, y), key)| if key.descending { y.cmp(x) } else { x.cmp(y) })
+                .find(|ordering| ordering.is_ne())
+                .unwrap_or_else(|| other.cmp(&index));
+            ordering.is_lt()
+        });
+        order.insert(at, index);
+    }
+    if reverse {
+        order.reverse();
+    } else if order.iter().enumerate().all(|(at, &index)| at == index) {
+        return Some(None);
+    }
+    Some(Some(order))
+}
+
 /// `items | sort_by("metadata.namespace", "-spec.priority", reverse=false)`: a stable
 /// sort by one or more attribute paths (dotted; numeric segments index lists). A
 /// leading `-` sorts that key descending; `reverse=true` reverses the whole order.
@@ -765,7 +824,11 @@ fn sort_by(value: &Value, args: Rest<ValueOrKwargs>) -> Result<Value, Error> {
         if items.len() <= 1 {
             return Ok(value.clone());
         }
-        let sorted = sorted_order(items, &keys, reverse).map(|order| reorder(items, order));
+        let order = list
+            .base_order(&paths, reverse)
+            .and_then(|old| resorted(items, old, &keys, reverse))
+            .unwrap_or_else(|| sorted_order(items, &keys, reverse));
+        let sorted = order.map(|order| reorder(items, order));
         list.remember_sorted(&paths, reverse, sorted.clone());
         return Ok(sorted.unwrap_or_else(|| value.clone()));
     }

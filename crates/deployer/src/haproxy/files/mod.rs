@@ -120,6 +120,18 @@ pub struct ConfigDir {
     root: PathBuf,
     modes: FileModes,
     faults: Arc<Faults>,
+    /// What the last complete [`write`](Self::write) or
+    /// [`write_changes`](Self::write_changes) of this directory (and its clones) left
+    /// there; cleared while a write runs and by anything else that changes the
+    /// layout files, so it is never behind what is on disk.
+    written: Arc<std::sync::Mutex<Option<Written>>>,
+}
+
+/// A render as written, with its version marker.
+#[derive(Clone, Debug)]
+struct Written {
+    config: RenderedConfig,
+    version: String,
 }
 
 impl ConfigDir {
@@ -130,7 +142,27 @@ impl ConfigDir {
             root: root.into(),
             modes: FileModes::default(),
             faults: Arc::new(Faults::from_env()),
+            written: Arc::default(),
         }
+    }
+
+    /// Takes the record of the last complete write (see [`Self::written`]); a write
+    /// that succeeds puts its own back.
+    fn take_written(&self) -> Option<Written> {
+        self.written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+
+    fn set_written(&self, config: &RenderedConfig, version: &str) {
+        *self
+            .written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Written {
+            config: config.clone(),
+            version: version.to_owned(),
+        });
     }
 
     /// The config directory of a socket instance, with its configured file modes
@@ -231,6 +263,68 @@ impl ConfigDir {
         previous: Option<&RenderedConfig>,
     ) -> io::Result<()> {
         let _ = previous;
+        self.take_written();
+        self.write_all(config, version)?;
+        self.set_written(config, version);
+        Ok(())
+    }
+
+    /// Writes what differs between `previous` and `config`, when `previous` (with
+    /// `version`) is what this directory's last complete write left: the maps, files
+    /// and certificates added or changed, then `haproxy.cfg` when it changed, and
+    /// removes those `config` no longer has. Files both renders share are not looked
+    /// at: with 10,000 certificates a deployment that adds one touches one file, not
+    /// 10,000. Anything else (no complete write yet in this process, a failed one,
+    /// another render or version) is a full [`write`](Self::write).
+    ///
+    /// A file changed by hand between two deployments is not seen here; the drift
+    /// check (`driftPreventionInterval`) reads every file and finds it.
+    ///
+    /// # Errors
+    ///
+    /// As [`write`](Self::write); the next write is then a full one.
+    pub fn write_changes(
+        &self,
+        config: &RenderedConfig,
+        version: &str,
+        previous: &RenderedConfig,
+    ) -> io::Result<()> {
+        let written = self.take_written();
+        let Some(written) = written.filter(|w| {
+            w.version == version && w.config.hash() == previous.hash() && w.config == *previous
+        }) else {
+            return self.write(config, version, Some(previous));
+        };
+        let mut dirty = Dirs::default();
+        let (old, new) = (written.config.groups(), config.groups());
+        for ((old, new), kind) in old.into_iter().zip(new).zip(SUBDIRS) {
+            for (name, _, now) in crate::haproxy::certs::file_changes(old, new) {
+                let relative = format!("{kind}/{name}");
+                match now {
+                    Some(content) => {
+                        self.put_known(&relative, content.as_bytes(), Some(content), &mut dirty)?;
+                    }
+                    None => remove_file(&self.path_of(&relative), &mut dirty)?,
+                }
+            }
+        }
+        // The side files' renames are durable before haproxy.cfg names them.
+        dirty.sync()?;
+        self.faults.reached(steps::AFTER_SIDE_FILES);
+        if !hapwright_eventbus::model::same_text(written.config.main(), config.main()) {
+            self.put(
+                "haproxy.cfg",
+                with_version_marker(config.main(), version).as_bytes(),
+                &mut dirty,
+            )?;
+        }
+        dirty.sync()?;
+        self.set_written(config, version);
+        Ok(())
+    }
+
+    /// [`write`](Self::write) itself.
+    fn write_all(&self, config: &RenderedConfig, version: &str) -> io::Result<()> {
         let mut dirty = Dirs::default();
         let mut wanted = BTreeSet::new();
         for (file, content) in config.iter() {
@@ -259,6 +353,7 @@ impl ConfigDir {
     /// Writes `config` as rendered (no version marker, no state record) with the
     /// layout's modes: `render --out`.
     pub fn write_rendered(&self, config: &RenderedConfig) -> io::Result<()> {
+        self.take_written();
         let mut dirty = Dirs::default();
         for (file, content) in config.iter() {
             self.put(&file.relative_path(), content.as_bytes(), &mut dirty)?;
@@ -315,6 +410,7 @@ impl ConfigDir {
     /// rewrites the files that differ (side files first, `haproxy.cfg` last) with the
     /// layout's modes, and removes layout files the snapshot did not have.
     pub fn restore(&self, snapshot: &DirSnapshot) -> io::Result<()> {
+        self.take_written();
         self.faults.check_restore()?;
         let current = self.snapshot()?;
         let mut dirty = Dirs::default();
@@ -503,6 +599,104 @@ mod tests {
         );
         let no_global = with_version_marker("defaults\n    mode http\n", "x");
         assert!(no_global.starts_with("global\n    setenv HAPWRIGHT_CONFIG_VERSION x\n"));
+    }
+
+    /// A render of up to a few maps, files and certificates with names and contents
+    /// drawn from `draw`; groups are carried over from `last` where `draw` keeps them,
+    /// so renders share what did not change, as the renderer's do.
+    fn next_render(
+        last: Option<&RenderedConfig>,
+        draw: &mut impl FnMut(u32) -> u32,
+    ) -> RenderedConfig {
+        let mut groups: Vec<Arc<BTreeMap<String, Arc<str>>>> = match last {
+            Some(last) => last.groups().into_iter().cloned().collect(),
+            None => vec![Arc::default(); 3],
+        };
+        for group in &mut groups {
+            if draw(3) == 0 {
+                continue;
+            }
+            let files = Arc::make_mut(group);
+            for _ in 0..draw(4) {
+                let name = format!("f{}.pem", draw(6));
+                match draw(3) {
+                    0 => {
+                        files.remove(&name);
+                    }
+                    _ => {
+                        files.insert(name, Arc::from(format!("content {}\n", draw(4))));
+                    }
+                }
+            }
+        }
+        let main = match (last, draw(3)) {
+            (Some(last), 0 | 1) => last.main().to_string(),
+            _ => format!("global\n    maxconn {}\n", draw(5)),
+        };
+        let [maps, files, certificates] = [&groups[0], &groups[1], &groups[2]];
+        RenderedConfig::new(
+            main,
+            (**maps).clone(),
+            (**files).clone(),
+            (**certificates).clone(),
+            SourceMap::default(),
+        )
+    }
+
+    /// `write_changes` leaves the directory as a full `write` does: random renders,
+    /// each written both ways into its own directory (now and then with another
+    /// version, or after a write that failed half-way, which makes the next one
+    /// full), compared file by file after every step.
+    #[test]
+    fn writing_the_changes_leaves_what_writing_everything_leaves() {
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut draw = move |below: u32| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % u64::from(below)) as u32
+        };
+        for _ in 0..40 {
+            let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            let (changes, full) = (ConfigDir::new(a.path()), ConfigDir::new(b.path()));
+            let mut last = next_render(None, &mut draw);
+            let mut version = "v0".to_owned();
+            changes.write(&last, &version, None).unwrap();
+            full.write(&last, &version, None).unwrap();
+            for step in 0..12 {
+                let next = next_render(Some(&last), &mut draw);
+                if draw(8) == 0 {
+                    version = format!("v{step}");
+                }
+                if draw(4) == 0 {
+                    // A write that fails half-way (every map rewritten, then a
+                    // certificate fails): the next one must not trust what this
+                    // one left.
+                    let failing = changes.clone().with_faults(Faults {
+                        fail_write: Some("certs/failing.pem".to_owned()),
+                        ..Faults::default()
+                    });
+                    let broken = RenderedConfig::new(
+                        "global\n    maxconn 7\n",
+                        (0..6)
+                            .map(|k| (format!("f{k}.pem"), Arc::<str>::from("broken\n")))
+                            .collect(),
+                        BTreeMap::new(),
+                        [("failing.pem".to_owned(), Arc::<str>::from("x\n"))].into(),
+                        SourceMap::default(),
+                    );
+                    assert!(failing.write_changes(&broken, &version, &last).is_err());
+                    assert!(
+                        a.path().join("maps/f0.pem").exists(),
+                        "the failed write got as far as the maps"
+                    );
+                }
+                changes.write_changes(&next, &version, &last).unwrap();
+                full.write(&next, &version, Some(&last)).unwrap();
+                assert_eq!(changes.snapshot().unwrap(), full.snapshot().unwrap());
+                last = next;
+            }
+        }
     }
 
     #[test]
