@@ -196,6 +196,9 @@ fn plan_certificates_in(
     if unchanged_lists && let Some(handled) = plan_unchanged_lists(plan, &old, &new) {
         return handled;
     }
+    if unchanged_lists && let Some(handled) = plan_changed_lines(plan, &old, &new) {
+        return handled;
+    }
 
     // Each crt-list's entries before and after (only lists hapwright renders and
     // both sides load: a bind line that changed reloads anyway).
@@ -538,6 +541,252 @@ fn plan_unchanged_lists(
     Some(handled)
 }
 
+/// Where two texts differ, in whole lines: the part of `before` and of `after`
+/// between the lines they share at the start and at the end.
+fn differing_lines<'a>(before: &'a str, after: &'a str) -> (&'a str, &'a str) {
+    let (b, a) = (before.as_bytes(), after.as_bytes());
+    let common = b.iter().zip(a).take_while(|(x, y)| x == y).count();
+    // Back to the start of the line the texts first differ in.
+    let start = b[..common]
+        .iter()
+        .rposition(|&byte| byte == b'\n')
+        .map_or(0, |at| at + 1);
+    let room = b.len().min(a.len()) - start;
+    let mut tail = b[start..]
+        .iter()
+        .rev()
+        .zip(a[start..].iter().rev())
+        .take(room)
+        .take_while(|(x, y)| x == y)
+        .count();
+    // Forward to a line that starts in both texts.
+    let starts_line = |text: &[u8], at: usize| at == start || text[at - 1] == b'\n';
+    while tail > 0 && !(starts_line(b, b.len() - tail) && starts_line(a, a.len() - tail)) {
+        tail -= 1;
+    }
+    (
+        &before[start..before.len() - tail],
+        &after[start..after.len() - tail],
+    )
+}
+
+/// One changed crt-list for [`plan_changed_lines`]: the facts of its text before,
+/// and the entries of the lines that differ, before and after.
+struct ListChange<'a> {
+    name: &'a String,
+    facts: Arc<ListFacts>,
+    before: Entries<'a>,
+    after: Entries<'a>,
+    /// The text is the same on both sides.
+    same: bool,
+}
+
+impl ListChange<'_> {
+    /// Whether the list names `cert` before the change.
+    fn had(&self, cert: &str) -> bool {
+        self.facts.lines.contains_key(cert)
+    }
+
+    /// Whether the list names `cert` after the change: in a changed line, or in a
+    /// line both sides share.
+    fn has(&self, cert: &str) -> bool {
+        self.after.contains_key(cert) || (self.had(cert) && !self.before.contains_key(cert))
+    }
+
+    /// The line of `cert` after the change.
+    fn line(&self, cert: &str) -> Option<&str> {
+        match self.after.get(cert) {
+            Some(line) => Some(line),
+            None if !self.before.contains_key(cert) => self.facts.lines.get(cert).map(|l| &**l),
+            None => None,
+        }
+    }
+
+    /// How many entries name SNI filter `name` after the change.
+    fn serving(&self, name: &str) -> usize {
+        let count = |entries: &Entries<'_>| {
+            entries
+                .values()
+                .map(|line| filters(line).iter().filter(|n| **n == *name).count())
+                .sum::<usize>()
+        };
+        (self.facts.filters.get(name).copied().unwrap_or(0) + count(&self.after))
+            .saturating_sub(count(&self.before))
+    }
+
+    fn len_after(&self) -> usize {
+        self.facts.lines.len() + self.after.len() - self.before.len()
+    }
+}
+
+/// [`plan_certificates`] when crt-lists changed in a few lines (a Secret added,
+/// changed or removed among thousands): the lines the two texts share at the start
+/// and the end are the same entries on both sides, so only the lines between them
+/// are parsed, and the rest of each list is known from the facts of its text
+/// before ([`list_facts`], read after the deployment that made it). Plans what the
+/// general planning plans (a test compares them); `None` when the general planning
+/// must decide, and for everything it would refuse or explain: a certificate named
+/// twice, a change that would reload, an entry whose place in the list matters.
+fn plan_changed_lines(
+    plan: &mut ChangePlan,
+    old: &Side<'_>,
+    new: &Side<'_>,
+) -> Option<BTreeSet<String>> {
+    if old.lists != new.lists || old.crts != new.crts {
+        return None;
+    }
+    let mut handled = BTreeSet::new();
+    let mut lists = Vec::new();
+    for name in &new.lists {
+        let (before, after) = match (old.file(name), new.file(name)) {
+            (Some(before), Some(after)) => (before, after),
+            (None, None) => continue,
+            _ => return None,
+        };
+        let facts = list_facts(before);
+        if facts.duplicate {
+            return None;
+        }
+        let same = same_text(before, after);
+        let (was, now) = if same {
+            ("", "")
+        } else {
+            handled.insert(name.clone());
+            differing_lines(before, after)
+        };
+        let (Ok(was), Ok(now)) = (entries(was), entries(now)) else {
+            return None;
+        };
+        // A certificate of a changed line also named by a line both share.
+        if now
+            .keys()
+            .any(|cert| facts.lines.contains_key(*cert) && !was.contains_key(cert))
+        {
+            return None;
+        }
+        lists.push(ListChange {
+            name,
+            facts,
+            before: was,
+            after: now,
+            same,
+        });
+    }
+    if lists.iter().all(|list| list.same) {
+        // Nothing changed in any list: the other shortcut's case (or a refusal).
+        return None;
+    }
+    let loaded_before = |cert: &str| !old.crts.contains(cert) && lists.iter().any(|l| l.had(cert));
+    let loaded_after = |cert: &str| !new.crts.contains(cert) && lists.iter().any(|l| l.has(cert));
+    // Only a changed line can add or remove a certificate.
+    let touched: BTreeSet<&str> = lists
+        .iter()
+        .flat_map(|l| l.before.keys().chain(l.after.keys()).copied())
+        .collect();
+    let adds: Vec<&str> = touched
+        .iter()
+        .copied()
+        .filter(|cert| loaded_after(cert) && !loaded_before(cert))
+        .collect();
+    let dels: Vec<&str> = touched
+        .iter()
+        .copied()
+        .filter(|cert| loaded_before(cert) && !loaded_after(cert))
+        .collect();
+    if (!adds.is_empty() || !dels.is_empty()) && runtime_refusal(old, new).is_some() {
+        return None;
+    }
+    let mut cert_ops = Vec::new();
+    for cert in &adds {
+        let pem = new.file(cert)?;
+        if pem.len() > MAX_PAYLOAD_BYTES {
+            return None;
+        }
+        handled.insert((*cert).to_owned());
+        cert_ops.push(RuntimeOp::AddCertificate {
+            file: (*cert).to_owned(),
+            pem: Pem::from(pem.clone()),
+        });
+    }
+    let changed_paths = changed_paths(old.config, new.config);
+    let mut replaced = BTreeSet::new();
+    let loaded_both = |cert: &str| loaded_before(cert) && loaded_after(cert);
+    if !replacements(
+        &mut ChangePlan::default(),
+        (old, new),
+        &changed_paths,
+        loaded_both,
+        (&mut handled, &mut replaced, &mut cert_ops),
+    ) {
+        return None;
+    }
+    let loaded_either = |cert: &str| loaded_before(cert) || loaded_after(cert);
+    unloaded_certificates((old, new), &changed_paths, loaded_either, &mut handled);
+
+    let mut entry_dels = Vec::new();
+    let mut entry_sets = Vec::new();
+    for list in &lists {
+        if list.same && replaced.is_empty() {
+            continue;
+        }
+        let changed: Vec<&str> = list
+            .after
+            .iter()
+            .filter(|(cert, line)| list.before.get(*cert) != Some(*line))
+            .map(|(cert, _)| *cert)
+            .collect();
+        let renewed: Vec<&str> = replaced
+            .iter()
+            .copied()
+            .filter(|cert| list.has(cert) && !changed.contains(cert))
+            .collect();
+        // An entry that moves to the end of HAProxy's list must serve names no
+        // other entry serves ([`order_matters`]); else the general planning says why
+        // it reloads.
+        for cert in changed.iter().chain(&renewed) {
+            let names = filters(list.line(cert)?);
+            let alone = names.iter().all(|name| list.serving(name) == 1);
+            let renewed_only = !changed.contains(cert);
+            if !alone || (names.is_empty() && (!renewed_only || list.len_after() > 1)) {
+                return None;
+            }
+        }
+        for cert in list.before.keys().filter(|c| !list.after.contains_key(*c)) {
+            entry_dels.push(RuntimeOp::DelCrtListEntry {
+                list: list.name.clone(),
+                cert: (*cert).to_owned(),
+            });
+        }
+        for cert in &changed {
+            entry_sets.push(RuntimeOp::SetCrtListEntry {
+                list: list.name.clone(),
+                cert: (*cert).to_owned(),
+                line: list.after[cert].to_owned(),
+            });
+        }
+    }
+    for list in lists.iter().filter(|list| !list.same) {
+        // The next change is likely a renewal behind the new lines: its plan reads
+        // the lines' facts, read now on another thread, off this deployment's path.
+        if let Some(text) = new.file(list.name).cloned() {
+            let _ = std::thread::Builder::new()
+                .name("hapwright-crt-list".to_owned())
+                .spawn(move || drop(list_facts(&text)));
+        }
+    }
+    for cert in &dels {
+        handled.insert((*cert).to_owned());
+    }
+    plan.ops.extend(cert_ops);
+    plan.ops.extend(entry_dels);
+    plan.ops.extend(entry_sets);
+    plan.ops
+        .extend(dels.into_iter().map(|cert| RuntimeOp::DelCertificate {
+            file: cert.to_owned(),
+        }));
+    Some(handled)
+}
+
 /// The SNI filters of a crt-list line (lowercase; `[options]` left out).
 fn filters(line: &str) -> Vec<std::borrow::Cow<'_, str>> {
     let mut words = line.split_whitespace().skip(1).peekable();
@@ -726,6 +975,121 @@ mod tests {
             shortcuts > 100 && renewals > 100,
             "{shortcuts} shortcuts, {renewals} renewals"
         );
+    }
+
+    /// The shortcut for crt-lists changed in a few lines plans what the general
+    /// planning plans: random lists (shared, repeated and missing SNI filters,
+    /// options, comments, certificates named twice, certificates no list loads or
+    /// none renders), each changed by random lines added, removed and rewritten,
+    /// with random certificates renewed, added and removed.
+    #[test]
+    fn changed_lines_are_planned_as_in_general() {
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let line = |next: &mut dyn FnMut(u64) -> u64| -> String {
+            let mut text = match next(12) {
+                0 => "# a comment".to_owned(),
+                1 => String::new(),
+                _ => format!("certs/c{}.pem", next(14)),
+            };
+            if text.starts_with("certs/") {
+                if next(5) == 0 {
+                    text.push_str(" [alpn h2]");
+                }
+                for _ in 0..next(3) {
+                    text.push_str(&format!(" h{}.test", next(16)));
+                }
+            }
+            text
+        };
+        let (mut shortcuts, mut ops) = (0, 0);
+        for _ in 0..1500 {
+            let mut lines: Vec<String> = (0..next(10)).map(|_| line(&mut next)).collect();
+            let before = lines.join("\n") + if next(6) == 0 { "" } else { "\n" };
+            for _ in 0..=next(3) {
+                match next(3) {
+                    0 => {
+                        let at = next(lines.len() as u64 + 1) as usize;
+                        lines.insert(at, line(&mut next));
+                    }
+                    1 if !lines.is_empty() => {
+                        lines.remove(next(lines.len() as u64) as usize);
+                    }
+                    _ if !lines.is_empty() => {
+                        let at = next(lines.len() as u64) as usize;
+                        lines[at] = line(&mut next);
+                    }
+                    _ => {}
+                }
+            }
+            let after = lines.join("\n") + if next(6) == 0 { "" } else { "\n" };
+            let rendered = |next: &mut dyn FnMut(u64) -> u64| -> BTreeMap<String, Arc<str>> {
+                let mut certs = BTreeMap::new();
+                for c in 0..14 {
+                    if next(8) != 0 {
+                        let name = format!("c{c}.pem");
+                        let pem = format!("PEM {} of {name}", next(2));
+                        certs.insert(name, Arc::from(pem));
+                    }
+                }
+                certs
+            };
+            let main = "global\nfrontend f\n    mode http\n    bind :8443 ssl crt-list files/tls.crtlist\n";
+            let config = |list: &str, certs: BTreeMap<String, Arc<str>>| {
+                RenderedConfig::new(
+                    main,
+                    BTreeMap::new(),
+                    [("tls.crtlist".to_owned(), Arc::<str>::from(list))].into(),
+                    certs,
+                    SourceMap::default(),
+                )
+            };
+            let running = config(&before, rendered(&mut next));
+            let desired = config(&after, rendered(&mut next));
+            let model = crate::haproxy::config::parse(main).expect("parses");
+            let mut general = ChangePlan::default();
+            let handled_general =
+                plan_certificates_in(&mut general, (&running, &model), (&desired, &model), false);
+            let mut shortcut = ChangePlan::default();
+            let handled_shortcut =
+                plan_certificates(&mut shortcut, (&running, &model), (&desired, &model));
+            assert_eq!(shortcut, general, "{before:?} -> {after:?}");
+            assert_eq!(handled_shortcut, handled_general, "{before:?} -> {after:?}");
+            let old = Side::new(&running, &model);
+            let new = Side::new(&desired, &model);
+            if plan_changed_lines(&mut ChangePlan::default(), &old, &new).is_some() {
+                shortcuts += 1;
+                ops += general.ops.len();
+            }
+        }
+        assert!(
+            shortcuts > 300 && ops > 500,
+            "{shortcuts} shortcuts, {ops} operations"
+        );
+    }
+
+    #[test]
+    fn differing_lines_are_whole_lines_between_the_shared_ones() {
+        for (before, after, expected) in [
+            ("a\nb\nc\n", "a\nx\nc\n", ("b\n", "x\n")),
+            ("a\nX\n", "a\nYX\n", ("X\n", "YX\n")),
+            ("a\nb\n", "a\nb\nc\n", ("", "c\n")),
+            ("a\nb", "a\nbc", ("b", "bc")),
+            ("same\n", "same\n", ("", "")),
+            ("x\n", "", ("x\n", "")),
+            ("ab\nab\n", "ab\n", ("ab\n", "")),
+        ] {
+            assert_eq!(
+                differing_lines(before, after),
+                expected,
+                "{before:?} -> {after:?}"
+            );
+        }
     }
 
     #[test]
