@@ -504,6 +504,28 @@ fn string_items_that_come_and_go_render_as_in_full() {
     secrets.remove("ns", "c");
     let (rendered, _) = check(&secrets, "one removed");
     assert!(!rendered.unwrap().certificates().contains_key("c.pem"));
+    // Once the names in use are known, items that come and go are named and
+    // checked alone: more adds and removals, a clash with a name in use, and the
+    // clash resolved.
+    for name in ["e", "f-g", "h"] {
+        secrets.upsert(secret("ns", name, name));
+        let (_, stats) = check(&secrets, &format!("{name} added"));
+        assert_eq!(stats.rendered, 1, "{name} added: {stats:?}");
+    }
+    secrets.remove("ns", "d");
+    let (rendered, stats) = check(&secrets, "d removed");
+    assert!(!rendered.unwrap().certificates().contains_key("d.pem"));
+    assert_eq!(stats.rendered, 0, "d removed: {stats:?}");
+    secrets.upsert(secret("ns", "f_g", "clash"));
+    let (errors, _) = check(&secrets, "a clash with a name in use");
+    assert!(
+        errors.unwrap_err()[0]
+            .message
+            .contains("both render certs/f_g.pem"),
+        "a clash with a name in use"
+    );
+    secrets.remove("ns", "f-g");
+    let _ = check(&secrets, "the clash resolved");
     secrets.upsert(secret("ns", "fixed", "clash"));
     let _ = check(&secrets, "an item on a fixed name");
 }

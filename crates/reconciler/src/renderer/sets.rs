@@ -120,6 +120,9 @@ pub(crate) struct SetFiles {
     files: Vec<(String, CachedItem)>,
     names: foldhash::HashMap<String, String>,
     fixed: Vec<String>,
+    /// The names of `files`, when known (else empty): the items-come-and-go path
+    /// checks a new item's name against them without hashing every name again.
+    in_use: foldhash::HashSet<String>,
 }
 
 /// One item's file: which, its text and its lines' origins.
@@ -394,6 +397,7 @@ impl Renderer {
                     files,
                     names: std::mem::take(&mut old.names),
                     fixed,
+                    in_use: std::mem::take(&mut old.in_use),
                 });
                 continue;
             }
@@ -429,6 +433,7 @@ impl Renderer {
                         let ChangedItems {
                             files,
                             names: memo,
+                            in_use,
                             removed,
                             rendered,
                             reused,
@@ -442,6 +447,7 @@ impl Renderer {
                             files,
                             names: memo,
                             fixed,
+                            in_use,
                         });
                     }
                     Err(found) => {
@@ -539,6 +545,7 @@ impl Renderer {
                 files: cache,
                 names: memo,
                 fixed,
+                in_use: foldhash::HashSet::default(),
             });
         }
         if diagnostics.is_empty() {
@@ -555,6 +562,8 @@ struct ChangedItems {
     files: Vec<(String, CachedItem)>,
     /// The name of every string item seen lately.
     names: foldhash::HashMap<String, String>,
+    /// The names of `files`.
+    in_use: foldhash::HashSet<String>,
     /// The names of the last render's files that are gone.
     removed: Vec<String>,
     rendered: usize,
@@ -582,6 +591,11 @@ impl Renderer {
         budget: &output::Budget,
         render: &(dyn Fn(&Item) -> Result<CachedItem, Box<Diagnostic>> + Sync),
     ) -> Result<ChangedItems, Vec<Diagnostic>> {
+        if let Some(done) = self.render_changed_stretch(
+            set, label, context, &items, old, fixed, check, budget, render,
+        ) {
+            return done;
+        }
         let at = |message: String| self.set_error(set, message);
         let mut diagnostics = Vec::new();
         let mut memo = std::mem::take(&mut old.names);
@@ -681,6 +695,7 @@ impl Renderer {
         let mut out = ChangedItems {
             files: Vec::with_capacity(named.len()),
             names: memo,
+            in_use: given.into_keys().collect(),
             removed,
             rendered: 0,
             reused: 0,
@@ -710,6 +725,188 @@ impl Renderer {
 }
 
 impl Renderer {
+    /// [`Self::render_changed_items`] when this render's items are the last render's
+    /// but for a stretch between the ones both lists start and end with (an item
+    /// added at the end, one taken out): the items before and after the stretch keep
+    /// their names and, unless their reads changed, their files; only the stretch's
+    /// items are named and checked, against the names in use ([`SetFiles::in_use`])
+    /// rather than against every name again. `None` when the general walk must
+    /// decide: the names in use unknown, a long stretch, or any problem with a name
+    /// (the general walk words those).
+    #[allow(clippy::too_many_arguments)]
+    fn render_changed_stretch(
+        &self,
+        set: &SetSpec,
+        label: &str,
+        context: &Value,
+        items: &[Value],
+        old: &mut SetFiles,
+        fixed: &BTreeMap<String, Arc<str>>,
+        check: &context::ReadCheck<'_>,
+        budget: &output::Budget,
+        render: &(dyn Fn(&Item) -> Result<CachedItem, Box<Diagnostic>> + Sync),
+    ) -> Option<Result<ChangedItems, Vec<Diagnostic>>> {
+        if old.in_use.len() != old.files.len() || old.files.is_empty() {
+            return None;
+        }
+        let same =
+            |(file, item): (&(String, CachedItem), &Value)| file.1.item.as_str() == item.as_str();
+        let head = old
+            .files
+            .iter()
+            .zip(items)
+            .take_while(|pair| same(*pair))
+            .count();
+        let room = old.files.len().min(items.len()) - head;
+        let tail = old.files[head..]
+            .iter()
+            .rev()
+            .zip(items[head..].iter().rev())
+            .take(room)
+            .take_while(|pair| same(*pair))
+            .count();
+        let (gone, new) = (head..old.files.len() - tail, head..items.len() - tail);
+        if gone.len() + new.len() > items.len() / 4 + 8 {
+            return None;
+        }
+        // The stretch's names: from the memo or rendered; any problem goes to the
+        // general walk.
+        let mut named: Vec<Item> = Vec::with_capacity(new.len());
+        for value in &items[new.clone()] {
+            let item = value.as_str()?;
+            let name = match old.names.get(item) {
+                Some(name) => name.clone(),
+                None => self.item_name(set, label, context, value).ok()?,
+            };
+            named.push(Item {
+                value: value.clone(),
+                name,
+            });
+        }
+        let leaving: foldhash::HashSet<&str> = old.files[gone.clone()]
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect();
+        let mut arriving: foldhash::HashSet<&str> = foldhash::HashSet::default();
+        for item in &named {
+            let taken = old.in_use.contains(&item.name) && !leaving.contains(item.name.as_str());
+            if taken || fixed.contains_key(&item.name) || !arriving.insert(&item.name) {
+                return None;
+            }
+        }
+        let arriving: foldhash::HashSet<String> = arriving.into_iter().map(str::to_owned).collect();
+        // From here on the stretch replaces what it replaces.
+        for item in &named {
+            if let Some(text) = item.value.as_str() {
+                old.names
+                    .entry(text.to_owned())
+                    .or_insert_with(|| item.name.clone());
+            }
+        }
+        let mut files = std::mem::take(&mut old.files);
+        let after: Vec<(String, CachedItem)> = files.split_off(gone.end);
+        let gone_files = files.split_off(gone.start);
+        let before = files;
+        let mut removed = Vec::new();
+        for (name, _) in &gone_files {
+            old.in_use.remove(name);
+            if !arriving.contains(name) {
+                removed.push(name.clone());
+            }
+        }
+        let mut leaving: foldhash::HashMap<String, CachedItem> = gone_files.into_iter().collect();
+        old.in_use.extend(arriving);
+        // A file is kept when its item and reads did not change, with this render's
+        // item (as the general walk keeps it).
+        let keep = |cached: CachedItem, value: &Value| {
+            (set.contained
+                && same_item(&cached.item, value)
+                && cached.reads.iter().all(|read| check.unchanged(read)))
+            .then(|| CachedItem {
+                item: value.clone(),
+                ..cached
+            })
+        };
+        // Every item in order: its name, its kept file or `None` to render.
+        let mut work: Vec<(Item, Option<CachedItem>)> = Vec::with_capacity(items.len());
+        for ((name, cached), value) in before.into_iter().zip(&items[..head]) {
+            let kept = keep(cached, value);
+            work.push((
+                Item {
+                    value: value.clone(),
+                    name,
+                },
+                kept,
+            ));
+        }
+        for item in named {
+            let kept = leaving
+                .remove(&item.name)
+                .and_then(|cached| keep(cached, &item.value));
+            work.push((item, kept));
+        }
+        for ((name, cached), value) in after.into_iter().zip(&items[new.end..]) {
+            let kept = keep(cached, value);
+            work.push((
+                Item {
+                    value: value.clone(),
+                    name,
+                },
+                kept,
+            ));
+        }
+        let stale = work.iter().filter(|(_, kept)| kept.is_none()).count();
+        let keep_or_render = |(item, kept): &mut (Item, Option<CachedItem>)| match kept.take() {
+            Some(cached) => (true, Ok(cached)),
+            None => (false, render(item)),
+        };
+        let results: Vec<(bool, Result<CachedItem, Box<Diagnostic>>)> =
+            if set.contained && stale > 1 {
+                work.par_iter_mut().map(keep_or_render).collect()
+            } else {
+                work.iter_mut().map(keep_or_render).collect()
+            };
+        let mut out = ChangedItems {
+            files: Vec::with_capacity(work.len()),
+            names: std::mem::take(&mut old.names),
+            in_use: std::mem::take(&mut old.in_use),
+            removed,
+            rendered: 0,
+            reused: 0,
+            new_files: Vec::new(),
+        };
+        let mut diagnostics = Vec::new();
+        for ((item, _), (was_kept, result)) in work.into_iter().zip(results) {
+            match result {
+                Ok(file) => {
+                    if was_kept {
+                        out.reused += 1;
+                        budget.charge(file.text.len());
+                    } else {
+                        out.rendered += 1;
+                        out.new_files.push(set_file(set.kind, &item.name, &file));
+                    }
+                    out.files.push((item.name, file));
+                }
+                Err(diagnostic) => diagnostics.push(*diagnostic),
+            }
+        }
+        // The memo forgets items long gone once it holds twice as many as there are.
+        if out.names.len() > 2 * out.files.len() + 64 {
+            let live: std::collections::HashSet<&str> = out
+                .files
+                .iter()
+                .filter_map(|(_, cached)| cached.item.as_str())
+                .collect();
+            out.names.retain(|item, _| live.contains(item.as_str()));
+        }
+        Some(if diagnostics.is_empty() {
+            Ok(out)
+        } else {
+            Err(diagnostics)
+        })
+    }
+
     /// An error about a set as a whole or an item's name: at the set's template (its
     /// first line, which the config file's location maps to).
     fn set_error(&self, set: &SetSpec, message: String) -> Diagnostic {
