@@ -541,35 +541,6 @@ fn plan_unchanged_lists(
     Some(handled)
 }
 
-/// Where two texts differ, in whole lines: the part of `before` and of `after`
-/// between the lines they share at the start and at the end.
-fn differing_lines<'a>(before: &'a str, after: &'a str) -> (&'a str, &'a str) {
-    let (b, a) = (before.as_bytes(), after.as_bytes());
-    let common = b.iter().zip(a).take_while(|(x, y)| x == y).count();
-    // Back to the start of the line the texts first differ in.
-    let start = b[..common]
-        .iter()
-        .rposition(|&byte| byte == b'\n')
-        .map_or(0, |at| at + 1);
-    let room = b.len().min(a.len()) - start;
-    let mut tail = b[start..]
-        .iter()
-        .rev()
-        .zip(a[start..].iter().rev())
-        .take(room)
-        .take_while(|(x, y)| x == y)
-        .count();
-    // Forward to a line that starts in both texts.
-    let starts_line = |text: &[u8], at: usize| at == start || text[at - 1] == b'\n';
-    while tail > 0 && !(starts_line(b, b.len() - tail) && starts_line(a, a.len() - tail)) {
-        tail -= 1;
-    }
-    (
-        &before[start..before.len() - tail],
-        &after[start..after.len() - tail],
-    )
-}
-
 /// One changed crt-list for [`plan_changed_lines`]: the facts of its text before,
 /// and the entries of the lines that differ, before and after.
 struct ListChange<'a> {
@@ -652,7 +623,9 @@ fn plan_changed_lines(
             ("", "")
         } else {
             handled.insert(name.clone());
-            differing_lines(before, after)
+            // The lines around the bytes the texts do not share: the lines before
+            // and after them are the same on both sides.
+            crate::haproxy::config::changed_lines(before, after)
         };
         let (Ok(was), Ok(now)) = (entries(was), entries(now)) else {
             return None;
@@ -1071,25 +1044,6 @@ mod tests {
             shortcuts > 300 && ops > 500,
             "{shortcuts} shortcuts, {ops} operations"
         );
-    }
-
-    #[test]
-    fn differing_lines_are_whole_lines_between_the_shared_ones() {
-        for (before, after, expected) in [
-            ("a\nb\nc\n", "a\nx\nc\n", ("b\n", "x\n")),
-            ("a\nX\n", "a\nYX\n", ("X\n", "YX\n")),
-            ("a\nb\n", "a\nb\nc\n", ("", "c\n")),
-            ("a\nb", "a\nbc", ("b", "bc")),
-            ("same\n", "same\n", ("", "")),
-            ("x\n", "", ("x\n", "")),
-            ("ab\nab\n", "ab\n", ("ab\n", "")),
-        ] {
-            assert_eq!(
-                differing_lines(before, after),
-                expected,
-                "{before:?} -> {after:?}"
-            );
-        }
     }
 
     #[test]
