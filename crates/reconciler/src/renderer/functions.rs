@@ -310,6 +310,9 @@ impl LinesMemos {
                 _ => false,
             })
             .map(|memo| (memo, common_ends(&memo.items, list)))
+            // A remembered list that shares nothing with this one is another
+            // list of the template: it stays for that one.
+            .filter(|(_, (prefix, suffix))| prefix + suffix > 0)
             .max_by_key(|(_, (prefix, suffix))| prefix + suffix);
         let memo = match best {
             Some((old, (prefix, suffix))) => {
