@@ -535,6 +535,19 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+/// Lowers the calling thread's scheduling priority by `nice` (only this thread: on
+/// Linux a thread id addresses one thread), for work beside the pipeline that must
+/// not take CPU from a change on a machine with few cores (status templates, the
+/// facts of a crt-list read ahead for the next plan); when nothing else runs, the
+/// thread gets the CPU all the same. A failure leaves the priority as it was.
+pub fn lower_thread_priority(nice: i32) {
+    let me = rustix::thread::gettid();
+    let current = rustix::process::getpriority_process(Some(me)).unwrap_or(0);
+    if let Err(error) = rustix::process::setpriority_process(Some(me), current + nice) {
+        tracing::debug!(%error, "Cannot lower the thread's priority");
+    }
+}
+
 /// The text of a panic's payload (`&str` or `String`), for reports.
 pub fn panic_message(panic: &(dyn Any + Send)) -> String {
     if let Some(text) = panic.downcast_ref::<&str>() {

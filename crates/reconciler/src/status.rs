@@ -823,7 +823,7 @@ impl Worker {
         let spawned = std::thread::Builder::new()
             .name("hapwright-status".to_owned())
             .spawn(move || {
-                lower_priority(Self::NICE);
+                hapwright_eventbus::kernel::lower_thread_priority(Self::NICE);
                 while let Ok(job) = queue.recv() {
                     job();
                 }
@@ -854,16 +854,6 @@ impl Worker {
                 .await
                 .unwrap_or_else(|_| Err("the status thread stopped".to_owned()))
         }
-    }
-}
-
-/// Lowers the calling thread's priority by `nice` (only this thread: on Linux a
-/// thread id addresses one thread). A failure leaves it as it was.
-fn lower_priority(nice: i32) {
-    let me = rustix::thread::gettid();
-    let current = rustix::process::getpriority_process(Some(me)).unwrap_or(0);
-    if let Err(error) = rustix::process::setpriority_process(Some(me), current + nice) {
-        tracing::debug!(%error, "Cannot lower the status thread's priority");
     }
 }
 

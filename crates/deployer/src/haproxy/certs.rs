@@ -216,7 +216,11 @@ fn plan_certificates_in(
                 let text = after.clone();
                 let _ = std::thread::Builder::new()
                     .name("hapwright-crt-list".to_owned())
-                    .spawn(move || drop(list_facts(&text)));
+                    .spawn(move || {
+                        // Below the runtime commands that follow this plan.
+                        hapwright_eventbus::kernel::lower_thread_priority(LIST_FACTS_NICE);
+                        drop(list_facts(&text));
+                    });
             }
         }
         match (entries(before), entries(after)) {
@@ -442,6 +446,11 @@ struct ListFacts {
     /// How many times the entries name each SNI filter (lowercase).
     filters: std::collections::HashMap<Box<str>, usize>,
 }
+
+/// How much nicer than the rest of the controller the thread reading a changed
+/// crt-list's facts ahead of the next plan is: it runs while the runtime commands
+/// of the plan that started it (and HAProxy answering them) need the CPU.
+const LIST_FACTS_NICE: i32 = 10;
 
 /// How many crt-list texts [`list_facts`] keeps.
 const KEPT_LISTS: usize = 4;
@@ -744,7 +753,11 @@ fn plan_changed_lines(
         if let Some(text) = new.file(list.name).cloned() {
             let _ = std::thread::Builder::new()
                 .name("hapwright-crt-list".to_owned())
-                .spawn(move || drop(list_facts(&text)));
+                .spawn(move || {
+                    // Below the runtime commands that follow this plan.
+                    hapwright_eventbus::kernel::lower_thread_priority(LIST_FACTS_NICE);
+                    drop(list_facts(&text));
+                });
         }
     }
     for cert in &dels {
