@@ -22,7 +22,7 @@ use hapwright_eventbus::model::{FileKind, RenderedFileRef};
 use hapwright_reconciler::renderer::{Renderer, Resources, Templates};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
-use proptest::test_runner::{Config as ProptestConfig, TestRng, TestRunner};
+use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRng, TestRunner};
 use serde_json::json;
 
 const SECRET: &str = "s3cr3t-from-the-environment";
@@ -148,6 +148,29 @@ fn a_value_is_refused_or_stays_on_its_line_in_every_place() {
         .expect("every value is refused or stays in its place");
 }
 
+/// Both renderers print the same map for `resources`, or both refuse a value.
+fn same_map_or_refused(
+    looped: &Renderer,
+    filtered: &Renderer,
+    resources: &Resources,
+    values: &dyn std::fmt::Debug,
+) -> Result<(), TestCaseError> {
+    match (looped.render(resources), filtered.render(resources)) {
+        (Ok(a), Ok(b)) => {
+            let (a, b) = (a.get(&map_file()), b.get(&map_file()));
+            prop_assert_eq!(a, b, "{:?}", values);
+        }
+        (Err(a), Err(b)) => {
+            prop_assert!(
+                a.iter().chain(&b).all(|e| e.message.contains("refused")),
+                "{a:#?} {b:#?}"
+            );
+        }
+        (a, b) => prop_assert!(false, "{values:?}: {a:?} against {b:?}"),
+    }
+    Ok(())
+}
+
 /// `map_lines` prints what the loop it replaces prints, byte for byte, and refuses
 /// what the loop refuses: random lists of hostile values as keys and values, mixed
 /// with the template's own (trusted) text, a number, `none` and a constant value.
@@ -177,21 +200,7 @@ fn map_lines_prints_and_refuses_as_the_loop() {
     });
     runner
         .run(&prop::collection::vec(hostile_string(), 0..6), |values| {
-            let resources = resources(&values);
-            match (looped.render(&resources), filtered.render(&resources)) {
-                (Ok(a), Ok(b)) => {
-                    let (a, b) = (a.get(&map_file()), b.get(&map_file()));
-                    prop_assert_eq!(a, b, "{:?}", values);
-                }
-                (Err(a), Err(b)) => {
-                    prop_assert!(
-                        a.iter().chain(&b).all(|e| e.message.contains("refused")),
-                        "{a:#?} {b:#?}"
-                    );
-                }
-                (a, b) => prop_assert!(false, "{values:?}: {a:?} against {b:?}"),
-            }
-            Ok(())
+            same_map_or_refused(&looped, &filtered, &resources(&values), &values)
         })
         .expect("map_lines prints and refuses as the loop");
 }
@@ -284,20 +293,7 @@ fn map_lines_prints_a_changed_list_as_the_loop_prints_it() {
                         }
                         _ => {}
                     }
-                    let resources = keyed_resources(&values);
-                    match (looped.render(&resources), filtered.render(&resources)) {
-                        (Ok(a), Ok(b)) => {
-                            let (a, b) = (a.get(&map_file()), b.get(&map_file()));
-                            prop_assert_eq!(a, b, "{:?}", values);
-                        }
-                        (Err(a), Err(b)) => {
-                            prop_assert!(
-                                a.iter().chain(&b).all(|e| e.message.contains("refused")),
-                                "{a:#?} {b:#?}"
-                            );
-                        }
-                        (a, b) => prop_assert!(false, "{values:?}: {a:?} against {b:?}"),
-                    }
+                    same_map_or_refused(&looped, &filtered, &keyed_resources(&values), &values)?;
                 }
                 Ok(())
             },

@@ -210,17 +210,7 @@ fn plan_certificates_in(
         if !same_text(before, after) {
             handled.insert(list.clone());
             if unchanged_lists {
-                // The next change is likely a renewal behind the new lines: its plan
-                // reads the lines' facts, read now on another thread, off this
-                // deployment's path.
-                let text = after.clone();
-                let _ = std::thread::Builder::new()
-                    .name("hapwright-crt-list".to_owned())
-                    .spawn(move || {
-                        // Below the runtime commands that follow this plan.
-                        hapwright_eventbus::kernel::lower_thread_priority(LIST_FACTS_NICE);
-                        drop(list_facts(&text));
-                    });
+                read_facts_ahead(after.clone());
             }
         }
         match (entries(before), entries(after)) {
@@ -451,6 +441,18 @@ struct ListFacts {
 /// crt-list's facts ahead of the next plan is: it runs while the runtime commands
 /// of the plan that started it (and HAProxy answering them) need the CPU.
 const LIST_FACTS_NICE: i32 = 10;
+
+/// Reads the facts of a changed crt-list's new text on another thread, off this
+/// deployment's path and below its runtime commands: the next change is likely a
+/// renewal behind the new lines, and its plan reads them.
+fn read_facts_ahead(text: Arc<str>) {
+    let _ = std::thread::Builder::new()
+        .name("hapwright-crt-list".to_owned())
+        .spawn(move || {
+            hapwright_eventbus::kernel::lower_thread_priority(LIST_FACTS_NICE);
+            drop(list_facts(&text));
+        });
+}
 
 /// How many crt-list texts [`list_facts`] keeps.
 const KEPT_LISTS: usize = 4;
@@ -748,16 +750,8 @@ fn plan_changed_lines(
         }
     }
     for list in lists.iter().filter(|list| !list.same) {
-        // The next change is likely a renewal behind the new lines: its plan reads
-        // the lines' facts, read now on another thread, off this deployment's path.
         if let Some(text) = new.file(list.name).cloned() {
-            let _ = std::thread::Builder::new()
-                .name("hapwright-crt-list".to_owned())
-                .spawn(move || {
-                    // Below the runtime commands that follow this plan.
-                    hapwright_eventbus::kernel::lower_thread_priority(LIST_FACTS_NICE);
-                    drop(list_facts(&text));
-                });
+            read_facts_ahead(text);
         }
     }
     for cert in &dels {
@@ -883,6 +877,41 @@ mod tests {
         )
     }
 
+    /// A render whose `haproxy.cfg` loads `files/tls.crtlist` (`list`) on one bind
+    /// line, with `certs` as its certificates.
+    fn list_render(list: &str, certs: BTreeMap<String, Arc<str>>) -> RenderedConfig {
+        RenderedConfig::new(
+            "global\nfrontend f\n    mode http\n    bind :8443 ssl crt-list files/tls.crtlist\n",
+            BTreeMap::new(),
+            [("tls.crtlist".to_owned(), Arc::<str>::from(list))].into(),
+            certs,
+            SourceMap::default(),
+        )
+    }
+
+    type Shortcut = fn(&mut ChangePlan, &Side<'_>, &Side<'_>) -> Option<BTreeSet<String>>;
+
+    /// Plans `running` → `desired` with the shortcuts and with the general planning
+    /// alone, and asserts both plan (and take care of) the same; the number of
+    /// operations when `shortcut` took the change.
+    fn planned_as_in_general(
+        running: &RenderedConfig,
+        desired: &RenderedConfig,
+        shortcut: Shortcut,
+        context: &str,
+    ) -> Option<usize> {
+        let model = crate::haproxy::config::parse(running.main()).expect("parses");
+        let mut general = ChangePlan::default();
+        let handled_general =
+            plan_certificates_in(&mut general, (running, &model), (desired, &model), false);
+        let mut planned = ChangePlan::default();
+        let handled = plan_certificates(&mut planned, (running, &model), (desired, &model));
+        assert_eq!(planned, general, "{context}");
+        assert_eq!(handled, handled_general, "{context}");
+        let (old, new) = (Side::new(running, &model), Side::new(desired, &model));
+        shortcut(&mut ChangePlan::default(), &old, &new).map(|_| general.ops.len())
+    }
+
     /// The shortcut for unchanged crt-lists plans what the general planning plans:
     /// random lists (shared and missing SNI filters, comments, certificates named
     /// twice, certificates no list loads) with random certificates renewed.
@@ -930,31 +959,15 @@ mod tests {
                     desired_certs.insert(name.clone(), Arc::from(format!("renewed {name}")));
                 }
             }
-            let main = "global\nfrontend f\n    mode http\n    bind :8443 ssl crt-list files/tls.crtlist\n";
-            let config = |certs: BTreeMap<String, Arc<str>>| {
-                RenderedConfig::new(
-                    main,
-                    BTreeMap::new(),
-                    [("tls.crtlist".to_owned(), list.clone())].into(),
-                    certs,
-                    SourceMap::default(),
-                )
-            };
-            let (running, desired) = (config(running_certs), config(desired_certs));
-            let model = crate::haproxy::config::parse(main).expect("parses");
-            let mut general = ChangePlan::default();
-            let handled_general =
-                plan_certificates_in(&mut general, (&running, &model), (&desired, &model), false);
-            let mut shortcut = ChangePlan::default();
-            let handled_shortcut =
-                plan_certificates(&mut shortcut, (&running, &model), (&desired, &model));
-            assert_eq!(shortcut, general, "{list}");
-            assert_eq!(handled_shortcut, handled_general, "{list}");
-            let old = Side::new(&running, &model);
-            let new = Side::new(&desired, &model);
-            if plan_unchanged_lists(&mut ChangePlan::default(), &old, &new).is_some() {
+            let (running, desired) = (
+                list_render(&list, running_certs),
+                list_render(&list, desired_certs),
+            );
+            if let Some(ops) =
+                planned_as_in_general(&running, &desired, plan_unchanged_lists, &list)
+            {
                 shortcuts += 1;
-                renewals += general.ops.len();
+                renewals += ops;
             }
         }
         assert!(
@@ -1025,32 +1038,14 @@ mod tests {
                 }
                 certs
             };
-            let main = "global\nfrontend f\n    mode http\n    bind :8443 ssl crt-list files/tls.crtlist\n";
-            let config = |list: &str, certs: BTreeMap<String, Arc<str>>| {
-                RenderedConfig::new(
-                    main,
-                    BTreeMap::new(),
-                    [("tls.crtlist".to_owned(), Arc::<str>::from(list))].into(),
-                    certs,
-                    SourceMap::default(),
-                )
-            };
-            let running = config(&before, rendered(&mut next));
-            let desired = config(&after, rendered(&mut next));
-            let model = crate::haproxy::config::parse(main).expect("parses");
-            let mut general = ChangePlan::default();
-            let handled_general =
-                plan_certificates_in(&mut general, (&running, &model), (&desired, &model), false);
-            let mut shortcut = ChangePlan::default();
-            let handled_shortcut =
-                plan_certificates(&mut shortcut, (&running, &model), (&desired, &model));
-            assert_eq!(shortcut, general, "{before:?} -> {after:?}");
-            assert_eq!(handled_shortcut, handled_general, "{before:?} -> {after:?}");
-            let old = Side::new(&running, &model);
-            let new = Side::new(&desired, &model);
-            if plan_changed_lines(&mut ChangePlan::default(), &old, &new).is_some() {
+            let running = list_render(&before, rendered(&mut next));
+            let desired = list_render(&after, rendered(&mut next));
+            let context = format!("{before:?} -> {after:?}");
+            if let Some(planned) =
+                planned_as_in_general(&running, &desired, plan_changed_lines, &context)
+            {
                 shortcuts += 1;
-                ops += general.ops.len();
+                ops += planned;
             }
         }
         assert!(

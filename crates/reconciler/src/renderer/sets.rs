@@ -638,14 +638,6 @@ impl Renderer {
             given.insert(name.clone(), named.len());
             named.push(Item { value, name });
         }
-        // The memo forgets items long gone once it holds twice as many as there are.
-        if memo.len() > 2 * named.len() + 64 {
-            let live: std::collections::HashSet<&str> = named
-                .iter()
-                .filter_map(|item| item.value.as_str())
-                .collect();
-            memo.retain(|item, _| live.contains(item.as_str()));
-        }
         let mut last: Vec<Option<(String, CachedItem)>> = std::mem::take(&mut old.files)
             .into_iter()
             .map(Some)
@@ -666,34 +658,18 @@ impl Renderer {
             .map(|item| by_name.get(item.name.as_str()).copied())
             .collect();
         drop(by_name);
-        let kept: Vec<Option<CachedItem>> = named
-            .iter()
+        let work: Vec<(Item, Option<CachedItem>)> = named
+            .into_iter()
             .zip(found)
             .map(|(item, index)| {
-                let (_, cached) = last[index?].take()?;
-                (set.contained
-                    && same_item(&cached.item, &item.value)
-                    && cached.reads.iter().all(|read| check.unchanged(read)))
-                .then(|| CachedItem {
-                    item: item.value.clone(),
-                    ..cached
-                })
+                let kept = index
+                    .and_then(|index| last[index].take())
+                    .and_then(|(_, cached)| kept_file(set, check, cached, &item.value));
+                (item, kept)
             })
             .collect();
-        let work: Vec<(&Item, Option<CachedItem>)> = named.iter().zip(kept).collect();
-        let stale = work.iter().filter(|(_, kept)| kept.is_none()).count();
-        let keep_or_render = |(item, kept): (&Item, Option<CachedItem>)| match kept {
-            Some(cached) => (true, Ok(cached)),
-            None => (false, render(item)),
-        };
-        let results: Vec<(bool, Result<CachedItem, Box<Diagnostic>>)> =
-            if set.contained && stale > 1 {
-                work.into_par_iter().map(keep_or_render).collect()
-            } else {
-                work.into_iter().map(keep_or_render).collect()
-            };
-        let mut out = ChangedItems {
-            files: Vec::with_capacity(named.len()),
+        let out = ChangedItems {
+            files: Vec::new(),
             names: memo,
             in_use: given.into_keys().collect(),
             removed,
@@ -701,26 +677,80 @@ impl Renderer {
             reused: 0,
             new_files: Vec::new(),
         };
-        for (item, (was_kept, result)) in named.into_iter().zip(results) {
+        out.fill(set, budget, render, work, diagnostics)
+    }
+}
+
+/// A file of the last render kept for `value`: when the set is contained and the
+/// item and the file's reads did not change, with this render's item.
+fn kept_file(
+    set: &SetSpec,
+    check: &context::ReadCheck<'_>,
+    cached: CachedItem,
+    value: &Value,
+) -> Option<CachedItem> {
+    (set.contained
+        && same_item(&cached.item, value)
+        && cached.reads.iter().all(|read| check.unchanged(read)))
+    .then(|| CachedItem {
+        item: value.clone(),
+        ..cached
+    })
+}
+
+impl ChangedItems {
+    /// Every item of `work` in order, with its kept file or rendered by `render`
+    /// (in parallel when the set allows and more than one must render), into
+    /// `files`; `diagnostics` (found before, such as name problems) and the
+    /// render errors fail it. The memo forgets items long gone once it holds twice
+    /// as many as there are.
+    fn fill(
+        mut self,
+        set: &SetSpec,
+        budget: &output::Budget,
+        render: &(dyn Fn(&Item) -> Result<CachedItem, Box<Diagnostic>> + Sync),
+        mut work: Vec<(Item, Option<CachedItem>)>,
+        mut diagnostics: Vec<Diagnostic>,
+    ) -> Result<Self, Vec<Diagnostic>> {
+        let stale = work.iter().filter(|(_, kept)| kept.is_none()).count();
+        let keep_or_render = |(item, kept): &mut (Item, Option<CachedItem>)| match kept.take() {
+            Some(cached) => (true, Ok(cached)),
+            None => (false, render(item)),
+        };
+        let results: Vec<(bool, Result<CachedItem, Box<Diagnostic>>)> =
+            if set.contained && stale > 1 {
+                work.par_iter_mut().map(keep_or_render).collect()
+            } else {
+                work.iter_mut().map(keep_or_render).collect()
+            };
+        self.files.reserve(work.len());
+        for ((item, _), (was_kept, result)) in work.into_iter().zip(results) {
             match result {
                 Ok(file) => {
                     if was_kept {
-                        out.reused += 1;
+                        self.reused += 1;
                         budget.charge(file.text.len());
                     } else {
-                        out.rendered += 1;
-                        out.new_files.push(set_file(set.kind, &item.name, &file));
+                        self.rendered += 1;
+                        self.new_files.push(set_file(set.kind, &item.name, &file));
                     }
-                    out.files.push((item.name, file));
+                    self.files.push((item.name, file));
                 }
                 Err(diagnostic) => diagnostics.push(*diagnostic),
             }
         }
-        if diagnostics.is_empty() {
-            Ok(out)
-        } else {
-            Err(diagnostics)
+        if !diagnostics.is_empty() {
+            return Err(diagnostics);
         }
+        if self.names.len() > 2 * self.files.len() + 64 {
+            let live: std::collections::HashSet<&str> = self
+                .files
+                .iter()
+                .filter_map(|(_, cached)| cached.item.as_str())
+                .collect();
+            self.names.retain(|item, _| live.contains(item.as_str()));
+        }
+        Ok(self)
     }
 }
 
@@ -816,21 +846,10 @@ impl Renderer {
         }
         let mut leaving: foldhash::HashMap<String, CachedItem> = gone_files.into_iter().collect();
         old.in_use.extend(arriving);
-        // A file is kept when its item and reads did not change, with this render's
-        // item (as the general walk keeps it).
-        let keep = |cached: CachedItem, value: &Value| {
-            (set.contained
-                && same_item(&cached.item, value)
-                && cached.reads.iter().all(|read| check.unchanged(read)))
-            .then(|| CachedItem {
-                item: value.clone(),
-                ..cached
-            })
-        };
         // Every item in order: its name, its kept file or `None` to render.
         let mut work: Vec<(Item, Option<CachedItem>)> = Vec::with_capacity(items.len());
         for ((name, cached), value) in before.into_iter().zip(&items[..head]) {
-            let kept = keep(cached, value);
+            let kept = kept_file(set, check, cached, value);
             work.push((
                 Item {
                     value: value.clone(),
@@ -842,11 +861,11 @@ impl Renderer {
         for item in named {
             let kept = leaving
                 .remove(&item.name)
-                .and_then(|cached| keep(cached, &item.value));
+                .and_then(|cached| kept_file(set, check, cached, &item.value));
             work.push((item, kept));
         }
         for ((name, cached), value) in after.into_iter().zip(&items[new.end..]) {
-            let kept = keep(cached, value);
+            let kept = kept_file(set, check, cached, value);
             work.push((
                 Item {
                     value: value.clone(),
@@ -855,19 +874,8 @@ impl Renderer {
                 kept,
             ));
         }
-        let stale = work.iter().filter(|(_, kept)| kept.is_none()).count();
-        let keep_or_render = |(item, kept): &mut (Item, Option<CachedItem>)| match kept.take() {
-            Some(cached) => (true, Ok(cached)),
-            None => (false, render(item)),
-        };
-        let results: Vec<(bool, Result<CachedItem, Box<Diagnostic>>)> =
-            if set.contained && stale > 1 {
-                work.par_iter_mut().map(keep_or_render).collect()
-            } else {
-                work.iter_mut().map(keep_or_render).collect()
-            };
-        let mut out = ChangedItems {
-            files: Vec::with_capacity(work.len()),
+        let out = ChangedItems {
+            files: Vec::new(),
             names: std::mem::take(&mut old.names),
             in_use: std::mem::take(&mut old.in_use),
             removed,
@@ -875,36 +883,7 @@ impl Renderer {
             reused: 0,
             new_files: Vec::new(),
         };
-        let mut diagnostics = Vec::new();
-        for ((item, _), (was_kept, result)) in work.into_iter().zip(results) {
-            match result {
-                Ok(file) => {
-                    if was_kept {
-                        out.reused += 1;
-                        budget.charge(file.text.len());
-                    } else {
-                        out.rendered += 1;
-                        out.new_files.push(set_file(set.kind, &item.name, &file));
-                    }
-                    out.files.push((item.name, file));
-                }
-                Err(diagnostic) => diagnostics.push(*diagnostic),
-            }
-        }
-        // The memo forgets items long gone once it holds twice as many as there are.
-        if out.names.len() > 2 * out.files.len() + 64 {
-            let live: std::collections::HashSet<&str> = out
-                .files
-                .iter()
-                .filter_map(|(_, cached)| cached.item.as_str())
-                .collect();
-            out.names.retain(|item, _| live.contains(item.as_str()));
-        }
-        Some(if diagnostics.is_empty() {
-            Ok(out)
-        } else {
-            Err(diagnostics)
-        })
+        Some(out.fill(set, budget, render, work, Vec::new()))
     }
 
     /// An error about a set as a whole or an item's name: at the set's template (its
