@@ -708,8 +708,8 @@ fn a_remembered_crt_list_answer_follows_the_certificates_it_names() {
     let without = RenderedConfig::new(
         main_config(),
         BTreeMap::new(),
-        with.files().clone(),
-        certs,
+        with.files().clone().into_iter().collect(),
+        certs.into_iter().collect(),
         SourceMap::default(),
     );
     assert!(Arc::ptr_eq(
@@ -728,8 +728,8 @@ fn a_remembered_crt_list_answer_follows_the_certificates_it_names() {
     let again = RenderedConfig::new(
         main_config(),
         BTreeMap::new(),
-        with.files().clone(),
-        with.certificates().clone(),
+        with.files().clone().into_iter().collect(),
+        with.certificates().clone().into_iter().collect(),
         SourceMap::default(),
     );
     let answer = verdict(&baseline, &again).expect("phase 1 passes");

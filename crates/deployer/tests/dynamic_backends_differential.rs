@@ -61,9 +61,9 @@ fn files_on(dir: &std::path::Path, live_port: u16, port: u16) -> Arc<RenderedCon
         on_disk
             .main()
             .replace(&bind, &format!("bind 127.0.0.1:{port}\n")),
-        on_disk.maps().clone(),
-        on_disk.files().clone(),
-        on_disk.certificates().clone(),
+        on_disk.maps().clone().into_iter().collect(),
+        on_disk.files().clone().into_iter().collect(),
+        on_disk.certificates().clone().into_iter().collect(),
         on_disk.source_map().clone(),
     ))
 }

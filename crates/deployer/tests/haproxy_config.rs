@@ -1,11 +1,9 @@
 //! Property tests of the HAProxy config tokenizer and model: it never panics on any
 //! input, and tokenize → print → tokenize gives back the same model.
 
-use std::collections::BTreeSet;
-
 use hapwright_deployer::haproxy::config::{
-    self as haproxy_config, Config, Directive, Section, SectionKind, check, parse, parse_lenient,
-    phase1, print,
+    self as haproxy_config, Config, Directive, FileNames, Section, SectionKind, check, parse,
+    parse_lenient, phase1, print,
 };
 use proptest::prelude::*;
 
@@ -81,8 +79,8 @@ proptest! {
     fn never_panics_on_arbitrary_text(text in any::<String>()) {
         let (config, _errors) = parse_lenient(&text);
         let _ = print(&config);
-        let _ = check(&config, &BTreeSet::new());
-        let _ = phase1(&text, &BTreeSet::new());
+        let _ = check(&config, &FileNames::default());
+        let _ = phase1(&text, &FileNames::default());
         if let Ok(config) = parse(&text) {
             assert_round_trip(&config)?;
         }
@@ -91,12 +89,12 @@ proptest! {
     #[test]
     fn never_panics_on_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
         let text = String::from_utf8_lossy(&bytes);
-        let _ = phase1(&text, &BTreeSet::new());
+        let _ = phase1(&text, &FileNames::default());
     }
 
     #[test]
     fn config_like_text_round_trips(text in config_like_text()) {
-        let rendered: BTreeSet<String> = ["maps/a.map".to_owned()].into();
+        let rendered = FileNames::from_paths(["maps/a.map"]);
         let _ = phase1(&text, &rendered);
         if let Ok(config) = parse(&text) {
             assert_round_trip(&config)?;
@@ -173,16 +171,13 @@ backend be_web
 fn realistic_config_round_trips_and_passes_checks() {
     let config = haproxy_config::parse(REALISTIC).unwrap();
     assert_round_trip(&config).unwrap();
-    let rendered: BTreeSet<String> = [
+    let rendered = FileNames::from_paths([
         "haproxy.cfg",
         "maps/hosts.map",
         "files/blocked.acl",
         "files/503.http",
         "certs/site.pem",
-    ]
-    .into_iter()
-    .map(str::to_owned)
-    .collect();
+    ]);
     assert_eq!(phase1(REALISTIC, &rendered), []);
     let web = config.section(SectionKind::Backend, "be_web").unwrap();
     assert_eq!(web.servers().len(), 2);

@@ -584,9 +584,9 @@ async fn a_change_to_the_default_certificates_entry_is_not_left_half_done() {
         let strict = render(port, &lines, &certs);
         Arc::new(RenderedConfig::new(
             strict.main().replace(" strict-sni", ""),
-            strict.maps().clone(),
-            strict.files().clone(),
-            strict.certificates().clone(),
+            strict.maps().clone().into_iter().collect(),
+            strict.files().clone().into_iter().collect(),
+            strict.certificates().clone().into_iter().collect(),
             SourceMap::default(),
         ))
     };

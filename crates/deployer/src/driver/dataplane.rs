@@ -43,7 +43,7 @@ use crate::metrics::Metrics;
 use crate::version_check::VersionError;
 
 /// Rendered files by name.
-type Files = BTreeMap<String, Arc<str>>;
+type Files = hapwright_eventbus::model::FileGroup;
 
 /// Deploys to one HAProxy instance through its Data Plane API.
 #[derive(Debug)]

@@ -27,7 +27,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use hapwright_eventbus::model::{Diagnostic, RenderedConfig, Severity, SourceMap};
+use hapwright_eventbus::model::{Diagnostic, HashedMain, RenderedConfig, Severity, SourceMap};
 
 use super::Released;
 use crate::haproxy::config::{self as haproxy_config, Config as Model, Section};
@@ -252,26 +252,21 @@ fn merge(desired: &Released, sources: &[&Released]) -> Kept {
     } else {
         SourceMap::default()
     };
-    let rendered_paths: BTreeSet<String> = maps
-        .keys()
-        .map(|name| format!("maps/{name}"))
-        .chain(files.keys().map(|name| format!("files/{name}")))
-        .chain(certificates.keys().map(|name| format!("certs/{name}")))
-        .collect();
-    let (model, diagnostics) = haproxy_config::phase1_parsed(&main, &rendered_paths);
+    let config = Arc::new(RenderedConfig::from_shared_groups(
+        HashedMain::new(main),
+        [maps, files, certificates],
+        Arc::new(source_map),
+        |_| None,
+    ));
+    let (model, diagnostics) =
+        haproxy_config::phase1_parsed(config.main(), &haproxy_config::FileNames::of(&config));
     let problems = diagnostics
         .into_iter()
         .filter(|d| d.severity == Severity::Error)
         .collect();
     let model = Arc::new(model);
     Kept {
-        config: Arc::new(RenderedConfig::new(
-            main,
-            maps,
-            files,
-            certificates,
-            source_map,
-        )),
+        config,
         model,
         backends,
         servers,

@@ -78,7 +78,7 @@ impl RecordedConfig {
 impl ValveRecord {
     /// The record of a removal held since `held_since`, measured against `baseline`.
     pub fn new(held_since: SystemTime, baseline: &RenderedConfig) -> Self {
-        let strings = |files: &BTreeMap<String, std::sync::Arc<str>>| {
+        let strings = |files: &hapwright_eventbus::model::FileGroup| {
             files
                 .iter()
                 .map(|(name, text)| (name.clone(), text.to_string()))

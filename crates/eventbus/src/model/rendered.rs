@@ -282,8 +282,12 @@ impl Serialize for SourceMap {
     }
 }
 
-/// One group of a render's files (maps, files or certificates) by name, shared.
-pub type FileGroup = Arc<BTreeMap<String, Arc<str>>>;
+/// One group of a render's files (maps, files or certificates) by name: a
+/// persistent map, so a render that changes a few of 10,000 certificates shares the
+/// rest of the group with the render before it (cloning is constant time), and two
+/// renders' groups are compared by the parts they do not share
+/// ([`imbl::OrdMap::diff`]).
+pub type FileGroup = imbl::OrdMap<String, Arc<str>>;
 
 /// One complete render: `haproxy.cfg` plus the named auxiliary files, with a content
 /// hash over all of them and a source map.
@@ -375,12 +379,10 @@ pub fn same_file(a: Option<&Arc<str>>, b: Option<&Arc<str>>) -> bool {
     }
 }
 
-/// Whether two sets of files have the same names and contents ([`same_text`]).
-pub fn same_files(a: &BTreeMap<String, Arc<str>>, b: &BTreeMap<String, Arc<str>>) -> bool {
-    a.len() == b.len()
-        && a.iter()
-            .zip(b)
-            .all(|((x, xs), (y, ys))| x == y && same_text(xs, ys))
+/// Whether two sets of files have the same names and contents: the parts the two
+/// groups share are not compared ([`imbl::OrdMap::diff`]).
+pub fn same_files(a: &FileGroup, b: &FileGroup) -> bool {
+    a.ptr_eq(b) || (a.len() == b.len() && a.diff(b).next().is_none())
 }
 
 /// The SHA-256 of one file's content: what a render's content hash takes of each
@@ -557,7 +559,7 @@ impl RenderedConfig {
     ) -> Self {
         Self::from_shared_groups(
             main,
-            [maps, files, certificates].map(Arc::new),
+            [maps, files, certificates].map(FileGroup::from),
             Arc::new(source_map),
             known,
         )
@@ -624,17 +626,17 @@ impl RenderedConfig {
     }
 
     /// The rendered maps by name.
-    pub fn maps(&self) -> &BTreeMap<String, Arc<str>> {
+    pub fn maps(&self) -> &FileGroup {
         &self.maps
     }
 
     /// The rendered general files by name.
-    pub fn files(&self) -> &BTreeMap<String, Arc<str>> {
+    pub fn files(&self) -> &FileGroup {
         &self.files
     }
 
     /// The rendered certificates by name.
-    pub fn certificates(&self) -> &BTreeMap<String, Arc<str>> {
+    pub fn certificates(&self) -> &FileGroup {
         &self.certificates
     }
 
@@ -659,7 +661,7 @@ impl RenderedConfig {
         ));
         fn named(
             kind: FileKind,
-            map: &BTreeMap<String, Arc<str>>,
+            map: &FileGroup,
         ) -> impl Iterator<Item = (RenderedFileRef, &Arc<str>)> + '_ {
             map.iter().map(move |(name, content)| {
                 (
@@ -699,19 +701,19 @@ pub struct RenderedConfigBuilder {
 impl RenderedConfigBuilder {
     /// Adds (or replaces) the map file `maps/<name>`.
     pub fn map(mut self, name: impl Into<String>, content: impl Into<Arc<str>>) -> Self {
-        Arc::make_mut(&mut self.config.maps).insert(name.into(), content.into());
+        self.config.maps.insert(name.into(), content.into());
         self
     }
 
     /// Adds (or replaces) the general file `files/<name>`.
     pub fn file(mut self, name: impl Into<String>, content: impl Into<Arc<str>>) -> Self {
-        Arc::make_mut(&mut self.config.files).insert(name.into(), content.into());
+        self.config.files.insert(name.into(), content.into());
         self
     }
 
     /// Adds (or replaces) the certificate `certs/<name>`.
     pub fn certificate(mut self, name: impl Into<String>, content: impl Into<Arc<str>>) -> Self {
-        Arc::make_mut(&mut self.config.certificates).insert(name.into(), content.into());
+        self.config.certificates.insert(name.into(), content.into());
         self
     }
 
@@ -769,7 +771,7 @@ mod tests {
         let a = config("global\n", "a b\n");
         let b = RenderedConfig::from_hashed_main(
             HashedMain::new("global\n"),
-            a.maps().clone(),
+            a.maps().clone().into_iter().collect(),
             BTreeMap::new(),
             BTreeMap::new(),
             SourceMap::default(),

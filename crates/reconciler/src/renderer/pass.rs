@@ -140,7 +140,7 @@ impl Digests {
     /// hashed as it renders): `previous`'s where it has them (updated in place: the
     /// files handed out again are most of them), else computed (on the thread pool
     /// when there are megabytes to hash, as in a first render).
-    fn of(groups: [&BTreeMap<String, Arc<str>>; 3], previous: Digests) -> Self {
+    fn of(groups: [&FileGroup; 3], previous: Digests) -> Self {
         use rayon::prelude::*;
         /// Below this many bytes to hash, the files are hashed on this thread: the
         /// pool may be busy releasing the last render's values.
@@ -150,7 +150,7 @@ impl Digests {
             entry.live = false;
         }
         let mut missing: Vec<&Arc<str>> = Vec::new();
-        for content in groups.into_iter().flat_map(BTreeMap::values) {
+        for content in groups.into_iter().flat_map(FileGroup::values) {
             match held.get_mut(&Self::key(content)) {
                 Some(entry) if Arc::ptr_eq(&entry.content, content) => entry.live = true,
                 _ => missing.push(content),
@@ -215,7 +215,7 @@ impl Cache {
 struct Collected {
     main: Option<HashedMain>,
     /// Maps, files and certificates by name.
-    outputs: [BTreeMap<String, Arc<str>>; 3],
+    outputs: [FileGroup; 3],
     source_map: SourceMap,
     diagnostics: Vec<Diagnostic>,
     /// Per entry: the file kept for the next render.
@@ -243,7 +243,9 @@ impl Collected {
     ) {
         for (slot, gone) in from_last.iter().enumerate() {
             if let Some(gone) = gone {
-                let mut group = (*last.groups[slot]).clone();
+                // A persistent map: the copy shares `last`'s, and the changes below
+                // copy the few nodes they touch.
+                let mut group = last.groups[slot].clone();
                 for name in gone {
                     group.remove(name);
                 }
@@ -778,12 +780,12 @@ impl<'a> Pass<'a> {
         let digests = Digests::of([&maps, &files, &certificates], previous_digests);
         let config = RenderedConfig::from_shared_groups(
             main.unwrap_or_else(|| HashedMain::new("")),
-            [maps, files, certificates].map(Arc::new),
+            [maps, files, certificates],
             shared_source_map.unwrap_or_else(|| Arc::new(source_map)),
             |content| digests.get(content),
         );
         let last = fixed.map(|fixed| LastOutput {
-            groups: config.groups().map(Arc::clone),
+            groups: config.groups().map(FileGroup::clone),
             source_map: Arc::clone(config.source_map_shared()),
             fixed,
         });

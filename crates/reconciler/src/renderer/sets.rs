@@ -27,7 +27,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use hapwright_eventbus::model::{Diagnostic, FileKind, RenderedFileRef, SourceLocation};
+use hapwright_eventbus::model::{Diagnostic, FileGroup, FileKind, RenderedFileRef, SourceLocation};
 use minijinja::value::Value;
 use rayon::prelude::*;
 
@@ -196,7 +196,7 @@ impl Renderer {
         budget: &output::Budget,
         resources: &Resources,
         previous: Option<(Resources, SetCache)>,
-        taken: [&BTreeMap<String, Arc<str>>; 3],
+        taken: [&FileGroup; 3],
         last_known: bool,
     ) -> Result<Rendered, Vec<Diagnostic>> {
         let inner = &*self.inner;
@@ -586,7 +586,7 @@ impl Renderer {
         context: &Value,
         items: Vec<Value>,
         old: &mut SetFiles,
-        fixed: &BTreeMap<String, Arc<str>>,
+        fixed: &FileGroup,
         check: &context::ReadCheck<'_>,
         budget: &output::Budget,
         render: &(dyn Fn(&Item) -> Result<CachedItem, Box<Diagnostic>> + Sync),
@@ -771,7 +771,7 @@ impl Renderer {
         context: &Value,
         items: &[Value],
         old: &mut SetFiles,
-        fixed: &BTreeMap<String, Arc<str>>,
+        fixed: &FileGroup,
         check: &context::ReadCheck<'_>,
         budget: &output::Budget,
         render: &(dyn Fn(&Item) -> Result<CachedItem, Box<Diagnostic>> + Sync),

@@ -38,10 +38,10 @@
 //! only as far as needed, so that the thousandth change after the last `haproxy -c`
 //! costs what the first did.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use hapwright_eventbus::model::{ContentHash, RenderedConfig, same_file};
+use hapwright_eventbus::model::{ContentHash, FileGroup, RenderedConfig, same_file};
 use rustls::pki_types::pem::{self, SectionKind};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, alg_id};
 use rustls::sign::CertifiedKey;
@@ -345,12 +345,7 @@ impl CrtListAnswers {
 }
 
 /// Whether the new content of crt-list `name` is covered.
-fn crt_list_covered(
-    name: &str,
-    before: &str,
-    after: &str,
-    certs: &BTreeMap<String, Arc<str>>,
-) -> Result<(), Why> {
+fn crt_list_covered(name: &str, before: &str, after: &str, certs: &FileGroup) -> Result<(), Why> {
     if !(after.is_empty() || after.ends_with('\n')) {
         return Err(Why(format!("files/{name}: the last line has no newline")));
     }
@@ -483,10 +478,7 @@ fn certificate_name_covered(
     let beside = format!("{stem}.");
     if let Some(other) = candidate
         .certificates()
-        .range::<str, _>((
-            std::ops::Bound::Included(beside.as_str()),
-            std::ops::Bound::Unbounded,
-        ))
+        .range(beside.clone()..)
         .map(|(other, _)| other)
         .take_while(|other| other.starts_with(&beside))
         .find(|other| *other != name)

@@ -39,12 +39,11 @@
 //!
 //! Anything else is [`Equivalence::Different`], and `haproxy -c` runs.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
-use hapwright_eventbus::model::{RenderedConfig, same_file, same_text};
+use hapwright_eventbus::model::{FileGroup, RenderedConfig, same_file, same_text};
 
 use crate::haproxy::config::{Config as Model, Directive, Section};
 
@@ -254,18 +253,24 @@ fn compare_inner(
     Ok((reason, certificates + servers))
 }
 
-fn same_names(
-    dir: &str,
-    old: &BTreeMap<String, Arc<str>>,
-    new: &BTreeMap<String, Arc<str>>,
-) -> Result<(), Why> {
-    if let Some(name) = new.keys().find(|name| !old.contains_key(*name)) {
-        return Err(Why(format!("{dir}/{name} is new")));
+/// Whether the two groups name the same files (the parts renders share are
+/// skipped); the first new name is reported before the first removed one.
+fn same_names(dir: &str, old: &FileGroup, new: &FileGroup) -> Result<(), Why> {
+    use imbl::ordmap::DiffItem;
+    let mut removed = None;
+    for item in old.diff(new) {
+        match item {
+            DiffItem::Add(name, _) => return Err(Why(format!("{dir}/{name} is new"))),
+            DiffItem::Remove(name, _) => {
+                removed.get_or_insert(name);
+            }
+            DiffItem::Update { .. } => {}
+        }
     }
-    if let Some(name) = old.keys().find(|name| !new.contains_key(*name)) {
-        return Err(Why(format!("{dir}/{name} was removed")));
+    match removed {
+        Some(name) => Err(Why(format!("{dir}/{name} was removed"))),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 // === haproxy.cfg ===
@@ -841,9 +846,9 @@ mod tests {
         ) {
             let mut main = lines.join("\n");
             main.push('\n');
-            let mut maps = BTreeMap::new();
+            let mut maps = std::collections::BTreeMap::new();
             maps.insert("hosts.map".to_owned(), Arc::<str>::from(content.as_str()));
-            let mut files = BTreeMap::new();
+            let mut files = std::collections::BTreeMap::new();
             if !file.is_empty() {
                 files.insert("notes.txt".to_owned(), Arc::<str>::from(file));
             }
@@ -851,7 +856,7 @@ mod tests {
                 main,
                 maps,
                 files,
-                BTreeMap::new(),
+                std::collections::BTreeMap::new(),
                 hapwright_eventbus::model::SourceMap::default(),
             );
             proptest::prop_assert_eq!(

@@ -346,10 +346,10 @@ pub fn validate_phase1_reusing(
                 |((rendered, model), rendered_paths)| haproxy_config::Passed {
                     text: rendered.main(),
                     model,
-                    rendered_paths: &rendered_paths.set,
+                    rendered_paths: &rendered_paths.names,
                 },
             );
-    let (model, found) = haproxy_config::phase1_reusing(previous, rendered.main(), &paths.set);
+    let (model, found) = haproxy_config::phase1_reusing(previous, rendered.main(), &paths.names);
     diagnostics.extend(found);
     let diagnostics: Vec<Diagnostic> = diagnostics
         .into_iter()
@@ -376,9 +376,8 @@ pub fn validate_phase1_reusing(
 /// renewed, a map line changed), and a set costs a string per file, 10,000 at
 /// 10,000 certificates.
 struct RenderedPaths {
-    /// The names of the maps, files and certificates it was built from.
-    names: [Vec<String>; 3],
-    set: BTreeSet<String>,
+    /// The paths, sharing the render's groups.
+    names: haproxy_config::FileNames,
     problems: Vec<Diagnostic>,
 }
 
@@ -396,13 +395,7 @@ impl RenderedPaths {
     /// The set of `rendered`: one kept set for every render with the same file
     /// names (the same `Arc`, so callers may remember answers by it).
     fn of(rendered: &RenderedConfig) -> Arc<Self> {
-        let groups = [rendered.maps(), rendered.files(), rendered.certificates()];
-        let same =
-            |paths: &RenderedPaths| {
-                paths.names.iter().zip(groups).all(|(names, group)| {
-                    names.len() == group.len() && names.iter().eq(group.keys())
-                })
-            };
+        let names = haproxy_config::FileNames::of(rendered);
         let mut kept = PATHS
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -410,29 +403,32 @@ impl RenderedPaths {
         if let Some(at) = kept
             .iter()
             .position(|(_, last)| *last == hash)
-            .or_else(|| kept.iter().position(|(paths, _)| same(paths)))
+            .or_else(|| kept.iter().position(|(paths, _)| paths.names.same(&names)))
         {
             let (found, _) = kept.remove(at);
             kept.push((found.clone(), hash));
             return found;
         }
-        let mut set = BTreeSet::new();
-        let mut problems = Vec::new();
-        for (file, _) in rendered.iter() {
-            let path = file.relative_path();
-            if !is_plain_relative(&path) {
-                problems.push(Diagnostic::error(format!(
-                    "rendered file name '{}' is not a plain file name (it must not be empty or contain '..' or a leading '/')",
-                    file.name
-                )));
-            }
-            set.insert(path);
-        }
-        let built = Arc::new(Self {
-            names: groups.map(|group| group.keys().cloned().collect()),
-            set,
-            problems,
-        });
+        let problem = |path: &str| {
+            (!is_plain_relative(path)).then(|| {
+                let name = haproxy_config::FileNames::name_of(path);
+                Diagnostic::error(format!(
+                    "rendered file name '{name}' is not a plain file name (it must not be empty or contain '..' or a leading '/')"
+                ))
+            })
+        };
+        // Names only come: when the last set had no problem, only the new names
+        // can have one.
+        let problems = match kept.last() {
+            Some((last, _)) if last.problems.is_empty() => names
+                .changes_since(&last.names)
+                .into_iter()
+                .filter(|(_, new)| *new)
+                .filter_map(|(path, _)| problem(&path))
+                .collect(),
+            _ => names.paths().filter_map(|path| problem(&path)).collect(),
+        };
+        let built = Arc::new(Self { names, problems });
         if kept.len() >= KEPT_PATHS {
             kept.remove(0);
         }

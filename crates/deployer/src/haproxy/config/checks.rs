@@ -9,7 +9,7 @@ use hapwright_eventbus::model::{Diagnostic, SourceLocation};
 use super::{Config, Directive, MAIN_FILE, SectionKind};
 
 /// Directories of the rendered layout whose files a config may reference.
-const LAYOUT_DIRS: &[&str] = &["maps/", "files/", "certs/"];
+use super::file_names::{FileNames, LAYOUT_DIRS};
 
 fn located(diagnostic: Diagnostic, line: u32, text: &str) -> Diagnostic {
     diagnostic
@@ -114,7 +114,7 @@ fn layout_references(word: &str) -> Vec<&str> {
 ///   as `RenderedFileRef::relative_path` gives them); a path ending in `/` must be
 ///   the prefix of a rendered file. Inside an `.if` block this is a warning, since
 ///   the branch may be inactive.
-pub fn check(config: &Config, rendered_paths: &BTreeSet<String>) -> Vec<Diagnostic> {
+pub fn check(config: &Config, rendered_paths: &FileNames) -> Vec<Diagnostic> {
     let backends: BTreeSet<&str> = config
         .server_proxies()
         .filter_map(|s| s.name.as_deref())
@@ -134,7 +134,7 @@ fn check_sections<'a>(
     config: &'a Config,
     range: Range<usize>,
     is_backend: impl Fn(&str) -> bool,
-    rendered_paths: &BTreeSet<String>,
+    rendered_paths: &FileNames,
 ) -> Vec<Diagnostic> {
     let mut diagnostics = Vec::new();
     let mut walker = Walker {
@@ -250,7 +250,7 @@ pub(crate) fn clean_after_change(
     replaced: Range<usize>,
     config: &Config,
     changed: Range<usize>,
-    rendered_paths: &BTreeSet<String>,
+    rendered_paths: &FileNames,
 ) -> bool {
     let (Some(replaced_sections), Some(changed_sections)) = (
         old.sections.get(replaced.clone()),
@@ -351,25 +351,21 @@ fn section_header(section: &super::Section) -> String {
     words.join(" ")
 }
 
-fn rendered(path: &str, rendered_paths: &BTreeSet<String>) -> bool {
+fn rendered(path: &str, rendered_paths: &FileNames) -> bool {
     if path.ends_with('/') {
-        rendered_paths.iter().any(|p| p.starts_with(path))
+        rendered_paths.any_starting_with(path)
     } else {
         rendered_paths.contains(path)
     }
 }
 
 /// ` (rendered maps: a.map, b.map)` or ` (no maps are rendered)`.
-fn rendered_hint(path: &str, rendered_paths: &BTreeSet<String>) -> String {
+fn rendered_hint(path: &str, rendered_paths: &FileNames) -> String {
     let Some(dir) = LAYOUT_DIRS.iter().find(|dir| path.starts_with(*dir)) else {
         return String::new();
     };
     let kind = dir.trim_end_matches('/');
-    let names: Vec<&str> = rendered_paths
-        .iter()
-        .filter_map(|p| p.strip_prefix(dir))
-        .take(10)
-        .collect();
+    let names: Vec<&str> = rendered_paths.names_in(dir).take(10).collect();
     if names.is_empty() {
         format!(" (no {kind} are rendered)")
     } else {

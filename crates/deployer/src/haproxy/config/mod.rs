@@ -33,13 +33,13 @@
 //! ```
 
 mod checks;
+mod file_names;
 mod incremental;
-
-use std::collections::BTreeSet;
 
 use hapwright_eventbus::model::{Diagnostic, SourceLocation};
 
 pub use checks::check;
+pub use file_names::FileNames;
 pub use hapwright_eventbus::model::haproxy::{
     Balance, Config, Directive, MAIN_FILE, MAX_WORDS, ParseError, Section, SectionKind, Server,
     parse, parse_lenient, print, split_address,
@@ -50,13 +50,13 @@ pub(crate) use incremental::{changed_lines, common_prefix, common_suffix};
 /// The whole of phase 1 on one `haproxy.cfg` text: every parse error, the missing
 /// final newline HAProxy 2.6 rejects, and the [`check`] results (errors and
 /// warnings), all located in [`MAIN_FILE`], in line order.
-pub fn phase1(text: &str, rendered_paths: &BTreeSet<String>) -> Vec<Diagnostic> {
+pub fn phase1(text: &str, rendered_paths: &FileNames) -> Vec<Diagnostic> {
     phase1_parsed(text, rendered_paths).1
 }
 
 /// [`phase1`], also returning the parsed model (complete when no diagnostic is an
 /// error), so that a validated config is parsed exactly once.
-pub fn phase1_parsed(text: &str, rendered_paths: &BTreeSet<String>) -> (Config, Vec<Diagnostic>) {
+pub fn phase1_parsed(text: &str, rendered_paths: &FileNames) -> (Config, Vec<Diagnostic>) {
     phase1_reusing(None, text, rendered_paths)
 }
 
@@ -69,7 +69,7 @@ pub struct Passed<'a> {
     /// Its model.
     pub model: &'a Config,
     /// The rendered files it was checked against (as `rendered_paths`).
-    pub rendered_paths: &'a BTreeSet<String>,
+    pub rendered_paths: &'a FileNames,
 }
 
 /// [`phase1_parsed`], parsing only the changed sections when `previous` (a text and
@@ -79,7 +79,7 @@ pub struct Passed<'a> {
 pub fn phase1_reusing(
     previous: Option<Passed<'_>>,
     text: &str,
-    rendered_paths: &BTreeSet<String>,
+    rendered_paths: &FileNames,
 ) -> (Config, Vec<Diagnostic>) {
     let reparsed =
         previous.and_then(|previous| incremental::reparse(previous.text, previous.model, text));
@@ -88,7 +88,7 @@ pub fn phase1_reusing(
             // The old model passed phase 1 without a `.`-line (or it would not have
             // been reused), so the checks found nothing in it.
             let clean = (std::ptr::eq(previous.rendered_paths, rendered_paths)
-                || previous.rendered_paths == rendered_paths)
+                || previous.rendered_paths.same(rendered_paths))
                 && checks::clean_after_change(
                     previous.model,
                     reparsed.old_changed,

@@ -1,5 +1,3 @@
-use std::collections::BTreeSet;
-
 use hapwright_eventbus::model::Severity;
 
 use super::*;
@@ -237,8 +235,8 @@ fn print_is_canonical_and_reads_back() {
     );
 }
 
-fn paths(list: &[&str]) -> BTreeSet<String> {
-    list.iter().map(|p| (*p).to_owned()).collect()
+fn paths(list: &[&str]) -> FileNames {
+    FileNames::from_paths(list)
 }
 
 fn messages(text: &str, rendered: &[&str]) -> Vec<(u32, Severity, String)> {

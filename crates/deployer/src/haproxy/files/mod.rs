@@ -581,6 +581,7 @@ pub fn relative_path(file: &RenderedFileRef) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hapwright_eventbus::model::{FileGroup, HashedMain};
 
     #[test]
     fn marker_is_inserted_replaced_and_stripped() {
@@ -608,15 +609,14 @@ mod tests {
         last: Option<&RenderedConfig>,
         draw: &mut impl FnMut(u32) -> u32,
     ) -> RenderedConfig {
-        let mut groups: Vec<Arc<BTreeMap<String, Arc<str>>>> = match last {
-            Some(last) => last.groups().into_iter().cloned().collect(),
-            None => vec![Arc::default(); 3],
+        let mut groups: [FileGroup; 3] = match last {
+            Some(last) => last.groups().map(FileGroup::clone),
+            None => Default::default(),
         };
-        for group in &mut groups {
+        for files in &mut groups {
             if draw(3) == 0 {
                 continue;
             }
-            let files = Arc::make_mut(group);
             for _ in 0..draw(4) {
                 let name = format!("f{}.pem", draw(6));
                 match draw(3) {
@@ -633,14 +633,7 @@ mod tests {
             (Some(last), 0 | 1) => last.main().to_string(),
             _ => format!("global\n    maxconn {}\n", draw(5)),
         };
-        let [maps, files, certificates] = [&groups[0], &groups[1], &groups[2]];
-        RenderedConfig::new(
-            main,
-            (**maps).clone(),
-            (**files).clone(),
-            (**certificates).clone(),
-            SourceMap::default(),
-        )
+        RenderedConfig::from_shared_groups(HashedMain::new(main), groups, Arc::default(), |_| None)
     }
 
     /// `write_changes` leaves the directory as a full `write` does: random renders,

@@ -198,13 +198,14 @@ fn checked_line() -> impl Strategy<Value = String> {
 }
 
 /// A set of rendered files, from bits.
-fn rendered_paths(bits: u8) -> std::collections::BTreeSet<String> {
-    ["maps/a.map", "maps/b.map", "certs/site.pem"]
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| bits & (1 << i) != 0)
-        .map(|(_, path)| (*path).to_owned())
-        .collect()
+fn rendered_paths(bits: u8) -> super::super::FileNames {
+    super::super::FileNames::from_paths(
+        ["maps/a.map", "maps/b.map", "certs/site.pem"]
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| bits & (1 << i) != 0)
+            .map(|(_, path)| *path),
+    )
 }
 
 proptest! {
@@ -279,7 +280,7 @@ proptest! {
 #[test]
 fn a_change_is_checked_against_the_whole_model() {
     use super::super::{Passed, phase1_parsed, phase1_reusing};
-    let paths: std::collections::BTreeSet<String> = ["maps/hosts.map".to_owned()].into();
+    let paths = super::super::FileNames::from_paths(["maps/hosts.map"]);
     let (model, found) = phase1_parsed(QUICKSTART, &paths);
     assert!(found.is_empty(), "{found:?}");
     let previous = Passed {
