@@ -145,6 +145,41 @@ fn resource_updates_are_reflected_in_the_next_render() {
     assert!(!after.maps()["hosts.map"].contains("svc-1"));
 }
 
+#[test]
+fn a_file_rendered_again_to_the_same_text_is_handed_out_as_before() {
+    // `steady.map` reads every Service, so it renders again when one goes, and
+    // prints the same text: the render hands out last time's allocation, which
+    // what compares renders by pointer (digests, the validator, the plan) takes
+    // as unchanged.
+    let mut templates = fixtures::routing_templates();
+    templates.maps.insert(
+        "steady.map".into(),
+        "{% for s in resources.services.list() %}{% endfor %}steady value\n".into(),
+    );
+    let renderer = renderer(templates, &fixtures::WATCHED);
+    let mut resources = fixtures::resources(2);
+    let before = renderer.render(&resources).expect("renders");
+    let services = fixtures::cluster(2)["services"].clone();
+    let mut next = (*services).clone();
+    let key = hapwright_eventbus::model::ObjectKey::new("team-1", "svc-1");
+    next.remove(&key);
+    let change = hapwright_eventbus::model::ResourceChange {
+        removed: vec![key],
+        ..Default::default()
+    };
+    resources.update(&Arc::from("services"), services, None);
+    resources.update(&Arc::from("services"), Arc::new(next), Some(&change));
+    let (after, stats) = renderer.render_with_stats(&resources);
+    let after = after.expect("renders");
+    assert!(stats.rendered > 0, "{stats:?}");
+    assert!(Arc::ptr_eq(
+        &before.maps()["steady.map"],
+        &after.maps()["steady.map"]
+    ));
+    assert_ne!(before.maps()["hosts.map"], after.maps()["hosts.map"]);
+    assert_eq!(after, renderer.render(&resources).expect("renders"));
+}
+
 // === source map ===
 
 #[test]

@@ -440,7 +440,13 @@ fn list_facts(text: &Arc<str>) -> Arc<ListFacts> {
     let mut kept = LIST_FACTS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some((_, facts)) = kept.iter().find(|(seen, _)| Arc::ptr_eq(seen, text)) {
+    // By pointer, else by content: a list rendered again to the same text, or read
+    // back from disk, is not read again (comparing 10,000 lines costs far less).
+    if let Some((_, facts)) = kept
+        .iter()
+        .find(|(seen, _)| Arc::ptr_eq(seen, text))
+        .or_else(|| kept.iter().find(|(seen, _)| **seen == **text))
+    {
         return facts.clone();
     }
     let mut facts = ListFacts::default();

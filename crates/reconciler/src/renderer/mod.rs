@@ -214,7 +214,10 @@ impl Entry {
 // === impl Renderer ===
 
 /// One file's render: its text and the origin of each line, or the error.
-type RenderResult = Result<(FileText, Arc<[Option<u32>]>), Diagnostic>;
+type RenderResult = Result<RenderedText, Diagnostic>;
+
+/// A rendered file's text and each line's origin (by index into the marker table).
+type RenderedText = (FileText, Arc<[Option<u32>]>);
 
 /// A rendered file's text; `haproxy.cfg` comes with its part of the content hash.
 #[derive(Clone)]

@@ -331,6 +331,24 @@ impl Collected {
 
 // === impl Pass ===
 
+/// A file's new text and line origins, as the allocations of the last render's
+/// when they are the same (`before`).
+fn as_before(
+    (text, lines): super::RenderedText,
+    before: Option<super::RenderedText>,
+) -> super::RenderedText {
+    let Some((old_text, old_lines)) = before else {
+        return (text, lines);
+    };
+    let text = if old_text.as_str() == text.as_str() {
+        old_text
+    } else {
+        text
+    };
+    let lines = if old_lines == lines { old_lines } else { lines };
+    (text, lines)
+}
+
 /// One render in progress: its context, what to do per file, and the results as
 /// they come in. Files render on several threads ([`Renderer::render`]), each
 /// taking its plan and setting its result and reads once.
@@ -347,6 +365,11 @@ struct Pass<'a> {
     plans: Vec<Mutex<Plan>>,
     results: Vec<OnceLock<RenderResult>>,
     reads: Vec<OnceLock<FileReads>>,
+    /// The last render's text and line origins of each file that renders again: a
+    /// file that renders to the same text is handed out as the same allocation
+    /// ([`Pass::collect`]), so what compares renders by pointer (digests, the
+    /// validator, the deployment plan) sees it unchanged.
+    before: Vec<Option<super::RenderedText>>,
     /// How many files were put together again from their pieces.
     spliced: AtomicUsize,
 }
@@ -396,6 +419,7 @@ impl<'a> Pass<'a> {
             plans: each().map(|_| Mutex::new(Plan::Render)).collect(),
             results: each().map(|_| OnceLock::new()).collect(),
             reads: each().map(|_| OnceLock::new()).collect(),
+            before: each().map(|_| None).collect(),
             spliced: AtomicUsize::new(0),
         }
     }
@@ -434,6 +458,7 @@ impl<'a> Pass<'a> {
             let reusable = inner.reusable[index] || (inner.chained[index] && chain);
             if !reusable || !file.reads.reads.iter().all(|read| check.unchanged(read)) {
                 chain &= !in_order;
+                self.before[index] = Some((file.text, file.lines));
                 continue;
             }
             // The pieces whose snippet outputs or lists read something that changed.
@@ -445,6 +470,7 @@ impl<'a> Pass<'a> {
             let splice = !changed.is_empty();
             if splice && !(inner.spliceable[index] && self.session.is_some()) {
                 chain &= !in_order;
+                self.before[index] = Some((file.text, file.lines));
                 continue;
             }
             if let Some(left) = &file.reads.shared {
@@ -663,19 +689,21 @@ impl<'a> Pass<'a> {
         let mut cached: Vec<Option<CachedFile>> = inner.entries.iter().map(|_| None).collect();
         let results = std::mem::take(&mut self.results);
         let reads = std::mem::take(&mut self.reads);
-        for ((((entry, result), reads), cached), (&reusable, &chained)) in inner
+        let before = std::mem::take(&mut self.before);
+        for (((((entry, result), reads), cached), (&reusable, &chained)), before) in inner
             .entries
             .iter()
             .zip(results)
             .zip(reads)
             .zip(&mut cached)
             .zip(inner.reusable.iter().zip(&inner.chained))
+            .zip(before)
         {
             let (Some(file), Some(result)) = (&entry.output, result.into_inner()) else {
                 continue;
             };
             let (text, lines) = match result {
-                Ok(rendered) => rendered,
+                Ok(rendered) => as_before(rendered, before),
                 Err(diagnostic) => {
                     collected.diagnostics.push(diagnostic);
                     if file.kind == FileKind::Main {

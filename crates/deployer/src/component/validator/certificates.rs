@@ -104,7 +104,14 @@ pub(crate) fn covered(baseline: &Baseline, candidate: &RenderedConfig) -> Result
             .get(*name)
             .expect("a file of the candidate");
         CRT_LIST_ANSWERS.answer(name, before, after, &paths, || {
-            crt_list_covered(name, before.map_or("", |text| &**text), content, new_certs)
+            match before.and_then(|before| {
+                changed_lines_covered(name, before, old_certs, content, new_certs)
+            }) {
+                Some(answer) => answer,
+                None => {
+                    crt_list_covered(name, before.map_or("", |text| &**text), content, new_certs)
+                }
+            }
         })?;
     }
     for (name, _) in &changed_certs {
@@ -383,6 +390,165 @@ fn crt_list_covered(name: &str, before: &str, after: &str, certs: &FileGroup) ->
         return Err(Why(format!("files/{name} has no certificate left")));
     }
     Ok(())
+}
+
+/// What [`changed_lines_covered`] keeps of a crt-list of the reference: read once
+/// per text (and the reference's certificates), so that a change to a list of
+/// 10,000 lines checks the lines that changed, not the whole list.
+struct ListBefore {
+    text: Arc<str>,
+    /// The reference's certificates the facts were read against.
+    certs: FileGroup,
+    /// Every line.
+    lines: HashSet<Box<str>>,
+    /// The `[…]` options of its lines.
+    options: HashSet<Box<str>>,
+    /// The certificates its entry lines load, with how many lines load each.
+    loaded: HashMap<Box<str>, usize>,
+    /// Its entry lines (not empty, not a comment).
+    entries: usize,
+    /// Every entry line loads one of the reference's certificates.
+    all_rendered: bool,
+}
+
+/// How many crt-lists of the reference [`changed_lines_covered`] keeps.
+const LISTS_BEFORE_KEPT: usize = 4;
+
+static LISTS_BEFORE: Mutex<Vec<Arc<ListBefore>>> = Mutex::new(Vec::new());
+
+impl ListBefore {
+    /// The facts of `text` against `certs`, read once.
+    fn of(text: &Arc<str>, certs: &FileGroup) -> Arc<Self> {
+        let mut kept = LISTS_BEFORE.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(found) = kept
+            .iter()
+            .find(|kept| Arc::ptr_eq(&kept.text, text) && kept.certs.ptr_eq(certs))
+        {
+            return Arc::clone(found);
+        }
+        let mut facts = Self {
+            text: Arc::clone(text),
+            certs: certs.clone(),
+            lines: HashSet::new(),
+            options: HashSet::new(),
+            loaded: HashMap::new(),
+            entries: 0,
+            all_rendered: true,
+        };
+        for line in text.lines() {
+            facts.lines.insert(line.into());
+            if let Some(options) = options_of(line) {
+                facts.options.insert(options.into());
+            }
+            match entry_certificate(line) {
+                None => {}
+                Some(Some(cert)) if certs.contains_key(cert) => {
+                    facts.entries += 1;
+                    *facts.loaded.entry(cert.into()).or_insert(0) += 1;
+                }
+                Some(_) => {
+                    facts.entries += 1;
+                    facts.all_rendered = false;
+                }
+            }
+        }
+        let facts = Arc::new(facts);
+        if kept.len() >= LISTS_BEFORE_KEPT {
+            kept.remove(0);
+        }
+        kept.push(Arc::clone(&facts));
+        facts
+    }
+}
+
+/// For a line of a crt-list that is also a line of the reference's version (so
+/// [`crt_list_covered`] checks only what it loads): `None` for a line that is no
+/// entry (empty, or a comment), else the certificate it loads (`None`: a path
+/// outside `certs/`).
+fn entry_certificate(line: &str) -> Option<Option<&str>> {
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let path = line.split([' ', '\t']).next().unwrap_or_default();
+    Some(path.strip_prefix("certs/"))
+}
+
+/// [`crt_list_covered`] from the lines that differ between `before` (the
+/// reference's version, with `old_certs` its certificates) and `after`: the
+/// lines before and after them are lines of the reference's version, each loading
+/// one of its certificates, so only a removed certificate could fail them.
+/// `None` when that does not hold (some line of the reference loads something
+/// else, or a line both share loads a removed certificate): the whole check
+/// decides, and words the answer.
+fn changed_lines_covered(
+    name: &str,
+    before: &Arc<str>,
+    old_certs: &FileGroup,
+    after: &str,
+    certs: &FileGroup,
+) -> Option<Result<(), Why>> {
+    if before.is_empty() || !(after.is_empty() || after.ends_with('\n')) {
+        return None;
+    }
+    let facts = ListBefore::of(before, old_certs);
+    if !facts.all_rendered {
+        return None;
+    }
+    let (was, now) = crate::haproxy::config::changed_lines(before, after);
+    let mut was_loaded: HashMap<&str, usize> = HashMap::new();
+    let mut was_entries = 0;
+    for cert in was.lines().filter_map(entry_certificate) {
+        was_entries += 1;
+        *was_loaded.entry(cert.unwrap_or_default()).or_insert(0) += 1;
+    }
+    // A line both versions share that loads a certificate now gone.
+    for item in old_certs.diff(certs) {
+        if let imbl::ordmap::DiffItem::Remove(cert, _) = item {
+            // The changed lines of the reference are some of its lines.
+            let loaded = |counts: Option<&usize>| counts.copied().unwrap_or(0);
+            if loaded(facts.loaded.get(cert.as_str())) > loaded(was_loaded.get(cert.as_str())) {
+                return None;
+            }
+        }
+    }
+    // The changed lines, numbered as in `after`.
+    let start = (now.as_ptr() as usize)
+        .checked_sub(after.as_ptr() as usize)
+        .filter(|start| *start <= after.len())?;
+    let first = memchr::memchr_iter(b'\n', &after.as_bytes()[..start]).count();
+    let old_options: HashSet<&str> = facts.options.iter().map(|o| &**o).collect();
+    let mut entries = facts.entries - was_entries.min(facts.entries);
+    for (index, line) in now.lines().enumerate() {
+        let at = || format!("files/{name}:{}", first + index + 1);
+        if line.is_empty() {
+            continue;
+        }
+        let unchanged = facts.lines.contains(line);
+        if line.starts_with('#') && unchanged {
+            continue;
+        }
+        entries += 1;
+        let path = line.split([' ', '\t']).next().unwrap_or_default();
+        if !path
+            .strip_prefix("certs/")
+            .is_some_and(|cert| certs.contains_key(cert))
+        {
+            return Some(Err(Why(format!(
+                "{}: loads '{path}', not a rendered certificate",
+                at()
+            ))));
+        }
+        if unchanged {
+            continue;
+        }
+        if let Err(why) = crt_list_line_covered(line, &old_options) {
+            return Some(Err(Why(format!("{}: {why}", at()))));
+        }
+    }
+    if entries == 0 {
+        return Some(Err(Why(format!("files/{name} has no certificate left"))));
+    }
+    Some(Ok(()))
 }
 
 /// The `[…]` options of a crt-list line, as written.
@@ -848,6 +1014,94 @@ mod tests {
         ] {
             assert!(!sni_filter(bad), "{bad}");
         }
+    }
+
+    /// The check from the changed lines answers as the whole check: random
+    /// crt-lists of the reference (entries, comments, blank lines, lines outside
+    /// `certs/` or in a syntax the rule refuses) edited line by line, with
+    /// certificates added and removed, compared after every edit.
+    #[test]
+    fn changed_lines_are_checked_as_the_whole_list() {
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut draw = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let names = ["a.pem", "b.pem", "c.pem", "d.pem", "e.pem", "f.pem"];
+        let line = |draw: &mut dyn FnMut(u64) -> u64| -> String {
+            let cert = names[draw(names.len() as u64) as usize];
+            match draw(12) {
+                0 => String::new(),
+                1 => "# served by hapwright".to_owned(),
+                2 => format!("# {cert}"),
+                3 => "other/x.pem x.test".to_owned(),
+                4 => format!("certs/{cert}  x.test"),
+                5 => format!("certs/{cert} [verify none] v.test"),
+                6 => format!("certs/{cert} [ssl-min-ver TLSv1.3] m.test"),
+                7 => format!("certs/{cert} \"q.test\""),
+                8 => format!("certs/{cert}"),
+                _ => format!("certs/{cert} {}.test", draw(20)),
+            }
+        };
+        let (mut fast, mut total) = (0, 0);
+        for _ in 0..400 {
+            let mut old_certs = FileGroup::new();
+            for name in names {
+                if draw(4) != 0 {
+                    old_certs.insert(name.to_owned(), Arc::from(name));
+                }
+            }
+            let mut lines: Vec<String> = (0..1 + draw(12)).map(|_| line(&mut draw)).collect();
+            // Mostly lists whose every entry loads a certificate of the reference.
+            if draw(3) != 0 {
+                lines.retain(|l| {
+                    entry_certificate(l)
+                        .is_none_or(|cert| cert.is_some_and(|cert| old_certs.contains_key(cert)))
+                });
+            }
+            fn text(lines: &[String], newline: bool) -> Arc<str> {
+                let mut text = lines.join("\n");
+                if newline {
+                    text.push('\n');
+                }
+                Arc::from(text)
+            }
+            let before = text(&lines, draw(20) != 0);
+            let mut certs = old_certs.clone();
+            for _ in 0..1 + draw(4) {
+                let at = draw(lines.len() as u64 + 1) as usize;
+                match draw(5) {
+                    0 if at < lines.len() => {
+                        lines.remove(at);
+                    }
+                    1 if at < lines.len() => lines[at] = line(&mut draw),
+                    2 => {
+                        certs.remove(names[draw(names.len() as u64) as usize]);
+                    }
+                    3 => {
+                        let name = names[draw(names.len() as u64) as usize];
+                        certs.insert(name.to_owned(), Arc::from(name));
+                    }
+                    _ => lines.insert(at, line(&mut draw)),
+                }
+                let after = text(&lines, draw(20) != 0);
+                if *after == *before {
+                    continue;
+                }
+                total += 1;
+                let whole = crt_list_covered("tls.crtlist", &before, &after, &certs);
+                if let Some(answer) =
+                    changed_lines_covered("tls.crtlist", &before, &old_certs, &after, &certs)
+                {
+                    fast += 1;
+                    assert_eq!(answer, whole, "before {before:?}, after {after:?}");
+                }
+            }
+        }
+        // The shortcut answers most of them.
+        assert!(fast * 2 > total, "{fast} of {total}");
     }
 
     #[test]
