@@ -65,6 +65,10 @@ struct Inner {
     templates: BTreeMap<Arc<str>, String>,
     watched: Vec<Arc<str>>,
     extra_context: Value,
+    /// The resources of the last statuses rendered: the next render updates them
+    /// with what changed in each snapshot instead of converting every object again
+    /// (and releasing every converted object of the last render).
+    resources: std::sync::Mutex<Option<Resources>>,
 }
 
 impl std::fmt::Debug for StatusTemplates {
@@ -165,6 +169,7 @@ impl StatusTemplates {
                 templates: names,
                 watched,
                 extra_context: Value::from(minijinja::value::Serde(&templates.extra_context)),
+                resources: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -192,11 +197,27 @@ impl StatusTemplates {
         now: &str,
     ) -> (Vec<RenderedStatus>, Vec<Diagnostic>) {
         let inner = &*self.inner;
-        let mut resources = Resources::new();
+        let mut kept = inner
+            .resources
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let resources = kept.get_or_insert_with(Resources::new);
+        let before = resources.snapshots();
+        if !before.keys().all(|source| snapshots.contains_key(source)) {
+            *resources = Resources::new();
+        }
         for (source, snapshot) in snapshots {
-            resources.update(source, snapshot.clone(), None);
+            match before.get(source) {
+                Some(old) if Arc::ptr_eq(old, snapshot) => {}
+                Some(old) => {
+                    let change = snapshot.change_since(old);
+                    resources.update(source, snapshot.clone(), Some(&change));
+                }
+                None => resources.update(source, snapshot.clone(), None),
+            }
         }
         let resources_value = resources.context_value(&inner.watched);
+        drop(kept);
         let mut statuses = Vec::new();
         let mut errors = Vec::new();
         for (resource, name) in &inner.templates {

@@ -159,6 +159,23 @@ impl ResourceSnapshot {
         &self.index_by
     }
 
+    /// What changed from `old` to this snapshot, as a source reports an update: the
+    /// objects added, modified and removed, in key order. The parts the two share
+    /// (a snapshot derived from `old` shares all but the touched paths) are not
+    /// compared.
+    pub fn change_since(&self, old: &ResourceSnapshot) -> ResourceChange {
+        use imbl::ordmap::DiffItem;
+        let mut change = ResourceChange::default();
+        for item in old.objects.diff(&self.objects) {
+            match item {
+                DiffItem::Add(key, _) => change.added.push(key.clone()),
+                DiffItem::Update { new: (key, _), .. } => change.modified.push(key.clone()),
+                DiffItem::Remove(key, _) => change.removed.push(key.clone()),
+            }
+        }
+        change
+    }
+
     /// Number of objects.
     pub fn len(&self) -> usize {
         self.objects.len()

@@ -77,6 +77,92 @@ fn renders_yaml_per_object_with_object_resources_and_extra_context() {
     assert!(!status.current, "the object does not show it yet");
 }
 
+/// Statuses rendered from the resources kept from the last render, updated with
+/// what changed in each snapshot, are those a fresh render gives: random adds,
+/// changes and removals of Ingresses and Services (snapshots derived from the
+/// previous ones, as sources publish them, and now and then unrelated ones).
+#[test]
+fn statuses_from_the_kept_resources_are_those_of_a_fresh_render() {
+    let template = "{% if object.spec.ingressClassName == 'haproxy' %}\
+         {% set svc = resources.services.get('shop', object.spec.backend) %}\
+         loadBalancer:\n  ingress:\n  - ip: {{ svc.spec.ip if svc else 'none' }}\n\
+         services: {{ resources.services.list() | sort(attribute='spec.ip') | map(attribute='metadata.name') | join(',') }}\n\
+         ingresses: {{ resources.ingresses.list() | length }}\n{% endif %}";
+    let kept = compile(template);
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut draw = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let by_name = || {
+        vec![
+            hapwright_eventbus::model::FieldPath::parse("metadata.namespace").expect("path"),
+            hapwright_eventbus::model::FieldPath::parse("metadata.name").expect("path"),
+        ]
+    };
+    let mut ingresses = ResourceSnapshot::new(Vec::new());
+    let mut services = ResourceSnapshot::new(by_name());
+    let mut served = 0;
+    for step in 0..200 {
+        for _ in 0..1 + draw(3) {
+            let name = format!("o{}", draw(8));
+            let key = ObjectKey::new("shop", &name);
+            match draw(5) {
+                0 => {
+                    ingresses.remove(&key);
+                }
+                1 => {
+                    services.remove(&key);
+                }
+                2 | 3 => {
+                    let class = ["haproxy", "nginx"][draw(2) as usize];
+                    let mut object = ingress(&name, class, json!({}));
+                    object["spec"]["backend"] = json!(format!("o{}", draw(8)));
+                    ingresses.upsert(key, &object);
+                }
+                _ => {
+                    let object = json!({
+                        "metadata": {"namespace": "shop", "name": name},
+                        "spec": {"ip": format!("192.0.2.{}", draw(9))},
+                    });
+                    services.upsert(key, &object);
+                }
+            }
+        }
+        // Now and then snapshots built anew rather than derived.
+        let fresh = |snapshot: &ResourceSnapshot| {
+            let mut copy = ResourceSnapshot::new(Vec::new());
+            for (key, object) in snapshot.iter() {
+                copy.upsert(key.clone(), &object.parse());
+            }
+            copy
+        };
+        let (ing, svc) = if draw(10) == 0 {
+            let mut svc = ResourceSnapshot::new(by_name());
+            for (key, object) in services.iter() {
+                svc.upsert(key.clone(), &object.parse());
+            }
+            (fresh(&ingresses), svc)
+        } else {
+            (ingresses.clone(), services.clone())
+        };
+        let snapshots = BTreeMap::from([
+            (Arc::from("ingresses"), Arc::new(ing)),
+            (Arc::from("services"), Arc::new(svc)),
+        ]);
+        let now = "2026-01-01T00:00:00Z";
+        let (statuses, errors) = kept.render(&snapshots, &serving(), now);
+        let (fresh_statuses, fresh_errors) = compile(template).render(&snapshots, &serving(), now);
+        assert_eq!(statuses, fresh_statuses, "step {step}");
+        assert_eq!(errors, fresh_errors, "step {step}");
+        assert!(errors.is_empty(), "{errors:?}");
+        served += statuses.len();
+    }
+    assert!(served > 200, "{served} statuses");
+}
+
 #[test]
 fn an_object_that_already_shows_the_status_is_current() {
     let templates = compile("loadBalancer:\n  ingress:\n  - ip: 192.0.2.7\n");
