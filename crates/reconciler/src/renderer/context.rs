@@ -997,6 +997,19 @@ pub(crate) fn record_all(found: &[Read]) {
     });
 }
 
+/// [`record_all`] of several lists of reads at once (a loop's iterations): the
+/// set grows once for all of them rather than step by step.
+pub(crate) fn record_each<'a>(lists: impl Iterator<Item = &'a [Read]> + Clone) {
+    READS.with(|reads| {
+        if let Some(reads) = reads.borrow_mut().as_mut() {
+            reads.reserve(lists.clone().map(<[Read]>::len).sum());
+            for found in lists {
+                reads.extend(found.iter().cloned());
+            }
+        }
+    });
+}
+
 /// Collects every resource read on this thread while it lives: a file renders on
 /// one thread from start to end, so its reads are exactly those made between
 /// [`Recording::start`] and [`Recording::finish`]. Nests (the outer recording is

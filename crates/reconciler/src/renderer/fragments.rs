@@ -35,7 +35,9 @@ use std::sync::{Arc, Mutex};
 use minijinja::value::{Object, Value, ValueKind};
 use minijinja::{Error, State};
 
-use super::context::{Read, ReadCheck, Recording, Resources, Shared, SharedValues, record_all};
+use super::context::{
+    Read, ReadCheck, Recording, Resources, Shared, SharedValues, record_all, record_each,
+};
 use super::lazy;
 use super::output::Output;
 use super::source_map::Mark;
@@ -1357,11 +1359,11 @@ pub(crate) fn render_loop(state: &State, _body: Value, number: usize) -> Result<
         track_use(&session.loop_key(number), &fragment, Some(items));
         return Ok(fragment.text.clone());
     }
-    record_all(&list_reads);
-    for item in &items {
-        record_all(&item.fragment.reads);
-    }
-    record_all(&uncached);
+    record_each(
+        std::iter::once(&list_reads[..])
+            .chain(items.iter().map(|item| &item.fragment.reads[..]))
+            .chain(std::iter::once(&uncached[..])),
+    );
     Ok(Value::from_safe_string(text))
 }
 
@@ -1490,10 +1492,7 @@ fn render_fold(
         session.count(false);
     }
     memo.end = shared.snapshot();
-    record_all(&list_reads);
-    for reads in &memo.reads {
-        record_all(reads);
-    }
+    record_each(std::iter::once(&list_reads[..]).chain(memo.reads.iter().map(|reads| &reads[..])));
     memo.text = Value::from_safe_string(text);
     let text = memo.text.clone();
     lock(&session.folds).insert(number, Arc::new(memo));

@@ -387,18 +387,25 @@ impl LinesMemos {
 /// How many items `old` and `new` share at the start and, after those, at the end
 /// (items that print the same, [`same_printed`]).
 fn common_ends(old: &imbl::Vector<Value>, new: &imbl::Vector<Value>) -> (usize, usize) {
-    let prefix = old
-        .iter()
-        .zip(new.iter())
-        .take_while(|(a, b)| same_printed(a, b))
+    let shortest = old.len().min(new.len());
+    // A list built from the last render's (a `shared.put` on the pass's list)
+    // shares its storage with it but for the chunks an edit touched: the items of
+    // a chunk both hold are the same values, and are not compared one by one.
+    let same_chunk = |(a, b): (&[Value], &[Value])| a.len() == b.len() && std::ptr::eq(a, b);
+    let shared = |chunks: &mut dyn Iterator<Item = (&[Value], &[Value])>| {
+        chunks
+            .take_while(|pair| same_chunk(*pair))
+            .map(|(a, _)| a.len())
+            .sum::<usize>()
+    };
+    let mut prefix = shared(&mut old.leaves().zip(new.leaves())).min(shortest);
+    prefix += (prefix..shortest)
+        .take_while(|&at| same_printed(&old[at], &new[at]))
         .count();
-    let room = old.len().min(new.len()) - prefix;
-    let suffix = old
-        .iter()
-        .rev()
-        .zip(new.iter().rev())
-        .take(room)
-        .take_while(|(a, b)| same_printed(a, b))
+    let room = shortest - prefix;
+    let mut suffix = shared(&mut old.leaves().rev().zip(new.leaves().rev())).min(room);
+    suffix += (suffix..room)
+        .take_while(|&back| same_printed(&old[old.len() - 1 - back], &new[new.len() - 1 - back]))
         .count();
     (prefix, suffix)
 }
