@@ -602,6 +602,54 @@ impl RenderedConfig {
         config
     }
 
+    /// [`RenderedConfig::from_shared_groups`] with the digest of every file of
+    /// `groups` given, by kind and name, in `digests` (each the digest of that
+    /// file's content): the same config and the same hash, with no digest looked
+    /// up. A renderer keeps the digests of its last render's groups and updates
+    /// them for the files that changed. A file `digests` does not name in its
+    /// place is hashed here.
+    pub fn from_digested_groups(
+        main: HashedMain,
+        groups: [FileGroup; 3],
+        digests: &[imbl::OrdMap<String, FileDigest>; 3],
+        source_map: Arc<SourceMap>,
+    ) -> Self {
+        let HashedMain { main, digest } = main;
+        let [maps, files, certificates] = groups;
+        let mut config = Self {
+            main,
+            maps,
+            files,
+            certificates,
+            hash: ContentHash::default(),
+            source_map,
+        };
+        let mut hasher = Sha256::new();
+        hash_entry(&mut hasher, FileKind::Main, "haproxy.cfg", &digest);
+        for ((kind, group), digests) in [
+            (FileKind::Map, &config.maps),
+            (FileKind::File, &config.files),
+            (FileKind::Certificate, &config.certificates),
+        ]
+        .into_iter()
+        .zip(digests)
+        {
+            let mut given = (group.len() == digests.len()).then(|| digests.iter());
+            for (name, content) in group.iter() {
+                let digest = match given.as_mut().and_then(Iterator::next) {
+                    Some((named, digest)) if named == name => *digest,
+                    _ => {
+                        given = None;
+                        FileDigest::of(content)
+                    }
+                };
+                hash_entry(&mut hasher, kind, name, &digest);
+            }
+        }
+        config.hash.0.copy_from_slice(&hasher.finalize());
+        config
+    }
+
     /// The content hash earlier versions of hapwright gave this render (SHA-256 over
     /// each file's length-prefixed path and whole content): how the Data Plane driver
     /// recognises, after an upgrade, the config an earlier version deployed by its
@@ -791,6 +839,44 @@ mod tests {
             a.legacy_hash().to_string(),
             "2e090460d2a5bf3c683c3de92a352f42a0ad35b1b9f994ce1473d19ac1ebdf18"
         );
+    }
+
+    #[test]
+    fn given_digests_give_the_same_hash_and_wrong_ones_are_not_used() {
+        let config = RenderedConfig::builder("global\n")
+            .map("a.map", "a b\n")
+            .map("b.map", "c d\n")
+            .certificate("x.pem", "x")
+            .build();
+        let groups = config.groups().map(FileGroup::clone);
+        let digests = |group: &FileGroup| -> imbl::OrdMap<String, FileDigest> {
+            group
+                .iter()
+                .map(|(name, content)| (name.clone(), FileDigest::of(content)))
+                .collect()
+        };
+        let right = groups.each_ref().map(digests);
+        let built = |given: &[imbl::OrdMap<String, FileDigest>; 3]| {
+            RenderedConfig::from_digested_groups(
+                HashedMain::new("global\n"),
+                groups.clone(),
+                given,
+                Arc::default(),
+            )
+        };
+        assert_eq!(built(&right), config);
+        // A digest missing, one too many, or one under another name: those files
+        // are hashed from their content, and the hash is the same.
+        let mut missing = right.clone();
+        missing[0].remove("a.map");
+        let mut extra = right.clone();
+        extra[2].insert("y.pem".to_owned(), FileDigest::of("y"));
+        let mut renamed = right.clone();
+        let digest = renamed[0].remove("b.map").unwrap();
+        renamed[0].insert("c.map".to_owned(), digest);
+        for given in [missing, extra, renamed, Default::default()] {
+            assert_eq!(built(&given).hash(), config.hash());
+        }
     }
 
     #[test]

@@ -107,72 +107,63 @@ pub(super) struct LastOutput {
     fixed: [Vec<String>; 3],
 }
 
-/// The digest of each file of a render, by the address of its content, with the
-/// content it was computed from (holding it keeps the address unique): a file the
-/// next render hands out again (a reused or spliced file, an item of a set, shared
-/// by pointer) is not hashed again, so a render that renews one of 10,000
-/// certificates hashes one file ([`RenderedConfig::from_hashed_main_with`]).
+/// The digest of each file of a render, by kind and name, with the render's groups
+/// they are of: the next render's digests are these, updated for the files its
+/// groups do not share with these ([`imbl::OrdMap::diff`]), so a render that adds
+/// or renews one of 10,000 certificates hashes one file and looks up none
+/// ([`RenderedConfig::from_digested_groups`]).
 #[derive(Default)]
-pub(super) struct Digests(foldhash::HashMap<usize, Held>);
-
-/// A digest with the content it is of and whether the render being finished has
-/// the file ([`Digests::of`]).
-struct Held {
-    content: Arc<str>,
-    digest: FileDigest,
-    live: bool,
+pub(super) struct Digests {
+    groups: [FileGroup; 3],
+    digests: [imbl::OrdMap<String, FileDigest>; 3],
 }
 
 impl Digests {
-    fn key(content: &Arc<str>) -> usize {
-        Arc::as_ptr(content).cast::<u8>() as usize
-    }
-
-    /// The digest of `content` if it is a file of the render these digests are of.
-    fn get(&self, content: &Arc<str>) -> Option<FileDigest> {
-        self.0
-            .get(&Self::key(content))
-            .filter(|held| Arc::ptr_eq(&held.content, content))
-            .map(|held| held.digest)
-    }
-
     /// The digests of a render's maps, files and certificates (`haproxy.cfg` is
-    /// hashed as it renders): `previous`'s where it has them (updated in place: the
-    /// files handed out again are most of them), else computed (on the thread pool
+    /// hashed as it renders): `previous`'s for the files its groups share with
+    /// `groups` or whose content did not change, else computed (on the thread pool
     /// when there are megabytes to hash, as in a first render).
-    fn of(groups: [&FileGroup; 3], previous: Digests) -> Self {
+    fn of(groups: &[FileGroup; 3], previous: Digests) -> Self {
+        use imbl::ordmap::DiffItem;
         use rayon::prelude::*;
         /// Below this many bytes to hash, the files are hashed on this thread: the
         /// pool may be busy releasing the last render's values.
         const PARALLEL_BYTES: usize = 4 << 20;
-        let mut held = previous.0;
-        for entry in held.values_mut() {
-            entry.live = false;
-        }
-        let mut missing: Vec<&Arc<str>> = Vec::new();
-        for content in groups.into_iter().flat_map(FileGroup::values) {
-            match held.get_mut(&Self::key(content)) {
-                Some(entry) if Arc::ptr_eq(&entry.content, content) => entry.live = true,
-                _ => missing.push(content),
+        let Digests {
+            groups: old_groups,
+            mut digests,
+        } = previous;
+        let mut missing: Vec<(usize, &String, &Arc<str>)> = Vec::new();
+        for (slot, (old, new)) in old_groups.iter().zip(groups).enumerate() {
+            for item in old.diff(new) {
+                match item {
+                    DiffItem::Add(name, content)
+                    | DiffItem::Update {
+                        new: (name, content),
+                        ..
+                    } => missing.push((slot, name, content)),
+                    DiffItem::Remove(name, _) => {
+                        digests[slot].remove(name);
+                    }
+                }
             }
         }
-        held.retain(|_, entry| entry.live);
-        let bytes: usize = missing.iter().map(|content| content.len()).sum();
-        let digest = |content: &&Arc<str>| {
-            let held = Held {
-                content: Arc::clone(content),
-                digest: FileDigest::of(content),
-                live: true,
-            };
-            (Self::key(content), held)
+        let bytes: usize = missing.iter().map(|(_, _, content)| content.len()).sum();
+        let digest = |(slot, name, content): &(usize, &String, &Arc<str>)| {
+            (*slot, (*name).clone(), FileDigest::of(content))
         };
-        if bytes < PARALLEL_BYTES {
-            held.extend(missing.iter().map(digest));
+        let computed: Vec<(usize, String, FileDigest)> = if bytes < PARALLEL_BYTES {
+            missing.iter().map(digest).collect()
         } else {
-            let digests: Vec<_> = missing.par_iter().map(digest).collect();
-            held.extend(digests);
+            missing.par_iter().map(digest).collect()
+        };
+        for (slot, name, digest) in computed {
+            digests[slot].insert(name, digest);
         }
-        Self(held)
+        Self {
+            groups: groups.clone(),
+            digests,
+        }
     }
 }
 
@@ -803,14 +794,15 @@ impl<'a> Pass<'a> {
             shared_source_map,
             ..
         } = collected;
-        // Each file's digest: taken from the last render for a file handed out
-        // again, computed for the others; kept for the next render.
-        let digests = Digests::of([&maps, &files, &certificates], previous_digests);
-        let config = RenderedConfig::from_shared_groups(
+        // Each file's digest: taken from the last render for a file it shares,
+        // computed for the others; kept for the next render.
+        let groups = [maps, files, certificates];
+        let digests = Digests::of(&groups, previous_digests);
+        let config = RenderedConfig::from_digested_groups(
             main.unwrap_or_else(|| HashedMain::new("")),
-            [maps, files, certificates],
+            groups,
+            &digests.digests,
             shared_source_map.unwrap_or_else(|| Arc::new(source_map)),
-            |content| digests.get(content),
         );
         let last = fixed.map(|fixed| LastOutput {
             groups: config.groups().map(FileGroup::clone),
