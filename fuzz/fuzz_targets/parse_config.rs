@@ -4,14 +4,12 @@
 
 #![no_main]
 
-use std::collections::BTreeSet;
-
-use hapwright_deployer::haproxy::config::{parse, parse_lenient, phase1, print};
+use hapwright_deployer::haproxy::config::{FileNames, parse, parse_lenient, phase1, print};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
-    let rendered: BTreeSet<String> = ["haproxy.cfg".to_owned(), "maps/hosts.map".to_owned()].into();
+    let rendered = FileNames::from_paths(["haproxy.cfg", "maps/hosts.map"]);
     let _ = phase1(&text, &rendered);
     let (config, _errors) = parse_lenient(&text);
     let _ = print(&config);
