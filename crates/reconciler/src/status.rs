@@ -28,11 +28,11 @@
 //!   `InstancesDiscovered`, `InstanceDeployed`, `InstanceDeploymentFailed`), the
 //!   component's own [`Tracker`].
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use hapwright_eventbus::model::{
-    ContentHash, Diagnostic, FileKind, ResourceSnapshot, SourceLocation,
+    ContentHash, Diagnostic, FileKind, ResourceSnapshot, SourceLocation, StoredObject,
 };
 use hapwright_eventbus::{
     Component, ComponentError, Context, EventKind, EventPayload, Interest, RenderedStatus,
@@ -69,6 +69,10 @@ struct Inner {
     /// with what changed in each snapshot instead of converting every object again
     /// (and releasing every converted object of the last render).
     resources: std::sync::Mutex<Option<Resources>>,
+    /// The names of the objects of the last statuses rendered, by the object's
+    /// address (with the object, which keeps the address its own): an object that
+    /// did not change is not read again.
+    headers: std::sync::Mutex<HashMap<usize, (StoredObject, Arc<Header>)>>,
 }
 
 impl std::fmt::Debug for StatusTemplates {
@@ -170,6 +174,7 @@ impl StatusTemplates {
                 watched,
                 extra_context: Value::from(minijinja::value::Serde(&templates.extra_context)),
                 resources: std::sync::Mutex::new(None),
+                headers: std::sync::Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -218,6 +223,16 @@ impl StatusTemplates {
         }
         let resources_value = resources.context_value(&inner.watched);
         drop(kept);
+        let mut last_headers = std::mem::take(
+            &mut *inner
+                .headers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        let mut headers = HashMap::with_capacity(last_headers.len());
+        // Objects served by the same instances see the same `deployment`: one value
+        // for a run of them.
+        let mut last_deployment: Option<(Deployment, Value)> = None;
         let mut statuses = Vec::new();
         let mut errors = Vec::new();
         for (resource, name) in &inner.templates {
@@ -231,6 +246,16 @@ impl StatusTemplates {
                 // Only what names the object: most objects render no status, and
                 // parsing each whole object after every deployment cost more than
                 // their templates at thousands of objects.
+                // The kept object holds its address: an entry under it is its own.
+                let header = match last_headers.remove(&stored.address()) {
+                    Some((_, header)) => header,
+                    None => Arc::new(
+                        stored
+                            .deserialize()
+                            .unwrap_or_else(|_| Header::from_value(&stored.parse())),
+                    ),
+                };
+                headers.insert(stored.address(), (stored.clone(), Arc::clone(&header)));
                 let Header {
                     api_version,
                     kind,
@@ -239,25 +264,27 @@ impl StatusTemplates {
                             namespace,
                             name: object_name,
                         },
-                } = stored
-                    .deserialize()
-                    .unwrap_or_else(|_| Header::from_value(&stored.parse()));
+                } = &*header;
                 let label = if namespace.is_empty() {
                     object_name.clone()
                 } else {
                     format!("{namespace}/{object_name}")
+                };
+                let deployment = fleet.deployment(resource, key, stored);
+                let deployment = match &last_deployment {
+                    Some((last, value)) if *last == deployment => value.clone(),
+                    _ => {
+                        let value = Value::from(minijinja::value::Serde(&deployment));
+                        last_deployment = Some((deployment, value.clone()));
+                        value
+                    }
                 };
                 let context = Value::from(BTreeMap::from([
                     ("object", crate::renderer::object_value(stored)),
                     ("resources", resources_value.clone()),
                     ("extraContext", inner.extra_context.clone()),
                     ("shared", crate::renderer::shared_value()),
-                    (
-                        "deployment",
-                        Value::from(minijinja::value::Serde(
-                            fleet.deployment(resource, key, stored),
-                        )),
-                    ),
+                    ("deployment", deployment),
                 ]));
                 let text = match template.render(&context) {
                     Ok(text) => text,
@@ -306,15 +333,19 @@ impl StatusTemplates {
                 let current = is_subset(&status, &shown);
                 statuses.push(RenderedStatus {
                     resource: resource.clone(),
-                    api_version,
-                    kind,
-                    namespace,
-                    name: object_name,
+                    api_version: api_version.clone(),
+                    kind: kind.clone(),
+                    namespace: namespace.clone(),
+                    name: object_name.clone(),
                     status,
                     current,
                 });
             }
         }
+        *inner
+            .headers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = headers;
         (statuses, errors)
     }
 }

@@ -474,6 +474,37 @@ fn templates_see_the_deployment() {
     );
 }
 
+#[test]
+fn objects_served_differently_see_their_own_deployment() {
+    // Instance a runs an older render that holds `api` as it is now and `web` in
+    // another version; instance b runs the current render.
+    let templates = compile(
+        "programmed: {{ deployment.programmed }}\nwaiting: \"{{ deployment.waiting | join(',') }}\"\n",
+    );
+    let api = json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"namespace": "shop", "name": "api"},
+        "spec": {"ingressClassName": "haproxy"},
+    });
+    let new = snapshots(&[api.clone(), web("/new", json!({}))]);
+    let old = snapshots(&[api, web("/old", json!({}))]);
+    let fleet = Fleet {
+        render: ContentHash::of(b"new"),
+        instances: vec![runs("a", b"old", Some(old)), runs("b", b"new", None)],
+    };
+    let (statuses, errors) = templates.render(&new, &fleet, "now");
+    assert!(errors.is_empty(), "{errors:?}");
+    let status = |name: &str| {
+        statuses
+            .iter()
+            .find(|status| status.name == name)
+            .map(|status| status.status.clone())
+            .expect("a status")
+    };
+    assert_eq!(status("api"), json!({"programmed": true, "waiting": ""}));
+    assert_eq!(status("web"), json!({"programmed": false, "waiting": "a"}));
+}
+
 // === Tracker ===
 
 mod tracker {
