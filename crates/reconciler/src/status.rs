@@ -38,11 +38,11 @@ use hapwright_eventbus::{
     Component, ComponentError, Context, EventKind, EventPayload, Interest, RenderedStatus,
     StatusRendered,
 };
-use minijinja::value::Value;
+use minijinja::value::{Enumerator, Object, ObjectRepr, Value};
 use minijinja::{Environment, ErrorKind};
 use serde_json::Value as Json;
 
-use crate::renderer::{Resources, Templates};
+use crate::renderer::{Read, ReadCheck, Recording, Resources, Templates};
 
 pub mod fleet;
 
@@ -69,10 +69,97 @@ struct Inner {
     /// with what changed in each snapshot instead of converting every object again
     /// (and releasing every converted object of the last render).
     resources: std::sync::Mutex<Option<Resources>>,
-    /// The names of the objects of the last statuses rendered, by the object's
-    /// address (with the object, which keeps the address its own): an object that
-    /// did not change is not read again.
-    headers: std::sync::Mutex<HashMap<usize, (StoredObject, Arc<Header>)>>,
+    /// The objects of the last statuses rendered, by the object's address (with
+    /// the object, which keeps the address its own): their names, read once while
+    /// the object does not change, and what their template printed.
+    headers: std::sync::Mutex<HashMap<usize, KeptObject>>,
+    /// How many objects the last round took as they were.
+    reused: std::sync::atomic::AtomicUsize,
+}
+
+/// What the last round kept of one object ([`Inner::headers`]).
+struct KeptObject {
+    /// Held, never read: while it is, no other object can have its address.
+    _object: StoredObject,
+    header: Arc<Header>,
+    output: Option<Arc<KeptOutput>>,
+}
+
+/// What an object's template printed, and what that depended on besides the
+/// object, the templates and `extraContext` (fixed for the renderer's life): the
+/// resources it read and the fields of `deployment` it read. The next round takes
+/// the output as it is when none of those changed.
+struct KeptOutput {
+    reads: Arc<[Read]>,
+    fields: u8,
+    deployment: Deployment,
+    output: Result<Arc<str>, Diagnostic>,
+}
+
+impl KeptOutput {
+    /// Whether `deployment` has the fields the template read as they were.
+    fn same_fields(&self, deployment: &Deployment) -> bool {
+        let (old, new) = (&self.deployment, deployment);
+        let same = [
+            old.programmed == new.programmed,
+            old.message == new.message,
+            old.hash == new.hash,
+            old.waiting == new.waiting,
+            old.instances == new.instances,
+        ];
+        same.iter()
+            .enumerate()
+            .all(|(bit, same)| self.fields & (1 << bit) == 0 || *same)
+            && (self.fields & OTHER_FIELD == 0)
+    }
+}
+
+/// The fields of [`Deployment`] as templates name them, in the bit order of
+/// [`KeptOutput::fields`].
+const DEPLOYMENT_FIELDS: [&str; 5] = ["programmed", "message", "hash", "waiting", "instances"];
+
+/// A read of `deployment` that names no one field (a lookup of another key):
+/// nothing can be taken as it was.
+const OTHER_FIELD: u8 = 1 << 7;
+
+/// Every field: `deployment` read as a whole (iterated, printed, compared).
+const ALL_FIELDS: u8 = (1 << DEPLOYMENT_FIELDS.len()) - 1;
+
+/// An object's `deployment` value, noting which fields its template reads.
+#[derive(Debug)]
+struct DeploymentView {
+    value: Value,
+    read: std::sync::atomic::AtomicU8,
+}
+
+impl DeploymentView {
+    fn note(&self, bits: u8) {
+        self.read
+            .fetch_or(bits, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Object for DeploymentView {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let bit = key
+            .as_str()
+            .and_then(|key| DEPLOYMENT_FIELDS.iter().position(|field| *field == key))
+            .map_or(OTHER_FIELD, |at| 1 << at);
+        self.note(bit);
+        self.value
+            .get_item(key)
+            .ok()
+            .filter(|value| !value.is_undefined())
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        self.note(ALL_FIELDS);
+        Enumerator::Str(&DEPLOYMENT_FIELDS)
+    }
 }
 
 impl std::fmt::Debug for StatusTemplates {
@@ -175,8 +262,16 @@ impl StatusTemplates {
                 extra_context: Value::from(minijinja::value::Serde(&templates.extra_context)),
                 resources: std::sync::Mutex::new(None),
                 headers: std::sync::Mutex::new(HashMap::new()),
+                reused: std::sync::atomic::AtomicUsize::new(0),
             }),
         })
+    }
+
+    /// How many objects the last [`render`](Self::render) took as the round before
+    /// left them (neither the object, the resources its template read nor the
+    /// fields of `deployment` it read changed), without running their template.
+    pub fn reused(&self) -> usize {
+        self.inner.reused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// True when no status template is configured.
@@ -208,8 +303,11 @@ impl StatusTemplates {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let resources = kept.get_or_insert_with(Resources::new);
         let before = resources.snapshots();
+        // The resources the kept outputs were rendered from (none: nothing is taken).
+        let mut before_resources = (!before.is_empty()).then(|| resources.clone());
         if !before.keys().all(|source| snapshots.contains_key(source)) {
             *resources = Resources::new();
+            before_resources = None;
         }
         for (source, snapshot) in snapshots {
             match before.get(source) {
@@ -222,17 +320,23 @@ impl StatusTemplates {
             }
         }
         let resources_value = resources.context_value(&inner.watched);
+        let resources_now = resources.clone();
         drop(kept);
-        let mut last_headers = std::mem::take(
+        let mut last_objects = std::mem::take(
             &mut *inner
                 .headers
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
-        let mut headers = HashMap::with_capacity(last_headers.len());
+        let mut objects = HashMap::with_capacity(last_objects.len());
+        // What the last round's templates read is checked against its resources.
+        let check = before_resources
+            .as_ref()
+            .map(|before| ReadCheck::new(before, &resources_now));
         // Objects served by the same instances see the same `deployment`: one value
         // for a run of them.
         let mut last_deployment: Option<(Deployment, Value)> = None;
+        let mut reused = 0;
         let mut statuses = Vec::new();
         let mut errors = Vec::new();
         for (resource, name) in &inner.templates {
@@ -247,15 +351,17 @@ impl StatusTemplates {
                 // parsing each whole object after every deployment cost more than
                 // their templates at thousands of objects.
                 // The kept object holds its address: an entry under it is its own.
-                let header = match last_headers.remove(&stored.address()) {
-                    Some((_, header)) => header,
-                    None => Arc::new(
-                        stored
-                            .deserialize()
-                            .unwrap_or_else(|_| Header::from_value(&stored.parse())),
+                let (header, kept_output) = match last_objects.remove(&stored.address()) {
+                    Some(kept) => (kept.header, kept.output),
+                    None => (
+                        Arc::new(
+                            stored
+                                .deserialize()
+                                .unwrap_or_else(|_| Header::from_value(&stored.parse())),
+                        ),
+                        None,
                     ),
                 };
-                headers.insert(stored.address(), (stored.clone(), Arc::clone(&header)));
                 let Header {
                     api_version,
                     kind,
@@ -271,26 +377,64 @@ impl StatusTemplates {
                     format!("{namespace}/{object_name}")
                 };
                 let deployment = fleet.deployment(resource, key, stored);
-                let deployment = match &last_deployment {
-                    Some((last, value)) if *last == deployment => value.clone(),
-                    _ => {
-                        let value = Value::from(minijinja::value::Serde(&deployment));
-                        last_deployment = Some((deployment, value.clone()));
-                        value
+                let taken = kept_output.filter(|kept| {
+                    check.as_ref().is_some_and(|check| {
+                        kept.same_fields(&deployment)
+                            && kept.reads.iter().all(|read| check.unchanged(read))
+                    })
+                });
+                let output = match taken {
+                    Some(kept) => {
+                        reused += 1;
+                        kept
+                    }
+                    None => {
+                        let value = match &last_deployment {
+                            Some((last, value)) if *last == deployment => value.clone(),
+                            _ => {
+                                let value = Value::from(minijinja::value::Serde(&deployment));
+                                last_deployment = Some((deployment.clone(), value.clone()));
+                                value
+                            }
+                        };
+                        let view = Arc::new(DeploymentView {
+                            value,
+                            read: std::sync::atomic::AtomicU8::new(0),
+                        });
+                        let context = Value::from(BTreeMap::from([
+                            ("object", crate::renderer::object_value(stored)),
+                            ("resources", resources_value.clone()),
+                            ("extraContext", inner.extra_context.clone()),
+                            ("shared", crate::renderer::shared_value()),
+                            ("deployment", Value::from_dyn_object(view.clone())),
+                        ]));
+                        let recording = Recording::start();
+                        let rendered = template.render(&context);
+                        let reads = recording.finish();
+                        let output = rendered.map(Arc::from).map_err(|error| {
+                            let source = template.source().to_owned();
+                            diagnostic(name, &source, &error, Some(&label))
+                        });
+                        Arc::new(KeptOutput {
+                            reads: reads.into(),
+                            fields: view.read.load(std::sync::atomic::Ordering::Relaxed),
+                            deployment,
+                            output,
+                        })
                     }
                 };
-                let context = Value::from(BTreeMap::from([
-                    ("object", crate::renderer::object_value(stored)),
-                    ("resources", resources_value.clone()),
-                    ("extraContext", inner.extra_context.clone()),
-                    ("shared", crate::renderer::shared_value()),
-                    ("deployment", deployment),
-                ]));
-                let text = match template.render(&context) {
+                objects.insert(
+                    stored.address(),
+                    KeptObject {
+                        _object: stored.clone(),
+                        header: Arc::clone(&header),
+                        output: Some(Arc::clone(&output)),
+                    },
+                );
+                let text = match &output.output {
                     Ok(text) => text,
-                    Err(error) => {
-                        let source = template.source().to_owned();
-                        errors.push(diagnostic(name, &source, &error, Some(&label)));
+                    Err(diagnostic) => {
+                        errors.push(diagnostic.clone());
                         continue;
                     }
                 };
@@ -345,7 +489,10 @@ impl StatusTemplates {
         *inner
             .headers
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = headers;
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = objects;
+        inner
+            .reused
+            .store(reused, std::sync::atomic::Ordering::Relaxed);
         (statuses, errors)
     }
 }
@@ -832,6 +979,7 @@ impl Component for StatusComponent {
                 hash = %hash.short(),
                 statuses = statuses.len(),
                 errors = errors.len(),
+                reused = templates.reused(),
                 "Rendered statuses"
             );
             match errors.first() {

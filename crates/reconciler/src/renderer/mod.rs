@@ -25,6 +25,7 @@ mod check;
 mod component;
 mod construct;
 mod context;
+pub(crate) use context::{Read, ReadCheck, Recording};
 pub mod escape;
 mod fragments;
 mod functions;
@@ -50,8 +51,6 @@ use minijinja::{Environment, ErrorKind, UndefinedBehavior};
 pub use component::{QuarantineSettings, RendererComponent};
 pub use context::{ResourceStore, Resources};
 pub use sets::FileSet;
-
-use context::Read;
 
 use scan::{Instrumented, LineIndex};
 use source_map::MarkerTable;

@@ -78,16 +78,22 @@ fn renders_yaml_per_object_with_object_resources_and_extra_context() {
 }
 
 /// Statuses rendered from the resources kept from the last render, updated with
-/// what changed in each snapshot, are those a fresh render gives: random adds,
-/// changes and removals of Ingresses and Services (snapshots derived from the
-/// previous ones, as sources publish them, and now and then unrelated ones).
+/// what changed in each snapshot, and from the outputs of the objects whose
+/// template read nothing that changed, are those a fresh render gives: random
+/// adds, changes and removals of Ingresses and Services (snapshots derived from
+/// the previous ones, as sources publish them, and now and then unrelated ones),
+/// with templates that read one Service, whole lists, a field of `deployment` or
+/// all of it, under fleets that serve the render or not.
 #[test]
 fn statuses_from_the_kept_resources_are_those_of_a_fresh_render() {
     let template = "{% if object.spec.ingressClassName == 'haproxy' %}\
          {% set svc = resources.services.get('shop', object.spec.backend) %}\
          loadBalancer:\n  ingress:\n  - ip: {{ svc.spec.ip if svc else 'none' }}\n\
+         {% if object.spec.backend == 'o1' %}programmed: {{ deployment.programmed }}\n{% endif %}\
+         {% if object.spec.backend == 'o2' %}all: {{ deployment | tojson }}\n{% endif %}\
+         {% if object.spec.backend in ['o3', 'o4'] %}\
          services: {{ resources.services.list() | sort(attribute='spec.ip') | map(attribute='metadata.name') | join(',') }}\n\
-         ingresses: {{ resources.ingresses.list() | length }}\n{% endif %}";
+         ingresses: {{ resources.ingresses.list() | length }}\n{% endif %}{% endif %}";
     let kept = compile(template);
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
     let mut draw = |n: u64| {
@@ -104,7 +110,7 @@ fn statuses_from_the_kept_resources_are_those_of_a_fresh_render() {
     };
     let mut ingresses = ResourceSnapshot::new(Vec::new());
     let mut services = ResourceSnapshot::new(by_name());
-    let mut served = 0;
+    let (mut served, mut reused) = (0, 0);
     for step in 0..200 {
         for _ in 0..1 + draw(3) {
             let name = format!("o{}", draw(8));
@@ -153,14 +159,25 @@ fn statuses_from_the_kept_resources_are_those_of_a_fresh_render() {
             (Arc::from("services"), Arc::new(svc)),
         ]);
         let now = "2026-01-01T00:00:00Z";
-        let (statuses, errors) = kept.render(&snapshots, &serving(), now);
-        let (fresh_statuses, fresh_errors) = compile(template).render(&snapshots, &serving(), now);
+        // Now and then an instance that does not serve the render.
+        let fleet = match draw(4) {
+            0 => Fleet {
+                render: ContentHash::of(b"new"),
+                instances: vec![runs("a", b"new", None), runs("b", b"old", None)],
+            },
+            _ => serving(),
+        };
+        let (statuses, errors) = kept.render(&snapshots, &fleet, now);
+        reused += kept.reused();
+        let (fresh_statuses, fresh_errors) = compile(template).render(&snapshots, &fleet, now);
         assert_eq!(statuses, fresh_statuses, "step {step}");
         assert_eq!(errors, fresh_errors, "step {step}");
         assert!(errors.is_empty(), "{errors:?}");
         served += statuses.len();
     }
     assert!(served > 200, "{served} statuses");
+    // Most objects are taken as the round before left them.
+    assert!(reused > served / 2, "{reused} of {served} taken");
 }
 
 #[test]
