@@ -442,7 +442,7 @@ impl StatusTemplates {
                     continue;
                 }
                 let mut status: Json =
-                    match serde_saphyr::from_str(&text) {
+                    match serde_saphyr::from_str(text) {
                         Ok(status @ Json::Object(_)) => status,
                         Ok(other) => {
                             errors.push(
