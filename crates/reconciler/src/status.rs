@@ -72,12 +72,12 @@ struct Inner {
     /// The objects of the last statuses rendered, by the object's address (with
     /// the object, which keeps the address its own): their names, read once while
     /// the object does not change, and what their template printed.
-    headers: std::sync::Mutex<HashMap<usize, KeptObject>>,
+    objects: std::sync::Mutex<HashMap<usize, KeptObject>>,
     /// How many objects the last round took as they were.
     reused: std::sync::atomic::AtomicUsize,
 }
 
-/// What the last round kept of one object ([`Inner::headers`]).
+/// What the last round kept of one object ([`Inner::objects`]).
 struct KeptObject {
     /// Held, never read: while it is, no other object can have its address.
     _object: StoredObject,
@@ -261,7 +261,7 @@ impl StatusTemplates {
                 watched,
                 extra_context: Value::from(minijinja::value::Serde(&templates.extra_context)),
                 resources: std::sync::Mutex::new(None),
-                headers: std::sync::Mutex::new(HashMap::new()),
+                objects: std::sync::Mutex::new(HashMap::new()),
                 reused: std::sync::atomic::AtomicUsize::new(0),
             }),
         })
@@ -324,7 +324,7 @@ impl StatusTemplates {
         drop(kept);
         let mut last_objects = std::mem::take(
             &mut *inner
-                .headers
+                .objects
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
@@ -487,7 +487,7 @@ impl StatusTemplates {
             }
         }
         *inner
-            .headers
+            .objects
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = objects;
         inner

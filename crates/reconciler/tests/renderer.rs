@@ -121,14 +121,9 @@ fn rendering_is_deterministic() {
     assert_ne!(first.hash(), other.hash());
 }
 
-#[test]
-fn resource_updates_are_reflected_in_the_next_render() {
-    let renderer = renderer(fixtures::routing_templates(), &fixtures::WATCHED);
-    let mut resources = fixtures::resources(2);
-    let before = renderer.render(&resources).expect("renders");
-    assert!(before.main().contains("backend team-1_svc-1"));
-
-    // Remove svc-1 through an incremental update.
+/// Removes Service team-1/svc-1 from the fixtures' resources through an
+/// incremental update, as a source reports it.
+fn remove_svc_1(resources: &mut Resources) {
     let services = fixtures::cluster(2)["services"].clone();
     let mut next = (*services).clone();
     let key = hapwright_eventbus::model::ObjectKey::new("team-1", "svc-1");
@@ -139,6 +134,16 @@ fn resource_updates_are_reflected_in_the_next_render() {
     };
     resources.update(&Arc::from("services"), services, None);
     resources.update(&Arc::from("services"), Arc::new(next), Some(&change));
+}
+
+#[test]
+fn resource_updates_are_reflected_in_the_next_render() {
+    let renderer = renderer(fixtures::routing_templates(), &fixtures::WATCHED);
+    let mut resources = fixtures::resources(2);
+    let before = renderer.render(&resources).expect("renders");
+    assert!(before.main().contains("backend team-1_svc-1"));
+
+    remove_svc_1(&mut resources);
     let after = renderer.render(&resources).expect("renders");
     assert!(!after.main().contains("backend team-1_svc-1"));
     assert!(after.main().contains("backend team-0_svc-0"));
@@ -159,16 +164,7 @@ fn a_file_rendered_again_to_the_same_text_is_handed_out_as_before() {
     let renderer = renderer(templates, &fixtures::WATCHED);
     let mut resources = fixtures::resources(2);
     let before = renderer.render(&resources).expect("renders");
-    let services = fixtures::cluster(2)["services"].clone();
-    let mut next = (*services).clone();
-    let key = hapwright_eventbus::model::ObjectKey::new("team-1", "svc-1");
-    next.remove(&key);
-    let change = hapwright_eventbus::model::ResourceChange {
-        removed: vec![key],
-        ..Default::default()
-    };
-    resources.update(&Arc::from("services"), services, None);
-    resources.update(&Arc::from("services"), Arc::new(next), Some(&change));
+    remove_svc_1(&mut resources);
     let (after, stats) = renderer.render_with_stats(&resources);
     let after = after.expect("renders");
     assert!(stats.rendered > 0, "{stats:?}");

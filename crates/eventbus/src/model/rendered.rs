@@ -575,31 +575,9 @@ impl RenderedConfig {
         source_map: Arc<SourceMap>,
         known: impl Fn(&Arc<str>) -> Option<FileDigest>,
     ) -> Self {
-        let HashedMain { main, digest } = main;
-        let [maps, files, certificates] = groups;
-        let mut config = Self {
-            main,
-            maps,
-            files,
-            certificates,
-            hash: ContentHash::default(),
-            source_map,
-        };
-        let mut hasher = Sha256::new();
-        hash_entry(&mut hasher, FileKind::Main, "haproxy.cfg", &digest);
-        // `iter` order.
-        for (kind, group) in [
-            (FileKind::Map, &config.maps),
-            (FileKind::File, &config.files),
-            (FileKind::Certificate, &config.certificates),
-        ] {
-            for (name, content) in group.iter() {
-                let digest = known(content).unwrap_or_else(|| FileDigest::of(content));
-                hash_entry(&mut hasher, kind, name, &digest);
-            }
-        }
-        config.hash.0.copy_from_slice(&hasher.finalize());
-        config
+        Self::assemble(main, groups, source_map, |_, _, content| {
+            known(content).unwrap_or_else(|| FileDigest::of(content))
+        })
     }
 
     /// [`RenderedConfig::from_shared_groups`] with the digest of every file of
@@ -614,7 +592,37 @@ impl RenderedConfig {
         digests: &[imbl::OrdMap<String, FileDigest>; 3],
         source_map: Arc<SourceMap>,
     ) -> Self {
-        let HashedMain { main, digest } = main;
+        // Each group's digests in step with its files, while they name them.
+        let mut given = std::array::from_fn::<_, 3, _>(|slot| {
+            (groups[slot].len() == digests[slot].len()).then(|| digests[slot].iter())
+        });
+        Self::assemble(
+            main,
+            groups,
+            source_map,
+            |slot, name, content| match given[slot].as_mut().and_then(Iterator::next) {
+                Some((named, digest)) if named == name => *digest,
+                _ => {
+                    given[slot] = None;
+                    FileDigest::of(content)
+                }
+            },
+        )
+    }
+
+    /// A render of `main` and `groups` with its hash, taking each file's digest
+    /// from `digest` (called in [`Self::iter`] order with the group's index, the
+    /// name and the content).
+    fn assemble(
+        main: HashedMain,
+        groups: [FileGroup; 3],
+        source_map: Arc<SourceMap>,
+        mut digest: impl FnMut(usize, &str, &Arc<str>) -> FileDigest,
+    ) -> Self {
+        let HashedMain {
+            main,
+            digest: main_digest,
+        } = main;
         let [maps, files, certificates] = groups;
         let mut config = Self {
             main,
@@ -625,25 +633,18 @@ impl RenderedConfig {
             source_map,
         };
         let mut hasher = Sha256::new();
-        hash_entry(&mut hasher, FileKind::Main, "haproxy.cfg", &digest);
-        for ((kind, group), digests) in [
+        hash_entry(&mut hasher, FileKind::Main, "haproxy.cfg", &main_digest);
+        // `iter` order.
+        for (slot, (kind, group)) in [
             (FileKind::Map, &config.maps),
             (FileKind::File, &config.files),
             (FileKind::Certificate, &config.certificates),
         ]
         .into_iter()
-        .zip(digests)
+        .enumerate()
         {
-            let mut given = (group.len() == digests.len()).then(|| digests.iter());
             for (name, content) in group.iter() {
-                let digest = match given.as_mut().and_then(Iterator::next) {
-                    Some((named, digest)) if named == name => *digest,
-                    _ => {
-                        given = None;
-                        FileDigest::of(content)
-                    }
-                };
-                hash_entry(&mut hasher, kind, name, &digest);
+                hash_entry(&mut hasher, kind, name, &digest(slot, name, content));
             }
         }
         config.hash.0.copy_from_slice(&hasher.finalize());

@@ -357,14 +357,40 @@ fn crt_list_covered(name: &str, before: &str, after: &str, certs: &FileGroup) ->
         return Err(Why(format!("files/{name}: the last line has no newline")));
     }
     let old_lines: HashSet<&str> = before.lines().collect();
+    let entries = lines_covered(
+        name,
+        (after, 0),
+        |line| old_lines.contains(line),
+        certs,
+        || before.lines().filter_map(options_of).collect(),
+    )?;
+    if entries == 0 {
+        return Err(Why(format!("files/{name} has no certificate left")));
+    }
+    Ok(())
+}
+
+/// Checks `lines`, lines of a changed crt-list (the first is line `first + 1` of
+/// it), as [`crt_list_covered`] does: returns how many are entries, or why one is
+/// refused. `unchanged` tells a line the reference's version has (only what it
+/// loads is checked); `options` gives the options of the reference's lines, asked
+/// once a line changed.
+fn lines_covered<'a>(
+    name: &str,
+    (lines, first): (&str, usize),
+    unchanged: impl Fn(&str) -> bool,
+    certs: &FileGroup,
+    options: impl FnOnce() -> HashSet<&'a str>,
+) -> Result<usize, Why> {
+    let mut options = Some(options);
     let mut old_options: Option<HashSet<&str>> = None;
     let mut entries = 0;
-    for (index, line) in after.lines().enumerate() {
-        let at = || format!("files/{name}:{}", index + 1);
+    for (index, line) in lines.lines().enumerate() {
+        let at = || format!("files/{name}:{}", first + index + 1);
         if line.is_empty() {
             continue;
         }
-        let unchanged = old_lines.contains(line);
+        let unchanged = unchanged(line);
         if line.starts_with('#') && unchanged {
             continue;
         }
@@ -382,14 +408,11 @@ fn crt_list_covered(name: &str, before: &str, after: &str, certs: &FileGroup) ->
         if unchanged {
             continue;
         }
-        let options = old_options
-            .get_or_insert_with(|| before.lines().filter_map(|line| options_of(line)).collect());
-        crt_list_line_covered(line, options).map_err(|why| Why(format!("{}: {why}", at())))?;
+        let old_options = old_options
+            .get_or_insert_with(|| options.take().map(|read| read()).unwrap_or_default());
+        crt_list_line_covered(line, old_options).map_err(|why| Why(format!("{}: {why}", at())))?;
     }
-    if entries == 0 {
-        return Err(Why(format!("files/{name} has no certificate left")));
-    }
-    Ok(())
+    Ok(entries)
 }
 
 /// What [`changed_lines_covered`] keeps of a crt-list of the reference: read once
@@ -516,35 +539,18 @@ fn changed_lines_covered(
         .checked_sub(after.as_ptr() as usize)
         .filter(|start| *start <= after.len())?;
     let first = memchr::memchr_iter(b'\n', &after.as_bytes()[..start]).count();
-    let old_options: HashSet<&str> = facts.options.iter().map(|o| &**o).collect();
-    let mut entries = facts.entries - was_entries.min(facts.entries);
-    for (index, line) in now.lines().enumerate() {
-        let at = || format!("files/{name}:{}", first + index + 1);
-        if line.is_empty() {
-            continue;
-        }
-        let unchanged = facts.lines.contains(line);
-        if line.starts_with('#') && unchanged {
-            continue;
-        }
-        entries += 1;
-        let path = line.split([' ', '\t']).next().unwrap_or_default();
-        if !path
-            .strip_prefix("certs/")
-            .is_some_and(|cert| certs.contains_key(cert))
-        {
-            return Some(Err(Why(format!(
-                "{}: loads '{path}', not a rendered certificate",
-                at()
-            ))));
-        }
-        if unchanged {
-            continue;
-        }
-        if let Err(why) = crt_list_line_covered(line, &old_options) {
-            return Some(Err(Why(format!("{}: {why}", at()))));
-        }
-    }
+    let shared_entries = facts.entries - was_entries.min(facts.entries);
+    let changed_entries = lines_covered(
+        name,
+        (now, first),
+        |line| facts.lines.contains(line),
+        certs,
+        || facts.options.iter().map(|options| &**options).collect(),
+    );
+    let entries = match changed_entries {
+        Ok(entries) => shared_entries + entries,
+        Err(why) => return Some(Err(why)),
+    };
     if entries == 0 {
         return Some(Err(Why(format!("files/{name} has no certificate left"))));
     }
