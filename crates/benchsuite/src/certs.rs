@@ -45,6 +45,7 @@ use crate::scenarios::{Latency, Stages, metric_sum};
 
 /// How long a change may take before the scenario fails.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(120);
+const PROBE_PAUSE: Duration = Duration::from_millis(1);
 /// How long the first deployment of the whole set may take.
 const START_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -182,6 +183,7 @@ fn until(
         if since.elapsed() > CHANGE_TIMEOUT {
             sidecar.fail(&format!("{host}: {what} never happened"));
         }
+        std::thread::sleep(PROBE_PAUSE);
     }
 }
 

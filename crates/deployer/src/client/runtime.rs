@@ -295,6 +295,19 @@ impl RuntimeClient {
             .map_err(|e| RuntimeError::from_socket(commands.first().copied().unwrap_or(""), e))
     }
 
+    /// Sends `requests` on one connection ([`CliClient::exchange_all`]), each
+    /// addressed to the worker; returns their answers in order.
+    async fn session(&self, requests: &[String]) -> Result<Vec<String>, RuntimeError> {
+        for request in requests {
+            check_line(request)?;
+        }
+        let addressed: Vec<String> = requests.iter().map(|r| self.addressed(r)).collect();
+        self.cli
+            .exchange_all(&addressed)
+            .await
+            .map_err(|e| RuntimeError::from_socket(requests.first().map_or("", String::as_str), e))
+    }
+
     async fn expect(
         &self,
         request: &str,
@@ -741,16 +754,8 @@ impl RuntimeClient {
     /// Replaces a certificate referenced by the configuration: `set ssl cert <<` then
     /// `commit ssl cert` (aborted when the set is refused).
     pub async fn replace_certificate(&self, file: &str, pem: &str) -> Result<(), RuntimeError> {
-        let body: String = pem.lines().filter(|l| !l.trim().is_empty()).fold(
-            String::with_capacity(pem.len()),
-            |mut out, line| {
-                out.push_str(line);
-                out.push('\n');
-                out
-            },
-        );
         let file = cli_word(file);
-        let set = format!("set ssl cert {file} <<\n{body}\n");
+        let set = set_cert_request(&file, pem);
         if let Err(error) = self
             .expect(&set, |a| {
                 a.contains("Transaction created") || a.contains("Transaction updated")
@@ -1053,6 +1058,20 @@ pub fn pattern_lines(content: &str) -> impl Iterator<Item = &str> {
 /// The command line of `request` (before a `<<` payload) has no control character:
 /// HAProxy ends a command at a newline, so one inside a word would run what follows it
 /// as another admin command. A payload is data and may span lines.
+/// `set ssl cert <file> <<` with `pem` as its payload: its lines without the blank
+/// ones (an empty line ends a payload), then the empty line.
+pub(crate) fn set_cert_request(file: &str, pem: &str) -> String {
+    let body: String = pem.lines().filter(|l| !l.trim().is_empty()).fold(
+        String::with_capacity(pem.len()),
+        |mut out, line| {
+            out.push_str(line);
+            out.push('\n');
+            out
+        },
+    );
+    format!("set ssl cert {file} <<\n{body}\n")
+}
+
 fn check_line(request: &str) -> Result<(), RuntimeError> {
     let line = match request.split_once("<<\n") {
         Some((line, _)) => line,

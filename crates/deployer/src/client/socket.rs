@@ -324,6 +324,38 @@ impl CliClient {
             .await
     }
 
+    /// Sends `requests` (command lines, each with its `<<` payload if it has one) on
+    /// one connection in interactive mode (`prompt`), all written at once, and
+    /// returns each one's answer, in order. HAProxy runs them one after the other,
+    /// as if each had its own connection, but the exchange costs one round trip
+    /// instead of one per command: the commands of one runtime change (a
+    /// certificate's `new`, `set` and `commit`) reach HAProxy together.
+    ///
+    /// Retried like [`exchange`](Self::exchange): only while connecting fails. An
+    /// answer that is missing (the exchange broke half-way) is an
+    /// [`SocketError::Io`] error: some of the commands may have run.
+    pub async fn exchange_all(&self, requests: &[String]) -> Result<Vec<String>, SocketError> {
+        let mut session = String::from("prompt\n");
+        for request in requests {
+            session.push_str(request);
+            if !request.ends_with('\n') {
+                session.push('\n');
+            }
+        }
+        session.push_str("quit\n");
+        let answer = self.exchange(&session).await?;
+        split_prompted(&answer, requests.len()).ok_or_else(|| SocketError::Io {
+            address: self.address.clone(),
+            source: io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "the interactive session ended before the answer to each of {} commands",
+                    requests.len()
+                ),
+            ),
+        })
+    }
+
     /// One attempt, without retries.
     pub async fn exchange_once(&self, request: &str) -> Result<String, SocketError> {
         let connect_timeout = self.config.connect_timeout;
@@ -362,6 +394,59 @@ impl CliClient {
             source,
         })
     }
+}
+
+/// The answers of an interactive session ([`CliClient::exchange_all`]): HAProxy
+/// writes its prompt (`> ` from a worker, `master> ` or `master[…]> ` from the
+/// master) at the start of a line after each answer, and a `+ ` per payload line it
+/// reads. The text before the first prompt answers `prompt` itself; the next
+/// `count` answers, each ended by a prompt, are the commands'. `None` when fewer
+/// came.
+fn split_prompted(output: &str, count: usize) -> Option<Vec<String>> {
+    let prompt_at = |line: &str| -> Option<usize> {
+        let rest = line.strip_prefix("master").map_or(line, |rest| {
+            rest.strip_prefix('[')
+                .and_then(|inner| inner.split_once(']').map(|(_, after)| after))
+                .unwrap_or(rest)
+        });
+        rest.starts_with("> ").then(|| line.len() - rest.len() + 2)
+    };
+    let mut answers: Vec<String> = Vec::new();
+    let mut current: Option<String> = None;
+    for line in output.split_inclusive('\n') {
+        match prompt_at(line) {
+            Some(skip) => {
+                if let Some(done) = current.take() {
+                    answers.push(done);
+                }
+                let mut rest = &line[skip..];
+                // A prompt right after a prompt: the one `quit` got, or the master's
+                // own after the worker's answer.
+                while let Some(next) = prompt_at(rest) {
+                    if !answers.is_empty() || current.is_some() {
+                        answers.push(String::new());
+                    }
+                    rest = &rest[next..];
+                }
+                while let Some(after) = rest.strip_prefix("+ ") {
+                    rest = after;
+                }
+                current = Some(rest.to_owned());
+            }
+            None => {
+                if let Some(text) = current.as_mut() {
+                    text.push_str(line);
+                }
+            }
+        }
+    }
+    // The text after the last prompt answers nothing: HAProxy prompts when it is
+    // done with a command, so an answer is whole only when a prompt follows it.
+    drop(current);
+    (answers.len() >= count).then(|| {
+        answers.truncate(count);
+        answers
+    })
 }
 
 async fn talk<S: AsyncRead + AsyncWrite + Unpin>(
@@ -407,5 +492,35 @@ mod tests {
             SocketAddress::Tcp("127.0.0.1:1".into()).haproxy_bind(),
             "ipv4@127.0.0.1:1"
         );
+    }
+
+    /// As HAProxy 2.6 answered five commands (two with payloads) in one session,
+    /// from a worker socket and through the master CLI (`@1`).
+    #[test]
+    fn a_session_splits_into_one_answer_per_command() {
+        let worker = "\n> New empty certificate store 'c.pem'!\n\n> + + + Transaction created for certificate c.pem!\n\n> Committing c.pem\nSuccess!\n\n> Can't delete the entry: certificate 'c.pem' can't be found in crt-list 'l'!\n\n> + + Inserting certificate 'c.pem' in crt-list 'l'.\nSuccess!\n\n> ";
+        let master = worker.replace("\n> ", "\nmaster> ").trim_start().to_owned() + "master> ";
+        let reload_failed = master.replace("master> ", "master[ReloadFailed]> ");
+        for output in [worker.to_owned(), master, reload_failed] {
+            let answers = split_prompted(&output, 5).expect("five answers");
+            assert_eq!(
+                answers,
+                [
+                    "New empty certificate store 'c.pem'!\n\n",
+                    "Transaction created for certificate c.pem!\n\n",
+                    "Committing c.pem\nSuccess!\n\n",
+                    "Can't delete the entry: certificate 'c.pem' can't be found in crt-list 'l'!\n\n",
+                    "Inserting certificate 'c.pem' in crt-list 'l'.\nSuccess!\n\n",
+                ],
+                "{output:?}"
+            );
+            // Fewer answers than commands: the session broke.
+            assert_eq!(split_prompted(&output, 7), None);
+        }
+        let cut = &worker[..worker.find("> Committing").expect("in the text")];
+        // The second answer has no prompt after it: it may be cut short.
+        assert_eq!(split_prompted(cut, 2), None);
+        assert_eq!(split_prompted(cut, 1).map(|a| a.len()), Some(1));
+        assert_eq!(split_prompted("", 1), None);
     }
 }

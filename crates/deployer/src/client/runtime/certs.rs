@@ -31,18 +31,43 @@ impl RuntimeClient {
     }
 
     /// A certificate HAProxy does not know yet: `new ssl cert`, then `set ssl cert`
-    /// and `commit ssl cert`. One that already exists (an earlier attempt got that
-    /// far) is updated. When HAProxy refuses the PEM (garbage at `set`, a key that
-    /// does not match the certificate at `commit`), the transaction is aborted and
-    /// the empty store just created removed again, so nothing is left behind.
+    /// and `commit ssl cert`, the three in one session (one round trip). One that
+    /// already exists (an earlier attempt got that far) is updated. When HAProxy
+    /// refuses the PEM (garbage at `set`, a key that does not match the certificate
+    /// at `commit`), the transaction is aborted and the empty store just created
+    /// removed again, so nothing is left behind.
     pub async fn add_certificate(&self, file: &str, pem: &str) -> Result<(), RuntimeError> {
-        let created = self
-            .expect(&format!("new ssl cert {}", cli_word(file)), |a| {
-                a.contains("New empty certificate store") || a.contains("already exists")
-            })
-            .await?
-            .contains("New empty certificate store");
-        match self.replace_certificate(file, pem).await {
+        let word = cli_word(file);
+        let requests = [
+            format!("new ssl cert {word}"),
+            super::set_cert_request(&word, pem),
+            format!("commit ssl cert {word}"),
+        ];
+        let answers = self.session(&requests).await?;
+        let refused = |index: usize| RuntimeError::Refused {
+            command: requests[index]
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+            answer: answers[index].clone(),
+        };
+        let (new, set, commit) = (&answers[0], &answers[1], &answers[2]);
+        let created = new.contains("New empty certificate store");
+        // `set` and `commit` ran after a refused `new` too: on a store that is not
+        // there they change nothing.
+        if !created && !new.contains("already exists") {
+            return Err(refused(0));
+        }
+        let outcome =
+            if !(set.contains("Transaction created") || set.contains("Transaction updated")) {
+                Err(refused(1))
+            } else if !commit.contains("Success") {
+                Err(refused(2))
+            } else {
+                Ok(())
+            };
+        match outcome {
             Ok(()) => Ok(()),
             Err(error) => {
                 // A refused commit leaves its transaction open.
@@ -71,17 +96,36 @@ impl RuntimeClient {
 
     /// Puts `line` (a crt-list line: the certificate, then `[options]` and SNI
     /// filters) into `list`, replacing the entries of the same certificate there.
+    ///
+    /// The `del` and the `add` go in one session (one round trip). When the `del`
+    /// finds several entries of the certificate (it deletes none then), they are
+    /// deleted by line number, the one just added with them, and the line is added
+    /// again.
     pub async fn set_crt_list_entry(
         &self,
         list: &str,
         cert: &str,
         line: &str,
     ) -> Result<(), RuntimeError> {
-        self.delete_crt_list_entry(list, cert).await?;
-        let request = format!("add ssl crt-list {} <<\n{line}\n\n", cli_word(list));
-        self.expect(&request, |a| a.contains("Success"))
-            .await
-            .map(drop)
+        let del = format!("del ssl crt-list {} {}", cli_word(list), cli_word(cert));
+        let add = format!("add ssl crt-list {} <<\n{line}\n\n", cli_word(list));
+        let answers = self.session(&[del.clone(), add.clone()]).await?;
+        let added = answers[1].contains("Success");
+        match deleted_or_none(&answers[0]) {
+            DelAnswer::Done if added => Ok(()),
+            DelAnswer::Done => Err(RuntimeError::Refused {
+                command: first_add_line(&add),
+                answer: answers[1].clone(),
+            }),
+            DelAnswer::Several => {
+                self.delete_crt_list_entry(list, cert).await?;
+                self.expect(&add, |a| a.contains("Success")).await.map(drop)
+            }
+            DelAnswer::Refused => Err(RuntimeError::Refused {
+                command: del,
+                answer: answers[0].clone(),
+            }),
+        }
     }
 
     /// Removes every entry of `cert` from `list`: `del ssl crt-list` by name, which
@@ -92,17 +136,15 @@ impl RuntimeClient {
     pub async fn delete_crt_list_entry(&self, list: &str, cert: &str) -> Result<(), RuntimeError> {
         let request = format!("del ssl crt-list {} {}", cli_word(list), cli_word(cert));
         let answer = self.command(&request).await?;
-        // No entry: the certificate is not loaded, or has no entry in this list.
-        let none = answer.contains("' does not exist!")
-            || answer.contains("' can't be found in crt-list '");
-        if crt_list_entry_deleted(&answer) || none {
-            return Ok(());
-        }
-        if !answer.contains("in several entries") {
-            return Err(RuntimeError::Refused {
-                command: request,
-                answer,
-            });
+        match deleted_or_none(&answer) {
+            DelAnswer::Done => return Ok(()),
+            DelAnswer::Refused => {
+                return Err(RuntimeError::Refused {
+                    command: request,
+                    answer,
+                });
+            }
+            DelAnswer::Several => {}
         }
         let entries = self.crt_list_entries(list).await?;
         let mut lines: Vec<u32> = entries
@@ -125,6 +167,34 @@ impl RuntimeClient {
         }
         Ok(())
     }
+}
+
+/// What a `del ssl crt-list <list> <cert>` did.
+enum DelAnswer {
+    /// Deleted the entry, or there was none (the certificate is not loaded, or has
+    /// no entry in this list).
+    Done,
+    /// The certificate has several entries: none was deleted.
+    Several,
+    /// HAProxy will not delete it (the default certificate of a bind line).
+    Refused,
+}
+
+fn deleted_or_none(answer: &str) -> DelAnswer {
+    let none =
+        answer.contains("' does not exist!") || answer.contains("' can't be found in crt-list '");
+    if crt_list_entry_deleted(answer) || none {
+        DelAnswer::Done
+    } else if answer.contains("in several entries") {
+        DelAnswer::Several
+    } else {
+        DelAnswer::Refused
+    }
+}
+
+/// The command line of an `add ssl crt-list <list> <<` request, for errors.
+fn first_add_line(request: &str) -> String {
+    request.lines().next().unwrap_or_default().to_owned()
 }
 
 /// HAProxy's answer to a `del ssl crt-list` that deleted the entry (`Entry '…'
