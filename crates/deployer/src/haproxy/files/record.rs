@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use hapwright_eventbus::model::{ContentHash, RenderedConfig};
+use hapwright_eventbus::model::{ContentHash, FileKind, RenderedConfig};
 use serde::{Deserialize, Serialize};
 
 use super::with_version_marker;
@@ -24,8 +24,9 @@ pub struct DeployRecord {
     /// The version marker in `haproxy.cfg` (and in the worker after a reload).
     pub marker: String,
     /// Lowercase hex SHA-256 of every layout file, by path relative to the config
-    /// directory (`haproxy.cfg`, `maps/hosts.map`).
-    pub files: BTreeMap<String, String>,
+    /// directory (`haproxy.cfg`, `maps/hosts.map`). A persistent map: the record of
+    /// the next deployment shares the entries of the files it did not change.
+    pub files: imbl::OrdMap<String, String>,
 }
 
 impl DeployRecord {
@@ -36,33 +37,46 @@ impl DeployRecord {
         Self::new_reusing(config, marker, None)
     }
 
-    /// [`new`](Self::new), taking the hash of every file `config` shares with the
-    /// render of `previous` (the same content, by pointer) from its record instead
-    /// of hashing the file again: a deployment that changed one of 10,000
-    /// certificates hashes one.
+    /// [`new`](Self::new), starting from `previous` (the record of the last render
+    /// written, with that render): the record of the files `config` does not
+    /// share with it is updated ([`imbl::OrdMap::diff`], which compares contents
+    /// only where the two renders do not share them), the rest is taken as it is.
+    /// A deployment that changed one of 10,000 certificates hashes one file and
+    /// touches one entry.
     pub fn new_reusing(
         config: &RenderedConfig,
         marker: &str,
         previous: Option<(&RenderedConfig, &DeployRecord)>,
     ) -> Self {
-        let mut files = BTreeMap::new();
-        for (file, content) in config.iter() {
-            let relative = file.relative_path();
-            if relative == "haproxy.cfg" {
-                continue;
+        use imbl::ordmap::DiffItem;
+        let mut files = match previous {
+            Some((last, record)) => {
+                let mut files = record.files.clone();
+                for ((kind, old), new) in KINDS.into_iter().zip(last.groups()).zip(config.groups())
+                {
+                    for item in old.diff(new) {
+                        match item {
+                            DiffItem::Add(name, content)
+                            | DiffItem::Update {
+                                new: (name, content),
+                                ..
+                            } => {
+                                files.insert(kind.relative_path(name), hex(content.as_bytes()));
+                            }
+                            DiffItem::Remove(name, _) => {
+                                files.remove(&kind.relative_path(name));
+                            }
+                        }
+                    }
+                }
+                files
             }
-            let known = previous.and_then(|(config, record)| {
-                config
-                    .get(&file)
-                    .filter(|was| std::sync::Arc::ptr_eq(was, content))
-                    .and_then(|_| record.files.get(&relative))
-            });
-            let hash = match known {
-                Some(hash) => hash.clone(),
-                None => hex(content.as_bytes()),
-            };
-            files.insert(relative, hash);
-        }
+            None => config
+                .iter()
+                .filter(|(file, _)| file.kind != FileKind::Main)
+                .map(|(file, content)| (file.relative_path(), hex(content.as_bytes())))
+                .collect(),
+        };
         files.insert(
             "haproxy.cfg".to_owned(),
             hex(with_version_marker(config.main(), marker).as_bytes()),
@@ -73,6 +87,9 @@ impl DeployRecord {
         }
     }
 }
+
+/// The kinds of a render's groups, in [`RenderedConfig::groups`] order.
+const KINDS: [FileKind; 3] = [FileKind::Map, FileKind::File, FileKind::Certificate];
 
 /// How the config directory compares with its state record.
 #[derive(Clone, Debug, PartialEq)]
@@ -147,13 +164,23 @@ mod tests {
         let reused = DeployRecord::new_reusing(&second, "m2", Some((&first, &last)));
         assert_eq!(reused, DeployRecord::new(&second, "m2"));
         assert_ne!(reused.files["certs/b.pem"], last.files["certs/b.pem"]);
-        // Only files shared by pointer are taken from the last record: a wrong hash
-        // there is copied for a, never for b.
+        // Only unchanged files are taken from the last record: a wrong hash there
+        // is copied for a, never for b.
         let mut wrong = last.clone();
         wrong.files.insert("certs/a.pem".to_owned(), "0".repeat(64));
         wrong.files.insert("certs/b.pem".to_owned(), "0".repeat(64));
         let from_wrong = DeployRecord::new_reusing(&second, "m2", Some((&first, &wrong)));
         assert_eq!(from_wrong.files["certs/a.pem"], "0".repeat(64));
         assert_eq!(from_wrong.files["certs/b.pem"], reused.files["certs/b.pem"]);
+        // Files removed leave the record; one added to another kind joins it.
+        let third = RenderedConfig::builder("global\n    maxconn 10\n")
+            .certificate("b.pem", "PEM of b, renewed\n")
+            .file("503.http", "HTTP/1.0 503\n")
+            .build();
+        let after = DeployRecord::new_reusing(&third, "m3", Some((&second, &reused)));
+        assert_eq!(after, DeployRecord::new(&third, "m3"));
+        assert!(
+            !after.files.contains_key("certs/a.pem") && !after.files.contains_key("maps/hosts.map")
+        );
     }
 }
