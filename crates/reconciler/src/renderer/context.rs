@@ -975,14 +975,27 @@ thread_local! {
     /// The reads of the file rendering on this thread (see [`Recording`]).
     // A hash set: a file of 10,000 backends makes over 100,000 lookups, and an
     // ordered set spent more on comparing keys than the lookups themselves cost.
-    static READS: RefCell<Option<foldhash::HashSet<Read>>> = const { RefCell::new(None) };
+    static READS: RefCell<Option<Recorded>> = const { RefCell::new(None) };
+}
+
+/// Lists of reads kept as they are (the reads of a folded loop's iterations,
+/// which the loop keeps for the next render): persistent, so noting them costs
+/// nothing per item.
+pub(crate) type ReadLists = imbl::Vector<Arc<[Read]>>;
+
+/// What a [`Recording`] noted so far.
+#[derive(Default)]
+struct Recorded {
+    reads: foldhash::HashSet<Read>,
+    /// Lists noted whole ([`record_lists`]).
+    lists: Vec<ReadLists>,
 }
 
 /// Notes a read when a [`Recording`] is active on this thread.
 fn record(read: impl FnOnce() -> Read) {
     READS.with(|reads| {
-        if let Some(reads) = reads.borrow_mut().as_mut() {
-            reads.insert(read());
+        if let Some(recorded) = reads.borrow_mut().as_mut() {
+            recorded.reads.insert(read());
         }
     });
 }
@@ -991,8 +1004,8 @@ fn record(read: impl FnOnce() -> Read) {
 /// [`Recording`] is active on this thread.
 pub(crate) fn record_all(found: &[Read]) {
     READS.with(|reads| {
-        if let Some(reads) = reads.borrow_mut().as_mut() {
-            reads.extend(found.iter().cloned());
+        if let Some(recorded) = reads.borrow_mut().as_mut() {
+            recorded.reads.extend(found.iter().cloned());
         }
     });
 }
@@ -1001,11 +1014,24 @@ pub(crate) fn record_all(found: &[Read]) {
 /// set grows once for all of them rather than step by step.
 pub(crate) fn record_each<'a>(lists: impl Iterator<Item = &'a [Read]> + Clone) {
     READS.with(|reads| {
-        if let Some(reads) = reads.borrow_mut().as_mut() {
-            reads.reserve(lists.clone().map(<[Read]>::len).sum());
+        if let Some(recorded) = reads.borrow_mut().as_mut() {
+            recorded
+                .reads
+                .reserve(lists.clone().map(<[Read]>::len).sum());
             for found in lists {
-                reads.extend(found.iter().cloned());
+                recorded.reads.extend(found.iter().cloned());
             }
+        }
+    });
+}
+
+/// Notes `lists` whole: [`Recording::finish_apart`] hands them on as they are
+/// (a folded loop's 10,000 iterations are not put into the file's set one by one),
+/// [`Recording::finish`] with the other reads.
+pub(crate) fn record_lists(lists: &ReadLists) {
+    READS.with(|reads| {
+        if let Some(recorded) = reads.borrow_mut().as_mut() {
+            recorded.lists.push(lists.clone());
         }
     });
 }
@@ -1015,22 +1041,39 @@ pub(crate) fn record_each<'a>(lists: impl Iterator<Item = &'a [Read]> + Clone) {
 /// [`Recording::start`] and [`Recording::finish`]. Nests (the outer recording is
 /// put back when an inner one finishes).
 pub(crate) struct Recording {
-    outer: Option<foldhash::HashSet<Read>>,
+    outer: Option<Recorded>,
 }
 
 impl Recording {
     /// Starts recording on this thread.
     pub(crate) fn start() -> Self {
-        let outer = READS.with(|reads| reads.borrow_mut().replace(foldhash::HashSet::default()));
+        let outer = READS.with(|reads| reads.borrow_mut().replace(Recorded::default()));
         Self { outer }
     }
 
     /// The reads since [`Recording::start`].
-    pub(crate) fn finish(mut self) -> Vec<Read> {
+    pub(crate) fn finish(self) -> Vec<Read> {
+        let (mut reads, lists) = self.take();
+        for list in lists {
+            for found in &list {
+                reads.extend(found.iter().cloned());
+            }
+        }
+        reads.into_iter().collect()
+    }
+
+    /// The reads since [`Recording::start`], with the lists noted whole
+    /// ([`record_lists`]) apart: a read may be in both.
+    pub(crate) fn finish_apart(self) -> (Vec<Read>, Vec<ReadLists>) {
+        let (reads, lists) = self.take();
+        (reads.into_iter().collect(), lists)
+    }
+
+    fn take(mut self) -> (foldhash::HashSet<Read>, Vec<ReadLists>) {
         let outer = self.outer.take();
         READS
             .with(|reads| std::mem::replace(&mut *reads.borrow_mut(), outer))
-            .map(|reads| reads.into_iter().collect())
+            .map(|recorded| (recorded.reads, recorded.lists))
             .unwrap_or_default()
     }
 }

@@ -36,7 +36,8 @@ use minijinja::value::{Object, Value, ValueKind};
 use minijinja::{Error, State};
 
 use super::context::{
-    Read, ReadCheck, Recording, Resources, Shared, SharedValues, record_all, record_each,
+    Read, ReadCheck, ReadLists, Recording, Resources, Shared, SharedValues, record_all,
+    record_each, record_lists,
 };
 use super::lazy;
 use super::output::Output;
@@ -168,10 +169,12 @@ pub(crate) type Folds = BTreeMap<usize, Arc<FoldMemo>>;
 pub(crate) struct FoldMemo {
     /// `shared` when the loop started.
     start: SharedValues,
-    items: Vec<Value>,
-    reads: Vec<Arc<[Read]>>,
+    /// Persistent, like `reads` and `ends`: the next render keeps the iterations
+    /// before the first that runs again without copying them.
+    items: imbl::Vector<Value>,
+    reads: ReadLists,
     /// Where each iteration's text ends in `text`.
-    ends: Vec<usize>,
+    ends: imbl::Vector<usize>,
     /// The loop's text, as the file got it (shared, not copied, with the file).
     text: Value,
     /// How many iterations apart the checkpoints are.
@@ -1419,13 +1422,13 @@ fn render_fold(
     let mut same = 0;
     if let Some((memo, old)) = previous {
         let check = ReadCheck::new(old, &session.resources);
-        let last = items.len().min(memo.items.len());
-        while same < last
-            && same_item(&items[same], &memo.items[same])
-            && memo.reads[same].iter().all(|read| check.unchanged(read))
-        {
-            same += 1;
-        }
+        same = items
+            .iter()
+            .zip(memo.items.iter().zip(&memo.reads))
+            .take_while(|(item, (was, reads))| {
+                same_item(item, was) && reads.iter().all(|read| check.unchanged(read))
+            })
+            .count();
     }
     let resume = match previous {
         Some((memo, _)) if same == memo.items.len() => same,
@@ -1435,18 +1438,18 @@ fn render_fold(
     let mut memo = FoldMemo {
         end: start.clone(),
         start,
-        items: Vec::with_capacity(items.len()),
-        reads: Vec::with_capacity(items.len()),
-        ends: Vec::with_capacity(items.len()),
+        items: imbl::Vector::new(),
+        reads: imbl::Vector::new(),
+        ends: imbl::Vector::new(),
         text: Value::UNDEFINED,
         every,
         checkpoints: Vec::with_capacity(items.len() / every),
     };
     let mut text = String::new();
     if let (Some((old, _)), true) = (previous, resume > 0) {
-        memo.items.extend_from_slice(&old.items[..resume]);
-        memo.reads.extend_from_slice(&old.reads[..resume]);
-        memo.ends.extend_from_slice(&old.ends[..resume]);
+        memo.items = old.items.take(resume);
+        memo.reads = old.reads.take(resume);
+        memo.ends = old.ends.take(resume);
         text.push_str(&old.text.as_str().unwrap_or_default()[..old.ends[resume - 1]]);
         memo.checkpoints
             .extend_from_slice(&old.checkpoints[..resume / every]);
@@ -1483,16 +1486,17 @@ fn render_fold(
         text.push_str(&output);
         text.push_str(&spec.tail);
         session.within_cap(text.len())?;
-        memo.items.push(item.clone());
-        memo.reads.push(reads);
-        memo.ends.push(text.len());
+        memo.items.push_back(item.clone());
+        memo.reads.push_back(reads);
+        memo.ends.push_back(text.len());
         if (index + 1) % every == 0 {
             memo.checkpoints.push(shared.snapshot());
         }
         session.count(false);
     }
     memo.end = shared.snapshot();
-    record_each(std::iter::once(&list_reads[..]).chain(memo.reads.iter().map(|reads| &reads[..])));
+    record_all(&list_reads);
+    record_lists(&memo.reads);
     memo.text = Value::from_safe_string(text);
     let text = memo.text.clone();
     lock(&session.folds).insert(number, Arc::new(memo));

@@ -312,6 +312,9 @@ struct Cache {
 #[derive(Default)]
 struct FileReads {
     reads: Arc<[Read]>,
+    /// Lists of reads noted whole (the iterations of a folded loop), beside
+    /// `reads`.
+    lists: Arc<[context::ReadLists]>,
     used: Arc<fragments::Used>,
     pieces: Option<Arc<fragments::Pieces>>,
     /// `shared` as the file left it: for `haproxy.cfg`, and for a file after it that

@@ -447,7 +447,15 @@ impl<'a> Pass<'a> {
                 continue;
             };
             let reusable = inner.reusable[index] || (inner.chained[index] && chain);
-            if !reusable || !file.reads.reads.iter().all(|read| check.unchanged(read)) {
+            let unchanged = || {
+                file.reads.reads.iter().all(|read| check.unchanged(read))
+                    && file.reads.lists.iter().all(|lists| {
+                        lists
+                            .iter()
+                            .all(|reads| reads.iter().all(|read| check.unchanged(read)))
+                    })
+            };
+            if !reusable || !unchanged() {
                 chain &= !in_order;
                 self.before[index] = Some((file.text, file.lines));
                 continue;
@@ -621,8 +629,10 @@ impl<'a> Pass<'a> {
         let shared = (self.inner.chained[index]
             && (entry.is_main() || self.shared().writes() != writes))
             .then(|| Arc::new(self.shared().snapshot()));
+        let (reads, lists) = recording.finish_apart();
         let reads = FileReads {
-            reads: recording.finish().into(),
+            reads: reads.into(),
+            lists: lists.into(),
             used: Arc::new(used),
             pieces,
             shared,
