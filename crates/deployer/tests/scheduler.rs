@@ -10,7 +10,8 @@ use hapwright_eventbus::model::{InstanceDriver, InstanceRef, RenderedConfig};
 use hapwright_eventbus::testing::TestBus;
 use hapwright_eventbus::{
     CorrelationId, DeploymentCompleted, DeploymentSummary, DriftDetected, Event, EventKind,
-    EventMeta, EventPayload, InstancesDiscovered, RunningKernel, Subscription,
+    EventMeta, EventPayload, InstancesDiscovered, ReconciliationStarted, RunningKernel,
+    Subscription,
 };
 use tokio::time::{Instant, timeout};
 
@@ -103,6 +104,88 @@ async fn first_config_goes_out_at_once_and_later_ones_wait_for_the_interval() {
     assert!(
         elapsed >= Duration::from_secs(2) && elapsed < Duration::from_millis(2100),
         "{elapsed:?}"
+    );
+    h.stop().await;
+}
+
+impl Harness {
+    /// A reconciliation starts; `follow_up`: it runs the rest of a leading change.
+    fn started(&self, follow_up: bool) -> CorrelationId {
+        let correlation = CorrelationId::new();
+        self.publisher.publish_with(
+            ReconciliationStarted {
+                reason: "resources changed: secrets".into(),
+                follow_up,
+            },
+            EventMeta::correlated(correlation),
+        );
+        correlation
+    }
+
+    /// `config` validated in reconciliation `correlation`.
+    fn validated_in(&self, correlation: CorrelationId, config: &Arc<RenderedConfig>) {
+        self.publisher.publish_with(
+            support::validated(config),
+            EventMeta::correlated(correlation),
+        );
+    }
+}
+
+/// The rest of a change that reached several sources (an Ingress, then its Secret
+/// a moment later) follows the leading deployment at once: once. The release after
+/// it waits the whole interval again, and so does a follow-up that is no longer the
+/// newest reconciliation, or one after a follow-up that went out early.
+#[tokio::test(start_paused = true)]
+async fn the_rest_of_a_leading_change_follows_it_at_once_once() {
+    let mut h = start();
+    let t0 = Instant::now();
+    let leading = h.started(false);
+    h.validated_in(leading, &config("ingress\n"));
+    h.next().await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let rest = h.started(true);
+    h.validated_in(rest, &config("ingress and secret\n"));
+    let (event, got, _, _) = h.next().await;
+    assert_eq!(got.hash(), config("ingress and secret\n").hash());
+    assert_eq!(event.correlation_id, Some(rest));
+    assert!(
+        t0.elapsed() < Duration::from_millis(10),
+        "{:?}",
+        t0.elapsed()
+    );
+
+    // Another follow-up right after: it waits the interval from the one before.
+    let again = h.started(true);
+    h.validated_in(again, &config("again\n"));
+    let (_, got, _, _) = h.next().await;
+    assert_eq!(got.hash(), config("again\n").hash());
+    let elapsed = t0.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(2005) && elapsed < Duration::from_millis(2100),
+        "{elapsed:?}"
+    );
+
+    // A follow-up whose reconciliation a newer one replaced waits too.
+    let t1 = Instant::now();
+    let stale = h.started(true);
+    h.started(false);
+    h.validated_in(stale, &config("stale\n"));
+    h.next().await;
+    let elapsed = t1.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(1990) && elapsed < Duration::from_millis(2100),
+        "{elapsed:?}"
+    );
+
+    // After a release that waited, the exemption is back.
+    let t2 = Instant::now();
+    let rest = h.started(true);
+    h.validated_in(rest, &config("rest\n"));
+    h.next().await;
+    assert!(
+        t2.elapsed() < Duration::from_millis(10),
+        "{:?}",
+        t2.elapsed()
     );
     h.stop().await;
 }

@@ -525,11 +525,19 @@ catalogue! {
         /// reconciliation's trace.
         #[serde(serialize_with = "seconds")]
         waited: Duration,
+        /// The rest of the change a leading-edge trigger fired for: changes that
+        /// reached other sources within the debouncer's leading group (`... (with the
+        /// leading change)`). One change spread over sources counts once against
+        /// `minDeploymentInterval`: the scheduler lets this reconciliation's
+        /// deployment follow the leading one at once.
+        follow_up: bool,
     }
     /// The executor started a reconciliation.
     ReconciliationStarted {
         /// Why it started.
         reason: String,
+        /// It runs a [`ReconciliationTriggered::follow_up`] trigger.
+        follow_up: bool,
     }
     /// A reconciliation finished.
     ReconciliationCompleted {

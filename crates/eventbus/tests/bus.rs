@@ -409,6 +409,7 @@ async fn a_flood_keeps_the_spill_bounded_and_drops_only_superseded_events() {
                 reason: last_trigger.clone(),
                 sources: Vec::new(),
                 waited: std::time::Duration::ZERO,
+                follow_up: false,
             })
         };
         last_id = id.0;

@@ -417,6 +417,7 @@ impl Component for Relay {
                         &event,
                         hapwright_eventbus::ReconciliationStarted {
                             reason: hop.to_string(),
+                            follow_up: false,
                         },
                     );
                 }

@@ -218,9 +218,9 @@ impl State {
             retrying.at = None;
         }
         let id = CorrelationId::new();
-        let waited = match &trigger.payload {
-            EventPayload::ReconciliationTriggered(t) => t.waited,
-            _ => Duration::ZERO,
+        let (waited, follow_up) = match &trigger.payload {
+            EventPayload::ReconciliationTriggered(t) => (t.waited, t.follow_up),
+            _ => (Duration::ZERO, false),
         };
         // `wait_us`: the debounce wait before the trigger. Trace exporters start the
         // span that long before it is created, so the reconciliation's trace begins
@@ -247,8 +247,10 @@ impl State {
             failure: None,
             searched: false,
         });
-        self.publisher
-            .publish_with(ReconciliationStarted { reason }, Self::meta(id, trigger));
+        self.publisher.publish_with(
+            ReconciliationStarted { reason, follow_up },
+            Self::meta(id, trigger),
+        );
     }
 
     /// The in-flight reconciliation if `event` belongs to it and it is in `stage`.
@@ -460,6 +462,7 @@ impl State {
             reason: format!("retry {} after {}", retrying.attempt, retrying.reason),
             sources: Vec::new(),
             waited: Duration::ZERO,
+            follow_up: false,
         });
     }
 

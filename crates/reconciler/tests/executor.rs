@@ -100,6 +100,7 @@ fn trigger(reason: &str) -> ReconciliationTriggered {
         reason: reason.into(),
         sources: vec!["services".into()],
         waited: std::time::Duration::ZERO,
+        follow_up: false,
     }
 }
 
@@ -179,6 +180,7 @@ async fn a_reconciliation_is_trigger_render_validate_with_one_correlation_id() {
         unreachable!()
     };
     assert_eq!(s.reason, "resources changed: services");
+    assert!(!s.follow_up);
     assert!(started.caused_by.is_some(), "caused by the trigger");
 
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -273,12 +275,18 @@ async fn queued_triggers_start_one_reconciliation_for_the_newest() {
     let mut p = pipeline(Settings::default());
     p.trigger("one");
     p.trigger("two");
-    p.trigger("three");
+    // The newest is the rest of a leading change: the reconciliation says so, for
+    // the scheduler.
+    p.h.publisher.publish(ReconciliationTriggered {
+        follow_up: true,
+        ..trigger("three")
+    });
     let request = recv(&mut p.renders).await;
     let EventPayload::ReconciliationStarted(s) = &request.payload else {
         unreachable!()
     };
     assert_eq!(s.reason, "three");
+    assert!(s.follow_up);
     assert!(
         timeout(Duration::from_secs(10), p.renders.recv())
             .await
@@ -463,7 +471,10 @@ async fn the_renderer_renders_only_the_newest_of_queued_starts() {
     h.update("services", snapshot("old"));
     for id in &ids {
         h.publish_with(
-            hapwright_eventbus::ReconciliationStarted { reason: "r".into() },
+            hapwright_eventbus::ReconciliationStarted {
+                reason: "r".into(),
+                follow_up: false,
+            },
             hapwright_eventbus::EventMeta::correlated(*id),
         );
     }

@@ -396,6 +396,7 @@ async fn the_object_behind_a_bad_name_is_quarantined_not_the_whole_render() {
         reason: "test".into(),
         sources: vec!["services".into()],
         waited: std::time::Duration::ZERO,
+        follow_up: false,
     };
     let settle = async |h: &mut support::Harness| {
         let mut files = None;

@@ -51,6 +51,7 @@ fn trigger(reason: &str) -> ReconciliationTriggered {
         reason: reason.into(),
         sources: vec!["services".into()],
         waited: std::time::Duration::ZERO,
+        follow_up: false,
     }
 }
 

@@ -324,6 +324,7 @@ async fn events_can_be_limited_and_filtered_by_correlation() {
             correlation,
             ReconciliationStarted {
                 reason: i.to_string(),
+                follow_up: false,
             },
         )));
     }

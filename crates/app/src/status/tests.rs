@@ -53,6 +53,7 @@ fn reconciliations_are_tracked_with_stage_timings_and_metrics() {
             Some(ok),
             ReconciliationStarted {
                 reason: "resources changed: services".into(),
+                follow_up: false,
             },
         ),
         Some(&metrics),
@@ -77,6 +78,7 @@ fn reconciliations_are_tracked_with_stage_timings_and_metrics() {
             Some(bad),
             ReconciliationStarted {
                 reason: "drift".into(),
+                follow_up: false,
             },
         ),
         Some(&metrics),
@@ -116,6 +118,7 @@ fn the_reconciliation_ring_is_bounded() {
                 Some(CorrelationId::new()),
                 ReconciliationStarted {
                     reason: i.to_string(),
+                    follow_up: false,
                 },
             ),
             None,
@@ -252,6 +255,7 @@ fn the_event_ring_keeps_the_newest_and_filters_by_correlation() {
             correlation,
             ReconciliationStarted {
                 reason: String::new(),
+                follow_up: false,
             },
         )));
     }
@@ -562,6 +566,7 @@ fn reconciliations_fill_schedule_and_deploy_timings_when_the_deployment_ends() {
             Some(id),
             ReconciliationStarted {
                 reason: "resources changed: services".into(),
+                follow_up: false,
             },
         ),
         None,
@@ -676,6 +681,7 @@ fn the_reconciliation_table_says_how_the_templates_rendered() {
                 Some(correlation),
                 ReconciliationStarted {
                     reason: "resources changed: services".into(),
+                    follow_up: false,
                 },
             ),
             Some(&metrics),

@@ -1,7 +1,13 @@
 //! The deployment scheduler: turns `ValidationCompleted` into
 //! `DeploymentScheduled`, rate-limited and latest-wins.
 //!
-//! - At most one deployment per `minDeploymentInterval`.
+//! - At most one deployment per `minDeploymentInterval`, where one change spread
+//!   over sources counts once: the debouncer fires a leading-edge change at once
+//!   and gathers what reached other sources within its leading group into one more
+//!   trigger (`ReconciliationTriggered::follow_up`: an Ingress and its Secret
+//!   applied together). That reconciliation's deployment follows the leading one
+//!   at once instead of an interval later (once; the next waits the whole interval
+//!   after it).
 //! - One pending slot: a newer config replaces a waiting one.
 //! - A config whose hash and instance set equal the last released ones is skipped.
 //!
@@ -40,8 +46,8 @@ use std::time::Duration;
 
 use hapwright_eventbus::model::{ContentHash, RenderedConfig};
 use hapwright_eventbus::{
-    Component, ComponentError, Context, DeploymentScheduled, Event, EventKind, EventPayload,
-    Interest, SafetyRemoval, SafetyValveHeld, SafetyValveReleased,
+    Component, ComponentError, Context, CorrelationId, DeploymentScheduled, Event, EventKind,
+    EventPayload, Interest, SafetyRemoval, SafetyValveHeld, SafetyValveReleased,
 };
 use tokio::time::Instant;
 
@@ -144,6 +150,12 @@ struct State {
     last_released: Option<(ContentHash, Vec<String>)>,
     valve: Option<Valve>,
     hold: Option<Hold>,
+    /// The reconciliation running the rest of a change the debouncer's leading edge
+    /// fired for (`ReconciliationStarted::follow_up`), while it is the newest.
+    follow_up: Option<CorrelationId>,
+    /// A follow-up went out inside the interval after the release before it: the
+    /// next release waits the whole interval again.
+    follow_up_released: bool,
 }
 
 impl State {
@@ -154,6 +166,9 @@ impl State {
 
     fn handle(&mut self, event: Arc<Event>, ctx: &Context) {
         match &event.payload {
+            EventPayload::ReconciliationStarted(started) => {
+                self.follow_up = event.correlation_id.filter(|_| started.follow_up);
+            }
             EventPayload::ValidationCompleted(validated) => {
                 let pending = Pending {
                     config: validated.config.clone(),
@@ -334,10 +349,24 @@ impl State {
             self.pending = None;
             return None;
         }
+        if self.follows_up(pending) {
+            return Some(Instant::now());
+        }
         Some(
             self.last_release
                 .map_or_else(Instant::now, |t| t + self.config.min_deployment_interval),
         )
+    }
+
+    /// Whether `pending` completes the change the last release went out for: the
+    /// debouncer gathered the changes that reached other sources within its leading
+    /// group into one more trigger (an Ingress and its Secret applied together),
+    /// and its deployment follows the leading one at once, once per interval. One
+    /// change spread over sources counts once against `minDeploymentInterval`.
+    fn follows_up(&self, pending: &Pending) -> bool {
+        self.follow_up.is_some()
+            && pending.cause.correlation_id == self.follow_up
+            && !self.follow_up_released
     }
 
     fn release(&mut self, ctx: &Context) {
@@ -345,7 +374,15 @@ impl State {
             return;
         };
         let instances = self.instances();
-        self.last_release = Some(Instant::now());
+        let now = Instant::now();
+        self.follow_up_released = self.follows_up(&pending)
+            && self
+                .last_release
+                .is_some_and(|t| now < t + self.config.min_deployment_interval);
+        if self.follow_up_released {
+            tracing::debug!(hash = %pending.config.hash().short(), "The rest of the leading change goes out at once");
+        }
+        self.last_release = Some(now);
         self.last_released = Some((pending.config.hash(), instances.clone()));
         let span = tracing::info_span!(
             "schedule",
@@ -374,6 +411,7 @@ impl Component for Scheduler {
 
     fn consumes(&self) -> Interest {
         Interest::pipeline([
+            EventKind::ReconciliationStarted,
             EventKind::ValidationCompleted,
             EventKind::DeploymentCompleted,
             EventKind::SafetyValveApproved,
@@ -389,6 +427,8 @@ impl Component for Scheduler {
             last_released: None,
             valve: self.valve,
             hold: None,
+            follow_up: None,
+            follow_up_released: false,
         };
         ctx.health().healthy();
         loop {

@@ -186,6 +186,7 @@ async fn act(ctx: &Context, action: Action) {
             sources,
             waited,
             cause,
+            follow_up,
         }) => {
             tracing::info!(%reason, "Reconciliation triggered");
             ctx.publisher().publish_with(
@@ -193,6 +194,7 @@ async fn act(ctx: &Context, action: Action) {
                     reason,
                     sources,
                     waited,
+                    follow_up,
                 },
                 EventMeta {
                     correlation_id: None,

@@ -68,6 +68,9 @@ pub(crate) struct Trigger {
     pub(crate) waited: Duration,
     /// The event that completed the batch (its last change, or the last sync).
     pub(crate) cause: Option<EventId>,
+    /// The changes within the leading group of the trigger before it
+    /// (`ReconciliationTriggered::follow_up`).
+    pub(crate) follow_up: bool,
 }
 
 /// What the component waits for before the next [`State::step`].
@@ -306,7 +309,7 @@ impl State {
             "resources changed: {} (with the leading change)",
             self.batch.names()
         );
-        self.fire(reason, now, actions);
+        self.fire_as(reason, true, now, actions);
     }
 
     /// A source's initial sync is complete: a late source clears the unhealthy
@@ -348,7 +351,8 @@ impl State {
             .group_until
             .take()
             .is_some_and(|group| self.batch.first.is_some_and(|first| first < group));
-        let reason = if grouped && !self.batch.removes {
+        let follow_up = grouped && !self.batch.removes;
+        let reason = if follow_up {
             format!(
                 "resources changed: {} (with the leading change)",
                 self.batch.names()
@@ -367,7 +371,7 @@ impl State {
             }
             reason
         };
-        self.fire(reason, now, actions);
+        self.fire_as(reason, follow_up, now, actions);
     }
 
     /// The first trigger goes without the sources that have not synced yet; the
@@ -410,10 +414,22 @@ impl State {
 
     /// Empties the batch into a trigger.
     fn fire(&mut self, reason: String, now: Instant, actions: &mut Vec<Action>) {
+        self.fire_as(reason, false, now, actions);
+    }
+
+    /// [`Self::fire`], for the changes within the leading group when `follow_up`.
+    fn fire_as(
+        &mut self,
+        reason: String,
+        follow_up: bool,
+        now: Instant,
+        actions: &mut Vec<Action>,
+    ) {
         self.reconciling = true;
         self.group_due = false;
         let batch = std::mem::take(&mut self.batch);
         actions.push(Action::Trigger(Trigger {
+            follow_up,
             reason,
             waited: batch
                 .first

@@ -300,6 +300,7 @@ fn changes_within_the_leading_group_fire_at_its_end() {
         second.reason,
         "resources changed: endpoints (with the leading change)"
     );
+    assert!(second.follow_up, "the rest of the leading change");
     assert_eq!(second.waited, 8 * MS);
     assert_eq!(m.deadline(), None);
 }
@@ -310,7 +311,7 @@ fn changes_within_the_leading_group_go_once_the_leading_reconciliation_finished(
     let t = Duration::from_secs(1);
     m.reconciled(t - 500 * MS);
     m.change("secrets", t);
-    trigger(&m.queue_empty(t));
+    assert!(!trigger(&m.queue_empty(t)).follow_up, "a leading trigger");
     // While the leading reconciliation runs, a change waits (for its end or the
     // group's).
     assert!(m.change("ingresses", t + 2 * MS).is_empty());
@@ -324,6 +325,7 @@ fn changes_within_the_leading_group_go_once_the_leading_reconciliation_finished(
         second.reason,
         "resources changed: ingresses (with the leading change)"
     );
+    assert!(second.follow_up, "the rest of the leading change");
     assert_eq!(second.waited, 2 * MS);
     assert_eq!(m.deadline(), None);
 

@@ -643,6 +643,7 @@ mod tests {
         event(
             hapwright_eventbus::ReconciliationStarted {
                 reason: "test".into(),
+                follow_up: false,
             },
             Some(correlation),
         )
