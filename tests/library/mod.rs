@@ -367,6 +367,12 @@ pub fn use_files_sources(config: &mut Value, resources: &[(&str, &str, &str)]) {
     }
 }
 
+/// The sidecar's `controller.debounce`.
+pub const DEBOUNCE_MS: u64 = 20;
+
+/// The sidecar's `controller.minDeploymentInterval`.
+pub const MIN_DEPLOYMENT_INTERVAL_MS: u64 = 50;
+
 /// Objects per file [`write_objects`] writes: thousands of TLS Secrets would pass the
 /// files source's 10 MiB limit per file.
 const OBJECTS_PER_FILE: usize = 1000;
@@ -546,8 +552,9 @@ impl Sidecar {
         });
         config["controller"] = json!({
             "listen": format!("127.0.0.1:{status}"),
-            "debounce": "20ms", "maxWait": "200ms",
-            "minDeploymentInterval": "50ms", "minReloadInterval": "50ms"
+            "debounce": format!("{DEBOUNCE_MS}ms"), "maxWait": "200ms",
+            "minDeploymentInterval": format!("{MIN_DEPLOYMENT_INTERVAL_MS}ms"),
+            "minReloadInterval": "50ms"
         });
         fs::write(
             dir.path().join("hapwright.yaml"),

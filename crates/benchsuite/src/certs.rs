@@ -187,8 +187,11 @@ fn until(
     }
 }
 
-/// Waits until the instance runs the last render, so that the next change starts
-/// from a settled controller.
+/// Waits until the instance runs the last render, and then until the scheduler's
+/// `minDeploymentInterval` and the debouncer's quiet period since have passed, so
+/// that the next change starts from a settled controller, outside the windows where
+/// the configured rate limits hold it back (as the other latency benchmarks space
+/// their changes).
 fn settle(sidecar: &Sidecar, what: &str) {
     let get = |path: &str| -> Option<Value> {
         let text = sidecar
@@ -206,6 +209,9 @@ fn settle(sidecar: &Sidecar, what: &str) {
     if done.is_err() {
         sidecar.fail(&format!("{what}: the instance never ran the last render"));
     }
+    std::thread::sleep(Duration::from_millis(
+        library::MIN_DEPLOYMENT_INTERVAL_MS + library::DEBOUNCE_MS,
+    ));
 }
 
 /// hapwright's `/metrics` text (empty when it does not answer).

@@ -261,9 +261,12 @@ pub fn certificates_section(
          Ingress written, until a TLS handshake with its host as SNI presents the new \
          certificate and the request answers; the Secret renewed (a new certificate), \
          until the handshake presents it; both deleted, until it is no longer \
-         presented. Reloads counted with the master's `show proc`. The full render is \
-         the mean of the renders until the first deployment; peak RSS is hapwright's \
-         `VmHWM`.\n"
+         presented. The handshakes are tried 1 ms apart. Each change starts once \
+         the last one is deployed and the controller's `minDeploymentInterval` (50 \
+         ms) and `debounce` (20 ms) have passed since, so no change waits for a \
+         rate limit. Reloads counted with the master's `show proc`. The full render \
+         is the mean of the renders until the first deployment; peak RSS is \
+         hapwright's `VmHWM`.\n"
     );
     let _ = writeln!(
         section,

@@ -133,8 +133,8 @@ impl Harness {
 
 /// The rest of a change that reached several sources (an Ingress, then its Secret
 /// a moment later) follows the leading deployment at once: once. The release after
-/// it waits the whole interval again, and so does a follow-up that is no longer the
-/// newest reconciliation, or one after a follow-up that went out early.
+/// it waits the whole interval again, and so does one after a follow-up that went
+/// out early; a follow-up that a newer reconciliation superseded does not go out.
 #[tokio::test(start_paused = true)]
 async fn the_rest_of_a_leading_change_follows_it_at_once_once() {
     let mut h = start();
@@ -165,12 +165,15 @@ async fn the_rest_of_a_leading_change_follows_it_at_once_once() {
         "{elapsed:?}"
     );
 
-    // A follow-up whose reconciliation a newer one replaced waits too.
+    // A follow-up that a newer reconciliation superseded does not go out, and the
+    // newer one waits the interval.
     let t1 = Instant::now();
     let stale = h.started(true);
-    h.started(false);
+    let newer = h.started(false);
     h.validated_in(stale, &config("stale\n"));
-    h.next().await;
+    h.validated_in(newer, &config("newer\n"));
+    let (_, got, _, _) = h.next().await;
+    assert_eq!(got.hash(), config("newer\n").hash());
     let elapsed = t1.elapsed();
     assert!(
         elapsed >= Duration::from_millis(1990) && elapsed < Duration::from_millis(2100),
@@ -187,6 +190,22 @@ async fn the_rest_of_a_leading_change_follows_it_at_once_once() {
         "{:?}",
         t2.elapsed()
     );
+    h.stop().await;
+}
+
+/// The validated config of a reconciliation that a newer one superseded never goes
+/// out, not even when nothing waits: the newer one's does.
+#[tokio::test(start_paused = true)]
+async fn a_superseded_reconciliations_config_is_not_deployed() {
+    let mut h = start();
+    let older = h.started(false);
+    let newer = h.started(false);
+    h.validated_in(older, &config("older\n"));
+    h.nothing_within(Duration::from_secs(30)).await;
+    h.validated_in(newer, &config("newer\n"));
+    let (event, got, _, _) = h.next().await;
+    assert_eq!(got.hash(), config("newer\n").hash());
+    assert_eq!(event.correlation_id, Some(newer));
     h.stop().await;
 }
 

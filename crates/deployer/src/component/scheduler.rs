@@ -8,7 +8,9 @@
 //!   applied together). That reconciliation's deployment follows the leading one
 //!   at once instead of an interval later (once; the next waits the whole interval
 //!   after it).
-//! - One pending slot: a newer config replaces a waiting one.
+//! - One pending slot: a newer config replaces a waiting one, and the validated
+//!   config of a reconciliation that a newer one superseded (`ReconciliationStarted`
+//!   since) never goes out: latest wins.
 //! - A config whose hash and instance set equal the last released ones is skipped.
 //!
 //! Reloads are not the scheduler's business: the reload window (`minReloadInterval`)
@@ -150,6 +152,9 @@ struct State {
     last_released: Option<(ContentHash, Vec<String>)>,
     valve: Option<Valve>,
     hold: Option<Hold>,
+    /// The newest reconciliation started: the validated configs of older ones are
+    /// superseded.
+    newest: Option<CorrelationId>,
     /// The reconciliation running the rest of a change the debouncer's leading edge
     /// fired for (`ReconciliationStarted::follow_up`), while it is the newest.
     follow_up: Option<CorrelationId>,
@@ -167,7 +172,20 @@ impl State {
     fn handle(&mut self, event: Arc<Event>, ctx: &Context) {
         match &event.payload {
             EventPayload::ReconciliationStarted(started) => {
+                self.newest = event.correlation_id;
                 self.follow_up = event.correlation_id.filter(|_| started.follow_up);
+            }
+            EventPayload::ValidationCompleted(_)
+                if event.correlation_id.is_some()
+                    && self.newest.is_some()
+                    && event.correlation_id != self.newest =>
+            {
+                // Latest wins: a newer reconciliation started after this one, with
+                // newer data; its result goes out instead.
+                tracing::debug!(
+                    correlation_id = event.correlation_id.map(tracing::field::display),
+                    "Ignoring the validated config of a superseded reconciliation"
+                );
             }
             EventPayload::ValidationCompleted(validated) => {
                 let pending = Pending {
@@ -427,6 +445,7 @@ impl Component for Scheduler {
             last_released: None,
             valve: self.valve,
             hold: None,
+            newest: None,
             follow_up: None,
             follow_up_released: false,
         };
