@@ -787,16 +787,16 @@ impl SocketDriver {
             self.metrics
                 .runtime_command(&self.instance.name, op.object(), outcome.is_ok());
             match outcome {
-                Ok(()) => {
-                    count += 1;
-                    self.keep_listing_of(op);
-                }
+                Ok(()) => count += 1,
                 Err(error) => {
                     self.forget_listings();
                     return Err(failed(op.describe(), error));
                 }
             }
-            if count == 1 && plan.ops.len() > 1 {
+            if count == 1
+                && plan.ops.len() > 1
+                && self.dir.faults().pauses_at(steps::AFTER_RUNTIME_OP)
+            {
                 let _ = self
                     .on_files(|dir| {
                         dir.faults().reached(steps::AFTER_RUNTIME_OP);
@@ -805,26 +805,44 @@ impl SocketDriver {
                     .await;
             }
         }
+        // After the commands, not between them: rebuilding a listing of 10,000
+        // certificates would delay the next command.
+        self.keep_listings_of(&plan.ops);
         Ok(count)
     }
 
-    /// Keeps the certificate listing true after a certificate was added or removed
-    /// at runtime, so that the next change to it (a renewal right after the add)
-    /// finds it without listing every certificate again.
-    fn keep_listing_of(&self, op: &RuntimeOp) {
-        let (file, added) = match op {
-            RuntimeOp::AddCertificate { file, .. } => (file, true),
-            RuntimeOp::DelCertificate { file } => (file, false),
-            _ => return,
-        };
+    /// Keeps the certificate listing true after certificates were added or removed
+    /// at runtime (`ops`, all applied), so that the next change to one (a renewal
+    /// right after the add) finds it without listing every certificate again.
+    fn keep_listings_of(&self, ops: &[RuntimeOp]) {
+        let mut added = std::collections::BTreeSet::<&str>::new();
+        let mut removed = std::collections::BTreeSet::<&str>::new();
+        for op in ops {
+            match op {
+                RuntimeOp::AddCertificate { file, .. } => {
+                    removed.remove(file.as_str());
+                    added.insert(file);
+                }
+                RuntimeOp::DelCertificate { file } => {
+                    added.remove(file.as_str());
+                    removed.insert(file);
+                }
+                _ => {}
+            }
+        }
+        if added.is_empty() && removed.is_empty() {
+            return;
+        }
         let mut listings = self.listings.lock().expect("listings lock");
         let Some(kept) = listings.certs.as_mut() else {
             return;
         };
-        let mut names: Vec<String> = kept.iter().filter(|name| *name != file).cloned().collect();
-        if added {
-            names.push(file.clone());
-        }
+        let mut names: Vec<String> = kept
+            .iter()
+            .filter(|name| !added.contains(name.as_str()) && !removed.contains(name.as_str()))
+            .cloned()
+            .collect();
+        names.extend(added.into_iter().map(str::to_owned));
         *kept = names.into();
     }
 

@@ -136,6 +136,12 @@ impl Faults {
             .clone()
     }
 
+    /// Whether [`Self::reached`] may pause at `step` (a pause is configured there),
+    /// so a caller off the blocking pool can skip going there for nothing.
+    pub fn pauses_at(&self, step: &str) -> bool {
+        self.pause.as_ref().is_some_and(|(at, _)| at == step)
+    }
+
     /// Whether no fault is configured.
     pub fn is_empty(&self) -> bool {
         self.fail_write.is_none() && self.pause.is_none() && !self.fail_restore
