@@ -116,6 +116,9 @@ pub(super) struct LastOutput {
 pub(super) struct Digests {
     groups: [FileGroup; 3],
     digests: [imbl::OrdMap<String, FileDigest>; 3],
+    /// The render itself: a render that reused every file (by pointer) and the
+    /// source map is this one, hash included, without hashing 10,000 entries again.
+    config: Option<RenderedConfig>,
 }
 
 impl Digests {
@@ -132,6 +135,7 @@ impl Digests {
         let Digests {
             groups: old_groups,
             mut digests,
+            ..
         } = previous;
         let mut missing: Vec<(usize, &String, &Arc<str>)> = Vec::new();
         for (slot, (old, new)) in old_groups.iter().zip(groups).enumerate() {
@@ -163,6 +167,7 @@ impl Digests {
         Self {
             groups: groups.clone(),
             digests,
+            config: None,
         }
     }
 }
@@ -807,13 +812,34 @@ impl<'a> Pass<'a> {
         // Each file's digest: taken from the last render for a file it shares,
         // computed for the others; kept for the next render.
         let groups = [maps, files, certificates];
-        let digests = Digests::of(&groups, previous_digests);
-        let config = RenderedConfig::from_digested_groups(
-            main.unwrap_or_else(|| HashedMain::new("")),
-            groups,
-            &digests.digests,
-            shared_source_map.unwrap_or_else(|| Arc::new(source_map)),
-        );
+        // `haproxy.cfg` and the source map the last render's (by pointer) and every
+        // other file the same: the render is the last one (an update no template
+        // reads, such as a Secret no Ingress names yet), hash included.
+        let same = previous_digests
+            .config
+            .as_ref()
+            .filter(|last| {
+                main.as_ref()
+                    .is_some_and(|main| std::ptr::eq(main.text(), &**last.main()))
+                    && shared_source_map
+                        .as_ref()
+                        .is_some_and(|map| Arc::ptr_eq(map, last.source_map_shared()))
+                    && groups
+                        .iter()
+                        .zip(last.groups())
+                        .all(|(group, was)| group.ptr_eq(was) || group.diff(was).next().is_none())
+            })
+            .cloned();
+        let mut digests = Digests::of(&groups, previous_digests);
+        let config = same.unwrap_or_else(|| {
+            RenderedConfig::from_digested_groups(
+                main.unwrap_or_else(|| HashedMain::new("")),
+                groups,
+                &digests.digests,
+                shared_source_map.unwrap_or_else(|| Arc::new(source_map)),
+            )
+        });
+        digests.config = Some(config.clone());
         let last = fixed.map(|fixed| LastOutput {
             groups: config.groups().map(FileGroup::clone),
             source_map: Arc::clone(config.source_map_shared()),
