@@ -57,6 +57,10 @@ const SORT_MEMO_LIMIT: usize = 8;
 #[derive(Debug)]
 pub(crate) struct ResourceList {
     items: Vec<Value>,
+    /// For a store's `list()`: the address of each item's object, so the next
+    /// version's list takes the values of the objects it shares with this one in
+    /// one walk ([`ResourceStore::list_value`]). Empty for other lists.
+    addresses: Vec<usize>,
     sorted: Mutex<Vec<SortMemo>>,
     /// How the previous version of this list was sorted, for a sort that is not
     /// remembered yet ([`Self::base_order`]).
@@ -91,8 +95,13 @@ impl ResourceList {
     }
 
     fn with_base(items: Vec<Value>, base: Option<SortBase>) -> Value {
+        Self::of_store(items, Vec::new(), base)
+    }
+
+    fn of_store(items: Vec<Value>, addresses: Vec<usize>, base: Option<SortBase>) -> Value {
         Value::from_object(Self {
             items,
+            addresses,
             sorted: Mutex::new(Vec::new()),
             base,
         })
@@ -207,6 +216,10 @@ pub struct ResourceStore {
     /// The template value (a lazy document) of every object, by its address.
     values: imbl::OrdMap<usize, Value>,
     list: OnceLock<Value>,
+    /// The previous version's `list()`, when it was made and this version came
+    /// from a reported update: this version's list takes its values for the
+    /// objects both hold.
+    previous_list: Mutex<Option<Value>>,
     /// How the previous version's `list()` was sorted, handed to this version's
     /// `list()` when it is made (see [`SortBase`]).
     sort_base: Mutex<Option<SortBase>>,
@@ -396,6 +409,7 @@ impl ResourceStore {
             snapshot: None,
             values: imbl::OrdMap::new(),
             list: OnceLock::new(),
+            previous_list: Mutex::new(None),
             sort_base: Mutex::new(None),
             lookup: OnceLock::new(),
             lookup_base: Mutex::new(None),
@@ -485,6 +499,7 @@ impl ResourceStore {
             .and_then(|list| list.downcast_object_ref::<ResourceList>())
             .map(ResourceList::base_for_next)
             .filter(|base| !base.orders.is_empty());
+        let previous_list = self.list.get().filter(|_| incremental).cloned();
         if !incremental {
             let mut rebuilt = imbl::OrdMap::new();
             for object in snapshot.list() {
@@ -504,6 +519,7 @@ impl ResourceStore {
             snapshot: Some(snapshot),
             values,
             list: OnceLock::new(),
+            previous_list: Mutex::new(previous_list),
             sort_base: Mutex::new(sort_base),
             lookup: OnceLock::new(),
             lookup_base: Mutex::new(lookup_base),
@@ -527,6 +543,51 @@ impl ResourceStore {
         }
     }
 
+    /// Every object's value in the snapshot's order, with its address. The values
+    /// of the objects `previous` (the last version's list) holds are taken from it
+    /// in one walk (both lists are in key order, and an object this version
+    /// dropped is passed over): an update of one of 10,000 objects looks up the
+    /// values of the objects it touched, not of every object.
+    fn list_items(
+        &self,
+        snapshot: &ResourceSnapshot,
+        previous: Option<&Value>,
+    ) -> (Vec<Value>, Vec<usize>) {
+        let old = previous
+            .and_then(|list| list.downcast_object_ref::<ResourceList>())
+            .filter(|old| old.addresses.len() == old.items.len());
+        let mut items = Vec::with_capacity(snapshot.len());
+        let mut addresses = Vec::with_capacity(snapshot.len());
+        let mut at = 0;
+        for object in snapshot.list() {
+            let here = address(object);
+            let value = match old {
+                Some(old) => {
+                    // Objects of the last version that are gone (removed, or
+                    // changed: a changed object is a new one) are passed over. The
+                    // old list holds its objects, so no new object has the address
+                    // of one of them.
+                    while at < old.addresses.len()
+                        && old.addresses[at] != here
+                        && !self.values.contains_key(&old.addresses[at])
+                    {
+                        at += 1;
+                    }
+                    if old.addresses.get(at) == Some(&here) {
+                        at += 1;
+                        old.items[at - 1].clone()
+                    } else {
+                        self.value_of(object)
+                    }
+                }
+                None => self.value_of(object),
+            };
+            items.push(value);
+            addresses.push(here);
+        }
+        (items, addresses)
+    }
+
     /// `list()`: every object in the snapshot's order, one shared value per version.
     pub(crate) fn list_value(&self) -> Value {
         record(|| Read::List(self.name.clone()));
@@ -538,10 +599,13 @@ impl ResourceStore {
                         .lock()
                         .unwrap_or_else(|poisoned| poisoned.into_inner())
                         .take();
-                    ResourceList::with_base(
-                        snapshot.list().map(|o| self.value_of(o)).collect(),
-                        base,
-                    )
+                    let previous = self
+                        .previous_list
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .take();
+                    let (items, addresses) = self.list_items(snapshot, previous.as_ref());
+                    ResourceList::of_store(items, addresses, base)
                 }
                 None => ResourceList::value(Vec::new()),
             })
@@ -1987,6 +2051,69 @@ mod index_tests {
         assert!(
             from_base > 50,
             "only {from_base} indexes were updated rather than built"
+        );
+    }
+
+    /// A store's `list()` made from the last version's list (its values for the
+    /// objects both hold) is the list of a store built from the snapshot: the same
+    /// objects in the same order, each the value the store holds for it.
+    #[test]
+    fn a_list_from_the_last_versions_list_is_the_list_of_the_snapshot() {
+        let index_by = vec![
+            FieldPath::parse("metadata.namespace").expect("path"),
+            FieldPath::parse("metadata.labels.svc").expect("path"),
+        ];
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let mut snapshot = ResourceSnapshot::new(index_by);
+        let mut store = ResourceStore::from_snapshot("slices", Arc::new(snapshot.clone()));
+        let (mut from_last, mut taken) = (0, 0);
+        for step in 0..400 {
+            let change = random_change(
+                &mut rng,
+                &mut snapshot,
+                step,
+                (3, 12),
+                (&["a", "b", "c"], &["s0", "s1", "s2", "s3"]),
+            );
+            // Read the list after one to three updates: a version whose list was
+            // never made hands nothing on.
+            let listed = store.list.get().is_some();
+            store = store.updated(Arc::new(snapshot.clone()), Some(&change));
+            if rng.below(3) != 0 {
+                continue;
+            }
+            from_last += usize::from(listed);
+            let list = store.list_value();
+            let list = list
+                .downcast_object_ref::<ResourceList>()
+                .expect("a resource list");
+            let objects: Vec<&StoredObject> = snapshot.list().collect();
+            assert_eq!(list.items.len(), objects.len(), "after step {step}");
+            assert_eq!(list.addresses.len(), objects.len(), "after step {step}");
+            for ((item, address_seen), object) in
+                list.items.iter().zip(&list.addresses).zip(objects)
+            {
+                assert_eq!(*address_seen, address(object), "after step {step}");
+                let held = store
+                    .values
+                    .get(&address(object))
+                    .expect("a value per object");
+                assert_eq!(
+                    super::super::lazy::identity(item),
+                    super::super::lazy::identity(held),
+                    "after step {step}"
+                );
+                assert_eq!(
+                    item.to_string(),
+                    to_value(object).to_string(),
+                    "after step {step}"
+                );
+                taken += usize::from(listed);
+            }
+        }
+        assert!(
+            from_last > 30 && taken > 200,
+            "{from_last} lists from the last one, {taken} values"
         );
     }
 
