@@ -45,11 +45,7 @@ impl RuntimeClient {
         ];
         let answers = self.session(&requests).await?;
         let refused = |index: usize| RuntimeError::Refused {
-            command: requests[index]
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .to_owned(),
+            command: super::first_line(&requests[index]),
             answer: answers[index].clone(),
         };
         let (new, set, commit) = (&answers[0], &answers[1], &answers[2]);
@@ -114,7 +110,7 @@ impl RuntimeClient {
         match deleted_or_none(&answers[0]) {
             DelAnswer::Done if added => Ok(()),
             DelAnswer::Done => Err(RuntimeError::Refused {
-                command: first_add_line(&add),
+                command: super::first_line(&add),
                 answer: answers[1].clone(),
             }),
             DelAnswer::Several => {
@@ -190,11 +186,6 @@ fn deleted_or_none(answer: &str) -> DelAnswer {
     } else {
         DelAnswer::Refused
     }
-}
-
-/// The command line of an `add ssl crt-list <list> <<` request, for errors.
-fn first_add_line(request: &str) -> String {
-    request.lines().next().unwrap_or_default().to_owned()
 }
 
 /// HAProxy's answer to a `del ssl crt-list` that deleted the entry (`Entry '…'
