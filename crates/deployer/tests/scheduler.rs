@@ -47,8 +47,26 @@ fn start() -> Harness {
 impl Harness {
     fn validated(&self, config: &Arc<RenderedConfig>) -> CorrelationId {
         let correlation = CorrelationId::new();
+        self.validated_in(correlation, config);
+        correlation
+    }
+
+    /// `config` validated in reconciliation `correlation`.
+    fn validated_in(&self, correlation: CorrelationId, config: &Arc<RenderedConfig>) {
         self.publisher.publish_with(
             support::validated(config),
+            EventMeta::correlated(correlation),
+        );
+    }
+
+    /// A reconciliation starts; `follow_up`: it runs the rest of a leading change.
+    fn started(&self, follow_up: bool) -> CorrelationId {
+        let correlation = CorrelationId::new();
+        self.publisher.publish_with(
+            ReconciliationStarted {
+                reason: "resources changed: secrets".into(),
+                follow_up,
+            },
             EventMeta::correlated(correlation),
         );
         correlation
@@ -106,29 +124,6 @@ async fn first_config_goes_out_at_once_and_later_ones_wait_for_the_interval() {
         "{elapsed:?}"
     );
     h.stop().await;
-}
-
-impl Harness {
-    /// A reconciliation starts; `follow_up`: it runs the rest of a leading change.
-    fn started(&self, follow_up: bool) -> CorrelationId {
-        let correlation = CorrelationId::new();
-        self.publisher.publish_with(
-            ReconciliationStarted {
-                reason: "resources changed: secrets".into(),
-                follow_up,
-            },
-            EventMeta::correlated(correlation),
-        );
-        correlation
-    }
-
-    /// `config` validated in reconciliation `correlation`.
-    fn validated_in(&self, correlation: CorrelationId, config: &Arc<RenderedConfig>) {
-        self.publisher.publish_with(
-            support::validated(config),
-            EventMeta::correlated(correlation),
-        );
-    }
 }
 
 /// The rest of a change that reached several sources (an Ingress, then its Secret

@@ -423,7 +423,7 @@ fn split_prompted(output: &str, count: usize) -> Option<Vec<String>> {
                 // A prompt right after a prompt: the one `quit` got, or the master's
                 // own after the worker's answer.
                 while let Some(next) = prompt_at(rest) {
-                    if !answers.is_empty() || current.is_some() {
+                    if !answers.is_empty() {
                         answers.push(String::new());
                     }
                     rest = &rest[next..];

@@ -152,12 +152,10 @@ struct State {
     last_released: Option<(ContentHash, Vec<String>)>,
     valve: Option<Valve>,
     hold: Option<Hold>,
-    /// The newest reconciliation started: the validated configs of older ones are
-    /// superseded.
-    newest: Option<CorrelationId>,
-    /// The reconciliation running the rest of a change the debouncer's leading edge
-    /// fired for (`ReconciliationStarted::follow_up`), while it is the newest.
-    follow_up: Option<CorrelationId>,
+    /// The newest reconciliation started, and whether it runs the rest of a change
+    /// the debouncer's leading edge fired for (`ReconciliationStarted::follow_up`):
+    /// the validated configs of older ones are superseded.
+    newest: Option<(CorrelationId, bool)>,
     /// A follow-up went out inside the interval after the release before it: the
     /// next release waits the whole interval again.
     follow_up_released: bool,
@@ -172,13 +170,13 @@ impl State {
     fn handle(&mut self, event: Arc<Event>, ctx: &Context) {
         match &event.payload {
             EventPayload::ReconciliationStarted(started) => {
-                self.newest = event.correlation_id;
-                self.follow_up = event.correlation_id.filter(|_| started.follow_up);
+                self.newest = event.correlation_id.map(|id| (id, started.follow_up));
             }
             EventPayload::ValidationCompleted(_)
                 if event.correlation_id.is_some()
-                    && self.newest.is_some()
-                    && event.correlation_id != self.newest =>
+                    && self
+                        .newest
+                        .is_some_and(|(newest, _)| event.correlation_id != Some(newest)) =>
             {
                 // Latest wins: a newer reconciliation started after this one, with
                 // newer data; its result goes out instead.
@@ -382,9 +380,9 @@ impl State {
     /// and its deployment follows the leading one at once, once per interval. One
     /// change spread over sources counts once against `minDeploymentInterval`.
     fn follows_up(&self, pending: &Pending) -> bool {
-        self.follow_up.is_some()
-            && pending.cause.correlation_id == self.follow_up
-            && !self.follow_up_released
+        self.newest.is_some_and(|(newest, follow_up)| {
+            follow_up && pending.cause.correlation_id == Some(newest)
+        }) && !self.follow_up_released
     }
 
     fn release(&mut self, ctx: &Context) {
@@ -446,7 +444,6 @@ impl Component for Scheduler {
             valve: self.valve,
             hold: None,
             newest: None,
-            follow_up: None,
             follow_up_released: false,
         };
         ctx.health().healthy();

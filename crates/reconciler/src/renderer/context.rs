@@ -1958,6 +1958,14 @@ mod index_tests {
         }
     }
 
+    /// The index of the random snapshots: namespace, then the `svc` label.
+    fn by_namespace_and_service() -> Vec<FieldPath> {
+        vec![
+            FieldPath::parse("metadata.namespace").expect("path"),
+            FieldPath::parse("metadata.labels.svc").expect("path"),
+        ]
+    }
+
     /// One random update of `snapshot` at `step`: one to `most` objects, each added,
     /// modified, moved to another label value or removed, named `o0`..`o{names - 1}`
     /// in one of `namespaces`, labelled with one of `services`.
@@ -2017,10 +2025,7 @@ mod index_tests {
     /// to other index values and removals, read after one or several updates.
     #[test]
     fn an_updated_index_answers_as_one_built_from_all_objects() {
-        let index_by = vec![
-            FieldPath::parse("metadata.namespace").expect("path"),
-            FieldPath::parse("metadata.labels.svc").expect("path"),
-        ];
+        let index_by = by_namespace_and_service();
         let namespaces = ["a", "b", "c", "none"];
         let services = ["s0", "s1", "s2", "s3", "s4", "s5", "none"];
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -2059,10 +2064,7 @@ mod index_tests {
     /// objects in the same order, each the value the store holds for it.
     #[test]
     fn a_list_from_the_last_versions_list_is_the_list_of_the_snapshot() {
-        let index_by = vec![
-            FieldPath::parse("metadata.namespace").expect("path"),
-            FieldPath::parse("metadata.labels.svc").expect("path"),
-        ];
+        let index_by = by_namespace_and_service();
         let mut rng = Rng(0x2545_f491_4f6c_dd1d);
         let mut snapshot = ResourceSnapshot::new(index_by);
         let mut store = ResourceStore::from_snapshot("slices", Arc::new(snapshot.clone()));
@@ -2123,10 +2125,7 @@ mod index_tests {
     /// additions, modifications, moves and removals.
     #[test]
     fn a_read_check_answers_as_each_read_does() {
-        let index_by = vec![
-            FieldPath::parse("metadata.namespace").expect("path"),
-            FieldPath::parse("metadata.labels.svc").expect("path"),
-        ];
+        let index_by = by_namespace_and_service();
         let namespaces = ["a", "b", "c"];
         let services = ["s0", "s1", "s2", "s3"];
         let name: Arc<str> = Arc::from("slices");
@@ -2296,10 +2295,7 @@ mod index_tests {
     /// matching objects.
     #[test]
     fn has_refuses_bad_calls_with_clear_errors() {
-        let index_by = vec![
-            FieldPath::parse("metadata.namespace").expect("path"),
-            FieldPath::parse("metadata.labels.svc").expect("path"),
-        ];
+        let index_by = by_namespace_and_service();
         let mut snapshot = ResourceSnapshot::new(index_by);
         for name in ["x", "y"] {
             let object =
