@@ -18,8 +18,8 @@ pub use diagnostic::{Diagnostic, Severity, SourceLocation};
 pub use object::{IndexedObject, StoredObject};
 pub use path::{FieldPath, FieldPathError};
 pub use rendered::{
-    ContentHash, FileDigest, FileGroup, FileKind, HashedMain, LineOrigin, RenderSummary,
-    RenderedConfig, RenderedConfigBuilder, RenderedFileRef, SourceMap, same_file, same_files,
-    same_text,
+    ContentHash, DigestResume, FileDigest, FileGroup, FileKind, HashedMain, LineOrigin,
+    RenderSummary, RenderedConfig, RenderedConfigBuilder, RenderedFileRef, SourceMap, same_file,
+    same_files, same_text,
 };
 pub use snapshot::{LookupError, ObjectKey, ResourceChange, ResourceSnapshot, UpsertOutcome};

@@ -401,6 +401,88 @@ impl FileDigest {
     }
 }
 
+/// How far apart the states kept for resuming a file's digest are
+/// ([`DigestResume`]).
+const RESUME_STEP: usize = 16 << 10;
+
+impl FileDigest {
+    /// The digest of `content`, with the states its next version's digest can
+    /// resume from (`None` for a file too small to be worth them), computed from the
+    /// states `last` kept for an earlier version of the file where the two start
+    /// alike: a map of 10,000 lines that gains a line near its end (an Ingress newer
+    /// than the others) hashes its last stretch, not its whole length again. The
+    /// digest is always [`FileDigest::of`]`(content)`.
+    pub fn of_resumable(
+        content: &Arc<str>,
+        last: Option<&DigestResume>,
+    ) -> (Self, Option<DigestResume>) {
+        let (digest, resume, _) = Self::resumed(content, last);
+        (digest, resume)
+    }
+
+    /// [`FileDigest::of_resumable`], with the number of bytes it hashed.
+    fn resumed(
+        content: &Arc<str>,
+        last: Option<&DigestResume>,
+    ) -> (Self, Option<DigestResume>, usize) {
+        let bytes = content.as_bytes();
+        if bytes.len() < 2 * RESUME_STEP {
+            return (Self::of(content), None, bytes.len());
+        }
+        // The leading stretches both versions share: the state after each of them
+        // is the same for both.
+        let kept = last.map_or(0, |last| {
+            let old = last.content.as_bytes();
+            last.states
+                .iter()
+                .enumerate()
+                .take_while(|(index, _)| {
+                    let end = (index + 1) * RESUME_STEP;
+                    end <= bytes.len()
+                        && end <= old.len()
+                        && bytes[index * RESUME_STEP..end] == old[index * RESUME_STEP..end]
+                })
+                .count()
+        });
+        let mut states: Vec<Sha256> =
+            last.map_or_else(Vec::new, |last| last.states[..kept].to_vec());
+        let mut hasher = states.last().cloned().unwrap_or_default();
+        let mut at = kept * RESUME_STEP;
+        while at + RESUME_STEP <= bytes.len() {
+            hasher.update(&bytes[at..at + RESUME_STEP]);
+            at += RESUME_STEP;
+            states.push(hasher.clone());
+        }
+        hasher.update(&bytes[at..]);
+        let mut out = [0u8; 32];
+        out.copy_from_slice(&hasher.finalize());
+        let resume = DigestResume {
+            content: content.clone(),
+            states,
+        };
+        (Self(out), Some(resume), bytes.len() - kept * RESUME_STEP)
+    }
+}
+
+/// The SHA-256 states part way through one version of a file, every 16 KiB, with
+/// that version: what [`FileDigest::of_resumable`] resumes the next version's digest
+/// from.
+#[derive(Clone)]
+pub struct DigestResume {
+    content: Arc<str>,
+    /// The state after the first `(i + 1) * RESUME_STEP` bytes.
+    states: Vec<Sha256>,
+}
+
+impl fmt::Debug for DigestResume {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DigestResume")
+            .field("bytes", &self.content.len())
+            .field("states", &self.states.len())
+            .finish()
+    }
+}
+
 impl fmt::Debug for FileDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "FileDigest({})", hex(&self.0[..6]))
@@ -915,5 +997,107 @@ mod tests {
             .certificate("a.pem", "-----BEGIN PRIVATE KEY-----")
             .build();
         assert!(!format!("{config:?}").contains("PRIVATE"));
+    }
+
+    /// One edit of a file between versions, for the resumable digest's test.
+    #[derive(Clone, Debug)]
+    enum Edit {
+        /// Bytes put in at a fraction of the length.
+        Insert(f64, String),
+        /// A stretch of bytes from a fraction of the length taken out.
+        Remove(f64, usize),
+        /// The file cut at a fraction of its length.
+        Truncate(f64),
+        /// The file written afresh.
+        Replace(usize),
+    }
+
+    fn apply(text: &str, edit: &Edit, version: usize) -> String {
+        let at = |fraction: f64| ((text.len() as f64) * fraction) as usize;
+        match edit {
+            Edit::Insert(fraction, bytes) => {
+                let at = at(*fraction);
+                format!("{}{bytes}{}", &text[..at], &text[at..])
+            }
+            Edit::Remove(fraction, length) => {
+                let start = at(*fraction);
+                let end = (start + length).min(text.len());
+                format!("{}{}", &text[..start], &text[end..])
+            }
+            Edit::Truncate(fraction) => text[..at(*fraction)].to_owned(),
+            Edit::Replace(lines) => (0..*lines)
+                .map(|line| format!("host-{version}-{line}.example.test backend-{line}\n"))
+                .collect(),
+        }
+    }
+
+    fn edit() -> impl proptest::strategy::Strategy<Value = Edit> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0.0..=1.0f64, "[a-z .\n]{0,3000}").prop_map(|(f, s)| Edit::Insert(f, s)),
+            // Near the end, as a new Ingress's lines land.
+            3 => (0.9..=1.0f64, "[a-z .\n]{1,80}").prop_map(|(f, s)| Edit::Insert(f, s)),
+            3 => (0.0..=1.0f64, 0usize..40_000).prop_map(|(f, n)| Edit::Remove(f, n)),
+            1 => (0.0..=1.0f64).prop_map(Edit::Truncate),
+            1 => (0usize..3_000).prop_map(Edit::Replace),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Each version's digest resumed from the states of the version before it
+        /// is the digest of its whole content, whatever changed where (and the
+        /// states then kept are for that version).
+        #[test]
+        fn a_resumed_digest_is_the_digest_of_the_whole_content(
+            lines in 0usize..4_000,
+            edits in proptest::collection::vec(edit(), 1..12),
+        ) {
+            let mut text = apply("", &Edit::Replace(lines), 0);
+            let mut resume: Option<DigestResume> = None;
+            for (version, edit) in edits.iter().enumerate() {
+                let content: Arc<str> = Arc::from(text.as_str());
+                let (digest, next) = FileDigest::of_resumable(&content, resume.as_ref());
+                proptest::prop_assert_eq!(digest, FileDigest::of(&content));
+                proptest::prop_assert_eq!(next.is_some(), content.len() >= 2 * RESUME_STEP);
+                if let Some(next) = &next {
+                    proptest::prop_assert_eq!(next.states.len(), content.len() / RESUME_STEP);
+                }
+                // A resume kept from an unrelated file is only compared, never trusted.
+                if version % 5 == 4 {
+                    let other: Arc<str> = Arc::from(apply("", &Edit::Replace(lines + 7), 99));
+                    resume = FileDigest::of_resumable(&other, None).1.or(next);
+                } else {
+                    resume = next;
+                }
+                text = apply(&text, edit, version + 1);
+                while !text.is_char_boundary(text.len()) {
+                    text.pop();
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_file_that_gains_a_line_at_its_end_hashes_only_its_last_stretch() {
+        let text = apply("", &Edit::Replace(4_000), 0);
+        let content: Arc<str> = Arc::from(text.as_str());
+        let (_, resume) = FileDigest::of_resumable(&content, None);
+        let resume = resume.expect("a file of 4,000 lines keeps states");
+        let grown: Arc<str> = Arc::from(format!("{text}new.example.test backend-new\n"));
+        let (digest, next, hashed) = FileDigest::resumed(&grown, Some(&resume));
+        assert_eq!(digest, FileDigest::of(&grown));
+        assert!(next.is_some());
+        assert!(
+            hashed <= RESUME_STEP + 40,
+            "hashed {hashed} of {} bytes",
+            grown.len()
+        );
+        // A line changed at its start: all of it again.
+        let changed: Arc<str> = Arc::from(format!("x{}", &text[1..]));
+        let (digest, _, hashed) = FileDigest::resumed(&changed, Some(&resume));
+        assert_eq!(digest, FileDigest::of(&changed));
+        assert_eq!(hashed, changed.len());
     }
 }

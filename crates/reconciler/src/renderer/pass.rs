@@ -4,13 +4,13 @@
 //! may), collect the files in order, render the file sets, and keep what the next
 //! render may reuse.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use hapwright_eventbus::model::{
-    Diagnostic, FileDigest, FileGroup, FileKind, HashedMain, RenderedConfig, RenderedFileRef,
-    SourceMap,
+    Diagnostic, DigestResume, FileDigest, FileGroup, FileKind, HashedMain, RenderedConfig,
+    RenderedFileRef, SourceMap,
 };
 use minijinja::Environment;
 use minijinja::value::Value;
@@ -116,6 +116,9 @@ pub(super) struct LastOutput {
 pub(super) struct Digests {
     groups: [FileGroup; 3],
     digests: [imbl::OrdMap<String, FileDigest>; 3],
+    /// For each large file (a map of thousands of lines), the states its next
+    /// version's digest resumes from ([`FileDigest::of_resumable`]).
+    resume: HashMap<(usize, String), DigestResume>,
     /// The render itself: a render that reused every file (by pointer) and the
     /// source map is this one, hash included, without hashing 10,000 entries again.
     config: Option<RenderedConfig>,
@@ -135,6 +138,7 @@ impl Digests {
         let Digests {
             groups: old_groups,
             mut digests,
+            mut resume,
             ..
         } = previous;
         let mut missing: Vec<(usize, &String, &Arc<str>)> = Vec::new();
@@ -148,25 +152,33 @@ impl Digests {
                     } => missing.push((slot, name, content)),
                     DiffItem::Remove(name, _) => {
                         digests[slot].remove(name);
+                        resume.remove(&(slot, name.clone()));
                     }
                 }
             }
         }
         let bytes: usize = missing.iter().map(|(_, _, content)| content.len()).sum();
         let digest = |(slot, name, content): &(usize, &String, &Arc<str>)| {
-            (*slot, (*name).clone(), FileDigest::of(content))
+            let key = (*slot, (*name).clone());
+            let (digest, next) = FileDigest::of_resumable(content, resume.get(&key));
+            (key, digest, next)
         };
-        let computed: Vec<(usize, String, FileDigest)> = if bytes < PARALLEL_BYTES {
+        let computed: Vec<_> = if bytes < PARALLEL_BYTES {
             missing.iter().map(digest).collect()
         } else {
             missing.par_iter().map(digest).collect()
         };
-        for (slot, name, digest) in computed {
+        for ((slot, name), digest, next) in computed {
+            match next {
+                Some(next) => resume.insert((slot, name.clone()), next),
+                None => resume.remove(&(slot, name.clone())),
+            };
             digests[slot].insert(name, digest);
         }
         Self {
             groups: groups.clone(),
             digests,
+            resume,
             config: None,
         }
     }

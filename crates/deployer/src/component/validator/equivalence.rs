@@ -554,9 +554,7 @@ fn map_content_covered(
         return Err(Why(format!("{path} changed and files/{file} mentions it")));
     }
     match candidate.maps().get(name) {
-        Some(shared) if std::ptr::eq::<str>(&**shared, content) => {
-            SCANS.lines(shared, || map_lines_covered(path, content))
-        }
+        Some(shared) if std::ptr::eq::<str>(&**shared, content) => SCANS.lines(path, shared),
         _ => map_lines_covered(path, content),
     }
 }
@@ -588,7 +586,13 @@ fn map_lines_covered(path: &str, content: &str) -> Result<(), Why> {
 /// (the same `Arc`), and every validation compares with the same baseline until it
 /// moves, so without them each change would read the same 10,000-line maps and
 /// crt-list again. Holding the contents keeps their addresses unique.
-struct Scans(std::sync::Mutex<Vec<Scan>>);
+struct Scans {
+    kept: std::sync::Mutex<Vec<Scan>>,
+    /// Per map path, the last content whose lines passed [`map_lines_covered`]: the
+    /// next version is checked in the lines around the bytes that differ
+    /// ([`Scans::lines`]).
+    passed: std::sync::Mutex<Vec<(Box<str>, Arc<str>)>>,
+}
 
 struct Scan {
     text: Arc<str>,
@@ -600,7 +604,10 @@ struct Scan {
 /// How many answers are kept: a few maps and files of the last renders.
 const SCANS_KEPT: usize = 12;
 
-static SCANS: Scans = Scans(std::sync::Mutex::new(Vec::new()));
+static SCANS: Scans = Scans {
+    kept: std::sync::Mutex::new(Vec::new()),
+    passed: std::sync::Mutex::new(Vec::new()),
+};
 
 impl Scans {
     fn answer(
@@ -610,7 +617,7 @@ impl Scans {
         scan: impl FnOnce() -> Result<(), Why>,
     ) -> Result<(), Why> {
         let found = self
-            .0
+            .kept
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
@@ -621,7 +628,7 @@ impl Scans {
         }
         let answer = scan();
         let mut kept = self
-            .0
+            .kept
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if kept.len() >= SCANS_KEPT {
@@ -644,9 +651,41 @@ impl Scans {
         .is_err()
     }
 
-    /// [`map_lines_covered`] of a map's content.
-    fn lines(&self, text: &Arc<str>, scan: impl FnOnce() -> Result<(), Why>) -> Result<(), Why> {
-        self.answer(text, None, scan)
+    /// [`map_lines_covered`] of the map `path`'s content. When an earlier version of
+    /// the map passed, only the lines around the bytes that differ from it are read
+    /// (the others are its lines, which passed): a map of 10,000 lines that gains one
+    /// reads a line or two. A line that fails is named from a scan of the whole.
+    fn lines(&self, path: &str, text: &Arc<str>) -> Result<(), Why> {
+        let passed = self
+            .passed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .find(|(kept, _)| **kept == *path)
+            .map(|(_, text)| Arc::clone(text));
+        let answer = self.answer(text, None, || match &passed {
+            Some(old) => {
+                let (_, changed) = crate::haproxy::config::changed_lines(old, text);
+                map_lines_covered(path, changed).or_else(|_| map_lines_covered(path, text))
+            }
+            None => map_lines_covered(path, text),
+        });
+        if answer.is_ok() {
+            let mut passed = self
+                .passed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match passed.iter_mut().find(|(kept, _)| **kept == *path) {
+                Some((_, kept)) => *kept = Arc::clone(text),
+                None => {
+                    if passed.len() >= SCANS_KEPT {
+                        passed.remove(0);
+                    }
+                    passed.push((Box::from(path), Arc::clone(text)));
+                }
+            }
+        }
+        answer
     }
 }
 
@@ -863,6 +902,48 @@ mod tests {
                 map_change_covered("hosts.map", &content, &candidate),
                 map_change_covered_by_lines("hosts.map", &content, &candidate)
             );
+        }
+    }
+
+    fn map_line() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            8 => "[a-z]{1,12}\\.test [a-z_]{1,10}",
+            1 => Just("a.test be\u{7f}".to_owned()),
+            1 => Just("é.test be\u{85}x".to_owned()),
+            1 => Just("x".repeat(MAX_MAP_LINE + 1)),
+            1 => Just("y".repeat(MAX_MAP_LINE)),
+            1 => Just(String::new()),
+        ]
+    }
+
+    proptest::proptest! {
+        /// A map's versions checked one after another, each in the lines around
+        /// what changed since the last one that passed, answer as a scan of the
+        /// whole content, with the same line named.
+        #[test]
+        fn changed_map_lines_are_checked_as_the_whole_map(
+            first in proptest::collection::vec(map_line(), 0..40),
+            edits in proptest::collection::vec(
+                (0usize..50, 0usize..4, proptest::collection::vec(map_line(), 0..3)),
+                1..8,
+            ),
+        ) {
+            let scans = Scans {
+                kept: std::sync::Mutex::new(Vec::new()),
+                passed: std::sync::Mutex::new(Vec::new()),
+            };
+            let mut lines = first;
+            for (at, removed, added) in edits {
+                let content: Arc<str> = Arc::from(format!("{}\n", lines.join("\n")).as_str());
+                proptest::prop_assert_eq!(
+                    scans.lines("maps/hosts.map", &content),
+                    map_lines_covered("maps/hosts.map", &content)
+                );
+                let at = at.min(lines.len());
+                let end = (at + removed).min(lines.len());
+                lines.splice(at..end, added);
+            }
         }
     }
 
