@@ -193,7 +193,7 @@ impl Footprint {
         let maps = config
             .maps()
             .iter()
-            .map(|(name, text)| (name.clone(), map_entries(text)))
+            .map(|(name, text)| (name.clone(), MAP_COUNTS.entries(name, text)))
             .collect();
         Self { backends, maps }
     }
@@ -236,6 +236,52 @@ fn map_entries(text: &str) -> usize {
         .map(str::trim)
         .filter(|line| !line.is_empty() && !line.starts_with('#'))
         .count()
+}
+
+/// The entry counts of the maps of the last configs counted, by map name, with the
+/// content counted: a map handed out again (the same allocation) is not read again,
+/// and a map that changed in a few lines is counted from its last version, over the
+/// lines around the bytes that differ ([`changed_lines`](crate::haproxy::config::changed_lines)):
+/// the lines before and after them are the same lines in both versions. Every
+/// deployment of a config with 10,000 hosts counts its maps.
+struct MapCounts(std::sync::Mutex<Vec<CountedMap>>);
+
+/// A map's name, the content counted and its entry count.
+type CountedMap = (Box<str>, std::sync::Arc<str>, usize);
+
+/// How many maps [`MapCounts`] remembers.
+const MAP_COUNTS_KEPT: usize = 32;
+
+static MAP_COUNTS: MapCounts = MapCounts(std::sync::Mutex::new(Vec::new()));
+
+impl MapCounts {
+    /// [`map_entries`] of the map `name` whose content is `text`.
+    fn entries(&self, name: &str, text: &std::sync::Arc<str>) -> usize {
+        let mut kept = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match kept.iter().position(|(kept, ..)| **kept == *name) {
+            Some(at) => {
+                let (_, last, count) = &kept[at];
+                if std::sync::Arc::ptr_eq(last, text) {
+                    return *count;
+                }
+                let (old, new) = crate::haproxy::config::changed_lines(last, text);
+                let count = *count - map_entries(old) + map_entries(new);
+                kept[at] = (Box::from(name), std::sync::Arc::clone(text), count);
+                count
+            }
+            None => {
+                let count = map_entries(text);
+                if kept.len() >= MAP_COUNTS_KEPT {
+                    kept.remove(0);
+                }
+                kept.push((Box::from(name), std::sync::Arc::clone(text), count));
+                count
+            }
+        }
+    }
 }
 
 /// Whether every name of `need` is in `have` with at least its count: one walk of

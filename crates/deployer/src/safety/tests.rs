@@ -326,3 +326,46 @@ proptest::proptest! {
         proptest::prop_assert!(have.covers(&have));
     }
 }
+
+fn map_line() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    prop_oneof![
+        6 => "[a-z]{1,8}\\.test [a-z_]{1,8}",
+        1 => Just(String::new()),
+        1 => Just("   ".to_owned()),
+        1 => Just("# a comment".to_owned()),
+        1 => Just("  #x".to_owned()),
+        1 => Just("a.test be\r".to_owned()),
+    ]
+}
+
+proptest::proptest! {
+    /// A map's versions counted one after another, each from the last one's count
+    /// over the lines that changed, count as a read of the whole map.
+    #[test]
+    fn map_entries_counted_from_the_last_version_equal_a_full_count(
+        first in proptest::collection::vec(map_line(), 0..40),
+        edits in proptest::collection::vec(
+            (0usize..50, 0usize..4, proptest::collection::vec(map_line(), 0..3), proptest::bool::ANY),
+            1..10,
+        ),
+    ) {
+        let counts = MapCounts(std::sync::Mutex::new(Vec::new()));
+        let mut lines = first;
+        for (at, removed, added, newline) in edits {
+            let mut text = lines.join("\n");
+            if newline {
+                text.push('\n');
+            }
+            let text: std::sync::Arc<str> = std::sync::Arc::from(text.as_str());
+            proptest::prop_assert_eq!(counts.entries("hosts.map", &text), map_entries(&text));
+            // The same allocation again, and another map beside it.
+            proptest::prop_assert_eq!(counts.entries("hosts.map", &text), map_entries(&text));
+            let other: std::sync::Arc<str> = std::sync::Arc::from(format!("x.test a\n{text}"));
+            proptest::prop_assert_eq!(counts.entries("other.map", &other), map_entries(&other));
+            let at = at.min(lines.len());
+            let end = (at + removed).min(lines.len());
+            lines.splice(at..end, added);
+        }
+    }
+}
