@@ -10,10 +10,12 @@
 //!   `kubectl apply` of several objects): changes within `leading_group` of the
 //!   leading trigger are gathered into one more trigger at the end of that short
 //!   window, so the incomplete first render is superseded within milliseconds
-//!   instead of after the quiet period; and sooner, as soon as the executor reports
-//!   the leading reconciliation finished (`ReconciliationCompleted` or `Failed`),
-//!   since there is then nothing left to supersede (one such trigger at a time:
-//!   changes while it reconciles wait for its end or the window's). Later changes of
+//!   instead of after the quiet period; and sooner, as soon as the leading
+//!   reconciliation is past its render (`TemplateRendered`) or finished
+//!   (`ReconciliationCompleted` or `Failed`): the renderer is then free, and the
+//!   trigger supersedes at most the validation of the incomplete render, which is
+//!   then not deployed on its own (one such trigger at a time: changes while it
+//!   renders wait for its render's end or the window's). Later changes of
 //!   the burst are coalesced as below. `leading_edge: false` keeps the purely trailing behaviour.
 //! - **Removals take no leading edge**: a batch with a change that removed objects
 //!   (a deleted file, Service, EndpointSlice, ...) fires only after the quiet period
@@ -127,6 +129,7 @@ impl Component for Debouncer {
             EventKind::ResourceSyncComplete,
             EventKind::ReconciliationCompleted,
             EventKind::ReconciliationFailed,
+            EventKind::TemplateRendered,
         ])
     }
 
@@ -174,6 +177,7 @@ fn input(event: &Event) -> Option<Input> {
         EventPayload::ReconciliationCompleted(_) | EventPayload::ReconciliationFailed(_) => {
             Some(Input::Reconciled)
         }
+        EventPayload::TemplateRendered(_) => Some(Input::Rendered),
         _ => None,
     }
 }

@@ -37,6 +37,10 @@ pub(crate) enum Input {
     /// The executor finished a reconciliation (`ReconciliationCompleted` or
     /// `ReconciliationFailed`): it is idle until the next trigger.
     Reconciled,
+    /// The renderer finished a render (`TemplateRendered`): the reconciliation under
+    /// way is past its render, and a trigger now would supersede only its
+    /// validation.
+    Rendered,
     /// No event was queued when [`Wait::Queued`] asked for one.
     QueueEmpty,
     /// The deadline of [`Wait::Until`] passed before an event came.
@@ -146,8 +150,8 @@ pub(crate) struct State {
     /// A trigger of changes within the leading group is due before the group's
     /// end, the executor being idle: it waits only for the events already queued.
     group_due: bool,
-    /// Whether a trigger went out whose reconciliation has not finished yet, as
-    /// far as the debouncer knows (a trigger from elsewhere is not seen).
+    /// Whether a trigger went out whose render has not finished yet, as far as
+    /// the debouncer knows (a trigger from elsewhere is not seen).
     reconciling: bool,
 }
 
@@ -209,7 +213,7 @@ impl State {
                 self.leading_if_overdue(now, &mut actions);
                 self.sync(&source, cause, now, &mut actions);
             }
-            Input::Reconciled => {
+            Input::Reconciled | Input::Rendered => {
                 self.reconciling = false;
                 self.group_if_idle(now, &mut actions);
             }
@@ -283,9 +287,10 @@ impl State {
     }
 
     /// Changes within the leading group go out before the group's end once the
-    /// executor is idle (the leading reconciliation finished): nothing is left to
-    /// supersede, so waiting for the end would only delay them. Like a leading
-    /// trigger, the trigger takes the events already queued with it.
+    /// leading reconciliation is past its render (rendered, or finished): the
+    /// renderer is free, the incomplete render's validation is all they supersede,
+    /// and waiting would only delay them (and let the incomplete config out first).
+    /// Like a leading trigger, the trigger takes the events already queued with it.
     fn group_if_idle(&mut self, now: Instant, actions: &mut Vec<Action>) {
         let in_group = match (self.batch.first, self.group_until) {
             (Some(first), Some(group)) => first < group && now < group,

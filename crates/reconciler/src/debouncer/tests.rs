@@ -107,6 +107,11 @@ impl Machine {
         self.state.step(Input::Reconciled, self.at(after))
     }
 
+    /// The renderer reports a render done.
+    fn rendered(&mut self, after: Duration) -> Vec<Action> {
+        self.state.step(Input::Rendered, self.at(after))
+    }
+
     /// Whether the machine waits only for the events already queued.
     fn waits_for_the_queue(&self) -> bool {
         self.state.wait() == Wait::Queued
@@ -338,6 +343,31 @@ fn changes_within_the_leading_group_go_once_the_leading_reconciliation_finished(
         trigger(&actions).reason,
         "resources changed: secrets (with the leading change)"
     );
+}
+
+#[test]
+fn changes_within_the_leading_group_go_once_the_leading_render_is_done() {
+    let mut m = Machine::synced(leading(), &["ingresses", "secrets"]);
+    let t = Duration::from_secs(1);
+    m.reconciled(t - 500 * MS);
+    m.change("ingresses", t);
+    assert!(!trigger(&m.queue_empty(t)).follow_up, "a leading trigger");
+    // The Secret the Ingress names, while the Ingress alone renders: it waits.
+    assert!(m.change("secrets", t + MS).is_empty());
+    assert_eq!(m.deadline(), Some(t + 10 * MS));
+    // The render is done (its validation runs): the Secret goes now, so the
+    // incomplete render is superseded before it is deployed.
+    assert_eq!(m.rendered(t + 6 * MS), [Action::Yield]);
+    let actions = m.queue_empty(t + 6 * MS);
+    let second = trigger(&actions);
+    assert_eq!(names(second), ["secrets"]);
+    assert!(second.follow_up);
+    // A change while the follow-up renders waits for its render's end or the
+    // group's (the superseded reconciliation reports no end).
+    assert!(m.change("ingresses", t + 8 * MS).is_empty());
+    assert_eq!(m.deadline(), Some(t + 10 * MS));
+    assert_eq!(m.rendered(t + 9 * MS), [Action::Yield]);
+    assert_eq!(names(trigger(&m.queue_empty(t + 9 * MS))), ["ingresses"]);
 }
 
 #[test]
