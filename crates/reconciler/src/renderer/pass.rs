@@ -882,12 +882,49 @@ impl<'a> Pass<'a> {
         };
         // The session holds the previous render's snippet outputs and the maps over
         // them: thousands of shared values to release. The render is done without
-        // waiting for that; the thread pool releases them.
-        let leftovers = (self.session, self.context);
-        rayon::spawn(move || drop(leftovers));
+        // waiting for that; the release thread lets them go.
+        release_later(Box::new((self.session, self.context)));
         (config, cache)
     }
 }
+
+/// Values to drop, sent to the release thread.
+type Leftovers = Box<dyn Send>;
+
+/// Drops `leftovers` (what a render leaves behind: its session, its context and the
+/// resource versions only they still hold, tens of thousands of values at 10,000
+/// objects) on a thread below the pipeline's priority (nice
+/// [`RELEASE_NICE`]): on a machine with two cores the release would otherwise take
+/// CPU from the next render, the validation and the deployment of the change that
+/// follows, which wait for it. When nothing else runs, the thread gets the CPU all
+/// the same. Without the thread (it could not start), the thread pool drops them.
+fn release_later(leftovers: Leftovers) {
+    static RELEASE: OnceLock<Option<std::sync::mpsc::Sender<Leftovers>>> = OnceLock::new();
+    let sender = RELEASE.get_or_init(|| {
+        let (sender, queue) = std::sync::mpsc::channel::<Leftovers>();
+        std::thread::Builder::new()
+            .name("hapwright-release".to_owned())
+            .spawn(move || {
+                hapwright_eventbus::kernel::lower_thread_priority(RELEASE_NICE);
+                while let Ok(leftovers) = queue.recv() {
+                    drop(leftovers);
+                }
+            })
+            .map_err(|error| tracing::warn!(%error, "Cannot start the release thread"))
+            .ok()
+            .map(|_| sender)
+    });
+    let unsent = match sender {
+        Some(sender) => sender.send(leftovers).err().map(|failed| failed.0),
+        None => Some(leftovers),
+    };
+    if let Some(leftovers) = unsent {
+        rayon::spawn(move || drop(leftovers));
+    }
+}
+
+/// How much nicer than the rest of the controller the release thread is.
+const RELEASE_NICE: i32 = 10;
 
 /// The kinds of [`Collected::outputs`], by index.
 const KINDS: [FileKind; 3] = [FileKind::Map, FileKind::File, FileKind::Certificate];
@@ -898,5 +935,35 @@ fn slot(kind: FileKind) -> usize {
         FileKind::Map => 0,
         FileKind::File => 1,
         _ => 2,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tells `dropped` on which thread it was dropped.
+    struct Watched(std::sync::mpsc::Sender<Option<String>>);
+
+    impl Drop for Watched {
+        fn drop(&mut self) {
+            let _ = self
+                .0
+                .send(std::thread::current().name().map(str::to_owned));
+        }
+    }
+
+    #[test]
+    fn a_renders_leftovers_are_dropped_on_the_release_thread() {
+        let (dropped, on) = std::sync::mpsc::channel();
+        for _ in 0..3 {
+            release_later(Box::new(Watched(dropped.clone())));
+        }
+        for _ in 0..3 {
+            let thread = on
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .expect("the leftovers are dropped");
+            assert_eq!(thread.as_deref(), Some("hapwright-release"));
+        }
     }
 }
