@@ -403,3 +403,41 @@ async fn a_change_right_after_the_leading_edge_goes_when_the_executor_reports_it
     );
     assert!(h.next_within(Duration::from_secs(1)).await.is_none());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_change_right_after_the_leading_edge_goes_when_the_leading_render_is_done() {
+    let mut h = synced(leading(), &["ingresses", "secrets"]).await;
+    h.publisher
+        .publish(hapwright_eventbus::ReconciliationCompleted {
+            duration: 3 * MS,
+            stages: Vec::new(),
+        });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t0 = Instant::now();
+    // The Ingress first: the leading render serves its host on plain HTTP.
+    h.update("ingresses", snapshot("a"));
+    assert_eq!(h.next().await.at, t0);
+    // Its Secret arrives while that render runs: it waits ...
+    tokio::time::sleep(MS).await;
+    h.update("secrets", snapshot("b"));
+    assert!(h.next_within(MS).await.is_none());
+    // ... for the render's end (4 ms after the leading edge), not for its validation
+    // or the group's end (10 ms): the incomplete render is superseded before it is
+    // deployed.
+    tokio::time::sleep(2 * MS).await;
+    h.publisher.publish(hapwright_eventbus::TemplateRendered {
+        config: std::sync::Arc::new(hapwright_eventbus::model::RenderedConfig::main_only(
+            "global\n",
+        )),
+        duration: 4 * MS,
+        render: Default::default(),
+    });
+    let second = h.next().await;
+    assert_eq!(second.at - t0, 4 * MS);
+    assert_eq!(
+        trigger(&second).reason,
+        "resources changed: secrets (with the leading change)"
+    );
+    assert!(trigger(&second).follow_up);
+    assert!(h.next_within(Duration::from_secs(1)).await.is_none());
+}
