@@ -244,43 +244,23 @@ fn map_entries(text: &str) -> usize {
 /// lines around the bytes that differ ([`changed_lines`](crate::haproxy::config::changed_lines)):
 /// the lines before and after them are the same lines in both versions. Every
 /// deployment of a config with 10,000 hosts counts its maps.
-struct MapCounts(std::sync::Mutex<Vec<CountedMap>>);
+struct MapCounts(crate::haproxy::config::LastVersions<usize, 32>);
 
-/// A map's name, the content counted and its entry count.
-type CountedMap = (Box<str>, std::sync::Arc<str>, usize);
-
-/// How many maps [`MapCounts`] remembers.
-const MAP_COUNTS_KEPT: usize = 32;
-
-static MAP_COUNTS: MapCounts = MapCounts(std::sync::Mutex::new(Vec::new()));
+static MAP_COUNTS: MapCounts = MapCounts(crate::haproxy::config::LastVersions::new());
 
 impl MapCounts {
     /// [`map_entries`] of the map `name` whose content is `text`.
     fn entries(&self, name: &str, text: &std::sync::Arc<str>) -> usize {
-        let mut kept = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match kept.iter().position(|(kept, ..)| **kept == *name) {
-            Some(at) => {
-                let (_, last, count) = &kept[at];
-                if std::sync::Arc::ptr_eq(last, text) {
-                    return *count;
-                }
-                let (old, new) = crate::haproxy::config::changed_lines(last, text);
-                let count = *count - map_entries(old) + map_entries(new);
-                kept[at] = (Box::from(name), std::sync::Arc::clone(text), count);
-                count
+        let count = match self.0.get(name) {
+            Some((last, count)) if std::sync::Arc::ptr_eq(&last, text) => return count,
+            Some((last, count)) => {
+                let (old, new) = crate::haproxy::config::changed_lines(&last, text);
+                count - map_entries(old) + map_entries(new)
             }
-            None => {
-                let count = map_entries(text);
-                if kept.len() >= MAP_COUNTS_KEPT {
-                    kept.remove(0);
-                }
-                kept.push((Box::from(name), std::sync::Arc::clone(text), count));
-                count
-            }
-        }
+            None => map_entries(text),
+        };
+        self.0.put(name, text, count);
+        count
     }
 }
 

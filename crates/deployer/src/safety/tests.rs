@@ -350,7 +350,7 @@ proptest::proptest! {
             1..10,
         ),
     ) {
-        let counts = MapCounts(std::sync::Mutex::new(Vec::new()));
+        let counts = MapCounts(crate::haproxy::config::LastVersions::new());
         let mut lines = first;
         for (at, removed, added, newline) in edits {
             let mut text = lines.join("\n");

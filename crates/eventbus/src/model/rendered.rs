@@ -399,13 +399,7 @@ impl FileDigest {
         out.copy_from_slice(&Sha256::digest(content.as_bytes()));
         Self(out)
     }
-}
 
-/// How far apart the states kept for resuming a file's digest are
-/// ([`DigestResume`]).
-const RESUME_STEP: usize = 16 << 10;
-
-impl FileDigest {
     /// The digest of `content`, with the states its next version's digest can
     /// resume from (`None` for a file too small to be worth them), computed from the
     /// states `last` kept for an earlier version of the file where the two start
@@ -463,6 +457,10 @@ impl FileDigest {
         (Self(out), Some(resume), bytes.len() - kept * RESUME_STEP)
     }
 }
+
+/// How far apart the states kept for resuming a file's digest are
+/// ([`DigestResume`]).
+const RESUME_STEP: usize = 16 << 10;
 
 /// The SHA-256 states part way through one version of a file, every 16 KiB, with
 /// that version: what [`FileDigest::of_resumable`] resumes the next version's digest

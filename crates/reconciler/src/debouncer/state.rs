@@ -152,7 +152,7 @@ pub(crate) struct State {
     group_due: bool,
     /// Whether a trigger went out whose render has not finished yet, as far as
     /// the debouncer knows (a trigger from elsewhere is not seen).
-    reconciling: bool,
+    rendering: bool,
 }
 
 impl State {
@@ -170,7 +170,7 @@ impl State {
             group_until: None,
             leading_pending: false,
             group_due: false,
-            reconciling: false,
+            rendering: false,
         }
     }
 
@@ -214,7 +214,7 @@ impl State {
                 self.sync(&source, cause, now, &mut actions);
             }
             Input::Reconciled | Input::Rendered => {
-                self.reconciling = false;
+                self.rendering = false;
                 self.group_if_idle(now, &mut actions);
             }
             Input::QueueEmpty => {
@@ -298,7 +298,7 @@ impl State {
         };
         if in_group
             && !self.batch.removes
-            && !self.reconciling
+            && !self.rendering
             && !self.leading_pending
             && !self.group_due
         {
@@ -430,7 +430,7 @@ impl State {
         now: Instant,
         actions: &mut Vec<Action>,
     ) {
-        self.reconciling = true;
+        self.rendering = true;
         self.group_due = false;
         let batch = std::mem::take(&mut self.batch);
         actions.push(Action::Trigger(Trigger {

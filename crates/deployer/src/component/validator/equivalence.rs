@@ -591,7 +591,7 @@ struct Scans {
     /// Per map path, the last content whose lines passed [`map_lines_covered`]: the
     /// next version is checked in the lines around the bytes that differ
     /// ([`Scans::lines`]).
-    passed: std::sync::Mutex<Vec<(Box<str>, Arc<str>)>>,
+    passed: crate::haproxy::config::LastVersions<(), SCANS_KEPT>,
 }
 
 struct Scan {
@@ -606,7 +606,7 @@ const SCANS_KEPT: usize = 12;
 
 static SCANS: Scans = Scans {
     kept: std::sync::Mutex::new(Vec::new()),
-    passed: std::sync::Mutex::new(Vec::new()),
+    passed: crate::haproxy::config::LastVersions::new(),
 };
 
 impl Scans {
@@ -656,34 +656,15 @@ impl Scans {
     /// (the others are its lines, which passed): a map of 10,000 lines that gains one
     /// reads a line or two. A line that fails is named from a scan of the whole.
     fn lines(&self, path: &str, text: &Arc<str>) -> Result<(), Why> {
-        let passed = self
-            .passed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .find(|(kept, _)| **kept == *path)
-            .map(|(_, text)| Arc::clone(text));
-        let answer = self.answer(text, None, || match &passed {
-            Some(old) => {
-                let (_, changed) = crate::haproxy::config::changed_lines(old, text);
+        let answer = self.answer(text, None, || match self.passed.get(path) {
+            Some((old, ())) => {
+                let (_, changed) = crate::haproxy::config::changed_lines(&old, text);
                 map_lines_covered(path, changed).or_else(|_| map_lines_covered(path, text))
             }
             None => map_lines_covered(path, text),
         });
         if answer.is_ok() {
-            let mut passed = self
-                .passed
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            match passed.iter_mut().find(|(kept, _)| **kept == *path) {
-                Some((_, kept)) => *kept = Arc::clone(text),
-                None => {
-                    if passed.len() >= SCANS_KEPT {
-                        passed.remove(0);
-                    }
-                    passed.push((Box::from(path), Arc::clone(text)));
-                }
-            }
+            self.passed.put(path, text, ());
         }
         answer
     }
@@ -931,7 +912,7 @@ mod tests {
         ) {
             let scans = Scans {
                 kept: std::sync::Mutex::new(Vec::new()),
-                passed: std::sync::Mutex::new(Vec::new()),
+                passed: crate::haproxy::config::LastVersions::new(),
             };
             let mut lines = first;
             for (at, removed, added) in edits {

@@ -162,6 +162,50 @@ pub(crate) fn changed_lines<'a>(old: &'a str, new: &'a str) -> (&'a str, &'a str
     (around(old, prefix, suffix), around(new, prefix, suffix))
 }
 
+/// The last version of each of a few named texts (maps by path), with what was
+/// found of it: a check or a count of the next version can then read only the
+/// [`changed_lines`] between the two. At most `LIMIT` names are kept, the one stored
+/// longest ago forgotten first.
+pub(crate) struct LastVersions<T, const LIMIT: usize>(std::sync::Mutex<Vec<LastVersion<T>>>);
+
+/// A name, its last text and what was found of it.
+type LastVersion<T> = (Box<str>, Arc<str>, T);
+
+impl<T: Clone, const LIMIT: usize> LastVersions<T, LIMIT> {
+    /// None kept yet.
+    pub(crate) const fn new() -> Self {
+        Self(std::sync::Mutex::new(Vec::new()))
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, Vec<LastVersion<T>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The last text kept for `name`, with what was found of it.
+    pub(crate) fn get(&self, name: &str) -> Option<(Arc<str>, T)> {
+        self.kept()
+            .iter()
+            .find(|(kept, ..)| **kept == *name)
+            .map(|(_, text, found)| (Arc::clone(text), found.clone()))
+    }
+
+    /// Keeps `text` as the last version of `name`, with what was found of it.
+    pub(crate) fn put(&self, name: &str, text: &Arc<str>, found: T) {
+        let mut kept = self.kept();
+        match kept.iter_mut().find(|(kept, ..)| **kept == *name) {
+            Some(entry) => *entry = (Box::from(name), Arc::clone(text), found),
+            None => {
+                if kept.len() >= LIMIT {
+                    kept.remove(0);
+                }
+                kept.push((Box::from(name), Arc::clone(text), found));
+            }
+        }
+    }
+}
+
 /// How many trailing bytes `a` and `b` share, at most `limit`.
 pub(crate) fn common_suffix(a: &[u8], b: &[u8], limit: usize) -> usize {
     const CHUNK: usize = 64;

@@ -45,7 +45,7 @@ pub use hapwright_eventbus::model::haproxy::{
     parse, parse_lenient, print, split_address,
 };
 pub use incremental::parse_reusing;
-pub(crate) use incremental::{changed_lines, common_prefix, common_suffix};
+pub(crate) use incremental::{LastVersions, changed_lines, common_prefix, common_suffix};
 
 /// The whole of phase 1 on one `haproxy.cfg` text: every parse error, the missing
 /// final newline HAProxy 2.6 rejects, and the [`check`] results (errors and
